@@ -1,0 +1,20 @@
+"""perflab: a performance lab for transformer workloads on NVIDIA GPUs.
+
+The public API lives in :mod:`perflab.api` and is re-exported here lazily, so that ``import perflab``
+(and trace analysis) does not import torch.
+"""
+
+__version__ = "0.1.0"
+
+_API = ("bench", "profile", "analyze", "compare", "explain", "sweep")
+
+
+def __getattr__(name):
+    if name in _API:
+        from perflab import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'perflab' has no attribute {name!r}")
+
+
+__all__ = list(_API) + ["__version__"]

@@ -1,0 +1,13 @@
+"""Errors that reach the user.
+
+A :class:`PerflabError` means the input was wrong (a bad flag, an unreadable trace, a spec with an
+unknown key). The CLI prints its message as one line on stderr and exits with status 2. Failures of a
+*measurement* (an OOM, a crashed case) are not errors of this kind: they become result rows with a
+status, so that the other cases still run.
+"""
+
+
+class PerflabError(Exception):
+    """Bad input. The message says what was wrong and how to fix it, in one line."""
+
+    exit_code = 2

@@ -1,0 +1,1 @@
+"""Measurement: timing, statistics, FLOPs, memory, energy (NVML), environment, and validity checks."""

@@ -1,0 +1,55 @@
+"""Validity checks. Each is a flag on the result row and a warning line for the user.
+
+They catch the pitfalls of the seed harness: batches that did not hold the requested images, too little
+timed work, noisy samples, power never sampled during the timed loop, throttled clocks, and other
+processes sharing the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CV_THRESHOLD = 0.05
+MIN_TIMED_S = 1.0
+MIN_TIMED_ITERS = 50
+
+
+@dataclass(frozen=True)
+class Check:
+    flag: str
+    message: str
+
+
+def run_checks(
+    *,
+    requested_batch: int,
+    processed_batch: int,
+    timed_s: float,
+    timed_iters: int,
+    cv: float,
+    energy_j: float | None,
+    energy_unavailable: str | None,
+    throttle_reasons: list[str],
+    other_processes: list[int],
+    tokens_expected: list[int] | None = None,
+    tokens_seen: list[int] | None = None,
+    min_time: float = MIN_TIMED_S,
+    min_iters: int = MIN_TIMED_ITERS,
+    cv_threshold: float = CV_THRESHOLD,
+) -> list[Check]:
+    checks = []
+    if processed_batch != requested_batch:
+        checks.append(Check("batch_mismatch", f"each step processed {processed_batch} images, not the {requested_batch} requested; per-image numbers would be wrong"))
+    if timed_s < min_time and timed_iters < min_iters:
+        checks.append(Check("short_timing", f"only {timed_iters} timed iterations over {timed_s:.3f} s (minimum: {min_time:g} s or {min_iters} iterations); raise --min-time or --iters"))
+    if cv > cv_threshold:
+        checks.append(Check("high_cv", f"timing samples vary by CV {cv:.1%} (threshold {cv_threshold:.0%}); the machine may be busy or the step too short"))
+    if energy_j is None:
+        checks.append(Check("no_power", f"no power/energy reading: {energy_unavailable or 'unknown reason'}"))
+    if throttle_reasons:
+        checks.append(Check("throttled", f"GPU clocks were throttled during the timed loop ({', '.join(throttle_reasons)})"))
+    if other_processes:
+        checks.append(Check("other_processes", f"other processes were using the GPU: pid {', '.join(map(str, other_processes))}"))
+    if tokens_expected is not None and tokens_seen is not None and tokens_expected != tokens_seen:
+        checks.append(Check("tokens_mismatch", f"token counts per stage were {tokens_seen}, expected {tokens_expected}"))
+    return checks

@@ -1,0 +1,97 @@
+"""Timing of a step function: CUDA events on the GPU, perf_counter on the CPU.
+
+The timed region is one continuous loop of ``n_blocks × block_iters`` steps. On CUDA an event is recorded
+before the first step and after each block, and the host synchronises once at the end, so the loop is the
+same as a bare event-timed loop; each block gives one sample (mean ms per step in that block).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+
+from perflab.runtime.device import synchronize
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    n_blocks: int
+    block_iters: int
+
+    @property
+    def total_iters(self) -> int:
+        return self.n_blocks * self.block_iters
+
+
+@dataclass(frozen=True)
+class Timing:
+    samples_ms: np.ndarray  # mean ms per step, one value per block
+    plan: TimingPlan
+    wall_s: float  # host wall-clock time of the whole timed loop, synchronised at both ends
+
+    @property
+    def timed_s(self) -> float:
+        return float(self.samples_ms.sum() * self.plan.block_iters / 1000.0)
+
+
+def estimate_step_s(step: Callable[[], object], device: str, iters: int = 3) -> float:
+    """Seconds per step, from a few synchronised calls (after warm-up)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    synchronize(device)
+    return (time.perf_counter() - t0) / iters
+
+
+def plan_timing(step_s: float, repeats: int, min_time: float, min_iters: int, iters: int | None) -> TimingPlan:
+    """Split the timed work into ``repeats`` blocks.
+
+    With ``iters`` the total is exactly ``iters`` steps (fewer blocks if iters < repeats). Otherwise each
+    block runs enough steps that the loop lasts about ``min_time`` seconds and holds at least ``min_iters``
+    steps, with at least one step per block.
+    """
+    if iters is not None:
+        n_blocks = min(repeats, iters)
+        return TimingPlan(n_blocks, iters // n_blocks)
+    per_block_time = min_time / repeats
+    block_iters = max(1, math.ceil(per_block_time / max(step_s, 1e-9)), math.ceil(min_iters / repeats))
+    return TimingPlan(repeats, block_iters)
+
+
+def time_step(step: Callable[[], object], plan: TimingPlan, device: str) -> Timing:
+    if device == "cuda":
+        return _time_cuda(step, plan)
+    return _time_host(step, plan)
+
+
+def _time_cuda(step: Callable[[], object], plan: TimingPlan) -> Timing:
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(plan.n_blocks + 1)]
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    events[0].record()
+    for b in range(plan.n_blocks):
+        for _ in range(plan.block_iters):
+            step()
+        events[b + 1].record()
+    torch.cuda.synchronize()
+    wall_s = time.perf_counter() - t0
+    samples = np.array([events[i].elapsed_time(events[i + 1]) / plan.block_iters for i in range(plan.n_blocks)])
+    return Timing(samples, plan, wall_s)
+
+
+def _time_host(step: Callable[[], object], plan: TimingPlan) -> Timing:
+    stamps = np.empty(plan.n_blocks + 1)
+    t0 = time.perf_counter()
+    stamps[0] = t0
+    for b in range(plan.n_blocks):
+        for _ in range(plan.block_iters):
+            step()
+        stamps[b + 1] = time.perf_counter()
+    samples = np.diff(stamps) * 1000.0 / plan.block_iters
+    return Timing(samples, plan, stamps[-1] - t0)

@@ -1,0 +1,106 @@
+"""Model names → builders.
+
+Names:
+  <vit name>            a plain ViT/DeiT (``deit_base_patch16_224``, ...; see ``vit_configs``)
+  topk_<vit name>       top-k token reduction (drop the rest)
+  evit_<vit name>       EViT token reduction (fuse the rest into one token)
+  timm:<timm name>      any timm model, where timm is importable
+  test:<name>           small models that plant faults, for perflab's own tests (models/testing.py)
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from perflab.errors import PerflabError
+from perflab.models.vit import ViTConfig, VisionTransformer, token_schedule, vit_configs
+
+METHODS = {"topk": False, "evit": True}  # method -> fuses dropped tokens
+
+
+
+@dataclass(frozen=True)
+class ModelName:
+    name: str  # as given
+    family: str  # "vit", "timm" or "test"
+    base: str  # the ViT config name, timm model name, or test model name
+    method: str  # "baseline", "topk" or "evit"
+
+    @property
+    def reduces_tokens(self) -> bool:
+        return self.method in METHODS
+
+
+def model_names() -> list[str]:
+    names = list(vit_configs)
+    names += [f"{m}_{v}" for m in METHODS for v in vit_configs]
+    return names
+
+
+def parse_model_name(name: str) -> ModelName:
+    if name.startswith("timm:"):
+        base = name[len("timm:") :]
+        if not base:
+            raise PerflabError("empty timm model name: use timm:<name>, for example timm:deit_base_patch16_224")
+        return ModelName(name, "timm", base, "baseline")
+    if name.startswith("test:"):
+        from perflab.models.testing import TEST_MODELS
+
+        base = name[len("test:") :]
+        if base not in TEST_MODELS:
+            raise PerflabError(f"unknown test model {name!r}; known: {', '.join('test:' + n for n in TEST_MODELS)}")
+        return ModelName(name, "test", base, "baseline")
+    if name in vit_configs:
+        return ModelName(name, "vit", name, "baseline")
+    method, _, base = name.partition("_")
+    if method in METHODS and base in vit_configs:
+        return ModelName(name, "vit", base, method)
+    close = difflib.get_close_matches(name, model_names(), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known models: {', '.join(vit_configs)} (prefix topk_ or evit_ for token reduction), or timm:<name>"
+    raise PerflabError(f"unknown model {name!r}{hint}")
+
+
+def vit_config_for(name: ModelName, input_size: int, keep_rate: tuple[float, ...], reduction_loc: tuple[int, ...], attn: str) -> ViTConfig:
+    rates = keep_rate if len(keep_rate) != 1 else keep_rate * len(reduction_loc)
+    return ViTConfig.from_name(
+        name.base,
+        img_size=input_size,
+        attn=attn,
+        reduction=tuple(zip(reduction_loc, rates)) if name.reduces_tokens else (),
+        fuse_dropped=METHODS.get(name.method, False),
+    )
+
+
+def build_model(case) -> tuple[object, ViTConfig | None]:
+    """Build the model a case names, on the CPU, in eval mode. Returns (model, ViT config or None)."""
+    name = parse_model_name(case.model)
+    if name.family == "test":
+        from perflab.models.testing import TEST_MODELS
+
+        return TEST_MODELS[name.base]().eval(), None
+    if name.family == "timm":
+        return build_timm_model(name.base, case.input_size), None
+    config = vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn)
+    return VisionTransformer(config).eval(), config
+
+
+def build_timm_model(timm_name: str, input_size: int):
+    try:
+        import timm
+    except Exception as exc:  # timm pulls in torchvision, which can fail to import for its own reasons
+        raise PerflabError(f"timm models need timm, which cannot be imported here ({type(exc).__name__}: {exc})") from None
+    if timm_name.split(".")[0] not in timm.list_models():
+        close = difflib.get_close_matches(timm_name, timm.list_models(), n=3)
+        raise PerflabError(f"unknown timm model {timm_name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+    try:
+        model = timm.create_model(timm_name, pretrained=False, img_size=input_size)
+    except TypeError:  # models without an img_size argument (CNNs) take any input size
+        model = timm.create_model(timm_name, pretrained=False)
+    return model.eval()
+
+
+def expected_tokens(case) -> list[int] | None:
+    name = parse_model_name(case.model)
+    if name.family != "vit":
+        return None
+    return token_schedule(vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn))

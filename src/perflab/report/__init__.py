@@ -1,0 +1,1 @@
+"""Reports: terminal tables, CSV/JSON export of result rows, markdown reports and plots."""

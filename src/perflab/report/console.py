@@ -1,0 +1,50 @@
+"""Rich tables for the terminal."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
+    if value is None:
+        return empty
+    return format(value, spec)
+
+
+def model_label(row: dict) -> str:
+    label = row["model"]
+    if row.get("keep_rate"):
+        rates = "/".join(f"{r:g}" for r in row["keep_rate"])
+        label += f" kr{rates}@{','.join(map(str, row['reduction_loc']))}"
+    return label
+
+
+def bench_table(rows: list[dict], title: str | None = None) -> Table:
+    table = Table(title=title, header_style="bold")
+    for name, justify in [
+        ("model", "left"), ("size", "right"), ("bs", "right"), ("dtype", "left"), ("mode", "left"),
+        ("ms/batch (95% CI)", "right"), ("ms/img", "right"), ("img/s", "right"), ("GFLOPs/img", "right"),
+        ("tokens", "left"), ("peak MiB", "right"), ("W", "right"), ("status / flags", "left"),
+    ]:
+        table.add_column(name, justify=justify)
+    for row in rows:
+        ok = row.get("status") == "ok"
+        ci = row.get("ci95_ms") or [None, None]
+        timing = f"{row['median_ms']:.3f} ({ci[0]:.3f}–{ci[1]:.3f})" if ok else "–"
+        status = ", ".join(row.get("flags") or []) if ok else f"[red]{row['status']}[/red]: {row.get('message') or ''}"
+        table.add_row(
+            model_label(row),
+            str(row["input_size"]),
+            str(row["batch_size"]),
+            row["dtype"],
+            row["mode"],
+            timing,
+            _fmt(row.get("latency_ms_per_sample"), ".4g"),
+            _fmt(row.get("throughput_per_s"), ".1f"),
+            _fmt(row.get("gflops"), ".2f"),
+            "→".join(map(str, row["tokens"])) if row.get("tokens") else "–",
+            _fmt(row.get("peak_mem_reserved_mb"), ".0f"),
+            _fmt(row.get("power_w"), ".0f"),
+            status or "[green]ok[/green]",
+        )
+    return table

@@ -1,0 +1,109 @@
+"""Result rows as JSON lines and as CSV (the seed's columns first, then perflab's own).
+
+The seed columns, and what they hold here (TokenReductionPT's speed_test.py printed the same names):
+
+- run_name: model, input size, batch size, dtype, mode (and keep rates), joined by "_".
+- tp: images per second, from the median batch latency.
+- latency_ms: milliseconds per *batch* (the median). The seed labelled it ms/img; it was per batch there too.
+- time_total: minutes spent in the timed loop (the seed printed minutes).
+- flops: GMACs per image. The seed's column held MACs under the name "flops"; perflab's ``gflops``
+  column holds real FLOPs (2 per multiply-add) and ``gmacs`` the MACs.
+- max_memory: peak memory reserved by PyTorch's allocator during the timed loop, MiB (the seed read the
+  same counter, but over its whole run, including model load and the FLOP count).
+- no_params, no_params_trainable: parameters, millions.
+- power: mean board power during the timed loop, W, from the energy counter (the seed sampled power
+  during warm-up only). Empty when not measured.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from typing import Iterable
+
+SEED_COLUMNS = ["run_name", "tp", "latency_ms", "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power"]
+
+PERFLAB_COLUMNS = [
+    "case_id", "status", "model", "method", "keep_rate", "reduction_loc", "tokens", "input_size", "batch_size",
+    "dtype", "mode", "attn", "device_name", "median_ms", "p10_ms", "p90_ms", "cv", "ci95_low_ms", "ci95_high_ms",
+    "latency_ms_per_batch", "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m",
+    "peak_mem_alloc_mb", "peak_mem_reserved_mb", "energy_j", "power_w", "flags", "message",
+]
+
+
+def run_name(row: dict) -> str:
+    parts = [row["model"]]
+    if row.get("keep_rate"):
+        parts.append("kr" + "-".join(f"{r:g}" for r in row["keep_rate"]) + "@" + "-".join(map(str, row["reduction_loc"])))
+    parts += [str(row["input_size"]), f"bs{row['batch_size']}", row["dtype"], row["mode"].replace(":", "-")]
+    return "_".join(parts)
+
+
+def seed_values(row: dict) -> dict:
+    ok = row.get("status") == "ok"
+    timed_s = row.get("timed_s")
+    return {
+        "run_name": run_name(row),
+        "tp": _r(row.get("throughput_per_s"), 4) if ok else None,
+        "latency_ms": _r(row.get("latency_ms_per_batch"), 4) if ok else None,
+        "time_total": _r(timed_s / 60.0, 6) if ok and timed_s is not None else None,
+        "flops": _r(row.get("gmacs"), 4),
+        "max_memory": _r(row.get("peak_mem_reserved_mb"), 2),
+        "no_params": _r(row.get("params_m"), 4),
+        "no_params_trainable": _r(row.get("params_trainable_m"), 4),
+        "power": _r(row.get("power_w"), 2),
+    }
+
+
+def perflab_values(row: dict) -> dict:
+    values = {k: row.get(k) for k in PERFLAB_COLUMNS}
+    ci = row.get("ci95_ms") or [None, None]
+    values["ci95_low_ms"], values["ci95_high_ms"] = ci
+    for key in ("keep_rate", "reduction_loc", "tokens", "flags"):
+        v = row.get(key)
+        values[key] = " ".join(map(str, v)) if v else ""
+    return values
+
+
+def to_csv(rows: Iterable[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(SEED_COLUMNS + PERFLAB_COLUMNS)
+    for row in rows:
+        seed, own = seed_values(row), perflab_values(row)
+        writer.writerow([_cell(seed[c]) for c in SEED_COLUMNS] + [_cell(own[c]) for c in PERFLAB_COLUMNS])
+    return buf.getvalue()
+
+
+def to_json_lines(rows: Iterable[dict]) -> str:
+    return "".join(json.dumps(_jsonable(row), sort_keys=False) + "\n" for row in rows)
+
+
+def write_rows(rows: list[dict], path) -> None:
+    text = to_csv(rows) if str(path).endswith(".csv") else to_json_lines(rows)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items() if k != "detail"}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _r(value, digits):
+    return None if value is None else round(float(value), digits)
+
+
+def _cell(value):
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return value
