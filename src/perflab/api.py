@@ -30,16 +30,24 @@ def make_cases(
     repeats: int = 20,
     seed: int = 0,
 ) -> list[Case]:
-    """Every combination of the multi-valued arguments, validated (PerflabError on bad input)."""
+    """Every combination of the multi-valued arguments, validated (PerflabError on bad input).
+
+    ``keep_rate`` and ``reduction_loc`` apply to the token-reducing models among ``model`` (so a baseline and
+    its top-k variant can be measured in one call); giving them with no reducing model is an error.
+    """
+    from perflab.models.registry import parse_model_name
     from perflab.runtime.device import resolve_device
 
     device = resolve_device(device)
-    base = dict(
-        keep_rate=tuple(keep_rate), reduction_loc=tuple(reduction_loc), attn=attn, device=device, warmup=warmup,
-        min_time=min_time, iters=iters, repeats=repeats, seed=seed,
-    )
+    reducing = {m for m in model if parse_model_name(m).reduces_tokens}
+    base = dict(attn=attn, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed)
     grid = dict(model=list(model), input_size=list(input_size), batch_size=list(batch_size), dtype=list(dtype), mode=list(mode))
-    return [validate_case(Case(**d)) for d in expand_grid(base, grid)]
+    cases = []
+    for d in expand_grid(base, grid):
+        if d["model"] in reducing or not reducing:
+            d.update(keep_rate=tuple(keep_rate), reduction_loc=tuple(reduction_loc))
+        cases.append(validate_case(Case(**d)))
+    return cases
 
 
 def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | None = None) -> list[dict]:

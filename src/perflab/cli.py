@@ -27,7 +27,8 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="perflab: how fast is this transformer workload, where does the time go, and why.",
 )
-out = Console(highlight=False, soft_wrap=True)
+# When piped, rich would fall back to 80 columns and squeeze the tables; give them room instead.
+out = Console(highlight=False, width=None if sys.stdout.isatty() else 220)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Options that take one or more values after a single flag (expanded to repeated flags before parsing).

@@ -31,18 +31,23 @@ def profile_steps(path: Path, step, steps: int = 3, warmup: int = 1, use_schedul
         step()
     torch.cuda.synchronize()
     if use_schedule:
-        with profile(activities=ACTIVITIES, record_shapes=True, schedule=schedule(wait=0, warmup=warmup, active=steps)) as prof:
+        # repeat=1 and on_trace_ready: export the active window itself (after the window, an endless
+        # schedule starts a new cycle, and a later export would hold only that cycle's few events).
+        sched = schedule(wait=0, warmup=warmup, active=steps, repeat=1)
+        with profile(activities=ACTIVITIES, record_shapes=True, schedule=sched, on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
             for _ in range(warmup + steps):
                 with record_function("step"):
                     step()
                 torch.cuda.synchronize()
                 prof.step()
+        print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
+        return
     else:
         with profile(activities=ACTIVITIES, record_shapes=True) as prof:
             for _ in range(steps):
                 step()
             torch.cuda.synchronize()
-    prof.export_chrome_trace(str(path))
+        prof.export_chrome_trace(str(path))
     print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
 
 
