@@ -46,14 +46,14 @@ def seed_values(row: dict) -> dict:
     timed_s = row.get("timed_s")
     return {
         "run_name": run_name(row),
-        "tp": _r(row.get("throughput_per_s"), 4) if ok else None,
-        "latency_ms": _r(row.get("latency_ms_per_batch"), 4) if ok else None,
-        "time_total": _r(timed_s / 60.0, 6) if ok and timed_s is not None else None,
-        "flops": _r(row.get("gmacs"), 4),
-        "max_memory": _r(row.get("peak_mem_reserved_mb"), 2),
-        "no_params": _r(row.get("params_m"), 4),
-        "no_params_trainable": _r(row.get("params_trainable_m"), 4),
-        "power": _r(row.get("power_w"), 2),
+        "tp": _num(row.get("throughput_per_s")) if ok else None,
+        "latency_ms": _num(row.get("latency_ms_per_batch")) if ok else None,
+        "time_total": _num(timed_s / 60.0) if ok and timed_s is not None else None,
+        "flops": _num(row.get("gmacs")),
+        "max_memory": _num(row.get("peak_mem_reserved_mb")),
+        "no_params": _num(row.get("params_m")),
+        "no_params_trainable": _num(row.get("params_trainable_m")),
+        "power": _num(row.get("power_w")),
     }
 
 
@@ -97,8 +97,8 @@ def _jsonable(value):
     return value
 
 
-def _r(value, digits):
-    return None if value is None else round(float(value), digits)
+def _num(value):
+    return None if value is None else float(value)
 
 
 def _cell(value):

@@ -4,7 +4,7 @@
 - compile, compile:<mode>: torch.compile (default, reduce-overhead or max-autotune); the first call compiles.
 - cudagraph: the forward captured once in a CUDA graph and replayed (static input and output).
 
-Steps are built and called inside the caller's inference_mode and precision contexts.
+Steps are built and called inside the caller's no_grad and precision contexts.
 """
 
 from __future__ import annotations

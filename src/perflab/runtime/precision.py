@@ -3,6 +3,8 @@
 With autocast the harness enters the context once around warm-up, capture and the timed loop, so the
 cast of each weight to bf16/fp16 is made once and cached by autocast, as in a serving loop that enters
 autocast once. (The seed code entered autocast per forward, which re-casts every weight every step.)
+The cache only works under ``torch.no_grad()`` (not ``inference_mode``): autocast caches casts of leaf
+tensors that require grad, and inference mode turns that off.
 """
 
 from __future__ import annotations

@@ -1,0 +1,90 @@
+"""perflab bench from the command line: outputs, and one-line errors with exit status 2."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from cli_util import assert_one_line_error, run_cli
+from perflab.cli import expand_multi_value_options
+
+
+def test_must_show_deit_base_gmacs_on_the_cpu():
+    r = run_cli("bench", "--model", "deit_base_patch16_224", "--device", "cpu", "--input-size", "224", "--batch-size", "1", "--iters", "2", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(rows) == 1
+    assert rows[0]["gmacs"] == pytest.approx(17.58, rel=0.005)
+    assert rows[0]["tokens"] == [197]
+    assert rows[0]["timed_iters"] == 2
+    assert "short_timing" in rows[0]["flags"]  # 2 iterations is less than the minimum, and it says so
+    assert "warning:" in r.stderr
+
+
+def test_json_and_csv_outputs_for_a_grid(tmp_path):
+    args = ["bench", "--model", "test:tiny", "--device", "cpu", "--batch-size", "1", "2", "--input-size", "32", "64", "--min-time", "0.05", "--warmup", "1"]
+    r = run_cli(*args, "--format", "json", "--out", tmp_path / "rows.csv")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(row["input_size"], row["batch_size"]) for row in rows] == [(32, 1), (32, 2), (64, 1), (64, 2)]
+    assert all(row["status"] == "ok" for row in rows)
+    table = list(csv.DictReader(io.StringIO((tmp_path / "rows.csv").read_text())))
+    header = (tmp_path / "rows.csv").read_text().splitlines()[0].split(",")
+    assert header[:9] == ["run_name", "tp", "latency_ms", "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power"]
+    assert len(table) == 4
+    for row, rec in zip(rows, table):
+        assert float(rec["tp"]) == pytest.approx(row["throughput_per_s"], rel=1e-3)
+        assert float(rec["latency_ms"]) == pytest.approx(row["latency_ms_per_batch"], rel=1e-3)  # per batch, documented
+        assert float(rec["flops"]) == pytest.approx(row["gmacs"], rel=1e-3)  # the seed's "flops" held MACs
+        assert rec["case_id"] == row["case_id"]
+
+
+def test_table_output_lists_every_case():
+    r = run_cli("bench", "--model", "test:tiny", "test:drops_batch", "--device", "cpu", "--batch-size", "4", "--min-time", "0.05", "--warmup", "1")
+    assert r.returncode == 0, r.stderr
+    assert "test:tiny" in r.stdout and "test:drops_batch" in r.stdout
+    assert "batch_mismatch" in r.stdout and "processed 1 images, not the 4 requested" in r.stderr
+
+
+def test_oom_case_is_a_row_and_the_rest_run():
+    r = run_cli("bench", "--model", "test:oom", "test:tiny", "--device", "cpu", "--min-time", "0.05", "--warmup", "1", "--format", "json")
+    assert r.returncode == 0, r.stderr
+    statuses = [json.loads(line)["status"] for line in r.stdout.splitlines()]
+    assert statuses == ["oom", "ok"]
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--model", "deit_bse_patch16_224"], ["unknown model 'deit_bse_patch16_224'", "did you mean deit_base_patch16_224"]),
+        (["--model", "topk_deit_base_patch16_224", "--keep-rate", "0", "--reduction-loc", "3"], ["keep rate 0 is outside (0, 1]"]),
+        (["--model", "topk_deit_base_patch16_224", "--keep-rate", "1.5", "--reduction-loc", "3"], ["keep rate 1.5 is outside (0, 1]"]),
+        (["--model", "topk_deit_base_patch16_224", "--keep-rate", "0.1", "--reduction-loc", "3", "12"], ["reduction location 12 is beyond the depth"]),
+        (["--model", "deit_base_patch16_224", "--input-size", "225"], ["input size 225 is not divisible by the patch size 16"]),
+        (["--model", "deit_base_patch16_224", "--device", "cuda"], ["CUDA was requested but is not available"]),
+        (["--model", "deit_base_patch16_224", "--dtype", "fp8"], ["unknown dtype 'fp8'"]),
+        (["--model", "deit_base_patch16_224", "--mode", "turbo"], ["unknown mode 'turbo'"]),
+        (["--model", "deit_base_patch16_224", "--mode", "cudagraph", "--device", "cpu"], ["cudagraph needs a CUDA device"]),
+        (["--model", "deit_base_patch16_224", "--format", "xml"], ["unknown format 'xml'"]),
+        (["--model", "deit_base_patch16_224", "--batch-size", "x"], ["--batch-size"]),
+        (["--model", "topk_deit_base_patch16_224"], ["needs --keep-rate and --reduction-loc"]),
+        (["--model", "deit_base_patch16_224", "--keep-rate", "0.1", "--reduction-loc", "3"], ["does not reduce tokens"]),
+        (["--modle", "x"], ["No such option"]),
+        ([], ["--model"]),
+    ],
+    ids=["unknown-model", "keep-rate-0", "keep-rate-1.5", "loc-beyond-depth", "size-not-divisible", "no-cuda", "bad-dtype",
+         "bad-mode", "cudagraph-on-cpu", "bad-format", "non-integer", "missing-keep-rate", "keep-rate-on-baseline", "bad-flag", "no-model"],
+)
+def test_bad_input_gives_one_line_and_exit_2(args, fragments):
+    r = run_cli("bench", *args, *([] if "--device" in args else ["--device", "cpu"]))
+    assert_one_line_error(r, *fragments)
+    assert r.stdout == ""
+
+
+def test_multi_value_options_expand_and_keep_other_tokens():
+    argv = ["bench", "--model", "a", "b", "--batch-size", "1", "8", "--seed", "3", "--keep-rate=0.1", "--reduction-loc", "3", "6", "9"]
+    assert expand_multi_value_options(argv) == [
+        "bench", "--model", "a", "--model", "b", "--batch-size", "1", "--batch-size", "8", "--seed", "3", "--keep-rate", "0.1",
+        "--reduction-loc", "3", "--reduction-loc", "6", "--reduction-loc", "9",
+    ]

@@ -1,0 +1,142 @@
+"""The harness: result rows, and each validity check planted and caught."""
+
+import pytest
+
+from perflab import api
+from perflab.errors import PerflabError
+from perflab.measure.energy import MonitorReport
+from perflab.measure.harness import run_case
+from perflab.spec import Case
+
+FAST = dict(device="cpu", min_time=0.1, warmup=1, repeats=6)
+# A shared CPU can make any short timing noisy; high_cv is then a true reading, not a planted fault.
+NOISE = {"high_cv"}
+
+
+class FakeMonitor:
+    """Stands in for NVML: returns a fixed report for the timed loop."""
+
+    available = True
+
+    def __init__(self, **report):
+        self.report = MonitorReport(**report)
+
+    def device_info(self):
+        return {"driver": "fake"}
+
+    def begin(self):
+        pass
+
+    def end(self):
+        return self.report
+
+
+GOOD_GPU = dict(energy_j=12.0, power_w=300.0, sm_clock_mhz_end=1980)
+
+
+def test_row_has_the_documented_keys_and_consistent_numbers():
+    row = run_case(Case("test:tiny", batch_size=4, **FAST), monitor=FakeMonitor(**GOOD_GPU))
+    required = ["case", "status", "model", "method", "keep_rate", "reduction_loc", "tokens", "input_size", "batch_size", "dtype",
+                "mode", "device_name", "median_ms", "p10_ms", "p90_ms", "cv", "ci95_ms", "latency_ms_per_batch",
+                "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m", "peak_mem_alloc_mb",
+                "peak_mem_reserved_mb", "energy_j", "power_w", "flags", "env"]
+    assert not [k for k in required if k not in row]
+    assert row["status"] == "ok" and set(row["flags"]) <= NOISE
+    # The seed's tell-tale identity: throughput × latency per batch = images per batch.
+    assert row["throughput_per_s"] * row["latency_ms_per_batch"] / 1000 == pytest.approx(4)
+    assert row["latency_ms_per_sample"] == pytest.approx(row["latency_ms_per_batch"] / 4)
+    assert row["p10_ms"] <= row["median_ms"] <= row["p90_ms"]
+    assert row["ci95_ms"][0] <= row["median_ms"] <= row["ci95_ms"][1]
+    assert row["gmacs"] == pytest.approx(row["gflops"] / 2)
+    assert len(row["samples_ms"]) == row["n_samples"] == 6
+    assert row["timed_iters"] == 6 * row["iters_per_sample"]
+    assert row["case"]["model"] == "test:tiny" and row["case_id"] == Case("test:tiny", batch_size=4, **FAST).id
+
+
+def test_tiny_flops_at_the_measured_batch_size():
+    # Tiny: conv 3→32 with 16×16 kernels on 4×4 patches of a 64 px image, then Linear 32→10.
+    row = run_case(Case("test:tiny", batch_size=3, input_size=64, **FAST), monitor=FakeMonitor(**GOOD_GPU))
+    per_image = 2 * 16 * (3 * 16 * 16) * 32 + 2 * 32 * 10
+    assert row["gflops_per_batch"] * 1e9 == pytest.approx(3 * per_image)
+    assert row["gflops"] * 1e9 == pytest.approx(per_image)
+
+
+def test_tokens_recorded_for_token_reduction():
+    row = run_case(Case("topk_deit_tiny_patch16_224", keep_rate=(0.1,), reduction_loc=(3, 6, 9), **FAST), monitor=FakeMonitor(**GOOD_GPU))
+    assert row["tokens"] == [197, 21, 3, 2]
+    assert "tokens_mismatch" not in row["flags"]
+
+
+@pytest.mark.parametrize(
+    "case,monitor,flag",
+    [
+        (Case("test:drops_batch", batch_size=4, **FAST), FakeMonitor(**GOOD_GPU), "batch_mismatch"),
+        (Case("test:tiny", device="cpu", iters=3, warmup=0), FakeMonitor(**GOOD_GPU), "short_timing"),
+        (Case("test:jitter", device="cpu", min_time=0.2, warmup=1, repeats=10), FakeMonitor(**GOOD_GPU), "high_cv"),
+        (Case("test:tiny", **FAST), FakeMonitor(unavailable="NVML not usable"), "no_power"),
+        (Case("test:tiny", **FAST), FakeMonitor(**GOOD_GPU, throttle_reasons=["sw_thermal"]), "throttled"),
+        (Case("test:tiny", **FAST), FakeMonitor(**GOOD_GPU, other_processes=[4242]), "other_processes"),
+    ],
+    ids=["batch_mismatch", "short_timing", "high_cv", "no_power", "throttled", "other_processes"],
+)
+def test_each_planted_fault_is_flagged_with_a_warning(case, monitor, flag):
+    row = run_case(case, monitor=monitor)
+    assert row["status"] == "ok"
+    assert flag in row["flags"], row["flags"]
+    assert len(row["warnings"]) == len(row["flags"])
+    others = set(row["flags"]) - {flag} - (NOISE if flag != "high_cv" else set())
+    assert not others, f"unexpected flags {others}"
+
+
+def test_cpu_runs_say_why_there_is_no_power():
+    row = run_case(Case("test:tiny", **FAST))
+    assert "no_power" in row["flags"]
+    assert any("CPU" in w for w in row["warnings"])
+
+
+def test_tokens_mismatch_is_flagged(monkeypatch):
+    import perflab.measure.harness as harness
+
+    monkeypatch.setattr(harness, "expected_tokens", lambda case: [197, 20, 3, 2])
+    row = run_case(Case("topk_deit_tiny_patch16_224", keep_rate=(0.1,), reduction_loc=(3, 6, 9), **FAST), monitor=FakeMonitor(**GOOD_GPU))
+    assert "tokens_mismatch" in row["flags"]
+
+
+def test_an_oom_becomes_a_row_and_the_other_cases_still_run():
+    cases = [Case("test:tiny", **FAST), Case("test:oom", **FAST), Case("test:fails", **FAST), Case("test:tiny", batch_size=2, **FAST)]
+    rows = api.bench(cases)
+    assert [r["status"] for r in rows] == ["ok", "oom", "error", "ok"]
+    assert "out of memory" in rows[1]["message"]
+    assert rows[2]["message"] == "RuntimeError: planted failure (test:fails)"
+    assert rows[1]["median_ms"] is None and rows[1]["flags"] == []
+
+
+def test_bad_input_raises_before_anything_runs():
+    with pytest.raises(PerflabError, match="keep rate 2 is outside"):
+        run_case(Case("topk_deit_tiny_patch16_224", keep_rate=(2.0,), reduction_loc=(3,), device="cpu"))
+
+
+def test_make_cases_applies_keep_rates_to_reducing_models_only():
+    cases = api.make_cases(model=["deit_tiny_patch16_224", "topk_deit_tiny_patch16_224"], keep_rate=[0.1], reduction_loc=[3, 6, 9],
+                           batch_size=[1, 8], device="cpu")
+    assert len(cases) == 4
+    assert {c.keep_rate for c in cases if c.method == "baseline"} == {()}
+    assert {c.keep_rate for c in cases if c.method == "topk"} == {(0.1,)}
+
+
+def test_autocast_casts_each_weight_once_across_steps():
+    """With bf16 the timed steps must not re-cast the weights (the seed harness did, every step)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from perflab.runtime.precision import precision
+
+    lin = torch.nn.Linear(64, 64)
+    x = torch.randn(4, 64)
+    with torch.no_grad(), precision("bf16", "cpu"):  # the contexts the harness holds around its loop
+        lin(x)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):
+                lin(x)
+    copies = sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
+    assert copies == 3  # the input, once per step; the weight and bias were cast before and cached
