@@ -2,10 +2,12 @@
 
     PYTHONPATH=src python benchmarks/harness_overhead.py [--out FILE.json]
 
-For each setting, the bare loop and the harness run alternately (3 rounds each), so that clock or
-thermal drift hits both alike. The bare loop: the same model, input and contexts (no_grad + autocast),
-warm-up, then one start event, N steps, one end event, one synchronize; ms per step. The harness:
-perflab's run_case with the same warm-up and a comparable number of timed steps.
+For each setting, the bare loop and the harness run alternately (5 rounds, the order swapped every
+round), so that clock, power-cap or thermal drift hits both alike. The bare loop: the same model, input
+and contexts (no_grad + autocast), warm-up, then a plain loop of the same number of steps with a CUDA
+event recorded every `block` steps and one synchronize at the end. Two comparisons, like with like:
+- median: the median of the bare loop's block means against the harness's reported median;
+- mean: the bare loop's total time / steps against the harness's mean (its blocks are equal-sized).
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ SETTINGS = [
 ]
 
 
-def bare_loop_ms(case: Case, iters: int) -> float:
+def bare_loop_ms(case: Case, n_blocks: int, block: int) -> tuple[float, float]:
+    """(median of block means, whole-loop mean), ms per step."""
     torch.manual_seed(case.seed)
     model, _ = build_model(case)
     model = model.cuda()
@@ -41,31 +44,42 @@ def bare_loop_ms(case: Case, iters: int) -> float:
         for _ in range(case.warmup + 1):
             step()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            step()
-        end.record()
+        events = [torch.cuda.Event(enable_timing=True) for _ in range(n_blocks + 1)]
+        events[0].record()
+        for b in range(n_blocks):
+            for _ in range(block):
+                step()
+            events[b + 1].record()
         torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+    means = [events[i].elapsed_time(events[i + 1]) / block for i in range(n_blocks)]
+    return statistics.median(means), events[0].elapsed_time(events[-1]) / (n_blocks * block)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     results = []
     for setting in SETTINGS:
         case = validate_case(Case(device="cuda", min_time=1.0, **setting))
-        bare, harness = [], []
-        for _ in range(args.rounds):
-            row = run_case(case)
-            harness.append(row["median_ms"])
-            bare.append(bare_loop_ms(case, row["timed_iters"]))
-        bare_ms, harness_ms = statistics.median(bare), statistics.median(harness)
-        results.append(dict(case=case.label(), bare_ms=bare_ms, harness_ms=harness_ms, ratio=harness_ms / bare_ms, bare_rounds=bare, harness_rounds=harness))
-        print(f"{case.label():60s} bare {bare_ms:8.4f} ms  harness {harness_ms:8.4f} ms  harness/bare {harness_ms / bare_ms:.4f}", flush=True)
+        plan = run_case(case)  # a first harness run fixes the number of steps the bare loop takes
+        n_blocks, block = plan["n_samples"], plan["iters_per_sample"]
+        rounds = []
+        for i in range(args.rounds):
+            if i % 2 == 0:
+                row, bare = run_case(case), bare_loop_ms(case, n_blocks, block)
+            else:
+                bare, row = bare_loop_ms(case, n_blocks, block), run_case(case)
+            rounds.append(dict(bare_median=bare[0], bare_mean=bare[1], harness_median=row["median_ms"], harness_mean=row["mean_ms"]))
+        med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+        entry = dict(case=case.label(), **med, median_ratio=med["harness_median"] / med["bare_median"], mean_ratio=med["harness_mean"] / med["bare_mean"], rounds=rounds)
+        results.append(entry)
+        print(
+            f"{case.label():60s} median: bare {med['bare_median']:8.4f} harness {med['harness_median']:8.4f} ratio {entry['median_ratio']:.4f} | "
+            f"mean: bare {med['bare_mean']:8.4f} harness {med['harness_mean']:8.4f} ratio {entry['mean_ratio']:.4f}",
+            flush=True,
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -1,0 +1,141 @@
+"""Ceilings of this GPU, measured once and cached by GPU name and driver.
+
+- matmul rate per dtype: a large square GEMM (8192³; random data, not zeros), median of timed repeats;
+- copy bandwidth: a 1 GiB device-to-device copy, counting bytes read plus bytes written;
+- graph kernel interval: the time per kernel when 2,000 tiny kernels replay from one CUDA graph
+  (the least a kernel can cost on this GPU, launch overhead removed);
+- eager launch cost: host time per tiny op issued eagerly from Python (what each kernel costs the CPU).
+
+The cache lives in ``$PERFLAB_CACHE_DIR`` (default ``~/.cache/perflab``), file ``ceilings.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+CACHE_VERSION = 1
+
+
+def cache_path() -> Path:
+    root = Path(os.environ.get("PERFLAB_CACHE_DIR", Path.home() / ".cache" / "perflab"))
+    return root / "ceilings.json"
+
+
+def gpu_key() -> str:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    driver = "unknown"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else str(driver)
+    except Exception:
+        pass
+    return f"{props.name}|driver {driver}|torch {torch.__version__}"
+
+
+def _time_cuda(fn, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of one call, each call timed with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1000.0)
+    return statistics.median(times)
+
+
+def matmul_tflops(dtype: str, n: int = 8192, repeats: int = 10) -> float:
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32, "fp32": torch.float32}[dtype]
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
+    try:
+        a = torch.randn(n, n, device="cuda", dtype=torch_dtype)
+        b = torch.randn(n, n, device="cuda", dtype=torch_dtype)
+        seconds = _time_cuda(lambda: a @ b, repeats)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    return 2 * n**3 / seconds / 1e12
+
+
+def copy_gbps(nbytes: int = 2**30, repeats: int = 10) -> float:
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = _time_cuda(lambda: dst.copy_(src), repeats)
+    return 2 * nbytes / seconds / 1e9
+
+
+def graph_kernel_interval_us(kernels: int = 2000) -> float:
+    x = torch.zeros(1, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x.add_(1)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(kernels):
+            x.add_(1)
+    seconds = _time_cuda(graph.replay, repeats=5)
+    return seconds / kernels * 1e6
+
+
+def eager_launch_us(kernels: int = 2000) -> float:
+    x = torch.zeros(1, device="cuda")
+    for _ in range(100):
+        x.add_(1)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(kernels):
+            x.add_(1)
+        samples.append((time.perf_counter() - t0) / kernels * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def measure_ceilings() -> dict:
+    return {
+        "version": CACHE_VERSION,
+        "gpu": gpu_key(),
+        "matmul_tflops": {dtype: matmul_tflops(dtype) for dtype in ("bf16", "fp16", "tf32", "fp32")},
+        "copy_gbps": copy_gbps(),
+        "graph_kernel_interval_us": graph_kernel_interval_us(),
+        "eager_launch_us": eager_launch_us(),
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def get_ceilings(refresh: bool = False) -> dict:
+    """This GPU's ceilings, from the cache when it holds this GPU/driver/torch, else measured (seconds)."""
+    path = cache_path()
+    key = gpu_key()
+    cache = {}
+    if path.exists():
+        try:
+            cache = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            cache = {}  # a damaged cache is re-measured, not trusted
+    entry = cache.get(key)
+    if entry and entry.get("version") == CACHE_VERSION and not refresh:
+        return entry
+    entry = measure_ceilings()
+    cache[key] = entry
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(cache, indent=1))
+    tmp.replace(path)
+    return entry

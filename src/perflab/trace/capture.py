@@ -1,0 +1,149 @@
+"""Recording traces with torch.profiler: perflab's own cases, and a user's loop.
+
+Profiling is a separate pass from timing: the timed numbers come from the harness with no profiler, and
+the profiled pass reports how much the profiler inflated the step (traced step time ÷ untraced median).
+
+In a profiled pass each step runs inside a ``step`` annotation and ends with a device synchronisation, so
+that each step window holds its own GPU work (the windows tile the timeline). In eager mode the model's
+stages are annotated too (``block3.attn``, ``block3.reduce``, ``block3.mlp``, ...); compiled and graph
+modes run without them (annotations would break the graph), and their kernels fall in ``step``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, record_function, schedule
+
+from perflab.errors import PerflabError
+
+
+@dataclass
+class CaptureResult:
+    trace_path: Path
+    steps: int
+    device: str
+
+
+def _activities(device: str) -> list:
+    acts = [ProfilerActivity.CPU]
+    if device == "cuda":
+        acts.append(ProfilerActivity.CUDA)
+    return acts
+
+
+def record_steps(step: Callable[[], object], trace_path: Path, device: str, steps: int = 5, warmup: int = 1) -> CaptureResult:
+    """Run ``warmup`` + ``steps`` calls of ``step`` under torch.profiler and write the active window."""
+    trace_path = Path(trace_path)
+    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    # repeat=1: after the active window the profiler stops; a repeating schedule would start a new cycle
+    # and export only that cycle's few events.
+    sched = schedule(wait=0, warmup=warmup, active=steps, repeat=1)
+    with torch.profiler.profile(
+        activities=_activities(device),
+        record_shapes=True,
+        schedule=sched,
+        on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace_path)),
+    ) as prof:
+        for _ in range(warmup + steps):
+            with record_function("step"):
+                step()
+                sync()
+            prof.step()
+    if not trace_path.exists():
+        raise PerflabError(f"the profiler wrote no trace to {trace_path}")
+    return CaptureResult(trace_path, steps, device)
+
+
+def profile_case(case, trace_path: Path, steps: int = 5) -> CaptureResult:
+    """Build the case's workload exactly as the harness does, warm it up, and record ``steps`` steps."""
+    from perflab.models.registry import build_model
+    from perflab.runtime.device import synchronize
+    from perflab.runtime.inputs import image_batch
+    from perflab.runtime.modes import make_step
+    from perflab.runtime.precision import precision
+
+    torch.manual_seed(case.seed)
+    model, vit_config = build_model(case)
+    model = model.to(case.device)
+    x = image_batch(case.batch_size, case.input_size, case.device, case.seed)
+    with torch.no_grad(), precision(case.dtype, case.device):
+        step = make_step(model, x, case.mode)
+        for _ in range(case.warmup + 1):
+            step()
+        synchronize(case.device)
+        if vit_config is not None and case.mode == "eager":
+            model.annotate = True
+        try:
+            return record_steps(step, trace_path, case.device, steps=steps)
+        finally:
+            if vit_config is not None:
+                model.annotate = False
+
+
+class StepProfiler:
+    """``with perflab.profile(steps=5) as p: ... p.step()`` — profiles a user's own loop.
+
+    The first ``warmup`` steps are not recorded, the next ``steps`` are, and later ``p.step()`` calls do
+    nothing. ``p.step()`` synchronises the GPU (``sync=True``) so that each step window holds its own GPU
+    work. After the block, ``p.trace_path`` is the Kineto trace and ``p.analysis`` its analysis.
+    """
+
+    def __init__(self, steps: int = 5, warmup: int = 1, out: str | os.PathLike | None = None, sync: bool = True, cuda: bool | None = None):
+        if steps < 1:
+            raise PerflabError(f"steps must be at least 1, got {steps}")
+        self.steps, self.warmup, self.sync = steps, warmup, sync
+        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.trace_path = Path(out) if out else Path("perflab-profile.json.gz")
+        self.analysis = None
+        self._count = 0
+        self._prof = None
+        self._stack = contextlib.ExitStack()
+
+    def __enter__(self) -> "StepProfiler":
+        device = "cuda" if self.cuda else "cpu"
+        sched = schedule(wait=0, warmup=self.warmup, active=self.steps, repeat=1)
+        self._prof = torch.profiler.profile(
+            activities=_activities(device), record_shapes=True, schedule=sched,
+            on_trace_ready=lambda prof: prof.export_chrome_trace(str(self.trace_path)),
+        )
+        self._stack.enter_context(self._prof)
+        self._open_step()
+        return self
+
+    def _open_step(self) -> None:
+        self._range = record_function("step")
+        self._range.__enter__()
+
+    def step(self) -> None:
+        if self._count >= self.warmup + self.steps:
+            return
+        if self.sync and self.cuda:
+            torch.cuda.synchronize()
+        self._range.__exit__(None, None, None)
+        self._count += 1
+        self._prof.step()
+        if self._count < self.warmup + self.steps:
+            self._open_step()
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._count < self.warmup + self.steps:
+            self._range.__exit__(None, None, None)
+        self._stack.close()
+        if exc_type is None:
+            if self._count < self.warmup + self.steps:
+                raise PerflabError(
+                    f"the loop ran {self._count} steps, but {self.warmup} warm-up + {self.steps} profiled steps were asked for; "
+                    "call p.step() once per step, or lower steps/warmup"
+                )
+            from perflab.api import analyze
+
+            self.analysis = analyze(self.trace_path)
+        return False
+

@@ -1,0 +1,168 @@
+"""Nsight Compute: run it on chosen kernels of a case, and read its CSV robustly.
+
+ncu runs a child process (``python -m perflab.trace.ncu_target``) that warms the case up outside any
+range, then runs the measured steps inside an NVTX push/pop range named ``perflab_ncu``. ncu profiles only
+kernels launched inside that range (``--nvtx --nvtx-include perflab_ncu/``) whose function names match the
+top kernels of a profile pass (``-k regex:...``), with ``--clock-control none`` so the clocks stay as the
+card runs them.
+
+The CSV (``--csv --page raw``): ``==PROF==``/``==WARNING==`` lines (and anything the program printed)
+come before the header; a units row follows the header; numbers carry thousands separators ("13,568").
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from perflab.errors import PerflabError
+
+NVTX_RANGE = "perflab_ncu"
+
+# Column name in perflab -> ncu metric.
+METRICS = {
+    "duration_ns": "gpu__time_duration.sum",
+    "sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "memory_throughput_pct": "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed",
+    "dram_throughput_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "l1_hit_rate_pct": "l1tex__t_sector_hit_rate.pct",
+    "l2_hit_rate_pct": "lts__t_sector_hit_rate.pct",
+}
+
+# Roofline class from the speed-of-light percentages: a unit at or above this share of its peak is the
+# limiter; a kernel with neither unit busy is latency-bound (too little work in flight, or too short).
+BUSY_PCT = 60.0
+
+
+def find_ncu() -> str:
+    path = shutil.which("ncu") or next((p for p in ("/usr/local/cuda/bin/ncu", "/opt/nvidia/nsight-compute/ncu") if os.path.exists(p)), None)
+    if path is None:
+        raise PerflabError("Nsight Compute (ncu) is not installed or not on PATH; install it (it ships with the CUDA toolkit) to use perflab ncu")
+    return path
+
+
+def function_name(kernel_name: str) -> str:
+    """The bare function name ncu matches by default: no return type, namespaces, template args or params.
+
+    ``void at::native::vectorized_elementwise_kernel<8, ...>(int, ...)`` → ``vectorized_elementwise_kernel``.
+    """
+    name = re.sub(r"\(anonymous namespace\)|<unnamed>", "anon", kernel_name.strip())
+    if name.startswith("void "):
+        name = name[5:]
+    out, depth = [], 0
+    for ch in name:  # drop template arguments and stop at the parameter list
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0:
+            break
+        elif depth == 0:
+            out.append(ch)
+    base = "".join(out).strip()
+    return base.split("::")[-1].split()[-1] if base else kernel_name
+
+
+def kernel_filter(kernel_names) -> str:
+    names = sorted({function_name(n) for n in kernel_names})
+    return "regex:^(" + "|".join(re.escape(n) for n in names) + ")$"
+
+
+def ncu_command(ncu: str, case_json: str, kernel_names, launch_count: int, steps: int = 1) -> list[str]:
+    return [
+        ncu, "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
+        "--metrics", ",".join(METRICS.values()),
+        "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
+        "--kernel-name-base", "function", "-k", kernel_filter(kernel_names),
+        "--launch-count", str(launch_count),
+        sys.executable, "-m", "perflab.trace.ncu_target", case_json, "--steps", str(steps),
+    ]
+
+
+def run_ncu(case, kernel_names, launch_count: int = 500, timeout_s: int = 1200) -> pd.DataFrame:
+    ncu = find_ncu()
+    cmd = ncu_command(ncu, json.dumps(case.to_dict()), kernel_names, launch_count)
+    env = dict(os.environ)
+    env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise PerflabError(f"ncu did not finish within {timeout_s} s") from None
+    if "ERR_NVGPUCTRPERM" in proc.stdout + proc.stderr:
+        raise PerflabError("ncu may not read the GPU's performance counters here (ERR_NVGPUCTRPERM); run as root or allow profiling for all users")
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        raise PerflabError(f"ncu exited with status {proc.returncode}: {tail[0]}")
+    return parse_ncu_csv(proc.stdout)
+
+
+def parse_number(text: str) -> float:
+    text = text.strip().replace(",", "")
+    if text in ("", "n/a", "N/A"):
+        return float("nan")
+    return float(text)
+
+
+def parse_ncu_csv(text: str) -> pd.DataFrame:
+    """One row per profiled kernel launch, with perflab's metric columns and a roofline class."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID",')), None)
+    if start is None:
+        raise PerflabError("no ncu CSV table found (expected a header line starting with \"ID\"); did ncu profile any kernel?")
+    rows = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header, body = rows[0], rows[1:]
+    if body and not body[0][0].strip().isdigit():
+        body = body[1:]  # the units row
+    missing = [m for m in METRICS.values() if m not in header]
+    if missing:
+        raise PerflabError(f"the ncu CSV lacks metric column(s) {', '.join(missing)}; was it made with perflab's --metrics list?")
+    col = {name: header.index(name) for name in header}
+    records = []
+    for row in body:
+        if len(row) != len(header) or not row[0].strip().isdigit():
+            continue  # program output interleaved after the table
+        rec = {
+            "id": int(row[col["ID"]]),
+            "kernel_name": row[col["Kernel Name"]],
+            "function": function_name(row[col["Kernel Name"]]),
+            "grid": row[col["Grid Size"]] if "Grid Size" in col else "",
+            "block": row[col["Block Size"]] if "Block Size" in col else "",
+            "stream": row[col["Stream"]] if "Stream" in col else "",
+        }
+        for ours, metric in METRICS.items():
+            rec[ours] = parse_number(row[col[metric]])
+        records.append(rec)
+    if not records:
+        raise PerflabError("the ncu CSV has a header but no kernel rows; no kernel matched the filter inside the NVTX range")
+    df = pd.DataFrame.from_records(records)
+    df["roofline"] = [roofline_class(s, m) for s, m in zip(df["sm_throughput_pct"], df["memory_throughput_pct"])]
+    return df
+
+
+def roofline_class(sm_pct: float, mem_pct: float) -> str:
+    if sm_pct >= BUSY_PCT and sm_pct >= mem_pct:
+        return "compute-bound"
+    if mem_pct >= BUSY_PCT:
+        return "memory-bound"
+    return "latency-bound"
+
+
+def summarize_by_kernel(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean metrics per kernel name (several launches of one kernel in the range), with launch counts."""
+    metric_cols = list(METRICS)
+    grouped = df.groupby("kernel_name", sort=False)
+    out = grouped[metric_cols].mean()
+    out["launches"] = grouped.size()
+    out["function"] = grouped["function"].first()
+    out["roofline"] = [roofline_class(s, m) for s, m in zip(out["sm_throughput_pct"], out["memory_throughput_pct"])]
+    return out.reset_index()

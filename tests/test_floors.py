@@ -1,0 +1,34 @@
+"""Floors and the binding verdict."""
+
+import pytest
+
+from perflab.analysis.floors import compute_floors, vit_min_bytes
+
+CEIL = dict(matmul_tflops=800.0, copy_gbps=4000.0, kernel_interval_us=1.5)
+
+
+def test_floor_arithmetic():
+    f = compute_floors(measured_ms=2.0, flops_per_step=35.13e9, bytes_per_step=200e6, kernels_per_step=200, host_issue_ms=1.8, **CEIL)
+    assert f.compute_ms == pytest.approx(35.13e9 / 800e12 * 1e3)
+    assert f.memory_ms == pytest.approx(200e6 / 4000e9 * 1e3)
+    assert f.launch_ms == pytest.approx(0.3)
+    assert f.host_ms == 1.8
+    assert f.binding == "host" and f.verdict == "launch-bound"
+    assert f.ratios()["host"] == pytest.approx(2.0 / 1.8)
+
+
+@pytest.mark.parametrize(
+    "kw,verdict",
+    [
+        (dict(flops_per_step=35e9, bytes_per_step=2e8, kernels_per_step=200, host_issue_ms=0.01), "latency-bound small kernels"),
+        (dict(flops_per_step=2.25e12, bytes_per_step=3e8, kernels_per_step=200, host_issue_ms=2.0), "compute-bound"),
+        (dict(flops_per_step=1e9, bytes_per_step=2e10, kernels_per_step=20, host_issue_ms=0.1), "memory-bound"),
+    ],
+)
+def test_verdict_names_the_largest_floor(kw, verdict):
+    assert compute_floors(measured_ms=1.0, **CEIL, **kw).verdict == verdict
+
+
+def test_vit_min_bytes_counts_weights_residual_stream_input_and_output():
+    total = vit_min_bytes(params=10, weight_bytes=2, batch=2, tokens_per_block=[5, 3], dim=4, act_bytes=4, input_elems=100, output_elems=7)
+    assert total == 10 * 2 + (2 * 2 * 5 * 4 * 4 + 2 * 2 * 3 * 4 * 4) + 4 * 107

@@ -1,0 +1,77 @@
+"""Reading Nsight Compute CSVs (real ones from an H200) and the ncu command perflab builds."""
+
+from pathlib import Path
+
+import pytest
+
+from perflab.errors import PerflabError
+from perflab.trace.ncu import METRICS, function_name, kernel_filter, ncu_command, parse_ncu_csv, roofline_class, summarize_by_kernel
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_parses_the_matmul_sample_with_prof_lines_units_row_and_thousands_separators():
+    df = parse_ncu_csv((DATA / "ncu_matmul_h200.csv").read_text())
+    assert len(df) == 4
+    gemm = df[df["kernel_name"].str.contains("sgemm")].iloc[0]
+    assert gemm["duration_ns"] == 343840  # "343,840" in the file
+    assert gemm["sm_throughput_pct"] == 84.59
+    assert gemm["memory_throughput_pct"] == 46.10
+    assert gemm["dram_throughput_pct"] == 1.11
+    assert gemm["achieved_occupancy_pct"] == 12.50
+    assert gemm["l1_hit_rate_pct"] == 0.63
+    assert gemm["l2_hit_rate_pct"] == 93.47
+    assert gemm["roofline"] == "compute-bound"
+    assert df[df["kernel_name"].str.contains("vectorized_elementwise")].iloc[0]["roofline"] == "latency-bound"
+    assert not df[list(METRICS)].isna().any().any()
+
+
+def test_a_csv_without_one_of_our_metrics_names_it():
+    # The seed-style sample was made with another metric list: no gpu__compute_memory_throughput.
+    with pytest.raises(PerflabError, match="gpu__compute_memory_throughput"):
+        parse_ncu_csv((DATA / "ncu_raw_h200.csv").read_text())
+
+
+def test_program_output_around_the_table_is_ignored():
+    text = "hello from the program\n" + (DATA / "ncu_matmul_h200.csv").read_text() + "\nbye\n"
+    assert len(parse_ncu_csv(text)) == 4
+
+
+def test_no_table_is_a_clear_error():
+    with pytest.raises(PerflabError, match="no ncu CSV table"):
+        parse_ncu_csv("==PROF== Connected to process 1\n==PROF== Disconnected from process 1\n")
+
+
+def test_summary_per_kernel_averages_launches():
+    s = summarize_by_kernel(parse_ncu_csv((DATA / "ncu_matmul_h200.csv").read_text()))
+    gemm = s[s["kernel_name"].str.contains("sgemm")].iloc[0]
+    assert gemm["launches"] == 2
+    assert gemm["duration_ns"] == pytest.approx((343840 + 343616) / 2)
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#1}>(int, float)", "vectorized_elementwise_kernel"),
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"),
+        ("void (anonymous namespace)::softmax_warp_forward<float, float, float, 8, false, false>(float*, float const*, int, int, int)", "softmax_warp_forward"),
+        ("void at::<unnamed>::cunn_SoftMaxForwardReg<c10::BFloat16, float, c10::BFloat16, at::<unnamed>::SoftMaxForwardEpilogue>(c10::BFloat16*, int)", "cunn_SoftMaxForwardReg"),
+        ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(cutlass_80_simt_sgemm_256x128_8x4_nn_align1::Params)", "Kernel2"),
+        ("triton_poi_fused_add_gelu_0", "triton_poi_fused_add_gelu_0"),
+    ],
+)
+def test_function_names_as_ncu_matches_them(name, expected):
+    assert function_name(name) == expected
+
+
+def test_command_filters_by_nvtx_range_and_kernel_functions_with_clocks_untouched():
+    cmd = ncu_command("ncu", "{}", ["void at::native::vectorized_elementwise_kernel<4>(int)", "nvjet_x"], launch_count=50)
+    assert cmd[cmd.index("--clock-control") + 1] == "none"
+    assert cmd[cmd.index("--nvtx-include") + 1] == "perflab_ncu/"
+    assert cmd[cmd.index("-k") + 1] == kernel_filter(["nvjet_x", "vectorized_elementwise_kernel"]) == "regex:^(nvjet_x|vectorized_elementwise_kernel)$"
+    assert set(cmd[cmd.index("--metrics") + 1].split(",")) == set(METRICS.values())
+
+
+@pytest.mark.parametrize("sm,mem,cls", [(90, 40, "compute-bound"), (30, 85, "memory-bound"), (70, 80, "memory-bound"), (20, 30, "latency-bound")])
+def test_roofline_class(sm, mem, cls):
+    assert roofline_class(sm, mem) == cls
