@@ -1,12 +1,13 @@
 """perflab: a performance lab for transformer workloads on NVIDIA GPUs.
 
 The public API lives in :mod:`perflab.api` and is re-exported here lazily, so that ``import perflab``
-(and trace analysis) does not import torch.
+(and trace analysis) does not import torch. ``perflab.sweep`` is the sweep package; the sweep function
+is ``perflab.api.sweep``.
 """
 
 __version__ = "0.1.0"
 
-_API = ("bench", "profile", "analyze", "compare", "explain", "sweep")
+_API = ("bench", "profile", "analyze", "compare", "explain")
 
 
 def __getattr__(name):
@@ -17,4 +18,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'perflab' has no attribute {name!r}")
 
 
-__all__ = list(_API) + ["__version__"]
+__all__ = [*_API, "__version__"]

@@ -1,0 +1,470 @@
+"""``DIR/report.md`` from a sweep's stored rows: the seeds' tables, with CIs and validity flags, and plots.
+
+For each comparison (the spec's named ones; else each topk_/evit_ model against its baseline) and each
+group of the fields it does not name (dtype and mode, one table each, as the seeds had one per setting):
+
+- the batch sweep of seed 001, per input size: batch size, baseline and variant throughput, speedup,
+  latency Δ, faster or slower (and whether the difference is beyond the CIs), flags;
+- the combined table of seed 002 ("Hypothesis Validation"): input size, batch size, both throughputs,
+  speedup, latency Δ, GFLOPs of each, tokens pre → post.
+
+A failed cell says OOM, ERROR, TIMEOUT or INVALID; a case of the spec with no stored row says "not run".
+Then break-even analyses, the environment, the command and spec that produced the rows, and every row.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from pathlib import Path
+
+from perflab.report import plots
+from perflab.report.tables import pair
+from perflab.sweep.spec import Comparison, case_fields, default_comparisons
+from perflab.sweep.store import status_counts, load_stored
+
+STATUS_CELL = {"oom": "OOM", "error": "ERROR", "timeout": "TIMEOUT", "invalid": "INVALID", "missing": "not run"}
+GROUP_FIELDS = ("model", "dtype", "mode", "attn", "device", "keep_rate", "reduction_loc", "seed")
+ALWAYS_SHOWN = ("model", "dtype", "mode")  # in group headings, even when they do not vary
+
+
+def write_report(out_dir, *, n_boot: int = 2000) -> Path:
+    """Write ``out_dir/report.md`` and its PNGs; returns the report's path."""
+    out_dir = Path(out_dir)
+    stored = load_stored(out_dir)
+    text = build_report(stored, out_dir, n_boot=n_boot)
+    path = out_dir / "report.md"
+    path.write_text(text)
+    return path
+
+
+def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
+    rows = with_missing(stored.rows, stored.experiment)
+    experiment = stored.experiment
+    comparisons = list(experiment.comparisons) if experiment and experiment.comparisons else default_comparisons(rows)
+    common = common_flags(stored.rows)
+    parts = [_header(stored, common)]
+    parts += _status_section(rows)
+    for comparison in comparisons:
+        parts += comparison_section(comparison, rows, plot_dir, common)
+    if experiment and experiment.breakevens:
+        parts += _breakeven_sections(stored, plot_dir, n_boot)
+    parts += _environment_section(stored)
+    parts += _provenance_section(stored)
+    parts += _all_rows_section(rows, common)
+    return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
+
+
+def with_missing(rows: list[dict], experiment) -> list[dict]:
+    """The stored rows plus a ``missing`` placeholder for each case of the spec that has no row."""
+    if experiment is None:
+        return list(rows)
+    stored = {r.get("case_id") for r in rows}
+    out = list(rows)
+    for case in experiment.cases:
+        if case.id not in stored:
+            d = case.to_dict()
+            out.append(dict(d, case=d, case_id=case.id, status="missing", method=case.method, tokens=None, flags=[], message="not run yet"))
+    return out
+
+
+def common_flags(rows: list[dict]) -> set[str]:
+    """Flags every ok row carries (e.g. no_power on a CPU); stated once instead of in every cell."""
+    ok = [set(r.get("flags") or []) for r in rows if r.get("status") == "ok"]
+    return set.intersection(*ok) if len(ok) > 1 else set()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Comparisons: the seed tables
+
+
+def comparison_section(comparison: Comparison, rows: list[dict], plot_dir: Path, common: set[str]) -> list[str]:
+    base_label, var_label = comparison.labels
+    entries = [dict(pair(b, v), base_row=b, var_row=v) for b, v in comparison.pairs(rows)]
+    parts = [f"## {comparison.name}: {var_label} vs {base_label}",
+             f"{base_label}: {_filter_text(comparison.baseline)}. {var_label}: {_filter_text(comparison.variant)}."]
+    if not entries:
+        return parts + ["No stored pair of cases for this comparison yet."]
+    groups: dict[tuple, list[dict]] = {}
+    for entry in entries:
+        groups.setdefault(group_key(comparison, entry["var_row"]), []).append(entry)
+    varying = _varying_fields(groups)
+    speedup_panels = {}
+    for key, group in groups.items():
+        heading = _group_heading(key, varying)
+        parts.append(f"### {heading}")
+        for size in sorted({e["input_size"] for e in group}):
+            parts += batch_sweep_table(comparison, [e for e in group if e["input_size"] == size], size, common)
+        parts += combined_table(comparison, group, common)
+        parts.append(_group_plots(comparison, heading, group, plot_dir))
+        speedup_panels[heading] = _speedup_series(group)
+    path = plots.speedup_vs_tokens(speedup_panels, plot_dir / f"speedup_vs_tokens_{_slug(comparison.name)}.png",
+                                   f"{comparison.name}: {var_label} / {base_label} throughput", var_label)
+    parts.append(f"![speedup vs tokens]({path.name})")
+    return parts
+
+
+def batch_sweep_table(comparison: Comparison, entries: list[dict], input_size: int, common: set[str]) -> list[str]:
+    """Seed 001: one input size, a row per batch size."""
+    bl, vl = comparison.labels
+    headers = ["Batch size", f"{bl} TP (img/s)", f"{vl} TP (img/s)", "Speedup", "Latency Δ", "Result", "Flags"]
+    body = []
+    for e in sorted(entries, key=lambda e: e["batch_size"]):
+        body.append([str(e["batch_size"]), tp_cell(e["base_row"]), tp_cell(e["var_row"]), speedup_cell(e),
+                     delta_cell(e), result_cell(e, comparison.labels), flags_cell(e, common)])
+    lines = [f"#### Batch size sweep (input size {input_size})", md_table(headers, body)]
+    lines.append(_flops_line(entries, comparison.labels) + " " + _mean_speedup_line(entries))
+    return lines
+
+
+def combined_table(comparison: Comparison, entries: list[dict], common: set[str]) -> list[str]:
+    """Seed 002's "Hypothesis Validation": every input size and batch size in one table."""
+    bl, vl = comparison.labels
+    headers = ["Input size", "Batch size", f"{bl} TP (img/s)", f"{vl} TP (img/s)", "Speedup", "Latency Δ",
+               f"{bl} GFLOPs", f"{vl} GFLOPs", "Tokens (pre → post)", "Flags"]
+    body = []
+    for e in sorted(entries, key=lambda e: (e["input_size"], e["batch_size"])):
+        body.append([str(e["input_size"]), str(e["batch_size"]), tp_cell(e["base_row"]), tp_cell(e["var_row"]), speedup_cell(e),
+                     delta_cell(e), _num(e["baseline_gflops"], ".2f"), _num(e["variant_gflops"], ".2f"), tokens_cell(e), flags_cell(e, common)])
+    return ["#### All input sizes (seed 002 \"Hypothesis Validation\" shape)", md_table(headers, body)]
+
+
+def group_key(comparison: Comparison, row: dict) -> tuple:
+    case = case_fields(row)
+    return tuple((f, _hashable(case.get(f))) for f in GROUP_FIELDS if f not in comparison.named_fields)
+
+
+# -- cells
+
+
+def tp_cell(row: dict) -> str:
+    if row.get("status") != "ok":
+        return status_cell(row)
+    lo, hi = throughput_ci(row)
+    ci = f" [{lo:.2f}–{hi:.2f}]" if lo is not None else ""
+    return f"{row['throughput_per_s']:.2f}{ci}"
+
+
+def throughput_ci(row: dict) -> tuple[float | None, float | None]:
+    ci = row.get("ci95_ms")
+    if not ci or None in ci or min(ci) <= 0:
+        return None, None
+    return row["batch_size"] * 1000.0 / ci[1], row["batch_size"] * 1000.0 / ci[0]
+
+
+def speedup_ci(entry: dict) -> tuple[float | None, float | None]:
+    """From the CI ends of both medians (conservative: each end pairs the extremes)."""
+    b, v = entry["baseline_ci95_ms"], entry["variant_ci95_ms"]
+    if not b or not v or None in b or None in v or min(v) <= 0:
+        return None, None
+    return b[0] / v[1], b[1] / v[0]
+
+
+def speedup_cell(entry: dict) -> str:
+    if entry["speedup"] is None:
+        return "–"
+    lo, hi = speedup_ci(entry)
+    ci = f" [{lo:.3f}–{hi:.3f}]" if lo is not None else ""
+    return f"{entry['speedup']:.3f}×{ci}"
+
+
+def delta_cell(entry: dict) -> str:
+    return "–" if entry["latency_delta"] is None else f"{100 * entry['latency_delta']:+.1f}%"
+
+
+def result_cell(entry: dict, labels: tuple[str, str]) -> str:
+    if entry["speedup"] is None:
+        failed = [f"{label} {status_cell(row)}" for label, row in zip(labels, (entry["base_row"], entry["var_row"])) if row.get("status") != "ok"]
+        return "— " + ", ".join(failed)
+    verdict = "✓ Faster" if entry["faster"] else "✗ Slower"
+    return verdict + (" (within noise)" if entry["significant"] is False else "")
+
+
+def flags_cell(entry: dict, common: set[str]) -> str:
+    flags = [f for f in entry["flags"] if f not in common]
+    return ", ".join(flags) if flags else "–"
+
+
+def tokens_cell(entry: dict) -> str:
+    tokens = entry["var_row"].get("tokens") or entry["base_row"].get("tokens")
+    if not tokens:
+        return "–"
+    return f"{tokens[0]} → {tokens[-1]}"
+
+
+def status_cell(row: dict) -> str:
+    status = row.get("status") or "?"
+    return STATUS_CELL.get(status, status.upper())
+
+
+# -- group plots and summaries
+
+
+def _group_plots(comparison: Comparison, heading: str, group: list[dict], plot_dir: Path) -> str:
+    tp_series, ms_series = {}, {}
+    for side, label in (("base_row", comparison.labels[0]), ("var_row", comparison.labels[1])):
+        for e in group:
+            row = e[side]
+            if row.get("status") != "ok":
+                continue
+            name = f"{label}, {row['input_size']} px"
+            lo, hi = throughput_ci(row)
+            tp_series.setdefault(name, {})[row["batch_size"]] = (row["batch_size"], row["throughput_per_s"], lo, hi)
+            ci = row.get("ci95_ms") or (None, None)
+            ms_series.setdefault(name, {})[row["batch_size"]] = (row["batch_size"], row["median_ms"], ci[0], ci[1])
+    if not tp_series:
+        return "(no successful cases to plot)"
+    slug = _slug(f"{comparison.name}-{heading}")
+    by_size: dict[int, list[str]] = {}
+    for name in sorted(tp_series, key=lambda n: (int(n.rsplit(", ", 1)[1].split()[0]), n.rsplit(", ", 1)[0] != comparison.labels[0])):
+        by_size.setdefault(int(name.rsplit(", ", 1)[1].split()[0]), []).append(name)
+    styles = plots.series_styles(by_size)
+    ordered = [name for names in by_size.values() for name in names]
+    tp_path = plots.throughput_vs_batch({k: list(tp_series[k].values()) for k in ordered}, plot_dir / f"throughput_{slug}.png",
+                                        f"{comparison.name} ({heading}): throughput", styles)
+    ms_path = plots.latency_vs_batch({k: list(ms_series[k].values()) for k in ordered}, plot_dir / f"latency_{slug}.png",
+                                     f"{comparison.name} ({heading}): latency per batch", styles)
+    return f"![throughput vs batch size]({tp_path.name}) ![latency with 95% CI]({ms_path.name})"
+
+
+def _speedup_series(group: list[dict]) -> dict:
+    series: dict[str, list] = {}
+    for e in group:
+        if e["speedup"] is None:
+            continue
+        tokens = (e["var_row"].get("tokens") or e["base_row"].get("tokens") or [None])[0]
+        lo, hi = speedup_ci(e)
+        series.setdefault(f"bs {e['batch_size']}", []).append((tokens if tokens is not None else e["input_size"], e["speedup"], lo, hi))
+    return dict(sorted(series.items(), key=lambda kv: int(kv[0].split()[1])))
+
+
+def _flops_line(entries: list[dict], labels: tuple[str, str]) -> str:
+    base = next((e["baseline_gflops"] for e in entries if e["baseline_gflops"] is not None), None)
+    var = next((e["variant_gflops"] for e in entries if e["variant_gflops"] is not None), None)
+    if base is None or var is None:
+        return "**FLOPs:** –."
+    return f"**FLOPs:** {base:.2f} → {var:.2f} GFLOPs per image ({100 * (1 - var / base):.1f}% fewer)."
+
+
+def _mean_speedup_line(entries: list[dict]) -> str:
+    ok = [e["speedup"] for e in entries if e["speedup"] is not None]
+    if not ok:
+        return "**Mean speedup:** – (no batch size measured on both sides)."
+    geo = math.exp(sum(math.log(s) for s in ok) / len(ok))
+    return f"**Mean speedup:** {geo:.3f}× (geometric mean over {len(ok)} of {len(entries)} batch sizes)."
+
+
+def _varying_fields(groups: dict) -> set[str]:
+    values: dict[str, set] = {}
+    for key in groups:
+        for field, value in key:
+            values.setdefault(field, set()).add(value)
+    return {f for f, v in values.items() if len(v) > 1}
+
+
+def _group_heading(key: tuple, varying: set[str]) -> str:
+    parts = []
+    d = dict(key)
+    for field, value in key:
+        if field not in varying and field not in ALWAYS_SHOWN:
+            continue
+        if field in ("keep_rate", "reduction_loc"):
+            continue
+        parts.append(str(value))
+    if d.get("keep_rate") and ("keep_rate" in varying or "model" in d):
+        parts.append("keep " + "/".join(f"{r:g}" for r in d["keep_rate"]) + " @ " + ",".join(map(str, d.get("reduction_loc") or ())))
+    return ", ".join(parts) or "all cases"
+
+
+def _filter_text(filt: dict) -> str:
+    return ", ".join(f"{k} = {v}" for k, v in filt.items())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Break-even
+
+
+def _breakeven_sections(stored, plot_dir: Path, n_boot: int) -> list[str]:
+    from perflab.analysis.breakeven import analyze_rows
+
+    parts = ["## Break-even",
+             "Each cost is fitted as t(n) = a + b·n + c·n² (ms per batch; n = tokens = (size/16)² + 1) by least squares over "
+             "the case medians. The crossover's CI comes from a bootstrap that resamples each case's timing samples "
+             "(samples_ms) and refits; replicates without a crossover in range count as below or above it."]
+    for i, b in enumerate(stored.experiment.breakevens):
+        analysis = analyze_rows(b.name, stored.rows, [c.id for c in b.baseline], [c.id for c in b.variant],
+                                patch_size=b.patch_size, n_boot=n_boot)
+        parts += breakeven_section(analysis, plot_dir / f"breakeven_{i}_{_slug(b.name)}.png")
+    return parts
+
+
+def breakeven_section(analysis, plot_path: Path) -> list[str]:
+    parts = [f"### {analysis.name}"]
+    result = analysis.result
+    if result is None:
+        return parts + [f"No fit: {analysis.problem}."]
+    parts.append(f"**{analysis.variant_model} vs {analysis.baseline_model}:** {result.summary()}.")
+    fit_rows = []
+    for label, fit in (("baseline", result.baseline), ("variant", result.variant)):
+        ci = " · ".join(f"{name} ∈ [{lo:.3g}, {hi:.3g}]" for name, (lo, hi) in zip("abc", fit.coef_ci))
+        fit_rows.append([label, fit.formula(), f"{fit.r2:.4f}", f"{100 * fit.max_rel_residual:.1f}%", ci])
+    parts.append(md_table(["Model", "Fit t(n)", "R²", "Largest residual", "95% CI of coefficients"], fit_rows))
+    if analysis.problem:
+        parts.append(f"Note: {analysis.problem}.")
+    by_size = {r["input_size"]: [r, None] for r in analysis.baseline_rows}
+    for r in analysis.variant_rows:
+        by_size.setdefault(r["input_size"], [None, None])[1] = r
+    body = []
+    for size in sorted(by_size):
+        b, v = by_size[size]
+        tokens = ((b or v).get("tokens") or [None])[0]
+        speedup = f"{b['median_ms'] / v['median_ms']:.3f}×" if b and v else "–"
+        body.append([str(size), str(tokens), _ms_cell(b), _ms_cell(v), speedup])
+    parts.append(md_table(["Input size", "Tokens", "Baseline ms/batch [95% CI]", "Variant ms/batch [95% CI]", "Speedup"], body))
+    path = plots.breakeven_plot(
+        [((r.get("tokens") or [0])[0]) for r in analysis.baseline_rows], [_ms_triple(r) for r in analysis.baseline_rows],
+        [((r.get("tokens") or [0])[0]) for r in analysis.variant_rows], [_ms_triple(r) for r in analysis.variant_rows],
+        result.baseline, result.variant, result, plot_path, analysis.name,
+        labels=(analysis.baseline_model, analysis.variant_model),
+    )
+    parts.append(f"![break-even]({path.name})")
+    return parts
+
+
+def _ms_cell(row) -> str:
+    if row is None:
+        return "–"
+    ci = row.get("ci95_ms") or (None, None)
+    return f"{row['median_ms']:.3f} [{ci[0]:.3f}–{ci[1]:.3f}]" if None not in ci else f"{row['median_ms']:.3f}"
+
+
+def _ms_triple(row) -> tuple:
+    ci = row.get("ci95_ms") or (row["median_ms"], row["median_ms"])
+    return (row["median_ms"], ci[0], ci[1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Header, status, environment, provenance, all rows
+
+
+def _header(stored, common: set[str]) -> str:
+    experiment = stored.experiment
+    name = experiment.name if experiment else stored.out_dir.name
+    lines = [f"# {name}"]
+    if experiment and experiment.description:
+        lines.append(experiment.description.strip())
+    lines.append(
+        "How to read the tables: TP is throughput (images/s) from the median step time, with its 95% CI in brackets "
+        "(from the distribution-free CI of the median). Speedup = variant TP / baseline TP (>1: the variant is faster); its "
+        "bracket pairs the CI ends. Latency Δ = variant / baseline latency per batch − 1. \"Within noise\": the two CIs overlap. "
+        "Flags are the harness's validity checks (see the README)."
+    )
+    if common:
+        lines.append(f"Flags raised on every successful case (not repeated in the tables): {', '.join(sorted(common))}.")
+    if stored.other_env_keys:
+        lines.append(f"This directory also holds rows from {len(stored.other_env_keys)} other environment(s) "
+                     f"({', '.join(stored.other_env_keys)}); only environment {stored.env_key} is shown.")
+    return "\n\n".join(lines)
+
+
+def _status_section(rows: list[dict]) -> list[str]:
+    counts = status_counts(rows)
+    line = ", ".join(f"{n} {'not run' if status == 'missing' else status}" for status, n in sorted(counts.items()))
+    parts = ["## Status", f"{len(rows)} cases: {line}."]
+    failed = [r for r in rows if r.get("status") not in ("ok", "missing")]
+    if failed:
+        body = [[_row_label(r), status_cell(r), _escape(r.get("message") or "")] for r in failed]
+        parts.append(md_table(["Case", "Status", "Message"], body))
+    return parts
+
+
+def _environment_section(stored) -> list[str]:
+    envs: dict[tuple, int] = {}
+    for row in stored.rows:
+        env = row.get("env") or {}
+        key = (row.get("device_name") or env.get("gpu_name") or "?", env.get("driver"), env.get("torch"), env.get("cuda"),
+               env.get("host"), env.get("python"), env.get("perflab"))
+        envs[key] = envs.get(key, 0) + 1
+    parent = stored.environments.get(stored.env_key) or {}
+    lines = []
+    for (device, driver, torch_v, cuda, host, python, perflab_v), n in envs.items():
+        driver = driver or parent.get("driver")
+        lines.append(f"- **{device}** · driver {driver or '–'} · CUDA {cuda or '–'} · torch {torch_v or '–'} · "
+                     f"Python {python or '–'} · host {host or '–'} · perflab {perflab_v or '–'} ({n} rows)")
+    if not lines:
+        lines.append("- no rows stored yet")
+    lines.append(f"- environment key `{stored.env_key}` (hash of host, CPU, GPU names, driver, torch, CUDA, perflab: `--resume` reuses rows only under the same key)")
+    return ["## Environment", "\n".join(lines)]
+
+
+def _provenance_section(stored) -> list[str]:
+    parts = ["## How this was produced"]
+    if not stored.sweeps:
+        return parts + ["No sweep record: these rows were stored by other means."]
+    lines = []
+    for s in stored.sweeps:
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(s["started_at"]))
+        outcome = s.get("outcome") or "did not finish (killed?)"
+        lines.append(f"- `{s.get('command') or '?'}` — {started}, {outcome}; {s.get('n_done') or 0} case(s) run, "
+                     f"{s.get('n_skipped') or 0} already stored, of {s.get('n_cases')}")
+    parts.append("\n".join(lines))
+    latest = stored.sweeps[-1]
+    if latest.get("spec_text"):
+        parts.append(f"<details><summary>Spec: {latest.get('spec_source')}</summary>\n\n```yaml\n{latest['spec_text'].rstrip()}\n```\n\n</details>")
+    elif latest.get("spec_source"):
+        parts.append(f"Spec: {latest.get('spec_source')}.")
+    return parts
+
+
+def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
+    headers = ["Model", "Size", "BS", "dtype", "mode", "Status", "ms/batch [95% CI]", "ms/img", "img/s", "GFLOPs/img", "Tokens", "CV", "Flags / message"]
+    body = []
+    for r in rows:
+        ok = r.get("status") == "ok"
+        flags = [f for f in (r.get("flags") or []) if f not in common]
+        note = ", ".join(flags) if ok else _escape(r.get("message") or "")
+        body.append([
+            _model_label(r), str(r.get("input_size")), str(r.get("batch_size")), str(r.get("dtype")), str(r.get("mode")),
+            "ok" if ok else status_cell(r), _ms_cell(r) if ok else "–", _num(r.get("latency_ms_per_sample"), ".4g"),
+            _num(r.get("throughput_per_s"), ".2f"), _num(r.get("gflops"), ".2f"),
+            "→".join(map(str, r["tokens"])) if r.get("tokens") else "–", _num(r.get("cv"), ".1%"), note or "–",
+        ])
+    return ["## All cases", md_table(headers, body)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Markdown helpers
+
+
+def md_table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _escape(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _num(value, spec: str) -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def _model_label(row: dict) -> str:
+    label = row.get("model") or "?"
+    if row.get("keep_rate"):
+        label += " kr" + "/".join(f"{r:g}" for r in row["keep_rate"]) + "@" + ",".join(map(str, row.get("reduction_loc") or ()))
+    return label
+
+
+def _row_label(row: dict) -> str:
+    return f"{_model_label(row)} {row.get('input_size')}px bs{row.get('batch_size')} {row.get('dtype')} {row.get('mode')}"
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()[:80] or "plot"

@@ -1,0 +1,153 @@
+"""PNG plots for reports (matplotlib, Agg backend: no display needed).
+
+Each function takes plain numbers (series label → points) and a path, writes one PNG and returns the
+path. Error bars are the 95% CIs of the medians the harness reports.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+import matplotlib.ticker
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+
+DPI = 110
+
+
+def throughput_vs_batch(series: dict, path: Path, title: str, styles: dict | None = None) -> Path:
+    """series: label → [(batch size, img/s, low, high)]."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, points in series.items():
+        _errorbar_line(ax, points, label, (styles or {}).get(label))
+    _batch_axis(ax, series)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("throughput (img/s, 95% CI)")
+    _finish(ax, title)
+    return _save(fig, path)
+
+
+def latency_vs_batch(series: dict, path: Path, title: str, styles: dict | None = None) -> Path:
+    """series: label → [(batch size, ms per batch, CI low, CI high)]."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, points in series.items():
+        _errorbar_line(ax, points, label, (styles or {}).get(label))
+    _batch_axis(ax, series)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("latency (ms per batch, median, 95% CI)")
+    _finish(ax, title)
+    return _save(fig, path)
+
+
+def speedup_vs_tokens(panels: dict, path: Path, title: str, variant_label: str = "variant") -> Path:
+    """panels: panel title → {series label → [(tokens, speedup, CI low, CI high)]}; a line at 1× marks parity."""
+    n = max(1, len(panels))
+    cols = min(2, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.8 * rows), squeeze=False)
+    for ax, (panel, series) in zip(axes.flat, panels.items()):
+        ax.axhline(1.0, color="0.4", lw=1, ls="--")
+        for label, points in series.items():
+            _errorbar_line(ax, points, label)
+        ax.set_xlabel("tokens (input sequence length)")
+        ax.set_ylabel(f"speedup of {variant_label} (×)")
+        _finish(ax, panel)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    return _save(fig, path)
+
+
+def breakeven_plot(tokens_b: Sequence[float], ms_b: Sequence[tuple], tokens_v: Sequence[float], ms_v: Sequence[tuple],
+                   fit_b, fit_v, result, path: Path, title: str, labels=("baseline", "variant")) -> Path:
+    """Measured points (median with CI) and fitted quadratics; the crossover and its CI marked.
+
+    ms_*: [(median, CI low, CI high)]; fit_*: callables n → ms; result: a BreakevenResult.
+    """
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    lo, hi = result.tokens_lo, result.tokens_hi
+    grid = np.linspace(lo, hi, 200)
+    for tokens, ms, fit, label, color in ((tokens_b, ms_b, fit_b, labels[0], "C0"), (tokens_v, ms_v, fit_v, labels[1], "C1")):
+        med = [m[0] for m in ms]
+        yerr = [[m[0] - m[1] for m in ms], [m[2] - m[0] for m in ms]]
+        ax.errorbar(tokens, med, yerr=yerr, fmt="o", color=color, capsize=3, label=f"{label} (measured)")
+        ax.plot(grid, fit(grid), color=color, lw=1.5, label=f"{label} fit a+bn+cn²")
+    if result.crossover_tokens is not None:
+        n = result.crossover_tokens
+        ax.axvline(n, color="C3", lw=1.5, label=f"crossover ≈ {n:.0f} tokens ({result.crossover_input_size:.0f} px)")
+        c_lo, c_hi = result.crossover_ci
+        if not (math.isinf(c_lo) and math.isinf(c_hi)):
+            ax.axvspan(max(c_lo, lo), min(c_hi, hi), color="C3", alpha=0.15, label=f"{result.level:.0%} CI")
+    else:
+        ax.text(0.02, 0.95, "no crossover in range", transform=ax.transAxes, va="top")
+    ax.set_xlabel("tokens (input sequence length)")
+    ax.set_ylabel("latency (ms per batch)")
+    top = ax.secondary_xaxis("top", functions=(_tokens_to_px(result.patch_size), _px_to_tokens(result.patch_size)))
+    top.set_xlabel("input size (px)")
+    _finish(ax, title)
+    return _save(fig, path)
+
+
+def _tokens_to_px(patch):
+    import numpy as np
+
+    return lambda n: patch * np.sqrt(np.maximum(np.asarray(n, dtype=float) - 1.0, 0.0))
+
+
+def _px_to_tokens(patch):
+    import numpy as np
+
+    return lambda s: (np.asarray(s, dtype=float) / patch) ** 2 + 1.0
+
+
+def series_styles(labels_by_group: dict) -> dict:
+    """One colour per group (e.g. input size), solid for the first member (baseline), dashed for the next."""
+    styles = {}
+    for i, (_, labels) in enumerate(labels_by_group.items()):
+        for j, label in enumerate(labels):
+            styles[label] = {"color": f"C{i % 10}", "ls": ("-", "--", ":", "-.")[j % 4], "marker": ("o", "s", "^", "D")[j % 4]}
+    return styles
+
+
+def _batch_axis(ax, series: dict) -> None:
+    sizes = sorted({p[0] for points in series.values() for p in points})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes)
+    ax.set_xticklabels([str(s) for s in sizes])
+    ax.minorticks_off()
+
+
+def _errorbar_line(ax, points, label, style: dict | None = None) -> None:
+    points = sorted(p for p in points if p[1] is not None)
+    if not points:
+        return
+    x = [p[0] for p in points]
+    y = [p[1] for p in points]
+    low = [p[1] - p[2] if p[2] is not None else 0.0 for p in points]
+    high = [p[3] - p[1] if p[3] is not None else 0.0 for p in points]
+    style = dict({"marker": "o"}, **(style or {}))
+    ax.errorbar(x, y, yerr=[low, high], ms=4, capsize=3, lw=1.3, label=label, **style)
+
+
+def _finish(ax, title: str) -> None:
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="best")
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path

@@ -1,0 +1,501 @@
+"""Run an experiment's cases, one subprocess per case, committing each row to the store as it finishes.
+
+The parent process schedules and stores; it never touches CUDA (a context here would sit on GPU 0 and be
+flagged as another process by every case there). Each case runs in ``python -m perflab.sweep.worker``
+with ``CUDA_VISIBLE_DEVICES`` set to its GPU; with several GPUs, one worker runs per GPU at a time.
+
+Outcomes: the worker's row (``ok``, ``oom``, ``error``, ``invalid``); ``error`` with the exit status when
+the worker dies without a row (a segfault, an abort); ``timeout`` when it runs past the per-case limit
+(its whole process group is killed). The sweep goes on after each.
+
+``resume`` skips the cases stored under the same case id and environment key. The key hashes what makes
+timings comparable: host, CPU, GPU names, driver, torch and CUDA versions, and perflab's version.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import platform
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from perflab.errors import PerflabError
+from perflab.spec import Case
+from perflab.sweep.spec import Experiment
+from perflab.sweep.store import FAILED_STATUSES, Store, store_path
+
+POLL_S = 0.05  # how often the parent looks at its workers
+KILL_GRACE_S = 5.0
+
+EventHandler = Callable[..., None]
+
+
+@dataclass
+class SweepSummary:
+    out_dir: Path
+    env_key: str
+    total: int  # cases in the experiment
+    skipped: int  # already stored (resume)
+    done: int = 0  # run and stored by this sweep
+    counts: dict = field(default_factory=dict)  # status → cases run by this sweep
+    interrupted: bool = False
+
+    @property
+    def store_path(self) -> Path:
+        return store_path(self.out_dir)
+
+
+@dataclass
+class _Running:
+    case: Case
+    slot: str
+    proc: subprocess.Popen
+    started: float  # time.monotonic()
+    deadline: float
+    result_path: Path
+    log_path: Path
+
+
+def run_sweep(
+    experiment: Experiment,
+    out_dir,
+    *,
+    resume: bool = False,
+    retry_failed: bool = False,
+    gpus: list[int] | None = None,
+    workers: int = 1,
+    timeout_s: float | None = None,
+    command: str = "",
+    on_event: EventHandler | None = None,
+) -> SweepSummary:
+    """Run every case of ``experiment`` not yet in ``out_dir``'s store; see the module docstring.
+
+    ``on_event(kind, **info)`` is called with kind "start" (total, skipped, to_run, env_key), "case_start"
+    (case, slot), "case_done" (case, row, slot) and "finish" (summary), for progress displays.
+    """
+    emit = on_event or (lambda kind, **info: None)
+    out_dir = Path(out_dir)
+    timeout_s = float(timeout_s if timeout_s is not None else experiment.timeout_s)
+    if timeout_s <= 0:
+        raise PerflabError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
+    slots = _slots(experiment, gpus, workers)
+    env = probe_environment(experiment, [s[len("gpu"):] for s in slots if s.startswith("gpu")])
+    env_key = environment_key(env)
+
+    with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
+        todo = _cases_to_run(experiment, store, env_key, out_dir, resume, retry_failed)
+        summary = SweepSummary(out_dir, env_key, total=len(experiment.cases), skipped=len(experiment.cases) - len(todo))
+        store.put_environment(env_key, env)
+        sweep_id = store.begin_sweep(
+            command=command, spec_source=experiment.source, spec_text=experiment.text, experiment=experiment.to_json(),
+            env_key=env_key, n_cases=summary.total, n_skipped=summary.skipped,
+        )
+        emit("start", total=summary.total, skipped=summary.skipped, to_run=len(todo), env_key=env_key, slots=slots)
+        outcome = "interrupted"
+        try:
+            with _sigterm_as_interrupt():
+                _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, retry_failed, emit)
+            outcome = "complete"
+        except KeyboardInterrupt:
+            summary.interrupted = True
+        finally:
+            store.end_sweep(sweep_id, outcome, summary.done)
+    emit("finish", summary=summary)
+    return summary
+
+
+def _cases_to_run(experiment: Experiment, store: Store, env_key: str, out_dir: Path, resume: bool, retry_failed: bool) -> list[Case]:
+    if not resume and store.count():
+        raise PerflabError(
+            f"{out_dir} already holds {store.count()} stored result(s); pass --resume to run only the missing cases, or give another --out"
+        )
+    stored = store.statuses(env_key)
+    return [c for c in experiment.cases if c.id not in stored or (retry_failed and stored[c.id] in FAILED_STATUSES)]
+
+
+@contextlib.contextmanager
+def _one_sweep_at_a_time(out_dir: Path):
+    """An exclusive lock on DIR/sweep.lock: the store has one writer. The OS drops it when the process dies."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PerflabError(f"{out_dir}: exists and is not a directory; give --out a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PerflabError(f"{out_dir}: cannot create the output directory ({exc.strerror})") from None
+    with open(out_dir / "sweep.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.seek(0)
+            holder = lock.read().strip() or "another process"
+            raise PerflabError(f"{out_dir}: another sweep ({holder}) is writing here; wait for it, or give another --out") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
+        lock.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, replace, emit) -> None:
+    pending = collections.deque(todo)
+    free = list(slots)
+    running: list[_Running] = []
+    (out_dir / "logs").mkdir(exist_ok=True)
+    (out_dir / "tmp").mkdir(exist_ok=True)
+    try:
+        while pending or running:
+            while pending and free:
+                slot = free.pop(0)
+                case = pending.popleft()
+                running.append(_start(case, slot, out_dir, timeout_s, len(slots)))
+                emit("case_start", case=case, slot=slot)
+            time.sleep(POLL_S)
+            for job in list(running):
+                row = _finished_row(job, env, timeout_s)
+                if row is None:
+                    continue
+                running.remove(job)
+                free.append(job.slot)
+                store.put(row, env_key, sweep_id=sweep_id, worker=job.slot, wall_s=time.monotonic() - job.started, replace=replace)
+                summary.done += 1
+                summary.counts[row["status"]] = summary.counts.get(row["status"], 0) + 1
+                emit("case_done", case=job.case, row=row, slot=job.slot)
+    finally:
+        for job in running:  # interrupted: stop the workers; their cases stay unstored and rerun on --resume
+            _kill(job.proc)
+            job.result_path.unlink(missing_ok=True)
+        _remove_if_empty(out_dir / "tmp")
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
+
+
+def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int) -> _Running:
+    result_path = out_dir / "tmp" / f"{case.id}.json"
+    result_path.unlink(missing_ok=True)
+    log_path = out_dir / "logs" / f"{case.id}.log"
+    cmd = [sys.executable, "-m", "perflab.sweep.worker", "--case", json.dumps(case.to_dict()),
+           "--result", str(result_path), "--parent-pid", str(os.getpid())]
+    with open(log_path, "w") as log:
+        log.write(f"# {case.label()}  (case {case.id}, worker {slot})\n")
+        log.flush()
+        # A new session: the worker and anything it spawns (compile workers) form a group we can kill at once.
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                env=_worker_env(slot, n_slots), start_new_session=True)
+    now = time.monotonic()
+    return _Running(case, slot, proc, now, now + timeout_s, result_path, log_path)
+
+
+def _finished_row(job: _Running, env: dict, timeout_s: float) -> dict | None:
+    """The job's row once it has finished (or run out of time); None while it runs."""
+    returncode = job.proc.poll()
+    if returncode is None and time.monotonic() < job.deadline:
+        return None
+    if returncode is None:
+        _kill(job.proc)
+        job.result_path.unlink(missing_ok=True)
+        return _parent_row(job.case, "timeout", f"no result within the {timeout_s:g} s limit; the worker was killed (log: {_rel(job.log_path)})", env)
+    row = _read_result(job.result_path)
+    if row is not None:
+        return row  # a row written before a crash at exit is still a full row
+    return _parent_row(job.case, "error", f"{_describe_exit(returncode)} without a result{_last_log_line(job.log_path)} (log: {_rel(job.log_path)})", env)
+
+
+def _read_result(path: Path) -> dict | None:
+    try:
+        row = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    finally:
+        path.unlink(missing_ok=True)
+    return row if isinstance(row, dict) and "case_id" in row else None
+
+
+def _parent_row(case: Case, status: str, message: str, env: dict) -> dict:
+    from perflab.measure.harness import failed_row  # the same keys as the worker's rows
+
+    return failed_row(case, status, message, dict(env, device=case.device))
+
+
+def _describe_exit(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"worker killed by {name} (exit status {returncode})"
+    return f"worker exited with status {returncode}"
+
+
+def _last_log_line(log_path: Path) -> str:
+    try:
+        lines = [line.strip() for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    lines = [line for line in lines if not line.startswith("#") and "stage:" not in line]
+    return f": {lines[-1][:300]}" if lines else ""
+
+
+def _rel(path: Path) -> str:
+    return f"{path.parent.name}/{path.name}"
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill the worker's whole process group and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _worker_env(slot: str, n_slots: int = 1) -> dict:
+    env = dict(os.environ)
+    if n_slots > 1:
+        # Workers side by side: split the host's cores, or their thread pools oversubscribe them many times
+        # over (a GPU worker's launch thread then waits for a core, and launch-bound timings suffer).
+        threads = str(max(1, (os.cpu_count() or 1) // n_slots))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            env.setdefault(name, threads)
+    # The worker must import this perflab even when it was found through a relative PYTHONPATH.
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    if slot.startswith("gpu"):
+        env["CUDA_VISIBLE_DEVICES"] = slot[len("gpu"):]
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # so --gpus 3 is nvidia-smi's GPU 3
+    return env
+
+
+def _slots(experiment: Experiment, gpus: list[int] | None, workers: int) -> list[str]:
+    """Worker slots: one per GPU (``gpu<physical id>``), else ``workers`` CPU slots (``w0``, ``w1``, ...)."""
+    uses_cuda = any(c.device == "cuda" for c in experiment.cases)
+    if uses_cuda:
+        _require_cuda(experiment)
+    if gpus:
+        if not uses_cuda:
+            raise PerflabError("--gpus: the spec's cases run on the CPU; use --workers N to run CPU cases side by side")
+        if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
+            raise PerflabError(f"--gpus: give distinct GPU indices, e.g. 0,1; got {','.join(map(str, gpus))}")
+        visible = _parent_visible_devices()
+        count = _gpu_count()
+        bad = [g for g in gpus if g >= count]
+        if bad:
+            seen = f"{count} visible: 0..{count - 1}" if count else "none visible"
+            raise PerflabError(f"--gpus: GPU {bad[0]} does not exist here ({seen})")
+        # Indices count within the parent's CUDA_VISIBLE_DEVICES when it is set.
+        return [f"gpu{visible[g] if visible is not None else g}" for g in gpus]
+    if workers < 1:
+        raise PerflabError(f"--workers must be at least 1, got {workers}")
+    if uses_cuda and workers > 1:
+        raise PerflabError("--workers runs CPU cases side by side; for CUDA cases give --gpus 0,1,... (one worker per GPU)")
+    return [f"w{i}" for i in range(workers)]
+
+
+def _require_cuda(experiment: Experiment) -> None:
+    import torch
+
+    if torch.version.cuda is None:
+        why = "this torch build has no CUDA"
+    elif _gpu_count() == 0:
+        why = "no GPU is visible"
+    else:
+        return
+    raise PerflabError(
+        f"{experiment.source}: the spec's cases run on CUDA, which is not available here ({why}; torch {torch.__version__}); "
+        "run it on a GPU machine or choose the CPU (device: cpu)"
+    )
+
+
+def _parent_visible_devices() -> list[str] | None:
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _gpu_count() -> int:
+    """GPUs on this host, from NVML where it can be read (no CUDA runtime in the parent), else from torch."""
+    names, _ = _gpu_inventory()
+    if names:
+        visible = _parent_visible_devices()
+        return len(visible) if visible is not None else len(names)
+    import torch
+
+    return torch.cuda.device_count()
+
+
+# ---------------------------------------------------------------------------------------------------
+# The environment key
+
+
+ENV_KEY_FIELDS = ("host", "cpu", "gpus", "driver", "torch", "cuda", "perflab")
+
+
+def probe_environment(experiment: Experiment, physical_gpus: list[str] | None = None) -> dict:
+    """What the parent can learn about where the cases will run, without a CUDA context (NVML, nvidia-smi).
+
+    ``physical_gpus``: the GPU ids the workers will see (``--gpus``); else the first visible GPU.
+    """
+    import torch
+
+    import perflab
+
+    env = {
+        "host": socket.gethostname(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "perflab": perflab.__version__,
+        "gpus": [],
+        "driver": None,
+        "gpu_name": None,
+    }
+    if any(c.device == "cuda" for c in experiment.cases):
+        inventory, driver = _gpu_inventory()
+        if not physical_gpus:
+            visible = _parent_visible_devices()
+            physical_gpus = visible[:1] if visible else ["0"]
+        names = [_gpu_name(inventory, g) for g in physical_gpus]
+        env.update(gpus=names, driver=driver, gpu_name=names[0] if names else None)
+    return env
+
+
+def _gpu_name(inventory: list[str], physical_id: str) -> str:
+    if physical_id.isdigit() and int(physical_id) < len(inventory):
+        return inventory[int(physical_id)]
+    return inventory[0] if len(set(inventory)) == 1 else f"GPU {physical_id}"
+
+
+def environment_key(env: dict) -> str:
+    fields = {k: env.get(k) for k in ENV_KEY_FIELDS}
+    fields["gpus"] = sorted(set(fields["gpus"] or []))
+    return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=1)
+def _gpu_inventory() -> tuple[list[str], str | None]:
+    """GPU names in PCI order and the driver version, from NVML (or nvidia-smi where pynvml is missing)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            names = [_text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(pynvml.nvmlDeviceGetCount())]
+            return names, _text(pynvml.nvmlSystemGetDriverVersion())
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        pass
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        ).stdout
+        rows = [[part.strip() for part in line.split(",")] for line in out.splitlines() if line.strip()]
+        return [r[0] for r in rows], (rows[0][1] if rows and len(rows[0]) > 1 else None)
+    except Exception:
+        return [], None
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _sigterm_as_interrupt:
+    """Treat SIGTERM like Ctrl-C, so a terminated sweep kills its workers and records itself as interrupted."""
+
+    def __enter__(self):
+        self.previous = None
+        try:
+            self.previous = signal.signal(signal.SIGTERM, self._handle)
+        except ValueError:  # not in the main thread: leave signals alone
+            pass
+        return self
+
+    def _handle(self, signum, frame):
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    return "perflab " + shlex.join(argv if argv is not None else sys.argv[1:])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Progress display
+
+
+class RichProgress:
+    """A rich progress bar (with ETA) on stderr, plus one line per case that did not end ``ok``."""
+
+    def __init__(self, console):
+        self.console = console
+        self.progress = None
+        self.task = None
+        self.active: dict[str, str] = {}
+
+    def __call__(self, kind: str, **info) -> None:
+        getattr(self, "_" + kind)(**info)
+
+    def _start(self, total, skipped, to_run, env_key, slots):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        if skipped:
+            self.console.print(f"resuming: {skipped} of {total} cases already stored (environment {env_key}); running {to_run}", markup=False)
+        self.progress = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task("starting", total=to_run)
+
+    def _case_start(self, case, slot):
+        self.active[slot] = f"{slot}: {case.label()}"
+        self._describe()
+
+    def _case_done(self, case, row, slot):
+        self.active.pop(slot, None)
+        self.progress.advance(self.task)
+        self._describe()
+        if row.get("status") != "ok":
+            from rich.markup import escape
+
+            self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(case.label())}: {escape(str(row.get('message')))}", soft_wrap=True)
+
+    def _describe(self):
+        from rich.markup import escape
+
+        self.progress.update(self.task, description=escape(" | ".join(self.active.values())[:120]) or "…")
+
+    def _finish(self, summary):
+        if self.progress is not None:
+            self.progress.stop()

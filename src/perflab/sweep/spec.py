@@ -1,0 +1,668 @@
+"""Experiment specs: a YAML file → validated cases, named comparisons and break-even analyses.
+
+A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
+
+    name: token_reduction                 # optional; the report's title
+    description: ...                      # optional
+    out: runs/token_reduction             # output dir, relative to the working directory (--out wins)
+    defaults:                             # Case fields shared by every case
+      device: cuda
+      keep_rate: 0.1                      # keep_rate/reduction_loc apply to the token-reducing models only
+      reduction_loc: [3, 6, 9]
+    harness:                              # the repeats policy for every case, and the per-case time limit
+      warmup: 10
+      min_time: 1.0
+      repeats: 20
+      timeout_s: 600
+    grid:                                 # a product over any Case fields; or a list of such products
+      model: [deit_base_patch16_224, topk_deit_base_patch16_224]
+      batch_size: [1, 2, 4]
+    cases:                                # explicit extra cases (Case fields over the defaults)
+      - {model: deit_base_patch16_224, input_size: 384}
+    comparisons:                          # named baseline-vs-variant pairs for the report
+      tr_vs_baseline: {baseline: deit_base_patch16_224, variant: topk_deit_base_patch16_224}
+      graphs: {baseline: {mode: eager}, variant: {mode: cudagraph}, labels: [eager, CUDA graph]}
+    breakeven:                            # one mapping or a list; lists in batch_size/dtype/mode multiply
+      model: deit_base_patch16_224
+      variant: topk_deit_base_patch16_224
+      input_sizes: "160:640:32"           # start:stop:step (stop included), or a list
+      batch_size: 8
+
+Every mistake raises PerflabError as one line naming the file and the key
+(``experiments/x.yaml: grid.batch_size: expected a list of integers, got 'abc'``).
+
+A validated experiment serialises to JSON (``to_json``/``from_json``) without needing torch, so that
+reports can be written from a store on any machine.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from perflab.errors import PerflabError
+from perflab.spec import ATTN_IMPLS, DTYPES, MODES, Case, expand_grid
+
+CASE_FIELDS = tuple(f.name for f in fields(Case))
+REDUCTION_FIELDS = ("keep_rate", "reduction_loc")
+HARNESS_FIELDS = ("warmup", "min_time", "iters", "repeats")
+TOP_KEYS = ("name", "description", "out", "defaults", "harness", "grid", "cases", "comparisons", "breakeven")
+COMPARISON_KEYS = ("baseline", "variant", "labels")
+BREAKEVEN_KEYS = ("name", "model", "variant", "input_sizes") + tuple(f for f in CASE_FIELDS if f not in ("model", "input_size"))
+BREAKEVEN_MULTI = ("batch_size", "dtype", "mode")  # lists here give one analysis per combination
+DEFAULT_TIMEOUT_S = 600.0
+PATCH_SIZE = 16
+
+# What each Case field holds, as said in error messages.
+_KIND = {
+    "model": "a model name", "input_size": "an integer", "batch_size": "an integer", "warmup": "an integer",
+    "repeats": "an integer", "seed": "an integer", "iters": "an integer or null", "min_time": "a number",
+    "keep_rate": "a number or a list of numbers", "reduction_loc": "a list of integers", "attn": "a string",
+    "dtype": "a string", "mode": "a string", "device": "a string",
+}
+_PLURAL = {
+    "model": "model names", "input_size": "integers", "batch_size": "integers", "warmup": "integers",
+    "repeats": "integers", "seed": "integers", "iters": "integers", "min_time": "numbers",
+    "keep_rate": "keep rates (numbers, or lists of numbers)", "reduction_loc": "location lists, e.g. [[3, 6, 9]]",
+    "attn": "strings", "dtype": "strings", "mode": "strings", "device": "strings",
+}
+_CHOICES = {"dtype": DTYPES, "mode": MODES, "attn": ATTN_IMPLS, "device": ("cuda", "cpu", "auto")}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A baseline and a variant, each a filter over case fields; rows pair where all other fields agree."""
+
+    name: str
+    baseline: dict
+    variant: dict
+    labels: tuple[str, str] = ("Baseline", "Variant")
+
+    @property
+    def named_fields(self) -> set[str]:
+        return set(self.baseline) | set(self.variant)
+
+    def side(self, row: dict) -> str | None:
+        case = case_fields(row)
+        if _matches(case, self.baseline):
+            return "baseline"
+        if _matches(case, self.variant):
+            return "variant"
+        return None
+
+    def pair_key(self, row: dict) -> tuple:
+        """The fields a baseline and its variant must share: all but the named ones and the harness policy.
+
+        When the model is what differs, its keep rate and reduction locations differ with it.
+        """
+        ignored = self.named_fields | set(HARNESS_FIELDS)
+        if "model" in ignored:
+            ignored |= set(REDUCTION_FIELDS)
+        case = case_fields(row)
+        return tuple((k, _hashable(case.get(k))) for k in CASE_FIELDS if k not in ignored)
+
+    def pairs(self, rows: list[dict]) -> list[tuple[dict, dict]]:
+        """(baseline row, variant row) for each variant row that has a baseline at the same point."""
+        baselines = {}
+        for row in rows:
+            if self.side(row) == "baseline":
+                baselines.setdefault(self.pair_key(row), row)
+        out = []
+        for row in rows:
+            if self.side(row) == "variant" and self.pair_key(row) in baselines:
+                out.append((baselines[self.pair_key(row)], row))
+        return out
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "baseline": self.baseline, "variant": self.variant, "labels": list(self.labels)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Comparison":
+        return cls(data["name"], dict(data["baseline"]), dict(data["variant"]), tuple(data.get("labels") or ("Baseline", "Variant")))
+
+
+@dataclass(frozen=True)
+class Breakeven:
+    """A break-even analysis: the baseline and the variant at each input size (ascending), all else fixed."""
+
+    name: str
+    baseline: tuple[Case, ...]
+    variant: tuple[Case, ...]
+    patch_size: int = PATCH_SIZE
+
+    @property
+    def cases(self) -> tuple[Case, ...]:
+        return self.baseline + self.variant
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name, "patch_size": self.patch_size,
+            "baseline": [c.to_dict() for c in self.baseline], "variant": [c.to_dict() for c in self.variant],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Breakeven":
+        return cls(
+            data["name"], tuple(_case_from_json(c) for c in data["baseline"]),
+            tuple(_case_from_json(c) for c in data["variant"]), int(data.get("patch_size", PATCH_SIZE)),
+        )
+
+
+@dataclass(frozen=True)
+class Experiment:
+    source: str  # the spec file, as given (or a description of where the spec came from)
+    name: str
+    description: str
+    out: str | None
+    timeout_s: float
+    cases: tuple[Case, ...]
+    comparisons: tuple[Comparison, ...] = ()
+    breakevens: tuple[Breakeven, ...] = ()
+    text: str = ""  # the spec as written, for the report
+
+    def to_json(self) -> dict:
+        return {
+            "source": self.source, "name": self.name, "description": self.description, "out": self.out,
+            "timeout_s": self.timeout_s, "cases": [c.to_dict() for c in self.cases],
+            "comparisons": [c.to_json() for c in self.comparisons], "breakeven": [b.to_json() for b in self.breakevens],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict, text: str = "") -> "Experiment":
+        return cls(
+            source=data.get("source", ""), name=data.get("name", ""), description=data.get("description", ""),
+            out=data.get("out"), timeout_s=float(data.get("timeout_s", DEFAULT_TIMEOUT_S)),
+            cases=tuple(_case_from_json(c) for c in data.get("cases", [])),
+            comparisons=tuple(Comparison.from_json(c) for c in data.get("comparisons", [])),
+            breakevens=tuple(Breakeven.from_json(b) for b in data.get("breakeven", [])),
+            text=text,
+        )
+
+
+def case_fields(row: dict) -> dict:
+    """The case fields of a result row (rows carry them under ``case``; bare rows have them at the top)."""
+    return row.get("case") or row
+
+
+def _case_from_json(data: dict) -> Case:
+    data = dict(data)
+    for key in REDUCTION_FIELDS:
+        data[key] = tuple(data.get(key) or ())
+    return Case(**data)
+
+
+def _hashable(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _matches(case: dict, filt: dict) -> bool:
+    return all(_hashable(case.get(k)) == _hashable(v) for k, v in filt.items())
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading
+
+
+def load_experiment(path) -> Experiment:
+    """Read, check and expand a spec file; PerflabError (one line naming file and key) on any mistake."""
+    import yaml
+
+    source = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise PerflabError(f"{source}: no such spec file") from None
+    except OSError as exc:
+        raise PerflabError(f"{source}: cannot read the spec ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise PerflabError(f"{source}: YAML syntax error{where}: {exc.problem or exc.context}") from None
+    except yaml.YAMLError as exc:
+        raise PerflabError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
+    return parse_experiment(data, source, text=text, default_name=Path(path).stem)
+
+
+def parse_experiment(data: Any, source: str, text: str = "", default_name: str = "experiment") -> Experiment:
+    """Check and expand a spec already read into plain data (from YAML, or built in code)."""
+    p = _Parser(source)
+    if data is None:
+        p.fail("", "the spec is empty; give at least a grid, cases or a breakeven section")
+    if not isinstance(data, dict):
+        p.fail("", f"the spec must be a mapping of keys ({', '.join(TOP_KEYS)}), got {_type_name(data)}")
+    p.check_keys("", data, TOP_KEYS)
+    name = p.string("name", data.get("name", default_name))
+    description = p.string("description", data.get("description", "") or "")
+    out = p.string("out", data["out"]) if data.get("out") is not None else None
+    harness = p.mapping("harness", data.get("harness", {}))
+    p.check_keys("harness", harness, HARNESS_FIELDS + ("timeout_s",))
+    timeout_s = p.positive_number("harness.timeout_s", harness.get("timeout_s", DEFAULT_TIMEOUT_S))
+    defaults = p.mapping("defaults", data.get("defaults", {}))
+    p.check_keys("defaults", defaults, CASE_FIELDS)
+    base = {}
+    for key, value in harness.items():
+        if key != "timeout_s":
+            base[key] = p.value(f"harness.{key}", key, value)
+            p.origin[key] = "harness"
+    for key, value in defaults.items():
+        if key in base:
+            p.fail(f"defaults.{key}", "also set under harness; give it once")
+        base[key] = p.value(f"defaults.{key}", key, value)
+        p.origin[key] = "defaults"
+    base = p.resolve_device(base)
+
+    sourced: list[tuple[str, dict]] = []  # (key the case came from, case fields)
+    for key, block in p.grid_blocks(data.get("grid")):
+        sourced += p.expand_block(key, block, base)
+    for i, entry in enumerate(p.sequence("cases", data.get("cases", []))):
+        sourced.append(p.explicit_case(f"cases[{i}]", entry, base))
+    breakevens = []
+    for key, entry in p.breakeven_entries(data.get("breakeven")):
+        for b, b_sourced in p.breakeven(key, entry, base):
+            breakevens.append(b)
+            sourced += b_sourced
+
+    if not sourced:
+        p.fail("", "no cases: give a grid, cases or a breakeven section")
+    p.check_defaults_reduction(base, sourced)
+    cases = p.validate_all(sourced)
+    breakevens = [p.validated_breakeven(b) for b in breakevens]
+    comparisons = p.comparisons(data.get("comparisons"), cases)
+    return Experiment(source, name, description, out, timeout_s, tuple(cases), tuple(comparisons), tuple(breakevens), text)
+
+
+def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:
+    """``"160:640:32"`` (start:stop:step, stop included), ``"224,448"``, an integer, or a list of integers."""
+    if isinstance(value, str):
+        text = value.strip()
+        if ":" in text:
+            parts = text.split(":")
+            if len(parts) != 3 or not all(s.strip().lstrip("-").isdigit() for s in parts):
+                raise PerflabError(f"{where}: expected start:stop:step (e.g. 160:640:32), got {value!r}")
+            start, stop, step = (int(s) for s in parts)
+            if step <= 0 or start > stop or start <= 0:
+                raise PerflabError(f"{where}: expected 0 < start <= stop and step > 0, got {value!r}")
+            return list(range(start, stop + 1, step))
+        items = [s for s in text.replace(",", " ").split() if s]
+        if not items or not all(s.isdigit() for s in items):
+            raise PerflabError(f"{where}: expected start:stop:step or a list of integers, got {value!r}")
+        return [int(s) for s in items]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return list(value)
+    raise PerflabError(f"{where}: expected start:stop:step (e.g. 160:640:32) or a list of integers, got {value!r}")
+
+
+def default_comparisons(rows: list[dict]) -> list[Comparison]:
+    """Without named comparisons: each token-reducing model (topk_X, evit_X) against X, where both ran."""
+    models = {case_fields(r).get("model") for r in rows}
+    out = []
+    for model in sorted(m for m in models if m):
+        method, _, base = model.partition("_")
+        if method in ("topk", "evit") and base in models:
+            out.append(Comparison(f"{model} vs {base}", {"model": base}, {"model": model}, ("Baseline", "TR")))
+    return out
+
+
+class _Parser:
+    """Checks pieces of a spec; every failure names the file and the key."""
+
+    def __init__(self, source: str):
+        self.source = source
+        self.given: dict[str, set] = {}  # section key → the case fields it sets (to blame the right key)
+        self.origin: dict[str, str] = {}  # case field → "defaults" or "harness", where the base sets it
+
+    def fail(self, key: str, message: str):
+        where = f"{self.source}: {key}: " if key else f"{self.source}: "
+        raise PerflabError(where + message)
+
+    def check_keys(self, key: str, mapping: dict, known) -> None:
+        for name in mapping:
+            if name not in known:
+                close = difflib.get_close_matches(str(name), list(known), n=1)
+                hint = f"; did you mean {close[0]}?" if close else f"; known keys: {', '.join(known)}"
+                self.fail(f"{key}.{name}" if key else str(name), f"unknown key{hint}")
+
+    def mapping(self, key: str, value) -> dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.fail(key, f"expected a mapping of keys to values, got {_show(value)}")
+        return value
+
+    def sequence(self, key: str, value) -> list:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.fail(key, f"expected a list, got {_show(value)}")
+        return value
+
+    def string(self, key: str, value) -> str:
+        if not isinstance(value, str):
+            self.fail(key, f"expected a string, got {_show(value)}")
+        return value
+
+    def positive_number(self, key: str, value) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+            self.fail(key, f"expected a positive number of seconds, got {_show(value)}")
+        return float(value)
+
+    # -- values of Case fields
+
+    def value(self, key: str, field: str, value):
+        """One value of a Case field, normalised (tuples for keep_rate/reduction_loc)."""
+        if field == "keep_rate":
+            items = value if isinstance(value, list) else [value]
+            if not items or not all(_is_number(v) for v in items):
+                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
+            return tuple(float(v) for v in items)
+        if field == "reduction_loc":
+            items = value if isinstance(value, list) else [value]
+            if not items or not all(_is_int(v) for v in items):
+                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
+            return tuple(int(v) for v in items)
+        if field == "iters" and value is None:
+            return None
+        if field in ("input_size", "batch_size", "warmup", "repeats", "seed", "iters"):
+            if not _is_int(value):
+                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
+            return int(value)
+        if field == "min_time":
+            if not _is_number(value):
+                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
+            return float(value)
+        if not isinstance(value, str):
+            self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
+        if field == "model":
+            self.check_model(key, value)
+        elif field in _CHOICES and value not in _CHOICES[field]:
+            self.fail(key, f"unknown {field} {value!r}; choose one of {', '.join(_CHOICES[field])}")
+        return value
+
+    def values(self, key: str, field: str, value) -> list:
+        """The value list of a grid key. A single value of the right type counts as a list of one."""
+        if field == "reduction_loc":
+            if not isinstance(value, list) or not value or not all(isinstance(v, list) for v in value):
+                self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)} (one schedule for every case: put it under defaults)")
+        if not isinstance(value, list):
+            if isinstance(value, (dict, type(None))) or (field not in ("model", "attn", "dtype", "mode", "device") and isinstance(value, str)):
+                self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)}")
+            value = [value]
+        if not value:
+            self.fail(key, "empty list; give at least one value")
+        out = []
+        for v in value:
+            try:
+                out.append(self.value(key, field, v))
+            except PerflabError:
+                if field in ("model", "attn", "dtype", "mode", "device") and isinstance(v, str):
+                    raise  # the specific message (unknown model, did you mean ...) says more
+                self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)}")
+        return out
+
+    def check_model(self, key: str, name: str) -> None:
+        from perflab.models.registry import parse_model_name
+
+        try:
+            parse_model_name(name)
+        except PerflabError as exc:
+            self.fail(key, str(exc))
+
+    def resolve_device(self, d: dict) -> dict:
+        """``device: auto`` → cuda where a GPU is usable, else cpu (as ``bench --device auto``)."""
+        if d.get("device") == "auto":
+            from perflab.runtime.device import resolve_device
+
+            d = dict(d, device=resolve_device("auto"))
+        return d
+
+    # -- sections
+
+    def grid_blocks(self, grid) -> list[tuple[str, dict]]:
+        if grid is None:
+            return []
+        if isinstance(grid, dict):
+            if not grid:
+                self.fail("grid", "empty grid; give at least one key with a list of values")
+            return [("grid", grid)]
+        if isinstance(grid, list):
+            if not grid:
+                self.fail("grid", "empty list of grids")
+            blocks = []
+            for i, block in enumerate(grid):
+                if not isinstance(block, dict) or not block:
+                    self.fail(f"grid[{i}]", f"expected a non-empty mapping of case fields to value lists, got {_show(block)}")
+                blocks.append((f"grid[{i}]", block))
+            return blocks
+        self.fail("grid", f"expected a mapping of case fields to value lists (or a list of such mappings), got {_show(grid)}")
+
+    def expand_block(self, key: str, block: dict, base: dict) -> list[tuple[str, dict]]:
+        self.check_keys(key, block, CASE_FIELDS)
+        self.given[key] = set(block)
+        grid = {field: self.values(f"{key}.{field}", field, value) for field, value in block.items()}
+        if "device" in grid:
+            grid["device"] = [self.resolve_device({"device": v})["device"] for v in grid["device"]]
+        models = grid.get("model") or ([base["model"]] if "model" in base else [])
+        if not models:
+            self.fail(f"{key}.model", "no model: give model in the grid or under defaults")
+        # As api.make_cases: keep rates in a grid apply to its token-reducing models; with none, they stay
+        # (and validation says they do nothing).
+        block_reducing = any(_reduces(m) for m in models)
+        own_reduction = {f: grid.pop(f) for f in REDUCTION_FIELDS if f in grid}
+        out = []
+        for d in expand_grid(_without_reduction(base), grid):
+            reducing = _reduces(d["model"])
+            if reducing:
+                d.update({f: base[f] for f in REDUCTION_FIELDS if f in base})
+            out_dicts = [d]
+            if own_reduction and (reducing or not block_reducing):
+                out_dicts = expand_grid(d, own_reduction)
+            out += [(key, x) for x in out_dicts]
+        return out
+
+    def explicit_case(self, key: str, entry, base: dict) -> tuple[str, dict]:
+        entry = self.mapping(key, entry)
+        self.check_keys(key, entry, CASE_FIELDS)
+        self.given[key] = set(entry)
+        d = dict(_without_reduction(base))
+        d.update({field: self.value(f"{key}.{field}", field, value) for field, value in entry.items()})
+        if "model" not in d:
+            self.fail(f"{key}.model", "no model: give model in the case or under defaults")
+        d = self.resolve_device(d)
+        if _reduces(d["model"]):
+            for f in REDUCTION_FIELDS:
+                if f not in entry and f in base:
+                    d[f] = base[f]
+        return key, d
+
+    def check_defaults_reduction(self, base: dict, sourced: list[tuple[str, dict]]) -> None:
+        if any(f in base for f in REDUCTION_FIELDS) and not any(_reduces(d["model"]) for _, d in sourced):
+            field = next(f for f in REDUCTION_FIELDS if f in base)
+            self.fail(f"defaults.{field}", "no model in this spec reduces tokens, so keep rates do nothing; add a topk_/evit_ model or remove it")
+
+    def validate_all(self, sourced: list[tuple[str, dict]]) -> list[Case]:
+        cases, seen = [], set()
+        for key, d in sourced:
+            case = self.validated(key, d)
+            if case.id not in seen:  # the same case from two places runs once
+                seen.add(case.id)
+                cases.append(case)
+        return cases
+
+    def validated(self, key: str, d: dict) -> Case:
+        from perflab.spec import validate_case
+
+        case = Case(**d)
+        try:
+            return validate_case(case)
+        except PerflabError as exc:
+            self.fail(self.blame(key, str(exc)), f"{case.label()}: {exc}")
+
+    def blame(self, key: str, message: str) -> str:
+        """The key that most likely set the field a validation message is about."""
+        field = next((f for words, f in _MESSAGE_FIELDS if any(w in message for w in words)), None)
+        if field is None:
+            return key
+        if field in self.given.get(key, ()):
+            return f"{key}.{field}" if not key.startswith("breakeven") or field != "input_size" else f"{key}.input_sizes"
+        if field in self.origin:
+            return f"{self.origin[field]}.{field}"
+        return key
+
+    def breakeven_entries(self, section) -> list[tuple[str, dict]]:
+        if section is None:
+            return []
+        if isinstance(section, dict):
+            return [("breakeven", section)]
+        if isinstance(section, list) and section:
+            return [(f"breakeven[{i}]", self.mapping(f"breakeven[{i}]", e)) for i, e in enumerate(section)]
+        self.fail("breakeven", f"expected a mapping (or a non-empty list of mappings) with model, variant, input_sizes and batch_size, got {_show(section)}")
+
+    def breakeven(self, key: str, entry: dict, base: dict):
+        self.check_keys(key, entry, BREAKEVEN_KEYS)
+        self.given[key] = {"input_size" if f == "input_sizes" else f for f in entry} | {"model"}
+        for required in ("model", "variant", "input_sizes"):
+            if required not in entry:
+                self.fail(f"{key}.{required}", "missing; a break-even needs model, variant and input_sizes")
+        model = self.value(f"{key}.model", "model", entry["model"])
+        variant = self.value(f"{key}.variant", "model", entry["variant"])
+        try:
+            sizes = sorted(set(parse_input_sizes(entry["input_sizes"], f"{key}.input_sizes")))
+        except PerflabError as exc:
+            self.fail("", str(exc))
+        if len(sizes) < 3:
+            self.fail(f"{key}.input_sizes", f"a quadratic cost fit needs at least 3 input sizes, got {sizes}")
+        common = dict(_without_reduction(base))
+        reduction = {f: base[f] for f in REDUCTION_FIELDS if f in base}
+        multi = {}
+        for field, value in entry.items():
+            if field in ("name", "model", "variant", "input_sizes"):
+                continue
+            if field in BREAKEVEN_MULTI and isinstance(value, list):
+                multi[field] = self.values(f"{key}.{field}", field, value)
+            elif field in REDUCTION_FIELDS:
+                reduction[field] = self.value(f"{key}.{field}", field, value)
+            else:
+                common[field] = self.value(f"{key}.{field}", field, value)
+        common = self.resolve_device(common)
+        results = []
+        for d in expand_grid(common, multi):
+            base_cases = [dict(d, model=model, input_size=s) for s in sizes]
+            var_cases = [dict(d, model=variant, input_size=s, **(reduction if _reduces(variant) else {})) for s in sizes]
+            if _reduces(model):
+                base_cases = [dict(c, **reduction) for c in base_cases]
+            label = entry.get("name") or f"{variant} vs {model}, bs{d.get('batch_size', 1)}, {d.get('dtype', 'fp32')}, {d.get('mode', 'eager')}"
+            if entry.get("name") and multi:
+                label += " (" + ", ".join(f"{k} {d[k]}" for k in multi) + ")"
+            b = Breakeven(str(label), tuple(Case(**c) for c in base_cases), tuple(Case(**c) for c in var_cases))
+            results.append((b, [(key, c) for c in base_cases + var_cases]))
+        return results
+
+    def validated_breakeven(self, b: Breakeven) -> Breakeven:
+        # Validation normalises fields (sorted locations), so re-derive the cases to get the stored ids.
+        from perflab.spec import validate_case
+
+        return Breakeven(b.name, tuple(validate_case(c) for c in b.baseline), tuple(validate_case(c) for c in b.variant), b.patch_size)
+
+    def comparisons(self, section, cases: list[Case]) -> list[Comparison]:
+        if section is None:
+            return []
+        section = self.mapping("comparisons", section)
+        rows = [{"case": c.to_dict()} for c in cases]
+        out = []
+        for name, entry in section.items():
+            key = f"comparisons.{name}"
+            entry = self.mapping(key, entry)
+            self.check_keys(key, entry, COMPARISON_KEYS)
+            for side in ("baseline", "variant"):
+                if side not in entry:
+                    self.fail(f"{key}.{side}", "missing; give a model name or a mapping of case fields")
+            baseline = self.filter(f"{key}.baseline", entry["baseline"])
+            variant = self.filter(f"{key}.variant", entry["variant"])
+            if baseline == variant:
+                self.fail(key, "baseline and variant are the same")
+            labels = entry.get("labels")
+            if labels is None:
+                labels = _default_labels(baseline, variant)
+            elif not (isinstance(labels, list) and len(labels) == 2 and all(isinstance(x, str) for x in labels)):
+                self.fail(f"{key}.labels", f"expected two strings [baseline label, variant label], got {_show(labels)}")
+            comparison = Comparison(str(name), baseline, variant, tuple(labels))
+            if not comparison.pairs(rows):
+                self.fail(key, "no case matches both sides at the same point (same sizes, dtype, mode, ...); check the filters against the grid")
+            out.append(comparison)
+        return out
+
+    def filter(self, key: str, value) -> dict:
+        if isinstance(value, str):
+            value = {"model": value}
+        value = self.mapping(key, value)
+        if not value:
+            self.fail(key, "empty filter; give a model name or case fields")
+        self.check_keys(key, value, CASE_FIELDS)
+        out = {}
+        for field, v in value.items():
+            v = self.value(f"{key}.{field}", field, v)
+            out[field] = list(v) if isinstance(v, tuple) else v
+        return out
+
+
+# Words in validate_case's messages → the case field they are about.
+_MESSAGE_FIELDS = (
+    (("input size",), "input_size"),
+    (("batch size",), "batch_size"),
+    (("keep rate", "--keep-rate", "keep rates"), "keep_rate"),
+    (("reduction location",), "reduction_loc"),
+    (("warmup",), "warmup"),
+    (("repeats",), "repeats"),
+    (("iters",), "iters"),
+    (("min-time",), "min_time"),
+    (("cudagraph needs",), "mode"),
+)
+
+
+def _default_labels(baseline: dict, variant: dict) -> tuple[str, str]:
+    if set(baseline) == set(variant) == {"model"} and _reduces(variant["model"]) and not _reduces(baseline["model"]):
+        return ("Baseline", "TR")
+    return (_filter_label(baseline), _filter_label(variant))
+
+
+def _filter_label(filt: dict) -> str:
+    return ", ".join(str(v) if not isinstance(v, list) else "/".join(map(str, v)) for v in filt.values())
+
+
+def _without_reduction(d: dict) -> dict:
+    return {k: v for k, v in d.items() if k not in REDUCTION_FIELDS}
+
+
+def _reduces(model: str) -> bool:
+    from perflab.models.registry import parse_model_name
+
+    return parse_model_name(model).reduces_tokens
+
+
+def _is_int(value) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int):
+        return True
+    return isinstance(value, float) and value.is_integer()
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _type_name(value) -> str:
+    return {dict: "a mapping", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def _show(value) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict)) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,0 +1,276 @@
+"""The results store: ``DIR/results.sqlite``, one row per (case id, environment key).
+
+SQLite in WAL mode with synchronous=FULL: each result is committed in its own transaction as soon as
+its case finishes, so a ``kill -9`` of the sweep loses at most the case in flight, and the primary key
+(case_id, env_key) means a case is never stored twice for one environment. The sweep's parent process
+is the only writer; readers (report, results) may open the store while a sweep runs.
+
+The full result row is kept as JSON (``row_json``); a few columns are copied out for queries. The
+``sweeps`` table records each invocation (command, spec text, the expanded experiment) so a report can
+say what produced it. Reading needs no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from pathlib import Path
+from typing import Iterable
+
+from perflab.errors import PerflabError
+
+STORE_NAME = "results.sqlite"
+SCHEMA_VERSION = 1
+FAILED_STATUSES = ("error", "timeout", "invalid")  # statuses that --retry-failed runs again (an OOM would recur)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS results (
+    case_id     TEXT NOT NULL,
+    env_key     TEXT NOT NULL,
+    status      TEXT NOT NULL,
+    model       TEXT,
+    input_size  INTEGER,
+    batch_size  INTEGER,
+    dtype       TEXT,
+    mode        TEXT,
+    row_json    TEXT NOT NULL,
+    sweep_id    INTEGER,
+    worker      TEXT,
+    wall_s      REAL,
+    stored_at   REAL NOT NULL,
+    PRIMARY KEY (case_id, env_key)
+);
+CREATE TABLE IF NOT EXISTS environments (
+    env_key     TEXT PRIMARY KEY,
+    env_json    TEXT NOT NULL,
+    first_seen  REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sweeps (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    started_at      REAL NOT NULL,
+    finished_at     REAL,
+    outcome         TEXT,
+    command         TEXT,
+    spec_source     TEXT,
+    spec_text       TEXT,
+    experiment_json TEXT,
+    env_key         TEXT,
+    n_cases         INTEGER,
+    n_skipped       INTEGER,
+    n_done          INTEGER
+);
+"""
+
+
+def store_path(out_dir) -> Path:
+    return Path(out_dir) / STORE_NAME
+
+
+class Store:
+    """A connection to one results store. Use ``Store.create`` (sweeps) or ``Store.open`` (readers)."""
+
+    def __init__(self, path: Path, conn: sqlite3.Connection):
+        self.path = path
+        self.conn = conn
+
+    @classmethod
+    def create(cls, out_dir) -> "Store":
+        """Open DIR/results.sqlite for writing, creating DIR and the schema if needed."""
+        out_dir = Path(out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise PerflabError(f"{out_dir}: exists and is not a directory; give --out a directory")
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PerflabError(f"{out_dir}: cannot create the output directory ({exc.strerror})") from None
+        store = cls._connect(store_path(out_dir))
+        if store.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is None:
+            with store.conn:  # only a new store is written to here, so a refused sweep leaves an old one as it was
+                store.conn.executescript(_SCHEMA)
+                store.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        return store
+
+    @classmethod
+    def open(cls, out_dir) -> "Store":
+        """Open an existing store (PerflabError if DIR holds none)."""
+        path = store_path(out_dir)
+        if not path.is_file():
+            raise PerflabError(f"{out_dir}: no results store ({STORE_NAME}) here; run `perflab sweep SPEC --out {out_dir}` first")
+        store = cls._connect(path)
+        try:
+            version = store.conn.execute("PRAGMA user_version").fetchone()[0]
+            store.conn.execute("SELECT 1 FROM results LIMIT 1")
+        except sqlite3.DatabaseError as exc:
+            store.close()
+            raise PerflabError(f"{path}: not a perflab results store ({exc})") from None
+        if version > SCHEMA_VERSION:
+            store.close()
+            raise PerflabError(f"{path}: written by a newer perflab (store version {version}); upgrade perflab to read it")
+        return store
+
+    @classmethod
+    def _connect(cls, path: Path) -> "Store":
+        try:
+            conn = sqlite3.connect(str(path), timeout=30.0, isolation_level="DEFERRED")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = FULL")
+        except sqlite3.DatabaseError as exc:
+            raise PerflabError(f"{path}: cannot open the results store ({exc})") from None
+        conn.row_factory = sqlite3.Row
+        return cls(path, conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- results
+
+    def put(self, row: dict, env_key: str, *, sweep_id: int | None = None, worker: str | None = None,
+            wall_s: float | None = None, replace: bool = False) -> bool:
+        """Commit one result row. Returns False if (case_id, env_key) was stored already and not replaced."""
+        verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
+        with self.conn:
+            cursor = self.conn.execute(
+                f"{verb} INTO results (case_id, env_key, status, model, input_size, batch_size, dtype, mode,"
+                " row_json, sweep_id, worker, wall_s, stored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    row["case_id"], env_key, row.get("status") or "error", row.get("model"), row.get("input_size"),
+                    row.get("batch_size"), row.get("dtype"), row.get("mode"), dumps(row), sweep_id, worker, wall_s, time.time(),
+                ),
+            )
+        return cursor.rowcount > 0
+
+    def statuses(self, env_key: str) -> dict[str, str]:
+        """case_id → status of the rows stored under this environment."""
+        cur = self.conn.execute("SELECT case_id, status FROM results WHERE env_key = ?", (env_key,))
+        return {r["case_id"]: r["status"] for r in cur}
+
+    def count(self, env_key: str | None = None) -> int:
+        if env_key is None:
+            return self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+        return self.conn.execute("SELECT COUNT(*) FROM results WHERE env_key = ?", (env_key,)).fetchone()[0]
+
+    def rows(self, env_key: str | None = None) -> list[dict]:
+        """Stored rows in the order they were stored, each with its ``env_key``."""
+        sql = "SELECT env_key, row_json FROM results"
+        args: tuple = ()
+        if env_key is not None:
+            sql += " WHERE env_key = ?"
+            args = (env_key,)
+        out = []
+        for r in self.conn.execute(sql + " ORDER BY rowid", args):
+            row = json.loads(r["row_json"])
+            row["env_key"] = r["env_key"]
+            out.append(row)
+        return out
+
+    def env_keys(self) -> list[str]:
+        """Environment keys with stored rows, most rows first."""
+        cur = self.conn.execute("SELECT env_key, COUNT(*) AS n FROM results GROUP BY env_key ORDER BY n DESC, MAX(rowid) DESC")
+        return [r["env_key"] for r in cur]
+
+    # -- environments and sweep records
+
+    def put_environment(self, env_key: str, env: dict) -> None:
+        with self.conn:
+            self.conn.execute(
+                "INSERT OR IGNORE INTO environments (env_key, env_json, first_seen) VALUES (?, ?, ?)",
+                (env_key, dumps(env), time.time()),
+            )
+
+    def environments(self) -> dict[str, dict]:
+        return {r["env_key"]: json.loads(r["env_json"]) for r in self.conn.execute("SELECT env_key, env_json FROM environments")}
+
+    def begin_sweep(self, *, command: str, spec_source: str, spec_text: str, experiment: dict, env_key: str,
+                    n_cases: int, n_skipped: int) -> int:
+        with self.conn:
+            cur = self.conn.execute(
+                "INSERT INTO sweeps (started_at, command, spec_source, spec_text, experiment_json, env_key, n_cases, n_skipped, n_done)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
+                (time.time(), command, spec_source, spec_text, dumps(experiment), env_key, n_cases, n_skipped),
+            )
+        return int(cur.lastrowid)
+
+    def end_sweep(self, sweep_id: int, outcome: str, n_done: int) -> None:
+        with self.conn:
+            self.conn.execute(
+                "UPDATE sweeps SET finished_at = ?, outcome = ?, n_done = ? WHERE id = ?", (time.time(), outcome, n_done, sweep_id)
+            )
+
+    def sweeps(self) -> list[dict]:
+        """Sweep records, oldest first (``experiment`` decoded)."""
+        out = []
+        for r in self.conn.execute("SELECT * FROM sweeps ORDER BY id"):
+            d = dict(r)
+            d["experiment"] = json.loads(d.pop("experiment_json") or "{}")
+            out.append(d)
+        return out
+
+
+def read_rows(out_dir, env_key: str | None = None) -> list[dict]:
+    with Store.open(out_dir) as store:
+        return store.rows(env_key)
+
+
+def dumps(value) -> str:
+    """JSON with NaN/inf as null and numpy scalars as plain numbers."""
+    return json.dumps(_plain(value), allow_nan=False)
+
+
+def _plain(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
+        return _plain(value.tolist())
+    return str(value)
+
+
+def status_counts(rows: Iterable[dict]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.get("status") or "?"] = counts.get(row.get("status") or "?", 0) + 1
+    return counts
+
+
+class StoredSweep:
+    """What a sweep directory holds, read back: the rows of one environment and the experiment behind them."""
+
+    def __init__(self, out_dir, rows, experiment, sweeps, environments, env_key, other_env_keys):
+        self.out_dir = Path(out_dir)
+        self.rows = rows  # of env_key, in stored order
+        self.experiment = experiment  # the latest sweep's Experiment, or None (rows stored by other means)
+        self.sweeps = sweeps  # sweep records, oldest first
+        self.environments = environments  # env_key → the parent's environment probe
+        self.env_key = env_key
+        self.other_env_keys = other_env_keys  # environments with rows not shown (resumed elsewhere)
+
+
+def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
+    """Rows of one environment (default: the latest sweep's, else the one with most rows) and the experiment."""
+    from perflab.sweep.spec import Experiment
+
+    with Store.open(out_dir) as store:
+        sweeps = store.sweeps()
+        keys = store.env_keys()
+        if env_key is None:
+            latest = sweeps[-1]["env_key"] if sweeps else None
+            env_key = latest if latest in keys else (keys[0] if keys else latest)
+        rows = store.rows(env_key) if env_key is not None else []
+        environments = store.environments()
+    experiment = None
+    if sweeps and sweeps[-1]["experiment"]:
+        experiment = Experiment.from_json(sweeps[-1]["experiment"], text=sweeps[-1].get("spec_text") or "")
+    return StoredSweep(out_dir, rows, experiment, sweeps, environments, env_key, [k for k in keys if k != env_key])

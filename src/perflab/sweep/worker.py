@@ -1,0 +1,96 @@
+"""One case in its own process: ``python -m perflab.sweep.worker --case JSON --result PATH``.
+
+The sweep's parent starts one worker per case, so an OOM, a CUDA error or a crash cannot poison the next
+case. The worker measures the case with the harness and writes the result row as JSON to PATH (through
+a temporary file and a rename, so the parent never reads half a row); stages and warnings go to stderr,
+which the parent keeps as the case's log. Exit status 0 means PATH holds a row, whatever its status.
+
+If the parent dies (``kill -9``), the worker is killed too (Linux parent-death signal, with a polling
+fallback elsewhere), so an orphan never keeps a GPU busy under the next sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    if args.parent_pid:
+        _exit_with_parent(args.parent_pid)
+
+    from perflab.errors import PerflabError
+    from perflab.spec import Case
+
+    case = Case.from_dict(json.loads(args.case))
+    try:
+        from perflab.measure.harness import run_case
+
+        row = run_case(case, on_stage=_log_stage)
+    except PerflabError as exc:  # the parent validated the case; this is input only the worker could see
+        row = _failed_row(case, "invalid", str(exc))
+    except Exception as exc:  # run_case turns measurement failures into rows; this is anything around them
+        traceback.print_exc()
+        row = _failed_row(case, "error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+    write_result(row, Path(args.result))
+    return 0
+
+
+def write_result(row: dict, path: Path) -> None:
+    from perflab.sweep.store import dumps
+
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(dumps(row))
+    os.replace(tmp, path)
+
+
+def _failed_row(case, status: str, message: str) -> dict:
+    from perflab.measure.harness import failed_row
+
+    return failed_row(case, status, message, env={"device": case.device})
+
+
+def _log_stage(stage: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] stage: {stage}", file=sys.stderr, flush=True)
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """Die when the sweep's parent dies, so no orphan keeps measuring."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            PR_SET_PDEATHSIG = 1
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            if os.getppid() != parent_pid:  # the parent died before the signal was armed
+                os._exit(1)
+            return
+        except (OSError, AttributeError):
+            pass
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    while os.getppid() == parent_pid:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def _parse_args(argv):
+    parser = argparse.ArgumentParser(prog="python -m perflab.sweep.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--case", required=True, help="the case, as JSON (Case.to_dict())")
+    parser.add_argument("--result", required=True, help="where to write the result row (JSON)")
+    parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The SQLite results store: one row per (case id, environment), WAL, nothing lost or doubled."""
+
+import math
+import sqlite3
+
+import numpy as np
+import pytest
+
+from perflab.errors import PerflabError
+from perflab.sweep.store import Store, dumps, load_stored, read_rows
+
+
+def _row(case_id, status="ok", **extra):
+    return {"case_id": case_id, "status": status, "model": "test:tiny", "input_size": 32, "batch_size": 1, "dtype": "fp32", "mode": "eager", **extra}
+
+
+def test_rows_are_unique_per_case_and_environment(tmp_path):
+    with Store.create(tmp_path / "d") as store:
+        assert store.put(_row("a", median_ms=1.0), "env1")
+        assert not store.put(_row("a", median_ms=2.0), "env1")  # a second row for the same key is ignored
+        assert store.put(_row("a", median_ms=3.0), "env2")  # another environment is another row
+        assert store.put(_row("b", status="error"), "env1")
+        assert store.put(_row("b", median_ms=4.0), "env1", replace=True)  # --retry-failed replaces
+        assert store.count() == 3 and store.count("env1") == 2
+        assert store.statuses("env1") == {"a": "ok", "b": "ok"}
+        assert [(r["case_id"], r["median_ms"], r["env_key"]) for r in store.rows("env1")] == [("a", 1.0, "env1"), ("b", 4.0, "env1")]
+        assert store.env_keys()[0] == "env1"  # most rows first
+        assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_rows_survive_json_round_trip_without_nan(tmp_path):
+    with Store.create(tmp_path) as store:
+        store.put(_row("a", cv=float("nan"), samples_ms=np.array([1.0, 2.0]), n=np.int64(3), ci95_ms=(1.0, math.inf)), "e")
+    (row,) = read_rows(tmp_path)
+    assert row["cv"] is None and row["samples_ms"] == [1.0, 2.0] and row["n"] == 3 and row["ci95_ms"] == [1.0, None]
+    assert dumps({"x": float("inf")}) == '{"x": null}'
+
+
+def test_commits_are_visible_to_another_connection_at_once(tmp_path):
+    with Store.create(tmp_path) as store:
+        store.put(_row("a"), "e")
+        other = sqlite3.connect(str(tmp_path / "results.sqlite"))
+        assert other.execute("SELECT COUNT(*) FROM results").fetchone()[0] == 1
+        other.close()
+
+
+def test_sweep_records_and_loading(tmp_path):
+    with Store.create(tmp_path) as store:
+        store.put_environment("e", {"host": "h"})
+        sid = store.begin_sweep(command="perflab sweep x.yaml", spec_source="x.yaml", spec_text="grid: {}", experiment={},
+                                env_key="e", n_cases=2, n_skipped=0)
+        store.put(_row("a"), "e", sweep_id=sid)
+        store.put(_row("z"), "other")
+        store.end_sweep(sid, "complete", 1)
+    stored = load_stored(tmp_path)
+    assert stored.env_key == "e" and [r["case_id"] for r in stored.rows] == ["a"]
+    assert stored.other_env_keys == ["other"] and stored.environments == {"e": {"host": "h"}}
+    assert stored.sweeps[0]["outcome"] == "complete" and stored.sweeps[0]["n_done"] == 1
+
+
+def test_opening_a_directory_without_a_store_says_what_to_do(tmp_path):
+    with pytest.raises(PerflabError, match="no results store"):
+        Store.open(tmp_path)
+    assert not (tmp_path / "results.sqlite").exists()
+    (tmp_path / "results.sqlite").write_text("not a database")
+    with pytest.raises(PerflabError, match="not a perflab results store|cannot open"):
+        Store.open(tmp_path)
