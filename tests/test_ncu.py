@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from perflab.errors import PerflabError
-from perflab.trace.ncu import METRICS, function_name, kernel_filter, ncu_command, parse_ncu_csv, roofline_class, summarize_by_kernel
+from perflab.trace.ncu import METRICS, function_name, kernel_filter, ncu_command, parse_ncu_csv, roofline_class
 
 DATA = Path(__file__).parent / "data"
 
@@ -42,13 +42,6 @@ def test_no_table_is_a_clear_error():
         parse_ncu_csv("==PROF== Connected to process 1\n==PROF== Disconnected from process 1\n")
 
 
-def test_summary_per_kernel_averages_launches():
-    s = summarize_by_kernel(parse_ncu_csv((DATA / "ncu_matmul_h200.csv").read_text()))
-    gemm = s[s["kernel_name"].str.contains("sgemm")].iloc[0]
-    assert gemm["launches"] == 2
-    assert gemm["duration_ns"] == pytest.approx((343840 + 343616) / 2)
-
-
 @pytest.mark.parametrize(
     "name,expected",
     [
@@ -75,3 +68,39 @@ def test_command_filters_by_nvtx_range_and_kernel_functions_with_clocks_untouche
 @pytest.mark.parametrize("sm,mem,cls", [(90, 40, "compute-bound"), (30, 85, "memory-bound"), (70, 80, "memory-bound"), (20, 30, "latency-bound")])
 def test_roofline_class(sm, mem, cls):
     assert roofline_class(sm, mem) == cls
+
+
+
+def test_launches_take_trace_names_by_order_when_functions_agree():
+    import pandas as pd
+
+    from perflab.trace.ncu import attach_trace_names, join_counters
+
+    launches = parse_ncu_csv((DATA / "ncu_matmul_h200.csv").read_text())
+    # The trace's names for the same step, Kineto's spelling, with a kernel ncu filtered out between them.
+    trace_step = [
+        "void at::(anonymous namespace)::distribution_elementwise_grid_stride_kernel<float, 4>(long)",
+        "void at::native::reduce_kernel<512, 1>(int)",  # not in the filter: skipped
+        "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(Params)",
+        "void at::vectorized_elementwise_kernel<4, clamp>(int)",
+        "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(Params)",
+    ]
+    named = attach_trace_names(launches, trace_step)
+    assert set(named["matched_by"]) == {"launch order"}
+    assert named["full_name"].tolist() == [trace_step[0], trace_step[2], trace_step[3], trace_step[4]]
+    kernels = pd.DataFrame({"name": ["gemm", "rand", "absent"], "full_name": [trace_step[2], trace_step[0], "never_profiled"]})
+    joined = join_counters(kernels, named)
+    assert joined.loc[0, "launches"] == 2
+    assert joined.loc[0, "duration_ns"] == (343840 + 343616) / 2
+    assert joined.loc[0, "roofline"] == "compute-bound"
+    assert joined.loc[1, "duration_ns"] == 13568
+    assert pd.isna(joined.loc[2, "duration_ns"])
+
+
+def test_order_mismatch_falls_back_to_names():
+    from perflab.trace.ncu import attach_trace_names
+
+    launches = parse_ncu_csv((DATA / "ncu_matmul_h200.csv").read_text())
+    named = attach_trace_names(launches, ["void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(T1::Params)"])
+    assert set(named["matched_by"]) == {"name"}
+    assert named["full_name"].notna().sum() == 2  # the two sgemm launches match by their exact name

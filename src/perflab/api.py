@@ -62,3 +62,219 @@ def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | Non
         stage = (lambda s, i=i, case=case: on_case(i, case, s)) if on_case else None
         rows.append(run_case(case, on_stage=stage))
     return rows
+
+
+# ---------------------------------------------------------------------------------------------------
+# Sweeps, stored results, reports and break-even
+
+
+def load_experiment(path):
+    """Read and validate an experiment spec (YAML); PerflabError naming the file and key on any mistake."""
+    from perflab.sweep.spec import load_experiment as load
+
+    return load(path)
+
+
+def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
+          workers: int = 1, timeout_s: float | None = None, command: str = "", on_event=None):
+    """Run an experiment, one subprocess per case, committing each row to ``OUT/results.sqlite`` at once.
+
+    ``spec``: a YAML file, a spec dict (as YAML would give) or an Experiment. ``out`` defaults to the spec's
+    ``out:``, else ``runs/<name>``. ``resume`` skips cases stored for this environment; ``retry_failed``
+    also reruns their error/timeout rows. ``gpus``: one worker per GPU; otherwise ``workers`` CPU workers
+    (default one at a time). Everything is validated before the store is opened. Returns a SweepSummary.
+    """
+    from pathlib import Path
+
+    from perflab.sweep.runner import run_sweep
+
+    experiment = _experiment(spec)
+    out_dir = Path(out or experiment.out or Path("runs") / experiment.name)
+    command = command or f"perflab.api.sweep({experiment.source!r}, out={str(out_dir)!r})"
+    return run_sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=list(gpus) if gpus else None,
+                     workers=workers, timeout_s=timeout_s, command=command, on_event=on_event)
+
+
+def results(out_dir, env_key: str | None = None) -> list[dict]:
+    """The rows stored in a sweep directory (each with its ``env_key``), in the order they were stored."""
+    from perflab.sweep.store import read_rows
+
+    return read_rows(out_dir, env_key)
+
+
+def report(out_dir, *, n_boot: int = 2000):
+    """Write ``OUT/report.md`` (seed-shaped tables, break-even) and its PNG plots; returns the report's path."""
+    from perflab.report.markdown import write_report
+
+    return write_report(out_dir, n_boot=n_boot)
+
+
+def breakeven_experiment(
+    model: str,
+    variant: str,
+    input_sizes,
+    batch_size: Sequence[int] = (1,),
+    dtype: Sequence[str] = ("fp32",),
+    mode: Sequence[str] = ("eager",),
+    device: str = "auto",
+    keep_rate: Sequence[float] = (),
+    reduction_loc: Sequence[int] = (),
+    attn: str = "sdpa",
+    warmup: int = 10,
+    min_time: float = 1.0,
+    iters: int | None = None,
+    repeats: int = 20,
+    timeout_s: float | None = None,
+    name: str = "breakeven",
+):
+    """The experiment that measures ``model`` and ``variant`` across ``input_sizes`` ("160:640:32" or a list)."""
+    from perflab.sweep.spec import DEFAULT_TIMEOUT_S, parse_experiment
+
+    entry = dict(model=model, variant=variant, input_sizes=input_sizes if isinstance(input_sizes, str) else list(input_sizes),
+                 batch_size=list(batch_size), dtype=list(dtype), mode=list(mode))
+    if keep_rate:
+        entry["keep_rate"] = list(keep_rate)
+    if reduction_loc:
+        entry["reduction_loc"] = list(reduction_loc)
+    spec = {
+        "name": name,
+        "description": f"break-even of {variant} against {model}",
+        "defaults": {"device": device, "attn": attn},
+        "harness": {"warmup": warmup, "min_time": min_time, "iters": iters, "repeats": repeats,
+                    "timeout_s": timeout_s or DEFAULT_TIMEOUT_S},
+        "breakeven": entry,
+    }
+    return parse_experiment(spec, "perflab breakeven")
+
+
+def breakeven(out_dir, *, n_boot: int = 2000, seed: int = 0) -> list:
+    """Break-even analyses of the stored experiment's ``breakeven`` entries, from its stored rows."""
+    from perflab.analysis.breakeven import analyze_rows
+    from perflab.errors import PerflabError
+    from perflab.sweep.store import load_stored
+
+    stored = load_stored(out_dir)
+    if stored.experiment is None or not stored.experiment.breakevens:
+        raise PerflabError(f"{out_dir}: the stored experiment has no breakeven section; run `perflab breakeven ...` or add one to the spec")
+    return [
+        analyze_rows(b.name, stored.rows, [c.id for c in b.baseline], [c.id for c in b.variant],
+                     patch_size=b.patch_size, n_boot=n_boot, seed=seed)
+        for b in stored.experiment.breakevens
+    ]
+
+
+def _experiment(spec):
+    from perflab.sweep.spec import Experiment, load_experiment as load, parse_experiment
+
+    if isinstance(spec, Experiment):
+        return spec
+    if isinstance(spec, dict):
+        return parse_experiment(spec, "<spec dict>")
+    return load(spec)
+
+
+def analyze(path, top: int = 10, kernel_gap_threshold_us: float = 5.0):
+    """Load a trace (Kineto .json/.json.gz or nsys SQLite) and account for its time; torch-free.
+
+    Returns a :class:`perflab.analysis.trace_report.TraceReport`: DataFrames ``kernels`` (the KernelTable),
+    ``steps`` (per-step accounting), ``top_kernels``, ``categories``, ``ranges``, ``launch_apis``, and
+    ``to_dict()`` / ``to_json()`` / ``write_csv(dir)``. Bad input raises PerflabError.
+    """
+    from perflab.analysis.trace_report import analyze_trace
+    from perflab.trace.load import load_trace
+
+    return analyze_trace(load_trace(path), top=top, kernel_gap_threshold_ns=round(kernel_gap_threshold_us * 1000))
+
+
+def profile(steps: int = 5, warmup: int = 1, out=None, sync: bool = True):
+    """Profile a user's own loop; see :class:`perflab.trace.capture.StepProfiler`.
+
+        with perflab.profile(steps=5) as p:
+            for batch in data:
+                train_step(batch)
+                p.step()
+        p.analysis.steps      # per-step accounting (DataFrame); p.trace_path is the Kineto trace
+    """
+    from perflab.trace.capture import StepProfiler
+
+    return StepProfiler(steps=steps, warmup=warmup, out=out, sync=sync)
+
+
+def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
+    """Time ``case`` with the harness (no profiler), then record ``steps`` steps of it and analyse them.
+
+    Returns {"case", "row" (the untraced result row), "trace_path", "report" (TraceReport),
+    "traced_step_ms" (median step window), "inflation" (traced ÷ untraced)}.
+    """
+    from pathlib import Path
+
+    from perflab.measure.harness import run_case
+    from perflab.trace.capture import profile_case as record
+
+    row = run_case(case)
+    trace_path = Path(out_dir) / f"{case.id}_{case.mode.replace(':', '-')}.json.gz"
+    if row["status"] != "ok":
+        return {"case": case, "row": row, "trace_path": None, "report": None, "traced_step_ms": None, "inflation": None}
+    record(case, trace_path, steps=steps)
+    report = analyze(trace_path, top=top)
+    traced = float(report.steps["wall_ns"].median()) / 1e6
+    return {"case": case, "row": row, "trace_path": trace_path, "report": report, "traced_step_ms": traced, "inflation": traced / row["median_ms"]}
+
+
+def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None)):
+    """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile."""
+    from pathlib import Path
+
+    from perflab.analysis.compare import compare_traces
+    from perflab.trace.load import load_trace
+
+    traces, names, batches = [], [], list(batch_size)
+    for i, item in enumerate((a, b)):
+        if isinstance(item, Case):
+            result = profile_case(item, out_dir, steps=steps)
+            if result["report"] is None:
+                from perflab.errors import PerflabError
+
+                raise PerflabError(f"{item.label()} could not be profiled ({result['row']['status']}: {result['row'].get('message')})")
+            traces.append(result["report"].trace)
+            names.append(item.label())
+            batches[i] = batches[i] or item.batch_size
+        else:
+            traces.append(load_trace(item))
+            names.append(Path(item).name)
+    return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(batches))
+
+
+def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None):
+    """Why ``case`` takes its time (and how it differs from ``vs``), predictions for other modes, measured."""
+    from perflab.explain import PREDICTED_MODES
+    from perflab.explain import explain as run
+
+    return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None))
+
+
+def ncu(case: Case, top: int = 10, out_dir="perflab-traces"):
+    """Nsight Compute counters for the top-``top`` kernels of ``case``, joined with its kernel table.
+
+    Returns (joined DataFrame, profile result). Raises PerflabError when ncu is absent.
+    """
+    from perflab.analysis.accounting import step_windows
+    from perflab.analysis.compare import window_of_activities
+    from perflab.trace.ncu import attach_trace_names, find_ncu, join_counters, run_ncu
+
+    find_ncu()  # fail before profiling when there is no ncu
+    result = profile_case(case, out_dir, steps=3, top=top)
+    if result["report"] is None:
+        from perflab.errors import PerflabError
+
+        raise PerflabError(f"{case.label()} could not be profiled ({result['row']['status']}: {result['row'].get('message')})")
+    report = result["report"]
+    kernels = report.top_kernels
+    kernels = kernels[~kernels["category"].isin(["memcpy", "memset"])].head(top)
+    launches = run_ncu(case, kernels["full_name"].tolist())
+    # One step of the trace, in launch order, to name ncu's launches (it profiled one step the same way).
+    table = report.kernels
+    window = window_of_activities(table, step_windows(table, report.trace.steps), whole_trace=len(report.trace.steps) == 0)
+    first_step = table[(window == 0) & (table["kind"] == "kernel")].sort_values(["launch_start_ns", "start_ns"])
+    named = attach_trace_names(launches, [str(n) for n in first_step["name"]])
+    return join_counters(kernels, named), result

@@ -32,28 +32,46 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 220)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Options that take one or more values after a single flag (expanded to repeated flags before parsing).
-MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode"}
+MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes"}
 
 FORMATS = ("table", "csv", "json")
 
 
 
+# Options that describe cases, shared by bench, profile, compare, explain and ncu.
+OPT_INPUT_SIZE = typer.Option([224], "--input-size", help="Input resolution(s), pixels.")
+OPT_BATCH_SIZE = typer.Option([1], "--batch-size", help="Batch size(s).")
+OPT_KEEP_RATE = typer.Option([], "--keep-rate", help="Keep rate, one value or one per reduction location (token-reducing models only).")
+OPT_REDUCTION_LOC = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens.")
+OPT_ATTN = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit.")
+OPT_DTYPE = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).")
+OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune or cudagraph.")
+OPT_WARMUP = typer.Option(10, "--warmup", help="Untimed iterations before timing.")
+OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case.")
+OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time).")
+OPT_REPEATS = typer.Option(20, "--repeats", help="Number of timing samples the timed iterations are split into.")
+OPT_DEVICE = typer.Option("auto", "--device", help="auto, cuda or cpu.")
+OPT_SEED = typer.Option(0, "--seed", help="Seed for weights and inputs.")
+OPT_STEPS = typer.Option(5, "--steps", help="Steps to record in the profiled pass (after one warm-up step).")
+OPT_TRACE_DIR = typer.Option(Path("perflab-traces"), "--out", help="Directory for the traces it records.")
+
+
 @app.command()
 def bench(
     model: List[str] = typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>."),
-    input_size: List[int] = typer.Option([224], "--input-size", help="Input resolution(s), pixels."),
-    batch_size: List[int] = typer.Option([1], "--batch-size", help="Batch size(s)."),
-    keep_rate: List[float] = typer.Option([], "--keep-rate", help="Keep rate, one value or one per reduction location."),
-    reduction_loc: List[int] = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens."),
-    attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit."),
-    dtype: List[str] = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast)."),
-    mode: List[str] = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune or cudagraph."),
-    warmup: int = typer.Option(10, "--warmup", help="Untimed iterations before timing."),
-    min_time: float = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case."),
-    iters: Optional[int] = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time)."),
-    repeats: int = typer.Option(20, "--repeats", help="Number of timing samples the timed iterations are split into."),
-    device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."),
-    seed: int = typer.Option(0, "--seed", help="Seed for weights and inputs."),
+    input_size: List[int] = OPT_INPUT_SIZE,
+    batch_size: List[int] = OPT_BATCH_SIZE,
+    keep_rate: List[float] = OPT_KEEP_RATE,
+    reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    attn: str = OPT_ATTN,
+    dtype: List[str] = OPT_DTYPE,
+    mode: List[str] = OPT_MODE,
+    warmup: int = OPT_WARMUP,
+    min_time: float = OPT_MIN_TIME,
+    iters: Optional[int] = OPT_ITERS,
+    repeats: int = OPT_REPEATS,
+    device: str = OPT_DEVICE,
+    seed: int = OPT_SEED,
     fmt: str = typer.Option("table", "--format", help="table, csv or json (one object per case per line)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the rows to this file (.csv, else JSON lines)."),
 ):
@@ -146,6 +164,128 @@ def _print_warnings(rows):
             err.print(f"[yellow]warning[/yellow]: {row['model']} {row['input_size']}px bs{row['batch_size']} {row['dtype']} {row['mode']}: {message}")
 
 
+@app.command()
+def sweep(
+    spec: Path = typer.Argument(..., help="Experiment spec (YAML): grid, cases, comparisons, breakeven."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: the spec's out:, else runs/<name>)."),
+    resume: bool = typer.Option(False, "--resume", help="Skip the cases already stored for this environment."),
+    retry_failed: bool = typer.Option(False, "--retry-failed", help="With --resume, run error and timeout cases again."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPUs to use, e.g. 0,1: one worker per GPU, in parallel."),
+    workers: int = typer.Option(1, "--workers", help="CPU cases run side by side (their timings then share the cores)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else 600)."),
+    list_cases: bool = typer.Option(False, "--list", help="Print the cases and exit."),
+):
+    """Run an experiment spec, one subprocess per case; each result is stored at once in OUT/results.sqlite."""
+    from perflab import api
+    from perflab.sweep.runner import RichProgress, command_line
+
+    experiment = api.load_experiment(spec)
+    if list_cases:
+        for case in experiment.cases:
+            out.print(f"{case.id}  {case.label()}", soft_wrap=True, markup=False)
+        out.print(f"{len(experiment.cases)} cases")
+        return
+    summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
+                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err))
+    _print_sweep_summary(summary)
+
+
+@app.command()
+def results(
+    out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
+    fmt: str = typer.Option("table", "--format", help="table, csv (seed columns first) or json (one object per case per line)."),
+):
+    """Print the rows stored by a sweep."""
+    from perflab import api
+    from perflab.report.console import bench_table
+    from perflab.report.export import to_csv, to_json_lines
+
+    if fmt not in FORMATS:
+        raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
+    rows = api.results(out_dir)
+    if fmt == "json":
+        sys.stdout.write(to_json_lines(rows))
+    elif fmt == "csv":
+        sys.stdout.write(to_csv(rows))
+    else:
+        out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results"))
+
+
+@app.command()
+def report(
+    out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
+    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for break-even CIs."),
+):
+    """Write OUT/report.md: seed-shaped tables with CIs and flags, plots (PNG) beside it, environment, spec."""
+    from perflab import api
+
+    path = api.report(out_dir, n_boot=n_boot)
+    out.print(f"wrote {path}", soft_wrap=True, markup=False)
+
+
+@app.command()
+def breakeven(
+    model: List[str] = typer.Option(..., "--model", help="Baseline model, e.g. deit_base_patch16_224."),
+    variant: str = typer.Option(..., "--variant", help="Variant model, e.g. topk_deit_base_patch16_224."),
+    input_sizes: str = typer.Option("160:640:32", "--input-sizes", help="start:stop:step (stop included) or a comma list."),
+    batch_size: List[int] = typer.Option([1], "--batch-size", help="Batch size(s); one analysis each."),
+    keep_rate: List[float] = typer.Option([], "--keep-rate", help="Keep rate(s) of the variant."),
+    reduction_loc: List[int] = typer.Option([], "--reduction-loc", help="Blocks (0-based) where the variant reduces tokens."),
+    attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit."),
+    dtype: List[str] = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16; one analysis each."),
+    mode: List[str] = typer.Option(["eager"], "--mode", help="Execution mode(s); one analysis each."),
+    device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."),
+    warmup: int = typer.Option(10, "--warmup", help="Untimed iterations before timing."),
+    min_time: float = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case."),
+    iters: Optional[int] = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time)."),
+    repeats: int = typer.Option(20, "--repeats", help="Timing samples per case (the bootstrap resamples them)."),
+    out_dir: Path = typer.Option(Path("runs/breakeven"), "--out", help="Output directory (store, report, plots)."),
+    resume: bool = typer.Option(False, "--resume", help="Skip the cases already stored for this environment."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPUs to use, e.g. 0,1: one worker per GPU."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (600)."),
+    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for the CIs."),
+):
+    """Find the token count where the variant starts beating the baseline: measure both across input sizes,
+    fit t(n) = a + b·n + c·n² to each, report the crossover with a bootstrap CI, and plot it."""
+    from perflab import api
+    from perflab.sweep.runner import RichProgress, command_line
+
+    if len(model) != 1:
+        raise PerflabError(f"--model: give one baseline model, got {len(model)}")
+    experiment = api.breakeven_experiment(
+        model[0], variant, input_sizes, batch_size=batch_size, dtype=dtype, mode=mode, device=device, keep_rate=keep_rate,
+        reduction_loc=reduction_loc, attn=attn, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, timeout_s=timeout,
+    )
+    summary = api.sweep(experiment, out_dir, resume=resume, gpus=_parse_gpus(gpus), timeout_s=timeout,
+                        command=command_line(), on_event=RichProgress(err))
+    _print_sweep_summary(summary)
+    if summary.interrupted:
+        return
+    for analysis in api.breakeven(out_dir, n_boot=n_boot):
+        text = analysis.result.summary() if analysis.result else f"no fit: {analysis.problem}"
+        out.print(f"{analysis.name}: {text}", soft_wrap=True, markup=False)
+    out.print(f"wrote {api.report(out_dir, n_boot=n_boot)}", soft_wrap=True, markup=False)
+
+
+def _parse_gpus(text: Optional[str]) -> Optional[list]:
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.replace(" ", ",").split(",") if p.strip()]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise PerflabError(f"--gpus: expected GPU indices like 0,1, got {text!r}")
+    return [int(p) for p in parts]
+
+
+def _print_sweep_summary(summary) -> None:
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(summary.counts.items())) or "nothing run"
+    out.print(f"{summary.total} cases: {summary.done} run now ({counts}), {summary.skipped} already stored; store: {summary.store_path}",
+              soft_wrap=True, markup=False)
+    if summary.interrupted:
+        err.print(f"interrupted; {summary.total - summary.skipped - summary.done} case(s) not run: rerun with --resume to finish")
+        sys.exit(130)  # (main() runs click with standalone_mode=False, which turns typer.Exit into a return value)
+    out.print(f"report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
+
+
 def expand_multi_value_options(argv: list[str], names=MULTI_VALUE_OPTIONS) -> list[str]:
     """``--opt a b c`` → ``--opt a --opt b --opt c`` for the options that take several values."""
     result: list[str] = []
@@ -186,7 +326,7 @@ def _is_flag(token: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     argv = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
     try:
-        app(args=argv, prog_name="perflab", standalone_mode=False)
+        status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:
         _fail(str(exc), exc.exit_code)
     except click_exceptions.NoArgsIsHelpError if hasattr(click_exceptions, "NoArgsIsHelpError") else ():
@@ -197,11 +337,199 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         _fail("interrupted", 130)
+    else:
+        # Without standalone mode, click returns the code of a typer.Exit(code) instead of exiting.
+        if isinstance(status, int) and status:
+            sys.exit(status)
 
 
 def _fail(message: str, code: int) -> None:
     print(f"perflab: error: {message}", file=sys.stderr)
     sys.exit(code)
+
+
+
+@app.command()
+def analyze(
+    path: Path = typer.Argument(..., help="A Kineto trace (.json, .json.gz from torch.profiler) or an nsys SQLite export."),
+    top: int = typer.Option(10, "--top", help="How many kernels to list, by total time."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    csv_dir: Optional[Path] = typer.Option(None, "--csv", help="Also write the tables (and the kernel table) as CSV files into this directory."),
+    gap_us: float = typer.Option(5.0, "--step-gap-threshold-us", help="Idle gaps shorter than this (µs) whose work was already launched count as kernel gaps."),
+):
+    """Where every microsecond goes: GPU busy vs idle by cause per step (exact), top kernels, categories, ranges, launches."""
+    from perflab import api
+
+    if top < 1:
+        raise PerflabError(f"--top must be at least 1, got {top}")
+    if not gap_us >= 0:
+        raise PerflabError(f"--step-gap-threshold-us must be >= 0, got {gap_us}")
+    result = api.analyze(path, top=top, kernel_gap_threshold_us=gap_us)
+    if as_json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        from perflab.report.trace_console import render_trace_report
+
+        render_trace_report(out, result)
+    if csv_dir is not None:
+        result.write_csv(csv_dir)
+
+
+@app.command()
+def profile(
+    model: List[str] = typer.Option(..., "--model", help="Model name(s), as for bench."),
+    input_size: List[int] = OPT_INPUT_SIZE,
+    batch_size: List[int] = OPT_BATCH_SIZE,
+    keep_rate: List[float] = OPT_KEEP_RATE,
+    reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    attn: str = OPT_ATTN,
+    dtype: List[str] = OPT_DTYPE,
+    mode: List[str] = OPT_MODE,
+    warmup: int = OPT_WARMUP,
+    min_time: float = OPT_MIN_TIME,
+    device: str = OPT_DEVICE,
+    seed: int = OPT_SEED,
+    steps: int = OPT_STEPS,
+    out_dir: Path = OPT_TRACE_DIR,
+    top: int = typer.Option(10, "--top", help="How many kernels to list."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per case instead of tables."),
+):
+    """Time a case untraced, then record a profiled pass (trace.json.gz, opens in Perfetto) and account for
+    every microsecond of its steps; reports the profiler's inflation (traced step ÷ untraced median)."""
+    import json
+
+    from perflab import api
+    from perflab.report.trace_console import render_trace_report
+
+    if steps < 1:
+        raise PerflabError(f"--steps must be at least 1, got {steps}")
+    cases = api.make_cases(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
+                           attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed)
+    for case in cases:
+        with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
+            result = api.profile_case(case, out_dir, steps=steps, top=top)
+        row = result["row"]
+        _print_warnings([row])
+        if result["report"] is None:
+            continue
+        if as_json:
+            summary = result["report"].to_dict()
+            summary.update(case=case.to_dict(), untraced_median_ms=row["median_ms"], traced_step_ms=result["traced_step_ms"],
+                           profiler_inflation=result["inflation"], trace_path=str(result["trace_path"]))
+            sys.stdout.write(json.dumps(summary) + "\n")
+            continue
+        out.rule(case.label())
+        out.print(f"untraced median {row['median_ms']:.4f} ms (harness) · traced step {result['traced_step_ms']:.4f} ms · "
+                  f"profiler inflation ×{result['inflation']:.2f} · trace: {result['trace_path']}")
+        render_trace_report(out, result["report"])
+
+
+@app.command()
+def compare(
+    a: str = typer.Argument(..., help="A trace (.json/.json.gz/.sqlite), or a model name to profile with the options below."),
+    b: str = typer.Argument(..., help="The same for B."),
+    input_size: int = typer.Option(224, "--input-size"),
+    batch_size: int = typer.Option(1, "--batch-size"),
+    keep_rate: List[float] = OPT_KEEP_RATE,
+    reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    attn: str = OPT_ATTN,
+    dtype: str = typer.Option("fp32", "--dtype"),
+    mode: str = typer.Option("eager", "--mode"),
+    device: str = OPT_DEVICE,
+    steps: int = OPT_STEPS,
+    out_dir: Path = OPT_TRACE_DIR,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Why B's step takes longer or shorter than A's: Δwall = Σ Δ(category GPU time) + Δ(idle by cause), exactly."""
+    import json
+
+    from perflab import api
+    from perflab.report.explain_console import render_comparison
+
+    names = [item for item in (a, b) if not Path(item).exists()]
+    cases = iter(api.make_cases(model=names, input_size=[input_size], batch_size=[batch_size], keep_rate=keep_rate, reduction_loc=reduction_loc,
+                                attn=attn, dtype=[dtype], mode=[mode], device=device) if names else [])
+    items = [Path(item) if Path(item).exists() else next(cases) for item in (a, b)]
+    with err.status("comparing"):
+        comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir)
+    if as_json:
+        sys.stdout.write(json.dumps(comparison.to_dict()) + "\n")
+    else:
+        render_comparison(out, comparison)
+
+
+@app.command()
+def explain(
+    model: str = typer.Argument(..., help="The model to explain (topk_deit_base_patch16_224, ...)."),
+    vs: Optional[str] = typer.Option(None, "--vs", help="A second model to compare with at the same settings (e.g. the baseline)."),
+    input_size: int = typer.Option(224, "--input-size"),
+    batch_size: int = typer.Option(1, "--batch-size"),
+    keep_rate: List[float] = OPT_KEEP_RATE,
+    reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    attn: str = OPT_ATTN,
+    dtype: str = typer.Option("bf16", "--dtype"),
+    device: str = typer.Option("cuda", "--device"),
+    modes: List[str] = typer.Option(["cudagraph", "compile:reduce-overhead"], "--modes", help="Modes to predict and then measure."),
+    steps: int = OPT_STEPS,
+    out_dir: Path = OPT_TRACE_DIR,
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """Explain a case: exact accounting, floors, the comparison with --vs, predictions for CUDA graphs and
+    torch.compile, those modes measured, and fixes ranked by measured gain."""
+    import json
+
+    from perflab import api
+    from perflab.report.explain_console import render_explanation
+
+    from dataclasses import replace
+
+    from perflab.spec import validate_case
+
+    cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=[input_size], batch_size=[batch_size], keep_rate=keep_rate,
+                           reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device)
+    case, other = cases[0], (cases[1] if vs else None)
+    for m in modes:  # a bad mode is bad input: say so before minutes of profiling
+        validate_case(replace(case, mode=m))
+    with err.status("explaining") as status:
+        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s))
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+    else:
+        render_explanation(out, result)
+
+
+@app.command()
+def ncu(
+    model: str = typer.Argument(..., help="The model whose top kernels to read counters for."),
+    top: int = typer.Option(10, "--top", help="How many of the top kernels (by time in a profile pass)."),
+    input_size: int = typer.Option(224, "--input-size"),
+    batch_size: int = typer.Option(1, "--batch-size"),
+    keep_rate: List[float] = OPT_KEEP_RATE,
+    reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    attn: str = OPT_ATTN,
+    dtype: str = typer.Option("bf16", "--dtype"),
+    mode: str = typer.Option("eager", "--mode"),
+    device: str = typer.Option("cuda", "--device"),
+    out_dir: Path = OPT_TRACE_DIR,
+    as_json: bool = typer.Option(False, "--json", help="Print the table as JSON records."),
+):
+    """Nsight Compute counters (SM, memory and DRAM throughput, occupancy, L1/L2 hit rates, roofline class)
+    for the top kernels of a case, read inside the timed step range with the clocks left alone."""
+    from perflab import api
+    from perflab.report.explain_console import render_ncu
+    from perflab.trace.ncu import find_ncu
+
+    if top < 1:
+        raise PerflabError(f"--top must be at least 1, got {top}")
+    find_ncu()
+    (case,) = api.make_cases(model=[model], input_size=[input_size], batch_size=[batch_size], keep_rate=keep_rate, reduction_loc=reduction_loc,
+                             attn=attn, dtype=[dtype], mode=[mode], device=device)
+    with err.status(f"{case.label()}: profiling, then running ncu on the top {top} kernels"):
+        table, _ = api.ncu(case, top=top, out_dir=out_dir)
+    if as_json:
+        sys.stdout.write(table.to_json(orient="records") + "\n")
+    else:
+        render_ncu(out, table, case.label())
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 - matmul rate per dtype: a large square GEMM (8192³; random data, not zeros), median of timed repeats;
 - copy bandwidth: a 1 GiB device-to-device copy, counting bytes read plus bytes written;
 - graph kernel interval: the time per kernel when 2,000 tiny kernels replay from one CUDA graph
-  (the least a kernel can cost on this GPU, launch overhead removed);
+  (the least a kernel can cost on this GPU, launch overhead removed), and the gap between them
+  (interval − the tiny kernel's own duration, read with the profiler): what each kernel adds in a graph;
 - eager launch cost: host time per tiny op issued eagerly from Python (what each kernel costs the CPU).
 
 The cache lives in ``$PERFLAB_CACHE_DIR`` (default ``~/.cache/perflab``), file ``ceilings.json``.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 def cache_path() -> Path:
@@ -77,7 +78,11 @@ def copy_gbps(nbytes: int = 2**30, repeats: int = 10) -> float:
     return 2 * nbytes / seconds / 1e9
 
 
-def graph_kernel_interval_us(kernels: int = 2000) -> float:
+def graph_kernel_interval_us(kernels: int = 2000) -> tuple[float, float]:
+    """(start-to-start interval, gap between consecutive kernels), µs, for tiny kernels in a CUDA graph."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
     x = torch.zeros(1, device="cuda")
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -88,8 +93,13 @@ def graph_kernel_interval_us(kernels: int = 2000) -> float:
     with torch.cuda.graph(graph):
         for _ in range(kernels):
             x.add_(1)
-    seconds = _time_cuda(graph.replay, repeats=5)
-    return seconds / kernels * 1e6
+    interval = _time_cuda(graph.replay, repeats=5) / kernels * 1e6
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    gpu_events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.count >= kernels // 2]
+    duration = max(gpu_events, key=lambda e: e.count).device_time if gpu_events else 0.0
+    return interval, max(interval - duration, 0.0)
 
 
 def eager_launch_us(kernels: int = 2000) -> float:
@@ -113,7 +123,7 @@ def measure_ceilings() -> dict:
         "gpu": gpu_key(),
         "matmul_tflops": {dtype: matmul_tflops(dtype) for dtype in ("bf16", "fp16", "tf32", "fp32")},
         "copy_gbps": copy_gbps(),
-        "graph_kernel_interval_us": graph_kernel_interval_us(),
+        **dict(zip(("graph_kernel_interval_us", "graph_kernel_gap_us"), graph_kernel_interval_us())),
         "eager_launch_us": eager_launch_us(),
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

@@ -8,6 +8,7 @@ the TokenReductionPT code the seeds measured.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field, replace
 
@@ -210,19 +211,9 @@ def _init_weights(module: nn.Module) -> None:
         nn.init.zeros_(module.bias)
 
 
-class _NoRange:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_RANGE = _NoRange()
-
-
 def _range(annotate: bool, name: str):
-    return record_function(name) if annotate else _NO_RANGE
+    # nullcontext, not a hand-written no-op class: torch.compile traces through it without a graph break.
+    return record_function(name) if annotate else contextlib.nullcontext()
 
 
 def resample_pos_embed(pos_embed: torch.Tensor, n_patches: int) -> torch.Tensor:

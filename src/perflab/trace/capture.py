@@ -92,7 +92,8 @@ class StepProfiler:
 
     The first ``warmup`` steps are not recorded, the next ``steps`` are, and later ``p.step()`` calls do
     nothing. ``p.step()`` synchronises the GPU (``sync=True``) so that each step window holds its own GPU
-    work. After the block, ``p.trace_path`` is the Kineto trace and ``p.analysis`` its analysis.
+    work. After the block, ``p.trace_path`` is the Kineto trace and ``p.analysis`` its analysis (a
+    TraceReport; None without a GPU, since a CPU-only trace has no GPU time to account for).
     """
 
     def __init__(self, steps: int = 5, warmup: int = 1, out: str | os.PathLike | None = None, sync: bool = True, cuda: bool | None = None):
@@ -142,8 +143,9 @@ class StepProfiler:
                     f"the loop ran {self._count} steps, but {self.warmup} warm-up + {self.steps} profiled steps were asked for; "
                     "call p.step() once per step, or lower steps/warmup"
                 )
-            from perflab.api import analyze
+            if self.cuda:
+                from perflab.api import analyze
 
-            self.analysis = analyze(self.trace_path)
+                self.analysis = analyze(self.trace_path)
         return False
 

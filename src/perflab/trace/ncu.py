@@ -157,12 +157,36 @@ def roofline_class(sm_pct: float, mem_pct: float) -> str:
     return "latency-bound"
 
 
-def summarize_by_kernel(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean metrics per kernel name (several launches of one kernel in the range), with launch counts."""
-    metric_cols = list(METRICS)
-    grouped = df.groupby("kernel_name", sort=False)
-    out = grouped[metric_cols].mean()
-    out["launches"] = grouped.size()
-    out["function"] = grouped["function"].first()
-    out["roofline"] = [roofline_class(s, m) for s, m in zip(out["sm_throughput_pct"], out["memory_throughput_pct"])]
-    return out.reset_index()
+def _name_key(name: str) -> str:
+    # Kineto writes "(anonymous namespace)" where ncu writes "<unnamed>"; spacing differs in places.
+    return re.sub(r"\s+", "", re.sub(r"\(anonymous namespace\)", "<unnamed>", str(name)))
+
+
+def attach_trace_names(launches: pd.DataFrame, step_kernel_names: list[str]) -> pd.DataFrame:
+    """Give each ncu launch (ordered by ID) the kernel-table name of the kernel it profiled.
+
+    ncu profiled the kernels of one step whose function names passed the filter, in launch order; the
+    trace's step, filtered the same way, must list the same functions in the same order. When it does,
+    the launches take the trace's names position by position (ncu demangles differently: lambdas,
+    anonymous namespaces). Otherwise names are matched by a normalised key.
+    """
+    launches = launches.sort_values("id", kind="stable").reset_index(drop=True)
+    wanted = set(launches["function"])
+    sequence = [n for n in step_kernel_names if function_name(n) in wanted][: len(launches)]
+    if len(sequence) == len(launches) and [function_name(n) for n in sequence] == launches["function"].tolist():
+        return launches.assign(full_name=sequence, matched_by="launch order")
+    by_key = {_name_key(n): n for n in step_kernel_names}
+    names = [by_key.get(_name_key(n)) for n in launches["kernel_name"]]
+    return launches.assign(full_name=names, matched_by="name")
+
+
+def join_counters(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
+    """Mean ncu metrics per kernel-table name, joined onto ``kernels`` (rows with ``full_name``).
+
+    ``launches`` went through attach_trace_names. Kernels ncu did not profile keep empty metrics."""
+    named = launches.dropna(subset=["full_name"])
+    grouped = named.groupby("full_name", sort=False)
+    metrics = grouped[list(METRICS)].mean()
+    metrics["launches"] = grouped.size()
+    metrics["roofline"] = [roofline_class(sm, mem) for sm, mem in zip(metrics["sm_throughput_pct"], metrics["memory_throughput_pct"])]
+    return kernels.reset_index(drop=True).merge(metrics, left_on="full_name", right_index=True, how="left")

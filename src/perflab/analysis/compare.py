@@ -1,0 +1,211 @@
+"""Run-to-run comparison that closes exactly: where did the difference in step time come from?
+
+For each step window of a trace (perflab.analysis.accounting), with GPU activities assigned to the window
+in which their launch call started:
+
+    wall = Σ_category GPU time − overlap + host_bound + kernel_gap + other
+
+where GPU time sums activity durations per category, and ``overlap`` = Σ GPU time − busy is the time
+counted twice because activities ran at once on several streams (plus any work that spilled across a
+window edge; 0 for one stream with per-step synchronisation). The identity is exact in integer ns per
+window, so per-step means of A and B give
+
+    Δwall = Σ_category ΔGPU time − Δoverlap + Δhost_bound + Δkernel_gap + Δother
+
+exactly (to float rounding of the means, far below a nanosecond). Steps are matched by position: the first
+min(steps of A, steps of B) windows of each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from perflab.analysis.accounting import IDLE_CAUSES, account, activity_launch_time, step_windows
+from perflab.trace.categories import short_name
+from perflab.trace.schema import Trace
+
+
+@dataclass
+class StepProfile:
+    """Per-step means of one trace over its first ``steps`` windows."""
+
+    steps: int
+    wall_ns: float
+    busy_ns: float
+    idle_ns: dict[str, float]
+    category_ns: dict[str, float]  # GPU time per category (durations summed)
+    overlap_ns: float
+    kernels: float  # kernels (kind kernel) per step
+    kernel_time_ns: float
+    by_name: pd.DataFrame  # short name -> count and time per step
+
+    @property
+    def mean_kernel_ns(self) -> float:
+        return self.kernel_time_ns / self.kernels if self.kernels else 0.0
+
+    def closure_ns(self) -> float:
+        """wall − (Σ GPU time − overlap + Σ idle): 0 up to float rounding."""
+        return self.wall_ns - (sum(self.category_ns.values()) - self.overlap_ns + sum(self.idle_ns.values()))
+
+
+@dataclass
+class Comparison:
+    a: StepProfile
+    b: StepProfile
+    labels: tuple[str, str]
+    delta_wall_ns: float
+    delta_by_category: dict[str, float]
+    delta_overlap_ns: float
+    delta_idle_by_cause: dict[str, float]
+    added_kernels: pd.DataFrame
+    removed_kernels: pd.DataFrame
+    verdict: str
+    batch_size: tuple[int | None, int | None] = (None, None)
+    extra: dict = field(default_factory=dict)
+
+    def closure_ns(self) -> float:
+        parts = sum(self.delta_by_category.values()) - self.delta_overlap_ns + sum(self.delta_idle_by_cause.values())
+        return self.delta_wall_ns - parts
+
+    def seed_table(self) -> pd.DataFrame:
+        """Seed 000's "GPU time vs throughput" table, in per-step units."""
+        rows = []
+        for label, p, batch in zip(self.labels, (self.a, self.b), self.batch_size):
+            rows.append({
+                "configuration": label,
+                "gpu_time_ms_per_step": p.kernel_time_ns / 1e6,
+                "kernels_per_step": p.kernels,
+                "mean_kernel_us": p.mean_kernel_ns / 1e3,
+                "wall_ms_per_step": p.wall_ns / 1e6,
+                "gpu_busy_share": p.busy_ns / p.wall_ns if p.wall_ns else 0.0,
+                "throughput_per_s": (batch * 1e9 / p.wall_ns) if batch and p.wall_ns else None,
+            })
+        return pd.DataFrame(rows)
+
+    def to_dict(self) -> dict:
+        us = lambda ns: ns / 1e3  # noqa: E731
+        return {
+            "labels": list(self.labels),
+            "steps": [self.a.steps, self.b.steps],
+            "wall_us": [us(self.a.wall_ns), us(self.b.wall_ns)],
+            "gpu_busy_us": [us(self.a.busy_ns), us(self.b.busy_ns)],
+            "delta_wall_us": us(self.delta_wall_ns),
+            "delta_by_category": {k: us(v) for k, v in self.delta_by_category.items()},
+            "delta_overlap_us": us(self.delta_overlap_ns),
+            "delta_idle_by_cause": {k: us(v) for k, v in self.delta_idle_by_cause.items()},
+            "closure_ns": self.closure_ns(),
+            "kernels_per_step": [self.a.kernels, self.b.kernels],
+            "mean_kernel_us": [us(self.a.mean_kernel_ns), us(self.b.mean_kernel_ns)],
+            "added_kernels": _records(self.added_kernels),
+            "removed_kernels": _records(self.removed_kernels),
+            "verdict": self.verdict,
+            "table": _records(self.seed_table()),
+        }
+
+
+def step_profile(trace: Trace, steps: int | None = None) -> StepProfile:
+    """Per-step means over the first ``steps`` step windows of ``trace`` (all of them by default)."""
+    kernels = trace.kernels
+    accounting = account(kernels, trace.steps)
+    per_step = accounting.steps
+    windows = step_windows(kernels, trace.steps)
+    n = len(per_step) if steps is None else min(steps, len(per_step))
+    per_step, windows = per_step.iloc[:n], windows.iloc[:n]
+    window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
+    inside = window >= 0
+    acts = kernels[inside]
+    categories = acts.groupby(acts["category"].astype(str), observed=True)["dur_ns"].sum()
+    category_ns = {str(k): float(v) / n for k, v in categories.items() if v}
+    busy = float(per_step["busy_ns"].sum()) / n
+    overlap = sum(category_ns.values()) - busy
+    is_kernel = acts["kind"] == "kernel"
+    names = acts[is_kernel].assign(short=[short_name(str(x)) for x in acts.loc[is_kernel, "name"]])
+    by_name = names.groupby("short").agg(count=("dur_ns", "size"), time_ns=("dur_ns", "sum"))
+    by_name = by_name / n
+    return StepProfile(
+        steps=n,
+        wall_ns=float(per_step["wall_ns"].sum()) / n,
+        busy_ns=busy,
+        idle_ns={cause: float(per_step[f"{cause}_ns"].sum()) / n for cause in IDLE_CAUSES},
+        category_ns=category_ns,
+        overlap_ns=overlap,
+        kernels=float(is_kernel.sum()) / n,
+        kernel_time_ns=float(acts.loc[is_kernel, "dur_ns"].sum()) / n,
+        by_name=by_name,
+    )
+
+
+def window_of_activities(kernels: pd.DataFrame, windows: pd.DataFrame, whole_trace: bool) -> np.ndarray:
+    """For each activity, the index of the window its launch call started in (-1: none)."""
+    if whole_trace:
+        return np.zeros(len(kernels), dtype=np.int64)
+    launched = activity_launch_time(kernels)
+    starts = windows["start_ns"].to_numpy(np.int64)
+    ends = windows["end_ns"].to_numpy(np.int64)
+    window = np.searchsorted(starts, launched, side="right") - 1
+    inside = (window >= 0) & (launched < ends[np.maximum(window, 0)])
+    return np.where(inside, window, -1)
+
+
+def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), batch_size: tuple[int | None, int | None] = (None, None)) -> Comparison:
+    steps = min(_step_count(a), _step_count(b))
+    pa, pb = step_profile(a, steps), step_profile(b, steps)
+    return compare_profiles(pa, pb, labels, batch_size)
+
+
+def _step_count(trace: Trace) -> int:
+    return max(len(trace.steps), 1)
+
+
+def compare_profiles(pa: StepProfile, pb: StepProfile, labels=("A", "B"), batch_size=(None, None)) -> Comparison:
+    categories = sorted(set(pa.category_ns) | set(pb.category_ns))
+    delta_cat = {c: pb.category_ns.get(c, 0.0) - pa.category_ns.get(c, 0.0) for c in categories}
+    delta_idle = {cause: pb.idle_ns[cause] - pa.idle_ns[cause] for cause in IDLE_CAUSES}
+    names = pa.by_name.merge(pb.by_name, how="outer", left_index=True, right_index=True, suffixes=("_a", "_b")).fillna(0.0)
+    names["delta_count"] = names["count_b"] - names["count_a"]
+    names["delta_time_ns"] = names["time_ns_b"] - names["time_ns_a"]
+    names = names.reset_index().rename(columns={"short": "name"})
+    added = names[names["delta_count"] > 0].sort_values(["delta_count", "delta_time_ns"], ascending=False).reset_index(drop=True)
+    removed = names[names["delta_count"] < 0].sort_values(["delta_count", "delta_time_ns"]).reset_index(drop=True)
+    comparison = Comparison(
+        a=pa, b=pb, labels=tuple(labels), delta_wall_ns=pb.wall_ns - pa.wall_ns, delta_by_category=delta_cat,
+        delta_overlap_ns=pb.overlap_ns - pa.overlap_ns, delta_idle_by_cause=delta_idle, added_kernels=added,
+        removed_kernels=removed, verdict="", batch_size=tuple(batch_size),
+    )
+    comparison.verdict = verdict(comparison)
+    return comparison
+
+
+def verdict(c: Comparison) -> str:
+    """One sentence, in numbers, of why B's step is longer or shorter than A's."""
+    a_label, b_label = c.labels
+    ms = lambda ns: f"{abs(ns) / 1e6:.3g} ms"  # noqa: E731
+    d_busy = c.b.busy_ns - c.a.busy_ns
+    d_host = c.delta_idle_by_cause["host_bound"]
+    d_kernels = c.b.kernels - c.a.kernels
+    movers = sorted(c.delta_by_category.items(), key=lambda kv: kv[1])
+    savings = [(k, v) for k, v in movers if v < 0][:2]
+    costs = [(k, v) for k, v in reversed(movers) if v > 0][:2]
+    saved = ", ".join(f"{k} −{ms(v)}" for k, v in savings)
+    added = ", ".join(f"{k} +{ms(v)}" for k, v in costs)
+    launches = f"{abs(d_kernels):.0f} {'more' if d_kernels >= 0 else 'fewer'} kernels per step"
+    direction = "slower" if c.delta_wall_ns > 0 else "faster"
+    head = f"{b_label} is {ms(c.delta_wall_ns)} per step {direction} than {a_label}"
+    if c.delta_wall_ns > 0 and d_busy < 0 and d_host > 0:
+        return (f"{head}: it saves {ms(d_busy)} of GPU time ({saved}) but adds {ms(d_host)} of host-bound idle "
+                f"with {launches}: launch-bound (the GPU waits for the CPU).")
+    if c.delta_wall_ns > 0:
+        cause = "launch-bound" if d_host > d_busy else "GPU-bound"
+        return f"{head}: GPU time {'+' if d_busy >= 0 else '−'}{ms(d_busy)} ({added or saved}), host-bound idle {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}: {cause}."
+    gpu = f"it saves {ms(d_busy)} of GPU time ({saved})" if d_busy < 0 else f"its GPU time grows by {ms(d_busy)} ({added})"
+    return f"{head}: {gpu}; host-bound idle {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}."
+
+
+def _records(frame: pd.DataFrame) -> list[dict]:
+    out = []
+    for rec in frame.to_dict(orient="records"):
+        out.append({k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in rec.items()})
+    return out

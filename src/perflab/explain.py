@@ -1,0 +1,211 @@
+"""``perflab explain``: why a case takes the time it takes, what would make it faster, and a check.
+
+For each case (and the ``--vs`` case):
+1. the untraced eager median (the harness, no profiler);
+2. a profiled eager pass → exact accounting per step, and the profiler's inflation;
+3. floors (compute, memory, launch, host) from the FLOPs, the bytes, the kernels per step, the CPU time
+   to issue a step, and this GPU's measured ceilings; the binding floor names the limit;
+4. predictions for other modes, from the eager trace:
+   - cudagraph: every kernel of a step replayed back to back: its duration plus the gap a graph leaves
+     between kernels, and at least the minimal kernel interval, both measured on this GPU:
+     Σ max(duration + gap, interval). No host time: one graph launch per step.
+   - compile:reduce-overhead: the same graph model after fusion: GEMM, attention and selection kernels
+     unchanged, the memory-bound "glue" kernels (elementwise, copy/cast, norm, softmax, reduction,
+     triton-fused) assumed fused two into one (half the kernels, half their time). A heuristic; the
+     table shows its error.
+5. those modes measured with the untraced harness, prediction against measurement;
+6. fixes (modes) ranked by measured gain over eager.
+With ``--vs``, the two eager traces are compared with the exact decomposition (perflab.analysis.compare).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile, window_of_activities
+from perflab.analysis.accounting import step_windows
+from perflab.analysis.floors import Floors, compute_floors, vit_min_bytes
+from perflab.errors import PerflabError
+from perflab.spec import Case
+
+GLUE_CATEGORIES = {"elementwise", "copy/cast", "norm", "softmax", "reduction", "triton-fused", "memset"}
+PREDICTED_MODES = ("cudagraph", "compile:reduce-overhead")
+
+
+@dataclass
+class CaseExplanation:
+    case: Case
+    eager_row: dict
+    trace_path: Path
+    profile: StepProfile
+    traced_step_ms: float
+    inflation: float
+    floors: Floors
+    host_issue_ms: float
+    predictions_ms: dict[str, float]
+    measured: dict[str, dict] = field(default_factory=dict)  # mode -> result row
+
+    @property
+    def eager_ms(self) -> float:
+        return self.eager_row["median_ms"]
+
+    def fixes(self) -> list[dict]:
+        """Modes ranked by measured gain over eager (faster first)."""
+        out = []
+        for mode, row in self.measured.items():
+            if row.get("status") != "ok":
+                out.append(dict(mode=mode, measured_ms=None, speedup=None, status=row.get("status"), message=row.get("message")))
+                continue
+            out.append(dict(mode=mode, measured_ms=row["median_ms"], speedup=self.eager_ms / row["median_ms"], predicted_ms=self.predictions_ms.get(mode), status="ok"))
+        return sorted(out, key=lambda f: -(f["speedup"] or 0))
+
+    def to_dict(self) -> dict:
+        return {
+            "case": self.case.to_dict(),
+            "label": self.case.label(),
+            "eager_ms": self.eager_ms,
+            "traced_step_ms": self.traced_step_ms,
+            "profiler_inflation": self.inflation,
+            "trace": str(self.trace_path),
+            "per_step": {
+                "wall_us": self.profile.wall_ns / 1e3,
+                "gpu_busy_us": self.profile.busy_ns / 1e3,
+                "idle_by_cause_us": {k: v / 1e3 for k, v in self.profile.idle_ns.items()},
+                "kernels": self.profile.kernels,
+                "mean_kernel_us": self.profile.mean_kernel_ns / 1e3,
+                "category_us": {k: v / 1e3 for k, v in self.profile.category_ns.items()},
+            },
+            "host_issue_ms": self.host_issue_ms,
+            "floors": self.floors.to_dict(),
+            "predictions_ms": self.predictions_ms,
+            "measured_ms": {m: r.get("median_ms") for m, r in self.measured.items()},
+            "fixes": self.fixes(),
+        }
+
+
+@dataclass
+class Explanation:
+    cases: list[CaseExplanation]
+    comparison: Comparison | None
+    ceilings: dict
+
+    def to_dict(self) -> dict:
+        return {
+            "cases": [c.to_dict() for c in self.cases],
+            "compare": self.comparison.to_dict() if self.comparison else None,
+            "ceilings": self.ceilings,
+        }
+
+
+def host_issue_ms(trace) -> float:
+    """Median over steps of the CPU time to issue one step: step start → end of its last launch call."""
+    kernels = trace.kernels
+    windows = step_windows(kernels, trace.steps)
+    window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
+    launch_end = kernels["launch_end_ns"].to_numpy()
+    starts = windows["start_ns"].to_numpy()
+    issue = []
+    for w in range(len(windows)):
+        ends = launch_end[(window == w) & (launch_end >= 0)]
+        if len(ends):
+            issue.append(ends.max() - starts[w])
+    return float(np.median(issue)) / 1e6 if issue else 0.0
+
+
+def predict_modes(trace, interval_us: float, gap_us: float) -> dict[str, float]:
+    """Predicted ms per step under CUDA graphs and compile:reduce-overhead (see the module docstring)."""
+    kernels = trace.kernels
+    windows = step_windows(kernels, trace.steps)
+    window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
+    n_steps = max(len(windows), 1)
+    acts = kernels[window >= 0]
+    interval_ns, gap_ns = interval_us * 1e3, gap_us * 1e3
+    dur = acts["dur_ns"].to_numpy().astype(float)
+    graph = np.maximum(dur + gap_ns, interval_ns).sum() / n_steps
+    glue = acts["category"].astype(str).isin(GLUE_CATEGORIES).to_numpy()
+    kept = np.maximum(dur[~glue] + gap_ns, interval_ns).sum()
+    glue_time, glue_count = dur[glue].sum() / 2, glue.sum() / 2
+    fused = kept + max(glue_time + glue_count * gap_ns, glue_count * interval_ns)
+    return {"cudagraph": graph / 1e6, "compile:reduce-overhead": fused / n_steps / 1e6}
+
+
+def min_bytes(case: Case, row: dict) -> float:
+    """Weights plus minimal activation traffic for a ViT case (weights and input/output otherwise)."""
+    from perflab.models.registry import parse_model_name, vit_config_for
+
+    weight_bytes = 2 if case.dtype in ("bf16", "fp16") else 4
+    params = int(row.get("params") or 0)
+    name = parse_model_name(case.model)
+    inputs = case.batch_size * 3 * case.input_size**2
+    if name.family != "vit":
+        return params * weight_bytes + 4 * inputs
+    cfg = vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn)
+    schedule = row.get("tokens") or [cfg.n_patches + 1]
+    locations = sorted(i for i, _ in cfg.reduction)
+    per_block, stage = [], 0
+    for i in range(cfg.depth):
+        if stage < len(locations) and i == locations[stage]:
+            stage += 1
+        per_block.append(schedule[min(stage, len(schedule) - 1)])
+    return vit_min_bytes(params=params, weight_bytes=weight_bytes, batch=case.batch_size, tokens_per_block=per_block, dim=cfg.dim,
+                         act_bytes=4, input_elems=inputs, output_elems=case.batch_size * cfg.num_classes)
+
+
+def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_case, profile_case, load_trace, on_stage) -> CaseExplanation:
+    eager = replace(case, mode="eager")
+    on_stage(f"{case.label()}: timing eager")
+    row = run_case(eager)
+    if row["status"] != "ok":
+        raise PerflabError(f"{eager.label()} could not be measured ({row['status']}: {row.get('message')})")
+    trace_path = out_dir / f"{case.id}_eager.json.gz"
+    on_stage(f"{case.label()}: profiling eager")
+    profile_case(eager, trace_path, steps=steps)
+    trace = load_trace(trace_path)
+    prof = step_profile(trace)
+    traced_ms = prof.wall_ns / 1e6
+    issue_ms = host_issue_ms(trace)
+    interval = ceilings["graph_kernel_interval_us"]
+    floors = compute_floors(
+        measured_ms=row["median_ms"],
+        flops_per_step=row["gflops_per_batch"] * 1e9,
+        matmul_tflops=ceilings["matmul_tflops"][case.dtype],
+        bytes_per_step=min_bytes(case, row),
+        copy_gbps=ceilings["copy_gbps"],
+        kernels_per_step=prof.kernels,
+        kernel_interval_us=interval,
+        host_issue_ms=issue_ms,
+    )
+    explanation = CaseExplanation(
+        case=case, eager_row=row, trace_path=trace_path, profile=prof, traced_step_ms=traced_ms,
+        inflation=traced_ms / row["median_ms"], floors=floors, host_issue_ms=issue_ms,
+        predictions_ms=predict_modes(trace, interval, ceilings["graph_kernel_gap_us"]),
+    )
+    explanation.trace = trace
+    for mode in modes:
+        on_stage(f"{case.label()}: measuring {mode}")
+        explanation.measured[mode] = run_case(replace(case, mode=mode))
+    return explanation
+
+
+def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None) -> Explanation:
+    if case.device != "cuda":
+        raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
+    from perflab.measure.ceilings import get_ceilings
+    from perflab.measure.harness import run_case
+    from perflab.trace.capture import profile_case
+    from perflab.trace.load import load_trace
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    on_stage("measuring this GPU's ceilings (cached after the first time)")
+    ceilings = get_ceilings()
+    cases = [case] + ([vs] if vs is not None else [])
+    explained = [explain_case(c, out_dir, ceilings, steps, modes, run_case, profile_case, load_trace, on_stage) for c in cases]
+    comparison = None
+    if vs is not None:
+        base, variant = explained[1], explained[0]
+        comparison = compare_traces(base.trace, variant.trace, (vs.label(), case.label()), (vs.batch_size, case.batch_size))
+    return Explanation(explained, comparison, ceilings)

@@ -1,0 +1,119 @@
+"""Terminal rendering of compare, explain and ncu results (rich)."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.4f}"
+
+
+def _signed_ms(ns: float) -> str:
+    return f"{ns / 1e6:+.4f}"
+
+
+def render_comparison(console, c) -> None:
+    a, b = c.labels
+    table = Table(title=f"Per step: {b} − {a} (ms; exact decomposition)", header_style="bold")
+    for col in ("term", a, b, "Δ"):
+        table.add_column(col, justify="left" if col == "term" else "right")
+    table.add_row("[bold]wall[/bold]", _ms(c.a.wall_ns), _ms(c.b.wall_ns), _signed_ms(c.delta_wall_ns))
+    for cat, delta in sorted(c.delta_by_category.items(), key=lambda kv: -abs(kv[1])):
+        table.add_row(f"  GPU time: {cat}", _ms(c.a.category_ns.get(cat, 0.0)), _ms(c.b.category_ns.get(cat, 0.0)), _signed_ms(delta))
+    if c.a.overlap_ns or c.b.overlap_ns:
+        table.add_row("  − overlap (streams / spill)", _ms(-c.a.overlap_ns), _ms(-c.b.overlap_ns), _signed_ms(-c.delta_overlap_ns))
+    for cause, delta in c.delta_idle_by_cause.items():
+        table.add_row(f"  idle: {cause.replace('_', ' ')}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta))
+    table.add_row("closure (wall − Σ terms)", "", "", f"{c.closure_ns():.2g} ns")
+    console.print(table)
+
+    seed = c.seed_table()
+    t2 = Table(title="GPU time vs throughput (seed 000's table, per step)", header_style="bold")
+    for col in ("configuration", "GPU time ms", "kernels", "mean kernel µs", "wall ms", "GPU busy", "img/s"):
+        t2.add_column(col, justify="left" if col == "configuration" else "right")
+    for r in seed.to_dict(orient="records"):
+        tp = r["throughput_per_s"]
+        t2.add_row(r["configuration"], f"{r['gpu_time_ms_per_step']:.4f}", f"{r['kernels_per_step']:.0f}", f"{r['mean_kernel_us']:.2f}",
+                   f"{r['wall_ms_per_step']:.4f}", f"{r['gpu_busy_share']:.0%}", f"{tp:.1f}" if tp is not None and not math.isnan(tp) else "–")
+    console.print(t2)
+
+    for title, frame in (("kernels added per step", c.added_kernels), ("kernels removed per step", c.removed_kernels)):
+        if len(frame):
+            t3 = Table(title=f"{title} ({b} vs {a})", header_style="bold")
+            for col in ("kernel", "Δ count", "Δ time µs"):
+                t3.add_column(col, justify="left" if col == "kernel" else "right")
+            for r in frame.head(10).to_dict(orient="records"):
+                t3.add_row(str(r["name"])[:90], f"{r['delta_count']:+.0f}", f"{r['delta_time_ns'] / 1e3:+.2f}")
+            console.print(t3)
+    console.print(f"[bold]Verdict:[/bold] {c.verdict}")
+
+
+def render_explanation(console, e) -> None:
+    for ce in e.cases:
+        console.rule(ce.case.label())
+        p = ce.profile
+        console.print(
+            f"untraced eager median {ce.eager_ms:.4f} ms · traced step {ce.traced_step_ms:.4f} ms (profiler inflation ×{ce.inflation:.2f}) · "
+            f"{p.kernels:.0f} kernels/step, mean {p.mean_kernel_ns / 1e3:.2f} µs · GPU busy {p.busy_ns / p.wall_ns:.0%} of the traced step"
+        )
+        idle = ", ".join(f"{k.replace('_', ' ')} {v / 1e6:.4f} ms" for k, v in p.idle_ns.items())
+        console.print(f"per traced step: wall {p.wall_ns / 1e6:.4f} ms = GPU busy {p.busy_ns / 1e6:.4f} ms + idle ({idle})")
+        f = ce.floors
+        t = Table(title="Floors (ms per step) and how far the eager step is from each", header_style="bold")
+        for col in ("floor", "ms", "measured ÷ floor"):
+            t.add_column(col, justify="left" if col == "floor" else "right")
+        labels = {"compute": "compute (FLOPs ÷ peak matmul)", "memory": "memory (bytes ÷ copy bandwidth)",
+                  "launch": "launch (kernels × min interval)", "host": "host (CPU time to issue a step)"}
+        ratios = f.ratios()
+        for name, ms in f.by_name.items():
+            mark = " ◀ binding" if name == f.binding else ""
+            t.add_row(labels[name] + mark, f"{ms:.4f}", f"{ratios[name]:.1f}×")
+        console.print(t)
+        console.print(f"[bold]{f.verdict}[/bold] (binding floor: {f.binding})")
+        t = Table(title="Predicted vs measured (untraced harness)", header_style="bold")
+        for col in ("mode", "predicted ms", "measured ms", "error", "speedup vs eager"):
+            t.add_column(col, justify="left" if col == "mode" else "right")
+        t.add_row("eager", "–", f"{ce.eager_ms:.4f}", "–", "1.00×")
+        for mode, row in ce.measured.items():
+            pred = ce.predictions_ms.get(mode)
+            if row.get("status") != "ok":
+                t.add_row(mode, f"{pred:.4f}" if pred else "–", f"{row.get('status')}: {row.get('message')}", "–", "–")
+                continue
+            err = f"{(pred / row['median_ms'] - 1):+.1%}" if pred else "–"
+            t.add_row(mode, f"{pred:.4f}" if pred else "–", f"{row['median_ms']:.4f}", err, f"{ce.eager_ms / row['median_ms']:.2f}×")
+        console.print(t)
+        fixes = [fx for fx in ce.fixes() if fx.get("speedup")]
+        if fixes:
+            ranked = "; ".join(f"{i + 1}. {fx['mode']} {fx['speedup']:.2f}× ({fx['measured_ms']:.4f} ms)" for i, fx in enumerate(fixes))
+            console.print(f"[bold]Fixes ranked by measured gain:[/bold] {ranked}")
+    if e.comparison is not None:
+        console.rule("comparison (eager traces)")
+        render_comparison(console, e.comparison)
+
+
+def render_ncu(console, table, label: str) -> None:
+    t = Table(title=f"Nsight Compute: top kernels of {label}", header_style="bold")
+    cols = [("kernel", "name"), ("category", "category"), ("share", "share"), ("ncu µs", "duration_ns"), ("SM %", "sm_throughput_pct"),
+            ("mem %", "memory_throughput_pct"), ("DRAM %", "dram_throughput_pct"), ("occupancy %", "achieved_occupancy_pct"),
+            ("L1 hit %", "l1_hit_rate_pct"), ("L2 hit %", "l2_hit_rate_pct"), ("class", "roofline")]
+    for title, _ in cols:
+        t.add_column(title, justify="left" if title in ("kernel", "category", "class") else "right")
+    for r in table.to_dict(orient="records"):
+        cells = []
+        for _, key in cols:
+            v = r.get(key)
+            if key == "name":
+                cells.append(str(v)[:70])
+            elif key == "share":
+                cells.append(f"{v:.1%}")
+            elif key == "duration_ns":
+                cells.append("–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v / 1e3:.2f}")
+            elif isinstance(v, float):
+                cells.append("–" if math.isnan(v) else f"{v:.1f}")
+            else:
+                cells.append("–" if v is None else str(v))
+        t.add_row(*cells)
+    console.print(t)

@@ -1,0 +1,60 @@
+"""profile, explain and ncu on a real GPU (DeiT-B, the seed's settings)."""
+
+import math
+
+import pytest
+import torch
+
+from perflab import api
+from perflab.spec import Case, validate_case
+
+TOPK = dict(keep_rate=(0.1,), reduction_loc=(3, 6, 9))
+
+
+def test_profile_deit_b_bs1_bf16_eager_is_launch_bound_and_reports_inflation(tmp_path):
+    case = validate_case(Case("deit_base_patch16_224", dtype="bf16", device="cuda"))
+    result = api.profile_case(case, tmp_path, steps=5)
+    report = result["report"]
+    assert result["inflation"] > 1.0  # the profiler slows a launch-bound step down
+    assert report.verdict.launch_bound, report.verdict
+    assert len(report.steps) == 5
+    kernels = report.kernels
+    assert (kernels["launch_api"].astype(str) != "").all()  # every activity linked to its launch
+    ranges = set(kernels["range"].astype(str))
+    assert {"block3.attn", "block3.mlp", "block11.mlp", "patch_embed", "head"} <= ranges
+    identity = report.steps["busy_ns"] + report.steps["host_bound_ns"] + report.steps["kernel_gap_ns"] + report.steps["other_ns"]
+    assert (identity == report.steps["wall_ns"]).all()
+
+
+def test_profile_context_manager_on_a_user_loop(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 10)).cuda()
+    x = torch.randn(32, 256, device="cuda")
+    with api.profile(steps=4, out=tmp_path / "loop.json.gz") as p:
+        for _ in range(8):
+            model(x).sum().backward()
+            p.step()
+    assert len(p.analysis.steps) == 4
+    assert p.analysis.kernel_stats.kernels > 4 * 5
+
+
+def test_explain_predicts_cuda_graph_time_within_15_percent(tmp_path):
+    case, base = api.make_cases(model=["topk_deit_base_patch16_224", "deit_base_patch16_224"], dtype=["bf16"], device="cuda", keep_rate=[0.1], reduction_loc=[3, 6, 9])
+    result = api.explain(case, base, out_dir=tmp_path, modes=["cudagraph"])
+    for ce in result.cases:
+        measured = ce.measured["cudagraph"]["median_ms"]
+        predicted = ce.predictions_ms["cudagraph"]
+        assert abs(predicted / measured - 1) < 0.15, (ce.case.label(), predicted, measured)
+        assert ce.floors.verdict == "launch-bound"
+    assert abs(result.comparison.closure_ns()) < 1e-3
+    assert result.comparison.b.kernels > result.comparison.a.kernels  # top-k adds kernels
+
+
+def test_ncu_reads_every_metric_for_at_least_5_kernels(tmp_path):
+    from perflab.trace.ncu import METRICS
+
+    case = validate_case(Case("deit_base_patch16_224", dtype="bf16", device="cuda"))
+    table, _ = api.ncu(case, top=8, out_dir=tmp_path)
+    complete = table.dropna(subset=list(METRICS))
+    assert len(complete) >= 5, table
+    assert all(not math.isnan(v) for v in complete["duration_ns"])
+    assert set(complete["roofline"]) <= {"compute-bound", "memory-bound", "latency-bound"}

@@ -1,0 +1,52 @@
+"""Recording traces: perflab's profiled pass and the context manager for a user's loop (CPU here)."""
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from perflab.errors import PerflabError
+from perflab.trace.capture import StepProfiler, record_steps
+from perflab.trace.load import load_trace
+
+
+def annotations(path):
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    return [e["name"] for e in events if e.get("cat") == "user_annotation"]
+
+
+def test_record_steps_writes_exactly_the_profiled_steps(tmp_path):
+    lin = torch.nn.Linear(32, 32)
+    x = torch.randn(4, 32)
+    path = tmp_path / "t.json.gz"
+    record_steps(lambda: lin(x), path, "cpu", steps=3, warmup=1)
+    names = annotations(path)
+    assert names.count("step") == 3
+    assert sorted(n for n in names if n.startswith("ProfilerStep")) == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
+
+
+def test_a_cpu_only_trace_is_refused_with_a_clear_message(tmp_path):
+    path = tmp_path / "cpu.json.gz"
+    record_steps(lambda: torch.randn(8, 8) @ torch.randn(8, 8), path, "cpu", steps=2)
+    with pytest.raises(PerflabError, match="no GPU activity"):
+        load_trace(path)
+
+
+def test_step_profiler_records_the_loop_and_ignores_extra_steps(tmp_path):
+    path = tmp_path / "loop.json.gz"
+    with StepProfiler(steps=2, warmup=1, out=path, cuda=False) as p:
+        for _ in range(6):
+            torch.randn(16, 16).sum()
+            p.step()
+    assert path.exists()
+    assert annotations(path).count("step") == 2
+    assert p.analysis is None  # no GPU: nothing to account for, and no error
+
+
+def test_step_profiler_says_when_the_loop_was_too_short(tmp_path):
+    with pytest.raises(PerflabError, match="the loop ran 2 steps"):
+        with StepProfiler(steps=5, warmup=1, out=tmp_path / "x.json.gz", cuda=False) as p:
+            for _ in range(2):
+                p.step()
