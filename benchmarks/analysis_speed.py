@@ -1,0 +1,368 @@
+"""How fast is ``perflab analyze`` on a large Kineto trace, and how much memory does it take?
+
+    PYTHONPATH=src python benchmarks/analysis_speed.py [--kernels 1000000] [--hta-python /tmp/hta-venv/bin/python]
+
+Writes a realistic Kineto trace (plain .json, in the exact layout torch.profiler's export_chrome_trace
+writes: CPU ops and annotations first, then the CUPTI activities with their ac2g flow events, then the
+metadata) with ``--kernels`` kernels into a temporary directory, then runs ``perflab analyze --json`` on
+it in a subprocess and reports the wall time and the peak RSS of that subprocess. With ``--hta-python``
+it does the same for Holistic Trace Analysis (``TraceAnalysis`` + ``get_temporal_breakdown`` +
+``get_gpu_kernel_breakdown``) run by that interpreter. The trace is deleted afterwards unless ``--keep``.
+
+The trace models a ViT-like eager inference loop: every step is a ``ProfilerStep#N`` and a ``step``
+annotation around 12 blocks annotated ``blockI.attn`` / ``blockI.mlp``; each kernel has one ``cpu_op``
+(with record_shapes arguments), one launch call (``cudaLaunchKernel`` through ``cuda_runtime``, or
+``cuLaunchKernelEx`` through ``cuda_driver`` for the nvjet GEMMs, as cuBLAS does on Hopper), an ``s``
+and an ``f`` flow event, and the kernel itself; one ``cudaMemcpyAsync`` (DtoH) and a
+``cudaDeviceSynchronize`` end each step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HEADER = """
+  {
+    "schemaVersion": 1,
+    "deviceProperties": [
+    {
+      "id": 0, "name": "NVIDIA H200", "totalGlobalMem": 150109880320,
+      "computeMajor": 9, "computeMinor": 0,
+      "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048,
+      "regsPerBlock": 65536, "warpSize": 32,
+      "sharedMemPerBlock": 49152, "numSms": 132
+    , "regsPerMultiprocessor": 65536, "sharedMemPerBlockOptin": 232448, "sharedMemPerMultiprocessor": 233472
+    }
+    ],
+      "trace_id": "0123456789ABCDEF0123456789ABCDEF",
+      "record_shapes": 1,
+      "cuda_driver_version": 13000,
+      "cuda_runtime_version": 13000,
+      "cupti_version": 130001,
+  "displayTimeUnit": "ms",
+  "baseTimeNanoseconds": 1790857026000000000,
+  "traceEvents": [
+"""
+
+FOOTER_TEMPLATE = """  {{
+    "name": "process_name", "ph": "M", "ts": {ts}, "pid": 401, "tid": 0,
+    "args": {{
+      "name": "python3"
+    }}
+  }},
+  {{
+    "name": "thread_name", "ph": "M", "ts": {ts}, "pid": 0, "tid": 7,
+    "args": {{
+      "name": "stream 7 "
+    }}
+  }},
+  {{
+    "ph": "X", "cat": "Trace", "ts": {ts}, "dur": {dur},
+    "pid": "Spans", "tid": "PyTorch Profiler",
+    "name": "PyTorch Profiler (0)",
+    "args": {{
+      "Op count": 0
+    }}
+  }},
+  {{
+    "name": "Iteration Start: PyTorch Profiler", "ph": "i", "s": "g",
+    "pid": "Traces", "tid": "Trace PyTorch Profiler", "ts": {ts}
+  }},
+  {{
+    "name": "Record Window End", "ph": "i", "s": "g",
+    "pid": "", "tid": "", "ts": {end}
+  }}
+  ],
+  "traceName": "/tmp/synthetic_trace.json"
+}}"""
+
+ELEMENTWISE_ADD = (
+    "void at::native::vectorized_elementwise_kernel<8, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul> >"
+    "(int, at::native::CUDAFunctor_add<c10::BFloat16>, std::array<char*, 3ul>)"
+)
+GELU = (
+    "void at::native::vectorized_elementwise_kernel<8, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)"
+    "::{lambda()#2}::operator()() const::{lambda()#4}::operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul> >(int, "
+    "at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#4}"
+    "::operator()() const::{lambda(c10::BFloat16)#1}, std::array<char*, 2ul>)"
+)
+LAYER_NORM = (
+    "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, false>(int, float, "
+    "c10::BFloat16 const*, c10::BFloat16 const*, c10::BFloat16 const*, float*, float*, c10::BFloat16*)"
+)
+SDPA = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0"
+QKV_GEMM = "nvjet_sm90_tst_16x64_64x16_4x2_h_bz_bias_TNN"
+PROJ_GEMM = "nvjet_sm90_tst_64x8_64x16_1x4_h_bz_bias_TNT"
+FC1_GEMM = "nvjet_sm90_tst_64x40_64x16_2x4_h_bz_bias_TNT"
+FC2_GEMM = "nvjet_sm90_tst_56x64_64x14_2x4_h_bz_bias_TNN"
+
+# (annotation, cpu op, kernel name, launch api, kernel µs, grid, block): one ViT block, in launch order
+BLOCK = [
+    ("attn", "aten::layer_norm", LAYER_NORM, "cudaLaunchKernel", 2.2, (197, 1, 1), (128, 1, 1)),
+    ("attn", "aten::linear", QKV_GEMM, "cuLaunchKernelEx", 9.5, (2, 63, 1), (384, 1, 1)),
+    ("attn", "aten::scaled_dot_product_attention", SDPA, "cudaLaunchKernel", 7.1, (2, 3, 1), (384, 1, 1)),
+    ("attn", "aten::linear", PROJ_GEMM, "cuLaunchKernelEx", 4.4, (4, 27, 1), (384, 1, 1)),
+    ("attn", "aten::add", ELEMENTWISE_ADD, "cudaLaunchKernel", 1.4, (144, 1, 1), (128, 1, 1)),
+    ("mlp", "aten::layer_norm", LAYER_NORM, "cudaLaunchKernel", 2.2, (197, 1, 1), (128, 1, 1)),
+    ("mlp", "aten::linear", FC1_GEMM, "cuLaunchKernelEx", 12.3, (8, 27, 1), (384, 1, 1)),
+    ("mlp", "aten::gelu", GELU, "cudaLaunchKernel", 2.9, (576, 1, 1), (128, 1, 1)),
+    ("mlp", "aten::linear", FC2_GEMM, "cuLaunchKernelEx", 11.7, (4, 27, 1), (384, 1, 1)),
+    ("mlp", "aten::add", ELEMENTWISE_ADD, "cudaLaunchKernel", 1.4, (144, 1, 1), (128, 1, 1)),
+]
+BLOCKS_PER_STEP = 12
+KERNELS_PER_STEP = len(BLOCK) * BLOCKS_PER_STEP
+CBID = {"cudaLaunchKernel": 211, "cuLaunchKernelEx": 652, "cudaMemcpyAsync": 41, "cudaDeviceSynchronize": 165}
+PID, TID, STREAM = 401, 401, 7
+T0_NS = 4382075239886273
+
+
+def us(ns: int) -> str:
+    """Kineto writes µs with exactly three decimals."""
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+class KinetoWriter:
+    """Emits events in Kineto's text layout; CPU events and GPU activities go to separate buffers, as in Kineto."""
+
+    def __init__(self, cpu_file, gpu_file):
+        self.cpu, self.gpu = cpu_file, gpu_file
+        self.external_id = 0
+        self.ev_idx = 0
+
+    def next_external(self) -> int:
+        self.external_id += 1
+        return self.external_id
+
+    def annotation(self, name: str, start: int, end: int) -> None:
+        self.cpu.write(
+            f'  {{\n    "ph": "X", "cat": "user_annotation", "name": "{name}", "pid": {PID}, "tid": {TID},\n'
+            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'      "External id": {self.next_external()},"Record function id": 0, "Ev Idx": {self.ev_idx}\n    }}\n  }},\n'
+        )
+        self.ev_idx += 1
+
+    def cpu_op(self, name: str, start: int, end: int, external: int) -> None:
+        self.cpu.write(
+            f'  {{\n    "ph": "X", "cat": "cpu_op", "name": "{name}", "pid": {PID}, "tid": {TID},\n'
+            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'      "External id": {external},"Record function id": 0, "Concrete Inputs": ["", "", ""], '
+            f'"Input type": ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"], "Input Strides": [[75648, 384, 1], [384, 1], [1]], '
+            f'"Input Dims": [[1, 197, 384], [1152, 384], [1152]], "Ev Idx": {self.ev_idx}\n    }}\n  }},\n'
+        )
+        self.ev_idx += 1
+
+    def api_call(self, cat: str, name: str, start: int, end: int, external: int, correlation: int, flow: bool) -> None:
+        text = (
+            f'  {{\n    "ph": "X", "cat": "{cat}", "name": "{name}", "pid": {PID}, "tid": {TID},\n'
+            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'      "External id": {external},      "cbid": {CBID[name]}, "correlation": {correlation}\n    }}\n  }},\n'
+        )
+        if flow:
+            text += (
+                f'  {{\n    "ph": "s", "id": {correlation}, "pid": {PID}, "tid": {TID}, "ts": {us(start)},\n'
+                f'    "cat": "ac2g", "name": "ac2g"\n  }},\n'
+            )
+        self.gpu.write(text)
+
+    def kernel(self, name: str, start: int, end: int, external: int, correlation: int, grid, block) -> None:
+        self.gpu.write(
+            f'  {{\n    "ph": "X", "cat": "kernel", "name": "{name}", "pid": 0, "tid": {STREAM},\n'
+            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'      "External id": {external},      "queued": 0, "device": 0, "context": 1,      "stream": {STREAM}, '
+            f'"correlation": {correlation},      "registers per thread": 168,      "shared memory": 164308,      '
+            f'"blocks per SM": 0.954545,      "warps per SM": 11.454545,      "grid": [{grid[0]}, {grid[1]}, {grid[2]}],      '
+            f'"block": [{block[0]}, {block[1]}, {block[2]}],      "est. achieved occupancy %": 0\n    }}\n  }},\n'
+            f'  {{\n    "ph": "f", "id": {correlation}, "pid": 0, "tid": {STREAM}, "ts": {us(start)},\n'
+            f'    "cat": "ac2g", "name": "ac2g", "bp": "e"\n  }},\n'
+        )
+
+    def memcpy(self, start: int, end: int, external: int, correlation: int) -> None:
+        self.gpu.write(
+            f'  {{\n    "ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0, "tid": {STREAM},\n'
+            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'      "External id": {external},      "device": 0, "context": 1,      "stream": {STREAM}, '
+            f'"correlation": {correlation},      "bytes": 4, "memory bandwidth (GB/s)": 0.005\n    }}\n  }},\n'
+            f'  {{\n    "ph": "f", "id": {correlation}, "pid": 0, "tid": {STREAM}, "ts": {us(start)},\n'
+            f'    "cat": "ac2g", "name": "ac2g", "bp": "e"\n  }},\n'
+        )
+
+
+def write_synthetic_kineto(path: Path, n_kernels: int, seed: int = 0, blocks_per_step: int = BLOCKS_PER_STEP) -> dict:
+    """Write a Kineto trace with exactly ``n_kernels`` kernels (plus one memcpy per step); returns what it wrote.
+
+    ``blocks_per_step``: 12 (a ViT) gives 120 kernels per step; more gives fewer, longer steps."""
+    rng = random.Random(seed)
+    path = Path(path)
+    gpu_part = path.with_suffix(".gpu.part")
+    n_steps = -(-n_kernels // (len(BLOCK) * blocks_per_step))
+    correlation = 1000
+    cpu_ns, gpu_free_ns = T0_NS, T0_NS
+    kernels_written = memcpys = 0
+    kernel_time_ns = 0
+    with open(path, "w") as cpu_file, open(gpu_part, "w") as gpu_file:
+        cpu_file.write(HEADER)
+        writer = KinetoWriter(cpu_file, gpu_file)
+        for step in range(n_steps):
+            step_start = cpu_ns
+            # annotations are written before the ops they enclose (Kineto sorts CPU events by start), so
+            # buffer this step's CPU events and write the annotations first
+            step_events: list[tuple] = []
+            cpu_ns += 10_000
+            block_annotations = []
+            for block in range(blocks_per_step):
+                for part in ("attn", "mlp"):
+                    part_start = cpu_ns
+                    cpu_ns += 1_000
+                    for stage, op, kname, api, kernel_us, grid, block_dims in BLOCK:
+                        if stage != part or kernels_written >= n_kernels:
+                            continue
+                        op_start = cpu_ns
+                        launch_start = op_start + rng.randint(1_500, 3_000)
+                        launch_end = launch_start + rng.randint(2_500, 5_500)
+                        op_end = launch_end + rng.randint(500, 1_500)
+                        external = writer.next_external()
+                        step_events.append((op, op_start, op_end, external))
+                        correlation += 1
+                        kernel_start = max(gpu_free_ns, launch_end + rng.randint(1_000, 3_000))
+                        kernel_dur = max(600, int(kernel_us * 1000 * rng.uniform(0.85, 1.15)))
+                        cat = "cuda_driver" if api.startswith("cu") and not api.startswith("cuda") else "cuda_runtime"
+                        writer.api_call(cat, api, launch_start, launch_end, external, correlation, True)
+                        writer.kernel(kname, kernel_start, kernel_start + kernel_dur, external, correlation, grid, block_dims)
+                        gpu_free_ns = kernel_start + kernel_dur
+                        kernel_time_ns += kernel_dur
+                        kernels_written += 1
+                        cpu_ns = op_end + rng.randint(300, 1_200)
+                    block_annotations.append((f"block{block}.{part}", part_start, cpu_ns))
+                    cpu_ns += 500
+            # the loss.item()-like copy and the synchronisation that ends each step
+            correlation += 1
+            copy_start = cpu_ns + 2_000
+            copy_end = copy_start + 4_000
+            copy_external = writer.next_external()
+            writer.api_call("cuda_runtime", "cudaMemcpyAsync", copy_start, copy_end, copy_external, correlation, True)
+            memcpy_start = max(gpu_free_ns, copy_end + 1_500)
+            writer.memcpy(memcpy_start, memcpy_start + 1_400, copy_external, correlation)
+            gpu_free_ns = memcpy_start + 1_400
+            memcpys += 1
+            correlation += 1
+            sync_start = copy_end + 500
+            sync_end = max(sync_start + 2_000, gpu_free_ns + 1_000)
+            writer.api_call("cuda_runtime", "cudaDeviceSynchronize", sync_start, sync_end, writer.next_external(), correlation, False)
+            step_end = sync_end + 3_000
+            writer.annotation(f"ProfilerStep#{step + 1}", step_start, step_end + 5_000)
+            writer.annotation("step", step_start + 5_000, step_end)
+            for name, start, end in block_annotations:
+                writer.annotation(name, start, end)
+            for op, start, end, external in step_events:
+                writer.cpu_op(op, start, end, external)
+            cpu_ns = step_end + 12_000
+        gpu_file.flush()
+    with open(path, "a") as out, open(gpu_part) as gpu_file:
+        while chunk := gpu_file.read(1 << 24):
+            out.write(chunk)
+        out.write(FOOTER_TEMPLATE.format(ts=us(T0_NS), dur=us(cpu_ns - T0_NS), end=us(cpu_ns)))
+    gpu_part.unlink()
+    return {"kernels": kernels_written, "memcpys": memcpys, "steps": n_steps, "kernel_time_ns": kernel_time_ns, "bytes": path.stat().st_size}
+
+
+def run_measured(command: list[str], env: dict | None = None) -> dict:
+    """Run ``command`` in a child process; wall time and the child's peak RSS (ru_maxrss of RUSAGE_CHILDREN)."""
+    # RUSAGE_CHILDREN's ru_maxrss is the largest of all waited-for children, so run each command from a
+    # fresh Python process of its own to keep the figures separate
+    probe = (
+        "import resource, subprocess, sys, time, json\n"
+        "t = time.perf_counter()\n"
+        "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)\n"
+        "wall = time.perf_counter() - t\n"
+        "rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
+        "print(json.dumps({'rc': p.returncode, 'wall_s': wall, 'peak_rss_mb': rss / 1024, 'stdout': p.stdout, 'stderr': p.stderr[-4000:]}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe, *command], stdout=subprocess.PIPE, text=True, env=env, check=True)
+    return json.loads(done.stdout)
+
+
+HTA_SCRIPT = """
+import sys, time
+from hta.trace_analysis import TraceAnalysis
+t = time.perf_counter()
+analyzer = TraceAnalysis(trace_files={0: sys.argv[1]}, trace_dir=sys.argv[2])
+t_load = time.perf_counter() - t
+temporal = analyzer.get_temporal_breakdown(visualize=False)
+kernel_types, kernel_metrics = analyzer.get_gpu_kernel_breakdown(visualize=False)
+print("load_s", round(t_load, 2), "total_s", round(time.perf_counter() - t, 2))
+print(temporal.to_string())
+print(kernel_types.to_string())
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=int, default=1_000_000)
+    parser.add_argument("--blocks-per-step", type=int, default=BLOCKS_PER_STEP,
+                        help="10 kernels per block; the default 12 makes 120-kernel steps (8,334 steps for 1M kernels)")
+    parser.add_argument("--hta-python", help="a Python interpreter with traceinsight (HTA) installed")
+    parser.add_argument("--dir", help="where to write the trace (default: a temporary directory)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated trace")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of perflab analyze (this machine's timings vary run to run)")
+    parser.add_argument("--trace", help="analyse this existing trace instead of writing one (its kernel count is not checked)")
+    args = parser.parse_args()
+
+    workdir = Path(args.dir or tempfile.mkdtemp(prefix="perflab-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    if args.trace:
+        trace = Path(args.trace)
+        written = {"kernels": None, "kernel_time_ns": None}
+        args.keep = True
+    else:
+        trace = workdir / f"synthetic_{args.kernels}_{args.blocks_per_step}.json"
+        t = time.perf_counter()
+        written = write_synthetic_kineto(trace, args.kernels, blocks_per_step=args.blocks_per_step)
+        print(f"wrote {trace}: {written['kernels']} kernels, {written['memcpys']} memcpys, {written['steps']} steps, "
+              f"{written['bytes'] / 1e9:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
+
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    command = [sys.executable, "-m", "perflab", "analyze", str(trace), "--json"]
+    print("perflab:", " ".join(command), flush=True)
+    runs = [run_measured(command, env=env) for _ in range(args.repeat)]
+    for run in runs:
+        if run["rc"] != 0:
+            print(run["stderr"], file=sys.stderr)
+        print(f"  rc={run['rc']} wall={run['wall_s']:.2f} s peak RSS={run['peak_rss_mb']:.0f} MB", flush=True)
+    walls = sorted(run["wall_s"] for run in runs)
+    print(f"perflab analyze: wall min {walls[0]:.2f} s, median {walls[len(walls) // 2]:.2f} s, max {walls[-1]:.2f} s; "
+          f"peak RSS max {max(run['peak_rss_mb'] for run in runs):.0f} MB")
+    summary = json.loads(runs[0]["stdout"]) if runs[0]["rc"] == 0 else {}
+    print(f"  kernels={summary.get('kernels')} (wrote {written['kernels']}), kernel_time_us={summary.get('kernel_time_us')} "
+          f"(wrote {written['kernel_time_ns']} ns), verdict: {summary.get('launch', {}).get('message')}")
+    if summary and written["kernels"] is not None and (
+            summary["kernels"] != written["kernels"] or round(summary["kernel_time_us"] * 1000) != written["kernel_time_ns"]):
+        print("MISMATCH: the analysis does not match what was written", file=sys.stderr)
+
+    if args.hta_python:
+        script = workdir / "hta_run.py"
+        script.write_text(HTA_SCRIPT)
+        hta_dir = trace.parent
+        hta_command = [args.hta_python, str(script), trace.name, str(hta_dir)]
+        print("HTA:", " ".join(hta_command), flush=True)
+        hta = run_measured(hta_command)
+        tail = (hta["stdout"] + hta["stderr"]).strip().splitlines()[-12:]
+        print(f"HTA: rc={hta['rc']} wall={hta['wall_s']:.2f} s peak RSS={hta['peak_rss_mb']:.0f} MB")
+        print("\n".join(tail))
+    if not args.keep:
+        trace.unlink()
+        print("deleted the trace (use --keep to keep it)")
+
+
+if __name__ == "__main__":
+    main()

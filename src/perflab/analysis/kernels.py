@@ -1,0 +1,81 @@
+"""Kernel statistics and the top kernels by total time, with readable short names.
+
+A "kernel" here is a row of kind ``kernel``; memcpy and memset rows are GPU activities too and appear in
+the top list (a DtoH copy can be a hot spot) but not in the kernel counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perflab.analysis.intervals import sum_by_group
+from perflab.trace.categories import short_name
+
+SHORT_KERNEL_NS = 5_000
+
+
+@dataclass(frozen=True)
+class KernelStats:
+    kernels: int
+    kernel_time_ns: int
+    mean_ns: float
+    median_ns: float
+    short_share: float  # share of kernels shorter than SHORT_KERNEL_NS
+    short_time_share: float  # their share of kernel time
+    memcpy: int
+    memset: int
+    gpu_activities: int
+    gpu_activity_time_ns: int
+
+
+def kernel_stats(kernels: pd.DataFrame) -> KernelStats:
+    is_kernel = (kernels["kind"] == "kernel").to_numpy()
+    duration = kernels["dur_ns"].to_numpy()[is_kernel]
+    total = int(duration.sum())
+    short = duration < SHORT_KERNEL_NS
+    kinds = kernels["kind"].value_counts()
+    return KernelStats(
+        kernels=int(is_kernel.sum()),
+        kernel_time_ns=total,
+        mean_ns=float(duration.mean()) if len(duration) else 0.0,
+        median_ns=float(np.median(duration)) if len(duration) else 0.0,
+        short_share=float(short.mean()) if len(duration) else 0.0,
+        short_time_share=float(duration[short].sum() / total) if total else 0.0,
+        memcpy=int(kinds.get("memcpy", 0)),
+        memset=int(kinds.get("memset", 0)),
+        gpu_activities=len(kernels),
+        gpu_activity_time_ns=int(kernels["dur_ns"].sum()),
+    )
+
+
+def top_kernels(kernels: pd.DataFrame, n: int | None = 10) -> pd.DataFrame:
+    """GPU activities grouped by full name, by total time: name (short), full_name, category, count,
+    total_ns, mean_ns, share (of all GPU activity time). ``n=None`` keeps every name."""
+    codes = kernels["name"].cat.codes.to_numpy()
+    labels = kernels["name"].cat.categories
+    n_names = len(labels)
+    count = np.bincount(codes, minlength=n_names)
+    total = sum_by_group(kernels["dur_ns"].to_numpy(), codes, n_names)
+    present = np.flatnonzero(count)
+    alphabetical = np.empty(n_names, dtype=np.int64)
+    alphabetical[np.argsort(np.asarray(labels, dtype=object).astype(str), kind="stable")] = np.arange(n_names)
+    # by total time, ties by name (so that the order does not depend on the order of the file)
+    ranked = present[np.lexsort((alphabetical[present], -total[present]))][: n if n is not None else None]
+    # a name has one category (it was decided from the name and the kind)
+    first_row = np.full(n_names, -1, dtype=np.int64)
+    first_row[codes[::-1]] = np.arange(len(codes))[::-1]
+    category = kernels["category"].to_numpy()[first_row[ranked]] if len(ranked) else np.array([], dtype=object)
+    grand_total = int(total.sum())
+    full = [str(labels[i]) for i in ranked]
+    return pd.DataFrame({
+        "name": [short_name(x) for x in full],
+        "full_name": full,
+        "category": [str(c) for c in category],
+        "count": count[ranked].astype(np.int64),
+        "total_ns": total[ranked].astype(np.int64),
+        "mean_ns": total[ranked] / np.maximum(count[ranked], 1),
+        "share": total[ranked] / grand_total if grand_total else np.zeros(len(ranked)),
+    })

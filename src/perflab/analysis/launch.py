@@ -1,0 +1,112 @@
+"""Launch statistics, and whether the workload is launch-bound.
+
+- **Launch-API CPU time**: the duration of each CUDA runtime/driver call, summed and averaged per API.
+- **Launch-to-start delay**: per launch call, the start of the first GPU activity it launched minus the
+  end of the call (for a cudaGraphLaunch, the graph's first kernel). Median and p90.
+- **Verdict**. Over the step windows (the whole trace if there are no steps): the workload is
+  *launch-bound* when host-bound idle exceeds busy time — the GPU spends longer waiting for the CPU to
+  launch work than doing work; *partly launch-bound* when host-bound idle is at least a quarter of the
+  wall time; otherwise *not launch-bound*. The message gives the numbers per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perflab.analysis.accounting import Accounting
+from perflab.analysis.intervals import sum_by_group
+
+PARTLY_LAUNCH_BOUND_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class LaunchVerdict:
+    verdict: str  # launch-bound | partly launch-bound | not launch-bound
+    launch_bound: bool
+    host_bound_ns: float  # per step (or for the whole trace without steps)
+    busy_ns: float
+    wall_ns: float
+    message: str
+
+
+def launch_api_stats(launches: pd.DataFrame, kernels: pd.DataFrame, delays: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per API name: calls, total_ns, mean_ns (CPU time in the call), activities (GPU activities it
+    launched), delay_median_ns and delay_p90_ns (launch-to-start). Sorted by total time.
+    ``delays``: launch_delays(kernels), if already computed."""
+    labels = list(launches["name"].cat.categories)
+    codes = launches["name"].cat.codes.to_numpy().astype(np.int64)
+    duration = (launches["end_ns"] - launches["start_ns"]).to_numpy()
+    calls = np.bincount(codes, minlength=len(labels))
+    total = sum_by_group(duration, codes, len(labels))
+    frame = pd.DataFrame({"api": labels, "calls": calls.astype(np.int64), "total_ns": total, "mean_ns": total / np.maximum(calls, 1)})
+    activities = kernels["launch_api"].value_counts()
+    activities.index = activities.index.astype(str)
+    frame["activities"] = frame["api"].map(activities).fillna(0).astype(np.int64)
+    delays = launch_delays(kernels) if delays is None else delays
+    grouped = delays.groupby("api", observed=True)["delay_ns"]
+    frame["delay_median_ns"] = frame["api"].map(grouped.median())
+    frame["delay_p90_ns"] = frame["api"].map(grouped.quantile(0.9))
+    return frame[frame["calls"] > 0].sort_values("total_ns", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def launch_delays(kernels: pd.DataFrame) -> pd.DataFrame:
+    """One row per launch call that launched GPU work: api, launch_end_ns, first_start_ns, delay_ns."""
+    linked = (kernels["launch_tid"] >= 0).to_numpy()
+    tid = kernels["launch_tid"].to_numpy()[linked]
+    correlation = kernels["correlation"].to_numpy()[linked]
+    # a launch call is its thread and correlation id (a graph launch has many activities)
+    codes, uniques = pd.factorize((tid << 32) | (correlation & 0xFFFFFFFF))
+    rows = np.flatnonzero(linked)
+    one_row = np.empty(len(uniques), dtype=np.int64)
+    one_row[codes] = rows
+    start = np.full(len(uniques), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(start, codes, kernels["start_ns"].to_numpy()[linked])
+    rows = one_row
+    launch_end = kernels["launch_end_ns"].to_numpy()[rows]
+    api = kernels["launch_api"]
+    return pd.DataFrame({
+        "api": pd.Categorical.from_codes(api.cat.codes.to_numpy()[rows], categories=[str(c) for c in api.cat.categories]),
+        "launch_end_ns": launch_end,
+        "first_start_ns": start,
+        "delay_ns": start - launch_end,
+    })
+
+
+def delay_summary(kernels: pd.DataFrame, delays: pd.DataFrame | None = None) -> dict[str, float | None]:
+    delays = (launch_delays(kernels) if delays is None else delays)["delay_ns"].to_numpy()
+    if len(delays) == 0:
+        return {"launches": 0, "median_ns": None, "p90_ns": None}
+    return {"launches": int(len(delays)), "median_ns": float(np.median(delays)), "p90_ns": float(np.percentile(delays, 90))}
+
+
+def launch_verdict(accounting: Accounting) -> LaunchVerdict:
+    """Launch-bound or not, in numbers (see the module docstring for the rule)."""
+    steps = accounting.steps
+    n = max(len(steps), 1)
+    host = float(steps["host_bound_ns"].sum()) / n
+    busy = float(steps["busy_ns"].sum()) / n
+    wall = float(steps["wall_ns"].sum()) / n
+    scope = "of each step" if accounting.has_step_annotations else "of the trace"
+    per = " per step" if accounting.has_step_annotations else ""
+    share = host / wall if wall else 0.0
+    numbers = f"(host-bound idle {_ms(host)} vs {_ms(busy)} busy{per})"
+    if host > busy:
+        verdict = "launch-bound"
+        message = f"launch-bound: the GPU is idle {share:.0%} {scope} waiting for launches {numbers}"
+    elif wall and share >= PARTLY_LAUNCH_BOUND_SHARE:
+        verdict = "partly launch-bound"
+        message = f"partly launch-bound: the GPU waits for launches {share:.0%} {scope} {numbers}"
+    else:
+        verdict = "not launch-bound"
+        busy_share = busy / wall if wall else 0.0
+        message = f"not launch-bound: the GPU is busy {busy_share:.0%} {scope} {numbers}"
+    return LaunchVerdict(verdict, verdict == "launch-bound", host, busy, wall, message)
+
+
+def _ms(ns: float) -> str:
+    if ns >= 1e6:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e3:.1f} µs"

@@ -1,0 +1,186 @@
+"""Everything ``perflab analyze`` computes about one trace, in one object.
+
+    from perflab.trace import load_trace
+    from perflab.analysis import analyze_trace
+    report = analyze_trace(load_trace("trace.json.gz"))
+    report.steps            # per-step accounting (DataFrame)
+    report.to_dict()        # the JSON summary
+
+DataFrame attributes: ``kernels`` (the KernelTable), ``steps`` (per-step accounting), ``top_kernels``,
+``categories``, ``ranges``, ``launch_apis``; plus ``trace_accounting`` (a Series), ``kernel_stats``,
+``launch_delay``, ``verdict`` and ``gemm_fraction``. Times in the DataFrames are integer ns; the JSON
+summary gives µs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from perflab.analysis.accounting import DEFAULT_KERNEL_GAP_NS, IDLE_CAUSES, Accounting, account
+from perflab.analysis.breakdown import category_breakdown, gemm_fraction
+from perflab.analysis.kernels import KernelStats, kernel_stats, top_kernels
+from perflab.analysis.launch import LaunchVerdict, delay_summary, launch_api_stats, launch_delays, launch_verdict
+from perflab.analysis.ranges import range_breakdown
+from perflab.trace.schema import Trace
+
+DEFAULT_TOP = 10
+
+
+@dataclass
+class TraceReport:
+    trace: Trace
+    accounting: Accounting
+    kernel_stats: KernelStats
+    top_kernels: pd.DataFrame
+    categories: pd.DataFrame
+    ranges: pd.DataFrame
+    launch_apis: pd.DataFrame
+    launch_delay: dict[str, Any]
+    verdict: LaunchVerdict
+    gemm_fraction: float
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> pd.DataFrame:
+        return self.trace.kernels
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        return self.accounting.steps
+
+    @property
+    def trace_accounting(self) -> pd.Series:
+        return self.accounting.trace
+
+    def to_dict(self) -> dict[str, Any]:
+        whole = self.accounting.trace
+        steps = self.accounting.steps
+        stats = self.kernel_stats
+        n_steps = len(steps) if self.accounting.has_step_annotations else 0
+        summary = {
+            "path": self.trace.meta.get("path"),
+            "format": self.trace.meta.get("format"),
+            "kernels": stats.kernels,
+            "kernel_time_us": _us(stats.kernel_time_ns),
+            "memcpy": stats.memcpy,
+            "memset": stats.memset,
+            "gpu_activities": stats.gpu_activities,
+            "gpu_activity_time_us": _us(stats.gpu_activity_time_ns),
+            "wall_us": _us(whole["wall_ns"]),
+            "gpu_busy_us": _us(whole["busy_ns"]),
+            "idle_us": _us(whole["idle_ns"]),
+            "idle_by_cause": {cause: _us(whole[f"{cause}_ns"]) for cause in IDLE_CAUSES},
+            "accounting_ns": {k: int(whole[k]) for k in ("start_ns", "end_ns", "wall_ns", "busy_ns", "idle_ns", "host_bound_ns", "kernel_gap_ns", "other_ns")},
+            "kernel_gap_threshold_us": _us(self.accounting.kernel_gap_threshold_ns),
+            "steps": n_steps,
+            "kernels_per_step": (float(steps["kernels"].mean()) if n_steps else None),
+            "mean_kernel_us": _us(stats.mean_ns),
+            "median_kernel_us": _us(stats.median_ns),
+            "short_kernel_share": stats.short_share,
+            "short_kernel_time_share": stats.short_time_share,
+            "top_kernels": [
+                {"name": r.name, "full_name": r.full_name, "category": r.category, "total_us": _us(r.total_ns), "count": int(r.count), "share": float(r.share)}
+                for r in self.top_kernels.itertuples(index=False)
+            ],
+            "categories": {r.category: _us(r.time_ns) for r in self.categories.itertuples(index=False)},
+            "gemm_fraction": self.gemm_fraction,
+            "ranges": [
+                {"range": r.range, "kernels": int(r.kernels), "gpu_time_us": _us(r.gpu_time_ns), "gpu_busy_us": _us(r.gpu_busy_ns),
+                 "gemm_fraction": float(r.gemm_fraction), "instances": int(r.instances), "cpu_wall_us": _us(r.cpu_wall_ns),
+                 "gpu_projected_us": _us(r.gpu_projected_ns)}
+                for r in self.ranges.itertuples(index=False)
+            ],
+            "step_accounting": _step_records(steps),
+            "launch": {
+                "verdict": self.verdict.verdict,
+                "launch_bound": self.verdict.launch_bound,
+                "message": self.verdict.message,
+                "delay_median_us": _us(self.launch_delay["median_ns"]),
+                "delay_p90_us": _us(self.launch_delay["p90_ns"]),
+                "launches": self.launch_delay["launches"],
+                "apis": [
+                    {"api": r.api, "calls": int(r.calls), "total_us": _us(r.total_ns), "mean_us": _us(r.mean_ns), "activities": int(r.activities),
+                     "delay_median_us": _us(r.delay_median_ns), "delay_p90_us": _us(r.delay_p90_ns)}
+                    for r in self.launch_apis.itertuples(index=False)
+                ],
+            },
+            "unlinked_activities": int(self.trace.meta.get("unlinked", 0)),
+            "meta": {k: v for k, v in self.trace.meta.items() if k not in ("devices",)},
+            "devices": [d.get("name") for d in self.trace.meta.get("devices") or [] if isinstance(d, dict)],
+        }
+        return summary
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=_jsonable)
+
+    def write_csv(self, directory: str | Path, include_kernel_table: bool = True) -> list[Path]:
+        """Write the tables as CSV files into ``directory``; returns the paths written."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        tables = {
+            "steps.csv": self.accounting.steps,
+            "trace_accounting.csv": self.accounting.trace.to_frame().T,
+            "top_kernels.csv": self.top_kernels,
+            "categories.csv": self.categories,
+            "ranges.csv": self.ranges,
+            "launch_apis.csv": self.launch_apis,
+        }
+        if include_kernel_table:
+            tables["kernels.csv"] = self.trace.kernels
+        written = []
+        for name, table in tables.items():
+            path = directory / name
+            table.to_csv(path, index=False)
+            written.append(path)
+        return written
+
+
+def analyze_trace(trace: Trace, top: int = DEFAULT_TOP, kernel_gap_threshold_ns: int = DEFAULT_KERNEL_GAP_NS) -> TraceReport:
+    kernels = trace.kernels
+    accounting = account(kernels, trace.steps, kernel_gap_threshold_ns)
+    delays = launch_delays(kernels)
+    return TraceReport(
+        trace=trace,
+        accounting=accounting,
+        kernel_stats=kernel_stats(kernels),
+        top_kernels=top_kernels(kernels, top),
+        categories=category_breakdown(kernels),
+        ranges=range_breakdown(kernels, trace.ranges),
+        launch_apis=launch_api_stats(trace.launches, kernels, delays),
+        launch_delay=delay_summary(kernels, delays),
+        verdict=launch_verdict(accounting),
+        gemm_fraction=gemm_fraction(kernels),
+    )
+
+
+def _step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per-step accounting as JSON records (vectorised: a trace can have thousands of steps)."""
+    us = {c: (steps[f"{c}_ns"].to_numpy() / 1000).round(3).tolist() for c in ("wall", "busy", "idle", "kernel_time", *IDLE_CAUSES)}
+    return [
+        {"step": step, "name": name, "start_ns": start, "end_ns": end, "wall_us": us["wall"][i], "gpu_busy_us": us["busy"][i],
+         "idle_us": us["idle"][i], "idle_by_cause": {c: us[c][i] for c in IDLE_CAUSES}, "kernels": kernels,
+         "kernel_time_us": us["kernel_time"][i]}
+        for i, (step, name, start, end, kernels) in enumerate(zip(
+            steps["step"].tolist(), steps["name"].astype(str).tolist(), steps["start_ns"].tolist(), steps["end_ns"].tolist(),
+            steps["kernels"].tolist()))
+    ]
+
+
+def _us(ns) -> float | None:
+    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
+        return None
+    return round(float(ns) / 1000.0, 3)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "__dataclass_fields__"):
+        return asdict(value)
+    return str(value)

@@ -1,0 +1,125 @@
+"""Rich tables for ``perflab analyze``: accounting, per-step accounting, top kernels, categories, ranges, launches."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from perflab.analysis.accounting import IDLE_CAUSES
+from perflab.analysis.trace_report import TraceReport
+
+MAX_STEP_ROWS = 20
+MAX_RANGE_ROWS = 25
+NAME_WIDTH = 70
+
+
+def render_trace_report(console: Console, report: TraceReport) -> None:
+    for table in trace_tables(report):
+        console.print(table)
+    console.print(report.verdict.message, markup=False, highlight=False)
+    meta = report.trace.meta
+    if meta.get("unlinked"):
+        console.print(f"{meta['unlinked']} GPU activities have no launch call in the trace (launch_api \"\")", markup=False)
+
+
+def trace_tables(report: TraceReport) -> list[Table]:
+    tables = [summary_table(report), steps_table(report), top_kernels_table(report), categories_table(report)]
+    if len(report.ranges) and not (len(report.ranges) == 1 and report.ranges["range"].iloc[0] == "(no range)"):
+        tables.append(ranges_table(report))
+    tables.append(launch_table(report))
+    return tables
+
+
+def summary_table(report: TraceReport) -> Table:
+    whole = report.trace_accounting
+    stats = report.kernel_stats
+    meta = report.trace.meta
+    table = Table(title=f"{meta.get('path')} ({meta.get('format')}): where the time goes", header_style="bold", show_header=False)
+    table.add_column("", justify="left")
+    table.add_column("", justify="right")
+    table.add_column("", justify="right")
+    wall = whole["wall_ns"]
+    table.add_row("wall (trace window)", _us(wall), "100.0%")
+    table.add_row("GPU busy (union of streams)", _us(whole["busy_ns"]), _pct(whole["busy_ns"], wall))
+    for cause in IDLE_CAUSES:
+        table.add_row(f"idle: {cause.replace('_', ' ')}", _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
+    table.add_row("kernels / summed kernel time", f"{stats.kernels:,}", _us(stats.kernel_time_ns))
+    if stats.memcpy or stats.memset:
+        table.add_row("memcpy / memset", f"{stats.memcpy:,} / {stats.memset:,}", "")
+    table.add_row("mean / median kernel", _us(stats.mean_ns), _us(stats.median_ns))
+    table.add_row("kernels under 5 µs", f"{stats.short_share:.0%} of kernels", f"{stats.short_time_share:.0%} of time")
+    table.add_row("GEMM fraction of GPU busy", f"{report.gemm_fraction:.1%}", "")
+    delay = report.launch_delay
+    if delay["launches"]:
+        table.add_row("launch → start delay (median / p90)", _us(delay["median_ns"]), _us(delay["p90_ns"]))
+    return table
+
+
+def steps_table(report: TraceReport) -> Table:
+    steps = report.steps
+    title = "per step" if report.accounting.has_step_annotations else "whole trace (no step annotations)"
+    table = Table(title=f"Accounting {title}: wall = busy + host-bound + kernel gap + other (exact, ns)", header_style="bold")
+    for column in ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"):
+        table.add_column(column, justify="right")
+    for row in steps.head(MAX_STEP_ROWS).itertuples(index=False):
+        table.add_row(str(row.name), _us(row.wall_ns), _us(row.busy_ns), _us(row.host_bound_ns), _us(row.kernel_gap_ns),
+                      _us(row.other_ns), _pct(row.busy_ns, row.wall_ns), f"{row.kernels:,}")
+    if len(steps) > MAX_STEP_ROWS:
+        table.caption = f"{len(steps) - MAX_STEP_ROWS} more steps in --json / --csv"
+    return table
+
+
+def top_kernels_table(report: TraceReport) -> Table:
+    table = Table(title=f"Top {len(report.top_kernels)} GPU activities by total time", header_style="bold")
+    for column, justify in (("kernel", "left"), ("category", "left"), ("count", "right"), ("total µs", "right"), ("mean µs", "right"), ("share", "right")):
+        table.add_column(column, justify=justify, overflow="fold" if column == "kernel" else "ellipsis")
+    for row in report.top_kernels.itertuples(index=False):
+        table.add_row(_clip(row.name), row.category, f"{row.count:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.share:.1%}")
+    return table
+
+
+def categories_table(report: TraceReport) -> Table:
+    table = Table(title="GPU time by category", header_style="bold")
+    for column, justify in (("category", "left"), ("count", "right"), ("time µs", "right"), ("share", "right"), ("busy µs", "right")):
+        table.add_column(column, justify=justify)
+    for row in report.categories.itertuples(index=False):
+        table.add_row(row.category, f"{row.count:,}", _us(row.time_ns), f"{row.share:.1%}", _us(row.busy_ns))
+    return table
+
+
+def ranges_table(report: TraceReport) -> Table:
+    ranges = report.ranges[report.ranges["kernels"] > 0]
+    table = Table(title="GPU time per CPU range (innermost range of each launch)", header_style="bold")
+    for column, justify in (("range", "left"), ("kernels", "right"), ("GPU µs", "right"), ("GEMM %", "right"),
+                            ("instances", "right"), ("CPU wall µs", "right"), ("GPU projected µs", "right")):
+        table.add_column(column, justify=justify)
+    for row in ranges.head(MAX_RANGE_ROWS).itertuples(index=False):
+        table.add_row(_clip(row.range), f"{row.kernels:,}", _us(row.gpu_time_ns), f"{row.gemm_fraction:.0%}",
+                      f"{row.instances:,}", _us(row.cpu_wall_ns), _us(row.gpu_projected_ns))
+    if len(ranges) > MAX_RANGE_ROWS:
+        table.caption = f"{len(ranges) - MAX_RANGE_ROWS} more ranges in --json / --csv"
+    return table
+
+
+def launch_table(report: TraceReport) -> Table:
+    table = Table(title="CUDA API calls (CPU time) and launch-to-start delay", header_style="bold")
+    for column in ("api", "calls", "total µs", "mean µs", "GPU activities", "delay median µs", "delay p90 µs"):
+        table.add_column(column, justify="left" if column == "api" else "right")
+    for row in report.launch_apis.itertuples(index=False):
+        table.add_row(row.api, f"{row.calls:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.activities:,}",
+                      _us(row.delay_median_ns), _us(row.delay_p90_ns))
+    return table
+
+
+def _us(ns) -> str:
+    if ns is None or ns != ns:  # NaN
+        return "–"
+    return f"{ns / 1000:,.1f}"
+
+
+def _pct(part, whole) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "–"
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= NAME_WIDTH else text[: NAME_WIDTH - 1] + "…"

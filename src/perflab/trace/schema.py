@@ -1,0 +1,76 @@
+"""The KernelTable and the Trace: what every trace loader produces and every analysis consumes.
+
+KernelTable: a pandas DataFrame, one row per GPU activity (kernel, memcpy, memset), all times integer
+nanoseconds (int64) on the trace's own clock:
+
+    name             the full (demangled) kernel name, or "Memcpy DtoH (Device -> Pinned)", "Memset (Device)"
+    category         from perflab.trace.categories (gemm, attention, ..., other)
+    kind             kernel | memcpy | memset
+    device, stream   GPU index and stream id
+    start_ns, end_ns, dur_ns
+    correlation      the CUPTI correlation id linking the activity to its launch call
+    launch_api       cudaLaunchKernel, cuLaunchKernelEx, cudaGraphLaunch, cudaMemcpyAsync, ... ("" if not linked)
+    launch_start_ns, launch_end_ns, launch_tid    the launching call (-1 if not linked)
+    range            the innermost CPU annotation enclosing the launch call on the launching thread
+                     (for CUDA-graph kernels, the one enclosing the cudaGraphLaunch); "" if none
+    range_id         the row of ``Trace.ranges`` that ``range`` names (-1 if none)
+    grid, block      "(x, y, z)" launch dimensions where known, else ""
+
+Text columns are pandas categoricals (a million kernels share a few hundred names).
+
+A :class:`Trace` carries the KernelTable plus the CPU side the analyses need: ``launches`` (every CUDA
+runtime/driver API call: name, tid, start_ns, end_ns, correlation), ``ranges`` (CPU annotations: name,
+tid, start_ns, end_ns, depth, parent), ``steps`` (step annotations: step, name, start_ns, end_ns) and
+``meta`` (format, path, device properties, counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+KERNEL_COLUMNS = (
+    "name", "category", "kind", "device", "stream", "start_ns", "end_ns", "dur_ns", "correlation",
+    "launch_api", "launch_start_ns", "launch_end_ns", "launch_tid", "range", "range_id", "grid", "block",
+)
+INT_KERNEL_COLUMNS = (
+    "device", "stream", "start_ns", "end_ns", "dur_ns", "correlation", "launch_start_ns", "launch_end_ns", "launch_tid", "range_id",
+)
+LAUNCH_COLUMNS = ("name", "pid", "tid", "start_ns", "end_ns", "correlation")
+RANGE_COLUMNS = ("name", "pid", "tid", "start_ns", "end_ns", "depth", "parent")
+STEP_COLUMNS = ("step", "name", "start_ns", "end_ns")
+KINDS = ("kernel", "memcpy", "memset")
+NOT_LINKED = -1
+
+
+@dataclass
+class Trace:
+    """One loaded trace: the KernelTable and the CPU-side tables it was linked with."""
+
+    kernels: pd.DataFrame
+    launches: pd.DataFrame
+    ranges: pd.DataFrame
+    steps: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return (
+            f"Trace({self.meta.get('format', '?')}: {len(self.kernels)} GPU activities, {len(self.launches)} API calls, "
+            f"{len(self.ranges)} ranges, {len(self.steps)} steps)"
+        )
+
+
+def empty_frame(columns: tuple[str, ...]) -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series([], dtype="int64") for c in columns})
+
+
+def check_kernel_table(table: pd.DataFrame) -> None:
+    """Raise AssertionError if ``table`` is not a KernelTable (column set, int64 times, end = start + dur)."""
+    missing = [c for c in KERNEL_COLUMNS if c not in table.columns]
+    assert not missing, f"KernelTable lacks columns {missing}"
+    for column in INT_KERNEL_COLUMNS:
+        assert table[column].dtype == np.int64, f"KernelTable column {column} is {table[column].dtype}, not int64"
+    assert (table["end_ns"] - table["start_ns"] == table["dur_ns"]).all(), "KernelTable: end_ns - start_ns != dur_ns"
