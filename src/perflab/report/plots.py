@@ -6,6 +6,8 @@ path. Error bars are the 95% CIs of the medians the harness reports.
 
 from __future__ import annotations
 
+import io
+
 import math
 from pathlib import Path
 from typing import Sequence
@@ -16,7 +18,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 
-DPI = 110
+DPI = 80  # small files: a sweep report of ~20 plots stays a few hundred KB
 
 
 def throughput_vs_batch(series: dict, path: Path, title: str, styles: dict | None = None) -> Path:
@@ -146,8 +148,14 @@ def _finish(ax, title: str) -> None:
 
 
 def _save(fig, path: Path) -> Path:
+    """Write a small PNG: line plots need few colours, so a 64-colour palette keeps each file ~10 KB."""
+    from PIL import Image  # matplotlib's own dependency
+
     path = Path(path)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=DPI, format="png")
     plt.close(fig)
+    buffer.seek(0)
+    Image.open(buffer).convert("RGB").quantize(colors=64).save(path, "PNG", optimize=True)
     return path
