@@ -18,6 +18,7 @@ import statistics
 
 import torch
 
+from perflab.measure.energy import NullMonitor
 from perflab.measure.harness import run_case
 from perflab.models.registry import build_model
 from perflab.runtime.inputs import image_batch
@@ -59,21 +60,26 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--only", type=int, nargs="+", help="indices into SETTINGS to run")
+    parser.add_argument("--no-nvml", action="store_true", help="run the harness without its NVML sampler thread (to measure that thread's cost)")
     args = parser.parse_args()
+    monitor = NullMonitor("disabled for this benchmark") if args.no_nvml else None
     results = []
-    for setting in SETTINGS:
+    for index, setting in enumerate(SETTINGS):
+        if args.only and index not in args.only:
+            continue
         case = validate_case(Case(device="cuda", min_time=1.0, **setting))
-        plan = run_case(case)  # a first harness run fixes the number of steps the bare loop takes
+        plan = run_case(case, monitor=monitor)  # a first harness run fixes the number of steps the bare loop takes
         n_blocks, block = plan["n_samples"], plan["iters_per_sample"]
         rounds = []
         for i in range(args.rounds):
             if i % 2 == 0:
-                row, bare = run_case(case), bare_loop_ms(case, n_blocks, block)
+                row, bare = run_case(case, monitor=monitor), bare_loop_ms(case, n_blocks, block)
             else:
-                bare, row = bare_loop_ms(case, n_blocks, block), run_case(case)
+                bare, row = bare_loop_ms(case, n_blocks, block), run_case(case, monitor=monitor)
             rounds.append(dict(bare_median=bare[0], bare_mean=bare[1], harness_median=row["median_ms"], harness_mean=row["mean_ms"]))
         med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-        entry = dict(case=case.label(), **med, median_ratio=med["harness_median"] / med["bare_median"], mean_ratio=med["harness_mean"] / med["bare_mean"], rounds=rounds)
+        entry = dict(case=case.label(), nvml_sampler=not args.no_nvml, **med, median_ratio=med["harness_median"] / med["bare_median"], mean_ratio=med["harness_mean"] / med["bare_mean"], rounds=rounds)
         results.append(entry)
         print(
             f"{case.label():60s} median: bare {med['bare_median']:8.4f} harness {med['harness_median']:8.4f} ratio {entry['median_ratio']:.4f} | "

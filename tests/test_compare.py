@@ -94,3 +94,25 @@ def test_decomposition_closes_exactly_on_random_overlapping_kernels(a, b):
     assert abs(c.closure_ns()) < 1e-6
     # The named terms are the only terms: wall per step is the sum of GPU time, overlap and idle.
     assert c.a.wall_ns == pytest.approx(sum(c.a.category_ns.values()) - c.a.overlap_ns + sum(c.a.idle_ns.values()), abs=1e-6)
+
+
+def test_launch_bound_verdict_prices_extra_launches_at_one_cpu_speed():
+    """Two launch-bound steps: A with 10 kernels, B with 13; B's host ran faster in its run."""
+    def launch_bound(n_kernels, gap):
+        # each kernel launched `gap` ns after the previous one ended: all idle is host-bound
+        kernels, t = [], 1000
+        for i in range(n_kernels):
+            kernels.append((0, t, 100, "gemm", 0))
+            t += 100 + gap
+        return synthetic_trace(kernels, [0], t)
+
+    a, b = launch_bound(10, 900), launch_bound(13, 600)
+    c = compare_traces(a, b)
+    assert both_launch_bound(c)
+    assert c.b.kernels - c.a.kernels == 3
+    per_launch_a = c.a.wall_ns / 10
+    assert f"{3 * per_launch_a / 1e6:.3g} ms of host time per step" in c.verdict
+    assert "host speed drifted" in c.verdict
+
+
+from perflab.analysis.compare import both_launch_bound  # noqa: E402

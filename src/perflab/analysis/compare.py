@@ -194,6 +194,8 @@ def verdict(c: Comparison) -> str:
     launches = f"{abs(d_kernels):.0f} {'more' if d_kernels >= 0 else 'fewer'} kernels per step"
     direction = "slower" if c.delta_wall_ns > 0 else "faster"
     head = f"{b_label} is {ms(c.delta_wall_ns)} per step {direction} than {a_label}"
+    if both_launch_bound(c):
+        return f"{head}. {_launch_bound_reason(c, d_busy, saved, launches)}"
     if c.delta_wall_ns > 0 and d_busy < 0 and d_host > 0:
         return (f"{head}: it saves {ms(d_busy)} of GPU time ({saved}) but adds {ms(d_host)} of host-bound idle "
                 f"with {launches}: launch-bound (the GPU waits for the CPU).")
@@ -202,6 +204,28 @@ def verdict(c: Comparison) -> str:
         return f"{head}: GPU time {'+' if d_busy >= 0 else '−'}{ms(d_busy)} ({added or saved}), host-bound idle {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}: {cause}."
     gpu = f"it saves {ms(d_busy)} of GPU time ({saved})" if d_busy < 0 else f"its GPU time grows by {ms(d_busy)} ({added})"
     return f"{head}: {gpu}; host-bound idle {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}."
+
+
+def both_launch_bound(c: Comparison) -> bool:
+    return all(p.idle_ns["host_bound"] > p.busy_ns for p in (c.a, c.b))
+
+
+def _launch_bound_reason(c: Comparison, d_busy: float, saved: str, launches: str) -> str:
+    """Both steps wait on the CPU: the step costs about (CPU time per launch) × launches.
+
+    The CPU's speed can drift between two profiled runs (a shared or virtual host), so the wall-clock
+    difference alone can mislead; compare the launches at one CPU speed, A's.
+    """
+    per_launch_a = c.a.wall_ns / c.a.kernels if c.a.kernels else 0.0
+    per_launch_b = c.b.wall_ns / c.b.kernels if c.b.kernels else 0.0
+    extra = (c.b.kernels - c.a.kernels) * per_launch_a
+    text = (f"Both are launch-bound (host-bound idle exceeds GPU busy time). GPU time {'−' if d_busy < 0 else '+'}{abs(d_busy) / 1e6:.3g} ms"
+            f"{f' ({saved})' if d_busy < 0 and saved else ''}, {launches}; at {c.labels[0]}'s CPU time per launch ({per_launch_a / 1e3:.1f} µs), "
+            f"that is {'+' if extra >= 0 else '−'}{abs(extra) / 1e6:.3g} ms of host time per step")
+    drift = per_launch_b / per_launch_a - 1 if per_launch_a else 0.0
+    if abs(drift) > 0.1:
+        text += f" (the CPU time per launch differed by {drift:+.0%} between the two runs: host speed drifted, so compare launches, not wall time)"
+    return text + "."
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
