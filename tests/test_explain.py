@@ -54,3 +54,11 @@ def test_min_bytes_for_topk_counts_weights_and_the_shrinking_residual_stream():
     tokens = [197] * 3 + [21] * 3 + [3] * 3 + [2] * 3
     expected = 86_567_656 * 2 + sum(2 * 2 * n * 768 * 4 for n in tokens) + 4 * (2 * 3 * 224 * 224 + 2 * 1000)
     assert min_bytes(case, row) == expected
+
+
+def test_untraced_host_issue_time_of_a_50_ms_step():
+    """On the CPU a step returns when its work is done, so the issue time is the step time (test:slow sleeps 50 ms)."""
+    from perflab.measure.host import host_issue_ms as untraced
+
+    ms = untraced(validate_case(Case("test:slow", device="cpu", warmup=1)), iters=5)
+    assert 50 <= ms < 80

@@ -4,7 +4,9 @@ For each case (and the ``--vs`` case):
 1. the untraced eager median (the harness, no profiler);
 2. a profiled eager pass → exact accounting per step, and the profiler's inflation;
 3. floors (compute, memory, launch, host) from the FLOPs, the bytes, the kernels per step, the CPU time
-   to issue a step, and this GPU's measured ceilings; the binding floor names the limit;
+   to issue a step (measured untraced: the profiler slows the host about 2×, so the trace's issue time
+   is reported beside it but not used as a floor), and this GPU's measured ceilings; the binding floor
+   names the limit;
 4. predictions for other modes, from the eager trace:
    - cudagraph: every kernel of a step replayed back to back: its duration plus the gap a graph leaves
      between kernels, and at least the minimal kernel interval, both measured on this GPU:
@@ -29,6 +31,7 @@ from perflab.analysis.compare import Comparison, StepProfile, compare_traces, st
 from perflab.analysis.accounting import step_windows
 from perflab.analysis.floors import Floors, compute_floors, vit_min_bytes
 from perflab.errors import PerflabError
+from perflab.measure.host import host_issue_ms as measure_host_issue_ms
 from perflab.spec import Case
 
 GLUE_CATEGORIES = {"elementwise", "copy/cast", "norm", "softmax", "reduction", "triton-fused", "memset"}
@@ -44,7 +47,8 @@ class CaseExplanation:
     traced_step_ms: float
     inflation: float
     floors: Floors
-    host_issue_ms: float
+    host_issue_ms: float  # untraced
+    traced_host_issue_ms: float
     predictions_ms: dict[str, float]
     measured: dict[str, dict] = field(default_factory=dict)  # mode -> result row
 
@@ -79,6 +83,7 @@ class CaseExplanation:
                 "category_us": {k: v / 1e3 for k, v in self.profile.category_ns.items()},
             },
             "host_issue_ms": self.host_issue_ms,
+            "traced_host_issue_ms": self.traced_host_issue_ms,
             "floors": self.floors.to_dict(),
             "predictions_ms": self.predictions_ms,
             "measured_ms": {m: r.get("median_ms") for m, r in self.measured.items()},
@@ -101,7 +106,8 @@ class Explanation:
 
 
 def host_issue_ms(trace) -> float:
-    """Median over steps of the CPU time to issue one step: step start → end of its last launch call."""
+    """Median over steps of the CPU time to issue one step in a trace: step start → end of its last
+    launch call (profiled, so inflated; see measure.host for the untraced figure)."""
     kernels = trace.kernels
     windows = step_windows(kernels, trace.steps)
     window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
@@ -166,7 +172,8 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     trace = load_trace(trace_path)
     prof = step_profile(trace)
     traced_ms = prof.wall_ns / 1e6
-    issue_ms = host_issue_ms(trace)
+    on_stage(f"{case.label()}: timing the CPU's issue of one step")
+    issue_ms = measure_host_issue_ms(eager)
     interval = ceilings["graph_kernel_interval_us"]
     floors = compute_floors(
         measured_ms=row["median_ms"],
@@ -180,7 +187,7 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     )
     explanation = CaseExplanation(
         case=case, eager_row=row, trace_path=trace_path, profile=prof, traced_step_ms=traced_ms,
-        inflation=traced_ms / row["median_ms"], floors=floors, host_issue_ms=issue_ms,
+        inflation=traced_ms / row["median_ms"], floors=floors, host_issue_ms=issue_ms, traced_host_issue_ms=host_issue_ms(trace),
         predictions_ms=predict_modes(trace, interval, ceilings["graph_kernel_gap_us"]),
     )
     explanation.trace = trace

@@ -61,12 +61,13 @@ def render_explanation(console, e) -> None:
         )
         idle = ", ".join(f"{k.replace('_', ' ')} {v / 1e6:.4f} ms" for k, v in p.idle_ns.items())
         console.print(f"per traced step: wall {p.wall_ns / 1e6:.4f} ms = GPU busy {p.busy_ns / 1e6:.4f} ms + idle ({idle})")
+        console.print(f"CPU time to issue one step: {ce.host_issue_ms:.4f} ms untraced, {ce.traced_host_issue_ms:.4f} ms under the profiler")
         f = ce.floors
         t = Table(title="Floors (ms per step) and how far the eager step is from each", header_style="bold")
         for col in ("floor", "ms", "measured ÷ floor"):
             t.add_column(col, justify="left" if col == "floor" else "right")
         labels = {"compute": "compute (FLOPs ÷ peak matmul)", "memory": "memory (bytes ÷ copy bandwidth)",
-                  "launch": "launch (kernels × min interval)", "host": "host (CPU time to issue a step)"}
+                  "launch": "launch (kernels × min interval)", "host": "host (CPU time to issue a step, untraced)"}
         ratios = f.ratios()
         for name, ms in f.by_name.items():
             mark = " ◀ binding" if name == f.binding else ""
