@@ -20,10 +20,7 @@ import torch
 
 from perflab.measure.energy import NullMonitor
 from perflab.measure.harness import run_case
-from perflab.models.registry import build_model
-from perflab.runtime.inputs import image_batch
-from perflab.runtime.modes import make_step
-from perflab.runtime.precision import precision
+from perflab.runtime.workload import warm_workload
 from perflab.spec import Case, validate_case
 
 SETTINGS = [
@@ -36,20 +33,12 @@ SETTINGS = [
 
 def bare_loop_ms(case: Case, n_blocks: int, block: int) -> tuple[float, float]:
     """(median of block means, whole-loop mean), ms per step."""
-    torch.manual_seed(case.seed)
-    model, _ = build_model(case)
-    model = model.cuda()
-    x = image_batch(case.batch_size, case.input_size, "cuda", case.seed)
-    with torch.no_grad(), precision(case.dtype, "cuda"):
-        step = make_step(model, x, case.mode)
-        for _ in range(case.warmup + 1):
-            step()
-        torch.cuda.synchronize()
+    with warm_workload(case) as work:
         events = [torch.cuda.Event(enable_timing=True) for _ in range(n_blocks + 1)]
         events[0].record()
         for b in range(n_blocks):
             for _ in range(block):
-                step()
+                work.step()
             events[b + 1].record()
         torch.cuda.synchronize()
     means = [events[i].elapsed_time(events[i + 1]) / block for i in range(n_blocks)]

@@ -15,25 +15,15 @@ import torch
 
 
 def host_issue_ms(case, iters: int = 20) -> float:
-    from perflab.models.registry import build_model
     from perflab.runtime.device import synchronize
-    from perflab.runtime.inputs import image_batch
-    from perflab.runtime.modes import make_step
-    from perflab.runtime.precision import precision
+    from perflab.runtime.workload import warm_workload
 
-    torch.manual_seed(case.seed)
-    model, _ = build_model(case)
-    model = model.to(case.device)
-    x = image_batch(case.batch_size, case.input_size, case.device, case.seed)
     samples = []
-    with torch.no_grad(), precision(case.dtype, case.device):
-        step = make_step(model, x, case.mode)
-        for _ in range(case.warmup + 1):
-            step()
+    with warm_workload(case) as work:
         for _ in range(iters):
             synchronize(case.device)
             t0 = time.perf_counter()
-            step()
+            work.step()
             samples.append(time.perf_counter() - t0)
             synchronize(case.device)
     return statistics.median(samples) * 1e3

@@ -63,28 +63,16 @@ def record_steps(step: Callable[[], object], trace_path: Path, device: str, step
 
 def profile_case(case, trace_path: Path, steps: int = 5) -> CaptureResult:
     """Build the case's workload exactly as the harness does, warm it up, and record ``steps`` steps."""
-    from perflab.models.registry import build_model
-    from perflab.runtime.device import synchronize
-    from perflab.runtime.inputs import image_batch
-    from perflab.runtime.modes import make_step
-    from perflab.runtime.precision import precision
+    from perflab.runtime.workload import warm_workload
 
-    torch.manual_seed(case.seed)
-    model, vit_config = build_model(case)
-    model = model.to(case.device)
-    x = image_batch(case.batch_size, case.input_size, case.device, case.seed)
-    with torch.no_grad(), precision(case.dtype, case.device):
-        step = make_step(model, x, case.mode)
-        for _ in range(case.warmup + 1):
-            step()
-        synchronize(case.device)
-        if vit_config is not None and case.mode == "eager":
-            model.annotate = True
+    with warm_workload(case) as work:
+        annotate = work.vit_config is not None and case.mode == "eager"
+        work.model.annotate = annotate
         try:
-            return record_steps(step, trace_path, case.device, steps=steps)
+            return record_steps(work.step, trace_path, case.device, steps=steps)
         finally:
-            if vit_config is not None:
-                model.annotate = False
+            if annotate:
+                work.model.annotate = False
 
 
 class StepProfiler:

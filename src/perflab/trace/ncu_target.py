@@ -19,23 +19,12 @@ def main() -> None:
     args = parser.parse_args()
     case = validate_case(Case.from_dict(json.loads(args.case_json)))
 
-    from perflab.models.registry import build_model
-    from perflab.runtime.inputs import image_batch
-    from perflab.runtime.modes import make_step
-    from perflab.runtime.precision import precision
+    from perflab.runtime.workload import warm_workload
 
-    torch.manual_seed(case.seed)
-    model, _ = build_model(case)
-    model = model.to(case.device)
-    x = image_batch(case.batch_size, case.input_size, case.device, case.seed)
-    with torch.no_grad(), precision(case.dtype, case.device):
-        step = make_step(model, x, case.mode)
-        for _ in range(case.warmup + 1):
-            step()
-        torch.cuda.synchronize()
+    with warm_workload(case) as work:
         torch.cuda.nvtx.range_push(NVTX_RANGE)
         for _ in range(args.steps):
-            step()
+            work.step()
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
 
