@@ -446,16 +446,21 @@ def compare(
     from perflab import api
     from perflab.report.explain_console import render_comparison
 
-    names = [item for item in (a, b) if not Path(item).exists()]
+    names = [item for item in (a, b) if not _is_trace_path(item)]
     cases = iter(api.make_cases(model=names, input_size=[input_size], batch_size=[batch_size], keep_rate=keep_rate, reduction_loc=reduction_loc,
                                 attn=attn, dtype=[dtype], mode=[mode], device=device) if names else [])
-    items = [Path(item) if Path(item).exists() else next(cases) for item in (a, b)]
+    items = [Path(item) if _is_trace_path(item) else next(cases) for item in (a, b)]
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir)
     if as_json:
         sys.stdout.write(json.dumps(comparison.to_dict()) + "\n")
     else:
         render_comparison(out, comparison)
+
+
+def _is_trace_path(item: str) -> bool:
+    """An existing file, or a name that looks like one (so a missing trace is reported as missing)."""
+    return Path(item).exists() or "/" in item or item.endswith((".json", ".gz", ".sqlite", ".db"))
 
 
 @app.command()
