@@ -35,7 +35,7 @@ from typing import Callable
 from perflab.errors import PerflabError
 from perflab.spec import Case
 from perflab.sweep.spec import Experiment
-from perflab.sweep.store import FAILED_STATUSES, Store, store_path
+from perflab.sweep.store import FAILED_STATUSES, Store, make_out_dir, store_path
 
 POLL_S = 0.05  # how often the parent looks at its workers
 KILL_GRACE_S = 5.0
@@ -129,12 +129,7 @@ def _cases_to_run(experiment: Experiment, store: Store, env_key: str, out_dir: P
 @contextlib.contextmanager
 def _one_sweep_at_a_time(out_dir: Path):
     """An exclusive lock on DIR/sweep.lock: the store has one writer. The OS drops it when the process dies."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise PerflabError(f"{out_dir}: exists and is not a directory; give --out a directory")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PerflabError(f"{out_dir}: cannot create the output directory ({exc.strerror})") from None
+    make_out_dir(out_dir)
     with open(out_dir / "sweep.lock", "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -64,6 +64,18 @@ CREATE TABLE IF NOT EXISTS sweeps (
 """
 
 
+def make_out_dir(out_dir) -> Path:
+    """Create the output directory (and parents), or say in one line why it cannot be."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PerflabError(f"{out_dir}: exists and is not a directory; give --out a directory")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PerflabError(f"{out_dir}: cannot create the output directory ({exc.strerror})") from None
+    return out_dir
+
+
 def store_path(out_dir) -> Path:
     return Path(out_dir) / STORE_NAME
 
@@ -78,13 +90,7 @@ class Store:
     @classmethod
     def create(cls, out_dir) -> "Store":
         """Open DIR/results.sqlite for writing, creating DIR and the schema if needed."""
-        out_dir = Path(out_dir)
-        if out_dir.exists() and not out_dir.is_dir():
-            raise PerflabError(f"{out_dir}: exists and is not a directory; give --out a directory")
-        try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise PerflabError(f"{out_dir}: cannot create the output directory ({exc.strerror})") from None
+        out_dir = make_out_dir(out_dir)
         store = cls._connect(store_path(out_dir))
         if store.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is None:
             with store.conn:  # only a new store is written to here, so a refused sweep leaves an old one as it was
