@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from perflab.analysis.compare import compare_traces, step_profile
+from perflab.errors import PerflabError
 from perflab.trace import load_trace
 from perflab.trace.schema import KERNEL_COLUMNS, Trace
 
@@ -25,6 +26,10 @@ def loaded():
 
 def test_every_pair_of_committed_traces_closes_to_the_nanosecond(loaded):
     for (na, a), (nb, b) in combinations(loaded.items(), 2):
+        if (len(a.steps) > 0) != (len(b.steps) > 0):  # a step against a whole trace: refused
+            with pytest.raises(PerflabError, match="has step annotations"):
+                compare_traces(a, b, (na, nb))
+            continue
         c = compare_traces(a, b, (na, nb))
         assert abs(c.closure_ns()) < 1e-3, (na, nb, c.closure_ns())
         assert abs(c.a.closure_ns()) < 1e-3 and abs(c.b.closure_ns()) < 1e-3
@@ -116,3 +121,39 @@ def test_launch_bound_verdict_prices_extra_launches_at_one_cpu_speed():
 
 
 from perflab.analysis.compare import both_launch_bound  # noqa: E402
+
+
+def naive_union_ns(intervals):
+    total, end = 0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def test_category_times_and_overlap_match_a_hand_count(loaded):
+    """Per-step GPU time by category and the overlap term, recomputed from the KernelTable by hand."""
+    t = loaded["train_step.json.gz"]
+    p = step_profile(t)
+    starts, per_step = [], []
+    steps = t.steps.sort_values("start_ns")
+    k = t.kernels
+    launched = np.where(k["launch_start_ns"] >= 0, k["launch_start_ns"], k["start_ns"])
+    by_category = {}
+    for i, s in enumerate(steps["start_ns"]):
+        e = steps["start_ns"].iloc[i + 1] if i + 1 < len(steps) else np.inf
+        acts = k[(launched >= s) & (launched < e)]
+        for cat, dur in zip(acts["category"].astype(str), acts["dur_ns"]):
+            by_category[cat] = by_category.get(cat, 0) + int(dur)
+    assert p.category_ns == pytest.approx({c: v / 3 for c, v in by_category.items()})
+    assert p.overlap_ns == pytest.approx(0, abs=1e-9)  # one stream, each step synchronised
+
+    two = loaded["two_streams.json.gz"]  # no step annotations: the whole trace is the window
+    q = step_profile(two)
+    union = naive_union_ns(zip(two.kernels["start_ns"], two.kernels["end_ns"]))
+    assert q.overlap_ns == pytest.approx(two.kernels["dur_ns"].sum() - union)
+    assert q.overlap_ns > 0  # the two streams really ran at once

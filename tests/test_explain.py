@@ -36,8 +36,19 @@ def test_graph_prediction_is_the_sum_of_max_duration_plus_gap_and_interval(eager
     expected = np.mean([np.maximum(s["dur_ns"].to_numpy() + gap * 1e3, interval * 1e3).sum() for s in per_step]) / 1e6
     got = predict_modes(eager, interval, gap)
     assert got["cudagraph"] == pytest.approx(expected, rel=1e-12)
-    # Fusing glue kernels can only lower the prediction.
-    assert got["compile:reduce-overhead"] < got["cudagraph"]
+    # compile: GEMM, attention, selection and memcpy kernels as in the graph; the glue kernels' count and
+    # time halved, each of the remaining ones costing at least the interval.
+    glue = {"elementwise", "copy", "norm", "softmax", "reduction", "triton_fused", "memset"}
+    kept, glue_time, glue_count = 0.0, 0.0, 0
+    for s in per_step:
+        is_glue = s["category"].astype(str).isin(glue).to_numpy()
+        d = s["dur_ns"].to_numpy()
+        kept += np.maximum(d[~is_glue] + gap * 1e3, interval * 1e3).sum()
+        glue_time += d[is_glue].sum() / 2
+        glue_count += is_glue.sum() / 2
+    assert glue_count > 100  # the bf16 casts, norms and adds of the eager trace are there to fuse
+    fused = (kept + max(glue_time + glue_count * gap * 1e3, glue_count * interval * 1e3)) / len(per_step) / 1e6
+    assert got["compile:reduce-overhead"] == pytest.approx(fused, rel=1e-12)
 
 
 def test_host_issue_time_is_step_start_to_last_launch_end(eager):
@@ -61,4 +72,4 @@ def test_untraced_host_issue_time_of_a_50_ms_step():
     from perflab.measure.host import host_issue_ms as untraced
 
     ms = untraced(validate_case(Case("test:slow", device="cpu", warmup=1)), iters=5)
-    assert 50 <= ms < 80
+    assert 50 <= ms < 100  # the sleep, plus a loaded 2-core machine's scheduling delays

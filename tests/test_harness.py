@@ -140,3 +140,8 @@ def test_autocast_casts_each_weight_once_across_steps():
                 lin(x)
     copies = sum(e.count for e in prof.key_averages() if e.key == "aten::_to_copy")
     assert copies == 3  # the input, once per step; the weight and bias were cast before and cached
+
+
+def test_iters_is_the_exact_number_of_timed_steps():
+    row = run_case(Case("test:tiny", device="cpu", iters=7, repeats=3, warmup=0), monitor=FakeMonitor(**GOOD_GPU))
+    assert row["timed_iters"] == 7 and row["n_samples"] == 3

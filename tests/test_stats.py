@@ -55,3 +55,10 @@ def test_plan_aims_for_min_time_and_min_iters():
     assert plan.total_iters * 0.001 == pytest.approx(1.0, rel=0.05)
     slow = plan_timing(step_s=0.5, repeats=20, min_time=1.0, min_iters=50, iters=None)
     assert (slow.n_blocks, slow.block_iters) == (20, 3)  # 50 iterations at least, 3 per block
+
+
+@pytest.mark.parametrize("iters,repeats,sizes", [(39, 20, [2] * 19 + [1]), (25, 20, [2] * 5 + [1] * 15), (7, 3, [3, 2, 2])])
+def test_an_uneven_iters_is_kept_exactly(iters, repeats, sizes):
+    plan = plan_timing(step_s=0.01, repeats=repeats, min_time=1.0, min_iters=50, iters=iters)
+    assert plan.block_sizes == sizes
+    assert plan.total_iters == sum(sizes) == iters

@@ -142,3 +142,21 @@ def test_a_truncated_sqlite_file(tmp_path):
     path.write_bytes(data[: len(data) // 3])
     with pytest.raises(PerflabError, match="truncated.sqlite"):
         load_trace(path)
+
+
+def test_an_export_without_api_calls_loads_with_nothing_linked(tmp_path):
+    """nsys exports only the tables it has data for: GPU activity with no RUNTIME table is still a trace."""
+    import shutil
+
+    from perflab.analysis import analyze_trace
+
+    path = tmp_path / "no_runtime.sqlite"
+    shutil.copy(NSYS_FIXTURE, path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME")
+    trace = load_trace(path)
+    assert len(trace.kernels) == 10  # 8 kernels, a memcpy and a memset, as in the full fixture
+    assert (trace.kernels["launch_start_ns"] == -1).all() and (trace.kernels["launch_api"].astype(str) == "").all()
+    report = analyze_trace(trace)
+    row = report.trace_accounting
+    assert row["wall_ns"] == row["busy_ns"] + row["host_bound_ns"] + row["kernel_gap_ns"] + row["other_ns"]

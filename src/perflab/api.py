@@ -208,9 +208,13 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
     """
     from pathlib import Path
 
+    from perflab.errors import PerflabError
     from perflab.measure.harness import run_case
     from perflab.trace.capture import profile_case as record
 
+    if case.device != "cuda":
+        raise PerflabError("profiling a case accounts for its GPU time, so it needs a CUDA GPU (--device cuda); on the CPU, "
+                           "perflab bench times it and perflab.profile() records a CPU trace of your own loop")
     row = run_case(case)
     trace_path = Path(out_dir) / f"{case.id}_{case.mode.replace(':', '-')}.json.gz"
     if row["status"] != "ok":
@@ -219,6 +223,14 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
     report = analyze(trace_path, top=top)
     traced = float(report.steps["wall_ns"].median()) / 1e6
     return {"case": case, "row": row, "trace_path": trace_path, "report": report, "traced_step_ms": traced, "inflation": traced / row["median_ms"]}
+
+
+def is_trace_path(item) -> bool:
+    """An existing file, or a name that looks like one (so that a missing trace is reported as missing)."""
+    from pathlib import Path
+
+    text = str(item)
+    return Path(text).exists() or "/" in text or text.endswith((".json", ".gz", ".sqlite", ".db"))
 
 
 def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None)):

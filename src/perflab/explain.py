@@ -12,9 +12,9 @@ For each case (and the ``--vs`` case):
      between kernels, and at least the minimal kernel interval, both measured on this GPU:
      Σ max(duration + gap, interval). No host time: one graph launch per step.
    - compile:reduce-overhead: the same graph model after fusion: GEMM, attention and selection kernels
-     unchanged, the memory-bound "glue" kernels (elementwise, copy/cast, norm, softmax, reduction,
-     triton-fused) assumed fused two into one (half the kernels, half their time). A heuristic; the
-     table shows its error.
+     unchanged, the memory-bound "glue" kernels (elementwise, copy, norm, softmax, reduction,
+     triton_fused, memset) assumed fused two into one (half the kernels, half their time). A heuristic;
+     the table shows its error.
 5. those modes measured with the untraced harness, prediction against measurement;
 6. fixes (modes) ranked by measured gain over eager.
 With ``--vs``, the two eager traces are compared with the exact decomposition (perflab.analysis.compare).
@@ -33,8 +33,11 @@ from perflab.analysis.floors import Floors, compute_floors, vit_min_bytes
 from perflab.errors import PerflabError
 from perflab.measure.host import host_issue_ms as measure_host_issue_ms
 from perflab.spec import Case
+from perflab.trace.categories import CATEGORIES
 
-GLUE_CATEGORIES = {"elementwise", "copy/cast", "norm", "softmax", "reduction", "triton-fused", "memset"}
+# Memory-bound kernels Inductor fuses with their neighbours (names from perflab.trace.categories).
+GLUE_CATEGORIES = frozenset({"elementwise", "copy", "norm", "softmax", "reduction", "triton_fused", "memset"})
+assert GLUE_CATEGORIES <= set(CATEGORIES), GLUE_CATEGORIES - set(CATEGORIES)
 PREDICTED_MODES = ("cudagraph", "compile:reduce-overhead")
 
 
@@ -200,6 +203,11 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
 def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None) -> Explanation:
     if case.device != "cuda":
         raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
+    from perflab.spec import validate_case
+
+    for c in [case] + ([vs] if vs is not None else []):
+        for mode in modes:  # a bad mode is bad input: say so before minutes of profiling
+            validate_case(replace(c, mode=mode))
     from perflab.measure.ceilings import get_ceilings
     from perflab.measure.harness import run_case
     from perflab.trace.capture import profile_case

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from perflab.analysis.accounting import IDLE_CAUSES, account, activity_launch_time, step_windows
+from perflab.errors import PerflabError
 from perflab.trace.categories import short_name
 from perflab.trace.schema import Trace
 
@@ -151,6 +152,12 @@ def window_of_activities(kernels: pd.DataFrame, windows: pd.DataFrame, whole_tra
 
 
 def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), batch_size: tuple[int | None, int | None] = (None, None)) -> Comparison:
+    if (len(a.steps) > 0) != (len(b.steps) > 0):
+        with_steps, without = (labels[0], labels[1]) if len(a.steps) else (labels[1], labels[0])
+        raise PerflabError(
+            f"{with_steps} has step annotations and {without} has none, so a step would be compared with a whole trace; "
+            "profile both with steps (perflab profile, or perflab.profile() in your loop) or compare two traces without them"
+        )
     steps = min(_step_count(a), _step_count(b))
     pa, pb = step_profile(a, steps), step_profile(b, steps)
     return compare_profiles(pa, pb, labels, batch_size)
@@ -211,20 +218,21 @@ def both_launch_bound(c: Comparison) -> bool:
 
 
 def _launch_bound_reason(c: Comparison, d_busy: float, saved: str, launches: str) -> str:
-    """Both steps wait on the CPU: the step costs about (CPU time per launch) × launches.
+    """Both steps wait on the CPU: the step costs about (wall time per kernel) × kernels, where the wall
+    time per kernel is, in a launch-bound step, the CPU's time to issue one kernel (its op, its launch).
 
     The CPU's speed can drift between two profiled runs (a shared or virtual host), so the wall-clock
-    difference alone can mislead; compare the launches at one CPU speed, A's.
+    difference alone can mislead; compare the kernels at one CPU speed, A's.
     """
     per_launch_a = c.a.wall_ns / c.a.kernels if c.a.kernels else 0.0
     per_launch_b = c.b.wall_ns / c.b.kernels if c.b.kernels else 0.0
     extra = (c.b.kernels - c.a.kernels) * per_launch_a
     text = (f"Both are launch-bound (host-bound idle exceeds GPU busy time). GPU time {'−' if d_busy < 0 else '+'}{abs(d_busy) / 1e6:.3g} ms"
-            f"{f' ({saved})' if d_busy < 0 and saved else ''}, {launches}; at {c.labels[0]}'s CPU time per launch ({per_launch_a / 1e3:.1f} µs), "
+            f"{f' ({saved})' if d_busy < 0 and saved else ''}, {launches}; at {c.labels[0]}'s wall time per kernel ({per_launch_a / 1e3:.1f} µs), "
             f"that is {'+' if extra >= 0 else '−'}{abs(extra) / 1e6:.3g} ms of host time per step")
     drift = per_launch_b / per_launch_a - 1 if per_launch_a else 0.0
     if abs(drift) > 0.1:
-        text += f" (the CPU time per launch differed by {drift:+.0%} between the two runs: host speed drifted, so compare launches, not wall time)"
+        text += f" (the wall time per kernel differed by {drift:+.0%} between the two runs: host speed drifted, so compare kernels, not wall time)"
     return text + "."
 
 

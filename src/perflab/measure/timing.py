@@ -22,10 +22,15 @@ from perflab.runtime.device import synchronize
 class TimingPlan:
     n_blocks: int
     block_iters: int
+    extra: int = 0  # the first `extra` blocks run one step more (an --iters that does not divide evenly)
+
+    @property
+    def block_sizes(self) -> list[int]:
+        return [self.block_iters + (1 if b < self.extra else 0) for b in range(self.n_blocks)]
 
     @property
     def total_iters(self) -> int:
-        return self.n_blocks * self.block_iters
+        return self.n_blocks * self.block_iters + self.extra
 
 
 @dataclass(frozen=True)
@@ -36,7 +41,7 @@ class Timing:
 
     @property
     def timed_s(self) -> float:
-        return float(self.samples_ms.sum() * self.plan.block_iters / 1000.0)
+        return float((self.samples_ms * np.array(self.plan.block_sizes)).sum() / 1000.0)
 
 
 def estimate_step_s(step: Callable[[], object], device: str, iters: int = 3) -> float:
@@ -52,13 +57,14 @@ def estimate_step_s(step: Callable[[], object], device: str, iters: int = 3) -> 
 def plan_timing(step_s: float, repeats: int, min_time: float, min_iters: int, iters: int | None) -> TimingPlan:
     """Split the timed work into ``repeats`` blocks.
 
-    With ``iters`` the total is exactly ``iters`` steps (fewer blocks if iters < repeats). Otherwise each
+    With ``iters`` the total is exactly ``iters`` steps (fewer blocks if iters < repeats; when the blocks
+    cannot all be equal, the first ones take one step more). Otherwise each
     block runs enough steps that the loop lasts about ``min_time`` seconds and holds at least ``min_iters``
     steps, with at least one step per block.
     """
     if iters is not None:
         n_blocks = min(repeats, iters)
-        return TimingPlan(n_blocks, iters // n_blocks)
+        return TimingPlan(n_blocks, iters // n_blocks, iters % n_blocks)
     per_block_time = min_time / repeats
     block_iters = max(1, math.ceil(per_block_time / max(step_s, 1e-9)), math.ceil(min_iters / repeats))
     return TimingPlan(repeats, block_iters)
@@ -74,24 +80,26 @@ def _time_cuda(step: Callable[[], object], plan: TimingPlan) -> Timing:
     events = [torch.cuda.Event(enable_timing=True) for _ in range(plan.n_blocks + 1)]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
+    sizes = plan.block_sizes
     events[0].record()
     for b in range(plan.n_blocks):
-        for _ in range(plan.block_iters):
+        for _ in range(sizes[b]):
             step()
         events[b + 1].record()
     torch.cuda.synchronize()
     wall_s = time.perf_counter() - t0
-    samples = np.array([events[i].elapsed_time(events[i + 1]) / plan.block_iters for i in range(plan.n_blocks)])
+    samples = np.array([events[i].elapsed_time(events[i + 1]) / sizes[i] for i in range(plan.n_blocks)])
     return Timing(samples, plan, wall_s)
 
 
 def _time_host(step: Callable[[], object], plan: TimingPlan) -> Timing:
+    sizes = plan.block_sizes
     stamps = np.empty(plan.n_blocks + 1)
     t0 = time.perf_counter()
     stamps[0] = t0
     for b in range(plan.n_blocks):
-        for _ in range(plan.block_iters):
+        for _ in range(sizes[b]):
             step()
         stamps[b + 1] = time.perf_counter()
-    samples = np.diff(stamps) * 1000.0 / plan.block_iters
+    samples = np.diff(stamps) * 1000.0 / np.array(sizes)
     return Timing(samples, plan, stamps[-1] - t0)

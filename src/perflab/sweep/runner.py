@@ -20,6 +20,7 @@ import fcntl
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -89,7 +90,7 @@ def run_sweep(
     emit = on_event or (lambda kind, **info: None)
     out_dir = Path(out_dir)
     timeout_s = float(timeout_s if timeout_s is not None else experiment.timeout_s)
-    if timeout_s <= 0:
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):  # rejects nan and inf too
         raise PerflabError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
     slots = _slots(experiment, gpus, workers)
     env = probe_environment(experiment, [s[len("gpu"):] for s in slots if s.startswith("gpu")])

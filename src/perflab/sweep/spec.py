@@ -218,6 +218,8 @@ def load_experiment(path) -> Experiment:
         raise PerflabError(f"{source}: no such spec file") from None
     except OSError as exc:
         raise PerflabError(f"{source}: cannot read the spec ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise PerflabError(f"{source}: not a text file (a spec is UTF-8 YAML)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:

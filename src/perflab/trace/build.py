@@ -223,6 +223,8 @@ def _kernel_table(raw, names, launches, ranges, link, launch_range) -> pd.DataFr
     safe = np.maximum(link, 0)
 
     def launch_column(values: np.ndarray) -> np.ndarray:
+        if len(values) == 0:  # no API calls in the trace at all: nothing is linked
+            return np.full(len(link), NOT_LINKED, dtype=np.int64)
         return np.where(linked, values[safe], NOT_LINKED).astype(np.int64)
 
     name_codes, name_used = _dense_codes(gpu["name"], len(names))
