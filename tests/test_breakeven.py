@@ -118,3 +118,30 @@ def test_analysis_never_imports_torch():
     code = "import sys, perflab.analysis.breakeven, perflab.report.markdown, perflab.sweep.store; assert 'torch' not in sys.modules, 'torch imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_fit_that_contradicts_the_measurements_says_so():
+    """Medians measured on an H200 (DeiT-B vs top-k 0.1@3,6,9, bs8 bf16 eager): top-k is host-bound and flat
+    until ~1000 tokens, which a quadratic cannot follow; its crossing (387) lies where top-k is still slower."""
+    from perflab.analysis.breakeven import find_breakeven
+
+    tokens = [101, 145, 197, 257, 325, 401, 485, 577, 677, 785, 901, 1025, 1157, 1297, 1445, 1601]
+    base = [2.029, 2.179, 2.118, 2.384, 2.301, 2.401, 2.736, 3.196, 3.763, 4.455, 5.087, 5.864, 6.701, 7.399, 8.282, 9.307]
+    topk = [2.738, 2.762, 2.645, 2.744, 2.781, 2.816, 2.767, 2.753, 2.625, 2.813, 3.102, 2.902, 3.248, 3.536, 3.879, 4.277]
+    r = find_breakeven(tokens, [[v] for v in base], tokens, [[v] for v in topk], n_boot=200)
+    assert r.crossover_tokens is not None and 380 < r.crossover_tokens < 395
+    assert r.measured_crossings[0][:2] == (485, 577)
+    assert 485 < r.measured_crossings[0][2] < 577
+    assert not r.fit_agrees_with_measurements
+    assert "BUT the measured medians change sign between 485 and 577 tokens" in r.summary()
+
+
+def test_a_fit_that_agrees_adds_no_warning():
+    from perflab.analysis.breakeven import find_breakeven
+
+    n = [100, 200, 300, 400, 500, 600]
+    base = [1 + 0.01 * x for x in n]
+    var = [3 + 0.005 * x for x in n]  # crosses at 400
+    r = find_breakeven(n, [[v] for v in base], n, [[v] for v in var], n_boot=100)
+    assert r.crossover_tokens == pytest.approx(400, rel=1e-6)
+    assert r.fit_agrees_with_measurements and "BUT" not in r.summary()

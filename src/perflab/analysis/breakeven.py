@@ -65,6 +65,18 @@ class BreakevenResult:
     level: float = LEVEL
     patch_size: int = PATCH_SIZE
     all_crossings: tuple[float, ...] = field(default=())
+    # Where the measured medians change sign, between token counts measured for both models:
+    # (tokens below, tokens above, linear interpolation of the difference between them).
+    measured_crossings: tuple[tuple[float, float, float], ...] = field(default=())
+
+    @property
+    def fit_agrees_with_measurements(self) -> bool:
+        """False when the fitted crossover (or its absence) contradicts where the measurements change sign."""
+        fitted = [self.crossover_tokens] if self.crossover_tokens is not None else []
+        if not self.measured_crossings:
+            return not fitted
+        slack = 1e-6 * (self.tokens_hi - self.tokens_lo)  # a crossing exactly on a measured point counts as inside
+        return bool(fitted) and any(lo - slack <= fitted[0] <= hi + slack for lo, hi, _ in self.measured_crossings)
 
     @property
     def crossover_input_size(self) -> float | None:
@@ -91,7 +103,19 @@ class BreakevenResult:
                 f"({_bound(s_lo, 'px')}–{_bound(s_hi, 'px')}), {self.method} bootstrap, n={self.n_boot}")
         if len(self.all_crossings) > 1:
             text += "; the fitted curves cross again at " + ", ".join(f"{n:.0f}" for n in self.all_crossings[1:]) + " tokens"
-        return text
+        return text + self._disagreement()
+
+    def _disagreement(self) -> str:
+        if self.fit_agrees_with_measurements:
+            return ""
+        if not self.measured_crossings:
+            return ("; but the measured medians do not change sign in the range: the quadratic fit's crossing is "
+                    f"an artefact of its shape (R² {self.baseline.r2:.3f} / {self.variant.r2:.3f}), trust the measurements")
+        lo, hi, at = self.measured_crossings[0]
+        return (f"; BUT the measured medians change sign between {lo:.0f} and {hi:.0f} tokens (≈ {at:.0f} by linear interpolation, "
+                f"input ≈ {input_size_for_tokens(at, self.patch_size):.0f} px): the quadratic does not follow the curves' shape "
+                f"(R² {self.baseline.r2:.3f} / {self.variant.r2:.3f}, largest residual {max(self.baseline.max_rel_residual, self.variant.max_rel_residual):.0%}), "
+                "so trust the measured bracket")
 
 
 def tokens_for_input_size(input_size, patch_size: int = PATCH_SIZE):
@@ -178,8 +202,21 @@ def find_breakeven(
         crossover_tokens=crossover, crossover_ci=ci, variant_faster_above=faster_above,
         variant_faster_at_lo=bool(d_lo < 0), variant_faster_at_hi=bool(d_hi < 0),
         fraction_crossing=fraction, n_boot=n_boot, method=method, level=level, patch_size=patch_size,
-        all_crossings=tuple(found),
+        all_crossings=tuple(found), measured_crossings=measured_crossings(nb, yb, nv, yv),
     )
+
+
+def measured_crossings(nb, yb, nv, yv) -> tuple[tuple[float, float, float], ...]:
+    """Sign changes of (variant − baseline) between consecutive token counts measured for both."""
+    base = dict(zip(map(float, nb), yb))
+    var = dict(zip(map(float, nv), yv))
+    common = sorted(set(base) & set(var))
+    diff = [var[n] - base[n] for n in common]
+    out = []
+    for (n0, d0), (n1, d1) in zip(zip(common, diff), zip(common[1:], diff[1:])):
+        if (d0 < 0) != (d1 < 0) and d0 != d1:
+            out.append((n0, n1, n0 + (n1 - n0) * d0 / (d0 - d1)))
+    return tuple(out)
 
 
 def points_from_rows(rows: Sequence[dict], case_ids: Sequence[str], patch_size: int = PATCH_SIZE):
