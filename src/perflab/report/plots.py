@@ -83,9 +83,12 @@ def breakeven_plot(tokens_b: Sequence[float], ms_b: Sequence[tuple], tokens_v: S
         yerr = [[m[0] - m[1] for m in ms], [m[2] - m[0] for m in ms]]
         ax.errorbar(tokens, med, yerr=yerr, fmt="o", color=color, capsize=3, label=f"{label} (measured)")
         ax.plot(grid, fit(grid), color=color, lw=1.5, label=f"{label} fit a+bn+cn²")
+    for b_lo, b_hi, _ in result.measured_crossings[:1]:
+        ax.axvspan(b_lo, b_hi, color="C2", alpha=0.15, label=f"measured sign change: {b_lo:.0f}–{b_hi:.0f} tokens")
     if result.crossover_tokens is not None:
         n = result.crossover_tokens
-        ax.axvline(n, color="C3", lw=1.5, label=f"crossover ≈ {n:.0f} tokens ({result.crossover_input_size:.0f} px)")
+        fit = "fit crossover" + ("" if result.fit_agrees_with_measurements else " (disagrees with the measurements)")
+        ax.axvline(n, color="C3", lw=1.5, label=f"{fit} ≈ {n:.0f} tokens ({result.crossover_input_size:.0f} px)")
         c_lo, c_hi = result.crossover_ci
         if not (math.isinf(c_lo) and math.isinf(c_hi)):
             ax.axvspan(max(c_lo, lo), min(c_hi, hi), color="C3", alpha=0.15, label=f"{result.level:.0%} CI")
