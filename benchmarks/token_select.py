@@ -10,7 +10,6 @@ topk sorted, sort + slice). Each variant is captured 50 times in one CUDA graph;
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 H, HD = 12, 64
 D = H * HD

@@ -88,3 +88,15 @@ def test_multi_value_options_expand_and_keep_other_tokens():
         "bench", "--model", "a", "--model", "b", "--batch-size", "1", "--batch-size", "8", "--seed", "3", "--keep-rate", "0.1",
         "--reduction-loc", "3", "--reduction-loc", "6", "--reduction-loc", "9",
     ]
+
+
+def test_demo_runs_the_small_cpu_version_and_pairs_top_k_with_its_baseline():
+    from perflab import api
+
+    cases = api.demo_cases("cpu")
+    assert sorted((c.model, c.batch_size) for c in cases) == [
+        ("deit_tiny_patch16_224", 1), ("deit_tiny_patch16_224", 8), ("topk_deit_tiny_patch16_224", 1), ("topk_deit_tiny_patch16_224", 8)]
+    r = run_cli("demo", "--device", "cpu")
+    assert r.returncode == 0, r.stderr
+    assert "Top-k vs baseline" in r.stdout and "197→21→3→2" in r.stdout
+    assert r.stdout.count("2.51 → 0.83") == 2  # DeiT-Tiny GFLOPs per image, baseline → top-k, at bs 1 and 8

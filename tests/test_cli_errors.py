@@ -38,3 +38,22 @@ def test_one_line_and_exit_2(args, fragment):
     r = run_cli(*args, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert_one_line_error(r, fragment)
     assert r.stdout == ""
+
+
+def test_a_refused_profile_leaves_no_directory_behind(tmp_path):
+    out = tmp_path / "traces"
+    r = run_cli("profile", "--model", "deit_tiny_patch16_224", "--device", "cpu", "--out", out)
+    assert_one_line_error(r, "needs a CUDA GPU")
+    assert not out.exists()
+
+
+def test_an_output_directory_that_is_a_file_is_one_line(tmp_path):
+    from perflab.paths import make_out_dir
+    from perflab.errors import PerflabError
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(PerflabError, match="exists and is not a directory"):
+        make_out_dir(f)
+    with pytest.raises(PerflabError, match="cannot create the output directory"):
+        make_out_dir(f / "sub")

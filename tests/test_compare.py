@@ -139,7 +139,6 @@ def test_category_times_and_overlap_match_a_hand_count(loaded):
     """Per-step GPU time by category and the overlap term, recomputed from the KernelTable by hand."""
     t = loaded["train_step.json.gz"]
     p = step_profile(t)
-    starts, per_step = [], []
     steps = t.steps.sort_values("start_ns")
     k = t.kernels
     launched = np.where(k["launch_start_ns"] >= 0, k["launch_start_ns"], k["start_ns"])

@@ -50,6 +50,19 @@ def make_cases(
     return cases
 
 
+def demo_cases(device: str = "auto") -> list[Case]:
+    """The quick start's cases: the token-reduction paradox (DeiT-B baseline vs top-k 0.1 at 3,6,9, bf16,
+    batch 1 and 64, eager and CUDA graph) on a GPU; a small version (DeiT-Tiny, fp32, eager) on the CPU."""
+    from perflab.runtime.device import resolve_device
+
+    device = resolve_device(device)
+    if device == "cuda":
+        spec = dict(model=["deit_base_patch16_224", "topk_deit_base_patch16_224"], batch_size=[1, 64], dtype=["bf16"], mode=["eager", "cudagraph"])
+    else:
+        spec = dict(model=["deit_tiny_patch16_224", "topk_deit_tiny_patch16_224"], batch_size=[1, 8], dtype=["fp32"], mode=["eager"], min_time=0.5, warmup=3)
+    return make_cases(keep_rate=[0.1], reduction_loc=[3, 6, 9], device=device, **spec)
+
+
 def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | None = None) -> list[dict]:
     """Measure each case in this process; an OOM or failure in one becomes its row and the rest still run.
 
@@ -206,7 +219,6 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
     Returns {"case", "row" (the untraced result row), "trace_path", "report" (TraceReport),
     "traced_step_ms" (median step window), "inflation" (traced ÷ untraced)}.
     """
-    from pathlib import Path
 
     from perflab.errors import PerflabError
     from perflab.measure.harness import run_case
@@ -215,8 +227,10 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
     if case.device != "cuda":
         raise PerflabError("profiling a case accounts for its GPU time, so it needs a CUDA GPU (--device cuda); on the CPU, "
                            "perflab bench times it and perflab.profile() records a CPU trace of your own loop")
+    from perflab.paths import make_out_dir
+
+    trace_path = make_out_dir(out_dir) / f"{case.id}_{case.mode.replace(':', '-')}.json.gz"
     row = run_case(case)
-    trace_path = Path(out_dir) / f"{case.id}_{case.mode.replace(':', '-')}.json.gz"
     if row["status"] != "ok":
         return {"case": case, "row": row, "trace_path": None, "report": None, "traced_step_ms": None, "inflation": None}
     record(case, trace_path, steps=steps)

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from perflab.errors import PerflabError
+from perflab.paths import check_writable_file
 
 try:  # typer ≥ 0.20 vendors click; older versions use the click package
     from typer._click import exceptions as click_exceptions
@@ -83,7 +84,7 @@ def bench(
     if fmt not in FORMATS:
         raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
     if out_file is not None:
-        _check_writable_file(out_file)
+        check_writable_file(out_file)
     cases = api.make_cases(
         model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
         attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
@@ -106,48 +107,15 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
     """The token-reduction paradox in one command: DeiT baseline vs top-k, eager vs CUDA graph (GPU),
     or a small CPU version when no GPU is present."""
     from perflab import api
-    from perflab.report.console import bench_table
-    from perflab.runtime.device import resolve_device
+    from perflab.report.console import bench_table, speedup_table
 
-    device = resolve_device(device)
-    if device == "cuda":
-        spec = dict(model=["deit_base_patch16_224", "topk_deit_base_patch16_224"], input_size=[224], batch_size=[1, 64], dtype=["bf16"], mode=["eager", "cudagraph"])
-    else:
+    cases = api.demo_cases(device)
+    if cases[0].device == "cpu":
         err.print("No GPU here: running a small CPU version (DeiT-Tiny, fp32, eager).")
-        spec = dict(model=["deit_tiny_patch16_224", "topk_deit_tiny_patch16_224"], input_size=[224], batch_size=[1, 8], dtype=["fp32"], mode=["eager"], min_time=0.5, warmup=3)
-    cases = api.make_cases(keep_rate=[0.1], reduction_loc=[3, 6, 9], device=device, **spec)
     rows = _run_with_progress(cases)
     _print_warnings(rows)
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
-    out.print(_speedup_table(rows))
-
-
-def _check_writable_file(path: Path) -> None:
-    """Fail before minutes of measuring, not after, when the output file cannot be written."""
-    if path.is_dir():
-        raise PerflabError(f"{path}: is a directory; give --out a file name")
-    if not path.parent.exists():
-        raise PerflabError(f"{path}: the directory {path.parent} does not exist")
-
-
-def _speedup_table(rows):
-    from rich.table import Table
-
-    from perflab.report.tables import speedup_rows
-
-    table = Table(title="Top-k vs baseline", header_style="bold")
-    for col in ("size", "bs", "dtype", "mode", "baseline img/s", "top-k img/s", "speedup", "GFLOPs/img", "verdict"):
-        table.add_column(col, justify="left" if col in ("dtype", "mode", "verdict") else "right")
-    for p in speedup_rows(rows):
-        if p["speedup"] is None:
-            table.add_row(str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], "–", "–", "–", "–", f"{p['baseline_status']}/{p['variant_status']}")
-            continue
-        verdict = ("faster" if p["faster"] else "slower") + ("" if p["significant"] else " (within noise)")
-        table.add_row(
-            str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], f"{p['baseline_tp']:.1f}", f"{p['variant_tp']:.1f}",
-            f"{p['speedup']:.2f}×", f"{p['baseline_gflops']:.2f} → {p['variant_gflops']:.2f}", verdict,
-        )
-    return table
+    out.print(speedup_table(rows))
 
 
 def _run_with_progress(cases):
@@ -292,7 +260,7 @@ def _print_sweep_summary(summary) -> None:
               soft_wrap=True, markup=False)
     if summary.interrupted:
         err.print(f"interrupted; {summary.total - summary.skipped - summary.done} case(s) not run: rerun with --resume to finish")
-        sys.exit(130)  # (main() runs click with standalone_mode=False, which turns typer.Exit into a return value)
+        raise typer.Exit(130)
     out.print(f"report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
 
 

@@ -32,6 +32,7 @@ from perflab.analysis.accounting import step_windows
 from perflab.analysis.floors import Floors, compute_floors, vit_min_bytes
 from perflab.errors import PerflabError
 from perflab.measure.host import host_issue_ms as measure_host_issue_ms
+from perflab.paths import make_out_dir
 from perflab.spec import Case
 from perflab.trace.categories import CATEGORIES
 
@@ -213,8 +214,7 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     from perflab.trace.capture import profile_case
     from perflab.trace.load import load_trace
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_out_dir(out_dir)
     on_stage("measuring this GPU's ceilings (cached after the first time)")
     ceilings = get_ceilings()
     cases = [case] + ([vs] if vs is not None else [])

@@ -41,7 +41,6 @@ from perflab.analysis.intervals import union_blocks
 DEFAULT_KERNEL_GAP_NS = 5_000
 SEGMENT_KINDS = ("busy", "host_bound", "kernel_gap", "other")
 BUSY, HOST_BOUND, KERNEL_GAP, OTHER = range(4)
-ACCOUNT_COLUMNS = ("wall_ns", "busy_ns", "idle_ns", "host_bound_ns", "kernel_gap_ns", "other_ns")
 IDLE_CAUSES = ("host_bound", "kernel_gap", "other")
 
 

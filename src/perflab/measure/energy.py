@@ -31,7 +31,6 @@ class MonitorReport:
     sm_clock_mhz_end: int | None = None
     sm_clock_mhz_min: int | None = None
     sm_clock_mhz_max: int | None = None
-    max_sm_clock_mhz: int | None = None
     throttle_reasons: list[str] = field(default_factory=list)
     other_processes: list[int] = field(default_factory=list)
     samples: int = 0
@@ -43,7 +42,6 @@ class NullMonitor:
 
     def __init__(self, reason: str):
         self.reason = reason
-        self.available = False
 
     def device_info(self) -> dict:
         return {}
@@ -70,7 +68,6 @@ class NvmlMonitor:
             self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
         except pynvml.NVMLError:
             self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch_device_index)
-        self.available = True
         self.period_s = period_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,7 +129,6 @@ class NvmlMonitor:
             report.sm_clock_mhz_end = self._clocks[-1]
             report.sm_clock_mhz_min = min(self._clocks)
             report.sm_clock_mhz_max = max(self._clocks)
-        report.max_sm_clock_mhz = _try(lambda: self.nvml.nvmlDeviceGetMaxClockInfo(self.handle, self.nvml.NVML_CLOCK_SM))
         report.throttle_reasons = [name for bit, name in THROTTLE_REASONS.items() if self._reason_bits & bit]
         report.other_processes = self._other_processes()
         return report

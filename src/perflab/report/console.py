@@ -48,3 +48,22 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
             status or "[green]ok[/green]",
         )
     return table
+
+
+def speedup_table(rows: list[dict]) -> Table:
+    """Each token-reduction row against its baseline at the same point: throughputs, speedup, verdict."""
+    from perflab.report.tables import speedup_rows
+
+    table = Table(title="Top-k vs baseline", header_style="bold")
+    for col in ("size", "bs", "dtype", "mode", "baseline img/s", "top-k img/s", "speedup", "GFLOPs/img", "verdict"):
+        table.add_column(col, justify="left" if col in ("dtype", "mode", "verdict") else "right")
+    for p in speedup_rows(rows):
+        if p["speedup"] is None:
+            table.add_row(str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], "–", "–", "–", "–", f"{p['baseline_status']}/{p['variant_status']}")
+            continue
+        verdict = ("faster" if p["faster"] else "slower") + ("" if p["significant"] else " (within noise)")
+        table.add_row(
+            str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], f"{p['baseline_tp']:.1f}", f"{p['variant_tp']:.1f}",
+            f"{p['speedup']:.2f}×", f"{p['baseline_gflops']:.2f} → {p['variant_gflops']:.2f}", verdict,
+        )
+    return table

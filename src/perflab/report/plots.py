@@ -151,7 +151,7 @@ def _finish(ax, title: str) -> None:
 
 
 def _save(fig, path: Path) -> Path:
-    """Write a small PNG: line plots need few colours, so a 64-colour palette keeps each file ~10 KB."""
+    """Write a small PNG: line plots need few colours, so a 64-colour palette keeps each file small (measured: 20 plots, 256 KB in all)."""
     from PIL import Image  # matplotlib's own dependency
 
     path = Path(path)

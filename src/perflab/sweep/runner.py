@@ -36,7 +36,8 @@ from typing import Callable
 from perflab.errors import PerflabError
 from perflab.spec import Case
 from perflab.sweep.spec import Experiment
-from perflab.sweep.store import FAILED_STATUSES, Store, make_out_dir, store_path
+from perflab.paths import make_out_dir
+from perflab.sweep.store import FAILED_STATUSES, Store, store_path
 
 POLL_S = 0.05  # how often the parent looks at its workers
 KILL_GRACE_S = 5.0

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from perflab.errors import PerflabError
+from perflab.paths import make_out_dir
 
 STORE_NAME = "results.sqlite"
 SCHEMA_VERSION = 1
@@ -62,18 +63,6 @@ CREATE TABLE IF NOT EXISTS sweeps (
     n_done          INTEGER
 );
 """
-
-
-def make_out_dir(out_dir) -> Path:
-    """Create the output directory (and parents), or say in one line why it cannot be."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise PerflabError(f"{out_dir}: exists and is not a directory; give --out a directory")
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PerflabError(f"{out_dir}: cannot create the output directory ({exc.strerror})") from None
-    return out_dir
 
 
 def store_path(out_dir) -> Path:

@@ -140,13 +140,17 @@ def _kernels(connection, tables, names: _NameTable) -> pd.DataFrame:
     return _named(frame, names)
 
 
+# The columns every GPU activity table (MEMCPY, MEMSET) shares, as the loader names them.
+_ACTIVITY_SELECT = (f"start AS start_ns, end AS end_ns, deviceId AS device, streamId AS stream, correlationId AS correlation, "
+                    f"globalPid {PID} AS process")
+
+
 def _memcpys(connection, tables, names: _NameTable) -> pd.DataFrame:
     if MEMCPY not in tables:
         return _empty_gpu()
     cols = _columns_of(connection, MEMCPY)
     frame = pd.read_sql_query(
-        f"SELECT start AS start_ns, end AS end_ns, deviceId AS device, streamId AS stream, correlationId AS correlation, "
-        f"globalPid {PID} AS process, {_optional(cols, 'copyKind', 'copy_kind', '0')}, {_optional(cols, 'srcKind', 'src_kind', '7')}, "
+        f"SELECT {_ACTIVITY_SELECT}, {_optional(cols, 'copyKind', 'copy_kind', '0')}, {_optional(cols, 'srcKind', 'src_kind', '7')}, "
         f"{_optional(cols, 'dstKind', 'dst_kind', '7')} FROM {MEMCPY}", connection)
     # named as Kineto names them, so that both formats group alike
     frame["name_text"] = [f"Memcpy {COPY_KINDS.get(c, 'Unknown')} ({MEMORY_KINDS.get(s, 'Unknown')} -> {MEMORY_KINDS.get(d, 'Unknown')})"
@@ -160,8 +164,7 @@ def _memsets(connection, tables, names: _NameTable) -> pd.DataFrame:
         return _empty_gpu()
     cols = _columns_of(connection, MEMSET)
     frame = pd.read_sql_query(
-        f"SELECT start AS start_ns, end AS end_ns, deviceId AS device, streamId AS stream, correlationId AS correlation, "
-        f"globalPid {PID} AS process, {_optional(cols, 'memKind', 'mem_kind', '2')} FROM {MEMSET}", connection)
+        f"SELECT {_ACTIVITY_SELECT}, {_optional(cols, 'memKind', 'mem_kind', '2')} FROM {MEMSET}", connection)
     frame["name_text"] = [f"Memset ({MEMORY_KINDS.get(k, 'Unknown')})" for k in frame["mem_kind"]]
     frame["kind"] = 2
     return _named(_no_dims(frame), names)

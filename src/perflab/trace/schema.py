@@ -39,8 +39,6 @@ KERNEL_COLUMNS = (
 INT_KERNEL_COLUMNS = (
     "device", "stream", "start_ns", "end_ns", "dur_ns", "correlation", "launch_start_ns", "launch_end_ns", "launch_tid", "range_id",
 )
-LAUNCH_COLUMNS = ("name", "pid", "tid", "start_ns", "end_ns", "correlation")
-RANGE_COLUMNS = ("name", "pid", "tid", "start_ns", "end_ns", "depth", "parent")
 STEP_COLUMNS = ("step", "name", "start_ns", "end_ns")
 KINDS = ("kernel", "memcpy", "memset")
 NOT_LINKED = -1
@@ -61,10 +59,6 @@ class Trace:
             f"Trace({self.meta.get('format', '?')}: {len(self.kernels)} GPU activities, {len(self.launches)} API calls, "
             f"{len(self.ranges)} ranges, {len(self.steps)} steps)"
         )
-
-
-def empty_frame(columns: tuple[str, ...]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype="int64") for c in columns})
 
 
 def check_kernel_table(table: pd.DataFrame) -> None:
