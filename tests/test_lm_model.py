@@ -89,24 +89,28 @@ def test_sdpa_and_explicit_give_the_same_logits():
         torch.testing.assert_close(explicit(idx), sdpa(idx), rtol=1e-5, atol=1e-5)
 
 
-def reference_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
-    """The published formula, element by element: pair i of position p turns by p · theta^(-2i/d)."""
+def reference_frequencies(head_dim: int, theta: float) -> list[float]:
+    return [theta ** (-2 * i / head_dim) for i in range(head_dim // 2)]
+
+
+def reference_rope(x: torch.Tensor, frequencies: list[float]) -> torch.Tensor:
+    """The published formula, element by element: pair (2i, 2i+1) of position p turns by p · frequencies[i]."""
     *lead, T, d = x.shape
     flat = x.double().reshape(-1, T, d)
     out = torch.empty_like(flat)
     for p in range(T):
-        for i in range(d // 2):
-            angle = p * theta ** (-2 * i / d)
+        for i, frequency in enumerate(frequencies):
+            c, s = math.cos(p * frequency), math.sin(p * frequency)
             a, b = flat[:, p, 2 * i], flat[:, p, 2 * i + 1]
-            out[:, p, 2 * i] = a * math.cos(angle) - b * math.sin(angle)
-            out[:, p, 2 * i + 1] = a * math.sin(angle) + b * math.cos(angle)
+            out[:, p, 2 * i] = a * c - b * s
+            out[:, p, 2 * i + 1] = a * s + b * c
     return out.reshape(x.shape)
 
 
 def test_rope_matches_the_reference_formula():
     x = torch.randn(2, 3, 17, 8, generator=torch.Generator().manual_seed(1))
     cos, sin = rope_tables(rope_frequencies(8, 10_000.0), 17)
-    torch.testing.assert_close(apply_rope(x, cos, sin).double(), reference_rope(x, 10_000.0), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(apply_rope(x, cos, sin).double(), reference_rope(x, reference_frequencies(8, 10_000.0)), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "explicit"])
