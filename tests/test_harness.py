@@ -95,9 +95,9 @@ def test_cpu_runs_say_why_there_is_no_power():
 
 
 def test_tokens_mismatch_is_flagged(monkeypatch):
-    import perflab.measure.harness as harness
+    import perflab.models.registry as registry
 
-    monkeypatch.setattr(harness, "expected_tokens", lambda case: [197, 20, 3, 2])
+    monkeypatch.setattr(registry, "expected_tokens", lambda case: [197, 20, 3, 2])
     row = run_case(Case("topk_deit_tiny_patch16_224", keep_rate=(0.1,), reduction_loc=(3, 6, 9), **FAST), monitor=FakeMonitor(**GOOD_GPU))
     assert "tokens_mismatch" in row["flags"]
 

@@ -16,8 +16,8 @@ from perflab.spec import Case, expand_grid, validate_case
 
 def make_cases(
     model: Sequence[str],
-    input_size: Sequence[int] = (224,),
-    batch_size: Sequence[int] = (1,),
+    input_size: Sequence[int] = (),
+    batch_size: Sequence[int] = (),
     keep_rate: Sequence[float] = (),
     reduction_loc: Sequence[int] = (),
     attn: str = "sdpa",
@@ -29,19 +29,36 @@ def make_cases(
     iters: int | None = None,
     repeats: int = 20,
     seed: int = 0,
+    workload: Sequence[str] = (),
+    seq_len: Sequence[int] = (),
+    prompt_len: Sequence[int] = (),
+    context_len: Sequence[int] = (),
+    new_tokens: Sequence[int] = (),
+    layers: int | None = None,
+    layers_only: bool = False,
+    model_args: dict | None = None,
+    max_memory=None,
 ) -> list[Case]:
     """Every combination of the multi-valued arguments, validated (PerflabError on bad input).
 
-    ``keep_rate`` and ``reduction_loc`` apply to the token-reducing models among ``model`` (so a baseline and
-    its top-k variant can be measured in one call); giving them with no reducing model is an error.
+    Shape arguments left empty take each model family's defaults (224 px and batch 1 for image models,
+    seq_len 128 and batch 4 for language models, ...). ``keep_rate`` and ``reduction_loc`` apply to the
+    token-reducing models among ``model`` (so a baseline and its top-k variant can be measured in one call);
+    giving them with no reducing model is an error. ``max_memory``: bytes, or a size such as "24GiB".
     """
     from perflab.models.registry import parse_model_name
     from perflab.runtime.device import resolve_device
+    from perflab.spec import convert_field
 
     device = resolve_device(device)
     reducing = {m for m in model if parse_model_name(m).reduces_tokens}
-    base = dict(attn=attn, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed)
-    grid = dict(model=list(model), input_size=list(input_size), batch_size=list(batch_size), dtype=list(dtype), mode=list(mode))
+    base = dict(attn=attn, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed,
+                layers=layers, layers_only=layers_only, model_args=convert_field("model_args", dict(model_args or {})),
+                max_memory=convert_field("max_memory", max_memory) if max_memory is not None else None)
+    grid = dict(model=list(model), input_size=list(input_size), batch_size=list(batch_size), dtype=list(dtype), mode=list(mode),
+                workload=list(workload), seq_len=list(seq_len), prompt_len=list(prompt_len), context_len=list(context_len),
+                new_tokens=list(new_tokens))
+    grid = {k: v for k, v in grid.items() if v}
     cases = []
     for d in expand_grid(base, grid):
         if d["model"] in reducing or not reducing:
@@ -63,17 +80,28 @@ def demo_cases(device: str = "auto") -> list[Case]:
     return make_cases(keep_rate=[0.1], reduction_loc=[3, 6, 9], device=device, **spec)
 
 
-def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | None = None) -> list[dict]:
+def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None) -> list[dict]:
     """Measure each case in this process; an OOM or failure in one becomes its row and the rest still run.
 
     ``on_case(index, case, stage)`` is called as each case moves through its stages (for progress bars).
+    ``memory_snapshot``: a path for the CUDA memory history pickle (memory_viz); with several cases, the
+    case id is added to each file's name.
     """
+    from pathlib import Path
+
     from perflab.measure.harness import run_case
 
+    cases = list(cases)
     rows = []
     for i, case in enumerate(cases):
         stage = (lambda s, i=i, case=case: on_case(i, case, s)) if on_case else None
-        rows.append(run_case(case, on_stage=stage))
+        snapshot = None
+        if memory_snapshot is not None:
+            path = Path(memory_snapshot)
+            snapshot = path if len(cases) == 1 else path.with_name(f"{path.stem}_{case.id}{path.suffix or '.pickle'}")
+        rows.append(run_case(case, on_stage=stage, memory_snapshot=snapshot))
+        if snapshot is not None and case.device == "cuda":
+            rows[-1]["memory_snapshot"] = str(snapshot)
     return rows
 
 
@@ -237,6 +265,26 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
     report = analyze(trace_path, top=top)
     traced = float(report.steps["wall_ns"].median()) / 1e6
     return {"case": case, "row": row, "trace_path": trace_path, "report": report, "traced_step_ms": traced, "inflation": traced / row["median_ms"]}
+
+
+def profile_summary(trace_path, untraced_ms: float, top: int = 5) -> dict:
+    """What a sweep row keeps of a case's profile pass: the traced step time and the profiler's inflation over the
+    untraced median, kernels per step, the GEMM fraction, the top kernels, the per-pass breakdown and attention."""
+    report = analyze(trace_path, top=top)
+    data = report.to_dict()
+    traced = float(report.steps["wall_ns"].median()) / 1e6 if len(report.steps) else None
+    return {
+        "trace_path": str(trace_path),
+        "traced_step_ms": traced,
+        "inflation": traced / untraced_ms if traced and untraced_ms else None,
+        "steps": data["steps"],
+        "kernels_per_step": data["kernels_per_step"],
+        "gemm_fraction": data["gemm_fraction"],
+        "top_kernels": data["top_kernels"],
+        "passes": data["passes"],
+        "attention": data["attention"],
+        "verdict": data["launch"]["verdict"],
+    }
 
 
 def is_trace_path(item) -> bool:

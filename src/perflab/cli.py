@@ -33,15 +33,26 @@ out = Console(highlight=False, width=None if sys.stdout.isatty() else 220)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Options that take one or more values after a single flag (expanded to repeated flags before parsing).
-MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes"}
+MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes",
+                       "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg"}
 
 FORMATS = ("table", "csv", "json")
 
 
 
 # Options that describe cases, shared by bench, profile, compare, explain and ncu.
-OPT_INPUT_SIZE = typer.Option([224], "--input-size", help="Input resolution(s), pixels.")
-OPT_BATCH_SIZE = typer.Option([1], "--batch-size", help="Batch size(s).")
+OPT_INPUT_SIZE = typer.Option([], "--input-size", help="Image models: input resolution(s), pixels (default 224).")
+OPT_BATCH_SIZE = typer.Option([], "--batch-size", help="Batch size(s) (default: 1 for image models and decode, 4 for language models).")
+OPT_WORKLOAD = typer.Option([], "--workload", help="What one timed step runs: forward (image models); forward, train_forward, "
+                            "forward_backward, train_step (gpt_*); decode, prefill, generate (llama*).")
+OPT_SEQ_LEN = typer.Option([], "--seq-len", help="Language models: tokens per sequence (default 128).")
+OPT_PROMPT_LEN = typer.Option([], "--prompt-len", help="Decode: prompt tokens of prefill and generate.")
+OPT_CONTEXT_LEN = typer.Option([], "--context-len", help="Decode: the cache position of the timed decode step (default 512).")
+OPT_NEW_TOKENS = typer.Option([], "--new-tokens", help="Decode: tokens to generate after the prefill (generate).")
+OPT_LAYERS = typer.Option(None, "--layers", help="Language models and decode: run this many layers.")
+OPT_LAYERS_ONLY = typer.Option(False, "--layers-only", help="Decode: the layers alone, without embedding and head (seed 004's testbench).")
+OPT_MODEL_ARG = typer.Option([], "--model-arg", help="Override a dimension of the named config, e.g. d_ff=2048 (repeatable).")
+OPT_MAX_MEMORY = typer.Option(None, "--max-memory", help="Cap the CUDA allocator, e.g. 24GiB: would it fit on a smaller GPU? Past it: an oom row.")
 OPT_KEEP_RATE = typer.Option([], "--keep-rate", help="Keep rate, one value or one per reduction location (token-reducing models only).")
 OPT_REDUCTION_LOC = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens.")
 OPT_ATTN = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit.")
@@ -64,6 +75,15 @@ def bench(
     batch_size: List[int] = OPT_BATCH_SIZE,
     keep_rate: List[float] = OPT_KEEP_RATE,
     reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    workload: List[str] = OPT_WORKLOAD,
+    seq_len: List[int] = OPT_SEQ_LEN,
+    prompt_len: List[int] = OPT_PROMPT_LEN,
+    context_len: List[int] = OPT_CONTEXT_LEN,
+    new_tokens: List[int] = OPT_NEW_TOKENS,
+    layers: Optional[int] = OPT_LAYERS,
+    layers_only: bool = OPT_LAYERS_ONLY,
+    model_arg: List[str] = OPT_MODEL_ARG,
+    max_memory: Optional[str] = OPT_MAX_MEMORY,
     attn: str = OPT_ATTN,
     dtype: List[str] = OPT_DTYPE,
     mode: List[str] = OPT_MODE,
@@ -75,6 +95,8 @@ def bench(
     seed: int = OPT_SEED,
     fmt: str = typer.Option("table", "--format", help="table, csv or json (one object per case per line)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the rows to this file (.csv, else JSON lines)."),
+    memory_snapshot: Optional[Path] = typer.Option(None, "--memory-snapshot", help="GPU: write the CUDA memory history (a pickle "
+                                                   "that pytorch.org/memory_viz opens) to this file; case ids are added for several cases."),
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -88,9 +110,11 @@ def bench(
     cases = api.make_cases(
         model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
         attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
-        repeats=repeats, seed=seed,
+        repeats=repeats, seed=seed, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory),
     )
-    rows = _run_with_progress(cases)
+    if memory_snapshot is not None:
+        check_writable_file(memory_snapshot)
+    rows = _run_with_progress(cases, memory_snapshot=memory_snapshot)
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -118,7 +142,26 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
     out.print(speedup_table(rows))
 
 
-def _run_with_progress(cases):
+def _one(value) -> list:
+    return [] if value is None else [value]
+
+
+def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory) -> dict:
+    """The workload-family options of a command, as api.make_cases takes them."""
+    args = {}
+    for item in model_arg:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise PerflabError(f"--model-arg: expected NAME=VALUE such as d_ff=2048, got {item!r}")
+        try:
+            args[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            raise PerflabError(f"--model-arg {key}: expected a number, got {value!r}") from None
+    return dict(workload=workload, seq_len=seq_len, prompt_len=prompt_len, context_len=context_len, new_tokens=new_tokens,
+                layers=layers, layers_only=layers_only, model_args=args, max_memory=max_memory)
+
+
+def _run_with_progress(cases, memory_snapshot=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perflab import api
@@ -129,7 +172,7 @@ def _run_with_progress(cases):
         def on_case(index, case, stage):
             progress.update(task, completed=index, description=f"{case.label()}: {stage}")
 
-        rows = api.bench(cases, on_case=on_case)
+        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot)
         progress.update(task, completed=len(cases))
     return rows
 
@@ -137,9 +180,15 @@ def _run_with_progress(cases):
 def _print_warnings(rows):
     for row in rows:
         if row.get("status") != "ok":
-            err.print(f"[red]{row['status']}[/red]: {row['model']} {row['input_size']}px bs{row['batch_size']} {row['dtype']} {row['mode']}: {row.get('message')}")
+            err.print(f"[red]{row['status']}[/red]: {_row_label(row)}: {row.get('message')}", markup=True)
         for message in row.get("warnings") or []:
-            err.print(f"[yellow]warning[/yellow]: {row['model']} {row['input_size']}px bs{row['batch_size']} {row['dtype']} {row['mode']}: {message}")
+            err.print(f"[yellow]warning[/yellow]: {_row_label(row)}: {message}")
+
+
+def _row_label(row: dict) -> str:
+    from perflab.report.console import row_label
+
+    return row_label(row)
 
 
 @app.command()
@@ -362,6 +411,15 @@ def profile(
     batch_size: List[int] = OPT_BATCH_SIZE,
     keep_rate: List[float] = OPT_KEEP_RATE,
     reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    workload: List[str] = OPT_WORKLOAD,
+    seq_len: List[int] = OPT_SEQ_LEN,
+    prompt_len: List[int] = OPT_PROMPT_LEN,
+    context_len: List[int] = OPT_CONTEXT_LEN,
+    new_tokens: List[int] = OPT_NEW_TOKENS,
+    layers: Optional[int] = OPT_LAYERS,
+    layers_only: bool = OPT_LAYERS_ONLY,
+    model_arg: List[str] = OPT_MODEL_ARG,
+    max_memory: Optional[str] = OPT_MAX_MEMORY,
     attn: str = OPT_ATTN,
     dtype: List[str] = OPT_DTYPE,
     mode: List[str] = OPT_MODE,
@@ -384,7 +442,8 @@ def profile(
     if steps < 1:
         raise PerflabError(f"--steps must be at least 1, got {steps}")
     cases = api.make_cases(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
-                           attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed)
+                           attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed,
+                           **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory))
     for case in cases:
         with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
             result = api.profile_case(case, out_dir, steps=steps, top=top)
@@ -408,10 +467,19 @@ def profile(
 def compare(
     a: str = typer.Argument(..., help="A trace (.json/.json.gz/.sqlite), or a model name to profile with the options below."),
     b: str = typer.Argument(..., help="The same for B."),
-    input_size: int = typer.Option(224, "--input-size"),
-    batch_size: int = typer.Option(1, "--batch-size"),
+    input_size: Optional[int] = typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size (default: the family's)."),
     keep_rate: List[float] = OPT_KEEP_RATE,
     reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    workload: List[str] = OPT_WORKLOAD,
+    seq_len: List[int] = OPT_SEQ_LEN,
+    prompt_len: List[int] = OPT_PROMPT_LEN,
+    context_len: List[int] = OPT_CONTEXT_LEN,
+    new_tokens: List[int] = OPT_NEW_TOKENS,
+    layers: Optional[int] = OPT_LAYERS,
+    layers_only: bool = OPT_LAYERS_ONLY,
+    model_arg: List[str] = OPT_MODEL_ARG,
+    max_memory: Optional[str] = OPT_MAX_MEMORY,
     attn: str = OPT_ATTN,
     dtype: str = typer.Option("fp32", "--dtype"),
     mode: str = typer.Option("eager", "--mode"),
@@ -427,8 +495,8 @@ def compare(
     from perflab.report.explain_console import render_comparison
 
     names = [item for item in (a, b) if not api.is_trace_path(item)]
-    cases = iter(api.make_cases(model=names, input_size=[input_size], batch_size=[batch_size], keep_rate=keep_rate, reduction_loc=reduction_loc,
-                                attn=attn, dtype=[dtype], mode=[mode], device=device) if names else [])
+    cases = iter(api.make_cases(model=names, input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate, reduction_loc=reduction_loc,
+                                attn=attn, dtype=[dtype], mode=[mode], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory)) if names else [])
     items = [Path(item) if api.is_trace_path(item) else next(cases) for item in (a, b)]
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir)
@@ -442,10 +510,19 @@ def compare(
 def explain(
     model: str = typer.Argument(..., help="The model to explain (topk_deit_base_patch16_224, ...)."),
     vs: Optional[str] = typer.Option(None, "--vs", help="A second model to compare with at the same settings (e.g. the baseline)."),
-    input_size: int = typer.Option(224, "--input-size"),
-    batch_size: int = typer.Option(1, "--batch-size"),
+    input_size: Optional[int] = typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size (default: the family's)."),
     keep_rate: List[float] = OPT_KEEP_RATE,
     reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    workload: List[str] = OPT_WORKLOAD,
+    seq_len: List[int] = OPT_SEQ_LEN,
+    prompt_len: List[int] = OPT_PROMPT_LEN,
+    context_len: List[int] = OPT_CONTEXT_LEN,
+    new_tokens: List[int] = OPT_NEW_TOKENS,
+    layers: Optional[int] = OPT_LAYERS,
+    layers_only: bool = OPT_LAYERS_ONLY,
+    model_arg: List[str] = OPT_MODEL_ARG,
+    max_memory: Optional[str] = OPT_MAX_MEMORY,
     attn: str = OPT_ATTN,
     dtype: str = typer.Option("bf16", "--dtype"),
     device: str = typer.Option("cuda", "--device"),
@@ -461,8 +538,8 @@ def explain(
     from perflab import api
     from perflab.report.explain_console import render_explanation
 
-    cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=[input_size], batch_size=[batch_size], keep_rate=keep_rate,
-                           reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device)
+    cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
+                           reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory))
     case, other = cases[0], (cases[1] if vs else None)
     with err.status("explaining") as status:
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s))
@@ -476,10 +553,19 @@ def explain(
 def ncu(
     model: str = typer.Argument(..., help="The model whose top kernels to read counters for."),
     top: int = typer.Option(10, "--top", help="How many of the top kernels (by time in a profile pass)."),
-    input_size: int = typer.Option(224, "--input-size"),
-    batch_size: int = typer.Option(1, "--batch-size"),
+    input_size: Optional[int] = typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size (default: the family's)."),
     keep_rate: List[float] = OPT_KEEP_RATE,
     reduction_loc: List[int] = OPT_REDUCTION_LOC,
+    workload: List[str] = OPT_WORKLOAD,
+    seq_len: List[int] = OPT_SEQ_LEN,
+    prompt_len: List[int] = OPT_PROMPT_LEN,
+    context_len: List[int] = OPT_CONTEXT_LEN,
+    new_tokens: List[int] = OPT_NEW_TOKENS,
+    layers: Optional[int] = OPT_LAYERS,
+    layers_only: bool = OPT_LAYERS_ONLY,
+    model_arg: List[str] = OPT_MODEL_ARG,
+    max_memory: Optional[str] = OPT_MAX_MEMORY,
     attn: str = OPT_ATTN,
     dtype: str = typer.Option("bf16", "--dtype"),
     mode: str = typer.Option("eager", "--mode"),
@@ -496,8 +582,8 @@ def ncu(
     if top < 1:
         raise PerflabError(f"--top must be at least 1, got {top}")
     find_ncu()
-    (case,) = api.make_cases(model=[model], input_size=[input_size], batch_size=[batch_size], keep_rate=keep_rate, reduction_loc=reduction_loc,
-                             attn=attn, dtype=[dtype], mode=[mode], device=device)
+    (case,) = api.make_cases(model=[model], input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate, reduction_loc=reduction_loc,
+                             attn=attn, dtype=[dtype], mode=[mode], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory))
     with err.status(f"{case.label()}: profiling, then running ncu on the top {top} kernels"):
         table, _ = api.ncu(case, top=top, out_dir=out_dir)
     if as_json:

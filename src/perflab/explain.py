@@ -29,7 +29,7 @@ import numpy as np
 
 from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile, window_of_activities
 from perflab.analysis.accounting import step_windows
-from perflab.analysis.floors import Floors, compute_floors, vit_min_bytes
+from perflab.analysis.floors import Floors, compute_floors
 from perflab.errors import PerflabError
 from perflab.measure.host import host_issue_ms as measure_host_issue_ms
 from perflab.paths import make_out_dir
@@ -143,25 +143,10 @@ def predict_modes(trace, interval_us: float, gap_us: float) -> dict[str, float]:
 
 
 def min_bytes(case: Case, row: dict) -> float:
-    """Weights plus minimal activation traffic for a ViT case (weights and input/output otherwise)."""
-    from perflab.models.registry import parse_model_name, vit_config_for
+    """The least DRAM traffic one step needs, as the case's workload family states it."""
+    from perflab.workloads.registry import implementation
 
-    weight_bytes = 2 if case.dtype in ("bf16", "fp16") else 4
-    params = int(row.get("params") or 0)
-    name = parse_model_name(case.model)
-    inputs = case.batch_size * 3 * case.input_size**2
-    if name.family != "vit":
-        return params * weight_bytes + 4 * inputs
-    cfg = vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn)
-    schedule = row.get("tokens") or [cfg.n_patches + 1]
-    locations = sorted(i for i, _ in cfg.reduction)
-    per_block, stage = [], 0
-    for i in range(cfg.depth):
-        if stage < len(locations) and i == locations[stage]:
-            stage += 1
-        per_block.append(schedule[min(stage, len(schedule) - 1)])
-    return vit_min_bytes(params=params, weight_bytes=weight_bytes, batch=case.batch_size, tokens_per_block=per_block, dim=cfg.dim,
-                         act_bytes=4, input_elems=inputs, output_elems=case.batch_size * cfg.num_classes)
+    return implementation(case).min_bytes(case, row)
 
 
 def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_case, profile_case, load_trace, on_stage) -> CaseExplanation:

@@ -1,7 +1,15 @@
 """Cases: everything that defines one measurement, with a stable id, and their validation.
 
+A case is a model, a workload (what one timed step runs) and the shape parameters of the model's workload
+family (``perflab.workloads``): input_size/keep_rate/reduction_loc for image classifiers, seq_len for
+language models, prompt_len/context_len/new_tokens for decode. Field types are checked by msgspec
+(``Case.from_dict``, the sweep spec's values), the meaning of the values by ``validate_case``.
+
+A case serialises to the common fields plus the fields its family owns, so the ids of cases written by
+earlier versions (image classifiers only) stay the same.
+
 This module does not import torch at import time, so stored results can be read back without it;
-``validate_case`` imports the model registry (and so torch) when it runs.
+``validate_case`` imports the family's implementation (and so torch) when it runs.
 """
 
 from __future__ import annotations
@@ -10,35 +18,74 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import asdict, dataclass, fields, replace
+import typing
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Iterable
 
+import msgspec
+
 from perflab.errors import PerflabError
+from perflab.workloads import FAMILIES, family_of, shape_defaults
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph")
 ATTN_IMPLS = ("sdpa", "explicit")
 DEVICES = ("cuda", "cpu")
 
+# Shape fields and their "not set" value: a field a case's family does not own must be left at it.
+SHAPE_FIELDS = {
+    "workload": None, "input_size": None, "keep_rate": (), "reduction_loc": (), "seq_len": None, "prompt_len": None,
+    "context_len": None, "new_tokens": None, "layers": None, "layers_only": False, "model_args": (),
+}
+# How each shape field is given on the command line, for messages.
+FLAG = {name: "--" + name.replace("_", "-") for name in SHAPE_FIELDS}
+FLAG["model_args"] = "--model-arg"
+
 
 @dataclass(frozen=True)
 class Case:
-    """One measurement. Frozen and hashable; ``id`` is a short hash of every field."""
+    """One measurement. Frozen and hashable; ``id`` is a short hash of its serialised fields.
+
+    Unset shape fields (None) take the family's defaults when the case is made.
+    """
 
     model: str
-    input_size: int = 224
-    batch_size: int = 1
-    keep_rate: tuple[float, ...] = ()
+    workload: str | None = None  # what one timed step runs; None: the family's default
+    input_size: int | None = None  # classify: image side, pixels
+    batch_size: int | None = None
+    keep_rate: tuple[float, ...] = ()  # classify: token reduction
     reduction_loc: tuple[int, ...] = ()
+    seq_len: int | None = None  # lm: tokens per sequence
+    prompt_len: int | None = None  # decode: prompt tokens (prefill, generate)
+    context_len: int | None = None  # decode: cache position of the timed decode step
+    new_tokens: int | None = None  # decode: tokens generated after the prefill (generate)
+    layers: int | None = None  # lm, decode: run this many layers (None: the config's)
+    layers_only: bool = False  # decode: the layers alone, without embedding, final norm and head (seed 004's testbench)
+    model_args: tuple[tuple[str, float], ...] = ()  # lm, decode: overrides of the named config's dimensions
     attn: str = "sdpa"
     dtype: str = "fp32"
     mode: str = "eager"
     device: str = "cuda"
+    max_memory: int | None = None  # bytes the allocator may use (cap, to ask "would it fit on a smaller GPU")
     warmup: int = 10  # untimed iterations after the first call (which compiles, for compile modes)
     min_time: float = 1.0  # seconds of timed work to aim for, unless iters is set
     iters: int | None = None  # exact number of timed iterations (overrides min_time)
     repeats: int = 20  # number of timing samples the timed iterations are split into
     seed: int = 0
+
+    def __post_init__(self):
+        family = family_of(self.model) if isinstance(self.model, str) else FAMILIES["classify"]
+        for name, value in shape_defaults(family, self.workload).items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.workload is None and family.name == "classify":
+            object.__setattr__(self, "workload", "forward")
+        if isinstance(self.model_args, dict):
+            object.__setattr__(self, "model_args", tuple(sorted(self.model_args.items())))
+
+    @property
+    def family(self) -> str:
+        return family_of(self.model).name
 
     @property
     def id(self) -> str:
@@ -52,80 +99,83 @@ class Case:
         return "baseline"
 
     def to_dict(self) -> dict[str, Any]:
+        """The common fields, the family's own shape fields, and max_memory when set."""
+        family = family_of(self.model)
         d = asdict(self)
-        d["keep_rate"] = list(self.keep_rate)
-        d["reduction_loc"] = list(self.reduction_loc)
+        for name in SHAPE_FIELDS:
+            if name not in family.fields:
+                d.pop(name)
+        if "layers_only" in d and not d["layers_only"]:
+            d.pop("layers_only")
+        if "model_args" in d:
+            d["model_args"] = dict(self.model_args)
+        if d["max_memory"] is None:
+            d.pop("max_memory")
+        for key in ("keep_rate", "reduction_loc"):
+            if key in d:
+                d[key] = list(d[key])
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Case":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+        """A case from plain data (JSON, YAML); field types are checked, PerflabError names the field."""
+        if not isinstance(data, dict):
+            raise PerflabError(f"a case is a mapping of fields, got {type(data).__name__}")
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
         if unknown:
             raise PerflabError(f"unknown case field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         if "model" not in data:
             raise PerflabError("a case needs a model")
-        data = dict(data)
-        for key in ("keep_rate", "reduction_loc"):
-            if key in data:
-                data[key] = _as_tuple(data[key])
-        return coerce_case(cls(**data))
+        data = {k: convert_field(k, v) for k, v in data.items()}
+        return cls(**data)
 
     def label(self) -> str:
-        parts = [self.model, f"{self.input_size}px", f"bs{self.batch_size}", self.dtype, self.mode]
-        if self.keep_rate:
-            parts.insert(1, "kr" + "/".join(f"{r:g}" for r in self.keep_rate) + "@" + ",".join(map(str, self.reduction_loc)))
-        return " ".join(parts)
+        return " ".join(family_of(self.model).label(self))
 
 
-def _as_tuple(value) -> tuple:
-    if value is None:
-        return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(value)
-    return (value,)
+_HINTS = typing.get_type_hints(Case)
 
 
-_FIELD_TYPES = {
-    "model": str, "input_size": int, "batch_size": int, "attn": str, "dtype": str, "mode": str,
-    "device": str, "warmup": int, "min_time": float, "repeats": int, "seed": int,
-}
+def convert_field(name: str, value):
+    """One Case field's value, type-checked by msgspec (ints stay ints; lists become tuples); PerflabError if wrong."""
+    if name == "keep_rate" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = [value]
+    if name == "reduction_loc" and isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if name == "model_args":
+        if isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
+            value = dict(value)
+        if not isinstance(value, dict):
+            raise PerflabError(f"model_args: expected a mapping of dimension names to numbers, e.g. {{d_ff: 2048}}, got {value!r}")
+        return tuple(sorted((str(k), convert_field("model_args." + str(k), v)) for k, v in value.items()))
+    if name == "max_memory" and isinstance(value, str):
+        from perflab.workloads import parse_bytes
+
+        try:
+            return parse_bytes(value)
+        except ValueError:
+            raise PerflabError(f"max_memory: expected a size such as 24GiB, 24GB or 512MiB, got {value!r}") from None
+    hint = _HINTS.get(name, float)
+    if name.startswith("model_args."):
+        hint = int | float
+    try:
+        return msgspec.convert(value, type=hint)
+    except msgspec.ValidationError as exc:
+        raise PerflabError(f"{name}: {_describe(exc, hint)}, got {value!r}") from None
 
 
-def coerce_case(case: Case) -> Case:
-    """Check field types (as from YAML or JSON) and normalise numbers; raise PerflabError naming the field."""
-    changes = {}
-    for name, typ in _FIELD_TYPES.items():
-        value = getattr(case, name)
-        changes[name] = _coerce(name, value, typ)
-    if case.iters is not None:
-        changes["iters"] = _coerce("iters", case.iters, int)
-    changes["keep_rate"] = tuple(_coerce("keep_rate", v, float) for v in case.keep_rate)
-    changes["reduction_loc"] = tuple(_coerce("reduction_loc", v, int) for v in case.reduction_loc)
-    return replace(case, **changes)
-
-
-def _coerce(name: str, value, typ):
-    if typ is str:
-        if not isinstance(value, str):
-            raise PerflabError(f"{name} must be a string, got {value!r}")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PerflabError(f"{name} must be a number, got {value!r}")
-    if typ is int:
-        if float(value) != int(value):
-            raise PerflabError(f"{name} must be a whole number, got {value!r}")
-        return int(value)
-    return float(value)
+def _describe(exc: msgspec.ValidationError, hint) -> str:
+    text = str(exc).split(" - at ")[0].split(", got ")[0]  # "Expected `int`, got `str`": the value itself is shown instead
+    text = text.replace("`", "")
+    return text[0].lower() + text[1:] if text else f"expected {hint}"
 
 
 def validate_case(case: Case) -> Case:
-    """Raise PerflabError (one line, says how to fix) for anything that cannot be measured."""
-    from perflab.models.registry import parse_model_name
-    from perflab.models.vit import vit_configs
-
-    case = coerce_case(case)
-    name = parse_model_name(case.model)
+    """Raise PerflabError (one line, says how to fix) for anything that cannot be measured; returns the
+    case normalised by its family (sorted reduction locations, ...)."""
+    case = Case.from_dict(case.to_dict() | _foreign_fields(case))
+    family = family_of(case.model)
     if case.dtype not in DTYPES:
         raise PerflabError(f"unknown dtype {case.dtype!r}; choose one of {', '.join(DTYPES)}")
     if case.mode not in MODES:
@@ -138,8 +188,6 @@ def validate_case(case: Case) -> Case:
         raise PerflabError("mode cudagraph needs a CUDA device; use --device cuda or another mode")
     if case.batch_size < 1:
         raise PerflabError(f"batch size must be at least 1, got {case.batch_size}")
-    if case.input_size < 1:
-        raise PerflabError(f"input size must be positive, got {case.input_size}")
     if case.warmup < 0:
         raise PerflabError(f"warmup must be 0 or more, got {case.warmup}")
     if case.repeats < 1:
@@ -148,37 +196,43 @@ def validate_case(case: Case) -> Case:
         raise PerflabError(f"iters must be at least 1, got {case.iters}")
     if not (case.min_time > 0 and math.isfinite(case.min_time)):
         raise PerflabError(f"min-time must be a positive number of seconds, got {case.min_time}")
-    for rate in case.keep_rate:
-        if not (0.0 < rate <= 1.0):
-            raise PerflabError(f"keep rate {rate:g} is outside (0, 1]; give the fraction of tokens to keep, e.g. 0.1")
-    if name.family == "vit":
-        config = vit_configs[name.base]
-        patch, depth = 16, config["depth"]
-        if case.input_size % patch:
-            lower = case.input_size - case.input_size % patch
-            raise PerflabError(f"input size {case.input_size} is not divisible by the patch size {patch}; try {lower} or {lower + patch}")
-        for loc in case.reduction_loc:
-            if not (0 <= loc < depth):
-                raise PerflabError(f"reduction location {loc} is beyond the depth of {name.base} ({depth} blocks: 0..{depth - 1})")
-        if len(set(case.reduction_loc)) != len(case.reduction_loc):
-            raise PerflabError(f"reduction locations repeat: {list(case.reduction_loc)}")
-    if name.reduces_tokens:
-        if not case.keep_rate or not case.reduction_loc:
-            raise PerflabError(f"{case.model} needs --keep-rate and --reduction-loc (e.g. --keep-rate 0.1 --reduction-loc 3 6 9)")
-        if len(case.keep_rate) not in (1, len(case.reduction_loc)):
-            raise PerflabError(
-                f"give one keep rate or one per reduction location: {len(case.keep_rate)} rates for {len(case.reduction_loc)} locations"
-            )
-        if len(case.keep_rate) == 1:
-            case = replace(case, reduction_loc=tuple(sorted(case.reduction_loc)))
-        else:
-            pairs = sorted(zip(case.reduction_loc, case.keep_rate))
-            case = replace(case, reduction_loc=tuple(p[0] for p in pairs), keep_rate=tuple(p[1] for p in pairs))
-    elif case.keep_rate or case.reduction_loc:
-        raise PerflabError(
-            f"{case.model} does not reduce tokens, so --keep-rate/--reduction-loc do nothing; use topk_{case.model} or evit_{case.model}"
-        )
-    return case
+    if case.max_memory is not None:
+        if case.max_memory <= 0:
+            raise PerflabError(f"max-memory must be a positive size such as 24GiB, got {case.max_memory}")
+        if case.device != "cuda":
+            raise PerflabError("--max-memory caps the CUDA allocator, so it needs --device cuda")
+    for name, empty in SHAPE_FIELDS.items():
+        if name != "workload" and name not in family.fields and getattr(case, name) != empty:
+            raise PerflabError(_foreign_message(case, family, name))
+    if case.workload not in family.workloads:
+        others = [f.name for f in FAMILIES.values() if case.workload in f.workloads]
+        where = f"; {case.workload} is a workload of the {others[0]} family ({_family_models(others[0])})" if others else ""
+        raise PerflabError(f"{case.model} ({family.name} family) has no workload {case.workload!r}; choose {', '.join(family.workloads)}{where}")
+    from perflab.workloads.registry import implementation
+
+    return implementation(case).validate(case)
+
+
+def _foreign_fields(case: Case) -> dict:
+    """Shape fields set on a case whose family does not own them (to_dict drops them; validation refuses them)."""
+    family = family_of(case.model)
+    out = {}
+    for name, empty in SHAPE_FIELDS.items():
+        if name not in family.fields and getattr(case, name) != empty:
+            out[name] = getattr(case, name)
+    if "model_args" in out:
+        out["model_args"] = dict(out["model_args"])
+    return out
+
+
+def _family_models(name: str) -> str:
+    return {"classify": "ViT/DeiT, timm:*", "lm": "gpt_*", "decode": "llama*"}[name]
+
+
+def _foreign_message(case: Case, family, name: str) -> str:
+    owners = [f.name for f in FAMILIES.values() if name in f.fields]
+    owner = f"; it applies to the {' and '.join(owners)} famil{'ies' if len(owners) > 1 else 'y'} ({', '.join(_family_models(o) for o in owners)})" if owners else ""
+    return f"{FLAG[name]} does not apply to {case.model}, a model of the {family.name} family{owner}"
 
 
 def expand_grid(base: dict[str, Any], grid: dict[str, Iterable]) -> list[dict[str, Any]]:

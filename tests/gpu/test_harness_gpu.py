@@ -7,6 +7,7 @@ from perflab.measure.harness import run_case
 from perflab.models.registry import build_model
 from perflab.runtime.inputs import image_batch
 from perflab.runtime.modes import make_step
+from perflab.runtime.workload import build
 from perflab.runtime.precision import precision
 from perflab.spec import Case, validate_case
 
@@ -24,13 +25,11 @@ TOPK = dict(keep_rate=(0.1,), reduction_loc=(3, 6, 9))
 )
 def test_modes_compute_what_eager_computes(model, kw, mode):
     case = validate_case(Case(model, batch_size=4, dtype="fp32", device="cuda", **kw))
-    torch.manual_seed(0)
-    net, _ = build_model(case)
-    net = net.cuda()
-    x = image_batch(4, 224, "cuda", 0)
+    built = build(case)
+    net, x = built.model, built.extra["inputs"]
     with torch.no_grad(), precision("fp32", "cuda"):
         expected = net(x).clone()
-        step = make_step(net, x, mode)
+        step = make_step(built, mode)
         for _ in range(3):
             got = step()
         torch.cuda.synchronize()

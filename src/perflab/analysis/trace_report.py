@@ -25,6 +25,7 @@ import pandas as pd
 from perflab.analysis.accounting import DEFAULT_KERNEL_GAP_NS, IDLE_CAUSES, Accounting, account
 from perflab.analysis.breakdown import category_breakdown, gemm_fraction
 from perflab.analysis.kernels import KernelStats, kernel_stats, top_kernels
+from perflab.analysis.passes import attention_breakdown, pass_breakdown
 from perflab.analysis.launch import LaunchVerdict, delay_summary, launch_api_stats, launch_delays, launch_verdict
 from perflab.analysis.ranges import range_breakdown
 from perflab.trace.schema import Trace
@@ -45,6 +46,8 @@ class TraceReport:
     verdict: LaunchVerdict
     gemm_fraction: float
     meta: dict[str, Any] = field(default_factory=dict)
+    passes: pd.DataFrame = field(default_factory=pd.DataFrame)  # per pass of a training step (analysis.passes)
+    attention: dict[str, Any] | None = None  # softmax vs matmul inside explicit attention, per step
 
     @property
     def kernels(self) -> pd.DataFrame:
@@ -110,6 +113,11 @@ class TraceReport:
                     for r in self.launch_apis.itertuples(index=False)
                 ],
             },
+            "passes": [
+                {(k[:-3] + "_us" if k.endswith("_ns") else k): (_us(v) if k.endswith("_ns") else v) for k, v in record.items()}
+                for record in self.passes.to_dict(orient="records")
+            ],
+            "attention": self.attention,
             "unlinked_activities": int(self.trace.meta.get("unlinked", 0)),
             "meta": {k: v for k, v in self.trace.meta.items() if k not in ("devices",)},
             "devices": [d.get("name") for d in self.trace.meta.get("devices") or [] if isinstance(d, dict)],
@@ -156,7 +164,13 @@ def analyze_trace(trace: Trace, top: int = DEFAULT_TOP, kernel_gap_threshold_ns:
         launch_delay=delay_summary(kernels, delays),
         verdict=launch_verdict(accounting),
         gemm_fraction=gemm_fraction(kernels),
+        passes=pass_breakdown(kernels, trace.ranges, _annotated_steps(trace)),
+        attention=attention_breakdown(kernels, _annotated_steps(trace)),
     )
+
+
+def _annotated_steps(trace: Trace) -> int:
+    return max(len(trace.steps), 1)
 
 
 def _step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:

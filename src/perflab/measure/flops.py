@@ -16,13 +16,20 @@ def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, 
     return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
+def _sdpa_cpu_backward_flops(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
 def _extra_formulas() -> dict:
-    # The CPU's fused attention op has no formula in torch's registry, so SDPA on the CPU would count
-    # as 0 FLOPs; give it the same formula as the CUDA kernels (2·B·H·L·S·(E + Ev)).
+    # The CPU's fused attention ops have no formula in torch's registry, so SDPA on the CPU would count
+    # as 0 FLOPs; give them the same formulas as the CUDA kernels (forward 2·B·H·L·S·(E + Ev), backward 2×).
     extra = {}
     cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_sdpa is not None and cpu_sdpa not in flop_counter.flop_registry:
         extra[cpu_sdpa] = _sdpa_cpu_flops
+    cpu_sdpa_backward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+    if cpu_sdpa_backward is not None and cpu_sdpa_backward not in flop_counter.flop_registry:
+        extra[cpu_sdpa_backward] = _sdpa_cpu_backward_flops
     return extra
 
 

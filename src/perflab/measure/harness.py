@@ -24,19 +24,34 @@ from perflab.measure.env import device_name, environment
 from perflab.measure.flops import count_flops, count_params
 from perflab.measure.stats import summarize
 from perflab.measure.timing import estimate_step_s, plan_timing, time_step
-from perflab.models.registry import build_model, expected_tokens
+from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
-from perflab.runtime.inputs import image_batch
 from perflab.runtime.modes import make_step
-from perflab.runtime.precision import precision
+from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
+from perflab.workloads import family_of
+from perflab.workloads.registry import implementation
 
 MB = 2**20
 
 
-def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None = None) -> dict:
-    """Measure one case. Returns the result row (a dict; see ``result_row_keys`` in the README)."""
+def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None = None, memory_snapshot=None) -> dict:
+    """Measure one case. Returns the result row (a dict; see ``result_row_keys`` in the README).
+
+    ``memory_snapshot``: a path; on a GPU, the CUDA allocator's history from the build to the end of the timed
+    loop is written there as a pickle that PyTorch's memory_viz page (pytorch.org/memory_viz) opens.
+    """
     case = validate_case(case)
+    if memory_snapshot is not None and case.device == "cuda":
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+        try:
+            return run_case(case, monitor=monitor, on_stage=on_stage)
+        finally:
+            from pathlib import Path
+
+            Path(memory_snapshot).parent.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(memory_snapshot))
+            torch.cuda.memory._record_memory_history(enabled=None)
     stage = on_stage or (lambda _: None)
     monitor = monitor if monitor is not None else open_monitor(case.device)
     env = environment(case.device, monitor.device_info())
@@ -61,44 +76,38 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def _measure(case: Case, monitor, env: dict, stage) -> dict:
-    torch.manual_seed(case.seed)
-    stage("build")
-    model, vit_config = build_model(case)
-    model = model.to(case.device)
-    params, trainable = count_params(model)
-    x = image_batch(case.batch_size, case.input_size, case.device, case.seed)
-    tokens_expected = expected_tokens(case)
+    impl = implementation(case)
+    with memory_cap(case):
+        stage("build")
+        built = build(case)
+        params, trainable = count_params(built.model)
+        with step_context(case, built):
+            stage("check")
+            checked = impl.check(case, built)
+            flops = count_flops(built.make_step(built.model))
 
-    # no_grad, not inference_mode: under inference_mode autocast does not cache its weight casts, so
-    # every step would re-cast every weight (3 casts per Linear instead of 1, measured with the profiler).
-    with torch.no_grad(), precision(case.dtype, case.device):
-        stage("check")
-        tokens_seen = None
-        if vit_config is not None:
-            model.tokens_seen = []
-            model(x)
-            tokens_seen, model.tokens_seen = model.tokens_seen, None
-        flops = count_flops(lambda: model(x))
+            stage("compile" if case.mode != "eager" else "warmup")
+            step = make_step(built, case.mode)
+            out = step()  # the first call compiles (compile modes)
+            stage("warmup")
+            for _ in range(case.warmup):
+                out = step()
+            synchronize(case.device)
+            processed = built.batch_of(out)
 
-        stage("compile" if case.mode != "eager" else "warmup")
-        step = make_step(model, x, case.mode)
-        out = step()  # the first call compiles (compile modes)
-        stage("warmup")
-        for _ in range(case.warmup):
-            out = step()
-        synchronize(case.device)
-        processed = int(out.shape[0])
+            step_s = estimate_step_s(step, case.device)
+            plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
+            stage("timing")
+            if case.device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            monitor.begin()
+            timing = time_step(step, plan, case.device)
+            report = monitor.end()
+            peak = memory_peaks(case.device)
+            summary = summarize(timing.samples_ms)
+            extra = impl.after_timing(case, built, step, {"median_ms": summary.median})
 
-        step_s = estimate_step_s(step, case.device)
-        plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
-        stage("timing")
-        if case.device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
-        monitor.begin()
-        timing = time_step(step, plan, case.device)
-        report = monitor.end()
-
-    summary = summarize(timing.samples_ms)
+    tokens_expected, tokens_seen = checked.get("tokens_expected"), checked.get("tokens_seen")
     checks = run_checks(
         requested_batch=case.batch_size,
         processed_batch=processed,
@@ -122,6 +131,7 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
     )
     row = base_row(case, env)
     median = summary.median
+    items = built.items_per_step
     row.update(
         status="ok",
         tokens=tokens_seen if tokens_seen is not None else tokens_expected,
@@ -135,6 +145,8 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
         latency_ms_per_batch=median,
         latency_ms_per_sample=median / case.batch_size,
         throughput_per_s=case.batch_size * 1000.0 / median,
+        items_per_step=items,
+        items_per_s=items * 1000.0 / median,
         samples_ms=[float(v) for v in timing.samples_ms],
         n_samples=summary.n,
         iters_per_sample=plan.block_iters,
@@ -153,10 +165,60 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )
+    if family_of(case.model).item == "token":
+        row["tokens_per_s"] = row["items_per_s"]
+    row.update(impl.analytic(case))
+    row.update(extra)
     if case.device == "cuda":
-        row["peak_mem_alloc_mb"] = torch.cuda.max_memory_allocated() / MB
-        row["peak_mem_reserved_mb"] = torch.cuda.max_memory_reserved() / MB
+        row["peak_mem_alloc_mb"] = peak["alloc"] / MB
+        row["peak_mem_reserved_mb"] = peak["reserved"] / MB
+        row["memory_breakdown_mb"] = memory_breakdown(built, peak["alloc"])
+        row.update(utilisation(case, row))
     return row
+
+
+def memory_peaks(device: str) -> dict:
+    if device != "cuda":
+        return {"alloc": None, "reserved": None}
+    return {"alloc": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
+
+
+def memory_breakdown(built, peak_alloc: int) -> dict:
+    """Peak allocated memory split into parameters, gradients, optimizer state and the rest (activations,
+    workspace, caches), MiB. Gradients count once per trainable parameter when the step has a backward
+    (a step that sets them to None at its end still holds them at its peak)."""
+    params = sum(p.numel() * p.element_size() for p in built.model.parameters())
+    grads = sum(p.numel() * p.element_size() for p in built.model.parameters() if p.requires_grad) if built.has_backward else 0
+    optimizer = 0
+    if built.optimizer is not None:
+        for state in built.optimizer.state.values():
+            optimizer += sum(t.numel() * t.element_size() for t in state.values() if torch.is_tensor(t) and t.device.type != "cpu")
+    buffers = sum(b.numel() * b.element_size() for b in built.model.buffers())
+    rest = peak_alloc - params - grads - optimizer - buffers
+    return {"params": params / MB, "grads": grads / MB, "optimizer": optimizer / MB, "buffers": buffers / MB, "rest": rest / MB}
+
+
+def utilisation(case: Case, row: dict) -> dict:
+    """MFU (achieved FLOP/s over the peak matmul rate for the dtype) and, where the family states the bytes a
+    step must move, MBU (achieved bytes/s over the copy bandwidth); each against the ceilings measured on
+    this GPU (cached) and against the datasheet."""
+    from perflab.measure.ceilings import get_ceilings
+    from perflab.measure.datasheet import datasheet_for
+
+    ceilings = get_ceilings()
+    sheet = datasheet_for(torch.cuda.get_device_name())
+    out = {"peak_tflops_measured": ceilings["matmul_tflops"].get(case.dtype), "copy_gbps_measured": ceilings["copy_gbps"]}
+    out["peak_tflops_datasheet"] = sheet.tflops(case.dtype) if sheet else None
+    out["bandwidth_gbps_datasheet"] = sheet.bandwidth_gbps if sheet else None
+    achieved = row["achieved_tflops"]
+    out["mfu"] = achieved / out["peak_tflops_measured"] if out["peak_tflops_measured"] else None
+    out["mfu_datasheet"] = achieved / out["peak_tflops_datasheet"] if out["peak_tflops_datasheet"] else None
+    if row.get("bytes_per_step"):
+        gbps = row["bytes_per_step"] / (row["median_ms"] / 1000.0) / 1e9
+        out["achieved_gbps"] = gbps
+        out["mbu"] = gbps / ceilings["copy_gbps"]
+        out["mbu_datasheet"] = gbps / sheet.bandwidth_gbps if sheet else None
+    return out
 
 
 def base_row(case: Case, env: dict) -> dict:
@@ -167,11 +229,18 @@ def base_row(case: Case, env: dict) -> dict:
         "status": None,
         "message": None,
         "model": case.model,
+        "family": case.family,
+        "workload": case.workload,
+        "label": case.label(),
         "method": case.method,
         "keep_rate": list(case.keep_rate),
         "reduction_loc": list(case.reduction_loc),
         "tokens": None,
         "input_size": case.input_size,
+        "seq_len": case.seq_len,
+        "prompt_len": case.prompt_len,
+        "context_len": case.context_len,
+        "new_tokens": case.new_tokens,
         "batch_size": case.batch_size,
         "dtype": case.dtype,
         "mode": case.mode,

@@ -4,6 +4,8 @@ Names:
   <vit name>            a plain ViT/DeiT (``deit_base_patch16_224``, ...; see ``vit_configs``)
   topk_<vit name>       top-k token reduction (drop the rest)
   evit_<vit name>       EViT token reduction (fuse the rest into one token)
+  gpt_<size>            a GPT language model (models/lm.py: gpt_small ... gpt_2.7b), the lm family
+  llama<...>            a Llama with a static KV cache (models/llama.py: llama2_7b, llama3_8b, ...), the decode family
   timm:<timm name>      any timm model, where timm is importable
   test:<name>           small models that plant faults, for perflab's own tests (models/testing.py)
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from perflab.errors import PerflabError
+from perflab.workloads import family_of
 from perflab.models.vit import ViTConfig, VisionTransformer, token_schedule, vit_configs
 
 METHODS = {"topk": False, "evit": True}  # method -> fuses dropped tokens
@@ -22,7 +25,7 @@ METHODS = {"topk": False, "evit": True}  # method -> fuses dropped tokens
 @dataclass(frozen=True)
 class ModelName:
     name: str  # as given
-    family: str  # "vit", "timm" or "test"
+    family: str  # "vit", "timm", "test", "lm" or "llama"
     base: str  # the ViT config name, timm model name, or test model name
     method: str  # "baseline", "topk" or "evit"
 
@@ -32,9 +35,12 @@ class ModelName:
 
 
 def model_names() -> list[str]:
+    from perflab.models.llama import llama_configs
+    from perflab.models.lm import lm_configs
+
     names = list(vit_configs)
     names += [f"{m}_{v}" for m in METHODS for v in vit_configs]
-    return names
+    return names + list(lm_configs) + list(llama_configs)
 
 
 def parse_model_name(name: str) -> ModelName:
@@ -52,6 +58,18 @@ def parse_model_name(name: str) -> ModelName:
         return ModelName(name, "test", base, "baseline")
     if name in vit_configs:
         return ModelName(name, "vit", name, "baseline")
+    family = family_of(name).name
+    if family in ("lm", "decode"):
+        if family == "lm":
+            from perflab.models.lm import lm_configs as configs
+        else:
+            from perflab.models.llama import llama_configs as configs
+        if name in configs:
+            return ModelName(name, "lm" if family == "lm" else "llama", name, "baseline")
+        close = difflib.get_close_matches(name, list(configs), n=3, cutoff=0.5)
+        kind = "language model" if family == "lm" else "Llama"
+        hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(configs)}"
+        raise PerflabError(f"unknown {kind} config {name!r}{hint}")
     method, _, base = name.partition("_")
     if method in METHODS and base in vit_configs:
         return ModelName(name, "vit", base, method)
@@ -80,6 +98,8 @@ def build_model(case) -> tuple[object, ViTConfig | None]:
         return TEST_MODELS[name.base]().eval(), None
     if name.family == "timm":
         return build_timm_model(name.base, case.input_size), None
+    if name.family in ("lm", "llama"):
+        raise ValueError(f"{case.model} is built by its workload family (perflab.workloads), not by build_model")
     config = vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn)
     return VisionTransformer(config).eval(), config
 

@@ -19,34 +19,82 @@ def model_label(row: dict) -> str:
     return label
 
 
+def shape_label(row: dict) -> str:
+    """The family's shape of a row: ``224px``; ``train_step seq512``; ``decode ctx4096``."""
+    case = row.get("case") or row
+    family = row.get("family") or "classify"
+    if family == "classify":
+        return f"{row.get('input_size')}px"
+    workload = case.get("workload") or row.get("workload")
+    parts = [workload]
+    if case.get("layers") is not None:
+        parts.insert(0, f"L{case['layers']}" + ("-only" if case.get("layers_only") else ""))
+    elif case.get("layers_only"):
+        parts.insert(0, "layers-only")
+    if family == "lm":
+        parts.append(f"seq{case.get('seq_len')}")
+    elif workload == "decode":
+        parts.append(f"ctx{case.get('context_len')}")
+    elif workload == "prefill":
+        parts.append(f"prompt{case.get('prompt_len')}")
+    else:
+        parts.append(f"prompt{case.get('prompt_len')}+{case.get('new_tokens')}")
+    return " ".join(str(p) for p in parts)
+
+
+def row_label(row: dict) -> str:
+    if row.get("label"):
+        return row["label"]
+    return f"{model_label(row)} {shape_label(row)} bs{row.get('batch_size')} {row.get('dtype')} {row.get('mode')}"
+
+
+def _unit(rows: list[dict]) -> str:
+    families = {r.get("family") or "classify" for r in rows}
+    if families == {"classify"}:
+        return "img"
+    if "classify" not in families:
+        return "tok"
+    return "item"
+
+
 def bench_table(rows: list[dict], title: str | None = None) -> Table:
+    unit = _unit(rows)
+    classify_only = unit == "img"
+    any_gpu = any(r.get("mfu") is not None for r in rows)
+    any_mbu = any(r.get("mbu") is not None for r in rows)
     table = Table(title=title, header_style="bold")
-    for name, justify in [
-        ("model", "left"), ("size", "right"), ("bs", "right"), ("dtype", "left"), ("mode", "left"),
-        ("ms/batch (95% CI)", "right"), ("ms/img", "right"), ("img/s", "right"), ("GFLOPs/img", "right"),
-        ("tokens", "left"), ("peak MiB", "right"), ("W", "right"), ("status / flags", "left"),
-    ]:
+    columns = [
+        ("model", "left"), ("size" if classify_only else "shape", "right" if classify_only else "left"), ("bs", "right"),
+        ("dtype", "left"), ("mode", "left"), ("ms/batch (95% CI)" if classify_only else "ms/step (95% CI)", "right"),
+        (f"ms/{unit}" if classify_only else "ms/sample", "right"), (f"{unit}/s", "right"),
+        ("GFLOPs/img" if classify_only else "GFLOPs/sample", "right"),
+    ]
+    if any_gpu:
+        columns.append(("MFU", "right"))
+    if any_mbu:
+        columns.append(("MBU", "right"))
+    columns += [("tokens", "left")] if classify_only else []
+    columns += [("peak MiB", "right"), ("W", "right"), ("status / flags", "left")]
+    for name, justify in columns:
         table.add_column(name, justify=justify)
     for row in rows:
         ok = row.get("status") == "ok"
         ci = row.get("ci95_ms") or [None, None]
         timing = f"{row['median_ms']:.3f} ({ci[0]:.3f}–{ci[1]:.3f})" if ok else "–"
         status = ", ".join(row.get("flags") or []) if ok else f"[red]{row['status']}[/red]: {row.get('message') or ''}"
-        table.add_row(
-            model_label(row),
-            str(row["input_size"]),
-            str(row["batch_size"]),
-            row["dtype"],
-            row["mode"],
-            timing,
-            _fmt(row.get("latency_ms_per_sample"), ".4g"),
-            _fmt(row.get("throughput_per_s"), ".1f"),
-            _fmt(row.get("gflops"), ".2f"),
-            "→".join(map(str, row["tokens"])) if row.get("tokens") else "–",
-            _fmt(row.get("peak_mem_reserved_mb"), ".0f"),
-            _fmt(row.get("power_w"), ".0f"),
-            status or "[green]ok[/green]",
-        )
+        throughput = row.get("items_per_s", row.get("throughput_per_s")) if not classify_only else row.get("throughput_per_s")
+        cells = [
+            model_label(row), shape_label(row), str(row["batch_size"]), row["dtype"], row["mode"], timing,
+            _fmt(row.get("latency_ms_per_sample"), ".4g"), _fmt(throughput, ".1f"), _fmt(row.get("gflops"), ".2f"),
+        ]
+        if any_gpu:
+            cells.append(_fmt(row.get("mfu"), ".1%"))
+        if any_mbu:
+            cells.append(_fmt(row.get("mbu"), ".1%"))
+        if classify_only:
+            cells.append("→".join(map(str, row["tokens"])) if row.get("tokens") else "–")
+        cells += [_fmt(row.get("peak_mem_reserved_mb"), ".0f"), _fmt(row.get("power_w"), ".0f"), status or "[green]ok[/green]"]
+        table.add_row(*cells)
     return table
 
 

@@ -50,10 +50,31 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
         parts += comparison_section(comparison, rows, plot_dir, common)
     if experiment and experiment.breakevens:
         parts += _breakeven_sections(stored, plot_dir, n_boot)
+    parts += family_sections(rows, plot_dir)
     parts += _environment_section(stored)
     parts += _provenance_section(stored)
     parts += _all_rows_section(rows, common)
     return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
+
+
+def family_sections(rows: list[dict], plot_dir: Path) -> list[str]:
+    """The language-model (seed 003) and decode (seed 004) tables, for the rows of those families."""
+    from perflab.report import decode as decode_report
+    from perflab.report import lm as lm_report
+
+    families = {(r.get("family") or (r.get("case") or {}).get("family") or _family(r)) for r in rows}
+    parts = []
+    if "lm" in families:
+        parts += lm_report.sections([r for r in rows if _family(r) == "lm"], plot_dir)
+    if "decode" in families:
+        parts += decode_report.sections([r for r in rows if _family(r) == "decode"], plot_dir)
+    return parts
+
+
+def _family(row: dict) -> str:
+    from perflab.workloads import family_of
+
+    return family_of(str(row.get("model") or case_fields(row).get("model") or "")).name
 
 
 def with_missing(rows: list[dict], experiment) -> list[dict]:
@@ -65,7 +86,8 @@ def with_missing(rows: list[dict], experiment) -> list[dict]:
     for case in experiment.cases:
         if case.id not in stored:
             d = case.to_dict()
-            out.append(dict(d, case=d, case_id=case.id, status="missing", method=case.method, tokens=None, flags=[], message="not run yet"))
+            out.append(dict(d, case=d, case_id=case.id, status="missing", method=case.method, tokens=None, flags=[], message="not run yet",
+                            family=case.family, workload=case.workload, label=case.label()))
     return out
 
 
@@ -418,17 +440,23 @@ def _provenance_section(stored) -> list[str]:
 
 
 def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
-    headers = ["Model", "Size", "BS", "dtype", "mode", "Status", "ms/batch [95% CI]", "ms/img", "img/s", "GFLOPs/img", "Tokens", "CV", "Flags / message"]
+    from perflab.report.console import shape_label
+
+    classify = all((r.get("family") or "classify") == "classify" for r in rows)
+    headers = ["Model", "Size" if classify else "Shape", "BS", "dtype", "mode", "Status", "ms/batch [95% CI]" if classify else "ms/step [95% CI]",
+               "ms/img" if classify else "ms/sample", "img/s" if classify else "items/s", "GFLOPs/img" if classify else "GFLOPs/sample",
+               "Tokens" if classify else "MFU", "CV", "Flags / message"]
     body = []
     for r in rows:
         ok = r.get("status") == "ok"
         flags = [f for f in (r.get("flags") or []) if f not in common]
         note = ", ".join(flags) if ok else _escape(r.get("message") or "")
         body.append([
-            _model_label(r), str(r.get("input_size")), str(r.get("batch_size")), str(r.get("dtype")), str(r.get("mode")),
-            "ok" if ok else status_cell(r), _ms_cell(r) if ok else "–", _num(r.get("latency_ms_per_sample"), ".4g"),
-            _num(r.get("throughput_per_s"), ".2f"), _num(r.get("gflops"), ".2f"),
-            "→".join(map(str, r["tokens"])) if r.get("tokens") else "–", _num(r.get("cv"), ".1%"), note or "–",
+            _model_label(r), str(r.get("input_size")) if classify else shape_label(r), str(r.get("batch_size")), str(r.get("dtype")),
+            str(r.get("mode")), "ok" if ok else status_cell(r), _ms_cell(r) if ok else "–", _num(r.get("latency_ms_per_sample"), ".4g"),
+            _num(r.get("throughput_per_s") if classify else r.get("items_per_s"), ".2f"), _num(r.get("gflops"), ".2f"),
+            ("→".join(map(str, r["tokens"])) if r.get("tokens") else "–") if classify else _num(r.get("mfu"), ".1%"),
+            _num(r.get("cv"), ".1%"), note or "–",
         ])
     return ["## All cases", md_table(headers, body)]
 
@@ -459,7 +487,9 @@ def _model_label(row: dict) -> str:
 
 
 def _row_label(row: dict) -> str:
-    return f"{_model_label(row)} {row.get('input_size')}px bs{row.get('batch_size')} {row.get('dtype')} {row.get('mode')}"
+    from perflab.report.console import row_label
+
+    return row_label(row)
 
 
 def _hashable(value):

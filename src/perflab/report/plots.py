@@ -162,3 +162,41 @@ def _save(fig, path: Path) -> Path:
     buffer.seek(0)
     Image.open(buffer).convert("RGB").quantize(colors=64).save(path, "PNG", optimize=True)
     return path
+
+
+def time_vs_length(series: dict, path: Path, title: str, xlabel: str, ylabel: str = "step time (ms, median, 95% CI)") -> Path:
+    """series: label → [(length, ms, CI low, CI high)], on log-log axes (a quadratic term shows as a steeper slope)."""
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, points in series.items():
+        _errorbar_line(ax, points, label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    _finish(ax, title)
+    return _save(fig, path)
+
+
+def metric_vs_batch(panels: dict, path: Path, title: str, ylabel: str) -> Path:
+    """panels: panel title → {series label → [(batch size, value)]}, one panel per group, log-2 batch axis."""
+    n = max(1, len(panels))
+    cols = min(2, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.8 * rows), squeeze=False)
+    for ax, (panel, series) in zip(axes.flat, panels.items()):
+        for label, points in series.items():
+            if points:
+                xs, ys = zip(*sorted(points))
+                ax.plot(xs, ys, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.set_xlabel("batch size")
+        ax.set_ylabel(ylabel)
+        _finish(ax, panel)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return _save(fig, path)

@@ -1,54 +1,58 @@
-"""Execution modes. Each turns (model, static input) into a no-argument step that runs one forward.
+"""Execution modes. Each turns a built workload into a no-argument step that runs one timed step.
 
-- eager: the module as written.
-- compile, compile:<mode>: torch.compile (default, reduce-overhead or max-autotune); the first call compiles.
-- cudagraph: the forward captured once in a CUDA graph and replayed (static input and output).
+- eager: the step as written.
+- compile, compile:<mode>: the model under torch.compile (default, reduce-overhead or max-autotune); the
+  step around it (loss, backward, optimizer) stays as written; the first call compiles.
+- cudagraph: the whole step captured once in a CUDA graph and replayed (static inputs and outputs; a
+  training step's optimizer must be capturable, which the family sets up for this mode).
 
-Steps are built and called inside the caller's no_grad and precision contexts.
+Steps are built and called inside the caller's grad and precision contexts.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 
-def make_step(model: torch.nn.Module, x: torch.Tensor, mode: str, capture_warmup: int = 3) -> Callable[[], torch.Tensor]:
+def make_step(built, mode: str, capture_warmup: int = 3) -> Callable[[], Any]:
+    """The step of ``built`` (a workloads.base.Built) in ``mode``."""
     if mode == "eager":
-        return lambda: model(x)
+        return built.make_step(built.model)
     if mode.startswith("compile"):
         _, _, compile_mode = mode.partition(":")
-        compiled = torch.compile(model, mode=compile_mode or None)
+        step = built.make_step(torch.compile(built.model, mode=compile_mode or None))
         if compile_mode in ("reduce-overhead", "max-autotune"):
             # These modes use CUDA graph trees; marking each step lets a new replay reuse the last
             # one's output memory instead of treating the call as a new, unrelated run.
-            def step():
+            def marked():
                 torch.compiler.cudagraph_mark_step_begin()
-                return compiled(x)
+                return step()
 
-            return step
-        return lambda: compiled(x)
+            return marked
+        return step
     if mode == "cudagraph":
-        return _capture(model, x, capture_warmup)
+        return capture(built.make_step(built.model), capture_warmup)
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def _capture(model: torch.nn.Module, x: torch.Tensor, warmup: int) -> Callable[[], torch.Tensor]:
-    # Warm up on a side stream (as torch.cuda.graphs recommends) so lazy init and autotuning stay out of the graph.
+def capture(step: Callable[[], Any], warmup: int) -> Callable[[], Any]:
+    # Warm up on a side stream (as torch.cuda.graphs recommends) so lazy init, autotuning and the
+    # optimizer's state allocation stay out of the graph.
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for _ in range(warmup):
-            model(x)
+            step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out = model(x)
+        static_out = step()
 
-    def step():
+    def replay():
         graph.replay()
         return static_out
 
-    step.graph = graph  # keep the graph (and its memory pool) alive with the step
-    return step
+    replay.graph = graph  # keep the graph (and its memory pool) alive with the step
+    return replay

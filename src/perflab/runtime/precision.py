@@ -18,12 +18,14 @@ AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @contextlib.contextmanager
-def precision(dtype: str, device_type: str) -> Iterator[None]:
+def precision(dtype: str, device_type: str, autocast: bool = True) -> Iterator[None]:
+    """fp32/tf32 matmul precision for the block; with ``autocast``, bf16/fp16 autocast over it (a family whose
+    weights are already in the case's dtype, like decode, passes autocast=False)."""
     previous = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     torch.set_float32_matmul_precision("high" if dtype == "tf32" else "highest")
     torch.backends.cudnn.allow_tf32 = dtype == "tf32"
     try:
-        if dtype in AUTOCAST_DTYPES:
+        if autocast and dtype in AUTOCAST_DTYPES:
             with torch.autocast(device_type, dtype=AUTOCAST_DTYPES[dtype]):
                 yield
         else:

@@ -1,40 +1,73 @@
-"""A case's workload, built and warmed up exactly as the harness runs it, for the passes beside timing
-(profiling, ncu, the host's issue time)."""
+"""A case's workload, built and run exactly as the harness runs it, for every pass (timing, profiling, ncu,
+the host's issue time)."""
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
-from perflab.models.registry import build_model
 from perflab.runtime.device import synchronize
-from perflab.runtime.inputs import image_batch
 from perflab.runtime.modes import make_step
 from perflab.runtime.precision import precision
+from perflab.workloads.base import Built
 
 
 @dataclass
 class Workload:
-    model: torch.nn.Module
-    vit_config: object | None  # the ViTConfig for perflab's ViTs, else None
-    inputs: torch.Tensor
-    step: Callable[[], torch.Tensor]
+    built: Built
+    step: Callable[[], Any]
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.built.model
+
+
+def build(case) -> Built:
+    """The case's model and step factory, seeded, on its device."""
+    from perflab.workloads.registry import implementation
+
+    torch.manual_seed(case.seed)
+    return implementation(case).build(case)
+
+
+@contextlib.contextmanager
+def step_context(case, built: Built) -> Iterator[None]:
+    """Autograd on for training workloads, else no_grad; and the case's precision.
+
+    no_grad, not inference_mode: under inference_mode autocast does not cache its weight casts, so every
+    step would re-cast every weight (3 casts per Linear instead of 1, measured with the profiler).
+    """
+    grad = torch.enable_grad() if built.needs_grad else torch.no_grad()
+    with grad, precision(case.dtype, case.device, autocast=built.autocast):
+        yield
+
+
+@contextlib.contextmanager
+def memory_cap(case) -> Iterator[None]:
+    """Cap the CUDA caching allocator at ``case.max_memory`` bytes for the block (an OOM past it is an ``oom`` row)."""
+    if case.max_memory is None or case.device != "cuda":
+        yield
+        return
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, case.max_memory / total))
+    try:
+        yield
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
 
 
 @contextlib.contextmanager
 def warm_workload(case) -> Iterator[Workload]:
-    """Seeded model and input on the case's device; inside no_grad and the case's precision (held for
+    """Seeded model and inputs on the case's device; inside the case's grad and precision contexts (held for
     the block, so autocast's weight casts stay cached), the step for its mode, warmed up and synchronised."""
-    torch.manual_seed(case.seed)
-    model, vit_config = build_model(case)
-    model = model.to(case.device)
-    x = image_batch(case.batch_size, case.input_size, case.device, case.seed)
-    with torch.no_grad(), precision(case.dtype, case.device):
-        step = make_step(model, x, case.mode)
-        for _ in range(case.warmup + 1):
-            step()
-        synchronize(case.device)
-        yield Workload(model, vit_config, x, step)
+    with memory_cap(case):
+        built = build(case)
+        with step_context(case, built):
+            step = make_step(built, case.mode)
+            for _ in range(case.warmup + 1):
+                step()
+            synchronize(case.device)
+            yield Workload(built, step)

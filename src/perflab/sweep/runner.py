@@ -109,7 +109,8 @@ def run_sweep(
         outcome = "interrupted"
         try:
             with _sigterm_as_interrupt():
-                _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, retry_failed, emit)
+                _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, retry_failed, emit,
+                          worker_args=worker_args(experiment, out_dir))
             outcome = "complete"
         except KeyboardInterrupt:
             summary.interrupted = True
@@ -149,7 +150,14 @@ def _one_sweep_at_a_time(out_dir: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, replace, emit) -> None:
+def worker_args(experiment: Experiment, out_dir: Path) -> list[str]:
+    """Arguments every worker of this sweep gets beyond its case: the profile pass, when the spec asks for one."""
+    if not experiment.profile_steps:
+        return []
+    return ["--profile-steps", str(experiment.profile_steps), "--trace-dir", str(out_dir / "traces")]
+
+
+def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, replace, emit, worker_args=()) -> None:
     pending = collections.deque(todo)
     free = list(slots)
     running: list[_Running] = []
@@ -160,7 +168,7 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, su
             while pending and free:
                 slot = free.pop(0)
                 case = pending.popleft()
-                running.append(_start(case, slot, out_dir, timeout_s, len(slots)))
+                running.append(_start(case, slot, out_dir, timeout_s, len(slots), worker_args))
                 emit("case_start", case=case, slot=slot)
             time.sleep(POLL_S)
             for job in list(running):
@@ -187,12 +195,12 @@ def _remove_if_empty(path: Path) -> None:
         pass
 
 
-def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int) -> _Running:
+def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int, extra_args=()) -> _Running:
     result_path = out_dir / "tmp" / f"{case.id}.json"
     result_path.unlink(missing_ok=True)
     log_path = out_dir / "logs" / f"{case.id}.log"
     cmd = [sys.executable, "-m", "perflab.sweep.worker", "--case", json.dumps(case.to_dict()),
-           "--result", str(result_path), "--parent-pid", str(os.getpid())]
+           "--result", str(result_path), "--parent-pid", str(os.getpid()), *extra_args]
     with open(log_path, "w") as log:
         log.write(f"# {case.label()}  (case {case.id}, worker {slot})\n")
         log.flush()

@@ -14,6 +14,8 @@ A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
       min_time: 1.0
       repeats: 20
       timeout_s: 600
+      profile_steps: 3                    # optional: after timing, profile 3 steps per case (GPU) and keep the per-pass
+                                          # kernel breakdown in the row (traces in OUT/traces/)
     grid:                                 # a product over any Case fields; or a list of such products
       model: [deit_base_patch16_224, topk_deit_base_patch16_224]
       batch_size: [1, 2, 4]
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab.errors import PerflabError
-from perflab.spec import ATTN_IMPLS, DTYPES, MODES, Case, expand_grid
+from perflab.spec import ATTN_IMPLS, DTYPES, MODES, Case, convert_field, expand_grid
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
 REDUCTION_FIELDS = ("keep_rate", "reduction_loc")
@@ -62,13 +64,17 @@ _KIND = {
     "model": "a model name", "input_size": "an integer", "batch_size": "an integer", "warmup": "an integer",
     "repeats": "an integer", "seed": "an integer", "iters": "an integer or null", "min_time": "a number",
     "keep_rate": "a number or a list of numbers", "reduction_loc": "a list of integers", "attn": "a string",
-    "dtype": "a string", "mode": "a string", "device": "a string",
+    "dtype": "a string", "mode": "a string", "device": "a string", "workload": "a workload name", "seq_len": "an integer",
+    "prompt_len": "an integer", "context_len": "an integer", "new_tokens": "an integer", "layers": "an integer",
+    "layers_only": "true or false", "model_args": "a mapping of dimensions to numbers", "max_memory": "a size such as 24GiB",
 }
 _PLURAL = {
     "model": "model names", "input_size": "integers", "batch_size": "integers", "warmup": "integers",
     "repeats": "integers", "seed": "integers", "iters": "integers", "min_time": "numbers",
     "keep_rate": "keep rates (numbers, or lists of numbers)", "reduction_loc": "location lists, e.g. [[3, 6, 9]]",
-    "attn": "strings", "dtype": "strings", "mode": "strings", "device": "strings",
+    "attn": "strings", "dtype": "strings", "mode": "strings", "device": "strings", "workload": "workload names",
+    "seq_len": "integers", "prompt_len": "integers", "context_len": "integers", "new_tokens": "integers", "layers": "integers",
+    "layers_only": "booleans", "model_args": "mappings", "max_memory": "sizes",
 }
 _CHOICES = {"dtype": DTYPES, "mode": MODES, "attn": ATTN_IMPLS, "device": ("cuda", "cpu", "auto")}
 
@@ -163,11 +169,12 @@ class Experiment:
     comparisons: tuple[Comparison, ...] = ()
     breakevens: tuple[Breakeven, ...] = ()
     text: str = ""  # the spec as written, for the report
+    profile_steps: int = 0  # profile pass per case after timing (0: none)
 
     def to_json(self) -> dict:
         return {
             "source": self.source, "name": self.name, "description": self.description, "out": self.out,
-            "timeout_s": self.timeout_s, "cases": [c.to_dict() for c in self.cases],
+            "timeout_s": self.timeout_s, "profile_steps": self.profile_steps, "cases": [c.to_dict() for c in self.cases],
             "comparisons": [c.to_json() for c in self.comparisons], "breakeven": [b.to_json() for b in self.breakevens],
         }
 
@@ -179,7 +186,7 @@ class Experiment:
             cases=tuple(_case_from_json(c) for c in data.get("cases", [])),
             comparisons=tuple(Comparison.from_json(c) for c in data.get("comparisons", [])),
             breakevens=tuple(Breakeven.from_json(b) for b in data.get("breakeven", [])),
-            text=text,
+            text=text, profile_steps=int(data.get("profile_steps", 0)),
         )
 
 
@@ -243,13 +250,16 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     description = p.string("description", data.get("description", "") or "")
     out = p.string("out", data["out"]) if data.get("out") is not None else None
     harness = p.mapping("harness", data.get("harness", {}))
-    p.check_keys("harness", harness, HARNESS_FIELDS + ("timeout_s",))
+    p.check_keys("harness", harness, HARNESS_FIELDS + ("timeout_s", "profile_steps"))
     timeout_s = p.positive_number("harness.timeout_s", harness.get("timeout_s", DEFAULT_TIMEOUT_S))
+    profile_steps = harness.get("profile_steps", 0)
+    if isinstance(profile_steps, bool) or not isinstance(profile_steps, int) or profile_steps < 0:
+        p.fail("harness.profile_steps", f"expected a whole number of steps (0 for no profile pass), got {_show(profile_steps)}")
     defaults = p.mapping("defaults", data.get("defaults", {}))
     p.check_keys("defaults", defaults, CASE_FIELDS)
     base = {}
     for key, value in harness.items():
-        if key != "timeout_s":
+        if key not in ("timeout_s", "profile_steps"):
             base[key] = p.value(f"harness.{key}", key, value)
             p.origin[key] = "harness"
     for key, value in defaults.items():
@@ -276,7 +286,7 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     cases = p.validate_all(sourced)
     breakevens = [p.validated_breakeven(b) for b in breakevens]
     comparisons = p.comparisons(data.get("comparisons"), cases)
-    return Experiment(source, name, description, out, timeout_s, tuple(cases), tuple(comparisons), tuple(breakevens), text)
+    return Experiment(source, name, description, out, timeout_s, tuple(cases), tuple(comparisons), tuple(breakevens), text, profile_steps)
 
 
 def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:
@@ -359,34 +369,22 @@ class _Parser:
     # -- values of Case fields
 
     def value(self, key: str, field: str, value):
-        """One value of a Case field, normalised (tuples for keep_rate/reduction_loc)."""
-        if field == "keep_rate":
-            items = value if isinstance(value, list) else [value]
-            if not items or not all(_is_number(v) for v in items):
+        """One value of a Case field, type-checked by msgspec (Case.from_dict's rules) and normalised."""
+        if field in ("model", "workload") or field in _CHOICES:
+            if not isinstance(value, str):
                 self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
-            return tuple(float(v) for v in items)
-        if field == "reduction_loc":
-            items = value if isinstance(value, list) else [value]
-            if not items or not all(_is_int(v) for v in items):
-                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
-            return tuple(int(v) for v in items)
-        if field == "iters" and value is None:
-            return None
-        if field in ("input_size", "batch_size", "warmup", "repeats", "seed", "iters"):
-            if not _is_int(value):
-                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
-            return int(value)
-        if field == "min_time":
-            if not _is_number(value):
-                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
-            return float(value)
-        if not isinstance(value, str):
+            if field == "model":
+                self.check_model(key, value)
+            elif field in _CHOICES and value not in _CHOICES[field]:
+                self.fail(key, f"unknown {field} {value!r}; choose one of {', '.join(_CHOICES[field])}")
+            return value
+        if field in ("keep_rate", "reduction_loc") and value == []:
             self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
-        if field == "model":
-            self.check_model(key, value)
-        elif field in _CHOICES and value not in _CHOICES[field]:
-            self.fail(key, f"unknown {field} {value!r}; choose one of {', '.join(_CHOICES[field])}")
-        return value
+        try:
+            return convert_field(field, value)
+        except PerflabError as exc:
+            detail = str(exc) if field in ("model_args", "max_memory") else f"expected {_KIND[field]}, got {_show(value)}"
+            self.fail(key, detail.removeprefix(f"{field}: "))
 
     def values(self, key: str, field: str, value) -> list:
         """The value list of a grid key. A single value of the right type counts as a list of one."""
@@ -394,7 +392,8 @@ class _Parser:
             if not isinstance(value, list) or not value or not all(isinstance(v, list) for v in value):
                 self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)} (one schedule for every case: put it under defaults)")
         if not isinstance(value, list):
-            if isinstance(value, (dict, type(None))) or (field not in ("model", "attn", "dtype", "mode", "device") and isinstance(value, str)):
+            if isinstance(value, type(None)) or (isinstance(value, dict) and field != "model_args") or (
+                    field not in ("model", "attn", "dtype", "mode", "device", "workload", "max_memory") and isinstance(value, str)):
                 self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)}")
             value = [value]
         if not value:
@@ -404,7 +403,7 @@ class _Parser:
             try:
                 out.append(self.value(key, field, v))
             except PerflabError:
-                if field in ("model", "attn", "dtype", "mode", "device") and isinstance(v, str):
+                if field in ("model", "attn", "dtype", "mode", "device", "workload", "max_memory", "model_args"):
                     raise  # the specific message (unknown model, did you mean ...) says more
                 self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)}")
         return out
@@ -625,7 +624,14 @@ _MESSAGE_FIELDS = (
     (("repeats",), "repeats"),
     (("iters",), "iters"),
     (("min-time",), "min_time"),
-    (("cudagraph needs",), "mode"),
+    (("cudagraph needs", "cannot run the"), "mode"),
+    (("sequence length",), "seq_len"),
+    (("context", "cache position"), "context_len"),
+    (("--prompt-len", "prompt length"), "prompt_len"),
+    (("--new-tokens", "new tokens"), "new_tokens"),
+    (("--layers",), "layers"),
+    (("--model-arg",), "model_args"),
+    (("has no workload",), "workload"),
 )
 
 
@@ -647,18 +653,6 @@ def _reduces(model: str) -> bool:
     from perflab.models.registry import parse_model_name
 
     return parse_model_name(model).reduces_tokens
-
-
-def _is_int(value) -> bool:
-    if isinstance(value, bool):
-        return False
-    if isinstance(value, int):
-        return True
-    return isinstance(value, float) and value.is_integer()
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _type_name(value) -> str:

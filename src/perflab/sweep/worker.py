@@ -35,6 +35,9 @@ def main(argv: list[str] | None = None) -> int:
         from perflab.measure.harness import run_case
 
         row = run_case(case, on_stage=_log_stage)
+        if args.profile_steps and row.get("status") == "ok" and case.device == "cuda":
+            _log_stage(f"profile ({args.profile_steps} steps)")
+            row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps)
     except PerflabError as exc:  # the parent validated the case; this is input only the worker could see
         row = _failed_row(case, "invalid", str(exc))
     except Exception as exc:  # run_case turns measurement failures into rows; this is anything around them
@@ -42,6 +45,21 @@ def main(argv: list[str] | None = None) -> int:
         row = _failed_row(case, "error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
     write_result(row, Path(args.result))
     return 0
+
+
+def _profile(case, row: dict, trace_dir: Path, steps: int) -> dict:
+    """The case's profile pass, summarised for the row; a failure of the pass is recorded, and the timing kept."""
+    from perflab.api import profile_summary
+    from perflab.trace.capture import profile_case
+
+    try:
+        trace_path = trace_dir / f"{case.id}.trace.json.gz"
+        trace_dir.mkdir(parents=True, exist_ok=True)
+        profile_case(case, trace_path, steps=steps)
+        return profile_summary(trace_path, row["median_ms"])
+    except Exception as exc:  # an OOM under the profiler's own memory, say: the untraced row still stands
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
 
 
 def write_result(row: dict, path: Path) -> None:
@@ -89,6 +107,8 @@ def _parse_args(argv):
     parser.add_argument("--case", required=True, help="the case, as JSON (Case.to_dict())")
     parser.add_argument("--result", required=True, help="where to write the result row (JSON)")
     parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
+    parser.add_argument("--profile-steps", type=int, default=0, help="after timing, profile this many steps (GPU cases)")
+    parser.add_argument("--trace-dir", default="traces", help="where the profile pass writes its trace")
     return parser.parse_args(argv)
 
 

@@ -5,8 +5,10 @@ the profiled pass reports how much the profiler inflated the step (traced step t
 
 In a profiled pass each step runs inside a ``step`` annotation and ends with a device synchronisation, so
 that each step window holds its own GPU work (the windows tile the timeline). In eager mode the model's
-stages are annotated too (``block3.attn``, ``block3.reduce``, ``block3.mlp``, ...); compiled and graph
-modes run without them (annotations would break the graph), and their kernels fall in ``step``.
+stages are annotated too (``block3.attn``, ``block3.reduce``, ``block3.mlp``, ...; a GPT's ``attn.scores``,
+``attn.softmax``, ``attn.final_matmul``); compiled and graph modes run without them (annotations would break
+the graph). A training step marks its passes ``forward``, ``backward`` and ``optimizer`` in eager and compiled
+modes (outside the compiled model); in a CUDA graph every kernel falls in ``step``.
 """
 
 from __future__ import annotations
@@ -66,13 +68,11 @@ def profile_case(case, trace_path: Path, steps: int = 5) -> CaptureResult:
     from perflab.runtime.workload import warm_workload
 
     with warm_workload(case) as work:
-        annotate = work.vit_config is not None and case.mode == "eager"
-        work.model.annotate = annotate
+        work.built.set_annotate(model_ranges=case.mode == "eager", passes=case.mode != "cudagraph")
         try:
             return record_steps(work.step, trace_path, case.device, steps=steps)
         finally:
-            if annotate:
-                work.model.annotate = False
+            work.built.set_annotate(model_ranges=False, passes=False)
 
 
 class StepProfiler:

@@ -1,0 +1,75 @@
+"""What a family's implementation hands the harness: a built workload (torch).
+
+The harness, the profiler pass, ncu and the host timer all run a case through the same ``Built``: the
+model on its device, a ``make_step`` that turns a model callable (the module itself, or its
+``torch.compile``d version) into a no-argument step, and the facts the measurements need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class Built:
+    model: torch.nn.Module
+    make_step: Callable[[Callable], Callable[[], Any]]  # model callable → one timed step
+    needs_grad: bool  # the step records autograd (training workloads); else it runs under no_grad
+    items_per_step: int  # what throughput counts: images, or tokens processed (lm), or tokens generated (decode)
+    batch_of: Callable[[Any], int] = lambda out: int(out.shape[0])  # the batch a step's output shows it processed
+    optimizer: torch.optim.Optimizer | None = None
+    has_backward: bool = False
+    autocast: bool = True  # the precision context autocasts (fp32 weights); False: weights are in the case's dtype
+    extra: dict = field(default_factory=dict)  # family-specific state (inputs, caches, configs)
+    annotate: bool = False  # steps mark their passes (forward, backward, optimizer) with profiler ranges
+
+    def set_annotate(self, model_ranges: bool, passes: bool) -> None:
+        """Turn the profile ranges of the model (eager only: ranges inside a compiled graph break it) and of
+        the step's passes (forward, backward, optimizer: outside any compiled model) on or off."""
+        self.annotate = passes
+        if hasattr(self.model, "annotate"):
+            self.model.annotate = model_ranges
+
+
+class Implementation:
+    """A family's torch side. Subclasses: workloads.classify, workloads.lm, workloads.decode."""
+
+    family: str = ""
+    modes_invalid: dict = {}  # workload → {mode: reason} for modes that cannot run it
+
+    def validate(self, case):
+        """Family checks; returns the normalised case. PerflabError (one line) on bad input."""
+        raise NotImplementedError
+
+    def build(self, case) -> Built:
+        """The model on ``case.device`` and the step factory, seeded. Called under the case's precision."""
+        raise NotImplementedError
+
+    def analytic(self, case) -> dict:
+        """Numbers known without running: ``params``, ``flops_per_step`` (formula), ``bytes_per_step`` ..."""
+        return {}
+
+    def check(self, case, built: Built) -> dict:
+        """Before timing, with one eager call: what the step actually processed (tokens seen, ...)."""
+        return {}
+
+    def after_timing(self, case, built: Built, step, row: dict) -> dict:
+        """Extra measurements after the timed loop (e.g. per-token latencies of a generation); row keys."""
+        return {}
+
+    def min_bytes(self, case, row: dict) -> float:
+        """The least DRAM traffic one step needs (for the memory floor): the family's stated bytes per step,
+        else every weight read once in the compute dtype."""
+        if row.get("bytes_per_step"):
+            return float(row["bytes_per_step"])
+        return int(row.get("params") or 0) * (2 if case.dtype in ("bf16", "fp16") else 4)
+
+    def check_mode(self, case) -> None:
+        from perflab.errors import PerflabError
+
+        reason = self.modes_invalid.get(case.workload, {}).get(case.mode)
+        if reason:
+            raise PerflabError(f"mode {case.mode} cannot run the {case.workload} workload: {reason}")

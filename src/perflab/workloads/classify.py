@@ -1,0 +1,93 @@
+"""The classify family: a seeded image batch through a ViT/DeiT (with optional token reduction), a timm model
+or one of perflab's ``test:*`` models; one workload, ``forward`` (inference)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from perflab.errors import PerflabError
+from perflab.workloads.base import Built, Implementation
+
+
+class Classify(Implementation):
+    family = "classify"
+
+    def validate(self, case):
+        from perflab.models.registry import parse_model_name
+        from perflab.models.vit import vit_configs
+
+        name = parse_model_name(case.model)
+        if case.input_size < 1:
+            raise PerflabError(f"input size must be positive, got {case.input_size}")
+        for rate in case.keep_rate:
+            if not (0.0 < rate <= 1.0):
+                raise PerflabError(f"keep rate {rate:g} is outside (0, 1]; give the fraction of tokens to keep, e.g. 0.1")
+        if name.family == "vit":
+            config = vit_configs[name.base]
+            patch, depth = 16, config["depth"]
+            if case.input_size % patch:
+                lower = case.input_size - case.input_size % patch
+                raise PerflabError(f"input size {case.input_size} is not divisible by the patch size {patch}; try {lower} or {lower + patch}")
+            for loc in case.reduction_loc:
+                if not (0 <= loc < depth):
+                    raise PerflabError(f"reduction location {loc} is beyond the depth of {name.base} ({depth} blocks: 0..{depth - 1})")
+            if len(set(case.reduction_loc)) != len(case.reduction_loc):
+                raise PerflabError(f"reduction locations repeat: {list(case.reduction_loc)}")
+        if name.reduces_tokens:
+            if not case.keep_rate or not case.reduction_loc:
+                raise PerflabError(f"{case.model} needs --keep-rate and --reduction-loc (e.g. --keep-rate 0.1 --reduction-loc 3 6 9)")
+            if len(case.keep_rate) not in (1, len(case.reduction_loc)):
+                raise PerflabError(
+                    f"give one keep rate or one per reduction location: {len(case.keep_rate)} rates for {len(case.reduction_loc)} locations"
+                )
+            if len(case.keep_rate) == 1:
+                return replace(case, reduction_loc=tuple(sorted(case.reduction_loc)))
+            pairs = sorted(zip(case.reduction_loc, case.keep_rate))
+            return replace(case, reduction_loc=tuple(p[0] for p in pairs), keep_rate=tuple(p[1] for p in pairs))
+        if case.keep_rate or case.reduction_loc:
+            raise PerflabError(
+                f"{case.model} does not reduce tokens, so --keep-rate/--reduction-loc do nothing; use topk_{case.model} or evit_{case.model}"
+            )
+        return case
+
+    def build(self, case) -> Built:
+        from perflab.models.registry import build_model
+        from perflab.runtime.inputs import image_batch
+
+        model, vit_config = build_model(case)
+        model = model.to(case.device)
+        x = image_batch(case.batch_size, case.input_size, case.device, case.seed)
+        return Built(model=model, make_step=lambda m: (lambda: m(x)), needs_grad=False, items_per_step=case.batch_size,
+                     extra={"inputs": x, "vit_config": vit_config})
+
+    def check(self, case, built: Built) -> dict:
+        from perflab.models.registry import expected_tokens
+
+        seen = None
+        if built.extra["vit_config"] is not None:
+            built.model.tokens_seen = []
+            built.model(built.extra["inputs"])
+            seen, built.model.tokens_seen = built.model.tokens_seen, None
+        return {"tokens_expected": expected_tokens(case), "tokens_seen": seen}
+
+    def min_bytes(self, case, row: dict) -> float:
+        """Weights plus minimal activation traffic for a ViT case (weights and input/output otherwise)."""
+        from perflab.analysis.floors import vit_min_bytes
+        from perflab.models.registry import parse_model_name, vit_config_for
+
+        weight_bytes = 2 if case.dtype in ("bf16", "fp16") else 4
+        params = int(row.get("params") or 0)
+        name = parse_model_name(case.model)
+        inputs = case.batch_size * 3 * case.input_size**2
+        if name.family != "vit":
+            return params * weight_bytes + 4 * inputs
+        cfg = vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn)
+        schedule = row.get("tokens") or [cfg.n_patches + 1]
+        locations = sorted(i for i, _ in cfg.reduction)
+        per_block, stage = [], 0
+        for i in range(cfg.depth):
+            if stage < len(locations) and i == locations[stage]:
+                stage += 1
+            per_block.append(schedule[min(stage, len(schedule) - 1)])
+        return vit_min_bytes(params=params, weight_bytes=weight_bytes, batch=case.batch_size, tokens_per_block=per_block, dim=cfg.dim,
+                             act_bytes=4, input_elems=inputs, output_elems=case.batch_size * cfg.num_classes)

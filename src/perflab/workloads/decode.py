@@ -1,0 +1,216 @@
+"""The decode family: a Llama (models/llama.py) with a static KV cache, seed 004's testbench.
+
+Workloads (one timed step each):
+
+- ``decode``: one new token per sequence at cache position ``context_len`` (the cache holds exactly
+  context_len + 1 positions, so attention reads the whole context and nothing more);
+- ``prefill``: a prompt of ``prompt_len`` tokens into an empty cache;
+- ``generate``: a prefill, then decode steps until ``new_tokens`` tokens are out (the first comes from the
+  prefill, as ``max_new_tokens`` counts in transformers' generate), greedy.
+
+Weights and cache are stored in the case's dtype (bf16 weights are what a server reads every step), so the
+precision context does not autocast. The cache is allocated once for the case, so compiled and graph modes
+see fixed shapes; ``compile:reduce-overhead`` is gpt-fast's recipe. Tokens and cache contents are random.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from perflab.errors import PerflabError
+from perflab.workloads.base import Built, Implementation
+
+WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}
+
+
+def llama_config(case):
+    from perflab.models.llama import LlamaConfig
+
+    overrides = dict(case.model_args)
+    if case.layers is not None:
+        overrides["n_layers"] = case.layers
+    for key, value in overrides.items():
+        if key not in LlamaConfig.__dataclass_fields__ or key == "rope_scaling":
+            raise PerflabError(f"--model-arg {key}: {case.model} has no such dimension; choose from "
+                               f"{', '.join(k for k in LlamaConfig.__dataclass_fields__ if k != 'rope_scaling')}")
+        if isinstance(value, float) and value.is_integer() and key not in ("rope_theta", "norm_eps"):
+            overrides[key] = int(value)
+    return LlamaConfig.from_name(case.model, **overrides)
+
+
+def cache_len(case) -> int:
+    """Cache positions the case needs: context_len + 1 (decode), the prompt (prefill), prompt + new tokens (generate)."""
+    if case.workload == "decode":
+        return case.context_len + 1
+    if case.workload == "prefill":
+        return case.prompt_len
+    return case.prompt_len + case.new_tokens
+
+
+class Decode(Implementation):
+    family = "decode"
+
+    def validate(self, case):
+        config = llama_config(case)
+        if case.layers is not None and case.layers < 1:
+            raise PerflabError(f"--layers must be at least 1, got {case.layers}")
+        if case.workload == "decode":
+            if case.context_len < 0:
+                raise PerflabError(f"--context-len must be 0 or more, got {case.context_len}")
+            if case.prompt_len is not None or case.new_tokens is not None:
+                raise PerflabError("the decode workload times one token at --context-len; --prompt-len and --new-tokens are for prefill and generate")
+        else:
+            if case.prompt_len is None or case.prompt_len < 1:
+                raise PerflabError(f"--prompt-len must be at least 1, got {case.prompt_len}")
+            if case.context_len is not None:
+                raise PerflabError(f"--context-len is the position of a decode step; the {case.workload} workload starts from --prompt-len")
+            if case.workload == "prefill" and case.new_tokens is not None:
+                raise PerflabError("--new-tokens is for the generate workload; prefill processes the prompt only")
+            if case.workload == "generate" and (case.new_tokens is None or case.new_tokens < 1):
+                raise PerflabError(f"--new-tokens must be at least 1, got {case.new_tokens}")
+        if case.layers_only and case.workload == "generate":
+            raise PerflabError("--layers-only runs hidden states through the layers, with no head to pick tokens; generate needs the head")
+        needed = cache_len(case)
+        if needed > config.max_seq_len:
+            what = {"decode": f"context {case.context_len} + 1 new token", "prefill": f"prompt {case.prompt_len}",
+                    "generate": f"prompt {case.prompt_len} + {case.new_tokens} new tokens"}[case.workload]
+            raise PerflabError(f"{what} = {needed} positions is longer than {case.model}'s max_seq_len of {config.max_seq_len}")
+        if case.attn != "sdpa":
+            raise PerflabError("the decode family's attention is SDPA over the static cache; --attn explicit is for gpt_* models")
+        return case
+
+    def build(self, case) -> Built:
+        from perflab.models.lm import init_weights
+        from perflab.models.llama import Llama
+
+        config = llama_config(case)
+        dtype = WEIGHT_DTYPES[case.dtype]
+        # Built on the meta device in the weights' dtype, then allocated and initialised where it runs: an
+        # 8B model never exists in fp32 (32 GB) and its init takes seconds on a GPU, not minutes on the CPU.
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device("meta"):
+                model = Llama(config, layers_only=case.layers_only)
+        finally:
+            torch.set_default_dtype(previous)
+        model = model.to_empty(device=case.device)
+        model.apply(init_weights)
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(False)
+        batch, length = case.batch_size, cache_len(case)
+        model.setup_caches(batch, length, dtype, device=case.device)
+        generator = torch.Generator().manual_seed(case.seed)
+        for name, buffer in model.named_buffers():
+            if name.endswith(("k_cache", "v_cache")):  # a filled context: the values do not change the work, but zeros are not realistic
+                buffer.copy_((torch.randn(buffer.shape, generator=generator) * 0.5).to(buffer.dtype))
+
+        def tokens(n):
+            if case.layers_only:
+                return (torch.randn(batch, n, config.dim, generator=generator) * 0.5).to(device=case.device, dtype=dtype)
+            return torch.randint(0, config.vocab_size, (batch, n), generator=generator).to(case.device)
+
+        extra = {"config": config, "cache_len": length, "events": None}
+        if case.workload == "decode":
+            x, pos = tokens(1), torch.tensor([case.context_len], device=case.device)
+            make_step = lambda m: (lambda: m(x, pos))
+            items = batch
+        elif case.workload == "prefill":
+            x, pos = tokens(case.prompt_len), torch.arange(case.prompt_len, device=case.device)
+            make_step = lambda m: (lambda: m(x, pos))
+            items = batch * case.prompt_len
+        else:
+            prompt = tokens(case.prompt_len)
+            prefill_pos = torch.arange(case.prompt_len, device=case.device)
+            decode_pos = [torch.tensor([case.prompt_len + i], device=case.device) for i in range(case.new_tokens - 1)]
+
+            def make_step(m):
+                def generate():
+                    events = extra["events"]
+                    logits = m(prompt, prefill_pos)
+                    token = logits[:, -1:].argmax(dim=-1)
+                    out = [token]
+                    if events is not None:
+                        events.append(_event())
+                    for pos in decode_pos:
+                        logits = m(token, pos)
+                        token = logits[:, -1:].argmax(dim=-1)
+                        out.append(token)
+                        if events is not None:
+                            events.append(_event())
+                    return torch.cat(out, dim=1)
+
+                return generate
+
+            items = batch * case.new_tokens
+        return Built(model=model, make_step=make_step, needs_grad=False, items_per_step=items, autocast=False, extra=extra)
+
+    def after_timing(self, case, built: Built, step, row: dict) -> dict:
+        """generate: time to first token, and the mean and p90 time per output token, from one more generation
+        with CUDA events after the prefill and after each decode step (perf_counter on the CPU). A CUDA graph
+        replays the whole generation at once, so it has no per-token times."""
+        if case.workload != "generate":
+            return {}
+        if case.mode == "cudagraph":
+            return {"ttft_ms": None, "tpot_ms": None, "tpot_p90_ms": None}
+        start = _event()
+        built.extra["events"] = [start]
+        try:
+            step()
+        finally:
+            events, built.extra["events"] = built.extra["events"], None
+        if torch.cuda.is_available() and case.device == "cuda":
+            torch.cuda.synchronize()
+            times = [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+        else:
+            times = [(b - a) * 1000.0 for a, b in zip(events, events[1:])]
+        per_token = times[1:]
+        return {
+            "ttft_ms": times[0],
+            "tpot_ms": statistics.fmean(per_token) if per_token else None,
+            "tpot_p90_ms": _p90(per_token) if per_token else None,
+        }
+
+    def analytic(self, case) -> dict:
+        from perflab.models.llama import decode_bytes, decode_flops, param_count
+
+        config = llama_config(case)
+        counts = param_count(config, layers_only=case.layers_only)
+        out = {"params_total": counts["total"], "params_non_embedding": counts["non_embedding"], "cache_len": cache_len(case),
+               "model_config": {k: getattr(config, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len")}}
+        dtype_bytes = DTYPE_BYTES[case.dtype]
+        if case.workload == "decode":
+            moved = decode_bytes(config, case.batch_size, case.context_len, dtype_bytes, layers_only=case.layers_only)
+            out.update(bytes_per_step=moved["total"], bytes_weights=moved["weights"], bytes_kv_read=moved["kv_read"],
+                       bytes_kv_write=moved["kv_write"],
+                       flops_analytic=decode_flops(config, case.batch_size, case.context_len, layers_only=case.layers_only))
+        elif case.workload == "prefill":
+            # Weights read once; the prompt's K and V written once and read once by the attention.
+            moved = decode_bytes(config, case.batch_size, 0, dtype_bytes, layers_only=case.layers_only)
+            kv_token = moved["kv_write"]
+            out.update(bytes_per_step=moved["weights"] + 2 * case.prompt_len * kv_token, bytes_weights=moved["weights"])
+        return out
+
+    def min_bytes(self, case, row: dict) -> float:
+        return float(row.get("bytes_per_step") or self.analytic(case).get("bytes_per_step") or
+                     int(row.get("params") or 0) * DTYPE_BYTES[case.dtype])
+
+
+def _event():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+    import time
+
+    return time.perf_counter()
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
+

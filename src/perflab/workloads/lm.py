@@ -1,0 +1,147 @@
+"""The lm family: a batch of random token ids through a GPT (models/lm.py), seed 003's study.
+
+Workloads (one timed step each):
+
+- ``forward``: inference, under no_grad;
+- ``train_forward``: the forward with autograd recording (what a training step's forward costs);
+- ``forward_backward``: forward, cross-entropy loss against random targets, backward (gradients accumulate);
+- ``train_step``: forward, backward, AdamW step, zero_grad.
+
+Mixed precision (bf16/fp16) enters autocast once per step around forward and loss, as a training loop does:
+a cast cache held across optimizer steps would feed later steps stale weights. (Inference enters it once
+around the whole loop, so its weight casts are made once, as a serving loop would.)
+In an eager profile pass the step marks its passes ``forward``, ``backward`` and ``optimizer``, and explicit
+attention marks ``attn.scores``, ``attn.softmax`` and ``attn.final_matmul``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import record_function
+
+from perflab.errors import PerflabError
+from perflab.runtime.precision import AUTOCAST_DTYPES
+from perflab.workloads.base import Built, Implementation
+
+TRAINING = ("train_forward", "forward_backward", "train_step")
+
+
+def lm_config(case):
+    from perflab.models.lm import LMConfig
+
+    overrides = dict(case.model_args)
+    if case.layers is not None:
+        overrides["n_layers"] = case.layers
+    for key, value in overrides.items():
+        if key not in LMConfig.__dataclass_fields__ or key == "attn":
+            raise PerflabError(f"--model-arg {key}: {case.model} has no such dimension; choose from "
+                               f"{', '.join(k for k in LMConfig.__dataclass_fields__ if k != 'attn')}")
+        if isinstance(value, float) and value.is_integer() and key not in ("rope_theta", "norm_eps"):
+            overrides[key] = int(value)
+    return LMConfig.from_name(case.model, attn=case.attn, **overrides)
+
+
+class LM(Implementation):
+    family = "lm"
+    modes_invalid = {"train_forward": {"cudagraph": "a replayed graph records no autograd graph, so it is not a forward with autograd; "
+                                                    "use compile modes or eager"}}
+
+    def validate(self, case):
+        config = lm_config(case)
+        if case.seq_len < 1:
+            raise PerflabError(f"sequence length must be at least 1, got {case.seq_len}")
+        if case.seq_len > config.context_length:
+            raise PerflabError(f"sequence length {case.seq_len} is longer than {case.model}'s context of {config.context_length} tokens; "
+                               f"use --seq-len {config.context_length} or less, or --model-arg context_length={case.seq_len}")
+        if case.layers is not None and case.layers < 1:
+            raise PerflabError(f"--layers must be at least 1, got {case.layers}")
+        self.check_mode(case)
+        return replace(case, model_args=tuple(sorted(case.model_args)))
+
+    def build(self, case, model=None) -> Built:
+        """``model``: another module with the same contract (token ids [B, T] → logits [B, T, vocab]) to run in
+        this workload instead of perflab's GPT, e.g. to compare with transformers' Llama of the same shape."""
+        from perflab.models.lm import GPT
+
+        config = lm_config(case)
+        if model is None:
+            with torch.device(case.device):  # initialised where it runs: seconds, not minutes, for billions of parameters
+                model = GPT(config)
+        model = model.to(case.device)
+        generator = torch.Generator().manual_seed(case.seed)
+        idx = torch.randint(0, config.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
+        targets = torch.randint(0, config.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
+        training = case.workload in TRAINING
+        model.train(training)
+        optimizer = None
+        if case.workload == "train_step":
+            # fused AdamW on the GPU (one kernel per group of tensors); capturable for CUDA graph capture.
+            gpu = case.device == "cuda"
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=gpu, capturable=gpu and case.mode == "cudagraph")
+        autocast_dtype = AUTOCAST_DTYPES.get(case.dtype) if training else None
+        # A graph replays the gradients' memory in place, so the step keeps them (zero, not None) between steps.
+        set_to_none = case.mode != "cudagraph"
+        built = Built(model=model, make_step=lambda m: None, needs_grad=training, items_per_step=case.batch_size * case.seq_len,
+                      batch_of=lambda out: int(out[1]) if isinstance(out, tuple) else int(out.shape[0]),
+                      optimizer=optimizer, has_backward=case.workload in ("forward_backward", "train_step"),
+                      autocast=not training, extra={"config": config, "inputs": idx, "targets": targets})
+
+        def phase(name):
+            return record_function(name) if built.annotate else contextlib.nullcontext()
+
+        def autocast():
+            return torch.autocast(case.device, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
+
+        def make_step(m):
+            if case.workload in ("forward", "train_forward"):
+                def forward():
+                    with phase("forward"), autocast():
+                        return m(idx)
+
+                return forward
+
+            def step():
+                with phase("forward"), autocast():
+                    logits = m(idx)
+                    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))  # fp32 under autocast
+                with phase("backward"):
+                    loss.backward()
+                if optimizer is not None:
+                    with phase("optimizer"):
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=set_to_none)
+                return loss, logits.shape[0]
+
+            return step
+
+        built.make_step = make_step
+        return built
+
+    def analytic(self, case) -> dict:
+        from perflab.models.lm import forward_flops, param_count
+
+        config = lm_config(case)
+        counts = param_count(config)
+        forward = forward_flops(config, case.batch_size, case.seq_len)
+        passes = {"forward": 1, "train_forward": 1, "forward_backward": 3, "train_step": 3}[case.workload]
+        return {
+            "params_total": counts["total"],
+            "params_non_embedding": counts["non_embedding"],
+            "flops_analytic": forward * passes,
+            "model_config": {k: getattr(config, k) for k in ("d_model", "d_ff", "n_layers", "n_heads", "vocab_size", "context_length")},
+        }
+
+    def min_bytes(self, case, row: dict) -> float:
+        """A lower bound on a step's DRAM traffic, activations left out: P parameters read once per pass in the
+        compute dtype (forward 1, backward 2), fp32 gradients written once, and AdamW reading p, g, m, v and
+        writing p, m, v (7 × 4 bytes per parameter)."""
+        weight_bytes = 2 if case.dtype in ("bf16", "fp16") else 4
+        params = int(row.get("params") or 0)
+        if case.workload in ("forward", "train_forward"):
+            return params * weight_bytes
+        per_param = 3 * weight_bytes + 4 + (28 if case.workload == "train_step" else 0)
+        return params * per_param
