@@ -22,7 +22,7 @@ TRACE_IDS = [p.name.split(".")[0] for p in KINETO_TRACES]
 
 
 def test_all_real_traces_are_there():
-    assert TRACE_IDS == ["compile_block", "cudagraph_vit", "eager_vit", "lm_train_step_compile", "lm_train_step_explicit", "reduce_overhead",
+    assert TRACE_IDS == ["compile_block", "cudagraph_vit", "decode_cudagraph", "eager_vit", "lm_train_step_compile", "lm_train_step_explicit", "reduce_overhead",
                          "train_step", "two_streams"]
 
 
@@ -127,7 +127,7 @@ def test_ranges_are_the_innermost_annotation():
 def test_steps():
     for name in TRACE_IDS:
         trace = load_trace(KINETO_TRACES[TRACE_IDS.index(name)])
-        expected = [] if name == "two_streams" else [1, 2] if name.startswith("lm_") else [1, 2, 3]
+        expected = [] if name == "two_streams" else [1, 2] if name.startswith(("lm_", "decode_")) else [1, 2, 3]
         assert trace.steps["step"].tolist() == expected, name
 
 
