@@ -436,29 +436,37 @@ def _assign_processes(gpu: dict[str, np.ndarray], api: dict[str, np.ndarray]) ->
     """Whether GPU activities must link per process; if so, fills gpu["process"] (one process per device).
 
     One process (or correlation ids that never collide across processes): link by correlation alone, as
-    Kineto intends. Otherwise each device goes to the process for which the most of its activities have a
-    launch call with their correlation id that started before them (ties: the smaller median delay).
+    Kineto intends. Otherwise each device goes to the process with the most *causal* matches (a launch
+    call with the activity's correlation id that started before it). Ranks running in lockstep can make
+    that a tie; within 1% of the best, the i-th device (by index) goes to the i-th process (by pid), as
+    when rank i drives device i.
     """
     processes = np.unique(api["process"])
-    if len(processes) <= 1 or len(np.unique(api["correlation"])) == len(np.unique(np.stack([api["process"], api["correlation"]]), axis=1)[0]):
+    if len(processes) <= 1:
         return False
-    for device in np.unique(gpu["device"]).tolist():
+    pairs = np.unique(np.stack([api["process"], api["correlation"]]), axis=1).shape[1]
+    if len(np.unique(api["correlation"])) == pairs:
+        return False
+    devices = np.unique(gpu["device"]).tolist()
+    for index, device in enumerate(devices):
         rows = gpu["device"] == device
-        best, best_score = processes[0], None
-        for process in processes.tolist():
-            mine = api["process"] == process
-            correlation, start = api["correlation"][mine], api["start_ns"][mine]
-            order = np.argsort(correlation, kind="stable")
-            correlation, start = correlation[order], start[order]
-            pos = np.clip(np.searchsorted(correlation, gpu["correlation"][rows]), 0, max(len(correlation) - 1, 0))
-            found = (correlation[pos] == gpu["correlation"][rows]) if len(correlation) else np.zeros(int(rows.sum()), bool)
-            delay = gpu["start_ns"][rows] - (start[pos] if len(start) else 0)
-            causal = found & (delay >= 0)
-            score = (int(causal.sum()), -float(np.median(delay[causal])) if causal.any() else float("-inf"))
-            if best_score is None or score > best_score:
-                best, best_score = process, score
-        gpu["process"][rows] = best
+        scores = [_causal_matches(gpu["correlation"][rows], gpu["start_ns"][rows], api, process) for process in processes.tolist()]
+        best = int(np.argmax(scores))
+        if len(devices) == len(processes) and scores[index] >= 0.99 * scores[best]:
+            best = index
+        gpu["process"][rows] = processes[best]
     return True
+
+
+def _causal_matches(correlation: np.ndarray, start: np.ndarray, api: dict[str, np.ndarray], process: int) -> int:
+    mine = api["process"] == process
+    calls, call_start = api["correlation"][mine], api["start_ns"][mine]
+    if len(calls) == 0:
+        return 0
+    order = np.argsort(calls, kind="stable")
+    calls, call_start = calls[order], call_start[order]
+    pos = np.minimum(np.searchsorted(calls, correlation), len(calls) - 1)
+    return int(((calls[pos] == correlation) & (call_start[pos] <= start)).sum())
 
 
 def _triples(raws: list[msgspec.Raw], n: int) -> np.ndarray | None:
