@@ -210,7 +210,35 @@ def profile(steps: int = 5, warmup: int = 1, out=None, sync: bool = True):
     """
     from perflab.trace.capture import StepProfiler
 
-    return StepProfiler(steps=steps, warmup=warmup, out=out, sync=sync)
+    return ProfiledLoop(StepProfiler(steps=steps, warmup=warmup, out=out, sync=sync))
+
+
+class ProfiledLoop:
+    """What ``perflab.profile`` returns: capture (a StepProfiler) and then, after the block, the analysis.
+
+    ``p.step()`` marks a step; ``p.trace_path`` is the Kineto trace; ``p.analysis`` its TraceReport (None
+    without a GPU, since a CPU-only trace has no GPU time to account for)."""
+
+    def __init__(self, profiler):
+        self.profiler = profiler
+        self.analysis = None
+
+    @property
+    def trace_path(self):
+        return self.profiler.trace_path
+
+    def step(self) -> None:
+        self.profiler.step()
+
+    def __enter__(self) -> "ProfiledLoop":
+        self.profiler.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.profiler.__exit__(exc_type, exc, tb)
+        if exc_type is None and self.profiler.cuda:
+            self.analysis = analyze(self.trace_path)
+        return False
 
 
 def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
