@@ -81,11 +81,12 @@ def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | Non
 # Sweeps, stored results, reports and break-even
 
 
-def load_experiment(path):
-    """Read and validate an experiment spec (YAML); PerflabError naming the file and key on any mistake."""
+def load_experiment(path, max_cases: int | None = None):
+    """Read and validate an experiment spec (YAML); PerflabError naming the file and key on any mistake
+    (and, with ``max_cases``, on a spec of more cases than that, before expanding it)."""
     from perflab.sweep.spec import load_experiment as load
 
-    return load(path)
+    return load(path, max_cases=max_cases)
 
 
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
