@@ -1,5 +1,5 @@
-"""The benchmark's synthetic Kineto trace is in Kineto's layout: the fast reader takes it, and it agrees
-with the reference (so the speed figures in docs/performance.md are for the path real traces take)."""
+"""The benchmark's synthetic Kineto trace agrees with the reference implementation (so the speed figures
+in docs/performance.md are for a trace that is read right)."""
 
 from __future__ import annotations
 

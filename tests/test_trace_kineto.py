@@ -277,7 +277,7 @@ def test_a_bare_event_list_is_a_chrome_trace(tmp_path):
 @pytest.mark.parametrize("indent", [None, 4])
 def test_other_layouts_read_the_same(tmp_path, indent):
     # newer torch writes one key per line (as json.dumps(indent=4) does); a re-serialised file has
-    # Python's float repr: neither may be read as empty or wrong by the fast reader
+    # Python's float repr: neither may be read as empty or wrong
     path = KINETO_TRACES[TRACE_IDS.index("train_step")]
     document = json.load(gzip.open(path), parse_float=lambda s: __import__("decimal").Decimal(s))
     target = tmp_path / "other_layout.json"

@@ -40,7 +40,6 @@ from typing import Any, BinaryIO
 
 import msgspec
 import numpy as np
-import pandas as pd
 
 from perflab.errors import PerflabError
 from perflab.trace.build import RawEvents, build_trace
@@ -76,7 +75,7 @@ class _Event(msgspec.Struct, gc=False):
     # ids are decoded natively; times as their raw JSON text, so that they stay exact
     ph: str = ""
     cat: str = ""
-    name: str = ""
+    name: msgspec.Raw = MISSING  # (decoded once per distinct name: most events' names are never needed)
     pid: Any = None
     tid: Any = None
     ts: msgspec.Raw = MISSING
@@ -226,7 +225,7 @@ class _Reader:
         self.path = path
         self.offset = 0  # file offset (of the decompressed text) of the text handed to decode_complete
         self.head: _Head | None = None
-        self.names: dict[str, int] = {}
+        self.names = _NameTable()
         self.text_ids: dict[str, int] = {}
         self.dims: dict[bytes, list[int]] = {}
         self.gpu: list[dict] = []
@@ -331,10 +330,8 @@ class _Reader:
                 group.append({k: columns[k][rows] for k in keys})
 
     def _name_codes(self, events: list[_Event]) -> np.ndarray:
-        codes, uniques = pd.factorize(np.asarray(list(map(_GET_NAME, events)), dtype=object))
-        table = self.names
-        mapping = np.array([table.setdefault(str(u), len(table)) for u in uniques], dtype=np.int64)
-        return mapping[codes] if len(codes) else np.zeros(0, dtype=np.int64)
+        raws = list(map(bytes, map(_GET_NAME, events)))
+        return np.fromiter(map(self.names.__getitem__, raws), np.int64, len(raws))
 
     def _ints(self, values: list, missing: int, strict: str = "") -> np.ndarray:
         """Integers from decoded JSON values (numbers or numeric strings). Other strings get an id of
@@ -404,8 +401,25 @@ class _Reader:
         gpu = _concat(self.gpu, GPU_KEYS)
         api = _concat(self.api, API_KEYS)
         per_process = _assign_processes(gpu, api)
-        return RawEvents(names=list(self.names), gpu=gpu, api=api, ranges=_concat(self.ranges, RANGE_KEYS),
+        return RawEvents(names=self.names.texts, gpu=gpu, api=api, ranges=_concat(self.ranges, RANGE_KEYS),
                          correlation_per_process=per_process)
+
+
+class _NameTable(dict):
+    """Code of each distinct raw name (JSON text, quotes and escapes included); ``texts``: the decoded names."""
+
+    def __init__(self):
+        super().__init__()
+        self.texts: list[str] = []
+
+    def __missing__(self, raw: bytes) -> int:
+        code = self[raw] = len(self.texts)
+        try:
+            value = msgspec.json.decode(raw) if raw else ""
+        except msgspec.DecodeError:
+            value = raw.decode(errors="replace")
+        self.texts.append(value if isinstance(value, str) else str(value))
+        return code
 
 
 def _cuts(buf: bytearray):
