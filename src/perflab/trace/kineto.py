@@ -34,7 +34,7 @@ import gzip
 import re
 import zlib
 from decimal import Decimal, InvalidOperation
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -290,7 +290,7 @@ class _Reader:
         wanted = np.flatnonzero(kind >= 0).tolist()
         if not wanted:
             return
-        chosen = [events[i] for i in wanted]
+        chosen = list(itemgetter(*wanted)(events)) if len(wanted) > 1 else [events[wanted[0]]]
         kind = kind[wanted]
         if set(map(_GET_PH, chosen)) != {"X"}:  # only complete events ("X") are read
             complete = np.fromiter((e.ph == "X" for e in chosen), bool, len(chosen))
@@ -336,8 +336,10 @@ class _Reader:
     def _ints(self, values: list, missing: int, strict: str = "") -> np.ndarray:
         """Integers from decoded JSON values (numbers or numeric strings). Other strings get an id of
         their own (a "pid" may be a label), except in the field named by ``strict``, where they are an error."""
-        if set(map(type, values)) == {int}:
-            return np.fromiter(values, np.int64, len(values))
+        try:  # all JSON integers (or numeric strings): one C pass
+            return np.array(values, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            pass
         return np.fromiter((self._int(v, missing, strict) for v in values), np.int64, len(values))
 
     def _int(self, value: Any, missing: int, strict: str) -> int:
