@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
-from pathlib import Path
 
 import numpy as np
 import pandas as pd

@@ -119,6 +119,11 @@ def test_merged_ranks_are_accounted_per_device(torch_layout, tmp_path):
     summary = two.to_dict()
     assert summary["steps"] == written["steps"] and summary["kernels"] == 2 * KERNELS
     assert {r["device"] for r in summary["top_kernels"]} == {0, 1}
+    from perflab.analysis.compare import compare_traces
+    from perflab.errors import PerflabError
+
+    with pytest.raises(PerflabError, match="2 devices"):  # compare is per device; it says so rather than mixing them
+        compare_traces(one.trace, two.trace)
 
 
 def test_top_kernels_lists_kernels_only(torch_layout):
