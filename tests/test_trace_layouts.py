@@ -138,3 +138,28 @@ def test_top_kernels_lists_kernels_only(torch_layout):
                                               for r in summary["top_kernels"])
     assert sum(r["count"] for r in summary["top_kernels"]) == KERNELS
     assert [(r["name"], r["count"]) for r in summary["top_memory_ops"]] == [("Memcpy DtoH (Device -> Pinned)", written["memcpys"])]
+
+
+def test_slices_cut_only_between_events(torch_layout, tmp_path, monkeypatch):
+    """Names holding "}, {" and args holding arrays of objects: a slice cut there is refused and moved;
+    the result equals the one-slice read."""
+    import perflab.trace.kineto as kineto
+
+    source, _ = torch_layout
+    document = msgspec.json.Decoder(float_hook=decimal.Decimal).decode(source.read_bytes())
+    for event in document["traceEvents"]:
+        if event.get("cat") == "cpu_op":
+            event["args"]["Input Dims"] = [{"a": 1}, {"b": [{"c": 2}, {"d": 3}]}]
+            event["args"]["zz"] = [{"e": i} for i in range(40)]  # last: its "},{" end the event's text
+        if event.get("cat") == "user_annotation" and str(event.get("name")).startswith("block"):
+            event["name"] = event["name"] + "}, {x"
+    target = tmp_path / "nested.json"
+    target.write_bytes(msgspec.json.Encoder(decimal_format="number").encode(document))
+    whole = analyze_trace(load_trace(target)).to_dict()
+    assert any(r["range"].endswith("}, {x") for r in whole["ranges"])
+    monkeypatch.setattr(kineto, "CHUNK_BYTES", 1500)  # a few events per slice: many cuts land inside
+    refused = []
+    check = kineto._cut_was_not_between_events
+    monkeypatch.setattr(kineto, "_cut_was_not_between_events", lambda exc: refused.append(str(exc)) or check(exc))
+    assert analyze_trace(load_trace(target)).to_dict() == whole
+    assert len(refused) > 10  # cuts inside nested values and strings were tried, and moved

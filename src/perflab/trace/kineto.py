@@ -17,14 +17,16 @@ closing keys, so the whole file is checked as JSON (a truncated file is an error
 
 **Exact timestamps.** Kineto writes µs with three decimals ("ts": 4382075239980.014); float64 cannot
 hold that exactly, so ``ts``/``dur`` are taken as raw JSON text (``msgspec.Raw``) and turned into integer
-ns from their digits (vectorised); any other spelling (a string, fewer or more decimals, an exponent)
-goes through ``decimal.Decimal``, exact too.
+ns from their digits (vectorised; numeric strings too); any other spelling (fewer or more decimals,
+an exponent, a sign) goes through ``decimal.Decimal``, exact too.
 
 **Several processes.** A file of merged ranks holds several CPU processes and several devices. GPU
 events carry the device (``args.device``, else ``pid``) but not the process that launched them, and each
 process numbers its correlation ids from the same start. When ids collide across processes, each device
 is assigned to the process whose launch calls precede its activities (see ``_assign_processes``) and
-activities link only to that process's calls.
+activities link only to that process's calls. Two ranks that each call their GPU device 0 (one visible
+device per rank) cannot be told apart once merged into one file: keep one file per rank then, or give
+the merged devices distinct ids.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ def _read_after(f: BinaryIO, rest: bytes, path: Path) -> bytearray | None:
 
 def _find_events(f: BinaryIO, path: Path) -> tuple[bytes, int, bool, _Head | None]:
     """Read until the start of the event list: (text read, offset just after its "[", bare list?, head keys)."""
-    head = _read(f, 1 << 20, path)
+    head = _read(f, CHUNK_BYTES, path)
     while True:
         text = head.lstrip(b"\xef\xbb\xbf").lstrip()
         skipped = len(head) - len(text)
