@@ -4,14 +4,23 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN = $(VENV)/bin
 
-.PHONY: demo test test-gpu install clean
+.PHONY: demo test test-gpu install venv clean
 
-$(BIN)/perflab: pyproject.toml
+# The environment with a torch: the machine's where there is one, otherwise the CPU build of torch 2.13.0.
+# --system-site-packages sees a system or conda interpreter's torch; when $(PYTHON) is itself a virtualenv
+# (uv, the GPU machine), tools/parent_site.py adds that environment's site-packages too, so its torch is
+# reused instead of downloaded (which fails offline).
+$(VENV)/.torch-ready:
 	$(PYTHON) -m venv --system-site-packages $(VENV)
-	# Use the machine's torch where there is one (GPU machines); otherwise the CPU build of torch 2.13.0.
+	$(PYTHON) tools/parent_site.py $(VENV)
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0
+	touch $@
+
+$(BIN)/perflab: pyproject.toml $(VENV)/.torch-ready
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $@
+
+venv: $(VENV)/.torch-ready
 
 install: $(BIN)/perflab
 

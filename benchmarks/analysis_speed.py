@@ -1,6 +1,13 @@
 """How fast is ``perflab analyze`` on a large Kineto trace, and how much memory does it take?
 
     PYTHONPATH=src python benchmarks/analysis_speed.py [--kernels 1000000] [--hta-python /tmp/hta-venv/bin/python]
+    PYTHONPATH=src python benchmarks/analysis_speed.py --layouts --repeat 1   # the reader on every layout, and the candidate parsers
+
+``--layouts`` also writes the same trace as compact one-line JSON, with every object's keys reversed, and
+gzipped (torch.profiler's own text, gzip level 1), runs ``perflab analyze --json`` on each (checking the
+JSON output is identical across layouts), and measures the candidate parsers side by side on reading the
+events (load only): msgspec typed decoding of the needed fields (perflab's reader), orjson and the
+standard library's json on the same slices (decoding every field into dicts), each where it imports.
 
 Writes a realistic Kineto trace (plain .json, in the exact layout torch.profiler's export_chrome_trace
 writes: CPU ops and annotations first, then the CUPTI activities with their ac2g flow events, then the
@@ -289,6 +296,160 @@ def run_measured(command: list[str], env: dict | None = None) -> dict:
     return json.loads(done.stdout)
 
 
+LAYOUTS = ("torch", "compact", "reordered", "gzip")
+
+
+def convert_layout(source: Path, target: Path, layout: str) -> None:
+    """Rewrite a trace written by ``write_synthetic_kineto`` in another layout; the same events and numbers.
+
+    compact: one line, no spaces; reordered: compact, and every object's keys in reverse order; gzip: the
+    original text, gzip level 1; indented: two-space indentation, one key per line (newer torch)."""
+    import decimal
+    import gzip
+
+    import msgspec
+
+    if layout == "torch":
+        if source != target:
+            target.write_bytes(source.read_bytes())
+        return
+    if layout == "gzip":
+        with open(source, "rb") as f, gzip.open(target, "wb", compresslevel=1) as g:
+            while block := f.read(1 << 24):
+                g.write(block)
+        return
+    decoder = msgspec.json.Decoder(float_hook=decimal.Decimal)  # numbers keep their exact text
+    encoder = msgspec.json.Encoder(decimal_format="number")
+
+    def encode(value) -> bytes:
+        if layout == "reordered":
+            value = _reversed_keys(value)
+        text = encoder.encode(value)
+        return msgspec.json.format(text, indent=2) if layout == "indented" else text
+
+    text = source.read_bytes()
+    marker = b'"traceEvents": [\n'
+    events_at = text.index(marker) + len(marker)
+    events_end = text.rindex(b"\n  ],\n")
+    head = decoder.decode(text[:events_at] + b"]}")
+    tail = decoder.decode(b'{"traceEvents": [' + text[events_end + 1:])
+    head.update({k: v for k, v in tail.items() if k != "traceEvents"})
+    head["traceEvents"] = []
+    document = encode(head)
+    # the events go where the empty list is
+    cut = document.index(b"[]", document.index(b'"traceEvents"'))
+    with open(target, "wb") as out:
+        out.write(document[:cut + 1])
+        separator = b","
+        first = True
+        for piece in _event_slices(text, events_at, events_end):
+            for event in decoder.decode(b"[" + piece + b"]"):
+                out.write((b"" if first else separator) + encode(event))
+                first = False
+        out.write(document[cut + 1:])
+
+
+def _event_slices(text: bytes, start: int, end: int, size: int = 1 << 24):
+    """Slices of the event list of a trace in write_synthetic_kineto's layout, cut between events."""
+    boundary = b"\n  },\n  {"
+    while start < end:
+        cut = text.find(boundary, start + size, end) if start + size < end else -1
+        if cut < 0:
+            yield text[start:end]
+            return
+        yield text[start:cut + 4]
+        start = cut + 6
+
+
+def _reversed_keys(value):
+    if isinstance(value, dict):
+        return {k: _reversed_keys(value[k]) for k in reversed(list(value))}
+    if isinstance(value, list):
+        return [_reversed_keys(v) for v in value]
+    return value
+
+
+PARSER_SCRIPT = """
+import sys, time
+from pathlib import Path
+parser, path = sys.argv[1], Path(sys.argv[2])
+t = time.perf_counter()
+if parser == "msgspec":
+    from perflab.trace.kineto import read_events
+    raw, meta = read_events(path)
+    n = len(raw.gpu["start_ns"])
+else:
+    # the same slicing as perflab's reader, each slice decoded into dicts by the candidate
+    import perflab.trace.kineto as kineto
+    if parser == "orjson":
+        import orjson
+        loads = orjson.loads
+    else:
+        import json
+        loads = json.loads
+    n = 0
+    def add(self, events):
+        global n
+        self.saw_event = self.saw_event or bool(events)
+        n += sum(1 for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    class Events:
+        @staticmethod
+        def decode(text):
+            return loads(bytes(text))
+    class Tail:
+        @staticmethod
+        def decode(text):
+            class T: pass
+            t = T(); d = loads(bytes(text)); t.traceEvents = d["traceEvents"]
+            for k in ("deviceProperties", "baseTimeNanoseconds", "cuda_runtime_version", "cuda_driver_version", "distributedInfo"):
+                setattr(t, k, d.get(k))
+            return t
+    kineto._Reader.add = add
+    kineto._EVENTS, kineto._TAIL = Events, Tail
+    kineto.read_events(path)
+print(parser, n, round(time.perf_counter() - t, 2))
+"""
+
+
+def measure_layouts(trace: Path, workdir: Path, repeat: int, env: dict) -> None:
+    """perflab analyze on each layout (identical JSON required), then the candidate parsers on each."""
+    outputs, rows = {}, []
+    for layout in LAYOUTS:
+        path = trace if layout == "torch" else workdir / f"{trace.stem}.{layout}.json{'.gz' if layout == 'gzip' else ''}"
+        if layout != "torch":
+            t = time.perf_counter()
+            convert_layout(trace, path, layout)
+            print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t:.0f} s", flush=True)
+        command = [sys.executable, "-m", "perflab", "analyze", str(path), "--json"]
+        runs = [run_measured(command, env=env) for _ in range(repeat)]
+        for run in runs:
+            if run["rc"] != 0:
+                print(run["stderr"], file=sys.stderr)
+        summary = json.loads(runs[0]["stdout"]) if runs[0]["rc"] == 0 else {}
+        summary.pop("path", None)
+        summary.get("meta", {}).pop("path", None)
+        outputs[layout] = summary
+        walls = sorted(r["wall_s"] for r in runs)
+        rows.append((layout, "perflab analyze (msgspec)", walls[len(walls) // 2], max(r["peak_rss_mb"] for r in runs)))
+        print(f"  {layout}: analyze median {walls[len(walls) // 2]:.2f} s, peak RSS {rows[-1][3]:.0f} MB", flush=True)
+        script = workdir / "parser_run.py"
+        script.write_text(PARSER_SCRIPT)
+        for parser in ("msgspec", "orjson", "json"):
+            run = run_measured([sys.executable, str(script), parser, str(path)], env=env)
+            if run["rc"] != 0:
+                print(f"  {parser}: failed: {run['stderr'].strip().splitlines()[-1:]}", flush=True)
+                continue
+            rows.append((layout, f"read only: {parser}", run["wall_s"], run["peak_rss_mb"]))
+            print(f"  {layout}: {run['stdout'].strip()} s, peak RSS {run['peak_rss_mb']:.0f} MB", flush=True)
+        if layout != "torch":
+            path.unlink()
+    same = all(outputs[layout] == outputs["torch"] for layout in LAYOUTS)
+    print(f"identical analyze --json across layouts: {same}")
+    print("\n| layout | what | wall s | peak RSS GB |\n|---|---|---:|---:|")
+    for layout, what, wall, rss in rows:
+        print(f"| {layout} | {what} | {wall:.2f} | {rss / 1024:.2f} |")
+
+
 HTA_SCRIPT = """
 import sys, time
 from hta.trace_analysis import TraceAnalysis
@@ -313,6 +474,7 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the generated trace")
     parser.add_argument("--repeat", type=int, default=3, help="runs of perflab analyze (this machine's timings vary run to run)")
     parser.add_argument("--trace", help="analyse this existing trace instead of writing one (its kernel count is not checked)")
+    parser.add_argument("--layouts", action="store_true", help="also measure every layout and the candidate parsers")
     args = parser.parse_args()
 
     workdir = Path(args.dir or tempfile.mkdtemp(prefix="perflab-bench-"))
@@ -347,6 +509,9 @@ def main() -> None:
     if summary and written["kernels"] is not None and (
             summary["kernels"] != written["kernels"] or round(summary["kernel_time_us"] * 1000) != written["kernel_time_ns"]):
         print("MISMATCH: the analysis does not match what was written", file=sys.stderr)
+
+    if args.layouts:
+        measure_layouts(trace, workdir, args.repeat, env)
 
     if args.hta_python:
         script = workdir / "hta_run.py"

@@ -15,7 +15,7 @@ from perflab.analysis import analyze_trace
 from perflab.analysis.accounting import Accounting
 from perflab.analysis.breakdown import category_breakdown, gemm_fraction
 from perflab.analysis.intervals import union_length, union_length_by_group
-from perflab.analysis.kernels import kernel_stats, top_kernels
+from perflab.analysis.kernels import top_memory_ops, kernel_stats, top_kernels
 from perflab.analysis.launch import launch_delays, launch_verdict
 from perflab.analysis.ranges import range_breakdown
 from perflab.trace import load_trace
@@ -76,8 +76,11 @@ def test_top_kernels(nsys):
     assert top["total_ns"].tolist() == [2000, 1900, 1000] and top["count"].tolist() == [1, 2, 1]
     assert top["share"].iloc[0] == pytest.approx(2000 / 8200)  # of all GPU activity: 7700 kernel + 400 memcpy + 100 memset
     everything = top_kernels(nsys.kernels, None)
-    assert everything["total_ns"].sum() == nsys.kernels["dur_ns"].sum()
-    assert everything["share"].sum() == pytest.approx(1.0)
+    assert everything["total_ns"].sum() == 7700  # kernels only
+    assert everything["share"].sum() == pytest.approx(7700 / 8200)
+    memory = top_memory_ops(nsys.kernels, None)
+    assert memory["total_ns"].tolist() == [400, 100] and memory["category"].tolist() == ["memcpy", "memset"]
+    assert memory["share"].sum() + everything["share"].sum() == pytest.approx(1.0)
 
 
 def test_top_kernels_on_a_real_trace():

@@ -42,7 +42,37 @@ def test_step_profiler_records_the_loop_and_ignores_extra_steps(tmp_path):
             p.step()
     assert path.exists()
     assert annotations(path).count("step") == 2
+    assert not hasattr(p, "analysis")  # capture hands back a trace; analysis is the API's part
+
+
+def test_perflab_profile_composes_capture_and_analysis(tmp_path):
+    import perflab
+
+    path = tmp_path / "loop.json.gz"
+    with perflab.profile(steps=2, warmup=1, out=path) as p:  # (no GPU here: the trace is CPU-only)
+        for _ in range(4):
+            torch.randn(16, 16).sum()
+            p.step()
+    assert p.trace_path == path and path.exists()
+    assert annotations(path).count("step") == 2
     assert p.analysis is None  # no GPU: nothing to account for, and no error
+
+
+def test_capture_does_not_import_the_api():
+    import subprocess
+    import sys
+
+    code = "import sys, perflab.trace.capture; print('perflab.api' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+    import ast
+    from pathlib import Path
+
+    import perflab.trace.capture as capture
+
+    tree = ast.parse(Path(capture.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "perflab.api" not in imported
 
 
 def test_step_profiler_says_when_the_loop_was_too_short(tmp_path):

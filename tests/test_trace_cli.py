@@ -56,7 +56,8 @@ def test_table_output_and_csv(tmp_path):
     for text in ("GPU busy", "host bound", "kernel gap", "Top", "GPU time by category", "prefetch", "cudaGraphLaunch"):
         assert text in done.stdout, text
     written = sorted(p.name for p in (tmp_path / "tables").iterdir())
-    assert written == ["categories.csv", "kernels.csv", "launch_apis.csv", "ranges.csv", "steps.csv", "top_kernels.csv", "trace_accounting.csv"]
+    assert written == ["categories.csv", "devices.csv", "kernels.csv", "launch_apis.csv", "ranges.csv", "steps.csv", "top_kernels.csv",
+                       "top_memory_ops.csv", "trace_accounting.csv"]
     steps = (tmp_path / "tables" / "trace_accounting.csv").read_text().splitlines()
     header, values = steps[0].split(","), steps[1].split(",")
     row = dict(zip(header, map(int, values)))

@@ -109,11 +109,12 @@ def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | Non
 # Sweeps, stored results, reports and break-even
 
 
-def load_experiment(path):
-    """Read and validate an experiment spec (YAML); PerflabError naming the file and key on any mistake."""
+def load_experiment(path, max_cases: int | None = None):
+    """Read and validate an experiment spec (YAML); PerflabError naming the file and key on any mistake
+    (and, with ``max_cases``, on a spec of more cases than that, before expanding it)."""
     from perflab.sweep.spec import load_experiment as load
 
-    return load(path)
+    return load(path, max_cases=max_cases)
 
 
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
@@ -238,7 +239,35 @@ def profile(steps: int = 5, warmup: int = 1, out=None, sync: bool = True):
     """
     from perflab.trace.capture import StepProfiler
 
-    return StepProfiler(steps=steps, warmup=warmup, out=out, sync=sync)
+    return ProfiledLoop(StepProfiler(steps=steps, warmup=warmup, out=out, sync=sync))
+
+
+class ProfiledLoop:
+    """What ``perflab.profile`` returns: capture (a StepProfiler) and then, after the block, the analysis.
+
+    ``p.step()`` marks a step; ``p.trace_path`` is the Kineto trace; ``p.analysis`` its TraceReport (None
+    without a GPU, since a CPU-only trace has no GPU time to account for)."""
+
+    def __init__(self, profiler):
+        self.profiler = profiler
+        self.analysis = None
+
+    @property
+    def trace_path(self):
+        return self.profiler.trace_path
+
+    def step(self) -> None:
+        self.profiler.step()
+
+    def __enter__(self) -> "ProfiledLoop":
+        self.profiler.__enter__()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.profiler.__exit__(exc_type, exc, tb)
+        if exc_type is None and self.profiler.cuda:
+            self.analysis = analyze(self.trace_path)
+        return False
 
 
 def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 
 from perflab.errors import PerflabError
-from perflab.paths import check_writable_file
+from perflab.paths import check_writable_file, write_failed
 
 try:  # typer ≥ 0.20 vendors click; older versions use the click package
     from typer._click import exceptions as click_exceptions
@@ -123,7 +123,10 @@ def bench(
     else:
         out.print(bench_table(rows))
     if out_file is not None:
-        write_rows(rows, out_file)
+        try:
+            write_rows(rows, out_file)
+        except OSError as exc:
+            raise write_failed(out_file, exc) from None
 
 
 @app.command()
@@ -201,12 +204,13 @@ def sweep(
     workers: int = typer.Option(1, "--workers", help="CPU cases run side by side (their timings then share the cores)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else 600)."),
     list_cases: bool = typer.Option(False, "--list", help="Print the cases and exit."),
+    max_cases: int = typer.Option(10_000, "--max-cases", help="Refuse a spec of more cases than this (counted before expanding)."),
 ):
     """Run an experiment spec, one subprocess per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
     from perflab.sweep.runner import RichProgress, command_line
 
-    experiment = api.load_experiment(spec)
+    experiment = api.load_experiment(spec, max_cases=max_cases)
     if list_cases:
         for case in experiment.cases:
             out.print(f"{case.id}  {case.label()}", soft_wrap=True, markup=False)

@@ -20,10 +20,29 @@ def make_out_dir(out_dir) -> Path:
 
 
 def check_writable_file(path) -> Path:
-    """A file that can be written later: not a directory, and its directory exists."""
+    """A file that can be written later: not a directory, its parent a directory, and writable.
+
+    Writability is tried, not inferred: opening the file for appending (created, then removed, if it
+    did not exist) is the only check that holds for root, read-only mounts and pseudo-filesystems such
+    as /proc, where permission bits say yes and the write still fails."""
     path = Path(path)
     if path.is_dir():
         raise PerflabError(f"{path}: is a directory; give --out a file name")
     if not path.parent.exists():
         raise PerflabError(f"{path}: the directory {path.parent} does not exist")
+    if not path.parent.is_dir():
+        raise PerflabError(f"{path}: {path.parent} is a file, not a directory")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise PerflabError(f"{path}: cannot write here ({exc.strerror})") from None
+    if not existed:
+        path.unlink(missing_ok=True)
     return path
+
+
+def write_failed(path, exc: OSError) -> PerflabError:
+    """The one-line error for an output that could not be written after the work was done."""
+    return PerflabError(f"{path}: could not write the results ({exc.strerror or exc}); they are printed above")

@@ -10,7 +10,7 @@ Definitions (all integer ns, so the identity below holds exactly, not to roundin
   k+1); the last one ends at max(its annotation's end, the end of the last GPU activity launched in it).
   A GPU activity belongs to the step in whose window its launch call started (its start, if unlinked).
   Without step annotations there is one window, the whole trace.
-- **busy_ns**: the length of the union, over all devices and streams, of the activity intervals, clipped
+- **busy_ns**: the length of the union, over the device's streams, of the activity intervals, clipped
   to the window.
 - **idle_ns** = wall_ns − busy_ns, split by the cause of each gap (a maximal stretch of the whole trace
   with no activity), decided once for the whole gap and then clipped to the window:
@@ -23,6 +23,10 @@ Definitions (all integer ns, so the identity below holds exactly, not to roundin
     synchronisation, another stream, a launch whose call is not in the trace).
   With several activities starting at the gap's end, the earliest-launched one decides.
 - Identity, per window and overall: ``wall_ns = busy_ns + host_bound_ns + kernel_gap_ns + other_ns``.
+- **Several devices** (a file of merged ranks, or one process driving several GPUs): each device is
+  accounted on its own, with the steps annotated by the threads that launched its work (all steps if
+  none of them did); ``steps`` gets one row per device and step, ``devices`` one row per device, and
+  the whole-trace figures are sums over the devices (device-ns: the identity still holds exactly).
 
 The whole trace is cut once into segments (busy blocks and classified gaps) that tile it; a window's
 figures are prefix-sum differences over those segments, so accounting many windows costs one sort.
@@ -36,6 +40,7 @@ from functools import cached_property
 import numpy as np
 import pandas as pd
 
+from perflab.analysis.devices import devices_of, launching_threads
 from perflab.analysis.intervals import union_blocks
 
 DEFAULT_KERNEL_GAP_NS = 5_000
@@ -78,9 +83,10 @@ class Accounting:
     """Accounting of the whole trace (``trace``: one row) and of each step window (``steps``)."""
 
     trace: pd.Series
-    steps: pd.DataFrame
+    steps: pd.DataFrame  # one row per (device, step window)
     kernel_gap_threshold_ns: int
     has_step_annotations: bool
+    devices: pd.DataFrame | None = None  # whole-trace accounting of each device
 
 
 def activity_launch_time(kernels: pd.DataFrame) -> np.ndarray:
@@ -182,7 +188,39 @@ def account_windows(timeline: Timeline, start_ns: np.ndarray, end_ns: np.ndarray
 
 
 def account(kernels: pd.DataFrame, steps: pd.DataFrame, kernel_gap_threshold_ns: int = DEFAULT_KERNEL_GAP_NS) -> Accounting:
-    """Account the whole trace and each step window (see the module docstring for the definitions)."""
+    """Account the whole trace and each step window, per device (see the module docstring for the definitions)."""
+    devices = devices_of(kernels)
+    if len(devices) == 1:
+        parts = [(devices[0], _account_device(kernels, steps, kernel_gap_threshold_ns))]
+    else:
+        parts = []
+        for device in devices:
+            mine = kernels[kernels["device"] == device]
+            parts.append((device, _account_device(mine, device_steps(mine, steps), kernel_gap_threshold_ns)))
+    per_device = pd.DataFrame([part.trace for _, part in parts]).reset_index(drop=True).astype(np.int64)
+    per_device.insert(0, "device", np.array([device for device, _ in parts], dtype=np.int64))
+    trace = per_device.drop(columns="device").sum()
+    trace["start_ns"], trace["end_ns"] = per_device["start_ns"].min(), per_device["end_ns"].max()
+    step_frames = []
+    for device, part in parts:
+        frame = part.steps.copy()
+        frame.insert(0, "device", device)
+        step_frames.append(frame)
+    return Accounting(trace=trace.astype(np.int64), steps=pd.concat(step_frames, ignore_index=True),
+                      kernel_gap_threshold_ns=int(kernel_gap_threshold_ns),
+                      has_step_annotations=any(part.has_step_annotations for _, part in parts), devices=per_device)
+
+
+def device_steps(kernels: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps annotated by a thread that launched some of ``kernels`` (all steps if there are none)."""
+    if len(steps) == 0 or "tid" not in steps:
+        return steps
+    own = steps[steps["tid"].isin(launching_threads(kernels))]
+    return own if len(own) else steps
+
+
+def _account_device(kernels: pd.DataFrame, steps: pd.DataFrame, kernel_gap_threshold_ns: int = DEFAULT_KERNEL_GAP_NS) -> Accounting:
+    """One device's whole trace and step windows."""
     trace_start, trace_end = trace_window(kernels, steps)
     timeline = build_timeline(kernels, trace_start, trace_end, kernel_gap_threshold_ns)
     windows = step_windows(kernels, steps)

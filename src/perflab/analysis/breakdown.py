@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perflab.analysis.devices import devices_of
 from perflab.analysis.intervals import sum_by_group, union_length, union_length_by_group
 
 GEMM = "gemm"
@@ -35,10 +36,12 @@ def category_breakdown(kernels: pd.DataFrame) -> pd.DataFrame:
 
 
 def gemm_fraction(kernels: pd.DataFrame) -> float:
-    """GEMM busy time ÷ GPU busy time (0 when the GPU was never busy)."""
-    start, end = kernels["start_ns"].to_numpy(), kernels["end_ns"].to_numpy()
-    busy = union_length(start, end)
-    if busy == 0:
-        return 0.0
-    is_gemm = (kernels["category"] == GEMM).to_numpy()
-    return union_length(start[is_gemm], end[is_gemm]) / busy
+    """GEMM busy time ÷ GPU busy time (0 when the GPU was never busy); each summed over the devices."""
+    busy = gemm = 0
+    for device in devices_of(kernels):
+        mine = kernels[kernels["device"] == device] if "device" in kernels else kernels
+        start, end = mine["start_ns"].to_numpy(), mine["end_ns"].to_numpy()
+        is_gemm = (mine["category"] == GEMM).to_numpy()
+        busy += union_length(start, end)
+        gemm += union_length(start[is_gemm], end[is_gemm])
+    return gemm / busy if busy else 0.0

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from perflab.analysis.accounting import IDLE_CAUSES, account, activity_launch_time, step_windows
+from perflab.analysis.devices import devices_of
 from perflab.errors import PerflabError
 from perflab.trace.categories import short_name
 from perflab.trace.schema import Trace
@@ -152,6 +153,11 @@ def window_of_activities(kernels: pd.DataFrame, windows: pd.DataFrame, whole_tra
 
 
 def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), batch_size: tuple[int | None, int | None] = (None, None)) -> Comparison:
+    for label, trace in zip(labels, (a, b)):
+        devices = devices_of(trace.kernels)
+        if len(devices) > 1:  # its steps are per device: one device's steps against the other trace's would not close
+            raise PerflabError(f"{label} holds GPU work on {len(devices)} devices ({', '.join(map(str, devices))}); "
+                               "compare compares one device's steps: analyze it for the per-device tables")
     if (len(a.steps) > 0) != (len(b.steps) > 0):
         with_steps, without = (labels[0], labels[1]) if len(a.steps) else (labels[1], labels[0])
         raise PerflabError(

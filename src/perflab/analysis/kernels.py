@@ -1,7 +1,9 @@
 """Kernel statistics and the top kernels by total time, with readable short names.
 
-A "kernel" here is a row of kind ``kernel``; memcpy and memset rows are GPU activities too and appear in
-the top list (a DtoH copy can be a hot spot) but not in the kernel counts.
+A "kernel" here is a row of kind ``kernel``. memcpy and memset rows are GPU activities too, but not
+kernels: they have their own top list (``top_memory_ops``; nsys separates cuda_gpu_kern_sum from
+cuda_gpu_mem_time_sum the same way) and are not in the kernel counts. Shares in both lists are of all GPU
+activity time.
 """
 
 from __future__ import annotations
@@ -51,9 +53,23 @@ def kernel_stats(kernels: pd.DataFrame) -> KernelStats:
     )
 
 
+MEMORY_KINDS = ("memcpy", "memset")
+
+
 def top_kernels(kernels: pd.DataFrame, n: int | None = 10) -> pd.DataFrame:
-    """GPU activities grouped by full name, by total time: name (short), full_name, category, count,
-    total_ns, mean_ns, share (of all GPU activity time). ``n=None`` keeps every name."""
+    """Kernels (kind ``kernel``) grouped by full name, by total time: name (short), full_name, category,
+    count, total_ns, mean_ns, share (of all GPU activity time). ``n=None`` keeps every name."""
+    return _top_by_name(kernels, (kernels["kind"] == "kernel").to_numpy(), n)
+
+
+def top_memory_ops(kernels: pd.DataFrame, n: int | None = 10) -> pd.DataFrame:
+    """memcpy and memset activities grouped by name, by total time (the columns of ``top_kernels``)."""
+    return _top_by_name(kernels, kernels["kind"].isin(MEMORY_KINDS).to_numpy(), n)
+
+
+def _top_by_name(kernels: pd.DataFrame, chosen: np.ndarray, n: int | None) -> pd.DataFrame:
+    grand_total = int(kernels["dur_ns"].sum())
+    kernels = kernels[chosen]
     codes = kernels["name"].cat.codes.to_numpy()
     labels = kernels["name"].cat.categories
     n_names = len(labels)
@@ -68,7 +84,6 @@ def top_kernels(kernels: pd.DataFrame, n: int | None = 10) -> pd.DataFrame:
     first_row = np.full(n_names, -1, dtype=np.int64)
     first_row[codes[::-1]] = np.arange(len(codes))[::-1]
     category = kernels["category"].to_numpy()[first_row[ranked]] if len(ranked) else np.array([], dtype=object)
-    grand_total = int(total.sum())
     full = [str(labels[i]) for i in ranked]
     return pd.DataFrame({
         "name": [short_name(x) for x in full],

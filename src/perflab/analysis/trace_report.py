@@ -6,8 +6,10 @@
     report.steps            # per-step accounting (DataFrame)
     report.to_dict()        # the JSON summary
 
-DataFrame attributes: ``kernels`` (the KernelTable), ``steps`` (per-step accounting), ``top_kernels``,
-``categories``, ``ranges``, ``launch_apis``; plus ``trace_accounting`` (a Series), ``kernel_stats``,
+DataFrame attributes: ``kernels`` (the KernelTable), ``steps`` (per-step accounting), ``top_kernels``
+(kernels only), ``top_memory_ops`` (memcpy, memset), ``categories``, ``ranges``, ``launch_apis``,
+``devices`` (whole-trace accounting per device); every one of them has a ``device`` column (a trace of
+several GPUs is analysed per device). Plus ``trace_accounting`` (a Series, summed over devices), ``kernel_stats``,
 ``launch_delay``, ``verdict`` and ``gemm_fraction``. Times in the DataFrames are integer ns; the JSON
 summary gives µs.
 """
@@ -24,7 +26,8 @@ import pandas as pd
 
 from perflab.analysis.accounting import DEFAULT_KERNEL_GAP_NS, IDLE_CAUSES, Accounting, account
 from perflab.analysis.breakdown import category_breakdown, gemm_fraction
-from perflab.analysis.kernels import KernelStats, kernel_stats, top_kernels
+from perflab.analysis.devices import by_device, devices_of, launching_threads
+from perflab.analysis.kernels import KernelStats, kernel_stats, top_kernels, top_memory_ops
 from perflab.analysis.passes import attention_breakdown, pass_breakdown
 from perflab.analysis.launch import LaunchVerdict, delay_summary, launch_api_stats, launch_delays, launch_verdict
 from perflab.analysis.ranges import range_breakdown
@@ -45,6 +48,7 @@ class TraceReport:
     launch_delay: dict[str, Any]
     verdict: LaunchVerdict
     gemm_fraction: float
+    top_memory_ops: pd.DataFrame = field(default_factory=pd.DataFrame)
     meta: dict[str, Any] = field(default_factory=dict)
     passes: pd.DataFrame = field(default_factory=pd.DataFrame)  # per pass of a training step (analysis.passes)
     attention: dict[str, Any] | None = None  # softmax vs matmul inside explicit attention, per step
@@ -61,11 +65,15 @@ class TraceReport:
     def trace_accounting(self) -> pd.Series:
         return self.accounting.trace
 
+    @property
+    def devices(self) -> pd.DataFrame:
+        return self.accounting.devices
+
     def to_dict(self) -> dict[str, Any]:
         whole = self.accounting.trace
         steps = self.accounting.steps
         stats = self.kernel_stats
-        n_steps = len(steps) if self.accounting.has_step_annotations else 0
+        n_steps = int(steps.groupby("device").size().max()) if self.accounting.has_step_annotations else 0  # per device
         summary = {
             "path": self.trace.meta.get("path"),
             "format": self.trace.meta.get("format"),
@@ -87,14 +95,21 @@ class TraceReport:
             "median_kernel_us": _us(stats.median_ns),
             "short_kernel_share": stats.short_share,
             "short_kernel_time_share": stats.short_time_share,
-            "top_kernels": [
-                {"name": r.name, "full_name": r.full_name, "category": r.category, "total_us": _us(r.total_ns), "count": int(r.count), "share": float(r.share)}
-                for r in self.top_kernels.itertuples(index=False)
+            "top_kernels": _top_records(self.top_kernels),
+            "top_memory_ops": _top_records(self.top_memory_ops),
+            "categories": {c: _us(t) for c, t in self.categories.groupby("category", sort=False)["time_ns"].sum().items()},
+            "categories_by_device": [
+                {"device": int(r.device), "category": r.category, "count": int(r.count), "time_us": _us(r.time_ns), "busy_us": _us(r.busy_ns)}
+                for r in self.categories.itertuples(index=False)
             ],
-            "categories": {r.category: _us(r.time_ns) for r in self.categories.itertuples(index=False)},
+            "device_accounting": [
+                {"device": int(r.device), "wall_us": _us(r.wall_ns), "gpu_busy_us": _us(r.busy_ns), "idle_us": _us(r.idle_ns),
+                 "idle_by_cause": {cause: _us(getattr(r, f"{cause}_ns")) for cause in IDLE_CAUSES}}
+                for r in self.accounting.devices.itertuples(index=False)
+            ],
             "gemm_fraction": self.gemm_fraction,
             "ranges": [
-                {"range": r.range, "kernels": int(r.kernels), "gpu_time_us": _us(r.gpu_time_ns), "gpu_busy_us": _us(r.gpu_busy_ns),
+                {"device": int(r.device), "range": r.range, "kernels": int(r.kernels), "gpu_time_us": _us(r.gpu_time_ns), "gpu_busy_us": _us(r.gpu_busy_ns),
                  "gemm_fraction": float(r.gemm_fraction), "instances": int(r.instances), "cpu_wall_us": _us(r.cpu_wall_ns),
                  "gpu_projected_us": _us(r.gpu_projected_ns)}
                 for r in self.ranges.itertuples(index=False)
@@ -108,7 +123,7 @@ class TraceReport:
                 "delay_p90_us": _us(self.launch_delay["p90_ns"]),
                 "launches": self.launch_delay["launches"],
                 "apis": [
-                    {"api": r.api, "calls": int(r.calls), "total_us": _us(r.total_ns), "mean_us": _us(r.mean_ns), "activities": int(r.activities),
+                    {"device": int(r.device), "api": r.api, "calls": int(r.calls), "total_us": _us(r.total_ns), "mean_us": _us(r.mean_ns), "activities": int(r.activities),
                      "delay_median_us": _us(r.delay_median_ns), "delay_p90_us": _us(r.delay_p90_ns)}
                     for r in self.launch_apis.itertuples(index=False)
                 ],
@@ -135,6 +150,8 @@ class TraceReport:
             "steps.csv": self.accounting.steps,
             "trace_accounting.csv": self.accounting.trace.to_frame().T,
             "top_kernels.csv": self.top_kernels,
+            "top_memory_ops.csv": self.top_memory_ops,
+            "devices.csv": self.accounting.devices,
             "categories.csv": self.categories,
             "ranges.csv": self.ranges,
             "launch_apis.csv": self.launch_apis,
@@ -153,14 +170,22 @@ def analyze_trace(trace: Trace, top: int = DEFAULT_TOP, kernel_gap_threshold_ns:
     kernels = trace.kernels
     accounting = account(kernels, trace.steps, kernel_gap_threshold_ns)
     delays = launch_delays(kernels)
+    several = len(devices_of(kernels)) > 1
+
+    def launch_apis(mine: pd.DataFrame) -> pd.DataFrame:
+        # with several devices, a device's calls are those of the threads that launched its work
+        launches = trace.launches[trace.launches["tid"].isin(launching_threads(mine))] if several else trace.launches
+        return launch_api_stats(launches, mine, launch_delays(mine) if several else delays)
+
     return TraceReport(
         trace=trace,
         accounting=accounting,
         kernel_stats=kernel_stats(kernels),
-        top_kernels=top_kernels(kernels, top),
-        categories=category_breakdown(kernels),
-        ranges=range_breakdown(kernels, trace.ranges),
-        launch_apis=launch_api_stats(trace.launches, kernels, delays),
+        top_kernels=by_device(kernels, lambda mine: top_kernels(mine, top)),
+        top_memory_ops=by_device(kernels, lambda mine: top_memory_ops(mine, top)),
+        categories=by_device(kernels, category_breakdown),
+        ranges=by_device(kernels, lambda mine: range_breakdown(mine, trace.ranges)),
+        launch_apis=by_device(kernels, launch_apis),
         launch_delay=delay_summary(kernels, delays),
         verdict=launch_verdict(accounting),
         gemm_fraction=gemm_fraction(kernels),
@@ -173,11 +198,20 @@ def _annotated_steps(trace: Trace) -> int:
     return max(len(trace.steps), 1)
 
 
+def _top_records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    return [
+        {"device": int(r.device), "name": r.name, "full_name": r.full_name, "category": r.category, "total_us": _us(r.total_ns),
+         "count": int(r.count), "share": float(r.share)}
+        for r in table.itertuples(index=False)
+    ]
+
+
 def _step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:
     """Per-step accounting as JSON records (vectorised: a trace can have thousands of steps)."""
     us = {c: (steps[f"{c}_ns"].to_numpy() / 1000).round(3).tolist() for c in ("wall", "busy", "idle", "kernel_time", *IDLE_CAUSES)}
+    devices = steps["device"].tolist()
     return [
-        {"step": step, "name": name, "start_ns": start, "end_ns": end, "wall_us": us["wall"][i], "gpu_busy_us": us["busy"][i],
+        {"device": devices[i], "step": step, "name": name, "start_ns": start, "end_ns": end, "wall_us": us["wall"][i], "gpu_busy_us": us["busy"][i],
          "idle_us": us["idle"][i], "idle_by_cause": {c: us[c][i] for c in IDLE_CAUSES}, "kernels": kernels,
          "kernel_time_us": us["kernel_time"][i]}
         for i, (step, name, start, end, kernels) in enumerate(zip(

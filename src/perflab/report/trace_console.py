@@ -23,7 +23,13 @@ def render_trace_report(console: Console, report: TraceReport) -> None:
 
 
 def trace_tables(report: TraceReport) -> list[Table]:
-    tables = [summary_table(report), steps_table(report), top_kernels_table(report), categories_table(report)]
+    tables = [summary_table(report)]
+    if _several_devices(report):
+        tables.append(devices_table(report))
+    tables += [steps_table(report), top_kernels_table(report)]
+    if len(report.top_memory_ops):
+        tables.append(top_memory_ops_table(report))
+    tables.append(categories_table(report))
     if len(report.ranges) and not (len(report.ranges) == 1 and report.ranges["range"].iloc[0] == "(no range)"):
         tables.append(ranges_table(report))
     tables.append(launch_table(report))
@@ -55,47 +61,85 @@ def summary_table(report: TraceReport) -> Table:
     return table
 
 
+def _several_devices(report: TraceReport) -> bool:
+    return report.devices is not None and len(report.devices) > 1
+
+
+def _device_column(report: TraceReport, table: Table) -> bool:
+    """Tables get a device column when the trace has several devices."""
+    if _several_devices(report):
+        table.add_column("device", justify="right")
+        return True
+    return False
+
+
+def _cells(with_device: bool, row, *cells: str) -> list[str]:
+    return [str(row.device), *cells] if with_device else list(cells)
+
+
+def devices_table(report: TraceReport) -> Table:
+    table = Table(title="Accounting per device (whole trace): wall = busy + host-bound + kernel gap + other (exact, ns)", header_style="bold")
+    for column in ("device", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %"):
+        table.add_column(column, justify="right")
+    for row in report.devices.itertuples(index=False):
+        table.add_row(str(row.device), _us(row.wall_ns), _us(row.busy_ns), _us(row.host_bound_ns), _us(row.kernel_gap_ns),
+                      _us(row.other_ns), _pct(row.busy_ns, row.wall_ns))
+    return table
+
+
 def steps_table(report: TraceReport) -> Table:
     steps = report.steps
     title = "per step" if report.accounting.has_step_annotations else "whole trace (no step annotations)"
     table = Table(title=f"Accounting {title}: wall = busy + host-bound + kernel gap + other (exact, ns)", header_style="bold")
+    device = _device_column(report, table)
     for column in ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"):
         table.add_column(column, justify="right")
     for row in steps.head(MAX_STEP_ROWS).itertuples(index=False):
-        table.add_row(str(row.name), _us(row.wall_ns), _us(row.busy_ns), _us(row.host_bound_ns), _us(row.kernel_gap_ns),
-                      _us(row.other_ns), _pct(row.busy_ns, row.wall_ns), f"{row.kernels:,}")
+        table.add_row(*_cells(device, row, str(row.name), _us(row.wall_ns), _us(row.busy_ns), _us(row.host_bound_ns), _us(row.kernel_gap_ns),
+                              _us(row.other_ns), _pct(row.busy_ns, row.wall_ns), f"{row.kernels:,}"))
     if len(steps) > MAX_STEP_ROWS:
         table.caption = f"{len(steps) - MAX_STEP_ROWS} more steps in --json / --csv"
     return table
 
 
 def top_kernels_table(report: TraceReport) -> Table:
-    table = Table(title=f"Top {len(report.top_kernels)} GPU activities by total time", header_style="bold")
-    for column, justify in (("kernel", "left"), ("category", "left"), ("count", "right"), ("total µs", "right"), ("mean µs", "right"), ("share", "right")):
-        table.add_column(column, justify=justify, overflow="fold" if column == "kernel" else "ellipsis")
-    for row in report.top_kernels.itertuples(index=False):
-        table.add_row(_clip(row.name), row.category, f"{row.count:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.share:.1%}")
+    return _top_table(report, report.top_kernels, "kernels", "kernel")
+
+
+def top_memory_ops_table(report: TraceReport) -> Table:
+    return _top_table(report, report.top_memory_ops, "memory operations (memcpy, memset)", "operation")
+
+
+def _top_table(report: TraceReport, rows, what: str, label: str) -> Table:
+    table = Table(title=f"Top {rows['full_name'].nunique()} {what} by total time (share of all GPU activity time)", header_style="bold")
+    device = _device_column(report, table)
+    for column, justify in ((label, "left"), ("category", "left"), ("count", "right"), ("total µs", "right"), ("mean µs", "right"), ("share", "right")):
+        table.add_column(column, justify=justify, overflow="fold" if column == label else "ellipsis")
+    for row in rows.itertuples(index=False):
+        table.add_row(*_cells(device, row, _clip(row.name), row.category, f"{row.count:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.share:.1%}"))
     return table
 
 
 def categories_table(report: TraceReport) -> Table:
     table = Table(title="GPU time by category", header_style="bold")
+    device = _device_column(report, table)
     for column, justify in (("category", "left"), ("count", "right"), ("time µs", "right"), ("share", "right"), ("busy µs", "right")):
         table.add_column(column, justify=justify)
     for row in report.categories.itertuples(index=False):
-        table.add_row(row.category, f"{row.count:,}", _us(row.time_ns), f"{row.share:.1%}", _us(row.busy_ns))
+        table.add_row(*_cells(device, row, row.category, f"{row.count:,}", _us(row.time_ns), f"{row.share:.1%}", _us(row.busy_ns)))
     return table
 
 
 def ranges_table(report: TraceReport) -> Table:
     ranges = report.ranges[report.ranges["kernels"] > 0]
     table = Table(title="GPU time per CPU range (innermost range of each launch)", header_style="bold")
+    device = _device_column(report, table)
     for column, justify in (("range", "left"), ("kernels", "right"), ("GPU µs", "right"), ("GEMM %", "right"),
                             ("instances", "right"), ("CPU wall µs", "right"), ("GPU projected µs", "right")):
         table.add_column(column, justify=justify)
     for row in ranges.head(MAX_RANGE_ROWS).itertuples(index=False):
-        table.add_row(_clip(row.range), f"{row.kernels:,}", _us(row.gpu_time_ns), f"{row.gemm_fraction:.0%}",
-                      f"{row.instances:,}", _us(row.cpu_wall_ns), _us(row.gpu_projected_ns))
+        table.add_row(*_cells(device, row, _clip(row.range), f"{row.kernels:,}", _us(row.gpu_time_ns), f"{row.gemm_fraction:.0%}",
+                              f"{row.instances:,}", _us(row.cpu_wall_ns), _us(row.gpu_projected_ns)))
     if len(ranges) > MAX_RANGE_ROWS:
         table.caption = f"{len(ranges) - MAX_RANGE_ROWS} more ranges in --json / --csv"
     return table
@@ -103,11 +147,12 @@ def ranges_table(report: TraceReport) -> Table:
 
 def launch_table(report: TraceReport) -> Table:
     table = Table(title="CUDA API calls (CPU time) and launch-to-start delay", header_style="bold")
+    device = _device_column(report, table)
     for column in ("api", "calls", "total µs", "mean µs", "GPU activities", "delay median µs", "delay p90 µs"):
         table.add_column(column, justify="left" if column == "api" else "right")
     for row in report.launch_apis.itertuples(index=False):
-        table.add_row(row.api, f"{row.calls:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.activities:,}",
-                      _us(row.delay_median_ns), _us(row.delay_p90_ns))
+        table.add_row(*_cells(device, row, row.api, f"{row.calls:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.activities:,}",
+                              _us(row.delay_median_ns), _us(row.delay_p90_ns)))
     return table
 
 

@@ -214,8 +214,12 @@ def _matches(case: dict, filt: dict) -> bool:
 # Loading
 
 
-def load_experiment(path) -> Experiment:
-    """Read, check and expand a spec file; PerflabError (one line naming file and key) on any mistake."""
+DEFAULT_MAX_CASES = 10_000
+
+
+def load_experiment(path, max_cases: int | None = None) -> Experiment:
+    """Read, check and expand a spec file; PerflabError (one line naming file and key) on any mistake.
+    A spec of more than ``max_cases`` cases is refused before its grid is expanded."""
     import yaml
 
     source = str(path)
@@ -235,10 +239,23 @@ def load_experiment(path) -> Experiment:
         raise PerflabError(f"{source}: YAML syntax error{where}: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise PerflabError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
-    return parse_experiment(data, source, text=text, default_name=Path(path).stem)
+    return parse_experiment(data, source, text=text, default_name=Path(path).stem, max_cases=max_cases)
 
 
-def parse_experiment(data: Any, source: str, text: str = "", default_name: str = "experiment") -> Experiment:
+def _check_case_count(p: "_Parser", data: dict, max_cases: int) -> None:
+    """Refuse a spec whose grids and cases come to more than ``max_cases``, counted, not expanded (a grid
+    of three long lists can be millions of cases: expanding it first takes minutes and gigabytes)."""
+    count = len(data["cases"]) if isinstance(data.get("cases"), list) else 0
+    for _, block in p.grid_blocks(data.get("grid")):
+        product = 1
+        for value in block.values():
+            product *= len(value) if isinstance(value, list) and value else 1
+        count += product
+    if count > max_cases:
+        p.fail("grid", f"{count:,} cases, over --max-cases {max_cases:,}; split the grid, or raise --max-cases")
+
+
+def parse_experiment(data: Any, source: str, text: str = "", default_name: str = "experiment", max_cases: int | None = None) -> Experiment:
     """Check and expand a spec already read into plain data (from YAML, or built in code)."""
     p = _Parser(source)
     if data is None:
@@ -270,6 +287,8 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     base = p.resolve_device(base)
 
     sourced: list[tuple[str, dict]] = []  # (key the case came from, case fields)
+    if max_cases is not None:
+        _check_case_count(p, data, max_cases)
     for key, block in p.grid_blocks(data.get("grid")):
         sourced += p.expand_block(key, block, base)
     for i, entry in enumerate(p.sequence("cases", data.get("cases", []))):

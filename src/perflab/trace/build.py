@@ -319,4 +319,5 @@ def find_steps(ranges: pd.DataFrame) -> pd.DataFrame:
         "name": chosen["name"].astype(str).to_numpy(),
         "start_ns": chosen["start_ns"].to_numpy(np.int64),
         "end_ns": chosen["end_ns"].to_numpy(np.int64),
+        "tid": chosen["tid"].to_numpy(np.int64),  # the annotating thread: whose steps these are, in a file of several ranks
     })

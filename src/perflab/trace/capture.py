@@ -80,8 +80,9 @@ class StepProfiler:
 
     The first ``warmup`` steps are not recorded, the next ``steps`` are, and later ``p.step()`` calls do
     nothing. ``p.step()`` synchronises the GPU (``sync=True``) so that each step window holds its own GPU
-    work. After the block, ``p.trace_path`` is the Kineto trace and ``p.analysis`` its analysis (a
-    TraceReport; None without a GPU, since a CPU-only trace has no GPU time to account for).
+    work. After the block, ``p.trace_path`` is the Kineto trace. Capture stops there: analysing the
+    trace is the API's part (``perflab.profile`` wraps this and sets ``p.analysis``), so that capture
+    never reaches back up the flow.
     """
 
     def __init__(self, steps: int = 5, warmup: int = 1, out: str | os.PathLike | None = None, sync: bool = True, cuda: bool | None = None):
@@ -90,7 +91,6 @@ class StepProfiler:
         self.steps, self.warmup, self.sync = steps, warmup, sync
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.trace_path = Path(out) if out else Path("perflab-profile.json.gz")
-        self.analysis = None
         self._count = 0
         self._prof = None
         self._stack = contextlib.ExitStack()
@@ -131,9 +131,5 @@ class StepProfiler:
                     f"the loop ran {self._count} steps, but {self.warmup} warm-up + {self.steps} profiled steps were asked for; "
                     "call p.step() once per step, or lower steps/warmup"
                 )
-            if self.cuda:
-                from perflab.api import analyze
-
-                self.analysis = analyze(self.trace_path)
         return False
 

@@ -1,40 +1,46 @@
-"""Load a Kineto trace (torch.profiler's ``export_chrome_trace``: .json or .json.gz) into a Trace.
+"""Load a Kineto / Chrome trace (torch.profiler's ``export_chrome_trace``; .json or .json.gz) into a Trace.
 
 What is read: GPU activities (``cat`` kernel, gpu_memcpy, gpu_memset), the CUDA API calls that launch
-them (``cuda_runtime``: cudaLaunchKernel, cudaLaunchKernelExC, cudaMemcpyAsync, cudaGraphLaunch, ...;
-``cuda_driver``: cuLaunchKernel(Ex), used by Triton and by cuBLAS's nvjet GEMMs on Hopper), and the CPU
-annotations (``user_annotation``: record_function ranges, ProfilerStep#N). ``cuda_sync`` events are not
-GPU activity and are skipped; so are cpu_op, python_function, flow and metadata events.
+them (``cuda_runtime``: cudaLaunchKernel, cudaMemcpyAsync, cudaGraphLaunch, ...; ``cuda_driver``:
+cuLaunchKernel(Ex), used by Triton and by cuBLAS's nvjet GEMMs on Hopper), and the CPU annotations
+(``user_annotation``: record_function ranges, ProfilerStep#N). ``cuda_sync`` events are not GPU activity
+and are skipped; so are cpu_op, python_function, flow and metadata events.
 
-Timestamps are µs with three decimals ("ts": 4382075239980.014). float64 cannot hold that exactly, so
-the decimal text is turned into integer ns (integer part × 1000 + the three fraction digits).
+**One reader, any layout.** The JSON is parsed by msgspec (typed decoding into Structs that name only
+the fields needed; every other key is skipped in C), so whitespace, key order, escapes, compact or
+indented text and .gz make no difference. To keep memory flat the ``traceEvents`` array is decoded in
+slices of about ``CHUNK_BYTES``: a slice ends at a ``}, {`` between two events, and msgspec decoding the
+slice as an array is what proves the cut lies between two top-level events (a cut inside a string or a
+nested value leaves the slice incomplete; the cut then moves to an earlier ``}, {``). The text before
+``traceEvents`` is decoded as the document's head, and the last slice together with the document's
+closing keys, so the whole file is checked as JSON (a truncated file is an error).
 
-Two readers, one result:
+**Exact timestamps.** Kineto writes µs with three decimals ("ts": 4382075239980.014); float64 cannot
+hold that exactly, so ``ts``/``dur`` are taken as raw JSON text (``msgspec.Raw``) and turned into integer
+ns from their digits (vectorised; numeric strings too); any other spelling (fewer or more decimals,
+an exponent, a sign) goes through ``decimal.Decimal``, exact too.
 
-- The fast reader goes through the file in chunks (memory-mapped for a plain file, whose pages it hands
-  back as it goes, so that the resident set stays small; decompressed chunk by chunk for .gz) and
-  extracts the fields with compiled regular expressions, relying on Kineto's fixed layout: every event
-  starts with ``"ph"`` and its keys come in the order ``"ph", "cat", "name", "pid", "tid", "ts", "dur",
-  "args"``. It checks itself: every event of a category it needs must have matched in full (else that
-  chunk is re-read with an escape-aware pattern, and if that fails too, the whole file goes to the JSON
-  reader); the header must parse as JSON; and the file must end as a complete JSON document (a
-  truncated file is an error). It does not validate every byte between the events it reads.
-- The JSON reader (``json.load``) handles any valid Chrome trace, in any layout; it is exact too
-  (numbers are parsed from their text), but it needs several times the file's size in memory.
+**Several processes.** A file of merged ranks holds several CPU processes and several devices. GPU
+events carry the device (``args.device``, else ``pid``) but not the process that launched them, and each
+process numbers its correlation ids from the same start. When ids collide across processes, each device
+is assigned to the process whose launch calls precede its activities (see ``_assign_processes``) and
+activities link only to that process's calls. Two ranks that each call their GPU device 0 (one visible
+device per rank) cannot be told apart once merged into one file: keep one file per rank then, or give
+the merged devices distinct ids.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
-import mmap
-import operator
+import collections
+import io
 import re
 import zlib
 from decimal import Decimal, InvalidOperation
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import msgspec
 import numpy as np
 
 from perflab.errors import PerflabError
@@ -44,145 +50,132 @@ from perflab.trace.schema import Trace
 GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}  # value: index into schema.KINDS
 API_CATEGORIES = ("cuda_runtime", "cuda_driver")
 RANGE_CATEGORY = "user_annotation"
+API_EVENT, RANGE_EVENT = 3, 4
+_EVENT_KIND = collections.defaultdict(lambda: -1, {**GPU_CATEGORIES, **{c: API_EVENT for c in API_CATEGORIES}, RANGE_CATEGORY: RANGE_EVENT})
 
-CHUNK_BYTES = 32 << 20
-HEAD_BYTES = 1 << 20
-
-# One event's fields, Kineto layout. Groups: category and name (one key), "pid..dur" (4 numbers),
-# correlation, "grid...block" (6 numbers). Everything after the category is optional, so that an event of a wanted
-# category whose fields are laid out differently still matches (with empty groups) and is detected.
-_CATS = rb"(?:kernel|gpu_memcpy|gpu_memset|cuda_runtime|cuda_driver|user_annotation)"
-_FIELDS = (
-    rb'"pid": (\d+, "tid": \d+,\s+"ts": \d+\.\d{3}, "dur": \d+\.\d{3}),\s+"args": \{\s*'
-    rb'(?:(?:"External id": \d+,\s*)?(?:"cbid": \d+, |(?:"queued": \d+, )?"device": \d+, "context": \d+,\s*"stream": \d+, )'
-    rb'"correlation": (\d+)'
-    # the first "[" after the correlation, within the args, opens the grid
-    rb'(?:,[^\[}]*\[(\d+, \d+, \d+\],\s*"block": \[\d+, \d+, \d+)\])?)?'
-)
-# Kineto's own indentation, spelled out: literal text matches faster than \s+ (other whitespace still
-# parses, through the careful pattern)
-_KINETO_FIELDS = (
-    _FIELDS.replace(rb',\s+"ts"', b',\n    "ts"')
-    .replace(rb'),\s+"args": \{\s*', b'),\n    "args": {\n      ')
-    .replace(rb'"External id": \d+,\s*', rb'"External id": \d+,      ')
-    .replace(rb'"context": \d+,\s*"stream"', rb'"context": \d+,      "stream"')
-    .replace(rb'(?:,[^\[}]*\[(\d+, \d+, \d+\],\s*"block"',
-             rb'(?:,      "registers per thread": \d+,      "shared memory": \d+,      "blocks per SM": [\d.]+,      '
-             rb'"warps per SM": [\d.]+,      "grid": \[(\d+, \d+, \d+\],      "block"')
-)
-# fast: a name is anything up to the next quote (an escaped quote makes the event incomplete, and the
-# chunk is re-read with the careful pattern, which knows JSON escapes and any whitespace)
-# (The patterns start at the "X" of "ph": "X": a rarer first byte than '"' makes the scan for it faster.)
-FAST_EVENT = re.compile(rb'X", "cat": "(' + _CATS + rb'(?:", "name": "[^"]*)?)(?:", ' + _KINETO_FIELDS + rb")?")
-CAREFUL_EVENT = re.compile(rb'X", "cat": "(' + _CATS + rb'(?:", "name": "(?:[^"\\]|\\.)*)?)(?:", ' + _FIELDS + rb")?")
+CHUNK_BYTES = 512 << 10  # small slices: their event objects stay in the CPU cache between passes (measured: 16 MiB ~1.5x slower)
+MAX_CUT_TRIES = 8  # earlier "}, {" tried when a cut falls inside a string or a nested value
 TRACE_EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
-KINETO_FIRST_EVENT = re.compile(rb'\s*(?:\]|\{\s*"(?:ph|name)": ")')
-# digits stay, everything else becomes a separator, and the decimal point goes: "12.345" → 12345 (ns)
-_DIGITS_ONLY = bytes(c if 48 <= c <= 57 else 32 for c in range(256))
-EVENT_START = b'"ph"'
-PAGE = mmap.PAGESIZE
-# The patterns above only see events written "ph": "X", "cat": "... on one line. Each chunk's first
-# complete event ("X") must be written so, else the file is in another layout (newer torch writes one
-# key per line) and would be read as empty: the JSON reader takes it instead.
-ANY_COMPLETE_EVENT = re.compile(rb'"ph"\s*:\s*"X"')
-KINETO_COMPLETE_EVENT = b'"ph": "X", "cat": "'
+EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+BYTE_OFFSET = re.compile(r"\(byte (\d+)\)")
+
+MISSING = msgspec.Raw(b"")  # a key absent from the event
 
 
-class LayoutMismatch(Exception):
-    """The file is not in the layout the fast reader relies on; use the JSON reader."""
+class _Args(msgspec.Struct, gc=False):
+    correlation: Any = None
+    device: Any = None
+    stream: Any = None
+    grid: msgspec.Raw = MISSING
+    block: msgspec.Raw = MISSING
+
+
+NO_ARGS = _Args()
+
+
+class _Event(msgspec.Struct, gc=False):
+    # ids are decoded natively; times as their raw JSON text, so that they stay exact
+    ph: str = ""
+    cat: str = ""
+    name: msgspec.Raw = MISSING  # (decoded once per distinct name: most events' names are never needed)
+    pid: Any = None
+    tid: Any = None
+    ts: msgspec.Raw = MISSING
+    dur: msgspec.Raw = MISSING
+    args: _Args | None = None
+
+
+class _Head(msgspec.Struct):
+    """The document's top-level keys that perflab keeps (the rest is skipped)."""
+
+    deviceProperties: Any = None
+    baseTimeNanoseconds: Any = None
+    cuda_runtime_version: Any = None
+    cuda_driver_version: Any = None
+    distributedInfo: Any = None
+
+
+class _Tail(_Head):
+    traceEvents: list[_Event] = []
+
+
+_EVENTS = msgspec.json.Decoder(list[_Event], float_hook=str)  # (a float id stays text: an error, not a rounding)
+_HEAD = msgspec.json.Decoder(_Head)
+_TAIL = msgspec.json.Decoder(_Tail, float_hook=str)
+_GET_CAT, _GET_PH, _GET_NAME, _GET_ARGS = attrgetter("cat"), attrgetter("ph"), attrgetter("name"), attrgetter("args")
+_GET_PID, _GET_TID, _GET_TS, _GET_DUR = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("dur")
+_GET_CORRELATION, _GET_DEVICE, _GET_STREAM = attrgetter("correlation"), attrgetter("device"), attrgetter("stream")
+_GET_GRID, _GET_BLOCK = attrgetter("grid"), attrgetter("block")
+_NOT_DIGITS = bytes(c if 48 <= c <= 57 else 32 for c in range(256))
 
 
 def load_kineto(path: str | Path) -> Trace:
-    path = Path(path)
-    try:
-        raw, meta = read_fast(path)
-    except LayoutMismatch as why:
-        raw, meta = read_json(path)
-        meta["fast_path"] = f"not used: {why}"
+    raw, meta = read_events(Path(path))
     return build_trace(raw, meta)
 
 
-# --- the fast reader ------------------------------------------------------------------------------------
-
-def read_fast(path: Path) -> tuple[RawEvents, dict[str, Any]]:
-    gz = _is_gzip(path)
-    with _open(path, gz) as f:
-        head = _read(f, HEAD_BYTES, path)
-    meta, events_at = _parse_header(head, path)
-    if events_at is None:
-        _no_events(path)
-    acc = _Accumulator()
-    tail = _scan_gzip(path, events_at, acc) if gz else _scan_mapped(path, events_at, acc)
-    _check_tail(tail, path)
-    if not acc.saw_event:
-        _no_events(path)
-    meta["fast_path"] = "used"
-    return acc.raw_events(), meta
+def read_events(path: Path) -> tuple[RawEvents, dict[str, Any]]:
+    """The columns of the events perflab needs, and the document's metadata."""
+    reader = _Reader(path)
+    with _open(path) as f:
+        head, events_at, bare, reader.head = _find_events(f, path)
+        rest = reader.decode_complete(_with_bracket(head[events_at:]), events_at)
+        while (buf := _read_after(f, rest, path)) is not None:
+            rest = reader.decode_complete(buf, reader.offset)
+    tail = reader.decode_tail(rest, bare)
+    meta = _meta(path, head_fields=reader.head, tail=tail)
+    if not reader.saw_event:
+        raise PerflabError(f"{path}: the trace has no events (empty traceEvents); profile at least one step with CUDA activities")
+    return reader.raw_events(), meta
 
 
-def _no_events(path: Path):
-    raise PerflabError(f"{path}: the trace has no events (empty traceEvents); profile at least one step with CUDA activities")
-
-
-def _scan_mapped(path: Path, start: int, acc: "_Accumulator") -> bytes:
-    """Parse a plain file through a read-only mapping, chunk by chunk; returns the text from the last event on."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        size = len(mapped)
-        acc.saw_event = mapped.find(EVENT_START, start) >= 0
-        pos = start
-        while pos < size:
-            end = _chunk_end(mapped, pos, size)
-            acc.parse(mapped, pos, end)
-            # the parsed pages are not needed again: drop them from this process (they stay in the page cache)
-            first_page, last_page = pos // PAGE * PAGE, end // PAGE * PAGE
-            if last_page > first_page and hasattr(mapped, "madvise"):
-                mapped.madvise(mmap.MADV_DONTNEED, first_page, last_page - first_page)
-            pos = end
-        last = mapped.rfind(EVENT_START, start)
-        return mapped[last:] if last >= 0 else mapped[start:]
-
-
-def _chunk_end(mapped: mmap.mmap, pos: int, size: int) -> int:
-    """The start of the last event that begins in [pos, pos + CHUNK_BYTES), or the end of the file."""
-    end = pos + CHUNK_BYTES
-    while end < size:
-        cut = mapped.rfind(EVENT_START, pos + 1, end)
-        if cut > pos:
-            return cut
-        end += CHUNK_BYTES  # one event longer than a chunk: widen
-    return size
-
-
-def _scan_gzip(path: Path, start: int, acc: "_Accumulator") -> bytes:
-    """Parse a .gz file chunk by chunk as it decompresses; returns the text from the last event on."""
-    carry = b""
-    with _open(path, True) as f:
-        f.seek(start)
-        while True:
-            data = _read(f, CHUNK_BYTES, path)
-            if not data:
-                break
-            first = data.find(EVENT_START)
-            if first < 0:
-                carry += data
-                continue
-            acc.saw_event = True
-            if carry:
-                acc.parse(carry + data[:first])
-            last = data.rfind(EVENT_START)
-            acc.parse(data, first, last)
-            carry = data[last:]
-    acc.parse(carry)  # the last event, and the closing brackets
-    return carry
-
-
-def _is_gzip(path: Path) -> bool:
+def _open(path: Path) -> BinaryIO:
     with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+        gz = f.read(2) == b"\x1f\x8b"
+    return _Gunzip(path) if gz else open(path, "rb")
 
 
-def _open(path: Path, gz: bool) -> BinaryIO:
-    return gzip.open(path, "rb") if gz else open(path, "rb")
+class _Gunzip(io.RawIOBase):
+    """A .gz file read through zlib directly (gzip.GzipFile adds a Python-level loop and a second CRC
+    pass: ~25% of the decompression time here); concatenated members are read in turn."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "rb")
+        self.inflate = zlib.decompressobj(31)
+        self.pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, target) -> int:
+        size = len(target)
+        while not self.pending:
+            if self.inflate.eof:  # the next member, if any
+                tail = self.inflate.unused_data
+                self.inflate = zlib.decompressobj(31)
+                compressed = tail or self.file.read(1 << 16)
+                if not compressed:
+                    return 0
+            else:
+                compressed = self.inflate.unconsumed_tail or self.file.read(1 << 16)
+                if not compressed:
+                    raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            self.pending = self.inflate.decompress(compressed, max(size, 1 << 16))
+        n = min(size, len(self.pending))
+        target[:n] = self.pending[:n]
+        self.pending = self.pending[n:]
+        return n
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        buf = bytearray(size)
+        n = self.readinto(buf)
+        return bytes(buf[:n])
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
 
 
 def _read(f: BinaryIO, size: int, path: Path) -> bytes:
@@ -192,157 +185,77 @@ def _read(f: BinaryIO, size: int, path: Path) -> bytes:
         raise PerflabError(f"{path}: truncated or corrupt gzip file ({exc})") from None
 
 
-def _parse_header(head: bytes, path: Path) -> tuple[dict[str, Any], int | None]:
-    """The top-level keys before "traceEvents" (device properties, base time) and where the events start."""
-    found = TRACE_EVENTS.search(head)
-    if found is None:
-        raise LayoutMismatch("no \"traceEvents\" in the first MiB")
-    if not KINETO_FIRST_EVENT.match(head, found.end()):
-        raise LayoutMismatch("the first event is not in Kineto's layout")
+def _with_bracket(text: bytes) -> bytearray:
+    buf = bytearray(b"[")
+    buf += text
+    return buf
+
+
+def _read_after(f: BinaryIO, rest: bytes, path: Path) -> bytearray | None:
+    """"[" + rest + the next block of the file (read in place), or None at the end of the file."""
+    buf = bytearray(1 + len(rest) + CHUNK_BYTES)
+    buf[0] = ord("[")
+    buf[1:1 + len(rest)] = rest
     try:
-        header = json.loads(head[: found.start()].rstrip().rstrip(b",") + b"}")
-    except ValueError as exc:
-        raise LayoutMismatch(f"the header is not Kineto's ({exc})") from None
-    if not isinstance(header, dict):
-        raise LayoutMismatch("the header is not a JSON object")
-    meta = _meta_from_header(header, path)
-    rest = head[found.end():].lstrip()
-    if rest.startswith(b"]"):
-        return meta, None
-    return meta, found.end()
+        with memoryview(buf) as view:
+            n = f.readinto(view[1 + len(rest):])
+    except (EOFError, OSError, zlib.error) as exc:
+        raise PerflabError(f"{path}: truncated or corrupt gzip file ({exc})") from None
+    if not n:
+        return None
+    del buf[1 + len(rest) + n:]
+    return buf
 
 
-def _meta_from_header(header: dict[str, Any], path: Path) -> dict[str, Any]:
+def _find_events(f: BinaryIO, path: Path) -> tuple[bytes, int, bool, _Head | None]:
+    """Read until the start of the event list: (text read, offset just after its "[", bare list?, head keys)."""
+    head = _read(f, CHUNK_BYTES, path)
+    while True:
+        text = head.lstrip(b"\xef\xbb\xbf").lstrip()
+        skipped = len(head) - len(text)
+        if text.startswith(b"["):  # the Chrome trace format also allows a bare list of events
+            return head, skipped + 1, True, None
+        if text and not text.startswith(b"{"):
+            raise PerflabError(f"{path}: not a JSON object or list: not a Kineto/Chrome trace")
+        for found in TRACE_EVENTS.finditer(head):
+            fields = _head_fields(head[skipped:found.start()])
+            if fields is not None:
+                return head, found.end(), False, fields
+        more = _read(f, len(head), path)
+        if not more:
+            break
+        head += more
+    try:  # the whole document is in hand: say what is wrong with it
+        msgspec.json.decode(head)
+    except msgspec.DecodeError as exc:
+        raise PerflabError(f"{path}: invalid JSON: {exc} (truncated?)") from None
+    raise PerflabError(f"{path}: not a Kineto/Chrome trace: no \"traceEvents\" list")
+
+
+def _head_fields(prefix: bytes) -> _Head | None:
+    """The keys before "traceEvents", or None if this "traceEvents" is not a top-level key."""
+    prefix = prefix.rstrip()
+    closed = prefix[:-1] + b"}" if prefix.endswith(b",") else prefix + b"}"
+    try:
+        return _HEAD.decode(closed)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _meta(path: Path, head_fields: _Head | None, tail: _Head) -> dict[str, Any]:
+    def first(key):
+        value = getattr(head_fields, key, None) if head_fields is not None else None
+        return value if value is not None else getattr(tail, key)
+
     return {
         "format": "kineto",
         "path": str(path),
-        "devices": header.get("deviceProperties") or [],
-        "base_time_ns": header.get("baseTimeNanoseconds"),
-        "cuda_runtime_version": header.get("cuda_runtime_version"),
-        "cuda_driver_version": header.get("cuda_driver_version"),
-        "distributed": header.get("distributedInfo"),
+        "devices": first("deviceProperties") or [],
+        "base_time_ns": first("baseTimeNanoseconds"),
+        "cuda_runtime_version": first("cuda_runtime_version"),
+        "cuda_driver_version": first("cuda_driver_version"),
+        "distributed": first("distributedInfo"),
     }
-
-
-# what each event kind becomes: KINDS index for GPU activities, then these
-API_EVENT, RANGE_EVENT = 3, 4
-_EVENT_KIND = {b"kernel": 0, b"gpu_memcpy": 1, b"gpu_memset": 2, b"cuda_runtime": API_EVENT, b"cuda_driver": API_EVENT,
-               b"user_annotation": RANGE_EVENT}
-_NAME_SEPARATOR = b'", "name": "'
-
-
-class _Accumulator:
-    """Collects the columns of the parsed events, chunk by chunk.
-
-    The regex captures category and name as one key (``kernel", "name": "...``): one object per event
-    instead of two, and each distinct key is split and decoded once.
-    """
-
-    def __init__(self):
-        self.keys: dict[bytes, int] = {}
-        self.key_kind: list[int] = []
-        self.key_name: list[int] = []
-        self.names: dict[bytes, int] = {}
-        self.dims: dict[bytes, int] = {}
-        self.dims_values: list[list[int]] = []
-        self.gpu: list[dict] = []
-        self.api: list[dict] = []
-        self.ranges: list[dict] = []
-        self.saw_event = False
-
-    def parse(self, buf: bytes, start: int = 0, end: int | None = None) -> None:
-        end = len(buf) if end is None else end
-        first = ANY_COMPLETE_EVENT.search(buf, start, end)
-        if first is not None and buf[first.start(): first.start() + len(KINETO_COMPLETE_EVENT)] != KINETO_COMPLETE_EVENT:
-            raise LayoutMismatch("events are not written in Kineto's one-line layout")
-        rows = FAST_EVENT.findall(buf, start, end)
-        if not rows:
-            return
-        parsed = self._parse_columns(_transpose(rows))
-        if parsed is None or not parsed[-1]:
-            # an event that did not match in full, or a kernel whose grid was not found where Kineto puts it
-            careful = self._parse_columns(_transpose(CAREFUL_EVENT.findall(buf, start, end)))
-            if careful is None:
-                raise LayoutMismatch("some kernel, API or annotation events are not in Kineto's layout")
-            parsed = careful  # (kernels still without a grid there have none in the file: grid unknown)
-        self._add(*parsed[:-1])
-
-    def _parse_columns(self, columns):
-        """(kind, name, values, correlation, dims) arrays and whether every kernel had its grid, or None
-        if an event did not match in full."""
-        keys, numbers, correlations, dims = columns
-        if b"" in numbers:
-            return None
-        table = self.keys
-        for key in set(keys).difference(table):
-            table[key] = len(table)
-        if len(table) > len(self.key_kind):
-            self._new_keys()
-        codes = np.fromiter(map(table.__getitem__, keys), np.int64, len(keys))
-        kind = np.asarray(self.key_kind, dtype=np.int64)[codes]
-        is_range = kind == RANGE_EVENT
-        n_ranges = int(is_range.sum())
-        if correlations.count(b"") != n_ranges:
-            return None
-        n = len(keys)
-        values = _ints(numbers, 4 * n).reshape(n, 4)  # pid, tid, ts, dur (ns)
-        correlation = np.full(n, -1, dtype=np.int64)
-        correlation[~is_range] = _ints(correlations, n - n_ranges)
-        name = np.asarray(self.key_name, dtype=np.int64)[codes]
-        # only kernels have a grid, so every kernel has one when the counts agree
-        dims_complete = len(dims) - dims.count(b"") == int((kind == 0).sum())
-        return kind, name, values, correlation, self._dims(dims), dims_complete
-
-    def _dims(self, dims: list[bytes]) -> np.ndarray:
-        """(n, 6) grid and block; a kernel's few distinct launch shapes are parsed once each."""
-        table = self.dims
-        for text in set(dims).difference(table):
-            table[text] = len(table)
-            self.dims_values.append(_ints([text], 6).tolist() if text else [-1] * 6)
-        codes = np.fromiter(map(table.__getitem__, dims), np.int64, len(dims))
-        return np.asarray(self.dims_values, dtype=np.int64).reshape(-1, 6)[codes]
-
-    def _new_keys(self) -> None:
-        for key in list(self.keys)[len(self.key_kind):]:
-            category, _, name = key.partition(_NAME_SEPARATOR)
-            self.key_kind.append(_EVENT_KIND[category])
-            self.key_name.append(self.names.setdefault(name, len(self.names)))
-
-    def _add(self, kind, name, values, correlation, dims) -> None:
-        for gpu_kind in range(3):
-            mask = kind == gpu_kind
-            if mask.any():
-                self.gpu.append(self._gpu_rows(mask, gpu_kind, values, name, correlation, dims))
-        is_api = kind == API_EVENT
-        if is_api.any():
-            self.api.append(_columns(is_api, values, name, correlation))
-        is_range = kind == RANGE_EVENT
-        if is_range.any():
-            self.ranges.append(_columns(is_range, values, name, None))
-
-    @staticmethod
-    def _gpu_rows(mask, kind, values, name, correlation, grid_block) -> dict:
-        rows = _columns(mask, values, name, correlation)
-        n = len(rows["name"])
-        rows.update(kind=np.full(n, kind, dtype=np.int64), device=rows["process"], stream=rows["tid"], dims=grid_block[mask])
-        rows["process"] = np.zeros(n, dtype=np.int64)  # one process per Kineto trace
-        return rows
-
-    def raw_events(self) -> RawEvents:
-        return RawEvents(
-            names=[_decode_name(name) for name in self.names],
-            gpu=_concat(self.gpu, GPU_KEYS),
-            api=_concat(self.api, API_KEYS),
-            ranges=_concat(self.ranges, RANGE_KEYS),
-            correlation_per_process=False,
-        )
-
-
-def _transpose(rows: list[tuple[bytes, ...]]) -> tuple[list[bytes], ...]:
-    """Columns of findall's rows (itemgetter per column: several times faster than zip(*rows) here)."""
-    if not rows:
-        return ([], [], [], [])
-    return tuple(list(map(operator.itemgetter(i), rows)) for i in range(len(rows[0])))
 
 
 GPU_KEYS = ("name", "kind", "process", "device", "stream", "start_ns", "dur_ns", "correlation", "dims")
@@ -350,26 +263,228 @@ API_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "correlation")
 RANGE_KEYS = ("name", "process", "tid", "start_ns", "dur_ns")
 
 
-def _ints(texts, expected: int) -> np.ndarray:
-    if expected == 0:  # (numpy parses a blank string as one number)
-        return np.zeros(0, dtype=np.int64)
-    values = np.fromstring(b" ".join(texts).translate(_DIGITS_ONLY, b"."), dtype=np.int64, sep=" ")
-    if len(values) != expected:
-        raise LayoutMismatch("a number field did not parse")
-    return values
+class _Reader:
+    """Decodes the event list slice by slice and collects the columns of the events perflab needs."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = 0  # file offset (of the decompressed text) of the text handed to decode_complete
+        self.head: _Head | None = None
+        self.names = _NameTable()
+        self.text_ids: dict[str, int] = {}
+        self.dims: dict[bytes, list[int]] = {}
+        self.gpu: list[dict] = []
+        self.api: list[dict] = []
+        self.ranges: list[dict] = []
+        self.saw_event = False
+
+    def decode_complete(self, buf: bytearray, offset: int) -> bytes:
+        """Decode the complete events at the start of ``buf`` ("[" + the text from ``offset`` on); return
+        the text not decoded yet."""
+        self.offset = offset
+        if len(buf) < CHUNK_BYTES // 2:
+            return bytes(buf[1:])
+        for cut in _cuts(buf):
+            comma = buf.index(b",", cut.start())
+            buf[comma] = ord("]")
+            try:
+                events = _EVENTS.decode(memoryview(buf)[: comma + 1])
+            except msgspec.DecodeError as exc:
+                buf[comma] = ord(",")
+                if _cut_was_not_between_events(exc):
+                    continue
+                raise self._invalid(exc, offset - 1) from None
+            except msgspec.ValidationError as exc:
+                raise self._malformed(exc) from None
+            self.add(events)
+            self.offset = offset + cut.end() - 2
+            return bytes(buf[cut.end() - 1:])
+        return bytes(buf[1:])  # no usable cut yet: decode it with the next block
+
+    def decode_tail(self, rest: bytes, bare: bool) -> _Head:
+        """The last events and the document's closing keys."""
+        try:
+            if bare:
+                events, tail = _EVENTS.decode(b"[" + rest), _Head()
+            else:
+                tail = _TAIL.decode(b'{"traceEvents": [' + rest)
+                events = tail.traceEvents
+        except msgspec.DecodeError as exc:
+            raise self._invalid(exc, self.offset - len(b'{"traceEvents": [')) from None
+        except msgspec.ValidationError as exc:
+            raise self._malformed(exc) from None
+        self.add(events)
+        return tail
+
+    def _invalid(self, exc: Exception, base: int) -> PerflabError:
+        found = BYTE_OFFSET.search(str(exc))
+        where = f" near byte {base + int(found.group(1)):,}" if found else ""
+        why = str(exc).replace("JSON is malformed: ", "")
+        return PerflabError(f"{self.path}: invalid JSON{where}: {why} (truncated?)")
+
+    def _malformed(self, exc: Exception) -> PerflabError:
+        return PerflabError(f"{self.path}: an event is malformed ({exc})")
+
+    # --- columns ------------------------------------------------------------------------------------
+
+    def add(self, events: list[_Event]) -> None:
+        if not events:
+            return
+        self.saw_event = True
+        kind = np.fromiter(map(_EVENT_KIND.__getitem__, map(_GET_CAT, events)), np.int64, len(events))
+        wanted = np.flatnonzero(kind >= 0).tolist()
+        if not wanted:
+            return
+        chosen = list(itemgetter(*wanted)(events)) if len(wanted) > 1 else [events[wanted[0]]]
+        kind = kind[wanted]
+        if set(map(_GET_PH, chosen)) != {"X"}:  # only complete events ("X") are read
+            complete = np.fromiter((e.ph == "X" for e in chosen), bool, len(chosen))
+            chosen = [e for e, keep in zip(chosen, complete.tolist()) if keep]
+            kind = kind[complete]
+        args = list(map(_GET_ARGS, chosen))
+        if None in args:
+            args = [a or NO_ARGS for a in args]
+        correlation = self._ints(list(map(_GET_CORRELATION, args)), -1, "correlation")
+        # an API call without a correlation id launched nothing that can be linked to it
+        keep = (kind != API_EVENT) | (correlation >= 0)
+        if not keep.all():
+            rows = np.flatnonzero(keep).tolist()
+            chosen, args = [chosen[i] for i in rows], [args[i] for i in rows]
+            kind, correlation = kind[keep], correlation[keep]
+        name = self._name_codes(chosen)
+        pid = self._ints(list(map(_GET_PID, chosen)), -1)
+        tid = self._ints(list(map(_GET_TID, chosen)), -1)
+        start = self._ns(list(map(_GET_TS, chosen)), required=True)
+        dur = self._ns(list(map(_GET_DUR, chosen)), required=False)
+        is_gpu = kind < API_EVENT
+        if is_gpu.any():
+            rows = np.flatnonzero(is_gpu)
+            gpu_args = [args[i] for i in rows.tolist()]
+            device = self._ints(list(map(_GET_DEVICE, gpu_args)), -1, "device")
+            stream = self._ints(list(map(_GET_STREAM, gpu_args)), -1, "stream")
+            self.gpu.append({
+                "name": name[rows], "kind": kind[rows], "process": np.zeros(len(rows), dtype=np.int64),
+                "device": np.where(device >= 0, device, pid[rows]), "stream": np.where(stream >= 0, stream, tid[rows]),
+                "start_ns": start[rows], "dur_ns": dur[rows], "correlation": correlation[rows],
+                "dims": self._dims(gpu_args, kind[rows]),
+            })
+        for group, code, keys in ((self.api, API_EVENT, API_KEYS), (self.ranges, RANGE_EVENT, RANGE_KEYS)):
+            rows = np.flatnonzero(kind == code)
+            if len(rows):
+                columns = {"name": name, "process": pid, "tid": tid, "start_ns": start, "dur_ns": dur, "correlation": correlation}
+                group.append({k: columns[k][rows] for k in keys})
+
+    def _name_codes(self, events: list[_Event]) -> np.ndarray:
+        raws = list(map(bytes, map(_GET_NAME, events)))
+        return np.fromiter(map(self.names.__getitem__, raws), np.int64, len(raws))
+
+    def _ints(self, values: list, missing: int, strict: str = "") -> np.ndarray:
+        """Integers from decoded JSON values (numbers or numeric strings). Other strings get an id of
+        their own (a "pid" may be a label), except in the field named by ``strict``, where they are an error."""
+        try:  # all JSON integers (or numeric strings): one C pass
+            return np.array(values, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            pass
+        return np.fromiter((self._int(v, missing, strict) for v in values), np.int64, len(values))
+
+    def _int(self, value: Any, missing: int, strict: str) -> int:
+        if value is None:
+            return missing
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if isinstance(value, str) and re.fullmatch(r"-?\d+", text):
+            return int(text)
+        if strict or not isinstance(value, str):
+            raise PerflabError(f"{self.path}: an event is malformed: its {strict or 'pid/tid'} is {value!r}, not an integer")
+        return self.text_ids.setdefault(text, -2 - len(self.text_ids))  # e.g. "pid": "Spans"
+
+    def _ns(self, values: list, required: bool) -> np.ndarray:
+        exact = us_texts_to_ns(values)
+        if exact is not None:
+            return exact
+        return np.fromiter((self._one_ns(v, required) for v in values), np.int64, len(values))
+
+    def _one_ns(self, raw: msgspec.Raw, required: bool) -> int:
+        if len(raw) == 0:
+            if required:
+                raise PerflabError(f"{self.path}: an event has no timestamp (\"ts\")")
+            return 0
+        try:
+            value = msgspec.json.decode(raw, type=Decimal)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise PerflabError(f"{self.path}: a timestamp is not a number: {bytes(raw).decode(errors='replace')}") from None
+        return us_text_to_ns(value, self.path)
+
+    def _dims(self, args: list[_Args], kind: np.ndarray) -> np.ndarray:
+        """(n, 6): grid and block (-1 where unknown: memcpy, memset), parsed in one pass when every kernel has both."""
+        dims = np.full((len(args), 6), -1, dtype=np.int64)
+        kernels = np.flatnonzero(kind == 0)
+        if len(kernels) == len(args):
+            dims[:] = self._kernel_dims(args)
+        elif len(kernels):
+            dims[kernels] = self._kernel_dims([args[i] for i in kernels.tolist()])
+        return dims
+
+    def _kernel_dims(self, args: list[_Args]) -> np.ndarray:
+        n = len(args)
+        grids, blocks = list(map(_GET_GRID, args)), list(map(_GET_BLOCK, args))
+        values = _triples(grids, n), _triples(blocks, n)
+        if values[0] is not None and values[1] is not None:
+            return np.concatenate(values, axis=1)
+        return np.array([self._shape(bytes(g), bytes(b)) for g, b in zip(grids, blocks)], dtype=np.int64).reshape(-1, 6)
+
+    def _shape(self, grid: bytes, block: bytes) -> list[int]:
+        key = grid + b"|" + block
+        if key not in self.dims:
+            try:
+                values = msgspec.json.decode(grid, type=list[int]) + msgspec.json.decode(block, type=list[int])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                values = []
+            self.dims[key] = values if len(values) == 6 and min(values) >= 0 else [-1] * 6
+        return self.dims[key]
+
+    def raw_events(self) -> RawEvents:
+        gpu = _concat(self.gpu, GPU_KEYS)
+        api = _concat(self.api, API_KEYS)
+        per_process = _assign_processes(gpu, api)
+        return RawEvents(names=self.names.texts, gpu=gpu, api=api, ranges=_concat(self.ranges, RANGE_KEYS),
+                         correlation_per_process=per_process)
 
 
-def _columns(mask: np.ndarray, values: np.ndarray, name_codes: np.ndarray, correlation: np.ndarray | None) -> dict:
-    rows = {
-        "name": name_codes[mask],
-        "process": values[mask, 0],
-        "tid": values[mask, 1],
-        "start_ns": values[mask, 2],
-        "dur_ns": values[mask, 3],
-    }
-    if correlation is not None:
-        rows["correlation"] = correlation[mask]
-    return rows
+class _NameTable(dict):
+    """Code of each distinct raw name (JSON text, quotes and escapes included); ``texts``: the decoded names."""
+
+    def __init__(self):
+        super().__init__()
+        self.texts: list[str] = []
+
+    def __missing__(self, raw: bytes) -> int:
+        code = self[raw] = len(self.texts)
+        try:
+            value = msgspec.json.decode(raw) if raw else ""
+        except msgspec.DecodeError:
+            value = raw.decode(errors="replace")
+        self.texts.append(value if isinstance(value, str) else str(value))
+        return code
+
+
+def _cuts(buf: bytearray):
+    """Candidate cuts ("}, {" between two events), the last first."""
+    window = 1 << 16
+    while True:
+        start = max(1, len(buf) - window)
+        found = list(EVENT_BOUNDARY.finditer(buf, start))
+        if found or start == 1:
+            return reversed(found[-MAX_CUT_TRIES:])
+        window *= 8
+
+
+def _cut_was_not_between_events(exc: msgspec.DecodeError) -> bool:
+    # a cut inside a string or a nested value leaves the slice unfinished ("truncated"); one after the end
+    # of the event list leaves text after it ("trailing characters"). Any other error is the file's.
+    text = str(exc)
+    return "truncated" in text or "trailing characters" in text
 
 
 def _concat(blocks: list[dict], keys: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -378,114 +493,79 @@ def _concat(blocks: list[dict], keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([b[k] for b in blocks]) for k in keys}
 
 
-def _decode_name(name: bytes) -> str:
-    if b"\\" in name:
-        return json.loads(b'"' + name + b'"')
-    return name.decode("utf-8", errors="replace")
+def _assign_processes(gpu: dict[str, np.ndarray], api: dict[str, np.ndarray]) -> bool:
+    """Whether GPU activities must link per process; if so, fills gpu["process"] (one process per device).
+
+    One process (or correlation ids that never collide across processes): link by correlation alone, as
+    Kineto intends. Otherwise each device goes to the process with the most *causal* matches (a launch
+    call with the activity's correlation id that started before it). Ranks running in lockstep can make
+    that a tie; within 1% of the best, the i-th device (by index) goes to the i-th process (by pid), as
+    when rank i drives device i.
+    """
+    processes = np.unique(api["process"])
+    if len(processes) <= 1:
+        return False
+    pairs = np.unique(np.stack([api["process"], api["correlation"]]), axis=1).shape[1]
+    if len(np.unique(api["correlation"])) == pairs:
+        return False
+    devices = np.unique(gpu["device"]).tolist()
+    for index, device in enumerate(devices):
+        rows = gpu["device"] == device
+        scores = [_causal_matches(gpu["correlation"][rows], gpu["start_ns"][rows], api, process) for process in processes.tolist()]
+        best = int(np.argmax(scores))
+        if len(devices) == len(processes) and scores[index] >= 0.99 * scores[best]:
+            best = index
+        gpu["process"][rows] = processes[best]
+    return True
 
 
-def _check_tail(tail: bytes, path: Path) -> None:
-    """The text from the last event's "ph" key on must close the event list and the document."""
-    try:
-        json.loads(b'{"traceEvents": [{' + tail)
-    except ValueError:
-        raise PerflabError(f"{path}: invalid JSON: the file ends before the trace is complete (truncated?)") from None
+def _causal_matches(correlation: np.ndarray, start: np.ndarray, api: dict[str, np.ndarray], process: int) -> int:
+    mine = api["process"] == process
+    calls, call_start = api["correlation"][mine], api["start_ns"][mine]
+    if len(calls) == 0:
+        return 0
+    order = np.argsort(calls, kind="stable")
+    calls, call_start = calls[order], call_start[order]
+    pos = np.minimum(np.searchsorted(calls, correlation), len(calls) - 1)
+    return int(((calls[pos] == correlation) & (call_start[pos] <= start)).sum())
 
 
-# --- the JSON reader ----------------------------------------------------------------------------------
-
-def read_json(path: Path) -> tuple[RawEvents, dict[str, Any]]:
-    document = _load_json(path)
-    if isinstance(document, list):  # the Chrome trace format also allows a bare list of events
-        document = {"traceEvents": document}
-    if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
-        raise PerflabError(f"{path}: not a Kineto/Chrome trace: no \"traceEvents\" list")
-    events = document["traceEvents"]
-    meta = _meta_from_header(document, path)
-    if not events:
-        _no_events(path)
-    names: dict[str, int] = {}
-    gpu = {k: [] for k in GPU_KEYS}
-    api = {k: [] for k in API_KEYS}
-    ranges = {k: [] for k in RANGE_KEYS}
-    for index, event in enumerate(events):
-        try:
-            _json_event(event, names, gpu, api, ranges, path)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
-            raise PerflabError(f"{path}: event {index} is malformed ({type(exc).__name__}: {exc})") from None
-    raw = RawEvents(
-        names=list(names),
-        gpu={k: (np.asarray(v, dtype=np.int64).reshape(-1, 6) if k == "dims" else np.asarray(v, dtype=np.int64)) for k, v in gpu.items()},
-        api={k: np.asarray(v, dtype=np.int64) for k, v in api.items()},
-        ranges={k: np.asarray(v, dtype=np.int64) for k, v in ranges.items()},
-        correlation_per_process=False,
-    )
-    return raw, meta
+def _triples(raws: list[msgspec.Raw], n: int) -> np.ndarray | None:
+    """(n, 3) from raw JSON arrays of three non-negative integers, or None if any is not one."""
+    joined = b";".join(raws)
+    if joined.count(b"[") != n or joined.translate(None, b"0123456789[], ;\n\t\r") != b"":
+        return None
+    values = np.fromstring(joined.translate(_NOT_DIGITS), dtype=np.int64, sep=" ") if n else np.zeros(0, dtype=np.int64)
+    return values.reshape(n, 3) if len(values) == 3 * n else None
 
 
-def _json_event(event: Any, names: dict[str, int], gpu: dict, api: dict, ranges: dict, path: Path) -> None:
-    if not isinstance(event, dict) or event.get("ph") != "X":
-        return
-    cat = event.get("cat")
-    if cat in GPU_CATEGORIES:
-        _json_gpu_event(event, GPU_CATEGORIES[cat], names, gpu, path)
-    elif cat in API_CATEGORIES:
-        args = event.get("args") or {}
-        if "correlation" in args:
-            correlation = int(args["correlation"])
-            _json_common(event, names, api, path)
-            api["correlation"].append(correlation)
-    elif cat == RANGE_CATEGORY:
-        _json_common(event, names, ranges, path)
-
-
-def _load_json(path: Path) -> Any:
-    gz = _is_gzip(path)
-    try:
-        with _open(path, gz) as f:
-            # floats stay text, so that timestamps become exact integer ns
-            return json.load(f, parse_float=str)
-    except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-        raise PerflabError(f"{path}: truncated or corrupt gzip file ({exc})") from None
-    except UnicodeDecodeError as exc:
-        raise PerflabError(f"{path}: not a JSON text file ({exc.reason})") from None
-    except json.JSONDecodeError as exc:
-        raise PerflabError(f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg} (truncated?)") from None
-
-
-def _json_common(event: dict, names: dict[str, int], columns: dict[str, list], path: Path) -> None:
-    columns["name"].append(names.setdefault(str(event.get("name", "")), len(names)))
-    columns["process"].append(_int_id(event.get("pid")))
-    columns["tid"].append(_int_id(event.get("tid")))
-    columns["start_ns"].append(us_text_to_ns(event.get("ts"), path))
-    columns["dur_ns"].append(us_text_to_ns(event.get("dur", 0), path))
-
-
-def _json_gpu_event(event: dict, kind: int, names: dict[str, int], gpu: dict[str, list], path: Path) -> None:
-    args = event.get("args") or {}
-    gpu["name"].append(names.setdefault(str(event.get("name", "")), len(names)))
-    gpu["kind"].append(kind)
-    gpu["process"].append(0)
-    gpu["device"].append(int(args.get("device", _int_id(event.get("pid")))))
-    gpu["stream"].append(int(args.get("stream", _int_id(event.get("tid")))))
-    gpu["start_ns"].append(us_text_to_ns(event.get("ts"), path))
-    gpu["dur_ns"].append(us_text_to_ns(event.get("dur", 0), path))
-    gpu["correlation"].append(int(args.get("correlation", -1)))
-    grid, block = args.get("grid"), args.get("block")
-    known = isinstance(grid, list) and isinstance(block, list) and len(grid) == 3 and len(block) == 3
-    gpu["dims"].extend([int(v) for v in grid] + [int(v) for v in block] if known else [-1] * 6)
-
-
-def _int_id(value: Any) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return -1
+def us_texts_to_ns(raws: list[msgspec.Raw]) -> np.ndarray | None:
+    """Exact ns from µs written as raw JSON numbers or numeric strings, vectorised; None unless every
+    value is plain digits, all with exactly three decimals or all with none (the caller then takes
+    them one by one)."""
+    if not raws:
+        return np.zeros(0, dtype=np.int64)
+    joined = b" ".join(raws).translate(None, b'"')
+    if joined.translate(None, b"0123456789. ") != b"":
+        return None
+    text = np.frombuffer(joined, dtype=np.uint8)
+    ends = np.append(np.flatnonzero(text == ord(" ")), len(text))
+    if len(ends) != len(raws):
+        return None
+    dots = np.flatnonzero(text == ord("."))
+    if len(dots) == 0:
+        scale = 1000
+    elif len(dots) == len(raws) and ((ends - dots) == 4).all():
+        scale = 1
+    else:
+        return None
+    parsed = np.fromstring(joined.translate(None, b"."), dtype=np.int64, sep=" ")
+    return parsed * scale if len(parsed) == len(raws) else None
 
 
 def us_text_to_ns(value: Any, path: Path | str = "the trace") -> int:
     """Exact integer ns from a µs value given as an int or as decimal text ("5983925445894.137")."""
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return value * 1000
     try:
         return int((Decimal(str(value)) * 1000).to_integral_value())

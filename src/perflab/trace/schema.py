@@ -20,7 +20,7 @@ Text columns are pandas categoricals (a million kernels share a few hundred name
 
 A :class:`Trace` carries the KernelTable plus the CPU side the analyses need: ``launches`` (every CUDA
 runtime/driver API call: name, tid, start_ns, end_ns, correlation), ``ranges`` (CPU annotations: name,
-tid, start_ns, end_ns, depth, parent), ``steps`` (step annotations: step, name, start_ns, end_ns) and
+tid, start_ns, end_ns, depth, parent), ``steps`` (step annotations: step, name, start_ns, end_ns, tid) and
 ``meta`` (format, path, device properties, counts).
 """
 
@@ -39,7 +39,7 @@ KERNEL_COLUMNS = (
 INT_KERNEL_COLUMNS = (
     "device", "stream", "start_ns", "end_ns", "dur_ns", "correlation", "launch_start_ns", "launch_end_ns", "launch_tid", "range_id",
 )
-STEP_COLUMNS = ("step", "name", "start_ns", "end_ns")
+STEP_COLUMNS = ("step", "name", "start_ns", "end_ns", "tid")
 KINDS = ("kernel", "memcpy", "memset")
 NOT_LINKED = -1
 
