@@ -19,6 +19,7 @@ A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
       batch_size: [1, 2, 4]
     cases:                                # explicit extra cases (Case fields over the defaults)
       - {model: deit_base_patch16_224, input_size: 384}
+    across_gpus: false                    # Ray engine: every case on every GPU type of the cluster, once each
     comparisons:                          # named baseline-vs-variant pairs for the report
       tr_vs_baseline: {baseline: deit_base_patch16_224, variant: topk_deit_base_patch16_224}
       graphs: {baseline: {mode: eager}, variant: {mode: cudagraph}, labels: [eager, CUDA graph]}
@@ -27,6 +28,10 @@ A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
       variant: topk_deit_base_patch16_224
       input_sizes: "160:640:32"           # start:stop:step (stop included), or a list
       batch_size: 8
+
+``gpu: H100`` (in defaults, a grid or a case) pins cases to a GPU type on a Ray cluster. It is a
+scheduling field, not a Case field: a case's id is the same on every GPU, and the store tells the rows
+apart by their environment key (which names the GPU).
 
 Every mistake raises PerflabError as one line naming the file and the key
 (``experiments/x.yaml: grid.batch_size: expected a list of integers, got 'abc'``).
@@ -48,9 +53,11 @@ from perflab.errors import PerflabError
 from perflab.spec import ATTN_IMPLS, DTYPES, MODES, Case, expand_grid
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
+SCHEDULING_FIELDS = ("gpu",)  # where a case runs (Ray engine), not what it is: not part of its id
+SPEC_CASE_FIELDS = CASE_FIELDS + SCHEDULING_FIELDS
 REDUCTION_FIELDS = ("keep_rate", "reduction_loc")
 HARNESS_FIELDS = ("warmup", "min_time", "iters", "repeats")
-TOP_KEYS = ("name", "description", "out", "defaults", "harness", "grid", "cases", "comparisons", "breakeven")
+TOP_KEYS = ("name", "description", "out", "defaults", "harness", "grid", "cases", "comparisons", "breakeven", "across_gpus")
 COMPARISON_KEYS = ("baseline", "variant", "labels")
 BREAKEVEN_KEYS = ("name", "model", "variant", "input_sizes") + tuple(f for f in CASE_FIELDS if f not in ("model", "input_size"))
 BREAKEVEN_MULTI = ("batch_size", "dtype", "mode")  # lists here give one analysis per combination
@@ -62,13 +69,13 @@ _KIND = {
     "model": "a model name", "input_size": "an integer", "batch_size": "an integer", "warmup": "an integer",
     "repeats": "an integer", "seed": "an integer", "iters": "an integer or null", "min_time": "a number",
     "keep_rate": "a number or a list of numbers", "reduction_loc": "a list of integers", "attn": "a string",
-    "dtype": "a string", "mode": "a string", "device": "a string",
+    "dtype": "a string", "mode": "a string", "device": "a string", "gpu": "a GPU type, e.g. H100",
 }
 _PLURAL = {
     "model": "model names", "input_size": "integers", "batch_size": "integers", "warmup": "integers",
     "repeats": "integers", "seed": "integers", "iters": "integers", "min_time": "numbers",
     "keep_rate": "keep rates (numbers, or lists of numbers)", "reduction_loc": "location lists, e.g. [[3, 6, 9]]",
-    "attn": "strings", "dtype": "strings", "mode": "strings", "device": "strings",
+    "attn": "strings", "dtype": "strings", "mode": "strings", "device": "strings", "gpu": "GPU types, e.g. [H100, H200]",
 }
 _CHOICES = {"dtype": DTYPES, "mode": MODES, "attn": ATTN_IMPLS, "device": ("cuda", "cpu", "auto")}
 
@@ -163,12 +170,19 @@ class Experiment:
     comparisons: tuple[Comparison, ...] = ()
     breakevens: tuple[Breakeven, ...] = ()
     text: str = ""  # the spec as written, for the report
+    gpu_pins: tuple[tuple[str, str], ...] = ()  # (case id, GPU type): run that case on that GPU type (Ray engine)
+    across_gpus: bool = False  # run each case not pinned on every GPU type of the cluster (Ray engine)
+
+    def pins(self, case: Case) -> list[str]:
+        """The GPU types ``case`` is pinned to (empty: any GPU)."""
+        return [gpu for case_id, gpu in self.gpu_pins if case_id == case.id]
 
     def to_json(self) -> dict:
         return {
             "source": self.source, "name": self.name, "description": self.description, "out": self.out,
             "timeout_s": self.timeout_s, "cases": [c.to_dict() for c in self.cases],
             "comparisons": [c.to_json() for c in self.comparisons], "breakeven": [b.to_json() for b in self.breakevens],
+            "gpu_pins": [list(p) for p in self.gpu_pins], "across_gpus": self.across_gpus,
         }
 
     @classmethod
@@ -179,7 +193,8 @@ class Experiment:
             cases=tuple(_case_from_json(c) for c in data.get("cases", [])),
             comparisons=tuple(Comparison.from_json(c) for c in data.get("comparisons", [])),
             breakevens=tuple(Breakeven.from_json(b) for b in data.get("breakeven", [])),
-            text=text,
+            text=text, gpu_pins=tuple((str(c), str(g)) for c, g in data.get("gpu_pins", [])),
+            across_gpus=bool(data.get("across_gpus", False)),
         )
 
 
@@ -246,7 +261,7 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     p.check_keys("harness", harness, HARNESS_FIELDS + ("timeout_s",))
     timeout_s = p.positive_number("harness.timeout_s", harness.get("timeout_s", DEFAULT_TIMEOUT_S))
     defaults = p.mapping("defaults", data.get("defaults", {}))
-    p.check_keys("defaults", defaults, CASE_FIELDS)
+    p.check_keys("defaults", defaults, SPEC_CASE_FIELDS)
     base = {}
     for key, value in harness.items():
         if key != "timeout_s":
@@ -273,10 +288,16 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     if not sourced:
         p.fail("", "no cases: give a grid, cases or a breakeven section")
     p.check_defaults_reduction(base, sourced)
-    cases = p.validate_all(sourced)
+    cases, pins = p.validate_all(sourced)
     breakevens = [p.validated_breakeven(b) for b in breakevens]
     comparisons = p.comparisons(data.get("comparisons"), cases)
-    return Experiment(source, name, description, out, timeout_s, tuple(cases), tuple(comparisons), tuple(breakevens), text)
+    across = data.get("across_gpus", False)
+    if not isinstance(across, bool):
+        p.fail("across_gpus", f"expected true or false, got {_show(across)}")
+    if across and not any(c.device == "cuda" for c in cases):
+        p.fail("across_gpus", "the spec's cases run on the CPU; across_gpus runs CUDA cases on each GPU type")
+    return Experiment(source, name, description, out, timeout_s, tuple(cases), tuple(comparisons), tuple(breakevens), text,
+                      tuple(pins), across)
 
 
 def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:
@@ -372,6 +393,10 @@ class _Parser:
             return tuple(int(v) for v in items)
         if field == "iters" and value is None:
             return None
+        if field == "gpu":
+            if not isinstance(value, str) or not value.strip():
+                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
+            return value.strip()
         if field in ("input_size", "batch_size", "warmup", "repeats", "seed", "iters"):
             if not _is_int(value):
                 self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
@@ -394,7 +419,7 @@ class _Parser:
             if not isinstance(value, list) or not value or not all(isinstance(v, list) for v in value):
                 self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)} (one schedule for every case: put it under defaults)")
         if not isinstance(value, list):
-            if isinstance(value, (dict, type(None))) or (field not in ("model", "attn", "dtype", "mode", "device") and isinstance(value, str)):
+            if isinstance(value, (dict, type(None))) or (field not in ("model", "attn", "dtype", "mode", "device", "gpu") and isinstance(value, str)):
                 self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)}")
             value = [value]
         if not value:
@@ -446,7 +471,7 @@ class _Parser:
         self.fail("grid", f"expected a mapping of case fields to value lists (or a list of such mappings), got {_show(grid)}")
 
     def expand_block(self, key: str, block: dict, base: dict) -> list[tuple[str, dict]]:
-        self.check_keys(key, block, CASE_FIELDS)
+        self.check_keys(key, block, SPEC_CASE_FIELDS)
         self.given[key] = set(block)
         grid = {field: self.values(f"{key}.{field}", field, value) for field, value in block.items()}
         if "device" in grid:
@@ -471,7 +496,7 @@ class _Parser:
 
     def explicit_case(self, key: str, entry, base: dict) -> tuple[str, dict]:
         entry = self.mapping(key, entry)
-        self.check_keys(key, entry, CASE_FIELDS)
+        self.check_keys(key, entry, SPEC_CASE_FIELDS)
         self.given[key] = set(entry)
         d = dict(_without_reduction(base))
         d.update({field: self.value(f"{key}.{field}", field, value) for field, value in entry.items()})
@@ -489,14 +514,23 @@ class _Parser:
             field = next(f for f in REDUCTION_FIELDS if f in base)
             self.fail(f"defaults.{field}", "no model in this spec reduces tokens, so keep rates do nothing; add a topk_/evit_ model or remove it")
 
-    def validate_all(self, sourced: list[tuple[str, dict]]) -> list[Case]:
-        cases, seen = [], set()
+    def validate_all(self, sourced: list[tuple[str, dict]]) -> tuple[list[Case], list[tuple[str, str]]]:
+        """The distinct cases, and the (case id, GPU type) pins of those given a ``gpu``."""
+        cases, seen, pins = [], set(), []
         for key, d in sourced:
+            d = dict(d)
+            gpu = d.pop("gpu", None)
             case = self.validated(key, d)
+            if gpu is not None:
+                if case.device != "cuda":
+                    self.fail(f"{key}.gpu" if "gpu" in self.given.get(key, ()) else "defaults.gpu",
+                              f"{case.label()} runs on the {case.device}; gpu: pins CUDA cases to a GPU type")
+                if (case.id, gpu) not in pins:
+                    pins.append((case.id, gpu))
             if case.id not in seen:  # the same case from two places runs once
                 seen.add(case.id)
                 cases.append(case)
-        return cases
+        return cases, pins
 
     def validated(self, key: str, d: dict) -> Case:
         from perflab.spec import validate_case
@@ -554,6 +588,7 @@ class _Parser:
             else:
                 common[field] = self.value(f"{key}.{field}", field, value)
         common = self.resolve_device(common)
+        gpu = common.pop("gpu", None)  # a scheduling field: kept beside the cases, not in them
         results = []
         for d in expand_grid(common, multi):
             base_cases = [dict(d, model=model, input_size=s) for s in sizes]
@@ -564,7 +599,7 @@ class _Parser:
             if entry.get("name") and multi:
                 label += " (" + ", ".join(f"{k} {d[k]}" for k in multi) + ")"
             b = Breakeven(str(label), tuple(Case(**c) for c in base_cases), tuple(Case(**c) for c in var_cases))
-            results.append((b, [(key, c) for c in base_cases + var_cases]))
+            results.append((b, [(key, dict(c, gpu=gpu) if gpu else c) for c in base_cases + var_cases]))
         return results
 
     def validated_breakeven(self, b: Breakeven) -> Breakeven:
