@@ -152,6 +152,8 @@ def sweep(
     workers: int = typer.Option(1, "--workers", help="CPU cases run side by side (their timings then share the cores)."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else 600)."),
     list_cases: bool = typer.Option(False, "--list", help="Print the cases and exit."),
+    engine: str = typer.Option("local", "--engine", help="local (this host) or ray (a Ray cluster; pip install 'perflab[ray]')."),
+    address: Optional[str] = typer.Option(None, "--address", help="With --engine ray: auto or ray://host:port (default: a local Ray instance)."),
 ):
     """Run an experiment spec, one subprocess per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
@@ -163,8 +165,10 @@ def sweep(
             out.print(f"{case.id}  {case.label()}", soft_wrap=True, markup=False)
         out.print(f"{len(experiment.cases)} cases")
         return
+    if engine == "ray":
+        from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
-                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err))
+                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err), engine=engine, address=address)
     _print_sweep_summary(summary)
 
 
