@@ -10,7 +10,7 @@ $(BIN)/perflab: pyproject.toml
 	$(PYTHON) -m venv --system-site-packages $(VENV)
 	# Use the machine's torch where there is one (GPU machines); otherwise the CPU build of torch 2.13.0.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,ray]'
 	touch $@
 
 install: $(BIN)/perflab

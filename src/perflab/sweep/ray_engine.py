@@ -176,9 +176,14 @@ def probe_nodes(ray, uses_cuda: bool) -> list[Node]:
             for n in live]
     out = []
     for n, ref in zip(live, refs):
-        host, envs = ray.get(ref)
+        try:
+            host, envs = ray.get(ref)
+        except (ray.exceptions.TaskUnschedulableError, ray.exceptions.NodeDiedError):
+            continue  # a node lost just now, not yet marked dead: it gets no cases
         types = sorted(k.split(":", 1)[1] for k in n.get("Resources", {}) if k.startswith("accelerator_type:"))
         out.append(Node(n["NodeID"], host, types, envs))
+    if not out:
+        raise PerflabError("no live node of this Ray cluster answered")
     return out
 
 
