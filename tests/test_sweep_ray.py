@@ -201,3 +201,34 @@ def test_bad_engine_options_and_missing_ray_are_one_line_errors(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
     assert_one_line_error(r, "perflab: error: --engine ray needs Ray: pip install 'perflab[ray]'")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_report_has_a_cross_gpu_table_and_results_name_node_and_gpu(tmp_path):
+    from perflab.sweep.store import load_stored
+
+    experiment = parse_experiment({"defaults": {"device": "cuda", "model": "test:tiny"}, "grid": {"batch_size": [1, 2]},
+                                   "across_gpus": True}, "x.yaml")
+    envs = {n.host: n.envs[0] for n in NODES}
+    keys = {h: runner.environment_key(e) for h, e in envs.items()}
+    with Store.create(tmp_path) as store:
+        for host, env in envs.items():
+            store.put_environment(keys[host], env)
+        store.begin_sweep(command="perflab sweep x.yaml --engine ray", spec_source="x.yaml", spec_text="", experiment=experiment.to_json(),
+                          env_key=",".join(keys.values()), n_cases=4, n_skipped=0)
+        for case, tps in zip(experiment.cases, ({"h100-1": 100.0, "h200-1": 150.0}, {"h100-2": 180.0, "h200-1": 198.0})):
+            for host, tp in tps.items():
+                row = {"case_id": case.id, "case": case.to_dict(), "status": "ok", "model": case.model, "input_size": 224,
+                       "batch_size": case.batch_size, "dtype": "fp32", "mode": "eager", "throughput_per_s": tp, "median_ms": 1.0, "ci95_ms": [0.9, 1.1],
+                       "node_id": host * 8, "node_host": host, "gpu_name": envs[host]["gpu_name"], "env": envs[host]}
+                store.put(row, keys[host])
+    stored = load_stored(tmp_path)
+    # The main tables show one GPU type (that of the key with most rows); the cross-GPU table shows every row.
+    assert [r["node_host"] for r in stored.rows] == ["h200-1", "h200-1"] and sorted(stored.other_env_keys) == sorted([keys["h100-1"], keys["h100-2"]])
+    assert len(stored.all_rows) == 4
+    text = api.report(tmp_path, n_boot=10).read_text()
+    assert "## Across GPU types" in text
+    assert "| test:tiny 224px bs1 fp32 eager | 100.00 | 150.00 | 1.500× |" in text
+    assert "| test:tiny 224px bs2 fp32 eager | 180.00 | 198.00 | 1.100× |" in text
+    table = run_cli("results", tmp_path)
+    assert table.returncode == 0, table.stderr
+    assert "node" in table.stdout and "GPU" in table.stdout and table.stdout.count("h200-1:h200-1") == 2

@@ -27,6 +27,10 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
         ("tokens", "left"), ("peak MiB", "right"), ("W", "right"), ("status / flags", "left"),
     ]:
         table.add_column(name, justify=justify)
+    on_nodes = any(row.get("node_host") for row in rows)  # rows of a Ray sweep: where each ran
+    if on_nodes:
+        table.add_column("node", justify="left")
+        table.add_column("GPU", justify="left")
     for row in rows:
         ok = row.get("status") == "ok"
         ci = row.get("ci95_ms") or [None, None]
@@ -46,6 +50,7 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
             _fmt(row.get("peak_mem_reserved_mb"), ".0f"),
             _fmt(row.get("power_w"), ".0f"),
             status or "[green]ok[/green]",
+            *([f"{row.get('node_host') or '–'}:{(row.get('node_id') or '')[:6]}", row.get("gpu_name") or "–"] if on_nodes else []),
         )
     return table
 
