@@ -17,7 +17,7 @@ $(VENV)/.torch-ready:
 	touch $@
 
 $(BIN)/perflab: pyproject.toml $(VENV)/.torch-ready
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,ray]'
 	touch $@
 
 venv: $(VENV)/.torch-ready

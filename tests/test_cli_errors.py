@@ -29,10 +29,17 @@ TRACE = "tests/data/traces/eager_vit.json.gz"
         pytest.param(["ncu", "deit_tiny_patch16_224", "--device", "cpu"], "Nsight Compute (ncu) is not installed",
                      marks=pytest.mark.skipif(bool(shutil.which("ncu")), reason="ncu is installed here")),
         (["ncu", "deit_tiny_patch16_224", "--top", "0"], "--top must be at least 1"),
+        (["compare", "llama3_8b", "llama3_8b", "--workload", "decode", "--mode", "eager", "--mode", "compile", "--mode", "cudagraph"],
+         "--mode: give one value (both sides) or two (A's, then B's), got 3"),
+        (["compare", TRACE, "llama3_8b", "--mode", "eager", "--mode", "compile"], "two values of an option (A's, then B's) are for two cases"),
+        (["compare", "llama3_8b", "llama3_8b", "--layers", "1", "--layers-only", "--workload", "decode", "--mode", "eager", "--mode", "compile",
+          "--dtype", "bf16", "--device", "cpu"], "needs a CUDA GPU"),
+        (["compare", "llama3_8b", "llama3_8b", "--layers", "1", "--workload", "decode", "--context-len", "128", "--context-len", "99999",
+          "--device", "cpu"], "longer than llama3_8b's max_seq_len"),
     ],
     ids=["profile-model", "profile-steps", "compare-missing-file", "compare-model", "explain-cpu", "profile-cpu", "compare-cpu",
          "compare-steps-mismatch", "analyze-inf", "analyze-csv-file", "bench-out-dir", "explain-cpu-modes", "explain-no-cuda",
-         "ncu-absent", "ncu-top"],
+         "ncu-absent", "ncu-top", "compare-three-modes", "compare-trace-two-modes", "compare-two-modes-cpu", "compare-b-context-too-long"],
 )
 def test_one_line_and_exit_2(args, fragment):
     r = run_cli(*args, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))

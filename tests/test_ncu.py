@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from perflab.errors import PerflabError
-from perflab.trace.ncu import METRICS, function_name, kernel_filter, ncu_command, parse_ncu_csv, roofline_class
+from perflab.trace.ncu import METRICS, OPTIONAL_METRICS, function_name, kernel_filter, kernel_library, ncu_command, ncu_summary, parse_ncu_csv, roofline_class
 
 DATA = Path(__file__).parent / "data"
 
@@ -62,7 +62,7 @@ def test_command_filters_by_nvtx_range_and_kernel_functions_with_clocks_untouche
     assert cmd[cmd.index("--clock-control") + 1] == "none"
     assert cmd[cmd.index("--nvtx-include") + 1] == "perflab_ncu/"
     assert cmd[cmd.index("-k") + 1] == kernel_filter(["nvjet_x", "vectorized_elementwise_kernel"]) == "regex:^(nvjet_x|vectorized_elementwise_kernel)$"
-    assert set(cmd[cmd.index("--metrics") + 1].split(",")) == set(METRICS.values())
+    assert set(cmd[cmd.index("--metrics") + 1].split(",")) == set(METRICS.values()) | set(OPTIONAL_METRICS.values())
 
 
 @pytest.mark.parametrize("sm,mem,cls", [(90, 40, "compute-bound"), (30, 85, "memory-bound"), (70, 80, "memory-bound"), (20, 30, "latency-bound")])
@@ -104,3 +104,38 @@ def test_order_mismatch_falls_back_to_names():
     named = attach_trace_names(launches, ["void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(T1::Params)"])
     assert set(named["matched_by"]) == {"name"}
     assert named["full_name"].notna().sum() == 2  # the two sgemm launches match by their exact name
+
+
+def test_the_dram_bytes_metric_is_optional_and_requested():
+    df = parse_ncu_csv((DATA / "ncu_matmul_h200.csv").read_text())  # made before perflab asked for dram__bytes
+    assert df["dram_bytes"].isna().all()
+    assert "dram__bytes.sum" in ncu_command("ncu", "{}", ["k"], 10)[ncu_command("ncu", "{}", ["k"], 10).index("--metrics") + 1]
+
+
+@pytest.mark.parametrize("name, library", [
+    ("triton_per_fused__to_copy_mul_0", "Triton"),
+    ("triton_tem_fused_mm_3", "Triton"),
+    ("void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false, false>(cublasGemvParamsEx<int>)", "cuBLAS"),
+    ("nvjet_tst_128x64_64x8_2x1_v_bz_TNT", "cuBLAS"),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "cuBLAS"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3", "cuDNN"),
+    ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>, true>(Flash_fwd_params)", "FlashAttention"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int, float, float)", "PyTorch"),
+])
+def test_kernel_library_from_the_name(name, library):
+    assert kernel_library(name) == library
+
+
+def test_ncu_summary_gives_achieved_bandwidth_from_dram_bytes_over_duration():
+    import pandas as pd
+
+    table = pd.DataFrame({
+        "name": ["gemv2T_kernel_val", "triton_tem_fused_mm_3"], "full_name": ["void gemv2T_kernel_val<...>(cublasGemvParamsEx<int>)", "triton_tem_fused_mm_3"],
+        "share": [0.6, 0.3], "duration_ns": [20_000.0, 10_000.0], "dram_throughput_pct": [91.5, float("nan")],
+        "dram_bytes": [57_000_000.0, float("nan")], "sm_throughput_pct": [20.0, 30.0], "roofline": ["memory-bound", float("nan")],
+    })
+    gemv, triton = ncu_summary(table)["kernels"]
+    assert gemv["library"] == "cuBLAS" and triton["library"] == "Triton"
+    assert gemv["dram_gbps"] == pytest.approx(2850.0)  # 57 MB in 20 µs
+    assert gemv["duration_us"] == 20.0 and gemv["dram_pct"] == 91.5 and gemv["time_share"] == 0.6
+    assert triton["dram_gbps"] is None and triton["dram_pct"] is None and triton["roofline"] is None

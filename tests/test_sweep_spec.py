@@ -1,5 +1,6 @@
 """Experiment specs: YAML → cases, comparisons and break-even entries; bad specs name the file and key."""
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -110,6 +111,9 @@ BAD_SPECS = [
     ({"breakeven": {"model": TINY, "variant": TOPK_TINY, "input_sizes": [64, 96]}}, "x.yaml: breakeven.input_sizes: a quadratic cost fit needs at least 3"),
     ({"breakeven": {"model": TINY, "variant": TOPK_TINY, "input_sizes": "64-128"}}, "x.yaml: breakeven.input_sizes: expected start:stop:step"),
     (["a list"], "x.yaml: the spec must be a mapping"),
+    ({"harness": {"ncu_top": -2}, "grid": {"model": [TINY]}}, "x.yaml: harness.ncu_top: expected a whole number of kernels"),
+    ({"harness": {"ncu_top": 3, "ncu_where": {"batch": 1}}, "grid": {"model": [TINY]}}, "x.yaml: harness.ncu_where.batch: unknown key; did you mean batch_size?"),
+    ({"harness": {"ncu_top": 3, "ncu_where": {"batch_size": "one"}}, "grid": {"model": [TINY]}}, "x.yaml: harness.ncu_where.batch_size: expected an integer"),
 ]
 
 
@@ -136,3 +140,22 @@ def test_api_sweep_validates_a_spec_dict_before_running():
 
     with pytest.raises(PerflabError, match="<spec dict>: no cases"):
         api.sweep({"defaults": {"model": TINY}})
+
+
+def test_the_ncu_pass_goes_to_the_cases_ncu_where_names_and_reaches_every_worker(tmp_path):
+    from perflab.sweep.runner import worker_args
+    from perflab.sweep.worker import _matches
+
+    spec = {"harness": {"ncu_top": 4, "ncu_where": {"batch_size": 1, "mode": ["eager", "cudagraph"]}},
+            "grid": {"model": [TINY], "batch_size": [1, 8], "mode": ["eager", "compile"]}}
+    experiment = parse_experiment(spec, "x.yaml")
+    chosen = [(c.batch_size, c.mode) for c in experiment.cases if experiment.wants_ncu(c)]
+    assert chosen == [(1, "eager")]
+    args = worker_args(experiment, tmp_path)
+    assert args[:2] == ["--ncu-top", "4"] and args[-2:] == ["--trace-dir", str((tmp_path / "traces").resolve())]
+    where = json.loads(args[args.index("--ncu-where") + 1])
+    assert where == {"batch_size": [1], "mode": ["eager", "cudagraph"]}
+    assert [(c.batch_size, c.mode) for c in experiment.cases if _matches(c, where)] == chosen  # the worker decides the same
+    again = Experiment.from_json(json.loads(json.dumps(experiment.to_json())))
+    assert again.ncu_top == 4 and [c for c in again.cases if again.wants_ncu(c)] == [c for c in experiment.cases if experiment.wants_ncu(c)]
+    assert worker_args(parse_experiment({"grid": {"model": [TINY]}}, "x.yaml"), tmp_path) == []

@@ -118,13 +118,15 @@ def load_experiment(path, max_cases: int | None = None):
 
 
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
-          workers: int = 1, timeout_s: float | None = None, command: str = "", on_event=None):
+          workers: int = 1, timeout_s: float | None = None, command: str = "", on_event=None, engine: str = "local",
+          address: str | None = None):
     """Run an experiment, one subprocess per case, committing each row to ``OUT/results.sqlite`` at once.
 
     ``spec``: a YAML file, a spec dict (as YAML would give) or an Experiment. ``out`` defaults to the spec's
     ``out:``, else ``runs/<name>``. ``resume`` skips cases stored for this environment; ``retry_failed``
     also reruns their error/timeout rows. ``gpus``: one worker per GPU; otherwise ``workers`` CPU workers
     (default one at a time). Everything is validated before the store is opened. Returns a SweepSummary.
+    ``engine="ray"`` runs each case as a Ray task (``address``: a cluster to join; default a local instance).
     """
     from pathlib import Path
 
@@ -133,6 +135,16 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
     experiment = _experiment(spec)
     out_dir = Path(out or experiment.out or Path("runs") / experiment.name)
     command = command or f"perflab.api.sweep({experiment.source!r}, out={str(out_dir)!r})"
+    if engine == "ray" or address:
+        from perflab.sweep.ray_engine import check_engine_options, run_sweep_ray
+
+        check_engine_options(engine, gpus, workers)
+        return run_sweep_ray(experiment, out_dir, address=address, resume=resume, retry_failed=retry_failed,
+                             timeout_s=timeout_s, command=command, on_event=on_event)
+    if engine != "local":
+        from perflab.errors import PerflabError
+
+        raise PerflabError(f"--engine: expected local or ray, got {engine!r}")
     return run_sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=list(gpus) if gpus else None,
                      workers=workers, timeout_s=timeout_s, command=command, on_event=on_event)
 

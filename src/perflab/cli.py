@@ -205,6 +205,8 @@ def sweep(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else 600)."),
     list_cases: bool = typer.Option(False, "--list", help="Print the cases and exit."),
     max_cases: int = typer.Option(10_000, "--max-cases", help="Refuse a spec of more cases than this (counted before expanding)."),
+    engine: str = typer.Option("local", "--engine", help="local (this host) or ray (a Ray cluster; pip install 'perflab[ray]')."),
+    address: Optional[str] = typer.Option(None, "--address", help="With --engine ray: auto or ray://host:port (default: a local Ray instance)."),
 ):
     """Run an experiment spec, one subprocess per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
@@ -216,8 +218,10 @@ def sweep(
             out.print(f"{case.id}  {case.label()}", soft_wrap=True, markup=False)
         out.print(f"{len(experiment.cases)} cases")
         return
+    if engine == "ray":
+        from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
-                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err))
+                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err), engine=engine, address=address)
     _print_sweep_summary(summary)
 
 
@@ -485,23 +489,44 @@ def compare(
     model_arg: List[str] = OPT_MODEL_ARG,
     max_memory: Optional[str] = OPT_MAX_MEMORY,
     attn: str = OPT_ATTN,
-    dtype: str = typer.Option("fp32", "--dtype"),
-    mode: str = typer.Option("eager", "--mode"),
+    dtype: List[str] = typer.Option(["fp32"], "--dtype", help="One for both, or two: A's then B's."),
+    mode: List[str] = typer.Option(["eager"], "--mode", help="One for both, or two: A's then B's (--mode eager --mode compile)."),
     device: str = OPT_DEVICE,
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
-    """Why B's step takes longer or shorter than A's: Δwall = Σ Δ(category GPU time) + Δ(idle by cause), exactly."""
+    """Why B's step takes longer or shorter than A's: Δwall = Σ Δ(category GPU time) + Δ(idle by cause), exactly.
+
+    A and B are traces or model names (the same name twice compares two settings of one model). Options that
+    take several values (--mode, --dtype, --workload, --seq-len, --context-len, ...) take one value for both
+    sides or two values, A's then B's."""
     import json
 
     from perflab import api
     from perflab.report.explain_console import render_comparison
 
+    per_side = dict(dtype=dtype, mode=mode, workload=workload, seq_len=seq_len, prompt_len=prompt_len, context_len=context_len, new_tokens=new_tokens)
+    for option, values in per_side.items():
+        if len(values) > 2:
+            raise PerflabError(f"--{option.replace('_', '-')}: give one value (both sides) or two (A's, then B's), got {len(values)}")
+
+    def side(values, i):
+        return [values[i]] if len(values) == 2 else list(values)
+
     names = [item for item in (a, b) if not api.is_trace_path(item)]
-    cases = iter(api.make_cases(model=names, input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate, reduction_loc=reduction_loc,
-                                attn=attn, dtype=[dtype], mode=[mode], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory)) if names else [])
-    items = [Path(item) if api.is_trace_path(item) else next(cases) for item in (a, b)]
+
+    def case_of(name, i):
+        # both names in one call, as bench does: keep_rate/reduction_loc go to the token-reducing one only
+        shape = _shape(side(workload, i), side(seq_len, i), side(prompt_len, i), side(context_len, i), side(new_tokens, i), layers, layers_only,
+                       model_arg, max_memory)
+        cases = api.make_cases(model=names, input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
+                               reduction_loc=reduction_loc, attn=attn, dtype=side(dtype, i), mode=side(mode, i), device=device, **shape)
+        return next(c for c in cases if c.model == name)
+
+    if len(names) < 2 and any(len(v) == 2 for v in per_side.values()):
+        raise PerflabError("two values of an option (A's, then B's) are for two cases; a trace was recorded with its own settings")
+    items = [Path(item) if api.is_trace_path(item) else case_of(item, i) for i, item in enumerate((a, b))]
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir)
     if as_json:

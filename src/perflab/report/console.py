@@ -77,6 +77,10 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
     columns += [("peak MiB", "right"), ("W", "right"), ("status / flags", "left")]
     for name, justify in columns:
         table.add_column(name, justify=justify)
+    on_nodes = any(row.get("node_host") for row in rows)  # rows of a Ray sweep: where each ran
+    if on_nodes:
+        table.add_column("node", justify="left")
+        table.add_column("GPU", justify="left")
     for row in rows:
         ok = row.get("status") == "ok"
         ci = row.get("ci95_ms") or [None, None]
@@ -94,6 +98,8 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
         if classify_only:
             cells.append("→".join(map(str, row["tokens"])) if row.get("tokens") else "–")
         cells += [_fmt(row.get("peak_mem_reserved_mb"), ".0f"), _fmt(row.get("power_w"), ".0f"), status or "[green]ok[/green]"]
+        if on_nodes:
+            cells += [f"{row.get('node_host') or '–'}:{(row.get('node_id') or '')[:6]}", row.get("gpu_name") or "–"]
         table.add_row(*cells)
     return table
 

@@ -97,17 +97,22 @@ def render_explanation(console, e) -> None:
 
 def render_ncu(console, table, label: str) -> None:
     t = Table(title=f"Nsight Compute: top kernels of {label}", header_style="bold")
-    cols = [("kernel", "name"), ("category", "category"), ("share", "share"), ("ncu µs", "duration_ns"), ("SM %", "sm_throughput_pct"),
-            ("mem %", "memory_throughput_pct"), ("DRAM %", "dram_throughput_pct"), ("occupancy %", "achieved_occupancy_pct"),
+    from perflab.trace.ncu import kernel_library
+
+    table = table.assign(library=[kernel_library(n) for n in table["full_name"]])
+    if "dram_bytes" in table.columns:
+        table = table.assign(dram_gbps=table["dram_bytes"] / table["duration_ns"])
+    cols = [("kernel", "name"), ("library", "library"), ("share", "share"), ("ncu µs", "duration_ns"), ("SM %", "sm_throughput_pct"),
+            ("mem %", "memory_throughput_pct"), ("DRAM %", "dram_throughput_pct"), ("DRAM GB/s", "dram_gbps"), ("occupancy %", "achieved_occupancy_pct"),
             ("L1 hit %", "l1_hit_rate_pct"), ("L2 hit %", "l2_hit_rate_pct"), ("class", "roofline")]
     for title, _ in cols:
-        t.add_column(title, justify="left" if title in ("kernel", "category", "class") else "right")
+        t.add_column(title, justify="left" if title in ("kernel", "library", "class") else "right")
     for r in table.to_dict(orient="records"):
         cells = []
         for _, key in cols:
             v = r.get(key)
             if key == "name":
-                cells.append(str(v)[:70])
+                cells.append(str(v))
             elif key == "share":
                 cells.append(f"{v:.1%}")
             elif key == "duration_ns":

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from perflab.report import plots
+from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.spec import Comparison, case_fields, default_comparisons
 from perflab.sweep.store import status_counts, load_stored
@@ -51,6 +52,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     if experiment and experiment.breakevens:
         parts += _breakeven_sections(stored, plot_dir, n_boot)
     parts += family_sections(rows, plot_dir)
+    parts += cross_gpu_section(getattr(stored, "all_rows", stored.rows), md_table, _row_label)
     parts += _environment_section(stored)
     parts += _provenance_section(stored)
     parts += _all_rows_section(rows, common)

@@ -54,6 +54,7 @@ class SweepSummary:
     done: int = 0  # run and stored by this sweep
     counts: dict = field(default_factory=dict)  # status → cases run by this sweep
     interrupted: bool = False
+    reruns: int = 0  # cases started again after their node was lost (Ray engine)
 
     @property
     def store_path(self) -> Path:
@@ -90,9 +91,9 @@ def run_sweep(
     """
     emit = on_event or (lambda kind, **info: None)
     out_dir = Path(out_dir)
-    timeout_s = float(timeout_s if timeout_s is not None else experiment.timeout_s)
-    if not (timeout_s > 0 and math.isfinite(timeout_s)):  # rejects nan and inf too
-        raise PerflabError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
+    timeout_s = case_timeout(experiment, timeout_s)
+    if experiment.gpu_pins or experiment.across_gpus:
+        raise PerflabError(f"{experiment.source}: gpu: and across_gpus: place cases on a cluster's GPU types; run it with --engine ray")
     slots = _slots(experiment, gpus, workers)
     env = probe_environment(experiment, [s[len("gpu"):] for s in slots if s.startswith("gpu")])
     env_key = environment_key(env)
@@ -120,11 +121,23 @@ def run_sweep(
     return summary
 
 
-def _cases_to_run(experiment: Experiment, store: Store, env_key: str, out_dir: Path, resume: bool, retry_failed: bool) -> list[Case]:
+def case_timeout(experiment: Experiment, timeout_s: float | None) -> float:
+    """The per-case limit: --timeout, else the spec's; PerflabError unless positive and finite."""
+    timeout_s = float(timeout_s if timeout_s is not None else experiment.timeout_s)
+    if not (timeout_s > 0 and math.isfinite(timeout_s)):  # rejects nan and inf too
+        raise PerflabError(f"--timeout must be a positive number of seconds, got {timeout_s:g}")
+    return timeout_s
+
+
+def refuse_stored_unless_resuming(store: Store, out_dir: Path, resume: bool) -> None:
     if not resume and store.count():
         raise PerflabError(
             f"{out_dir} already holds {store.count()} stored result(s); pass --resume to run only the missing cases, or give another --out"
         )
+
+
+def _cases_to_run(experiment: Experiment, store: Store, env_key: str, out_dir: Path, resume: bool, retry_failed: bool) -> list[Case]:
+    refuse_stored_unless_resuming(store, out_dir, resume)
     stored = store.statuses(env_key)
     return [c for c in experiment.cases if c.id not in stored or (retry_failed and stored[c.id] in FAILED_STATUSES)]
 
@@ -151,10 +164,18 @@ def _one_sweep_at_a_time(out_dir: Path):
 
 
 def worker_args(experiment: Experiment, out_dir: Path) -> list[str]:
-    """Arguments every worker of this sweep gets beyond its case: the profile pass, when the spec asks for one."""
-    if not experiment.profile_steps:
-        return []
-    return ["--profile-steps", str(experiment.profile_steps), "--trace-dir", str(out_dir / "traces")]
+    """Arguments every worker of this sweep gets beyond its case: the profile and ncu passes, when the spec asks.
+
+    The same for every case (the worker decides whether its case matches ``ncu_where``), so the engines pass
+    them on unchanged."""
+    args = []
+    if experiment.profile_steps:
+        args += ["--profile-steps", str(experiment.profile_steps)]
+    if experiment.ncu_top:
+        args += ["--ncu-top", str(experiment.ncu_top), "--ncu-where", json.dumps(dict((k, list(v)) for k, v in experiment.ncu_where))]
+    if args:
+        args += ["--trace-dir", str((out_dir / "traces").resolve())]
+    return args
 
 
 def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, replace, emit, worker_args=()) -> None:
@@ -186,6 +207,26 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, su
             _kill(job.proc)
             job.result_path.unlink(missing_ok=True)
         _remove_if_empty(out_dir / "tmp")
+
+
+def run_case_in_subprocess(case: Case, work_dir: Path, timeout_s: float, env: dict, slot: str = "w0",
+                           extra_args=()) -> tuple[dict, Path]:
+    """One case in its own worker process under the time limit, waited for: (its row, its log's path).
+
+    The same start and finish as the local engine's scheduler (which polls many at once); the Ray engine
+    runs this on the node that holds the case's GPU. ``work_dir`` gets ``logs/`` and ``tmp/``.
+    """
+    for sub in ("logs", "tmp"):
+        (work_dir / sub).mkdir(parents=True, exist_ok=True)
+    job = _start(case, slot, work_dir, timeout_s, 1, extra_args)
+    try:
+        while (row := _finished_row(job, env, timeout_s)) is None:
+            time.sleep(POLL_S)
+    finally:
+        if job.proc.poll() is None:  # interrupted (or cancelled): take the worker's whole group with us
+            _kill(job.proc)
+        job.result_path.unlink(missing_ok=True)
+    return row, job.log_path
 
 
 def _remove_if_empty(path: Path) -> None:
@@ -359,10 +400,11 @@ def _gpu_count() -> int:
 ENV_KEY_FIELDS = ("host", "cpu", "gpus", "driver", "torch", "cuda", "perflab")
 
 
-def probe_environment(experiment: Experiment, physical_gpus: list[str] | None = None) -> dict:
+def probe_environment(experiment: Experiment | None, physical_gpus: list[str] | None = None, *, uses_cuda: bool | None = None) -> dict:
     """What the parent can learn about where the cases will run, without a CUDA context (NVML, nvidia-smi).
 
     ``physical_gpus``: the GPU ids the workers will see (``--gpus``); else the first visible GPU.
+    ``uses_cuda``: whether GPU names belong in it (default: whether any of the experiment's cases runs on CUDA).
     """
     import torch
 
@@ -380,7 +422,9 @@ def probe_environment(experiment: Experiment, physical_gpus: list[str] | None = 
         "driver": None,
         "gpu_name": None,
     }
-    if any(c.device == "cuda" for c in experiment.cases):
+    if uses_cuda is None:
+        uses_cuda = any(c.device == "cuda" for c in experiment.cases)
+    if uses_cuda:
         inventory, driver = _gpu_inventory()
         if not physical_gpus:
             visible = _parent_visible_devices()

@@ -16,11 +16,14 @@ A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
       timeout_s: 600
       profile_steps: 3                    # optional: after timing, profile 3 steps per case (GPU) and keep the per-pass
                                           # kernel breakdown in the row (traces in OUT/traces/)
+      ncu_top: 4                          # optional: then Nsight Compute on the case's top 4 kernels (DRAM %, GB/s)...
+      ncu_where: {batch_size: 1}          # ...for the cases matching these fields only (a value or a list each)
     grid:                                 # a product over any Case fields; or a list of such products
       model: [deit_base_patch16_224, topk_deit_base_patch16_224]
       batch_size: [1, 2, 4]
     cases:                                # explicit extra cases (Case fields over the defaults)
       - {model: deit_base_patch16_224, input_size: 384}
+    across_gpus: false                    # Ray engine: every case on every GPU type of the cluster, once each
     comparisons:                          # named baseline-vs-variant pairs for the report
       tr_vs_baseline: {baseline: deit_base_patch16_224, variant: topk_deit_base_patch16_224}
       graphs: {baseline: {mode: eager}, variant: {mode: cudagraph}, labels: [eager, CUDA graph]}
@@ -29,6 +32,10 @@ A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
       variant: topk_deit_base_patch16_224
       input_sizes: "160:640:32"           # start:stop:step (stop included), or a list
       batch_size: 8
+
+``gpu: H100`` (in defaults, a grid or a case) pins cases to a GPU type on a Ray cluster. It is a
+scheduling field, not a Case field: a case's id is the same on every GPU, and the store tells the rows
+apart by their environment key (which names the GPU).
 
 Every mistake raises PerflabError as one line naming the file and the key
 (``experiments/x.yaml: grid.batch_size: expected a list of integers, got 'abc'``).
@@ -50,9 +57,12 @@ from perflab.errors import PerflabError
 from perflab.spec import ATTN_IMPLS, DTYPES, MODES, Case, convert_field, expand_grid
 
 CASE_FIELDS = tuple(f.name for f in fields(Case))
+SCHEDULING_FIELDS = ("gpu",)  # where a case runs (Ray engine), not what it is: not part of its id
+SPEC_CASE_FIELDS = CASE_FIELDS + SCHEDULING_FIELDS
 REDUCTION_FIELDS = ("keep_rate", "reduction_loc")
 HARNESS_FIELDS = ("warmup", "min_time", "iters", "repeats")
-TOP_KEYS = ("name", "description", "out", "defaults", "harness", "grid", "cases", "comparisons", "breakeven")
+PASS_KEYS = ("timeout_s", "profile_steps", "ncu_top", "ncu_where")  # harness keys about the sweep, not the cases
+TOP_KEYS = ("name", "description", "out", "defaults", "harness", "grid", "cases", "comparisons", "breakeven", "across_gpus")
 COMPARISON_KEYS = ("baseline", "variant", "labels")
 BREAKEVEN_KEYS = ("name", "model", "variant", "input_sizes") + tuple(f for f in CASE_FIELDS if f not in ("model", "input_size"))
 BREAKEVEN_MULTI = ("batch_size", "dtype", "mode")  # lists here give one analysis per combination
@@ -67,6 +77,7 @@ _KIND = {
     "dtype": "a string", "mode": "a string", "device": "a string", "workload": "a workload name", "seq_len": "an integer",
     "prompt_len": "an integer", "context_len": "an integer", "new_tokens": "an integer", "layers": "an integer",
     "layers_only": "true or false", "model_args": "a mapping of dimensions to numbers", "max_memory": "a size such as 24GiB",
+    "gpu": "a GPU type, e.g. H100",
 }
 _PLURAL = {
     "model": "model names", "input_size": "integers", "batch_size": "integers", "warmup": "integers",
@@ -74,7 +85,7 @@ _PLURAL = {
     "keep_rate": "keep rates (numbers, or lists of numbers)", "reduction_loc": "location lists, e.g. [[3, 6, 9]]",
     "attn": "strings", "dtype": "strings", "mode": "strings", "device": "strings", "workload": "workload names",
     "seq_len": "integers", "prompt_len": "integers", "context_len": "integers", "new_tokens": "integers", "layers": "integers",
-    "layers_only": "booleans", "model_args": "mappings", "max_memory": "sizes",
+    "layers_only": "booleans", "model_args": "mappings", "max_memory": "sizes", "gpu": "GPU types, e.g. [H100, H200]",
 }
 _CHOICES = {"dtype": DTYPES, "mode": MODES, "attn": ATTN_IMPLS, "device": ("cuda", "cpu", "auto")}
 
@@ -170,12 +181,26 @@ class Experiment:
     breakevens: tuple[Breakeven, ...] = ()
     text: str = ""  # the spec as written, for the report
     profile_steps: int = 0  # profile pass per case after timing (0: none)
+    ncu_top: int = 0  # ncu on this many top kernels per case after timing (0: none)
+    ncu_where: tuple[tuple[str, tuple], ...] = ()  # (Case field, allowed values): the cases that get the ncu pass
+    gpu_pins: tuple[tuple[str, str], ...] = ()  # (case id, GPU type): run that case on that GPU type (Ray engine)
+    across_gpus: bool = False  # run each case not pinned on every GPU type of the cluster (Ray engine)
+
+    def wants_ncu(self, case: Case) -> bool:
+        """Whether ``case`` gets the spec's ncu pass."""
+        return bool(self.ncu_top) and all(_plain(getattr(case, k)) in [_plain(x) for x in v] for k, v in self.ncu_where)
+
+    def pins(self, case: Case) -> list[str]:
+        """The GPU types ``case`` is pinned to (empty: any GPU)."""
+        return [gpu for case_id, gpu in self.gpu_pins if case_id == case.id]
 
     def to_json(self) -> dict:
         return {
             "source": self.source, "name": self.name, "description": self.description, "out": self.out,
-            "timeout_s": self.timeout_s, "profile_steps": self.profile_steps, "cases": [c.to_dict() for c in self.cases],
+            "timeout_s": self.timeout_s, "profile_steps": self.profile_steps,
+            "ncu_top": self.ncu_top, "ncu_where": {k: list(v) for k, v in self.ncu_where}, "cases": [c.to_dict() for c in self.cases],
             "comparisons": [c.to_json() for c in self.comparisons], "breakeven": [b.to_json() for b in self.breakevens],
+            "gpu_pins": [list(p) for p in self.gpu_pins], "across_gpus": self.across_gpus,
         }
 
     @classmethod
@@ -186,8 +211,15 @@ class Experiment:
             cases=tuple(_case_from_json(c) for c in data.get("cases", [])),
             comparisons=tuple(Comparison.from_json(c) for c in data.get("comparisons", [])),
             breakevens=tuple(Breakeven.from_json(b) for b in data.get("breakeven", [])),
-            text=text, profile_steps=int(data.get("profile_steps", 0)),
+            text=text, profile_steps=int(data.get("profile_steps", 0)), ncu_top=int(data.get("ncu_top", 0)),
+            ncu_where=tuple((k, tuple(v)) for k, v in (data.get("ncu_where") or {}).items()),
+            gpu_pins=tuple((str(c), str(g)) for c, g in data.get("gpu_pins", [])),
+            across_gpus=bool(data.get("across_gpus", False)),
         )
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def case_fields(row: dict) -> dict:
@@ -267,16 +299,23 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     description = p.string("description", data.get("description", "") or "")
     out = p.string("out", data["out"]) if data.get("out") is not None else None
     harness = p.mapping("harness", data.get("harness", {}))
-    p.check_keys("harness", harness, HARNESS_FIELDS + ("timeout_s", "profile_steps"))
+    p.check_keys("harness", harness, HARNESS_FIELDS + PASS_KEYS)
     timeout_s = p.positive_number("harness.timeout_s", harness.get("timeout_s", DEFAULT_TIMEOUT_S))
     profile_steps = harness.get("profile_steps", 0)
     if isinstance(profile_steps, bool) or not isinstance(profile_steps, int) or profile_steps < 0:
         p.fail("harness.profile_steps", f"expected a whole number of steps (0 for no profile pass), got {_show(profile_steps)}")
+    ncu_top = harness.get("ncu_top", 0)
+    if isinstance(ncu_top, bool) or not isinstance(ncu_top, int) or ncu_top < 0:
+        p.fail("harness.ncu_top", f"expected a whole number of kernels (0 for no ncu pass), got {_show(ncu_top)}")
+    ncu_where = p.mapping("harness.ncu_where", harness.get("ncu_where") or {})
+    p.check_keys("harness.ncu_where", ncu_where, CASE_FIELDS)
+    ncu_where = tuple((k, tuple(p.value(f"harness.ncu_where.{k}", k, x) for x in (v if isinstance(v, list) else [v])))
+                      for k, v in ncu_where.items())
     defaults = p.mapping("defaults", data.get("defaults", {}))
-    p.check_keys("defaults", defaults, CASE_FIELDS)
+    p.check_keys("defaults", defaults, SPEC_CASE_FIELDS)
     base = {}
     for key, value in harness.items():
-        if key not in ("timeout_s", "profile_steps"):
+        if key not in PASS_KEYS:
             base[key] = p.value(f"harness.{key}", key, value)
             p.origin[key] = "harness"
     for key, value in defaults.items():
@@ -302,10 +341,16 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     if not sourced:
         p.fail("", "no cases: give a grid, cases or a breakeven section")
     p.check_defaults_reduction(base, sourced)
-    cases = p.validate_all(sourced)
+    cases, pins = p.validate_all(sourced)
     breakevens = [p.validated_breakeven(b) for b in breakevens]
     comparisons = p.comparisons(data.get("comparisons"), cases)
-    return Experiment(source, name, description, out, timeout_s, tuple(cases), tuple(comparisons), tuple(breakevens), text, profile_steps)
+    across = data.get("across_gpus", False)
+    if not isinstance(across, bool):
+        p.fail("across_gpus", f"expected true or false, got {_show(across)}")
+    if across and not any(c.device == "cuda" for c in cases):
+        p.fail("across_gpus", "the spec's cases run on the CPU; across_gpus runs CUDA cases on each GPU type")
+    return Experiment(source, name, description, out, timeout_s, tuple(cases), tuple(comparisons), tuple(breakevens), text,
+                      profile_steps, ncu_top, ncu_where, tuple(pins), across)
 
 
 def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:
@@ -397,6 +442,10 @@ class _Parser:
             elif field in _CHOICES and value not in _CHOICES[field]:
                 self.fail(key, f"unknown {field} {value!r}; choose one of {', '.join(_CHOICES[field])}")
             return value
+        if field == "gpu":
+            if not isinstance(value, str) or not value.strip():
+                self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
+            return value.strip()
         if field in ("keep_rate", "reduction_loc") and value == []:
             self.fail(key, f"expected {_KIND[field]}, got {_show(value)}")
         try:
@@ -412,7 +461,7 @@ class _Parser:
                 self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)} (one schedule for every case: put it under defaults)")
         if not isinstance(value, list):
             if isinstance(value, type(None)) or (isinstance(value, dict) and field != "model_args") or (
-                    field not in ("model", "attn", "dtype", "mode", "device", "workload", "max_memory") and isinstance(value, str)):
+                    field not in ("model", "attn", "dtype", "mode", "device", "workload", "max_memory", "gpu") and isinstance(value, str)):
                 self.fail(key, f"expected a list of {_PLURAL[field]}, got {_show(value)}")
             value = [value]
         if not value:
@@ -464,7 +513,7 @@ class _Parser:
         self.fail("grid", f"expected a mapping of case fields to value lists (or a list of such mappings), got {_show(grid)}")
 
     def expand_block(self, key: str, block: dict, base: dict) -> list[tuple[str, dict]]:
-        self.check_keys(key, block, CASE_FIELDS)
+        self.check_keys(key, block, SPEC_CASE_FIELDS)
         self.given[key] = set(block)
         grid = {field: self.values(f"{key}.{field}", field, value) for field, value in block.items()}
         if "device" in grid:
@@ -489,7 +538,7 @@ class _Parser:
 
     def explicit_case(self, key: str, entry, base: dict) -> tuple[str, dict]:
         entry = self.mapping(key, entry)
-        self.check_keys(key, entry, CASE_FIELDS)
+        self.check_keys(key, entry, SPEC_CASE_FIELDS)
         self.given[key] = set(entry)
         d = dict(_without_reduction(base))
         d.update({field: self.value(f"{key}.{field}", field, value) for field, value in entry.items()})
@@ -507,14 +556,23 @@ class _Parser:
             field = next(f for f in REDUCTION_FIELDS if f in base)
             self.fail(f"defaults.{field}", "no model in this spec reduces tokens, so keep rates do nothing; add a topk_/evit_ model or remove it")
 
-    def validate_all(self, sourced: list[tuple[str, dict]]) -> list[Case]:
-        cases, seen = [], set()
+    def validate_all(self, sourced: list[tuple[str, dict]]) -> tuple[list[Case], list[tuple[str, str]]]:
+        """The distinct cases, and the (case id, GPU type) pins of those given a ``gpu``."""
+        cases, seen, pins = [], set(), []
         for key, d in sourced:
+            d = dict(d)
+            gpu = d.pop("gpu", None)
             case = self.validated(key, d)
+            if gpu is not None:
+                if case.device != "cuda":
+                    self.fail(f"{key}.gpu" if "gpu" in self.given.get(key, ()) else "defaults.gpu",
+                              f"{case.label()} runs on the {case.device}; gpu: pins CUDA cases to a GPU type")
+                if (case.id, gpu) not in pins:
+                    pins.append((case.id, gpu))
             if case.id not in seen:  # the same case from two places runs once
                 seen.add(case.id)
                 cases.append(case)
-        return cases
+        return cases, pins
 
     def validated(self, key: str, d: dict) -> Case:
         from perflab.spec import validate_case
@@ -572,6 +630,7 @@ class _Parser:
             else:
                 common[field] = self.value(f"{key}.{field}", field, value)
         common = self.resolve_device(common)
+        gpu = common.pop("gpu", None)  # a scheduling field: kept beside the cases, not in them
         results = []
         for d in expand_grid(common, multi):
             base_cases = [dict(d, model=model, input_size=s) for s in sizes]
@@ -582,7 +641,7 @@ class _Parser:
             if entry.get("name") and multi:
                 label += " (" + ", ".join(f"{k} {d[k]}" for k in multi) + ")"
             b = Breakeven(str(label), tuple(Case(**c) for c in base_cases), tuple(Case(**c) for c in var_cases))
-            results.append((b, [(key, c) for c in base_cases + var_cases]))
+            results.append((b, [(key, dict(c, gpu=gpu) if gpu else c) for c in base_cases + var_cases]))
         return results
 
     def validated_breakeven(self, b: Breakeven) -> Breakeven:

@@ -147,6 +147,14 @@ class Store:
         cur = self.conn.execute("SELECT case_id, status FROM results WHERE env_key = ?", (env_key,))
         return {r["case_id"]: r["status"] for r in cur}
 
+    def statuses_by_env(self) -> dict[tuple[str, str], str]:
+        """(case_id, env_key) → status of every stored row."""
+        return {(r["case_id"], r["env_key"]): r["status"] for r in self.conn.execute("SELECT case_id, env_key, status FROM results")}
+
+    def delete(self, case_id: str, env_key: str) -> None:
+        with self.conn:
+            self.conn.execute("DELETE FROM results WHERE case_id = ? AND env_key = ?", (case_id, env_key))
+
     def count(self, env_key: str | None = None) -> int:
         if env_key is None:
             return self.conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
@@ -243,29 +251,43 @@ def status_counts(rows: Iterable[dict]) -> dict[str, int]:
 class StoredSweep:
     """What a sweep directory holds, read back: the rows of one environment and the experiment behind them."""
 
-    def __init__(self, out_dir, rows, experiment, sweeps, environments, env_key, other_env_keys):
+    def __init__(self, out_dir, rows, experiment, sweeps, environments, env_key, other_env_keys, all_rows=None):
         self.out_dir = Path(out_dir)
         self.rows = rows  # of env_key, in stored order
         self.experiment = experiment  # the latest sweep's Experiment, or None (rows stored by other means)
         self.sweeps = sweeps  # sweep records, oldest first
         self.environments = environments  # env_key → the parent's environment probe
         self.env_key = env_key
-        self.other_env_keys = other_env_keys  # environments with rows not shown (resumed elsewhere)
+        self.other_env_keys = other_env_keys  # environments with rows not shown (resumed elsewhere, other GPU types)
+        self.all_rows = rows if all_rows is None else all_rows  # of every environment (the cross-GPU table)
 
 
 def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
-    """Rows of one environment (default: the latest sweep's, else the one with most rows) and the experiment."""
+    """Rows of one environment (default: the latest sweep's, else the one with most rows) and the experiment.
+
+    A Ray sweep records the keys of all its nodes (comma-separated); then the rows shown are those of its
+    keys with the same GPUs as the key with most rows (one GPU type, any host), the others go to the
+    cross-GPU table.
+    """
     from perflab.sweep.spec import Experiment
 
     with Store.open(out_dir) as store:
         sweeps = store.sweeps()
         keys = store.env_keys()
-        if env_key is None:
-            latest = sweeps[-1]["env_key"] if sweeps else None
-            env_key = latest if latest in keys else (keys[0] if keys else latest)
-        rows = store.rows(env_key) if env_key is not None else []
         environments = store.environments()
+        shown = [env_key]
+        if env_key is None:
+            latest = (sweeps[-1]["env_key"] or "").split(",") if sweeps else []
+            env_key = next((k for k in keys if k in latest), keys[0] if keys else (latest[0] if latest else None))
+            gpus = _gpu_names(environments.get(env_key))
+            shown = [k for k in keys if k == env_key or (k in latest and _gpu_names(environments.get(k)) == gpus)]
+        rows = [r for r in store.rows() if r["env_key"] in shown] if env_key is not None else []
+        all_rows = store.rows()
     experiment = None
     if sweeps and sweeps[-1]["experiment"]:
         experiment = Experiment.from_json(sweeps[-1]["experiment"], text=sweeps[-1].get("spec_text") or "")
-    return StoredSweep(out_dir, rows, experiment, sweeps, environments, env_key, [k for k in keys if k != env_key])
+    return StoredSweep(out_dir, rows, experiment, sweeps, environments, env_key, [k for k in keys if k not in shown], all_rows)
+
+
+def _gpu_names(env: dict | None) -> list:
+    return sorted(set((env or {}).get("gpus") or []))

@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.profile_steps and row.get("status") == "ok" and case.device == "cuda":
             _log_stage(f"profile ({args.profile_steps} steps)")
             row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps)
+        if args.ncu_top and row.get("status") == "ok" and case.device == "cuda" and _matches(case, json.loads(args.ncu_where)):
+            _log_stage(f"ncu (top {args.ncu_top} kernels)")
+            row["ncu"] = _ncu(case, Path(args.trace_dir), args.ncu_top)
     except PerflabError as exc:  # the parent validated the case; this is input only the worker could see
         row = _failed_row(case, "invalid", str(exc))
     except Exception as exc:  # run_case turns measurement failures into rows; this is anything around them
@@ -59,6 +62,28 @@ def _profile(case, row: dict, trace_dir: Path, steps: int) -> dict:
         return profile_summary(trace_path, row["median_ms"])
     except Exception as exc:  # an OOM under the profiler's own memory, say: the untraced row still stands
         traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+
+
+def _matches(case, where: dict) -> bool:
+    """Whether the case's fields take one of the allowed values of each field in ``where`` (the spec's ncu_where)."""
+    plain = lambda v: list(v) if isinstance(v, tuple) else v
+    return all(plain(getattr(case, field)) in [plain(v) for v in values] for field, values in where.items())
+
+
+def _ncu(case, trace_dir: Path, top: int) -> dict:
+    """Nsight Compute on the case's top kernels, summarised for the row; without ncu, or when it fails, the
+    reason is recorded and the timing kept."""
+    from perflab.api import ncu
+    from perflab.errors import PerflabError
+    from perflab.trace.ncu import ncu_summary
+
+    try:
+        table, _ = ncu(case, top=top, out_dir=trace_dir)
+        return ncu_summary(table)
+    except Exception as exc:
+        if not isinstance(exc, PerflabError):
+            traceback.print_exc()
         return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
 
 
@@ -108,6 +133,8 @@ def _parse_args(argv):
     parser.add_argument("--result", required=True, help="where to write the result row (JSON)")
     parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
     parser.add_argument("--profile-steps", type=int, default=0, help="after timing, profile this many steps (GPU cases)")
+    parser.add_argument("--ncu-top", type=int, default=0, help="after timing, run ncu on this many top kernels (GPU cases)")
+    parser.add_argument("--ncu-where", default="{}", help="JSON {field: [values]}: only cases matching these get the ncu pass")
     parser.add_argument("--trace-dir", default="traces", help="where the profile pass writes its trace")
     return parser.parse_args(argv)
 

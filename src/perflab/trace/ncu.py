@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -37,6 +38,11 @@ METRICS = {
     "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
     "l1_hit_rate_pct": "l1tex__t_sector_hit_rate.pct",
     "l2_hit_rate_pct": "lts__t_sector_hit_rate.pct",
+}
+
+# Requested too, but a CSV without them (an older perflab's, or a sample) still parses: their columns are NaN.
+OPTIONAL_METRICS = {
+    "dram_bytes": "dram__bytes.sum",  # bytes read + written in DRAM: dram_bytes / duration_ns = achieved GB/s
 }
 
 # Roofline class from the speed-of-light percentages: a unit at or above this share of its peak is the
@@ -81,7 +87,7 @@ def kernel_filter(kernel_names) -> str:
 def ncu_command(ncu: str, case_json: str, kernel_names, launch_count: int, steps: int = 1) -> list[str]:
     return [
         ncu, "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
-        "--metrics", ",".join(METRICS.values()),
+        "--metrics", ",".join([*METRICS.values(), *OPTIONAL_METRICS.values()]),
         "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
         "--kernel-name-base", "function", "-k", kernel_filter(kernel_names),
         "--launch-count", str(launch_count),
@@ -141,6 +147,8 @@ def parse_ncu_csv(text: str) -> pd.DataFrame:
         }
         for ours, metric in METRICS.items():
             rec[ours] = parse_number(row[col[metric]])
+        for ours, metric in OPTIONAL_METRICS.items():
+            rec[ours] = parse_number(row[col[metric]]) if metric in col else float("nan")
         records.append(rec)
     if not records:
         raise PerflabError("the ncu CSV has a header but no kernel rows; no kernel matched the filter inside the NVTX range")
@@ -186,7 +194,43 @@ def join_counters(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame
     ``launches`` went through attach_trace_names. Kernels ncu did not profile keep empty metrics."""
     named = launches.dropna(subset=["full_name"])
     grouped = named.groupby("full_name", sort=False)
-    metrics = grouped[list(METRICS)].mean()
+    metrics = grouped[[*METRICS, *(m for m in OPTIONAL_METRICS if m in named.columns)]].mean()
     metrics["launches"] = grouped.size()
     metrics["roofline"] = [roofline_class(sm, mem) for sm, mem in zip(metrics["sm_throughput_pct"], metrics["memory_throughput_pct"])]
     return kernels.reset_index(drop=True).merge(metrics, left_on="full_name", right_index=True, how="left")
+
+
+def kernel_library(name: str) -> str:
+    """Who wrote a kernel, from its name: cuBLAS (cutlass/xmma/gemv kernels it dispatches), Triton (inductor's
+    ``triton_*``), cuDNN, FlashAttention, or PyTorch's own (ATen) kernels."""
+    lower = name.lower()
+    if lower.startswith("triton") or "triton_" in lower:
+        return "Triton"
+    if "cudnn" in lower:
+        return "cuDNN"
+    if "flash" in lower or "fmha" in lower:
+        return "FlashAttention"
+    if any(key in lower for key in ("cublas", "cutlass", "xmma", "gemv", "gemm", "sm90_", "sm80_", "nvjet")):
+        return "cuBLAS"
+    if "at::" in name or "at_cuda" in lower or "elementwise" in lower or "reduce_kernel" in lower:
+        return "PyTorch"
+    return "other"
+
+
+def ncu_summary(table: pd.DataFrame) -> dict:
+    """What a sweep row keeps of an ncu pass: per top kernel its name, library, share of the step's GPU time,
+    ncu's mean duration, DRAM % of peak and achieved DRAM GB/s (dram bytes ÷ duration), and roofline class."""
+
+    def num(value):
+        return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+    kernels = []
+    for r in table.to_dict(orient="records"):
+        duration, moved = num(r.get("duration_ns")), num(r.get("dram_bytes"))
+        kernels.append({
+            "name": r["name"], "full_name": r["full_name"], "library": kernel_library(r["full_name"]),
+            "time_share": num(r.get("share")), "duration_us": duration / 1e3 if duration else None,
+            "dram_pct": num(r.get("dram_throughput_pct")), "dram_gbps": moved / duration if moved is not None and duration else None,
+            "sm_pct": num(r.get("sm_throughput_pct")), "roofline": r.get("roofline") if isinstance(r.get("roofline"), str) else None,
+        })
+    return {"kernels": kernels}
