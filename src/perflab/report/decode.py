@@ -53,9 +53,10 @@ def sections(rows: list[dict], plot_dir: Path) -> list[str]:
             parts += ["#### Generation latency (ms)", md_table(["Batch", "Mode", "Time to first token", "Per output token (mean)", "p90"], body)]
         ncu = [(m, b, k) for (m, b), r in cells.items() for k in ((r.get("ncu") or {}).get("kernels") or [])]
         if ncu:
-            body = [[m, str(b), f"`{k['name']}`", k.get("library") or "–", _pct(k.get("dram_pct")), _gbps(k.get("dram_gbps")), _pct(k.get("time_share"))]
+            body = [[m, str(b), f"`{k['name']}`", k.get("library") or "–", _pct(k.get("dram_pct")), _gbps(k.get("dram_gbps")),
+                     _pct(100 * k["time_share"] if k.get("time_share") is not None else None)]
                     for m, b, k in sorted(ncu, key=lambda x: (MODE_ORDER.index(x[0]) if x[0] in MODE_ORDER else 9, x[1], -(x[2].get("time_share") or 0)))]
-            parts += ["#### ncu: DRAM throughput of the top kernels per mode", md_table(["Mode", "Batch", "Kernel", "Library", "DRAM %", "Achieved GB/s", "Time share"], body)]
+            parts += ["#### ncu: DRAM throughput of the top kernels per mode", md_table(["Mode", "Batch", "Kernel", "Library", "DRAM %", "Achieved GB/s", "Share of GPU time"], body)]
     if mbu_panels:
         path = plots.metric_vs_batch(mbu_panels, plot_dir / "decode_mbu_vs_batch.png", "MBU against batch size", "MBU (% of measured copy bandwidth)")
         parts.append(f"![MBU vs batch size]({path.name})")

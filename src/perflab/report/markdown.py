@@ -372,6 +372,11 @@ def _ms_triple(row) -> tuple:
 # Header, status, environment, provenance, all rows
 
 
+def _unit_of(rows) -> str:
+    families = {(r.get("family") or "classify") for r in rows}
+    return "images" if families <= {"classify"} else "tokens" if "classify" not in families else "items"
+
+
 def _header(stored, common: set[str]) -> str:
     experiment = stored.experiment
     name = experiment.name if experiment else stored.out_dir.name
@@ -379,7 +384,7 @@ def _header(stored, common: set[str]) -> str:
     if experiment and experiment.description:
         lines.append(experiment.description.strip())
     lines.append(
-        "How to read the tables: TP is throughput (images/s) from the median step time, with its 95% CI in brackets "
+        f"How to read the tables: TP is throughput ({_unit_of(stored.rows)}/s) from the median step time, with its 95% CI in brackets "
         "(from the distribution-free CI of the median). Speedup = variant TP / baseline TP (>1: the variant is faster); its "
         "bracket pairs the CI ends. Latency Δ = variant / baseline latency per batch − 1. \"Within noise\": the two CIs overlap. "
         "Flags are the harness's validity checks (see the README)."
