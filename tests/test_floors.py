@@ -32,3 +32,16 @@ def test_verdict_names_the_largest_floor(kw, verdict):
 def test_vit_min_bytes_counts_weights_residual_stream_input_and_output():
     total = vit_min_bytes(params=10, weight_bytes=2, batch=2, tokens_per_block=[5, 3], dim=4, act_bytes=4, input_elems=100, output_elems=7)
     assert total == 10 * 2 + (2 * 2 * 5 * 4 * 4 + 2 * 2 * 3 * 4 * 4) + 4 * 107
+
+
+def test_roofline_position_below_and_above_the_ridge():
+    from perflab.analysis.floors import roofline
+
+    # H100-like ceilings: 787 TFLOP/s bf16, 2971 GB/s → ridge at 264.9 FLOP/B
+    decode = roofline(flops_per_step=16e9, bytes_per_step=16e9, achieved_tflops=2.2, matmul_tflops=787.0, copy_gbps=2971.0)
+    assert decode["arithmetic_intensity"] == 1.0 and decode["ridge_intensity"] == pytest.approx(787e12 / 2971e9)
+    assert decode["roofline_bound"] == "memory" and decode["roof_tflops"] == pytest.approx(2.971)
+    assert decode["roofline_fraction"] == pytest.approx(2.2 / 2.971)
+    prefill = roofline(flops_per_step=4e15, bytes_per_step=16e9, achieved_tflops=600.0, matmul_tflops=787.0, copy_gbps=2971.0)
+    assert prefill["arithmetic_intensity"] == 250_000.0 and prefill["roofline_bound"] == "compute"
+    assert prefill["roof_tflops"] == 787.0 and prefill["roofline_fraction"] == pytest.approx(600 / 787)

@@ -84,3 +84,21 @@ def vit_min_bytes(*, params: int, weight_bytes: int, batch: int, tokens_per_bloc
     """
     activations = sum(2 * batch * n * dim * act_bytes for n in tokens_per_block)
     return params * weight_bytes + activations + 4 * (input_elems + output_elems)
+
+
+def roofline(*, flops_per_step: float, bytes_per_step: float, achieved_tflops: float, matmul_tflops: float, copy_gbps: float) -> dict:
+    """Where a step sits on the roofline of the measured ceilings.
+
+    arithmetic intensity I = FLOPs ÷ bytes a step must move (FLOP/B); the ridge point = peak FLOP/s ÷
+    bandwidth: below it the roof is I × bandwidth (memory-bound), above it the peak (compute-bound).
+    ``roofline_fraction`` = achieved FLOP/s ÷ that roof (1.0 = on the roof)."""
+    intensity = flops_per_step / bytes_per_step
+    ridge = matmul_tflops * 1e12 / (copy_gbps * 1e9)
+    roof_tflops = min(matmul_tflops, intensity * copy_gbps * 1e9 / 1e12)
+    return {
+        "arithmetic_intensity": intensity,
+        "ridge_intensity": ridge,
+        "roofline_bound": "memory" if intensity < ridge else "compute",
+        "roof_tflops": roof_tflops,
+        "roofline_fraction": achieved_tflops / roof_tflops if roof_tflops > 0 else None,
+    }

@@ -218,6 +218,12 @@ def utilisation(case: Case, row: dict) -> dict:
         out["achieved_gbps"] = gbps
         out["mbu"] = gbps / ceilings["copy_gbps"]
         out["mbu_datasheet"] = gbps / sheet.bandwidth_gbps if sheet else None
+        if row.get("flops_analytic") and out["peak_tflops_measured"]:
+            from perflab.analysis.floors import roofline
+
+            analytic_tflops = row["flops_analytic"] / (row["median_ms"] / 1000.0) / 1e12
+            out.update(roofline(flops_per_step=row["flops_analytic"], bytes_per_step=row["bytes_per_step"], achieved_tflops=analytic_tflops,
+                                matmul_tflops=out["peak_tflops_measured"], copy_gbps=ceilings["copy_gbps"]))
     return out
 
 

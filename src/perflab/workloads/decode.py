@@ -188,6 +188,7 @@ class Decode(Implementation):
             out.update(bytes_per_step=moved["total"], bytes_weights=moved["weights"], bytes_kv_read=moved["kv_read"],
                        bytes_kv_write=moved["kv_write"],
                        flops_analytic=decode_flops(config, case.batch_size, case.context_len, layers_only=case.layers_only))
+            out["arithmetic_intensity"] = out["flops_analytic"] / out["bytes_per_step"]  # FLOP per byte moved
         elif case.workload == "prefill":
             # Weights read once; the prompt's K and V written once and read once by the attention.
             moved = decode_bytes(config, case.batch_size, 0, dtype_bytes, layers_only=case.layers_only)
