@@ -145,3 +145,21 @@ def test_autocast_casts_each_weight_once_across_steps():
 def test_iters_is_the_exact_number_of_timed_steps():
     row = run_case(Case("test:tiny", device="cpu", iters=7, repeats=3, warmup=0), monitor=FakeMonitor(**GOOD_GPU))
     assert row["timed_iters"] == 7 and row["n_samples"] == 3
+
+
+def test_utilisation_of_a_decode_row_with_an_h100s_ceilings(monkeypatch):
+    """The GPU-only part of a row (MFU, MBU, roofline), fed the H100's measured ceilings: checked on the CPU."""
+    import perflab.measure.ceilings as ceilings
+    from perflab.measure import harness
+
+    monkeypatch.setattr(ceilings, "get_ceilings", lambda refresh=False: {"matmul_tflops": {"bf16": 787.1}, "copy_gbps": 2971.0})
+    monkeypatch.setattr(harness.torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    case = Case("llama3_8b", workload="decode", context_len=512, dtype="bf16", device="cuda")
+    bytes_per_step, flops = 15_077_228_544, 16_060_000_000
+    row = {"median_ms": 6.815, "bytes_per_step": bytes_per_step, "flops_analytic": flops, "achieved_tflops": flops / 6.815e-3 / 1e12}
+    out = harness.utilisation(case, row)
+    assert out["mbu"] == pytest.approx(bytes_per_step / 6.815e-3 / 1e9 / 2971.0) == pytest.approx(0.7447, abs=1e-4)
+    assert out["mbu_datasheet"] == pytest.approx(bytes_per_step / 6.815e-3 / 1e9 / 3350.0)
+    assert out["roofline_bound"] == "memory" and out["arithmetic_intensity"] == pytest.approx(flops / bytes_per_step)
+    assert out["roofline_fraction"] == pytest.approx(out["mbu"])  # below the ridge the roof is intensity × bandwidth
+    assert out["mfu"] == pytest.approx(row["achieved_tflops"] / 787.1)
