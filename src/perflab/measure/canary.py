@@ -1,4 +1,4 @@
-"""The host-speed canary: how fast this host runs the launch path's kind of work, measured before each case.
+"""The host-speed canary: how fast this host runs the launch path's kind of work, just before each timed loop.
 
 Launch-bound eager timings drift with the host CPU: the same DeiT-B bs1 eager case measured 2.0–3.1 ms
 across processes on one machine and 4.2–5.6 ms on another, with the GPU's work unchanged. The canary
@@ -12,12 +12,15 @@ a row can say whether its host was slow, and a slower host can be told from a sl
   which an eager CUDA op pays before its driver launch call. CPU tensors, so the canary is the same
   workload whatever device the case runs on, and the GPU is not touched.
 
-One run takes about 0.3 ms on the 2-core development VM; :func:`host_canary` does one untimed run, then
+One run takes 0.31–0.6 ms on the 2-core development VM; :func:`host_canary` does one untimed run, then
 ``REPEATS`` timed runs with the garbage collector off (as ``timeit`` does) and in a fixed autograd and
 autocast state (the caller's ``no_grad`` or autocast would change the dispatch path), and returns the
-**median µs per run**: about 4 ms in all. Lower is a faster host. The number is comparable only between
+**median µs per run**: 4–7 ms in all. Lower is a faster host. The number is comparable only between
 rows of one environment (same host, CPU, torch: another torch dispatches differently), which is how
-:func:`mark_host_drift` uses it.
+:func:`mark_host_drift` uses it. It reads how fast a core runs this process (clock, hypervisor steal,
+neighbours on the socket), not how much of a core the process gets: a few-ms canary fits in one scheduler
+slice and its median drops a preempted run, so other processes time-sharing the cores slow the timings
+without moving it (``benchmarks/host_canary.py``; ``docs/performance.md``).
 
 **host_drift.** A row whose canary differs from the median canary of the rows stored under its
 environment key by more than ``HOST_DRIFT_THRESHOLD`` (15%) is flagged ``host_drift``: its eager timing
