@@ -29,6 +29,7 @@ def test_json_and_csv_outputs_for_a_grid(tmp_path):
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [(row["input_size"], row["batch_size"]) for row in rows] == [(32, 1), (32, 2), (64, 1), (64, 2)]
     assert all(row["status"] == "ok" for row in rows)
+    assert all(row["host_canary_us"] > 0 and row["host_canary_ratio"] > 0 for row in rows)  # ratio: to the run's median
     table = list(csv.DictReader(io.StringIO((tmp_path / "rows.csv").read_text())))
     header = (tmp_path / "rows.csv").read_text().splitlines()[0].split(",")
     assert header[:9] == ["run_name", "tp", "latency_ms", "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power"]
@@ -38,12 +39,14 @@ def test_json_and_csv_outputs_for_a_grid(tmp_path):
         assert float(rec["latency_ms"]) == pytest.approx(row["latency_ms_per_batch"], rel=1e-3)  # per batch, documented
         assert float(rec["flops"]) == pytest.approx(row["gmacs"], rel=1e-3)  # the seed's "flops" held MACs
         assert rec["case_id"] == row["case_id"]
+        assert float(rec["host_canary_us"]) == pytest.approx(row["host_canary_us"], rel=1e-3)
 
 
 def test_table_output_lists_every_case():
     r = run_cli("bench", "--model", "test:tiny", "test:drops_batch", "--device", "cpu", "--batch-size", "4", "--min-time", "0.05", "--warmup", "1")
     assert r.returncode == 0, r.stderr
     assert "test:tiny" in r.stdout and "test:drops_batch" in r.stdout
+    assert "host µs" in r.stdout
     assert "batch_mismatch" in r.stdout and "processed 1 images, not the 4 requested" in r.stderr
 
 

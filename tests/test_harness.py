@@ -51,6 +51,7 @@ def test_row_has_the_documented_keys_and_consistent_numbers():
     assert len(row["samples_ms"]) == row["n_samples"] == 6
     assert row["timed_iters"] == 6 * row["iters_per_sample"]
     assert row["case"]["model"] == "test:tiny" and row["case_id"] == Case("test:tiny", batch_size=4, **FAST).id
+    assert row["host_canary_us"] > 0  # the host canary, timed just before the timed loop
 
 
 def test_tiny_flops_at_the_measured_batch_size():
@@ -109,6 +110,19 @@ def test_an_oom_becomes_a_row_and_the_other_cases_still_run():
     assert "out of memory" in rows[1]["message"]
     assert rows[2]["message"] == "RuntimeError: planted failure (test:fails)"
     assert rows[1]["median_ms"] is None and rows[1]["flags"] == []
+    assert all(r["host_canary_us"] > 0 for r in rows)  # failed cases too: the canary is a sample of the host, not of the case
+    assert "host_drift" not in rows[1]["flags"] + rows[2]["flags"]  # only ok rows can be flagged
+
+
+def test_the_canary_does_not_depend_on_the_case_around_it():
+    from perflab.measure.harness import failed_row
+
+    # fp32 runs without autocast, bf16 under CPU autocast, a training step with autograd on: the canary runs in a
+    # fixed state inside, so all three measure the same work. Loose bound: it is about the state, not the noise.
+    cases = [Case("test:tiny", **FAST), Case("test:tiny", dtype="bf16", **FAST), Case("gpt_small", workload="train_step", seq_len=16, layers=1, model_args={"d_model": 64, "d_ff": 96, "n_heads": 4, "vocab_size": 97}, **FAST)]
+    canaries = [run_case(c, monitor=FakeMonitor(**GOOD_GPU))["host_canary_us"] for c in cases]
+    assert min(canaries) > 0 and max(canaries) < 3 * min(canaries), canaries
+    assert failed_row(Case("test:tiny", **FAST), "timeout", "killed", {})["host_canary_us"] is None  # a parent's row: no canary
 
 
 def test_bad_input_raises_before_anything_runs():

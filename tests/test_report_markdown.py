@@ -141,3 +141,42 @@ def test_results_export_json_and_csv(seed_store):
     oom = next(rec for rec in table if rec["status"] == "oom")
     assert oom["tp"] == "" and oom["model"] == TOPK
     assert float(table[0]["tp"]) == pytest.approx(152.68)
+
+
+def test_report_shows_host_speed_beside_eager_results_and_explains_host_drift(tmp_path):
+    # Eager and CUDA-graph pairs at bs 1, 2, 4, 8; the canaries (µs) are ~100 except the top-k eager bs 8 row's 130.
+    canary = {(BASE, "eager"): [100, 101, 99, 100], (TOPK, "eager"): [102, 98, 100, 130],
+              (BASE, "cudagraph"): [101, 99, 100, 100], (TOPK, "cudagraph"): [100, 102, 98, 101]}
+    with Store.create(tmp_path) as store:
+        for (model, mode), values in canary.items():
+            for bs, value in zip((1, 2, 4, 8), values):
+                row = synthetic_row(model, 224, bs, SEED_001[bs][model == TOPK], mode=mode)
+                store.put(dict(row, host_canary_us=float(value)), "synthetic")
+        store.put(synthetic_row(BASE, 448, 8, 32.8), "synthetic")  # a row stored before the canary: "–", never flagged
+    text = write_report(tmp_path, n_boot=100).read_text()
+    assert "`host_drift` marks a row whose canary is more than 15% off the median of its environment's rows" in text
+    assert "1 row(s) carry it." in text  # 130 µs against the median 100 of the 16 canaries; 1.30× > 1.15
+    eager = text[text.index("### bf16, eager"):text.index("### bf16, cudagraph")]
+    assert "| Batch size | Baseline TP (img/s) | TR TP (img/s) | Speedup | Latency Δ | Result | Host µs (Baseline / TR) | Flags |" in eager
+    table = table_after(eager, "#### Batch size sweep (input size 224)")
+    assert [r[6] for r in table] == ["100 / 102", "101 / 98", "99 / 100", "100 / 130"]
+    assert [r[7] for r in table] == ["–", "–", "–", "host_drift"]
+    combined = table_after(eager, "#### All input sizes")
+    assert combined[-1][:2] == ["224", "8"] and combined[-1][9:] == ["100 / 130", "host_drift"]
+    graphs = text[text.index("### bf16, cudagraph"):]
+    assert "Host µs" not in table_after(graphs, "#### Batch size sweep (input size 224)")[0]
+    assert "| Baseline TP (img/s) | TR TP (img/s) | Speedup | Latency Δ | Result | Flags |" in graphs  # CUDA graphs: no column
+    rows = table_after(text, "## All cases")
+    cells = {(r[0], r[2], r[4]): r[-2:] for r in rows}
+    assert cells[(TOPK + " kr0.1@3,6,9", "8", "eager")] == ["130 (1.30×)", "host_drift"]
+    assert cells[(BASE, "1", "eager")] == ["100 (1.00×)", "–"]
+    assert [r[-2] for r in rows if r[1] == "448"] == ["–"]
+
+    r = run_cli("results", tmp_path, "--format", "json")
+    assert r.returncode == 0, r.stderr
+    stored = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [row["case_id"] for row in stored if "host_drift" in row["flags"]] == [
+        Case(TOPK, input_size=224, batch_size=8, dtype="bf16", mode="eager", device="cuda", keep_rate=(0.1,), reduction_loc=(3, 6, 9)).id]
+    r = run_cli("results", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "host µs" in r.stdout and "130 (1.30×)" in r.stdout and "host_drift" in r.stdout

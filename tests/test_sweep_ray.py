@@ -31,7 +31,7 @@ TIMING_KEYS = {"median_ms", "p10_ms", "p90_ms", "cv", "ci95_ms", "latency_ms_per
                "throughput_per_s", "samples_ms", "timed_s", "flags", "warnings", "energy_j", "power_w", "mean_ms", "std_ms",
                "min_ms", "max_ms", "peak_mem_alloc_mb", "peak_mem_reserved_mb", "node_id", "node_host", "gpu_name", "reruns",
                "items_per_s", "tokens_per_s", "mfu", "mfu_datasheet", "mbu", "mbu_datasheet", "memory_breakdown_mb",
-               "host_canary_us"}
+               "host_canary_us", "host_canary_ratio"}
 
 
 @pytest.fixture(scope="module")

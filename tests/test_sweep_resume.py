@@ -24,7 +24,7 @@ BENCH_KEYS = {  # what `perflab bench --format json` prints for every case (READ
     "case", "case_id", "status", "message", "model", "method", "keep_rate", "reduction_loc", "tokens", "input_size",
     "batch_size", "dtype", "mode", "device_name", "median_ms", "p10_ms", "p90_ms", "cv", "ci95_ms", "latency_ms_per_batch",
     "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m", "peak_mem_alloc_mb", "peak_mem_reserved_mb",
-    "energy_j", "power_w", "flags", "warnings", "env", "samples_ms",
+    "energy_j", "power_w", "host_canary_us", "flags", "warnings", "env", "samples_ms",
 }
 
 
@@ -100,8 +100,11 @@ def test_killed_sweep_resumes_to_every_case_exactly_once(smoke_run):
         assert BENCH_KEYS <= set(row), BENCH_KEYS - set(row)
         assert row["throughput_per_s"] == pytest.approx(row["batch_size"] * 1000.0 / row["median_ms"])
         assert row["timed_iters"] == 30 and len(row["samples_ms"]) == 10  # the spec's harness policy
+        assert row["host_canary_us"] > 0 and row["host_canary_ratio"] > 0  # killed or resumed, one environment, one median
     with sqlite3.connect(str(out / "results.sqlite")) as conn:
         sweeps = conn.execute("SELECT outcome, n_skipped, n_done FROM sweeps ORDER BY id").fetchall()
+        stored = [json.loads(r[0]) for r in conn.execute("SELECT row_json FROM results")]
+    assert not any("host_drift" in r["flags"] or "host_canary_ratio" in r for r in stored)  # derived when read, never stored
     assert sweeps == [(None, 0, 0), ("complete", at_kill, total - at_kill)]  # the killed sweep never finished
 
 
@@ -119,6 +122,7 @@ def test_report_from_the_resumed_sweep(smoke_run):
     assert f"| 2 | {base['throughput_per_s']:.2f} [" in text and f"| {speedup:.3f}× [" in text
     assert "## Break-even" in text and "### top-k vs baseline, bs 1" in text
     assert "did not finish (killed?)" in text and "--resume --workers 2" in text
+    assert "| Host µs (Baseline / TR) | Flags |" in text and "\"Host µs\" is its median µs per run" in text
     for name in [line.split("](")[1].rstrip(")") for line in text.split() if "](" in line and line.endswith(".png)")]:
         assert (out / name).is_file()
 

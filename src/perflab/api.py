@@ -85,7 +85,8 @@ def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | Non
 
     ``on_case(index, case, stage)`` is called as each case moves through its stages (for progress bars).
     ``memory_snapshot``: a path for the CUDA memory history pickle (memory_viz); with several cases, the
-    case id is added to each file's name.
+    case id is added to each file's name. Rows whose host canary is more than 15% off the median of the
+    run's rows (three or more) are flagged ``host_drift`` (``measure.canary``).
     """
     from pathlib import Path
 
@@ -102,7 +103,9 @@ def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | Non
         rows.append(run_case(case, on_stage=stage, memory_snapshot=snapshot))
         if snapshot is not None and case.device == "cuda":
             rows[-1]["memory_snapshot"] = str(snapshot)
-    return rows
+    from perflab.measure.canary import mark_host_drift
+
+    return mark_host_drift(rows)
 
 
 # ---------------------------------------------------------------------------------------------------

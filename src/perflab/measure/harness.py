@@ -1,9 +1,11 @@
 """Run one case and produce its result row.
 
 Order of work: build the model and a seeded input; check the token schedule and the FLOPs with one eager
-forward; build the step for the mode (compile, capture); warm up; estimate the step time; then the timed
+forward; build the step for the mode (compile, capture); warm up; estimate the step time; time the host
+canary (``measure.canary``: a few ms of fixed CPU work, stored as ``host_canary_us``); then the timed
 loop, with nothing else in it (no profiler, no FLOP counter, no per-step host sync). Peak memory is reset
-and NVML's energy counter read right before that loop.
+and NVML's energy counter read right before that loop. A failed case's row gets a canary too, taken
+after the failure.
 
 An OOM or any other failure of the measurement becomes a row with status ``oom`` or ``error``; bad input
 (an unknown model, a keep rate of 2) raises PerflabError before anything runs.
@@ -18,6 +20,7 @@ from typing import Callable
 import torch
 
 from perflab.errors import PerflabError
+from perflab.measure.canary import CANARY_KEY, host_canary
 from perflab.measure.checks import MIN_TIMED_ITERS, run_checks
 from perflab.measure.energy import open_monitor
 from perflab.measure.env import device_name, environment
@@ -61,7 +64,9 @@ def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None
         raise
     except Exception as exc:  # a failed measurement is data: the row says what happened
         status = "oom" if is_oom(exc) else "error"
-        return failed_row(case, status, f"{type(exc).__name__}: {_first_line(exc)}", env, detail=traceback.format_exc())
+        row = failed_row(case, status, f"{type(exc).__name__}: {_first_line(exc)}", env, detail=traceback.format_exc())
+        row[CANARY_KEY] = _safe_canary_us()
+        return row
     finally:
         gc.collect()
         if case.device == "cuda":
@@ -97,6 +102,7 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
 
             step_s = estimate_step_s(step, case.device)
             plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
+            canary = host_canary()  # the host's speed just before the timed loop (fixed grad/autocast state inside)
             stage("timing")
             if case.device == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -162,6 +168,7 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
         energy_j=report.energy_j,
         power_w=report.power_w,
         energy_j_per_sample=(report.energy_j / (plan.total_iters * case.batch_size)) if report.energy_j else None,
+        host_canary_us=canary.median_us,
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )
@@ -268,6 +275,7 @@ def base_row(case: Case, env: dict) -> dict:
         "peak_mem_reserved_mb": None,
         "energy_j": None,
         "power_w": None,
+        CANARY_KEY: None,  # µs per host canary run (measure.canary); None where no canary was taken
         "flags": [],
         "warnings": [],
         "env": env,
@@ -280,6 +288,13 @@ def failed_row(case: Case, status: str, message: str, env: dict, detail: str | N
     if detail:
         row["detail"] = detail
     return row
+
+
+def _safe_canary_us() -> float | None:
+    try:
+        return host_canary().median_us
+    except Exception:
+        return None
 
 
 def _safe_tokens(case: Case):

@@ -74,7 +74,11 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
     if any_mbu:
         columns.append(("MBU", "right"))
     columns += [("tokens", "left")] if classify_only else []
-    columns += [("peak MiB", "right"), ("W", "right"), ("status / flags", "left")]
+    columns += [("peak MiB", "right"), ("W", "right")]
+    any_canary = any(row.get("host_canary_us") is not None for row in rows)
+    if any_canary:
+        columns.append(("host µs", "right"))  # the host canary (measure.canary): the host's speed before the case
+    columns.append(("status / flags", "left"))
     for name, justify in columns:
         table.add_column(name, justify=justify)
     on_nodes = any(row.get("node_host") for row in rows)  # rows of a Ray sweep: where each ran
@@ -97,11 +101,23 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
             cells.append(_fmt(row.get("mbu"), ".1%"))
         if classify_only:
             cells.append("→".join(map(str, row["tokens"])) if row.get("tokens") else "–")
-        cells += [_fmt(row.get("peak_mem_reserved_mb"), ".0f"), _fmt(row.get("power_w"), ".0f"), status or "[green]ok[/green]"]
+        cells += [_fmt(row.get("peak_mem_reserved_mb"), ".0f"), _fmt(row.get("power_w"), ".0f")]
+        if any_canary:
+            cells.append(canary_cell(row))
+        cells.append(status or "[green]ok[/green]")
         if on_nodes:
             cells += [f"{row.get('node_host') or '–'}:{(row.get('node_id') or '')[:6]}", row.get("gpu_name") or "–"]
         table.add_row(*cells)
     return table
+
+
+def canary_cell(row: dict) -> str:
+    """The row's host canary, µs, with its ratio to its environment's median where one was computed: ``412 (1.29×)``."""
+    value = row.get("host_canary_us")
+    if value is None:
+        return "–"
+    ratio = row.get("host_canary_ratio")
+    return f"{value:.0f}" + (f" ({ratio:.2f}×)" if ratio is not None else "")
 
 
 def speedup_table(rows: list[dict]) -> Table:

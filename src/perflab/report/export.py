@@ -13,6 +13,9 @@ The seed columns, and what they hold here (TokenReductionPT's speed_test.py prin
 - no_params, no_params_trainable: parameters, millions.
 - power: mean board power during the timed loop, W, from the energy counter (the seed sampled power
   during warm-up only). Empty when not measured.
+
+Of perflab's own columns, ``host_canary_us`` is the host canary taken before the case (µs per run of a
+fixed CPU micro-workload, ``perflab.measure.canary``; lower is a faster host), empty for rows without one.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ PERFLAB_COLUMNS = [
     "case_id", "status", "model", "method", "keep_rate", "reduction_loc", "tokens", "input_size", "batch_size",
     "dtype", "mode", "attn", "device_name", "median_ms", "p10_ms", "p90_ms", "cv", "ci95_low_ms", "ci95_high_ms",
     "latency_ms_per_batch", "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m",
-    "peak_mem_alloc_mb", "peak_mem_reserved_mb", "energy_j", "power_w", "flags", "message",
+    "peak_mem_alloc_mb", "peak_mem_reserved_mb", "energy_j", "power_w", "host_canary_us", "flags", "message",
 ]
 
 

@@ -9,6 +9,9 @@ group of the fields it does not name (dtype and mode, one table each, as the see
   speedup, latency Δ, GFLOPs of each, tokens pre → post.
 
 A failed cell says OOM, ERROR, TIMEOUT or INVALID; a case of the spec with no stored row says "not run".
+Tables of eager cases show each side's host canary (µs, ``measure.canary``) beside the timings, so a
+slower host can be told from a slower model; rows flagged ``host_drift`` ran on a host more than 15% off
+their environment's median canary.
 Then break-even analyses, the environment, the command and spec that produced the rows, and every row.
 """
 
@@ -19,6 +22,7 @@ import re
 import time
 from pathlib import Path
 
+from perflab.measure.canary import CANARY_KEY, HOST_DRIFT_FLAG, HOST_DRIFT_THRESHOLD
 from perflab.report import plots
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
@@ -132,11 +136,14 @@ def comparison_section(comparison: Comparison, rows: list[dict], plot_dir: Path,
 def batch_sweep_table(comparison: Comparison, entries: list[dict], input_size: int, common: set[str]) -> list[str]:
     """Seed 001: one input size, a row per batch size."""
     bl, vl = comparison.labels
-    headers = ["Batch size", f"{bl} TP (img/s)", f"{vl} TP (img/s)", "Speedup", "Latency Δ", "Result", "Flags"]
+    canary = shows_canary(entries)
+    headers = ["Batch size", f"{bl} TP (img/s)", f"{vl} TP (img/s)", "Speedup", "Latency Δ", "Result"]
+    headers += [f"Host µs ({bl} / {vl})"] if canary else []
+    headers += ["Flags"]
     body = []
     for e in sorted(entries, key=lambda e: e["batch_size"]):
         body.append([str(e["batch_size"]), tp_cell(e["base_row"]), tp_cell(e["var_row"]), speedup_cell(e),
-                     delta_cell(e), result_cell(e, comparison.labels), flags_cell(e, common)])
+                     delta_cell(e), result_cell(e, comparison.labels)] + ([canary_pair_cell(e)] if canary else []) + [flags_cell(e, common)])
     lines = [f"#### Batch size sweep (input size {input_size})", md_table(headers, body)]
     lines.append(_flops_line(entries, comparison.labels) + " " + _mean_speedup_line(entries))
     return lines
@@ -145,12 +152,16 @@ def batch_sweep_table(comparison: Comparison, entries: list[dict], input_size: i
 def combined_table(comparison: Comparison, entries: list[dict], common: set[str]) -> list[str]:
     """Seed 002's "Hypothesis Validation": every input size and batch size in one table."""
     bl, vl = comparison.labels
+    canary = shows_canary(entries)
     headers = ["Input size", "Batch size", f"{bl} TP (img/s)", f"{vl} TP (img/s)", "Speedup", "Latency Δ",
-               f"{bl} GFLOPs", f"{vl} GFLOPs", "Tokens (pre → post)", "Flags"]
+               f"{bl} GFLOPs", f"{vl} GFLOPs", "Tokens (pre → post)"]
+    headers += [f"Host µs ({bl} / {vl})"] if canary else []
+    headers += ["Flags"]
     body = []
     for e in sorted(entries, key=lambda e: (e["input_size"], e["batch_size"])):
         body.append([str(e["input_size"]), str(e["batch_size"]), tp_cell(e["base_row"]), tp_cell(e["var_row"]), speedup_cell(e),
-                     delta_cell(e), _num(e["baseline_gflops"], ".2f"), _num(e["variant_gflops"], ".2f"), tokens_cell(e), flags_cell(e, common)])
+                     delta_cell(e), _num(e["baseline_gflops"], ".2f"), _num(e["variant_gflops"], ".2f"), tokens_cell(e)]
+                    + ([canary_pair_cell(e)] if canary else []) + [flags_cell(e, common)])
     return ["#### All input sizes (seed 002 \"Hypothesis Validation\" shape)", md_table(headers, body)]
 
 
@@ -208,6 +219,18 @@ def result_cell(entry: dict, labels: tuple[str, str]) -> str:
 def flags_cell(entry: dict, common: set[str]) -> str:
     flags = [f for f in entry["flags"] if f not in common]
     return ", ".join(flags) if flags else "–"
+
+
+def shows_canary(entries: list[dict]) -> bool:
+    """Whether a comparison table gets the host canary column: some eager row in it has a canary (launch-bound
+    eager timings follow the host's speed; compiled and CUDA-graph steps much less)."""
+    return any(row.get("mode") == "eager" and row.get(CANARY_KEY) is not None
+               for e in entries for row in (e["base_row"], e["var_row"]))
+
+
+def canary_pair_cell(entry: dict) -> str:
+    """Both sides' host canaries, µs: ``310 / 402``."""
+    return " / ".join(_num(row.get(CANARY_KEY), ".0f") for row in (entry["base_row"], entry["var_row"]))
 
 
 def tokens_cell(entry: dict) -> str:
@@ -391,10 +414,27 @@ def _header(stored, common: set[str]) -> str:
     )
     if common:
         lines.append(f"Flags raised on every successful case (not repeated in the tables): {', '.join(sorted(common))}.")
+    canary_line = _canary_line(stored.rows)
+    if canary_line:
+        lines.append(canary_line)
     if stored.other_env_keys:
         lines.append(f"This directory also holds rows from {len(stored.other_env_keys)} other environment(s) "
                      f"({', '.join(stored.other_env_keys)}); only environment {stored.env_key} is shown.")
     return "\n\n".join(lines)
+
+
+def _canary_line(rows: list[dict]) -> str | None:
+    """What the host canary columns and the host_drift flag mean, and how many rows carry the flag."""
+    if not any(r.get(CANARY_KEY) is not None for r in rows):
+        return None  # rows stored before the canary existed: nothing to explain
+    drifted = sum(HOST_DRIFT_FLAG in (r.get("flags") or []) for r in rows)
+    return (
+        "Host speed: before timing each case the harness times a fixed CPU micro-workload (Python and tiny torch CPU ops, "
+        "what an eager step spends its host time on); \"Host µs\" is its median µs per run, lower is a faster host. "
+        f"`{HOST_DRIFT_FLAG}` marks a row whose canary is more than {HOST_DRIFT_THRESHOLD:.0%} off the median of its environment's rows: "
+        "its launch-bound (eager) timing reflects a slower or faster host, not only the model. "
+        + (f"{drifted} row(s) carry it." if drifted else "No row carries it.")
+    )
 
 
 def _status_section(rows: list[dict]) -> list[str]:
@@ -452,7 +492,10 @@ def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
     classify = all((r.get("family") or "classify") == "classify" for r in rows)
     headers = ["Model", "Size" if classify else "Shape", "BS", "dtype", "mode", "Status", "ms/batch [95% CI]" if classify else "ms/step [95% CI]",
                "ms/img" if classify else "ms/sample", "img/s" if classify else "items/s", "GFLOPs/img" if classify else "GFLOPs/sample",
-               "Tokens" if classify else "MFU", "CV", "Flags / message"]
+               "Tokens" if classify else "MFU", "CV"]
+    canary = any(r.get(CANARY_KEY) is not None for r in rows)
+    headers += ["Host µs"] if canary else []
+    headers += ["Flags / message"]
     body = []
     for r in rows:
         ok = r.get("status") == "ok"
@@ -463,8 +506,8 @@ def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
             str(r.get("mode")), "ok" if ok else status_cell(r), _ms_cell(r) if ok else "–", _num(r.get("latency_ms_per_sample"), ".4g"),
             _num(r.get("throughput_per_s") if classify else r.get("items_per_s"), ".2f"), _num(r.get("gflops"), ".2f"),
             ("→".join(map(str, r["tokens"])) if r.get("tokens") else "–") if classify else _num(r.get("mfu"), ".1%"),
-            _num(r.get("cv"), ".1%"), note or "–",
-        ])
+            _num(r.get("cv"), ".1%"),
+        ] + ([_canary_cell(r)] if canary else []) + [note or "–"])
     return ["## All cases", md_table(headers, body)]
 
 
@@ -491,6 +534,12 @@ def _model_label(row: dict) -> str:
     if row.get("keep_rate"):
         label += " kr" + "/".join(f"{r:g}" for r in row["keep_rate"]) + "@" + ",".join(map(str, row.get("reduction_loc") or ()))
     return label
+
+
+def _canary_cell(row: dict) -> str:
+    from perflab.report.console import canary_cell
+
+    return canary_cell(row)
 
 
 def _row_label(row: dict) -> str:
