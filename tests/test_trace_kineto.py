@@ -209,6 +209,72 @@ def test_the_reader_handles_events_across_chunk_boundaries(tmp_path, monkeypatch
     assert_same_tables(load_trace(path), gz_whole)
 
 
+def gunzip_threads() -> list:
+    import threading
+
+    from perflab.trace.kineto import GUNZIP_THREAD
+
+    return [t for t in threading.enumerate() if t.name == GUNZIP_THREAD]
+
+
+@pytest.fixture
+def small_gunzip_blocks(monkeypatch):
+    """Tiny decompression blocks and queue: many blocks per member, and the thread blocks on a full queue."""
+    import perflab.trace.kineto as kineto
+
+    monkeypatch.setattr(kineto, "GUNZIP_IN_BYTES", 1000)
+    monkeypatch.setattr(kineto, "GUNZIP_OUT_BYTES", 3001)
+    monkeypatch.setattr(kineto, "GUNZIP_QUEUE_BLOCKS", 2)
+
+
+def gzip_members(text: bytes, parts: int) -> list[bytes]:
+    size = -(-len(text) // parts)
+    return [gzip.compress(text[i:i + size], compresslevel=1) for i in range(0, len(text), size)]
+
+
+def test_concatenated_gzip_members_are_read_in_turn(tmp_path, small_gunzip_blocks):
+    path = KINETO_TRACES[TRACE_IDS.index("eager_vit")]
+    members = tmp_path / "members.json.gz"
+    members.write_bytes(b"".join(gzip_members(gzip.decompress(path.read_bytes()), 3)))
+    assert_same_tables(load_trace(members), load_trace(path))
+    assert gunzip_threads() == []
+
+
+def test_a_corrupt_gzip_member_in_the_middle_is_one_error_and_stops_the_thread(tmp_path, small_gunzip_blocks):
+    text = gzip.decompress(KINETO_TRACES[TRACE_IDS.index("eager_vit")].read_bytes())
+    first, second, third = gzip_members(text, 3)
+    second = second[:-8] + bytes(b ^ 0xFF for b in second[-8:-4]) + second[-4:]  # a wrong CRC-32
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(first + second + third)
+    with pytest.raises(PerflabError, match=r"corrupt\.json\.gz: truncated or corrupt gzip file \(.*incorrect data check"):
+        read_events(corrupt)
+    assert gunzip_threads() == []
+
+
+def test_reading_stopped_early_stops_the_gunzip_thread(tmp_path, small_gunzip_blocks):
+    path = tmp_path / "notes.json.gz"
+    path.write_bytes(gzip.compress(b"not JSON " * 100_000))  # rejected after the first 512 KiB, more to come
+    with pytest.raises(PerflabError, match="not a JSON object"):
+        read_events(path)
+    assert gunzip_threads() == []
+
+
+def test_closing_the_gzip_reader_stops_its_thread_waiting_on_a_full_queue(tmp_path, small_gunzip_blocks):
+    import time
+
+    from perflab.trace.kineto import _open
+
+    path = tmp_path / "events.json.gz"
+    path.write_bytes(gzip.compress(b"[" + b"{}, " * 300_000 + b"{}]"))
+    f = _open(path)
+    assert f.read(9) == b"[{}, {}, "
+    deadline = time.monotonic() + 30
+    while not f.blocks.full() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert f.blocks.full() and len(gunzip_threads()) == 1  # the thread now waits to hand over its next block
+    f.close()
+    assert gunzip_threads() == []
+
 def test_unlinked_kernels_are_kept_and_counted(tmp_path):
     path = KINETO_TRACES[TRACE_IDS.index("two_streams")]
     document = json.load(gzip.open(path), parse_float=str)
