@@ -20,26 +20,14 @@ def model_label(row: dict) -> str:
 
 
 def shape_label(row: dict) -> str:
-    """The family's shape of a row: ``224px``; ``train_step seq512``; ``decode ctx4096``."""
-    case = row.get("case") or row
-    family = row.get("family") or "classify"
-    if family == "classify":
-        return f"{row.get('input_size')}px"
-    workload = case.get("workload") or row.get("workload")
-    parts = [workload]
-    if case.get("layers") is not None:
-        parts.insert(0, f"L{case['layers']}" + ("-only" if case.get("layers_only") else ""))
-    elif case.get("layers_only"):
-        parts.insert(0, "layers-only")
-    if family == "lm":
-        parts.append(f"seq{case.get('seq_len')}")
-    elif workload == "decode":
-        parts.append(f"ctx{case.get('context_len')}")
-    elif workload == "prefill":
-        parts.append(f"prompt{case.get('prompt_len')}")
-    else:
-        parts.append(f"prompt{case.get('prompt_len')}+{case.get('new_tokens')}")
-    return " ".join(str(p) for p in parts)
+    """The family's shape of a row: ``224px``; ``train_step seq512``; ``decode ctx4096`` (workloads.FamilySpec.shape)."""
+    from perflab.workloads import FAMILIES
+
+    family = FAMILIES.get(row.get("family") or "classify", FAMILIES["classify"])
+    fields = dict(row.get("case") or {})
+    for key in ("input_size", "workload"):  # rows of perflab 0.1 carry these at the top
+        fields.setdefault(key, row.get(key))
+    return " ".join(str(p) for p in family.shape(fields))
 
 
 def row_label(row: dict) -> str:
@@ -49,12 +37,9 @@ def row_label(row: dict) -> str:
 
 
 def _unit(rows: list[dict]) -> str:
-    families = {r.get("family") or "classify" for r in rows}
-    if families == {"classify"}:
-        return "img"
-    if "classify" not in families:
-        return "tok"
-    return "item"
+    from perflab.workloads import item_of
+
+    return {"img": "img", "token": "tok"}.get(item_of(rows), "item")
 
 
 def bench_table(rows: list[dict], title: str | None = None) -> Table:

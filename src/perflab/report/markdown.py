@@ -64,16 +64,15 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
 
 
 def family_sections(rows: list[dict], plot_dir: Path) -> list[str]:
-    """The language-model (seed 003) and decode (seed 004) tables, for the rows of those families."""
+    """Each family's own tables (report/<family>.py ``sections``) for its rows: lm (seed 003), decode (seed 004)."""
     from perflab.report import decode as decode_report
     from perflab.report import lm as lm_report
 
-    families = {(r.get("family") or (r.get("case") or {}).get("family") or _family(r)) for r in rows}
     parts = []
-    if "lm" in families:
-        parts += lm_report.sections([r for r in rows if _family(r) == "lm"], plot_dir)
-    if "decode" in families:
-        parts += decode_report.sections([r for r in rows if _family(r) == "decode"], plot_dir)
+    for family, sections in (("lm", lm_report.sections), ("decode", decode_report.sections)):
+        mine = [r for r in rows if _family(r) == family]
+        if mine:
+            parts += sections(mine, plot_dir)
     return parts
 
 
@@ -396,8 +395,9 @@ def _ms_triple(row) -> tuple:
 
 
 def _unit_of(rows) -> str:
-    families = {(r.get("family") or "classify") for r in rows}
-    return "images" if families <= {"classify"} else "tokens" if "classify" not in families else "items"
+    from perflab.workloads import item_of
+
+    return {"img": "images", "token": "tokens"}.get(item_of(rows), "items")
 
 
 def _header(stored, common: set[str]) -> str:

@@ -37,29 +37,36 @@ class FamilySpec:
     def default_workload(self) -> str:
         return self.workloads[0]
 
+    def shape(self, fields) -> list[str]:
+        """The family's shape words of a case, from its fields (a Case, or a row's ``case`` mapping):
+        ``224px``; ``L2 train_step seq512``; ``decode ctx4096``; ``generate prompt128+128``."""
+        get = fields.get if isinstance(fields, dict) else (lambda key: getattr(fields, key, None))
+        if self.name == "classify":
+            return [f"{get('input_size')}px"]
+        parts = []
+        if get("layers") is not None:
+            parts.append(f"L{get('layers')}" + ("-only" if get("layers_only") else ""))
+        elif get("layers_only"):
+            parts.append("layers-only")
+        workload = get("workload")
+        if self.name == "lm":
+            return parts + [workload, f"seq{get('seq_len')}"]
+        if workload == "prefill":
+            return parts + [workload, f"prompt{get('prompt_len')}"]
+        if workload == "decode":
+            return parts + [workload, f"ctx{get('context_len')}"]
+        return parts + [workload, f"prompt{get('prompt_len')}+{get('new_tokens')}"]
+
     def label(self, case) -> list[str]:
         parts = [case.model]
+        shape = self.shape(case)
         if self.name == "classify":
             if case.keep_rate:
                 parts.append("kr" + "/".join(f"{r:g}" for r in case.keep_rate) + "@" + ",".join(map(str, case.reduction_loc)))
-            parts.append(f"{case.input_size}px")
-        else:
-            if case.layers is not None:
-                parts.append(f"L{case.layers}" + ("-only" if case.layers_only else ""))
-            elif case.layers_only:
-                parts.append("layers-only")
-            if case.model_args:
-                parts.append(",".join(f"{k}={v:g}" for k, v in case.model_args))
-            parts.append(case.workload)
-            if self.name == "lm":
-                parts.append(f"seq{case.seq_len}")
-            elif case.workload == "prefill":
-                parts.append(f"prompt{case.prompt_len}")
-            elif case.workload == "decode":
-                parts.append(f"ctx{case.context_len}")
-            else:
-                parts.append(f"prompt{case.prompt_len}+{case.new_tokens}")
-        parts += [f"bs{case.batch_size}", case.dtype, case.mode]
+        elif case.model_args:  # after the layers, before the workload
+            at = 1 if case.layers is not None or case.layers_only else 0
+            shape.insert(at, ",".join(f"{k}={v:g}" for k, v in case.model_args))
+        parts += shape + [f"bs{case.batch_size}", case.dtype, case.mode]
         if case.max_memory is not None:
             parts.append(f"cap{format_bytes(case.max_memory)}")
         return parts
@@ -102,6 +109,12 @@ def family_of(model: str) -> FamilySpec:
     if model.startswith(DECODE_PREFIXES):
         return FAMILIES["decode"]
     return FAMILIES["classify"]
+
+
+def item_of(rows) -> str | None:
+    """What the throughput of these rows counts ("img", "token"), when all rows' families agree; else None."""
+    items = {FAMILIES.get(r.get("family") or "classify", FAMILIES["classify"]).item for r in rows}
+    return items.pop() if len(items) == 1 else None
 
 
 def shape_defaults(family: FamilySpec, workload: str | None) -> dict[str, Any]:
