@@ -339,6 +339,30 @@ def is_trace_path(item) -> bool:
     return Path(text).exists() or "/" in text or text.endswith((".json", ".gz", ".sqlite", ".db"))
 
 
+def compare_items(a: str, b: str, per_side: dict, **common) -> list:
+    """The two sides of a comparison: a trace path stays a Path; a model name becomes a Case.
+
+    ``per_side``: make_cases options (dtype, mode, workload, ...) given as a list of one value (both sides)
+    or two (A's, then B's). ``common``: the other make_cases options. Both names go into one make_cases call
+    per side, so keep_rate/reduction_loc reach the token-reducing one only, as in bench."""
+    from pathlib import Path
+
+    from perflab.errors import PerflabError
+
+    for option, values in per_side.items():
+        if len(values) > 2:
+            raise PerflabError(f"--{option.replace('_', '-')}: give one value (both sides) or two (A's, then B's), got {len(values)}")
+    names = [item for item in (a, b) if not is_trace_path(item)]
+    if len(names) < 2 and any(len(v) == 2 for v in per_side.values()):
+        raise PerflabError("two values of an option (A's, then B's) are for two cases; a trace was recorded with its own settings")
+
+    def case_of(name, i):
+        side = {k: [v[i]] if len(v) == 2 else list(v) for k, v in per_side.items()}
+        return next(c for c in make_cases(model=names, **side, **common) if c.model == name)
+
+    return [Path(item) if is_trace_path(item) else case_of(item, i) for i, item in enumerate((a, b))]
+
+
 def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None)):
     """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile."""
     from pathlib import Path

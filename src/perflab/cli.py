@@ -506,27 +506,10 @@ def compare(
     from perflab import api
     from perflab.report.explain_console import render_comparison
 
-    per_side = dict(dtype=dtype, mode=mode, workload=workload, seq_len=seq_len, prompt_len=prompt_len, context_len=context_len, new_tokens=new_tokens)
-    for option, values in per_side.items():
-        if len(values) > 2:
-            raise PerflabError(f"--{option.replace('_', '-')}: give one value (both sides) or two (A's, then B's), got {len(values)}")
-
-    def side(values, i):
-        return [values[i]] if len(values) == 2 else list(values)
-
-    names = [item for item in (a, b) if not api.is_trace_path(item)]
-
-    def case_of(name, i):
-        # both names in one call, as bench does: keep_rate/reduction_loc go to the token-reducing one only
-        shape = _shape(side(workload, i), side(seq_len, i), side(prompt_len, i), side(context_len, i), side(new_tokens, i), layers, layers_only,
-                       model_arg, max_memory)
-        cases = api.make_cases(model=names, input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
-                               reduction_loc=reduction_loc, attn=attn, dtype=side(dtype, i), mode=side(mode, i), device=device, **shape)
-        return next(c for c in cases if c.model == name)
-
-    if len(names) < 2 and any(len(v) == 2 for v in per_side.values()):
-        raise PerflabError("two values of an option (A's, then B's) are for two cases; a trace was recorded with its own settings")
-    items = [Path(item) if api.is_trace_path(item) else case_of(item, i) for i, item in enumerate((a, b))]
+    shape = _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory)
+    per_side = {key: shape.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens")}
+    items = api.compare_items(a, b, per_side=dict(per_side, dtype=dtype, mode=mode), input_size=_one(input_size), batch_size=_one(batch_size),
+                              keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn, device=device, **shape)
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir)
     if as_json:

@@ -34,6 +34,24 @@ class Built:
             self.model.annotate = model_ranges
 
 
+def config_overrides(case, config_cls, fixed: str) -> dict:
+    """The case's ``--model-arg`` overrides (and ``--layers`` as n_layers) for a config dataclass, checked:
+    an unknown name (or ``fixed``, chosen elsewhere) is one clear error; whole floats become ints except for
+    the float fields (rope_theta, norm_eps)."""
+    from perflab.errors import PerflabError
+
+    overrides = dict(case.model_args)
+    if case.layers is not None:
+        overrides["n_layers"] = case.layers
+    allowed = [k for k in config_cls.__dataclass_fields__ if k != fixed]
+    for key, value in overrides.items():
+        if key not in allowed:
+            raise PerflabError(f"--model-arg {key}: {case.model} has no such dimension; choose from {', '.join(allowed)}")
+        if isinstance(value, float) and value.is_integer() and key not in ("rope_theta", "norm_eps"):
+            overrides[key] = int(value)
+    return overrides
+
+
 class Implementation:
     """A family's torch side. Subclasses: workloads.classify, workloads.lm, workloads.decode."""
 

@@ -20,7 +20,7 @@ import statistics
 import torch
 
 from perflab.errors import PerflabError
-from perflab.workloads.base import Built, Implementation
+from perflab.workloads.base import Built, Implementation, config_overrides
 
 WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}
@@ -29,16 +29,7 @@ DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}
 def llama_config(case):
     from perflab.models.llama import LlamaConfig
 
-    overrides = dict(case.model_args)
-    if case.layers is not None:
-        overrides["n_layers"] = case.layers
-    for key, value in overrides.items():
-        if key not in LlamaConfig.__dataclass_fields__ or key == "rope_scaling":
-            raise PerflabError(f"--model-arg {key}: {case.model} has no such dimension; choose from "
-                               f"{', '.join(k for k in LlamaConfig.__dataclass_fields__ if k != 'rope_scaling')}")
-        if isinstance(value, float) and value.is_integer() and key not in ("rope_theta", "norm_eps"):
-            overrides[key] = int(value)
-    return LlamaConfig.from_name(case.model, **overrides)
+    return LlamaConfig.from_name(case.model, **config_overrides(case, LlamaConfig, fixed="rope_scaling"))
 
 
 def cache_len(case) -> int:

@@ -25,7 +25,7 @@ from torch.profiler import record_function
 
 from perflab.errors import PerflabError
 from perflab.runtime.precision import AUTOCAST_DTYPES
-from perflab.workloads.base import Built, Implementation
+from perflab.workloads.base import Built, Implementation, config_overrides
 
 TRAINING = ("train_forward", "forward_backward", "train_step")
 
@@ -33,16 +33,8 @@ TRAINING = ("train_forward", "forward_backward", "train_step")
 def lm_config(case):
     from perflab.models.lm import LMConfig
 
-    overrides = dict(case.model_args)
-    if case.layers is not None:
-        overrides["n_layers"] = case.layers
-    for key, value in overrides.items():
-        if key not in LMConfig.__dataclass_fields__ or key == "attn":
-            raise PerflabError(f"--model-arg {key}: {case.model} has no such dimension; choose from "
-                               f"{', '.join(k for k in LMConfig.__dataclass_fields__ if k != 'attn')}")
-        if isinstance(value, float) and value.is_integer() and key not in ("rope_theta", "norm_eps"):
-            overrides[key] = int(value)
-    return LMConfig.from_name(case.model, attn=case.attn, **overrides)
+    # attn is the case's own field (--attn), not a dimension to override
+    return LMConfig.from_name(case.model, attn=case.attn, **config_overrides(case, LMConfig, fixed="attn"))
 
 
 class LM(Implementation):
