@@ -38,6 +38,7 @@ def make_cases(
     layers_only: bool = False,
     model_args: dict | None = None,
     max_memory=None,
+    family: str | None = None,
 ) -> list[Case]:
     """Every combination of the multi-valued arguments, validated (PerflabError on bad input).
 
@@ -45,6 +46,8 @@ def make_cases(
     seq_len 128 and batch 4 for language models, ...). ``keep_rate`` and ``reduction_loc`` apply to the
     token-reducing models among ``model`` (so a baseline and its top-k variant can be measured in one call);
     giving them with no reducing model is an error. ``max_memory``: bytes, or a size such as "24GiB".
+    ``model`` names perflab's models or references to your own (``file.py:NAME``, ``package.module:NAME``,
+    ``hf:DIR``); ``family`` says which inputs a reference takes where it cannot be read from it.
     """
     from perflab.models.registry import parse_model_name
     from perflab.runtime.device import resolve_device
@@ -52,7 +55,7 @@ def make_cases(
 
     device = resolve_device(device)
     reducing = {m for m in model if parse_model_name(m).reduces_tokens}
-    base = dict(attn=attn, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed,
+    base = dict(attn=attn, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed, family=family,
                 layers=layers, layers_only=layers_only, model_args=convert_field("model_args", dict(model_args or {})),
                 max_memory=convert_field("max_memory", max_memory) if max_memory is not None else None)
     grid = dict(model=list(model), input_size=list(input_size), batch_size=list(batch_size), dtype=list(dtype), mode=list(mode),
@@ -65,6 +68,20 @@ def make_cases(
             d.update(keep_rate=tuple(keep_rate), reduction_loc=tuple(reduction_loc))
         cases.append(validate_case(Case(**d)))
     return cases
+
+
+def cases_for_model(model, **options) -> list[Case]:
+    """``make_cases`` for one model given as an object (an nn.Module, a class or a factory, registered for this
+    process as ``object:NAME``) or a name; scalar options are taken as one-value lists."""
+    from perflab.references import register_object
+
+    name = model if isinstance(model, str) else register_object(model)
+    multi = ("input_size", "batch_size", "keep_rate", "reduction_loc", "dtype", "mode", "workload", "seq_len", "prompt_len",
+             "context_len", "new_tokens")
+    for key in multi:
+        if key in options and not isinstance(options[key], (list, tuple)):
+            options[key] = [options[key]]
+    return make_cases(model=[name], **options)
 
 
 def demo_cases(device: str = "auto") -> list[Case]:
@@ -80,8 +97,16 @@ def demo_cases(device: str = "auto") -> list[Case]:
     return make_cases(keep_rate=[0.1], reduction_loc=[3, 6, 9], device=device, **spec)
 
 
-def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None) -> list[dict]:
+def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None, *,
+          model=None, **case_options) -> list[dict]:
     """Measure each case in this process; an OOM or failure in one becomes its row and the rest still run.
+
+    From a notebook, name the model directly instead of cases: ``model`` is an ``nn.Module`` (measured as it is),
+    an ``nn.Module`` subclass or a function that returns one, or any model name or reference ``make_cases``
+    takes; the other keywords are ``make_cases``'s (``family="lm", seq_len=[512], workload=["train_step"]``,
+    one value or a list each)::
+
+        rows = perflab.bench(model=MyGPT, family="lm", model_args={"n_layers": 2}, seq_len=256, workload="train_step")
 
     ``on_case(index, case, stage)`` is called as each case moves through its stages (for progress bars).
     ``memory_snapshot``: a path for the CUDA memory history pickle (memory_viz); with several cases, the
@@ -92,7 +117,17 @@ def bench(cases: Iterable[Case], on_case: Callable[[int, Case, str], None] | Non
 
     from perflab.measure.harness import run_case
 
-    cases = list(cases)
+    if model is not None:
+        if cases is not None:
+            from perflab.errors import PerflabError
+
+            raise PerflabError("give either cases or model=..., not both")
+        cases = cases_for_model(model, **case_options)
+    elif case_options:
+        from perflab.errors import PerflabError
+
+        raise PerflabError(f"options {', '.join(sorted(case_options))} describe cases: pass them with model=..., or build cases with make_cases")
+    cases = list(cases or [])
     rows = []
     for i, case in enumerate(cases):
         stage = (lambda s, i=i, case=case: on_case(i, case, s)) if on_case else None
@@ -335,7 +370,11 @@ def is_trace_path(item) -> bool:
     """An existing file, or a name that looks like one (so that a missing trace is reported as missing)."""
     from pathlib import Path
 
+    from perflab.references import is_reference
+
     text = str(item)
+    if is_reference(text):
+        return False
     return Path(text).exists() or "/" in text or text.endswith((".json", ".gz", ".sqlite", ".db"))
 
 

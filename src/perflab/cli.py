@@ -51,7 +51,10 @@ OPT_CONTEXT_LEN = typer.Option([], "--context-len", help="Decode: the cache posi
 OPT_NEW_TOKENS = typer.Option([], "--new-tokens", help="Decode: tokens to generate after the prefill (generate).")
 OPT_LAYERS = typer.Option(None, "--layers", help="Language models and decode: run this many layers.")
 OPT_LAYERS_ONLY = typer.Option(False, "--layers-only", help="Decode: the layers alone, without embedding and head (seed 004's testbench).")
-OPT_MODEL_ARG = typer.Option([], "--model-arg", help="Override a dimension of the named config, e.g. d_ff=2048 (repeatable).")
+OPT_MODEL_ARG = typer.Option([], "--model-arg", help="Override a dimension of the named config, e.g. d_ff=2048, or pass a keyword "
+                             "argument to your own model's factory (repeatable; ints, floats or strings).")
+OPT_FAMILY = typer.Option(None, "--family", help="classify, lm or decode: which inputs your own model takes, where perflab cannot "
+                          "tell from the reference.")
 OPT_MAX_MEMORY = typer.Option(None, "--max-memory", help="Cap the CUDA allocator, e.g. 24GiB: would it fit on a smaller GPU? Past it: an oom row.")
 OPT_KEEP_RATE = typer.Option([], "--keep-rate", help="Keep rate, one value or one per reduction location (token-reducing models only).")
 OPT_REDUCTION_LOC = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens.")
@@ -70,7 +73,8 @@ OPT_TRACE_DIR = typer.Option(Path("perflab-traces"), "--out", help="Directory fo
 
 @app.command()
 def bench(
-    model: List[str] = typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>."),
+    model: List[str] = typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>, "
+                                    "gpt_*, llama*, or your own: path/file.py:NAME, package.module:NAME, hf:DIR."),
     input_size: List[int] = OPT_INPUT_SIZE,
     batch_size: List[int] = OPT_BATCH_SIZE,
     keep_rate: List[float] = OPT_KEEP_RATE,
@@ -84,6 +88,7 @@ def bench(
     layers_only: bool = OPT_LAYERS_ONLY,
     model_arg: List[str] = OPT_MODEL_ARG,
     max_memory: Optional[str] = OPT_MAX_MEMORY,
+    family: Optional[str] = OPT_FAMILY,
     attn: str = OPT_ATTN,
     dtype: List[str] = OPT_DTYPE,
     mode: List[str] = OPT_MODE,
@@ -110,7 +115,7 @@ def bench(
     cases = api.make_cases(
         model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
         attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
-        repeats=repeats, seed=seed, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory),
+        repeats=repeats, seed=seed, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
     )
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
@@ -149,7 +154,7 @@ def _one(value) -> list:
     return [] if value is None else [value]
 
 
-def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory) -> dict:
+def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family) -> dict:
     """The workload-family options of a command, as api.make_cases takes them."""
     args = {}
     for item in model_arg:
@@ -428,6 +433,7 @@ def profile(
     layers_only: bool = OPT_LAYERS_ONLY,
     model_arg: List[str] = OPT_MODEL_ARG,
     max_memory: Optional[str] = OPT_MAX_MEMORY,
+    family: Optional[str] = OPT_FAMILY,
     attn: str = OPT_ATTN,
     dtype: List[str] = OPT_DTYPE,
     mode: List[str] = OPT_MODE,
@@ -451,7 +457,7 @@ def profile(
         raise PerflabError(f"--steps must be at least 1, got {steps}")
     cases = api.make_cases(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
                            attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed,
-                           **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory))
+                           **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     for case in cases:
         with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
             result = api.profile_case(case, out_dir, steps=steps, top=top)
@@ -488,6 +494,7 @@ def compare(
     layers_only: bool = OPT_LAYERS_ONLY,
     model_arg: List[str] = OPT_MODEL_ARG,
     max_memory: Optional[str] = OPT_MAX_MEMORY,
+    family: Optional[str] = OPT_FAMILY,
     attn: str = OPT_ATTN,
     dtype: List[str] = typer.Option(["fp32"], "--dtype", help="One for both, or two: A's then B's."),
     mode: List[str] = typer.Option(["eager"], "--mode", help="One for both, or two: A's then B's (--mode eager --mode compile)."),
@@ -506,7 +513,7 @@ def compare(
     from perflab import api
     from perflab.report.explain_console import render_comparison
 
-    shape = _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory)
+    shape = _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family)
     per_side = {key: shape.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens")}
     items = api.compare_items(a, b, per_side=dict(per_side, dtype=dtype, mode=mode), input_size=_one(input_size), batch_size=_one(batch_size),
                               keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn, device=device, **shape)
@@ -535,6 +542,7 @@ def explain(
     layers_only: bool = OPT_LAYERS_ONLY,
     model_arg: List[str] = OPT_MODEL_ARG,
     max_memory: Optional[str] = OPT_MAX_MEMORY,
+    family: Optional[str] = OPT_FAMILY,
     attn: str = OPT_ATTN,
     dtype: str = typer.Option("bf16", "--dtype"),
     device: str = typer.Option("cuda", "--device"),
@@ -551,7 +559,7 @@ def explain(
     from perflab.report.explain_console import render_explanation
 
     cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
-                           reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory))
+                           reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     case, other = cases[0], (cases[1] if vs else None)
     with err.status("explaining") as status:
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s))
@@ -578,6 +586,7 @@ def ncu(
     layers_only: bool = OPT_LAYERS_ONLY,
     model_arg: List[str] = OPT_MODEL_ARG,
     max_memory: Optional[str] = OPT_MAX_MEMORY,
+    family: Optional[str] = OPT_FAMILY,
     attn: str = OPT_ATTN,
     dtype: str = typer.Option("bf16", "--dtype"),
     mode: str = typer.Option("eager", "--mode"),
@@ -595,7 +604,7 @@ def ncu(
         raise PerflabError(f"--top must be at least 1, got {top}")
     find_ncu()
     (case,) = api.make_cases(model=[model], input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate, reduction_loc=reduction_loc,
-                             attn=attn, dtype=[dtype], mode=[mode], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory))
+                             attn=attn, dtype=[dtype], mode=[mode], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     with err.status(f"{case.label()}: profiling, then running ncu on the top {top} kernels"):
         table, _ = api.ncu(case, top=top, out_dir=out_dir)
     if as_json:

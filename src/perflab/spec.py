@@ -25,6 +25,7 @@ from typing import Any, Iterable
 import msgspec
 
 from perflab.errors import PerflabError
+from perflab.references import is_reference
 from perflab.workloads import FAMILIES, family_of, shape_defaults
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
@@ -72,20 +73,30 @@ class Case:
     iters: int | None = None  # exact number of timed iterations (overrides min_time)
     repeats: int = 20  # number of timing samples the timed iterations are split into
     seed: int = 0
+    family: str | None = None  # the workload family; perflab's own model names imply it, a reference may state it
 
     def __post_init__(self):
-        family = family_of(self.model) if isinstance(self.model, str) else FAMILIES["classify"]
+        if isinstance(self.model_args, dict):
+            object.__setattr__(self, "model_args", tuple(sorted(self.model_args.items())))
+        if self.family is None and isinstance(self.model, str) and not is_reference(self.model):
+            object.__setattr__(self, "family", family_of(self.model).name)
+        family = self.family_spec
+        if family is None:  # a reference whose family is not known yet: validate_case finds it, then fills the defaults
+            return
         for name, value in shape_defaults(family, self.workload).items():
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         if self.workload is None and family.name == "classify":
             object.__setattr__(self, "workload", "forward")
-        if isinstance(self.model_args, dict):
-            object.__setattr__(self, "model_args", tuple(sorted(self.model_args.items())))
 
     @property
-    def family(self) -> str:
-        return family_of(self.model).name
+    def family_spec(self):
+        """The case's FamilySpec; None for a reference whose family is not resolved yet."""
+        return FAMILIES.get(self.family) if self.family else None
+
+    @property
+    def is_reference(self) -> bool:
+        return is_reference(self.model)
 
     @property
     def id(self) -> str:
@@ -99,14 +110,22 @@ class Case:
         return "baseline"
 
     def to_dict(self) -> dict[str, Any]:
-        """The common fields, the family's own shape fields, and max_memory when set."""
-        family = family_of(self.model)
+        """The common fields, the family's own shape fields, and max_memory when set; ``family`` for a reference
+        (perflab's own names imply theirs, so their ids are what they always were)."""
+        family = self.family_spec
         d = asdict(self)
-        for name in SHAPE_FIELDS:
-            if name not in family.fields:
+        if not self.is_reference:
+            d.pop("family")
+        elif d["family"] is None:
+            d.pop("family")
+        for name, empty in SHAPE_FIELDS.items():
+            if (name not in family.fields) if family is not None else getattr(self, name) == empty:
                 d.pop(name)
         if "layers_only" in d and not d["layers_only"]:
             d.pop("layers_only")
+        for name in family.optional if family is not None else ():
+            if name in d and getattr(self, name) == SHAPE_FIELDS[name]:
+                d.pop(name)
         if "model_args" in d:
             d["model_args"] = dict(self.model_args)
         if d["max_memory"] is None:
@@ -131,7 +150,8 @@ class Case:
         return cls(**data)
 
     def label(self) -> str:
-        return " ".join(family_of(self.model).label(self))
+        family = self.family_spec
+        return " ".join(family.label(self)) if family is not None else self.model
 
 
 _HINTS = typing.get_type_hints(Case)
@@ -158,7 +178,7 @@ def convert_field(name: str, value):
             raise PerflabError(f"max_memory: expected a size such as 24GiB, 24GB or 512MiB, got {value!r}") from None
     hint = _HINTS.get(name, float)
     if name.startswith("model_args."):
-        hint = int | float
+        hint = int | float | str
     try:
         return msgspec.convert(value, type=hint)
     except msgspec.ValidationError as exc:
@@ -174,8 +194,9 @@ def _describe(exc: msgspec.ValidationError, hint) -> str:
 def validate_case(case: Case) -> Case:
     """Raise PerflabError (one line, says how to fix) for anything that cannot be measured; returns the
     case normalised by its family (sorted reduction locations, ...)."""
+    case = resolve_family(case)
     case = Case.from_dict(case.to_dict() | _foreign_fields(case))
-    family = family_of(case.model)
+    family = case.family_spec
     if case.dtype not in DTYPES:
         raise PerflabError(f"unknown dtype {case.dtype!r}; choose one of {', '.join(DTYPES)}")
     if case.mode not in MODES:
@@ -213,9 +234,37 @@ def validate_case(case: Case) -> Case:
     return implementation(case).validate(case)
 
 
+def resolve_family(case: Case) -> Case:
+    """The case with its family known and checked: perflab's own names imply theirs (a different --family is an
+    error); a reference states it (hf: architectures), or the workload names it, or the built module shows it."""
+    if case.family is not None and case.family not in FAMILIES:
+        raise PerflabError(f"unknown family {case.family!r}; choose {', '.join(FAMILIES)}")
+    if not case.is_reference:
+        implied = family_of(case.model).name
+        if case.family != implied:
+            raise PerflabError(f"{case.model} is a model of the {implied} family; --family {case.family} does not apply to it")
+        return case
+    from perflab.models.reference import infer_family
+    from perflab.references import declared_family, parse_reference
+
+    parse_reference(case.model)  # a malformed reference is one clear error
+    declared = declared_family(case.model)
+    if case.family is not None:
+        if declared is not None and not (declared == case.family or (declared, case.family) == ("lm", "decode")):
+            raise PerflabError(f"{case.model} is a {declared} model by its config's architectures; --family {case.family} does not apply")
+        return case
+    owners = [f.name for f in FAMILIES.values() if case.workload in f.workloads]
+    if case.workload is not None and len(owners) == 1 and (declared is None or declared in owners or declared == "lm"):
+        family = owners[0]
+    else:
+        family = infer_family(case.model, dict(case.model_args), case.workload)
+    fields_ = {f.name: getattr(case, f.name) for f in fields(Case)}
+    return Case(**dict(fields_, family=family))
+
+
 def _foreign_fields(case: Case) -> dict:
     """Shape fields set on a case whose family does not own them (to_dict drops them; validation refuses them)."""
-    family = family_of(case.model)
+    family = case.family_spec
     out = {}
     for name, empty in SHAPE_FIELDS.items():
         if name not in family.fields and getattr(case, name) != empty:
@@ -226,7 +275,7 @@ def _foreign_fields(case: Case) -> dict:
 
 
 def _family_models(name: str) -> str:
-    return {"classify": "ViT/DeiT, timm:*", "lm": "gpt_*", "decode": "llama*"}[name]
+    return {"classify": "ViT/DeiT, timm:*", "lm": "gpt_*", "decode": "llama*"}[name] + ", or your own model with --family " + name
 
 
 def _foreign_message(case: Case, family, name: str) -> str:

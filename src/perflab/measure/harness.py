@@ -32,7 +32,6 @@ from perflab.runtime.device import synchronize
 from perflab.runtime.modes import make_step
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
-from perflab.workloads import family_of
 from perflab.workloads.registry import implementation
 
 MB = 2**20
@@ -172,9 +171,16 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )
-    if family_of(case.model).item == "token":
+    if case.family_spec.item == "token":
         row["tokens_per_s"] = row["items_per_s"]
     row.update(impl.analytic(case))
+    row["flops_source"] = "counted"  # gflops & co. come from torch.utils.flop_counter on a real step, for every model
+    if row.get("flops_analytic"):
+        row["flops_counted_vs_analytic"] = flops / row["flops_analytic"] - 1.0
+    if case.is_reference:
+        from perflab.models.reference import source_info
+
+        row["model_source"] = source_info(case.model)
     row.update(extra)
     if case.device == "cuda":
         row["peak_mem_alloc_mb"] = peak["alloc"] / MB

@@ -8,6 +8,8 @@ Names:
   llama<...>            a Llama with a static KV cache (models/llama.py: llama2_7b, llama3_8b, ...), the decode family
   timm:<timm name>      any timm model, where timm is importable
   test:<name>           small models that plant faults, for perflab's own tests (models/testing.py)
+  file.py:NAME, package.module:NAME, hf:DIR_OR_ID
+                        a user's own model (perflab.references, models/reference.py), built by its workload family
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ METHODS = {"topk": False, "evit": True}  # method -> fuses dropped tokens
 @dataclass(frozen=True)
 class ModelName:
     name: str  # as given
-    family: str  # "vit", "timm", "test", "lm" or "llama"
+    family: str  # "vit", "timm", "test", "lm", "llama" or "reference" (a user's model: perflab.references)
     base: str  # the ViT config name, timm model name, or test model name
     method: str  # "baseline", "topk" or "evit"
 
@@ -44,6 +46,11 @@ def model_names() -> list[str]:
 
 
 def parse_model_name(name: str) -> ModelName:
+    from perflab.references import is_reference, parse_reference
+
+    if is_reference(name):
+        parse_reference(name)
+        return ModelName(name, "reference", name, "baseline")
     if name.startswith("timm:"):
         base = name[len("timm:") :]
         if not base:
@@ -98,7 +105,7 @@ def build_model(case) -> tuple[object, ViTConfig | None]:
         return TEST_MODELS[name.base]().eval(), None
     if name.family == "timm":
         return build_timm_model(name.base, case.input_size), None
-    if name.family in ("lm", "llama"):
+    if name.family in ("lm", "llama", "reference"):
         raise ValueError(f"{case.model} is built by its workload family (perflab.workloads), not by build_model")
     config = vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn)
     return VisionTransformer(config).eval(), config

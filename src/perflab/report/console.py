@@ -21,9 +21,9 @@ def model_label(row: dict) -> str:
 
 def shape_label(row: dict) -> str:
     """The family's shape of a row: ``224px``; ``train_step seq512``; ``decode ctx4096`` (workloads.FamilySpec.shape)."""
-    from perflab.workloads import FAMILIES
+    from perflab.workloads import family_of_row
 
-    family = FAMILIES.get(row.get("family") or "classify", FAMILIES["classify"])
+    family = family_of_row(row)
     fields = dict(row.get("case") or {})
     for key in ("input_size", "workload"):  # rows of perflab 0.1 carry these at the top
         fields.setdefault(key, row.get(key))

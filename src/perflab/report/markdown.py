@@ -77,9 +77,9 @@ def family_sections(rows: list[dict], plot_dir: Path) -> list[str]:
 
 
 def _family(row: dict) -> str:
-    from perflab.workloads import family_of
+    from perflab.workloads import family_of_row
 
-    return family_of(str(row.get("model") or case_fields(row).get("model") or "")).name
+    return family_of_row(dict(row, case=case_fields(row))).name
 
 
 def with_missing(rows: list[dict], experiment) -> list[dict]:

@@ -26,70 +26,76 @@ COMMON_FIELDS = ("model", "batch_size", "attn", "dtype", "mode", "device", "warm
 
 @dataclass(frozen=True)
 class FamilySpec:
+    """A family's torch-free facts. Each family's own words (its shape label, its workload-dependent defaults)
+    live in its subclass below, so no stage downstream branches on family names."""
+
     name: str
     fields: tuple[str, ...]  # the shape fields it owns, beyond COMMON_FIELDS
     workloads: tuple[str, ...]
     defaults: dict = field(default_factory=dict)  # filled in when a case leaves them unset (None)
     item: str = "sample"  # what throughput counts: "img", "token"
     describe: str = ""
+    optional: tuple[str, ...] = ()  # owned fields a case serialises only when set (so older case ids stay the same)
 
     @property
     def default_workload(self) -> str:
         return self.workloads[0]
 
+    def defaults_for(self, workload: str | None) -> dict[str, Any]:
+        """The shape defaults of a case of this family running ``workload``."""
+        return dict(self.defaults, workload=self.default_workload)
+
     def shape(self, fields) -> list[str]:
         """The family's shape words of a case, from its fields (a Case, or a row's ``case`` mapping):
         ``224px``; ``L2 train_step seq512``; ``decode ctx4096``; ``generate prompt128+128``."""
-        get = fields.get if isinstance(fields, dict) else (lambda key: getattr(fields, key, None))
-        if self.name == "classify":
-            return [f"{get('input_size')}px"]
-        parts = []
-        if get("layers") is not None:
-            parts.append(f"L{get('layers')}" + ("-only" if get("layers_only") else ""))
-        elif get("layers_only"):
-            parts.append("layers-only")
-        workload = get("workload")
-        if self.name == "lm":
-            return parts + [workload, f"seq{get('seq_len')}"]
-        if workload == "prefill":
-            return parts + [workload, f"prompt{get('prompt_len')}"]
-        if workload == "decode":
-            return parts + [workload, f"ctx{get('context_len')}"]
-        return parts + [workload, f"prompt{get('prompt_len')}+{get('new_tokens')}"]
+        raise NotImplementedError
 
     def label(self, case) -> list[str]:
-        parts = [case.model]
-        shape = self.shape(case)
-        if self.name == "classify":
-            if case.keep_rate:
-                parts.append("kr" + "/".join(f"{r:g}" for r in case.keep_rate) + "@" + ",".join(map(str, case.reduction_loc)))
-        elif case.model_args:  # after the layers, before the workload
-            at = 1 if case.layers is not None or case.layers_only else 0
-            shape.insert(at, ",".join(f"{k}={v:g}" for k, v in case.model_args))
-        parts += shape + [f"bs{case.batch_size}", case.dtype, case.mode]
+        parts = [case.model] + self.label_extra(case) + self.shape(case) + [f"bs{case.batch_size}", case.dtype, case.mode]
         if case.max_memory is not None:
             parts.append(f"cap{format_bytes(case.max_memory)}")
         return parts
 
+    def label_extra(self, case) -> list[str]:
+        """Words between the model and its shape (token reduction, config overrides)."""
+        return [",".join(f"{k}={_arg_text(v)}" for k, v in case.model_args)] if case.model_args else []
 
-FAMILIES = {
-    "classify": FamilySpec(
-        "classify", ("input_size", "keep_rate", "reduction_loc"), ("forward",),
-        defaults={"input_size": 224, "batch_size": 1}, item="img",
-        describe="image batch through a ViT/DeiT (optional token reduction) or a timm model",
-    ),
-    "lm": FamilySpec(
-        "lm", ("workload", "seq_len", "layers", "model_args"), ("forward", "train_forward", "forward_backward", "train_step"),
-        defaults={"seq_len": 128, "batch_size": 4}, item="token",
-        describe="token batch through a GPT: inference forward, forward with autograd, forward+backward, or a full AdamW step",
-    ),
-    "decode": FamilySpec(
-        "decode", ("workload", "prompt_len", "context_len", "new_tokens", "layers", "layers_only", "model_args"),
-        ("decode", "prefill", "generate"),
-        defaults={"batch_size": 1}, item="token",
-        describe="a Llama with a static KV cache: one decode step at a context length, a prefill, or prefill + generation",
-    ),
-}
+
+def _arg_text(value) -> str:
+    return f"{value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _get(fields):
+    return fields.get if isinstance(fields, dict) else (lambda key: getattr(fields, key, None))
+
+
+def _layer_words(get) -> list[str]:
+    if get("layers") is not None:
+        return [f"L{get('layers')}" + ("-only" if get("layers_only") else "")]
+    return ["layers-only"] if get("layers_only") else []
+
+
+@dataclass(frozen=True)
+class ClassifySpec(FamilySpec):
+    def defaults_for(self, workload):
+        return dict(self.defaults)
+
+    def shape(self, fields) -> list[str]:
+        return [f"{_get(fields)('input_size')}px"]
+
+    def label_extra(self, case) -> list[str]:
+        words = super().label_extra(case)
+        if case.keep_rate:
+            words.append("kr" + "/".join(f"{r:g}" for r in case.keep_rate) + "@" + ",".join(map(str, case.reduction_loc)))
+        return words
+
+
+@dataclass(frozen=True)
+class LMSpec(FamilySpec):
+    def shape(self, fields) -> list[str]:
+        get = _get(fields)
+        return _layer_words(get) + [get("workload"), f"seq{get('seq_len')}"]
+
 
 # The defaults of the decode family depend on the workload (a decode step needs a context, a prefill a prompt).
 DECODE_DEFAULTS = {
@@ -98,12 +104,46 @@ DECODE_DEFAULTS = {
     "generate": {"prompt_len": 128, "new_tokens": 128},
 }
 
+
+@dataclass(frozen=True)
+class DecodeSpec(FamilySpec):
+    def defaults_for(self, workload):
+        return super().defaults_for(workload) | DECODE_DEFAULTS.get(workload or self.default_workload, {})
+
+    def shape(self, fields) -> list[str]:
+        get = _get(fields)
+        workload = get("workload")
+        words = {"prefill": [f"prompt{get('prompt_len')}"], "decode": [f"ctx{get('context_len')}"]}
+        return _layer_words(get) + [workload] + words.get(workload, [f"prompt{get('prompt_len')}+{get('new_tokens')}"])
+
+
+FAMILIES = {
+    "classify": ClassifySpec(
+        "classify", ("input_size", "keep_rate", "reduction_loc", "model_args"), ("forward",),
+        defaults={"input_size": 224, "batch_size": 1}, item="img", optional=("model_args",),
+        describe="image batch through a ViT/DeiT (optional token reduction), a timm model, or your own image model",
+    ),
+    "lm": LMSpec(
+        "lm", ("workload", "seq_len", "layers", "model_args"), ("forward", "train_forward", "forward_backward", "train_step"),
+        defaults={"seq_len": 128, "batch_size": 4}, item="token",
+        describe="token batch through a GPT or your own LM: inference forward, forward with autograd, forward+backward, or a full AdamW step",
+    ),
+    "decode": DecodeSpec(
+        "decode", ("workload", "prompt_len", "context_len", "new_tokens", "layers", "layers_only", "model_args"),
+        ("decode", "prefill", "generate"),
+        defaults={"batch_size": 1}, item="token",
+        describe="a Llama (or your own gpt-fast-style or transformers causal LM) with a static KV cache: one decode step at a "
+                 "context length, a prefill, or prefill + generation",
+    ),
+}
+
 LM_PREFIXES = ("gpt_",)
 DECODE_PREFIXES = ("llama",)
 
 
 def family_of(model: str) -> FamilySpec:
-    """The family a model name belongs to (by name, without importing torch)."""
+    """The family a model name of perflab's own belongs to (by name, without importing torch). A reference to a
+    user's model carries its family in the case (``Case.family``); see ``family_of_row``."""
     if model.startswith(LM_PREFIXES):
         return FAMILIES["lm"]
     if model.startswith(DECODE_PREFIXES):
@@ -111,19 +151,22 @@ def family_of(model: str) -> FamilySpec:
     return FAMILIES["classify"]
 
 
+def family_of_row(row: dict) -> FamilySpec:
+    """The family of a stored row (or a case mapping): its own ``family`` key, else the one its model name implies."""
+    name = row.get("family") or (row.get("case") or {}).get("family")
+    if name in FAMILIES:
+        return FAMILIES[name]
+    return family_of(str(row.get("model") or (row.get("case") or {}).get("model") or ""))
+
+
 def item_of(rows) -> str | None:
     """What the throughput of these rows counts ("img", "token"), when all rows' families agree; else None."""
-    items = {FAMILIES.get(r.get("family") or "classify", FAMILIES["classify"]).item for r in rows}
+    items = {family_of_row(r).item for r in rows}
     return items.pop() if len(items) == 1 else None
 
 
 def shape_defaults(family: FamilySpec, workload: str | None) -> dict[str, Any]:
-    out = dict(family.defaults)
-    if family.name != "classify":
-        out["workload"] = family.default_workload
-    if family.name == "decode":
-        out.update(DECODE_DEFAULTS.get(workload or family.default_workload, {}))
-    return out
+    return family.defaults_for(workload)
 
 
 def format_bytes(n: int) -> str:

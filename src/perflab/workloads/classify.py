@@ -16,9 +16,18 @@ class Classify(Implementation):
         from perflab.models.registry import parse_model_name
         from perflab.models.vit import vit_configs
 
-        name = parse_model_name(case.model)
         if case.input_size < 1:
             raise PerflabError(f"input size must be positive, got {case.input_size}")
+        if case.is_reference:
+            if case.keep_rate or case.reduction_loc:
+                raise PerflabError(f"--keep-rate/--reduction-loc configure perflab's token-reducing ViTs (topk_*, evit_*); "
+                                   f"{case.model} reduces tokens, if at all, by its own code")
+            if case.attn != "sdpa":
+                raise PerflabError(f"--attn chooses the attention of perflab's own ViT; {case.model} runs its own attention")
+            return case
+        if case.model_args:
+            raise PerflabError(f"--model-arg passes arguments to your own model (file.py:NAME, module:NAME, hf:DIR); {case.model} is perflab's")
+        name = parse_model_name(case.model)
         for rate in case.keep_rate:
             if not (0.0 < rate <= 1.0):
                 raise PerflabError(f"keep rate {rate:g} is outside (0, 1]; give the fraction of tokens to keep, e.g. 0.1")
@@ -54,15 +63,24 @@ class Classify(Implementation):
         from perflab.models.registry import build_model
         from perflab.runtime.inputs import image_batch
 
-        model, vit_config = build_model(case)
+        if case.is_reference:
+            from perflab.models.reference import build_on_device, logits_of
+
+            model, vit_config = build_on_device(case.model, dict(case.model_args), case.device).eval(), None
+            make = lambda m: (lambda: logits_of(m(x)))
+        else:
+            model, vit_config = build_model(case)
+            make = lambda m: (lambda: m(x))
         model = model.to(case.device)
         x = image_batch(case.batch_size, case.input_size, case.device, case.seed)
-        return Built(model=model, make_step=lambda m: (lambda: m(x)), needs_grad=False, items_per_step=case.batch_size,
+        return Built(model=model, make_step=make, needs_grad=False, items_per_step=case.batch_size,
                      extra={"inputs": x, "vit_config": vit_config})
 
     def check(self, case, built: Built) -> dict:
         from perflab.models.registry import expected_tokens
 
+        if case.is_reference:
+            return self.check_reference(case, built)
         seen = None
         if built.extra["vit_config"] is not None:
             built.model.tokens_seen = []
@@ -70,16 +88,35 @@ class Classify(Implementation):
             seen, built.model.tokens_seen = built.model.tokens_seen, None
         return {"tokens_expected": expected_tokens(case), "tokens_seen": seen}
 
+    def check_reference(self, case, built: Built) -> dict:
+        """A user's image model must map an image batch (B, 3, S, S) to one output per image: checked with one call."""
+        import torch
+
+        from perflab.models.reference import logits_of
+
+        x = built.extra["inputs"]
+        try:
+            with torch.no_grad():
+                out = logits_of(built.model(x))
+        except Exception as exc:
+            raise PerflabError(f"{case.model}: the classify family feeds an image batch of shape {tuple(x.shape)}; the model failed on it: "
+                               f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from None
+        if not torch.is_tensor(out) or out.dim() < 1 or out.shape[0] != case.batch_size:
+            found = f"a tensor of shape {tuple(out.shape)}" if torch.is_tensor(out) else f"a {type(out).__name__}"
+            raise PerflabError(f"{case.model}: the classify family expects one output row per image ({case.batch_size}, ...) "
+                               f"(or an output with .logits); it returned {found}")
+        return {"tokens_expected": None, "tokens_seen": None}
+
     def min_bytes(self, case, row: dict) -> float:
         """Weights plus minimal activation traffic for a ViT case (weights and input/output otherwise)."""
         from perflab.analysis.floors import vit_min_bytes
         from perflab.models.registry import parse_model_name, vit_config_for
 
+        name = None if case.is_reference else parse_model_name(case.model)
         weight_bytes = 2 if case.dtype in ("bf16", "fp16") else 4
         params = int(row.get("params") or 0)
-        name = parse_model_name(case.model)
         inputs = case.batch_size * 3 * case.input_size**2
-        if name.family != "vit":
+        if case.is_reference or parse_model_name(case.model).family != "vit":
             return params * weight_bytes + 4 * inputs
         cfg = vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn)
         schedule = row.get("tokens") or [cfg.n_patches + 1]

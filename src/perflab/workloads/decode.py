@@ -45,7 +45,12 @@ class Decode(Implementation):
     family = "decode"
 
     def validate(self, case):
-        config = llama_config(case)
+        if case.is_reference:
+            if case.layers is not None or case.layers_only:
+                raise PerflabError(f"--layers/--layers-only shape perflab's own Llama; for {case.model} pass its own arguments with --model-arg")
+            config = None
+        else:
+            config = llama_config(case)
         if case.layers is not None and case.layers < 1:
             raise PerflabError(f"--layers must be at least 1, got {case.layers}")
         if case.workload == "decode":
@@ -65,7 +70,7 @@ class Decode(Implementation):
         if case.layers_only and case.workload == "generate":
             raise PerflabError("--layers-only runs hidden states through the layers, with no head to pick tokens; generate needs the head")
         needed = cache_len(case)
-        if needed > config.max_seq_len:
+        if config is not None and needed > config.max_seq_len:
             what = {"decode": f"context {case.context_len} + 1 new token", "prefill": f"prompt {case.prompt_len}",
                     "generate": f"prompt {case.prompt_len} + {case.new_tokens} new tokens"}[case.workload]
             raise PerflabError(f"{what} = {needed} positions is longer than {case.model}'s max_seq_len of {config.max_seq_len}")
@@ -77,8 +82,10 @@ class Decode(Implementation):
         from perflab.models.lm import init_weights
         from perflab.models.llama import Llama
 
-        config = llama_config(case)
         dtype = WEIGHT_DTYPES[case.dtype]
+        if case.is_reference:
+            return self.build_steps(case, *reference_decoder(case, dtype))
+        config = llama_config(case)
         # Built on the meta device in the weights' dtype, then allocated and initialised where it runs: an
         # 8B model never exists in fp32 (32 GB) and its init takes seconds on a GPU, not minutes on the CPU.
         previous = torch.get_default_dtype()
@@ -95,17 +102,22 @@ class Decode(Implementation):
             p.requires_grad_(False)
         batch, length = case.batch_size, cache_len(case)
         model.setup_caches(batch, length, dtype, device=case.device)
-        generator = torch.Generator().manual_seed(case.seed)
-        for name, buffer in model.named_buffers():
-            if name.endswith(("k_cache", "v_cache")):  # a filled context: the values do not change the work, but zeros are not realistic
-                buffer.copy_((torch.randn(buffer.shape, generator=generator) * 0.5).to(buffer.dtype))
+        fill_caches(model, case.seed)
 
-        def tokens(n):
+        def tokens(n, generator):
             if case.layers_only:
                 return (torch.randn(batch, n, config.dim, generator=generator) * 0.5).to(device=case.device, dtype=dtype)
             return torch.randint(0, config.vocab_size, (batch, n), generator=generator).to(case.device)
 
-        extra = {"config": config, "cache_len": length, "events": None}
+        return self.build_steps(case, model, tokens, {"config": config})
+
+    def build_steps(self, case, model, tokens, extra: dict) -> Built:
+        """The step of the case's workload over ``model(x, input_pos) → logits`` with its caches set up;
+        ``tokens(n, generator)`` makes a (batch, n) input."""
+        batch, length = case.batch_size, cache_len(case)
+        generator = torch.Generator().manual_seed(case.seed + 1)
+        tokens = (lambda n, tokens=tokens: tokens(n, generator))
+        extra = dict(extra, cache_len=length, events=None)
         if case.workload == "decode":
             x, pos = tokens(1), torch.tensor([case.context_len], device=case.device)
             make_step = lambda m: (lambda: m(x, pos))
@@ -143,7 +155,15 @@ class Decode(Implementation):
     def after_timing(self, case, built: Built, step, row: dict) -> dict:
         """generate: time to first token, and the mean and p90 time per output token, from one more generation
         with CUDA events after the prefill and after each decode step (perf_counter on the CPU). A CUDA graph
-        replays the whole generation at once, so it has no per-token times."""
+        replays the whole generation at once, so it has no per-token times.
+
+        For a user's decoder, the decode step's bytes (every weight read once, the whole static cache read once:
+        it holds exactly context_len + 1 positions) are taken from the built model, for MBU."""
+        if case.workload == "decode" and built.extra.get("reference"):
+            weights = sum(p.numel() * p.element_size() for p in built.model.parameters())
+            cache = built.model.cache_bytes() if hasattr(built.model, "cache_bytes") else sum(
+                b.numel() * b.element_size() for n, b in built.model.named_buffers() if n.endswith(("k_cache", "v_cache")))
+            return {"bytes_per_step": weights + cache, "bytes_weights": weights, "bytes_kv_read": cache}
         if case.workload != "generate":
             return {}
         if case.mode == "cudagraph":
@@ -169,6 +189,8 @@ class Decode(Implementation):
     def analytic(self, case) -> dict:
         from perflab.models.llama import decode_bytes, decode_flops, param_count
 
+        if case.is_reference:
+            return {"cache_len": cache_len(case)}
         config = llama_config(case)
         counts = param_count(config, layers_only=case.layers_only)
         out = {"params_total": counts["total"], "params_non_embedding": counts["non_embedding"], "cache_len": cache_len(case),
@@ -190,6 +212,76 @@ class Decode(Implementation):
     def min_bytes(self, case, row: dict) -> float:
         return float(row.get("bytes_per_step") or self.analytic(case).get("bytes_per_step") or
                      int(row.get("params") or 0) * DTYPE_BYTES[case.dtype])
+
+
+def fill_caches(model, seed: int) -> None:
+    """A filled context: random K and V in every ``*k_cache``/``*v_cache`` buffer (the values do not change the
+    work, but zeros are not realistic)."""
+    generator = torch.Generator().manual_seed(seed)
+    for name, buffer in model.named_buffers():
+        if name.endswith(("k_cache", "v_cache")):
+            buffer.copy_((torch.randn(buffer.shape, generator=generator) * 0.5).to(buffer.dtype))
+
+
+class HFStaticDecoder(torch.nn.Module):
+    """A transformers causal LM with its own static KV cache, as ``forward(idx, input_pos) → logits`` (gpt-fast's
+    convention). The cache (transformers' StaticCache) is sized to the case, so every step attends over all of it,
+    as perflab's Llama does."""
+
+    def __init__(self, model, max_batch_size: int, max_seq_length: int, dtype, device):
+        super().__init__()
+        from transformers import StaticCache
+
+        self.model = model
+        try:  # transformers ≥ 5: sized lazily by the first update
+            self.cache = StaticCache(config=model.config, max_cache_len=max_seq_length)
+        except TypeError:  # transformers 4.x
+            self.cache = StaticCache(config=model.config, max_batch_size=max_batch_size, max_cache_len=max_seq_length, device=device, dtype=dtype)
+
+    def forward(self, idx, input_pos):
+        out = self.model(input_ids=idx, past_key_values=self.cache, cache_position=input_pos, use_cache=True)
+        return out.logits
+
+    def cache_bytes(self) -> int:
+        tensors = []
+        for layer in getattr(self.cache, "layers", ()) or ():
+            tensors += [getattr(layer, "keys", None), getattr(layer, "values", None)]
+        tensors += list(getattr(self.cache, "key_cache", ()) or ()) + list(getattr(self.cache, "value_cache", ()) or ())
+        return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+
+
+def reference_decoder(case, dtype):
+    """A user's decoder for the decode workloads: an hf: causal LM behind transformers' static cache, or a module
+    that follows gpt-fast's convention (``setup_caches(max_batch_size, max_seq_length)``, ``forward(idx, input_pos)``).
+    Returns (model, tokens(n, generator), extra)."""
+    import inspect
+
+    from perflab.models.reference import build_on_device, logits_of, vocab_size_of
+    from perflab.references import parse_reference
+
+    batch, length = case.batch_size, cache_len(case)
+    model = build_on_device(case.model, dict(case.model_args), case.device, dtype=dtype).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    vocab = vocab_size_of(model, case.model)
+    if parse_reference(case.model).kind == "hf":
+        model = HFStaticDecoder(model, batch, length, dtype, case.device)
+    elif callable(getattr(model, "setup_caches", None)):
+        with torch.device(case.device):
+            model.setup_caches(batch, length)
+        fill_caches(model, case.seed)
+    else:
+        try:
+            found = f"forward{inspect.signature(model.forward)}"
+        except (TypeError, ValueError):
+            found = "no forward signature"
+        raise PerflabError(f"{case.model}: the decode family runs gpt-fast's convention, setup_caches(max_batch_size, max_seq_length) and "
+                           f"forward(idx, input_pos), or an hf: causal LM; it has no setup_caches method ({found})")
+
+    def tokens(n, generator):
+        return torch.randint(0, vocab, (batch, n), generator=generator).to(case.device)
+
+    return model, tokens, {"config": None, "vocab_size": vocab, "reference": True}
 
 
 def _event():

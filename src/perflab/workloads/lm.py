@@ -43,6 +43,8 @@ class LM(Implementation):
                                                     "use compile modes or eager"}}
 
     def validate(self, case):
+        if case.is_reference:
+            return self.validate_reference(case)
         config = lm_config(case)
         if case.seq_len < 1:
             raise PerflabError(f"sequence length must be at least 1, got {case.seq_len}")
@@ -54,19 +56,38 @@ class LM(Implementation):
         self.check_mode(case)
         return replace(case, model_args=tuple(sorted(case.model_args)))
 
+    def validate_reference(self, case):
+        """A user's model: the shape is the case's; the dimensions are the model's own (--model-arg)."""
+        if case.seq_len < 1:
+            raise PerflabError(f"sequence length must be at least 1, got {case.seq_len}")
+        if case.layers is not None:
+            raise PerflabError(f"--layers sets the depth of perflab's own models; for {case.model} pass its own argument with --model-arg")
+        if case.attn != "sdpa":
+            raise PerflabError(f"--attn chooses the attention of perflab's own GPT; {case.model} runs its own attention")
+        self.check_mode(case)
+        return case
+
     def build(self, case, model=None) -> Built:
         """``model``: another module with the same contract (token ids [B, T] → logits [B, T, vocab]) to run in
-        this workload instead of perflab's GPT, e.g. to compare with transformers' Llama of the same shape."""
+        this workload instead of perflab's GPT, e.g. to compare with transformers' Llama of the same shape.
+        A case that names a reference (a file, a module path, hf:) builds the user's model."""
         from perflab.models.lm import GPT
+        from perflab.models.reference import build_on_device, logits_of, vocab_size_of
 
-        config = lm_config(case)
-        if model is None:
-            with torch.device(case.device):  # initialised where it runs: seconds, not minutes, for billions of parameters
-                model = GPT(config)
+        config = None
+        if case.is_reference:
+            model = build_on_device(case.model, dict(case.model_args), case.device)
+            vocab_size = vocab_size_of(model, case.model)
+        else:
+            config = lm_config(case)
+            vocab_size = config.vocab_size
+            if model is None:
+                with torch.device(case.device):  # initialised where it runs: seconds, not minutes, for billions of parameters
+                    model = GPT(config)
         model = model.to(case.device)
         generator = torch.Generator().manual_seed(case.seed)
-        idx = torch.randint(0, config.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
-        targets = torch.randint(0, config.vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
+        idx = torch.randint(0, vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
+        targets = torch.randint(0, vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
         training = case.workload in TRAINING
         model.train(training)
         optimizer = None
@@ -80,7 +101,7 @@ class LM(Implementation):
         built = Built(model=model, make_step=lambda m: None, needs_grad=training, items_per_step=case.batch_size * case.seq_len,
                       batch_of=lambda out: int(out[1]) if isinstance(out, tuple) else int(out.shape[0]),
                       optimizer=optimizer, has_backward=case.workload in ("forward_backward", "train_step"),
-                      autocast=not training, extra={"config": config, "inputs": idx, "targets": targets})
+                      autocast=not training, extra={"config": config, "inputs": idx, "targets": targets, "vocab_size": vocab_size})
 
         def phase(name):
             return record_function(name) if built.annotate else contextlib.nullcontext()
@@ -92,13 +113,13 @@ class LM(Implementation):
             if case.workload in ("forward", "train_forward"):
                 def forward():
                     with phase("forward"), autocast():
-                        return m(idx)
+                        return logits_of(m(idx))
 
                 return forward
 
             def step():
                 with phase("forward"), autocast():
-                    logits = m(idx)
+                    logits = logits_of(m(idx))
                     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))  # fp32 under autocast
                 with phase("backward"):
                     loss.backward()
@@ -113,13 +134,30 @@ class LM(Implementation):
         built.make_step = make_step
         return built
 
+    def check(self, case, built: Built) -> dict:
+        """A user's model must map token ids (B, T) to logits (B, T, vocab): checked with one forward."""
+        if not case.is_reference:
+            return {}
+        from perflab.models.reference import logits_of
+
+        with torch.no_grad():
+            out = logits_of(built.model(built.extra["inputs"]))
+        expected = (case.batch_size, case.seq_len, built.extra["vocab_size"])
+        if not torch.is_tensor(out) or tuple(out.shape) != expected:
+            found = f"a tensor of shape {tuple(out.shape)}" if torch.is_tensor(out) else f"a {type(out).__name__}"
+            raise PerflabError(f"{case.model}: the lm family expects logits (batch, seq, vocab) = {expected} (or an output with .logits) "
+                               f"from token ids of shape {tuple(built.extra['inputs'].shape)}; it returned {found}")
+        return {}
+
     def analytic(self, case) -> dict:
         from perflab.models.lm import forward_flops, param_count
 
+        passes = {"forward": 1, "train_forward": 1, "forward_backward": 3, "train_step": 3}[case.workload]
+        if case.is_reference:
+            return reference_analytic(case, passes)
         config = lm_config(case)
         counts = param_count(config)
         forward = forward_flops(config, case.batch_size, case.seq_len)
-        passes = {"forward": 1, "train_forward": 1, "forward_backward": 3, "train_step": 3}[case.workload]
         return {
             "params_total": counts["total"],
             "params_non_embedding": counts["non_embedding"],
@@ -137,3 +175,20 @@ class LM(Implementation):
             return params * weight_bytes
         per_param = 3 * weight_bytes + 4 + (28 if case.workload == "train_step" else 0)
         return params * per_param
+
+
+def reference_analytic(case, passes: int) -> dict:
+    """What is known of a user's model without running it: for an hf: config of a Llama-like architecture, the
+    parameter count and the forward FLOPs of perflab's Llama formulas (attention over the full T × T, as the
+    kernels compute it); nothing otherwise (its FLOPs are counted, never assumed)."""
+    from perflab.models import llama
+    from perflab.models.reference import hf_llama_config
+
+    config = hf_llama_config(case.model, dict(case.model_args))
+    if config is None:
+        return {}
+    counts = llama.param_count(config)
+    forward = llama.forward_flops(config, case.batch_size, case.seq_len, case.seq_len)
+    return {"params_total": counts["total"], "params_non_embedding": counts["non_embedding"], "flops_analytic": forward * passes,
+            "model_config": {"dim": config.dim, "n_layers": config.n_layers, "n_heads": config.n_heads, "n_kv_heads": config.n_kv_heads,
+                             "ffn_dim": config.ffn_dim, "vocab_size": config.vocab_size}}

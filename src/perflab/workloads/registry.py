@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from perflab.workloads import family_of
 from perflab.workloads.base import Implementation
 
 
 def implementation(case) -> Implementation:
-    name = family_of(case.model).name
+    name = case.family
     if name == "lm":
         from perflab.workloads.lm import LM
 

@@ -1,0 +1,111 @@
+"""A course-style Transformer LM (CS336 assignment 1 shapes), written the way a student writes it: its own
+modules, nothing from perflab. perflab's tests measure it as a user's model (``course_lm.py:TransformerLM``) and
+check it against perflab's built-in ``gpt_small`` at the same dimensions: the same parameter count, and FLOPs
+that the flop counter finds within 2% of the analytic formula."""
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        rms = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x.float() * rms).type_as(x) * self.weight
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+def rope(x, theta: float):
+    """Rotate interleaved channel pairs of (B, H, T, D) by position · theta^(-2i/D)."""
+    B, H, T, D = x.shape
+    freqs = theta ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
+    angles = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * freqs[None, :]
+    cos, sin = angles.cos(), angles.sin()
+    pairs = x.float().reshape(B, H, T, D // 2, 2)
+    a, b = pairs[..., 0], pairs[..., 1]
+    return torch.stack((a * cos - b * sin, a * sin + b * cos), dim=-1).reshape(B, H, T, D).type_as(x)
+
+
+class MultiHeadSelfAttention(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, theta: float):
+        super().__init__()
+        self.num_heads, self.theta = num_heads, theta
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.output_proj = nn.Linear(d_model, d_model, bias=False)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        heads = lambda t: t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2)
+        q, k, v = heads(self.q_proj(x)), heads(self.k_proj(x)), heads(self.v_proj(x))
+        q, k = rope(q, self.theta), rope(k, self.theta)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.output_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, d_ff: int, theta: float):
+        super().__init__()
+        self.ln1 = RMSNorm(d_model)
+        self.attn = MultiHeadSelfAttention(d_model, num_heads, theta)
+        self.ln2 = RMSNorm(d_model)
+        self.ffn = SwiGLU(d_model, d_ff)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.ffn(self.ln2(x))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, vocab_size: int = 10_000, context_length: int = 1024, d_model: int = 768, num_layers: int = 12,
+                 num_heads: int = 12, d_ff: int = 3072, rope_theta: float = 10_000.0):
+        super().__init__()
+        self.context_length = context_length
+        self.token_embeddings = nn.Embedding(vocab_size, d_model)
+        self.layers = nn.ModuleList(TransformerBlock(d_model, num_heads, d_ff, rope_theta) for _ in range(num_layers))
+        self.ln_final = RMSNorm(d_model)
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.trunc_normal_(module.weight, std=0.02, a=-0.06, b=0.06)
+
+    def forward(self, token_ids):
+        assert token_ids.shape[1] <= self.context_length, "sequence longer than the context"
+        x = self.token_embeddings(token_ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.ln_final(x))
+
+
+def small(**overrides):
+    """gpt_small's shape (d_model 768, 12 layers, 12 heads, d_ff 3072), any of it overridden."""
+    return TransformerLM(**{"d_model": 768, "num_layers": 12, "num_heads": 12, "d_ff": 3072, **overrides})
+
+
+def broken(**kwargs):
+    raise ValueError("this factory always fails\nwith its reason on the last line")
+
+
+NOT_A_MODEL = 42
+
+
+def not_a_module():
+    return "a string"
