@@ -320,11 +320,12 @@ class ProfiledLoop:
         return False
 
 
-def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
+def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, by_module: bool = False) -> dict:
     """Time ``case`` with the harness (no profiler), then record ``steps`` steps of it and analyse them.
 
     Returns {"case", "row" (the untraced result row), "trace_path", "report" (TraceReport),
-    "traced_step_ms" (median step window), "inflation" (traced ÷ untraced)}.
+    "traced_step_ms" (median step window), "inflation" (traced ÷ untraced)}. ``by_module``: the profiled pass
+    also records module ranges, and ``report.modules`` is the module tree (eager mode).
     """
 
     from perflab.errors import PerflabError
@@ -336,12 +337,16 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10) -> dict:
                            "perflab bench times it and perflab.profile() records a CPU trace of your own loop")
     from perflab.paths import make_out_dir
 
+    if by_module and case.mode != "eager":
+        raise PerflabError(f"--by-module needs eager mode: {case.mode} fuses kernels across modules, so no kernel belongs to one module")
     trace_path = make_out_dir(out_dir) / f"{case.id}_{case.mode.replace(':', '-')}.json.gz"
     row = run_case(case)
     if row["status"] != "ok":
         return {"case": case, "row": row, "trace_path": None, "report": None, "traced_step_ms": None, "inflation": None}
-    record(case, trace_path, steps=steps)
+    captured = record(case, trace_path, steps=steps, by_module=by_module)
     report = analyze(trace_path, top=top)
+    if by_module and captured.module_note:
+        report.module_note = captured.module_note
     traced = float(report.steps["wall_ns"].median()) / 1e6
     return {"case": case, "row": row, "trace_path": trace_path, "report": report, "traced_step_ms": traced, "inflation": traced / row["median_ms"]}
 

@@ -11,3 +11,9 @@ class PerflabError(Exception):
     """Bad input. The message says what was wrong and how to fix it, in one line."""
 
     exit_code = 2
+
+
+class ModelLoadError(PerflabError):
+    """A user's model could not be imported or built (a missing file, an import that fails, a factory that raises).
+    On the command line it is bad input like any other; in a sweep worker it is that case's ``error`` row, since
+    the same reference may import on the driver and not on a worker."""

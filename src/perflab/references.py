@@ -16,6 +16,7 @@ them (torch, the user's code) is ``perflab.models.reference``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -73,6 +74,23 @@ def parse_reference(text: str) -> Reference:
 
 def model_root() -> Path:
     return Path(os.environ.get(ROOT_ENV) or os.getcwd())
+
+
+@contextlib.contextmanager
+def using_model_root(path):
+    """Read relative references against ``path`` inside the block (a sweep spec's directory); None: unchanged."""
+    if path is None:
+        yield
+        return
+    previous = os.environ.get(ROOT_ENV)
+    os.environ[ROOT_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(ROOT_ENV, None)
+        else:
+            os.environ[ROOT_ENV] = previous
 
 
 def resolve_file(ref: Reference) -> Path:

@@ -28,6 +28,7 @@ from perflab.analysis.accounting import DEFAULT_KERNEL_GAP_NS, IDLE_CAUSES, Acco
 from perflab.analysis.breakdown import category_breakdown, gemm_fraction
 from perflab.analysis.devices import by_device, devices_of, launching_threads
 from perflab.analysis.kernels import KernelStats, kernel_stats, top_kernels, top_memory_ops
+from perflab.analysis.modules import has_module_ranges, module_tree
 from perflab.analysis.passes import attention_breakdown, pass_breakdown
 from perflab.analysis.launch import LaunchVerdict, delay_summary, launch_api_stats, launch_delays, launch_verdict
 from perflab.analysis.ranges import range_breakdown
@@ -52,6 +53,8 @@ class TraceReport:
     meta: dict[str, Any] = field(default_factory=dict)
     passes: pd.DataFrame = field(default_factory=pd.DataFrame)  # per pass of a training step (analysis.passes)
     attention: dict[str, Any] | None = None  # softmax vs matmul inside explicit attention, per step
+    modules: pd.DataFrame | None = None  # the module tree (analysis.modules), when the trace recorded module ranges
+    module_note: str | None = None  # why part of the module attribution is missing (set by the capture)
 
     @property
     def kernels(self) -> pd.DataFrame:
@@ -133,6 +136,8 @@ class TraceReport:
                 for record in self.passes.to_dict(orient="records")
             ],
             "attention": self.attention,
+            "modules": _module_records(self.modules),
+            "module_note": self.module_note,
             "unlinked_activities": int(self.trace.meta.get("unlinked", 0)),
             "meta": {k: v for k, v in self.trace.meta.items() if k not in ("devices",)},
             "devices": [d.get("name") for d in self.trace.meta.get("devices") or [] if isinstance(d, dict)],
@@ -156,6 +161,8 @@ class TraceReport:
             "ranges.csv": self.ranges,
             "launch_apis.csv": self.launch_apis,
         }
+        if self.modules is not None:
+            tables["modules.csv"] = self.modules
         if include_kernel_table:
             tables["kernels.csv"] = self.trace.kernels
         written = []
@@ -191,7 +198,21 @@ def analyze_trace(trace: Trace, top: int = DEFAULT_TOP, kernel_gap_threshold_ns:
         gemm_fraction=gemm_fraction(kernels),
         passes=pass_breakdown(kernels, trace.ranges, _annotated_steps(trace)),
         attention=attention_breakdown(kernels, _annotated_steps(trace)),
+        modules=module_tree(kernels, trace.ranges, _annotated_steps(trace)) if has_module_ranges(trace.ranges) else None,
     )
+
+
+def _module_records(tree: pd.DataFrame | None) -> list[dict[str, Any]] | None:
+    """The module tree as JSON records: totals over the recorded steps in µs, and per step."""
+    if tree is None:
+        return None
+    steps = tree.attrs.get("steps", 1)
+    return [
+        {"pass": r.pass_, "module": r.module, "class": r.cls, "depth": int(r.depth), "exclusive_us": _us(r.exclusive_ns),
+         "inclusive_us": _us(r.inclusive_ns), "inclusive_us_per_step": _us(r.inclusive_ns / steps), "kernels": int(r.kernels),
+         "kernels_inclusive": int(r.kernels_inclusive), "share_exclusive": float(r.share_exclusive), "share_inclusive": float(r.share_inclusive)}
+        for r in tree.rename(columns={"pass": "pass_", "class": "cls"}).itertuples(index=False)
+    ]
 
 
 def _annotated_steps(trace: Trace) -> int:

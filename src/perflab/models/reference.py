@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-from perflab.errors import PerflabError
+from perflab.errors import ModelLoadError, PerflabError
 from perflab.references import (_OBJECTS, Reference, declared_family, family_of_architectures, hf_config_json, hf_dir,
                                 model_root, parse_reference, resolve_file)
 
@@ -25,7 +25,7 @@ from perflab.references import (_OBJECTS, Reference, declared_family, family_of_
 
 def _import_file(path: Path):
     if not path.is_file():
-        raise PerflabError(f"model file {path} not found")
+        raise ModelLoadError(f"model file {path} not found")
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]
     name = f"perflab_user_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
     mtime = path.stat().st_mtime_ns
@@ -43,7 +43,7 @@ def _import_file(path: Path):
         spec.loader.exec_module(module)
     except BaseException as exc:
         sys.modules.pop(name, None)
-        raise PerflabError(f"importing {path} failed: {_last_line(exc)}") from None
+        raise ModelLoadError(f"importing {path} failed: {_last_line(exc)}") from None
     return module
 
 
@@ -55,10 +55,10 @@ def _import_module(target: str):
         return importlib.import_module(target)
     except ModuleNotFoundError as exc:
         if exc.name and target.startswith(exc.name):
-            raise PerflabError(f"no module named {target!r} (looked in the model root {root} and on the Python path)") from None
-        raise PerflabError(f"importing {target} failed: {_last_line(exc)}") from None
+            raise ModelLoadError(f"no module named {target!r} (looked in the model root {root} and on the Python path)") from None
+        raise ModelLoadError(f"importing {target} failed: {_last_line(exc)}") from None
     except BaseException as exc:
-        raise PerflabError(f"importing {target} failed: {_last_line(exc)}") from None
+        raise ModelLoadError(f"importing {target} failed: {_last_line(exc)}") from None
 
 
 def load_factory(ref: Reference):
@@ -74,7 +74,7 @@ def load_factory(ref: Reference):
         if not hasattr(obj, part):
             done = ".".join(ref.attr.split(".")[:i])
             owner = f"{where}:{done}" if done else where
-            raise PerflabError(f"{owner} has no attribute {part!r}" + _candidates(obj))
+            raise ModelLoadError(f"{owner} has no attribute {part!r}" + _candidates(obj))
         obj = getattr(obj, part)
     return obj
 
@@ -134,7 +134,7 @@ def build_module(text: str, model_args: dict):
     except PerflabError:
         raise
     except Exception as exc:
-        raise PerflabError(f"{text}({_kwargs_text(kwargs)}) raised {_last_line(exc)}") from None
+        raise ModelLoadError(f"{text}({_kwargs_text(kwargs)}) raised {_last_line(exc)}") from None
     if not isinstance(module, nn.Module):
         raise PerflabError(f"{text}({_kwargs_text(kwargs)}) returned a {type(module).__name__}, not an nn.Module")
     return module
@@ -170,7 +170,7 @@ def build_hf(ref: Reference, model_args: dict):
     try:
         model = auto.from_config(config, attn_implementation="sdpa")
     except Exception as exc:
-        raise PerflabError(f"{ref.text}: transformers could not build the model: {_last_line(exc)}") from None
+        raise ModelLoadError(f"{ref.text}: transformers could not build the model: {_last_line(exc)}") from None
     if hasattr(model.config, "use_cache"):
         model.config.use_cache = False  # the lm workloads run without a cache; decode passes its own static cache
     return model

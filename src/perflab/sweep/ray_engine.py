@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import re
 import socket
 import tempfile
@@ -68,6 +69,11 @@ class Node:
     @property
     def label(self) -> str:
         return f"{self.host}:{self.node_id[:6]}"
+
+
+# What a spec directory shipped as Ray's working_dir leaves behind: results, traces, environments, VCS data.
+WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "__pycache__", "runs", "perflab-traces", "*.sqlite", "*.sqlite-*", "*.json.gz",
+                        "*.pickle", "*.whl"]
 
 
 def check_engine_options(engine: str, gpus, workers: int) -> None:
@@ -272,6 +278,9 @@ def run_unit(case_dict: dict, uses_cuda: bool, timeout_s: float, attempt: str, t
     tracker.started.remote(attempt, node_id, host)
     gpu_ids = [str(g) for g in ray.get_gpu_ids()]
     case = Case.from_dict(case_dict)
+    worker_args = list(worker_args)
+    if "--model-root" in worker_args:  # the driver's path may not exist here: the spec's directory is Ray's working_dir
+        worker_args[worker_args.index("--model-root") + 1] = os.getcwd()
     env = runner.probe_environment(None, gpu_ids[:1] or None, uses_cuda=uses_cuda)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="perflab-case-") as work:
@@ -315,6 +324,8 @@ class _Driver:
         self.nodes, self.timeout_s, self.uses_cuda, self.replace = nodes, timeout_s, uses_cuda, replace
         self.node_retries, self.emit, self.stored = node_retries, emit, stored
         self.worker_args = list(worker_args)  # the spec's profile (and ncu) pass: the same on every node
+        # The spec's directory when a case names a user's model (--model-root in the worker arguments).
+        self.model_root = self.worker_args[self.worker_args.index("--model-root") + 1] if "--model-root" in self.worker_args else None
         self.in_flight: dict = {}  # ObjectRef → _Attempt
         self.by_attempt: dict[str, _Attempt] = {}
 
@@ -345,6 +356,9 @@ class _Driver:
         options = {"max_retries": 0, **({"num_gpus": 1} if unit.case.device == "cuda" else {"num_cpus": 1})}
         if unit.accelerator_type:
             options["accelerator_type"] = unit.accelerator_type
+        if self.model_root:
+            # The spec's directory travels with the task, so a node without this checkout can import the user's model.
+            options["runtime_env"] = {"working_dir": self.model_root, "excludes": WORKING_DIR_EXCLUDES}
         attempt = _Attempt(unit, f"{unit.case.id}{'@' + unit.gpu if unit.gpu else ''}#{reruns}", reruns, time.monotonic())
         ref = self.task.options(**options).remote(unit.case.to_dict(), self.uses_cuda, self.timeout_s, attempt.attempt, self.tracker,
                                                     self.worker_args)

@@ -175,6 +175,8 @@ def worker_args(experiment: Experiment, out_dir: Path) -> list[str]:
         args += ["--ncu-top", str(experiment.ncu_top), "--ncu-where", json.dumps(dict((k, list(v)) for k, v in experiment.ncu_where))]
     if args:
         args += ["--trace-dir", str((out_dir / "traces").resolve())]
+    if experiment.names_references and experiment.model_root:
+        args += ["--model-root", experiment.model_root]  # where the spec's file.py:NAME and hf:DIR are read from
     return args
 
 

@@ -185,6 +185,12 @@ class Experiment:
     ncu_where: tuple[tuple[str, tuple], ...] = ()  # (Case field, allowed values): the cases that get the ncu pass
     gpu_pins: tuple[tuple[str, str], ...] = ()  # (case id, GPU type): run that case on that GPU type (Ray engine)
     across_gpus: bool = False  # run each case not pinned on every GPU type of the cluster (Ray engine)
+    model_root: str = ""  # the spec's directory: relative model references (file.py:NAME, hf:DIR) are read against it
+
+    @property
+    def names_references(self) -> bool:
+        """Whether a case names a user's model (workers must then import it, from ``model_root``)."""
+        return any(c.is_reference for c in self.cases)
 
     def wants_ncu(self, case: Case) -> bool:
         """Whether ``case`` gets the spec's ncu pass."""
@@ -200,7 +206,7 @@ class Experiment:
             "timeout_s": self.timeout_s, "profile_steps": self.profile_steps,
             "ncu_top": self.ncu_top, "ncu_where": {k: list(v) for k, v in self.ncu_where}, "cases": [c.to_dict() for c in self.cases],
             "comparisons": [c.to_json() for c in self.comparisons], "breakeven": [b.to_json() for b in self.breakevens],
-            "gpu_pins": [list(p) for p in self.gpu_pins], "across_gpus": self.across_gpus,
+            "gpu_pins": [list(p) for p in self.gpu_pins], "across_gpus": self.across_gpus, "model_root": self.model_root,
         }
 
     @classmethod
@@ -214,7 +220,7 @@ class Experiment:
             text=text, profile_steps=int(data.get("profile_steps", 0)), ncu_top=int(data.get("ncu_top", 0)),
             ncu_where=tuple((k, tuple(v)) for k, v in (data.get("ncu_where") or {}).items()),
             gpu_pins=tuple((str(c), str(g)) for c, g in data.get("gpu_pins", [])),
-            across_gpus=bool(data.get("across_gpus", False)),
+            across_gpus=bool(data.get("across_gpus", False)), model_root=str(data.get("model_root") or ""),
         )
 
 
@@ -271,7 +277,14 @@ def load_experiment(path, max_cases: int | None = None) -> Experiment:
         raise PerflabError(f"{source}: YAML syntax error{where}: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise PerflabError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
-    return parse_experiment(data, source, text=text, default_name=Path(path).stem, max_cases=max_cases)
+    from dataclasses import replace
+
+    from perflab.references import using_model_root
+
+    root = str(Path(path).resolve().parent)
+    with using_model_root(root):  # file.py:NAME and hf:DIR in a spec are relative to the spec
+        experiment = parse_experiment(data, source, text=text, default_name=Path(path).stem, max_cases=max_cases)
+    return replace(experiment, model_root=root)
 
 
 def _check_case_count(p: "_Parser", data: dict, max_cases: int) -> None:

@@ -27,9 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
 
-    from perflab.errors import PerflabError
+    from perflab.errors import ModelLoadError, PerflabError
     from perflab.spec import Case
 
+    if args.model_root:  # relative model references are the spec's (and reach ncu's child process through the environment)
+        from perflab.references import ROOT_ENV
+
+        os.environ[ROOT_ENV] = args.model_root
     case = Case.from_dict(json.loads(args.case))
     try:
         from perflab.measure.harness import run_case
@@ -41,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.ncu_top and row.get("status") == "ok" and case.device == "cuda" and _matches(case, json.loads(args.ncu_where)):
             _log_stage(f"ncu (top {args.ncu_top} kernels)")
             row["ncu"] = _ncu(case, Path(args.trace_dir), args.ncu_top)
+    except ModelLoadError as exc:  # the user's model does not import or build here: a failure of this case, not bad input
+        row = _failed_row(case, "error", str(exc))
     except PerflabError as exc:  # the parent validated the case; this is input only the worker could see
         row = _failed_row(case, "invalid", str(exc))
     except Exception as exc:  # run_case turns measurement failures into rows; this is anything around them
@@ -136,6 +142,7 @@ def _parse_args(argv):
     parser.add_argument("--ncu-top", type=int, default=0, help="after timing, run ncu on this many top kernels (GPU cases)")
     parser.add_argument("--ncu-where", default="{}", help="JSON {field: [values]}: only cases matching these get the ncu pass")
     parser.add_argument("--trace-dir", default="traces", help="where the profile pass writes its trace")
+    parser.add_argument("--model-root", default="", help="the directory relative model references (file.py:NAME, hf:DIR) are read against")
     return parser.parse_args(argv)
 
 

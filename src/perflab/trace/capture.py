@@ -30,6 +30,7 @@ class CaptureResult:
     trace_path: Path
     steps: int
     device: str
+    module_note: str | None = None  # by-module capture: why backward ranges were left off, if they were
 
 
 def _activities(device: str) -> list:
@@ -63,15 +64,30 @@ def record_steps(step: Callable[[], object], trace_path: Path, device: str, step
     return CaptureResult(trace_path, steps, device)
 
 
-def profile_case(case, trace_path: Path, steps: int = 5) -> CaptureResult:
-    """Build the case's workload exactly as the harness does, warm it up, and record ``steps`` steps."""
+def profile_case(case, trace_path: Path, steps: int = 5, by_module: bool = False) -> CaptureResult:
+    """Build the case's workload exactly as the harness does, warm it up, and record ``steps`` steps.
+
+    ``by_module``: also a range around each module's forward and backward (``trace.modules``), for the
+    per-module attribution of ``analysis.modules``; eager mode only (a compiled graph has no modules left)."""
     from perflab.runtime.workload import warm_workload
 
+    if by_module and case.mode != "eager":
+        raise PerflabError(f"--by-module needs eager mode: {case.mode} fuses kernels across modules, so no kernel belongs to one module")
     with warm_workload(case) as work:
         work.built.set_annotate(model_ranges=case.mode == "eager", passes=case.mode != "cudagraph")
+        step = work.step
+        if by_module:
+            from perflab.trace.modules import with_module_ranges
+
+            step = with_module_ranges(work.step, work.built.model, backward=work.built.has_backward)
         try:
-            return record_steps(work.step, trace_path, case.device, steps=steps)
+            result = record_steps(step, trace_path, case.device, steps=steps)
+            if by_module:
+                result.module_note = step.state["hooks"].skipped
+            return result
         finally:
+            if by_module:
+                step.remove()
             work.built.set_annotate(model_ranges=False, passes=False)
 
 
