@@ -407,8 +407,10 @@ def compare_items(a: str, b: str, per_side: dict, **common) -> list:
     return [Path(item) if is_trace_path(item) else case_of(item, i) for i, item in enumerate((a, b))]
 
 
-def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None)):
-    """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile."""
+def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None), by_module: bool = False):
+    """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile
+    (``by_module``: with module ranges, so the comparison says which modules changed; two traces that recorded
+    module ranges are compared module by module too)."""
     from pathlib import Path
 
     from perflab.analysis.compare import compare_traces
@@ -417,7 +419,7 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
     traces, names, batches = [], [], list(batch_size)
     for i, item in enumerate((a, b)):
         if isinstance(item, Case):
-            result = profile_case(item, out_dir, steps=steps)
+            result = profile_case(item, out_dir, steps=steps, by_module=by_module)
             if result["report"] is None:
                 from perflab.errors import PerflabError
 

@@ -444,6 +444,8 @@ def profile(
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     top: int = typer.Option(10, "--top", help="How many kernels to list."),
+    by_module: bool = typer.Option(False, "--by-module", help="Also attribute every kernel to the innermost nn.Module that launched it "
+                                   "(ranges from hooks that time nothing; eager mode): a tree of inclusive and exclusive GPU time."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per case instead of tables."),
 ):
     """Time a case untraced, then record a profiled pass (trace.json.gz, opens in Perfetto) and account for
@@ -460,7 +462,7 @@ def profile(
                            **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     for case in cases:
         with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
-            result = api.profile_case(case, out_dir, steps=steps, top=top)
+            result = api.profile_case(case, out_dir, steps=steps, top=top, by_module=by_module)
         row = result["row"]
         _print_warnings([row])
         if result["report"] is None:
@@ -501,6 +503,7 @@ def compare(
     device: str = OPT_DEVICE,
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
+    by_module: bool = typer.Option(False, "--by-module", help="Profile the cases with module ranges and say which modules changed (eager)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Why B's step takes longer or shorter than A's: Δwall = Σ Δ(category GPU time) + Δ(idle by cause), exactly.
@@ -518,7 +521,7 @@ def compare(
     items = api.compare_items(a, b, per_side=dict(per_side, dtype=dtype, mode=mode), input_size=_one(input_size), batch_size=_one(batch_size),
                               keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn, device=device, **shape)
     with err.status("comparing"):
-        comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir)
+        comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module)
     if as_json:
         sys.stdout.write(json.dumps(comparison.to_dict()) + "\n")
     else:

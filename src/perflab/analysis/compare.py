@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from perflab.analysis.modules import has_module_ranges, module_deltas, module_tree
 from perflab.analysis.accounting import IDLE_CAUSES, account, activity_launch_time, step_windows
 from perflab.analysis.devices import devices_of
 from perflab.errors import PerflabError
@@ -105,6 +106,7 @@ class Comparison:
             "removed_kernels": _records(self.removed_kernels),
             "verdict": self.verdict,
             "table": _records(self.seed_table()),
+            "modules": _records(self.extra["modules"]) if "modules" in self.extra else None,
         }
 
 
@@ -166,7 +168,12 @@ def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), bat
         )
     steps = min(_step_count(a), _step_count(b))
     pa, pb = step_profile(a, steps), step_profile(b, steps)
-    return compare_profiles(pa, pb, labels, batch_size)
+    comparison = compare_profiles(pa, pb, labels, batch_size)
+    if has_module_ranges(a.ranges) and has_module_ranges(b.ranges):
+        # which modules changed: inclusive GPU time per step, each run averaged over its recorded steps
+        trees = [module_tree(t.kernels, t.ranges, _step_count(t)) for t in (a, b)]
+        comparison.extra["modules"] = module_deltas(trees[0], trees[1], steps=(_step_count(a), _step_count(b)))
+    return comparison
 
 
 def _step_count(trace: Trace) -> int:

@@ -48,6 +48,16 @@ def render_comparison(console, c) -> None:
             for r in frame.head(10).to_dict(orient="records"):
                 t3.add_row(str(r["name"])[:90], f"{r['delta_count']:+.0f}", f"{r['delta_time_ns'] / 1e3:+.2f}")
             console.print(t3)
+    modules = c.extra.get("modules")
+    if modules is not None and len(modules):
+        t4 = Table(title=f"modules that changed (inclusive GPU time per step, {b} vs {a})", header_style="bold")
+        for col in ("pass", "module", f"{a} µs", f"{b} µs", "Δ µs", "ratio"):
+            t4.add_column(col, justify="left" if col in ("pass", "module") else "right")
+        for r in modules.to_dict(orient="records"):
+            ratio = r["ratio"]
+            t4.add_row(r["pass"], r["module"], f"{r['a_ns'] / 1e3:.2f}", f"{r['b_ns'] / 1e3:.2f}", f"{r['delta_ns'] / 1e3:+.2f}",
+                       f"{ratio:.2f}×" if ratio == ratio else "new")
+        console.print(t4)
     console.print(f"[bold]Verdict:[/bold] {c.verdict}")
 
 

@@ -33,7 +33,31 @@ def trace_tables(report: TraceReport) -> list[Table]:
     if len(report.ranges) and not (len(report.ranges) == 1 and report.ranges["range"].iloc[0] == "(no range)"):
         tables.append(ranges_table(report))
     tables.append(launch_table(report))
+    if report.modules is not None:
+        tables.append(modules_table(report))
     return tables
+
+
+MODULE_DEPTH = 3  # tree levels shown on the console (--json and CSV have every module)
+
+
+def modules_table(report: TraceReport, max_depth: int = MODULE_DEPTH) -> Table:
+    """The module tree: GPU time per step by the innermost module that launched it, inclusive and exclusive,
+    forward and backward apart; the unattributed rest closes each pass."""
+    tree = report.modules
+    steps = tree.attrs.get("steps", 1)
+    table = Table(title=f"GPU time by module (per step; tree to depth {max_depth}; shares of each pass's kernel time)")
+    for column in ("pass", "module", "class", "inclusive µs", "share", "exclusive µs", "kernels"):
+        table.add_column(column, justify="left" if column in ("pass", "module", "class") else "right")
+    for row in tree.itertuples(index=False):
+        if row.depth > max_depth:
+            continue
+        label = row.module if row.depth == 0 else "  " * (row.depth - 1) + row.module.rsplit(".", 1)[-1]
+        table.add_row(row[0], label, row[2], _us(row.inclusive_ns / steps), f"{100 * row.share_inclusive:.1f}%",
+                      _us(row.exclusive_ns / steps), f"{row.kernels_inclusive / steps:g}")
+    if report.module_note:
+        table.caption = report.module_note
+    return table
 
 
 def summary_table(report: TraceReport) -> Table:

@@ -26,6 +26,10 @@ class ModuleRanges:
     """Hooks on every module of ``model``; ``close_open()`` ends any range a hook left open (call it after a step)."""
 
     def __init__(self, model: torch.nn.Module, backward: bool):
+        import warnings
+
+        # A model whose inputs need no gradient (token ids) fires its own backward hook at its output: said once here.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs")
         self.backward = backward
         self.handles = []
         self.open: dict[tuple[int, int, bool], list] = {}  # (thread, module id, backward) → stack of open ranges
