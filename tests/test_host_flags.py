@@ -234,3 +234,17 @@ def test_pinning_is_not_in_case_ids_and_a_spec_can_turn_it_off(tmp_path):
     assert [pin_index(s) for s in ("w0", "w1", "gpu3", "ray")] == [0, 1, 3, 0]
     with pytest.raises(PerflabError, match=r"^x.yaml: harness.pin: expected true or false, got 'no'$"):
         parse_experiment(dict(spec, harness={"pin": "no"}), "x.yaml")
+
+
+@pytest.mark.skipif(not LINUX, reason="CPU affinity is Linux's")
+def test_cli_no_pin_times_unpinned_under_the_same_case_id():
+    from cli_util import run_cli
+
+    args = ("bench", "--model", "test:tiny", "--device", "cpu", "--min-time", "0.1", "--warmup", "1", "--repeats", "5", "--format", "json")
+    pinned, free = run_cli(*args), run_cli(*args, "--no-pin")
+    assert pinned.returncode == free.returncode == 0, (pinned.stderr, free.stderr)
+    a, b = json.loads(pinned.stdout.splitlines()[-1]), json.loads(free.stdout.splitlines()[-1])
+    assert a["case_id"] == b["case_id"] and a["pinned_cpu"] == max(os.sched_getaffinity(0)) and b["pinned_cpu"] is None
+    for key in ("host_wait_frac", "host_steal_frac", "host_bound_frac", "host_canary_before_us", "host_canary_after_us"):
+        assert 0 <= a[key] < 1e6 and 0 <= b[key] < 1e6, key
+    assert a["host_bound_frac"] > HOST_BOUND_THRESHOLD  # a CPU step runs where it is issued: never exempt
