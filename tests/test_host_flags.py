@@ -248,3 +248,27 @@ def test_cli_no_pin_times_unpinned_under_the_same_case_id():
     for key in ("host_wait_frac", "host_steal_frac", "host_bound_frac", "host_canary_before_us", "host_canary_after_us"):
         assert 0 <= a[key] < 1e6 and 0 <= b[key] < 1e6, key
     assert a["host_bound_frac"] > HOST_BOUND_THRESHOLD  # a CPU step runs where it is issued: never exempt
+
+
+def test_report_and_results_say_which_rows_were_exempt(tmp_path):
+    from cli_util import run_cli
+    from test_report_markdown import BASE, SEED_001, synthetic_row
+
+    from perflab.report.markdown import write_report
+    from perflab.sweep.store import Store
+
+    # bs 1, 2, 4 launch-bound eager rows; bs 8 GPU-bound (0.2) with a slow canary and a 30% wait: exempt, both flags waived.
+    with Store.create(tmp_path) as store:
+        for bs, canary, frac, wait in ((1, 100.0, 0.9, 0.0), (2, 101.0, 0.9, 0.01), (4, 99.0, 0.9, 0.08), (8, 130.0, 0.2, 0.3)):
+            row = synthetic_row(BASE, 224, bs, SEED_001[bs][0])
+            store.put(dict(row, host_canary_us=canary, host_bound_frac=frac, host_wait_frac=wait, host_steal_frac=0.0), "synthetic")
+    text = write_report(tmp_path, n_boot=100).read_text()
+    assert "`host_contention` marks a row whose timing thread waited for a CPU more than 5% of its timed loop, or lost more than 2% " \
+           "to VM steal: 1 row(s) carry it." in text
+    assert "No row carries it." in text  # host_drift: the only drifting row (1.30×) is exempt
+    label = f"{BASE} 224px bs8 bf16 eager"
+    assert (f"are not applied to 1 GPU-bound row(s), whose host issue time is under 50% of the step time (a host up to 2× slower "
+            f"cannot lengthen them): {label}; waived: {label}: host_drift, host_contention.") in text
+    r = run_cli("results", tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "not applied to 1 GPU-bound row(s)" in r.stdout and "host_contention" in r.stdout

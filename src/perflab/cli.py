@@ -255,7 +255,12 @@ def results(
     elif fmt == "csv":
         sys.stdout.write(to_csv(rows))
     else:
+        from perflab.report.console import exempt_line
+
         out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results"))
+        line = exempt_line(rows)
+        if line:
+            out.print(line, soft_wrap=True, markup=False)
 
 
 @app.command()
