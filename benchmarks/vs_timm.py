@@ -1,8 +1,9 @@
 """Speed of perflab's DeiT-B against timm's, measured by the same harness at the same settings (GPU).
 
-    PYTHONPATH=src python benchmarks/vs_timm.py [--out FILE.jsonl]
+    PYTHONPATH=src python benchmarks/vs_timm.py [--batch-size 1 64] [--dtype bf16 fp32] [--mode eager cudagraph] [--no-pin] [--out FILE.jsonl]
 
-ratio = timm median / perflab median: above 1, ours is faster.
+ratio = timm median / perflab median: above 1, ours is faster. Each pair is measured back to back in one
+process, in the same mode (eager bs1 alone: ``--batch-size 1 --mode eager --dtype bf16``, about 20 s).
 """
 
 from __future__ import annotations
@@ -16,12 +17,18 @@ from perflab.report.export import write_rows
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--dtype", nargs="+", default=["bf16", "fp32"])
+    parser.add_argument("--mode", nargs="+", default=["eager", "cudagraph"])
+    parser.add_argument("--no-pin", action="store_true", help="time with the timing thread unpinned")
     args = parser.parse_args()
     cases = api.make_cases(
-        model=["deit_base_patch16_224", "timm:deit_base_patch16_224"], batch_size=[1, 64], dtype=["bf16", "fp32"],
-        mode=["eager", "cudagraph"], device="cuda",
+        model=["deit_base_patch16_224", "timm:deit_base_patch16_224"], batch_size=args.batch_size, dtype=args.dtype,
+        mode=args.mode, device="cuda",
     )
-    rows = api.bench(cases)
+    # perflab's case then timm's at each point, back to back (make_cases orders by model first)
+    cases = sorted(cases, key=lambda c: (c.batch_size, c.dtype, c.mode, c.model.startswith("timm:")))
+    rows = api.bench(cases, pin=not args.no_pin)
     if args.out:
         write_rows(rows, args.out)
     ours = {(r["batch_size"], r["dtype"], r["mode"]): r for r in rows if r["model"] == "deit_base_patch16_224"}

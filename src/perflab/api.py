@@ -97,9 +97,12 @@ def demo_cases(device: str = "auto") -> list[Case]:
     return make_cases(keep_rate=[0.1], reduction_loc=[3, 6, 9], device=device, **spec)
 
 
-def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None, *,
-          model=None, **case_options) -> list[dict]:
+def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None,
+          pin: bool = True, one_thread: bool = True, *, model=None, **case_options) -> list[dict]:
     """Measure each case in this process; an OOM or failure in one becomes its row and the rest still run.
+
+    ``pin``: pin the timing thread to one core for warm-up and the timed loop; ``one_thread``: one torch
+    intra-op thread meanwhile for CUDA cases (``measure.pinning``). Run options: case ids do not depend on them.
 
     From a notebook, name the model directly instead of cases: ``model`` is an ``nn.Module`` (measured as it is),
     an ``nn.Module`` subclass or a function that returns one, or any model name or reference ``make_cases``
@@ -111,11 +114,13 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
     ``on_case(index, case, stage)`` is called as each case moves through its stages (for progress bars).
     ``memory_snapshot``: a path for the CUDA memory history pickle (memory_viz); with several cases, the
     case id is added to each file's name. Rows whose host canary is more than 15% off the median of the
-    run's rows (three or more) are flagged ``host_drift`` (``measure.canary``).
+    run's rows (three or more) are flagged ``host_drift``, rows whose timing thread waited for a CPU (or lost
+    it to the hypervisor) over the timed loop ``host_contention``, GPU-bound rows neither (``measure.canary``).
     """
     from pathlib import Path
 
     from perflab.measure.harness import run_case
+    from perflab.measure.pinning import HostOptions
 
     if model is not None:
         if cases is not None:
@@ -127,6 +132,7 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
         from perflab.errors import PerflabError
 
         raise PerflabError(f"options {', '.join(sorted(case_options))} describe cases: pass them with model=..., or build cases with make_cases")
+    host = HostOptions(pin=pin, one_thread=one_thread)
     cases = list(cases or [])
     rows = []
     for i, case in enumerate(cases):
@@ -135,12 +141,12 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
         if memory_snapshot is not None:
             path = Path(memory_snapshot)
             snapshot = path if len(cases) == 1 else path.with_name(f"{path.stem}_{case.id}{path.suffix or '.pickle'}")
-        rows.append(run_case(case, on_stage=stage, memory_snapshot=snapshot))
+        rows.append(run_case(case, on_stage=stage, memory_snapshot=snapshot, host=host))
         if snapshot is not None and case.device == "cuda":
             rows[-1]["memory_snapshot"] = str(snapshot)
-    from perflab.measure.canary import mark_host_drift
+    from perflab.measure.canary import mark_host_flags
 
-    return mark_host_drift(rows)
+    return mark_host_flags(rows)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -157,7 +163,7 @@ def load_experiment(path, max_cases: int | None = None):
 
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
           workers: int = 1, timeout_s: float | None = None, command: str = "", on_event=None, engine: str = "local",
-          address: str | None = None):
+          address: str | None = None, pin: bool = True):
     """Run an experiment, one subprocess per case, committing each row to ``OUT/results.sqlite`` at once.
 
     ``spec``: a YAML file, a spec dict (as YAML would give) or an Experiment. ``out`` defaults to the spec's
@@ -165,12 +171,16 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
     also reruns their error/timeout rows. ``gpus``: one worker per GPU; otherwise ``workers`` CPU workers
     (default one at a time). Everything is validated before the store is opened. Returns a SweepSummary.
     ``engine="ray"`` runs each case as a Ray task (``address``: a cluster to join; default a local instance).
+    ``pin=False`` (or ``pin: false`` under the spec's ``harness``) times the cases unpinned (``measure.pinning``).
     """
+    from dataclasses import replace
     from pathlib import Path
 
     from perflab.sweep.runner import run_sweep
 
     experiment = _experiment(spec)
+    if not pin:
+        experiment = replace(experiment, pin=False)
     out_dir = Path(out or experiment.out or Path("runs") / experiment.name)
     command = command or f"perflab.api.sweep({experiment.source!r}, out={str(out_dir)!r})"
     if engine == "ray" or address:
@@ -320,12 +330,13 @@ class ProfiledLoop:
         return False
 
 
-def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, by_module: bool = False) -> dict:
+def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool = True, by_module: bool = False) -> dict:
     """Time ``case`` with the harness (no profiler), then record ``steps`` steps of it and analyse them.
 
     Returns {"case", "row" (the untraced result row), "trace_path", "report" (TraceReport),
-    "traced_step_ms" (median step window), "inflation" (traced ÷ untraced)}. ``by_module``: the profiled pass
-    also records module ranges, and ``report.modules`` is the module tree (eager mode).
+    "traced_step_ms" (median step window), "inflation" (traced ÷ untraced)}. The row is judged for
+    ``host_contention`` (one row: no ``host_drift``); ``pin``: as for :func:`bench`. ``by_module``: the profiled
+    pass also records module ranges, and ``report.modules`` is the module tree (eager mode).
     """
 
     from perflab.errors import PerflabError
@@ -339,8 +350,11 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, by_module: 
 
     if by_module and case.mode != "eager":
         raise PerflabError(f"--by-module needs eager mode: {case.mode} fuses kernels across modules, so no kernel belongs to one module")
+    from perflab.measure.canary import mark_host_flags
+    from perflab.measure.pinning import HostOptions
+
     trace_path = make_out_dir(out_dir) / f"{case.id}_{case.mode.replace(':', '-')}.json.gz"
-    row = run_case(case)
+    (row,) = mark_host_flags([run_case(case, host=HostOptions(pin=pin))])
     if row["status"] != "ok":
         return {"case": case, "row": row, "trace_path": None, "report": None, "traced_step_ms": None, "inflation": None}
     captured = record(case, trace_path, steps=steps, by_module=by_module)
@@ -433,12 +447,13 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
     return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(batches))
 
 
-def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None):
-    """Why ``case`` takes its time (and how it differs from ``vs``), predictions for other modes, measured."""
+def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True):
+    """Why ``case`` takes its time (and how it differs from ``vs``), predictions for other modes, measured.
+    ``pin``: as for :func:`bench` (the timings it takes)."""
     from perflab.explain import PREDICTED_MODES
     from perflab.explain import explain as run
 
-    return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None))
+    return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None), pin=pin)
 
 
 def ncu(case: Case, top: int = 10, out_dir="perflab-traces"):

@@ -69,6 +69,8 @@ OPT_DEVICE = typer.Option("auto", "--device", help="auto, cuda or cpu.")
 OPT_SEED = typer.Option(0, "--seed", help="Seed for weights and inputs.")
 OPT_STEPS = typer.Option(5, "--steps", help="Steps to record in the profiled pass (after one warm-up step).")
 OPT_TRACE_DIR = typer.Option(Path("perflab-traces"), "--out", help="Directory for the traces it records.")
+OPT_NO_PIN = typer.Option(False, "--no-pin", help="Time with the timing thread unpinned (default: pinned to one core for "
+                          "warm-up and the timed loop, where the OS allows; not part of case ids).")
 
 
 @app.command()
@@ -102,6 +104,7 @@ def bench(
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the rows to this file (.csv, else JSON lines)."),
     memory_snapshot: Optional[Path] = typer.Option(None, "--memory-snapshot", help="GPU: write the CUDA memory history (a pickle "
                                                    "that pytorch.org/memory_viz opens) to this file; case ids are added for several cases."),
+    no_pin: bool = OPT_NO_PIN,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -119,7 +122,7 @@ def bench(
     )
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
-    rows = _run_with_progress(cases, memory_snapshot=memory_snapshot)
+    rows = _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin)
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -135,7 +138,7 @@ def bench(
 
 
 @app.command()
-def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.")):
+def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."), no_pin: bool = OPT_NO_PIN):
     """The token-reduction paradox in one command: DeiT baseline vs top-k, eager vs CUDA graph (GPU),
     or a small CPU version when no GPU is present."""
     from perflab import api
@@ -144,7 +147,7 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
     cases = api.demo_cases(device)
     if cases[0].device == "cpu":
         err.print("No GPU here: running a small CPU version (DeiT-Tiny, fp32, eager).")
-    rows = _run_with_progress(cases)
+    rows = _run_with_progress(cases, pin=not no_pin)
     _print_warnings(rows)
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
     out.print(speedup_table(rows))
@@ -169,7 +172,7 @@ def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layer
                 layers=layers, layers_only=layers_only, model_args=args, max_memory=max_memory)
 
 
-def _run_with_progress(cases, memory_snapshot=None):
+def _run_with_progress(cases, memory_snapshot=None, pin: bool = True):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perflab import api
@@ -180,17 +183,24 @@ def _run_with_progress(cases, memory_snapshot=None):
         def on_case(index, case, stage):
             progress.update(task, completed=index, description=f"{case.label()}: {stage}")
 
-        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot)
+        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin)
         progress.update(task, completed=len(cases))
     return rows
 
 
 def _print_warnings(rows):
+    from perflab.report.console import exempt_line
+
     for row in rows:
         if row.get("status") != "ok":
             err.print(f"[red]{row['status']}[/red]: {_row_label(row)}: {row.get('message')}", markup=True)
         for message in row.get("warnings") or []:
             err.print(f"[yellow]warning[/yellow]: {_row_label(row)}: {message}")
+        if row.get("pin_warning"):
+            err.print(f"[yellow]warning[/yellow]: {_row_label(row)}: {row['pin_warning']}")
+    line = exempt_line(rows)
+    if line:
+        err.print(f"note: {line}", markup=False)
 
 
 def _row_label(row: dict) -> str:
@@ -212,6 +222,7 @@ def sweep(
     max_cases: int = typer.Option(10_000, "--max-cases", help="Refuse a spec of more cases than this (counted before expanding)."),
     engine: str = typer.Option("local", "--engine", help="local (this host) or ray (a Ray cluster; pip install 'perflab[ray]')."),
     address: Optional[str] = typer.Option(None, "--address", help="With --engine ray: auto or ray://host:port (default: a local Ray instance)."),
+    no_pin: bool = OPT_NO_PIN,
 ):
     """Run an experiment spec, one subprocess per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
@@ -226,7 +237,8 @@ def sweep(
     if engine == "ray":
         from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
-                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err), engine=engine, address=address)
+                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err), engine=engine, address=address,
+                        pin=not no_pin)
     _print_sweep_summary(summary)
 
 
@@ -248,7 +260,12 @@ def results(
     elif fmt == "csv":
         sys.stdout.write(to_csv(rows))
     else:
+        from perflab.report.console import exempt_line
+
         out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results"))
+        line = exempt_line(rows)
+        if line:
+            out.print(line, soft_wrap=True, markup=False)
 
 
 @app.command()
@@ -447,6 +464,7 @@ def profile(
     by_module: bool = typer.Option(False, "--by-module", help="Also attribute every kernel to the innermost nn.Module that launched it "
                                    "(ranges from hooks that time nothing; eager mode): a tree of inclusive and exclusive GPU time."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per case instead of tables."),
+    no_pin: bool = OPT_NO_PIN,
 ):
     """Time a case untraced, then record a profiled pass (trace.json.gz, opens in Perfetto) and account for
     every microsecond of its steps; reports the profiler's inflation (traced step ÷ untraced median)."""
@@ -462,7 +480,7 @@ def profile(
                            **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     for case in cases:
         with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
-            result = api.profile_case(case, out_dir, steps=steps, top=top, by_module=by_module)
+            result = api.profile_case(case, out_dir, steps=steps, top=top, pin=not no_pin, by_module=by_module)
         row = result["row"]
         _print_warnings([row])
         if result["report"] is None:
@@ -553,6 +571,7 @@ def explain(
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    no_pin: bool = OPT_NO_PIN,
 ):
     """Explain a case: exact accounting, floors, the comparison with --vs, predictions for CUDA graphs and
     torch.compile, those modes measured, and fixes ranked by measured gain."""
@@ -565,7 +584,7 @@ def explain(
                            reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     case, other = cases[0], (cases[1] if vs else None)
     with err.status("explaining") as status:
-        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s))
+        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:

@@ -186,7 +186,8 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     return explanation
 
 
-def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None) -> Explanation:
+def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None,
+            pin: bool = True) -> Explanation:
     if case.device != "cuda":
         raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
     from perflab.spec import validate_case
@@ -195,7 +196,10 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
         for mode in modes:  # a bad mode is bad input: say so before minutes of profiling
             validate_case(replace(c, mode=mode))
     from perflab.measure.ceilings import get_ceilings
+    from functools import partial
+
     from perflab.measure.harness import run_case
+    from perflab.measure.pinning import HostOptions
     from perflab.trace.capture import profile_case
     from perflab.trace.load import load_trace
 
@@ -203,7 +207,8 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     on_stage("measuring this GPU's ceilings (cached after the first time)")
     ceilings = get_ceilings()
     cases = [case] + ([vs] if vs is not None else [])
-    explained = [explain_case(c, out_dir, ceilings, steps, modes, run_case, profile_case, load_trace, on_stage) for c in cases]
+    timed = partial(run_case, host=HostOptions(pin=pin))
+    explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage) for c in cases]
     comparison = None
     if vs is not None:
         base, variant = explained[1], explained[0]

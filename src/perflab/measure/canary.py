@@ -1,4 +1,4 @@
-"""The host-speed canary: how fast this host runs the launch path's kind of work, just before each timed loop.
+"""The host-speed canary: how fast this host runs the launch path's kind of work, around each timed loop; the host flags.
 
 Launch-bound eager timings drift with the host CPU: the same DeiT-B bs1 eager case measured 2.0–3.1 ms
 across processes on one machine and 4.2–5.6 ms on another, with the GPU's work unchanged. The canary
@@ -15,18 +15,34 @@ a row can say whether its host was slow, and a slower host can be told from a sl
 One run takes 0.31–0.6 ms on the 2-core development VM; :func:`host_canary` does one untimed run, then
 ``REPEATS`` timed runs with the garbage collector off (as ``timeit`` does) and in a fixed autograd and
 autocast state (the caller's ``no_grad`` or autocast would change the dispatch path), and returns the
-**median µs per run**: 4–7 ms in all. Lower is a faster host. The number is comparable only between
-rows of one environment (same host, CPU, torch: another torch dispatches differently), which is how
-:func:`mark_host_drift` uses it. It reads how fast a core runs this process (clock, hypervisor steal,
+**median µs per run** (4–7 ms in all), the fastest run, the thread's CPU time ÷ wall time over the timed
+runs (well under 1: the canary was descheduled, its wall time is not the core's speed) and the CPU it ran
+on. Lower is a faster host. The harness runs it twice, with no GPU work in flight and NVML's sampler
+thread not running, on the timing thread's (pinned) core: just before the timed loop and just after it;
+the row's ``host_canary_us`` is the faster of the two medians (:func:`canary_fields`; a transient at one
+end does not count, a host slow over the loop reads slow at both ends), and both, the fastest run, the
+CPU-time share and the CPUs are kept as diagnostics. The number is comparable only between rows of one
+environment (same host, CPU, torch: another torch dispatches differently), which is how
+:func:`mark_host_flags` uses it. It reads how fast a core runs this process (clock, hypervisor steal,
 neighbours on the socket), not how much of a core the process gets: a few-ms canary fits in one scheduler
 slice and its median drops a preempted run, so other processes time-sharing the cores slow the timings
-without moving it (``benchmarks/host_canary.py``; ``docs/performance.md``).
+without moving it (``benchmarks/host_canary.py``; ``docs/performance.md``). Time-sharing is read
+directly instead, as ``host_contention`` (``measure.sched``).
 
-**host_drift.** A row whose canary differs from the median canary of the rows stored under its
-environment key by more than ``HOST_DRIFT_THRESHOLD`` (15%) is flagged ``host_drift``: its eager timing
-was taken on a host running at a different speed from the rest of the sweep. The flag is computed when
-rows are read (``perflab results``, ``perflab report``, ``api.bench``), never stored, so it follows the
-rows present (a resumed sweep is judged as a whole) and cannot change a case id or a stored row.
+**Host flags**, computed when rows are read (``perflab results``, ``perflab report``, ``api.bench``), never
+stored, so they follow the rows present (a resumed sweep is judged as a whole) and the thresholds of the
+code reading them, and cannot change a case id or a stored row:
+
+- ``host_drift``: the row's canary differs from the median canary of the rows stored under its
+  environment key by more than ``HOST_DRIFT_THRESHOLD`` (15%): its eager timing was taken on a host running
+  at a different speed from the rest of the sweep;
+- ``host_contention``: its timing thread waited for a CPU, or its VM had CPU time stolen, for more than
+  a threshold share of the timed loop (``measure.sched``).
+
+Neither applies to a **GPU-bound** row: one whose host issue time is under ``HOST_BOUND_THRESHOLD`` (half)
+of its step time (``host_bound_frac``, measured by the harness): the GPU is busy while the host has
+finished, so a slower or interrupted host does not move the timing. Such rows get ``host_exempt`` (the
+flags waived there, often none) and the reports say so in one line.
 This module imports torch only inside :func:`host_canary`; reading and flagging need none.
 """
 
@@ -47,7 +63,17 @@ RATIO_KEY = "host_canary_ratio"  # set when rows are read: canary ÷ the median 
 HOST_DRIFT_FLAG = "host_drift"
 HOST_DRIFT_THRESHOLD = 0.15  # |canary ÷ median − 1| above this flags the row
 HOST_DRIFT_MIN_ROWS = 3  # fewer canaries in an environment give no reference (with 2, which one drifted?)
+HOST_CONTENTION_FLAG = "host_contention"  # the row's run-queue wait or VM steal over the loop (measure.sched)
+HOST_FLAGS = (HOST_DRIFT_FLAG, HOST_CONTENTION_FLAG)
+# GPU-bound exemption. host_bound_frac = host issue time of one step ÷ the step's time. Below this the GPU is
+# busy for most of the step and the host runs ahead of it: a host up to 1 / 0.5 = 2× slower, or held up for
+# up to half a step, still issues the next step before the GPU needs it, so the host flags do not apply.
+HOST_BOUND_KEY = "host_bound_frac"
+HOST_BOUND_THRESHOLD = 0.5
+EXEMPT_KEY = "host_exempt"  # set when rows are read on GPU-bound rows: the host flags waived there (often none)
 _WARNING_PREFIX = "host speed:"
+_CONTENTION_PREFIX = "host contention:"
+_WARNING_PREFIXES = (_WARNING_PREFIX, _CONTENTION_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -55,6 +81,9 @@ class Canary:
     median_us: float  # µs per run, the median of the timed runs
     min_us: float
     samples_us: tuple[float, ...]
+    cpu_frac: float | None = None  # thread CPU time ÷ wall time over the timed runs (well under 1: descheduled)
+    cpu: int | None = None  # the CPU the thread ran on at the start (None where /proc does not say)
+    cpu_end: int | None = None  # ... and at the end (another one: the thread migrated meanwhile)
 
 
 class _Node:
@@ -91,41 +120,86 @@ def host_canary(repeats: int = REPEATS) -> Canary:
     """Time the canary: one untimed run, then ``repeats`` timed runs (µs each); see the module docstring."""
     import torch
 
+    from perflab.measure.sched import current_cpu
+
     samples = []
     gc_was_enabled = gc.isenabled()
     gc.disable()
+    cpu = current_cpu()
     try:
         with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
             for i in range(repeats + 1):
+                if i == 1:  # the first run warms the code paths and caches
+                    wall0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
                 t0 = time.perf_counter_ns()
                 _python_work(PY_LOOPS)
                 _dispatch_work(torch, TORCH_ITERS)
                 elapsed_us = (time.perf_counter_ns() - t0) / 1e3
-                if i:  # the first run warms the code paths and caches
+                if i:
                     samples.append(elapsed_us)
+            wall, cpu_ns = time.perf_counter_ns() - wall0, time.thread_time_ns() - cpu0
     finally:
         if gc_was_enabled:
             gc.enable()
-    return Canary(statistics.median(samples), min(samples), tuple(samples))
+    return Canary(statistics.median(samples), min(samples), tuple(samples), cpu_ns / wall if wall > 0 else None, cpu, current_cpu())
+
+
+def canary_fields(before: Canary, after: Canary | None = None) -> dict:
+    """The row's canary keys from the canary before the timed loop and the one after it.
+
+    ``host_canary_us``, the value ``host_drift`` judges, is the faster of the two medians: a transient
+    slowdown at one end of the loop does not count, a host slow over the whole loop reads slow at both ends.
+    The rest are diagnostics: each median, the fastest single run of both, the lower CPU-time share of the two
+    (wall time the thread was not on a CPU lowers it: a descheduled canary, not a slow one) and the CPUs."""
+    both = [c for c in (before, after) if c is not None]
+    cpu_fracs = [c.cpu_frac for c in both if c.cpu_frac is not None]
+    return {
+        CANARY_KEY: min(c.median_us for c in both),
+        "host_canary_before_us": before.median_us,
+        "host_canary_after_us": after.median_us if after is not None else None,
+        "host_canary_min_us": min(c.min_us for c in both),
+        "host_canary_cpu_frac": min(cpu_fracs) if cpu_fracs else None,
+        "host_cpu": before.cpu,
+        "host_cpu_after": after.cpu_end if after is not None else before.cpu_end,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
-# host_drift: rows against the median canary of their environment
+# Host flags when rows are read: host_drift (against the environment's median canary), host_contention
+# (the row's own run-queue wait and steal), both waived on GPU-bound rows.
 
 
-def mark_host_drift(rows: Iterable[dict], threshold: float = HOST_DRIFT_THRESHOLD,
-                    group: Callable[[dict], object] = lambda row: row.get("env_key")) -> list[dict]:
-    """The rows, each with a canary carrying ``host_canary_ratio`` (canary ÷ the median canary of its group's
-    rows) and, for ``ok`` rows beyond ``threshold``, the flag ``host_drift`` and a warning.
+def host_exempt(row: dict, bound_threshold: float = HOST_BOUND_THRESHOLD) -> bool:
+    """Whether the row is GPU-bound enough that the host's speed cannot move its timing: its host issue time is
+    under ``bound_threshold`` of its step time (``host_bound_frac``; rows without one are not exempt)."""
+    frac = row.get(HOST_BOUND_KEY)
+    return isinstance(frac, (int, float)) and not isinstance(frac, bool) and frac < bound_threshold
 
-    Groups are environment keys by default (rows without one form one group, as a bench run's rows do).
-    The median is over every row of the group that has a canary, whatever its status (the canary runs
-    before the case, so a failed case's canary is as good a sample of the host); only ``ok`` rows are
-    flagged (a failed row has no timing to doubt). Rows without a canary (old stores, rows the sweep's
-    parent wrote for a timed-out or crashed worker) are never flagged and do not count; a group of fewer
-    than ``HOST_DRIFT_MIN_ROWS`` canaries has no reference. Rows that change are copies; a ``host_drift``
-    already on a row is recomputed, not repeated.
+
+def mark_host_flags(rows: Iterable[dict], threshold: float = HOST_DRIFT_THRESHOLD,
+                    group: Callable[[dict], object] = lambda row: row.get("env_key"),
+                    wait_threshold: float | None = None, steal_threshold: float | None = None,
+                    bound_threshold: float = HOST_BOUND_THRESHOLD) -> list[dict]:
+    """The rows, judged for the host flags; rows that change are copies, flags already on a row are recomputed.
+
+    **host_drift**: each row with a canary gets ``host_canary_ratio`` (canary ÷ the median canary of its group's
+    rows); an ``ok`` row beyond ``threshold`` gets the flag and a warning. Groups are environment keys by
+    default (rows without one form one group, as a bench run's rows do). The median is over every row of the
+    group that has a canary, whatever its status (the canary is as good a sample of the host for a failed
+    case); rows without a canary (old stores, rows the sweep's parent wrote for a timed-out or crashed
+    worker) are never flagged and do not count; a group of fewer than ``HOST_DRIFT_MIN_ROWS`` canaries has
+    no reference.
+
+    **host_contention**: an ``ok`` row whose ``host_wait_frac`` or ``host_steal_frac`` exceeds its threshold
+    (``measure.sched``); rows without them are never flagged.
+
+    **GPU-bound rows** (:func:`host_exempt`) get neither flag: ``host_exempt`` lists the flags waived (often
+    none). Their canary still counts in the median.
     """
+    from perflab.measure.sched import HOST_STEAL_THRESHOLD, HOST_WAIT_THRESHOLD, STEAL_KEY, WAIT_KEY
+
+    wait_threshold = HOST_WAIT_THRESHOLD if wait_threshold is None else wait_threshold
+    steal_threshold = HOST_STEAL_THRESHOLD if steal_threshold is None else steal_threshold
     rows = list(rows)
     canaries: dict[object, list[float]] = {}
     for row in rows:
@@ -136,25 +210,52 @@ def mark_host_drift(rows: Iterable[dict], threshold: float = HOST_DRIFT_THRESHOL
     out = []
     for row in rows:
         value = _canary(row)
-        stale = HOST_DRIFT_FLAG in (row.get("flags") or [])
-        if value is None or (group(row) not in reference and not stale):
+        stale = any(f in HOST_FLAGS for f in row.get("flags") or []) or RATIO_KEY in row or EXEMPT_KEY in row
+        median = reference.get(group(row)) if value is not None else None
+        wait, steal = _fraction(row.get(WAIT_KEY)), _fraction(row.get(STEAL_KEY))
+        exempt = row.get("status") == "ok" and host_exempt(row, bound_threshold)
+        if median is None and not stale and wait is None and steal is None and not exempt:
             out.append(row)
             continue
-        row = dict(row, flags=[f for f in row.get("flags") or [] if f != HOST_DRIFT_FLAG],
-                   warnings=[w for w in row.get("warnings") or [] if not str(w).startswith(_WARNING_PREFIX)])
+        row = dict(row, flags=[f for f in row.get("flags") or [] if f not in HOST_FLAGS],
+                   warnings=[w for w in row.get("warnings") or [] if not str(w).startswith(_WARNING_PREFIXES)])
         row.pop(RATIO_KEY, None)
-        median = reference.get(group(row))
+        row.pop(EXEMPT_KEY, None)
+        raised: list[tuple[str, str]] = []
         if median is not None:
             ratio = value / median
             row[RATIO_KEY] = ratio
             if row.get("status") == "ok" and abs(ratio - 1.0) > threshold:
-                row["flags"].append(HOST_DRIFT_FLAG)
-                row["warnings"].append(
+                raised.append((HOST_DRIFT_FLAG,
                     f"{_WARNING_PREFIX} the host canary took {value:.0f} µs, {ratio:.2f}× the median {median:.0f} µs of this "
                     f"environment's rows (threshold ±{threshold:.0%}); launch-bound timings of this case reflect the host's speed"
-                )
+                ))
+        if row.get("status") == "ok":
+            busy = []
+            if wait is not None and wait > wait_threshold:
+                busy.append(f"the timing thread waited for a CPU {wait:.1%} of the timed loop (threshold {wait_threshold:.0%})")
+            if steal is not None and steal > steal_threshold:
+                busy.append(f"the hypervisor stole {steal:.1%} of its CPU time (threshold {steal_threshold:.0%})")
+            if busy:
+                raised.append((HOST_CONTENTION_FLAG, f"{_CONTENTION_PREFIX} {'; '.join(busy)}: other work shared the host, "
+                                                     "and launch-bound timings of this case include the wait"))
+        if exempt:
+            row[EXEMPT_KEY] = [flag for flag, _ in raised]
+        else:
+            for flag, message in raised:
+                row["flags"].append(flag)
+                row["warnings"].append(message)
         out.append(row)
     return out
+
+
+mark_host_drift = mark_host_flags  # the name before host_contention; both flags are judged together
+
+
+def _fraction(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        return None
+    return float(value)
 
 
 def _canary(row: dict) -> float | None:

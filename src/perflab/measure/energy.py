@@ -2,7 +2,9 @@
 
 Energy comes from NVML's total-energy counter (mJ since driver load), read right before and right after
 the timed loop; mean power is that energy over the loop's wall time. A sampler thread polls clocks,
-throttle reasons and power every 100 ms during the loop, so a throttle anywhere in the loop is seen.
+throttle reasons and power every 100 ms during the loop, so a throttle anywhere in the loop is seen; it
+runs only between ``begin`` and ``end`` (the harness's host canaries run outside), and off the pinned
+timing thread's core (``measure.pinning``).
 Without NVML (no GPU, no driver, CPU runs) every reading is None and the reason is kept.
 """
 
@@ -98,6 +100,9 @@ class NvmlMonitor:
             self._reason_bits |= reasons
 
     def _poll(self) -> None:
+        from perflab.measure.pinning import keep_off_timing_core
+
+        keep_off_timing_core()  # started by the pinned timing thread: off its core
         while not self._stop.wait(self.period_s):
             self._sample()
 

@@ -1,11 +1,15 @@
 """Run one case and produce its result row.
 
 Order of work: build the model and a seeded input; check the token schedule and the FLOPs with one eager
-forward; build the step for the mode (compile, capture); warm up; estimate the step time; time the host
-canary (``measure.canary``: a few ms of fixed CPU work, stored as ``host_canary_us``); then the timed
-loop, with nothing else in it (no profiler, no FLOP counter, no per-step host sync). Peak memory is reset
-and NVML's energy counter read right before that loop. A failed case's row gets a canary too, taken
-after the failure.
+forward; build the step for the mode and call it once (compile, capture). Then, with the timing thread
+pinned to one core (``measure.pinning``; a run option, ``--no-pin`` turns it off): warm up; estimate the
+step time; time the host's issue of 3 steps (``measure.host``: ``host_issue_ms``, and ``host_bound_frac``
+= issue ÷ the same steps' time to their synchronise); synchronise and time the host canary (``measure.canary``); then the timed
+loop, with nothing else in it (no profiler, no FLOP counter, no per-step host sync, the garbage collector
+off), bracketed by reads of the timing thread's run-queue wait and the VM's steal (``measure.sched``:
+``host_wait_frac``, ``host_steal_frac``); then, with the loop synchronised and NVML's sampler thread ended,
+the canary again (``host_canary_us`` is the faster of the two). Peak memory is reset and NVML's energy
+counter read right before that loop. A failed case's row gets a canary too, taken after the failure.
 
 An OOM or any other failure of the measurement becomes a row with status ``oom`` or ``error``; bad input
 (an unknown model, a keep rate of 2) raises PerflabError before anything runs.
@@ -20,11 +24,14 @@ from typing import Callable
 import torch
 
 from perflab.errors import PerflabError
-from perflab.measure.canary import CANARY_KEY, host_canary
+from perflab.measure import sched
+from perflab.measure.canary import CANARY_KEY, canary_fields, host_canary
 from perflab.measure.checks import MIN_TIMED_ITERS, run_checks
 from perflab.measure.energy import open_monitor
 from perflab.measure.env import device_name, environment
 from perflab.measure.flops import count_flops, count_params
+from perflab.measure.host import issue_s
+from perflab.measure.pinning import HostOptions, timing_thread
 from perflab.measure.stats import summarize
 from perflab.measure.timing import estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
@@ -37,8 +44,12 @@ from perflab.workloads.registry import implementation
 MB = 2**20
 
 
-def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None = None, memory_snapshot=None) -> dict:
+def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None = None, memory_snapshot=None,
+             host: HostOptions | None = None) -> dict:
     """Measure one case. Returns the result row (a dict; see ``result_row_keys`` in the README).
+
+    ``host``: run options for the timing thread (pinning, intra-op threads; ``measure.pinning``), not part
+    of the case: the default pins.
 
     ``memory_snapshot``: a path; on a GPU, the CUDA allocator's history from the build to the end of the timed
     loop is written there as a pickle that PyTorch's memory_viz page (pytorch.org/memory_viz) opens.
@@ -47,7 +58,7 @@ def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None
     if memory_snapshot is not None and case.device == "cuda":
         torch.cuda.memory._record_memory_history(max_entries=200_000)
         try:
-            return run_case(case, monitor=monitor, on_stage=on_stage)
+            return run_case(case, monitor=monitor, on_stage=on_stage, host=host)
         finally:
             from pathlib import Path
 
@@ -58,7 +69,7 @@ def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None
     monitor = monitor if monitor is not None else open_monitor(case.device)
     env = environment(case.device, monitor.device_info())
     try:
-        return _measure(case, monitor, env, stage)
+        return _measure(case, monitor, env, stage, host)
     except PerflabError:
         raise
     except Exception as exc:  # a failed measurement is data: the row says what happened
@@ -79,7 +90,7 @@ def is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "cublas_status_alloc_failed" in text
 
 
-def _measure(case: Case, monitor, env: dict, stage) -> dict:
+def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) -> dict:
     impl = implementation(case)
     with memory_cap(case):
         stage("build")
@@ -94,20 +105,33 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
             step = make_step(built, case.mode)
             out = step()  # the first call compiles (compile modes)
             stage("warmup")
-            for _ in range(case.warmup):
-                out = step()
-            synchronize(case.device)
-            processed = built.batch_of(out)
+            with timing_thread(case.device, host) as thread:
+                for _ in range(case.warmup):
+                    out = step()
+                synchronize(case.device)
+                processed = built.batch_of(out)
 
-            step_s = estimate_step_s(step, case.device)
-            plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
-            canary = host_canary()  # the host's speed just before the timed loop (fixed grad/autocast state inside)
-            stage("timing")
-            if case.device == "cuda":
-                torch.cuda.reset_peak_memory_stats()
-            monitor.begin()
-            timing = time_step(step, plan, case.device)
-            report = monitor.end()
+                step_s = estimate_step_s(step, case.device)
+                plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
+                issue, issue_step = issue_s(step, case.device)
+                synchronize(case.device)  # no GPU work in flight, and no sampler thread yet, while the canary runs
+                before = host_canary()  # the host's speed just before the timed loop (fixed grad/autocast state inside)
+                stage("timing")
+                if case.device == "cuda":
+                    torch.cuda.reset_peak_memory_stats()
+                gc.collect()
+                gc_was_enabled = gc.isenabled()
+                gc.disable()  # no collection pauses inside the timed loop
+                try:
+                    monitor.begin()
+                    load0 = sched.sample()
+                    timing = time_step(step, plan, case.device)  # synchronised at its end
+                    load1 = sched.sample()
+                    report = monitor.end()  # the sampler thread has ended
+                finally:
+                    if gc_was_enabled:
+                        gc.enable()
+                after = host_canary()  # and just after it, with nothing in flight
             peak = memory_peaks(case.device)
             summary = summarize(timing.samples_ms)
             extra = impl.after_timing(case, built, step, {"median_ms": summary.median})
@@ -167,10 +191,17 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
         energy_j=report.energy_j,
         power_w=report.power_w,
         energy_j_per_sample=(report.energy_j / (plan.total_iters * case.batch_size)) if report.energy_j else None,
-        host_canary_us=canary.median_us,
+        **canary_fields(before, after),
+        **sched.contention(load0, load1, thread.cpus),
+        host_issue_ms=issue * 1e3,
+        host_bound_frac=min(1.0, issue / issue_step) if issue_step > 0 else None,
+        pinned_cpu=thread.pinned_cpu,
+        timing_threads=thread.threads,
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )
+    if thread.warning:
+        row["pin_warning"] = thread.warning
     if case.family_spec.item == "token":
         row["tokens_per_s"] = row["items_per_s"]
     row.update(impl.analytic(case))

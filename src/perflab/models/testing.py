@@ -72,6 +72,19 @@ class Slow(Tiny):
         return super().forward(x)
 
 
+class Affinity(Tiny):
+    """Records, at every step, the calling thread's CPU affinity, torch's intra-op threads and whether the
+    garbage collector is on (in ``Affinity.seen``): what the harness set around the step."""
+
+    seen: list[tuple[frozenset, int, bool]] = []
+
+    def forward(self, x):
+        import gc
+
+        Affinity.seen.append((frozenset(os.sched_getaffinity(0)), torch.get_num_threads(), gc.isenabled()))
+        return super().forward(x)
+
+
 TEST_MODELS = {
     "tiny": Tiny,
     "drops_batch": DropsBatch,
@@ -81,4 +94,5 @@ TEST_MODELS = {
     "crashes": Crashes,
     "hangs": Hangs,
     "slow": Slow,
+    "affinity": Affinity,
 }

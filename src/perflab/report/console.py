@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Iterable
+
 from rich.table import Table
 
 
@@ -103,6 +105,21 @@ def canary_cell(row: dict) -> str:
         return "–"
     ratio = row.get("host_canary_ratio")
     return f"{value:.0f}" + (f" ({ratio:.2f}×)" if ratio is not None else "")
+
+
+def exempt_line(rows: Iterable[dict], limit: int = 6) -> str | None:
+    """One sentence on the rows the host flags were not applied to, and why; None when there are none."""
+    from perflab.measure.canary import EXEMPT_KEY, HOST_BOUND_THRESHOLD, HOST_CONTENTION_FLAG, HOST_DRIFT_FLAG
+
+    exempt = [r for r in rows if EXEMPT_KEY in r]
+    if not exempt:
+        return None
+    names = [row_label(r) for r in exempt]
+    shown = ", ".join(names[:limit]) + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    waived = [f"{row_label(r)}: {', '.join(r[EXEMPT_KEY])}" for r in exempt if r[EXEMPT_KEY]]
+    return (f"Host flags ({HOST_DRIFT_FLAG}, {HOST_CONTENTION_FLAG}) are not applied to {len(exempt)} GPU-bound row(s), whose host "
+            f"issue time is under {HOST_BOUND_THRESHOLD:.0%} of the step time (a host up to {1 / HOST_BOUND_THRESHOLD:.0f}× slower "
+            f"cannot lengthen them): {shown}" + (f"; waived: {'; '.join(waived)}." if waived else "."))
 
 
 def speedup_table(rows: list[dict]) -> Table:

@@ -14,8 +14,9 @@ The seed columns, and what they hold here (TokenReductionPT's speed_test.py prin
 - power: mean board power during the timed loop, W, from the energy counter (the seed sampled power
   during warm-up only). Empty when not measured.
 
-Of perflab's own columns, ``host_canary_us`` is the host canary taken before the case (µs per run of a
-fixed CPU micro-workload, ``perflab.measure.canary``; lower is a faster host), empty for rows without one.
+Of perflab's own columns, ``host_canary_us`` is the host canary around the timed loop (the faster of the
+readings before and after it, µs per run of a fixed CPU micro-workload, ``perflab.measure.canary``; lower
+is a faster host), empty for rows without one.
 """
 
 from __future__ import annotations

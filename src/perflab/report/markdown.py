@@ -22,7 +22,7 @@ import re
 import time
 from pathlib import Path
 
-from perflab.measure.canary import CANARY_KEY, HOST_DRIFT_FLAG, HOST_DRIFT_THRESHOLD
+from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_FLAG, HOST_DRIFT_THRESHOLD
 from perflab.report import plots
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
@@ -424,17 +424,28 @@ def _header(stored, common: set[str]) -> str:
 
 
 def _canary_line(rows: list[dict]) -> str | None:
-    """What the host canary columns and the host_drift flag mean, and how many rows carry the flag."""
+    """What the host canary columns and the host flags mean, how many rows carry them, and which rows were exempt."""
     if not any(r.get(CANARY_KEY) is not None for r in rows):
         return None  # rows stored before the canary existed: nothing to explain
+    from perflab.measure.sched import HOST_STEAL_THRESHOLD, HOST_WAIT_THRESHOLD
+    from perflab.report.console import exempt_line
+
     drifted = sum(HOST_DRIFT_FLAG in (r.get("flags") or []) for r in rows)
-    return (
-        "Host speed: before timing each case the harness times a fixed CPU micro-workload (Python and tiny torch CPU ops, "
-        "what an eager step spends its host time on); \"Host µs\" is its median µs per run, lower is a faster host. "
+    contended = sum(HOST_CONTENTION_FLAG in (r.get("flags") or []) for r in rows)
+    line = (
+        "Host speed: around each case's timed loop the harness times a fixed CPU micro-workload (Python and tiny torch CPU ops, "
+        "what an eager step spends its host time on); \"Host µs\" is its median µs per run (the faster of the readings before and "
+        "after the loop), lower is a faster host. "
         f"`{HOST_DRIFT_FLAG}` marks a row whose canary is more than {HOST_DRIFT_THRESHOLD:.0%} off the median of its environment's rows: "
         "its launch-bound (eager) timing reflects a slower or faster host, not only the model. "
-        + (f"{drifted} row(s) carry it." if drifted else "No row carries it.")
+        + (f"{drifted} row(s) carry it. " if drifted else "No row carries it. ")
     )
+    if any(r.get("host_wait_frac") is not None or r.get("host_steal_frac") is not None for r in rows):
+        line += (f"`{HOST_CONTENTION_FLAG}` marks a row whose timing thread waited for a CPU more than {HOST_WAIT_THRESHOLD:.0%} of its "
+                 f"timed loop, or lost more than {HOST_STEAL_THRESHOLD:.0%} to VM steal: "
+                 + (f"{contended} row(s) carry it. " if contended else "no row carries it. "))
+    exempt = exempt_line(rows)
+    return line.rstrip() + (f" {exempt}" if exempt else "")
 
 
 def _status_section(rows: list[dict]) -> list[str]:

@@ -177,6 +177,8 @@ def worker_args(experiment: Experiment, out_dir: Path) -> list[str]:
         args += ["--trace-dir", str((out_dir / "traces").resolve())]
     if experiment.names_references and experiment.model_root:
         args += ["--model-root", experiment.model_root]  # where the spec's file.py:NAME and hf:DIR are read from
+    if not experiment.pin:
+        args += ["--no-pin"]
     return args
 
 
@@ -243,7 +245,7 @@ def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int,
     result_path.unlink(missing_ok=True)
     log_path = out_dir / "logs" / f"{case.id}.log"
     cmd = [sys.executable, "-m", "perflab.sweep.worker", "--case", json.dumps(case.to_dict()),
-           "--result", str(result_path), "--parent-pid", str(os.getpid()), *extra_args]
+           "--result", str(result_path), "--parent-pid", str(os.getpid()), "--pin-index", str(pin_index(slot)), *extra_args]
     with open(log_path, "w") as log:
         log.write(f"# {case.label()}  (case {case.id}, worker {slot})\n")
         log.flush()
@@ -252,6 +254,13 @@ def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int,
                                 env=_worker_env(slot, n_slots), start_new_session=True)
     now = time.monotonic()
     return _Running(case, slot, proc, now, now + timeout_s, result_path, log_path)
+
+
+def pin_index(slot: str) -> int:
+    """Which core a slot's worker pins its timing thread to, counted from the end of its affinity set: the
+    slot's number (``gpu3`` → 3, ``w1`` → 1), so workers side by side do not share a core."""
+    digits = "".join(ch for ch in slot if ch.isdigit())
+    return int(digits) if digits else 0
 
 
 def _finished_row(job: _Running, env: dict, timeout_s: float) -> dict | None:

@@ -18,6 +18,7 @@ A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
                                           # kernel breakdown in the row (traces in OUT/traces/)
       ncu_top: 4                          # optional: then Nsight Compute on the case's top 4 kernels (DRAM %, GB/s)...
       ncu_where: {batch_size: 1}          # ...for the cases matching these fields only (a value or a list each)
+      pin: false                          # optional: time unpinned (default: the timing thread on one core; not in case ids)
     grid:                                 # a product over any Case fields; or a list of such products
       model: [deit_base_patch16_224, topk_deit_base_patch16_224]
       batch_size: [1, 2, 4]
@@ -61,7 +62,7 @@ SCHEDULING_FIELDS = ("gpu",)  # where a case runs (Ray engine), not what it is: 
 SPEC_CASE_FIELDS = CASE_FIELDS + SCHEDULING_FIELDS
 REDUCTION_FIELDS = ("keep_rate", "reduction_loc")
 HARNESS_FIELDS = ("warmup", "min_time", "iters", "repeats")
-PASS_KEYS = ("timeout_s", "profile_steps", "ncu_top", "ncu_where")  # harness keys about the sweep, not the cases
+PASS_KEYS = ("timeout_s", "profile_steps", "ncu_top", "ncu_where", "pin")  # harness keys about the sweep, not the cases
 TOP_KEYS = ("name", "description", "out", "defaults", "harness", "grid", "cases", "comparisons", "breakeven", "across_gpus")
 COMPARISON_KEYS = ("baseline", "variant", "labels")
 BREAKEVEN_KEYS = ("name", "model", "variant", "input_sizes") + tuple(f for f in CASE_FIELDS if f not in ("model", "input_size"))
@@ -185,6 +186,7 @@ class Experiment:
     ncu_where: tuple[tuple[str, tuple], ...] = ()  # (Case field, allowed values): the cases that get the ncu pass
     gpu_pins: tuple[tuple[str, str], ...] = ()  # (case id, GPU type): run that case on that GPU type (Ray engine)
     across_gpus: bool = False  # run each case not pinned on every GPU type of the cluster (Ray engine)
+    pin: bool = True  # pin each worker's timing thread to one core (measure.pinning); a run option, not in case ids
     model_root: str = ""  # the spec's directory: relative model references (file.py:NAME, hf:DIR) are read against it
 
     @property
@@ -206,7 +208,7 @@ class Experiment:
             "timeout_s": self.timeout_s, "profile_steps": self.profile_steps,
             "ncu_top": self.ncu_top, "ncu_where": {k: list(v) for k, v in self.ncu_where}, "cases": [c.to_dict() for c in self.cases],
             "comparisons": [c.to_json() for c in self.comparisons], "breakeven": [b.to_json() for b in self.breakevens],
-            "gpu_pins": [list(p) for p in self.gpu_pins], "across_gpus": self.across_gpus, "model_root": self.model_root,
+            "gpu_pins": [list(p) for p in self.gpu_pins], "across_gpus": self.across_gpus, "pin": self.pin, "model_root": self.model_root,
         }
 
     @classmethod
@@ -220,7 +222,7 @@ class Experiment:
             text=text, profile_steps=int(data.get("profile_steps", 0)), ncu_top=int(data.get("ncu_top", 0)),
             ncu_where=tuple((k, tuple(v)) for k, v in (data.get("ncu_where") or {}).items()),
             gpu_pins=tuple((str(c), str(g)) for c, g in data.get("gpu_pins", [])),
-            across_gpus=bool(data.get("across_gpus", False)), model_root=str(data.get("model_root") or ""),
+            across_gpus=bool(data.get("across_gpus", False)), pin=bool(data.get("pin", True)), model_root=str(data.get("model_root") or ""),
         )
 
 
@@ -320,6 +322,9 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     ncu_top = harness.get("ncu_top", 0)
     if isinstance(ncu_top, bool) or not isinstance(ncu_top, int) or ncu_top < 0:
         p.fail("harness.ncu_top", f"expected a whole number of kernels (0 for no ncu pass), got {_show(ncu_top)}")
+    pin = harness.get("pin", True)
+    if not isinstance(pin, bool):
+        p.fail("harness.pin", f"expected true or false, got {_show(pin)}")
     ncu_where = p.mapping("harness.ncu_where", harness.get("ncu_where") or {})
     p.check_keys("harness.ncu_where", ncu_where, CASE_FIELDS)
     ncu_where = tuple((k, tuple(p.value(f"harness.ncu_where.{k}", k, x) for x in (v if isinstance(v, list) else [v])))
@@ -363,7 +368,7 @@ def parse_experiment(data: Any, source: str, text: str = "", default_name: str =
     if across and not any(c.device == "cuda" for c in cases):
         p.fail("across_gpus", "the spec's cases run on the CPU; across_gpus runs CUDA cases on each GPU type")
     return Experiment(source, name, description, out, timeout_s, tuple(cases), tuple(comparisons), tuple(breakevens), text,
-                      profile_steps, ncu_top, ncu_where, tuple(pins), across)
+                      profile_steps, ncu_top, ncu_where, tuple(pins), across, pin)
 
 
 def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:

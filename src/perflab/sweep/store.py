@@ -10,7 +10,7 @@ The full result row is kept as JSON (``row_json``); a few columns are copied out
 say what produced it. Reading needs no torch.
 
 The readers (``read_rows``, ``load_stored``) add the ``host_drift`` flag to rows whose host canary is
-off their environment's median (``measure.canary.mark_host_drift``); the flag is derived from the rows
+off their environment's median (``measure.canary.mark_host_flags``); the flag is derived from the rows
 present each time they are read, never stored, so ``Store.rows`` returns the rows exactly as stored.
 """
 
@@ -223,11 +223,11 @@ class Store:
 
 def read_rows(out_dir, env_key: str | None = None) -> list[dict]:
     """The stored rows (of one environment, or all), each judged for ``host_drift`` against its own environment's rows."""
-    from perflab.measure.canary import mark_host_drift
+    from perflab.measure.canary import mark_host_flags
 
     with Store.open(out_dir) as store:
         rows = store.rows(env_key)
-    return mark_host_drift(rows)
+    return mark_host_flags(rows)
 
 
 def dumps(value) -> str:
@@ -277,7 +277,7 @@ def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
     keys with the same GPUs as the key with most rows (one GPU type, any host), the others go to the
     cross-GPU table.
     """
-    from perflab.measure.canary import mark_host_drift
+    from perflab.measure.canary import mark_host_flags
     from perflab.sweep.spec import Experiment
 
     with Store.open(out_dir) as store:
@@ -290,7 +290,7 @@ def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
             env_key = next((k for k in keys if k in latest), keys[0] if keys else (latest[0] if latest else None))
             gpus = _gpu_names(environments.get(env_key))
             shown = [k for k in keys if k == env_key or (k in latest and _gpu_names(environments.get(k)) == gpus)]
-        all_rows = mark_host_drift(store.rows())  # each row against the median canary of its own environment
+        all_rows = mark_host_flags(store.rows())  # each row against the median canary of its own environment
         rows = [r for r in all_rows if r["env_key"] in shown] if env_key is not None else []
     experiment = None
     if sweeps and sweeps[-1]["experiment"]:

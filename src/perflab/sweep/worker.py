@@ -37,8 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     case = Case.from_dict(json.loads(args.case))
     try:
         from perflab.measure.harness import run_case
+        from perflab.measure.pinning import HostOptions
 
-        row = run_case(case, on_stage=_log_stage)
+        row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index))
         if args.profile_steps and row.get("status") == "ok" and case.device == "cuda":
             _log_stage(f"profile ({args.profile_steps} steps)")
             row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps)
@@ -143,6 +144,8 @@ def _parse_args(argv):
     parser.add_argument("--ncu-where", default="{}", help="JSON {field: [values]}: only cases matching these get the ncu pass")
     parser.add_argument("--trace-dir", default="traces", help="where the profile pass writes its trace")
     parser.add_argument("--model-root", default="", help="the directory relative model references (file.py:NAME, hf:DIR) are read against")
+    parser.add_argument("--no-pin", action="store_true", help="time with the timing thread unpinned")
+    parser.add_argument("--pin-index", type=int, default=0, help="pin to this core counted from the end of the affinity set")
     return parser.parse_args(argv)
 
 
