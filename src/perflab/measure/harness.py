@@ -14,6 +14,7 @@ An OOM or any other failure of the measurement becomes a row with status ``oom``
 from __future__ import annotations
 
 import gc
+import time
 import traceback
 from typing import Callable
 
@@ -92,8 +93,11 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
             flops = count_flops(built.make_step(built.model))
 
             stage("compile" if case.mode != "eager" else "warmup")
+            started = time.perf_counter()
             step = make_step(built, case.mode)
-            out = step()  # the first call compiles (compile modes)
+            out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
+            synchronize(case.device)
+            first_step_s = time.perf_counter() - started  # what the mode costs before its first step is done
             stage("warmup")
             for _ in range(case.warmup):
                 out = step()
@@ -169,6 +173,7 @@ def _measure(case: Case, monitor, env: dict, stage) -> dict:
         power_w=report.power_w,
         energy_j_per_sample=(report.energy_j / (plan.total_iters * case.batch_size)) if report.energy_j else None,
         host_canary_us=canary.median_us,
+        first_step_s=first_step_s,
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )

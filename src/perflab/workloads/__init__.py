@@ -67,6 +67,10 @@ class FamilySpec:
             at = 1 if case.layers is not None or case.layers_only else 0
             shape.insert(at, ",".join(f"{k}={v:g}" for k, v in case.model_args))
         parts += shape + [f"bs{case.batch_size}", case.dtype, case.mode]
+        if getattr(case, "optimizer", None):  # lm training variants, only when set
+            parts.append(f"opt:{case.optimizer}")
+        if getattr(case, "checkpoint_activations", False):
+            parts.append("ckpt")
         if case.max_memory is not None:
             parts.append(f"cap{format_bytes(case.max_memory)}")
         return parts
