@@ -92,7 +92,7 @@ def pass_timing(kernels: pd.DataFrame, ranges: pd.DataFrame, steps: int) -> dict
         busy = union_length(start[mask], end[mask])
         gpu = int(dur[mask].sum())
         out[name] = {"kernels": int(mask.sum()) / steps, "gpu_ns": gpu // steps, "busy_ns": busy // steps, "span_ns": span // steps,
-                     "idle_ns": max(span - busy, 0) // steps, "issue_ns": issue // steps}
+                     "idle_ns": max(span // steps - busy // steps, 0), "issue_ns": issue // steps}
     return out
 
 
