@@ -132,6 +132,11 @@ def test_explain_case_per_pass_floors_and_fixes_with_a_real_trace(monkeypatch):
     render_explanation(Console(file=buf, width=250), ex.Explanation([ce], None, ceilings))
     text = buf.getvalue()
     assert "Floors per pass" in text and "optimizer:in_backward_stream" in text and "the floors allow at best MFU" in text
+    from perflab.report.explain_markdown import explanation_markdown
+
+    md = explanation_markdown(ex.Explanation([ce], None, ceilings))
+    assert "| optimizer |" in md and f"**{sf.floor_ms:.3f} ms**" in md and "`checkpoint`: step + the forward's GPU time" in md
+    assert "| 4 | `checkpoint` | " + f"{by['checkpoint'].predicted_ms:.3f} | 11.000 | {by['checkpoint'].error:+.1%} |" in md
 
 
 @pytest.mark.parametrize("spec,changes", [

@@ -556,6 +556,7 @@ def explain(
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the tables as markdown to this file."),
 ):
     """Explain a case: exact accounting, floors (per pass for training steps and generate), the comparison with
     --vs, predictions for CUDA graphs, torch.compile and the family's fixes, those measured (with their compile
@@ -570,12 +571,21 @@ def explain(
                            checkpoint_activations=checkpoint_activations,
                            **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory))
     case, other = cases[0], (cases[1] if vs else None)
+    if markdown is not None:
+        check_writable_file(markdown)
     with err.status("explaining") as status:
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), fixes=fixes or None)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:
         render_explanation(out, result)
+    if markdown is not None:
+        from perflab.report.explain_markdown import explanation_markdown
+
+        try:
+            markdown.write_text(explanation_markdown(result) + "\n")
+        except OSError as exc:
+            raise write_failed(markdown, exc) from None
 
 
 @app.command()
