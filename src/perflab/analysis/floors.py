@@ -49,9 +49,17 @@ class Floors:
     def ratios(self) -> dict[str, float]:
         return {name: (self.measured_ms / ms if ms > 0 else float("inf")) for name, ms in self.by_name.items()}
 
+    def utilisation(self) -> dict[str, dict[str, float | None]]:
+        """MFU and MBU of the measured step (compute floor ÷ measured = FLOPs ÷ time ÷ peak; memory likewise) and
+        the ceiling: the same at the binding floor, the best these floors allow."""
+        top = self.by_name[self.binding]
+        measured = {"mfu": self.compute_ms / self.measured_ms, "mbu": self.memory_ms / self.measured_ms} if self.measured_ms > 0 else {"mfu": None, "mbu": None}
+        ceiling = {"mfu": self.compute_ms / top, "mbu": self.memory_ms / top} if top > 0 else {"mfu": None, "mbu": None}
+        return {"measured": measured, "ceiling": ceiling}
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(binding=self.binding, verdict=self.verdict, measured_over_floor=self.ratios())
+        d.update(binding=self.binding, verdict=self.verdict, measured_over_floor=self.ratios(), utilisation=self.utilisation())
         return d
 
 

@@ -73,7 +73,9 @@ def render_explanation(console, e) -> None:
             mark = " ◀ binding" if name == f.binding else ""
             t.add_row(labels[name] + mark, f"{ms:.4f}", f"{ratios[name]:.1f}×")
         console.print(t)
-        console.print(f"[bold]{f.verdict}[/bold] (binding floor: {f.binding})")
+        u = f.utilisation()
+        console.print(f"[bold]{f.verdict}[/bold] (binding floor: {f.binding}); MFU {_pct(u['measured']['mfu'])}, MBU {_pct(u['measured']['mbu'])} "
+                      f"(counted FLOPs, least bytes); at the binding floor MFU {_pct(u['ceiling']['mfu'])}, MBU {_pct(u['ceiling']['mbu'])}")
         if ce.step_floors is not None:
             render_pass_floors(console, ce.step_floors)
         t = Table(title="Predicted vs measured (untraced harness); first step = seconds to the first step done (compile, capture)",

@@ -27,7 +27,9 @@ def case_markdown(ce, device: str = "") -> str:
     ratios = f.ratios()
     out += _table(["floor (whole step)", "ms", "measured ÷ floor"],
                   [[name + (" ◀" if name == f.binding else ""), f"{ms:.3f}", f"{ratios[name]:.2f}×"] for name, ms in f.by_name.items()])
-    out += ["", f"Whole step: **{f.verdict}**.", ""]
+    u = f.utilisation()
+    out += ["", f"Whole step: **{f.verdict}**; MFU {_pct(u['measured']['mfu'])}, MBU {_pct(u['measured']['mbu'])} (counted FLOPs, least bytes); "
+                f"at the binding floor MFU {_pct(u['ceiling']['mfu'])}, MBU {_pct(u['ceiling']['mbu'])}.", ""]
     sf = ce.step_floors
     if sf is not None:
         rows = [[p.name, f"{p.flops / 1e12:.3f}", f"{p.bytes / 1e9:.3f}", f"{p.kernels:.0f}", f"{p.compute_ms:.3f}", f"{p.memory_ms:.3f}",
