@@ -6,7 +6,9 @@ Both models run in perflab's lm workload (the same random token batch, bf16 auto
 AdamW, the same timing loop: CUDA events, warm-up, median of block means), so the only difference is the
 module. The Llama is built from a LlamaConfig with perflab's dimensions (hidden, intermediate, layers, heads,
 vocabulary 10,000, untied head, SDPA attention, no KV cache), with random weights. Its matmul FLOPs equal the
-GPT's, so one analytic FLOP count gives both MFUs. Modes: eager, compile and compile:max-autotune.
+GPT's, so one analytic FLOP count gives both MFUs. Modes: eager, compile and compile:max-autotune. A case's
+``--optimizer`` applies to both models; ``checkpoint_activations`` turns on transformers' gradient checkpointing
+(per decoder layer, non-reentrant), as perflab's checkpoints each block (benchmarks/explain_training.py uses this).
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def measure(case: Case, impl: str) -> dict:
     if impl == "transformers":
         with torch.device("cuda"):
             model = HFLogits(lm_config(case))
-    built = lm.build(case, model=model)
+        if case.checkpoint_activations:  # the same fix as perflab's --checkpoint-activations: per decoder layer, non-reentrant
+            model.inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    built = lm.build(case, model=model)  # the case's --optimizer applies to either model
     params = sum(p.numel() for p in built.model.parameters())
     flops = lm.analytic(case)["flops_analytic"]
     t0 = time.perf_counter()

@@ -36,10 +36,14 @@ TRACE = "tests/data/traces/eager_vit.json.gz"
           "--dtype", "bf16", "--device", "cpu"], "needs a CUDA GPU"),
         (["compare", "llama3_8b", "llama3_8b", "--layers", "1", "--workload", "decode", "--context-len", "128", "--context-len", "99999",
           "--device", "cpu"], "longer than llama3_8b's max_seq_len"),
+        (["bench", "--model", "gpt_small", "--workload", "train_step", "--optimizer", "sgd", "--device", "cpu"], "unknown optimizer 'sgd'"),
+        (["bench", "--model", "gpt_small", "--workload", "forward", "--checkpoint-activations", "--device", "cpu"],
+         "--checkpoint-activations applies to the forward_backward and train_step workloads"),
     ],
     ids=["profile-model", "profile-steps", "compare-missing-file", "compare-model", "explain-cpu", "profile-cpu", "compare-cpu",
          "compare-steps-mismatch", "analyze-inf", "analyze-csv-file", "bench-out-dir", "explain-cpu-modes", "explain-no-cuda",
-         "ncu-absent", "ncu-top", "compare-three-modes", "compare-trace-two-modes", "compare-two-modes-cpu", "compare-b-context-too-long"],
+         "ncu-absent", "ncu-top", "compare-three-modes", "compare-trace-two-modes", "compare-two-modes-cpu", "compare-b-context-too-long",
+         "bench-optimizer", "bench-checkpoint-forward"],
 )
 def test_one_line_and_exit_2(args, fragment):
     r = run_cli(*args, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))

@@ -73,3 +73,99 @@ def test_untraced_host_issue_time_of_a_50_ms_step():
 
     ms = untraced(validate_case(Case("test:slow", device="cpu", warmup=1)), iters=5)
     assert 50 <= ms < 100  # the sleep, plus a loaded 2-core machine's scheduling delays
+
+
+def test_explain_case_per_pass_floors_and_fixes_with_a_real_trace(monkeypatch):
+    """explain_case end to end on the CPU: the run, profile and trace are fakes around the real H100 profile of a
+    2-layer GPT train_step (the case it was captured from); floors per pass, fixes predicted then 'measured'."""
+    import io
+    import json
+
+    from rich.console import Console
+
+    import perflab.explain as ex
+    from perflab.analysis.fixes import predict_optimizer
+    from perflab.report.explain_console import render_explanation
+
+    case = validate_case(Case(model="gpt_small", layers=2, model_args={"d_model": 256, "d_ff": 1024, "n_heads": 4}, seq_len=128, batch_size=4,
+                              dtype="bf16", workload="train_step", attn="explicit", mode="eager", device="cuda"))
+    trace = load_trace(TRACES / "lm_train_step_explicit.json.gz")
+    measured = {}
+
+    def run_case(c):
+        ms = {"eager": 10.0}.get(c.mode, 8.0) + (0.5 if c.optimizer == "foreach" else 0) + (1.0 if c.checkpoint_activations else 0)
+        measured[c.label()] = ms
+        return {"status": "ok", "median_ms": ms, "gflops_per_batch": 100.0, "params": 5_000_000, "first_step_s": 1.5 if c.mode == "eager" else 40.0,
+                "peak_mem_alloc_mb": 900.0 if c.checkpoint_activations else 1000.0, "mfu": 0.3, "batch_size": c.batch_size}
+
+    monkeypatch.setattr(ex, "measure_host_issue_ms", lambda c: 4.0)
+    ceilings = {"graph_kernel_interval_us": 1.5, "graph_kernel_gap_us": 0.5, "matmul_tflops": {"bf16": 700.0}, "copy_gbps": 3000.0}
+    fixes = ex.default_fixes(case)
+    assert fixes == ["optimizer:foreach", "optimizer:in_backward", "optimizer:in_backward_stream", "checkpoint"]
+    fixes.append("compile:reduce-overhead+optimizer:in_backward_stream")
+    ce = ex.explain_case(case, Path("unused"), ceilings, 2, ["cudagraph"], run_case, lambda *a, **k: None, lambda p: trace, lambda s: None, fixes=fixes)
+
+    sf = ce.step_floors
+    assert [p.name for p in sf.passes] == ["forward", "backward", "optimizer"]
+    assert sum(p.host_ms for p in sf.passes) == pytest.approx(4.0, abs=1e-12)  # the untraced host time, split exactly
+    assert sf.floor_ms == pytest.approx(sum(p.floor_ms for p in sf.passes), abs=1e-12)
+    costs = ex.pass_costs(case, ce.eager_row)
+    assert sum(p.bytes for p in sf.passes) == sum(c["bytes"] for c in costs.values()) == ex.min_bytes(case, ce.eager_row)
+    assert [p.gpu_ms for p in sf.passes] == [ce.timing[n]["gpu_ns"] / 1e6 for n in ("forward", "backward", "optimizer")]
+
+    by = {fx.name: fx for fx in ce.fix_results}
+    backward_memory = next(p.memory_ms for p in sf.passes if p.name == "backward")
+    for variant in ("foreach", "in_backward", "in_backward_stream"):
+        expected, _ = predict_optimizer(variant, "fused", 10.0, ce.timing, backward_memory)
+        assert by[f"optimizer:{variant}"].predicted_ms == pytest.approx(expected)
+    assert by["checkpoint"].predicted_ms == pytest.approx(10.0 + ce.timing["forward"]["gpu_ns"] / 1e6)
+    assert by["checkpoint"].measured_ms == 11.0 and by["checkpoint"].error == pytest.approx(by["checkpoint"].predicted_ms / 11.0 - 1)
+    combo = by["compile:reduce-overhead+optimizer:in_backward_stream"]
+    assert combo.changes == {"mode": "compile:reduce-overhead", "optimizer": "in_backward_stream"} and combo.predicted_ms is None
+    assert combo.measured_ms == 8.0 and combo.measured["first_step_s"] == 40.0
+
+    d = ce.to_dict()
+    json.dumps(d)  # --json
+    assert d["pass_floors"]["floor_ms"] == pytest.approx(sf.floor_ms) and len(d["fix_predictions"]) == 5
+    assert d["fixes"][0]["speedup"] == pytest.approx(10.0 / 8.0) and d["first_step_s"]["cudagraph"] == 40.0
+    buf = io.StringIO()
+    render_explanation(Console(file=buf, width=250), ex.Explanation([ce], None, ceilings))
+    text = buf.getvalue()
+    assert "Floors per pass" in text and "optimizer:in_backward_stream" in text and "the floors allow at best MFU" in text
+    from perflab.report.explain_markdown import explanation_markdown
+
+    md = explanation_markdown(ex.Explanation([ce], None, ceilings))
+    assert "| optimizer |" in md and f"**{sf.floor_ms:.3f} ms**" in md and "`checkpoint`: step + the forward's GPU time" in md
+    assert "| 4 | `checkpoint` | " + f"{by['checkpoint'].predicted_ms:.3f} | 11.000 | {by['checkpoint'].error:+.1%} |" in md
+
+
+@pytest.mark.parametrize("spec,changes", [
+    ("optimizer:foreach", {"optimizer": "foreach"}),
+    ("checkpoint", {"checkpoint_activations": True}),
+    ("batch:8", {"batch_size": 8}),
+    ("compile:max-autotune", {"mode": "compile:max-autotune"}),
+    ("cudagraph+optimizer:in_backward", {"mode": "cudagraph", "optimizer": "in_backward"}),
+])
+def test_fix_specs(spec, changes):
+    from perflab.explain import parse_fix
+
+    assert parse_fix(spec) == changes
+
+
+@pytest.mark.parametrize("spec", ["speedup", "batch:0", "batch:x", "optimizer:", "compile:fast"])
+def test_bad_fix_specs_are_one_line_errors(spec):
+    from perflab.errors import PerflabError
+    from perflab.explain import parse_fix
+
+    with pytest.raises(PerflabError, match="unknown fix"):
+        parse_fix(spec)
+
+
+def test_default_fixes_per_family():
+    from perflab.explain import case_fixes, default_fixes
+
+    decode = validate_case(Case("llama3_8b", workload="decode", batch_size=2, dtype="bf16", device="cuda"))
+    assert default_fixes(decode) == ["batch:4", "batch:8", "batch:16", "batch:32"]
+    assert default_fixes(validate_case(Case("gpt_small", workload="forward_backward", device="cuda"))) == ["checkpoint"]
+    assert default_fixes(validate_case(Case("gpt_small", workload="forward", device="cuda"))) == []
+    assert case_fixes(decode, ["none"]) == [] and case_fixes(decode, ["batch:3"]) == ["batch:3"]

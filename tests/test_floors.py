@@ -15,6 +15,9 @@ def test_floor_arithmetic():
     assert f.host_ms == 1.8
     assert f.binding == "host" and f.verdict == "launch-bound"
     assert f.ratios()["host"] == pytest.approx(2.0 / 1.8)
+    u = f.utilisation()  # MFU = FLOPs ÷ time ÷ peak; the ceiling is the same at the binding (host) floor
+    assert u["measured"]["mfu"] == pytest.approx(35.13e9 / 2.0e-3 / 800e12) and u["measured"]["mbu"] == pytest.approx(200e6 / 2.0e-3 / 4000e9)
+    assert u["ceiling"]["mfu"] == pytest.approx(35.13e9 / 1.8e-3 / 800e12) and u["ceiling"]["mbu"] == pytest.approx(200e6 / 1.8e-3 / 4000e9)
 
 
 @pytest.mark.parametrize(

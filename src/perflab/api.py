@@ -39,6 +39,8 @@ def make_cases(
     model_args: dict | None = None,
     max_memory=None,
     family: str | None = None,
+    optimizer: str | None = None,
+    checkpoint_activations: bool = False,
 ) -> list[Case]:
     """Every combination of the multi-valued arguments, validated (PerflabError on bad input).
 
@@ -48,6 +50,7 @@ def make_cases(
     giving them with no reducing model is an error. ``max_memory``: bytes, or a size such as "24GiB".
     ``model`` names perflab's models or references to your own (``file.py:NAME``, ``package.module:NAME``,
     ``hf:DIR``); ``family`` says which inputs a reference takes where it cannot be read from it.
+    ``optimizer`` and ``checkpoint_activations``: lm training variants (train_step; workloads with a backward).
     """
     from perflab.models.registry import parse_model_name
     from perflab.runtime.device import resolve_device
@@ -57,7 +60,8 @@ def make_cases(
     reducing = {m for m in model if parse_model_name(m).reduces_tokens}
     base = dict(attn=attn, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed, family=family,
                 layers=layers, layers_only=layers_only, model_args=convert_field("model_args", dict(model_args or {})),
-                max_memory=convert_field("max_memory", max_memory) if max_memory is not None else None)
+                max_memory=convert_field("max_memory", max_memory) if max_memory is not None else None,
+                optimizer=optimizer, checkpoint_activations=checkpoint_activations)
     grid = dict(model=list(model), input_size=list(input_size), batch_size=list(batch_size), dtype=list(dtype), mode=list(mode),
                 workload=list(workload), seq_len=list(seq_len), prompt_len=list(prompt_len), context_len=list(context_len),
                 new_tokens=list(new_tokens))
@@ -447,13 +451,15 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
     return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(batches))
 
 
-def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True):
-    """Why ``case`` takes its time (and how it differs from ``vs``), predictions for other modes, measured.
-    ``pin``: as for :func:`bench` (the timings it takes)."""
+def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True,
+            fixes=None):
+    """Why ``case`` takes its time (and how it differs from ``vs``), per-pass floors, predictions for other modes
+    and for ``fixes`` (None: the family's defaults; ["none"]: none), measured. ``pin``: as for :func:`bench`."""
     from perflab.explain import PREDICTED_MODES
     from perflab.explain import explain as run
 
-    return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None), pin=pin)
+    return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None), pin=pin,
+               fixes=fixes)
 
 
 def ncu(case: Case, top: int = 10, out_dir="perflab-traces"):

@@ -34,7 +34,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Options that take one or more values after a single flag (expanded to repeated flags before parsing).
 MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes",
-                       "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg"}
+                       "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg", "--fixes"}
 
 FORMATS = ("table", "csv", "json")
 
@@ -67,6 +67,10 @@ OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations
 OPT_REPEATS = typer.Option(20, "--repeats", help="Number of timing samples the timed iterations are split into.")
 OPT_DEVICE = typer.Option("auto", "--device", help="auto, cuda or cpu.")
 OPT_SEED = typer.Option(0, "--seed", help="Seed for weights and inputs.")
+OPT_OPTIMIZER = typer.Option(None, "--optimizer", help="Language models, train_step: AdamW fused, foreach, in_backward (per parameter, from "
+                             "its gradient's hook) or in_backward_stream (the same on a side CUDA stream). Default: fused on GPU, for-loop on CPU.")
+OPT_CHECKPOINT = typer.Option(False, "--checkpoint-activations", help="Language models, forward_backward and train_step: recompute each "
+                              "block's activations in the backward (less memory, one more forward).")
 OPT_STEPS = typer.Option(5, "--steps", help="Steps to record in the profiled pass (after one warm-up step).")
 OPT_TRACE_DIR = typer.Option(Path("perflab-traces"), "--out", help="Directory for the traces it records.")
 OPT_NO_PIN = typer.Option(False, "--no-pin", help="Time with the timing thread unpinned (default: pinned to one core for "
@@ -100,6 +104,8 @@ def bench(
     repeats: int = OPT_REPEATS,
     device: str = OPT_DEVICE,
     seed: int = OPT_SEED,
+    optimizer: Optional[str] = OPT_OPTIMIZER,
+    checkpoint_activations: bool = OPT_CHECKPOINT,
     fmt: str = typer.Option("table", "--format", help="table, csv or json (one object per case per line)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the rows to this file (.csv, else JSON lines)."),
     memory_snapshot: Optional[Path] = typer.Option(None, "--memory-snapshot", help="GPU: write the CUDA memory history (a pickle "
@@ -118,7 +124,8 @@ def bench(
     cases = api.make_cases(
         model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
         attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
-        repeats=repeats, seed=seed, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
+        repeats=repeats, seed=seed, optimizer=optimizer, checkpoint_activations=checkpoint_activations,
+        **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
     )
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
@@ -458,6 +465,8 @@ def profile(
     min_time: float = OPT_MIN_TIME,
     device: str = OPT_DEVICE,
     seed: int = OPT_SEED,
+    optimizer: Optional[str] = OPT_OPTIMIZER,
+    checkpoint_activations: bool = OPT_CHECKPOINT,
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     top: int = typer.Option(10, "--top", help="How many kernels to list."),
@@ -477,7 +486,7 @@ def profile(
         raise PerflabError(f"--steps must be at least 1, got {steps}")
     cases = api.make_cases(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
                            attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed,
-                           **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+                           optimizer=optimizer, checkpoint_activations=checkpoint_activations, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     for case in cases:
         with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
             result = api.profile_case(case, out_dir, steps=steps, top=top, pin=not no_pin, by_module=by_module)
@@ -568,27 +577,46 @@ def explain(
     dtype: str = typer.Option("bf16", "--dtype"),
     device: str = typer.Option("cuda", "--device"),
     modes: List[str] = typer.Option(["cudagraph", "compile:reduce-overhead"], "--modes", help="Modes to predict and then measure."),
+    fixes: List[str] = typer.Option([], "--fixes", help="Fixes to predict and then measure: optimizer:NAME, checkpoint, batch:N, a mode, "
+                                    "or several joined by + (measured only); 'none' for none. Default: the family's (lm train_step: the "
+                                    "other optimizers and checkpoint; decode: batch ×2 ×4 ×8 ×16)."),
+    optimizer: Optional[str] = OPT_OPTIMIZER,
+    checkpoint_activations: bool = OPT_CHECKPOINT,
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     no_pin: bool = OPT_NO_PIN,
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the tables as markdown to this file."),
 ):
-    """Explain a case: exact accounting, floors, the comparison with --vs, predictions for CUDA graphs and
-    torch.compile, those modes measured, and fixes ranked by measured gain."""
+    """Explain a case: exact accounting, floors (per pass for training steps and generate), the comparison with
+    --vs, predictions for CUDA graphs, torch.compile and the family's fixes, those measured (with their compile
+    time), and fixes ranked by measured gain."""
     import json
 
     from perflab import api
     from perflab.report.explain_console import render_explanation
 
     cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
-                           reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+                           reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, optimizer=optimizer,
+                           checkpoint_activations=checkpoint_activations,
+                           **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     case, other = cases[0], (cases[1] if vs else None)
+    if markdown is not None:
+        check_writable_file(markdown)
     with err.status("explaining") as status:
-        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin)
+        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
+                             fixes=fixes or None)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:
         render_explanation(out, result)
+    if markdown is not None:
+        from perflab.report.explain_markdown import explanation_markdown
+
+        try:
+            markdown.write_text(explanation_markdown(result) + "\n")
+        except OSError as exc:
+            raise write_failed(markdown, exc) from None
 
 
 @app.command()

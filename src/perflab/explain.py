@@ -15,8 +15,18 @@ For each case (and the ``--vs`` case):
      unchanged, the memory-bound "glue" kernels (elementwise, copy, norm, softmax, reduction,
      triton_fused, memset) assumed fused two into one (half the kernels, half their time). A heuristic;
      the table shows its error.
-5. those modes measured with the untraced harness, prediction against measurement;
-6. fixes (modes) ranked by measured gain over eager.
+5. those modes measured with the untraced harness, prediction against measurement, with the seconds to
+   their first step (compile or capture time) as a cost;
+6. per-pass floors, for steps of several passes (a training step's forward, backward and optimizer;
+   generate's prefill and decode steps): each pass's compute, memory, launch and host floors from its own
+   FLOPs, least bytes (the family's ``pass_costs``), kernels and CPU issue time, the binding one named, and
+   the profiled pass's GPU time against it; the step's floor is the sum of the passes' binding floors, and
+   the step's MFU and MBU stand beside the best the floors allow;
+7. fixes beyond the modes (``--fixes``; by default per family: the other AdamW implementations and
+   activation checkpointing for an lm train_step, larger batches for decode), each predicted from the
+   profile with its model stated in one line (analysis.fixes), then measured; "+" combines fixes
+   (``compile:reduce-overhead+optimizer:in_backward_stream``: measured only);
+8. everything ranked by measured gain over eager.
 With ``--vs``, the two eager traces are compared with the exact decomposition (perflab.analysis.compare).
 """
 
@@ -29,7 +39,9 @@ import numpy as np
 
 from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile, window_of_activities
 from perflab.analysis.accounting import step_windows
-from perflab.analysis.floors import Floors, compute_floors
+from perflab.analysis.fixes import OPTIMIZERS, Fix, predict_batch, predict_checkpoint, predict_optimizer
+from perflab.analysis.floors import Floors, StepFloors, compute_floors, pass_floors
+from perflab.analysis.passes import pass_timing
 from perflab.errors import PerflabError
 from perflab.measure.host import host_issue_ms as measure_host_issue_ms
 from perflab.paths import make_out_dir
@@ -40,6 +52,7 @@ from perflab.trace.categories import CATEGORIES
 GLUE_CATEGORIES = frozenset({"elementwise", "copy", "norm", "softmax", "reduction", "triton_fused", "memset"})
 assert GLUE_CATEGORIES <= set(CATEGORIES), GLUE_CATEGORIES - set(CATEGORIES)
 PREDICTED_MODES = ("cudagraph", "compile:reduce-overhead")
+DEFAULT_BATCH_FACTORS = (2, 4, 8, 16)  # decode's batch fix: these multiples of the case's batch
 
 
 @dataclass
@@ -55,19 +68,26 @@ class CaseExplanation:
     traced_host_issue_ms: float
     predictions_ms: dict[str, float]
     measured: dict[str, dict] = field(default_factory=dict)  # mode -> result row
+    timing: dict = field(default_factory=dict)  # per pass of the profiled step (analysis.passes.pass_timing)
+    step_floors: StepFloors | None = None  # per-pass floors, for steps of several passes
+    fix_results: list[Fix] = field(default_factory=list)  # --fixes, predicted then measured
 
     @property
     def eager_ms(self) -> float:
         return self.eager_row["median_ms"]
 
     def fixes(self) -> list[dict]:
-        """Modes ranked by measured gain over eager (faster first)."""
+        """Modes and fixes ranked by measured gain over eager (faster first), with what each cost before its
+        first step (``first_step_s``: compile or capture) and its peak memory."""
         out = []
-        for mode, row in self.measured.items():
+        measured = [(mode, {"mode": mode}, row, self.predictions_ms.get(mode)) for mode, row in self.measured.items()]
+        measured += [(fx.name, {}, fx.measured, fx.predicted_ms) for fx in self.fix_results]
+        for name, extra, row, predicted in measured:
+            common = dict(fix=name, **extra, first_step_s=row.get("first_step_s"), peak_mem_alloc_mb=row.get("peak_mem_alloc_mb"))
             if row.get("status") != "ok":
-                out.append(dict(mode=mode, measured_ms=None, speedup=None, status=row.get("status"), message=row.get("message")))
+                out.append(dict(common, measured_ms=None, speedup=None, status=row.get("status"), message=row.get("message")))
                 continue
-            out.append(dict(mode=mode, measured_ms=row["median_ms"], speedup=self.eager_ms / row["median_ms"], predicted_ms=self.predictions_ms.get(mode), status="ok"))
+            out.append(dict(common, measured_ms=row["median_ms"], speedup=self.eager_ms / row["median_ms"], predicted_ms=predicted, status="ok"))
         return sorted(out, key=lambda f: -(f["speedup"] or 0))
 
     def to_dict(self) -> dict:
@@ -91,6 +111,12 @@ class CaseExplanation:
             "floors": self.floors.to_dict(),
             "predictions_ms": self.predictions_ms,
             "measured_ms": {m: r.get("median_ms") for m, r in self.measured.items()},
+            "first_step_s": {"eager": self.eager_row.get("first_step_s"), **{m: r.get("first_step_s") for m, r in self.measured.items()}},
+            "mfu": self.eager_row.get("mfu"),
+            "mbu": self.eager_row.get("mbu"),
+            "pass_timing_us": {name: {k: (v / 1e3 if k.endswith("_ns") else v) for k, v in t.items()} for name, t in self.timing.items()},
+            "pass_floors": self.step_floors.to_dict() if self.step_floors else None,
+            "fix_predictions": [fx.to_dict() for fx in self.fix_results],
             "fixes": self.fixes(),
         }
 
@@ -149,7 +175,83 @@ def min_bytes(case: Case, row: dict) -> float:
     return implementation(case).min_bytes(case, row)
 
 
-def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_case, profile_case, load_trace, on_stage) -> CaseExplanation:
+def pass_costs(case: Case, row: dict) -> dict | None:
+    """FLOPs and least bytes per pass of a step with several passes, as the case's family states them."""
+    from perflab.workloads.registry import implementation
+
+    return implementation(case).pass_costs(case, row)
+
+
+def current_optimizer(case: Case) -> str:
+    """The AdamW implementation a train_step case runs (its default: fused on the GPU, for-loop on the CPU)."""
+    return case.optimizer or ("fused" if case.device == "cuda" else "plain")
+
+
+def default_fixes(case: Case) -> list[str]:
+    """The fixes explain tries by default: for an lm train_step the other AdamW implementations and activation
+    checkpointing, for forward_backward checkpointing, for decode and generate larger batches."""
+    if case.family == "lm" and case.workload == "train_step":
+        current = current_optimizer(case)
+        out = [f"optimizer:{name}" for name in OPTIMIZERS if name != current]
+        return out + ([] if case.checkpoint_activations else ["checkpoint"])
+    if case.family == "lm" and case.workload == "forward_backward":
+        return [] if case.checkpoint_activations else ["checkpoint"]
+    if case.family == "decode" and case.workload in ("decode", "generate"):
+        return [f"batch:{case.batch_size * k}" for k in DEFAULT_BATCH_FACTORS]
+    return []
+
+
+def parse_fix(spec: str) -> dict:
+    """A fix's Case changes: parts joined by "+", each a mode (``compile:reduce-overhead``), ``optimizer:NAME``,
+    ``checkpoint`` or ``batch:N``. PerflabError (one line) on anything else."""
+    from perflab.spec import MODES
+
+    changes = {}
+    for part in spec.split("+"):
+        part = part.strip()
+        kind, _, value = part.partition(":")
+        if part in MODES:
+            changes["mode"] = part
+        elif kind == "optimizer" and value:
+            changes["optimizer"] = value
+        elif part == "checkpoint":
+            changes["checkpoint_activations"] = True
+        elif kind == "batch" and value.isdigit() and int(value) > 0:
+            changes["batch_size"] = int(value)
+        else:
+            raise PerflabError(f"unknown fix {part!r} in {spec!r}: use a mode ({', '.join(MODES)}), optimizer:NAME, checkpoint or batch:N, "
+                               "joined by + to combine")
+    return changes
+
+
+def predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: dict, step_floors: StepFloors | None,
+                mode_predictions: dict) -> tuple[float | None, str]:
+    """(predicted ms, the model in one line) of one fix; combinations are measured only."""
+    if len(changes) > 1:
+        return None, "a combination: measured only"
+    (key, value), = changes.items()
+    eager_ms = eager_row["median_ms"]
+    if key == "mode":
+        return mode_predictions.get(value), "the modes' graph models (above)" if value in mode_predictions else "measured only"
+    if key == "optimizer":
+        backward_memory = next((p.memory_ms for p in step_floors.passes if p.name == "backward"), 0.0) if step_floors else 0.0
+        return predict_optimizer(value, current_optimizer(case), eager_ms, timing, backward_memory)
+    if key == "checkpoint_activations":
+        return predict_checkpoint(eager_ms, timing)
+    if key == "batch_size":
+        from perflab.workloads.registry import implementation
+
+        impl = implementation(case)
+        base_bytes = impl.analytic(case).get("bytes_per_step")
+        new_bytes = impl.analytic(replace(case, batch_size=value)).get("bytes_per_step")
+        if not base_bytes or not new_bytes:
+            return None, "measured only (this workload states no bytes per step)"
+        return predict_batch(eager_ms, base_bytes, new_bytes, case.batch_size, value)
+    return None, "measured only"
+
+
+def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_case, profile_case, load_trace, on_stage,
+                 fixes=()) -> CaseExplanation:
     eager = replace(case, mode="eager")
     on_stage(f"{case.label()}: timing eager")
     row = run_case(eager)
@@ -180,14 +282,37 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
         predictions_ms=predict_modes(trace, interval, ceilings["graph_kernel_gap_us"]),
     )
     explanation.trace = trace
+    explanation.timing = pass_timing(trace.kernels, trace.ranges, len(trace.steps))
+    costs = pass_costs(case, row)
+    if costs and explanation.timing:
+        explanation.step_floors = pass_floors(
+            costs=costs, timing=explanation.timing, measured_ms=row["median_ms"], matmul_tflops=ceilings["matmul_tflops"][case.dtype],
+            copy_gbps=ceilings["copy_gbps"], kernel_interval_us=interval, host_issue_ms=issue_ms,
+        )
     for mode in modes:
         on_stage(f"{case.label()}: measuring {mode}")
         explanation.measured[mode] = run_case(replace(case, mode=mode))
+    for spec in fixes:
+        changes = parse_fix(spec)
+        predicted, model = predict_fix(eager, spec, changes, row, explanation.timing, explanation.step_floors, explanation.predictions_ms)
+        fix = Fix(spec, changes, predicted, model)
+        on_stage(f"{case.label()}: measuring the fix {spec}")
+        fix.measured = run_case(replace(eager, **changes))
+        explanation.fix_results.append(fix)
     return explanation
 
 
+def case_fixes(case: Case, fixes) -> list[str]:
+    """The fixes to try on ``case``: ``fixes`` as given (None: the family's defaults; "none" alone: none)."""
+    if fixes is None:
+        return default_fixes(case)
+    fixes = list(fixes)
+    return [] if fixes == ["none"] else fixes
+
+
 def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None,
-            pin: bool = True) -> Explanation:
+            pin: bool = True, fixes=None) -> Explanation:
+    """``fixes``: fix specs (see ``parse_fix``) tried on each case; None: each case's family defaults."""
     if case.device != "cuda":
         raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
     from perflab.spec import validate_case
@@ -195,6 +320,8 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     for c in [case] + ([vs] if vs is not None else []):
         for mode in modes:  # a bad mode is bad input: say so before minutes of profiling
             validate_case(replace(c, mode=mode))
+        for spec in case_fixes(c, fixes):  # and so is a bad fix
+            validate_case(replace(c, mode="eager", **parse_fix(spec)))
     from perflab.measure.ceilings import get_ceilings
     from functools import partial
 
@@ -208,7 +335,8 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     ceilings = get_ceilings()
     cases = [case] + ([vs] if vs is not None else [])
     timed = partial(run_case, host=HostOptions(pin=pin))
-    explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage) for c in cases]
+    explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage, fixes=case_fixes(c, fixes))
+                 for c in cases]
     comparison = None
     if vs is not None:
         base, variant = explained[1], explained[0]

@@ -31,6 +31,9 @@ from perflab.workloads import FAMILIES, family_of, shape_defaults
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph")
 ATTN_IMPLS = ("sdpa", "explicit")
+OPTIMIZERS = ("fused", "foreach", "in_backward", "in_backward_stream")
+# lm training variants and their "not set" value (serialised only when set).
+TRAINING_VARIANTS = {"optimizer": None, "checkpoint_activations": False}
 DEVICES = ("cuda", "cpu")
 
 # Shape fields and their "not set" value: a field a case's family does not own must be left at it.
@@ -74,6 +77,9 @@ class Case:
     repeats: int = 20  # number of timing samples the timed iterations are split into
     seed: int = 0
     family: str | None = None  # the workload family; perflab's own model names imply it, a reference may state it
+    # ---- lm training variants: serialised only when set, so the ids of other cases do not change ----
+    optimizer: str | None = None  # train_step's AdamW: fused, foreach, in_backward, in_backward_stream (None: fused on GPU, for-loop on CPU)
+    checkpoint_activations: bool = False  # recompute each block's activations in the backward (torch.utils.checkpoint)
 
     def __post_init__(self):
         if isinstance(self.model_args, dict):
@@ -130,6 +136,9 @@ class Case:
             d["model_args"] = dict(self.model_args)
         if d["max_memory"] is None:
             d.pop("max_memory")
+        for name, default in TRAINING_VARIANTS.items():  # only when set: existing case ids stay the same
+            if d[name] == default:
+                d.pop(name)
         for key in ("keep_rate", "reduction_loc"):
             if key in d:
                 d[key] = list(d[key])
@@ -229,6 +238,7 @@ def validate_case(case: Case) -> Case:
         others = [f.name for f in FAMILIES.values() if case.workload in f.workloads]
         where = f"; {case.workload} is a workload of the {others[0]} family ({_family_models(others[0])})" if others else ""
         raise PerflabError(f"{case.model} ({family.name} family) has no workload {case.workload!r}; choose {', '.join(family.workloads)}{where}")
+    _check_training_variants(case, family)
     from perflab.workloads.registry import implementation
 
     return implementation(case).validate(case)
@@ -260,6 +270,16 @@ def resolve_family(case: Case) -> Case:
         family = infer_family(case.model, dict(case.model_args), case.workload)
     fields_ = {f.name: getattr(case, f.name) for f in fields(Case)}
     return Case(**dict(fields_, family=family))
+def _check_training_variants(case: Case, family) -> None:
+    """--optimizer (train_step) and --checkpoint-activations (workloads with a backward) are lm training options."""
+    if case.optimizer is not None:
+        if case.optimizer not in OPTIMIZERS:
+            raise PerflabError(f"unknown optimizer {case.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if family.name != "lm" or case.workload != "train_step":
+            raise PerflabError(f"--optimizer applies to the train_step workload of language models (gpt_*), not {case.model} {case.workload}")
+    if case.checkpoint_activations and (family.name != "lm" or case.workload not in ("forward_backward", "train_step")):
+        raise PerflabError(f"--checkpoint-activations applies to the forward_backward and train_step workloads of language models (gpt_*), "
+                           f"not {case.model} {case.workload}")
 
 
 def _foreign_fields(case: Case) -> dict:

@@ -49,9 +49,17 @@ class Floors:
     def ratios(self) -> dict[str, float]:
         return {name: (self.measured_ms / ms if ms > 0 else float("inf")) for name, ms in self.by_name.items()}
 
+    def utilisation(self) -> dict[str, dict[str, float | None]]:
+        """MFU and MBU of the measured step (compute floor ÷ measured = FLOPs ÷ time ÷ peak; memory likewise) and
+        the ceiling: the same at the binding floor, the best these floors allow."""
+        top = self.by_name[self.binding]
+        measured = {"mfu": self.compute_ms / self.measured_ms, "mbu": self.memory_ms / self.measured_ms} if self.measured_ms > 0 else {"mfu": None, "mbu": None}
+        ceiling = {"mfu": self.compute_ms / top, "mbu": self.memory_ms / top} if top > 0 else {"mfu": None, "mbu": None}
+        return {"measured": measured, "ceiling": ceiling}
+
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(binding=self.binding, verdict=self.verdict, measured_over_floor=self.ratios())
+        d.update(binding=self.binding, verdict=self.verdict, measured_over_floor=self.ratios(), utilisation=self.utilisation())
         return d
 
 
@@ -102,3 +110,169 @@ def roofline(*, flops_per_step: float, bytes_per_step: float, achieved_tflops: f
         "roof_tflops": roof_tflops,
         "roofline_fraction": achieved_tflops / roof_tflops if roof_tflops > 0 else None,
     }
+
+
+# ---- per-pass floors (a training step's forward, backward and optimizer; generate's prefill and decode) ----
+
+LIMITS = ("compute", "memory", "launch", "host")
+
+
+@dataclass(frozen=True)
+class PassFloor:
+    """The four floors of one pass of a step, from the pass's own FLOPs, least bytes, kernels and CPU issue
+    time; ``gpu_ms`` is the profiled pass's GPU time per step (Σ kernel durations), None if not profiled."""
+
+    name: str
+    flops: float
+    bytes: float
+    kernels: float
+    compute_ms: float
+    memory_ms: float
+    launch_ms: float
+    host_ms: float
+    gpu_ms: float | None = None
+
+    @property
+    def by_name(self) -> dict[str, float]:
+        return {"compute": self.compute_ms, "memory": self.memory_ms, "launch": self.launch_ms, "host": self.host_ms}
+
+    @property
+    def binding(self) -> str:
+        floors = self.by_name
+        return max(floors, key=floors.get)
+
+    @property
+    def floor_ms(self) -> float:
+        return self.by_name[self.binding]
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[self.binding]
+
+    @property
+    def gpu_over_floor(self) -> float | None:
+        """The profiled pass's GPU time ÷ its binding floor (1.0 = at the floor)."""
+        if self.gpu_ms is None or self.floor_ms <= 0:
+            return None
+        return self.gpu_ms / self.floor_ms
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(binding=self.binding, verdict=self.verdict, floor_ms=self.floor_ms, gpu_over_floor=self.gpu_over_floor)
+        return d
+
+
+@dataclass(frozen=True)
+class StepFloors:
+    """A step as a sequence of passes: its floor is the sum of the passes' binding floors (a pass cannot start
+    before the one it depends on is done, and each is held up by its own worst limit)."""
+
+    passes: tuple[PassFloor, ...]
+    measured_ms: float  # the untraced step
+    matmul_tflops: float
+    copy_gbps: float
+
+    @property
+    def floor_ms(self) -> float:
+        return sum(p.floor_ms for p in self.passes)
+
+    @property
+    def flops(self) -> float:
+        return sum(p.flops for p in self.passes)
+
+    @property
+    def bytes(self) -> float:
+        return sum(p.bytes for p in self.passes)
+
+    @property
+    def by_limit(self) -> dict[str, float]:
+        """ms of the step floor per limit: the binding floors of the passes that limit binds."""
+        out = {name: 0.0 for name in LIMITS}
+        for p in self.passes:
+            out[p.binding] += p.floor_ms
+        return out
+
+    @property
+    def binding(self) -> str:
+        """The limit that holds the largest share of the step's floor."""
+        shares = self.by_limit
+        return max(shares, key=shares.get)
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[self.binding]
+
+    def utilisation(self, ms: float) -> dict[str, float | None]:
+        """MFU (FLOPs ÷ ms ÷ the measured peak) and MBU (least bytes ÷ ms ÷ the copy bandwidth) of a step of ``ms``."""
+        if not ms or ms <= 0:
+            return {"mfu": None, "mbu": None}
+        seconds = ms / 1e3
+        return {"mfu": self.flops / seconds / (self.matmul_tflops * 1e12), "mbu": self.bytes / seconds / (self.copy_gbps * 1e9)}
+
+    @property
+    def ceiling(self) -> dict[str, float | None]:
+        """The best MFU and MBU the floors allow: the step's utilisation if it ran at its floor."""
+        return self.utilisation(self.floor_ms)
+
+    def to_dict(self) -> dict:
+        measured = self.utilisation(self.measured_ms)
+        ceiling = self.ceiling
+        return {
+            "passes": [p.to_dict() for p in self.passes],
+            "measured_ms": self.measured_ms,
+            "floor_ms": self.floor_ms,
+            "measured_over_floor": self.measured_ms / self.floor_ms if self.floor_ms > 0 else None,
+            "floor_by_limit_ms": self.by_limit,
+            "binding": self.binding,
+            "verdict": self.verdict,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "mfu": measured["mfu"],
+            "mbu": measured["mbu"],
+            "ceiling_mfu": ceiling["mfu"],
+            "ceiling_mbu": ceiling["mbu"],
+        }
+
+
+def pass_floors(
+    *,
+    costs: dict[str, dict],
+    timing: dict[str, dict],
+    measured_ms: float,
+    matmul_tflops: float,
+    copy_gbps: float,
+    kernel_interval_us: float,
+    host_issue_ms: float,
+) -> StepFloors:
+    """Per-pass floors of a step.
+
+    ``costs``: per pass, in step order, its ``flops`` and least ``bytes`` (the family's analytic split);
+    ``timing``: per pass, from the profiled step (``analysis.passes.pass_timing``): ``kernels``, ``gpu_ns``
+    and the traced ``issue_ns``. A pass in the trace but not in ``costs`` gets no FLOPs and no bytes; a pass
+    in ``costs`` but not in the trace gets no kernels.
+    ``host_issue_ms``: the untraced CPU time to issue the whole step, split over the passes in proportion to
+    their traced issue times (the profiler inflates the host about 2×; the split keeps its shape), so the
+    passes' host floors add up to it exactly (split by kernels where no launch is linked).
+    """
+    names = list(costs) + [n for n in timing if n not in costs]
+    issue = {n: float(timing.get(n, {}).get("issue_ns", 0)) for n in names}
+    if sum(issue.values()) <= 0:  # no linked launches: split the host time by kernels, else evenly
+        issue = {n: float(timing.get(n, {}).get("kernels", 0)) for n in names}
+        if sum(issue.values()) <= 0:
+            issue = {n: 1.0 for n in names}
+    total_issue = sum(issue.values())
+    passes = []
+    for name in names:
+        cost = costs.get(name, {})
+        t = timing.get(name, {})
+        flops, moved, kernels = float(cost.get("flops", 0)), float(cost.get("bytes", 0)), float(t.get("kernels", 0))
+        host = host_issue_ms * issue[name] / total_issue if total_issue > 0 else 0.0
+        passes.append(PassFloor(
+            name=name, flops=flops, bytes=moved, kernels=kernels,
+            compute_ms=flops / (matmul_tflops * 1e12) * 1e3,
+            memory_ms=moved / (copy_gbps * 1e9) * 1e3,
+            launch_ms=kernels * kernel_interval_us / 1e3,
+            host_ms=host,
+            gpu_ms=t["gpu_ns"] / 1e6 if "gpu_ns" in t else None,
+        ))
+    return StepFloors(tuple(passes), measured_ms=measured_ms, matmul_tflops=matmul_tflops, copy_gbps=copy_gbps)

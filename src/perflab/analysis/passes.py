@@ -1,9 +1,11 @@
 """Per-pass kernel breakdowns (seed 003's tables b–e): which pass of a training step each kernel belongs to,
 and, per pass, the top kernel, the top non-GEMM kernel and the GEMM fraction; and softmax against matmul
-inside attention.
+inside attention. ``pass_timing`` gives each pass's GPU time, busy time, span and CPU issue time per step
+(explain's per-pass floors and fix predictions read it).
 
 A pass is a CPU range named ``forward``, ``backward`` or ``optimizer`` (perflab's lm workloads mark them in
-profile passes). A GPU activity belongs to the pass whose range was open, on any thread, when its launch
+profile passes), or ``prefill`` and ``decode`` (the decode family's generate marks its prefill and each
+decode step). A GPU activity belongs to the pass whose range was open, on any thread, when its launch
 call started: the backward's kernels are launched by autograd's own thread, outside the main thread's
 nesting, while the main thread waits inside ``backward``. Activities outside every pass belong to none.
 Times are per step (the trace's totals over its annotated steps, divided by their number), integer ns.
@@ -15,17 +17,24 @@ import numpy as np
 import pandas as pd
 
 from perflab.analysis.breakdown import GEMM
-from perflab.analysis.intervals import sum_by_group
+from perflab.analysis.intervals import sum_by_group, union_length
 
-PASSES = ("forward", "backward", "optimizer")
+PASSES = ("forward", "backward", "optimizer", "prefill", "decode")
 ATTENTION_RANGES = ("attn.scores", "attn.softmax", "attn.final_matmul")
 
 
 def kernel_passes(kernels: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
     """The pass of each row of the KernelTable ("" for none), by its launch time."""
+    return kernel_pass_occurrences(kernels, ranges)[0]
+
+
+def kernel_pass_occurrences(kernels: pd.DataFrame, ranges: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The pass of each row of the KernelTable ("" for none), by its launch time, and which occurrence of
+    that pass's range (its index among the ranges of that name, in start order; -1 for none) held the launch."""
     out = np.full(len(kernels), "", dtype=object)
+    occurrence = np.full(len(kernels), -1, dtype=np.int64)
     if len(ranges) == 0 or len(kernels) == 0:
-        return out
+        return out, occurrence
     names = ranges["name"].astype(str).to_numpy()
     launch = kernels["launch_start_ns"].to_numpy()
     has_launch = launch >= 0
@@ -40,7 +49,50 @@ def kernel_passes(kernels: pd.DataFrame, ranges: pd.DataFrame) -> np.ndarray:
         valid = has_launch & (i >= 0)
         inside = np.zeros(len(kernels), dtype=bool)
         inside[valid] = launch[valid] < ends[i[valid]]
-        out[inside & (out == "")] = name
+        take = inside & (out == "")
+        out[take] = name
+        occurrence[take] = i[take]
+    return out, occurrence
+
+
+def pass_timing(kernels: pd.DataFrame, ranges: pd.DataFrame, steps: int) -> dict[str, dict]:
+    """Per pass present, per step (totals over the trace's steps ÷ their number), integer ns except ``kernels``:
+
+    - ``kernels``: GPU activities launched in the pass;
+    - ``gpu_ns``: the sum of their durations (the pass's GPU time, as ``pass_breakdown`` gives it);
+    - ``busy_ns``: the union of their intervals (GPU time less overlap between streams);
+    - ``span_ns``: first start to last end, per occurrence of the pass's range, summed;
+    - ``idle_ns``: span − busy: the GPU idle inside the pass (waiting for the host, or for another pass's work);
+    - ``issue_ns``: the CPU time to issue the pass: its range's start to the end of the last launch call
+      of its activities, per occurrence, summed (traced, so inflated by the profiler).
+    """
+    steps = max(int(steps), 1)
+    passes, occurrence = kernel_pass_occurrences(kernels, ranges)
+    out: dict[str, dict] = {}
+    if not len(kernels):
+        return out
+    names = ranges["name"].astype(str).to_numpy() if len(ranges) else np.array([], dtype=object)
+    start = kernels["start_ns"].to_numpy()
+    end = kernels["end_ns"].to_numpy()
+    dur = kernels["dur_ns"].to_numpy()
+    launch_end = kernels["launch_end_ns"].to_numpy()
+    for name in PASSES:
+        mask = passes == name
+        if not mask.any():
+            continue
+        range_starts = np.sort(ranges.loc[names == name, "start_ns"].to_numpy(), kind="stable")
+        span = issue = 0
+        for occ in np.unique(occurrence[mask]):
+            part = mask & (occurrence == occ)
+            span += int(end[part].max() - start[part].min())
+            ends = launch_end[part]
+            ends = ends[ends >= 0]
+            if len(ends):
+                issue += int(ends.max() - range_starts[occ])
+        busy = union_length(start[mask], end[mask])
+        gpu = int(dur[mask].sum())
+        out[name] = {"kernels": int(mask.sum()) / steps, "gpu_ns": gpu // steps, "busy_ns": busy // steps, "span_ns": span // steps,
+                     "idle_ns": max(span // steps - busy // steps, 0), "issue_ns": issue // steps}
     return out
 
 

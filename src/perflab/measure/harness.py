@@ -18,6 +18,7 @@ An OOM or any other failure of the measurement becomes a row with status ``oom``
 from __future__ import annotations
 
 import gc
+import time
 import traceback
 from typing import Callable
 
@@ -102,8 +103,11 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
             flops = count_flops(built.make_step(built.model))
 
             stage("compile" if case.mode != "eager" else "warmup")
+            started = time.perf_counter()
             step = make_step(built, case.mode)
-            out = step()  # the first call compiles (compile modes)
+            out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
+            synchronize(case.device)
+            first_step_s = time.perf_counter() - started  # what the mode costs before its first step is done
             stage("warmup")
             with timing_thread(case.device, host) as thread:
                 for _ in range(case.warmup):
@@ -197,6 +201,7 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
         host_bound_frac=min(1.0, issue / issue_step) if issue_step > 0 else None,
         pinned_cpu=thread.pinned_cpu,
         timing_threads=thread.threads,
+        first_step_s=first_step_s,
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import record_function
+from torch.utils.checkpoint import checkpoint
 
 from perflab.errors import PerflabError
 
@@ -40,6 +41,9 @@ class LMConfig:
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
     attn: str = "sdpa"  # "sdpa" (fused, causal) or "explicit" (scores, mask, softmax, ·v: the seed's kernels)
+    # Activation checkpointing: with autograd recording, each block keeps only its input and runs its forward
+    # again in the backward (torch.utils.checkpoint, non-reentrant): less memory, one more forward of the blocks.
+    checkpoint_activations: bool = False
 
     def __post_init__(self):
         for name in ("d_model", "d_ff", "n_layers", "n_heads", "vocab_size", "context_length"):
@@ -274,6 +278,10 @@ class GPT(nn.Module):
         causal_mask = self.causal_mask[:T, :T] if self.causal_mask is not None else None
         annotate = self.annotate
         x = self.tok_embeddings(idx)
+        recompute = self.config.checkpoint_activations and torch.is_grad_enabled()
         for layer in self.layers:
-            x = layer(x, cos, sin, causal_mask, annotate)
+            if recompute:
+                x = checkpoint(layer, x, cos, sin, causal_mask, annotate, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, causal_mask, annotate)
         return self.output(self.norm(x))

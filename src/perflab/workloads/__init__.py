@@ -52,6 +52,10 @@ class FamilySpec:
 
     def label(self, case) -> list[str]:
         parts = [case.model] + self.label_extra(case) + self.shape(case) + [f"bs{case.batch_size}", case.dtype, case.mode]
+        if getattr(case, "optimizer", None):  # lm training variants, only when set
+            parts.append(f"opt:{case.optimizer}")
+        if getattr(case, "checkpoint_activations", False):
+            parts.append("ckpt")
         if case.max_memory is not None:
             parts.append(f"cap{format_bytes(case.max_memory)}")
         return parts

@@ -34,16 +34,17 @@ class Built:
             self.model.annotate = model_ranges
 
 
-def config_overrides(case, config_cls, fixed: str) -> dict:
+def config_overrides(case, config_cls, fixed) -> dict:
     """The case's ``--model-arg`` overrides (and ``--layers`` as n_layers) for a config dataclass, checked:
-    an unknown name (or ``fixed``, chosen elsewhere) is one clear error; whole floats become ints except for
+    an unknown name (or one of ``fixed``, a name or names chosen elsewhere) is one clear error; whole floats become ints except for
     the float fields (rope_theta, norm_eps)."""
     from perflab.errors import PerflabError
 
     overrides = dict(case.model_args)
     if case.layers is not None:
         overrides["n_layers"] = case.layers
-    allowed = [k for k in config_cls.__dataclass_fields__ if k != fixed]
+    fixed = (fixed,) if isinstance(fixed, str) else tuple(fixed)
+    allowed = [k for k in config_cls.__dataclass_fields__ if k not in fixed]
     for key, value in overrides.items():
         if key not in allowed:
             raise PerflabError(f"--model-arg {key}: {case.model} has no such dimension; choose from {', '.join(allowed)}")
@@ -77,6 +78,11 @@ class Implementation:
     def after_timing(self, case, built: Built, step, row: dict) -> dict:
         """Extra measurements after the timed loop (e.g. per-token latencies of a generation); row keys."""
         return {}
+
+    def pass_costs(self, case, row: dict) -> dict | None:
+        """Per pass of a step with several (``forward``/``backward``/``optimizer``; ``prefill``/``decode``), in step
+        order: ``{"flops": ..., "bytes": ...}`` (the least bytes the pass must move). None: one pass only."""
+        return None
 
     def min_bytes(self, case, row: dict) -> float:
         """The least DRAM traffic one step needs (for the memory floor): the family's stated bytes per step,

@@ -15,9 +15,11 @@ see fixed shapes; ``compile:reduce-overhead`` is gpt-fast's recipe. Tokens and c
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 
 import torch
+from torch.profiler import record_function
 
 from perflab.errors import PerflabError
 from perflab.workloads.base import Built, Implementation, config_overrides
@@ -134,14 +136,16 @@ class Decode(Implementation):
             def make_step(m):
                 def generate():
                     events = extra["events"]
-                    logits = m(prompt, prefill_pos)
-                    token = logits[:, -1:].argmax(dim=-1)
+                    with phase("prefill"):
+                        logits = m(prompt, prefill_pos)
+                        token = logits[:, -1:].argmax(dim=-1)
                     out = [token]
                     if events is not None:
                         events.append(_event())
                     for pos in decode_pos:
-                        logits = m(token, pos)
-                        token = logits[:, -1:].argmax(dim=-1)
+                        with phase("decode"):
+                            logits = m(token, pos)
+                            token = logits[:, -1:].argmax(dim=-1)
                         out.append(token)
                         if events is not None:
                             events.append(_event())
@@ -150,7 +154,13 @@ class Decode(Implementation):
                 return generate
 
             items = batch * case.new_tokens
-        return Built(model=model, make_step=make_step, needs_grad=False, items_per_step=items, autocast=False, extra=extra)
+        built = Built(model=model, make_step=make_step, needs_grad=False, items_per_step=items, autocast=False, extra=extra)
+
+        def phase(name):
+            """Profile passes mark generate's prefill and each decode step (explain's per-pass floors)."""
+            return record_function(name) if built.annotate else contextlib.nullcontext()
+
+        return built
 
     def after_timing(self, case, built: Built, step, row: dict) -> dict:
         """generate: time to first token, and the mean and p90 time per output token, from one more generation
@@ -208,6 +218,24 @@ class Decode(Implementation):
             kv_token = moved["kv_write"]
             out.update(bytes_per_step=moved["weights"] + 2 * case.prompt_len * kv_token, bytes_weights=moved["weights"])
         return out
+
+    def pass_costs(self, case, row: dict) -> dict | None:
+        """generate: the prefill (forward FLOPs over the static cache; weights once, the prompt's K and V written
+        and read once) and the decode steps together (each: FLOPs over the static cache, as they run; least bytes
+        as the decode workload counts them at that step's position)."""
+        from perflab.models.llama import decode_bytes, forward_flops
+
+        if case.workload != "generate":
+            return None
+        config, batch, lo = llama_config(case), case.batch_size, case.layers_only
+        dtype_bytes, cache = DTYPE_BYTES[case.dtype], cache_len(case)
+        first = decode_bytes(config, batch, 0, dtype_bytes, layers_only=lo)
+        prefill = {"flops": forward_flops(config, batch, case.prompt_len, cache, lo),
+                   "bytes": first["weights"] + 2 * case.prompt_len * first["kv_write"]}
+        positions = range(case.prompt_len, case.prompt_len + case.new_tokens - 1)
+        decode = {"flops": len(positions) * forward_flops(config, batch, 1, cache, lo),
+                  "bytes": sum(decode_bytes(config, batch, p, dtype_bytes, layers_only=lo)["total"] for p in positions)}
+        return {"prefill": prefill, "decode": decode}
 
     def min_bytes(self, case, row: dict) -> float:
         return float(row.get("bytes_per_step") or self.analytic(case).get("bytes_per_step") or

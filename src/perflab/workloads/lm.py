@@ -34,7 +34,8 @@ def lm_config(case):
     from perflab.models.lm import LMConfig
 
     # attn is the case's own field (--attn), not a dimension to override
-    return LMConfig.from_name(case.model, attn=case.attn, **config_overrides(case, LMConfig, fixed="attn"))
+    return LMConfig.from_name(case.model, attn=case.attn, checkpoint_activations=case.checkpoint_activations,
+                              **config_overrides(case, LMConfig, fixed=("attn", "checkpoint_activations")))
 
 
 class LM(Implementation):
@@ -90,14 +91,10 @@ class LM(Implementation):
         targets = torch.randint(0, vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
         training = case.workload in TRAINING
         model.train(training)
-        optimizer = None
-        if case.workload == "train_step":
-            # fused AdamW on the GPU (one kernel per group of tensors); capturable for CUDA graph capture.
-            gpu = case.device == "cuda"
-            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=gpu, capturable=gpu and case.mode == "cudagraph")
         autocast_dtype = AUTOCAST_DTYPES.get(case.dtype) if training else None
         # A graph replays the gradients' memory in place, so the step keeps them (zero, not None) between steps.
         set_to_none = case.mode != "cudagraph"
+        optimizer = make_optimizer(case, model, set_to_none) if case.workload == "train_step" else None
         built = Built(model=model, make_step=lambda m: None, needs_grad=training, items_per_step=case.batch_size * case.seq_len,
                       batch_of=lambda out: int(out[1]) if isinstance(out, tuple) else int(out.shape[0]),
                       optimizer=optimizer, has_backward=case.workload in ("forward_backward", "train_step"),
@@ -165,6 +162,9 @@ class LM(Implementation):
             "model_config": {k: getattr(config, k) for k in ("d_model", "d_ff", "n_layers", "n_heads", "vocab_size", "context_length")},
         }
 
+    def pass_costs(self, case, row: dict) -> dict | None:
+        return lm_pass_costs(case, row)
+
     def min_bytes(self, case, row: dict) -> float:
         """A lower bound on a step's DRAM traffic, activations left out: P parameters read once per pass in the
         compute dtype (forward 1, backward 2), fp32 gradients written once, and AdamW reading p, g, m, v and
@@ -192,3 +192,101 @@ def reference_analytic(case, passes: int) -> dict:
     return {"params_total": counts["total"], "params_non_embedding": counts["non_embedding"], "flops_analytic": forward * passes,
             "model_config": {"dim": config.dim, "n_layers": config.n_layers, "n_heads": config.n_heads, "n_kv_heads": config.n_kv_heads,
                              "ffn_dim": config.ffn_dim, "vocab_size": config.vocab_size}}
+# ---- training variants: --optimizer and the per-pass costs of explain's floors ----
+
+ADAMW_LR = 1e-4
+
+
+def make_optimizer(case, model, set_to_none: bool):
+    """The train_step's AdamW, as ``case.optimizer`` says (capturable for CUDA graph capture):
+
+    - None (the default, as before the option existed): fused on the GPU (one kernel per group of tensors),
+      the for-loop implementation on the CPU;
+    - ``fused``, ``foreach``: torch.optim.AdamW with that implementation;
+    - ``in_backward``: one AdamW per parameter, stepped from the parameter's post-accumulate-grad hook as soon
+      as its gradient is complete (PyTorch's "optimizer step in backward" recipe), which frees each gradient
+      early; the step's ``optimizer.step()`` then only waits for the updates;
+    - ``in_backward_stream``: the same, the updates on a side CUDA stream so they can overlap the rest of the
+      backward (on the CPU, the same as in_backward).
+    """
+    gpu = case.device == "cuda"
+    capturable = gpu and case.mode == "cudagraph"
+    kind = case.optimizer
+    if kind is None:
+        return torch.optim.AdamW(model.parameters(), lr=ADAMW_LR, fused=gpu, capturable=capturable)
+    if kind in ("fused", "foreach"):
+        return torch.optim.AdamW(model.parameters(), lr=ADAMW_LR, fused=kind == "fused", foreach=kind == "foreach", capturable=capturable)
+    return InBackwardAdamW(model.parameters(), fused=gpu, capturable=capturable, set_to_none=set_to_none,
+                           side_stream=kind == "in_backward_stream" and gpu)
+
+
+class InBackwardAdamW:
+    """AdamW applied per parameter from its post-accumulate-grad hook. ``step()`` joins the side stream (if
+    any) so the next forward sees the updated weights; ``zero_grad`` does nothing (each hook clears its own
+    gradient); ``state`` gathers the per-parameter optimizers' states (the harness's memory breakdown reads it)."""
+
+    def __init__(self, params, *, fused: bool, capturable: bool, set_to_none: bool, side_stream: bool):
+        self.side = torch.cuda.Stream() if side_stream else None
+        self.optimizers = {}
+        self.handles = []
+        for p in params:
+            if not p.requires_grad:
+                continue
+            self.optimizers[p] = torch.optim.AdamW([p], lr=ADAMW_LR, fused=fused, capturable=capturable)
+            self.handles.append(p.register_post_accumulate_grad_hook(self._make_hook(set_to_none)))
+
+    def _make_hook(self, set_to_none: bool):
+        def hook(p):
+            opt = self.optimizers[p]
+            if self.side is None:
+                opt.step()
+                opt.zero_grad(set_to_none=set_to_none)
+                return
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                opt.step()
+                if set_to_none:
+                    p.grad.record_stream(self.side)  # its memory goes back to the backward's stream: not before the update ran
+                opt.zero_grad(set_to_none=set_to_none)
+
+        return hook
+
+    @property
+    def state(self) -> dict:
+        out = {}
+        for opt in self.optimizers.values():
+            out.update(opt.state)
+        return out
+
+    def step(self) -> None:
+        if self.side is not None:
+            torch.cuda.current_stream().wait_stream(self.side)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
+def lm_pass_costs(case, row: dict) -> dict | None:
+    """FLOPs and least DRAM bytes of each pass of a step with a backward, in step order (explain's per-pass
+    floors; the byte split adds up to ``LM.min_bytes``): with F the analytic forward FLOPs, P the parameters
+    and w the compute dtype's bytes, forward F and P·w (weights read once); backward 2F and 2·P·w + 4·P
+    (weights read twice, fp32 gradients written); optimizer 0 FLOPs and 28·P (AdamW reads p, g, m, v and
+    writes p, m, v in fp32; with --optimizer in_backward* these bytes move inside the backward).
+    With --checkpoint-activations the backward also recomputes the forward: + F and + P·w."""
+    from perflab.models.lm import forward_flops, param_count
+
+    if case.workload not in ("forward_backward", "train_step"):
+        return None
+    config = lm_config(case)
+    f = forward_flops(config, case.batch_size, case.seq_len)
+    params = int(row.get("params") or param_count(config)["total"])
+    w = 2 if case.dtype in ("bf16", "fp16") else 4
+    recompute = 1 if case.checkpoint_activations else 0
+    costs = {"forward": {"flops": f, "bytes": params * w},
+             "backward": {"flops": (2 + recompute) * f, "bytes": (2 + recompute) * params * w + 4 * params}}
+    if case.workload == "train_step":
+        if case.optimizer in ("in_backward", "in_backward_stream"):
+            costs["backward"]["bytes"] += 28 * params
+        else:
+            costs["optimizer"] = {"flops": 0, "bytes": 28 * params}
+    return costs
