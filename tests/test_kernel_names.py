@@ -107,3 +107,19 @@ def test_kernels_sharing_a_short_name_get_suffixes_in_the_order_given():
     assert short["x" * 200 + "_a"] == "x" * 66 + "…" + "x" * 31 + "_a"
     assert short["x" * 300 + "_a"] == "x" * 64 + "…" + "x" * 30 + "_a #2" and len(short["x" * 300 + "_a"]) == MAX_SHORT_NAME
     assert short["x" * 101] == "x" * 66 + "…" + "x" * 33
+
+
+def test_analyze_json_keeps_full_names_with_short_names_beside_them():
+    from perflab.analysis import analyze_trace
+
+    summary = analyze_trace(load_trace(KINETO_TRACES[TRACE_IDS.index("lm_train_step_explicit")]), top=15).to_dict()
+    top = summary["top_kernels"]
+    assert len({r["name"] for r in top}) == len({r["full_name"] for r in top}) == len(top) == 15
+    assert all(len(r["name"]) <= MAX_SHORT_NAME for r in top) and any(len(r["full_name"]) > 300 for r in top)
+    assert all(r["name"].split(" #")[0] == short_kernel_name(r["full_name"]) for r in top)
+    passes = {p["pass"]: p for p in summary["passes"]}
+    assert set(passes) == {"forward", "backward", "optimizer"}
+    for p in passes.values():
+        assert p["top_kernel_short"] == short_kernel_name(p["top_kernel"])
+        assert p["top_non_gemm_kernel_short"] == short_kernel_name(p["top_non_gemm_kernel"])
+    assert passes["optimizer"]["top_kernel_short"] == "multi_tensor_apply_kernel<FusedAdamMathFunctor<float, 4, (ADAM_MODE)1, false>>"
