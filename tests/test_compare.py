@@ -42,6 +42,24 @@ def test_a_trace_against_itself_changes_nothing(loaded):
     assert len(c.added_kernels) == 0 and len(c.removed_kernels) == 0
 
 
+def test_added_and_removed_kernels_are_matched_by_full_name_with_one_short_name_each(loaded):
+    a, b = loaded["eager_vit.json.gz"], loaded["lm_train_step_explicit.json.gz"]
+    c = compare_traces(a, b)
+    records = c.to_dict()["added_kernels"] + c.to_dict()["removed_kernels"]
+    assert len({r["full_name"] for r in records}) == len({r["name"] for r in records}) == len(records) > 10
+    assert all(len(r["name"]) <= 100 for r in records) and max(len(r["full_name"]) for r in records) > 500
+    # the lm trace runs four different kernels that all shorten to vectorized_elementwise_kernel<MulFunctor<float>>
+    # (Binary and AUnary/BUnary functors, fp32 and bf16 tensors): kept apart, counted apart, told apart by #2, #3, #4
+    mul = [r for r in c.added_kernels.to_dict(orient="records") if r["name"].startswith("vectorized_elementwise_kernel<MulFunctor<float>>")]
+    assert sorted(r["name"][len("vectorized_elementwise_kernel<MulFunctor<float>>"):] for r in mul) == ["", " #2", " #3", " #4"]
+    assert [r["count_b"] for r in mul] == [22, 10, 6, 4] and len({r["full_name"] for r in mul}) == 4
+    steps = min(len(a.steps), len(b.steps))
+    kernels = b.kernels
+    for r in mul:  # per step, exactly the launches of that full name in B (A has none)
+        assert r["count_b"] == pytest.approx(step_profile(b, steps).by_name.loc[r["full_name"], "count"])
+        assert r["count_a"] == 0 and (kernels["name"].astype(str) == r["full_name"]).any()
+
+
 def test_step_profile_matches_direct_sums(loaded):
     """Per-step means recomputed here by hand from the KernelTable and the step annotations."""
     t = loaded["train_step.json.gz"]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from perflab.analysis.names import short_kernel_name
 from perflab.report.markdown import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,8 +74,8 @@ def test_decode_ncu_table_names_each_library_with_dram_percent_bandwidth_and_sha
     testbench = _section(text, "### llama3_8b (layers only, 1 layer(s)): decode, context 512, bf16, cuda")
     (tuned,) = [r for r in rows if r["case"].get("layers") == 1 and r["case"]["mode"] == "compile:max-autotune"]
     top = tuned["ncu"]["kernels"][0]
-    assert top["library"] == "Triton" and top["name"].startswith("triton_red_fused")
-    line = next(l for l in testbench.splitlines() if f"`{top['name']}`" in l)
+    assert top["library"] == "Triton" and top["full_name"].startswith("triton_red_fused")
+    line = next(l for l in testbench.splitlines() if f"`{short_kernel_name(top['full_name'])}`" in l)
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[:2] == ["compile:max-autotune", "1"] and cells[3] == "Triton"
     assert cells[4] == f"{top['dram_pct']:.1f}%" and cells[6] == f"{100 * top['time_share']:.1f}%"
@@ -103,5 +104,37 @@ def test_lm_tables_a_to_e_and_mfu_from_the_stored_rows(lm):
     gemm = _table_row(fp32, "#### (d) gpt_small: GEMM fraction", "seq512")
     assert gemm[1] == f"{100 * by[('gpt_small', 'forward', 512)]['profile']['gemm_fraction']:.1f}%"
     assert "| gpt_small | 64 | 5 : 256 | 1.95% |" in fp32  # 5 / (4 · 64)
-    assert "…" not in fp32 and "cut..." not in fp32  # kernel names are whole
+    # kernel names are short in the tables, and the legend gives each one's full name as stored
+    stored = by[("gpt_small", "forward", 128)]["profile"]["passes"][0]
+    top = _table_row(fp32, "#### (b) gpt_small: top kernel per pass", "seq128")[1]
+    short = short_kernel_name(stored["top_kernel"])
+    assert top == f"`{short}` ({100 * stored['top_kernel_share']:.1f}%)" and len(stored["top_kernel"]) > 120
+    non_gemm = _table_row(fp32, "#### (c) gpt_small: top non-GEMM kernel", "seq128")[1]
+    assert non_gemm == "`elementwise_kernel<MulFunctor<float>>`"
+    assert f"- `{short}`: `{stored['top_kernel']}`" in _legend(text)
+    assert f"- `elementwise_kernel<MulFunctor<float>>`: `{stored['top_non_gemm_kernel']}`" in _legend(text)
     assert (out / "lm_forward_time_fp32_explicit_attention_eager_batch_4_cuda.png").stat().st_size > 4_000
+
+
+def _legend(text: str) -> str:
+    return text[text.index("## Kernel names"):text.index("</details>", text.index("## Kernel names"))]
+
+
+def _table_cells(text: str) -> list[str]:
+    """Every cell of every markdown table in ``text`` (an escaped ``\\|`` stays inside its cell)."""
+    return [c.strip() for line in text.splitlines() if line.startswith("|")
+            for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+
+
+@pytest.mark.parametrize("name", ["lm_sizes", "decode"])
+def test_no_table_cell_over_120_characters_and_every_short_name_in_the_legend(name, lm, decode):
+    text = (lm if name == "lm_sizes" else decode)[0]
+    committed = (ROOT / "docs/reports" / name / "report.md").read_text()
+    for report in (text, committed):  # the report as built now, and as committed
+        cells = _table_cells(report)
+        assert len(cells) > 200 and max(map(len, cells)) <= 120
+        named = {m for c in cells for m in re.findall(r"`([^`]+)`", c)}  # in these reports, only kernel names are in backticks
+        legend = re.findall(r"^- `([^`]+)`: `([^`]+)`$", _legend(report), flags=re.M)
+        assert len(named) >= 5 and {short for short, _ in legend} == named  # each name in the tables, and only those
+        assert len({full for _, full in legend}) == len(legend)  # one short name per kernel
+    assert committed == text  # the committed report is the one this code writes

@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
+from perflab.measure.checks import MIN_TIMED_ITERS, run_checks
 from perflab.measure.stats import median_ci_ranks, summarize
-from perflab.measure.timing import plan_timing
+from perflab.measure.timing import TIME_MARGIN, plan_timing
 
 
 def brute_force_coverage(n, lo, hi):
@@ -50,11 +51,40 @@ def test_plan_with_exact_iters_splits_them_into_blocks():
     assert (plan.n_blocks, plan.block_iters) == (2, 1)
 
 
-def test_plan_aims_for_min_time_and_min_iters():
-    plan = plan_timing(step_s=0.001, repeats=20, min_time=1.0, min_iters=50, iters=None)
-    assert plan.total_iters * 0.001 == pytest.approx(1.0, rel=0.05)
+def test_plan_stops_at_min_time_or_min_iters_whichever_comes_first():
+    # fast steps: 50 iterations meet the rule long before min_time (rounded up to equal blocks)
+    assert plan_timing(step_s=0.001, repeats=10, min_time=1.0, min_iters=50, iters=None).block_sizes == [5] * 10
+    assert plan_timing(step_s=0.001, repeats=20, min_time=1.0, min_iters=50, iters=None).block_sizes == [3] * 20
+    # slow steps: min_time (aimed 50% past it) comes first; at least one step per block
+    mid = plan_timing(step_s=0.02, repeats=10, min_time=0.3, min_iters=50, iters=None)
+    assert (mid.n_blocks, mid.block_iters, mid.total_iters) == (10, 3, 30)  # 1.5 · 0.3 s / 20 ms = 22.5 → 23 steps → 3 per block
     slow = plan_timing(step_s=0.5, repeats=20, min_time=1.0, min_iters=50, iters=None)
-    assert (slow.n_blocks, slow.block_iters) == (20, 3)  # 50 iterations at least, 3 per block
+    assert (slow.n_blocks, slow.block_iters, slow.total_iters) == (20, 1, 20)  # 3 steps would do; 20 blocks need 20
+
+
+def test_a_700_ms_step_with_min_time_03_and_10_repeats_plans_10_iterations_not_50():
+    # issue 16: gpt_large forward_backward at seq 1024 (711 ms) timed 50 iterations (35.5 s) under the old plan
+    plan = plan_timing(step_s=0.7, repeats=10, min_time=0.3, min_iters=50, iters=None)
+    assert (plan.n_blocks, plan.block_iters, plan.total_iters) == (10, 1, 10)
+    assert plan.total_iters * 0.7 == pytest.approx(7.0)
+
+
+@pytest.mark.parametrize("min_time", [0.1, 0.3, 1.0, 2.0])
+@pytest.mark.parametrize("repeats", [1, 5, 10, 20, 60])
+def test_the_plan_never_gives_a_short_timing_row_for_a_plausible_step_time(min_time, repeats):
+    step_times = np.geomspace(1e-6, 10.0, 400)  # 1 µs to 10 s per step
+    for step_s in step_times:
+        plan = plan_timing(step_s=step_s, repeats=repeats, min_time=min_time, min_iters=MIN_TIMED_ITERS, iters=None)
+        assert plan.n_blocks == repeats and min(plan.block_sizes) >= 1
+        # the true step may be up to a third faster than the 3-call estimate the plan started from
+        for true_step_s in (step_s, 0.67 * step_s):
+            timed_s = plan.total_iters * true_step_s
+            checks = run_checks(requested_batch=1, processed_batch=1, timed_s=timed_s, timed_iters=plan.total_iters, cv=0.0, energy_j=1.0,
+                                energy_unavailable=None, throttle_reasons=[], other_processes=[], min_time=min_time)
+            assert "short_timing" not in [c.flag for c in checks], (step_s, true_step_s, plan)
+        # and it stops when the rule is met: no more than one block's rounding past the fewer of 50 steps and min_time
+        enough = min(MIN_TIMED_ITERS, math.ceil(TIME_MARGIN * min_time / step_s))
+        assert plan.total_iters == max(repeats, repeats * math.ceil(enough / repeats))
 
 
 @pytest.mark.parametrize("iters,repeats,sizes", [(39, 20, [2] * 19 + [1]), (25, 20, [2] * 5 + [1] * 15), (7, 3, [3, 2, 2])])

@@ -1,4 +1,4 @@
-"""The kernel-category rule table and the short kernel names."""
+"""The kernel-category rule table (the short kernel names: test_kernel_names.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from reference_trace import KINETO_TRACES, NSYS_FIXTURE
 
 from perflab.trace import load_trace
-from perflab.trace.categories import CATEGORIES, RULES, categorize, short_name
+from perflab.trace.categories import CATEGORIES, RULES, categorize
 
 
 @pytest.mark.parametrize("name, category", [
@@ -62,27 +62,3 @@ def test_at_least_98_percent_of_kernel_time_is_categorized(path):
     kernels = load_trace(path).kernels
     other = kernels.loc[kernels["category"] == "other", "dur_ns"].sum()
     assert other / kernels["dur_ns"].sum() <= 0.02
-
-
-@pytest.mark.parametrize("name, short", [
-    ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}>(int)",
-     "vectorized_elementwise_kernel (gelu)"),
-    ("void at::native::vectorized_elementwise_kernel<8, at::native::bfloat16_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda(float)#1}, std::array<char*, 2ul> >(int)",
-     "vectorized_elementwise_kernel (bfloat16_copy)"),
-    ("void at::native::unrolled_elementwise_kernel<at::native::CUDAFunctor_add<float>, std::array<char*, 3ul> >(int)", "unrolled_elementwise_kernel (add)"),
-    ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::TensorListMetadata<1>, "
-     "at::native::(anonymous namespace)::BinaryOpScalarFunctor<float, 1, 1, 0>, std::multiplies<float>, float>(int)", "multi_tensor_apply_kernel (mul)"),
-    ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, float>, unsigned int, float, 4, 4> >(int)",
-     "reduce_kernel (mean)"),
-    ("void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<float, float, false>(int, float)", "vectorized_layer_norm_kernel"),
-    ("void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(cutlass_80_simt_sgemm_256x128_8x4_nn_align1::Params)",
-     "cutlass_80_simt_sgemm_256x128_8x4_nn_align1"),
-    ("std::enable_if<!(false), void>::type internal::gemvx::kernel<int, int, float>(int)", "gemvx::kernel"),
-    ("nvjet_sm90_tst_16x64_64x16_4x2_h_bz_bias_TNN", "nvjet_sm90_tst_16x64_64x16_4x2_h_bz_bias_TNN"),
-    ("triton_poi_fused_addmm_gelu_view_6", "triton_poi_fused_addmm_gelu_view_6"),
-    ("fmha_cutlassF_f32_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<float, cutlass::arch::Sm80>::Params)",
-     "fmha_cutlassF_f32_aligned_64x64_rf_sm80"),
-    ("Memcpy DtoH (Device -> Pinned)", "Memcpy DtoH (Device -> Pinned)"),
-])
-def test_short_names(name, short):
-    assert short_name(name) == short

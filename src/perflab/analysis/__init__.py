@@ -2,6 +2,7 @@
 
 - accounting: wall = GPU busy + idle by cause (host-bound, kernel gap, other), exact in ns, per step
 - kernels: kernel statistics, top kernels with readable names
+- names: the short kernel-name rule every table uses (``short_kernel_name``, ``short_names``)
 - launch: launch-API CPU time, launch-to-start delay, the launch-bound verdict
 - ranges: GPU time per CPU range (annotation / NVTX)
 - breakdown: GPU time by kernel category, GEMM fraction

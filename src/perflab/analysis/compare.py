@@ -26,8 +26,8 @@ import pandas as pd
 from perflab.analysis.modules import has_module_ranges, module_deltas, module_tree
 from perflab.analysis.accounting import IDLE_CAUSES, account, activity_launch_time, step_windows
 from perflab.analysis.devices import devices_of
+from perflab.analysis.names import short_names
 from perflab.errors import PerflabError
-from perflab.trace.categories import short_name
 from perflab.trace.schema import Trace
 
 
@@ -43,7 +43,7 @@ class StepProfile:
     overlap_ns: float
     kernels: float  # kernels (kind kernel) per step
     kernel_time_ns: float
-    by_name: pd.DataFrame  # short name -> count and time per step
+    by_name: pd.DataFrame  # full kernel name -> count and time per step
 
     @property
     def mean_kernel_ns(self) -> float:
@@ -126,8 +126,8 @@ def step_profile(trace: Trace, steps: int | None = None) -> StepProfile:
     busy = float(per_step["busy_ns"].sum()) / n
     overlap = sum(category_ns.values()) - busy
     is_kernel = acts["kind"] == "kernel"
-    names = acts[is_kernel].assign(short=[short_name(str(x)) for x in acts.loc[is_kernel, "name"]])
-    by_name = names.groupby("short").agg(count=("dur_ns", "size"), time_ns=("dur_ns", "sum"))
+    names = acts[is_kernel].assign(full_name=acts.loc[is_kernel, "name"].astype(str))
+    by_name = names.groupby("full_name").agg(count=("dur_ns", "size"), time_ns=("dur_ns", "sum"))
     by_name = by_name / n
     return StepProfile(
         steps=n,
@@ -187,7 +187,11 @@ def compare_profiles(pa: StepProfile, pb: StepProfile, labels=("A", "B"), batch_
     names = pa.by_name.merge(pb.by_name, how="outer", left_index=True, right_index=True, suffixes=("_a", "_b")).fillna(0.0)
     names["delta_count"] = names["count_b"] - names["count_a"]
     names["delta_time_ns"] = names["time_ns_b"] - names["time_ns_a"]
-    names = names.reset_index().rename(columns={"short": "name"})
+    names = names.reset_index()
+    # short names unique over both runs' kernels, the busiest (A + B time) keeping the bare name
+    busiest = names.assign(total=names["time_ns_a"] + names["time_ns_b"]).sort_values(["total", "full_name"], ascending=[False, True])
+    short = short_names(busiest["full_name"])
+    names.insert(0, "name", [short[n] for n in names["full_name"]])
     added = names[names["delta_count"] > 0].sort_values(["delta_count", "delta_time_ns"], ascending=False).reset_index(drop=True)
     removed = names[names["delta_count"] < 0].sort_values(["delta_count", "delta_time_ns"]).reset_index(drop=True)
     comparison = Comparison(

@@ -1,4 +1,4 @@
-"""Kernel statistics and the top kernels by total time, with readable short names.
+"""Kernel statistics and the top kernels by total time, with readable short names (analysis.names).
 
 A "kernel" here is a row of kind ``kernel``. memcpy and memset rows are GPU activities too, but not
 kernels: they have their own top list (``top_memory_ops``; nsys separates cuda_gpu_kern_sum from
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from perflab.analysis.intervals import sum_by_group
-from perflab.trace.categories import short_name
+from perflab.analysis.names import short_names
 
 SHORT_KERNEL_NS = 5_000
 
@@ -57,8 +57,8 @@ MEMORY_KINDS = ("memcpy", "memset")
 
 
 def top_kernels(kernels: pd.DataFrame, n: int | None = 10) -> pd.DataFrame:
-    """Kernels (kind ``kernel``) grouped by full name, by total time: name (short), full_name, category,
-    count, total_ns, mean_ns, share (of all GPU activity time). ``n=None`` keeps every name."""
+    """Kernels (kind ``kernel``) grouped by full name, by total time: name (short, unique within the table),
+    full_name, category, count, total_ns, mean_ns, share (of all GPU activity time). ``n=None`` keeps every name."""
     return _top_by_name(kernels, (kernels["kind"] == "kernel").to_numpy(), n)
 
 
@@ -85,8 +85,9 @@ def _top_by_name(kernels: pd.DataFrame, chosen: np.ndarray, n: int | None) -> pd
     first_row[codes[::-1]] = np.arange(len(codes))[::-1]
     category = kernels["category"].to_numpy()[first_row[ranked]] if len(ranked) else np.array([], dtype=object)
     full = [str(labels[i]) for i in ranked]
+    short = short_names(full)  # one-to-one within the table; the busiest keeps the bare name
     return pd.DataFrame({
-        "name": [short_name(x) for x in full],
+        "name": [short[x] for x in full],
         "full_name": full,
         "category": [str(c) for c in category],
         "count": count[ranked].astype(np.int64),
@@ -94,3 +95,12 @@ def _top_by_name(kernels: pd.DataFrame, chosen: np.ndarray, n: int | None) -> pd
         "mean_ns": total[ranked] / np.maximum(count[ranked], 1),
         "share": total[ranked] / grand_total if grand_total else np.zeros(len(ranked)),
     })
+
+
+def with_short_names(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (rows with ``full_name``, e.g. top kernels of several devices stacked) with ``name`` set to short
+    names unique over the whole table: one full name, one short name, in every row."""
+    if not len(table):
+        return table
+    short = short_names(table["full_name"].astype(str))
+    return table.assign(name=[short[str(x)] for x in table["full_name"]])

@@ -27,10 +27,11 @@ import pandas as pd
 from perflab.analysis.accounting import DEFAULT_KERNEL_GAP_NS, IDLE_CAUSES, Accounting, account
 from perflab.analysis.breakdown import category_breakdown, gemm_fraction
 from perflab.analysis.devices import by_device, devices_of, launching_threads
-from perflab.analysis.kernels import KernelStats, kernel_stats, top_kernels, top_memory_ops
+from perflab.analysis.kernels import KernelStats, kernel_stats, top_kernels, top_memory_ops, with_short_names
 from perflab.analysis.modules import has_module_ranges, module_tree
 from perflab.analysis.passes import attention_breakdown, pass_breakdown
 from perflab.analysis.launch import LaunchVerdict, delay_summary, launch_api_stats, launch_delays, launch_verdict
+from perflab.analysis.names import short_names
 from perflab.analysis.ranges import range_breakdown
 from perflab.trace.schema import Trace
 
@@ -131,10 +132,7 @@ class TraceReport:
                     for r in self.launch_apis.itertuples(index=False)
                 ],
             },
-            "passes": [
-                {(k[:-3] + "_us" if k.endswith("_ns") else k): (_us(v) if k.endswith("_ns") else v) for k, v in record.items()}
-                for record in self.passes.to_dict(orient="records")
-            ],
+            "passes": _pass_records(self.passes),
             "attention": self.attention,
             "modules": _module_records(self.modules),
             "module_note": self.module_note,
@@ -188,7 +186,7 @@ def analyze_trace(trace: Trace, top: int = DEFAULT_TOP, kernel_gap_threshold_ns:
         trace=trace,
         accounting=accounting,
         kernel_stats=kernel_stats(kernels),
-        top_kernels=by_device(kernels, lambda mine: top_kernels(mine, top)),
+        top_kernels=with_short_names(by_device(kernels, lambda mine: top_kernels(mine, top))),
         top_memory_ops=by_device(kernels, lambda mine: top_memory_ops(mine, top)),
         categories=by_device(kernels, category_breakdown),
         ranges=by_device(kernels, lambda mine: range_breakdown(mine, trace.ranges)),
@@ -225,6 +223,19 @@ def _top_records(table: pd.DataFrame) -> list[dict[str, Any]]:
          "count": int(r.count), "share": float(r.share)}
         for r in table.itertuples(index=False)
     ]
+
+
+def _pass_records(passes: pd.DataFrame) -> list[dict[str, Any]]:
+    """The per-pass table as JSON records (µs), each kernel's full name with its short name beside it."""
+    records = passes.to_dict(orient="records")
+    short = short_names(n for r in records for n in (r.get("top_kernel"), r.get("top_non_gemm_kernel")) if n)
+    out = []
+    for record in records:
+        rec = {(k[:-3] + "_us" if k.endswith("_ns") else k): (_us(v) if k.endswith("_ns") else v) for k, v in record.items()}
+        for key in ("top_kernel", "top_non_gemm_kernel"):
+            rec[f"{key}_short"] = short.get(record.get(key)) if record.get(key) else None
+        out.append(rec)
+    return out
 
 
 def _step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:

@@ -2,20 +2,25 @@
 tokens/s, memory-bandwidth utilisation (MBU: the bytes a step must move ÷ its time ÷ the GPU's measured copy
 bandwidth; and ÷ the datasheet bandwidth) with a plot of MBU against batch size, the ncu DRAM throughput of
 each mode's top kernels where a sweep stored them, and generation latencies (time to first token, time per
-output token). Torch-free."""
+output token). Kernel names are the short names of ``analysis.names`` (the report's legend gives the full ones).
+Torch-free."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from perflab.analysis.names import KernelNames
 from perflab.report import plots
 from perflab.report.lm import FAILED
 
 MODE_ORDER = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph")
 
 
-def sections(rows: list[dict], plot_dir: Path) -> list[str]:
+def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
+    """The section's markdown parts; kernel names go through ``names`` (the report's, for its legend)."""
     from perflab.report.markdown import md_table
+
+    names = names if names is not None else KernelNames()
 
     parts = ["## Decode (seed 004)",
              "Decode: one new token per sequence against a KV cache holding the context. Times are untraced medians with their 95% CI. "
@@ -53,7 +58,7 @@ def sections(rows: list[dict], plot_dir: Path) -> list[str]:
             parts += ["#### Generation latency (ms)", md_table(["Batch", "Mode", "Time to first token", "Per output token (mean)", "p90"], body)]
         ncu = [(m, b, k) for (m, b), r in cells.items() for k in ((r.get("ncu") or {}).get("kernels") or [])]
         if ncu:
-            body = [[m, str(b), f"`{k['name']}`", k.get("library") or "–", _pct(k.get("dram_pct")), _gbps(k.get("dram_gbps")),
+            body = [[m, str(b), f"`{names(k.get('full_name') or k['name'])}`", k.get("library") or "–", _pct(k.get("dram_pct")), _gbps(k.get("dram_gbps")),
                      _pct(100 * k["time_share"] if k.get("time_share") is not None else None)]
                     for m, b, k in sorted(ncu, key=lambda x: (MODE_ORDER.index(x[0]) if x[0] in MODE_ORDER else 9, x[1], -(x[2].get("time_share") or 0)))]
             parts += ["#### ncu: DRAM throughput of the top kernels per mode", md_table(["Mode", "Batch", "Kernel", "Library", "DRAM %", "Achieved GB/s", "Share of GPU time"], body)]

@@ -44,9 +44,9 @@ def render_comparison(console, c) -> None:
         if len(frame):
             t3 = Table(title=f"{title} ({b} vs {a})", header_style="bold")
             for col in ("kernel", "Δ count", "Δ time µs"):
-                t3.add_column(col, justify="left" if col == "kernel" else "right")
+                t3.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold" if col == "kernel" else "ellipsis")
             for r in frame.head(10).to_dict(orient="records"):
-                t3.add_row(str(r["name"])[:90], f"{r['delta_count']:+.0f}", f"{r['delta_time_ns'] / 1e3:+.2f}")
+                t3.add_row(str(r["name"]), f"{r['delta_count']:+.0f}", f"{r['delta_time_ns'] / 1e3:+.2f}")
             console.print(t3)
     modules = c.extra.get("modules")
     if modules is not None and len(modules):

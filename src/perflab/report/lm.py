@@ -10,13 +10,15 @@ Per group of rows that share dtype, attention, mode and batch size:
 - MFU against the measured bf16/fp32 matmul peak of this GPU and against the datasheet; peak memory with its
   breakdown; the profiler's inflation (timings are untraced; (b)–(e) come from a separate profiled pass).
 
-Kernel names are printed whole. Torch-free.
+Kernel names are the short names of ``analysis.names`` (at most 120 characters, one per kernel); the report
+maps each to its full name in a legend. Torch-free.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from perflab.analysis.names import KernelNames
 from perflab.report import plots
 
 SIZE_ORDER = ("gpt_small", "gpt_medium", "gpt_large", "gpt_xl", "gpt_2.7b")
@@ -25,8 +27,11 @@ WORKLOAD_TITLES = {"forward": "inference forward", "train_forward": "training fo
 FAILED = {"oom": "OOM", "error": "ERROR", "timeout": "TIMEOUT", "invalid": "INVALID", "missing": "not run"}
 
 
-def sections(rows: list[dict], plot_dir: Path) -> list[str]:
+def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
+    """The section's markdown parts; kernel names go through ``names`` (the report's, for its legend)."""
     from perflab.report.markdown import md_table
+
+    names = names if names is not None else KernelNames()
 
     parts = ["## Language models (seed 003)",
              "Step times are untraced medians with their 95% CI; the kernel tables come from a separate profiled pass of the same case "
@@ -46,7 +51,7 @@ def sections(rows: list[dict], plot_dir: Path) -> list[str]:
         for w in workloads:
             body = [[m] + [_time_cell(cells.get((w, m, s))) for s in seqs] for m in sizes]
             parts += [f"#### (a) Step time (ms): {WORKLOAD_TITLES[w]}", md_table(["Model"] + [f"seq{s}" for s in seqs], body)]
-        parts += _kernel_tables(cells, sizes, seqs, md_table)
+        parts += _kernel_tables(cells, sizes, seqs, md_table, names)
         parts += _attention_tables(cells, sizes, seqs, md_table)
         for w in workloads:
             body = [[m] + [_mfu_cell(cells.get((w, m, s))) for s in seqs] for m in sizes]
@@ -77,7 +82,7 @@ def sections(rows: list[dict], plot_dir: Path) -> list[str]:
     return parts
 
 
-def _kernel_tables(cells, sizes, seqs, md_table) -> list[str]:
+def _kernel_tables(cells, sizes, seqs, md_table, names: KernelNames) -> list[str]:
     parts = []
     have_profile = any((r.get("profile") or {}).get("passes") for r in cells.values())
     if not have_profile:
@@ -87,7 +92,7 @@ def _kernel_tables(cells, sizes, seqs, md_table) -> list[str]:
         for s in seqs:
             inf = _pass(cells.get(("forward", m, s)), "forward")
             train = _training_row(cells, m, s)
-            body.append([f"seq{s}", _top_cell(inf), _top_cell(_pass(train, "forward")), _top_cell(_pass(train, "backward"))])
+            body.append([f"seq{s}", _top_cell(inf, names), _top_cell(_pass(train, "forward"), names), _top_cell(_pass(train, "backward"), names)])
         parts += [f"#### (b) {m}: top kernel per pass", md_table(["Seq len", "Inference forward", "Training forward", "Training backward"], body)]
     for m in sizes:
         body = []
@@ -96,8 +101,10 @@ def _kernel_tables(cells, sizes, seqs, md_table) -> list[str]:
             p = _pass(row, "forward")
             if isinstance(p, str) or p is None:
                 body.append([f"seq{s}", p or "–", "–", "–", "–"])
+            elif not p.get("top_non_gemm_kernel"):
+                body.append([f"seq{s}", "none (GEMMs only)", "–", "–", "–"])
             else:
-                body.append([f"seq{s}", f"`{p['top_non_gemm_kernel']}`", f"{p['top_non_gemm_share']:.1%}",
+                body.append([f"seq{s}", f"`{names(p['top_non_gemm_kernel'])}`", f"{p['top_non_gemm_share']:.1%}",
                              f"{p['top_non_gemm_us'] / 1000:.3f} ms", f"{p['top_non_gemm_instances']:g}"])
         parts += [f"#### (c) {m}: top non-GEMM kernel, inference forward (per step)", md_table(["Seq len", "Kernel", "Time %", "Total", "Inst"], body)]
     for m in sizes:
@@ -166,10 +173,10 @@ def _pass(row, name):
     return None
 
 
-def _top_cell(p) -> str:
+def _top_cell(p, names: KernelNames) -> str:
     if p is None or isinstance(p, str):
         return p or "–"
-    return f"`{p['top_kernel']}` ({p['top_kernel_share']:.1%})"
+    return f"`{names(p['top_kernel'])}` ({p['top_kernel_share']:.1%})"
 
 
 def _frac_cell(p) -> str:

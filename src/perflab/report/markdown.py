@@ -12,7 +12,8 @@ A failed cell says OOM, ERROR, TIMEOUT or INVALID; a case of the spec with no st
 Tables of eager cases show each side's host canary (µs, ``measure.canary``) beside the timings, so a
 slower host can be told from a slower model; rows flagged ``host_drift`` ran on a host more than 15% off
 their environment's median canary.
-Then break-even analyses, the environment, the command and spec that produced the rows, and every row.
+Then break-even analyses, the families' own tables (lm, decode) with a legend of the full kernel names behind
+their short names (analysis.names), the environment, the command and spec that produced the rows, and every row.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import re
 import time
 from pathlib import Path
 
+from perflab.analysis.names import MAX_SHORT_NAME, KernelNames
 from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_FLAG, HOST_DRIFT_THRESHOLD
 from perflab.report import plots
 from perflab.report.cross_gpu import cross_gpu_section
@@ -55,7 +57,9 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
         parts += comparison_section(comparison, rows, plot_dir, common)
     if experiment and experiment.breakevens:
         parts += _breakeven_sections(stored, plot_dir, n_boot)
-    parts += family_sections(rows, plot_dir)
+    names = KernelNames()
+    parts += family_sections(rows, plot_dir, names)
+    parts += kernel_legend(names)
     parts += cross_gpu_section(getattr(stored, "all_rows", stored.rows), md_table, _row_label)
     parts += _environment_section(stored)
     parts += _provenance_section(stored)
@@ -63,8 +67,9 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
 
 
-def family_sections(rows: list[dict], plot_dir: Path) -> list[str]:
-    """Each family's own tables (report/<family>.py ``sections``) for its rows: lm (seed 003), decode (seed 004)."""
+def family_sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
+    """Each family's own tables (report/<family>.py ``sections``) for its rows: lm (seed 003), decode (seed 004).
+    Their kernel names go through ``names``, one short name per kernel over the whole report."""
     from perflab.report import decode as decode_report
     from perflab.report import lm as lm_report
 
@@ -72,8 +77,21 @@ def family_sections(rows: list[dict], plot_dir: Path) -> list[str]:
     for family, sections in (("lm", lm_report.sections), ("decode", decode_report.sections)):
         mine = [r for r in rows if _family(r) == family]
         if mine:
-            parts += sections(mine, plot_dir)
+            parts += sections(mine, plot_dir, names)
     return parts
+
+
+def kernel_legend(names: KernelNames) -> list[str]:
+    """The full name of every short kernel name the report's tables used (analysis.names gives the rule)."""
+    legend = names.legend()
+    if not legend:
+        return []
+    lines = "\n".join(f"- `{short}`: `{full}`" for full, short in legend.items())
+    return ["## Kernel names",
+            f"The tables name kernels by a short name: the return type, argument list and namespaces dropped, the kernel's template "
+            f"head kept with the functor that identifies it, at most {MAX_SHORT_NAME} characters (`…` marks a cut), and `#2`, `#3` "
+            f"after a short name that two kernels share (README: kernel names). The full names of the {len(legend)} kernels named above:",
+            f"<details><summary>Full kernel names</summary>\n\n{lines}\n\n</details>"]
 
 
 def _family(row: dict) -> str:

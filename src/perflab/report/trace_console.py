@@ -10,7 +10,7 @@ from perflab.analysis.trace_report import TraceReport
 
 MAX_STEP_ROWS = 20
 MAX_RANGE_ROWS = 25
-NAME_WIDTH = 70
+NAME_WIDTH = 70  # range names; kernel names are short already (analysis.names: at most 120 characters, unique per table)
 
 
 def render_trace_report(console: Console, report: TraceReport) -> None:
@@ -135,12 +135,13 @@ def top_memory_ops_table(report: TraceReport) -> Table:
 
 
 def _top_table(report: TraceReport, rows, what: str, label: str) -> Table:
-    table = Table(title=f"Top {rows['full_name'].nunique()} {what} by total time (share of all GPU activity time)", header_style="bold")
+    table = Table(title=f"Top {rows['full_name'].nunique()} {what} by total time (share of all GPU activity time)", header_style="bold",
+                  caption="kernel names shortened by one rule (README); --json gives each full_name" if label == "kernel" else None)
     device = _device_column(report, table)
     for column, justify in ((label, "left"), ("category", "left"), ("count", "right"), ("total µs", "right"), ("mean µs", "right"), ("share", "right")):
         table.add_column(column, justify=justify, overflow="fold" if column == label else "ellipsis")
     for row in rows.itertuples(index=False):
-        table.add_row(*_cells(device, row, _clip(row.name), row.category, f"{row.count:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.share:.1%}"))
+        table.add_row(*_cells(device, row, row.name, row.category, f"{row.count:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.share:.1%}"))
     return table
 
 
