@@ -7,7 +7,7 @@ import pytest
 
 from perflab.measure.checks import MIN_TIMED_ITERS, run_checks
 from perflab.measure.stats import median_ci_ranks, summarize
-from perflab.measure.timing import TIME_MARGIN, plan_timing
+from perflab.measure.timing import plan_timing
 
 
 def brute_force_coverage(n, lo, hi):
@@ -51,13 +51,13 @@ def test_plan_with_exact_iters_splits_them_into_blocks():
     assert (plan.n_blocks, plan.block_iters) == (2, 1)
 
 
-def test_plan_stops_at_min_time_or_min_iters_whichever_comes_first():
-    # fast steps: 50 iterations meet the rule long before min_time (rounded up to equal blocks)
-    assert plan_timing(step_s=0.001, repeats=10, min_time=1.0, min_iters=50, iters=None).block_sizes == [5] * 10
-    assert plan_timing(step_s=0.001, repeats=20, min_time=1.0, min_iters=50, iters=None).block_sizes == [3] * 20
-    # slow steps: min_time (aimed 50% past it) comes first; at least one step per block
+def test_fast_steps_time_min_time_and_slow_steps_stop_once_the_rule_is_met_twice_over():
+    # fast steps: about min_time of timed work, as before (1000 steps of 1 ms), not a bare 50 steps
+    assert plan_timing(step_s=0.001, repeats=10, min_time=1.0, min_iters=50, iters=None).block_sizes == [100] * 10
+    assert plan_timing(step_s=0.03, repeats=10, min_time=1.0, min_iters=50, iters=None).total_iters == 50  # 34 for the time, 50 by the rule
+    # slow steps: twice the steps for min_time (the estimate's margin), below 50; at least one step per block
     mid = plan_timing(step_s=0.02, repeats=10, min_time=0.3, min_iters=50, iters=None)
-    assert (mid.n_blocks, mid.block_iters, mid.total_iters) == (10, 3, 30)  # 1.5 · 0.3 s / 20 ms = 22.5 → 23 steps → 3 per block
+    assert (mid.n_blocks, mid.block_iters, mid.total_iters) == (10, 3, 30)  # 0.3 s / 20 ms = 15 steps, twice: 30 → 3 per block
     slow = plan_timing(step_s=0.5, repeats=20, min_time=1.0, min_iters=50, iters=None)
     assert (slow.n_blocks, slow.block_iters, slow.total_iters) == (20, 1, 20)  # 3 steps would do; 20 blocks need 20
 
@@ -82,8 +82,9 @@ def test_the_plan_never_gives_a_short_timing_row_for_a_plausible_step_time(min_t
             checks = run_checks(requested_batch=1, processed_batch=1, timed_s=timed_s, timed_iters=plan.total_iters, cv=0.0, energy_j=1.0,
                                 energy_unavailable=None, throttle_reasons=[], other_processes=[], min_time=min_time)
             assert "short_timing" not in [c.flag for c in checks], (step_s, true_step_s, plan)
-        # and it stops when the rule is met: no more than one block's rounding past the fewer of 50 steps and min_time
-        enough = min(MIN_TIMED_ITERS, math.ceil(TIME_MARGIN * min_time / step_s))
+        # min_time's steps, or up to twice as many while short of 50; then one block's rounding
+        for_time = math.ceil(min_time / step_s)
+        enough = max(for_time, min(MIN_TIMED_ITERS, 2 * for_time))
         assert plan.total_iters == max(repeats, repeats * math.ceil(enough / repeats))
 
 

@@ -62,7 +62,7 @@ OPT_ATTN = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa o
 OPT_DTYPE = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).")
 OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune or cudagraph.")
 OPT_WARMUP = typer.Option(10, "--warmup", help="Untimed iterations before timing.")
-OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work that suffice per case (or 50 iterations, whichever comes first).")
+OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this).")
 OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time).")
 OPT_REPEATS = typer.Option(20, "--repeats", help="Number of timing samples the timed iterations are split into.")
 OPT_DEVICE = typer.Option("auto", "--device", help="auto, cuda or cpu.")
@@ -300,7 +300,7 @@ def breakeven(
     mode: List[str] = typer.Option(["eager"], "--mode", help="Execution mode(s); one analysis each."),
     device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."),
     warmup: int = typer.Option(10, "--warmup", help="Untimed iterations before timing."),
-    min_time: float = typer.Option(1.0, "--min-time", help="Seconds of timed work that suffice per case (or 50 iterations, whichever comes first)."),
+    min_time: float = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this)."),
     iters: Optional[int] = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time)."),
     repeats: int = typer.Option(20, "--repeats", help="Timing samples per case (the bootstrap resamples them)."),
     out_dir: Path = typer.Option(Path("runs/breakeven"), "--out", help="Output directory (store, report, plots)."),

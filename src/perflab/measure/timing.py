@@ -54,29 +54,27 @@ def estimate_step_s(step: Callable[[], object], device: str, iters: int = 3) -> 
     return (time.perf_counter() - t0) / iters
 
 
-# The step time the plan starts from is a short estimate (``estimate_step_s``: 3 calls and a sync) that can
-# overstate the step (a slower call just after warm-up, a busy shared host); aiming 50% past min_time keeps a
-# loop that stops short of 50 iterations above min_time. With 20%, tiny CPU cases on a loaded 2-core VM were
-# flagged short_timing in 2 of 5 runs.
-TIME_MARGIN = 1.5
 
 
 def plan_timing(step_s: float, repeats: int, min_time: float, min_iters: int, iters: int | None) -> TimingPlan:
     """Split the timed work into ``repeats`` blocks.
 
     With ``iters`` the total is exactly ``iters`` steps (fewer blocks if iters < repeats; when the blocks
-    cannot all be equal, the first ones take one step more). Otherwise the loop stops as soon as the
-    ``short_timing`` rule (measure.checks) is met, which asks for ``min_time`` seconds *or* ``min_iters``
-    steps: the total is the fewer of the steps that last ``min_time`` (aimed ``TIME_MARGIN`` past it) and
-    ``min_iters``, rounded up to the same whole number of steps in each of the ``repeats`` blocks (so every
-    sample averages as many steps, and there is at least one). A 700 ms step with min_time 0.3 s and 10
-    repeats runs 10 steps; a 1 ms step with min_time 1 s runs 50 in 10 blocks, 60 in 20.
+    cannot all be equal, the first ones take one step more). Otherwise the loop aims for ``min_time`` seconds
+    (the steps that last it, from the estimate), and takes more only while that is short of ``min_iters``:
+    up to twice the steps for the time (a margin for an estimate that was too slow), never more than
+    ``min_iters``. So a fast step times about ``min_time`` (at least ``min_iters`` steps, as before), and a slow
+    one stops once the ``short_timing`` rule (``min_time`` seconds *or* ``min_iters`` steps) is met twice over,
+    instead of running ``min_iters`` long steps. The total is rounded up to the same whole number of steps in
+    each of the ``repeats`` blocks (at least one). A 700 ms step with min_time 0.3 s and 10 repeats runs 10
+    steps, not 50; a 1 ms step with min_time 1 s runs 1000.
     """
     if iters is not None:
         n_blocks = min(repeats, iters)
         return TimingPlan(n_blocks, iters // n_blocks, iters % n_blocks)
-    for_time = math.ceil(TIME_MARGIN * min_time / max(step_s, 1e-9))
-    return TimingPlan(repeats, max(1, math.ceil(min(for_time, min_iters) / repeats)))
+    for_time = math.ceil(min_time / max(step_s, 1e-9))
+    total = max(for_time, min(min_iters, 2 * for_time))
+    return TimingPlan(repeats, max(1, math.ceil(total / repeats)))
 
 
 def time_step(step: Callable[[], object], plan: TimingPlan, device: str) -> Timing:
