@@ -17,7 +17,7 @@ $(VENV)/.torch-ready:
 	touch $@
 
 $(BIN)/perflab: pyproject.toml $(VENV)/.torch-ready
-	$(BIN)/pip install --quiet -e '.[test,ray]'
+	$(BIN)/pip install --quiet -e '.[test,ray,hf]'
 	touch $@
 
 venv: $(VENV)/.torch-ready

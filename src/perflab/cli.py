@@ -164,19 +164,21 @@ def _one(value) -> list:
     return [] if value is None else [value]
 
 
-def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family) -> dict:
-    """The workload-family options of a command, as api.make_cases takes them."""
+def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family=None) -> dict:
+    """The workload-family options of a command, as api.make_cases takes them. --model-arg values are ints, floats
+    or (anything else) strings."""
     args = {}
     for item in model_arg:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
             raise PerflabError(f"--model-arg: expected NAME=VALUE such as d_ff=2048, got {item!r}")
+        value = value.strip()
         try:
-            args[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+            args[key.strip()] = int(value) if value.lstrip("-").isdigit() else float(value)
         except ValueError:
-            raise PerflabError(f"--model-arg {key}: expected a number, got {value!r}") from None
+            args[key.strip()] = value
     return dict(workload=workload, seq_len=seq_len, prompt_len=prompt_len, context_len=context_len, new_tokens=new_tokens,
-                layers=layers, layers_only=layers_only, model_args=args, max_memory=max_memory)
+                layers=layers, layers_only=layers_only, model_args=args, max_memory=max_memory, family=family)
 
 
 def _run_with_progress(cases, memory_snapshot=None, pin: bool = True):

@@ -1,0 +1,192 @@
+"""Your own model in every stage (issue 15): file.py:NAME, package.module:NAME and hf:DIR references, their families,
+numbers that match perflab's own models, one-line errors, sweeps that import a spec's model, and the by-module view."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli_util import ROOT, assert_one_line_error, run_cli
+from perflab import api, cli
+from perflab.errors import PerflabError
+from perflab.models.lm import LMConfig, forward_flops, param_count
+from perflab.spec import Case, validate_case
+
+MODELS = ROOT / "tests" / "data" / "models"
+COURSE = "tests/data/models/course_lm.py"
+TINY = dict(d_model=64, num_layers=2, num_heads=4, d_ff=256)  # gpt_small's layout at a CPU-test size
+FAST = dict(device="cpu", warmup=0, iters=3, repeats=3, min_time=0.05)
+
+
+@pytest.fixture(autouse=True)
+def _from_the_repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # relative references are read against the working directory
+
+
+def test_a_course_lm_file_has_gpt_smalls_parameters_and_flops_and_runs_every_lm_workload():
+    rows = api.bench(model=f"{COURSE}:small", model_args=TINY, seq_len=32, batch_size=2,
+                     workload=["forward", "train_forward", "forward_backward", "train_step"], **FAST)
+    config = LMConfig(d_model=64, d_ff=256, n_layers=2, n_heads=4)
+    forward = forward_flops(config, batch=2, seq=32)
+    passes = {"forward": 1, "train_forward": 1, "forward_backward": 3, "train_step": 3}
+    assert [r["status"] for r in rows] == ["ok"] * 4, [r.get("message") for r in rows]
+    for row in rows:
+        assert row["family"] == "lm" and row["flops_source"] == "counted" and "flops_analytic" not in row
+        assert row["params"] == param_count(config)["total"] == 1_411_392  # the built-in GPT at the same dimensions
+        counted = row["gflops_per_batch"] * 1e9
+        assert counted == pytest.approx(passes[row["workload"]] * forward, rel=0.02)
+        assert row["items_per_step"] == 64 and row["tokens_per_s"] > 0
+        assert row["model_source"]["sha1"] and row["model_source"]["path"].endswith("course_lm.py")
+    # the same dimensions through perflab's GPT: the same parameter count, and counted FLOPs within 2% of each other
+    (builtin,) = api.bench(model="gpt_small", model_args={"d_model": 64, "n_layers": 2, "n_heads": 4, "d_ff": 256},
+                           seq_len=32, batch_size=2, workload="forward", **FAST)
+    assert builtin["params"] == rows[0]["params"]
+    assert rows[0]["gflops_per_batch"] == pytest.approx(builtin["gflops_per_batch"], rel=0.02)
+
+
+def test_the_case_id_holds_the_reference_and_its_model_args():
+    a = validate_case(Case(f"{COURSE}:small", workload="forward", seq_len=16, model_args=TINY, device="cpu"))
+    b = validate_case(Case(f"{COURSE}:small", workload="forward", seq_len=16, model_args=dict(TINY, d_ff=128), device="cpu"))
+    assert a.family == "lm" and a.to_dict()["model"] == f"{COURSE}:small" and a.to_dict()["family"] == "lm"
+    assert a.id != b.id and a.id == Case.from_dict(a.to_dict()).id
+    assert "family" not in validate_case(Case("gpt_small", device="cpu")).to_dict()  # built-in ids are what they were
+
+
+@pytest.mark.parametrize("reference,family", [
+    (f"{COURSE}:small", "lm"),                        # an nn.Embedding first
+    ("tests/data/models/tiny_vision.py:PatchNet", "classify"),  # a 3-channel Conv2d first
+    ("tests/data/models/fast_decoder.py:Transformer.from_name", "decode"),  # gpt-fast's setup_caches
+])
+def test_the_family_is_inferred_from_what_the_module_is(reference, family):
+    args = {"name": "tinier"} if "fast_decoder" in reference else {}
+    assert validate_case(Case(reference, model_args=args, device="cpu")).family == family
+
+
+def test_a_package_module_reference_and_an_object_from_a_notebook(monkeypatch):
+    monkeypatch.syspath_prepend(str(MODELS))
+    case = validate_case(Case("tiny_vision:PatchNet", input_size=32, device="cpu"))
+    assert case.family == "classify"
+    from tiny_vision import PatchNet
+
+    rows = api.bench(model=PatchNet(dim=16), input_size=32, batch_size=3, **FAST)
+    assert rows[0]["status"] == "ok" and rows[0]["model"].startswith("object:PatchNet") and rows[0]["family"] == "classify"
+    assert rows[0]["params"] == sum(p.numel() for p in PatchNet(dim=16).parameters())
+
+
+def test_a_gpt_fast_style_decoder_runs_decode_and_generate():
+    decode, = api.bench(model="tests/data/models/fast_decoder.py:Transformer.from_name", model_args={"name": "tiny"},
+                        workload="decode", context_len=16, batch_size=2, **FAST)
+    generate, = api.bench(model="tests/data/models/fast_decoder.py:Transformer.from_name", model_args={"name": "tiny"},
+                          workload="generate", prompt_len=8, new_tokens=4, **FAST)
+    assert decode["status"] == "ok" and generate["status"] == "ok", (decode.get("message"), generate.get("message"))
+    assert decode["family"] == generate["family"] == "decode" and decode["items_per_step"] == 2 and generate["items_per_step"] == 4
+    weights = decode["params"] * 4  # fp32
+    cache = 2 * 2 * (2 * 2 * 17 * 16) * 4  # k and v · layers · (batch · kv heads · 17 positions · head dim) · 4 bytes
+    assert decode["bytes_weights"] == weights and decode["bytes_kv_read"] == cache and decode["bytes_per_step"] == weights + cache
+    assert generate["tpot_ms"] > 0 and generate["ttft_ms"] > 0
+
+
+@pytest.fixture(scope="module")
+def transformers():
+    return pytest.importorskip("transformers")
+
+
+def test_an_hf_config_directory_runs_forward_and_train_step_with_exact_parameters(transformers):
+    from perflab.models.llama import LlamaConfig
+    from perflab.models.llama import param_count as llama_params
+
+    rows = api.bench(model="hf:tests/data/models/tiny-llama", workload=["forward", "train_step"], seq_len=16, batch_size=2, **FAST)
+    expected = llama_params(LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_dim=128))["total"]
+    for row in rows:
+        assert row["status"] == "ok", row.get("message")
+        assert row["family"] == "lm" and row["params"] == row["params_total"] == expected
+        assert abs(row["flops_counted_vs_analytic"]) < 0.02  # counted vs perflab's Llama formula
+    assert rows[1]["flops_analytic"] == 3 * rows[0]["flops_analytic"]
+
+
+def test_an_hf_causal_lm_decodes_through_transformers_static_cache(transformers):
+    decode, = api.bench(model="hf:tests/data/models/tiny-llama", workload="decode", context_len=16, batch_size=2, **FAST)
+    assert decode["status"] == "ok" and decode["family"] == "decode", decode.get("message")
+    cache = 2 * 2 * (2 * 2 * 17 * 16) * 4  # keys and values · layers · batch · kv heads · positions · head dim · fp32
+    assert decode["bytes_kv_read"] == cache and decode["bytes_weights"] == decode["params"] * 4
+
+
+def _cli_error(capsys, *argv):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(list(argv))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit_.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("model,args,fragments", [
+    ("tests/data/models/nope.py:Net", [], ["model file", "nope.py not found"]),
+    (f"{COURSE}:Nope", [], ["has no attribute 'Nope'", "it defines", "TransformerLM"]),
+    (f"{COURSE}:NOT_A_MODEL", [], ["is a int, not an nn.Module subclass or a function that returns one"]),
+    (f"{COURSE}:not_a_module", [], ["returned a str, not an nn.Module"]),
+    (f"{COURSE}:broken", [], ["raised ValueError: with its reason on the last line"]),
+    (f"{COURSE}:TransformerLM", ["--model-arg", "depth=3"], ["--model-arg depth", "has no argument 'depth'", "it takes vocab_size"]),
+    ("hf:tests/data/models", [], ["no config.json in"]),
+    (f"{COURSE}:small", ["--family", "decode"], ["setup_caches"]),
+    ("tests/data/models/tiny_vision.py:PatchNet", ["--family", "lm"], ["nn.Embedding", "Conv2d"]),
+    ("tests/data/models/tiny_vision.py:Mystery", [], ["cannot tell which inputs", "--family"]),
+    ("gpt_small", ["--family", "classify"], ["lm family", "--family classify does not apply"]),
+])
+def test_every_bad_reference_is_one_line_and_exit_2(capsys, model, args, fragments):
+    line = _cli_error(capsys, "bench", "--model", model, "--device", "cpu", "--iters", "1", "--repeats", "1", "--warmup", "0", *args)
+    assert line.startswith("perflab: error: ")
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+def test_without_transformers_an_hf_reference_says_how_to_install_it(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_transformers(name, *args, **kwargs):
+        if name == "transformers" or name.startswith("transformers."):
+            raise ImportError("No module named 'transformers'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_transformers)
+    with pytest.raises(PerflabError, match=r"pip install 'perflab\[hf\]'"):
+        api.bench(model="hf:tests/data/models/tiny-llama", workload="forward", seq_len=8, **FAST)
+
+
+def test_the_real_cli_measures_a_file_model(tmp_path):
+    result = run_cli("bench", "--model", f"{COURSE}:small", "--model-arg", "d_model=32", "--model-arg", "num_layers=1", "--model-arg", "num_heads=2",
+                     "--model-arg", "d_ff=64", "--seq-len", "8", "--device", "cpu", "--iters", "2", "--repeats", "2", "--warmup", "0", "--format", "json",
+                     cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    (row,) = [json.loads(line) for line in result.stdout.splitlines()]
+    assert row["status"] == "ok" and row["family"] == "lm" and row["case"]["model_args"]["d_model"] == 32
+
+
+def test_a_sweep_spec_naming_a_file_relative_to_it_runs_in_subprocess_workers(tmp_path):
+    spec = _spec_dir(tmp_path)
+    summary = api.sweep(spec / "own.yaml", tmp_path / "out")
+    rows = {r["case"]["model_args"].get("d_ff"): r for r in api.results(tmp_path / "out")}
+    assert summary.counts == {"ok": 2, "error": 1}, [r.get("message") for r in rows.values()]
+    assert rows[64]["family"] == "lm" and rows[64]["model"] == "models/mylm.py:small"
+    assert rows[None]["status"] == "error" and "importing" in rows[None]["message"] and "ZeroDivisionError" in rows[None]["message"]
+
+
+def _spec_dir(tmp_path: Path) -> Path:
+    """A spec beside its own model folder (the sweep runs from another directory), and a model that fails to import."""
+    spec = tmp_path / "project"
+    (spec / "models").mkdir(parents=True)
+    (spec / "models" / "mylm.py").write_text((MODELS / "course_lm.py").read_text())
+    # The driver never imports a model whose family the spec states; the worker does, and this one fails there.
+    (spec / "models" / "flaky.py").write_text("import torch.nn as nn\n\nresult = 1 / 0\n")
+    (spec / "own.yaml").write_text(
+        "name: own\ndefaults: {device: cpu, seq_len: 8, batch_size: 1, family: lm}\n"
+        "harness: {warmup: 0, iters: 2, repeats: 2, timeout_s: 300}\n"
+        "grid: {model: [models/mylm.py:small], model_args: [{d_model: 32, num_layers: 1, num_heads: 2, d_ff: 64},"
+        " {d_model: 32, num_layers: 1, num_heads: 2, d_ff: 128}]}\n"
+        "cases:\n  - {model: models/flaky.py:Net}\n")
+    return spec
