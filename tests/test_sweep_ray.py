@@ -235,3 +235,17 @@ def test_report_has_a_cross_gpu_table_and_results_name_node_and_gpu(tmp_path):
     table = run_cli("results", tmp_path)
     assert table.returncode == 0, table.stderr
     assert "node" in table.stdout and "GPU" in table.stdout and table.stdout.count("h200-1:h200-1") == 2
+
+
+def test_a_spec_naming_its_own_model_file_runs_on_ray_workers_from_the_spec_directory(cluster, tmp_path, monkeypatch):
+    from test_own_model import _spec_dir
+
+    spec = _spec_dir(tmp_path)
+    monkeypatch.chdir(tmp_path)  # not the spec's directory: the reference is the spec's, shipped as Ray's working_dir
+    summary = api.sweep(spec / "own.yaml", tmp_path / "out", engine="ray")
+    rows = api.results(tmp_path / "out")
+    assert summary.counts == {"ok": 2, "error": 1}, [r.get("message") for r in rows]
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {r["model"] for r in ok} == {"models/mylm.py:small"} and {r["family"] for r in ok} == {"lm"}
+    (failed,) = [r for r in rows if r["status"] == "error"]
+    assert "ZeroDivisionError" in failed["message"] and failed["model"] == "models/flaky.py:Net"

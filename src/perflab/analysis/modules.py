@@ -84,13 +84,13 @@ def module_tree(kernels: pd.DataFrame, ranges: pd.DataFrame, steps: int = 1) -> 
     attributed = kernel_modules(kernels, ranges)
     dur = kernels["dur_ns"].to_numpy().astype(np.int64)
     frame = attributed.assign(dur_ns=dur)
+    class_of = _classes(ranges)
     frame["pass"] = frame["pass"].where(frame["pass"] != "", NO_PASS)
     rows = []
     for pass_name in _pass_order(frame["pass"].unique()):
         part = frame[frame["pass"] == pass_name]
         pass_total = int(part["dur_ns"].sum())
         exclusive = part.groupby("module", sort=False)["dur_ns"].agg(["sum", "count"])
-        classes = part.groupby("module", sort=False)["class"].first()
         paths = [p for p in exclusive.index if p != ""]
         # Every ancestor of a module that launched work appears in the tree (it may launch nothing itself).
         known = set(paths)
@@ -107,7 +107,7 @@ def module_tree(kernels: pd.DataFrame, ranges: pd.DataFrame, steps: int = 1) -> 
                 incl[ancestor] += excl[path]
                 incl_count[ancestor] += count[path]
         for path in sorted(known, key=_tree_key):
-            rows.append({"pass": pass_name, "module": path, "class": str(classes.get(path, "")), "depth": _depth(path),
+            rows.append({"pass": pass_name, "module": path, "class": class_of.get(path, ""), "depth": _depth(path),
                          "exclusive_ns": excl[path], "inclusive_ns": incl[path], "kernels": count[path],
                          "kernels_inclusive": incl_count[path]})
         if "" in exclusive.index:
@@ -152,6 +152,17 @@ def module_deltas(tree_a: pd.DataFrame, tree_b: pd.DataFrame, steps: tuple[int, 
     frame = frame[frame["delta_ns"] != 0]
     order = frame["delta_ns"].abs().sort_values(ascending=False, kind="stable").index
     return frame.loc[order].head(top).reset_index(drop=True)
+
+
+def _classes(ranges: pd.DataFrame) -> dict[str, str]:
+    """Module path → class name, from every module range recorded (a module that launched nothing itself too)."""
+    names = ranges["name"].cat.categories if hasattr(ranges["name"], "cat") else set(ranges["name"])
+    out = {}
+    for name in names:
+        match = MODULE_RANGE.match(str(name))
+        if match:
+            out[match.group("path")] = match.group("cls")
+    return out
 
 
 def _ancestors(path: str) -> list[str]:

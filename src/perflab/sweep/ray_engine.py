@@ -71,9 +71,39 @@ class Node:
         return f"{self.host}:{self.node_id[:6]}"
 
 
-# What a spec directory shipped as Ray's working_dir leaves behind: results, traces, environments, VCS data.
-WORKING_DIR_EXCLUDES = [".git", ".venv", "venv", "__pycache__", "runs", "perflab-traces", "*.sqlite", "*.sqlite-*", "*.json.gz",
-                        "*.pickle", "*.whl"]
+# What a spec's directory leaves behind when it travels to the nodes: results, traces, environments, VCS data.
+MODEL_DIR_EXCLUDES = (".git", ".venv", "venv", "__pycache__", "runs", "perflab-traces", "*.sqlite", "*.sqlite-*", "*.json.gz",
+                      "*.pickle", "*.whl", "*.pt", "*.safetensors", "*.bin")
+MODEL_DIR_LIMIT = 100 * 2**20  # bytes of a zipped spec directory
+
+
+def zip_directory(root) -> bytes:
+    """The spec's directory as zip bytes (MODEL_DIR_EXCLUDES left out); PerflabError past MODEL_DIR_LIMIT."""
+    import fnmatch
+    import io
+    import zipfile
+
+    root = Path(root)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for folder, dirs, files in os.walk(root):
+            dirs[:] = [d for d in dirs if not any(fnmatch.fnmatch(d, p) for p in MODEL_DIR_EXCLUDES)]
+            for name in files:
+                if not any(fnmatch.fnmatch(name, p) for p in MODEL_DIR_EXCLUDES):
+                    path = Path(folder) / name
+                    archive.write(path, path.relative_to(root))
+            if buffer.tell() > MODEL_DIR_LIMIT:
+                raise PerflabError(f"{root}: the spec's directory is over {MODEL_DIR_LIMIT >> 20} MiB zipped; a spec that names its own "
+                                   "model file travels to the Ray nodes with its directory: keep the spec and model code in a small folder")
+    return buffer.getvalue()
+
+
+def unzip_directory(data: bytes, target: Path) -> None:
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        archive.extractall(target)
 
 
 def check_engine_options(engine: str, gpus, workers: int) -> None:
@@ -269,7 +299,7 @@ def _done(unit: Unit, nodes: list[Node], stored: dict, retry_failed: bool) -> bo
 # The task (runs on a node)
 
 
-def run_unit(case_dict: dict, uses_cuda: bool, timeout_s: float, attempt: str, tracker, worker_args=()) -> dict:
+def run_unit(case_dict: dict, uses_cuda: bool, timeout_s: float, attempt: str, tracker, worker_args=(), model_dir: bytes | None = None) -> dict:
     """On the node Ray chose: say where we are, run the case's worker subprocess, return row, env and log."""
     import ray
 
@@ -279,11 +309,13 @@ def run_unit(case_dict: dict, uses_cuda: bool, timeout_s: float, attempt: str, t
     gpu_ids = [str(g) for g in ray.get_gpu_ids()]
     case = Case.from_dict(case_dict)
     worker_args = list(worker_args)
-    if "--model-root" in worker_args:  # the driver's path may not exist here: the spec's directory is Ray's working_dir
-        worker_args[worker_args.index("--model-root") + 1] = os.getcwd()
     env = runner.probe_environment(None, gpu_ids[:1] or None, uses_cuda=uses_cuda)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="perflab-case-") as work:
+        if model_dir is not None and "--model-root" in worker_args:  # the driver's path may not exist on this node
+            root = Path(work) / "model_root"
+            unzip_directory(model_dir, root)
+            worker_args[worker_args.index("--model-root") + 1] = str(root)
         # gpu<id>: the worker sees only Ray's GPU, numbered in PCI order as NVML names it.
         row, log_path = runner.run_case_in_subprocess(case, Path(work), timeout_s, env, slot=f"gpu{gpu_ids[0]}" if gpu_ids else "ray",
                                                       extra_args=worker_args)
@@ -326,6 +358,9 @@ class _Driver:
         self.worker_args = list(worker_args)  # the spec's profile (and ncu) pass: the same on every node
         # The spec's directory when a case names a user's model (--model-root in the worker arguments).
         self.model_root = self.worker_args[self.worker_args.index("--model-root") + 1] if "--model-root" in self.worker_args else None
+        # ...which travels with every task through the object store (zipped once), so a node without this checkout
+        # can import the user's model.
+        self.model_dir = ray.put(zip_directory(self.model_root)) if self.model_root else None
         self.in_flight: dict = {}  # ObjectRef → _Attempt
         self.by_attempt: dict[str, _Attempt] = {}
 
@@ -356,12 +391,9 @@ class _Driver:
         options = {"max_retries": 0, **({"num_gpus": 1} if unit.case.device == "cuda" else {"num_cpus": 1})}
         if unit.accelerator_type:
             options["accelerator_type"] = unit.accelerator_type
-        if self.model_root:
-            # The spec's directory travels with the task, so a node without this checkout can import the user's model.
-            options["runtime_env"] = {"working_dir": self.model_root, "excludes": WORKING_DIR_EXCLUDES}
         attempt = _Attempt(unit, f"{unit.case.id}{'@' + unit.gpu if unit.gpu else ''}#{reruns}", reruns, time.monotonic())
         ref = self.task.options(**options).remote(unit.case.to_dict(), self.uses_cuda, self.timeout_s, attempt.attempt, self.tracker,
-                                                    self.worker_args)
+                                                    self.worker_args, self.model_dir)
         self.in_flight[ref] = attempt
         self.by_attempt[attempt.attempt] = attempt
 
