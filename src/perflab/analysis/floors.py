@@ -25,9 +25,9 @@ VERDICTS = {
 }
 
 
-@dataclass(frozen=True)
-class Floors:
-    measured_ms: float
+class FloorSet:
+    """The four floors by name, the binding one (the largest) and its verdict: shared by a step's and a pass's floors."""
+
     compute_ms: float
     memory_ms: float
     launch_ms: float
@@ -45,6 +45,17 @@ class Floors:
     @property
     def verdict(self) -> str:
         return VERDICTS[self.binding]
+
+
+@dataclass(frozen=True)
+class Floors(FloorSet):
+    measured_ms: float
+    compute_ms: float
+    memory_ms: float
+    launch_ms: float
+    host_ms: float
+
+
 
     def ratios(self) -> dict[str, float]:
         return {name: (self.measured_ms / ms if ms > 0 else float("inf")) for name, ms in self.by_name.items()}
@@ -118,7 +129,7 @@ LIMITS = ("compute", "memory", "launch", "host")
 
 
 @dataclass(frozen=True)
-class PassFloor:
+class PassFloor(FloorSet):
     """The four floors of one pass of a step, from the pass's own FLOPs, least bytes, kernels and CPU issue
     time; ``gpu_ms`` is the profiled pass's GPU time per step (Σ kernel durations), None if not profiled."""
 
@@ -132,22 +143,11 @@ class PassFloor:
     host_ms: float
     gpu_ms: float | None = None
 
-    @property
-    def by_name(self) -> dict[str, float]:
-        return {"compute": self.compute_ms, "memory": self.memory_ms, "launch": self.launch_ms, "host": self.host_ms}
-
-    @property
-    def binding(self) -> str:
-        floors = self.by_name
-        return max(floors, key=floors.get)
 
     @property
     def floor_ms(self) -> float:
         return self.by_name[self.binding]
 
-    @property
-    def verdict(self) -> str:
-        return VERDICTS[self.binding]
 
     @property
     def gpu_over_floor(self) -> float | None:

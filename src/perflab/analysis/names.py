@@ -139,21 +139,27 @@ def _cap(text: str, limit: int = MAX_SHORT_NAME) -> str:
     return text[:head] + ELLIPSIS + text[len(text) - (keep - head):]
 
 
+def _opening(text: str, closers: str, openers: str) -> int:
+    """The index of the bracket that opens the one ``text`` ends with (nested brackets of every kind counted); -1 if none."""
+    depth = 0
+    for i in range(len(text) - 1, -1, -1):
+        ch = text[i]
+        if ch in closers:
+            depth += 1
+        elif ch in openers:
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1
+
+
 def _drop_arguments(text: str) -> str:
     """The name without its trailing top-level argument list ``(...)``."""
     text = text.rstrip()
     if not text.endswith(")"):
         return text
-    depth = 0
-    for i in range(len(text) - 1, -1, -1):
-        ch = text[i]
-        if ch in ")>}":
-            depth += 1
-        elif ch in "(<{":
-            depth -= 1
-            if depth == 0:
-                return text[:i].rstrip() if ch == "(" else text
-    return text
+    i = _opening(text, ")>}", "(<{")
+    return text[:i].rstrip() if i >= 0 and text[i] == "(" else text
 
 
 def _split_template(text: str) -> tuple[str, str | None]:
@@ -161,6 +167,8 @@ def _split_template(text: str) -> tuple[str, str | None]:
     text = text.rstrip()
     if not text.endswith(">"):
         return text, None
+    i = _opening(text, ">)}", "<({")
+    return (text[:i], text[i + 1:-1]) if i >= 0 else (text, None)
     depth = 0
     for i in range(len(text) - 1, -1, -1):
         ch = text[i]
