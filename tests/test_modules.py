@@ -3,7 +3,6 @@ launch, the tree's exclusive times and the unattributed rest closing each pass t
 hand count on a synthetic trace and against a plain second attribution on a real H100 trace (gpt_small, forward,
 seq 1024, fp32, explicit attention, recorded with ``perflab profile --by-module``)."""
 
-import gzip
 import json
 import re
 from collections import defaultdict
@@ -14,7 +13,7 @@ from perflab import api
 from perflab.analysis.modules import UNATTRIBUTED, module_deltas, module_tree, pass_closure
 from reference_trace import DATA_DIR, launch_calls, load_events, us_to_ns
 
-REAL = DATA_DIR / "traces" / "lm_forward_by_module.json.gz"
+REAL = DATA_DIR / "traces" / "by_module_lm_forward.json.gz"
 
 
 def _x(cat, name, tid, ts, dur, **args):

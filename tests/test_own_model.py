@@ -2,14 +2,11 @@
 numbers that match perflab's own models, one-line errors, sweeps that import a spec's model, and the by-module view."""
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from cli_util import ROOT, assert_one_line_error, run_cli
+from cli_util import ROOT, run_cli
 from perflab import api, cli
 from perflab.errors import PerflabError
 from perflab.models.lm import LMConfig, forward_flops, param_count

@@ -21,7 +21,7 @@ TRACE_IDS = [p.name.split(".")[0] for p in KINETO_TRACES]
 
 
 def test_all_real_traces_are_there():
-    assert TRACE_IDS == ["compile_block", "cudagraph_vit", "decode_cudagraph", "eager_vit", "lm_train_step_compile", "lm_train_step_explicit", "reduce_overhead",
+    assert TRACE_IDS == ["by_module_lm_forward", "compile_block", "cudagraph_vit", "decode_cudagraph", "eager_vit", "lm_train_step_compile", "lm_train_step_explicit", "reduce_overhead",
                          "train_step", "two_streams"]
 
 
@@ -307,7 +307,7 @@ def test_cpu_only_trace_is_an_error():
 
 
 def test_device_properties_are_kept():
-    meta = load_trace(KINETO_TRACES[0]).meta
+    meta = load_trace(KINETO_TRACES[TRACE_IDS.index("eager_vit")]).meta
     assert meta["devices"][0]["name"] == "NVIDIA H200" and meta["devices"][0]["numSms"] == 132
     assert meta["format"] == "kineto"
 

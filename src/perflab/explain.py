@@ -39,7 +39,7 @@ import numpy as np
 
 from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile, window_of_activities
 from perflab.analysis.accounting import step_windows
-from perflab.analysis.fixes import OPTIMIZERS, Fix, predict_batch, predict_checkpoint, predict_optimizer
+from perflab.analysis.fixes import Fix, predict_batch, predict_checkpoint, predict_optimizer
 from perflab.analysis.floors import Floors, StepFloors, compute_floors, pass_floors
 from perflab.analysis.passes import pass_timing
 from perflab.errors import PerflabError
@@ -52,7 +52,6 @@ from perflab.trace.categories import CATEGORIES
 GLUE_CATEGORIES = frozenset({"elementwise", "copy", "norm", "softmax", "reduction", "triton_fused", "memset"})
 assert GLUE_CATEGORIES <= set(CATEGORIES), GLUE_CATEGORIES - set(CATEGORIES)
 PREDICTED_MODES = ("cudagraph", "compile:reduce-overhead")
-DEFAULT_BATCH_FACTORS = (2, 4, 8, 16)  # decode's batch fix: these multiples of the case's batch
 
 
 @dataclass
@@ -188,17 +187,10 @@ def current_optimizer(case: Case) -> str:
 
 
 def default_fixes(case: Case) -> list[str]:
-    """The fixes explain tries by default: for an lm train_step the other AdamW implementations and activation
-    checkpointing, for forward_backward checkpointing, for decode and generate larger batches."""
-    if case.family == "lm" and case.workload == "train_step":
-        current = current_optimizer(case)
-        out = [f"optimizer:{name}" for name in OPTIMIZERS if name != current]
-        return out + ([] if case.checkpoint_activations else ["checkpoint"])
-    if case.family == "lm" and case.workload == "forward_backward":
-        return [] if case.checkpoint_activations else ["checkpoint"]
-    if case.family == "decode" and case.workload in ("decode", "generate"):
-        return [f"batch:{case.batch_size * k}" for k in DEFAULT_BATCH_FACTORS]
-    return []
+    """The fixes explain tries by default: the family's (workloads.base.Implementation.default_fixes)."""
+    from perflab.workloads.registry import implementation
+
+    return implementation(case).default_fixes(case)
 
 
 def parse_fix(spec: str) -> dict:

@@ -280,6 +280,9 @@ def _check_training_variants(case: Case, family) -> None:
     if case.checkpoint_activations and (family.name != "lm" or case.workload not in ("forward_backward", "train_step")):
         raise PerflabError(f"--checkpoint-activations applies to the forward_backward and train_step workloads of language models (gpt_*), "
                            f"not {case.model} {case.workload}")
+    if case.checkpoint_activations and case.is_reference:
+        raise PerflabError(f"--checkpoint-activations wraps the blocks of perflab's GPT; {case.model} is your own model: "
+                           "apply torch.utils.checkpoint in its code and compare the two with perflab compare")
 
 
 def _foreign_fields(case: Case) -> dict:

@@ -84,6 +84,10 @@ class Implementation:
         order: ``{"flops": ..., "bytes": ...}`` (the least bytes the pass must move). None: one pass only."""
         return None
 
+    def default_fixes(self, case) -> list[str]:
+        """The fixes ``perflab explain`` tries on this case unless told otherwise (explain.parse_fix specs)."""
+        return []
+
     def min_bytes(self, case, row: dict) -> float:
         """The least DRAM traffic one step needs (for the memory floor): the family's stated bytes per step,
         else every weight read once in the compute dtype."""

@@ -24,6 +24,7 @@ from torch.profiler import record_function
 from perflab.errors import PerflabError
 from perflab.workloads.base import Built, Implementation, config_overrides
 
+DEFAULT_BATCH_FACTORS = (2, 4, 8, 16)  # explain's batch fix: these multiples of the case's batch
 WEIGHT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4}
 
@@ -162,6 +163,10 @@ class Decode(Implementation):
 
         return built
 
+    def default_fixes(self, case) -> list[str]:
+        """decode and generate: larger batches (these multiples of the case's), for throughput against latency."""
+        return [f"batch:{case.batch_size * k}" for k in DEFAULT_BATCH_FACTORS] if case.workload in ("decode", "generate") else []
+
     def after_timing(self, case, built: Built, step, row: dict) -> dict:
         """generate: time to first token, and the mean and p90 time per output token, from one more generation
         with CUDA events after the prefill and after each decode step (perf_counter on the CPU). A CUDA graph
@@ -284,7 +289,7 @@ def reference_decoder(case, dtype):
     Returns (model, tokens(n, generator), extra)."""
     import inspect
 
-    from perflab.models.reference import build_on_device, logits_of, vocab_size_of
+    from perflab.models.reference import build_on_device, vocab_size_of
     from perflab.references import parse_reference
 
     batch, length = case.batch_size, cache_len(case)

@@ -146,6 +146,17 @@ class LM(Implementation):
                                f"from token ids of shape {tuple(built.extra['inputs'].shape)}; it returned {found}")
         return {}
 
+    def default_fixes(self, case) -> list[str]:
+        """train_step: the other AdamW implementations, and activation checkpointing (perflab's GPT only: it
+        wraps its blocks); forward_backward: checkpointing."""
+        from perflab.analysis.fixes import OPTIMIZERS
+
+        checkpoint = [] if case.checkpoint_activations or case.is_reference else ["checkpoint"]
+        if case.workload == "train_step":
+            current = case.optimizer or ("fused" if case.device == "cuda" else "plain")
+            return [f"optimizer:{name}" for name in OPTIMIZERS if name != current] + checkpoint
+        return checkpoint if case.workload == "forward_backward" else []
+
     def analytic(self, case) -> dict:
         from perflab.models.lm import forward_flops, param_count
 

@@ -3,7 +3,6 @@ modules, nothing from perflab. perflab's tests measure it as a user's model (``c
 check it against perflab's built-in ``gpt_small`` at the same dimensions: the same parameter count, and FLOPs
 that the flop counter finds within 2% of the analytic formula."""
 
-import math
 
 import torch
 import torch.nn as nn
