@@ -1,0 +1,54 @@
+"""Your own model on a real GPU: a file model and an hf: config in every lm workload and the compiled and graph
+modes, a gpt-fast decoder and an hf: decoder through transformers' static cache, and the by-module profile whose
+tree closes each pass (forward and backward) to the nanosecond."""
+
+from pathlib import Path
+
+import pytest
+
+from perflab import api
+from perflab.analysis.modules import pass_closure
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+COURSE = str(ROOT / "tests/data/models/course_lm.py") + ":small"
+TINY = dict(d_model=256, num_layers=2, num_heads=4, d_ff=1024)
+FAST = dict(device="cuda", warmup=2, min_time=0.2, repeats=5)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile", "compile:reduce-overhead", "cudagraph"])
+def test_a_file_model_trains_in_every_mode_with_counted_flops_and_mfu(mode):
+    (row,) = api.bench(model=COURSE, model_args=TINY, workload="train_step", seq_len=128, batch_size=4, dtype="bf16", mode=mode, **FAST)
+    assert row["status"] == "ok", row.get("message")
+    assert row["family"] == "lm" and row["flops_source"] == "counted" and 0 < row["mfu"] < 1
+    assert row["memory_breakdown_mb"]["optimizer"] > 0 and row["first_step_s"] > 0
+
+
+def test_an_hf_config_runs_train_step_and_decodes_through_the_static_cache():
+    pytest.importorskip("transformers")
+    hf = "hf:" + str(ROOT / "tests/data/models/tiny-llama")
+    (train,) = api.bench(model=hf, workload="train_step", seq_len=128, batch_size=4, dtype="bf16", **FAST)
+    assert train["status"] == "ok" and abs(train["flops_counted_vs_analytic"]) < 0.02, train.get("message")
+    for mode in ("eager", "compile:reduce-overhead"):
+        (decode,) = api.bench(model=hf, workload="decode", context_len=256, batch_size=2, dtype="bf16", mode=mode, **FAST)
+        assert decode["status"] == "ok", decode.get("message")
+        assert decode["family"] == "decode" and 0 < decode["mbu"] < 1.2 and decode["bytes_kv_read"] > 0
+
+
+def test_a_gpt_fast_decoder_in_graph_mode():
+    ref = str(ROOT / "tests/data/models/fast_decoder.py") + ":Transformer.from_name"
+    (row,) = api.bench(model=ref, model_args={"name": "tiny"}, workload="decode", context_len=128, dtype="bf16", mode="cudagraph", **FAST)
+    assert row["status"] == "ok" and row["bytes_per_step"] == row["bytes_weights"] + row["bytes_kv_read"], row.get("message")
+
+
+def test_by_module_profile_of_a_train_step_closes_forward_and_backward(tmp_path):
+    (case,) = api.make_cases(model=[COURSE], model_args=TINY, workload=["train_step"], seq_len=[128], batch_size=[4], dtype=["bf16"],
+                             device="cuda", warmup=2, min_time=0.2, repeats=5)
+    result = api.profile_case(case, tmp_path, steps=2, by_module=True)
+    report = result["report"]
+    tree = report.modules
+    assert {"forward", "backward", "optimizer"} <= set(tree["pass"])
+    assert set(pass_closure(tree, report.kernels, report.trace.ranges).values()) == {0}
+    backward = tree[(tree["pass"] == "backward") & (tree["module"] == "layers.0.attn")]
+    assert len(backward) == 1 and backward["inclusive_ns"].iloc[0] > 0  # backward kernels land in their module
