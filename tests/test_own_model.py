@@ -187,3 +187,16 @@ def _spec_dir(tmp_path: Path) -> Path:
         " {d_model: 32, num_layers: 1, num_heads: 2, d_ff: 128}]}\n"
         "cases:\n  - {model: models/flaky.py:Net}\n")
     return spec
+
+
+def test_grouped_query_attention_is_counted_with_the_query_heads():
+    # transformers' Llama with fewer key/value heads calls SDPA with enable_gqa on a GPU; torch's formula asserts equal heads
+    from torch.utils import flop_counter
+
+    from perflab.measure.flops import _gqa
+
+    q, kv = (2, 8, 128, 64), (2, 2, 512, 64)
+    forward = _gqa(flop_counter.sdpa_flop_count, 0)
+    assert forward(q, kv, kv) == flop_counter.sdpa_flop_count(q, (2, 8, 512, 64), (2, 8, 512, 64)) == 2 * 2 * 8 * 128 * 512 * (64 + 64)
+    backward = _gqa(flop_counter.sdpa_backward_flop_count, 1)
+    assert backward(q, q, kv, kv) == 2 * forward(q, kv, kv)

@@ -20,16 +20,43 @@ def _sdpa_cpu_backward_flops(grad_out_shape, query_shape, key_shape, value_shape
     return flop_counter.sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
 
 
+# Fused attention ops whose shapes are (batch, heads, seq, dim): forward (query, key, value, ...), backward
+# (grad_out, query, key, value, ...).
+_SDPA_FORWARD = ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention")
+_SDPA_BACKWARD = tuple(name + "_backward" for name in _SDPA_FORWARD)
+
+
+def _gqa(formula, first: int):
+    """``formula`` with grouped-query attention counted as the kernels compute it: key and value heads (dim 1 of the
+    shapes at positions first+1 and first+2) repeated up to the query's heads. torch's formulas assert equal head
+    counts, so SDPA with ``enable_gqa`` (transformers' Llama on a GPU) would fail the count instead."""
+    def counted(*shapes, **kwargs):
+        shapes = list(shapes)
+        query = shapes[first]
+        for i in (first + 1, first + 2):
+            shape = shapes[i]
+            if len(shape) == 4 and len(query) == 4 and shape[1] != query[1] and shape[1] and query[1] % shape[1] == 0:
+                shapes[i] = (shape[0], query[1], shape[2], shape[3])
+        return formula(*shapes, **kwargs)
+
+    return counted
+
+
 def _extra_formulas() -> dict:
     # The CPU's fused attention ops have no formula in torch's registry, so SDPA on the CPU would count
     # as 0 FLOPs; give them the same formulas as the CUDA kernels (forward 2·B·H·L·S·(E + Ev), backward 2×).
     extra = {}
+    for names, first in ((_SDPA_FORWARD, 0), (_SDPA_BACKWARD, 1)):
+        for name in names:
+            op = getattr(torch.ops.aten, name, None)
+            if op is not None and op in flop_counter.flop_registry:
+                extra[op] = _gqa(flop_counter.flop_registry[op], first)
     cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_sdpa is not None and cpu_sdpa not in flop_counter.flop_registry:
-        extra[cpu_sdpa] = _sdpa_cpu_flops
+        extra[cpu_sdpa] = _gqa(_sdpa_cpu_flops, 0)
     cpu_sdpa_backward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if cpu_sdpa_backward is not None and cpu_sdpa_backward not in flop_counter.flop_registry:
-        extra[cpu_sdpa_backward] = _sdpa_cpu_backward_flops
+        extra[cpu_sdpa_backward] = _gqa(_sdpa_cpu_backward_flops, 1)
     return extra
 
 
