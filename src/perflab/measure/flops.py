@@ -50,7 +50,9 @@ def _extra_formulas() -> dict:
         for name in names:
             op = getattr(torch.ops.aten, name, None)
             if op is not None and op in flop_counter.flop_registry:
-                extra[op] = _gqa(flop_counter.flop_registry[op], first)
+                # the registry holds shape wrappers (FlopCounterMode wraps custom entries itself): wrap the raw formula
+                entry = flop_counter.flop_registry[op]
+                extra[op] = _gqa(getattr(entry, "__wrapped__", entry), first)
     cpu_sdpa = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_sdpa is not None and cpu_sdpa not in flop_counter.flop_registry:
         extra[cpu_sdpa] = _gqa(_sdpa_cpu_flops, 0)
