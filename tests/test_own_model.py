@@ -5,6 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from cli_util import ROOT, run_cli
 from perflab import api, cli
@@ -201,3 +202,18 @@ def test_grouped_query_attention_is_counted_with_the_query_heads():
     backward = _gqa(flop_counter.sdpa_backward_flop_count, 1)
     full = (2, 8, 512, 64)
     assert backward(q, q, kv, kv) == flop_counter.sdpa_backward_flop_count(q, q, full, full) > 2 * forward(q, kv, kv)
+
+
+def test_the_cuda_attention_formulas_count_through_the_flop_counter_as_it_calls_them():
+    # FlopCounterMode wraps custom formulas itself (tensors → shapes, out_shape=...): the GPU ops' entries must take that
+    from torch.utils import flop_counter
+
+    from perflab.measure.flops import _extra_formulas
+
+    registry = flop_counter.FlopCounterMode(display=False, custom_mapping=_extra_formulas()).flop_registry
+    q, kv = torch.empty(2, 8, 128, 64, device="meta"), torch.empty(2, 2, 512, 64, device="meta")
+    flash = registry[torch.ops.aten._scaled_dot_product_flash_attention]
+    assert flash(q, kv, kv, out_val=(q,)) == 2 * 2 * 8 * 128 * 512 * (64 + 64)
+    backward = registry[torch.ops.aten._scaled_dot_product_efficient_attention_backward]
+    full = (2, 8, 512, 64)
+    assert backward(q, q, kv, kv, None, q, out_val=(q, kv, kv, None)) == flop_counter.sdpa_backward_flop_count(tuple(q.shape), tuple(q.shape), full, full)
