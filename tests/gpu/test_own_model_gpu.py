@@ -29,7 +29,9 @@ def test_an_hf_config_runs_train_step_and_decodes_through_the_static_cache():
     pytest.importorskip("transformers")
     hf = "hf:" + str(ROOT / "tests/data/models/tiny-llama")
     (train,) = api.bench(model=hf, workload="train_step", seq_len=128, batch_size=4, dtype="bf16", **FAST)
-    assert train["status"] == "ok" and abs(train["flops_counted_vs_analytic"]) < 0.02, train.get("message")
+    # counted vs the Llama formula: +3.9% at this toy size on an H100 (the rotary and other small matmuls the formula
+    # leaves out weigh more at hidden size 64); +0.78% at gpt_large's shape (docs/performance.md)
+    assert train["status"] == "ok" and 0 <= train["flops_counted_vs_analytic"] < 0.05, train.get("message")
     for mode in ("eager", "compile:reduce-overhead"):
         (decode,) = api.bench(model=hf, workload="decode", context_len=256, batch_size=2, dtype="bf16", mode=mode, **FAST)
         assert decode["status"] == "ok", decode.get("message")
