@@ -2,7 +2,8 @@
 tokens/s, memory-bandwidth utilisation (MBU: the bytes a step must move ÷ its time ÷ the GPU's measured copy
 bandwidth; and ÷ the datasheet bandwidth) with a plot of MBU against batch size, the ncu DRAM throughput of
 each mode's top kernels where a sweep stored them, and generation latencies (time to first token, time per
-output token). Kernel names are the short names of ``analysis.names`` (the report's legend gives the full ones).
+output token); seed 004's eager-vs-compiled times (``seed_figures.yaml``) beside every mode measured, with a plot of
+each mode's time ÷ eager's; and ``summary``, the sentences the report opens with, computed from the rows. Kernel names are the short names of ``analysis.names`` (the report's legend gives the full ones).
 Torch-free."""
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ Per group of rows that share dtype, attention, mode and batch size:
 - MFU against the measured bf16/fp32 matmul peak of this GPU and against the datasheet; peak memory with its
   breakdown; the profiler's inflation (timings are untraced; (b)–(e) come from a separate profiled pass).
 
+Then seed 003's own figures (``seed_figures.yaml``: (a), (b)'s shares, (d), (e)) beside perflab's value of each cell of
+the group run as the seed ran it (fp32, explicit attention, eager), with one line on what differs; the seed's OOM
+cells against perflab's measured peaks at 12, 16 and 24 GiB (derived from the peaks, or measured where rows ran with
+``max_memory``); plots of forward time, GEMM fraction and softmax ÷ matmul time against sequence length; and
+``summary``, the sentences the report opens with, computed from the rows.
+
 Kernel names are the short names of ``analysis.names`` (at most 120 characters, one per kernel); the report
 maps each to its full name in a legend. Torch-free.
 """

@@ -441,7 +441,7 @@ def _header(stored, common: set[str], summary: list[str] | None = None) -> str:
     if summary:
         lines += ["## Summary", " ".join(summary), "## How to read the tables"]
     lines.append(
-        f"How to read the tables: TP is throughput ({_unit_of(stored.rows)}/s) from the median step time, with its 95% CI in brackets "
+        ("" if summary else "How to read the tables: ") + f"TP is throughput ({_unit_of(stored.rows)}/s) from the median step time, with its 95% CI in brackets "
         "(from the distribution-free CI of the median). Speedup = variant TP / baseline TP (>1: the variant is faster); its "
         "bracket pairs the CI ends. Latency Δ = variant / baseline latency per batch − 1. \"Within noise\": the two CIs overlap. "
         "Flags are the harness's validity checks (see the README)."
