@@ -138,3 +138,314 @@ def test_no_table_cell_over_120_characters_and_every_short_name_in_the_legend(na
         assert len(named) >= 5 and {short for short, _ in legend} == named  # each name in the tables, and only those
         assert len({full for _, full in legend}) == len(legend)  # one short name per kernel
     assert committed == text  # the committed report is the one this code writes
+
+
+# ---------------------------------------------------------------------------------------------------
+# The seeds' own figures beside perflab's (src/perflab/report/seed_figures.yaml), the OOM cells against measured
+# peaks, and the summary each report opens with: every number recomputed here from the YAML and the stored rows.
+
+import yaml  # noqa: E402
+
+SEEDS = yaml.safe_load((ROOT / "src/perflab/report/seed_figures.yaml").read_text())
+S3, S4 = SEEDS["seed_003"], SEEDS["seed_004"]
+SEQS = S3["seq_lens"]
+GIB = 1024.0
+
+
+def _table(text: str, title: str) -> list[list[str]]:
+    """The body rows of the first markdown table after ``title``."""
+    lines = text[text.index(title):].splitlines()
+    start = next(i for i, l in enumerate(lines) if l.startswith("|"))
+    body = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        body.append([c.strip() for c in line.strip("|").split("|")])
+    return body
+
+
+def _line_after(text: str, title: str, prefix: str) -> str:
+    return next(l for l in text[text.index(title):].splitlines() if l.startswith(prefix))
+
+
+def _seed(value, spec: str, suffix: str = "") -> str:
+    return f"{format(value, spec)}{suffix}" if isinstance(value, (int, float)) else value
+
+
+def _summary(text: str) -> str:
+    return text[text.index("## Summary"):text.index("\n## ", text.index("## Summary") + 3)]
+
+
+def test_seed_figures_file_holds_seed_003s_tables_and_seed_004s_finding_with_their_source():
+    header = (ROOT / "src/perflab/report/seed_figures.yaml").read_text().split("\nseed_003:")[0]
+    for said in ("003_18256eef5f48fccf.txt", "004_9e1221ff29d61495.txt", "nsys", "batch size", "GPU", "RTX 3060", "RTX 4090"):
+        assert said in header
+    assert SEQS == [128, 256, 512, 1024] and list(S3["forward_ms"]) == ["gpt_small", "gpt_medium", "gpt_large", "gpt_xl", "gpt_2.7b"]
+    for table in ("forward_ms", "top_kernel_share_pct", "gemm_fraction_pct", "softmax_ms", "matmul_ms", "softmax_to_matmul_pct"):
+        assert all(len(v) == 4 for v in S3[table].values())
+    # spot checks against the seed's text, and its own arithmetic: (e)'s ratio is softmax / matmul
+    assert S3["forward_ms"]["gpt_small"] == [75.04, 82.42, 81.12, 108.34] and S3["forward_ms"]["gpt_2.7b"][1:] == ["OOM"] * 3
+    assert S3["top_kernel_share_pct"]["gpt_small"][2] == [72.1, 71.0, "N/A"] and S3["gemm_fraction_pct"]["gpt_xl"][0] == [91.2, "OOM"]
+    for m, ratios in S3["softmax_to_matmul_pct"].items():
+        for i, r in enumerate(ratios):
+            if isinstance(r, float):
+                assert r == pytest.approx(100 * S3["softmax_ms"][m][i] / S3["matmul_ms"][m][i], abs=1.2)  # the seed rounded its ms
+    assert [(s["eager"], s["compiled"]) for s in S4["eager_vs_compiled_ms"]] == [(3.05, 3.57), (2.53, 2.63)]
+
+
+def _lm_committed():
+    return (ROOT / "docs/reports/lm_sizes/report.md").read_text()
+
+
+def _seed_group_rows(rows):
+    return {(r["case"]["workload"], r["model"], r["case"]["seq_len"]): r for r in rows
+            if r["case"]["dtype"] == "fp32" and r["case"]["attn"] == "explicit" and r["case"]["mode"] == "eager"
+            and r["case"]["batch_size"] == 4 and not r["case"].get("max_memory")}
+
+
+def _pass_of(row, name):
+    if row is None or row["status"] != "ok":
+        return None
+    return next((p for p in (row.get("profile") or {}).get("passes") or [] if p["pass"] == name), None)
+
+
+def _training_gemm(row):
+    f, b = _pass_of(row, "forward"), _pass_of(row, "backward")
+    return None if f is None or b is None else 100 * (f["gemm_us"] + b["gemm_us"]) / (f["gpu_time_us"] + b["gpu_time_us"])
+
+
+def _absent(row) -> str:
+    return "not run" if row is None else {"oom": "OOM", "error": "ERROR", "timeout": "TIMEOUT"}.get(row["status"], "–")
+
+
+def test_lm_report_puts_seed_003s_tables_a_b_d_e_beside_perflabs_values(lm):
+    text, rows, _ = lm
+    committed = _lm_committed()
+    assert committed == text
+    by = _seed_group_rows(rows)
+    section = text[text.index("### Seed 003's figures beside perflab's (fp32, explicit attention, eager, batch 4, NVIDIA H100 80GB HBM3)"):]
+    # (a): the seed's nsys range, perflab's median, and their ratio
+    a = {(r[0], r[1]): r[2:] for r in _table(section, "#### (a) Forward time (ms): seed vs perflab")}
+    assert len(a) == 20
+    ratios = []
+    for m, values in S3["forward_ms"].items():
+        for s, seed in zip(SEQS, values):
+            cells, row = a[(m, f"seq{s}")], by.get(("forward", m, s))
+            assert cells[0] == _seed(seed, ".2f")
+            if row is not None and row["status"] == "ok":
+                assert cells[1].startswith(f"{row['median_ms']:.2f} [")
+                if isinstance(seed, float):
+                    ratios.append(seed / row["median_ms"])
+                    assert cells[2] == f"{seed / row['median_ms']:.1f}×"
+            else:
+                assert cells[1] == _absent(row) and cells[2] == "–"
+    assert len(ratios) >= 7  # gpt_small and gpt_medium at every length the seed ran
+    differs = _line_after(section, "#### (a)", "What differs")
+    assert "NVTX ranges under the profiler" in differs and "untraced medians" in differs
+    assert f"{min(ratios):.1f}–{max(ratios):.1f}×" in differs and f"Over the {len(ratios)} cells" in differs
+    # (b): the top kernel's share of each pass (perflab: the forward row's forward; the forward + backward row's two passes)
+    b = {(r[0], r[1]): r[2:] for r in _table(section, "#### (b) Top kernel's share of each pass: seed vs perflab")}
+    n = 0
+    for m, per_seq in S3["top_kernel_share_pct"].items():
+        for s, seed in zip(SEQS, per_seq):
+            cells = b[(m, f"seq{s}")]
+            ours = (_pass_of(by.get(("forward", m, s)), "forward"), _pass_of(by.get(("forward_backward", m, s)), "forward"),
+                    _pass_of(by.get(("forward_backward", m, s)), "backward"))
+            for i in range(3):
+                assert cells[2 * i] == _seed(seed[i], ".1f", "%")
+                if ours[i] is not None:
+                    assert cells[2 * i + 1] == f"{100 * ours[i]['top_kernel_share']:.1f}%"
+                    n += 1
+    assert n >= 24
+    # (d): GEMM fraction, inference and training (forward + backward), and the mean difference the line states
+    d = {(r[0], r[1]): r[2:] for r in _table(section, "#### (d) GEMM fraction: seed vs perflab")}
+    deltas = {"inference": [], "training": []}
+    for m, per_seq in S3["gemm_fraction_pct"].items():
+        for s, seed in zip(SEQS, per_seq):
+            cells = d[(m, f"seq{s}")]
+            inf = _pass_of(by.get(("forward", m, s)), "forward")
+            ours = (100 * inf["gemm_fraction"] if inf else None, _training_gemm(by.get(("forward_backward", m, s))))
+            for i, kind in enumerate(deltas):
+                assert cells[2 * i] == _seed(seed[i], ".1f", "%")
+                if ours[i] is not None:
+                    assert cells[2 * i + 1] == f"{ours[i]:.1f}%"
+                    if isinstance(seed[i], float):
+                        deltas[kind].append(ours[i] - seed[i])
+    differs = _line_after(section, "#### (d)", "What differs")
+    for kind, values in deltas.items():
+        assert f"{kind} {sum(values) / len(values):+.1f} points on average over {len(values)} cells" in differs
+    # (e): softmax and matmul ms per step and their ratio, against the seed's
+    e = {(r[0], r[1]): r[2:] for r in _table(section, "#### (e) Softmax vs matmul inside attention: seed vs perflab")}
+    for m in S3["softmax_ms"]:
+        for i, s in enumerate(SEQS):
+            cells = e[(m, f"seq{s}")]
+            assert cells[0::2] == [_seed(S3["softmax_ms"][m][i], ".2f"), _seed(S3["matmul_ms"][m][i], ".2f"),
+                                   _seed(S3["softmax_to_matmul_pct"][m][i], ".1f", "%")]
+            row = by.get(("forward", m, s))
+            att = (row or {}).get("profile", {}).get("attention") if row and row["status"] == "ok" else None
+            if att:
+                assert cells[1::2] == [f"{att['softmax_ns'] / 1e6:.3f}", f"{att['matmul_ns'] / 1e6:.3f}",
+                                       f"{100 * att['softmax_ns'] / att['matmul_ns']:.1f}%"]
+            elif row is None:
+                assert cells[1::2] == ["not run"] * 3
+    assert e[("gpt_small", "seq1024")][4] == "137.6%"  # the seed's softmax slower than its matmuls at 1024
+
+
+CAPS = (12, 16, 24)
+
+
+def _predict(row, cap):
+    if row is None:
+        return None
+    if row["status"] == "oom":
+        return "OOM"
+    if row["status"] != "ok":
+        return None
+    peak = row["peak_mem_alloc_mb"] / GIB
+    return "OOM" if peak > cap else ("fits (tight)" if cap - peak < 0.5 else "fits")
+
+
+def test_lm_report_lists_the_seeds_oom_cells_with_perflabs_peaks_and_the_capacities_that_reproduce_them(lm):
+    text, rows, _ = lm
+    by = _seed_group_rows(rows)
+    section = text[text.index("#### Seed 003's OOM cells against perflab's measured memory"):]
+    assert "derived from measured peaks, not run capped" in section
+    listed = {(r[0], r[1]): r[2:] for r in _table(section, "#### Seed 003's OOM cells")}
+    seed_marks = {}
+    for m in S3["forward_ms"]:
+        for i, s in enumerate(SEQS):
+            inf, train = S3["forward_ms"][m][i], S3["gemm_fraction_pct"][m][i][1]
+            seed_marks[(m, s)] = {"inference": None if inf == "N/A" else inf == "OOM", "training": None if train == "N/A" else train == "OOM"}
+    oom_cells = {k for k, v in seed_marks.items() if any(v.values())}
+    assert set(listed) == {(m, f"seq{s}") for m, s in oom_cells} and len(oom_cells) == 11
+    assert listed[("gpt_xl", "seq128")][0] == "ran / OOM" and listed[("gpt_medium", "seq1024")][0] == "OOM / OOM"
+    fwd = by[("forward", "gpt_medium", 1024)]
+    assert listed[("gpt_medium", "seq1024")][1] == f"{fwd['peak_mem_alloc_mb'] / GIB:.2f}"
+    # per capacity, every seed mark against the prediction from perflab's measured peak, counted here independently
+    counts = {}
+    for cap in CAPS:
+        match = mismatch = unknown = 0
+        for (m, s), marks in seed_marks.items():
+            for kind, workload in (("inference", "forward"), ("training", "forward_backward")):
+                if marks[kind] is None:
+                    continue
+                pred = _predict(by.get((workload, m, s)), cap)
+                if pred is None:
+                    unknown += 1
+                elif (pred == "OOM") == marks[kind]:
+                    match += 1
+                else:
+                    mismatch += 1
+        counts[cap] = (match, mismatch, unknown)
+    table = {r[0]: r[1:] for r in _table(section, "Every cell the seed has a mark for")}
+    for cap, (match, mismatch, unknown) in counts.items():
+        assert table[f"{cap} GiB"] == [f"{match} of {match + mismatch}", str(mismatch), str(unknown)]
+    # the cell the stored rows decide: gpt_medium seq1024 training peaks between 16 and 24 GiB, so 12 and 16 GiB OOM as the seed did
+    peak = by[("forward_backward", "gpt_medium", 1024)]["peak_mem_alloc_mb"] / GIB
+    assert 16 < peak < 24
+    assert listed[("gpt_medium", "seq1024")][3:] == [
+        f"{'fits' if _predict(fwd, c) != 'OOM' else 'OOM'} {'✓' if _predict(fwd, c) == 'OOM' else '✗'} / "
+        f"{'OOM ✓' if peak > c else 'fits ✗'}" for c in CAPS]
+
+
+def test_lm_report_opens_with_a_summary_whose_numbers_come_from_the_rows(lm):
+    text, rows, _ = lm
+    summary = _summary(text)
+    assert text.index("## Summary") < text.index("\n|") and text.index("## Summary") < text.index("## Status")
+    by = _seed_group_rows(rows)
+    stored = [r for r in rows if not r["case"].get("max_memory")]
+    assert summary.startswith("## Summary\n\nLanguage models: ") and f"{len(stored)} of 120 cases stored, on NVIDIA H100 80GB HBM3" in summary
+    for m in ("gpt_small", "gpt_medium"):
+        a, b = by[("forward", m, 128)]["median_ms"], by[("forward", m, 1024)]["median_ms"]
+        assert f"{m} {a:.2f} → {b:.2f} ms (×{b / a:.1f})" in summary
+    inf = [100 * _pass_of(r, "forward")["gemm_fraction"] for (w, _, _), r in by.items() if w == "forward" and _pass_of(r, "forward")]
+    train = [_training_gemm(r) for (w, _, _), r in by.items() if w == "forward_backward" and _training_gemm(r) is not None]
+    assert f"GEMM kernels take {min(inf):.1f}–{max(inf):.1f}% of the inference forward's kernel time" in summary
+    assert f"{min(train):.1f}–{max(train):.1f}% of training's" in summary
+    small = by[("forward", "gpt_small", 1024)]["profile"]["attention"]
+    assert f"at seq 1024 softmax takes {100 * small['softmax_to_matmul']:.1f}% (gpt_small)" in summary
+    best = max((r for r in stored if r["status"] == "ok"), key=lambda r: r["mfu"])
+    assert f"Best MFU: {100 * best['mfu']:.1f}%" in summary and f"({best['model']} {best['case']['workload']}" in summary
+    ratios = [S3["forward_ms"][m][SEQS.index(s)] / r["median_ms"] for (w, m, s), r in by.items()
+              if w == "forward" and r["status"] == "ok" and isinstance(S3["forward_ms"][m][SEQS.index(s)], float)]
+    assert f"{min(ratios):.1f}–{max(ratios):.1f}× perflab's untraced medians over the {len(ratios)} cells" in summary
+    assert "derived, not run capped" in summary
+
+
+def _decode_by(rows):
+    return {(bool(r["case"].get("layers_only")), r["case"]["context_len"], r["case"]["batch_size"], r["case"]["mode"]): r
+            for r in rows if r["case"].get("workload", "decode") == "decode" and r["status"] == "ok"}
+
+
+def test_decode_report_puts_seed_004s_eager_vs_compiled_beside_every_measured_mode(decode):
+    text, rows = decode
+    assert (ROOT / "docs/reports/decode/report.md").read_text() == text
+    section = text[text.index("### Seed 004's eager-vs-compiled finding beside perflab's modes"):]
+    body = _table(section, "#### One decode step of one layer: eager against compiled (ms)")
+    seed_rows = [r for r in body if r[0] == "seed 004"]
+    assert [r[1:] for r in seed_rows] == [[f"{s['gpu']}, one layer", f"{s['eager']:.2f}", f"{s['compiled']:.2f} (compiled)",
+                                           f"{s['compiled'] / s['eager']:.2f}", "eager"] for s in S4["eager_vs_compiled_ms"]]
+    by = _decode_by(rows)
+    ours = [r for r in body if r[0].startswith("perflab")]
+    expected = []
+    for (bench, ctx, batch, mode), row in by.items():
+        eager = by.get((bench, ctx, batch, "eager"))
+        if bench and mode != "eager" and eager:
+            ratio = row["median_ms"] / eager["median_ms"]
+            expected.append([f"one layer, context {ctx}, batch {batch}", f"{eager['median_ms']:.3f}", f"{row['median_ms']:.3f} ({mode})",
+                             f"{ratio:.2f}", "eager" if ratio > 1 else mode])
+    assert len(ours) == len(expected) >= 9 and sorted(r[1:] for r in ours) == sorted(expected)
+    every = [row["median_ms"] / by[(b, c, n, "eager")]["median_ms"] for (b, c, n, m), row in by.items() if m != "eager" and (b, c, n, "eager") in by]
+    differs = _line_after(section, "####", "What differs")
+    assert f"over all {len(every)} decode cells with an eager pair" in differs
+    assert f"{min(every):.2f}–{max(every):.2f}× eager's time, slower than eager in {sum(r > 1 for r in every)}" in differs
+    triton = [k["dram_pct"] for r in rows for k in (r.get("ncu") or {}).get("kernels", []) if k["library"] == "Triton" and k["roofline"] == "memory-bound"]
+    assert f"Triton {min(triton):.1f}–{max(triton):.1f}% over {len(triton)}" in section
+    png = ROOT / "docs/reports/decode/decode_eager_vs_compiled.png"
+    assert "](decode_eager_vs_compiled.png)" in section and 4_000 < png.stat().st_size < 60_000
+
+
+def test_decode_report_opens_with_a_summary_whose_numbers_come_from_the_rows(decode):
+    text, rows = decode
+    summary = _summary(text)
+    assert text.index("## Summary") < text.index("\n|")
+    by = _decode_by(rows)
+    for bench, what in ((False, "llama3_8b, context 512, batch 1"), (True, "llama3_8b one layer (the seed testbench), context 512, batch 1")):
+        modes = {m: r for (b, c, n, m), r in by.items() if b == bench and c == 512 and n == 1}
+        best_mode, best = min(modes.items(), key=lambda kv: kv[1]["median_ms"])
+        eager = modes["eager"]["median_ms"]
+        assert (f"{what}: fastest {best_mode} {best['median_ms']:.3f} ms per step ({100 * best['mbu']:.1f}% MBU), "
+                f"{eager / best['median_ms']:.2f}× faster than eager ({eager:.3f} ms)") in summary
+    compile_speedup = by[(True, 512, 1, "eager")]["median_ms"] / by[(True, 512, 1, "compile")]["median_ms"]
+    assert f"plain compile {compile_speedup:.2f}× faster than eager" in summary
+    assert "Seed 004 found compiled slower than eager (RTX 3060 12GB 3.57 against 3.05 ms; RTX 4090 24GB 2.63 against 2.53 ms)" in summary
+    pairs = [r["median_ms"] / by[(b, c, n, "eager")]["median_ms"] for (b, c, n, m), r in by.items() if m != "eager" and (b, c, n, "eager") in by]
+    assert f"here {sum(p < 1 for p in pairs)} of {len(pairs)} (cell, mode) pairs run faster than eager" in summary
+
+
+def test_lm_kernel_plot_is_small_and_referenced(lm):
+    text, _, out = lm
+    name = "lm_kernels_fp32_explicit_attention_eager_batch_4_cuda.png"
+    assert f"]({name})" in text
+    for png in (out / name, ROOT / "docs/reports/lm_sizes" / name):
+        assert 4_000 < png.stat().st_size < 60_000
+
+
+def test_capped_rows_are_measured_cells_of_their_own_and_an_oom_on_the_full_gpu_is_an_oom_at_every_capacity(lm):
+    from perflab.report import lm as lm_report
+
+    _, rows, _ = lm
+    base = next(r for r in rows if r["model"] == "gpt_medium" and r["case"]["workload"] == "forward_backward" and r["case"]["seq_len"] == 1024)
+    capped = json.loads(json.dumps(base))
+    capped["case"]["max_memory"] = 16 * 2**30
+    capped["status"] = "oom"
+    large = json.loads(json.dumps(base))
+    large.update(model="gpt_large", status="oom")
+    large["case"]["seq_len"] = 512
+    parts = "\n\n".join(lm_report.seed_sections(rows + [large], [capped]))
+    listed = {(r[0], r[1]): r[2:] for r in _table(parts, "#### Seed 003's OOM cells")}
+    assert listed[("gpt_large", "seq512")][2] == "OOM" and listed[("gpt_large", "seq512")][3:] == ["? / OOM ✓"] * 3
+    cap = _table(parts, "Cases run capped")
+    assert cap == [["gpt_medium", "forward_backward", "seq1024", "16", "OOM", "–", "OOM", "✓"]]
+    assert lm_report.predict(base, 24) == "fits" and lm_report.predict(base, 16) == "OOM"
+    assert base["peak_mem_alloc_mb"] / GIB > 16

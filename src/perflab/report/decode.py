@@ -2,7 +2,8 @@
 tokens/s, memory-bandwidth utilisation (MBU: the bytes a step must move ÷ its time ÷ the GPU's measured copy
 bandwidth; and ÷ the datasheet bandwidth) with a plot of MBU against batch size, the ncu DRAM throughput of
 each mode's top kernels where a sweep stored them, and generation latencies (time to first token, time per
-output token). Kernel names are the short names of ``analysis.names`` (the report's legend gives the full ones).
+output token); seed 004's eager-vs-compiled times (``seed_figures.yaml``) beside every mode measured, with a plot of
+each mode's time ÷ eager's; and ``summary``, the sentences the report opens with, computed from the rows. Kernel names are the short names of ``analysis.names`` (the report's legend gives the full ones).
 Torch-free."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perflab.analysis.names import KernelNames
-from perflab.report import plots
+from perflab.report import plots, seeds
 from perflab.report.lm import FAILED
 
 MODE_ORDER = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph")
@@ -65,6 +66,7 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
     if mbu_panels:
         path = plots.metric_vs_batch(mbu_panels, plot_dir / "decode_mbu_vs_batch.png", "MBU against batch size", "MBU (% of measured copy bandwidth)")
         parts.append(f"![MBU vs batch size]({path.name})")
+    parts += seed_section(rows, plot_dir)
     return parts
 
 
@@ -117,3 +119,156 @@ def _pct(value) -> str:
 
 def _gbps(value) -> str:
     return "–" if value is None else f"{value:.0f}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Seed 004's finding beside perflab's modes, and the summary
+
+
+def _decode_cells(rows: list[dict]) -> dict[tuple, dict]:
+    """(testbench?, context, batch, mode) → row, for the decode-step rows (the seed timed one decode step)."""
+    out = {}
+    for r in rows:
+        c = r.get("case") or r
+        if c.get("workload") == "decode":
+            out[(bool(c.get("layers_only")) and c.get("layers") == 1, r.get("model"), c.get("context_len"), c.get("batch_size"), c.get("mode"))] = r
+    return out
+
+
+def _ok(row) -> bool:
+    return bool(row) and row.get("status") == "ok"
+
+
+def _gpu(rows: list[dict]) -> str:
+    return next((r.get("device_name") for r in rows if _ok(r) and r.get("device_name")), "no GPU row stored")
+
+
+def compiled_vs_eager(rows: list[dict], testbench_only: bool = False) -> list[tuple[tuple, str, float]]:
+    """(cell key without mode, mode, mode's ms ÷ eager's ms) for every stored pair of an ok eager row and an ok row of another mode."""
+    cells = _decode_cells(rows)
+    out = []
+    for (bench, model, ctx, batch, mode), row in sorted(cells.items(), key=lambda kv: (not kv[0][0], str(kv[0][1]), kv[0][2] or 0, kv[0][3] or 0,
+                                                                                      _mode_index(kv[0][4]))):
+        eager = cells.get((bench, model, ctx, batch, "eager"))
+        if mode != "eager" and _ok(row) and _ok(eager) and (bench or not testbench_only):
+            out.append(((bench, model, ctx, batch), mode, row["median_ms"] / eager["median_ms"]))
+    return out
+
+
+def _mode_index(mode) -> int:
+    return MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER)
+
+
+def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
+    """Seed 004's eager and compiled times (seed_figures.yaml) beside perflab's one-layer testbench in every mode, the
+    ncu DRAM figures of both, and a plot of step time per mode."""
+    from perflab.report.markdown import md_table
+
+    fig = seeds.seed004()
+    gpu = _gpu(rows)
+    parts = ["### Seed 004's eager-vs-compiled finding beside perflab's modes",
+             f"The seed's figures are copied from seed 004's text into `src/perflab/report/seed_figures.yaml`: {fig['measured']}, on two "
+             f"GPUs; \"compiled\" is {fig['compiled_mode']}. perflab's are this report's decode-step rows on {gpu}: untraced medians of "
+             f"one decode step, every mode measured."]
+    body = [["seed 004", f"{s['gpu']}, one layer", f"{s['eager']:.2f}", f"{s['compiled']:.2f} (compiled)", f"{s['compiled'] / s['eager']:.2f}",
+             "eager" if s["compiled"] > s["eager"] else "compiled"] for s in fig["eager_vs_compiled_ms"]]
+    cells = _decode_cells(rows)
+    for (bench, model, ctx, batch), mode, ratio in compiled_vs_eager(rows, testbench_only=True):
+        eager, row = cells[(bench, model, ctx, batch, "eager")], cells[(bench, model, ctx, batch, mode)]
+        body.append([f"perflab ({gpu})", f"one layer, context {ctx}, batch {batch}", f"{eager['median_ms']:.3f}",
+                     f"{row['median_ms']:.3f} ({mode})", f"{ratio:.2f}", "eager" if ratio > 1 else mode])
+    parts += ["#### One decode step of one layer: eager against compiled (ms)",
+              md_table(["Source", "Setup", "Eager", "Compiled (mode)", "Compiled ÷ eager", "Faster"], body)]
+    every = compiled_vs_eager(rows)
+    slower = [(k, m, r) for k, m, r in every if r > 1]
+    seed_ratios = [s["compiled"] / s["eager"] for s in fig["eager_vs_compiled_ms"]]
+    line = (f"What differs: the seed timed one NVTX range under nsys after 20 warmup runs ({'; '.join(s['gpu'] for s in fig['eager_vs_compiled_ms'])}, "
+            f"PyTorch 2.8, a layer without RoPE or GQA), and found compiled {_span(seed_ratios)}× eager's time; perflab times the "
+            f"median of many untraced steps (torch {_torch(rows)}) of a Llama-3-8B layer with RoPE and GQA")
+    if every:
+        ratios = [r for _, _, r in every]
+        line += (f": over all {len(every)} decode cells with an eager pair (one layer and the full model, every context, batch and "
+                 f"mode) the mode takes {_span(ratios)}× eager's time, slower than eager in {len(slower)}.")
+    else:
+        line += "; no decode cell has an eager pair yet."
+    parts.append(line)
+    triton, cublas = fig["ncu_dram_pct"]["triton_gemm"], fig["ncu_dram_pct"]["cublas_gemm"]
+    measured: dict[str, list[float]] = {}
+    for r in rows:
+        for k in ((r.get("ncu") or {}).get("kernels") or []):
+            if k.get("roofline") == "memory-bound" and k.get("dram_pct") is not None and k.get("library"):
+                measured.setdefault(k["library"], []).append(k["dram_pct"])
+    if measured:
+        ours = "; ".join(f"{lib} {_span(v, '.1f')}% over {len(v)}" for lib, v in sorted(measured.items()))
+        parts.append(f"ncu, DRAM throughput of the memory-bound top kernels: the seed's Triton GEMMs {triton[0]}–{triton[1]}% against "
+                     f"~{cublas}% for cuBLAS (RTX 4090); perflab's ({gpu}, the ncu pass's top kernels of every mode): {ours} kernels.")
+    panels: dict[str, dict] = {}
+    for (bench, model, ctx, batch), mode, ratio in every:
+        title = f"perflab: {model}{' one layer' if bench else ''}, context {ctx}"
+        panels.setdefault(title, {}).setdefault(mode, []).append((f"bs{batch}", ratio))
+    if panels:
+        panels = {t: dict(sorted(p.items(), key=lambda kv: _mode_index(kv[0]))) for t, p in sorted(panels.items())}
+        panels["seed 004: one layer, one nsys range"] = {"compiled (seed)": [(s["gpu"], s["compiled"] / s["eager"]) for s in fig["eager_vs_compiled_ms"]]}
+        colors = {m: f"C{i + 1}" for i, m in enumerate(MODE_ORDER[1:])} | {"compiled (seed)": "C7"}
+        path = plots.grouped_bars(panels, plot_dir / "decode_eager_vs_compiled.png",
+                                  f"Decode step time of each mode ÷ eager's (below 1: faster than eager; perflab on {gpu})",
+                                  "mode's time ÷ eager's time", hline=1.0, colors=colors)
+        parts.append(f"![each mode's decode step time against eager's]({path.name})")
+    return parts
+
+
+def _span(values: list[float], spec: str = ".2f") -> str:
+    lo, hi = format(min(values), spec), format(max(values), spec)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def _torch(rows: list[dict]) -> str:
+    return next(((r.get("env") or {}).get("torch") for r in rows if (r.get("env") or {}).get("torch")), "?")
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """A few sentences with the study's numbers, each computed from the rows (the report opens with them)."""
+    stored = [r for r in rows if r.get("status") != "missing"]
+    counts: dict[str, int] = {}
+    for r in stored:
+        counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+    missing = len(rows) - len(stored)
+    gpu = _gpu(stored)
+    out = [f"Decode: {len(stored)} of {len(rows)} cases stored, on {gpu} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items())) or 'none'})"
+           + (f"; {missing} not run." if missing else ".")]
+    cells = _decode_cells(rows)
+    for bench in (False, True):
+        keys = sorted({(m, c, b) for (bb, m, c, b, _), r in cells.items() if bb == bench and _ok(r)}, key=lambda k: (k[1] or 0, k[2] or 0, str(k[0])))
+        if not keys:
+            continue
+        model, ctx, batch = keys[0]
+        modes = {mode: cells[(bench, model, ctx, batch, mode)] for mode in MODE_ORDER if _ok(cells.get((bench, model, ctx, batch, mode)))}
+        best_mode, best = min(modes.items(), key=lambda kv: kv[1]["median_ms"])
+        what = f"{model}{' one layer (the seed testbench)' if bench else ''}, context {ctx}, batch {batch}"
+        sentence = f"{what}: fastest {best_mode} {best['median_ms']:.3f} ms per step"
+        if best.get("mbu") is not None:
+            sentence += f" ({100 * best['mbu']:.1f}% MBU)"
+        if "eager" in modes and best_mode != "eager":
+            sentence += f", {modes['eager']['median_ms'] / best['median_ms']:.2f}× faster than eager ({modes['eager']['median_ms']:.3f} ms)"
+        if "compile" in modes and "eager" in modes:
+            sentence += f"; plain compile {modes['eager']['median_ms'] / modes['compile']['median_ms']:.2f}× faster than eager"
+        out.append(sentence + ".")
+    fast = {}
+    for (bench, model, ctx, batch, mode), r in cells.items():
+        if not bench and _ok(r) and r.get("mbu") is not None:
+            fast.setdefault((model, ctx), {}).setdefault(batch, []).append(r)
+    for (model, ctx), by_batch in sorted(fast.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
+        if len(by_batch) > 1:
+            lo, hi = min(by_batch), max(by_batch)
+            a, b = (min(by_batch[x], key=lambda r: r["median_ms"]) for x in (lo, hi))
+            out.append(f"MBU of the fastest mode, {model} context {ctx}: {100 * a['mbu']:.1f}% at batch {lo} ({a['mode']}), "
+                       f"{100 * b['mbu']:.1f}% at batch {hi} ({b['mode']}).")
+            break
+    every = compiled_vs_eager(rows)
+    fig = seeds.seed004()
+    seed = "; ".join(f"{s['gpu']} {s['compiled']:.2f} against {s['eager']:.2f} ms" for s in fig["eager_vs_compiled_ms"])
+    if every:
+        slower = sum(r > 1 for _, _, r in every)
+        out.append(f"Seed 004 found compiled slower than eager ({seed}); here {len(every) - slower} of {len(every)} (cell, mode) pairs "
+                   f"run faster than eager, the mode taking {_span([r for _, _, r in every])}× eager's time.")
+    return out

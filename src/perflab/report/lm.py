@@ -10,6 +10,12 @@ Per group of rows that share dtype, attention, mode and batch size:
 - MFU against the measured bf16/fp32 matmul peak of this GPU and against the datasheet; peak memory with its
   breakdown; the profiler's inflation (timings are untraced; (b)–(e) come from a separate profiled pass).
 
+Then seed 003's own figures (``seed_figures.yaml``: (a), (b)'s shares, (d), (e)) beside perflab's value of each cell of
+the group run as the seed ran it (fp32, explicit attention, eager), with one line on what differs; the seed's OOM
+cells against perflab's measured peaks at 12, 16 and 24 GiB (derived from the peaks, or measured where rows ran with
+``max_memory``); plots of forward time, GEMM fraction and softmax ÷ matmul time against sequence length; and
+``summary``, the sentences the report opens with, computed from the rows.
+
 Kernel names are the short names of ``analysis.names`` (at most 120 characters, one per kernel); the report
 maps each to its full name in a legend. Torch-free.
 """
@@ -19,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perflab.analysis.names import KernelNames
-from perflab.report import plots
+from perflab.report import plots, seeds
 
 SIZE_ORDER = ("gpt_small", "gpt_medium", "gpt_large", "gpt_xl", "gpt_2.7b")
 WORKLOAD_TITLES = {"forward": "inference forward", "train_forward": "training forward (autograd recording)",
@@ -37,9 +43,12 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
              "Step times are untraced medians with their 95% CI; the kernel tables come from a separate profiled pass of the same case "
              "(the profiler's inflation is listed last). GEMM fraction = GEMM kernel time ÷ the pass's kernel time. A failed cell says "
              "OOM, ERROR or TIMEOUT; \"not run\" marks a case of the spec without a stored row."]
+    capped = [r for r in rows if _case(r).get("max_memory")]
+    rows = [r for r in rows if not _case(r).get("max_memory")]  # a capped case answers "would it fit", in its own section
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault(_group_key(row), []).append(row)
+    seed_key = _seed_group_key(groups)
     for key, group in sorted(groups.items(), key=lambda kv: tuple(str(x) for x in kv[0])):
         dtype, attn, mode, batch, device = key
         heading = f"{dtype}, {attn} attention, {mode}, batch {batch}, {device}"
@@ -79,6 +88,8 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
                 path = plots.time_vs_length(series, plot_dir / f"lm_forward_time_{_slug(heading)}.png",
                                             f"Forward time vs sequence length ({heading})", "sequence length (tokens)")
                 parts.append(f"![forward time vs sequence length]({path.name})")
+        parts += _kernel_plot(cells, sizes, seqs, heading, plot_dir, with_seed=key == seed_key)
+    parts += seed_sections(rows, capped)
     return parts
 
 
@@ -259,3 +270,471 @@ def _slug(text: str) -> str:
     import re
 
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()[:80]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Seed 003's own figures beside perflab's, its OOM cells against measured peaks, plots, and the summary
+
+CAPACITIES_GIB = (12, 16, 24)  # common cards: RTX 3060 / 4060 Ti 16 GB / 4090
+TIGHT_GIB = 0.5  # a card also holds the CUDA context (a few hundred MiB) outside the allocator's peak
+GIB_MB = 1024.0
+
+
+def _seed_group_key(groups: dict) -> tuple | None:
+    """The group that runs as seed 003 ran: fp32, explicit attention, eager (batch 4 where there are several)."""
+    keys = [k for k in groups if k[0] == "fp32" and k[1] == "explicit" and k[2] == "eager"]
+    if not keys:
+        return None
+    return max(keys, key=lambda k: (k[3] == 4, sum(r.get("status") == "ok" for r in groups[k]), str(k)))
+
+
+def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if not _case(row).get("max_memory"):
+            groups.setdefault(_group_key(row), []).append(row)
+    return groups
+
+
+def _cells(group: list[dict]) -> dict:
+    return {(_case(r).get("workload"), r.get("model"), _case(r).get("seq_len")): r for r in group}
+
+
+def _gpu(rows: list[dict]) -> str:
+    for r in rows:
+        if r.get("status") == "ok" and (r.get("device_name") or (r.get("env") or {}).get("gpu_name")):
+            return r.get("device_name") or r["env"]["gpu_name"]
+    return "no GPU row stored"
+
+
+def _gpu_memory_gib(rows: list[dict]) -> float | None:
+    for r in rows:
+        mem = (r.get("env") or {}).get("gpu_memory_gb")
+        if mem:
+            return float(mem)
+    return None
+
+
+def _seed_fmt(value, spec: str, suffix: str = "") -> str:
+    if value is None:
+        return "–"
+    return f"{format(value, spec)}{suffix}" if seeds.is_number(value) else str(value)
+
+
+def _ok(row) -> bool:
+    return bool(row) and row.get("status") == "ok"
+
+
+def _attention(row) -> dict | None:
+    return ((row or {}).get("profile") or {}).get("attention") if _ok(row) else None
+
+
+def _training_fraction_value(row) -> float | None:
+    f, b = _pass(row, "forward"), _pass(row, "backward")
+    if not isinstance(f, dict) or not isinstance(b, dict):
+        return None
+    total = f["gpu_time_us"] + b["gpu_time_us"]
+    return (f["gemm_us"] + b["gemm_us"]) / total if total else None
+
+
+def _perflab_missing(row) -> str:
+    """A perflab cell with no figure: its failure, "not run", or "–" (not a case of the spec)."""
+    return (_failed(row) or "–") if row is not None else "–"
+
+
+def _pct(fraction) -> float | None:
+    return None if fraction is None else 100 * fraction
+
+
+def _share_cell(p) -> str:
+    return f"{100 * p['top_kernel_share']:.1f}%" if isinstance(p, dict) else (p or "–")
+
+
+def _range(values: list[float], spec: str, suffix: str = "") -> str:
+    lo, hi = min(values), max(values)
+    return f"{format(lo, spec)}{suffix}" if format(lo, spec) == format(hi, spec) else f"{format(lo, spec)}–{format(hi, spec)}{suffix}"
+
+
+def forward_ratios(cells: dict) -> list[tuple[str, int, float]]:
+    """(model, seq, seed ms ÷ perflab median) over the cells where both have a forward time."""
+    fig = seeds.seed003()
+    out = []
+    for m in fig["forward_ms"]:
+        for s in fig["seq_lens"]:
+            seed, row = seeds.cell("forward_ms", m, s), cells.get(("forward", m, s))
+            if seeds.is_number(seed) and _ok(row):
+                out.append((m, s, seed / row["median_ms"]))
+    return out
+
+
+def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[str]:
+    """Seed 003's tables (a), (b)'s shares, (d) and (e), each beside perflab's value of the same cell with one line
+    on what differs, then the seed's OOM cells against perflab's measured peaks at 12, 16 and 24 GiB."""
+    from perflab.report.markdown import md_table
+
+    groups = _groups(rows)
+    key = _seed_group_key(groups)
+    fig = seeds.seed003()
+    title = "### Seed 003's figures beside perflab's"
+    if key is None:
+        return [title, "No group of stored rows runs as the seed ran (fp32, explicit attention, eager), so there is nothing to put beside "
+                       "the seed's figures (src/perflab/report/seed_figures.yaml)."]
+    group = groups[key]
+    cells, gpu = _cells(group), _gpu(group)
+    dtype, attn, mode, batch, device = key
+    seqs, models = fig["seq_lens"], list(fig["forward_ms"])
+    seq_cols = lambda m, s: [m, f"seq{s}"]  # noqa: E731
+    parts = [f"{title} ({dtype}, {attn} attention, {mode}, batch {batch}, {gpu})",
+             f"The seed's figures are copied from seed 003's text into `src/perflab/report/seed_figures.yaml` (its source and what it "
+             f"measured are in the file's header): NVTX ranges under nsys, tables (b) and (e) from one iteration (the 6th), at a batch size "
+             f"and on a GPU the seed does not state. perflab's are this report's rows ({gpu}, batch {batch}): untraced medians for times, "
+             f"a separate torch.profiler pass for kernel shares. \"not run\" marks a case of the spec without a stored row."]
+
+    body = []
+    for m in models:
+        for s in seqs:
+            seed, row = seeds.cell("forward_ms", m, s), cells.get(("forward", m, s))
+            ratio = f"{seed / row['median_ms']:.1f}×" if seeds.is_number(seed) and _ok(row) else "–"
+            body.append(seq_cols(m, s) + [_seed_fmt(seed, ".2f"), _time_cell(row) if row is not None else "–", ratio])
+    ratios = [r for _, _, r in forward_ratios(cells)]
+    differs = ("What differs: the seed's times are NVTX ranges under the profiler, at its batch size on its GPU; perflab's are "
+               f"untraced medians at batch {batch} on {gpu}")
+    differs += (f". Over the {len(ratios)} cells both measured the seed's time is {_range(ratios, '.1f', '×')} perflab's."
+                if ratios else "; no cell has both yet.")
+    parts += ["#### (a) Forward time (ms): seed vs perflab",
+              md_table(["Model", "Seq len", "Seed (nsys range)", "perflab (median [95% CI])", "Seed ÷ perflab"], body), differs]
+
+    body, seed_shares, perflab_shares = [], [], []
+    for m in models:
+        for s in seqs:
+            train = _training_row(cells, m, s)
+            passes = (_pass(cells.get(("forward", m, s)), "forward"), _pass(train, "forward"), _pass(train, "backward"))
+            line = seq_cols(m, s)
+            for i, p in enumerate(passes):
+                seed = seeds.cell("top_kernel_share_pct", m, s, i)
+                line += [_seed_fmt(seed, ".1f", "%"), _share_cell(p) if p is not None else _perflab_missing(cells.get(("forward", m, s)) if i == 0 else train)]
+                if seeds.is_number(seed) and isinstance(p, dict):
+                    seed_shares.append(seed), perflab_shares.append(100 * p["top_kernel_share"])
+            body.append(line)
+    differs = ("What differs: both are the top kernel's share of its pass's kernel time (training = the forward and backward of a "
+               "forward + backward step); the seed's from iteration 6 under nsys on its GPU, perflab's from its profile pass on "
+               f"{gpu}, whose cuBLAS picks other fp32 GEMM kernels (names in table (b) above)")
+    differs += (f": over {len(seed_shares)} cells the seed's shares are {_range(seed_shares, '.1f', '%')}, perflab's "
+                f"{_range(perflab_shares, '.1f', '%')}." if seed_shares else ".")
+    headers = ["Model", "Seq len"] + [f"{p.capitalize()}: {who}" for p in seeds.PASSES_B for who in ("seed", "perflab")]
+    parts += ["#### (b) Top kernel's share of each pass: seed vs perflab", md_table(headers, body), differs]
+
+    body, deltas = [], {"inference": [], "training": []}
+    for m in models:
+        for s in seqs:
+            row, train = cells.get(("forward", m, s)), _training_row(cells, m, s)
+            inf = _pass(row, "forward")
+            ours = (("inference", 100 * inf["gemm_fraction"] if isinstance(inf, dict) else None, _frac_cell(inf) if row is not None else "–"),
+                    ("training", _pct(_training_fraction_value(train)), _training_fraction(train) if train is not None else "–"))
+            line = seq_cols(m, s)
+            for i, (kind, value, otherwise) in enumerate(ours):
+                seed = seeds.cell("gemm_fraction_pct", m, s, i)
+                line += [_seed_fmt(seed, ".1f", "%"), f"{value:.1f}%" if value is not None else otherwise]
+                if seeds.is_number(seed) and value is not None:
+                    deltas[kind].append(value - seed)
+            body.append(line)
+    differs = ("What differs: the same definition (GEMM kernel time ÷ the pass's kernel time), the seed's under nsys on its GPU, "
+               f"perflab's from its profile pass on {gpu}")
+    said = [f"{kind} {sum(d) / len(d):+.1f} points on average over {len(d)} cells (from {min(d):+.1f} to {max(d):+.1f})"
+            for kind, d in deltas.items() if d]
+    differs += (": perflab − seed, " + "; ".join(said) + "." if said else ".")
+    parts += ["#### (d) GEMM fraction: seed vs perflab",
+              md_table(["Model", "Seq len", "Inference: seed", "Inference: perflab", "Training: seed", "Training: perflab"], body), differs]
+
+    body, seed_ratio, perflab_ratio = [], [], []
+    for m in models:
+        for s in seqs:
+            row = cells.get(("forward", m, s))
+            att = _attention(row)
+            otherwise = "no profile" if _ok(row) else _perflab_missing(row)
+            ours = ((att["softmax_ns"] / 1e6, att["matmul_ns"] / 1e6, _pct(att.get("softmax_to_matmul"))) if att else (None, None, None))
+            line = seq_cols(m, s)
+            for table, value, spec, suffix in zip(("softmax_ms", "matmul_ms", "softmax_to_matmul_pct"), ours, (".3f", ".3f", ".1f"), ("", "", "%")):
+                seed = seeds.cell(table, m, s)
+                line += [_seed_fmt(seed, ".1f" if suffix else ".2f", suffix), format(value, spec) + suffix if value is not None else otherwise]
+                if suffix and seeds.is_number(seed) and value is not None:
+                    seed_ratio.append(seed), perflab_ratio.append(value)
+            body.append(line)
+    differs = ("What differs: the seed's softmax and matmul times are NVTX range durations of iteration 6 under nsys (not kernel "
+               "time); perflab's are the GPU kernel time launched inside the attn.softmax and the two attention-matmul ranges per step")
+    differs += (f": over {len(seed_ratio)} cells the seed's ratio is {_range(seed_ratio, '.1f', '%')}, perflab's "
+                f"{_range(perflab_ratio, '.1f', '%')}, against a FLOP ratio of 5 : 4·head_dim (1.95% at head_dim 64)." if seed_ratio else ".")
+    headers = ["Model", "Seq len", "Softmax ms: seed", "Softmax ms: perflab", "Matmul ms: seed", "Matmul ms: perflab",
+               "Ratio: seed", "Ratio: perflab"]
+    parts += ["#### (e) Softmax vs matmul inside attention: seed vs perflab", md_table(headers, body), differs]
+    parts += oom_section(cells, group, capped or [])
+    return parts
+
+
+def _peak_gib(row) -> tuple[str, float | None]:
+    """("ok", GiB) from an ok row's peak_mem_alloc_mb; ("oom", None) for an OOM on the full GPU; (cell text, None) otherwise."""
+    if row is None:
+        return "–", None
+    if row.get("status") == "ok" and row.get("peak_mem_alloc_mb") is not None:
+        return "ok", row["peak_mem_alloc_mb"] / GIB_MB
+    if row.get("status") == "oom":
+        return "oom", None
+    return _failed(row) or "–", None
+
+
+def predict(row, capacity_gib: float) -> str | None:
+    """"OOM", "fits", "fits (tight)" at a capacity from the row's measured peak; None without one. An OOM on the
+    full GPU is an OOM at every smaller capacity."""
+    status, peak = _peak_gib(row)
+    if status == "oom":
+        return "OOM"
+    if peak is None:
+        return None
+    if peak > capacity_gib:
+        return "OOM"
+    return "fits (tight)" if capacity_gib - peak < TIGHT_GIB else "fits"
+
+
+def oom_pattern(cells: dict, inference_workload: str = "forward") -> dict[int, dict]:
+    """Per capacity: {"match": [...], "mismatch": [...], "unknown": [...]} of (model, seq, "inference"|"training"),
+    the seed's OOM mark (tables (a) and (d)) against the prediction from perflab's peak of the same cell
+    (inference: the ``inference_workload`` row; training: forward + backward)."""
+    fig = seeds.seed003()
+    out = {}
+    for cap in CAPACITIES_GIB:
+        result = {"match": [], "mismatch": [], "unknown": []}
+        for m in fig["forward_ms"]:
+            for s in fig["seq_lens"]:
+                marks = seeds.seed_oom(m, s)
+                for kind, row in (("inference", cells.get((inference_workload, m, s))), ("training", _training_row(cells, m, s))):
+                    if marks[kind] is None:
+                        continue
+                    pred = predict(row, cap)
+                    if pred is None:
+                        result["unknown"].append((m, s, kind))
+                    else:
+                        result["match" if (pred == "OOM") == marks[kind] else "mismatch"].append((m, s, kind))
+        out[cap] = result
+    return out
+
+
+def oom_section(cells: dict, group: list[dict], capped: list[dict]) -> list[str]:
+    from perflab.report.markdown import md_table
+
+    fig = seeds.seed003()
+    gpu, full = _gpu(group), _gpu_memory_gib(group)
+    body = []
+    for m in fig["forward_ms"]:
+        for s in fig["seq_lens"]:
+            marks = seeds.seed_oom(m, s)
+            if not (marks["inference"] or marks["training"]):
+                continue
+            fwd, train = cells.get(("forward", m, s)), _training_row(cells, m, s)
+            seed_cell = " / ".join("OOM" if marks[k] else ("–" if marks[k] is None else "ran") for k in ("inference", "training"))
+            line = [m, f"seq{s}", seed_cell, _peak_cell(fwd), _peak_cell(train)]
+            for cap in CAPACITIES_GIB:
+                preds = []
+                for kind, row in (("inference", fwd), ("training", train)):
+                    pred = predict(row, cap)
+                    mark = "" if pred is None or marks[kind] is None else (" ✓" if (pred == "OOM") == marks[kind] else " ✗")
+                    preds.append((pred or "?") + mark)
+                line.append(" / ".join(preds))
+            body.append(line)
+    pattern = oom_pattern(cells)
+    n_seed_oom = sum(1 for m in fig["forward_ms"] for s in fig["seq_lens"] for v in seeds.seed_oom(m, s).values() if v)
+    ran = [(m, s, k) for m in fig["forward_ms"] for s in fig["seq_lens"] for k, v in seeds.seed_oom(m, s).items()
+           if v and _ok(cells.get(("forward", m, s)) if k == "inference" else _training_row(cells, m, s))]
+    full_text = f", {full:.0f} GB" if full else ""
+    parts = ["#### Seed 003's OOM cells against perflab's measured memory",
+             f"The seed printed OOM for {n_seed_oom} (model, sequence length, inference or training) cells; perflab ran {len(ran)} of them "
+             f"to completion on {gpu}{full_text}. Which card would OOM where the seed did? The capacity columns are **derived from "
+             f"measured peaks, not run capped**: each cell's stored `peak_mem_alloc_mb` (the allocator's peak; uncapped rows of this "
+             f"report) against 12, 16 and 24 GiB; \"tight\" is within {TIGHT_GIB} GiB of the capacity, which a real card's CUDA context "
+             f"may take; \"?\" has no perflab peak. ✓: as the seed (OOM where it printed OOM, fits where it ran); ✗: not as the seed. "
+             f"Each cell reads inference / training (forward + backward).",
+             md_table(["Model", "Seq len", "Seed: inference / training", "perflab forward: peak GiB",
+                       "perflab fwd + bwd: peak GiB"] + [f"{c} GiB" for c in CAPACITIES_GIB], body)]
+    body = []
+    for cap in CAPACITIES_GIB:
+        p = pattern[cap]
+        known = len(p["match"]) + len(p["mismatch"])
+        body.append([f"{cap} GiB", f"{len(p['match'])} of {known}", str(len(p["mismatch"])), str(len(p["unknown"]))])
+    parts += ["Every cell the seed has a mark for (OOM or a figure), per capacity:",
+              md_table(["Capacity", "Cells as the seed", "Cells not as the seed", "Cells without a perflab peak"], body)]
+    parts.append(_oom_verdict(pattern, cells))
+    if capped:
+        body = []
+        for r in sorted(capped, key=lambda r: (str(r.get("model")), str(_case(r).get("workload")), _case(r).get("seq_len") or 0,
+                                               _case(r)["max_memory"])):
+            case = _case(r)
+            kind = {"forward": "inference", "forward_backward": "training"}.get(case.get("workload"))
+            mark = seeds.seed_oom(r.get("model"), case.get("seq_len")).get(kind) if kind else None
+            seed = "–" if mark is None else ("OOM" if mark else "ran")
+            same = "–" if mark is None or r.get("status") not in ("ok", "oom") else ("✓" if (r.get("status") == "oom") == mark else "✗")
+            body.append([r.get("model"), case.get("workload"), f"seq{case.get('seq_len')}", f"{case['max_memory'] / 2 ** 30:g}", _failed(r) or "ok",
+                         f"{r['peak_mem_alloc_mb'] / GIB_MB:.2f}" if r.get("status") == "ok" and r.get("peak_mem_alloc_mb") is not None else "–",
+                         seed, same])
+        parts += ["Cases run capped (`--max-memory`), measured rather than derived:",
+                  md_table(["Model", "Workload", "Seq len", "Cap (GiB)", "Status", "Peak GiB", "Seed", "As the seed"], body)]
+    return parts
+
+
+def _peak_cell(row) -> str:
+    status, peak = _peak_gib(row)
+    if status == "ok":
+        return f"{peak:.2f}"
+    return "OOM" if status == "oom" else status
+
+
+def _cells_text(cells: list[tuple]) -> str:
+    return ", ".join(f"{m} seq{s} {k}" for m, s, k in cells)
+
+
+def _oom_verdict(pattern: dict, cells: dict) -> str:
+    best = max(CAPACITIES_GIB, key=lambda c: (len(pattern[c]["match"]) - len(pattern[c]["mismatch"]), -c))
+    known = {c: len(pattern[c]["match"]) + len(pattern[c]["mismatch"]) for c in CAPACITIES_GIB}
+    if not known[best]:
+        return "No cell of the seed has a perflab peak yet, so no capacity can be tested against its pattern."
+    exact = [c for c in CAPACITIES_GIB if not pattern[c]["mismatch"]]
+    unknown = len(pattern[best]["unknown"])
+    rest = f"; {unknown} of the seed's cells have no perflab peak yet" if unknown else ""
+    if exact:
+        text = (f"Derived from measured peaks: {' and '.join(f'{c} GiB' for c in exact)} reproduce{'s' if len(exact) == 1 else ''} "
+                f"the seed's pattern on all {known[exact[0]]} cells perflab measured{rest}.")
+    else:
+        score = lambda c: len(pattern[c]["match"]) - len(pattern[c]["mismatch"])  # noqa: E731
+        closest = [c for c in CAPACITIES_GIB if score(c) == score(best)]
+        text = (f"Derived from measured peaks: no capacity reproduces the seed's pattern; {' and '.join(f'{c} GiB' for c in closest)} "
+                f"come{'s' if len(closest) == 1 else ''} closest, {len(pattern[best]['match'])} of {known[best]} cells{rest}.")
+    for cap in CAPACITIES_GIB:
+        if pattern[cap]["mismatch"]:
+            text += f" Not as the seed at {cap} GiB: {_cells_text(pattern[cap]['mismatch'])}."
+    alt = oom_pattern(cells, inference_workload="train_forward")
+    alt_text = ", ".join(f"{c} GiB {len(alt[c]['match'])} of {len(alt[c]['match']) + len(alt[c]['mismatch'])}" for c in CAPACITIES_GIB)
+    return (text + f" If the seed's forward kept autograd on (no `torch.no_grad`; perflab's `train_forward` peak in place of "
+            f"`forward`'s), the cells as the seed would be: {alt_text}.")
+
+
+def _kernel_plot(cells, sizes, seqs, heading: str, plot_dir: Path, with_seed: bool) -> list[str]:
+    """GEMM fraction (inference; training) and softmax ÷ matmul time against sequence length per model, from the rows'
+    profile data; in the seed's group its figures too, dotted."""
+    inference, training, ratio, styles = {}, {}, {}, {}
+    for i, m in enumerate(sizes):
+        color = f"C{i % 10}"
+        inf = [(s, 100 * p["gemm_fraction"]) for s in seqs if isinstance(p := _pass(cells.get(("forward", m, s)), "forward"), dict)]
+        train = [(s, 100 * v) for s in seqs if (v := _training_fraction_value(_training_row(cells, m, s))) is not None]
+        att = [(s, 100 * a["softmax_to_matmul"]) for s in seqs
+               if (a := _attention(cells.get(("forward", m, s)))) and a.get("softmax_to_matmul") is not None]
+        for series, points in ((inference, inf), (training, train), (ratio, att)):
+            if points:
+                series[m] = points
+        styles[m] = {"color": color}
+        if with_seed:
+            label = f"seed {m}"
+            styles[label] = {"color": color, "ls": ":", "marker": "x"}
+            for series, table, index in ((inference, "gemm_fraction_pct", 0), (training, "gemm_fraction_pct", 1),
+                                         (ratio, "softmax_to_matmul_pct", None)):
+                points = [(s, v) for s in seqs if seeds.is_number(v := seeds.cell(table, m, s, index))]
+                if points and m in series:
+                    series[label] = points
+    if not (inference or training or ratio):
+        return []
+    panels = {"GEMM fraction, inference forward": ("GEMM time / kernel time (%)", inference, styles),
+              "GEMM fraction, training (fwd + bwd)": ("GEMM time / kernel time (%)", training, styles),
+              "softmax / matmul time in attention": ("softmax time / matmul time (%)", ratio, styles)}
+    panels = {k: v for k, v in panels.items() if v[1]}
+    seed_note = "; seed 003 dotted" if with_seed else ""
+    path = plots.panels_vs_length(panels, plot_dir / f"lm_kernels_{_slug(heading)}.png", f"Kernel mix vs sequence length ({heading}{seed_note})")
+    return [f"![GEMM fraction and softmax/matmul time vs sequence length]({path.name})"]
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """A few sentences with the study's numbers, each computed from the rows (the report opens with them)."""
+    uncapped = [r for r in rows if not _case(r).get("max_memory")]
+    groups = _groups(uncapped)
+    stored = [r for r in uncapped if r.get("status") != "missing"]
+    gpu = _gpu(stored)
+    counts: dict[str, int] = {}
+    for r in stored:
+        counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+    missing = len(uncapped) - len(stored)
+    said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    capped = [r for r in rows if _case(r).get("max_memory") and r.get("status") != "missing"]
+    out = [f"Language models: {len(stored)} of {len(uncapped)} cases stored, on {gpu} ({said or 'none'})"
+           + (f"; {missing} not run" if missing else "") + (f"; {len(capped)} more run under `--max-memory`." if capped else ".")]
+    key = _seed_group_key(groups) or max(groups, key=lambda k: sum(r.get("status") == "ok" for r in groups[k]), default=None)
+    if key is None:
+        return out
+    cells = _cells(groups[key])
+    dtype, attn, mode, batch, _ = key
+    seqs = sorted({s for (_, _, s) in cells if s is not None})
+    growth = []
+    for m in _sizes(groups[key]):
+        ends = [cells.get(("forward", m, s)) for s in (seqs[0], seqs[-1])] if seqs else []
+        if len(seqs) > 1 and all(_ok(r) for r in ends):
+            a, b = ends[0]["median_ms"], ends[1]["median_ms"]
+            growth.append(f"{m} {a:.2f} → {b:.2f} ms (×{b / a:.1f})")
+    if growth:
+        out.append(f"Inference forward ({dtype}, {attn} attention, {mode}, batch {batch}) from seq {seqs[0]} to seq {seqs[-1]} "
+                   f"(×{seqs[-1] / seqs[0]:g} tokens): " + ", ".join(growth) + ".")
+    inf = [100 * p["gemm_fraction"] for (w, _, _), r in cells.items() if w == "forward" and isinstance(p := _pass(r, "forward"), dict)]
+    train = [100 * v for (w, m, s), r in cells.items() if w == "forward_backward" and (v := _training_fraction_value(r)) is not None]
+    if inf or train:
+        text = []
+        if inf:
+            text.append(f"{_range(inf, '.1f', '%')} of the inference forward's kernel time")
+        if train:
+            text.append(f"{_range(train, '.1f', '%')} of training's (forward + backward)")
+        sentence = "GEMM kernels take " + " and ".join(text)
+        longest = max((s for (w, _, s), r in cells.items() if w == "forward" and _attention(r)), default=None)
+        if longest is not None:
+            ratios = [(m, 100 * a["softmax_to_matmul"]) for (w, m, s), r in sorted(cells.items(), key=lambda kv: SIZE_ORDER.index(kv[0][1])
+                                                                                    if kv[0][1] in SIZE_ORDER else 9)
+                      if w == "forward" and s == longest and (a := _attention(r)) and a.get("softmax_to_matmul") is not None]
+            if ratios:
+                sentence += (f"; at seq {longest} softmax takes " + ", ".join(f"{v:.1f}% ({m})" for m, v in ratios)
+                             + " of the attention matmuls' time, for 5 : 4·head_dim of their FLOPs (1.95% at head_dim 64)")
+        out.append(sentence + ".")
+    ok = [r for r in stored if r.get("status") == "ok" and r.get("mfu") is not None]
+    if ok:
+        best = max(ok, key=lambda r: r["mfu"])
+        c = _case(best)
+        out.append(f"Best MFU: {100 * best['mfu']:.1f}% of the measured {c.get('dtype')} matmul peak ({best.get('model')} "
+                   f"{c.get('workload')}, seq {c.get('seq_len')}, {c.get('dtype')}, {c.get('attn')} attention, {c.get('mode')}).")
+    fast = _dtype_speedups(groups, key)
+    if fast:
+        other, values = fast
+        out.append(f"{other[0]} with {other[1]} attention runs the inference forward {_range(values, '.1f', '×')} as fast as "
+                   f"{dtype} with {attn} attention over the {len(values)} cells both ran.")
+    if key == _seed_group_key(groups):
+        ratios = [r for _, _, r in forward_ratios(cells)]
+        pattern = oom_pattern(cells)
+        fig = seeds.seed003()
+        oom_cells = [(m, s, k) for m in fig["forward_ms"] for s in fig["seq_lens"] for k, v in seeds.seed_oom(m, s).items() if v]
+        ran = [c for c in oom_cells if _ok(cells.get(("forward", c[0], c[1])) if c[2] == "inference" else _training_row(cells, c[0], c[1]))]
+        sentence = "Against seed 003: "
+        if ratios:
+            sentence += (f"its nsys-range forward times are {_range(ratios, '.1f', '×')} perflab's untraced medians over the "
+                         f"{len(ratios)} cells both measured; ")
+        sentence += f"of its {len(oom_cells)} OOM cells perflab ran {len(ran)} to completion on {gpu}"
+        known = {len(pattern[c]["match"]) + len(pattern[c]["mismatch"]) for c in CAPACITIES_GIB}
+        if known != {0}:
+            sentence += (f"; from the measured peaks (derived, not run capped) a {', '.join(str(c) for c in CAPACITIES_GIB[:-1])} or "
+                         f"{CAPACITIES_GIB[-1]} GiB card matches the seed's OOM-or-ran mark in "
+                         f"{', '.join(str(len(pattern[c]['match'])) for c in CAPACITIES_GIB[:-1])} and {len(pattern[CAPACITIES_GIB[-1]]['match'])} "
+                         f"of the {max(known)} cells perflab measured")
+        out.append(sentence + ".")
+    return out
+
+
+def _dtype_speedups(groups: dict, key: tuple):
+    """The other (dtype, attention) group with the same mode and batch: its forward speedup over ``key``'s per shared cell."""
+    base = _cells(groups[key])
+    for other, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        if other == key or other[2:] != key[2:]:
+            continue
+        cells = _cells(group)
+        values = [base[k]["median_ms"] / r["median_ms"] for k, r in cells.items() if k[0] == "forward" and _ok(r) and _ok(base.get(k))]
+        if values:
+            return other, values
+    return None

@@ -51,7 +51,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     experiment = stored.experiment
     comparisons = list(experiment.comparisons) if experiment and experiment.comparisons else default_comparisons(rows)
     common = common_flags(stored.rows)
-    parts = [_header(stored, common)]
+    parts = [_header(stored, common, family_summary(rows))]
     parts += _status_section(rows)
     for comparison in comparisons:
         parts += comparison_section(comparison, rows, plot_dir, common)
@@ -79,6 +79,20 @@ def family_sections(rows: list[dict], plot_dir: Path, names: KernelNames | None 
         if mine:
             parts += sections(mine, plot_dir, names)
     return parts
+
+
+def family_summary(rows: list[dict]) -> list[str]:
+    """The findings of the families' studies in a few sentences with their numbers (report/<family>.py ``summary``),
+    which the report opens with; empty for a sweep without lm or decode rows."""
+    from perflab.report import decode as decode_report
+    from perflab.report import lm as lm_report
+
+    out = []
+    for family, summary in (("lm", lm_report.summary), ("decode", decode_report.summary)):
+        mine = [r for r in rows if _family(r) == family]
+        if mine:
+            out += summary(mine)
+    return out
 
 
 def kernel_legend(names: KernelNames) -> list[str]:
@@ -418,14 +432,16 @@ def _unit_of(rows) -> str:
     return {"img": "images", "token": "tokens"}.get(item_of(rows), "items")
 
 
-def _header(stored, common: set[str]) -> str:
+def _header(stored, common: set[str], summary: list[str] | None = None) -> str:
     experiment = stored.experiment
     name = experiment.name if experiment else stored.out_dir.name
     lines = [f"# {name}"]
     if experiment and experiment.description:
         lines.append(experiment.description.strip())
+    if summary:
+        lines += ["## Summary", " ".join(summary), "## How to read the tables"]
     lines.append(
-        f"How to read the tables: TP is throughput ({_unit_of(stored.rows)}/s) from the median step time, with its 95% CI in brackets "
+        ("" if summary else "How to read the tables: ") + f"TP is throughput ({_unit_of(stored.rows)}/s) from the median step time, with its 95% CI in brackets "
         "(from the distribution-free CI of the median). Speedup = variant TP / baseline TP (>1: the variant is faster); its "
         "bracket pairs the CI ends. Latency Δ = variant / baseline latency per batch − 1. \"Within noise\": the two CIs overlap. "
         "Flags are the harness's validity checks (see the README)."

@@ -200,3 +200,59 @@ def metric_vs_batch(panels: dict, path: Path, title: str, ylabel: str) -> Path:
         ax.set_visible(False)
     fig.suptitle(title)
     return _save(fig, path)
+
+
+def panels_vs_length(panels: dict, path: Path, title: str, xlabel: str = "sequence length (tokens)") -> Path:
+    """panels: panel title → (y label, {series label → [(length, value)]}, {series label → style} or None), side by
+    side on a log-2 length axis; a style may set ``color``, ``ls`` and ``marker`` (e.g. the seed's dotted)."""
+    n = max(1, len(panels))
+    fig, axes = plt.subplots(1, n, figsize=(5.6 * n, 3.9), squeeze=False)
+    for ax, (panel, (ylabel, series, styles)) in zip(axes.flat, panels.items()):
+        for label, points in series.items():
+            points = sorted(p for p in points if p[1] is not None)
+            if points:
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, label=label, lw=1.3, ms=4, **dict({"marker": "o"}, **((styles or {}).get(label) or {})))
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.minorticks_off()
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        _finish(ax, panel)
+    fig.suptitle(title, fontsize=10)
+    return _save(fig, path)
+
+
+def grouped_bars(panels: dict, path: Path, title: str, ylabel: str, log: bool = False, hline: float | None = None,
+                 colors: dict | None = None) -> Path:
+    """panels: panel title → {series label (a bar colour) → [(category, value)]}: per category one bar per series,
+    side by side (e.g. categories = batch sizes, series = modes); ``hline`` draws a reference line (e.g. 1 for parity),
+    ``colors`` keeps a series' colour the same across panels."""
+    n = max(1, len(panels))
+    cols = min(2, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.8 * rows), squeeze=False)
+    for ax, (panel, series) in zip(axes.flat, panels.items()):
+        categories = []
+        for points in series.values():
+            for c, _ in points:
+                if c not in categories:
+                    categories.append(c)
+        width = 0.8 / max(1, len(series))
+        for i, (label, points) in enumerate(series.items()):
+            values = dict(points)
+            xs = [j + (i - (len(series) - 1) / 2) * width for j, c in enumerate(categories) if values.get(c) is not None]
+            ys = [values[c] for c in categories if values.get(c) is not None]
+            ax.bar(xs, ys, width=width, label=label, color=(colors or {}).get(label, f"C{i % 10}"))
+        if hline is not None:
+            ax.axhline(hline, color="0.3", lw=1, ls="--")
+        ax.set_xticks(range(len(categories)))
+        ax.set_xticklabels([str(c) for c in categories])
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        _finish(ax, panel)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(title, fontsize=11)
+    return _save(fig, path)
