@@ -91,7 +91,7 @@ def test_lm_tables_a_to_e_and_mfu_from_the_stored_rows(lm):
     by = {(r["model"], r["case"]["workload"], r["case"]["seq_len"]): r for r in rows}
     forward = _table_row(fp32, "#### (a) Step time (ms): inference forward", "gpt_medium")[1:]
     assert [c.split(" [")[0] for c in forward] == [f"{by[('gpt_medium', 'forward', s)]['median_ms']:.2f}" for s in (128, 256, 512, 1024)]
-    assert _table_row(fp32, "#### (a) Step time (ms): inference forward", "gpt_xl")[1:] == ["not run"] * 4
+    assert _table_row(fp32, "#### (a) Step time (ms): inference forward", "gpt_2.7b")[1:] == ["not run"] * 4
     mfu = _table_row(fp32, "#### MFU: inference forward", "gpt_small")[1:]
     assert [c.split(";")[0] for c in mfu] == [f"{100 * by[('gpt_small', 'forward', s)]['mfu']:.1f}%" for s in (128, 256, 512, 1024)]
     for s in (128, 256, 512, 1024):  # MFU = analytic FLOPs / time / the measured fp32 matmul peak (~51 TFLOP/s on an H100)
@@ -440,11 +440,12 @@ def test_capped_rows_are_measured_cells_of_their_own_and_an_oom_on_the_full_gpu_
     capped["case"]["max_memory"] = 16 * 2**30
     capped["status"] = "oom"
     large = json.loads(json.dumps(base))
-    large.update(model="gpt_large", status="oom")
+    large.update(model="gpt_2.7b", status="oom")  # a seed OOM cell the committed store has not run
     large["case"]["seq_len"] = 512
+    assert not any(r["model"] == "gpt_2.7b" and r["case"]["seq_len"] == 512 for r in rows)
     parts = "\n\n".join(lm_report.seed_sections(rows + [large], [capped]))
     listed = {(r[0], r[1]): r[2:] for r in _table(parts, "#### Seed 003's OOM cells")}
-    assert listed[("gpt_large", "seq512")][2] == "OOM" and listed[("gpt_large", "seq512")][3:] == ["? / OOM ✓"] * 3
+    assert listed[("gpt_2.7b", "seq512")][2] == "OOM" and listed[("gpt_2.7b", "seq512")][3:] == ["? / OOM ✓"] * 3
     cap = _table(parts, "Cases run capped")
     assert cap == [["gpt_medium", "forward_backward", "seq1024", "16", "OOM", "–", "OOM", "✓"]]
     assert lm_report.predict(base, 24) == "fits" and lm_report.predict(base, 16) == "OOM"
