@@ -25,10 +25,10 @@ def decimal_ns(text: str) -> int:
         return int((Decimal(text.strip('"')) * 1000).to_integral_value(ROUND_HALF_EVEN))
 
 
-def parse(spellings: list[str], required: bool = True) -> np.ndarray:
+def parse(spellings: list[str]) -> np.ndarray:
     """The reader's path: the JSON texts decoded to msgspec.Raw, then the reader's column parser."""
     raws = RAWS.decode("[" + ",".join(spellings) + "]")
-    return _Reader(Path("t.json"))._ns(raws, required)
+    return _Reader(Path("t.json"))._ns(raws)
 
 
 @st.composite
@@ -128,7 +128,7 @@ def test_spellings_outside_the_fast_grammar_go_one_by_one_and_stay_exact():
     # Decimal reads these strings; the vectorised parser leaves them to it (counted)
     texts = ['".5"', '"5."', '"+5"', '"1e+0005"', '"0012.5"']
     reader = _Reader(Path("t.json"))
-    assert reader._ns(RAWS.decode("[" + ",".join(texts) + "]"), True).tolist() == [500, 5000, 5000, 100000000, 12500]
+    assert reader._ns(RAWS.decode("[" + ",".join(texts) + "]")).tolist() == [500, 5000, 5000, 100000000, 12500]
 
 
 @pytest.mark.parametrize("text", ['"abc"', '""', '"1 2"', '"1e"', '"NaN"', '"Infinity"', '"--1"', "1e400", "-1e400", "9223372036854775.808"])

@@ -394,8 +394,9 @@ class _Reader:
             return
         chosen = list(itemgetter(*wanted)(events)) if len(wanted) > 1 else [events[wanted[0]]]
         kind = kind[wanted]
-        if set(map(_GET_PH, chosen)) != {"X"}:  # only complete events ("X") are read
-            complete = np.fromiter((e.ph == "X" for e in chosen), bool, len(chosen))
+        phases = list(map(_GET_PH, chosen))
+        if phases.count("X") != len(phases):  # only complete events ("X") are read
+            complete = np.array(phases, dtype=object) == "X"
             chosen = [e for e, keep in zip(chosen, complete.tolist()) if keep]
             kind = kind[complete]
         args = list(map(_GET_ARGS, chosen))
@@ -411,8 +412,7 @@ class _Reader:
         name = self._name_codes(chosen)
         pid = self._ints(list(map(_GET_PID, chosen)), -1)
         tid = self._ints(list(map(_GET_TID, chosen)), -1)
-        start = self._ns(list(map(_GET_TS, chosen)), required=True)
-        dur = self._ns(list(map(_GET_DUR, chosen)), required=False)
+        start, dur = self._times(chosen)
         is_gpu = kind < API_EVENT
         if is_gpu.any():
             rows = np.flatnonzero(is_gpu)
@@ -456,29 +456,35 @@ class _Reader:
             raise PerflabError(f"{self.path}: an event is malformed: its {strict or 'pid/tid'} is {value!r}, not an integer")
         return self.text_ids.setdefault(text, -2 - len(self.text_ids))  # e.g. "pid": "Spans"
 
-    def _ns(self, values: list, required: bool) -> np.ndarray:
-        """Exact ns from raw ts or dur texts: vectorised, the rare leftovers one by one (counted)."""
-        if not required and not all(values):  # events without a "dur": 0
-            values = [v or b"0" for v in values]
+    def _times(self, events: list[_Event]) -> tuple[np.ndarray, np.ndarray]:
+        """Exact start and duration ns of ``events`` (a missing "dur" is 0; a missing "ts" or a negative
+        "dur" is an error), both parsed in one call."""
+        n = len(events)
+        ts, dur = list(map(_GET_TS, events)), list(map(_GET_DUR, events))
+        if not all(ts):
+            raise PerflabError(f"{self.path}: an event has no timestamp (\"ts\")")
+        if not all(dur):
+            dur = [d or b"0" for d in dur]
+        ns = self._ns(ts + dur)
+        start, dur_ns = ns[:n], ns[n:]
+        if (dur_ns < 0).any():
+            raise PerflabError(f"{self.path}: an event has a negative duration (\"dur\": "
+                               f"{bytes(dur[int(np.argmax(dur_ns < 0))]).decode(errors='replace')})")
+        return start, dur_ns
+
+    def _ns(self, values: list) -> np.ndarray:
+        """Exact ns from raw ts/dur texts: vectorised, the rare leftovers one by one (counted)."""
         parsed = us_texts_to_ns(values)
         if parsed is None:
             self.one_by_one += len(values)
-            ns = np.fromiter((self._one_ns(v, required) for v in values), np.int64, len(values))
-        else:
-            ns, rows = parsed
-            if len(rows):
-                self.one_by_one += len(rows)
-                ns[rows] = [self._one_ns(values[i], required) for i in rows.tolist()]
-        if not required and (ns < 0).any():
-            raise PerflabError(f"{self.path}: an event has a negative duration (\"dur\": "
-                               f"{bytes(values[int(np.argmax(ns < 0))]).decode(errors='replace')})")
+            return np.fromiter(map(self._one_ns, values), np.int64, len(values))
+        ns, rows = parsed
+        if len(rows):
+            self.one_by_one += len(rows)
+            ns[rows] = [self._one_ns(values[i]) for i in rows.tolist()]
         return ns
 
-    def _one_ns(self, raw: msgspec.Raw, required: bool) -> int:
-        if len(raw) == 0:
-            if required:
-                raise PerflabError(f"{self.path}: an event has no timestamp (\"ts\")")
-            return 0
+    def _one_ns(self, raw: msgspec.Raw) -> int:
         try:
             value = msgspec.json.decode(raw, type=Decimal)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -498,9 +504,9 @@ class _Reader:
     def _kernel_dims(self, args: list[_Args]) -> np.ndarray:
         n = len(args)
         grids, blocks = list(map(_GET_GRID, args)), list(map(_GET_BLOCK, args))
-        values = _triples(grids, n), _triples(blocks, n)
-        if values[0] is not None and values[1] is not None:
-            return np.concatenate(values, axis=1)
+        values = _triples(grids + blocks, 2 * n)  # (one parse for both)
+        if values is not None:
+            return np.concatenate((values[:n], values[n:]), axis=1)
         return np.array([self._shape(bytes(g), bytes(b)) for g, b in zip(grids, blocks)], dtype=np.int64).reshape(-1, 6)
 
     def _shape(self, grid: bytes, block: bytes) -> list[int]:
@@ -674,6 +680,14 @@ def us_texts_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray] | None:
         return None
     if len(tokens) != n + len(es):  # (an empty value gives no token)
         return None
+    if plain and (not len(dots) or (isinstance(dot_rows, slice) and (ends - dots == 4).all())):
+        # Kineto's own spellings: all integers, or all with exactly three decimals
+        if len(dots):
+            return tokens, np.flatnonzero(tokens >= _POW10[18])
+        rows = np.flatnonzero(tokens > _LIMIT[3])
+        tokens *= 1000
+        tokens[rows] = 0
+        return tokens, rows
     scale = np.full(n, 3, dtype=np.int64)  # ns = mantissa × 10**scale
     if len(dots):
         scale[dot_rows] -= mantissa_ends[dot_rows] - dots - 1
