@@ -2,12 +2,17 @@
 
     PYTHONPATH=src python benchmarks/analysis_speed.py [--kernels 1000000] [--hta-python /tmp/hta-venv/bin/python]
     PYTHONPATH=src python benchmarks/analysis_speed.py --layouts --repeat 1   # the reader on every layout, and the candidate parsers
+    PYTHONPATH=src python benchmarks/analysis_speed.py --layouts --no-parsers --dir /tmp/bench   # every layout, median of 3
 
 ``--layouts`` also writes the same trace as compact one-line JSON, with every object's keys reversed, and
-gzipped (torch.profiler's own text, gzip level 1), runs ``perflab analyze --json`` on each (checking the
-JSON output is identical across layouts), and measures the candidate parsers side by side on reading the
-events (load only): msgspec typed decoding of the needed fields (perflab's reader), orjson and the
-standard library's json on the same slices (decoding every field into dicts), each where it imports.
+gzipped (torch.profiler's own text, gzip level 1), and the same events with their times spelled as a tool
+that re-writes traces with Python floats prints them (``"ts": 1000008.0665311092``, ``"dur":
+8.066531109150288``, ``"ts": 1000000.0``: ``float_ts``/``float_dur``) in torch's text, compact and
+gzipped; runs ``perflab analyze --json`` on each (median of ``--repeat``; the JSON output must be
+identical within a spelling, and kernel count, kernel time and GPU busy time exactly what was written),
+and measures the candidate parsers side by side on reading the events (load only; ``--no-parsers`` skips
+them): msgspec typed decoding of the needed fields (perflab's reader), orjson and the standard library's
+json on the same slices (decoding every field into dicts), each where it imports. ``--only`` picks layouts.
 
 Writes a realistic Kineto trace (plain .json, in the exact layout torch.profiler's export_chrome_trace
 writes: CPU ops and annotations first, then the CUPTI activities with their ac2g flow events, then the
@@ -128,6 +133,7 @@ BLOCKS_PER_STEP = 12
 KERNELS_PER_STEP = len(BLOCK) * BLOCKS_PER_STEP
 CBID = {"cudaLaunchKernel": 211, "cuLaunchKernelEx": 652, "cudaMemcpyAsync": 41, "cudaDeviceSynchronize": 165}
 PID, TID, STREAM = 401, 401, 7
+MEMCPY_NS = 1_400
 T0_NS = 4382075239886273
 
 
@@ -136,11 +142,35 @@ def us(ns: int) -> str:
     return f"{ns // 1000}.{ns % 1000:03d}"
 
 
+FLOAT_ORIGIN_US = 1e6  # the float spelling's time origin (T0_NS is written as 1000000.0)
+
+
+def _jitter(ns: int) -> float:
+    """Up to ±0.399 ns of float noise (so that the µs print with 10-17 digits), none for one value in 7
+    and for T0_NS (whole µs come out as "1000000.0")."""
+    return 0.0 if ns % 7 == 0 or ns == T0_NS else ((ns * 2654435761) % 1000003 / 1000003 - 0.5) * 0.798
+
+
+def float_ts(ns: int) -> str:
+    """A timestamp as a tool that shifts times to its own origin and prints floats writes it: µs since
+    T0_NS plus 1e6, with sub-ns noise ("1000008.0665311092"); read exactly it rounds to ns - T0_NS + 1e9."""
+    return repr((ns - T0_NS + _jitter(ns)) / 1000 + FLOAT_ORIGIN_US)
+
+
+def float_dur(ns: int) -> str:
+    """A duration as printed floats ("8.066531109150288"); read exactly it rounds back to ns."""
+    return repr((ns + _jitter(ns)) / 1000)
+
+
+SPELLINGS = {"kineto": (us, us), "floats": (float_ts, float_dur)}
+
+
 class KinetoWriter:
     """Emits events in Kineto's text layout; CPU events and GPU activities go to separate buffers, as in Kineto."""
 
-    def __init__(self, cpu_file, gpu_file):
+    def __init__(self, cpu_file, gpu_file, spelling: str = "kineto"):
         self.cpu, self.gpu = cpu_file, gpu_file
+        self.ts, self.dur = SPELLINGS[spelling]
         self.external_id = 0
         self.ev_idx = 0
 
@@ -151,7 +181,7 @@ class KinetoWriter:
     def annotation(self, name: str, start: int, end: int) -> None:
         self.cpu.write(
             f'  {{\n    "ph": "X", "cat": "user_annotation", "name": "{name}", "pid": {PID}, "tid": {TID},\n'
-            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'    "ts": {self.ts(start)}, "dur": {self.dur(end - start)},\n    "args": {{\n'
             f'      "External id": {self.next_external()},"Record function id": 0, "Ev Idx": {self.ev_idx}\n    }}\n  }},\n'
         )
         self.ev_idx += 1
@@ -159,7 +189,7 @@ class KinetoWriter:
     def cpu_op(self, name: str, start: int, end: int, external: int) -> None:
         self.cpu.write(
             f'  {{\n    "ph": "X", "cat": "cpu_op", "name": "{name}", "pid": {PID}, "tid": {TID},\n'
-            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'    "ts": {self.ts(start)}, "dur": {self.dur(end - start)},\n    "args": {{\n'
             f'      "External id": {external},"Record function id": 0, "Concrete Inputs": ["", "", ""], '
             f'"Input type": ["c10::BFloat16", "c10::BFloat16", "c10::BFloat16"], "Input Strides": [[75648, 384, 1], [384, 1], [1]], '
             f'"Input Dims": [[1, 197, 384], [1152, 384], [1152]], "Ev Idx": {self.ev_idx}\n    }}\n  }},\n'
@@ -169,12 +199,12 @@ class KinetoWriter:
     def api_call(self, cat: str, name: str, start: int, end: int, external: int, correlation: int, flow: bool) -> None:
         text = (
             f'  {{\n    "ph": "X", "cat": "{cat}", "name": "{name}", "pid": {PID}, "tid": {TID},\n'
-            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'    "ts": {self.ts(start)}, "dur": {self.dur(end - start)},\n    "args": {{\n'
             f'      "External id": {external},      "cbid": {CBID[name]}, "correlation": {correlation}\n    }}\n  }},\n'
         )
         if flow:
             text += (
-                f'  {{\n    "ph": "s", "id": {correlation}, "pid": {PID}, "tid": {TID}, "ts": {us(start)},\n'
+                f'  {{\n    "ph": "s", "id": {correlation}, "pid": {PID}, "tid": {TID}, "ts": {self.ts(start)},\n'
                 f'    "cat": "ac2g", "name": "ac2g"\n  }},\n'
             )
         self.gpu.write(text)
@@ -182,30 +212,34 @@ class KinetoWriter:
     def kernel(self, name: str, start: int, end: int, external: int, correlation: int, grid, block) -> None:
         self.gpu.write(
             f'  {{\n    "ph": "X", "cat": "kernel", "name": "{name}", "pid": 0, "tid": {STREAM},\n'
-            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'    "ts": {self.ts(start)}, "dur": {self.dur(end - start)},\n    "args": {{\n'
             f'      "External id": {external},      "queued": 0, "device": 0, "context": 1,      "stream": {STREAM}, '
             f'"correlation": {correlation},      "registers per thread": 168,      "shared memory": 164308,      '
             f'"blocks per SM": 0.954545,      "warps per SM": 11.454545,      "grid": [{grid[0]}, {grid[1]}, {grid[2]}],      '
             f'"block": [{block[0]}, {block[1]}, {block[2]}],      "est. achieved occupancy %": 0\n    }}\n  }},\n'
-            f'  {{\n    "ph": "f", "id": {correlation}, "pid": 0, "tid": {STREAM}, "ts": {us(start)},\n'
+            f'  {{\n    "ph": "f", "id": {correlation}, "pid": 0, "tid": {STREAM}, "ts": {self.ts(start)},\n'
             f'    "cat": "ac2g", "name": "ac2g", "bp": "e"\n  }},\n'
         )
 
     def memcpy(self, start: int, end: int, external: int, correlation: int) -> None:
         self.gpu.write(
             f'  {{\n    "ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "pid": 0, "tid": {STREAM},\n'
-            f'    "ts": {us(start)}, "dur": {us(end - start)},\n    "args": {{\n'
+            f'    "ts": {self.ts(start)}, "dur": {self.dur(end - start)},\n    "args": {{\n'
             f'      "External id": {external},      "device": 0, "context": 1,      "stream": {STREAM}, '
             f'"correlation": {correlation},      "bytes": 4, "memory bandwidth (GB/s)": 0.005\n    }}\n  }},\n'
-            f'  {{\n    "ph": "f", "id": {correlation}, "pid": 0, "tid": {STREAM}, "ts": {us(start)},\n'
+            f'  {{\n    "ph": "f", "id": {correlation}, "pid": 0, "tid": {STREAM}, "ts": {self.ts(start)},\n'
             f'    "cat": "ac2g", "name": "ac2g", "bp": "e"\n  }},\n'
         )
 
 
-def write_synthetic_kineto(path: Path, n_kernels: int, seed: int = 0, blocks_per_step: int = BLOCKS_PER_STEP) -> dict:
+def write_synthetic_kineto(path: Path, n_kernels: int, seed: int = 0, blocks_per_step: int = BLOCKS_PER_STEP,
+                           spelling: str = "kineto") -> dict:
     """Write a Kineto trace with exactly ``n_kernels`` kernels (plus one memcpy per step); returns what it wrote.
 
-    ``blocks_per_step``: 12 (a ViT) gives 120 kernels per step; more gives fewer, longer steps."""
+    ``blocks_per_step``: 12 (a ViT) gives 120 kernels per step; more gives fewer, longer steps.
+    ``spelling``: "kineto" (µs with three decimals) or "floats" (``float_ts``/``float_dur``: what a tool
+    that re-writes the trace with Python floats prints; the same ns once read exactly, times shifted).
+    GPU activities never overlap, so the GPU busy time is the sum of their durations (``busy_ns``)."""
     rng = random.Random(seed)
     path = Path(path)
     gpu_part = path.with_suffix(".gpu.part")
@@ -216,7 +250,7 @@ def write_synthetic_kineto(path: Path, n_kernels: int, seed: int = 0, blocks_per
     kernel_time_ns = 0
     with open(path, "w") as cpu_file, open(gpu_part, "w") as gpu_file:
         cpu_file.write(HEADER)
-        writer = KinetoWriter(cpu_file, gpu_file)
+        writer = KinetoWriter(cpu_file, gpu_file, spelling)
         for step in range(n_steps):
             step_start = cpu_ns
             # annotations are written before the ops they enclose (Kineto sorts CPU events by start), so
@@ -256,8 +290,8 @@ def write_synthetic_kineto(path: Path, n_kernels: int, seed: int = 0, blocks_per
             copy_external = writer.next_external()
             writer.api_call("cuda_runtime", "cudaMemcpyAsync", copy_start, copy_end, copy_external, correlation, True)
             memcpy_start = max(gpu_free_ns, copy_end + 1_500)
-            writer.memcpy(memcpy_start, memcpy_start + 1_400, copy_external, correlation)
-            gpu_free_ns = memcpy_start + 1_400
+            writer.memcpy(memcpy_start, memcpy_start + MEMCPY_NS, copy_external, correlation)
+            gpu_free_ns = memcpy_start + MEMCPY_NS
             memcpys += 1
             correlation += 1
             sync_start = copy_end + 500
@@ -275,9 +309,11 @@ def write_synthetic_kineto(path: Path, n_kernels: int, seed: int = 0, blocks_per
     with open(path, "a") as out, open(gpu_part) as gpu_file:
         while chunk := gpu_file.read(1 << 24):
             out.write(chunk)
-        out.write(FOOTER_TEMPLATE.format(ts=us(T0_NS), dur=us(cpu_ns - T0_NS), end=us(cpu_ns)))
+        ts, dur = SPELLINGS[spelling]
+        out.write(FOOTER_TEMPLATE.format(ts=ts(T0_NS), dur=dur(cpu_ns - T0_NS), end=ts(cpu_ns)))
     gpu_part.unlink()
-    return {"kernels": kernels_written, "memcpys": memcpys, "steps": n_steps, "kernel_time_ns": kernel_time_ns, "bytes": path.stat().st_size}
+    return {"kernels": kernels_written, "memcpys": memcpys, "steps": n_steps, "kernel_time_ns": kernel_time_ns,
+            "busy_ns": kernel_time_ns + memcpys * MEMCPY_NS, "bytes": path.stat().st_size}
 
 
 def run_measured(command: list[str], env: dict | None = None) -> dict:
@@ -296,7 +332,11 @@ def run_measured(command: list[str], env: dict | None = None) -> dict:
     return json.loads(done.stdout)
 
 
-LAYOUTS = ("torch", "compact", "reordered", "gzip")
+LAYOUTS = ("torch", "compact", "reordered", "gzip", "floats", "floats-compact", "floats-gzip")
+# each layout: (the trace it is made from, the conversion); "floats" is written by write_synthetic_kineto(spelling="floats")
+LAYOUT_SOURCES = {"torch": ("kineto", "torch"), "compact": ("kineto", "compact"), "reordered": ("kineto", "reordered"),
+                  "gzip": ("kineto", "gzip"), "floats": ("floats", "torch"), "floats-compact": ("floats", "compact"),
+                  "floats-gzip": ("floats", "gzip")}
 
 
 def convert_layout(source: Path, target: Path, layout: str) -> None:
@@ -411,14 +451,37 @@ print(parser, n, round(time.perf_counter() - t, 2))
 """
 
 
-def measure_layouts(trace: Path, workdir: Path, repeat: int, env: dict) -> None:
-    """perflab analyze on each layout (identical JSON required), then the candidate parsers on each."""
+def check_exact(summary: dict, written: dict | None) -> str:
+    """"exact" when the analysis counts what was written, ns for ns (kernels, kernel time, GPU busy time)."""
+    if not summary:
+        return "FAILED"
+    if written is None or written.get("kernels") is None:
+        return "not checked"
+    got = (summary["kernels"], round(summary["kernel_time_us"] * 1000), round(summary["gpu_busy_us"] * 1000))
+    want = (written["kernels"], written["kernel_time_ns"], written["busy_ns"])
+    return "exact" if got == want else f"MISMATCH: got {got}, wrote {want}"
+
+
+def _without_origin(summary: dict) -> dict:
+    """The summary less what depends on the time origin (the floats spelling shifts every timestamp)."""
+    summary = dict(summary)
+    for key in ("accounting_ns", "step_accounting", "meta"):
+        summary.pop(key, None)
+    return summary
+
+
+def measure_layouts(traces: dict[str, Path], written: dict | None, workdir: Path, repeat: int, env: dict,
+                    layouts=LAYOUTS, parsers: bool = True, keep: bool = False) -> None:
+    """perflab analyze on each layout (median of ``repeat``; identical JSON within a spelling, the same
+    counts and busy time across spellings, checked against what was written), then the candidate parsers."""
     outputs, rows = {}, []
-    for layout in LAYOUTS:
-        path = trace if layout == "torch" else workdir / f"{trace.stem}.{layout}.json{'.gz' if layout == 'gzip' else ''}"
-        if layout != "torch":
+    for layout in layouts:
+        spelling, conversion = LAYOUT_SOURCES[layout]
+        source = traces[spelling]
+        path = source if conversion == "torch" else workdir / f"{source.stem}.{conversion}.json{'.gz' if conversion == 'gzip' else ''}"
+        if not path.exists():
             t = time.perf_counter()
-            convert_layout(trace, path, layout)
+            convert_layout(source, path, conversion)
             print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - t:.0f} s", flush=True)
         command = [sys.executable, "-m", "perflab", "analyze", str(path), "--json"]
         runs = [run_measured(command, env=env) for _ in range(repeat)]
@@ -430,24 +493,35 @@ def measure_layouts(trace: Path, workdir: Path, repeat: int, env: dict) -> None:
         summary.get("meta", {}).pop("path", None)
         outputs[layout] = summary
         walls = sorted(r["wall_s"] for r in runs)
-        rows.append((layout, "perflab analyze (msgspec)", walls[len(walls) // 2], max(r["peak_rss_mb"] for r in runs)))
-        print(f"  {layout}: analyze median {walls[len(walls) // 2]:.2f} s, peak RSS {rows[-1][3]:.0f} MB", flush=True)
-        script = workdir / "parser_run.py"
-        script.write_text(PARSER_SCRIPT)
-        for parser in ("msgspec", "orjson", "json"):
-            run = run_measured([sys.executable, str(script), parser, str(path)], env=env)
-            if run["rc"] != 0:
-                print(f"  {parser}: failed: {run['stderr'].strip().splitlines()[-1:]}", flush=True)
-                continue
-            rows.append((layout, f"read only: {parser}", run["wall_s"], run["peak_rss_mb"]))
-            print(f"  {layout}: {run['stdout'].strip()} s, peak RSS {run['peak_rss_mb']:.0f} MB", flush=True)
-        if layout != "torch":
+        exact = check_exact(summary, written)
+        rows.append((layout, f"{path.stat().st_size / 1e9:.2f} GB", "perflab analyze (msgspec)", walls[len(walls) // 2],
+                     max(r["peak_rss_mb"] for r in runs), exact, " / ".join(f"{w:.2f}" for w in walls)))
+        print(f"  {layout}: analyze median {walls[len(walls) // 2]:.2f} s ({rows[-1][6]}), peak RSS {rows[-1][4]:.0f} MB, "
+              f"{exact}, load {os.getloadavg()[0]:.2f}", flush=True)
+        if parsers:
+            script = workdir / "parser_run.py"
+            script.write_text(PARSER_SCRIPT)
+            for parser in ("msgspec", "orjson", "json"):
+                run = run_measured([sys.executable, str(script), parser, str(path)], env=env)
+                if run["rc"] != 0:
+                    print(f"  {parser}: failed: {run['stderr'].strip().splitlines()[-1:]}", flush=True)
+                    continue
+                rows.append((layout, rows[-1][1], f"read only: {parser}", run["wall_s"], run["peak_rss_mb"], "", ""))
+                print(f"  {layout}: {run['stdout'].strip()} s, peak RSS {run['peak_rss_mb']:.0f} MB", flush=True)
+        if path != source and not keep:
             path.unlink()
-    same = all(outputs[layout] == outputs["torch"] for layout in LAYOUTS)
-    print(f"identical analyze --json across layouts: {same}")
-    print("\n| layout | what | wall s | peak RSS GB |\n|---|---|---:|---:|")
-    for layout, what, wall, rss in rows:
-        print(f"| {layout} | {what} | {wall:.2f} | {rss / 1024:.2f} |")
+    for spelling in ("kineto", "floats"):
+        family = [layout for layout in layouts if LAYOUT_SOURCES[layout][0] == spelling]
+        if family:
+            same = all(outputs[layout] == outputs[family[0]] for layout in family)
+            print(f"identical analyze --json across the {spelling}-spelled layouts ({', '.join(family)}): {same}")
+    if len({json.dumps(_without_origin(summary), sort_keys=True) for summary in outputs.values()}) == 1:
+        print("identical analyze --json across all layouts, but for the time origin: True")
+    else:
+        print("identical analyze --json across all layouts, but for the time origin: False")
+    print("\n| layout | size | what | wall s (median) | runs | peak RSS GB | counts, busy |\n|---|---:|---|---:|---|---:|---|")
+    for layout, size, what, wall, rss, exact, walls in rows:
+        print(f"| {layout} | {size} | {what} | {wall:.2f} | {walls} | {rss / 1024:.2f} | {exact} |")
 
 
 HTA_SCRIPT = """
@@ -475,7 +549,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs of perflab analyze (this machine's timings vary run to run)")
     parser.add_argument("--trace", help="analyse this existing trace instead of writing one (its kernel count is not checked)")
     parser.add_argument("--layouts", action="store_true", help="also measure every layout and the candidate parsers")
+    parser.add_argument("--only", help=f"with --layouts: these layouts, comma-separated (of {','.join(LAYOUTS)})")
+    parser.add_argument("--no-parsers", action="store_true", help="with --layouts: perflab analyze only, not the candidate parsers")
     args = parser.parse_args()
+    keep_layouts = args.keep
 
     workdir = Path(args.dir or tempfile.mkdtemp(prefix="perflab-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -493,25 +570,37 @@ def main() -> None:
     env = dict(os.environ)
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    command = [sys.executable, "-m", "perflab", "analyze", str(trace), "--json"]
-    print("perflab:", " ".join(command), flush=True)
-    runs = [run_measured(command, env=env) for _ in range(args.repeat)]
-    for run in runs:
-        if run["rc"] != 0:
-            print(run["stderr"], file=sys.stderr)
-        print(f"  rc={run['rc']} wall={run['wall_s']:.2f} s peak RSS={run['peak_rss_mb']:.0f} MB", flush=True)
-    walls = sorted(run["wall_s"] for run in runs)
-    print(f"perflab analyze: wall min {walls[0]:.2f} s, median {walls[len(walls) // 2]:.2f} s, max {walls[-1]:.2f} s; "
-          f"peak RSS max {max(run['peak_rss_mb'] for run in runs):.0f} MB")
-    summary = json.loads(runs[0]["stdout"]) if runs[0]["rc"] == 0 else {}
-    print(f"  kernels={summary.get('kernels')} (wrote {written['kernels']}), kernel_time_us={summary.get('kernel_time_us')} "
-          f"(wrote {written['kernel_time_ns']} ns), verdict: {summary.get('launch', {}).get('message')}")
-    if summary and written["kernels"] is not None and (
-            summary["kernels"] != written["kernels"] or round(summary["kernel_time_us"] * 1000) != written["kernel_time_ns"]):
-        print("MISMATCH: the analysis does not match what was written", file=sys.stderr)
+    if not args.layouts:  # (--layouts measures this trace as its "torch" layout)
+        command = [sys.executable, "-m", "perflab", "analyze", str(trace), "--json"]
+        print("perflab:", " ".join(command), flush=True)
+        runs = [run_measured(command, env=env) for _ in range(args.repeat)]
+        for run in runs:
+            if run["rc"] != 0:
+                print(run["stderr"], file=sys.stderr)
+            print(f"  rc={run['rc']} wall={run['wall_s']:.2f} s peak RSS={run['peak_rss_mb']:.0f} MB", flush=True)
+        walls = sorted(run["wall_s"] for run in runs)
+        print(f"perflab analyze: wall min {walls[0]:.2f} s, median {walls[len(walls) // 2]:.2f} s, max {walls[-1]:.2f} s; "
+              f"peak RSS max {max(run['peak_rss_mb'] for run in runs):.0f} MB")
+        summary = json.loads(runs[0]["stdout"]) if runs[0]["rc"] == 0 else {}
+        print(f"  kernels={summary.get('kernels')} (wrote {written['kernels']}), kernel_time_us={summary.get('kernel_time_us')} "
+              f"(wrote {written['kernel_time_ns']} ns), verdict: {summary.get('launch', {}).get('message')}")
+        if summary and written["kernels"] is not None and (
+                summary["kernels"] != written["kernels"] or round(summary["kernel_time_us"] * 1000) != written["kernel_time_ns"]):
+            print("MISMATCH: the analysis does not match what was written", file=sys.stderr)
 
     if args.layouts:
-        measure_layouts(trace, workdir, args.repeat, env)
+        layouts = args.only.split(",") if args.only else LAYOUTS
+        traces = {"kineto": trace}
+        if any(LAYOUT_SOURCES[layout][0] == "floats" for layout in layouts):
+            traces["floats"] = workdir / f"synthetic_{args.kernels}_{args.blocks_per_step}.floats.json"
+            if not traces["floats"].exists():
+                t = time.perf_counter()
+                floats = write_synthetic_kineto(traces["floats"], args.kernels, blocks_per_step=args.blocks_per_step, spelling="floats")
+                print(f"wrote {traces['floats']} (floats): {floats['bytes'] / 1e9:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
+        measure_layouts(traces, written if not args.trace else None, workdir, args.repeat, env, layouts=layouts,
+                        parsers=not args.no_parsers, keep=keep_layouts)
+        if "floats" in traces and not keep_layouts:
+            traces["floats"].unlink()
 
     if args.hta_python:
         script = workdir / "hta_run.py"

@@ -17,8 +17,11 @@ closing keys, so the whole file is checked as JSON (a truncated file is an error
 
 **Exact timestamps.** Kineto writes µs with three decimals ("ts": 4382075239980.014); float64 cannot
 hold that exactly, so ``ts``/``dur`` are taken as raw JSON text (``msgspec.Raw``) and turned into integer
-ns from their digits (vectorised; numeric strings too); any other spelling (fewer or more decimals,
-an exponent, a sign) goes through ``decimal.Decimal``, exact too.
+ns from their digits, vectorised (``us_texts_to_ns``), whatever their spelling: integers, any number of
+decimals, exponents, signs, numeric strings (a tool's floats: "ts": 1000008.0665311092). ns = µs × 1000
+rounded half to even, as ``decimal.Decimal`` gives. Only a mantissa of 10**18 or more (19+ significant
+digits), a result outside int64 or a string outside that grammar goes through ``Decimal`` one value at a
+time (counted in ``meta["times_parsed_one_by_one"]``). A negative duration is an error.
 
 **Several processes.** A file of merged ranks holds several CPU processes and several devices. GPU
 events carry the device (``args.device``, else ``pid``) but not the process that launched them, and each
@@ -37,7 +40,7 @@ import queue
 import re
 import threading
 import zlib
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, ROUND_HALF_EVEN, Context, Decimal, InvalidOperation
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -126,6 +129,7 @@ def read_events(path: Path) -> tuple[RawEvents, dict[str, Any]]:
             rest = reader.decode_complete(buf, reader.offset)
     tail = reader.decode_tail(rest, bare)
     meta = _meta(path, head_fields=reader.head, tail=tail)
+    meta["times_parsed_one_by_one"] = reader.one_by_one  # (pathological spellings: over 18 digits, out of range)
     if not reader.saw_event:
         raise PerflabError(f"{path}: the trace has no events (empty traceEvents); profile at least one step with CUDA activities")
     return reader.raw_events(), meta
@@ -329,6 +333,7 @@ class _Reader:
         self.api: list[dict] = []
         self.ranges: list[dict] = []
         self.saw_event = False
+        self.one_by_one = 0  # ts/dur values the vectorised parser left to the per-value path
 
     def decode_complete(self, buf: bytearray, offset: int) -> bytes:
         """Decode the complete events at the start of ``buf`` ("[" + the text from ``offset`` on); return
@@ -389,8 +394,9 @@ class _Reader:
             return
         chosen = list(itemgetter(*wanted)(events)) if len(wanted) > 1 else [events[wanted[0]]]
         kind = kind[wanted]
-        if set(map(_GET_PH, chosen)) != {"X"}:  # only complete events ("X") are read
-            complete = np.fromiter((e.ph == "X" for e in chosen), bool, len(chosen))
+        phases = list(map(_GET_PH, chosen))
+        if phases.count("X") != len(phases):  # only complete events ("X") are read
+            complete = np.array(phases, dtype=object) == "X"
             chosen = [e for e, keep in zip(chosen, complete.tolist()) if keep]
             kind = kind[complete]
         args = list(map(_GET_ARGS, chosen))
@@ -406,8 +412,7 @@ class _Reader:
         name = self._name_codes(chosen)
         pid = self._ints(list(map(_GET_PID, chosen)), -1)
         tid = self._ints(list(map(_GET_TID, chosen)), -1)
-        start = self._ns(list(map(_GET_TS, chosen)), required=True)
-        dur = self._ns(list(map(_GET_DUR, chosen)), required=False)
+        start, dur = self._times(chosen)
         is_gpu = kind < API_EVENT
         if is_gpu.any():
             rows = np.flatnonzero(is_gpu)
@@ -451,17 +456,35 @@ class _Reader:
             raise PerflabError(f"{self.path}: an event is malformed: its {strict or 'pid/tid'} is {value!r}, not an integer")
         return self.text_ids.setdefault(text, -2 - len(self.text_ids))  # e.g. "pid": "Spans"
 
-    def _ns(self, values: list, required: bool) -> np.ndarray:
-        exact = us_texts_to_ns(values)
-        if exact is not None:
-            return exact
-        return np.fromiter((self._one_ns(v, required) for v in values), np.int64, len(values))
+    def _times(self, events: list[_Event]) -> tuple[np.ndarray, np.ndarray]:
+        """Exact start and duration ns of ``events`` (a missing "dur" is 0; a missing "ts" or a negative
+        "dur" is an error), both parsed in one call."""
+        n = len(events)
+        ts, dur = list(map(_GET_TS, events)), list(map(_GET_DUR, events))
+        if not all(ts):
+            raise PerflabError(f"{self.path}: an event has no timestamp (\"ts\")")
+        if not all(dur):
+            dur = [d or b"0" for d in dur]
+        ns = self._ns(ts + dur)
+        start, dur_ns = ns[:n], ns[n:]
+        if (dur_ns < 0).any():
+            raise PerflabError(f"{self.path}: an event has a negative duration (\"dur\": "
+                               f"{bytes(dur[int(np.argmax(dur_ns < 0))]).decode(errors='replace')})")
+        return start, dur_ns
 
-    def _one_ns(self, raw: msgspec.Raw, required: bool) -> int:
-        if len(raw) == 0:
-            if required:
-                raise PerflabError(f"{self.path}: an event has no timestamp (\"ts\")")
-            return 0
+    def _ns(self, values: list) -> np.ndarray:
+        """Exact ns from raw ts/dur texts: vectorised, the rare leftovers one by one (counted)."""
+        parsed = us_texts_to_ns(values)
+        if parsed is None:
+            self.one_by_one += len(values)
+            return np.fromiter(map(self._one_ns, values), np.int64, len(values))
+        ns, rows = parsed
+        if len(rows):
+            self.one_by_one += len(rows)
+            ns[rows] = [self._one_ns(values[i]) for i in rows.tolist()]
+        return ns
+
+    def _one_ns(self, raw: msgspec.Raw) -> int:
         try:
             value = msgspec.json.decode(raw, type=Decimal)
         except (msgspec.DecodeError, msgspec.ValidationError):
@@ -481,9 +504,9 @@ class _Reader:
     def _kernel_dims(self, args: list[_Args]) -> np.ndarray:
         n = len(args)
         grids, blocks = list(map(_GET_GRID, args)), list(map(_GET_BLOCK, args))
-        values = _triples(grids, n), _triples(blocks, n)
-        if values[0] is not None and values[1] is not None:
-            return np.concatenate(values, axis=1)
+        values = _triples(grids + blocks, 2 * n)  # (one parse for both)
+        if values is not None:
+            return np.concatenate((values[:n], values[n:]), axis=1)
         return np.array([self._shape(bytes(g), bytes(b)) for g, b in zip(grids, blocks)], dtype=np.int64).reshape(-1, 6)
 
     def _shape(self, grid: bytes, block: bytes) -> list[int]:
@@ -591,35 +614,155 @@ def _triples(raws: list[msgspec.Raw], n: int) -> np.ndarray | None:
     return values.reshape(n, 3) if len(values) == 3 * n else None
 
 
-def us_texts_to_ns(raws: list[msgspec.Raw]) -> np.ndarray | None:
-    """Exact ns from µs written as raw JSON numbers or numeric strings, vectorised; None unless every
-    value is plain digits, all with exactly three decimals or all with none (the caller then takes
-    them one by one)."""
-    if not raws:
-        return np.zeros(0, dtype=np.int64)
-    joined = b" ".join(raws).translate(None, b'"')
-    if joined.translate(None, b"0123456789. ") != b"":
+_POW10 = 10 ** np.arange(19, dtype=np.int64)
+_HALF = np.append(np.int64(1), _POW10[1:] // 2)  # (index 0: above any remainder, so nothing rounds)
+_LIMIT = np.iinfo(np.int64).max // _POW10  # the largest magnitude that 10**k times fits in int64
+_SPACE, _DOT, _MINUS, _PLUS, _LOWER_E, _UPPER_E = map(ord, " .-+eE")
+_E_TO_SPACE = bytes.maketrans(b"eE", b"  ")
+
+
+def _digits(t: np.ndarray) -> np.ndarray:
+    return (t - np.uint8(ord("0"))) < 10  # (uint8 wraps: one comparison)
+
+
+def us_texts_to_ns(raws: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """Exact integer ns from µs written as JSON numbers or numeric strings (their raw text), vectorised.
+
+    Every spelling ``-?D+(.D+)?([eE][+-]?D+)?`` (D: digits), quoted or not: integers, any number of
+    decimals, exponents. ns = µs × 1000 rounded half to even at the ns, as ``decimal.Decimal`` gives.
+    Returns (ns, rows): ``rows`` are the values to take one by one (ns is 0 there): a mantissa of 10**18
+    or more once its dot is removed, or a result outside int64. None when some value is spelled otherwise
+    (empty, a quoted value with spaces or escapes, a sign or a dot misplaced, ...): the caller then takes
+    every value one by one."""
+    n = len(raws)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.intp)
+    joined = b" ".join(raws)
+    quoted = b'"' in joined  # raw JSON numbers are valid numbers (msgspec checked them); strings are checked here
+    if quoted:
+        joined = joined.translate(None, b'"')
+    plain = joined.translate(None, b"0123456789. ") == b""  # no sign, no exponent: the common case
+    if not plain and joined.translate(None, b"0123456789. eE+-") != b"":
         return None
-    text = np.frombuffer(joined, dtype=np.uint8)
-    ends = np.append(np.flatnonzero(text == ord(" ")), len(text))
-    if len(ends) != len(raws):
+    t = np.frombuffer(joined, dtype=np.uint8)
+    size = len(t)
+    seps = np.flatnonzero(t == _SPACE)
+    if len(seps) != n - 1:  # a quoted value held a space
         return None
-    dots = np.flatnonzero(text == ord("."))
-    if len(dots) == 0:
-        scale = 1000
-    elif len(dots) == len(raws) and ((ends - dots) == 4).all():
-        scale = 1
+    ends = np.append(seps, size)
+    dots = np.flatnonzero(t == _DOT)
+    if len(dots) == n and (n == 1 or ((dots[:-1] < seps).all() and (dots[1:] > seps).all())):
+        dot_rows = slice(None)  # one dot in every value (floats, Kineto's three decimals)
     else:
+        dot_rows = np.searchsorted(seps, dots)
+        if (np.diff(dot_rows) == 0).any():  # two dots in one value
+            return None
+    if quoted and len(dots) and (dots[0] == 0 or dots[-1] == size - 1
+                                 or not (_digits(t[dots - 1]).all() and _digits(t[dots + 1]).all())):
+        return None  # ".5", "5.", "-.5"
+    if plain:
+        mantissa_ends = ends
+        text = joined.translate(None, b".") if len(dots) else joined
+        es = ()
+    else:
+        es = np.flatnonzero((t == _LOWER_E) | (t == _UPPER_E))
+        e_rows = np.searchsorted(seps, es)
+        if quoted and not _valid_signs_and_exponents(t, es, e_rows):
+            return None
+        mantissa_ends = ends.copy()
+        mantissa_ends[e_rows] = es
+        if len(dots) and (dots > mantissa_ends[dot_rows]).any():  # "1e5.5"
+            return None
+        text = joined.translate(_E_TO_SPACE, b".")
+    try:
+        tokens = np.fromstring(text, dtype=np.int64, sep=" ")
+    except ValueError:
         return None
-    parsed = np.fromstring(joined.translate(None, b"."), dtype=np.int64, sep=" ")
-    return parsed * scale if len(parsed) == len(raws) else None
+    if len(tokens) != n + len(es):  # (an empty value gives no token)
+        return None
+    if plain and (not len(dots) or (isinstance(dot_rows, slice) and (ends - dots == 4).all())):
+        # Kineto's own spellings: all integers, or all with exactly three decimals
+        if len(dots):
+            return tokens, np.flatnonzero(tokens >= _POW10[18])
+        rows = np.flatnonzero(tokens > _LIMIT[3])
+        tokens *= 1000
+        tokens[rows] = 0
+        return tokens, rows
+    scale = np.full(n, 3, dtype=np.int64)  # ns = mantissa × 10**scale
+    if len(dots):
+        scale[dot_rows] -= mantissa_ends[dot_rows] - dots - 1
+    if len(es):
+        at = np.arange(n)
+        at[1:] += np.cumsum(np.bincount(e_rows, minlength=n))[:-1]
+        mantissa = tokens[at]
+        scale[e_rows] += np.maximum(np.minimum(tokens[at[e_rows] + 1], 1 << 20), -(1 << 20))
+    else:
+        mantissa = tokens
+    negative = mantissa < 0
+    any_negative = negative.any()
+    magnitude = np.abs(mantissa) if any_negative else mantissa
+    up = np.minimum(np.maximum(scale, 0), 18)
+    ns = magnitude * _POW10[up]
+    # numpy's parser saturates at the int64 maximum on overflow (tests/test_trace_numbers.py checks it): a
+    # magnitude of 10**18 or more may be cut (more than 18 digits), so it is taken one by one, as is any
+    # result that would leave int64
+    slow = (magnitude >= _POW10[18]) | (magnitude > _LIMIT[up]) | ((scale > 18) & (magnitude != 0))
+    if any_negative:
+        slow |= magnitude < 0  # (-2**63 has no int64 magnitude)
+    if scale.min() < 0:
+        down = np.minimum(np.maximum(-scale, 0), 18)
+        quotient, rest = np.divmod(magnitude, _POW10[down])
+        half = _HALF[down]
+        quotient += (rest > half) | ((rest == half) & ((quotient & 1) == 1))  # half to even
+        quotient[scale < -18] = 0  # (a magnitude under 10**18 times 10**-19 or less rounds to 0)
+        ns = np.where(scale < 0, quotient, ns)
+    if any_negative:
+        ns = np.where(negative, -ns, ns)
+    rows = np.flatnonzero(slow)
+    if len(rows):
+        ns[rows] = 0
+    return ns, rows
+
+
+def _valid_signs_and_exponents(t: np.ndarray, es: np.ndarray, e_rows: np.ndarray) -> bool:
+    """Quoted values with a sign or an exponent: "-" only first or after the e, "+" only after the e, one
+    e per value, after a digit and before a digit or a sign, a digit after every sign."""
+    size = len(t)
+    if len(es) and (es[0] == 0 or es[-1] == size - 1 or (np.diff(e_rows) == 0).any() or not _digits(t[es - 1]).all()):
+        return False
+    after_e = t[np.minimum(es + 1, size - 1)]
+    if len(es) and not (_digits(after_e) | (after_e == _MINUS) | (after_e == _PLUS)).all():
+        return False
+    signs = np.flatnonzero((t == _MINUS) | (t == _PLUS))
+    if not len(signs):
+        return True
+    if signs[-1] == size - 1 or not _digits(t[signs + 1]).all():
+        return False
+    before = t[np.maximum(signs - 1, 0)]
+    exponent_sign = (signs > 0) & ((before == _LOWER_E) | (before == _UPPER_E))
+    leading_minus = (t[signs] == _MINUS) & ((signs == 0) | (before == _SPACE))
+    return bool((exponent_sign | leading_minus).all())
+
+
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN, rounding=ROUND_HALF_EVEN)  # × 1000 without rounding
+_NS_LIMIT = Decimal(2**63 - 1)
 
 
 def us_text_to_ns(value: Any, path: Path | str = "the trace") -> int:
-    """Exact integer ns from a µs value given as an int or as decimal text ("5983925445894.137")."""
+    """Exact integer ns from one µs value given as an int, a Decimal or decimal text ("5983925445894.137"):
+    µs × 1000 rounded half to even at the ns (the per-value path, for what us_texts_to_ns leaves)."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value * 1000
-    try:
-        return int((Decimal(str(value)) * 1000).to_integral_value())
-    except (InvalidOperation, ValueError):
-        raise PerflabError(f"{path}: a timestamp is not a number: {value!r}") from None
+        ns = value * 1000
+    else:
+        try:
+            us = value if isinstance(value, Decimal) else Decimal(str(value).strip())
+        except (InvalidOperation, ValueError):
+            raise PerflabError(f"{path}: a timestamp is not a number: {value!r}") from None
+        if not us.is_finite():
+            raise PerflabError(f"{path}: a timestamp is not a number: {value!r}")
+        if abs(us) > _NS_LIMIT:  # (before anything is built from a huge exponent)
+            raise PerflabError(f"{path}: a timestamp is out of range: {value!r} µs")
+        ns = int(_EXACT.multiply(us, 1000).to_integral_value(ROUND_HALF_EVEN))
+    if not -2**63 <= ns < 2**63:
+        raise PerflabError(f"{path}: a timestamp is out of range: {value!r} µs")
+    return ns
