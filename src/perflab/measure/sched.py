@@ -29,10 +29,10 @@ SCHEDSTAT_PATH = "/proc/thread-self/schedstat"  # the calling thread's (Linux â‰
 STAT_PATH = "/proc/stat"
 THREAD_STAT_PATH = "/proc/thread-self/stat"
 
-# Provisional thresholds, set from measurements in docs/performance.md. A healthy 2-core VM read a wait
-# fraction of 0.3% over a 1 s busy loop and a core shared with one busy loop 50% (tests/data/proc); 5%
-# is a tenth of that sharing, above the scheduler's own noise. Steal: one 10 ms tick per second per CPU
-# is 1%, so 2% is the smallest threshold that two ticks of rounding cannot cross alone.
+# Thresholds set from measurements (docs/performance.md, "Host contention"): on an H100 host healthy timed loops
+# waited 0.00-0.13% of their wall time and a core shared with one busy loop 50% (the 2-core VM: 0.3% and 50%,
+# tests/data/proc); 5% is 38x the healthy maximum and a tenth of sharing. Steal: none seen on either host; one
+# 10 ms tick per second per CPU is 1%, so 2% is the smallest threshold one tick of rounding cannot cross alone.
 HOST_WAIT_THRESHOLD = 0.05
 HOST_STEAL_THRESHOLD = 0.02
 
