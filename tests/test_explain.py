@@ -169,3 +169,32 @@ def test_default_fixes_per_family():
     assert default_fixes(validate_case(Case("gpt_small", workload="forward_backward", device="cuda"))) == ["checkpoint"]
     assert default_fixes(validate_case(Case("gpt_small", workload="forward", device="cuda"))) == []
     assert case_fixes(decode, ["none"]) == [] and case_fixes(decode, ["batch:3"]) == ["batch:3"]
+
+
+def test_explain_by_module_records_module_ranges_and_keeps_the_tree(monkeypatch):
+    """--by-module: the eager profile is asked for module ranges, and the tree of that trace (here the real H100
+    by-module profile of gpt_small's forward) is the explanation's, in its JSON and on the console."""
+    import io
+
+    from rich.console import Console
+
+    import perflab.explain as ex
+    from perflab.report.explain_console import render_explanation
+
+    case = validate_case(Case(model="gpt_small", seq_len=1024, batch_size=4, attn="explicit", mode="eager", device="cuda"))
+    trace = load_trace(TRACES / "by_module_lm_forward.json.gz")
+    asked = {}
+    monkeypatch.setattr(ex, "measure_host_issue_ms", lambda c: 30.0)
+    ceilings = {"graph_kernel_interval_us": 1.5, "graph_kernel_gap_us": 0.5, "matmul_tflops": {"fp32": 50.0}, "copy_gbps": 3000.0}
+    run = lambda c: {"status": "ok", "median_ms": 37.7, "gflops_per_batch": 1000.0, "params": 120_000_000, "mfu": 0.5, "batch_size": 4}
+    ce = ex.explain_case(case, Path("unused"), ceilings, 3, [], run, lambda *a, **k: asked.update(k), lambda p: trace, lambda s: None,
+                         fixes=[], by_module=True)
+    assert asked == {"steps": 3, "by_module": True}
+    root = ce.modules[(ce.modules["pass"] == "forward") & (ce.modules["module"] == ".")].iloc[0]
+    assert root["class"] == "GPT" and root["inclusive_ns"] == int(trace.kernels["dur_ns"].sum()) - int(
+        ce.modules[ce.modules["module"] == "(unattributed)"]["exclusive_ns"].sum())
+    records = ce.to_dict()["modules"]
+    assert records[0]["module"] == "." and records[0]["inclusive_us_per_step"] == pytest.approx(root["inclusive_ns"] / 3 / 1000, abs=1e-3)
+    buffer = io.StringIO()
+    render_explanation(Console(file=buffer, width=200), ex.Explanation(cases=[ce], comparison=None, ceilings=ceilings))
+    assert "GPU time by module" in buffer.getvalue() and "feed_forward" in buffer.getvalue()

@@ -589,6 +589,8 @@ def explain(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     no_pin: bool = OPT_NO_PIN,
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the tables as markdown to this file."),
+    by_module: bool = typer.Option(False, "--by-module", help="The eager profile also records module ranges: GPU time per module "
+                                   "(the tree of perflab profile --by-module)."),
 ):
     """Explain a case: exact accounting, floors (per pass for training steps and generate), the comparison with
     --vs, predictions for CUDA graphs, torch.compile and the family's fixes, those measured (with their compile
@@ -607,7 +609,7 @@ def explain(
         check_writable_file(markdown)
     with err.status("explaining") as status:
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
-                             fixes=fixes or None)
+                             fixes=fixes or None, by_module=by_module)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:

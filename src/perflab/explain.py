@@ -70,6 +70,7 @@ class CaseExplanation:
     timing: dict = field(default_factory=dict)  # per pass of the profiled step (analysis.passes.pass_timing)
     step_floors: StepFloors | None = None  # per-pass floors, for steps of several passes
     fix_results: list[Fix] = field(default_factory=list)  # --fixes, predicted then measured
+    modules: object = None  # --by-module: the module tree of the eager profile (analysis.modules), a DataFrame
 
     @property
     def eager_ms(self) -> float:
@@ -97,6 +98,7 @@ class CaseExplanation:
             "traced_step_ms": self.traced_step_ms,
             "profiler_inflation": self.inflation,
             "trace": str(self.trace_path),
+            "modules": _module_records(self.modules),
             "per_step": {
                 "wall_us": self.profile.wall_ns / 1e3,
                 "gpu_busy_us": self.profile.busy_ns / 1e3,
@@ -243,7 +245,7 @@ def predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: d
 
 
 def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_case, profile_case, load_trace, on_stage,
-                 fixes=()) -> CaseExplanation:
+                 fixes=(), by_module: bool = False) -> CaseExplanation:
     eager = replace(case, mode="eager")
     on_stage(f"{case.label()}: timing eager")
     row = run_case(eager)
@@ -251,7 +253,9 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
         raise PerflabError(f"{eager.label()} could not be measured ({row['status']}: {row.get('message')})")
     trace_path = out_dir / f"{case.id}_eager.json.gz"
     on_stage(f"{case.label()}: profiling eager")
-    profile_case(eager, trace_path, steps=steps)
+    # --by-module: the eager profile also records module ranges (hooks that time nothing; the traced host time
+    # and inflation include their cost, the kernels and the predictions from them do not change)
+    profile_case(eager, trace_path, steps=steps, **({"by_module": True} if by_module else {}))
     trace = load_trace(trace_path)
     prof = step_profile(trace)
     traced_ms = prof.wall_ns / 1e6
@@ -291,6 +295,11 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
         on_stage(f"{case.label()}: measuring the fix {spec}")
         fix.measured = run_case(replace(eager, **changes))
         explanation.fix_results.append(fix)
+    if by_module:
+        from perflab.analysis.modules import has_module_ranges, module_tree
+
+        if has_module_ranges(trace.ranges):
+            explanation.modules = module_tree(trace.kernels, trace.ranges, max(len(trace.steps), 1))
     return explanation
 
 
@@ -303,7 +312,7 @@ def case_fixes(case: Case, fixes) -> list[str]:
 
 
 def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None,
-            pin: bool = True, fixes=None) -> Explanation:
+            pin: bool = True, fixes=None, by_module: bool = False) -> Explanation:
     """``fixes``: fix specs (see ``parse_fix``) tried on each case; None: each case's family defaults."""
     if case.device != "cuda":
         raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
@@ -327,10 +336,16 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     ceilings = get_ceilings()
     cases = [case] + ([vs] if vs is not None else [])
     timed = partial(run_case, host=HostOptions(pin=pin))
-    explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage, fixes=case_fixes(c, fixes))
-                 for c in cases]
+    explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage, fixes=case_fixes(c, fixes),
+                              by_module=by_module) for c in cases]
     comparison = None
     if vs is not None:
         base, variant = explained[1], explained[0]
         comparison = compare_traces(base.trace, variant.trace, (vs.label(), case.label()), (vs.batch_size, case.batch_size))
     return Explanation(explained, comparison, ceilings)
+
+
+def _module_records(tree) -> list[dict] | None:
+    from perflab.analysis.trace_report import _module_records as records
+
+    return records(tree)

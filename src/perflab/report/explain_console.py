@@ -104,6 +104,10 @@ def render_explanation(console, e) -> None:
         console.print(t)
         if ce.fix_results:
             render_fixes(console, ce)
+        if ce.modules is not None:
+            from perflab.report.trace_console import module_tree_table
+
+            console.print(module_tree_table(ce.modules))
         fixes = [fx for fx in ce.fixes() if fx.get("speedup")]
         if fixes:
             ranked = "; ".join(f"{i + 1}. {fx['fix']} {fx['speedup']:.2f}× ({fx['measured_ms']:.4f} ms)" for i, fx in enumerate(fixes))

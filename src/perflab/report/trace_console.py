@@ -42,9 +42,12 @@ MODULE_DEPTH = 3  # tree levels shown on the console (--json and CSV have every 
 
 
 def modules_table(report: TraceReport, max_depth: int = MODULE_DEPTH) -> Table:
+    return module_tree_table(report.modules, report.module_note, max_depth)
+
+
+def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEPTH) -> Table:
     """The module tree: GPU time per step by the innermost module that launched it, inclusive and exclusive,
     forward and backward apart; the unattributed rest closes each pass."""
-    tree = report.modules
     steps = tree.attrs.get("steps", 1)
     table = Table(title=f"GPU time by module (per step; tree to depth {max_depth}; shares of each pass's kernel time)")
     for column in ("pass", "module", "class", "inclusive µs", "share", "exclusive µs", "kernels"):
@@ -55,8 +58,8 @@ def modules_table(report: TraceReport, max_depth: int = MODULE_DEPTH) -> Table:
         label = row.module if row.depth == 0 else "  " * (row.depth - 1) + row.module.rsplit(".", 1)[-1]
         table.add_row(row[0], label, row[2], _us(row.inclusive_ns / steps), f"{100 * row.share_inclusive:.1f}%",
                       _us(row.exclusive_ns / steps), f"{row.kernels_inclusive / steps:g}")
-    if report.module_note:
-        table.caption = report.module_note
+    if note:
+        table.caption = note
     return table
 
 
