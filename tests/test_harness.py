@@ -177,3 +177,39 @@ def test_utilisation_of_a_decode_row_with_an_h100s_ceilings(monkeypatch):
     assert out["roofline_bound"] == "memory" and out["arithmetic_intensity"] == pytest.approx(flops / bytes_per_step)
     assert out["roofline_fraction"] == pytest.approx(out["mbu"])  # below the ridge the roof is intensity × bandwidth
     assert out["mfu"] == pytest.approx(row["achieved_tflops"] / 787.1)
+
+
+def test_no_warmup_output_lives_through_the_timed_loop(monkeypatch):
+    """A train_forward step returns logits that hold their autograd graph: the harness must drop the last warm-up
+    output before timing, or every saved activation of one extra step counts in the measured peak memory."""
+    import weakref
+
+    from perflab.measure import harness
+
+    outputs = []
+    real_make_step = harness.make_step
+
+    def recording_make_step(built, mode):
+        step = real_make_step(built, mode)
+
+        def recorded():
+            out = step()
+            outputs.append(weakref.ref(out))
+            return out
+
+        return recorded
+
+    alive_at_timing = []
+    real_time_step = harness.time_step
+
+    def checking_time_step(step, plan, device):
+        alive_at_timing.append(sum(ref() is not None for ref in outputs))
+        return real_time_step(step, plan, device)
+
+    monkeypatch.setattr(harness, "make_step", recording_make_step)
+    monkeypatch.setattr(harness, "time_step", checking_time_step)
+    case = Case("gpt_small", workload="train_forward", layers=1, model_args={"d_model": 32, "d_ff": 64, "n_heads": 2}, seq_len=8,
+                batch_size=2, device="cpu", warmup=2, iters=2, repeats=2)
+    row = harness.run_case(case)
+    assert row["status"] == "ok", row.get("message")
+    assert len(outputs) >= 3 and alive_at_timing == [0]

@@ -114,6 +114,9 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
                     out = step()
                 synchronize(case.device)
                 processed = built.batch_of(out)
+                # The last warm-up output must not live through the timed loop: a train_forward output holds its
+                # autograd graph (every saved activation), which doubled that workload's peak memory.
+                del out
 
                 step_s = estimate_step_s(step, case.device)
                 plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
