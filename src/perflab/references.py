@@ -36,11 +36,7 @@ class Reference:
     text: str  # as given (this is what a case stores)
     kind: str  # "file", "module", "hf" or "object"
     target: str  # the file path, module path, hf directory or id, or object name
-    attr: str  # NAME (dotted); "" for hf
-
-    @property
-    def short(self) -> str:
-        return self.text
+    attr: str  # NAME (dotted); "" for hf and object
 
 
 def is_reference(name) -> bool:
@@ -94,6 +90,7 @@ def using_model_root(path):
 
 
 def resolve_file(ref: Reference) -> Path:
+    """The reference's path (a file, or an hf: directory), read against the model root when relative."""
     path = Path(ref.target).expanduser()
     return path if path.is_absolute() else model_root() / path
 
@@ -104,11 +101,11 @@ def resolve_file(ref: Reference) -> Path:
 
 def hf_dir(ref: Reference) -> Path | None:
     """The local directory of an hf: reference, or None for a hub id."""
-    path = Path(ref.target).expanduser()
-    path = path if path.is_absolute() else model_root() / path
+    path = resolve_file(ref)
     if path.is_dir():
         return path
-    if path.suffix == ".json" or ref.target.startswith((".", "/", "~")) or os.sep in ref.target and path.parent.exists():
+    # a path, not a hub id ("org/name"): it names a file, starts like a path, or lies in a folder that exists
+    if path.suffix == ".json" or ref.target.startswith((".", "/", "~")) or (os.sep in ref.target and path.parent.exists()):
         raise PerflabError(f"{ref.text}: {path} is not a directory holding config.json")
     return None
 

@@ -31,7 +31,6 @@ from perflab.workloads import FAMILIES, family_of, shape_defaults
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph")
 ATTN_IMPLS = ("sdpa", "explicit")
-OPTIMIZERS = ("fused", "foreach", "in_backward", "in_backward_stream")
 # lm training variants and their "not set" value (serialised only when set).
 TRAINING_VARIANTS = {"optimizer": None, "checkpoint_activations": False}
 DEVICES = ("cuda", "cpu")
@@ -44,6 +43,7 @@ SHAPE_FIELDS = {
 # How each shape field is given on the command line, for messages.
 FLAG = {name: "--" + name.replace("_", "-") for name in SHAPE_FIELDS}
 FLAG["model_args"] = "--model-arg"
+FLAG.update({name: "--" + name.replace("_", "-") for name in TRAINING_VARIANTS})
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,10 @@ def validate_case(case: Case) -> Case:
         others = [f.name for f in FAMILIES.values() if case.workload in f.workloads]
         where = f"; {case.workload} is a workload of the {others[0]} family ({_family_models(others[0])})" if others else ""
         raise PerflabError(f"{case.model} ({family.name} family) has no workload {case.workload!r}; choose {', '.join(family.workloads)}{where}")
-    _check_training_variants(case, family)
+    for name, unset in TRAINING_VARIANTS.items():
+        if getattr(case, name) != unset and name not in family.variants:
+            owners = " and ".join(f.name for f in FAMILIES.values() if name in f.variants)
+            raise PerflabError(f"{FLAG[name]} applies to models of the {owners} family, not {case.model} ({family.name} family)")
     from perflab.workloads.registry import implementation
 
     return implementation(case).validate(case)
@@ -264,27 +267,12 @@ def resolve_family(case: Case) -> Case:
             raise PerflabError(f"{case.model} is a {declared} model by its config's architectures; --family {case.family} does not apply")
         return case
     owners = [f.name for f in FAMILIES.values() if case.workload in f.workloads]
-    if case.workload is not None and len(owners) == 1 and (declared is None or declared in owners or declared == "lm"):
+    if declared is None and len(owners) == 1:  # a workload of one family names it
         family = owners[0]
-    else:
+    else:  # the config's architectures (with its workload), or the built module
         family = infer_family(case.model, dict(case.model_args), case.workload)
     fields_ = {f.name: getattr(case, f.name) for f in fields(Case)}
     return Case(**dict(fields_, family=family))
-def _check_training_variants(case: Case, family) -> None:
-    """--optimizer (train_step) and --checkpoint-activations (workloads with a backward) are lm training options."""
-    if case.optimizer is not None:
-        if case.optimizer not in OPTIMIZERS:
-            raise PerflabError(f"unknown optimizer {case.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
-        if family.name != "lm" or case.workload != "train_step":
-            raise PerflabError(f"--optimizer applies to the train_step workload of language models (gpt_*), not {case.model} {case.workload}")
-    if case.checkpoint_activations and (family.name != "lm" or case.workload not in ("forward_backward", "train_step")):
-        raise PerflabError(f"--checkpoint-activations applies to the forward_backward and train_step workloads of language models (gpt_*), "
-                           f"not {case.model} {case.workload}")
-    if case.checkpoint_activations and case.is_reference:
-        raise PerflabError(f"--checkpoint-activations wraps the blocks of perflab's GPT; {case.model} is your own model: "
-                           "apply torch.utils.checkpoint in its code and compare the two with perflab compare")
-
-
 def _foreign_fields(case: Case) -> dict:
     """Shape fields set on a case whose family does not own them (to_dict drops them; validation refuses them)."""
     family = case.family_spec

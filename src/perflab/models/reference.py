@@ -195,10 +195,8 @@ def source_info(text: str) -> dict:
         directory = hf_dir(ref)
         path = directory / "config.json" if directory is not None else None
     elif ref.kind == "module":
-        spec = importlib.util.find_spec(ref.target.split(".")[0])
         module = sys.modules.get(ref.target)
-        path = Path(module.__file__) if module is not None and getattr(module, "__file__", None) else None
-        del spec
+        path = Path(module.__file__) if getattr(module, "__file__", None) else None
     if path is None or not path.is_file():
         return {"reference": text}
     return {"reference": text, "path": str(path), "sha1": hashlib.sha1(path.read_bytes()).hexdigest()}
@@ -219,13 +217,11 @@ def infer_family(text: str, model_args: dict, workload: str | None = None) -> st
     try:
         with torch.device("meta"):  # no memory, no init time: only the structure is looked at
             module = build_module(text, model_args)
-    except PerflabError:
-        raise
-    except Exception:
+    except ModelLoadError:  # an __init__ that needs real data (.item(), a file): build it on the CPU instead
         module = build_module(text, model_args)
     if callable(getattr(module, "setup_caches", None)):
         return "decode"
-    first = next((m for _, m in module.named_modules() if not list(m.children())), None)
+    first = first_leaf(module)
     if isinstance(first, nn.Embedding):
         return "lm"
     if isinstance(first, nn.Conv2d) and first.in_channels == 3:
@@ -233,6 +229,11 @@ def infer_family(text: str, model_args: dict, workload: str | None = None) -> st
     found = type(first).__name__ if first is not None else "no submodules"
     raise PerflabError(f"{text}: cannot tell which inputs it takes (its first module is {found}; perflab looks for an nn.Embedding "
                        "(token ids), a 3-channel Conv2d (images) or a setup_caches method (decode)); give --family classify, lm or decode")
+
+
+def first_leaf(module):
+    """The module's first submodule without children (its first layer), or None."""
+    return next((m for _, m in module.named_modules() if not list(m.children())), None)
 
 
 def first_embedding(module):
@@ -249,7 +250,7 @@ def vocab_size_of(module, text: str) -> int:
         return size
     embedding = first_embedding(module)
     if embedding is None:
-        first = next((type(m).__name__ for _, m in module.named_modules() if not list(m.children())), "nothing")
+        first = type(first_leaf(module)).__name__ if first_leaf(module) is not None else "nothing"
         raise PerflabError(f"{text}: the lm family feeds token ids below the vocabulary size, read from the first nn.Embedding, "
                            f"but the module has none (its first module is {first}); give --family classify for images")
     return int(embedding.num_embeddings)

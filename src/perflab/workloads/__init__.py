@@ -36,6 +36,7 @@ class FamilySpec:
     item: str = "sample"  # what throughput counts: "img", "token"
     describe: str = ""
     optional: tuple[str, ...] = ()  # owned fields a case serialises only when set (so older case ids stay the same)
+    variants: tuple[str, ...] = ()  # training-variant fields (--optimizer, --checkpoint-activations) its cases may set
 
     @property
     def default_workload(self) -> str:
@@ -129,7 +130,7 @@ FAMILIES = {
     ),
     "lm": LMSpec(
         "lm", ("workload", "seq_len", "layers", "model_args"), ("forward", "train_forward", "forward_backward", "train_step"),
-        defaults={"seq_len": 128, "batch_size": 4}, item="token",
+        defaults={"seq_len": 128, "batch_size": 4}, item="token", variants=("optimizer", "checkpoint_activations"),
         describe="token batch through a GPT or your own LM: inference forward, forward with autograd, forward+backward, or a full AdamW step",
     ),
     "decode": DecodeSpec(
@@ -140,6 +141,9 @@ FAMILIES = {
                  "context length, a prefill, or prefill + generation",
     ),
 }
+
+# train_step's AdamW implementations (--optimizer); the lm family's, used by its validation and explain's fixes.
+OPTIMIZERS = ("fused", "foreach", "in_backward", "in_backward_stream")
 
 LM_PREFIXES = ("gpt_",)
 DECODE_PREFIXES = ("llama",)

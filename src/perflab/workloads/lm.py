@@ -44,6 +44,7 @@ class LM(Implementation):
                                                     "use compile modes or eager"}}
 
     def validate(self, case):
+        self.check_variants(case)
         if case.is_reference:
             return self.validate_reference(case)
         config = lm_config(case)
@@ -56,6 +57,23 @@ class LM(Implementation):
             raise PerflabError(f"--layers must be at least 1, got {case.layers}")
         self.check_mode(case)
         return replace(case, model_args=tuple(sorted(case.model_args)))
+
+    def check_variants(self, case) -> None:
+        """--optimizer (train_step) and --checkpoint-activations (workloads with a backward; perflab's GPT only)."""
+        from perflab.workloads import OPTIMIZERS
+
+        if case.optimizer is not None:
+            if case.optimizer not in OPTIMIZERS:
+                raise PerflabError(f"unknown optimizer {case.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+            if case.workload != "train_step":
+                raise PerflabError(f"--optimizer applies to the train_step workload of language models, not {case.model} {case.workload}")
+        if case.checkpoint_activations:
+            if case.workload not in ("forward_backward", "train_step"):
+                raise PerflabError(f"--checkpoint-activations applies to the forward_backward and train_step workloads of language models, "
+                                   f"not {case.model} {case.workload}")
+            if case.is_reference:
+                raise PerflabError(f"--checkpoint-activations wraps the blocks of perflab's GPT; {case.model} is your own model: "
+                                   "apply torch.utils.checkpoint in its code and compare the two with perflab compare")
 
     def validate_reference(self, case):
         """A user's model: the shape is the case's; the dimensions are the model's own (--model-arg)."""
@@ -149,7 +167,7 @@ class LM(Implementation):
     def default_fixes(self, case) -> list[str]:
         """train_step: the other AdamW implementations, and activation checkpointing (perflab's GPT only: it
         wraps its blocks); forward_backward: checkpointing."""
-        from perflab.analysis.fixes import OPTIMIZERS
+        from perflab.workloads import OPTIMIZERS
 
         checkpoint = [] if case.checkpoint_activations or case.is_reference else ["checkpoint"]
         if case.workload == "train_step":
