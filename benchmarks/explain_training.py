@@ -93,7 +93,11 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name()
     extra: list[str] = []
     log(f"{case.label()} on {device}: eager, profile, floors")
-    explanation = explain(case, None, args.out_dir, steps=args.steps, modes=(), on_stage=log, fixes=["none"])
+    try:
+        explanation = explain(case, None, args.out_dir, steps=args.steps, modes=(), on_stage=log, fixes=["none"])
+    except PerflabError as exc:  # e.g. the eager case could not be measured (an OOM): one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     ce = explanation.cases[0]
     write(args.markdown, explanation, extra, device)
     sf = ce.step_floors

@@ -183,11 +183,6 @@ def pass_costs(case: Case, row: dict) -> dict | None:
     return implementation(case).pass_costs(case, row)
 
 
-def current_optimizer(case: Case) -> str:
-    """The AdamW implementation a train_step case runs (its default: fused on the GPU, for-loop on the CPU)."""
-    return case.optimizer or ("fused" if case.device == "cuda" else "plain")
-
-
 def default_fixes(case: Case) -> list[str]:
     """The fixes explain tries by default: the family's (workloads.base.Implementation.default_fixes)."""
     from perflab.workloads.registry import implementation
@@ -229,6 +224,8 @@ def predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: d
         return mode_predictions.get(value), "the modes' graph models (above)" if value in mode_predictions else "measured only"
     if key == "optimizer":
         backward_memory = next((p.memory_ms for p in step_floors.passes if p.name == "backward"), 0.0) if step_floors else 0.0
+        from perflab.workloads.lm import current_optimizer
+
         return predict_optimizer(value, current_optimizer(case), eager_ms, timing, backward_memory)
     if key == "checkpoint_activations":
         return predict_checkpoint(eager_ms, timing)

@@ -172,7 +172,7 @@ def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), bat
     if has_module_ranges(a.ranges) and has_module_ranges(b.ranges):
         # which modules changed: inclusive GPU time per step, each run averaged over its recorded steps
         trees = [module_tree(t.kernels, t.ranges, _step_count(t)) for t in (a, b)]
-        comparison.extra["modules"] = module_deltas(trees[0], trees[1], steps=(_step_count(a), _step_count(b)))
+        comparison.extra["modules"] = module_deltas(trees[0], trees[1])
     return comparison
 
 

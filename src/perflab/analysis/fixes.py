@@ -25,7 +25,6 @@ from dataclasses import asdict, dataclass, field
 
 # Least DRAM bytes per fp32 parameter of one AdamW update, by implementation (see the module docstring).
 ADAMW_BYTES_PER_PARAM = {"fused": 28, "foreach": 84, "plain": 84, "in_backward": 28, "in_backward_stream": 28}
-from perflab.workloads import OPTIMIZERS  # noqa: E402,F401  (re-exported: explain and benchmarks import it from here)
 
 
 @dataclass

@@ -20,7 +20,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from perflab.analysis.passes import kernel_passes
+from perflab.analysis.passes import PASSES, kernel_passes
 
 MODULE_RANGE = re.compile(r"^module(?P<backward>_backward)?:(?P<path>\S*) \[(?P<cls>[^\]]*)\]$")
 ROOT = "."  # the path of the model itself
@@ -134,16 +134,16 @@ def pass_closure(tree: pd.DataFrame, kernels: pd.DataFrame, ranges: pd.DataFrame
     return out
 
 
-def module_deltas(tree_a: pd.DataFrame, tree_b: pd.DataFrame, steps: tuple[int, int] = (1, 1), top: int = 10) -> pd.DataFrame:
-    """Which modules changed between two runs: inclusive GPU time per step in A and B (same pass and path),
-    the difference and its ratio; modules in one run only count 0 in the other. The ``top`` largest changes."""
-    def per_step(tree, n):
+def module_deltas(tree_a: pd.DataFrame, tree_b: pd.DataFrame, top: int = 10) -> pd.DataFrame:
+    """Which modules changed between two runs: inclusive GPU time per step in A and B (same pass and path; each
+    tree's totals ÷ the steps it recorded, ``attrs["steps"]``), the difference and its ratio; modules in one run
+    only count 0 in the other. The ``top`` largest changes."""
+    def per_step(tree):
         if tree is None or len(tree) == 0:
             return pd.Series(dtype=float)
-        keyed = tree.set_index(["pass", "module"])["inclusive_ns"] / max(int(n), 1)
-        return keyed
+        return tree.set_index(["pass", "module"])["inclusive_ns"] / max(int(tree.attrs.get("steps", 1)), 1)
 
-    a, b = per_step(tree_a, steps[0]), per_step(tree_b, steps[1])
+    a, b = per_step(tree_a), per_step(tree_b)
     index = a.index.union(b.index)
     a, b = a.reindex(index, fill_value=0.0), b.reindex(index, fill_value=0.0)
     frame = pd.DataFrame({"a_ns": a, "b_ns": b}).reset_index()
@@ -183,5 +183,6 @@ def _tree_key(path: str):
 
 
 def _pass_order(names) -> list[str]:
-    order = {"forward": 0, "backward": 1, "optimizer": 2, NO_PASS: 4}
-    return sorted((str(n) for n in names), key=lambda n: (order.get(n, 3), n))
+    """Step order (analysis.passes.PASSES), then any other name, then activities outside every pass."""
+    order = {name: i for i, name in enumerate(PASSES)} | {NO_PASS: len(PASSES) + 1}
+    return sorted((str(n) for n in names), key=lambda n: (order.get(n, len(PASSES)), n))

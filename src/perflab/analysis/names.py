@@ -169,16 +169,6 @@ def _split_template(text: str) -> tuple[str, str | None]:
         return text, None
     i = _opening(text, ">)}", "<({")
     return (text[:i], text[i + 1:-1]) if i >= 0 else (text, None)
-    depth = 0
-    for i in range(len(text) - 1, -1, -1):
-        ch = text[i]
-        if ch in ">)}":
-            depth += 1
-        elif ch in "<({":
-            depth -= 1
-            if depth == 0:
-                return text[:i], text[i + 1:-1]
-    return text, None
 
 
 def _last_word(text: str) -> str:

@@ -171,7 +171,7 @@ class LM(Implementation):
 
         checkpoint = [] if case.checkpoint_activations or case.is_reference else ["checkpoint"]
         if case.workload == "train_step":
-            current = case.optimizer or ("fused" if case.device == "cuda" else "plain")
+            current = current_optimizer(case)
             return [f"optimizer:{name}" for name in OPTIMIZERS if name != current] + checkpoint
         return checkpoint if case.workload == "forward_backward" else []
 
@@ -224,6 +224,11 @@ def reference_analytic(case, passes: int) -> dict:
 # ---- training variants: --optimizer and the per-pass costs of explain's floors ----
 
 ADAMW_LR = 1e-4
+
+
+def current_optimizer(case) -> str:
+    """The AdamW implementation a train_step case runs (its default: fused on the GPU, the for-loop one on the CPU)."""
+    return case.optimizer or ("fused" if case.device == "cuda" else "plain")
 
 
 def make_optimizer(case, model, set_to_none: bool):
@@ -306,9 +311,13 @@ def lm_pass_costs(case, row: dict) -> dict | None:
 
     if case.workload not in ("forward_backward", "train_step"):
         return None
-    config = lm_config(case)
-    f = forward_flops(config, case.batch_size, case.seq_len)
-    params = int(row.get("params") or param_count(config)["total"])
+    if case.is_reference:  # your own model: F from the step's counted FLOPs (forward + a backward of twice it)
+        f = float(row.get("gflops_per_batch") or 0.0) * 1e9 / 3
+        params = int(row.get("params") or 0)
+    else:
+        config = lm_config(case)
+        f = forward_flops(config, case.batch_size, case.seq_len)
+        params = int(row.get("params") or param_count(config)["total"])
     w = 2 if case.dtype in ("bf16", "fp16") else 4
     recompute = 1 if case.checkpoint_activations else 0
     costs = {"forward": {"flops": f, "bytes": params * w},
