@@ -552,6 +552,9 @@ def main() -> None:
     parser.add_argument("--only", help=f"with --layouts: these layouts, comma-separated (of {','.join(LAYOUTS)})")
     parser.add_argument("--no-parsers", action="store_true", help="with --layouts: perflab analyze only, not the candidate parsers")
     args = parser.parse_args()
+    unknown = [name for name in (args.only.split(",") if args.only else ()) if name not in LAYOUTS]
+    if unknown:
+        parser.error(f"--only: unknown layout {unknown[0]!r}; choose from {', '.join(LAYOUTS)}")
     keep_layouts = args.keep
 
     workdir = Path(args.dir or tempfile.mkdtemp(prefix="perflab-bench-"))

@@ -22,10 +22,15 @@ def main() -> None:
     parser.add_argument("--mode", nargs="+", default=["eager", "cudagraph"])
     parser.add_argument("--no-pin", action="store_true", help="time with the timing thread unpinned")
     args = parser.parse_args()
-    cases = api.make_cases(
-        model=["deit_base_patch16_224", "timm:deit_base_patch16_224"], batch_size=args.batch_size, dtype=args.dtype,
-        mode=args.mode, device="cuda",
-    )
+    from perflab.errors import PerflabError
+
+    try:
+        cases = api.make_cases(
+            model=["deit_base_patch16_224", "timm:deit_base_patch16_224"], batch_size=args.batch_size, dtype=args.dtype,
+            mode=args.mode, device="cuda",
+        )
+    except PerflabError as exc:  # a bad --mode, --dtype or --batch-size: one line, not a traceback
+        parser.error(str(exc))
     # perflab's case then timm's at each point, back to back (make_cases orders by model first)
     cases = sorted(cases, key=lambda c: (c.batch_size, c.dtype, c.mode, c.model.startswith("timm:")))
     rows = api.bench(cases, pin=not args.no_pin)

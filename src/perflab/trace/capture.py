@@ -71,9 +71,7 @@ def profile_case(case, trace_path: Path, steps: int = 5, by_module: bool = False
     per-module attribution of ``analysis.modules``; eager mode only (a compiled graph has no modules left)."""
     from perflab.runtime.workload import warm_workload
 
-    if by_module and case.mode != "eager":
-        raise PerflabError(f"--by-module needs eager mode: {case.mode} fuses kernels across modules, so no kernel belongs to one module")
-    with warm_workload(case) as work:
+    with warm_workload(case) as work:  # by_module with a compiled mode is refused by api.profile_case, before any timing
         work.built.set_annotate(model_ranges=case.mode == "eager", passes=case.mode != "cudagraph")
         step = work.step
         if by_module:

@@ -12,9 +12,7 @@ input in place cannot take them; then the backward is left unattributed per modu
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from typing import Iterator
 
 import torch
 from torch.autograd.profiler import record_function
@@ -81,18 +79,10 @@ class ModuleRanges:
         self.handles.clear()
 
 
-@contextlib.contextmanager
-def module_ranges(model: torch.nn.Module, backward: bool) -> Iterator[ModuleRanges]:
-    hooks = ModuleRanges(model, backward)
-    try:
-        yield hooks
-    finally:
-        hooks.remove()
-
-
 def with_module_ranges(step, model: torch.nn.Module, backward: bool):
-    """``step`` wrapped so that each call runs under module ranges (hooks installed once, by the caller's
-    ``module_ranges`` block); a step whose modules cannot take backward hooks is retried with forward ranges only."""
+    """``step`` wrapped so that each call runs under module ranges (the hooks are installed here, once; ``.remove()``
+    takes them off, ``.state["hooks"].skipped`` says why backward ranges were dropped): a step whose modules cannot
+    take backward hooks is retried with forward ranges only."""
     state = {"hooks": ModuleRanges(model, backward)}
 
     def run():
