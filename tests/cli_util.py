@@ -21,3 +21,28 @@ def assert_one_line_error(result, *fragments):
     assert lines[0].startswith("perflab: error: ")
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
+
+
+def run_cli_here(*args, cwd=None):
+    """The CLI in this process (``perflab.cli.main``), as ``run_cli`` reports it: for the many one-line-error cases,
+    where a fresh interpreter per case (about 2 s of imports each on the CI VM) is what the test would time."""
+    import contextlib
+    import io
+    import warnings
+
+    from perflab import cli
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    before = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # as PYTHONWARNINGS=ignore in run_cli
+            try:
+                cli.main([str(a) for a in args])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.chdir(before)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cli_util import assert_one_line_error, run_cli
+from cli_util import assert_one_line_error, run_cli, run_cli_here
 from perflab.cli import expand_multi_value_options
 
 
@@ -81,7 +81,7 @@ def test_oom_case_is_a_row_and_the_rest_run():
          "bad-mode", "cudagraph-on-cpu", "bad-format", "non-integer", "missing-keep-rate", "keep-rate-on-baseline", "bad-flag", "no-model"],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, fragments):
-    r = run_cli("bench", *args, *([] if "--device" in args else ["--device", "cpu"]))
+    r = run_cli_here("bench", *args, *([] if "--device" in args else ["--device", "cpu"]))
     assert_one_line_error(r, *fragments)
     assert r.stdout == ""
 

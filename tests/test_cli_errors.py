@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from cli_util import assert_one_line_error, run_cli
+from cli_util import assert_one_line_error, run_cli, run_cli_here
 
 TRACE = "tests/data/traces/eager_vit.json.gz"
 
@@ -46,7 +46,7 @@ TRACE = "tests/data/traces/eager_vit.json.gz"
          "bench-optimizer", "bench-checkpoint-forward"],
 )
 def test_one_line_and_exit_2(args, fragment):
-    r = run_cli(*args, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
+    r = run_cli_here(*args, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     assert_one_line_error(r, fragment)
     assert r.stdout == ""
 
