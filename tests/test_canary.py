@@ -9,7 +9,7 @@ import torch
 
 from cli_util import ROOT
 from perflab.measure.canary import (HOST_DRIFT_FLAG, HOST_DRIFT_MIN_ROWS, HOST_DRIFT_THRESHOLD, REPEATS, host_canary,
-                                    mark_host_drift)
+                                    mark_host_flags)
 from perflab.sweep.store import Store, load_stored, read_rows
 
 
@@ -49,48 +49,48 @@ def flagged(rows):
 
 def test_only_the_row_beyond_the_threshold_is_flagged():
     assert HOST_DRIFT_THRESHOLD == 0.15
-    out = mark_host_drift(rows_with([100, 102, 98, 130]))  # median 101: 130 is 1.287×
+    out = mark_host_flags(rows_with([100, 102, 98, 130]))  # median 101: 130 is 1.287×
     assert flagged(out) == [False, False, False, True]
     assert [round(r["host_canary_ratio"], 4) for r in out] == [0.9901, 1.0099, 0.9703, 1.2871]
     assert out[3]["flags"] == ["no_power", "host_drift"] and len(out[3]["warnings"]) == 2
     assert "130 µs, 1.29× the median 101 µs" in out[3]["warnings"][1]
     # Both directions, and the bound itself: 116 and 84 are 16% off the median 100, 114 and 86 14%.
-    out = mark_host_drift(rows_with([100, 100, 100, 114, 116, 86, 84]))
+    out = mark_host_flags(rows_with([100, 100, 100, 114, 116, 86, 84]))
     assert flagged(out) == [False, False, False, False, True, False, True]
-    assert flagged(mark_host_drift(rows_with([100, 102, 98, 130]), threshold=0.30)) == [False] * 4
+    assert flagged(mark_host_flags(rows_with([100, 102, 98, 130]), threshold=0.30)) == [False] * 4
 
 
 def test_rows_without_a_canary_are_never_flagged_and_do_not_count():
     rows = rows_with([100, 102, 98, 130])
     rows.insert(1, {"case_id": "old", "status": "ok", "flags": [], "env_key": "e"})  # a row stored before the canary
     rows.insert(2, dict(rows[0], case_id="timeout", status="timeout", host_canary_us=None))  # the parent's row: no canary
-    out = mark_host_drift(rows)
+    out = mark_host_flags(rows)
     assert flagged(out) == [False, False, False, False, False, True]
     assert out[1] is rows[1] and "host_canary_ratio" not in out[1]
     assert out[5]["host_canary_ratio"] == pytest.approx(130 / 101)  # the median is of the four canaries only
     # Fewer canaries than HOST_DRIFT_MIN_ROWS give no reference: with two, which one drifted?
     assert HOST_DRIFT_MIN_ROWS == 3
-    out = mark_host_drift(rows_with([100, 200]))
+    out = mark_host_flags(rows_with([100, 200]))
     assert flagged(out) == [False, False] and all("host_canary_ratio" not in r for r in out)
 
 
 def test_each_environment_is_its_own_reference_and_failed_rows_count_but_are_not_flagged():
     fast, slow = rows_with([100, 101, 99], env_key="fast"), rows_with([200, 202, 198], env_key="slow")
-    assert not any(flagged(mark_host_drift(fast + slow)))  # a slower host is another environment, not drift
-    assert all(flagged(mark_host_drift(fast + slow, group=lambda r: None))[3:])  # one pool would flag the slow host
+    assert not any(flagged(mark_host_flags(fast + slow)))  # a slower host is another environment, not drift
+    assert all(flagged(mark_host_flags(fast + slow, group=lambda r: None))[3:])  # one pool would flag the slow host
     rows = rows_with([100, 100, 100]) + rows_with([400], status="oom")
-    out = mark_host_drift(rows)
+    out = mark_host_flags(rows)
     assert flagged(out) == [False] * 4 and out[3]["host_canary_ratio"] == pytest.approx(4.0)
 
 
 def test_marking_copies_rows_and_is_idempotent():
     rows = rows_with([100, 102, 98, 130])
-    once = mark_host_drift(rows)
+    once = mark_host_flags(rows)
     assert rows[3]["flags"] == ["no_power"] and "host_canary_ratio" not in rows[3]  # the input rows are untouched
-    twice = mark_host_drift(once)
+    twice = mark_host_flags(once)
     assert [r["flags"] for r in twice] == [r["flags"] for r in once] and twice[3]["warnings"] == once[3]["warnings"]
     # A stale flag (a row judged among other rows) is recomputed against the rows present now.
-    assert mark_host_drift(once[2:])[1]["flags"] == ["no_power"]
+    assert mark_host_flags(once[2:])[1]["flags"] == ["no_power"]
 
 
 def test_the_flag_is_derived_when_read_never_stored(tmp_path):

@@ -88,6 +88,9 @@ def cases_for_model(model, **options) -> list[Case]:
     return make_cases(model=[name], **options)
 
 
+DEMO_GPU_PROCESSES = 3  # perflab demo on a GPU: its CIs cover between-process variance (docs/performance.md, issue 22)
+
+
 def demo_cases(device: str = "auto") -> list[Case]:
     """The quick start's cases: the token-reduction paradox (DeiT-B baseline vs top-k 0.1 at 3,6,9, bf16,
     batch 1 and 64, eager and CUDA graph) on a GPU; a small version (DeiT-Tiny, fp32, eager) on the CPU."""
@@ -102,11 +105,19 @@ def demo_cases(device: str = "auto") -> list[Case]:
 
 
 def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None,
-          pin: bool = True, one_thread: bool = True, *, model=None, **case_options) -> list[dict]:
-    """Measure each case in this process; an OOM or failure in one becomes its row and the rest still run.
+          pin: bool = True, one_thread: bool = True, *, interleave: bool = True, processes: int = 1, model=None, **case_options) -> list[dict]:
+    """Measure the cases in this process (and, with ``processes`` > 1, in that many processes in all); an OOM or
+    failure in one becomes its row and the rest still run.
 
-    ``pin``: pin the timing thread to one core for warm-up and the timed loop; ``one_thread``: one torch
-    intra-op thread meanwhile for CUDA cases (``measure.pinning``). Run options: case ids do not depend on them.
+    ``interleave`` (default): the cases that fit on the device together are built and warmed first, then timed in
+    blocks in a seeded random interleaved order (``measure.interleave``; the seed is the cases' ``seed``), so a slow
+    stretch of the host falls on all of them, and a speedup is read from blocks paired in time
+    (``measure.stats.paired_ratio``, used by the speedup table). It costs memory (every case held at once) and a
+    warm-up per case before any timing; ``interleave=False`` times each case alone right after its warm-up.
+    ``processes``: spread each case's samples over this many processes (this one, then fresh ones); its CI is
+    then taken across processes (``ci_level``). ``pin``: pin the timing thread to one core for warm-up and the
+    timed loop; ``one_thread``: one torch intra-op thread meanwhile for CUDA cases (``measure.pinning``). Run
+    options: case ids do not depend on them.
 
     From a notebook, name the model directly instead of cases: ``model`` is an ``nn.Module`` (measured as it is),
     an ``nn.Module`` subclass or a function that returns one, or any model name or reference ``make_cases``
@@ -117,37 +128,42 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
 
     ``on_case(index, case, stage)`` is called as each case moves through its stages (for progress bars).
     ``memory_snapshot``: a path for the CUDA memory history pickle (memory_viz); with several cases, the
-    case id is added to each file's name. Rows whose host canary is more than 15% off the median of the
-    run's rows (three or more) are flagged ``host_drift``, rows whose timing thread waited for a CPU (or lost
-    it to the hypervisor) over the timed loop ``host_contention``, GPU-bound rows neither (``measure.canary``).
+    case id is added to each file's name, and each case is timed alone. Rows whose host canary is more than 15%
+    off the median of the run's rows (three or more) are flagged ``host_drift``, rows whose timing thread waited
+    for a CPU (or lost it to the hypervisor) over the timed loop ``host_contention``, GPU-bound rows neither
+    (``measure.canary``).
     """
     from pathlib import Path
 
-    from perflab.measure.harness import run_case
+    from perflab.errors import PerflabError
+    from perflab.measure.harness import run_case, run_cases, run_in_processes
     from perflab.measure.pinning import HostOptions
 
     if model is not None:
         if cases is not None:
-            from perflab.errors import PerflabError
-
             raise PerflabError("give either cases or model=..., not both")
         cases = cases_for_model(model, **case_options)
     elif case_options:
-        from perflab.errors import PerflabError
-
         raise PerflabError(f"options {', '.join(sorted(case_options))} describe cases: pass them with model=..., or build cases with make_cases")
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise PerflabError(f"--processes: expected a whole number of processes, 1 or more, got {processes!r}")
     host = HostOptions(pin=pin, one_thread=one_thread)
     cases = list(cases or [])
-    rows = []
-    for i, case in enumerate(cases):
-        stage = (lambda s, i=i, case=case: on_case(i, case, s)) if on_case else None
-        snapshot = None
-        if memory_snapshot is not None:
+    if memory_snapshot is not None:
+        if processes > 1:
+            raise PerflabError("--memory-snapshot records one process's allocator: use it with one process")
+        rows = []
+        for i, case in enumerate(cases):
+            stage = (lambda s, i=i, case=case: on_case(i, case, s)) if on_case else None
             path = Path(memory_snapshot)
             snapshot = path if len(cases) == 1 else path.with_name(f"{path.stem}_{case.id}{path.suffix or '.pickle'}")
-        rows.append(run_case(case, on_stage=stage, memory_snapshot=snapshot, host=host))
-        if snapshot is not None and case.device == "cuda":
-            rows[-1]["memory_snapshot"] = str(snapshot)
+            rows.append(run_case(case, on_stage=stage, memory_snapshot=snapshot, host=host))
+            if case.device == "cuda":
+                rows[-1]["memory_snapshot"] = str(snapshot)
+    elif processes > 1:
+        rows = run_in_processes(cases, processes, host=host, interleave=interleave, seed=cases[0].seed if cases else 0, on_case=on_case)
+    else:
+        rows = run_cases(cases, host=host, interleave=interleave, seed=cases[0].seed if cases else 0, on_case=on_case)
     from perflab.measure.canary import mark_host_flags
 
     return mark_host_flags(rows)

@@ -75,6 +75,10 @@ OPT_STEPS = typer.Option(5, "--steps", help="Steps to record in the profiled pas
 OPT_TRACE_DIR = typer.Option(Path("perflab-traces"), "--out", help="Directory for the traces it records.")
 OPT_NO_PIN = typer.Option(False, "--no-pin", help="Time with the timing thread unpinned (default: pinned to one core for "
                           "warm-up and the timed loop, where the OS allows; not part of case ids).")
+OPT_NO_INTERLEAVE = typer.Option(False, "--no-interleave", help="Time each case alone, right after its warm-up (default: build and "
+                                 "warm every case that fits, then time them in seeded random interleaved blocks).")
+OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes (this one, then fresh ones); "
+                             "the CI then covers between-process variance.")
 
 
 @app.command()
@@ -111,6 +115,8 @@ def bench(
     memory_snapshot: Optional[Path] = typer.Option(None, "--memory-snapshot", help="GPU: write the CUDA memory history (a pickle "
                                                    "that pytorch.org/memory_viz opens) to this file; case ids are added for several cases."),
     no_pin: bool = OPT_NO_PIN,
+    no_interleave: bool = OPT_NO_INTERLEAVE,
+    processes: int = OPT_PROCESSES,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -129,7 +135,7 @@ def bench(
     )
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
-    rows = _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin)
+    rows = _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin, interleave=not no_interleave, processes=processes)
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -145,7 +151,10 @@ def bench(
 
 
 @app.command()
-def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."), no_pin: bool = OPT_NO_PIN):
+def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."), no_pin: bool = OPT_NO_PIN,
+         no_interleave: bool = OPT_NO_INTERLEAVE,
+         processes: Optional[int] = typer.Option(None, "--processes", help="Processes to spread the samples over (default: 3 on a "
+                                                 "GPU, so the CIs hold from run to run; 1 on the CPU).")):
     """The token-reduction paradox in one command: DeiT baseline vs top-k, eager vs CUDA graph (GPU),
     or a small CPU version when no GPU is present."""
     from perflab import api
@@ -154,7 +163,9 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
     cases = api.demo_cases(device)
     if cases[0].device == "cpu":
         err.print("No GPU here: running a small CPU version (DeiT-Tiny, fp32, eager).")
-    rows = _run_with_progress(cases, pin=not no_pin)
+    if processes is None:
+        processes = api.DEMO_GPU_PROCESSES if cases[0].device == "cuda" else 1
+    rows = _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes)
     _print_warnings(rows)
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
     out.print(speedup_table(rows))
@@ -181,7 +192,7 @@ def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layer
                 layers=layers, layers_only=layers_only, model_args=args, max_memory=max_memory, family=family)
 
 
-def _run_with_progress(cases, memory_snapshot=None, pin: bool = True):
+def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perflab import api
@@ -192,7 +203,7 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True):
         def on_case(index, case, stage):
             progress.update(task, completed=index, description=f"{case.label()}: {stage}")
 
-        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin)
+        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes)
         progress.update(task, completed=len(cases))
     return rows
 

@@ -39,9 +39,10 @@ code reading them, and cannot change a case id or a stored row:
 - ``host_contention``: its timing thread waited for a CPU, or its VM had CPU time stolen, for more than
   a threshold share of the timed loop (``measure.sched``).
 
-Neither applies to a **GPU-bound** row: one whose host issue time is under ``HOST_BOUND_THRESHOLD`` (half)
-of its step time (``host_bound_frac``, measured by the harness): the GPU is busy while the host has
-finished, so a slower or interrupted host does not move the timing. Such rows get ``host_exempt`` (the
+Neither applies to a **GPU-bound** row: one whose host needs under ``HOST_BOUND_THRESHOLD`` (half) of the
+GPU's time to issue a step (``host_bound_frac``: the harness measures the two apart, holding the GPU with a
+sleep kernel while the host issues, ``measure.host.held_timing``): the GPU stays busy while the host has
+finished, so a host up to twice as slow, or held up, does not move the timing. Such rows get ``host_exempt`` (the
 flags waived there, often none) and the reports say so in one line.
 This module imports torch only inside :func:`host_canary`; reading and flagging need none.
 """
@@ -65,9 +66,9 @@ HOST_DRIFT_THRESHOLD = 0.15  # |canary ÷ median − 1| above this flags the row
 HOST_DRIFT_MIN_ROWS = 3  # fewer canaries in an environment give no reference (with 2, which one drifted?)
 HOST_CONTENTION_FLAG = "host_contention"  # the row's run-queue wait or VM steal over the loop (measure.sched)
 HOST_FLAGS = (HOST_DRIFT_FLAG, HOST_CONTENTION_FLAG)
-# GPU-bound exemption. host_bound_frac = host issue time of one step ÷ the step's time. Below this the GPU is
-# busy for most of the step and the host runs ahead of it: a host up to 1 / 0.5 = 2× slower, or held up for
-# up to half a step, still issues the next step before the GPU needs it, so the host flags do not apply.
+# GPU-bound exemption. host_bound_frac = the host's time to issue one step ÷ the GPU's time to run it, measured
+# apart. Below this the host runs ahead of the GPU: a host up to 1 / 0.5 = 2× slower, or held up for up to half
+# a step, still issues the next step before the GPU needs it, so the host flags do not apply.
 HOST_BOUND_KEY = "host_bound_frac"
 HOST_BOUND_THRESHOLD = 0.5
 EXEMPT_KEY = "host_exempt"  # set when rows are read on GPU-bound rows: the host flags waived there (often none)
@@ -172,8 +173,8 @@ def canary_fields(before: Canary, after: Canary | None = None) -> dict:
 def host_exempt(row: dict, bound_threshold: float = HOST_BOUND_THRESHOLD) -> bool:
     """Whether the row is GPU-bound enough that the host's speed cannot move its timing: its host issue time is
     under ``bound_threshold`` of its step time (``host_bound_frac``; rows without one are not exempt)."""
-    frac = row.get(HOST_BOUND_KEY)
-    return isinstance(frac, (int, float)) and not isinstance(frac, bool) and frac < bound_threshold
+    frac = _number(row.get(HOST_BOUND_KEY))
+    return frac is not None and frac < bound_threshold
 
 
 def mark_host_flags(rows: Iterable[dict], threshold: float = HOST_DRIFT_THRESHOLD,
@@ -249,17 +250,17 @@ def mark_host_flags(rows: Iterable[dict], threshold: float = HOST_DRIFT_THRESHOL
     return out
 
 
-mark_host_drift = mark_host_flags  # the name before host_contention; both flags are judged together
-
-
-def _fraction(value) -> float | None:
+def _number(value) -> float | None:
+    """A real number (not a bool, not NaN), else None: the check every stored figure read here needs."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
     return float(value)
 
 
+def _fraction(value) -> float | None:
+    return _number(value)
+
+
 def _canary(row: dict) -> float | None:
-    value = row.get(CANARY_KEY)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        return None
-    return float(value)
+    value = _number(row.get(CANARY_KEY))
+    return value if value is not None and value > 0 else None

@@ -54,6 +54,9 @@ class NullMonitor:
     def end(self) -> MonitorReport:
         return MonitorReport(unavailable=self.reason)
 
+    def energy_mj(self) -> None:
+        return None
+
 
 class NvmlMonitor:
     """NVML readings for the GPU torch uses (found by UUID, so CUDA_VISIBLE_DEVICES is respected)."""
@@ -81,7 +84,8 @@ class NvmlMonitor:
         info["power_limit_w"] = _try(lambda: nv.nvmlDeviceGetPowerManagementLimit(self.handle) / 1000.0)
         return info
 
-    def _energy_mj(self) -> int | None:
+    def energy_mj(self) -> int | None:
+        """NVML's total-energy counter now, mJ (None where it cannot be read); interleaved blocks read it at each end."""
         return _try(lambda: self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle))
 
     def _reasons(self) -> int | None:
@@ -109,7 +113,7 @@ class NvmlMonitor:
     def begin(self) -> None:
         self._clocks: list[int] = []
         self._reason_bits = 0
-        self._energy0 = self._energy_mj()
+        self._energy0 = self.energy_mj()
         self._t0 = time.perf_counter()
         self._stop.clear()
         self._thread = threading.Thread(target=self._poll, name="perflab-nvml", daemon=True)
@@ -117,7 +121,7 @@ class NvmlMonitor:
 
     def end(self) -> MonitorReport:
         t1 = time.perf_counter()
-        energy1 = self._energy_mj()
+        energy1 = self.energy_mj()
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -17,24 +17,29 @@ An OOM or any other failure of the measurement becomes a row with status ``oom``
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import math
+import statistics
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 from perflab.errors import PerflabError
 from perflab.measure import sched
-from perflab.measure.canary import CANARY_KEY, canary_fields, host_canary
+from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, host_canary
 from perflab.measure.checks import MIN_TIMED_ITERS, run_checks
 from perflab.measure.energy import open_monitor
 from perflab.measure.env import device_name, environment
 from perflab.measure.flops import count_flops, count_params
-from perflab.measure.host import issue_s
+from perflab.measure.host import HeldTiming, held_timing, issue_s
 from perflab.measure.pinning import HostOptions, timing_thread
-from perflab.measure.stats import summarize
-from perflab.measure.timing import estimate_step_s, plan_timing, time_step
+from perflab.measure.stats import hierarchical_ci, summarize
+from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
 from perflab.runtime.modes import make_step
@@ -91,37 +96,83 @@ def is_oom(exc: BaseException) -> bool:
     return "out of memory" in text or "cublas_status_alloc_failed" in text
 
 
-def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) -> dict:
+@dataclass
+class Prepared:
+    """A case built, checked, counted, compiled and warmed up, ready to time (inside its contexts)."""
+
+    case: Case
+    impl: object
+    built: object
+    step: Callable[[], object]
+    checked: dict
+    flops: float
+    params: int
+    trainable: int
+    first_step_s: float
+    processed: int
+    plan: TimingPlan
+    issue: float
+    issue_step: float
+    held: HeldTiming
+    resident_bytes: int | None = None  # allocated by this case and held between its steps (CUDA)
+    resident_reserved: int | None = None
+
+
+def _prepare(case: Case, stage, host: HostOptions | None) -> Prepared:
+    """Build, check, count FLOPs, make the step for the mode and call it once (compile, capture); then, with the
+    timing thread set up (``measure.pinning``), warm up, plan the timing and measure the step's host and GPU
+    times apart. Runs inside ``memory_cap`` and ``step_context``; on CUDA it records what the case holds."""
     impl = implementation(case)
+    stage("build")
+    cuda = case.device == "cuda"
+    alloc0, reserved0 = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) if cuda else (None, None)
+    built = build(case)
+    params, trainable = count_params(built.model)
+    return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0, reserved0)
+
+
+def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None, reserved0=None) -> Prepared:
+    stage("check")
+    checked = impl.check(case, built)
+    flops = count_flops(built.make_step(built.model))
+
+    stage("compile" if case.mode != "eager" else "warmup")
+    started = time.perf_counter()
+    step = make_step(built, case.mode)
+    out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
+    synchronize(case.device)
+    first_step_s = time.perf_counter() - started  # what the mode costs before its first step is done
+    stage("warmup")
+    with timing_thread(case.device, host):
+        for _ in range(case.warmup):
+            out = step()
+        synchronize(case.device)
+        processed = built.batch_of(out)
+        # The last warm-up output must not live through the timed loop: a train_forward output holds its
+        # autograd graph (every saved activation), which doubled that workload's peak memory.
+        del out
+
+        step_s = estimate_step_s(step, case.device)
+        plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
+        issue, issue_step = issue_s(step, case.device)
+        held = held_timing(step, case.device, issue)
+        synchronize(case.device)
+    prepared = Prepared(case, impl, built, step, checked, flops, params, trainable, first_step_s, processed, plan, issue, issue_step, held)
+    if alloc0 is not None:
+        prepared.resident_bytes = torch.cuda.memory_allocated() - alloc0
+        prepared.resident_reserved = torch.cuda.memory_reserved() - reserved0
+    return prepared
+
+
+def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) -> dict:
+    """One case alone: prepared, then one contiguous timed loop (sequential timing)."""
     with memory_cap(case):
         stage("build")
         built = build(case)
         params, trainable = count_params(built.model)
         with step_context(case, built):
-            stage("check")
-            checked = impl.check(case, built)
-            flops = count_flops(built.make_step(built.model))
-
-            stage("compile" if case.mode != "eager" else "warmup")
-            started = time.perf_counter()
-            step = make_step(built, case.mode)
-            out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
-            synchronize(case.device)
-            first_step_s = time.perf_counter() - started  # what the mode costs before its first step is done
-            stage("warmup")
+            prepared = _compile_and_warm(case, implementation(case), built, params, trainable, stage, host)
             with timing_thread(case.device, host) as thread:
-                for _ in range(case.warmup):
-                    out = step()
-                synchronize(case.device)
-                processed = built.batch_of(out)
-                # The last warm-up output must not live through the timed loop: a train_forward output holds its
-                # autograd graph (every saved activation), which doubled that workload's peak memory.
-                del out
-
-                step_s = estimate_step_s(step, case.device)
-                plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
-                issue, issue_step = issue_s(step, case.device)
-                synchronize(case.device)  # no GPU work in flight, and no sampler thread yet, while the canary runs
                 before = host_canary()  # the host's speed just before the timed loop (fixed grad/autocast state inside)
                 stage("timing")
                 if case.device == "cuda":
@@ -132,7 +183,7 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
                 try:
                     monitor.begin()
                     load0 = sched.sample()
-                    timing = time_step(step, plan, case.device)  # synchronised at its end
+                    timing = time_step(prepared.step, prepared.plan, case.device)  # synchronised at its end
                     load1 = sched.sample()
                     report = monitor.end()  # the sampler thread has ended
                 finally:
@@ -141,23 +192,58 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
                 after = host_canary()  # and just after it, with nothing in flight
             peak = memory_peaks(case.device)
             summary = summarize(timing.samples_ms)
-            extra = impl.after_timing(case, built, step, {"median_ms": summary.median})
+            extra = prepared.impl.after_timing(case, built, prepared.step, {"median_ms": summary.median})
+    measured = Measured(
+        samples_ms=[float(v) for v in timing.samples_ms], timed_s=timing.timed_s, block_iters=prepared.plan.block_iters,
+        timed_iters=prepared.plan.total_iters, energy_j=report.energy_j, power_w=report.power_w, energy_unavailable=report.unavailable,
+        peak_alloc=peak["alloc"], peak_reserved=peak["reserved"], canary=canary_fields(before, after),
+        contention=sched.contention(load0, load1, thread.cpus), extra=extra,
+    )
+    return ok_row(prepared, env, report, measured, thread)
 
+
+@dataclass
+class Measured:
+    """What the timing of one case gave, sequential or interleaved."""
+
+    samples_ms: list[float]
+    timed_s: float
+    block_iters: int
+    timed_iters: int
+    energy_j: float | None
+    power_w: float | None
+    energy_unavailable: str | None
+    peak_alloc: int | None
+    peak_reserved: int | None
+    canary: dict
+    contention: dict
+    extra: dict
+    sample_rounds: list[int] | None = None  # interleaved: the round of each sample
+    sample_processes: list[int] | None = None
+    session: dict | None = None  # interleaved: what the session was (id, cases, rounds, seed, canaries)
+
+
+def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) -> dict:
+    """The result row of a measured case."""
+    case, built, plan = prepared.case, prepared.built, prepared.plan
+    summary = summarize(measured.samples_ms)
+    checked = prepared.checked
     tokens_expected, tokens_seen = checked.get("tokens_expected"), checked.get("tokens_seen")
     checks = run_checks(
         requested_batch=case.batch_size,
-        processed_batch=processed,
-        timed_s=timing.timed_s,
-        timed_iters=plan.total_iters,
+        processed_batch=prepared.processed,
+        timed_s=measured.timed_s,
+        timed_iters=measured.timed_iters,
         cv=summary.cv,
-        energy_j=report.energy_j,
-        energy_unavailable=report.unavailable,
+        energy_j=measured.energy_j,
+        energy_unavailable=measured.energy_unavailable,
         throttle_reasons=report.throttle_reasons,
         other_processes=report.other_processes,
         tokens_expected=tokens_expected,
         tokens_seen=tokens_seen,
         min_time=case.min_time,
     )
+    env = dict(env)
     env.update(
         sm_clock_mhz=report.sm_clock_mhz_end,
         sm_clock_mhz_min=report.sm_clock_mhz_min,
@@ -166,53 +252,48 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
         other_gpu_processes=report.other_processes,
     )
     row = base_row(case, env)
-    median = summary.median
     items = built.items_per_step
+    flops = prepared.flops
+    held = prepared.held
     row.update(
         status="ok",
         tokens=tokens_seen if tokens_seen is not None else tokens_expected,
-        median_ms=median,
-        p10_ms=summary.p10,
-        p90_ms=summary.p90,
-        mean_ms=summary.mean,
-        cv=summary.cv,
-        ci95_ms=[summary.ci95_low, summary.ci95_high],
-        ci95_coverage=summary.ci_coverage,
-        latency_ms_per_batch=median,
-        latency_ms_per_sample=median / case.batch_size,
-        throughput_per_s=case.batch_size * 1000.0 / median,
         items_per_step=items,
-        items_per_s=items * 1000.0 / median,
-        samples_ms=[float(v) for v in timing.samples_ms],
-        n_samples=summary.n,
-        iters_per_sample=plan.block_iters,
-        timed_iters=plan.total_iters,
-        timed_s=timing.timed_s,
+        iters_per_sample=measured.block_iters,
+        timed_iters=measured.timed_iters,
+        timed_s=measured.timed_s,
         gflops=flops / case.batch_size / 1e9,
         gmacs=flops / case.batch_size / 2e9,
         gflops_per_batch=flops / 1e9,
-        achieved_tflops=flops / (median / 1000.0) / 1e12,
-        params=params,
-        params_m=params / 1e6,
-        params_trainable_m=trainable / 1e6,
-        energy_j=report.energy_j,
-        power_w=report.power_w,
-        energy_j_per_sample=(report.energy_j / (plan.total_iters * case.batch_size)) if report.energy_j else None,
-        **canary_fields(before, after),
-        **sched.contention(load0, load1, thread.cpus),
-        host_issue_ms=issue * 1e3,
-        host_bound_frac=min(1.0, issue / issue_step) if issue_step > 0 else None,
+        params=prepared.params,
+        params_m=prepared.params / 1e6,
+        params_trainable_m=prepared.trainable / 1e6,
+        energy_j=measured.energy_j,
+        power_w=measured.power_w,
+        energy_j_per_sample=(measured.energy_j / (measured.timed_iters * case.batch_size)) if measured.energy_j else None,
+        **measured.canary,
+        **measured.contention,
+        host_issue_ms=prepared.issue * 1e3,
+        device_ms=held.device_s * 1e3 if held.device_s is not None else None,
+        host_held_ms=held.host_s * 1e3 if held.host_s is not None else None,
+        **host_bound(prepared),
         pinned_cpu=thread.pinned_cpu,
         timing_threads=thread.threads,
-        first_step_s=first_step_s,
+        first_step_s=prepared.first_step_s,
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )
+    if held.note:
+        row["held_note"] = held.note
+    timing_fields(row, measured.samples_ms, measured.sample_processes, measured.sample_rounds)
+    if measured.session is not None:
+        row["session"] = measured.session["id"]
+        row["interleaved"] = measured.session
     if thread.warning:
         row["pin_warning"] = thread.warning
     if case.family_spec.item == "token":
         row["tokens_per_s"] = row["items_per_s"]
-    row.update(impl.analytic(case))
+    row.update(prepared.impl.analytic(case))
     row["flops_source"] = "counted"  # gflops & co. come from torch.utils.flop_counter on a real step, for every model
     if row.get("flops_analytic"):
         row["flops_counted_vs_analytic"] = flops / row["flops_analytic"] - 1.0
@@ -220,13 +301,54 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
         from perflab.models.reference import source_info
 
         row["model_source"] = source_info(case.model)
-    row.update(extra)
+    row.update(measured.extra)
     if case.device == "cuda":
-        row["peak_mem_alloc_mb"] = peak["alloc"] / MB
-        row["peak_mem_reserved_mb"] = peak["reserved"] / MB
-        row["memory_breakdown_mb"] = memory_breakdown(built, peak["alloc"])
+        row["peak_mem_alloc_mb"] = measured.peak_alloc / MB if measured.peak_alloc is not None else None
+        row["peak_mem_reserved_mb"] = measured.peak_reserved / MB if measured.peak_reserved is not None else None
+        if measured.peak_alloc is not None:
+            row["memory_breakdown_mb"] = memory_breakdown(built, measured.peak_alloc)
         row.update(utilisation(case, row))
     return row
+
+
+def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
+    """Set the row's figures that follow from its timing samples (median, spread, CIs, latency, throughput, FLOP/s,
+    the GPU's busy share); the samples of several processes are merged this way too (``bench --processes``).
+
+    ``ci95_ms`` is the hierarchical CI (``measure.stats.hierarchical_ci``: across processes, else stretches of the
+    run), ``ci_level`` says which; ``ci95_within_ms`` the order-statistics CI of the pooled blocks, as before."""
+    summary = summarize(samples)
+    ci = hierarchical_ci(samples, processes, rounds)
+    median = summary.median
+    row.update(
+        median_ms=median, p10_ms=summary.p10, p90_ms=summary.p90, mean_ms=summary.mean, cv=summary.cv,
+        ci95_ms=[ci.low, ci.high], ci_level=ci.level, ci_units=ci.n_units,
+        ci95_within_ms=[summary.ci95_low, summary.ci95_high], ci95_coverage=summary.ci_coverage,
+        latency_ms_per_batch=median, latency_ms_per_sample=median / row["batch_size"],
+        throughput_per_s=row["batch_size"] * 1000.0 / median,
+        items_per_s=row["items_per_step"] * 1000.0 / median,
+        samples_ms=[float(v) for v in samples], n_samples=summary.n,
+        achieved_tflops=row["gflops_per_batch"] * 1e9 / (median / 1000.0) / 1e12,
+        gpu_busy_frac=min(1.0, row["device_ms"] / median) if row.get("device_ms") is not None else None,
+    )
+    if rounds is not None:
+        row["sample_rounds"] = [int(r) for r in rounds]
+        row["sample_processes"] = [int(p) for p in (processes if processes is not None else [0] * len(samples))]
+    if "tokens_per_s" in row:
+        row["tokens_per_s"] = row["items_per_s"]
+    return row
+
+
+def host_bound(prepared: Prepared) -> dict:
+    """``host_bound_frac``: the host's time to issue a step ÷ the GPU's time to run it, each measured with the other
+    out of the way (``measure.host.held_timing``); under 0.5 a host up to twice as slow still keeps the GPU fed, so
+    the host's speed cannot move the timing. Where the held timing failed (the step synchronises), the older
+    reading: issue time ÷ the same steps' time to their synchronise, which a full launch queue pushes towards 1."""
+    held = prepared.held
+    if held.device_s and held.host_s is not None:
+        return {HOST_BOUND_KEY: min(1.0, held.host_s / held.device_s), "host_bound_source": "held"}
+    frac = min(1.0, prepared.issue / prepared.issue_step) if prepared.issue_step > 0 else None
+    return {HOST_BOUND_KEY: frac, "host_bound_source": "issue" if frac is not None else None}
 
 
 def memory_peaks(device: str) -> dict:
@@ -352,3 +474,304 @@ def _safe_tokens(case: Case):
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several cases timed together: built and warmed first, then timed in interleaved blocks (measure.interleave).
+
+INTERLEAVE_MEMORY_FRACTION = 0.8  # a pool of cases held together stops growing past this share of the GPU's memory
+CANARY_ROUND_REPEATS = 5  # canary runs before each round of an interleaved session (about 2-3 ms)
+
+
+def comparison_group(case: Case) -> tuple:
+    """Cases compared with each other in a bench run: the same point (everything but the model and its token
+    reduction). Their blocks run next to each other in every round."""
+    fields = case.to_dict()
+    for key in ("model", "keep_rate", "reduction_loc", "model_args", "family"):
+        fields.pop(key, None)
+    return tuple(sorted((k, repr(v)) for k, v in fields.items()))
+
+
+def can_interleave(case: Case) -> str | None:
+    """Why a case is timed alone rather than with the others (None: it can join)."""
+    if case.max_memory is not None:
+        return "--max-memory caps the whole process's allocator"
+    return None
+
+
+def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True, seed: int = 0, on_case=None,
+              groups=None, process_index: int = 0) -> list[dict]:
+    """Measure several cases; with ``interleave`` (the default) those that can be held together are built and
+    warmed first, then timed in blocks in a seeded random interleaved order (``measure.interleave``), so a slow
+    stretch of the host falls on all of them and ratios of their blocks, paired in time, cancel it.
+
+    Cases are pooled while they fit: a pool stops growing when the GPU's reserved memory passes
+    ``INTERLEAVE_MEMORY_FRACTION`` of its total, or when a case's build runs out of memory (that case then starts
+    the next pool; alone, it is an ``oom`` row). Cases with ``--max-memory`` are timed alone, as are all cases when
+    ``interleave`` is False or there is one case. ``groups``: a comparison group per case (default
+    :func:`comparison_group`). ``on_case(index, case, stage)`` reports progress. ``process_index`` labels the
+    samples (``bench --processes``). Returns the rows in the cases' order."""
+    cases = [validate_case(c) for c in cases]
+    stage_of = (lambda i: (lambda s: on_case(i, cases[i], s))) if on_case else (lambda i: None)
+    groups = list(groups) if groups is not None else [comparison_group(c) for c in cases]
+    rows: list[dict | None] = [None] * len(cases)
+    together = [i for i, c in enumerate(cases) if interleave and can_interleave(c) is None]
+    if len(together) < 2:
+        together = []
+    for i, case in enumerate(cases):
+        if i not in together:
+            rows[i] = run_case(case, on_stage=stage_of(i), host=host)
+            if interleave and len(cases) > 1:
+                rows[i]["timed_alone"] = can_interleave(case) or "the only case that could be timed with others"
+    pending = list(together)
+    session_seq = 0
+    while pending:
+        # Autocast's weight casts must outlive each case's contexts for as long as the pool lives: a CUDA graph
+        # captured under autocast reads the cached casts, and freeing them made its replay read freed memory.
+        with _autocast_kept(cases[pending[0]].device):
+            pool, pending = _fill_pool(cases, pending, rows, stage_of, host)
+            if pool:
+                for i, row in zip([entry[0] for entry in pool], _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index)):
+                    rows[i] = row
+                session_seq += 1
+            del pool
+        gc.collect()
+        if cases[0].device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def _fill_pool(cases, pending, rows, stage_of, host):
+    """Prepare pending cases until the pool is full; returns (pool of (index, Prepared, env), still pending)."""
+    pool = []
+    pending = list(pending)
+    while pending:
+        i = pending[0]
+        case = cases[i]
+        stage = stage_of(i) or (lambda _: None)
+        monitor = open_monitor(case.device)
+        env = environment(case.device, monitor.device_info())
+        if case.device == "cuda":
+            gc.collect()
+            torch.cuda.empty_cache()  # what the case adds to the pool is its own
+        try:
+            built_ctx = _prepare_held(case, stage, host)
+        except PerflabError:
+            raise
+        except Exception as exc:
+            if is_oom(exc) and pool:
+                break  # full: time this pool, then start the next with this case
+            status = "oom" if is_oom(exc) else "error"
+            rows[i] = failed_row(case, status, f"{type(exc).__name__}: {_first_line(exc)}", env, detail=traceback.format_exc())
+            rows[i][CANARY_KEY] = _safe_canary_us()
+            pending.pop(0)
+            continue
+        pool.append((i, built_ctx, env, monitor))
+        pending.pop(0)
+        if case.device == "cuda":
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            if torch.cuda.memory_reserved() > INTERLEAVE_MEMORY_FRACTION * total:
+                break
+    return pool, pending
+
+
+def _prepare_held(case: Case, stage, host) -> Prepared:
+    """``_prepare`` inside the case's contexts; the contexts are left, and re-entered around each of its blocks."""
+    impl = implementation(case)
+    stage("build")
+    cuda = case.device == "cuda"
+    alloc0, reserved0 = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) if cuda else (None, None)
+    built = build(case)
+    params, trainable = count_params(built.model)
+    with step_context(case, built):
+        return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0, reserved0)
+
+
+def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
+    """Time a pool of prepared cases in interleaved rounds; their rows, in the pool's order."""
+    import uuid
+
+    from perflab.measure.interleave import block_schedule, interleaved_order, time_interleaved
+
+    indices = [i for i, *_ in pool]
+    prepared = [p for _, p, _, _ in pool]
+    device = prepared[0].case.device
+    rounds = max(p.plan.n_blocks for p in prepared)
+    order = interleaved_order([groups[i] for i in indices], rounds, seed)
+    schedule = block_schedule(order, [p.plan.n_blocks for p in prepared], [p.plan.block_sizes for p in prepared])
+    monitor = pool[0][3]
+    stage = stage_of(indices[0]) or (lambda _: None)
+
+    def on_round(r):
+        stage(f"timing {len(pool)} cases together, round {r + 1}/{rounds}")
+
+    with timing_thread(device, host) as thread:
+        gc.collect()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            monitor.begin()
+            session = time_interleaved([p.step for p in prepared], schedule, enter=lambda k: step_context(prepared[k].case, prepared[k].built),
+                                       device=device, energy_mj=monitor.energy_mj, canary=lambda: host_canary(CANARY_ROUND_REPEATS).median_us,
+                                       on_round=on_round)
+            report = monitor.end()
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+        extras, energy = [], []
+        for k, p in enumerate(prepared):
+            with step_context(p.case, p.built):
+                median = float(np.median([b.ms_per_step for b in session.blocks[k]]))
+                energy.append(_energy_pass(p, monitor, median))
+                extras.append(p.impl.after_timing(p.case, p.built, p.step, {"median_ms": median}))
+    canaries = [c for c in session.round_canaries_us if c is not None]
+    info = {"id": uuid.uuid4().hex[:12], "cases": len(pool), "rounds": rounds, "seed": seed, "process": process_index,
+            "wall_s": session.wall_s, "canaries_us": canaries}
+    rows = []
+    for k, p in enumerate(prepared):
+        blocks = session.blocks[k]
+        timed_s = sum(b.ms_per_step * b.steps for b in blocks) / 1000.0
+        energy_j, power_w, unavailable = energy[k]
+        unavailable = report.unavailable or unavailable
+        canary = {CANARY_KEY: statistics.median(canaries) if canaries else None,
+                  "host_canary_before_us": canaries[0] if canaries else None, "host_canary_after_us": canaries[-1] if canaries else None,
+                  "host_canary_min_us": min(canaries) if canaries else None}
+        peak_alloc = None
+        if device == "cuda":
+            # What the case holds between steps (its growth of the allocator while it was built and warmed, the cache
+            # emptied before) plus its blocks' largest rise above that. Reserved memory is the pool's, shared by the
+            # cases held together, so it is not given per case.
+            peak_alloc = p.resident_bytes + max(b.transient_bytes for b in blocks)
+        measured = Measured(
+            samples_ms=[b.ms_per_step for b in blocks], timed_s=timed_s, block_iters=blocks[0].steps if blocks else 0,
+            timed_iters=sum(b.steps for b in blocks), energy_j=energy_j, power_w=power_w,
+            energy_unavailable=None if energy_j else unavailable, peak_alloc=peak_alloc, peak_reserved=None, canary=canary,
+            contention=sched.contention_over([b.load for b in blocks], thread.cpus), extra=extras[k],
+            sample_rounds=[b.round for b in blocks], sample_processes=[process_index] * len(blocks), session=info,
+        )
+        env = pool[k][2]
+        rows.append(ok_row(p, env, report, measured, thread))
+    return rows
+
+
+ENERGY_PASS_S = 1.0  # contiguous seconds of a case's steps for its energy reading in an interleaved run
+
+
+def _energy_pass(p: Prepared, monitor, median_ms: float) -> tuple[float | None, float | None, str | None]:
+    """(energy J, mean power W, why not) of one contiguous stretch of ``ENERGY_PASS_S`` of the case's steps, run after
+    the interleaved rounds. NVML's energy counter moves every 100 ms on an H100 (measured, docs/performance.md), so
+    the counter read at the ends of 50 ms blocks gives each block a neighbour's energy; a stretch of ten updates
+    reads the case's own. The figure is scaled to the case's timed steps, as a sequential loop reports it."""
+    if p.case.device != "cuda" or monitor.energy_mj() is None:
+        return None, None, None
+    steps = max(1, math.ceil(ENERGY_PASS_S * 1000.0 / median_ms))
+    torch.cuda.synchronize()
+    e0, t0 = monitor.energy_mj(), time.perf_counter()
+    for _ in range(steps):
+        p.step()
+    torch.cuda.synchronize()
+    e1, wall = monitor.energy_mj(), time.perf_counter() - t0
+    if e0 is None or e1 is None or not e1 > e0:
+        return None, None, "the energy counter did not advance during the energy pass"
+    power = (e1 - e0) / 1000.0 / wall
+    return power * wall / steps * p.plan.total_iters, power, None
+
+
+@contextlib.contextmanager
+def _autocast_kept(device: str):
+    """Keep autocast's weight-cast cache alive between blocks: the cache is cleared when the outermost autocast
+    context exits, so an outer (disabled) one is held over the session while each block enters its case's own."""
+    with torch.autocast(device, enabled=False):
+        yield
+
+
+# ---------------------------------------------------------------------------------------------------
+# A run spread over several processes (bench --processes N, as pyperf spreads its samples over workers).
+
+
+def run_in_processes(cases, processes: int, *, host: HostOptions | None = None, interleave: bool = True, seed: int = 0,
+                     on_case=None, groups=None) -> list[dict]:
+    """Measure the cases in ``processes`` processes, one after another: this one, then fresh ones (spawned, so
+    each builds, compiles and warms up from nothing). Each case's samples from all of them make one row, and its
+    CI is taken across the processes' medians (``measure.stats.hierarchical_ci``, ``ci_level: process`` from
+    three processes on): between-process variance, the part one process cannot see, is in the interval. Each
+    process times its own seeded interleaved order. ``process_medians_ms`` keeps each process's median."""
+    import concurrent.futures
+    import multiprocessing
+
+    cases = [validate_case(c) for c in cases]
+    local = [c.model for c in cases if c.model.startswith("object:")]
+    if local and processes > 1:
+        raise PerflabError(f"--processes {processes}: {local[0]} is a model object of this Python process, which a fresh process "
+                           "cannot see; save it in a file and pass path/file.py:NAME, or use one process")
+    runs = [run_cases(cases, host=host, interleave=interleave, seed=seed, on_case=on_case, groups=groups, process_index=0)]
+    context = multiprocessing.get_context("spawn")
+    host = host or HostOptions()
+    for p in range(1, processes):
+        if on_case:
+            on_case(0, cases[0], f"process {p + 1}/{processes}")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+            runs.append(pool.submit(_child_run, [c.to_dict() for c in cases], host, interleave, seed + p, groups, p).result())
+    return merge_processes(cases, runs)
+
+
+def _child_run(case_dicts, host, interleave, seed, groups, process_index) -> list[dict]:
+    cases = [Case.from_dict(d) for d in case_dicts]
+    rows = run_cases(cases, host=host, interleave=interleave, seed=seed, groups=groups, process_index=process_index)
+    for row in rows:
+        row.pop("detail", None)
+    return rows
+
+
+def merge_processes(cases, runs: list[list[dict]]) -> list[dict]:
+    """One row per case from each process's row: samples pooled (labelled by process and round), the timing figures
+    recomputed from them, energy and timed work summed, the canary the median of the processes'. A case that failed
+    in any process keeps the first failure's row, with how many processes measured it."""
+    from perflab.measure.checks import CV_THRESHOLD
+
+    merged = []
+    for k, case in enumerate(cases):
+        per_process = [run[k] for run in runs]
+        ok = [r for r in per_process if r.get("status") == "ok"]
+        if len(ok) < len(per_process):
+            row = dict(next(r for r in per_process if r.get("status") != "ok"))
+            row["processes"] = len(per_process)
+            row["processes_ok"] = len(ok)
+            merged.append(row)
+            continue
+        row = dict(ok[0])
+        samples, procs, rounds = [], [], []
+        for p, r in enumerate(ok):
+            n = len(r["samples_ms"])
+            samples += r["samples_ms"]
+            procs += [p] * n
+            rounds += r.get("sample_rounds") or list(range(n))
+        for key in ("timed_s", "timed_iters"):
+            row[key] = sum(r[key] for r in ok)
+        energies = [r.get("energy_j") for r in ok]
+        if None not in energies:
+            row["energy_j"] = sum(energies)
+            row["power_w"] = statistics.mean(r["power_w"] for r in ok)
+            row["energy_j_per_sample"] = row["energy_j"] / (row["timed_iters"] * row["batch_size"])
+        canaries = [r[CANARY_KEY] for r in ok if r.get(CANARY_KEY) is not None]
+        row[CANARY_KEY] = statistics.median(canaries) if canaries else None
+        for key in ("host_wait_frac", "host_steal_frac"):
+            values = [r.get(key) for r in ok if r.get(key) is not None]
+            row[key] = max(values) if values else None
+        for key in ("peak_mem_alloc_mb", "peak_mem_reserved_mb"):
+            values = [r.get(key) for r in ok if r.get(key) is not None]
+            row[key] = max(values) if values else None
+        row["process_medians_ms"] = [r["median_ms"] for r in ok]
+        row["processes"] = len(ok)
+        row["sessions"] = [r.get("session") for r in ok]
+        timing_fields(row, samples, procs, rounds)
+        flags = {f for r in ok for f in r.get("flags") or [] if f != "high_cv"}
+        warnings = [w for w in ok[0].get("warnings") or [] if not str(w).startswith("timing samples vary")]
+        if row["cv"] > CV_THRESHOLD:
+            flags.add("high_cv")
+            warnings.append(f"timing samples vary by CV {row['cv']:.1%} (threshold {CV_THRESHOLD:.0%}) across {len(ok)} processes")
+        row["flags"], row["warnings"] = sorted(flags), warnings
+        if case.device == "cuda":
+            row.update(utilisation(case, row))
+        merged.append(row)
+    return merged

@@ -5,15 +5,19 @@ from a trace overstate what the CPU needs. Here: synchronise, read the clock, ru
 once every kernel is launched, unless the launch queue fills), read the clock, synchronise; the median
 over ``iters`` steps. The harness takes 3 such steps after warm-up for each row's ``host_issue_ms`` and
 ``host_bound_frac``: issue time ÷ the time of the same steps to their synchronise, both taken under the
-same host conditions. Near 1 the step is launch-bound (the GPU waits for the host); well under 1 the GPU
-is busy while the host is done (GPU-bound); on the CPU the step runs where it is issued, so 1.
-``perflab explain`` takes 20 steps.
+same host conditions; on the CPU the step runs where it is issued, so 1. ``perflab explain`` takes 20 steps.
+
+That ratio is fooled by a full launch queue: the host then waits for the GPU to drain it, and a GPU-bound
+step reads as launch-bound. :func:`held_timing` measures the two apart instead (the GPU held by a sleep kernel
+while the host issues): the row's ``host_held_ms``, ``device_ms`` and ``host_bound_frac`` come from it, the
+issue-based ratio only where it fails.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 
@@ -38,3 +42,79 @@ def host_issue_ms(case, iters: int = 20) -> float:
 
     with warm_workload(case) as work:
         return issue_s(work.step, case.device, iters)[0] * 1e3
+
+
+# ---------------------------------------------------------------------------------------------------
+# The step's GPU time and its host time, each measured with the other out of the way.
+
+_SLEEP_CYCLES_PER_S: float | None = None
+
+
+def _sleep_rate() -> float:
+    """Clock cycles per second of ``torch.cuda._sleep`` on this GPU (measured once per process)."""
+    global _SLEEP_CYCLES_PER_S
+    if _SLEEP_CYCLES_PER_S is None:
+        import torch
+
+        cycles = 20_000_000
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # the clocks come up
+        start.record()
+        torch.cuda._sleep(cycles)
+        end.record()
+        end.synchronize()
+        _SLEEP_CYCLES_PER_S = cycles / (start.elapsed_time(end) / 1000.0)
+    return _SLEEP_CYCLES_PER_S
+
+
+@dataclass(frozen=True)
+class HeldTiming:
+    """A step's time on the GPU with the host never in the way, and the host's time to issue it with the GPU
+    never in the way (``device_s``/``host_s`` per step, None where it could not be measured), and why not."""
+
+    device_s: float | None
+    host_s: float | None
+    steps: int
+    note: str | None = None  # why a figure is missing: the host waited for the GPU while issuing
+
+
+def held_timing(step: Callable[[], object], device: str, issue_estimate_s: float, steps: int = 3, tries: int = 3) -> HeldTiming:
+    """Hold the GPU with a sleep kernel, issue ``steps`` steps behind it, and let it go.
+
+    While the GPU sleeps, the host issues the steps without waiting for it: their host time is the pure cost of
+    issuing (``host_s``). When the sleep ends the GPU finds them all queued and runs them back to back: the
+    events around them give the step's pure GPU time (``device_s``), which no launch gap lengthens. Both are
+    valid only if the host finished issuing before the sleep ended, which the start event tells (not yet
+    reached); else the sleep is doubled and, on the last try, one step is issued. A step that still waits for
+    the GPU synchronises inside (``.item()``, a data-dependent shape) or holds more launches than the queue: then
+    both are None and ``note`` says so.
+
+    A full launch queue cannot fool this the way it fools issue-to-sync ratios (``issue_s``): with the GPU held,
+    the queue is only the steps issued here. On the CPU there is no GPU time: (None, None).
+    """
+    import torch
+
+    if device != "cuda":
+        return HeldTiming(None, None, steps, "no GPU")
+    rate = _sleep_rate()
+    sleep_s = max(4e-3, 3.0 * steps * issue_estimate_s)
+    n = steps
+    for attempt in range(tries):
+        if attempt == tries - 1:
+            n = 1
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(int(sleep_s * rate))
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            step()
+        host = (time.perf_counter() - t0) / n
+        reached = start.query()  # True: the sleep was over before the last step was issued
+        end.record()
+        end.synchronize()
+        if not reached:
+            return HeldTiming(start.elapsed_time(end) / 1000.0 / n, host, n)
+        sleep_s *= 2
+    return HeldTiming(None, None, n, "the host waited for the GPU while issuing one step: the step synchronises with the GPU "
+                                     "(.item(), a data-dependent shape) or holds more launches than the launch queue")

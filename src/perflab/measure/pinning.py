@@ -41,7 +41,6 @@ class TimingThread:
 
     pinned_cpu: int | None = None
     cpus: frozenset[int] | None = None  # where the timing thread may run meanwhile (None: unknown)
-    others: frozenset[int] | None = None  # where perflab's other threads go meanwhile
     warning: str | None = None  # why it is not pinned, when pinning was asked for and refused
     threads: int | None = None  # torch intra-op threads meanwhile
 
@@ -77,8 +76,7 @@ def timing_thread(device: str, options: HostOptions | None = None) -> Iterator[T
         else:
             state.pinned_cpu, state.cpus = core, frozenset({core})
             rest = frozenset(original) - {core}
-            state.others = rest or frozenset(original)
-            _others = state.others
+            _others = rest or frozenset(original)
             if rest:
                 moved = _move_other_threads(rest)
     previous_threads = None

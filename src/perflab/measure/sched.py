@@ -116,21 +116,29 @@ def contention(before: HostSample, after: HostSample, cpus: Iterable[int] | None
 
     ``cpus``: the CPUs the thread could run on (its pinned CPU, else its affinity set); None: all (the ``cpu`` line).
     """
-    wall = after.t - before.t
+    return contention_over([(before, after)], cpus, user_hz)
+
+
+def contention_over(stretches: Iterable[tuple[HostSample, HostSample]], cpus: Iterable[int] | None, user_hz: int | None = None) -> dict:
+    """:func:`contention` over several stretches of time (the blocks of one case in an interleaved run): the wait and
+    the steal summed over the stretches, ÷ their summed wall time. A figure is None where any stretch lacks it."""
+    stretches = list(stretches)
     out = {WAIT_KEY: None, STEAL_KEY: None}
-    if not wall > 0:
+    wall = sum(after.t - before.t for before, after in stretches)
+    if not stretches or not wall > 0:
         return out
-    if before.schedstat and after.schedstat:
-        try:
-            out[WAIT_KEY] = max(0, parse_schedstat(after.schedstat)[1] - parse_schedstat(before.schedstat)[1]) / 1e9 / wall
-        except ValueError:
-            pass
-    if before.stat and after.stat:
+    try:
+        if all(b.schedstat and a.schedstat for b, a in stretches):
+            waited = sum(max(0, parse_schedstat(a.schedstat)[1] - parse_schedstat(b.schedstat)[1]) for b, a in stretches)
+            out[WAIT_KEY] = waited / 1e9 / wall
+    except ValueError:
+        pass
+    if all(b.stat and a.stat for b, a in stretches):
         cpus = sorted(cpus) if cpus is not None else None
-        n = len(cpus) if cpus is not None else _n_cpus(before.stat)
+        n = len(cpus) if cpus is not None else _n_cpus(stretches[0][0].stat)
         hz = user_hz or _user_hz()
         try:
-            ticks = max(0, parse_steal(after.stat, cpus) - parse_steal(before.stat, cpus))
+            ticks = sum(max(0, parse_steal(a.stat, cpus) - parse_steal(b.stat, cpus)) for b, a in stretches)
             out[STEAL_KEY] = ticks / hz / wall / n if n and hz else None
         except ValueError:
             pass

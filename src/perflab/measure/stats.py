@@ -60,3 +60,122 @@ def summarize(samples) -> Summary:
         ci95_high=float(x[hi]),
         ci_coverage=float(coverage),
     )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Confidence intervals that hold from run to run: the hierarchy of a case's samples (blocks within time segments
+# within processes), and paired ratios of cases timed together.
+
+# Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (beyond 30, the normal's 1.96 is within 2%).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+MIN_UNITS = 3  # a level of the hierarchy needs this many units to estimate its spread
+TIME_SEGMENTS = 5  # one process's blocks are cut into this many stretches of consecutive rounds
+
+
+def t975(dof: int) -> float:
+    if dof < 1:
+        raise ValueError("no degrees of freedom")
+    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+
+
+@dataclass(frozen=True)
+class HierarchicalCI:
+    """A 95% CI of a case's typical step time (or of a paired ratio) taken across independent units.
+
+    ``level``: what the units are: ``process`` (each process's median; between-process variance is in the
+    interval) or ``time`` (stretches of consecutive rounds of one process or more: drift of the host over the
+    run is in the interval, a per-process offset is not). ``units``: their medians."""
+
+    low: float
+    high: float
+    center: float
+    level: str
+    n_units: int
+    units: tuple[float, ...]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def time_segments(rounds, n_segments: int = TIME_SEGMENTS) -> np.ndarray:
+    """The stretch of consecutive rounds each sample falls in: rounds 0..R-1 cut into ``n_segments`` (fewer when
+    there are fewer rounds) contiguous, nearly equal stretches."""
+    rounds = np.asarray(rounds, dtype=int)
+    distinct = np.unique(rounds)
+    k = max(1, min(n_segments, len(distinct)))
+    position = np.searchsorted(distinct, rounds)  # 0..len(distinct)-1, in time order
+    return (position * k) // len(distinct)
+
+
+def hierarchical_ci(samples, processes=None, rounds=None, n_segments: int = TIME_SEGMENTS) -> HierarchicalCI:
+    """95% CI of the median step time from samples that form a hierarchy: blocks, in rounds, in processes.
+
+    The interval is taken across the highest level that has at least ``MIN_UNITS`` units: the processes'
+    medians when there are three or more processes, else the medians of stretches of consecutive rounds
+    (``time_segments``, per process). Each unit's median is one observation; the interval is a Student-t
+    interval on their logarithms (step times are positive and their spread scales with them), so its width
+    follows the spread *between* units, which the pooled order statistics of ``summarize`` ignore: blocks of
+    one process share that process's host state, and their interval describes the process, not the next run.
+    With fewer than ``MIN_UNITS`` units the interval is the pooled order-statistics one (``level`` says so).
+    """
+    x = np.asarray(samples, dtype=float)
+    if len(x) == 0:
+        raise ValueError("no samples")
+    procs = np.zeros(len(x), dtype=int) if processes is None else np.asarray(processes)
+    rnds = np.arange(len(x)) if rounds is None else np.asarray(rounds)
+    distinct = np.unique(procs)
+    if len(distinct) >= MIN_UNITS:
+        level = "process"
+        units = [float(np.median(x[procs == p])) for p in distinct]
+    else:
+        level = "time"
+        units = []
+        for p in distinct:
+            mask = procs == p
+            segments = time_segments(rnds[mask], n_segments)
+            units += [float(np.median(x[mask][segments == s])) for s in np.unique(segments)]
+    if len(units) < MIN_UNITS or min(units) <= 0:
+        s = summarize(x)
+        return HierarchicalCI(s.ci95_low, s.ci95_high, s.median, "pooled", len(units), tuple(units))
+    logs = np.log(units)
+    mean, sd = float(logs.mean()), float(logs.std(ddof=1))
+    half = t975(len(units) - 1) * sd / math.sqrt(len(units))
+    return HierarchicalCI(math.exp(mean - half), math.exp(mean + half), math.exp(mean), level, len(units), tuple(units))
+
+
+def paired_ratios(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ratios a/b of two cases' blocks timed next to each other: the samples of each (``samples_ms``), matched by
+    process and round (``sample_processes``, ``sample_rounds``: in an interleaved run every case times one block
+    per round, and a comparison's cases are adjacent in each round). Returns (ratios, processes, rounds); empty
+    when the two were not timed together."""
+    def keyed(row):
+        samples = row.get("samples_ms") or []
+        rounds = row.get("sample_rounds")
+        if rounds is None or len(rounds) != len(samples):
+            return {}
+        procs = row.get("sample_processes") or [0] * len(samples)
+        out = {}
+        for value, p, r in zip(samples, procs, rounds):
+            out.setdefault((p, r), []).append(value)
+        return {k: float(np.median(v)) for k, v in out.items()}
+
+    if not a.get("session") or a.get("session") != b.get("session"):
+        return np.array([]), np.array([], dtype=int), np.array([], dtype=int)
+    ka, kb = keyed(a), keyed(b)
+    keys = sorted(set(ka) & set(kb))
+    ratios = np.array([ka[k] / kb[k] for k in keys if kb[k] > 0])
+    return ratios, np.array([k[0] for k in keys], dtype=int), np.array([k[1] for k in keys], dtype=int)
+
+
+def paired_ratio(a: dict, b: dict) -> dict | None:
+    """The median of a/b over blocks timed together, with its hierarchical 95% CI; None when not paired.
+
+    For a speedup of B over A pass (A's row, B's row): a/b > 1 means B's step is shorter. A host slowdown that
+    lasts longer than a round lengthens both blocks of a pair, so it cancels in the ratio, where it would not in
+    two medians taken at different times."""
+    ratios, procs, rounds = paired_ratios(a, b)
+    if len(ratios) == 0:
+        return None
+    ci = hierarchical_ci(ratios, procs, rounds)
+    return {"ratio": float(np.median(ratios)), "ci95": [ci.low, ci.high], "level": ci.level, "pairs": int(len(ratios))}

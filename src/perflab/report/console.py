@@ -88,7 +88,9 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
             cells.append(_fmt(row.get("mbu"), ".1%"))
         if classify_only:
             cells.append("→".join(map(str, row["tokens"])) if row.get("tokens") else "–")
-        cells += [_fmt(row.get("peak_mem_reserved_mb"), ".0f"), _fmt(row.get("power_w"), ".0f")]
+        # Reserved memory where the case was timed alone; allocated where cases shared the allocator (interleaved).
+        peak = row.get("peak_mem_reserved_mb") if row.get("peak_mem_reserved_mb") is not None else row.get("peak_mem_alloc_mb")
+        cells += [_fmt(peak, ".0f"), _fmt(row.get("power_w"), ".0f")]
         if any_canary:
             cells.append(canary_cell(row))
         cells.append(status or "[green]ok[/green]")
@@ -127,15 +129,32 @@ def speedup_table(rows: list[dict]) -> Table:
     from perflab.report.tables import speedup_rows
 
     table = Table(title="Top-k vs baseline", header_style="bold")
-    for col in ("size", "bs", "dtype", "mode", "baseline img/s", "top-k img/s", "speedup", "GFLOPs/img", "verdict"):
+    pairs = speedup_rows(rows)
+    any_paired = any(p.get("paired") for p in pairs)
+    columns = ["size", "bs", "dtype", "mode", "baseline img/s", "top-k img/s", "speedup"]
+    columns += ["paired 95% CI"] if any_paired else []
+    columns += ["GFLOPs/img", "verdict"]
+    for col in columns:
         table.add_column(col, justify="left" if col in ("dtype", "mode", "verdict") else "right")
-    for p in speedup_rows(rows):
+    for p in pairs:
         if p["speedup"] is None:
-            table.add_row(str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], "–", "–", "–", "–", f"{p['baseline_status']}/{p['variant_status']}")
+            table.add_row(str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], "–", "–", "–", *(["–"] if any_paired else []), "–",
+                          f"{p['baseline_status']}/{p['variant_status']}")
             continue
         verdict = ("faster" if p["faster"] else "slower") + ("" if p["significant"] else " (within noise)")
-        table.add_row(
-            str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], f"{p['baseline_tp']:.1f}", f"{p['variant_tp']:.1f}",
-            f"{p['speedup']:.2f}×", f"{p['baseline_gflops']:.2f} → {p['variant_gflops']:.2f}", verdict,
-        )
+        if p.get("host_dependent"):
+            verdict += " (host-dependent)"
+        ci = p.get("speedup_ci95")
+        cells = [str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], f"{p['baseline_tp']:.1f}", f"{p['variant_tp']:.1f}",
+                 f"{p['speedup']:.2f}×"]
+        if any_paired:
+            cells.append(f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else "unpaired")
+        table.add_row(*cells, f"{p['baseline_gflops']:.2f} → {p['variant_gflops']:.2f}", verdict)
+    if any_paired:
+        table.caption = ("speedup: median of baseline ÷ top-k over blocks timed next to each other (interleaved), with its 95% CI; "
+                         "img/s: each case's median")
+    dependent = [p for p in pairs if p.get("host_dependent")]
+    if dependent:
+        table.caption = (table.caption + ". " if table.caption else "") + "host-dependent: " + "; ".join(
+            f"bs{p['batch_size']} {p['mode']}: {p['host_dependent']}" for p in dependent)
     return table

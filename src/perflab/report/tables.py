@@ -16,8 +16,8 @@ def speedup_rows(rows: Iterable[dict], baseline: str | None = None) -> list[dict
     """Pair each token-reduction row with the baseline row at the same point.
 
     The baseline of ``topk_deit_base_patch16_224`` is ``deit_base_patch16_224`` unless ``baseline`` names
-    another model. Speedup = variant throughput / baseline throughput (>1: the variant is faster);
-    latency Δ = variant latency / baseline latency − 1. Rows that failed (oom, error) pair as such.
+    another model. Unpaired, speedup = variant throughput / baseline throughput (>1: the variant is faster);
+    latency Δ = 1 / speedup − 1. Rows that failed (oom, error) pair as such.
     """
     rows = list(rows)
     by_point = {}
@@ -63,12 +63,47 @@ def pair(base: dict, variant: dict) -> dict:
         "significant": None,
     }
     if ok:
-        entry["speedup"] = variant["throughput_per_s"] / base["throughput_per_s"]
-        entry["latency_delta"] = variant["median_ms"] / base["median_ms"] - 1.0
+        from perflab.measure.stats import paired_ratio
+
+        unpaired = variant["throughput_per_s"] / base["throughput_per_s"]
+        entry["speedup_unpaired"] = unpaired
+        paired = paired_ratio(base, variant)  # baseline ms ÷ variant ms over blocks timed next to each other
+        if paired is not None:
+            # Timed together: the speedup and its CI come from the pairs, where a slow stretch of the host cancels.
+            entry.update(speedup=paired["ratio"], speedup_ci95=paired["ci95"], paired=True, pairs=paired["pairs"])
+            entry["significant"] = not (paired["ci95"][0] <= 1.0 <= paired["ci95"][1])
+        else:
+            entry.update(speedup=unpaired, paired=False)
+            # Non-overlapping 95% CIs of the medians: the difference is not noise.
+            b_lo, b_hi = base.get("ci95_ms") or (None, None)
+            v_lo, v_hi = variant.get("ci95_ms") or (None, None)
+            if None not in (b_lo, b_hi, v_lo, v_hi):
+                entry["significant"] = v_hi < b_lo or v_lo > b_hi
+        entry["latency_delta"] = 1.0 / entry["speedup"] - 1.0
         entry["faster"] = entry["speedup"] > 1.0
-        # Non-overlapping 95% CIs of the medians: the difference is not noise.
-        b_lo, b_hi = base.get("ci95_ms") or (None, None)
-        v_lo, v_hi = variant.get("ci95_ms") or (None, None)
-        if None not in (b_lo, b_hi, v_lo, v_hi):
-            entry["significant"] = v_hi < b_lo or v_lo > b_hi
+        entry["host_dependent"] = host_dependent(base, variant)
     return entry
+
+
+BORDERLINE = 1.25  # host ÷ GPU time within this factor of 1: a step that a host this much faster or slower tips over
+
+
+def bound_by(row: dict) -> str | None:
+    """``host``, ``gpu`` or ``both`` (within ``BORDERLINE`` of each other): what limits the row's step, from its host
+    issue time and its GPU time, each measured with the other out of the way (``host_held_ms``, ``device_ms``)."""
+    host, gpu = row.get("host_held_ms"), row.get("device_ms")
+    if not host or not gpu:
+        return None
+    ratio = host / gpu
+    return "both" if 1 / BORDERLINE <= ratio <= BORDERLINE else ("host" if ratio > 1 else "gpu")
+
+
+def host_dependent(base: dict, variant: dict) -> str | None:
+    """Why the pair's speedup depends on the host's speed (None when it does not, or is unknown): one side's step is
+    limited by the host and the other's by the GPU, or one sits at the boundary. Pairing in time cancels a host
+    slowdown only where it lengthens both steps alike; here it lengthens one."""
+    bounds = (bound_by(base), bound_by(variant))
+    if None in bounds or bounds[0] == bounds[1] != "both":
+        return None
+    names = {"host": "launch-bound", "gpu": "GPU-bound", "both": "at the host/GPU boundary"}
+    return f"baseline {names[bounds[0]]}, variant {names[bounds[1]]}: the speedup moves with the host's speed"

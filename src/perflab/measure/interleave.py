@@ -1,0 +1,132 @@
+"""Cases timed together: built and warmed first, then timed in blocks, in a seeded random interleaved order.
+
+A launch-bound eager step is as fast as the host that issues it, and a shared host's speed moves over seconds
+(docs/performance.md: the same eager case moved 2× between processes on an idle H100 host). Timed one after
+the other, two cases see different stretches of the host, and their ratio, the speedup a user asks about,
+moves with it. Timed in interleaved blocks, a slow stretch falls on both, so it cancels in the ratio of their
+blocks, paired in time (``measure.stats.paired_ratio``); and each case's samples are spread over the whole run,
+so its confidence interval sees the host's drift over the run (``measure.stats.hierarchical_ci``).
+
+The plan: every round, each case times one block of its steps; the order within a round is random (seeded)
+by **group** (cases compared with each other, such as a baseline and its variant at one point), and each
+group's cases run next to each other in random order, so the blocks of a pair are adjacent in time. Google
+Benchmark's random interleaving does the same for CPU benchmarks.
+
+This module holds the order and the loop; ``measure.harness.run_cases`` builds, warms, pools by memory and
+turns the blocks into rows.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Sequence
+
+
+def interleaved_order(groups: Sequence[Hashable], rounds: int, seed: int = 0) -> list[list[int]]:
+    """For each of ``rounds`` rounds, the order in which the cases (indices into ``groups``) time one block each.
+
+    ``groups[i]`` is case i's group: the groups come in a random order each round, each group's cases next to
+    each other in a random order. Seeded: the same arguments give the same order."""
+    rng = random.Random(seed)
+    members: dict[Hashable, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    keys = list(members)
+    order = []
+    for _ in range(rounds):
+        rng.shuffle(keys)
+        this_round = []
+        for key in keys:
+            cases = list(members[key])
+            rng.shuffle(cases)
+            this_round += cases
+        order.append(this_round)
+    return order
+
+
+@dataclass
+class BlockRecord:
+    """One timed block of one case."""
+
+    round: int
+    position: int  # its place in the round (0 = first)
+    ms_per_step: float
+    steps: int
+    start_s: float  # host clock at the block's start, from the session's start
+    wall_s: float  # host wall time of the block, synchronised at its end
+    energy_mj: float | None = None
+    transient_bytes: int | None = None  # allocated above what was allocated at the block's start, at its peak
+    transient_reserved: int | None = None
+    load: tuple | None = None  # (before, after) measure.sched samples of the timing thread around the block
+
+
+@dataclass
+class SessionTiming:
+    """What an interleaved session measured: per case, its blocks; per round, the host canary before it."""
+
+    blocks: list[list[BlockRecord]]
+    round_canaries_us: list[float | None] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+def block_schedule(order: list[list[int]], n_blocks: Sequence[int], block_sizes: Sequence[Sequence[int]]) -> list[list[tuple[int, int]]]:
+    """Per round, the (case, steps) blocks to time, in ``order``'s order. Case i's ``n_blocks[i]`` blocks are spread
+    evenly over the rounds (block b in round ⌊b·R/n⌋), so a case with fewer blocks than rounds still spans the run."""
+    rounds = len(order)
+    at: list[dict[int, int]] = [dict() for _ in range(rounds)]
+    for i, n in enumerate(n_blocks):
+        for b in range(n):
+            at[(b * rounds) // n][i] = block_sizes[i][b]
+    return [[(i, at[r][i]) for i in this_round if i in at[r]] for r, this_round in enumerate(order)]
+
+
+def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[tuple[int, int]]], *,
+                     enter: Callable[[int], object], device: str, energy_mj: Callable[[], float | None] = lambda: None,
+                     canary: Callable[[], float | None] | None = None, on_round: Callable[[int], None] | None = None) -> SessionTiming:
+    """Run ``schedule``: per round (the host canary first, if given), each listed case times its block of steps.
+
+    ``enter(i)`` returns the context manager case i's steps run in (its grad mode and precision), entered around
+    each of its blocks. On CUDA each block is bracketed by events and synchronised at its end, so a block's
+    time, energy and memory are its own; the start event is recorded after the context is entered, so switching
+    cases costs no timed time. On the CPU, perf_counter."""
+    import torch
+
+    from perflab.measure import sched
+
+    cuda = device == "cuda"
+    blocks: list[list[BlockRecord]] = [[] for _ in steps]
+    canaries: list[float | None] = []
+    session0 = time.perf_counter()
+    for r, this_round in enumerate(schedule):
+        if on_round is not None:
+            on_round(r)
+        canaries.append(canary() if canary is not None else None)
+        for position, (i, n) in enumerate(this_round):
+            step = steps[i]
+            with enter(i):
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                    alloc0, reserved0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                load0, e0 = sched.sample(), energy_mj()
+                t0 = time.perf_counter()
+                if cuda:
+                    start.record()
+                for _ in range(n):
+                    step()
+                if cuda:
+                    end.record()
+                    torch.cuda.synchronize()
+                t1 = time.perf_counter()
+                e1, load1 = energy_mj(), sched.sample()
+                ms = start.elapsed_time(end) / n if cuda else (t1 - t0) * 1000.0 / n
+                record = BlockRecord(r, position, ms, n, t0 - session0, t1 - t0, load=(load0, load1))
+                if e0 is not None and e1 is not None:
+                    record.energy_mj = e1 - e0
+                if cuda:
+                    record.transient_bytes = torch.cuda.max_memory_allocated() - alloc0
+                    record.transient_reserved = torch.cuda.max_memory_reserved() - reserved0
+                blocks[i].append(record)
+    return SessionTiming(blocks, canaries, time.perf_counter() - session0)
