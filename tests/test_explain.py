@@ -103,7 +103,8 @@ def test_explain_case_per_pass_floors_and_fixes_with_a_real_trace(monkeypatch):
     fixes = ex.default_fixes(case)
     assert fixes == ["optimizer:foreach", "optimizer:in_backward", "optimizer:in_backward_stream", "checkpoint"]
     fixes.append("compile:reduce-overhead+optimizer:in_backward_stream")
-    ce = ex.explain_case(case, Path("unused"), ceilings, 2, ["cudagraph"], run_case, lambda *a, **k: None, lambda p: trace, lambda s: None, fixes=fixes)
+    ce = ex.explain_case(case, Path("unused"), ceilings, 2, ["cudagraph"], lambda cs: [run_case(c) for c in cs], lambda *a, **k: None,
+                         lambda p: trace, lambda s: None, fixes=fixes)
 
     sf = ce.step_floors
     assert [p.name for p in sf.passes] == ["forward", "backward", "optimizer"]
@@ -187,7 +188,8 @@ def test_explain_by_module_records_module_ranges_and_keeps_the_tree(monkeypatch)
     monkeypatch.setattr(ex, "measure_host_issue_ms", lambda c: 30.0)
     ceilings = {"graph_kernel_interval_us": 1.5, "graph_kernel_gap_us": 0.5, "matmul_tflops": {"fp32": 50.0}, "copy_gbps": 3000.0}
     run = lambda c: {"status": "ok", "median_ms": 37.7, "gflops_per_batch": 1000.0, "params": 120_000_000, "mfu": 0.5, "batch_size": 4}
-    ce = ex.explain_case(case, Path("unused"), ceilings, 3, [], run, lambda *a, **k: asked.update(k), lambda p: trace, lambda s: None,
+    ce = ex.explain_case(case, Path("unused"), ceilings, 3, [], lambda cs: [run(c) for c in cs], lambda *a, **k: asked.update(k),
+                         lambda p: trace, lambda s: None,
                          fixes=[], by_module=True)
     assert asked == {"steps": 3, "by_module": True}
     root = ce.modules[(ce.modules["pass"] == "forward") & (ce.modules["module"] == ".")].iloc[0]

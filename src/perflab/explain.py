@@ -241,11 +241,16 @@ def predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: d
     return None, "measured only"
 
 
-def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_case, profile_case, load_trace, on_stage,
+def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_cases, profile_case, load_trace, on_stage,
                  fixes=(), by_module: bool = False) -> CaseExplanation:
+    """``run_cases(cases) -> rows``: the eager case, each mode and each fix are timed by one call, so that the
+    harness times them together, interleaved (``measure.harness.run_cases``): every measured mode and fix is then
+    paired in time with the eager step it is compared with, and a slow stretch of the host falls on all of them."""
     eager = replace(case, mode="eager")
-    on_stage(f"{case.label()}: timing eager")
-    row = run_case(eager)
+    parsed = [(spec, parse_fix(spec)) for spec in fixes]
+    variants = [replace(case, mode=mode) for mode in modes] + [replace(eager, **changes) for _, changes in parsed]
+    on_stage(f"{case.label()}: timing eager, {len(modes)} mode(s) and {len(parsed)} fix(es) together")
+    row, *measured = run_cases([eager] + variants)
     if row["status"] != "ok":
         raise PerflabError(f"{eager.label()} could not be measured ({row['status']}: {row.get('message')})")
     trace_path = out_dir / f"{case.id}_eager.json.gz"
@@ -282,15 +287,12 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
             costs=costs, timing=explanation.timing, measured_ms=row["median_ms"], matmul_tflops=ceilings["matmul_tflops"][case.dtype],
             copy_gbps=ceilings["copy_gbps"], kernel_interval_us=interval, host_issue_ms=issue_ms,
         )
-    for mode in modes:
-        on_stage(f"{case.label()}: measuring {mode}")
-        explanation.measured[mode] = run_case(replace(case, mode=mode))
-    for spec in fixes:
-        changes = parse_fix(spec)
+    for mode, measured_row in zip(modes, measured):
+        explanation.measured[mode] = measured_row
+    for (spec, changes), measured_row in zip(parsed, measured[len(modes):]):
         predicted, model = predict_fix(eager, spec, changes, row, explanation.timing, explanation.step_floors, explanation.predictions_ms)
         fix = Fix(spec, changes, predicted, model)
-        on_stage(f"{case.label()}: measuring the fix {spec}")
-        fix.measured = run_case(replace(eager, **changes))
+        fix.measured = measured_row
         explanation.fix_results.append(fix)
     if by_module:
         from perflab.analysis.modules import has_module_ranges, module_tree
@@ -321,9 +323,8 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
         for spec in case_fixes(c, fixes):  # and so is a bad fix
             validate_case(replace(c, mode="eager", **parse_fix(spec)))
     from perflab.measure.ceilings import get_ceilings
-    from functools import partial
 
-    from perflab.measure.harness import run_case
+    from perflab.measure.harness import run_cases
     from perflab.measure.pinning import HostOptions
     from perflab.trace.capture import profile_case
     from perflab.trace.load import load_trace
@@ -332,7 +333,9 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     on_stage("measuring this GPU's ceilings (cached after the first time)")
     ceilings = get_ceilings()
     cases = [case] + ([vs] if vs is not None else [])
-    timed = partial(run_case, host=HostOptions(pin=pin))
+    def timed(together):  # one comparison group: every mode and fix sits next to eager in each round
+        return run_cases(together, host=HostOptions(pin=pin), seed=together[0].seed, groups=[0] * len(together))
+
     explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage, fixes=case_fixes(c, fixes),
                               by_module=by_module) for c in cases]
     comparison = None
