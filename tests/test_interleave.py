@@ -293,3 +293,41 @@ def tiny_interleaved_rows():
     cases = api.make_cases(model=["deit_tiny_patch16_224", "topk_deit_tiny_patch16_224"], keep_rate=[0.5], reduction_loc=[1],
                            input_size=[32], batch_size=[1], device="cpu", iters=8, repeats=4, warmup=1)
     return api.bench(cases), cases
+
+
+# ---------------------------------------------------------------------------------------------------
+# A case that loses the CUDA context (issue 24): the rows before it are kept, the run ends in one line
+
+
+@pytest.mark.parametrize("interleave", [False, True])
+def test_a_sticky_cuda_error_keeps_the_rows_before_it_and_ends_in_one_line(monkeypatch, tmp_path, interleave):
+    import json as json_
+
+    from cli_util import run_cli_here
+    from perflab.measure import harness
+
+    real = harness._compile_and_warm
+
+    def fails_on_batch_2(case, *args, **kwargs):
+        if case.batch_size == 2:
+            raise RuntimeError("CUDA error: device-side assert triggered\nCompile with TORCH_USE_CUDA_DSA to enable device-side assertions.")
+        return real(case, *args, **kwargs)
+
+    monkeypatch.setattr(harness, "_compile_and_warm", fails_on_batch_2)
+    monkeypatch.setattr(harness, "context_lost_after", lambda case: "RuntimeError: CUDA error: device-side assert triggered")
+    out = tmp_path / "rows.jsonl"
+    flags = [] if interleave else ["--no-interleave"]
+    result = run_cli_here("bench", "--model", "deit_tiny_patch16_224", "--input-size", "32", "--batch-size", "1", "2", "4", "--device", "cpu",
+                          "--iters", "2", "--repeats", "2", "--warmup", "0", "--out", out, *flags)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(("warning", "error:"))]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert lines[-1].startswith("perflab: error: deit_tiny_patch16_224 32px bs2 fp32 eager left the CUDA context unusable")
+    assert f"{2 if interleave else 1} remaining case(s) cannot run in this process" in lines[-1]
+    stored = [json_.loads(line) for line in out.read_text().splitlines()]
+    statuses = [(r["batch_size"], r["status"]) for r in stored]
+    if interleave:  # bs1 was built and warmed in the pool with bs2, never timed: only the failed row is stored
+        assert statuses == [(2, "error")]
+    else:
+        assert statuses == [(1, "ok"), (2, "error")]
+    assert stored[-1]["fatal"] and "device-side assert" in stored[-1]["message"]
+    assert "bs2" in result.stdout or "error" in result.stdout

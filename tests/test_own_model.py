@@ -217,3 +217,23 @@ def test_the_cuda_attention_formulas_count_through_the_flop_counter_as_it_calls_
     backward = registry[torch.ops.aten._scaled_dot_product_efficient_attention_backward]
     full = (2, 8, 512, 64)
     assert backward(q, q, kv, kv, None, q, out_val=(q, kv, kv, None)) == flop_counter.sdpa_backward_flop_count(tuple(q.shape), tuple(q.shape), full, full)
+
+
+def test_an_hf_decoder_writes_each_step_at_its_position_however_many_steps_run(transformers):
+    # transformers 5's static cache writes at a running count of tokens, not at the cache_position it is given:
+    # repeated steps ran off the cache's end after 17 steps (a device-side assert on a GPU). Each step must write
+    # at its own position, every time.
+    from perflab.runtime.workload import build
+
+    case = validate_case(Case(model="hf:tests/data/models/tiny-llama", workload="decode", context_len=16, batch_size=2, device="cpu"))
+    built = build(case)
+    step = built.make_step(built.model)
+    with torch.no_grad():
+        for _ in range(40):
+            step()
+    keys = built.model.cache.layers[0].keys
+    assert keys.shape[2] == 17
+    assert keys[:, :, 16].abs().sum() > 0 and keys[:, :, :16].abs().sum() == 0
+    decode, = api.bench(model="hf:tests/data/models/tiny-llama", workload="decode", context_len=16, batch_size=2, device="cpu",
+                        warmup=2, iters=40, repeats=4)
+    assert decode["status"] == "ok", decode.get("message")

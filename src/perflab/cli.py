@@ -135,7 +135,8 @@ def bench(
     )
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
-    rows = _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin, interleave=not no_interleave, processes=processes)
+    rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
+                                                          interleave=not no_interleave, processes=processes))
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -148,6 +149,8 @@ def bench(
             write_rows(rows, out_file)
         except OSError as exc:
             raise write_failed(out_file, exc) from None
+    if lost is not None:
+        raise lost  # one line, after every row measured before it was printed and written
 
 
 @app.command()
@@ -165,10 +168,12 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
         err.print("No GPU here: running a small CPU version (DeiT-Tiny, fp32, eager).")
     if processes is None:
         processes = api.DEMO_GPU_PROCESSES if cases[0].device == "cuda" else 1
-    rows = _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes)
+    rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes))
     _print_warnings(rows)
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
     out.print(speedup_table(rows))
+    if lost is not None:
+        raise lost
 
 
 def _one(value) -> list:
@@ -190,6 +195,19 @@ def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layer
             args[key.strip()] = value
     return dict(workload=workload, seq_len=seq_len, prompt_len=prompt_len, context_len=context_len, new_tokens=new_tokens,
                 layers=layers, layers_only=layers_only, model_args=args, max_memory=max_memory, family=family)
+
+
+def _rows_or_lost(run):
+    """(rows, None), or where a case lost the CUDA context (rows measured until then, the CudaContextLost to raise
+    once they are printed and stored)."""
+    from perflab.errors import CudaContextLost
+
+    try:
+        return run(), None
+    except CudaContextLost as lost:
+        from perflab.measure.canary import mark_host_flags
+
+        return mark_host_flags(lost.rows), lost
 
 
 def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1):

@@ -79,14 +79,55 @@ def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None
     except PerflabError:
         raise
     except Exception as exc:  # a failed measurement is data: the row says what happened
-        status = "oom" if is_oom(exc) else "error"
-        row = failed_row(case, status, f"{type(exc).__name__}: {_first_line(exc)}", env, detail=traceback.format_exc())
-        row[CANARY_KEY] = _safe_canary_us()
-        return row
+        return _error_row(case, exc, env)
     finally:
         gc.collect()
         if case.device == "cuda":
-            torch.cuda.empty_cache()
+            try:
+                torch.cuda.empty_cache()
+            except Exception:  # a lost context fails here too; the row says so
+                pass
+
+
+def _error_row(case: Case, exc: BaseException, env: dict) -> dict:
+    status = "oom" if is_oom(exc) else "error"
+    row = failed_row(case, status, f"{type(exc).__name__}: {_first_line(exc)}", env, detail=traceback.format_exc())
+    row[CANARY_KEY] = _safe_canary_us()
+    if status == "error":
+        lost = context_lost_after(case)
+        if lost:
+            row["fatal"] = True
+            row["message"] += " (the CUDA context is unusable after it: no further case can run in this process)"
+    return row
+
+
+def context_lost_after(case: Case) -> str | None:
+    """After a failed case: why no further case can run on its device in this process, or None."""
+    return cuda_context_lost() if case.device == "cuda" else None
+
+
+def cuda_context_lost() -> str | None:
+    """Why CUDA can no longer be used in this process (a sticky error: device-side assert, illegal address), or None
+    if a synchronise and a tiny kernel still work."""
+    try:
+        torch.cuda.synchronize()
+        (torch.ones(1, device="cuda") + 1).item()
+        return None
+    except Exception as exc:
+        return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _stop_if_lost(rows: list, cases, i: int) -> None:
+    """After case ``i``'s row: if it lost the CUDA context, stop the run with the rows measured so far."""
+    from perflab.errors import CudaContextLost
+
+    row = rows[i]
+    if row is not None and row.get("fatal"):
+        done = [r for r in rows if r is not None]
+        left = sum(1 for r in rows if r is None)
+        raise CudaContextLost(f"{cases[i].label()} left the CUDA context unusable ({row['message'].split(' (the CUDA')[0]}); "
+                              f"{left} remaining case(s) cannot run in this process: run them again, or as a sweep "
+                              "(perflab sweep runs each case in a fresh process)", done)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -523,6 +564,7 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
             rows[i] = run_case(case, on_stage=stage_of(i), host=host)
             if interleave and len(cases) > 1:
                 rows[i]["timed_alone"] = can_interleave(case) or "the only case that could be timed with others"
+            _stop_if_lost(rows, cases, i)
     pending = list(together)
     session_seq = 0
     while pending:
@@ -530,9 +572,20 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
         # captured under autocast reads the cached casts, and freeing them made its replay read freed memory.
         with _autocast_kept(cases[pending[0]].device):
             pool, pending = _fill_pool(cases, pending, rows, stage_of, host)
+            for i in range(len(cases)):
+                _stop_if_lost(rows, cases, i)
             if pool:
-                for i, row in zip([entry[0] for entry in pool], _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index)):
+                indices = [entry[0] for entry in pool]
+                try:
+                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index)
+                except PerflabError:
+                    raise
+                except Exception as exc:  # the session failed: each of its cases is a failed row, the run goes on
+                    timed = [_error_row(cases[i], exc, pool[k][2]) for k, i in enumerate(indices)]
+                for i, row in zip(indices, timed):
                     rows[i] = row
+                for i in indices:
+                    _stop_if_lost(rows, cases, i)
                 session_seq += 1
             del pool
         gc.collect()
@@ -561,10 +614,10 @@ def _fill_pool(cases, pending, rows, stage_of, host):
         except Exception as exc:
             if is_oom(exc) and pool:
                 break  # full: time this pool, then start the next with this case
-            status = "oom" if is_oom(exc) else "error"
-            rows[i] = failed_row(case, status, f"{type(exc).__name__}: {_first_line(exc)}", env, detail=traceback.format_exc())
-            rows[i][CANARY_KEY] = _safe_canary_us()
+            rows[i] = _error_row(case, exc, env)
             pending.pop(0)
+            if rows[i].get("fatal"):
+                break
             continue
         pool.append((i, built_ctx, env, monitor))
         pending.pop(0)

@@ -272,8 +272,25 @@ class HFStaticDecoder(torch.nn.Module):
             self.cache = StaticCache(config=model.config, max_batch_size=max_batch_size, max_cache_len=max_seq_length, device=device, dtype=dtype)
 
     def forward(self, idx, input_pos):
+        self._write_at(input_pos)
         out = self.model(input_ids=idx, past_key_values=self.cache, cache_position=input_pos, use_cache=True)
         return out.logits
+
+    def _write_at(self, input_pos):
+        """Make the cache write this step's K and V at ``input_pos``. transformers 5's static layers ignore the
+        cache_position they are given and write at a running count of the tokens they have seen
+        (``cumulative_length``), which a benchmark that repeats one step pushes past the cache's end: an
+        ``index_copy_`` out of bounds (a device-side assert on CUDA, IndexError on the CPU) after as many steps as
+        the cache has positions. Setting the count to the step's position first writes where the step says, in
+        every mode (an in-place copy on the device: no synchronisation, captured by a CUDA graph)."""
+        for layer in getattr(self.cache, "layers", ()) or ():
+            count = getattr(layer, "cumulative_length", None)
+            if not torch.is_tensor(count):
+                continue
+            if count.device == input_pos.device:
+                count.copy_(input_pos[0])
+            else:  # not initialised yet (the first call allocates it on the device): set it on the host once
+                count.fill_(int(input_pos[0]))
 
     def cache_bytes(self) -> int:
         tensors = []
