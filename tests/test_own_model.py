@@ -81,10 +81,36 @@ def test_a_gpt_fast_style_decoder_runs_decode_and_generate():
                           workload="generate", prompt_len=8, new_tokens=4, **FAST)
     assert decode["status"] == "ok" and generate["status"] == "ok", (decode.get("message"), generate.get("message"))
     assert decode["family"] == generate["family"] == "decode" and decode["items_per_step"] == 2 and generate["items_per_step"] == 4
-    weights = decode["params"] * 4  # fp32
-    cache = 2 * 2 * (2 * 2 * 17 * 16) * 4  # k and v · layers · (batch · kv heads · 17 positions · head dim) · 4 bytes
-    assert decode["bytes_weights"] == weights and decode["bytes_kv_read"] == cache and decode["bytes_per_step"] == weights + cache
+    # The same bytes as perflab's own Llama of these shapes, to the byte: every weight once, the embedding's two
+    # gathered rows only, the whole cache read and the new token's K and V written.
+    from perflab.models.llama import LlamaConfig, decode_bytes
+
+    expected = decode_bytes(LlamaConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=512, ffn_dim=128, norm_eps=1e-6),
+                            batch=2, context_len=16, dtype_bytes=4)
+    assert (decode["bytes_weights"], decode["bytes_kv_read"], decode["bytes_kv_write"], decode["bytes_per_step"]) == (
+        expected["weights"], expected["kv_read"], expected["kv_write"], expected["total"])
+    assert decode["bytes_weights"] == (decode["params"] - 512 * 64 + 2 * 64) * 4  # the table's 512 rows, less the 2 gathered
     assert generate["tpot_ms"] > 0 and generate["ttft_ms"] > 0
+
+
+def test_a_tied_embedding_is_read_in_full_once_by_the_head_and_its_gathered_rows_besides():
+    from perflab.workloads.decode import decoder_step_bytes
+
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fast_decoder", ROOT / "tests" / "data" / "models" / "fast_decoder.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    untied, tied = module.Transformer.from_name("tiny"), module.Transformer.from_name("tiny")
+    tied.output.weight = tied.tok_embeddings.weight
+    for model in (untied, tied):
+        model.setup_caches(2, 17)
+    a, b = decoder_step_bytes(untied, 2, 17), decoder_step_bytes(tied, 2, 17)
+    table = 512 * 64 * 4
+    assert a["bytes_weights"] == b["bytes_weights"]  # tied: the head's full read and the 2 rows, as untied
+    params = sum(p.numel() for p in untied.parameters()) * 4
+    assert a["bytes_weights"] == params - table + 2 * 64 * 4
+    assert a["bytes_kv_write"] * 17 == a["bytes_kv_read"]
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +135,8 @@ def test_an_hf_causal_lm_decodes_through_transformers_static_cache(transformers)
     decode, = api.bench(model="hf:tests/data/models/tiny-llama", workload="decode", context_len=16, batch_size=2, **FAST)
     assert decode["status"] == "ok" and decode["family"] == "decode", decode.get("message")
     cache = 2 * 2 * (2 * 2 * 17 * 16) * 4  # keys and values · layers · batch · kv heads · positions · head dim · fp32
-    assert decode["bytes_kv_read"] == cache and decode["bytes_weights"] == decode["params"] * 4
+    assert decode["bytes_kv_read"] == cache and decode["bytes_kv_write"] == cache // 17
+    assert decode["bytes_weights"] == (decode["params"] - 512 * 64 + 2 * 64) * 4  # the embedding's 2 gathered rows
 
 
 def _cli_error(capsys, *argv):

@@ -172,13 +172,10 @@ class Decode(Implementation):
         with CUDA events after the prefill and after each decode step (perf_counter on the CPU). A CUDA graph
         replays the whole generation at once, so it has no per-token times.
 
-        For a user's decoder, the decode step's bytes (every weight read once, the whole static cache read once:
-        it holds exactly context_len + 1 positions) are taken from the built model, for MBU."""
+        For a user's decoder, the decode step's bytes come from the built model by the rule of
+        :func:`decoder_step_bytes`, for MBU."""
         if case.workload == "decode" and built.extra.get("reference"):
-            weights = sum(p.numel() * p.element_size() for p in built.model.parameters())
-            cache = built.model.cache_bytes() if hasattr(built.model, "cache_bytes") else sum(
-                b.numel() * b.element_size() for n, b in built.model.named_buffers() if n.endswith(("k_cache", "v_cache")))
-            return {"bytes_per_step": weights + cache, "bytes_weights": weights, "bytes_kv_read": cache}
+            return decoder_step_bytes(built.model, case.batch_size, cache_len(case))
         if case.workload != "generate":
             return {}
         if case.mode == "cudagraph":
@@ -245,6 +242,37 @@ class Decode(Implementation):
     def min_bytes(self, case, row: dict) -> float:
         return float(row.get("bytes_per_step") or self.analytic(case).get("bytes_per_step") or
                      int(row.get("params") or 0) * DTYPE_BYTES[case.dtype])
+
+
+def decoder_step_bytes(model: torch.nn.Module, batch: int, cache_positions: int) -> dict:
+    """The bytes one decode step of a user's decoder must move, by perflab's Llama rule (``models.llama.decode_bytes``):
+
+    - every weight the step reads in full, once (a tensor shared by two modules, as a tied head and embedding, once);
+    - of an embedding table (``nn.Embedding``), only the rows the step gathers: one per sequence; a table tied to
+      the head is read in full by the head, and its gathered rows are counted besides, as for perflab's Llama;
+    - the KV cache: all of it read (it holds exactly context_len + 1 positions), and the new token's K and V
+      written (one position of it).
+
+    Buffers that are not the cache (RoPE tables, causal masks) are not counted: a step reads a row of them."""
+    owners: dict[int, list[torch.nn.Module]] = {}
+    tensors: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append(module)
+            tensors[id(param)] = param
+    weights = 0
+    for key, param in tensors.items():
+        size = param.numel() * param.element_size()
+        embedding = [m for m in owners[key] if isinstance(m, torch.nn.Embedding)]
+        if not embedding:
+            weights += size
+            continue
+        rows = batch * param.shape[-1] * param.element_size()  # one row per sequence
+        weights += rows + (size if len(embedding) < len(owners[key]) else 0)  # tied to a head: read in full there too
+    cache = model.cache_bytes() if hasattr(model, "cache_bytes") else sum(
+        b.numel() * b.element_size() for n, b in model.named_buffers() if n.endswith(("k_cache", "v_cache")))
+    write = cache // cache_positions if cache_positions else 0
+    return {"bytes_per_step": weights + cache + write, "bytes_weights": weights, "bytes_kv_read": cache, "bytes_kv_write": write}
 
 
 def fill_caches(model, seed: int) -> None:
