@@ -264,3 +264,45 @@ def test_an_hf_decoder_writes_each_step_at_its_position_however_many_steps_run(t
     decode, = api.bench(model="hf:tests/data/models/tiny-llama", workload="decode", context_len=16, batch_size=2, device="cpu",
                         warmup=2, iters=40, repeats=4)
     assert decode["status"] == "ok", decode.get("message")
+
+
+def test_a_gpt_fast_style_decoder_in_the_lm_family_is_one_line(capsys):
+    line = _cli_error(capsys, "bench", "--model", "tests/data/models/fast_decoder.py:Transformer.from_name", "--model-arg", "name=tiny",
+                      "--family", "lm", "--workload", "forward", "--seq-len", "8", "--device", "cpu", "--iters", "1")
+    assert "follows gpt-fast's decode convention" in line and "--family decode" in line
+
+
+class NanLM(torch.nn.Module):
+    """An LM whose logits are NaN (a bad init, an overflow): it runs, and its rows must say the numbers are garbage."""
+
+    def __init__(self, vocab_size: int = 64, dim: int = 16):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, dim)
+        self.head = torch.nn.Linear(dim, vocab_size)
+
+    def forward(self, idx):
+        return self.head(self.embed(idx)) * float("nan")
+
+
+def test_a_model_whose_output_is_nan_is_flagged_non_finite():
+    rows = api.bench(model=NanLM, family="lm", workload=["forward", "train_step"], seq_len=8, batch_size=2, **FAST)
+    for row in rows:
+        assert row["status"] == "ok" and "non_finite" in row["flags"], row["flags"]
+        assert any("NaN or Inf" in w for w in row["warnings"])
+    fine = api.bench(model=f"{COURSE}:small", model_args=TINY, workload="train_step", seq_len=8, batch_size=2, **FAST)
+    assert "non_finite" not in fine[0]["flags"]
+
+
+def test_an_hf_size_below_one_is_one_line(capsys, transformers):
+    line = _cli_error(capsys, "bench", "--model", "hf:tests/data/models/tiny-llama", "--model-arg", "num_hidden_layers=-1",
+                      "--workload", "forward", "--seq-len", "8", "--device", "cpu", "--iters", "1")
+    assert line == "perflab: error: --model-arg num_hidden_layers: a size must be a whole number, 1 or more, got -1"
+
+
+def test_an_hf_decode_past_the_configs_positions_is_refused_as_perflabs_llama_is(capsys, transformers):
+    line = _cli_error(capsys, "bench", "--model", "hf:tests/data/models/tiny-llama", "--workload", "decode", "--context-len", "5000",
+                      "--device", "cpu", "--iters", "1")
+    assert line == ("perflab: error: context 5000 + 1 new token = 5001 positions is longer than hf:tests/data/models/tiny-llama's "
+                    "max_position_embeddings of 512")
+    own = _cli_error(capsys, "bench", "--model", "llama2_7b", "--workload", "decode", "--context-len", "5000", "--device", "cpu", "--iters", "1")
+    assert own == "perflab: error: context 5000 + 1 new token = 5001 positions is longer than llama2_7b's max_seq_len of 4096"

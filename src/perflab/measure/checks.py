@@ -2,7 +2,7 @@
 
 They catch the pitfalls of the seed harness: batches that did not hold the requested images, too little
 timed work, noisy samples, power never sampled during the timed loop, throttled clocks, and other
-processes sharing the GPU.
+processes sharing the GPU; and a step whose output is NaN or Inf.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ def run_checks(
     other_processes: list[int],
     tokens_expected: list[int] | None = None,
     tokens_seen: list[int] | None = None,
+    finite: bool | None = None,
     min_time: float = MIN_TIMED_S,
     min_iters: int = MIN_TIMED_ITERS,
     cv_threshold: float = CV_THRESHOLD,
@@ -50,6 +51,9 @@ def run_checks(
         checks.append(Check("throttled", f"GPU clocks were throttled during the timed loop ({', '.join(throttle_reasons)})"))
     if other_processes:
         checks.append(Check("other_processes", f"other processes were using the GPU: pid {', '.join(map(str, other_processes))}"))
+    if finite is False:
+        checks.append(Check("non_finite", "the step's output held NaN or Inf (checked on the last warm-up step): the timing is of a "
+                                          "computation gone wrong (a bad init, an overflow in the dtype, a learning rate too high)"))
     if tokens_expected is not None and tokens_seen is not None and tokens_expected != tokens_seen:
         checks.append(Check("tokens_mismatch", f"token counts per stage were {tokens_seen}, expected {tokens_expected}"))
     return checks

@@ -155,6 +155,7 @@ class Prepared:
     issue: float
     issue_step: float
     held: HeldTiming
+    finite: bool | None = None  # the last warm-up output (or loss) held no NaN or Inf; None: nothing to check
     resident_bytes: int | None = None  # allocated by this case and held between its steps (CUDA)
     resident_reserved: int | None = None
 
@@ -189,6 +190,7 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
             out = step()
         synchronize(case.device)
         processed = built.batch_of(out)
+        finite = output_is_finite(out)
         # The last warm-up output must not live through the timed loop: a train_forward output holds its
         # autograd graph (every saved activation), which doubled that workload's peak memory.
         del out
@@ -198,7 +200,8 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
         issue, issue_step = issue_s(step, case.device)
         held = held_timing(step, case.device, issue)
         synchronize(case.device)
-    prepared = Prepared(case, impl, built, step, checked, flops, params, trainable, first_step_s, processed, plan, issue, issue_step, held)
+    prepared = Prepared(case, impl, built, step, checked, flops, params, trainable, first_step_s, processed, plan, issue, issue_step, held,
+                        finite=finite)
     if alloc0 is not None:
         prepared.resident_bytes = torch.cuda.memory_allocated() - alloc0
         prepared.resident_reserved = torch.cuda.memory_reserved() - reserved0
@@ -282,6 +285,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         other_processes=report.other_processes,
         tokens_expected=tokens_expected,
         tokens_seen=tokens_seen,
+        finite=prepared.finite,
         min_time=case.min_time,
     )
     env = dict(env)
@@ -390,6 +394,19 @@ def host_bound(prepared: Prepared) -> dict:
         return {HOST_BOUND_KEY: min(1.0, held.host_s / held.device_s), "host_bound_source": "held"}
     frac = min(1.0, prepared.issue / prepared.issue_step) if prepared.issue_step > 0 else None
     return {HOST_BOUND_KEY: frac, "host_bound_source": "issue" if frac is not None else None}
+
+
+def output_is_finite(out) -> bool | None:
+    """Whether a step's output (a tensor, ``.logits``/``.loss``, or the first tensor of a tuple) holds no NaN or Inf;
+    None where there is no floating-point tensor to look at. One synchronisation, outside the timed loop."""
+    for candidate in (out, getattr(out, "loss", None), getattr(out, "logits", None)):
+        if torch.is_tensor(candidate) and candidate.is_floating_point():
+            return bool(torch.isfinite(candidate).all())
+    if isinstance(out, (tuple, list)):
+        for item in out:
+            if torch.is_tensor(item) and item.is_floating_point():
+                return bool(torch.isfinite(item).all())
+    return None
 
 
 def memory_peaks(device: str) -> dict:

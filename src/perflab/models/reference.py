@@ -155,8 +155,16 @@ def hf_config(ref: Reference, model_args: dict):
     for key, value in model_args.items():
         if not hasattr(config, key):
             raise PerflabError(f"--model-arg {key}: {ref.text}'s {type(config).__name__} has no attribute {key!r}")
+        if is_size_key(key) and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise PerflabError(f"--model-arg {key}: a size must be a whole number, 1 or more, got {value!r}")
         setattr(config, key, value)
     return config
+
+
+def is_size_key(key: str) -> bool:
+    """A config attribute that sizes the model (layers, heads, widths, vocabulary, positions): 1 or more."""
+    return key.startswith(("num_", "n_")) or key.endswith(("_size", "_layers", "_heads", "_dim", "_embeddings")) or key in (
+        "hidden_size", "intermediate_size", "vocab_size", "head_dim", "max_position_embeddings")
 
 
 def build_hf(ref: Reference, model_args: dict):

@@ -52,6 +52,7 @@ class Decode(Implementation):
             if case.layers is not None or case.layers_only:
                 raise PerflabError(f"--layers/--layers-only shape perflab's own Llama; for {case.model} pass its own arguments with --model-arg")
             config = None
+            positions = reference_max_positions(case)
         else:
             config = llama_config(case)
         if case.layers is not None and case.layers < 1:
@@ -73,10 +74,11 @@ class Decode(Implementation):
         if case.layers_only and case.workload == "generate":
             raise PerflabError("--layers-only runs hidden states through the layers, with no head to pick tokens; generate needs the head")
         needed = cache_len(case)
-        if config is not None and needed > config.max_seq_len:
+        limit, name = (config.max_seq_len, "max_seq_len") if config is not None else (positions, "max_position_embeddings")
+        if limit is not None and needed > limit:
             what = {"decode": f"context {case.context_len} + 1 new token", "prefill": f"prompt {case.prompt_len}",
                     "generate": f"prompt {case.prompt_len} + {case.new_tokens} new tokens"}[case.workload]
-            raise PerflabError(f"{what} = {needed} positions is longer than {case.model}'s max_seq_len of {config.max_seq_len}")
+            raise PerflabError(f"{what} = {needed} positions is longer than {case.model}'s {name} of {limit}")
         if case.attn != "sdpa":
             raise PerflabError("the decode family's attention is SDPA over the static cache; --attn explicit is for gpt_* models")
         return case
@@ -242,6 +244,18 @@ class Decode(Implementation):
     def min_bytes(self, case, row: dict) -> float:
         return float(row.get("bytes_per_step") or self.analytic(case).get("bytes_per_step") or
                      int(row.get("params") or 0) * DTYPE_BYTES[case.dtype])
+
+
+def reference_max_positions(case) -> int | None:
+    """The positions an hf: decoder's config allows (``max_position_embeddings``, a --model-arg overriding it), else
+    None (a module perflab cannot read it from: its own setup_caches decides)."""
+    from perflab.references import hf_config_json, parse_reference
+
+    ref = parse_reference(case.model)
+    if ref.kind != "hf":
+        return None
+    value = dict(case.model_args).get("max_position_embeddings", (hf_config_json(ref) or {}).get("max_position_embeddings"))
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def decoder_step_bytes(model: torch.nn.Module, batch: int, cache_positions: int) -> dict:

@@ -96,6 +96,7 @@ class LM(Implementation):
         config = None
         if case.is_reference:
             model = build_on_device(case.model, dict(case.model_args), case.device)
+            refuse_decode_convention(model, case)
             vocab_size = vocab_size_of(model, case.model)
         else:
             config = lm_config(case)
@@ -204,6 +205,23 @@ class LM(Implementation):
             return params * weight_bytes
         per_param = 3 * weight_bytes + 4 + (28 if case.workload == "train_step" else 0)
         return params * per_param
+
+
+def refuse_decode_convention(model, case) -> None:
+    """A module in gpt-fast's decode convention (``setup_caches`` and ``forward(idx, input_pos)``) keeps its KV cache
+    inside and cannot run a plain ``forward(idx)``: say so in one line instead of failing inside the model."""
+    import inspect
+
+    if not callable(getattr(model, "setup_caches", None)):
+        return
+    try:
+        takes_pos = "input_pos" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        takes_pos = False
+    if takes_pos:
+        raise PerflabError(f"{case.model} follows gpt-fast's decode convention (setup_caches and forward(idx, input_pos)), whose KV cache "
+                           f"must be set up before a forward: measure it with --family decode (workloads decode, prefill, generate), "
+                           f"not the lm workload {case.workload}")
 
 
 def reference_analytic(case, passes: int) -> dict:
