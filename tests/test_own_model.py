@@ -105,7 +105,7 @@ def test_a_tied_embedding_is_read_in_full_once_by_the_head_and_its_gathered_rows
     tied.output.weight = tied.tok_embeddings.weight
     for model in (untied, tied):
         model.setup_caches(2, 17)
-    a, b = decoder_step_bytes(untied, 2, 17), decoder_step_bytes(tied, 2, 17)
+    a, b = decoder_step_bytes(untied, 2), decoder_step_bytes(tied, 2)
     table = 512 * 64 * 4
     assert a["bytes_weights"] == b["bytes_weights"]  # tied: the head's full read and the 2 rows, as untied
     params = sum(p.numel() for p in untied.parameters()) * 4

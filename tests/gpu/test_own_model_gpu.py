@@ -2,6 +2,8 @@
 modes, a gpt-fast decoder and an hf: decoder through transformers' static cache, and the by-module profile whose
 tree closes each pass (forward and backward) to the nanosecond."""
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,34 @@ def test_by_module_profile_of_a_train_step_closes_forward_and_backward(tmp_path)
     assert set(pass_closure(tree, report.kernels, report.trace.ranges).values()) == {0}
     backward = tree[(tree["pass"] == "backward") & (tree["module"] == "layers.0.attn")]
     assert len(backward) == 1 and backward["inclusive_ns"].iloc[0] > 0  # backward kernels land in their module
+
+
+HF_DECODE = "hf:benchmarks/models/hf_decode_llama"  # issue 24's config: vocab 4096, hidden 256, 3 layers, 8 heads, 2 KV heads
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile", "compile:reduce-overhead", "cudagraph"])
+def test_an_hf_llama_decodes_in_every_mode_past_its_cache_length(mode, monkeypatch):
+    # transformers 5's static cache wrote at a running token count and ran off the cache's end after
+    # context + 1 steps: a device-side assert in index_copy_ (issue 24). 300 steps at context 64 would have.
+    from perflab import api
+
+    monkeypatch.chdir(ROOT)
+    (row,) = api.bench(model=HF_DECODE, workload="decode", context_len=64, batch_size=2, dtype="bf16", mode=mode, device="cuda",
+                       family="decode", warmup=3, iters=300, repeats=10)
+    assert row["status"] == "ok", row.get("message")
+    assert row["bytes_kv_read"] == 2 * 3 * (2 * 2 * 65 * 32) * 2 and row["bytes_kv_write"] == row["bytes_kv_read"] // 65
+    assert 0 < row["mbu"] < 1
+
+
+def test_a_device_side_assert_keeps_the_rows_before_it_and_ends_in_one_line(tmp_path):
+    sys.path.insert(0, str(ROOT / "tests"))
+    from cli_util import run_cli
+
+    out = tmp_path / "rows.jsonl"
+    result = run_cli("bench", "--model", "tests/data/models/asserting.py:Asserting", "--family", "classify", "--input-size", "32",
+                     "--batch-size", "1", "2", "4", "--no-interleave", "--device", "cuda", "--min-time", "0.1", "--out", out, cwd=ROOT)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith(("warning", "error:"))]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "left the CUDA context unusable" in lines[-1] and "1 remaining case(s)" in lines[-1]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["batch_size"], r["status"]) for r in rows] == [(1, "ok"), (2, "error")] and rows[1]["fatal"]

@@ -99,6 +99,8 @@ class Classify(Implementation):
             with torch.no_grad():
                 out = logits_of(built.model(x))
         except Exception as exc:
+            if "CUDA error" in str(exc):  # a failure of the device, not of the input: the case's error row (and the run's end)
+                raise
             raise PerflabError(f"{case.model}: the classify family feeds an image batch of shape {tuple(x.shape)}; the model failed on it: "
                                f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from None
         if not torch.is_tensor(out) or out.dim() < 1 or out.shape[0] != case.batch_size:

@@ -177,7 +177,7 @@ class Decode(Implementation):
         For a user's decoder, the decode step's bytes come from the built model by the rule of
         :func:`decoder_step_bytes`, for MBU."""
         if case.workload == "decode" and built.extra.get("reference"):
-            return decoder_step_bytes(built.model, case.batch_size, cache_len(case))
+            return decoder_step_bytes(built.model, case.batch_size)
         if case.workload != "generate":
             return {}
         if case.mode == "cudagraph":
@@ -258,7 +258,7 @@ def reference_max_positions(case) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def decoder_step_bytes(model: torch.nn.Module, batch: int, cache_positions: int) -> dict:
+def decoder_step_bytes(model: torch.nn.Module, batch: int) -> dict:
     """The bytes one decode step of a user's decoder must move, by perflab's Llama rule (``models.llama.decode_bytes``):
 
     - every weight the step reads in full, once (a tensor shared by two modules, as a tied head and embedding, once);
@@ -283,9 +283,12 @@ def decoder_step_bytes(model: torch.nn.Module, batch: int, cache_positions: int)
             continue
         rows = batch * param.shape[-1] * param.element_size()  # one row per sequence
         weights += rows + (size if len(embedding) < len(owners[key]) else 0)  # tied to a head: read in full there too
-    cache = model.cache_bytes() if hasattr(model, "cache_bytes") else sum(
-        b.numel() * b.element_size() for n, b in model.named_buffers() if n.endswith(("k_cache", "v_cache")))
-    write = cache // cache_positions if cache_positions else 0
+    caches = model.cache_tensors() if hasattr(model, "cache_tensors") else [
+        b for n, b in model.named_buffers() if n.endswith(("k_cache", "v_cache"))]
+    cache = sum(t.numel() * t.element_size() for t in caches)
+    # One position of each (batch, heads, positions, head_dim) cache: gpt-fast rounds its cache up to a multiple of
+    # 8 positions, so the positions are the tensors' own, not the case's.
+    write = sum(t.numel() * t.element_size() // t.shape[2] for t in caches if t.dim() == 4 and t.shape[2])
     return {"bytes_per_step": weights + cache + write, "bytes_weights": weights, "bytes_kv_read": cache, "bytes_kv_write": write}
 
 
@@ -334,12 +337,13 @@ class HFStaticDecoder(torch.nn.Module):
             else:  # not initialised yet (the first call allocates it on the device): set it on the host once
                 count.fill_(int(input_pos[0]))
 
-    def cache_bytes(self) -> int:
+    def cache_tensors(self) -> list:
+        """The static cache's key and value tensors, (batch, kv heads, positions, head_dim) each."""
         tensors = []
         for layer in getattr(self.cache, "layers", ()) or ():
             tensors += [getattr(layer, "keys", None), getattr(layer, "values", None)]
         tensors += list(getattr(self.cache, "key_cache", ()) or ()) + list(getattr(self.cache, "value_cache", ()) or ())
-        return sum(t.numel() * t.element_size() for t in tensors if torch.is_tensor(t))
+        return [t for t in tensors if torch.is_tensor(t)]
 
 
 def reference_decoder(case, dtype):
