@@ -37,7 +37,7 @@ from perflab.measure.energy import open_monitor
 from perflab.measure.env import device_name, environment
 from perflab.measure.flops import count_flops, count_params
 from perflab.measure.host import HeldTiming, held_timing, issue_s
-from perflab.measure.pinning import HostOptions, timing_thread
+from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
 from perflab.measure.stats import hierarchical_ci, summarize
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
@@ -180,9 +180,10 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
 
     stage("compile" if case.mode != "eager" else "warmup")
     started = time.perf_counter()
-    step = make_step(built, case.mode)
-    out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
-    synchronize(case.device)
+    with intra_op_threads(case.device, host):  # as warm-up and timing run it: no recompile at the first warm-up step
+        step = make_step(built, case.mode)
+        out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
+        synchronize(case.device)
     first_step_s = time.perf_counter() - started  # what the mode costs before its first step is done
     stage("warmup")
     with timing_thread(case.device, host):

@@ -104,6 +104,25 @@ def timing_thread(device: str, options: HostOptions | None = None) -> Iterator[T
                 pass
 
 
+@contextlib.contextmanager
+def intra_op_threads(device: str, options: HostOptions | None = None) -> Iterator[None]:
+    """The torch intra-op threads that :func:`timing_thread` sets (one for CUDA steps), without pinning: for a
+    compiled step's first call. torch.compile guards on the thread count, so a graph compiled under another count
+    is compiled again at the first warm-up step, and each compile counts towards dynamo's per-code limit."""
+    import torch
+
+    options = options or HostOptions()
+    previous = None
+    if options.one_thread and device == "cuda":
+        previous = torch.get_num_threads()
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            torch.set_num_threads(previous)
+
+
 def _move_other_threads(cpus: frozenset[int]) -> dict[int, set[int]]:
     """Move every other thread of this process to ``cpus``; their previous affinities, by thread id."""
     import threading
