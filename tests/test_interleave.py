@@ -1,5 +1,6 @@
 """Interleaved, paired timing and confidence intervals that hold from run to run (issue 22)."""
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -331,3 +332,38 @@ def test_a_sticky_cuda_error_keeps_the_rows_before_it_and_ends_in_one_line(monke
         assert statuses == [(1, "ok"), (2, "error")]
     assert stored[-1]["fatal"] and "device-side assert" in stored[-1]["message"]
     assert "bs2" in result.stdout or "error" in result.stdout
+
+
+def test_training_steps_are_timed_apart_from_inference_and_never_under_a_kept_autocast_cache():
+    # Why: a kept autocast cache (which inference pools need for their CUDA graphs) would hand a training step the
+    # bf16 casts of its weights from before its optimizer step. Shown here: three SGD steps under a kept cache end
+    # with other weights than the same steps with autocast entered per step, as a training loop does.
+    import torch
+
+    from perflab import api
+    from perflab.measure.harness import _autocast_kept
+
+    def train(kept: bool):
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+        x = torch.randn(4, 8)
+        with (_autocast_kept("cpu") if kept else contextlib.nullcontext()):
+            for _ in range(3):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    loss = layer(x).float().pow(2).mean()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+        return layer.weight.detach().clone()
+
+    assert not torch.equal(train(kept=True), train(kept=False))
+
+    cases = api.make_cases(model=["gpt_small"], layers=1, model_args={"d_model": 32, "n_heads": 4, "d_ff": 64}, family="lm",
+                           workload=["train_step", "forward"], seq_len=[8], batch_size=[2, 4], dtype=["bf16"], device="cpu",
+                           iters=4, repeats=2, warmup=1)
+    rows = api.bench(cases)
+    sessions = {r["workload"]: r["session"] for r in rows}
+    assert all(r["status"] == "ok" for r in rows)
+    assert sessions["train_step"] != sessions["forward"]
+    assert {r["session"] for r in rows if r["workload"] == "train_step"} == {sessions["train_step"]}  # still timed together

@@ -583,13 +583,19 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
             if interleave and len(cases) > 1:
                 rows[i]["timed_alone"] = can_interleave(case) or "the only case that could be timed with others"
             _stop_if_lost(rows, cases, i)
-    pending = list(together)
+    # Training steps apart from the rest: they run their own autocast per step (the weights change every step, so
+    # their casts must be made afresh), and must not run under the kept cache below.
+    trains = {i: implementation(cases[i]).trains(cases[i]) for i in together}
+    pending = [i for i in together if not trains[i]] + [i for i in together if trains[i]]
     session_seq = 0
     while pending:
-        # Autocast's weight casts must outlive each case's contexts for as long as the pool lives: a CUDA graph
-        # captured under autocast reads the cached casts, and freeing them made its replay read freed memory.
-        with _autocast_kept(cases[pending[0]].device):
-            pool, pending = _fill_pool(cases, pending, rows, stage_of, host)
+        # Autocast's weight casts must outlive each case's contexts for as long as a pool of inference steps lives: a
+        # CUDA graph captured under autocast reads the cached casts, and freeing them made its replay read freed
+        # memory. A training step's cached casts would be stale after its optimizer step: no kept cache there.
+        kind = trains[pending[0]]
+        with (contextlib.nullcontext() if kind else _autocast_kept(cases[pending[0]].device)):
+            pool, rest = _fill_pool(cases, [i for i in pending if trains[i] == kind], rows, stage_of, host)
+            pending = rest + [i for i in pending if trains[i] != kind]
             for i in range(len(cases)):
                 _stop_if_lost(rows, cases, i)
             if pool:

@@ -63,6 +63,11 @@ class Implementation:
         """Family checks; returns the normalised case. PerflabError (one line) on bad input."""
         raise NotImplementedError
 
+    def trains(self, case) -> bool:
+        """Whether the case's step records autograd (``Built.needs_grad``), known before building: such a step casts
+        its weights afresh every step (its own autocast), so it is never timed under a kept autocast cache."""
+        return False
+
     def build(self, case) -> Built:
         """The model on ``case.device`` and the step factory, seeded. Called under the case's precision."""
         raise NotImplementedError

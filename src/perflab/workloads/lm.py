@@ -86,6 +86,9 @@ class LM(Implementation):
         self.check_mode(case)
         return case
 
+    def trains(self, case) -> bool:
+        return case.workload in TRAINING
+
     def build(self, case, model=None) -> Built:
         """``model``: another module with the same contract (token ids [B, T] → logits [B, T, vocab]) to run in
         this workload instead of perflab's GPT, e.g. to compare with transformers' Llama of the same shape.
