@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args, timeout=600, cwd=None):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore")
+    # src first, and whatever the caller's PYTHONPATH holds after it (the GPU machine's carried wheels live there)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH", "")) if p),
+               PYTHONWARNINGS="ignore")
     return subprocess.run([sys.executable, "-m", "perflab", *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
 
 
