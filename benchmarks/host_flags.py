@@ -64,12 +64,6 @@ HEAD = ["case", "ms", "CV", "canary µs", "before / after", "fastest", "ratio", 
         "issue ms", "host-bound", "host flags", "exemption"]
 
 
-def md_table(head: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in body]
-    return "\n".join(lines)
-
-
 def demo_in_subprocess() -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     out = subprocess.run([sys.executable, "-c", DEMO], capture_output=True, text=True, env=env, timeout=400)
@@ -130,6 +124,7 @@ def main() -> None:
         print("host_flags.py: error: --demos and --reps must be at least 1, --hog-s positive", file=sys.stderr)
         sys.exit(2)
     sys.path.insert(0, SRC)
+    from perflab.report.markdown import md_table
     import torch
 
     if not torch.cuda.is_available():

@@ -113,13 +113,9 @@ def fmt(value, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def md_table(head: list[str], body: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    return "\n".join(lines + ["| " + " | ".join(c.replace("|", "/") for c in r) + " |" for r in body])
-
-
 def summarize(records: list[dict], walls: dict) -> str:
     sys.path.insert(0, SRC)
+    from perflab.report.markdown import md_table
     from perflab.report.tables import speedup_rows
 
     by_setting: dict[str, dict[int, list[dict]]] = {}

@@ -1,18 +1,24 @@
-"""Run one case and produce its result row.
+"""Run one case, or several together, and produce their result rows.
 
-Order of work: build the model and a seeded input; check the token schedule and the FLOPs with one eager
-forward; build the step for the mode and call it once (compile, capture). Then, with the timing thread
-pinned to one core (``measure.pinning``; a run option, ``--no-pin`` turns it off): warm up; estimate the
-step time; time the host's issue of 3 steps (``measure.host``: ``host_issue_ms``, and ``host_bound_frac``
-= issue ÷ the same steps' time to their synchronise); synchronise and time the host canary (``measure.canary``); then the timed
-loop, with nothing else in it (no profiler, no FLOP counter, no per-step host sync, the garbage collector
-off), bracketed by reads of the timing thread's run-queue wait and the VM's steal (``measure.sched``:
-``host_wait_frac``, ``host_steal_frac``); then, with the loop synchronised and NVML's sampler thread ended,
-the canary again (``host_canary_us`` is the faster of the two). Peak memory is reset and NVML's energy
-counter read right before that loop. A failed case's row gets a canary too, taken after the failure.
+One case (``run_case``): build the model and a seeded input; check the token schedule and the FLOPs with one eager
+forward; build the step for the mode and call it once (compile, capture), under the timed loop's intra-op threads.
+Then, with the timing thread pinned to one core (``measure.pinning``; a run option, ``--no-pin`` turns it off): warm
+up; estimate the step time; time the host's issue of 3 steps (``measure.host``: ``host_issue_ms``) and the step's
+host and GPU times apart, the GPU held by a sleep kernel while the host issues (``host_held_ms``, ``device_ms``,
+``host_bound_frac``); synchronise and time the host canary (``measure.canary``); then the timed loop, with nothing
+else in it (no profiler, no FLOP counter, no per-step host sync, the garbage collector off), bracketed by reads of
+the timing thread's run-queue wait and the VM's steal (``measure.sched``: ``host_wait_frac``, ``host_steal_frac``);
+then, with the loop synchronised and NVML's sampler thread ended, the canary again (``host_canary_us`` is the
+faster of the two). Peak memory is reset and NVML's energy counter read right before that loop. A failed case's
+row gets a canary too, taken after the failure.
 
-An OOM or any other failure of the measurement becomes a row with status ``oom`` or ``error``; bad input
-(an unknown model, a keep rate of 2) raises PerflabError before anything runs.
+Several cases (``run_cases``, the default of bench, demo and explain): each prepared as above, held together while
+they fit, then timed in interleaved blocks (``measure.interleave``), with a canary before each round and a
+contiguous energy pass per case after the rounds; ``run_in_processes`` spreads that over several processes.
+
+An OOM or any other failure of the measurement becomes a row with status ``oom`` or ``error``; a failure that
+leaves the CUDA context unusable ends the run (``CudaContextLost``, with the rows so far); bad input (an unknown
+model, a keep rate of 2) raises PerflabError before anything runs.
 """
 
 from __future__ import annotations
@@ -160,20 +166,10 @@ class Prepared:
     resident_reserved: int | None = None
 
 
-def _prepare(case: Case, stage, host: HostOptions | None) -> Prepared:
-    """Build, check, count FLOPs, make the step for the mode and call it once (compile, capture); then, with the
-    timing thread set up (``measure.pinning``), warm up, plan the timing and measure the step's host and GPU
-    times apart. Runs inside ``memory_cap`` and ``step_context``; on CUDA it records what the case holds."""
-    impl = implementation(case)
-    stage("build")
-    cuda = case.device == "cuda"
-    alloc0, reserved0 = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) if cuda else (None, None)
-    built = build(case)
-    params, trainable = count_params(built.model)
-    return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0, reserved0)
-
-
 def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None, reserved0=None) -> Prepared:
+    """Check, count FLOPs, make the step for the mode and call it once (compile, capture); then, with the timing
+    thread set up (``measure.pinning``), warm up, plan the timing and measure the step's host and GPU times apart.
+    Runs inside ``memory_cap`` and ``step_context``; with ``alloc0`` (CUDA) it records what the case holds."""
     stage("check")
     checked = impl.check(case, built)
     flops = count_flops(built.make_step(built.model))
@@ -653,7 +649,8 @@ def _fill_pool(cases, pending, rows, stage_of, host):
 
 
 def _prepare_held(case: Case, stage, host) -> Prepared:
-    """``_prepare`` inside the case's contexts; the contexts are left, and re-entered around each of its blocks."""
+    """Build the case and ``_compile_and_warm`` it inside its contexts; the contexts are left, and re-entered around
+    each of its blocks."""
     impl = implementation(case)
     stage("build")
     cuda = case.device == "cuda"

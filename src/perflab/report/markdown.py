@@ -482,13 +482,20 @@ def _canary_line(rows: list[dict]) -> str | None:
     return line.rstrip() + (f" {exempt}" if exempt else "")
 
 
+def short_message(message: str, limit: int = 110) -> str:
+    """A failure's message for a table cell: its first sentence, cut at ``limit`` characters (the store keeps it whole).
+    torch's OOM message runs to 600 characters of advice."""
+    first = message.split(". ")[0].strip()
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+
+
 def _status_section(rows: list[dict]) -> list[str]:
     counts = status_counts(rows)
     line = ", ".join(f"{n} {'not run' if status == 'missing' else status}" for status, n in sorted(counts.items()))
     parts = ["## Status", f"{len(rows)} cases: {line}."]
     failed = [r for r in rows if r.get("status") not in ("ok", "missing")]
     if failed:
-        body = [[_row_label(r), status_cell(r), _escape(r.get("message") or "")] for r in failed]
+        body = [[_row_label(r), status_cell(r), _escape(short_message(r.get("message") or ""))] for r in failed]
         parts.append(md_table(["Case", "Status", "Message"], body))
     return parts
 
@@ -545,7 +552,7 @@ def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
     for r in rows:
         ok = r.get("status") == "ok"
         flags = [f for f in (r.get("flags") or []) if f not in common]
-        note = ", ".join(flags) if ok else _escape(r.get("message") or "")
+        note = ", ".join(flags) if ok else _escape(short_message(r.get("message") or ""))
         body.append([
             _model_label(r), str(r.get("input_size")) if classify else shape_label(r), str(r.get("batch_size")), str(r.get("dtype")),
             str(r.get("mode")), "ok" if ok else status_cell(r), _ms_cell(r) if ok else "–", _num(r.get("latency_ms_per_sample"), ".4g"),
