@@ -24,7 +24,8 @@ def _rows(store: Path) -> list[dict]:
 def decode(tmp_path_factory):
     out = tmp_path_factory.mktemp("decode")
     shutil.copy(ROOT / "docs/reports/decode/results.sqlite", out / "results.sqlite")
-    return write_report(out).read_text(), _rows(out / "results.sqlite")
+    # counted against the whole spec, as the committed report was written (perflab report --spec experiments/decode.yaml)
+    return write_report(out, spec=ROOT / "experiments/decode.yaml").read_text(), _rows(out / "results.sqlite")
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +52,14 @@ def test_decode_tables_hold_the_stored_medians_tokens_per_s_and_mbu(decode):
     full = _section(text, "### llama3_8b: decode, context 512, bf16, cuda")
     by = {(r["case"]["mode"], r["case"]["batch_size"]): r for r in rows
           if r["case"].get("layers") is None and r["case"]["context_len"] == 512}
-    header = ["eager", "compile:reduce-overhead", "cudagraph"]
+    columns = _table_row(full, "#### Step time", "Batch")[1:]  # the spec's modes
+    assert columns == ["eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph"]
     for batch in (1, 8, 64):
         times = _table_row(full, "#### Step time", str(batch))[1:]
         tokens = _table_row(full, "#### Tokens/s", str(batch))[1:]
         mbu = _table_row(full, "#### MBU", str(batch))[1:]
-        for i, mode in enumerate(header):
+        for mode in ("eager", "compile:reduce-overhead", "cudagraph"):  # the modes measured at this context
+            i = columns.index(mode)
             row = by[(mode, batch)]
             assert times[i].startswith(f"{row['median_ms']:.3f} [")
             assert float(tokens[i]) == pytest.approx(batch / row["median_ms"] * 1000, abs=0.05)
@@ -64,9 +67,9 @@ def test_decode_tables_hold_the_stored_medians_tokens_per_s_and_mbu(decode):
             copy_gbps = row["bytes_per_step"] / (row["median_ms"] / 1000) / 1e9 / row["mbu"]
             assert 2500 < copy_gbps < 3400  # an H100's measured copy bandwidth
             assert mbu[i].startswith(f"{100 * row['mbu']:.1f}%")
-    ratio = _table_row(full, "#### Eager ÷ mode", "1")[1]
+    ratio = _table_row(full, "#### Eager ÷ mode", "1")[1 + [m for m in columns if m != "eager"].index("compile:reduce-overhead")]
     assert ratio == f"{by[('eager', 1)]['median_ms'] / by[('compile:reduce-overhead', 1)]['median_ms']:.2f}×"
-    assert "| 8 | not run | not run | not run |" in _section(text, "### llama3_8b: decode, context 4096, bf16, cuda")
+    assert "| 8 | not run | not run | not run | not run | not run |" in _section(text, "### llama3_8b: decode, context 4096, bf16, cuda")
 
 
 def test_decode_ncu_table_names_each_library_with_dram_percent_bandwidth_and_share_in_percent(decode):
@@ -450,3 +453,17 @@ def test_capped_rows_are_measured_cells_of_their_own_and_an_oom_on_the_full_gpu_
     assert cap == [["gpt_medium", "forward_backward", "seq1024", "16", "OOM", "–", "OOM", "✓"]]
     assert lm_report.predict(base, 24) == "fits" and lm_report.predict(base, 16) == "OOM"
     assert base["peak_mem_alloc_mb"] / GIB > 16
+
+
+def test_a_store_holding_a_subset_of_a_spec_counts_the_specs_cases(tmp_path):
+    # The committed decode store's latest sweep ran 18 of experiments/decode.yaml's 60 cases, and its report said
+    # "23 of 31". Counted against the spec, it is 23 of 60, and every other case is "not run".
+    from perflab.sweep.spec import load_experiment
+
+    shutil.copy(ROOT / "docs/reports/decode/results.sqlite", tmp_path / "results.sqlite")
+    spec = load_experiment(ROOT / "experiments/decode.yaml")
+    stored_ids = {r["case_id"] for r in _rows(tmp_path / "results.sqlite")}
+    assert stored_ids < {c.id for c in spec.cases} and len(spec.cases) == 60
+    text = write_report(tmp_path, spec=ROOT / "experiments/decode.yaml").read_text()
+    assert f"Decode: {len(stored_ids)} of 60 cases stored" in text and f"; {60 - len(stored_ids)} not run." in text
+    assert f"60 cases: {60 - len(stored_ids)} not run, {len(stored_ids)} ok." in text

@@ -224,11 +224,12 @@ def results(out_dir, env_key: str | None = None) -> list[dict]:
     return read_rows(out_dir, env_key)
 
 
-def report(out_dir, *, n_boot: int = 2000):
-    """Write ``OUT/report.md`` (seed-shaped tables, break-even) and its PNG plots; returns the report's path."""
+def report(out_dir, *, n_boot: int = 2000, spec=None):
+    """Write ``OUT/report.md`` (seed-shaped tables, break-even) and its PNG plots; returns the report's path.
+    ``spec``: the experiment to count the cases of (default: the store's latest sweep's)."""
     from perflab.report.markdown import write_report
 
-    return write_report(out_dir, n_boot=n_boot)
+    return write_report(out_dir, n_boot=n_boot, spec=spec)
 
 
 def breakeven_experiment(

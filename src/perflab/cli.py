@@ -310,11 +310,13 @@ def results(
 def report(
     out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
     n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for break-even CIs."),
+    spec: Optional[Path] = typer.Option(None, "--spec", help="The experiment whose cases to count and mark 'not run' "
+                                        "(default: the store's latest sweep's, which is a subset if that sweep ran one)."),
 ):
     """Write OUT/report.md: seed-shaped tables with CIs and flags, plots (PNG) beside it, environment, spec."""
     from perflab import api
 
-    path = api.report(out_dir, n_boot=n_boot)
+    path = api.report(out_dir, n_boot=n_boot, spec=spec)
     out.print(f"wrote {path}", soft_wrap=True, markup=False)
 
 

@@ -36,10 +36,18 @@ GROUP_FIELDS = ("model", "dtype", "mode", "attn", "device", "keep_rate", "reduct
 ALWAYS_SHOWN = ("model", "dtype", "mode")  # in group headings, even when they do not vary
 
 
-def write_report(out_dir, *, n_boot: int = 2000) -> Path:
-    """Write ``out_dir/report.md`` and its PNGs; returns the report's path."""
+def write_report(out_dir, *, n_boot: int = 2000, spec=None) -> Path:
+    """Write ``out_dir/report.md`` and its PNGs; returns the report's path.
+
+    ``spec``: an experiment (a YAML path or an Experiment) whose cases the report counts and marks "not run" where
+    the store has no row; default, the experiment of the store's latest sweep (a sweep of a subset of a spec
+    records the subset, and the report then counted that)."""
     out_dir = Path(out_dir)
     stored = load_stored(out_dir)
+    if spec is not None:
+        from perflab.sweep.spec import Experiment, load_experiment
+
+        stored.experiment = spec if isinstance(spec, Experiment) else load_experiment(spec)
     text = build_report(stored, out_dir, n_boot=n_boot)
     path = out_dir / "report.md"
     path.write_text(text)
