@@ -593,6 +593,13 @@ def main() -> None:
 
     if args.layouts:
         layouts = args.only.split(",") if args.only else LAYOUTS
+        if args.trace:  # the float-spelled layouts are written from a synthetic trace: they would measure another trace than X
+            floats = [layout for layout in layouts if LAYOUT_SOURCES[layout][0] == "floats"]
+            if args.only and floats:
+                parser.error(f"--trace with --layouts: {floats[0]} is written from a synthetic trace, not from {args.trace}; "
+                             "choose --only among the Kineto-spelled layouts")
+            layouts = [layout for layout in layouts if layout not in floats]
+            print(f"--trace: the Kineto-spelled layouts of {args.trace} only ({', '.join(layouts)})", flush=True)
         traces = {"kineto": trace}
         if any(LAYOUT_SOURCES[layout][0] == "floats" for layout in layouts):
             traces["floats"] = workdir / f"synthetic_{args.kernels}_{args.blocks_per_step}.floats.json"

@@ -29,7 +29,7 @@ from pathlib import Path
 from perflab import api
 from perflab.analysis.fixes import Fix
 from perflab.errors import PerflabError
-from perflab.explain import default_fixes, explain, parse_fix, predict_fix
+from perflab.explain import case_fixes, explain, parse_fix, predict_fix
 from perflab.report.explain_markdown import explanation_markdown
 from perflab.spec import validate_case
 
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         (case,) = api.make_cases(model=[args.model], workload=[args.workload], seq_len=[args.seq_len], batch_size=[args.batch_size],
                                  dtype=[args.dtype], mode=["eager"], device="cuda", warmup=args.warmup, min_time=args.min_time,
                                  repeats=args.repeats)
-        fixes = default_fixes(case) if args.fixes is None else ([] if args.fixes == ["none"] else args.fixes)
+        fixes = case_fixes(case, args.fixes)
         for spec in fixes + [c for c in (args.combos or []) if c != "none"]:  # bad input fails now, not after minutes
             validate_case(replace(case, **parse_fix(spec)))
         for mode in args.modes:

@@ -46,8 +46,9 @@ def test_wait_and_steal_fractions_of_the_recorded_loops():
     assert idle["meta"]["cpu"] == busy["meta"]["cpu"] == 1 and idle["meta"]["user_hz"] == 100
 
     def fractions(s, cpus):
-        return sched.fractions_from_files(s["schedstat_before"], s["schedstat_after"], s["stat_before"], s["stat_after"],
-                                          s["meta"]["wall_s"], cpus, s["meta"]["user_hz"])
+        before = sched.HostSample(0.0, s["schedstat_before"], s["stat_before"])
+        after = sched.HostSample(s["meta"]["wall_s"], s["schedstat_after"], s["stat_after"])
+        return sched.contention(before, after, cpus, s["meta"]["user_hz"])
 
     # A 1 s busy loop alone on CPU 1: 3.1 ms waiting for a CPU; the same loop sharing CPU 1 with a busy process: half.
     alone, shared = fractions(idle, [1]), fractions(busy, [1])

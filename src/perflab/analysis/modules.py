@@ -15,24 +15,18 @@ time plus its descendants'. Torch-free, like every analysis.
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pandas as pd
 
 from perflab.analysis.passes import PASSES, kernel_passes
+from perflab.trace.schema import MODULE_RANGE, MODULE_ROOT
 
-MODULE_RANGE = re.compile(r"^module(?P<backward>_backward)?:(?P<path>\S*) \[(?P<cls>[^\]]*)\]$")
-ROOT = "."  # the path of the model itself
+ROOT = MODULE_ROOT
 UNATTRIBUTED = "(unattributed)"
 NO_PASS = "(no pass)"
 COLUMNS = ["pass", "module", "class", "depth", "exclusive_ns", "inclusive_ns", "kernels", "kernels_inclusive",
            "share_exclusive", "share_inclusive"]
-
-
-def module_range_name(path: str, cls: str, backward: bool = False) -> str:
-    """The profiler range name of a module's forward (or backward): what trace.modules records."""
-    return f"module{'_backward' if backward else ''}:{path or ROOT} [{cls}]"
 
 
 def has_module_ranges(ranges: pd.DataFrame) -> bool:

@@ -145,12 +145,6 @@ def contention_over(stretches: Iterable[tuple[HostSample, HostSample]], cpus: It
     return out
 
 
-def fractions_from_files(sched_before: str, sched_after: str, stat_before: str, stat_after: str, wall_s: float,
-                         cpus: Iterable[int] | None, user_hz: int) -> dict:
-    """:func:`contention` from recorded file contents and the wall time between them (for tests and tools)."""
-    return contention(HostSample(0.0, sched_before, stat_before), HostSample(wall_s, sched_after, stat_after), cpus, user_hz)
-
-
 def _n_cpus(stat: str) -> int:
     return sum(1 for line in stat.splitlines() if line.startswith("cpu") and line[3:4].isdigit())
 

@@ -17,7 +17,7 @@ import threading
 import torch
 from torch.autograd.profiler import record_function
 
-from perflab.analysis.modules import module_range_name
+from perflab.trace.schema import module_range_name
 
 
 class ModuleRanges:

@@ -26,6 +26,8 @@ tid, start_ns, end_ns, depth, parent), ``steps`` (step annotations: step, name, 
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,3 +70,17 @@ def check_kernel_table(table: pd.DataFrame) -> None:
     for column in INT_KERNEL_COLUMNS:
         assert table[column].dtype == np.int64, f"KernelTable column {column} is {table[column].dtype}, not int64"
     assert (table["end_ns"] - table["start_ns"] == table["dur_ns"]).all(), "KernelTable: end_ns - start_ns != dur_ns"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Module ranges: the name ``trace.modules`` gives a module's forward and backward in a profile, which
+# ``analysis.modules`` reads back. The rule lives here, on the capture side, so capture imports nothing from analysis.
+
+MODULE_RANGE = re.compile(r"^module(?P<backward>_backward)?:(?P<path>\S*) \[(?P<cls>[^\]]*)\]$")
+MODULE_ROOT = "."  # the path of the model itself
+
+
+def module_range_name(path: str, cls: str, backward: bool = False) -> str:
+    """The profiler range name of a module's forward (or backward): ``module:layers.0.attention [Attention]``."""
+    return f"module{'_backward' if backward else ''}:{path or MODULE_ROOT} [{cls}]"
+
