@@ -209,6 +209,9 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
     """One case alone: prepared, then one contiguous timed loop (sequential timing)."""
     with memory_cap(case):
         stage("build")
+        # What this process holds before the case (earlier cases' compiled graphs: a reduce-overhead case's CUDA-graph
+        # pool lives as long as dynamo's cache) is not the case's: its peaks are taken above it.
+        baseline = memory_peaks(case.device, current=True)
         built = build(case)
         params, trainable = count_params(built.model)
         with step_context(case, built):
@@ -232,6 +235,8 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
                         gc.enable()
                 after = host_canary()  # and just after it, with nothing in flight
             peak = memory_peaks(case.device)
+            if case.device == "cuda":
+                peak = {k: peak[k] - baseline[k] for k in peak}
             summary = summarize(timing.samples_ms)
             extra = prepared.impl.after_timing(case, built, prepared.step, {"median_ms": summary.median})
     measured = Measured(
@@ -240,7 +245,10 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
         peak_alloc=peak["alloc"], peak_reserved=peak["reserved"], canary=canary_fields(before, after),
         contention=sched.contention(load0, load1, thread.cpus), extra=extra,
     )
-    return ok_row(prepared, env, report, measured, thread)
+    row = ok_row(prepared, env, report, measured, thread)
+    if case.device == "cuda":
+        row["memory_baseline_mb"] = baseline["alloc"] / MB  # held by the process before the case, left out of its peaks
+    return row
 
 
 @dataclass
@@ -406,9 +414,12 @@ def output_is_finite(out) -> bool | None:
     return None
 
 
-def memory_peaks(device: str) -> dict:
+def memory_peaks(device: str, current: bool = False) -> dict:
+    """The CUDA allocator's peaks since the last reset (``current``: what it holds now), bytes; None off the GPU."""
     if device != "cuda":
         return {"alloc": None, "reserved": None}
+    if current:
+        return {"alloc": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved()}
     return {"alloc": torch.cuda.max_memory_allocated(), "reserved": torch.cuda.max_memory_reserved()}
 
 
