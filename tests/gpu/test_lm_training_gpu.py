@@ -71,13 +71,13 @@ def test_checkpointing_lowers_the_peak_after_a_reduce_overhead_case_in_the_same_
     # explain measured checkpointing at 37.4 GiB against 19.4 GiB without (gpt_large, H100) after its
     # compile:reduce-overhead case: that case's CUDA-graph pool lives on in dynamo's cache, and the peaks counted
     # it. Peaks are now taken above what the process held before the case (and per case when timed together).
-    shape = dict(TINY_LM, layers=4, seq_len=512, batch_size=8, workload="train_step", dtype="bf16", **FAST)
-    (compiled,) = api.bench(api.make_cases(**{k: ([v] if k in ("seq_len", "batch_size", "workload", "dtype") else v) for k, v in shape.items()},
-                                           mode=["compile:reduce-overhead"]))
+    def cases(**extra):
+        return api.make_cases(model=["gpt_small"], layers=4, model_args=TINY_LM["model_args"], seq_len=[512], batch_size=[8],
+                              workload=["train_step"], dtype=["bf16"], **FAST, **extra)
+
+    (compiled,) = api.bench(cases(mode=["compile:reduce-overhead"]))
     assert compiled["status"] == "ok", compiled.get("message")
-    plain, ckpt = api.bench(api.make_cases(**{k: ([v] if k in ("seq_len", "batch_size", "workload", "dtype") else v) for k, v in shape.items()})
-                            + api.make_cases(**{k: ([v] if k in ("seq_len", "batch_size", "workload", "dtype") else v) for k, v in shape.items()},
-                                             checkpoint_activations=True), interleave=interleave)
+    plain, ckpt = api.bench(cases() + cases(checkpoint_activations=True), interleave=interleave)
     assert plain["status"] == ckpt["status"] == "ok"
     assert ckpt["peak_mem_alloc_mb"] < plain["peak_mem_alloc_mb"]
     assert ckpt["median_ms"] > plain["median_ms"]  # it recomputes the forward
