@@ -44,6 +44,15 @@ def test_planted_faults_become_rows_and_the_other_cases_finish(tmp_path):
     assert not (tmp_path / "tmp").exists()  # no result files left behind
     assert "stage: timing" in (tmp_path / "logs" / f"{rows[('test:tiny', 1)]['case_id']}.log").read_text()  # the worker's log
     assert not _live_workers(tmp_path)
+    # What a case costs (P9): the worker's wall time split by stage, adding up to its total
+    cost = rows[("test:tiny", 1)]["cost_s"]
+    assert {"start_and_imports", "build", "check_and_flops", "warmup", "timed", "total"} <= set(cost)
+    assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"))
+    assert all(v >= 0 for v in cost.values()) and cost["start_and_imports"] > 0.1  # an interpreter and torch's import
+    from perflab.report.markdown import cost_section
+
+    section = "\n".join(cost_section(api.results(tmp_path)))
+    assert section.startswith("## What a case costs") and "cases per minute" in section and "| timed |" in section
 
 
 def test_resume_skips_stored_cases_per_environment_and_retry_failed_reruns_errors(tmp_path):

@@ -154,3 +154,19 @@ def _user_hz() -> int | None:
         return os.sysconf("SC_CLK_TCK")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (``/proc/self/stat`` field 22 against ``/proc/stat``'s ``btime``): the
+    interpreter's start and the imports before the caller. None where /proc does not say."""
+    stat, boot = read_text("/proc/self/stat"), read_text(STAT_PATH)
+    hz = _user_hz()
+    if not stat or not boot or not hz:
+        return None
+    try:
+        start_ticks = int(stat[stat.rindex(")") + 1:].split()[22 - 3])
+        btime = next(int(line.split()[1]) for line in boot.splitlines() if line.startswith("btime "))
+    except (ValueError, IndexError, StopIteration):
+        return None
+    return max(0.0, time.time() - (btime + start_ticks / hz))
+

@@ -18,6 +18,8 @@ their short names (analysis.names), the environment, the command and spec that p
 
 from __future__ import annotations
 
+import numpy as np
+
 import math
 import re
 import time
@@ -61,6 +63,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     common = common_flags(stored.rows)
     parts = [_header(stored, common, family_summary(rows))]
     parts += _status_section(rows)
+    parts += cost_section(stored.rows)
     for comparison in comparisons:
         parts += comparison_section(comparison, rows, plot_dir, common)
     if experiment and experiment.breakevens:
@@ -488,6 +491,30 @@ def _canary_line(rows: list[dict]) -> str | None:
                  + (f"{contended} row(s) carry it. " if contended else "no row carries it. "))
     exempt = exempt_line(rows)
     return line.rstrip() + (f" {exempt}" if exempt else "")
+
+
+COST_ORDER = ("start_and_imports", "build", "check_and_flops", "compile", "warmup", "timed", "profile", "ncu")
+
+
+def cost_section(rows: list[dict]) -> list[str]:
+    """What a case costs (P9): the sweep's wall time in its workers, cases per minute, and the split of a case's
+    wall time by stage (each worker's ``cost_s``), medians and totals. Rows stored before perflab recorded it: none."""
+    costed = [r["cost_s"] for r in rows if isinstance(r.get("cost_s"), dict) and r["cost_s"].get("total")]
+    if not costed:
+        return []
+    total = sum(c["total"] for c in costed)
+    stages = [s for s in COST_ORDER if any(s in c for c in costed)]
+    body = []
+    for stage in stages:
+        values = [c.get(stage, 0.0) for c in costed]
+        body.append([stage.replace("_", " "), f"{np.median(values):.2f}", f"{sum(values):.1f}", f"{100 * sum(values) / total:.1f}%"])
+    body.append(["total", f"{np.median([c['total'] for c in costed]):.2f}", f"{total:.1f}", "100%"])
+    timed = sum(c.get("timed", 0.0) for c in costed)
+    return ["## What a case costs",
+            f"{len(costed)} case(s) with a recorded split took {total / 60:.1f} min in their workers: {60 * len(costed) / total:.2f} cases "
+            f"per minute, one at a time; the timed loop is {100 * timed / total:.0f}% of it (the rest: the process, its imports, building, "
+            "checking and counting, compiling, warming up, and the profile and ncu passes).",
+            md_table(["stage", "median s per case", "total s", "share"], body)]
 
 
 def short_message(message: str, limit: int = 110) -> str:

@@ -22,7 +22,16 @@ import traceback
 from pathlib import Path
 
 
+# What a case costs (P9): the worker's stages, each with the perf_counter at which it began.
+COST_STAGES = {"build": "build", "check": "check_and_flops", "compile": "compile", "warmup": "warmup", "timing": "timed"}
+_stages: list[tuple[str, float]] = []
+
+
 def main(argv: list[str] | None = None) -> int:
+    from perflab.measure.sched import process_age_s
+
+    started, age = time.perf_counter(), process_age_s()
+    _stages.clear()
     args = _parse_args(argv)
     if args.parent_pid:
         _exit_with_parent(args.parent_pid)
@@ -53,8 +62,26 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # run_case turns measurement failures into rows; this is anything around them
         traceback.print_exc()
         row = _failed_row(case, "error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+    row["cost_s"] = cost_split(_stages, started, time.perf_counter(), age)
     write_result(row, Path(args.result))
     return 0
+
+
+def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:
+    """Seconds of the case's wall time by stage: ``start_and_imports`` (process start to the harness's first stage:
+    the interpreter, torch's import), ``build``, ``check_and_flops`` (the checking call and the FLOP count),
+    ``compile`` (the mode's first call), ``warmup`` (warm-up, the step estimates, host and GPU times apart, the
+    canary), ``timed`` (the timed loop and what follows it in the harness), ``profile`` and ``ncu`` passes, and
+    ``total``. A stage that ran twice (warm-up is named again after the first call) adds up."""
+    out: dict[str, float] = {}
+    first = stages[0][1] if stages else ended
+    out["start_and_imports"] = (first - started) + (age_at_start or 0.0)
+    marks = stages + [("end", ended)]
+    for (name, t0), (_, t1) in zip(marks, marks[1:]):
+        key = COST_STAGES.get(name) or ("profile" if name.startswith("profile") else "ncu" if name.startswith("ncu") else name)
+        out[key] = out.get(key, 0.0) + (t1 - t0)
+    out["total"] = sum(out.values())
+    return out
 
 
 def _profile(case, row: dict, trace_dir: Path, steps: int) -> dict:
@@ -109,6 +136,7 @@ def _failed_row(case, status: str, message: str) -> dict:
 
 
 def _log_stage(stage: str) -> None:
+    _stages.append((stage.split(" ")[0] if stage.startswith(("profile", "ncu")) else stage, time.perf_counter()))
     print(f"[{time.strftime('%H:%M:%S')}] stage: {stage}", file=sys.stderr, flush=True)
 
 
