@@ -124,7 +124,7 @@ def main() -> None:
         print("host_flags.py: error: --demos and --reps must be at least 1, --hog-s positive", file=sys.stderr)
         sys.exit(2)
     sys.path.insert(0, SRC)
-    from perflab.report.markdown import md_table
+    from perflab.report.md import md_table
     import torch
 
     if not torch.cuda.is_available():

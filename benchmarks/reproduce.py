@@ -115,7 +115,7 @@ def fmt(value, spec: str) -> str:
 
 def summarize(records: list[dict], walls: dict) -> str:
     sys.path.insert(0, SRC)
-    from perflab.report.markdown import md_table
+    from perflab.report.md import md_table
     from perflab.report.tables import speedup_rows
 
     by_setting: dict[str, dict[int, list[dict]]] = {}

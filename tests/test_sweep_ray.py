@@ -33,7 +33,7 @@ TIMING_KEYS = {"median_ms", "p10_ms", "p90_ms", "cv", "ci95_ms", "latency_ms_per
                "host_canary_us", "host_canary_ratio", "host_canary_before_us", "host_canary_after_us", "host_canary_min_us",
                "host_canary_cpu_frac", "host_cpu", "host_cpu_after", "host_wait_frac", "host_steal_frac", "host_issue_ms",
                "host_bound_frac", "host_exempt", "pinned_cpu", "first_step_s", "ci95_within_ms", "ci_level", "ci_units",
-               "device_ms", "host_held_ms", "gpu_busy_frac", "host_bound_source"}
+               "device_ms", "host_held_ms", "gpu_busy_frac", "host_bound_source", "cost_s", "memory_baseline_mb"}
 
 
 @pytest.fixture(scope="module")

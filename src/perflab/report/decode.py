@@ -12,14 +12,13 @@ from pathlib import Path
 
 from perflab.analysis.names import KernelNames
 from perflab.report import plots, seeds
-from perflab.report.lm import FAILED
+from perflab.report.md import FAILED, md_table
 
 MODE_ORDER = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph")
 
 
 def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
     """The section's markdown parts; kernel names go through ``names`` (the report's, for its legend)."""
-    from perflab.report.markdown import md_table
 
     names = names if names is not None else KernelNames()
 
@@ -162,7 +161,6 @@ def _mode_index(mode) -> int:
 def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
     """Seed 004's eager and compiled times (seed_figures.yaml) beside perflab's one-layer testbench in every mode, the
     ncu DRAM figures of both, and a plot of step time per mode."""
-    from perflab.report.markdown import md_table
 
     fig = seeds.seed004()
     gpu = _gpu(rows)

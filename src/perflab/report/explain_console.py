@@ -6,6 +6,9 @@ import math
 
 from rich.table import Table
 
+from perflab.report.md import num as _num
+from perflab.report.md import pct as _pct
+
 
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:.4f}"
@@ -117,12 +120,6 @@ def render_explanation(console, e) -> None:
         render_comparison(console, e.comparison)
 
 
-def _num(value, fmt: str) -> str:
-    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
-
-
-def _pct(value) -> str:
-    return "–" if value is None else f"{value:.1%}"
 
 
 def render_pass_floors(console, sf) -> None:

@@ -4,16 +4,13 @@ tables as the console, for docs/performance.md. Torch-free."""
 from __future__ import annotations
 
 
-def _num(value, fmt: str) -> str:
-    return "–" if value is None else format(value, fmt)
-
-
-def _pct(value) -> str:
-    return "–" if value is None else f"{value:.1%}"
+from perflab.report.md import md_table
+from perflab.report.md import num as _num
+from perflab.report.md import pct as _pct
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+    return md_table(header, rows).splitlines()
 
 
 def case_markdown(ce, device: str = "") -> str:

@@ -26,16 +26,15 @@ from pathlib import Path
 
 from perflab.analysis.names import KernelNames
 from perflab.report import plots, seeds
+from perflab.report.md import FAILED, md_table
 
 SIZE_ORDER = ("gpt_small", "gpt_medium", "gpt_large", "gpt_xl", "gpt_2.7b")
 WORKLOAD_TITLES = {"forward": "inference forward", "train_forward": "training forward (autograd recording)",
                    "forward_backward": "forward + backward", "train_step": "training step (forward, backward, AdamW)"}
-FAILED = {"oom": "OOM", "error": "ERROR", "timeout": "TIMEOUT", "invalid": "INVALID", "missing": "not run"}
 
 
 def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
     """The section's markdown parts; kernel names go through ``names`` (the report's, for its legend)."""
-    from perflab.report.markdown import md_table
 
     names = names if names is not None else KernelNames()
 
@@ -204,26 +203,29 @@ def _training_fraction(row) -> str:
     return f"{(f['gemm_us'] + b['gemm_us']) / total:.1%}" if total else "–"
 
 
-def _time_cell(row) -> str:
+def _measured_cell(row, render) -> str:
+    """``render(row)`` for a measured row; ``–`` for none, the failure's word for a failed one."""
     if row is None:
         return "–"
-    failed = _failed(row)
-    if failed:
-        return failed
-    ci = row.get("ci95_ms") or [None, None]
-    return f"{row['median_ms']:.2f} [{ci[0]:.2f}–{ci[1]:.2f}]" if None not in ci else f"{row['median_ms']:.2f}"
+    return _failed(row) or render(row)
+
+
+def _time_cell(row) -> str:
+    def render(row):
+        ci = row.get("ci95_ms") or [None, None]
+        return f"{row['median_ms']:.2f} [{ci[0]:.2f}–{ci[1]:.2f}]" if None not in ci else f"{row['median_ms']:.2f}"
+
+    return _measured_cell(row, render)
 
 
 def _mfu_cell(row) -> str:
-    if row is None:
-        return "–"
-    failed = _failed(row)
-    if failed:
-        return failed
-    if row.get("mfu") is None:
-        return f"{row.get('achieved_tflops', 0):.2f} TFLOP/s"
-    sheet = f"; {row['mfu_datasheet']:.1%}" if row.get("mfu_datasheet") is not None else ""
-    return f"{row['mfu']:.1%}{sheet}"
+    def render(row):
+        if row.get("mfu") is None:
+            return f"{row.get('achieved_tflops', 0):.2f} TFLOP/s"
+        sheet = f"; {row['mfu_datasheet']:.1%}" if row.get("mfu_datasheet") is not None else ""
+        return f"{row['mfu']:.1%}{sheet}"
+
+    return _measured_cell(row, render)
 
 
 def _memory_cell(row) -> str:
@@ -370,7 +372,6 @@ def forward_ratios(cells: dict) -> list[tuple[str, int, float]]:
 def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[str]:
     """Seed 003's tables (a), (b)'s shares, (d) and (e), each beside perflab's value of the same cell with one line
     on what differs, then the seed's OOM cells against perflab's measured peaks at 12, 16 and 24 GiB."""
-    from perflab.report.markdown import md_table
 
     groups = _groups(rows)
     key = _seed_group_key(groups)
@@ -519,7 +520,6 @@ def oom_pattern(cells: dict, inference_workload: str = "forward") -> dict[int, d
 
 
 def oom_section(cells: dict, group: list[dict], capped: list[dict]) -> list[str]:
-    from perflab.report.markdown import md_table
 
     fig = seeds.seed003()
     gpu, full = _gpu(group), _gpu_memory_gib(group)

@@ -28,6 +28,8 @@ from pathlib import Path
 from perflab.analysis.names import MAX_SHORT_NAME, KernelNames
 from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_FLAG, HOST_DRIFT_THRESHOLD
 from perflab.report import plots
+from perflab.report.md import escape as _escape, md_table
+from perflab.report.md import num as _num
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.spec import Comparison, case_fields, default_comparisons
@@ -78,31 +80,34 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
 
 
-def family_sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
-    """Each family's own tables (report/<family>.py ``sections``) for its rows: lm (seed 003), decode (seed 004).
-    Their kernel names go through ``names``, one short name per kernel over the whole report."""
-    from perflab.report import decode as decode_report
-    from perflab.report import lm as lm_report
+def family_reports(rows: list[dict]):
+    """(report module, its rows) for each family that names one (``FamilySpec.report``) and has rows here, in the
+    families' order. The module is imported by the name the family registers, so this module names no family."""
+    import importlib
 
+    from perflab.workloads import FAMILIES
+
+    for name, spec in FAMILIES.items():
+        mine = [r for r in rows if _family(r) == name]
+        if spec.report and mine:
+            yield importlib.import_module(spec.report), mine
+
+
+def family_sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
+    """Each family's own tables (its report module's ``sections``) for its rows: lm (seed 003), decode (seed 004).
+    Their kernel names go through ``names``, one short name per kernel over the whole report."""
     parts = []
-    for family, sections in (("lm", lm_report.sections), ("decode", decode_report.sections)):
-        mine = [r for r in rows if _family(r) == family]
-        if mine:
-            parts += sections(mine, plot_dir, names)
+    for module, mine in family_reports(rows):
+        parts += module.sections(mine, plot_dir, names)
     return parts
 
 
 def family_summary(rows: list[dict]) -> list[str]:
-    """The findings of the families' studies in a few sentences with their numbers (report/<family>.py ``summary``),
-    which the report opens with; empty for a sweep without lm or decode rows."""
-    from perflab.report import decode as decode_report
-    from perflab.report import lm as lm_report
-
+    """The findings of the families' studies in a few sentences with their numbers (the report module's ``summary``),
+    which the report opens with; empty for a sweep without rows of such a family."""
     out = []
-    for family, summary in (("lm", lm_report.summary), ("decode", decode_report.summary)):
-        mine = [r for r in rows if _family(r) == family]
-        if mine:
-            out += summary(mine)
+    for module, mine in family_reports(rows):
+        out += module.summary(mine)
     return out
 
 
@@ -602,18 +607,8 @@ def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
 # Markdown helpers
 
 
-def md_table(headers: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    lines += ["| " + " | ".join(_escape(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
-def _escape(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def _num(value, spec: str) -> str:
-    return "–" if value is None else format(value, spec)
 
 
 def _model_label(row: dict) -> str:

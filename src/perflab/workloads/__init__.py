@@ -37,6 +37,7 @@ class FamilySpec:
     describe: str = ""
     optional: tuple[str, ...] = ()  # owned fields a case serialises only when set (so older case ids stay the same)
     variants: tuple[str, ...] = ()  # training-variant fields (--optimizer, --checkpoint-activations) its cases may set
+    report: str | None = None  # the module of its own report tables (``sections``, ``summary``), imported by name
 
     @property
     def default_workload(self) -> str:
@@ -130,13 +131,13 @@ FAMILIES = {
     ),
     "lm": LMSpec(
         "lm", ("workload", "seq_len", "layers", "model_args"), ("forward", "train_forward", "forward_backward", "train_step"),
-        defaults={"seq_len": 128, "batch_size": 4}, item="token", variants=("optimizer", "checkpoint_activations"),
+        defaults={"seq_len": 128, "batch_size": 4}, item="token", variants=("optimizer", "checkpoint_activations"), report="perflab.report.lm",
         describe="token batch through a GPT or your own LM: inference forward, forward with autograd, forward+backward, or a full AdamW step",
     ),
     "decode": DecodeSpec(
         "decode", ("workload", "prompt_len", "context_len", "new_tokens", "layers", "layers_only", "model_args"),
         ("decode", "prefill", "generate"),
-        defaults={"batch_size": 1}, item="token",
+        defaults={"batch_size": 1}, item="token", report="perflab.report.decode",
         describe="a Llama (or your own gpt-fast-style or transformers causal LM) with a static KV cache: one decode step at a "
                  "context length, a prefill, or prefill + generation",
     ),
