@@ -200,3 +200,20 @@ def test_explain_by_module_records_module_ranges_and_keeps_the_tree(monkeypatch)
     buffer = io.StringIO()
     render_explanation(Console(file=buffer, width=200), ex.Explanation(cases=[ce], comparison=None, ceilings=ceilings))
     assert "GPU time by module" in buffer.getvalue() and "feed_forward" in buffer.getvalue()
+
+
+def test_an_eager_fixs_prediction_has_a_host_term():
+    # A synthetic step: its host needs 10 ms to issue it, its GPU 4 ms; measured 10.5 ms. A fix that adds 1 ms of GPU
+    # work cannot lengthen it (the GPU still waits for the host); one that adds 8 ms does, by what rises above the host.
+    from perflab.analysis.fixes import with_host_term
+
+    launch_bound = {"median_ms": 10.5, "host_held_ms": 10.0, "device_ms": 4.0}
+    predicted, model = with_host_term(11.5, "step + F", launch_bound)
+    assert predicted == pytest.approx(10.5) and "host-bound" in model
+    predicted, _ = with_host_term(18.5, "step + F", launch_bound)
+    assert predicted == pytest.approx(10.5 * 12.0 / 10.0)
+    # GPU-bound: host 2 ms, GPU 8 ms, measured 8.2 ms: the GPU's change carries through, anchored at the measurement
+    predicted, model = with_host_term(9.2, "step + F", {"median_ms": 8.2, "host_held_ms": 2.0, "device_ms": 8.0})
+    assert predicted == pytest.approx(8.2 * 9.0 / 8.0) and "with the host term" in model
+    # without the held timing (older rows, the CPU) the GPU model stands
+    assert with_host_term(9.2, "m", {"median_ms": 8.2}) == (9.2, "m")

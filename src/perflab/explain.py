@@ -39,7 +39,7 @@ import numpy as np
 
 from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile, window_of_activities
 from perflab.analysis.accounting import step_windows
-from perflab.analysis.fixes import Fix, predict_batch, predict_checkpoint, predict_optimizer
+from perflab.analysis.fixes import Fix, predict_batch, predict_checkpoint, predict_optimizer, with_host_term
 from perflab.analysis.floors import Floors, StepFloors, compute_floors, pass_floors
 from perflab.analysis.passes import pass_timing
 from perflab.errors import PerflabError
@@ -215,7 +215,16 @@ def parse_fix(spec: str) -> dict:
 
 def predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: dict, step_floors: StepFloors | None,
                 mode_predictions: dict) -> tuple[float | None, str]:
-    """(predicted ms, the model in one line) of one fix; combinations are measured only."""
+    """(predicted ms, the model in one line) of one fix; combinations are measured only. An eager fix's GPU-time model
+    is bounded by the host's time to issue the step (``analysis.fixes.with_host_term``)."""
+    predicted, model = _predict_fix(case, spec, changes, eager_row, timing, step_floors, mode_predictions)
+    if changes.get("mode", case.mode) == "eager" and "mode" not in changes:
+        return with_host_term(predicted, model, eager_row)
+    return predicted, model
+
+
+def _predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: dict, step_floors: StepFloors | None,
+                 mode_predictions: dict) -> tuple[float | None, str]:
     if len(changes) > 1:
         return None, "a combination: measured only"
     (key, value), = changes.items()

@@ -93,3 +93,22 @@ def predict_checkpoint(step_ms: float, timing: dict) -> tuple[float | None, str]
 def predict_batch(base_ms: float, base_bytes: float, new_bytes: float, base_batch: int, new_batch: int) -> tuple[float, str]:
     return base_ms * new_bytes / base_bytes, (f"ms(bs{base_batch}) × bytes(bs{new_batch}) ÷ bytes(bs{base_batch}) = × {new_bytes / base_bytes:.3f}: "
                                               f"the step moves weights once and KV per sequence, at the bandwidth bs{base_batch} reached")
+
+
+def with_host_term(predicted_ms: float | None, model: str, eager_row: dict) -> tuple[float | None, str]:
+    """A GPU-time model's prediction, bounded by the host: the step takes about max(host time, GPU time) to issue and
+    run, so a fix that changes the GPU's time moves an eager step only by what rises above the host's.
+
+    Uses the eager row's host and GPU times measured apart (``host_held_ms``, ``device_ms``; the harness's held
+    timing). The GPU model's change Δ lands on the GPU time; the prediction is eager × max(host, GPU + Δ) ÷
+    max(host, GPU), anchored at the measured step. Without those times the prediction is as given."""
+    host, gpu, eager = eager_row.get("host_held_ms"), eager_row.get("device_ms"), eager_row.get("median_ms")
+    if predicted_ms is None or not host or not gpu or not eager:
+        return predicted_ms, model
+    new_gpu = gpu + (predicted_ms - eager)
+    before, after = max(host, gpu), max(host, new_gpu)
+    bounded = eager * after / before
+    if host >= max(new_gpu, gpu):
+        return bounded, f"{model}; host-bound: the host's {host:.3f} ms per step exceeds the GPU's {gpu:.3f} → {new_gpu:.3f} ms, so the step stays"
+    return bounded, f"{model}; with the host term: eager × max(host {host:.3f}, GPU {new_gpu:.3f}) ÷ max(host, GPU {gpu:.3f}) ms"
+
