@@ -30,7 +30,7 @@ def fmt(value, spec):
     return "–" if value is None else format(value, spec)
 
 
-def table(rows, keys):
+def table(rows):
     head = ["case", "status", "ms/step [95% CI]", "tokens/s", "GB/step", "MBU", "first step s", "message"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -66,9 +66,9 @@ def part_sticky(args):
 def part_gptfast(args):
     from perflab import api
 
-    path = Path(args.gpt_fast) / "model.py"
-    if not path.is_file():
-        print(f"own_decoders.py: error: no model.py in {args.gpt_fast}", file=sys.stderr)
+    path = Path(args.gpt_fast or "") / "model.py"
+    if not args.gpt_fast or not path.is_file():
+        print(f"own_decoders.py: error: --part gptfast needs --gpt-fast DIR holding gpt-fast's model.py (got {args.gpt_fast})", file=sys.stderr)
         sys.exit(2)
     common = dict(workload=["decode"], context_len=[512], batch_size=[1], dtype=["bf16"], mode=[args.mode], device="cuda", warmup=5,
                   min_time=1.0, repeats=20)
@@ -94,7 +94,7 @@ def main():
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT / "src"))
     rows = {"hf": part_hf, "sticky": part_sticky, "gptfast": part_gptfast}[args.part](args)
-    print(table(rows, None))
+    print(table(rows))
     if args.out:
         with open(args.out, "w") as f:
             for r in rows:

@@ -224,6 +224,9 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows_path, walls_path = args.out / "rows.jsonl", args.out / "walls.json"
     if args.summarize:
+        if not rows_path.is_file():
+            print(f"reproduce.py: error: no {rows_path} to summarise (run it on a GPU first)", file=sys.stderr)
+            sys.exit(2)
         records = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
         walls = json.loads(walls_path.read_text()) if walls_path.exists() else {}
         (args.out / "summary.md").write_text(summarize(records, walls))

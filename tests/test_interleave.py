@@ -367,3 +367,29 @@ def test_training_steps_are_timed_apart_from_inference_and_never_under_a_kept_au
     assert all(r["status"] == "ok" for r in rows)
     assert sessions["train_step"] != sessions["forward"]
     assert {r["session"] for r in rows if r["workload"] == "train_step"} == {sessions["train_step"]}  # still timed together
+
+
+def test_a_process_that_fails_leaves_the_rows_of_those_that_finished_with_a_warning(monkeypatch, tiny_interleaved_rows):
+    import concurrent.futures
+
+    from perflab.measure import harness
+
+    rows, cases = tiny_interleaved_rows
+
+    class Crashes:  # a child process that died (BrokenProcessPool, a lost CUDA context in it, ...)
+        def __init__(self, *a, **k):
+            pass
+
+        def __enter__(self):
+            raise concurrent.futures.process.BrokenProcessPool("A process in the process pool was terminated abruptly")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", Crashes)
+    monkeypatch.setattr(harness, "run_cases", lambda *a, **k: [dict(r) for r in rows])
+    merged = harness.run_in_processes(cases, 3)
+    for row, one in zip(merged, rows):
+        assert row["processes"] == 1 and row["median_ms"] == pytest.approx(one["median_ms"])
+        assert row["warnings"][-1].startswith("process 2 of 3 failed (BrokenProcessPool: A process in the process pool")
+        assert row["warnings"][-1].endswith("the rows pool the 1 that finished")

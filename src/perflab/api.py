@@ -135,7 +135,8 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
     """
     from pathlib import Path
 
-    from perflab.errors import PerflabError
+    from perflab.errors import CudaContextLost, PerflabError
+    from perflab.measure.canary import mark_host_flags
     from perflab.measure.harness import run_case, run_cases, run_in_processes
     from perflab.measure.pinning import HostOptions
 
@@ -160,12 +161,16 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
             rows.append(run_case(case, on_stage=stage, memory_snapshot=snapshot, host=host))
             if case.device == "cuda":
                 rows[-1]["memory_snapshot"] = str(snapshot)
-    elif processes > 1:
-        rows = run_in_processes(cases, processes, host=host, interleave=interleave, seed=cases[0].seed if cases else 0, on_case=on_case)
     else:
-        rows = run_cases(cases, host=host, interleave=interleave, seed=cases[0].seed if cases else 0, on_case=on_case)
-    from perflab.measure.canary import mark_host_flags
-
+        seed = cases[0].seed if cases else 0
+        try:
+            if processes > 1:
+                rows = run_in_processes(cases, processes, host=host, interleave=interleave, seed=seed, on_case=on_case)
+            else:
+                rows = run_cases(cases, host=host, interleave=interleave, seed=seed, on_case=on_case)
+        except CudaContextLost as lost:  # the rows measured before it, judged like any others, go with it
+            lost.rows = mark_host_flags(lost.rows)
+            raise
     return mark_host_flags(rows)
 
 

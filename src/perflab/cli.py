@@ -205,9 +205,7 @@ def _rows_or_lost(run):
     try:
         return run(), None
     except CudaContextLost as lost:
-        from perflab.measure.canary import mark_host_flags
-
-        return mark_host_flags(lost.rows), lost
+        return lost.rows, lost
 
 
 def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1):

@@ -102,7 +102,7 @@ def _error_row(case: Case, exc: BaseException, env: dict) -> dict:
     if status == "error":
         lost = context_lost_after(case)
         if lost:
-            row["fatal"] = True
+            row["fatal"] = row["message"]  # the error itself; the message adds what follows from it
             row["message"] += " (the CUDA context is unusable after it: no further case can run in this process)"
     return row
 
@@ -131,7 +131,7 @@ def _stop_if_lost(rows: list, cases, i: int) -> None:
     if row is not None and row.get("fatal"):
         done = [r for r in rows if r is not None]
         left = sum(1 for r in rows if r is None)
-        raise CudaContextLost(f"{cases[i].label()} left the CUDA context unusable ({row['message'].split(' (the CUDA')[0]}); "
+        raise CudaContextLost(f"{cases[i].label()} left the CUDA context unusable ({row['fatal']}); "
                               f"{left} remaining case(s) cannot run in this process: run them again, or as a sweep "
                               "(perflab sweep runs each case in a fresh process)", done)
 
@@ -163,10 +163,9 @@ class Prepared:
     held: HeldTiming
     finite: bool | None = None  # the last warm-up output (or loss) held no NaN or Inf; None: nothing to check
     resident_bytes: int | None = None  # allocated by this case and held between its steps (CUDA)
-    resident_reserved: int | None = None
 
 
-def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None, reserved0=None) -> Prepared:
+def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None) -> Prepared:
     """Check, count FLOPs, make the step for the mode and call it once (compile, capture); then, with the timing
     thread set up (``measure.pinning``), warm up, plan the timing and measure the step's host and GPU times apart.
     Runs inside ``memory_cap`` and ``step_context``; with ``alloc0`` (CUDA) it records what the case holds."""
@@ -201,7 +200,6 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
                         finite=finite)
     if alloc0 is not None:
         prepared.resident_bytes = torch.cuda.memory_allocated() - alloc0
-        prepared.resident_reserved = torch.cuda.memory_reserved() - reserved0
     return prepared
 
 
@@ -550,10 +548,10 @@ CANARY_ROUND_REPEATS = 5  # canary runs before each round of an interleaved sess
 
 
 def comparison_group(case: Case) -> tuple:
-    """Cases compared with each other in a bench run: the same point (everything but the model and its token
-    reduction). Their blocks run next to each other in every round."""
+    """Cases compared with each other in a bench run: the same point, another model (the fields that name a model
+    variant are the family's, ``FamilySpec.model_fields``). Their blocks run next to each other in every round."""
     fields = case.to_dict()
-    for key in ("model", "keep_rate", "reduction_loc", "model_args", "family"):
+    for key in ("model", "model_args", "family") + case.family_spec.model_fields:
         fields.pop(key, None)
     return tuple(sorted((k, repr(v)) for k, v in fields.items()))
 
@@ -664,12 +662,11 @@ def _prepare_held(case: Case, stage, host) -> Prepared:
     each of its blocks."""
     impl = implementation(case)
     stage("build")
-    cuda = case.device == "cuda"
-    alloc0, reserved0 = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved()) if cuda else (None, None)
+    alloc0 = torch.cuda.memory_allocated() if case.device == "cuda" else None
     built = build(case)
     params, trainable = count_params(built.model)
     with step_context(case, built):
-        return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0, reserved0)
+        return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0)
 
 
 def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
@@ -697,7 +694,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
         try:
             monitor.begin()
             session = time_interleaved([p.step for p in prepared], schedule, enter=lambda k: step_context(prepared[k].case, prepared[k].built),
-                                       device=device, energy_mj=monitor.energy_mj, canary=lambda: host_canary(CANARY_ROUND_REPEATS).median_us,
+                                       device=device, canary=lambda: host_canary(CANARY_ROUND_REPEATS).median_us,
                                        on_round=on_round)
             report = monitor.end()
         finally:
@@ -792,12 +789,22 @@ def run_in_processes(cases, processes: int, *, host: HostOptions | None = None, 
     runs = [run_cases(cases, host=host, interleave=interleave, seed=seed, on_case=on_case, groups=groups, process_index=0)]
     context = multiprocessing.get_context("spawn")
     host = host or HostOptions()
+    failed = None
     for p in range(1, processes):
         if on_case:
             on_case(0, cases[0], f"process {p + 1}/{processes}")
-        with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-            runs.append(pool.submit(_child_run, [c.to_dict() for c in cases], host, interleave, seed + p, groups, p).result())
-    return merge_processes(cases, runs)
+        try:
+            with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                runs.append(pool.submit(_child_run, [c.to_dict() for c in cases], host, interleave, seed + p, groups, p).result())
+        except Exception as exc:  # a process that crashed, or lost its CUDA context: keep the processes that finished
+            failed = f"process {p + 1} of {processes} failed ({type(exc).__name__}: {_first_line(exc) or 'no message'}); " \
+                     f"the rows pool the {len(runs)} that finished"
+            break
+    rows = merge_processes(cases, runs)
+    if failed:
+        for row in rows:
+            row["warnings"] = list(row.get("warnings") or []) + [failed]
+    return rows
 
 
 def _child_run(case_dicts, host, interleave, seed, groups, process_index) -> list[dict]:
@@ -812,7 +819,7 @@ def merge_processes(cases, runs: list[list[dict]]) -> list[dict]:
     """One row per case from each process's row: samples pooled (labelled by process and round), the timing figures
     recomputed from them, energy and timed work summed, the canary the median of the processes'. A case that failed
     in any process keeps the first failure's row, with how many processes measured it."""
-    from perflab.measure.checks import CV_THRESHOLD
+    from perflab.measure.checks import cv_check
 
     merged = []
     for k, case in enumerate(cases):
@@ -850,12 +857,12 @@ def merge_processes(cases, runs: list[list[dict]]) -> list[dict]:
         row["processes"] = len(ok)
         row["sessions"] = [r.get("session") for r in ok]
         timing_fields(row, samples, procs, rounds)
-        flags = {f for r in ok for f in r.get("flags") or [] if f != "high_cv"}
-        warnings = [w for w in ok[0].get("warnings") or [] if not str(w).startswith("timing samples vary")]
-        if row["cv"] > CV_THRESHOLD:
-            flags.add("high_cv")
-            warnings.append(f"timing samples vary by CV {row['cv']:.1%} (threshold {CV_THRESHOLD:.0%}) across {len(ok)} processes")
-        row["flags"], row["warnings"] = sorted(flags), warnings
+        # every check but the spread's is the processes' (any one's flag stands); the spread is of the pooled samples
+        checks = {f: w for r in ok for f, w in zip(r.get("flags") or [], r.get("warnings") or []) if f != "high_cv"}
+        spread = cv_check(row["cv"])
+        if spread is not None:
+            checks[spread.flag] = f"{spread.message} (samples of {len(ok)} processes)"
+        row["flags"], row["warnings"] = list(checks), list(checks.values())
         if case.device == "cuda":
             row.update(utilisation(case, row))
         merged.append(row)

@@ -51,14 +51,9 @@ class BlockRecord:
     """One timed block of one case."""
 
     round: int
-    position: int  # its place in the round (0 = first)
     ms_per_step: float
     steps: int
-    start_s: float  # host clock at the block's start, from the session's start
-    wall_s: float  # host wall time of the block, synchronised at its end
-    energy_mj: float | None = None
     transient_bytes: int | None = None  # allocated above what was allocated at the block's start, at its peak
-    transient_reserved: int | None = None
     load: tuple | None = None  # (before, after) measure.sched samples of the timing thread around the block
 
 
@@ -83,13 +78,12 @@ def block_schedule(order: list[list[int]], n_blocks: Sequence[int], block_sizes:
 
 
 def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[tuple[int, int]]], *,
-                     enter: Callable[[int], object], device: str, energy_mj: Callable[[], float | None] = lambda: None,
-                     canary: Callable[[], float | None] | None = None, on_round: Callable[[int], None] | None = None) -> SessionTiming:
+                     enter: Callable[[int], object], device: str, canary: Callable[[], float | None] | None = None, on_round: Callable[[int], None] | None = None) -> SessionTiming:
     """Run ``schedule``: per round (the host canary first, if given), each listed case times its block of steps.
 
     ``enter(i)`` returns the context manager case i's steps run in (its grad mode and precision), entered around
     each of its blocks. On CUDA each block is bracketed by events and synchronised at its end, so a block's
-    time, energy and memory are its own; the start event is recorded after the context is entered, so switching
+    time and memory are its own; the start event is recorded after the context is entered, so switching
     cases costs no timed time. On the CPU, perf_counter."""
     import torch
 
@@ -103,14 +97,14 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
         if on_round is not None:
             on_round(r)
         canaries.append(canary() if canary is not None else None)
-        for position, (i, n) in enumerate(this_round):
+        for i, n in this_round:
             step = steps[i]
             with enter(i):
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
-                    alloc0, reserved0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+                    alloc0 = torch.cuda.memory_allocated()
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                load0, e0 = sched.sample(), energy_mj()
+                load0 = sched.sample()
                 t0 = time.perf_counter()
                 if cuda:
                     start.record()
@@ -120,13 +114,10 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
                     end.record()
                     torch.cuda.synchronize()
                 t1 = time.perf_counter()
-                e1, load1 = energy_mj(), sched.sample()
+                load1 = sched.sample()
                 ms = start.elapsed_time(end) / n if cuda else (t1 - t0) * 1000.0 / n
-                record = BlockRecord(r, position, ms, n, t0 - session0, t1 - t0, load=(load0, load1))
-                if e0 is not None and e1 is not None:
-                    record.energy_mj = e1 - e0
+                record = BlockRecord(r, ms, n, load=(load0, load1))
                 if cuda:
                     record.transient_bytes = torch.cuda.max_memory_allocated() - alloc0
-                    record.transient_reserved = torch.cuda.max_memory_reserved() - reserved0
                 blocks[i].append(record)
     return SessionTiming(blocks, canaries, time.perf_counter() - session0)

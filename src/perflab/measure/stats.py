@@ -94,9 +94,6 @@ class HierarchicalCI:
     n_units: int
     units: tuple[float, ...]
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def time_segments(rounds, n_segments: int = TIME_SEGMENTS) -> np.ndarray:
     """The stretch of consecutive rounds each sample falls in: rounds 0..R-1 cut into ``n_segments`` (fewer when

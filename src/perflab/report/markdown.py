@@ -498,12 +498,11 @@ def _canary_line(rows: list[dict]) -> str | None:
     return line.rstrip() + (f" {exempt}" if exempt else "")
 
 
-COST_ORDER = ("start_and_imports", "build", "check_and_flops", "compile", "warmup", "timed", "profile", "ncu")
-
-
 def cost_section(rows: list[dict]) -> list[str]:
     """What a case costs (P9): the sweep's wall time in its workers, cases per minute, and the split of a case's
     wall time by stage (each worker's ``cost_s``), medians and totals. Rows stored before perflab recorded it: none."""
+    from perflab.sweep.store import COST_ORDER
+
     costed = [r["cost_s"] for r in rows if isinstance(r.get("cost_s"), dict) and r["cost_s"].get("total")]
     if not costed:
         return []

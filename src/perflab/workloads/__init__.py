@@ -38,6 +38,7 @@ class FamilySpec:
     optional: tuple[str, ...] = ()  # owned fields a case serialises only when set (so older case ids stay the same)
     variants: tuple[str, ...] = ()  # training-variant fields (--optimizer, --checkpoint-activations) its cases may set
     report: str | None = None  # the module of its own report tables (``sections``, ``summary``), imported by name
+    model_fields: tuple[str, ...] = ()  # fields that make another model variant, not another point (token reduction)
 
     @property
     def default_workload(self) -> str:
@@ -126,7 +127,7 @@ class DecodeSpec(FamilySpec):
 FAMILIES = {
     "classify": ClassifySpec(
         "classify", ("input_size", "keep_rate", "reduction_loc", "model_args"), ("forward",),
-        defaults={"input_size": 224, "batch_size": 1}, item="img", optional=("model_args",),
+        defaults={"input_size": 224, "batch_size": 1}, item="img", optional=("model_args",), model_fields=("keep_rate", "reduction_loc"),
         describe="image batch through a ViT/DeiT (optional token reduction), a timm model, or your own image model",
     ),
     "lm": LMSpec(
