@@ -613,9 +613,13 @@ def explain(
     fixes: List[str] = typer.Option([], "--fixes", help="Fixes to predict and then measure: optimizer:NAME, checkpoint, batch:N, a mode, "
                                     "or several joined by + (measured only); 'none' for none. Default: the family's (lm train_step: the "
                                     "other optimizers and checkpoint; decode: batch ×2 ×4 ×8 ×16)."),
+    fixes_on: str = typer.Option("best", "--fixes-on", help="What the fixes are applied on: best (the fastest of eager and the modes, "
+                                 "measured first; the fixes then timed with it), eager, or a mode."),
     optimizer: Optional[str] = OPT_OPTIMIZER,
     checkpoint_activations: bool = OPT_CHECKPOINT,
     steps: int = OPT_STEPS,
+    warmup: int = OPT_WARMUP,
+    min_time: float = OPT_MIN_TIME,
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     no_pin: bool = OPT_NO_PIN,
@@ -633,14 +637,14 @@ def explain(
 
     cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
                            reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, optimizer=optimizer,
-                           checkpoint_activations=checkpoint_activations,
+                           checkpoint_activations=checkpoint_activations, warmup=warmup, min_time=min_time,
                            **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     case, other = cases[0], (cases[1] if vs else None)
     if markdown is not None:
         check_writable_file(markdown)
     with err.status("explaining") as status:
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
-                             fixes=fixes or None, by_module=by_module)
+                             fixes=fixes or None, by_module=by_module, fixes_on=fixes_on)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:
