@@ -60,7 +60,8 @@ OPT_KEEP_RATE = typer.Option([], "--keep-rate", help="Keep rate, one value or on
 OPT_REDUCTION_LOC = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens.")
 OPT_ATTN = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit.")
 OPT_DTYPE = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).")
-OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune or cudagraph.")
+OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune, compile:max-autotune-gemm "
+                        "(max-autotune of the matmuls only) or cudagraph.")
 OPT_WARMUP = typer.Option(10, "--warmup", help="Untimed iterations before timing.")
 OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this).")
 OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time).")
@@ -620,6 +621,9 @@ def explain(
     steps: int = OPT_STEPS,
     warmup: int = OPT_WARMUP,
     min_time: float = OPT_MIN_TIME,
+    compile_budget: Optional[float] = typer.Option(None, "--compile-budget", help="Seconds each compiled case may take to compile: it "
+                                                   "compiles first in a child process within them (filling inductor's caches), or is a "
+                                                   "timeout row."),
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     no_pin: bool = OPT_NO_PIN,
@@ -644,7 +648,7 @@ def explain(
         check_writable_file(markdown)
     with err.status("explaining") as status:
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
-                             fixes=fixes or None, by_module=by_module, fixes_on=fixes_on)
+                             fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:

@@ -430,13 +430,18 @@ def case_fixes(case: Case, fixes) -> list[str]:
 
 
 def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None,
-            pin: bool = True, fixes=None, by_module: bool = False, fixes_on: str = "best") -> Explanation:
+            pin: bool = True, fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None) -> Explanation:
     """``fixes``: fix specs (see ``parse_fix``) tried on each case; None: each case's family defaults. ``fixes_on``:
-    "best" (the fastest of eager and the modes, measured first), "eager" or a mode (see ``explain_case``)."""
+    "best" (the fastest of eager and the modes, measured first), "eager" or a mode (see ``explain_case``).
+    ``compile_budget_s``: a time limit on each compiled case's compile (``runtime.compile_budget``: it compiles first in
+    a child process within the limit, filling inductor's caches; past the limit the case is a ``timeout`` row); its
+    rows then carry ``compile_cold_s``, beside ``first_step_s`` (the compile from the caches)."""
     from perflab.spec import MODES, validate_case
 
     if fixes_on not in FIXES_ON + MODES:
         raise PerflabError(f"--fixes-on {fixes_on!r}: use best (the fastest mode measured), eager, or a mode ({', '.join(MODES[1:])})")
+    if compile_budget_s is not None and not compile_budget_s > 0:
+        raise PerflabError(f"--compile-budget must be a positive number of seconds, got {compile_budget_s!r}")
     if case.device != "cuda":
         raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
     for c in [case] + ([vs] if vs is not None else []):
@@ -456,7 +461,8 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     ceilings = get_ceilings()
     cases = [case] + ([vs] if vs is not None else [])
     def timed(together):  # one comparison group: every mode and fix sits next to eager in each round
-        return run_cases(together, host=HostOptions(pin=pin), seed=together[0].seed, groups=[0] * len(together))
+        run = lambda cs: run_cases(cs, host=HostOptions(pin=pin), seed=cs[0].seed, groups=[0] * len(cs))  # noqa: E731
+        return run_within_budget(together, run, compile_budget_s, on_stage) if compile_budget_s else run(together)
 
     explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage, fixes=case_fixes(c, fixes),
                               by_module=by_module, fixes_on=fixes_on) for c in cases]
@@ -465,6 +471,35 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
         base, variant = explained[1], explained[0]
         comparison = compare_traces(base.trace, variant.trace, (vs.label(), case.label()), (vs.batch_size, case.batch_size))
     return Explanation(explained, comparison, ceilings)
+
+
+def run_within_budget(cases, run, budget_s: float, on_stage=lambda s: None, compile_in_child=None, cold: dict | None = None) -> list[dict]:
+    """``run(cases)``'s rows, each compiled case first compiled in a child process within ``budget_s``
+    (``runtime.compile_budget``): one that does not finish is not timed, its row says ``timeout`` (or ``error``); the
+    others carry ``compile_cold_s`` (the child's compile, before inductor's caches held it). ``cold``: the children's
+    results by case id, kept between calls (a case compiled before is not compiled again)."""
+    if compile_in_child is None:
+        from perflab.runtime.compile_budget import compile_in_child
+    cold = _COLD if cold is None else cold
+    rows: list[dict | None] = [None] * len(cases)
+    for i, c in enumerate(cases):
+        if not c.mode.startswith("compile"):
+            continue
+        if c.id not in cold:
+            on_stage(f"{c.label()}: compiling in a child process within {budget_s:g} s")
+            cold[c.id] = compile_in_child(c, budget_s)
+        if cold[c.id]["status"] != "ok":
+            rows[i] = {"status": cold[c.id]["status"], "message": cold[c.id]["message"], "median_ms": None, "label": c.label(),
+                       "mode": c.mode, "batch_size": c.batch_size, "compile_cold_s": cold[c.id]["compile_s"]}
+    keep = [i for i in range(len(cases)) if rows[i] is None]
+    for i, row in zip(keep, run([cases[i] for i in keep]) if keep else []):
+        rows[i] = row
+        if cases[i].id in cold:
+            row["compile_cold_s"] = cold[cases[i].id]["compile_s"]
+    return rows
+
+
+_COLD: dict = {}  # this process's cold compiles by case id
 
 
 def _module_records(tree) -> list[dict] | None:
