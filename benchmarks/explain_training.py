@@ -133,8 +133,11 @@ def main(argv=None) -> int:
     if best is not None:
         row = next((fx.measured for fx in ce.fix_results if fx.name == best["fix"]), None) or ce.measured.get(best["fix"], {})
         mfu, first = row.get("mfu"), row.get("first_step_s")
+        formula = row.get("mfu_analytic")
         extra.append(f"Best measured: `{best['fix']}` {best['measured_ms']:.3f} ms, {best['speedup']:.2f}× eager, MFU "
-                     f"{'–' if mfu is None else format(mfu, '.1%')} of the measured peak ({row.get('peak_tflops_measured')} TFLOP/s), "
+                     f"{'–' if mfu is None else format(mfu, '.1%')} of the measured peak ({row.get('peak_tflops_measured')} TFLOP/s) by counted "
+                     f"FLOPs ({'–' if formula is None else format(formula, '.1%')} by the formula's, counted ÷ formula "
+                     f"{row.get('flops_counted_over_analytic') or float('nan'):.4f}), "
                      f"first step {'–' if first is None else format(first, '.1f')} s.")
         log(extra[-1])
         write(args.markdown, explanation, extra, device)
@@ -157,7 +160,7 @@ def main(argv=None) -> int:
                 extra.append(f"Same fix on transformers' Llama: perflab {a.get('error') or a['median_ms']}, transformers {b.get('error') or b['median_ms']}.")
             else:
                 extra.append(f"Same fix (`{best['fix']}`) in benchmarks/lm_vs_transformers.py's harness: perflab {a['median_ms']:.3f} ms "
-                             f"(MFU {a['mfu']:.1%}), transformers' Llama {b['median_ms']:.3f} ms (MFU {b['mfu']:.1%}), ratio "
+                             f"(MFU {a['mfu']:.1%}), transformers' Llama {b['median_ms']:.3f} ms (MFU {b['mfu']:.1%}; counted FLOPs), ratio "
                              f"{b['median_ms'] / a['median_ms']:.3f}.")
             write(args.markdown, explanation, extra, device)
     if args.json:

@@ -135,6 +135,14 @@ def test_explain_case_per_pass_floors_and_fixes_on_the_best_mode_with_a_real_tra
     costs = ex.pass_costs(ce.case, ce.eager_row)
     assert sum(p.bytes for p in sf.passes) == sum(c["bytes"] for c in costs.values()) == ex.min_bytes(ce.case, ce.eager_row)
     assert [p.gpu_ms for p in sf.passes] == [ce.timing[n]["gpu_ns"] / 1e6 for n in ("forward", "backward", "optimizer")]
+    # one FLOP count: the passes add up to the row's counted 100 GFLOP; the formula's split kept beside it
+    from perflab.workloads.lm import lm_pass_costs
+
+    formula = lm_pass_costs(ce.case, ce.eager_row)
+    assert sum(p.flops for p in sf.passes) == pytest.approx(100e9) and sf.flops_analytic == pytest.approx(sum(c["flops"] for c in formula.values()))
+    assert [p.flops_analytic for p in sf.passes] == [formula[n]["flops"] for n in ("forward", "backward")] + [0.0]
+    d = sf.to_dict()
+    assert d["mfu_analytic"] == pytest.approx(d["mfu"] * sf.flops_analytic / 100e9)
 
     by = {fx.name: fx for fx in ce.fix_results}
     o = ce.timing["optimizer"]["gpu_ns"] / 1e6

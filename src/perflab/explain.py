@@ -203,10 +203,13 @@ def min_bytes(case: Case, row: dict) -> float:
 
 
 def pass_costs(case: Case, row: dict) -> dict | None:
-    """FLOPs and least bytes per pass of a step with several passes, as the case's family states them."""
+    """FLOPs and least bytes per pass of a step with several passes, as the case's family states them, the FLOPs scaled
+    to the row's counted ones (``analysis.floors.counted_pass_costs``: one FLOP count per row)."""
+    from perflab.analysis.floors import counted_pass_costs
     from perflab.workloads.registry import implementation
 
-    return implementation(case).pass_costs(case, row)
+    costs = implementation(case).pass_costs(case, row)
+    return counted_pass_costs(costs, (row.get("gflops_per_batch") or 0) * 1e9) if costs else costs
 
 
 def default_fixes(case: Case) -> list[str]:

@@ -6,8 +6,8 @@ import math
 
 from rich.table import Table
 
-from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, MODE_HEADER, MODES_TITLE, batch_rows, fix_model_lines, fix_rows,
-                                         flops_line, mode_rows, ranked_line)
+from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, MODE_HEADER, MODES_TITLE, PASS_HEADER, batch_rows, fix_model_lines,
+                                         fix_rows, flops_line, mode_rows, pass_rows, ranked_line)
 from perflab.report.md import num as _num
 from perflab.report.md import pct as _pct
 
@@ -113,19 +113,14 @@ def render_explanation(console, e) -> None:
 
 def render_pass_floors(console, sf) -> None:
     """Per-pass floors: each pass's four floors, the binding one, and the profiled pass's GPU time against it."""
-    t = Table(title="Floors per pass (ms per step); the step's floor = Σ the passes' binding floors", header_style="bold")
-    for col in ("pass", "TFLOP", "GB", "kernels", "compute", "memory", "launch", "host", "binding", "floor", "profiled GPU ms", "GPU ÷ floor"):
-        t.add_column(col, justify="left" if col in ("pass", "binding") else "right")
-    for p in sf.passes:
-        t.add_row(p.name, f"{p.flops / 1e12:.3f}", f"{p.bytes / 1e9:.3f}", f"{p.kernels:.0f}", f"{p.compute_ms:.3f}", f"{p.memory_ms:.3f}",
-                  f"{p.launch_ms:.3f}", f"{p.host_ms:.3f}", p.binding, f"{p.floor_ms:.3f}", _num(p.gpu_ms, ".3f"),
-                  _num(p.gpu_over_floor, ".2f") + ("×" if p.gpu_over_floor is not None else ""))
-    console.print(t)
+    _print_table(console, "Floors per pass (ms per step); the step's floor = Σ the passes' binding floors; FLOPs counted (the formula's beside)",
+                 PASS_HEADER, pass_rows(sf))
     by_limit = ", ".join(f"{name} {ms:.3f}" for name, ms in sf.by_limit.items() if ms > 0)
     d = sf.to_dict()
     console.print(f"step floor {sf.floor_ms:.3f} ms ({by_limit}): [bold]{sf.verdict}[/bold] (binding: {sf.binding}); "
                   f"the untraced eager step {sf.measured_ms:.3f} ms is {d['measured_over_floor']:.2f}× its floor")
-    console.print(f"MFU {_pct(d['mfu'])} and MBU {_pct(d['mbu'])} of the measured peak and copy bandwidth (this step's FLOPs and least bytes); "
+    console.print(f"MFU {_pct(d['mfu'])} (counted FLOPs; {_pct(d['mfu_analytic'])} by the formula) and MBU {_pct(d['mbu'])} of the measured peak "
+                  f"and copy bandwidth (this step's least bytes); "
                   f"the floors allow at best MFU {_pct(d['ceiling_mfu'])}, MBU {_pct(d['ceiling_mbu'])}")
 
 
@@ -142,7 +137,7 @@ def render_fixes(console, ce) -> None:
 def _print_table(console, title: str, header: list[str], rows: list[list[str]]) -> None:
     t = Table(title=title, header_style="bold")
     for i, col in enumerate(header):
-        t.add_column(col, justify="left" if i < 3 and col in ("mode", "fix", "on", "#") else "right")
+        t.add_column(col, justify="left" if i == 0 and col != "#" or col in ("fix", "on", "binding") else "right")
     for r in rows:
         t.add_row(*[c.replace("`", "") for c in r])
     console.print(t)

@@ -4,8 +4,8 @@ tables as the console, for docs/performance.md. Torch-free."""
 from __future__ import annotations
 
 
-from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, MODE_HEADER, batch_rows, fix_model_lines, fix_rows, flops_line,
-                                         mode_rows, ranked_line)
+from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, MODE_HEADER, PASS_HEADER, batch_rows, fix_model_lines, fix_rows,
+                                         flops_line, mode_rows, pass_rows, ranked_line)
 from perflab.report.md import md_table
 from perflab.report.md import num as _num
 from perflab.report.md import pct as _pct
@@ -31,16 +31,13 @@ def case_markdown(ce, device: str = "") -> str:
                 f"at the binding floor MFU {_pct(u['ceiling']['mfu'])}, MBU {_pct(u['ceiling']['mbu'])}.", ""]
     sf = ce.step_floors
     if sf is not None:
-        rows = [[p.name, f"{p.flops / 1e12:.3f}", f"{p.bytes / 1e9:.3f}", f"{p.kernels:.0f}", f"{p.compute_ms:.3f}", f"{p.memory_ms:.3f}",
-                 f"{p.launch_ms:.3f}", f"{p.host_ms:.3f}", p.binding, f"{p.floor_ms:.3f}", _num(p.gpu_ms, ".3f"),
-                 _num(p.gpu_over_floor, ".2f")] for p in sf.passes]
-        out += _table(["pass", "TFLOP", "GB", "kernels", "compute ms", "memory ms", "launch ms", "host ms", "binding", "floor ms",
-                       "profiled GPU ms", "GPU ÷ floor"], rows)
+        out += _table(PASS_HEADER, pass_rows(sf))
         d = sf.to_dict()
         by_limit = ", ".join(f"{name} {ms:.3f}" for name, ms in sf.by_limit.items() if ms > 0)
         out += ["", f"Step floor (Σ the passes' binding floors) **{sf.floor_ms:.3f} ms** ({by_limit}): {sf.verdict}; the eager step is "
-                    f"{d['measured_over_floor']:.2f}× it. MFU {_pct(d['mfu'])}, MBU {_pct(d['mbu'])} (this step's FLOPs and least bytes); "
-                    f"at its floor the step would reach MFU {_pct(d['ceiling_mfu'])}, MBU {_pct(d['ceiling_mbu'])}.", ""]
+                    f"{d['measured_over_floor']:.2f}× it. MFU {_pct(d['mfu'])} (counted FLOPs; {_pct(d['mfu_analytic'])} by the formula), "
+                    f"MBU {_pct(d['mbu'])} (least bytes); at its floor the step would reach MFU {_pct(d['ceiling_mfu'])}, "
+                    f"MBU {_pct(d['ceiling_mbu'])}.", ""]
     out += [flops_line(row) + ".", ""]
     if ce.measured:
         out += _table(MODE_HEADER, mode_rows(ce)) + [""]

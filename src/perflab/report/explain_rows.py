@@ -14,6 +14,15 @@ MODE_HEADER = ["mode", "predicted ms", "measured ms", "error", "speedup vs eager
 FIX_HEADER = ["#", "fix", "on", "predicted ms", "measured ms", "error", "vs base", "vs eager", "host ms pred / meas", "GPU ms pred / meas",
               "first step s", "peak GiB", "MFU"]
 BATCH_HEADER = ["batch", "on", "ms per step", "tokens/s", "MBU", "latency cost ms"]
+PASS_HEADER = ["pass", "TFLOP (counted)", "TFLOP (formula)", "GB", "kernels", "compute ms", "memory ms", "launch ms", "host ms", "binding",
+               "floor ms", "profiled GPU ms", "GPU ÷ floor"]
+
+
+def pass_rows(sf) -> list[list[str]]:
+    """Per-pass floors: the counted FLOPs (the formula's split scaled to the step's count) and the formula's beside them."""
+    return [[p.name, f"{p.flops / 1e12:.3f}", num(p.flops_analytic / 1e12 if p.flops_analytic is not None else None, ".3f"),
+             f"{p.bytes / 1e9:.3f}", f"{p.kernels:.0f}", f"{p.compute_ms:.3f}", f"{p.memory_ms:.3f}", f"{p.launch_ms:.3f}", f"{p.host_ms:.3f}",
+             p.binding, f"{p.floor_ms:.3f}", num(p.gpu_ms, ".3f"), num(p.gpu_over_floor, ".2f")] for p in sf.passes]
 
 
 def _gib(mb) -> str:
