@@ -545,7 +545,7 @@ def compare(
     a: str = typer.Argument(..., help="A trace (.json/.json.gz/.sqlite), or a model name to profile with the options below."),
     b: str = typer.Argument(..., help="The same for B."),
     input_size: Optional[int] = typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size (default: the family's)."),
+    batch_size: List[int] = typer.Option([], "--batch-size", help="Batch size (default: the family's); one for both, or two: A's then B's."),
     keep_rate: List[float] = OPT_KEEP_RATE,
     reduction_loc: List[int] = OPT_REDUCTION_LOC,
     workload: List[str] = OPT_WORKLOAD,
@@ -570,8 +570,8 @@ def compare(
     """Why B's step takes longer or shorter than A's: Δwall = Σ Δ(category GPU time) + Δ(idle by cause), exactly.
 
     A and B are traces or model names (the same name twice compares two settings of one model). Options that
-    take several values (--mode, --dtype, --workload, --seq-len, --context-len, ...) take one value for both
-    sides or two values, A's then B's."""
+    take several values (--mode, --dtype, --batch-size, --workload, --seq-len, --context-len, ...) take one value for
+    both sides or two values, A's then B's."""
     import json
 
     from perflab import api
@@ -579,7 +579,9 @@ def compare(
 
     shape = _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family)
     per_side = {key: shape.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens")}
-    items = api.compare_items(a, b, per_side=dict(per_side, dtype=dtype, mode=mode), input_size=_one(input_size), batch_size=_one(batch_size),
+    if batch_size:
+        per_side["batch_size"] = batch_size
+    items = api.compare_items(a, b, per_side=dict(per_side, dtype=dtype, mode=mode), input_size=_one(input_size),
                               keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn, device=device, **shape)
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module)
