@@ -179,7 +179,7 @@ def test_explain_case_per_pass_floors_and_fixes_on_the_best_mode_with_a_real_tra
     assert (f"| 4 | `checkpoint` | cudagraph | {ckpt.predicted_ms:.3f} | 9.000 | {ckpt.error:+.1%} | {8.0 / 9.0:.2f}× | {10.0 / 9.0:.2f}× | "
             f"0.50 / 0.50 | {ckpt.predicted_gpu_ms:.2f} / 8.80 |") in md
     assert "| 5 | `compile:reduce-overhead+optimizer:in_backward_stream` | as given |" in md
-    assert "MFU of counted FLOPs (0.100 TFLOP per step); analytic 0.090 TFLOP, counted ÷ analytic 1.1111" in md
+    assert "MFU of counted FLOPs (0.100 TFLOP per step); the formula's 0.090 TFLOP, counted ÷ formula 1.1111" in md
 
 
 def test_fixes_on_eager_use_the_eager_profiles_host_and_gpu_per_pass(monkeypatch):
@@ -197,6 +197,14 @@ def test_fixes_on_eager_use_the_eager_profiles_host_and_gpu_per_pass(monkeypatch
     after = before - max(host["backward"], gpu["backward"]) + max(host["backward"] + host["forward"], gpu["backward"] + gpu["forward"])
     assert by["checkpoint"].predicted_ms == pytest.approx(10.0 * after / before)
     assert by["checkpoint"].predicted_host_ms == pytest.approx(4.0 + host["forward"])
+
+
+def test_fixes_on_a_named_mode_time_it_with_the_rest_in_one_session(monkeypatch):
+    ce, sessions, _ = run_explain(monkeypatch, ["optimizer:foreach"], fixes_on="compile:reduce-overhead")
+    assert len(sessions) == 1 and len(sessions[0]) == 4  # eager, cudagraph, the named base, the fix on it
+    assert set(ce.measured) == {"cudagraph", "compile:reduce-overhead"}
+    (fx,) = ce.fix_results
+    assert fx.base == "compile:reduce-overhead" and fx.base_ms == 8.0 and fx.measured_ms == 8.5
 
 
 def test_a_fix_the_best_mode_refuses_is_measured_on_eager_and_says_so(monkeypatch):

@@ -103,7 +103,7 @@ def render_explanation(console, e) -> None:
             console.print(module_tree_table(ce.modules))
         ranked = ranked_line(ce)
         if ranked:
-            console.print(f"[bold]Fixes and modes ranked by measured gain over eager:[/bold] {ranked}")
+            console.print(f"[bold]Fixes and modes ranked by measured gain over eager:[/bold] {ranked.replace('`', '')}")
     if e.comparison is not None:
         console.rule("comparison (eager traces)")
         render_comparison(console, e.comparison)

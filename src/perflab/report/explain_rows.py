@@ -122,14 +122,14 @@ def ranked_line(ce) -> str | None:
 
 def flops_line(row: dict) -> str:
     """Which FLOP count a row's MFU uses, and the other count beside it: counted (the step's real ops under torch's flop
-    counter) where the row has them; the analytic formula's count and counted ÷ analytic."""
+    counter) where the row has them; the family's formula's count and counted ÷ formula."""
     counted = row.get("gflops_per_batch")
     analytic = row.get("flops_analytic")
     if not counted:
         return "MFU: no FLOPs counted for this row"
     text = f"MFU of counted FLOPs ({counted / 1e3:.3f} TFLOP per step)"
     if analytic:
-        text += f"; analytic {analytic / 1e12:.3f} TFLOP, counted ÷ analytic {counted * 1e9 / analytic:.4f}"
+        text += f"; the formula's {analytic / 1e12:.3f} TFLOP, counted ÷ formula {counted * 1e9 / analytic:.4f}"
         if row.get("mfu") is not None:
-            text += f", MFU by the analytic count {row['mfu'] * analytic / (counted * 1e9):.1%}"
+            text += f", MFU by the formula's count {row['mfu'] * analytic / (counted * 1e9):.1%}"
     return text
