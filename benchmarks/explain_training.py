@@ -1,20 +1,20 @@
-"""perflab explain for an lm training step on a GPU, with every fix measured: per-pass floors, the modes and the
-fixes each predicted then measured (error, seconds to the first step, peak memory, MFU), the best combination,
-and optionally the same best fix on transformers' Llama of the same shape.
+"""perflab explain for an lm training step on a GPU, with every fix measured on the best mode: per-pass floors, the modes
+and the fixes each predicted then measured (error, host and GPU terms, seconds to the first step, peak memory, MFU of
+counted FLOPs), and optionally the same best fix on transformers' Llama of the same shape.
 
     PYTHONPATH=src python benchmarks/explain_training.py explain_gpt_large.md
         [--model gpt_large] [--workload train_step] [--seq-len 512] [--batch-size 4] [--dtype bf16]
-        [--modes cudagraph compile:reduce-overhead] [--fixes optimizer:foreach ... | none] [--combos SPEC ... | none]
-        [--vs-transformers] [--min-time 1.0] [--warmup 10] [--steps 3] [--json FILE]
+        [--modes cudagraph compile:reduce-overhead] [--fixes optimizer:foreach ... | none] [--fixes-on best|eager|MODE]
+        [--combos SPEC ... | none] [--vs-transformers] [--min-time 1.0] [--warmup 10] [--steps 3] [--json FILE]
 
-It is ``perflab explain MODEL --workload train_step ...`` run in stages: the eager case is timed, profiled and
-explained first (floors, per-pass floors), then each mode, each fix and each combination is measured in turn,
-and the markdown file is rewritten after every measurement, so a run cut short still leaves what it measured.
-Fixes default to the family's (for train_step: optimizer:foreach, optimizer:in_backward,
-optimizer:in_backward_stream, checkpoint); combinations default to the fastest measured mode with the fastest
-measured optimizer fix (when that fix beat eager), e.g. ``compile:reduce-overhead+optimizer:in_backward_stream``.
-To fit a time budget, drop modes or fixes (``--modes compile:reduce-overhead --fixes optimizer:in_backward_stream``)
-or time less (``--min-time 0.5 --warmup 5``). Progress goes to stderr with the seconds elapsed.
+It is ``perflab explain MODEL --workload train_step ...`` run in stages, each case timed alone (``perflab explain``
+times them together, interleaved, which pairs them in time; this script trades that for a file rewritten after every
+measurement, so a run cut short still leaves what it measured): the eager case is timed, profiled and explained first
+(floors, per-pass floors), then each mode, then each fix on the fastest measured (``--fixes-on best``, the default) or
+on the base named, then each combination as given. Fixes default to the family's (for train_step: optimizer:foreach,
+optimizer:in_backward, optimizer:in_backward_stream, checkpoint). To fit a time budget, drop modes or fixes
+(``--modes compile:reduce-overhead --fixes optimizer:in_backward_stream``) or time less (``--min-time 0.5 --warmup 5``).
+Progress goes to stderr with the seconds elapsed.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from perflab import api
 from perflab.analysis.fixes import Fix
 from perflab.errors import PerflabError
-from perflab.explain import case_fixes, explain, parse_fix, predict_fix
+from perflab.explain import FIXES_ON, best_mode, case_fixes, explain, parse_fix, plan_fixes, predict_fix
 from perflab.report.explain_markdown import explanation_markdown
 from perflab.spec import validate_case
 
@@ -44,16 +44,6 @@ def write(path: Path, explanation, extra: list[str], device: str) -> None:
     path.write_text(explanation_markdown(explanation, device) + "\n" + "\n".join(extra) + "\n")
 
 
-def default_combos(ce) -> list[str]:
-    """The fastest measured mode with the fastest measured optimizer fix, when both beat eager."""
-    modes = [(r["median_ms"], m) for m, r in ce.measured.items() if r.get("status") == "ok" and r["median_ms"] < ce.eager_ms]
-    optimizers = [(fx.measured_ms, fx.name) for fx in ce.fix_results
-                  if set(fx.changes) == {"optimizer"} and fx.measured_ms and fx.measured_ms < ce.eager_ms]
-    if not modes or not optimizers:
-        return []
-    return [f"{min(modes)[1]}+{min(optimizers)[1]}"]
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("markdown", type=Path, help="Markdown file to write (rewritten after every measurement).")
@@ -64,7 +54,8 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--modes", nargs="*", default=["cudagraph", "compile:reduce-overhead"])
     parser.add_argument("--fixes", nargs="*", default=None, help="Fix specs; default: the family's; 'none': none.")
-    parser.add_argument("--combos", nargs="*", default=None, help="Combined fixes (a+b); default: best mode + best optimizer; 'none': none.")
+    parser.add_argument("--fixes-on", default="best", help="best (the fastest mode measured, the default), eager, or a mode.")
+    parser.add_argument("--combos", nargs="*", default=None, help="Combined fixes (a+b), measured as given; default: none.")
     parser.add_argument("--vs-transformers", action="store_true", help="Also run the best measured fix on transformers' Llama of the same shape.")
     parser.add_argument("--min-time", type=float, default=1.0)
     parser.add_argument("--warmup", type=int, default=10)
@@ -87,6 +78,8 @@ def main(argv=None) -> int:
             validate_case(replace(case, **parse_fix(spec)))
         for mode in args.modes:
             validate_case(replace(case, mode=mode))
+        if args.fixes_on not in FIXES_ON + tuple(args.modes):
+            raise PerflabError(f"--fixes-on {args.fixes_on!r}: use best, eager, or one of --modes ({', '.join(args.modes)})")
     except PerflabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -115,29 +108,36 @@ def main(argv=None) -> int:
         log(f"  {mode}: {row.get('median_ms') or row.get('status')} ms, first step {row.get('first_step_s')} s, MFU {row.get('mfu')}")
         write(args.markdown, explanation, extra, device)
 
-    def measure_fix(spec: str) -> None:
-        changes = parse_fix(spec)
-        predicted, model = predict_fix(case, spec, changes, ce.eager_row, ce.timing, ce.step_floors, ce.predictions_ms)
-        fix = Fix(spec, changes, predicted, model)
-        log(f"fix {spec} (predicted {predicted if predicted is None else round(predicted, 3)} ms: {model})")
-        fix.measured = run_case(replace(case, **changes))
+    base = best_mode(ce.eager_row, ce.measured) if args.fixes_on == "best" else args.fixes_on
+    base_row = ce.eager_row if base == "eager" else ce.measured[base]
+    log(f"fixes on {base} ({base_row.get('median_ms')} ms)")
+
+    def measure_fix(spec: str, changes: dict, fix_case, on: str, eager_only) -> None:
+        row = ce.eager_row if on == "eager" else ce.measured.get(on, {})
+        prediction = predict_fix(ce.fix_context, spec, changes, on, row) if "mode" in changes or row.get("status") == "ok" else None
+        fix = Fix(spec, changes, prediction and prediction.ms, prediction.model if prediction else f"{on} failed", base=on, base_row=row,
+                  eager_only=eager_only, predicted_host_ms=prediction and prediction.host_ms, predicted_gpu_ms=prediction and prediction.gpu_ms)
+        log(f"fix {spec} on {on} (predicted {fix.predicted_ms if fix.predicted_ms is None else round(fix.predicted_ms, 3)} ms: {fix.model})")
+        fix.measured = run_case(fix_case)
         ce.fix_results.append(fix)
         log(f"  {spec}: {fix.measured_ms or fix.measured.get('status')} ms, error {fix.error}, first step {fix.measured.get('first_step_s')} s, "
-            f"peak {fix.measured.get('peak_mem_alloc_mb')} MiB, MFU {fix.measured.get('mfu')}")
+            f"peak {fix.measured.get('peak_mem_alloc_mb')} MiB (above {fix.measured.get('memory_baseline_mb')} MiB held before), "
+            f"MFU {fix.measured.get('mfu')}" + (f"; missed: {fix.missed_term}" if fix.missed_term else ""))
         write(args.markdown, explanation, extra, device)
 
-    for spec in fixes:
-        measure_fix(spec)
-    combos = default_combos(ce) if args.combos is None else [c for c in args.combos if c != "none"]
-    for spec in combos:
-        measure_fix(spec)
+    combos = [c for c in (args.combos or []) if c != "none"]
+    for plan in plan_fixes(case, [(spec, parse_fix(spec)) for spec in fixes + combos], base):
+        measure_fix(*plan[:2], plan[2], plan[3], plan[4])
 
     best = min((fx for fx in ce.fixes() if fx.get("measured_ms")), key=lambda fx: fx["measured_ms"], default=None)
     if best is not None:
         row = next((fx.measured for fx in ce.fix_results if fx.name == best["fix"]), None) or ce.measured.get(best["fix"], {})
         mfu, first = row.get("mfu"), row.get("first_step_s")
+        formula = row.get("mfu_analytic")
         extra.append(f"Best measured: `{best['fix']}` {best['measured_ms']:.3f} ms, {best['speedup']:.2f}× eager, MFU "
-                     f"{'–' if mfu is None else format(mfu, '.1%')} of the measured peak ({row.get('peak_tflops_measured')} TFLOP/s), "
+                     f"{'–' if mfu is None else format(mfu, '.1%')} of the measured peak ({row.get('peak_tflops_measured')} TFLOP/s) by counted "
+                     f"FLOPs ({'–' if formula is None else format(formula, '.1%')} by the formula's, counted ÷ formula "
+                     f"{row.get('flops_counted_over_analytic') or float('nan'):.4f}), "
                      f"first step {'–' if first is None else format(first, '.1f')} s.")
         log(extra[-1])
         write(args.markdown, explanation, extra, device)
@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                 extra.append(f"Same fix on transformers' Llama: perflab {a.get('error') or a['median_ms']}, transformers {b.get('error') or b['median_ms']}.")
             else:
                 extra.append(f"Same fix (`{best['fix']}`) in benchmarks/lm_vs_transformers.py's harness: perflab {a['median_ms']:.3f} ms "
-                             f"(MFU {a['mfu']:.1%}), transformers' Llama {b['median_ms']:.3f} ms (MFU {b['mfu']:.1%}), ratio "
+                             f"(MFU {a['mfu']:.1%}), transformers' Llama {b['median_ms']:.3f} ms (MFU {b['mfu']:.1%}; counted FLOPs), ratio "
                              f"{b['median_ms'] / a['median_ms']:.3f}.")
             write(args.markdown, explanation, extra, device)
     if args.json:

@@ -5,8 +5,11 @@
 Both models run in perflab's lm workload (the same random token batch, bf16 autocast per training step, fused
 AdamW, the same timing loop: CUDA events, warm-up, median of block means), so the only difference is the
 module. The Llama is built from a LlamaConfig with perflab's dimensions (hidden, intermediate, layers, heads,
-vocabulary 10,000, untied head, SDPA attention, no KV cache), with random weights. Its matmul FLOPs equal the
-GPT's, so one analytic FLOP count gives both MFUs. Modes: eager, compile and compile:max-autotune. A case's
+vocabulary 10,000, untied head, SDPA attention, no KV cache), with random weights. MFU is of each model's counted FLOPs
+(torch's counter on one real step, as the harness counts them: one FLOP count per row); the formula's count (the same
+for both: their matmuls are the GPT's) stands beside it, with the ratio counted ÷ formula (a train step counts ½ × the
+forward's attention more: the fused attention's backward recomputes the scores). Modes: eager, compile and
+compile:max-autotune. A case's
 ``--optimizer`` applies to both models; ``checkpoint_activations`` turns on transformers' gradient checkpointing
 (per decoder layer, non-reentrant), as perflab's checkpoints each block (benchmarks/explain_training.py uses this).
 """
@@ -21,6 +24,7 @@ import time
 import torch
 
 from perflab.measure.ceilings import get_ceilings
+from perflab.measure.flops import count_flops
 from perflab.measure.stats import summarize
 from perflab.measure.timing import estimate_step_s, plan_timing, time_step
 from perflab.runtime.modes import make_step
@@ -58,7 +62,9 @@ def measure(case: Case, impl: str) -> dict:
             model.inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     built = lm.build(case, model=model)  # the case's --optimizer applies to either model
     params = sum(p.numel() for p in built.model.parameters())
-    flops = lm.analytic(case)["flops_analytic"]
+    formula = lm.analytic(case)["flops_analytic"]
+    with step_context(case, built):
+        flops = count_flops(built.make_step(built.model))  # one eager step, before timing (as the harness counts)
     t0 = time.perf_counter()
     with step_context(case, built):
         step = make_step(built, case.mode)
@@ -74,7 +80,9 @@ def measure(case: Case, impl: str) -> dict:
     del built, step, model
     torch.cuda.empty_cache()
     return {"impl": impl, "workload": case.workload, "mode": case.mode, "median_ms": s.median, "ci95_ms": [s.ci95_low, s.ci95_high],
-            "params": params, "tflops": achieved, "mfu": achieved / peak, "peak_tflops": peak, "warmup_compile_s": compile_s}
+            "params": params, "tflops": achieved, "mfu": achieved / peak, "peak_tflops": peak, "warmup_compile_s": compile_s,
+            "flops_counted": flops, "flops_analytic": formula, "flops_counted_over_analytic": flops / formula,
+            "mfu_analytic": formula / (s.median / 1000) / 1e12 / peak}
 
 
 def main(argv=None) -> int:
@@ -99,18 +107,22 @@ def main(argv=None) -> int:
                     torch.cuda.empty_cache()
                 results.append(row)
                 print(json.dumps(row), flush=True)
-    print(f"\n{args.model}, seq {args.seq_len}, batch {args.batch_size}, bf16 ({torch.cuda.get_device_name()}):")
-    print("| workload | mode | perflab ms | transformers ms | transformers ÷ perflab | perflab MFU | transformers MFU |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n{args.model}, seq {args.seq_len}, batch {args.batch_size}, bf16 ({torch.cuda.get_device_name()}). MFU of each model's counted "
+          "FLOPs and of the measured peak; the formula's MFU beside it, with counted ÷ formula:")
+    print("| workload | mode | perflab ms | transformers ms | transformers ÷ perflab | perflab MFU | transformers MFU | "
+          "perflab MFU (formula) | transformers MFU (formula) | counted ÷ formula (perflab / transformers) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for workload in args.workloads:
         for mode in args.modes:
             a = next(r for r in results if r["impl"] == "perflab" and r["workload"] == workload and r["mode"] == mode)
             b = next(r for r in results if r["impl"] == "transformers" and r["workload"] == workload and r["mode"] == mode)
             if "error" in a or "error" in b:
-                print(f"| {workload} | {mode} | {a.get('error') or round(a['median_ms'], 2)} | {b.get('error') or round(b['median_ms'], 2)} | – | – | – |")
+                print(f"| {workload} | {mode} | {a.get('error') or round(a['median_ms'], 2)} | {b.get('error') or round(b['median_ms'], 2)} |"
+                      + " – |" * 6)
                 continue
             print(f"| {workload} | {mode} | {a['median_ms']:.2f} | {b['median_ms']:.2f} | {b['median_ms'] / a['median_ms']:.3f} | "
-                  f"{a['mfu']:.1%} | {b['mfu']:.1%} |")
+                  f"{a['mfu']:.1%} | {b['mfu']:.1%} | {a['mfu_analytic']:.1%} | {b['mfu_analytic']:.1%} | "
+                  f"{a['flops_counted_over_analytic']:.4f} / {b['flops_counted_over_analytic']:.4f} |")
     for workload in args.workloads:
         best = {impl: min((r for r in results if r["impl"] == impl and r["workload"] == workload and "error" not in r),
                           key=lambda r: r["median_ms"], default=None) for impl in ("perflab", "transformers")}

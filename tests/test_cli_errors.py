@@ -39,11 +39,13 @@ TRACE = "tests/data/traces/eager_vit.json.gz"
         (["bench", "--model", "gpt_small", "--workload", "train_step", "--optimizer", "sgd", "--device", "cpu"], "unknown optimizer 'sgd'"),
         (["bench", "--model", "gpt_small", "--workload", "forward", "--checkpoint-activations", "--device", "cpu"],
          "--checkpoint-activations applies to the forward_backward and train_step workloads"),
+        (["explain", "gpt_small", "--workload", "train_step", "--fixes-on", "fastest", "--device", "cpu"],
+         "--fixes-on 'fastest': use best (the fastest mode measured), eager, or a mode"),
     ],
     ids=["profile-model", "profile-steps", "compare-missing-file", "compare-model", "explain-cpu", "profile-cpu", "compare-cpu",
          "compare-steps-mismatch", "analyze-inf", "analyze-csv-file", "bench-out-dir", "explain-cpu-modes", "explain-no-cuda",
          "ncu-absent", "ncu-top", "compare-three-modes", "compare-trace-two-modes", "compare-two-modes-cpu", "compare-b-context-too-long",
-         "bench-optimizer", "bench-checkpoint-forward"],
+         "bench-optimizer", "bench-checkpoint-forward", "explain-fixes-on"],
 )
 def test_one_line_and_exit_2(args, fragment):
     r = run_cli_here(*args, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))

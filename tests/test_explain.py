@@ -75,52 +75,89 @@ def test_untraced_host_issue_time_of_a_50_ms_step():
     assert 50 <= ms < 100  # the sleep, plus a loaded 2-core machine's scheduling delays
 
 
-def test_explain_case_per_pass_floors_and_fixes_with_a_real_trace(monkeypatch):
+LM_CASE = dict(model="gpt_small", layers=2, model_args={"d_model": 256, "d_ff": 1024, "n_heads": 4}, seq_len=128, batch_size=4,
+               dtype="bf16", workload="train_step", attn="explicit", mode="eager", device="cuda")
+CEILINGS = {"graph_kernel_interval_us": 1.5, "graph_kernel_gap_us": 0.5, "matmul_tflops": {"bf16": 700.0}, "copy_gbps": 3000.0}
+
+
+def fake_row(c):
+    """A measured row by the case's settings: eager 10 ms (host 9, GPU 6: launch-bound), cudagraph 8 ms (host 0.5, GPU 7.8);
+    foreach +0.5 ms, checkpoint +1 ms."""
+    ms = {"eager": 10.0}.get(c.mode, 8.0) + (0.5 if c.optimizer == "foreach" else 0) + (1.0 if c.checkpoint_activations else 0)
+    host, gpu = (9.0, 6.0) if c.mode == "eager" else (0.5, ms - 0.2)
+    return {"status": "ok", "median_ms": ms, "gflops_per_batch": 100.0, "params": 5_000_000, "first_step_s": 1.5 if c.mode == "eager" else 40.0,
+            "peak_mem_alloc_mb": 900.0 if c.checkpoint_activations else 1000.0, "mfu": 0.3, "batch_size": c.batch_size,
+            "host_held_ms": host, "device_ms": gpu, "flops_analytic": 90e9}
+
+
+def run_explain(monkeypatch, fixes, fixes_on="best", modes=("cudagraph",)):
+    import perflab.explain as ex
+
+    case = validate_case(Case(**LM_CASE))
+    trace = load_trace(TRACES / "lm_train_step_explicit.json.gz")
+    sessions = []
+
+    def run_cases(cases):
+        sessions.append([c.label() for c in cases])
+        return [fake_row(c) for c in cases]
+
+    monkeypatch.setattr(ex, "measure_host_issue_ms", lambda c: 4.0)
+    ce = ex.explain_case(case, Path("unused"), CEILINGS, 2, list(modes), run_cases, lambda *a, **k: None, lambda p: trace, lambda s: None,
+                         fixes=fixes, fixes_on=fixes_on)
+    return ce, sessions, trace
+
+
+def test_explain_case_per_pass_floors_and_fixes_on_the_best_mode_with_a_real_trace(monkeypatch):
     """explain_case end to end on the CPU: the run, profile and trace are fakes around the real H100 profile of a
-    2-layer GPT train_step (the case it was captured from); floors per pass, fixes predicted then 'measured'."""
+    2-layer GPT train_step (the case it was captured from); floors per pass; eager and the modes timed first, then the
+    fixes on the fastest (cudagraph), timed together with it, each predicted from the base's host and GPU times."""
     import io
     import json
 
     from rich.console import Console
 
     import perflab.explain as ex
-    from perflab.analysis.fixes import predict_optimizer
+    from perflab.analysis.fixes import ADAMW_BYTES_PER_PARAM
     from perflab.report.explain_console import render_explanation
 
-    case = validate_case(Case(model="gpt_small", layers=2, model_args={"d_model": 256, "d_ff": 1024, "n_heads": 4}, seq_len=128, batch_size=4,
-                              dtype="bf16", workload="train_step", attn="explicit", mode="eager", device="cuda"))
-    trace = load_trace(TRACES / "lm_train_step_explicit.json.gz")
-    measured = {}
-
-    def run_case(c):
-        ms = {"eager": 10.0}.get(c.mode, 8.0) + (0.5 if c.optimizer == "foreach" else 0) + (1.0 if c.checkpoint_activations else 0)
-        measured[c.label()] = ms
-        return {"status": "ok", "median_ms": ms, "gflops_per_batch": 100.0, "params": 5_000_000, "first_step_s": 1.5 if c.mode == "eager" else 40.0,
-                "peak_mem_alloc_mb": 900.0 if c.checkpoint_activations else 1000.0, "mfu": 0.3, "batch_size": c.batch_size}
-
-    monkeypatch.setattr(ex, "measure_host_issue_ms", lambda c: 4.0)
-    ceilings = {"graph_kernel_interval_us": 1.5, "graph_kernel_gap_us": 0.5, "matmul_tflops": {"bf16": 700.0}, "copy_gbps": 3000.0}
-    fixes = ex.default_fixes(case)
+    fixes = ex.default_fixes(validate_case(Case(**LM_CASE)))
     assert fixes == ["optimizer:foreach", "optimizer:in_backward", "optimizer:in_backward_stream", "checkpoint"]
     fixes.append("compile:reduce-overhead+optimizer:in_backward_stream")
-    ce = ex.explain_case(case, Path("unused"), ceilings, 2, ["cudagraph"], lambda cs: [run_case(c) for c in cs], lambda *a, **k: None,
-                         lambda p: trace, lambda s: None, fixes=fixes)
+    ce, sessions, trace = run_explain(monkeypatch, fixes)
+    # session 1: eager, the mode, and the fix that names its own mode; session 2: the best mode again and the four fixes on it
+    assert len(sessions) == 2 and len(sessions[0]) == 3 and len(sessions[1]) == 5
+    assert all("cudagraph" in label for label in sessions[1])
 
     sf = ce.step_floors
     assert [p.name for p in sf.passes] == ["forward", "backward", "optimizer"]
     assert sum(p.host_ms for p in sf.passes) == pytest.approx(4.0, abs=1e-12)  # the untraced host time, split exactly
     assert sf.floor_ms == pytest.approx(sum(p.floor_ms for p in sf.passes), abs=1e-12)
-    costs = ex.pass_costs(case, ce.eager_row)
-    assert sum(p.bytes for p in sf.passes) == sum(c["bytes"] for c in costs.values()) == ex.min_bytes(case, ce.eager_row)
+    costs = ex.pass_costs(ce.case, ce.eager_row)
+    assert sum(p.bytes for p in sf.passes) == sum(c["bytes"] for c in costs.values()) == ex.min_bytes(ce.case, ce.eager_row)
     assert [p.gpu_ms for p in sf.passes] == [ce.timing[n]["gpu_ns"] / 1e6 for n in ("forward", "backward", "optimizer")]
+    # one FLOP count: the passes add up to the row's counted 100 GFLOP; the formula's split kept beside it
+    from perflab.workloads.lm import lm_pass_costs
+
+    formula = lm_pass_costs(ce.case, ce.eager_row)
+    assert sum(p.flops for p in sf.passes) == pytest.approx(100e9) and sf.flops_analytic == pytest.approx(sum(c["flops"] for c in formula.values()))
+    assert [p.flops_analytic for p in sf.passes] == [formula[n]["flops"] for n in ("forward", "backward")] + [0.0]
+    d = sf.to_dict()
+    assert d["mfu_analytic"] == pytest.approx(d["mfu"] * sf.flops_analytic / 100e9)
 
     by = {fx.name: fx for fx in ce.fix_results}
-    backward_memory = next(p.memory_ms for p in sf.passes if p.name == "backward")
-    for variant in ("foreach", "in_backward", "in_backward_stream"):
-        expected, _ = predict_optimizer(variant, "fused", 10.0, ce.timing, backward_memory)
-        assert by[f"optimizer:{variant}"].predicted_ms == pytest.approx(expected)
-    assert by["checkpoint"].predicted_ms == pytest.approx(10.0 + ce.timing["forward"]["gpu_ns"] / 1e6)
-    assert by["checkpoint"].measured_ms == 11.0 and by["checkpoint"].error == pytest.approx(by["checkpoint"].predicted_ms / 11.0 - 1)
+    o = ce.timing["optimizer"]["gpu_ns"] / 1e6
+    # on the cudagraph base (8 ms: host 0.5, GPU 7.8 ms, one pass): base × max(host, GPU + Δ) ÷ max(host, GPU)
+    foreach = by["optimizer:foreach"]
+    assert foreach.base == "cudagraph" and foreach.base_ms == 8.0
+    assert foreach.predicted_ms == pytest.approx(8.0 * (7.8 + o * (ADAMW_BYTES_PER_PARAM["foreach"] / 28 - 1)) / 7.8)
+    assert foreach.predicted_gpu_ms == pytest.approx(7.8 + 2 * o) and foreach.predicted_host_ms == pytest.approx(0.5)
+    # in_backward: O' = O (fused bytes), no idle to hide in on a compiled base, the update's host time moves with it
+    assert by["optimizer:in_backward"].predicted_ms == pytest.approx(8.0)
+    forward_fused = ex.compiled_pass_ms(trace, "forward", 1.5, 0.5)
+    assert 0 < forward_fused < ce.timing["forward"]["gpu_ns"] / 1e6  # fusion halves the glue kernels
+    ckpt = by["checkpoint"]
+    assert ckpt.predicted_ms == pytest.approx(8.0 * (7.8 + forward_fused) / 7.8)
+    assert ckpt.measured_ms == 9.0 and ckpt.error == pytest.approx(ckpt.predicted_ms / 9.0 - 1)
     combo = by["compile:reduce-overhead+optimizer:in_backward_stream"]
     assert combo.changes == {"mode": "compile:reduce-overhead", "optimizer": "in_backward_stream"} and combo.predicted_ms is None
     assert combo.measured_ms == 8.0 and combo.measured["first_step_s"] == 40.0
@@ -128,16 +165,81 @@ def test_explain_case_per_pass_floors_and_fixes_with_a_real_trace(monkeypatch):
     d = ce.to_dict()
     json.dumps(d)  # --json
     assert d["pass_floors"]["floor_ms"] == pytest.approx(sf.floor_ms) and len(d["fix_predictions"]) == 5
+    assert d["fix_predictions"][0]["base"] == "cudagraph" and d["fix_predictions"][0]["speedup_vs_base"] == pytest.approx(8.0 / 8.5)
     assert d["fixes"][0]["speedup"] == pytest.approx(10.0 / 8.0) and d["first_step_s"]["cudagraph"] == 40.0
     buf = io.StringIO()
-    render_explanation(Console(file=buf, width=250), ex.Explanation([ce], None, ceilings))
+    render_explanation(Console(file=buf, width=300), ex.Explanation([ce], None, CEILINGS))
     text = buf.getvalue()
     assert "Floors per pass" in text and "optimizer:in_backward_stream" in text and "the floors allow at best MFU" in text
+    assert "cudagraph (base, timed with its fixes)" in text
     from perflab.report.explain_markdown import explanation_markdown
 
-    md = explanation_markdown(ex.Explanation([ce], None, ceilings))
-    assert "| optimizer |" in md and f"**{sf.floor_ms:.3f} ms**" in md and "`checkpoint`: step + the forward's GPU time" in md
-    assert "| 4 | `checkpoint` | " + f"{by['checkpoint'].predicted_ms:.3f} | 11.000 | {by['checkpoint'].error:+.1%} |" in md
+    md = explanation_markdown(ex.Explanation([ce], None, CEILINGS))
+    assert "| optimizer |" in md and f"**{sf.floor_ms:.3f} ms**" in md and "`checkpoint`: + the forward's GPU time after fusion" in md
+    assert (f"| 4 | `checkpoint` | cudagraph | {ckpt.predicted_ms:.3f} | 9.000 | {ckpt.error:+.1%} | {8.0 / 9.0:.2f}× | {10.0 / 9.0:.2f}× | "
+            f"0.50 / 0.50 | {ckpt.predicted_gpu_ms:.2f} / 8.80 |") in md
+    assert "| 5 | `compile:reduce-overhead+optimizer:in_backward_stream` | as given |" in md
+    assert "MFU of counted FLOPs (0.100 TFLOP per step); the formula's 0.090 TFLOP, counted ÷ formula 1.1111" in md
+
+
+def test_fixes_on_eager_use_the_eager_profiles_host_and_gpu_per_pass(monkeypatch):
+    """--fixes-on eager: one session; each prediction is eager × Σ max(host, GPU) after ÷ before, over the profiled
+    passes (host: the untraced 4 ms split as the trace issued it)."""
+    ce, sessions, _ = run_explain(monkeypatch, ["optimizer:foreach", "checkpoint"], fixes_on="eager")
+    assert len(sessions) == 1 and len(sessions[0]) == 4
+    host = {p.name: p.host_ms for p in ce.step_floors.passes}
+    gpu = {p.name: p.gpu_ms for p in ce.step_floors.passes}
+    before = sum(max(host[p], gpu[p]) for p in host)
+    by = {fx.name: fx for fx in ce.fix_results}
+    o = gpu["optimizer"]
+    after = before - max(host["optimizer"], o) + max(host["optimizer"], 3 * o)
+    assert by["optimizer:foreach"].predicted_ms == pytest.approx(10.0 * after / before) and by["optimizer:foreach"].base == "eager"
+    after = before - max(host["backward"], gpu["backward"]) + max(host["backward"] + host["forward"], gpu["backward"] + gpu["forward"])
+    assert by["checkpoint"].predicted_ms == pytest.approx(10.0 * after / before)
+    assert by["checkpoint"].predicted_host_ms == pytest.approx(4.0 + host["forward"])
+
+
+def test_fixes_on_a_named_mode_time_it_with_the_rest_in_one_session(monkeypatch):
+    ce, sessions, _ = run_explain(monkeypatch, ["optimizer:foreach"], fixes_on="compile:reduce-overhead")
+    assert len(sessions) == 1 and len(sessions[0]) == 4  # eager, cudagraph, the named base, the fix on it
+    assert set(ce.measured) == {"cudagraph", "compile:reduce-overhead"}
+    (fx,) = ce.fix_results
+    assert fx.base == "compile:reduce-overhead" and fx.base_ms == 8.0 and fx.measured_ms == 8.5
+
+
+def test_a_fix_the_best_mode_refuses_is_measured_on_eager_and_says_so(monkeypatch):
+    import perflab.spec as spec
+
+    real = spec.validate_case
+
+    def refuse(case):
+        if case.mode == "cudagraph" and case.checkpoint_activations:
+            from perflab.errors import PerflabError
+
+            raise PerflabError("checkpoint cannot be captured (a test's refusal)")
+        return real(case)
+
+    monkeypatch.setattr(spec, "validate_case", refuse)
+    ce, sessions, _ = run_explain(monkeypatch, ["optimizer:foreach", "checkpoint"])
+    # session 2: the base, eager (the refused fix's base), the fix on the base and the refused one on eager
+    assert len(sessions[1]) == 4 and sum("eager" in label for label in sessions[1]) == 2
+    ckpt = next(fx for fx in ce.fix_results if fx.name == "checkpoint")
+    assert ckpt.base == "eager" and "eager only on cudagraph: checkpoint cannot be captured" in ckpt.eager_only
+    from perflab.report.explain_markdown import explanation_markdown
+    import perflab.explain as ex
+
+    assert "| `checkpoint` | eager only (eager only on cudagraph: checkpoint cannot be captured" in explanation_markdown(
+        ex.Explanation([ce], None, CEILINGS))
+
+
+def test_a_missed_prediction_names_the_term_that_missed():
+    from perflab.analysis.fixes import Fix
+
+    fx = Fix("checkpoint", {"checkpoint_activations": True}, 134.7, "m", predicted_host_ms=166.8, predicted_gpu_ms=83.6)
+    fx.measured = {"status": "ok", "median_ms": 255.9, "host_issue_ms": 290.0, "device_ms": 84.0}
+    assert fx.missed_term == "host: predicted 166.800, measured 290.000 ms"
+    fx.measured = {"status": "ok", "median_ms": 140.0, "host_issue_ms": 290.0, "device_ms": 84.0}
+    assert fx.missed_term is None  # within 15%
 
 
 @pytest.mark.parametrize("spec,changes", [
@@ -203,17 +305,18 @@ def test_explain_by_module_records_module_ranges_and_keeps_the_tree(monkeypatch)
 
 
 def test_an_eager_fixs_prediction_has_a_host_term():
-    # A synthetic step: its host needs 10 ms to issue it, its GPU 4 ms; measured 10.5 ms. A fix that adds 1 ms of GPU
-    # work cannot lengthen it (the GPU still waits for the host); one that adds 8 ms does, by what rises above the host.
-    from perflab.analysis.fixes import with_host_term
+    # A synthetic step of one pass: its host needs 10 ms to issue it, its GPU 4 ms; measured 10.5 ms. A fix that adds 1 ms
+    # of GPU work cannot lengthen it (the GPU still waits for the host); one that adds 8 ms does, by what rises above the
+    # host. On a GPU-bound step (host 2, GPU 8, measured 8.2 ms) the GPU's change carries through, anchored at the measurement.
+    from perflab.analysis.fixes import Delta, StepTimes, predict
 
-    launch_bound = {"median_ms": 10.5, "host_held_ms": 10.0, "device_ms": 4.0}
-    predicted, model = with_host_term(11.5, "step + F", launch_bound)
-    assert predicted == pytest.approx(10.5) and "host-bound" in model
-    predicted, _ = with_host_term(18.5, "step + F", launch_bound)
-    assert predicted == pytest.approx(10.5 * 12.0 / 10.0)
-    # GPU-bound: host 2 ms, GPU 8 ms, measured 8.2 ms: the GPU's change carries through, anchored at the measurement
-    predicted, model = with_host_term(9.2, "step + F", {"median_ms": 8.2, "host_held_ms": 2.0, "device_ms": 8.0})
-    assert predicted == pytest.approx(8.2 * 9.0 / 8.0) and "with the host term" in model
-    # without the held timing (older rows, the CPU) the GPU model stands
-    assert with_host_term(9.2, "m", {"median_ms": 8.2}) == (9.2, "m")
+    launch_bound = StepTimes({"step": 10.0}, {"step": 4.0})
+    p = predict(10.5, launch_bound, Delta({"step": 1.0}, {}, "+1 ms GPU"))
+    assert p.ms == pytest.approx(10.5) and p.host_ms == 10.0 and p.gpu_ms == 5.0 and "host the larger" in p.model
+    assert predict(10.5, launch_bound, Delta({"step": 8.0}, {}, "+8")).ms == pytest.approx(10.5 * 12.0 / 10.0)
+    assert predict(8.2, StepTimes({"step": 2.0}, {"step": 8.0}), Delta({"step": 1.0}, {}, "+1")).ms == pytest.approx(8.2 * 9.0 / 8.0)
+    # a host term of the fix's own: +3 ms of host on the launch-bound step lengthens it by 3 ÷ 10
+    assert predict(10.5, launch_bound, Delta({}, {"step": 3.0}, "+3 host")).ms == pytest.approx(10.5 * 13.0 / 10.0)
+    # without host and GPU times the GPU model stands: base + ΔGPU
+    p = predict(8.2, None, Delta({"step": 1.0}, {}, "m"))
+    assert p.ms == pytest.approx(9.2) and "GPU only" in p.model and p.host_ms is None

@@ -169,14 +169,18 @@ def test_utilisation_of_a_decode_row_with_an_h100s_ceilings(monkeypatch):
     monkeypatch.setattr(ceilings, "get_ceilings", lambda refresh=False: {"matmul_tflops": {"bf16": 787.1}, "copy_gbps": 2971.0})
     monkeypatch.setattr(harness.torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     case = Case("llama3_8b", workload="decode", context_len=512, dtype="bf16", device="cuda")
-    bytes_per_step, flops = 15_077_228_544, 16_060_000_000
-    row = {"median_ms": 6.815, "bytes_per_step": bytes_per_step, "flops_analytic": flops, "achieved_tflops": flops / 6.815e-3 / 1e12}
+    bytes_per_step, flops, counted = 15_077_228_544, 16_060_000_000, 16_100_000_000
+    row = {"median_ms": 6.815, "bytes_per_step": bytes_per_step, "flops_analytic": flops, "gflops_per_batch": counted / 1e9,
+           "achieved_tflops": counted / 6.815e-3 / 1e12}
     out = harness.utilisation(case, row)
     assert out["mbu"] == pytest.approx(bytes_per_step / 6.815e-3 / 1e9 / 2971.0) == pytest.approx(0.7447, abs=1e-4)
     assert out["mbu_datasheet"] == pytest.approx(bytes_per_step / 6.815e-3 / 1e9 / 3350.0)
-    assert out["roofline_bound"] == "memory" and out["arithmetic_intensity"] == pytest.approx(flops / bytes_per_step)
+    # one FLOP count per row: MFU and the roofline by the counted FLOPs; the formula's count beside them, with the ratio
+    assert out["roofline_bound"] == "memory" and out["arithmetic_intensity"] == pytest.approx(counted / bytes_per_step)
     assert out["roofline_fraction"] == pytest.approx(out["mbu"])  # below the ridge the roof is intensity × bandwidth
-    assert out["mfu"] == pytest.approx(row["achieved_tflops"] / 787.1)
+    assert out["mfu"] == pytest.approx(counted / 6.815e-3 / 1e12 / 787.1)
+    assert out["flops_counted_over_analytic"] == pytest.approx(counted / flops)
+    assert out["mfu_analytic"] == pytest.approx(flops / 6.815e-3 / 1e12 / 787.1)
 
 
 def test_no_warmup_output_lives_through_the_timed_loop(monkeypatch):

@@ -89,6 +89,56 @@ def test_checkpointing_gives_the_same_loss_and_gradients():
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-6, atol=1e-7, msg=lambda m: f"{name}: {m}")
 
 
+def test_live_tensor_bytes_counts_each_new_storage_until_it_is_freed():
+    from perflab.measure.memory import LiveTensorBytes
+
+    weight = torch.ones(2**16)  # 256 KiB, made before the mode: never counted, nor are its views
+    tracker = LiveTensorBytes()
+    with tracker:
+        x = torch.ones(2**18)  # 1 MiB
+        y = x * 2  # 1 MiB more
+        view = y[:10]
+        y.add_(1)  # in place: no new memory
+        _ = weight.view(-1)[:5]
+        assert tracker.current == 2 * 2**20
+        del y
+        assert tracker.current == 2 * 2**20  # the view keeps y's storage alive
+        del view
+        assert tracker.current == 2**20
+        z = x + 1
+        del z
+    assert tracker.peak == 2 * 2**20 and tracker.current == 2**20
+
+
+MEMORY_DIMS = {"d_model": 128, "d_ff": 512, "n_heads": 4, "vocab_size": 512}
+
+
+def activation_bytes(dtype: str, checkpoint: bool, layers: int) -> dict:
+    from perflab.measure.memory import step_memory
+
+    return step_memory(validate_case(Case("gpt_small", workload="train_step", seq_len=128, batch_size=4, device="cpu", dtype=dtype,
+                                          layers=layers, model_args=MEMORY_DIMS, checkpoint_activations=checkpoint)))
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_checkpointing_lowers_the_peak_and_each_block_keeps_only_its_input(dtype):
+    """Measured by counting live tensor bytes (the CPU has no allocator statistics; measure.memory). A checkpointed
+    block leaves exactly its input alive for the backward, B·T·d fp32 (the residual stream stays fp32 under autocast),
+    and under bf16 autocast its weights' bf16 casts too, held by autocast's cache until the forward's autocast region
+    ends (they are re-cast when the backward recomputes the block); a plain block leaves all it saves for the backward."""
+    b, t, d, d_ff = 4, 128, MEMORY_DIMS["d_model"], MEMORY_DIMS["d_ff"]
+    plain = [activation_bytes(dtype, False, layers) for layers in (2, 3)]
+    ckpt = [activation_bytes(dtype, True, layers) for layers in (2, 3)]
+    per_block = ckpt[1]["activation_bytes"] - ckpt[0]["activation_bytes"]
+    cast_weights = 2 * (4 * d * d + 3 * d * d_ff) if dtype == "bf16" else 0
+    assert per_block == b * t * d * 4 + cast_weights
+    assert plain[1]["activation_bytes"] - plain[0]["activation_bytes"] > 6 * per_block
+    for p, c in zip(plain, ckpt):
+        assert p["held"] == c["held"]  # the same parameters, optimizer state and inputs
+        assert p["peak"] - c["peak"] > 0.3 * p["activation_bytes"]  # the peak drops by at least 30% of the plain forward's activations
+        assert c["activation_bytes"] < p["activation_bytes"] / 3
+
+
 def test_checkpointing_through_the_workload():
     built = build(tiny_case(workload="forward_backward", checkpoint_activations=True))
     assert built.model.config.checkpoint_activations

@@ -180,3 +180,22 @@ def test_report_shows_host_speed_beside_eager_results_and_explains_host_drift(tm
     r = run_cli("results", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "host µs" in r.stdout and "130 (1.30×)" in r.stdout and "host_drift" in r.stdout
+
+
+def test_one_flop_count_per_row_and_the_formulas_beside_it():
+    """gpt_large bf16 train_step, seq 512, batch 4: the formula's 12.333 TFLOP (3 × forward: 4.111); the counter adds
+    ½ × the forward's attention (36 layers × 4 × 4 · 512² · 1280 = 193.27 GFLOP): the fused attention's backward
+    recomputes the scores. MFU 40.0% by the count is 39.69% by the formula."""
+    from perflab.models.lm import LMConfig, forward_flops
+    from perflab.report.md import flops_ratio, formula_cell, mfu_by_formula
+
+    config = LMConfig.from_name("gpt_large")
+    formula = 3 * forward_flops(config, 4, 512)
+    attention = 36 * 4 * 4 * 512 ** 2 * 1280
+    counted = formula + attention / 2
+    row = {"mfu": 0.400, "gflops_per_batch": counted / 1e9, "flops_analytic": formula}
+    assert flops_ratio(row) == pytest.approx(1.007836, abs=1e-6)
+    assert mfu_by_formula(row) == pytest.approx(0.400 / 1.007836, rel=1e-6)
+    assert formula_cell(row) == "39.7% (×1.0078)"
+    assert formula_cell({"mfu": 0.4, "gflops_per_batch": 1.0}) == "–"  # no formula: nothing beside it
+    assert flops_ratio({"flops_counted_over_analytic": 1.5, "gflops_per_batch": 1.0, "flops_analytic": 1e9}) == 1.5

@@ -474,14 +474,16 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
 
 
 def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True,
-            fixes=None, by_module: bool = False):
+            fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None):
     """Why ``case`` takes its time (and how it differs from ``vs``), per-pass floors, predictions for other modes
-    and for ``fixes`` (None: the family's defaults; ["none"]: none), measured. ``pin``: as for :func:`bench`."""
+    and for ``fixes`` (None: the family's defaults; ["none"]: none) applied on ``fixes_on`` ("best": the fastest of
+    eager and the modes measured; "eager"; or a mode), measured. ``pin``: as for :func:`bench`. ``compile_budget_s``: a
+    time limit on each compiled case's compile (``perflab.runtime.compile_budget``)."""
     from perflab.explain import PREDICTED_MODES
     from perflab.explain import explain as run
 
     return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None), pin=pin,
-               fixes=fixes, by_module=by_module)
+               fixes=fixes, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget_s)
 
 
 def ncu(case: Case, top: int = 10, out_dir="perflab-traces"):

@@ -60,7 +60,8 @@ OPT_KEEP_RATE = typer.Option([], "--keep-rate", help="Keep rate, one value or on
 OPT_REDUCTION_LOC = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens.")
 OPT_ATTN = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit.")
 OPT_DTYPE = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).")
-OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune or cudagraph.")
+OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune, compile:max-autotune-gemm "
+                        "(max-autotune of the matmuls only) or cudagraph.")
 OPT_WARMUP = typer.Option(10, "--warmup", help="Untimed iterations before timing.")
 OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this).")
 OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time).")
@@ -542,7 +543,7 @@ def compare(
     a: str = typer.Argument(..., help="A trace (.json/.json.gz/.sqlite), or a model name to profile with the options below."),
     b: str = typer.Argument(..., help="The same for B."),
     input_size: Optional[int] = typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size (default: the family's)."),
+    batch_size: List[int] = typer.Option([], "--batch-size", help="Batch size (default: the family's); one for both, or two: A's then B's."),
     keep_rate: List[float] = OPT_KEEP_RATE,
     reduction_loc: List[int] = OPT_REDUCTION_LOC,
     workload: List[str] = OPT_WORKLOAD,
@@ -567,8 +568,8 @@ def compare(
     """Why B's step takes longer or shorter than A's: Δwall = Σ Δ(category GPU time) + Δ(idle by cause), exactly.
 
     A and B are traces or model names (the same name twice compares two settings of one model). Options that
-    take several values (--mode, --dtype, --workload, --seq-len, --context-len, ...) take one value for both
-    sides or two values, A's then B's."""
+    take several values (--mode, --dtype, --batch-size, --workload, --seq-len, --context-len, ...) take one value for
+    both sides or two values, A's then B's."""
     import json
 
     from perflab import api
@@ -576,7 +577,9 @@ def compare(
 
     shape = _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family)
     per_side = {key: shape.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens")}
-    items = api.compare_items(a, b, per_side=dict(per_side, dtype=dtype, mode=mode), input_size=_one(input_size), batch_size=_one(batch_size),
+    if batch_size:
+        per_side["batch_size"] = batch_size
+    items = api.compare_items(a, b, per_side=dict(per_side, dtype=dtype, mode=mode), input_size=_one(input_size),
                               keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn, device=device, **shape)
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module)
@@ -611,9 +614,16 @@ def explain(
     fixes: List[str] = typer.Option([], "--fixes", help="Fixes to predict and then measure: optimizer:NAME, checkpoint, batch:N, a mode, "
                                     "or several joined by + (measured only); 'none' for none. Default: the family's (lm train_step: the "
                                     "other optimizers and checkpoint; decode: batch ×2 ×4 ×8 ×16)."),
+    fixes_on: str = typer.Option("best", "--fixes-on", help="What the fixes are applied on: best (the fastest of eager and the modes, "
+                                 "measured first; the fixes then timed with it), eager, or a mode."),
     optimizer: Optional[str] = OPT_OPTIMIZER,
     checkpoint_activations: bool = OPT_CHECKPOINT,
     steps: int = OPT_STEPS,
+    warmup: int = OPT_WARMUP,
+    min_time: float = OPT_MIN_TIME,
+    compile_budget: Optional[float] = typer.Option(None, "--compile-budget", help="Seconds each compiled case may take to compile: it "
+                                                   "compiles first in a child process within them (filling inductor's caches), or is a "
+                                                   "timeout row."),
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     no_pin: bool = OPT_NO_PIN,
@@ -631,14 +641,14 @@ def explain(
 
     cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
                            reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, optimizer=optimizer,
-                           checkpoint_activations=checkpoint_activations,
+                           checkpoint_activations=checkpoint_activations, warmup=warmup, min_time=min_time,
                            **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     case, other = cases[0], (cases[1] if vs else None)
     if markdown is not None:
         check_writable_file(markdown)
     with err.status("explaining") as status:
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
-                             fixes=fixes or None, by_module=by_module)
+                             fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:

@@ -23,9 +23,12 @@ For each case (and the ``--vs`` case):
    the profiled pass's GPU time against it; the step's floor is the sum of the passes' binding floors, and
    the step's MFU and MBU stand beside the best the floors allow;
 7. fixes beyond the modes (``--fixes``; by default per family: the other AdamW implementations and
-   activation checkpointing for an lm train_step, larger batches for decode), each predicted from the
-   profile with its model stated in one line (analysis.fixes), then measured; "+" combines fixes
-   (``compile:reduce-overhead+optimizer:in_backward_stream``: measured only);
+   activation checkpointing for an lm train_step, larger batches for decode), applied on the best mode
+   measured (``--fixes-on best``, the default: eager and the modes are timed first, then the fixes on the
+   fastest, timed together with it; or ``--fixes-on eager`` / a mode), each predicted from the profile and
+   the base's measured host and GPU times with its model stated in one line (analysis.fixes: per pass,
+   max(host, GPU)), then measured; a fix the base refuses is measured on eager and says so; "+" combines
+   fixes (``compile:reduce-overhead+optimizer:in_backward_stream``: measured only, as given);
 8. everything ranked by measured gain over eager.
 With ``--vs``, the two eager traces are compared with the exact decomposition (perflab.analysis.compare).
 """
@@ -39,7 +42,8 @@ import numpy as np
 
 from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile, window_of_activities
 from perflab.analysis.accounting import step_windows
-from perflab.analysis.fixes import Fix, predict_batch, predict_checkpoint, predict_optimizer, with_host_term
+from perflab.analysis.fixes import (Fix, Prediction, StepTimes, batch_delta, checkpoint_delta, optimizer_delta, predict, step_times_of_passes,
+                                   step_times_of_row)
 from perflab.analysis.floors import Floors, StepFloors, compute_floors, pass_floors
 from perflab.analysis.passes import pass_timing
 from perflab.errors import PerflabError
@@ -71,6 +75,7 @@ class CaseExplanation:
     step_floors: StepFloors | None = None  # per-pass floors, for steps of several passes
     fix_results: list[Fix] = field(default_factory=list)  # --fixes, predicted then measured
     modules: object = None  # --by-module: the module tree of the eager profile (analysis.modules), a DataFrame
+    fix_context: object = None  # what the fixes' predictions read (FixContext)
 
     @property
     def eager_ms(self) -> float:
@@ -81,7 +86,7 @@ class CaseExplanation:
         first step (``first_step_s``: compile or capture) and its peak memory."""
         out = []
         measured = [(mode, {"mode": mode}, row, self.predictions_ms.get(mode)) for mode, row in self.measured.items()]
-        measured += [(fx.name, {}, fx.measured, fx.predicted_ms) for fx in self.fix_results]
+        measured += [(fx.name, {"on": fx.base, "eager_only": fx.eager_only}, fx.measured, fx.predicted_ms) for fx in self.fix_results]
         for name, extra, row, predicted in measured:
             common = dict(fix=name, **extra, first_step_s=row.get("first_step_s"), peak_mem_alloc_mb=row.get("peak_mem_alloc_mb"))
             if row.get("status") != "ok":
@@ -154,19 +159,40 @@ def host_issue_ms(trace) -> float:
 
 def predict_modes(trace, interval_us: float, gap_us: float) -> dict[str, float]:
     """Predicted ms per step under CUDA graphs and compile:reduce-overhead (see the module docstring)."""
+    acts, n_steps = _step_activities(trace)
+    graph, fused = _graph_models(acts, interval_us * 1e3, gap_us * 1e3)
+    return {"cudagraph": graph / n_steps / 1e6, "compile:reduce-overhead": fused / n_steps / 1e6}
+
+
+def compiled_pass_ms(trace, name: str, interval_us: float, gap_us: float) -> float | None:
+    """One pass's GPU ms per step after fusion (the compile:reduce-overhead model over that pass's kernels alone), or None
+    when the trace has no such pass: what a compiled backward spends recomputing a checkpointed forward."""
+    from perflab.analysis.passes import kernel_passes
+
+    acts, n_steps = _step_activities(trace)
+    in_pass = kernel_passes(acts, trace.ranges) == name
+    if not in_pass.any():
+        return None
+    return _graph_models(acts[in_pass], interval_us * 1e3, gap_us * 1e3)[1] / n_steps / 1e6
+
+
+def _step_activities(trace):
+    """The trace's activities inside its step windows, and the number of steps."""
     kernels = trace.kernels
     windows = step_windows(kernels, trace.steps)
     window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
-    n_steps = max(len(windows), 1)
-    acts = kernels[window >= 0]
-    interval_ns, gap_ns = interval_us * 1e3, gap_us * 1e3
+    return kernels[window >= 0], max(len(windows), 1)
+
+
+def _graph_models(acts, interval_ns: float, gap_ns: float) -> tuple[float, float]:
+    """(ns replayed as a graph, ns after fusion) of these activities: Σ max(duration + gap, interval); and the same with
+    the glue kernels' count and time halved."""
     dur = acts["dur_ns"].to_numpy().astype(float)
-    graph = np.maximum(dur + gap_ns, interval_ns).sum() / n_steps
+    graph = np.maximum(dur + gap_ns, interval_ns).sum()
     glue = acts["category"].astype(str).isin(GLUE_CATEGORIES).to_numpy()
     kept = np.maximum(dur[~glue] + gap_ns, interval_ns).sum()
     glue_time, glue_count = dur[glue].sum() / 2, glue.sum() / 2
-    fused = kept + max(glue_time + glue_count * gap_ns, glue_count * interval_ns)
-    return {"cudagraph": graph / 1e6, "compile:reduce-overhead": fused / n_steps / 1e6}
+    return float(graph), float(kept + max(glue_time + glue_count * gap_ns, glue_count * interval_ns))
 
 
 def min_bytes(case: Case, row: dict) -> float:
@@ -177,10 +203,13 @@ def min_bytes(case: Case, row: dict) -> float:
 
 
 def pass_costs(case: Case, row: dict) -> dict | None:
-    """FLOPs and least bytes per pass of a step with several passes, as the case's family states them."""
+    """FLOPs and least bytes per pass of a step with several passes, as the case's family states them, the FLOPs scaled
+    to the row's counted ones (``analysis.floors.counted_pass_costs``: one FLOP count per row)."""
+    from perflab.analysis.floors import counted_pass_costs
     from perflab.workloads.registry import implementation
 
-    return implementation(case).pass_costs(case, row)
+    costs = implementation(case).pass_costs(case, row)
+    return counted_pass_costs(costs, (row.get("gflops_per_batch") or 0) * 1e9) if costs else costs
 
 
 def default_fixes(case: Case) -> list[str]:
@@ -213,31 +242,48 @@ def parse_fix(spec: str) -> dict:
     return changes
 
 
-def predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: dict, step_floors: StepFloors | None,
-                mode_predictions: dict) -> tuple[float | None, str]:
-    """(predicted ms, the model in one line) of one fix; combinations are measured only. An eager fix's GPU-time model
-    is bounded by the host's time to issue the step (``analysis.fixes.with_host_term``)."""
-    predicted, model = _predict_fix(case, spec, changes, eager_row, timing, step_floors, mode_predictions)
-    if changes.get("mode", case.mode) == "eager" and "mode" not in changes:
-        return with_host_term(predicted, model, eager_row)
-    return predicted, model
+@dataclass
+class FixContext:
+    """What a fix's prediction reads: the eager case and its profile (per-pass GPU times, floors, the host and GPU per
+    pass, the forward's GPU time after fusion) and the modes' predictions."""
+
+    case: Case  # the eager case
+    timing: dict
+    step_floors: StepFloors | None
+    eager_times: StepTimes | None
+    mode_predictions: dict
+    compiled_forward_ms: float | None = None
 
 
-def _predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: dict, step_floors: StepFloors | None,
-                 mode_predictions: dict) -> tuple[float | None, str]:
+def predict_fix(ctx: FixContext, spec: str, changes: dict, base: str, base_row: dict) -> Prediction:
+    """The prediction of one fix applied on ``base`` (a mode) whose measured row is ``base_row``: its Δ of host and
+    GPU time per pass (``analysis.fixes``), on the eager profile's passes for an eager base and on the base row's
+    measured host and GPU times for a compiled one. A fix that names a mode is predicted by the modes' graph models
+    alone; a combination of several changes is measured only."""
+    from perflab.workloads.lm import current_optimizer
+
+    case = ctx.case
+    if "mode" in changes:
+        mode = changes["mode"]
+        if len(changes) > 1:
+            return Prediction(None, "a combination with a mode: measured only")
+        predicted = ctx.mode_predictions.get(mode)
+        return Prediction(predicted, "the modes' graph models (above)" if predicted is not None else "measured only")
     if len(changes) > 1:
-        return None, "a combination: measured only"
+        return Prediction(None, "a combination: measured only")
     (key, value), = changes.items()
-    eager_ms = eager_row["median_ms"]
-    if key == "mode":
-        return mode_predictions.get(value), "the modes' graph models (above)" if value in mode_predictions else "measured only"
+    base_ms = base_row["median_ms"]
+    compiled = base != "eager"
+    times = step_times_of_row(base_row, f"the measured {base} step's host and GPU times") if compiled else ctx.eager_times
     if key == "optimizer":
-        backward_memory = next((p.memory_ms for p in step_floors.passes if p.name == "backward"), 0.0) if step_floors else 0.0
-        from perflab.workloads.lm import current_optimizer
-
-        return predict_optimizer(value, current_optimizer(case), eager_ms, timing, backward_memory)
+        backward_memory = next((p.memory_ms for p in ctx.step_floors.passes if p.name == "backward"), 0.0) if ctx.step_floors else 0.0
+        delta, why = optimizer_delta(value, current_optimizer(case), ctx.timing, backward_memory, times, compiled_base=compiled)
+        return predict(base_ms, times, delta, why)
     if key == "checkpoint_activations":
-        return predict_checkpoint(eager_ms, timing)
+        if compiled and ctx.compiled_forward_ms is None:
+            return Prediction(None, "no forward pass in the profile to fuse: nothing to predict from")
+        delta, why = checkpoint_delta(ctx.timing, times, ctx.compiled_forward_ms if compiled else None)
+        return predict(base_ms, times, delta, why)
     if key == "batch_size":
         from perflab.workloads.registry import implementation
 
@@ -245,23 +291,82 @@ def _predict_fix(case: Case, spec: str, changes: dict, eager_row: dict, timing: 
         base_bytes = impl.analytic(case).get("bytes_per_step")
         new_bytes = impl.analytic(replace(case, batch_size=value)).get("bytes_per_step")
         if not base_bytes or not new_bytes:
-            return None, "measured only (this workload states no bytes per step)"
-        return predict_batch(eager_ms, base_bytes, new_bytes, case.batch_size, value)
-    return None, "measured only"
+            return Prediction(None, "measured only (this workload states no bytes per step)")
+        gpu = times.gpu_ms if times is not None else base_ms
+        return predict(base_ms, times, batch_delta(gpu, base_bytes, new_bytes, case.batch_size, value))
+    return Prediction(None, "measured only")
+
+
+def best_mode(eager_row: dict, measured: dict) -> str:
+    """The fastest mode measured (eager included) with an ok row."""
+    candidates = [("eager", eager_row)] + list(measured.items())
+    ok = [(row["median_ms"], mode) for mode, row in candidates if row.get("status") == "ok" and row.get("median_ms")]
+    return min(ok)[1] if ok else "eager"
+
+
+def plan_fixes(case: Case, parsed, base: str) -> list[tuple[str, dict, Case, str, str | None]]:
+    """(spec, changes, the case to measure, the base it is applied on, why it is eager only) per fix: a fix that names a
+    mode is measured as given; any other on ``base``, or on eager where the base refuses it (validation's one line)."""
+    from perflab.spec import validate_case
+
+    eager = replace(case, mode="eager")
+    out = []
+    for spec, changes in parsed:
+        if "mode" in changes or base == "eager":
+            out.append((spec, changes, replace(eager, **changes), "eager" if "mode" not in changes else changes["mode"], None))
+            continue
+        on_base = replace(eager, mode=base, **changes)
+        try:
+            validate_case(on_base)
+        except PerflabError as exc:
+            out.append((spec, changes, replace(eager, **changes), "eager", f"eager only on {base}: {exc}"))
+            continue
+        out.append((spec, changes, on_base, base, None))
+    return out
+
+
+FIXES_ON = ("best", "eager")  # or a mode name
 
 
 def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_cases, profile_case, load_trace, on_stage,
-                 fixes=(), by_module: bool = False) -> CaseExplanation:
-    """``run_cases(cases) -> rows``: the eager case, each mode and each fix are timed by one call, so that the
-    harness times them together, interleaved (``measure.harness.run_cases``): every measured mode and fix is then
-    paired in time with the eager step it is compared with, and a slow stretch of the host falls on all of them."""
+                 fixes=(), by_module: bool = False, fixes_on: str = "best") -> CaseExplanation:
+    """``run_cases(cases) -> rows``: cases timed by one call are timed together, interleaved (``measure.harness.run_cases``),
+    so each measured mode and fix is paired in time with the step it is compared with, and a slow stretch of the host
+    falls on all of them.
+
+    ``fixes_on``: what the fixes are applied on. "best" (the default): eager and the modes are timed first, then each fix
+    on the fastest of them, timed together with that base again (the fix's speedup over its base is paired); "eager", or
+    a mode: one session, eager, the modes and the fixes on that base together. A fix the base refuses (its validation)
+    is measured on eager and says so; a fix that names a mode is measured as given."""
     eager = replace(case, mode="eager")
     parsed = [(spec, parse_fix(spec)) for spec in fixes]
-    variants = [replace(case, mode=mode) for mode in modes] + [replace(eager, **changes) for _, changes in parsed]
-    on_stage(f"{case.label()}: timing eager, {len(modes)} mode(s) and {len(parsed)} fix(es) together")
-    row, *measured = run_cases([eager] + variants)
+    modes = list(modes)
+    first = list(modes)
+    known = fixes_on if fixes_on != "best" else ("eager" if not modes or not any("mode" not in c for _, c in parsed) else None)
+    if known not in (None, "eager") and known not in first:
+        first.append(known)  # the named base is timed with the rest
+    now = [i for i, (_, c) in enumerate(parsed) if known is not None or "mode" in c]  # the fixes timed in the first session
+    planned = plan_fixes(case, [parsed[i] for i in now], known or "eager")
+    later = [parsed[i] for i in range(len(parsed)) if i not in now]
+    on_stage(f"{case.label()}: timing eager, {len(first)} mode(s) and {len(planned)} fix(es) together")
+    row, *measured = run_cases([eager] + [replace(case, mode=m) for m in first] + [p[2] for p in planned])
     if row["status"] != "ok":
         raise PerflabError(f"{eager.label()} could not be measured ({row['status']}: {row.get('message')})")
+    mode_rows = dict(zip(first, measured[:len(first)]))
+    fix_rows = measured[len(first):]
+    session = {"eager": row, **mode_rows}
+    fix_bases = [session.get(p[3], {}) for p in planned]
+    if later:  # the best mode is known now: the fixes on it, timed with it (and with eager for any it refuses)
+        base = best_mode(row, mode_rows)
+        more = plan_fixes(case, later, base)
+        again = [replace(case, mode=base)] + ([eager] if base != "eager" and any(p[3] == "eager" for p in more) else [])
+        on_stage(f"{case.label()}: timing {len(more)} fix(es) on the best mode measured, {base}, together with it")
+        rows2 = run_cases(again + [p[2] for p in more])
+        session = {c.mode: r for c, r in zip(again, rows2)}
+        planned, fix_rows = planned + more, fix_rows + rows2[len(again):]
+        fix_bases += [session.get(p[3], {}) for p in more]
+    order = now + [i for i in range(len(parsed)) if i not in now]  # back to the order the fixes were given in
+    planned, fix_rows, fix_bases = ([x for _, x in sorted(zip(order, seq), key=lambda t: t[0])] for seq in (planned, fix_rows, fix_bases))
     trace_path = out_dir / f"{case.id}_eager.json.gz"
     on_stage(f"{case.label()}: profiling eager")
     # --by-module: the eager profile also records module ranges (hooks that time nothing; the traced host time
@@ -272,7 +377,7 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     traced_ms = prof.wall_ns / 1e6
     on_stage(f"{case.label()}: timing the CPU's issue of one step")
     issue_ms = measure_host_issue_ms(eager)
-    interval = ceilings["graph_kernel_interval_us"]
+    interval, gap = ceilings["graph_kernel_interval_us"], ceilings["graph_kernel_gap_us"]
     floors = compute_floors(
         measured_ms=row["median_ms"],
         flops_per_step=row["gflops_per_batch"] * 1e9,
@@ -286,7 +391,7 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     explanation = CaseExplanation(
         case=case, eager_row=row, trace_path=trace_path, profile=prof, traced_step_ms=traced_ms,
         inflation=traced_ms / row["median_ms"], floors=floors, host_issue_ms=issue_ms, traced_host_issue_ms=host_issue_ms(trace),
-        predictions_ms=predict_modes(trace, interval, ceilings["graph_kernel_gap_us"]),
+        predictions_ms=predict_modes(trace, interval, gap),
     )
     explanation.trace = trace
     explanation.timing = pass_timing(trace.kernels, trace.ranges, len(trace.steps))
@@ -296,11 +401,19 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
             costs=costs, timing=explanation.timing, measured_ms=row["median_ms"], matmul_tflops=ceilings["matmul_tflops"][case.dtype],
             copy_gbps=ceilings["copy_gbps"], kernel_interval_us=interval, host_issue_ms=issue_ms,
         )
-    for mode, measured_row in zip(modes, measured):
-        explanation.measured[mode] = measured_row
-    for (spec, changes), measured_row in zip(parsed, measured[len(modes):]):
-        predicted, model = predict_fix(eager, spec, changes, row, explanation.timing, explanation.step_floors, explanation.predictions_ms)
-        fix = Fix(spec, changes, predicted, model)
+    explanation.measured.update(mode_rows)
+    times = step_times_of_passes(explanation.step_floors.passes) if explanation.step_floors else None
+    if times is None:
+        times = StepTimes({"step": issue_ms}, {"step": prof.busy_ns / 1e6}, "the untraced host issue time and the profiled GPU busy time")
+    ctx = explanation.fix_context = FixContext(eager, explanation.timing, explanation.step_floors, times, explanation.predictions_ms,
+                                               compiled_pass_ms(trace, "forward", interval, gap))
+    for (spec, changes, _, base, eager_only), measured_row, base_row in zip(planned, fix_rows, fix_bases):
+        if "mode" in changes or base_row.get("status") == "ok":
+            prediction = predict_fix(ctx, spec, changes, base, base_row)
+        else:
+            prediction = Prediction(None, f"its base, {base}, could not be measured ({base_row.get('status') or 'not timed'})")
+        fix = Fix(spec, changes, prediction.ms, prediction.model, base=base, base_row=base_row, eager_only=eager_only,
+                  predicted_host_ms=prediction.host_ms, predicted_gpu_ms=prediction.gpu_ms)
         fix.measured = measured_row
         explanation.fix_results.append(fix)
     if by_module:
@@ -320,12 +433,20 @@ def case_fixes(case: Case, fixes) -> list[str]:
 
 
 def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None,
-            pin: bool = True, fixes=None, by_module: bool = False) -> Explanation:
-    """``fixes``: fix specs (see ``parse_fix``) tried on each case; None: each case's family defaults."""
+            pin: bool = True, fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None) -> Explanation:
+    """``fixes``: fix specs (see ``parse_fix``) tried on each case; None: each case's family defaults. ``fixes_on``:
+    "best" (the fastest of eager and the modes, measured first), "eager" or a mode (see ``explain_case``).
+    ``compile_budget_s``: a time limit on each compiled case's compile (``runtime.compile_budget``: it compiles first in
+    a child process within the limit, filling inductor's caches; past the limit the case is a ``timeout`` row); its
+    rows then carry ``compile_cold_s``, beside ``first_step_s`` (the compile from the caches)."""
+    from perflab.spec import MODES, validate_case
+
+    if fixes_on not in FIXES_ON + MODES:
+        raise PerflabError(f"--fixes-on {fixes_on!r}: use best (the fastest mode measured), eager, or a mode ({', '.join(MODES[1:])})")
+    if compile_budget_s is not None and not compile_budget_s > 0:
+        raise PerflabError(f"--compile-budget must be a positive number of seconds, got {compile_budget_s!r}")
     if case.device != "cuda":
         raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
-    from perflab.spec import validate_case
-
     for c in [case] + ([vs] if vs is not None else []):
         for mode in modes:  # a bad mode is bad input: say so before minutes of profiling
             validate_case(replace(c, mode=mode))
@@ -343,15 +464,45 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     ceilings = get_ceilings()
     cases = [case] + ([vs] if vs is not None else [])
     def timed(together):  # one comparison group: every mode and fix sits next to eager in each round
-        return run_cases(together, host=HostOptions(pin=pin), seed=together[0].seed, groups=[0] * len(together))
+        run = lambda cs: run_cases(cs, host=HostOptions(pin=pin), seed=cs[0].seed, groups=[0] * len(cs))  # noqa: E731
+        return run_within_budget(together, run, compile_budget_s, on_stage) if compile_budget_s else run(together)
 
     explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage, fixes=case_fixes(c, fixes),
-                              by_module=by_module) for c in cases]
+                              by_module=by_module, fixes_on=fixes_on) for c in cases]
     comparison = None
     if vs is not None:
         base, variant = explained[1], explained[0]
         comparison = compare_traces(base.trace, variant.trace, (vs.label(), case.label()), (vs.batch_size, case.batch_size))
     return Explanation(explained, comparison, ceilings)
+
+
+def run_within_budget(cases, run, budget_s: float, on_stage=lambda s: None, compile_in_child=None, cold: dict | None = None) -> list[dict]:
+    """``run(cases)``'s rows, each compiled case first compiled in a child process within ``budget_s``
+    (``runtime.compile_budget``): one that does not finish is not timed, its row says ``timeout`` (or ``error``); the
+    others carry ``compile_cold_s`` (the child's compile, before inductor's caches held it). ``cold``: the children's
+    results by case id, kept between calls (a case compiled before is not compiled again)."""
+    if compile_in_child is None:
+        from perflab.runtime.compile_budget import compile_in_child
+    cold = _COLD if cold is None else cold
+    rows: list[dict | None] = [None] * len(cases)
+    for i, c in enumerate(cases):
+        if not c.mode.startswith("compile"):
+            continue
+        if c.id not in cold:
+            on_stage(f"{c.label()}: compiling in a child process within {budget_s:g} s")
+            cold[c.id] = compile_in_child(c, budget_s)
+        if cold[c.id]["status"] != "ok":
+            rows[i] = {"status": cold[c.id]["status"], "message": cold[c.id]["message"], "median_ms": None, "label": c.label(),
+                       "mode": c.mode, "batch_size": c.batch_size, "compile_cold_s": cold[c.id]["compile_s"]}
+    keep = [i for i in range(len(cases)) if rows[i] is None]
+    for i, row in zip(keep, run([cases[i] for i in keep]) if keep else []):
+        rows[i] = row
+        if cases[i].id in cold:
+            row["compile_cold_s"] = cold[cases[i].id]["compile_s"]
+    return rows
+
+
+_COLD: dict = {}  # this process's cold compiles by case id
 
 
 def _module_records(tree) -> list[dict] | None:

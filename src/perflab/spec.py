@@ -29,7 +29,7 @@ from perflab.references import is_reference
 from perflab.workloads import FAMILIES, family_of, shape_defaults
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
-MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph")
+MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph", "compile:max-autotune-gemm")
 ATTN_IMPLS = ("sdpa", "explicit")
 # lm training variants and their "not set" value (serialised only when set).
 TRAINING_VARIANTS = {"optimizer": None, "checkpoint_activations": False}

@@ -64,6 +64,27 @@ def test_explain_a_train_step_per_pass(tmp_path):
     assert sum(p.host_ms for p in ce.step_floors.passes) == pytest.approx(ce.host_issue_ms)
     assert all(fx.measured.get("status") == "ok" and fx.predicted_ms for fx in ce.fix_results)
     assert ce.measured["cudagraph"]["first_step_s"] > 0
+    # the fixes were applied on the faster of eager and cudagraph, timed with it again, each with host and GPU terms
+    best = min([("eager", ce.eager_ms), ("cudagraph", ce.measured["cudagraph"]["median_ms"])], key=lambda kv: kv[1])[0]
+    assert {fx.base for fx in ce.fix_results} == {best} and all(fx.base_ms for fx in ce.fix_results)
+    assert all(fx.predicted_gpu_ms is not None for fx in ce.fix_results)
+
+
+def test_the_memory_pass_gives_a_checkpointed_block_its_input_and_its_cast_weights():
+    """measure.memory.step_memory on the CUDA allocator: under bf16 autocast each checkpointed block leaves its fp32 input
+    (B·T·d·4 bytes) and its weights' bf16 casts (autocast's cache, until the forward's autocast ends) alive after the
+    forward, as the CPU test counts with live tensor bytes; the plain block far more, and the peak is lower."""
+    from perflab.measure.memory import step_memory
+
+    d, d_ff, b, t = 256, 1024, 8, 512
+    dims = dict(model="gpt_small", model_args=TINY_LM["model_args"], seq_len=t, batch_size=b, workload="train_step", dtype="bf16", device="cuda")
+    ckpt = [step_memory(validate_case(Case(**dims, layers=n, checkpoint_activations=True))) for n in (2, 3)]
+    plain = [step_memory(validate_case(Case(**dims, layers=n))) for n in (2, 3)]
+    assert ckpt[0]["how"] == "cuda-allocator"
+    per_block = ckpt[1]["activation_bytes"] - ckpt[0]["activation_bytes"]
+    assert per_block == pytest.approx(b * t * d * 4 + 2 * (4 * d * d + 3 * d * d_ff), rel=0.01)
+    assert plain[1]["activation_bytes"] - plain[0]["activation_bytes"] > 4 * per_block
+    assert all(c["peak"] < p["peak"] for c, p in zip(ckpt, plain))
 
 
 @pytest.mark.parametrize("interleave", [False, True])

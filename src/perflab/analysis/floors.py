@@ -123,6 +123,19 @@ def roofline(*, flops_per_step: float, bytes_per_step: float, achieved_tflops: f
     }
 
 
+def counted_pass_costs(costs: dict[str, dict], counted_flops: float | None) -> dict[str, dict]:
+    """One FLOP count per row: the family's per-pass split (its formula) scaled so the passes add up to the step's
+    counted FLOPs (torch's counter on the real step), each pass keeping its formula's figure as ``flops_analytic``.
+    The difference is shared in proportion to the formula's split (for an lm train step it is the fused attention's
+    backward recomputing the scores, ½ × the forward's attention FLOPs, which a per-pass count would put in the
+    backward). Without counted FLOPs the costs are as given."""
+    analytic = sum(float(c.get("flops", 0)) for c in costs.values())
+    if not counted_flops or analytic <= 0:
+        return costs
+    scale = counted_flops / analytic
+    return {name: dict(c, flops=float(c.get("flops", 0)) * scale, flops_analytic=float(c.get("flops", 0))) for name, c in costs.items()}
+
+
 # ---- per-pass floors (a training step's forward, backward and optimizer; generate's prefill and decode) ----
 
 LIMITS = ("compute", "memory", "launch", "host")
@@ -142,7 +155,7 @@ class PassFloor(FloorSet):
     launch_ms: float
     host_ms: float
     gpu_ms: float | None = None
-
+    flops_analytic: float | None = None  # the family's formula, where ``flops`` were scaled to the counted step
 
     @property
     def floor_ms(self) -> float:
@@ -183,6 +196,11 @@ class StepFloors:
     @property
     def bytes(self) -> float:
         return sum(p.bytes for p in self.passes)
+
+    @property
+    def flops_analytic(self) -> float | None:
+        values = [p.flops_analytic for p in self.passes]
+        return None if any(v is None for v in values) else sum(values)
 
     @property
     def by_limit(self) -> dict[str, float]:
@@ -226,8 +244,10 @@ class StepFloors:
             "binding": self.binding,
             "verdict": self.verdict,
             "flops": self.flops,
+            "flops_analytic": self.flops_analytic,
             "bytes": self.bytes,
             "mfu": measured["mfu"],
+            "mfu_analytic": measured["mfu"] * self.flops_analytic / self.flops if measured["mfu"] and self.flops_analytic and self.flops else None,
             "mbu": measured["mbu"],
             "ceiling_mfu": ceiling["mfu"],
             "ceiling_mbu": ceiling["mbu"],
@@ -268,7 +288,7 @@ def pass_floors(
         flops, moved, kernels = float(cost.get("flops", 0)), float(cost.get("bytes", 0)), float(t.get("kernels", 0))
         host = host_issue_ms * issue[name] / total_issue if total_issue > 0 else 0.0
         passes.append(PassFloor(
-            name=name, flops=flops, bytes=moved, kernels=kernels,
+            name=name, flops=flops, bytes=moved, kernels=kernels, flops_analytic=cost.get("flops_analytic"),
             compute_ms=flops / (matmul_tflops * 1e12) * 1e3,
             memory_ms=moved / (copy_gbps * 1e9) * 1e3,
             launch_ms=kernels * kernel_interval_us / 1e3,

@@ -439,7 +439,8 @@ def memory_breakdown(built, peak_alloc: int) -> dict:
 def utilisation(case: Case, row: dict) -> dict:
     """MFU (achieved FLOP/s over the peak matmul rate for the dtype) and, where the family states the bytes a
     step must move, MBU (achieved bytes/s over the copy bandwidth); each against the ceilings measured on
-    this GPU (cached) and against the datasheet."""
+    this GPU (cached) and against the datasheet. One FLOP count per row: the counted one (``flops_source``), for MFU
+    and the roofline; where the family has a formula, ``mfu_analytic`` and ``flops_counted_over_analytic`` beside it."""
     from perflab.measure.ceilings import get_ceilings
     from perflab.measure.datasheet import datasheet_for
 
@@ -449,18 +450,21 @@ def utilisation(case: Case, row: dict) -> dict:
     out["peak_tflops_datasheet"] = sheet.tflops(case.dtype) if sheet else None
     out["bandwidth_gbps_datasheet"] = sheet.bandwidth_gbps if sheet else None
     achieved = row["achieved_tflops"]
-    out["mfu"] = achieved / out["peak_tflops_measured"] if out["peak_tflops_measured"] else None
+    out["mfu"] = achieved / out["peak_tflops_measured"] if out["peak_tflops_measured"] else None  # counted FLOPs: one count per row
     out["mfu_datasheet"] = achieved / out["peak_tflops_datasheet"] if out["peak_tflops_datasheet"] else None
+    counted = (row.get("gflops_per_batch") or 0.0) * 1e9
+    if row.get("flops_analytic") and counted:  # the formula's count beside it, and the ratio
+        out["flops_counted_over_analytic"] = counted / row["flops_analytic"]
+        out["mfu_analytic"] = out["mfu"] / out["flops_counted_over_analytic"] if out["mfu"] is not None else None
     if row.get("bytes_per_step"):
         gbps = row["bytes_per_step"] / (row["median_ms"] / 1000.0) / 1e9
         out["achieved_gbps"] = gbps
         out["mbu"] = gbps / ceilings["copy_gbps"]
         out["mbu_datasheet"] = gbps / sheet.bandwidth_gbps if sheet else None
-        if row.get("flops_analytic") and out["peak_tflops_measured"]:
+        if counted and out["peak_tflops_measured"]:
             from perflab.analysis.floors import roofline
 
-            analytic_tflops = row["flops_analytic"] / (row["median_ms"] / 1000.0) / 1e12
-            out.update(roofline(flops_per_step=row["flops_analytic"], bytes_per_step=row["bytes_per_step"], achieved_tflops=analytic_tflops,
+            out.update(roofline(flops_per_step=counted, bytes_per_step=row["bytes_per_step"], achieved_tflops=achieved,
                                 matmul_tflops=out["peak_tflops_measured"], copy_gbps=ceilings["copy_gbps"]))
     return out
 

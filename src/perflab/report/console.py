@@ -6,6 +6,8 @@ from typing import Iterable
 
 from rich.table import Table
 
+from perflab.report.md import formula_cell
+
 
 def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
     if value is None:
@@ -56,8 +58,11 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
         (f"ms/{unit}" if classify_only else "ms/sample", "right"), (f"{unit}/s", "right"),
         ("GFLOPs/img" if classify_only else "GFLOPs/sample", "right"),
     ]
+    any_formula = any_gpu and any(r.get("flops_analytic") for r in rows)
     if any_gpu:
-        columns.append(("MFU", "right"))
+        columns.append(("MFU (counted)", "right"))
+    if any_formula:
+        columns.append(("MFU formula (÷)", "right"))
     if any_mbu:
         columns.append(("MBU", "right"))
     columns += [("tokens", "left")] if classify_only else []
@@ -84,6 +89,8 @@ def bench_table(rows: list[dict], title: str | None = None) -> Table:
         ]
         if any_gpu:
             cells.append(_fmt(row.get("mfu"), ".1%"))
+        if any_formula:
+            cells.append(formula_cell(row))
         if any_mbu:
             cells.append(_fmt(row.get("mbu"), ".1%"))
         if classify_only:

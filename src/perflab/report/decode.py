@@ -14,7 +14,7 @@ from perflab.analysis.names import KernelNames
 from perflab.report import plots, seeds
 from perflab.report.md import FAILED, md_table
 
-MODE_ORDER = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph")
+MODE_ORDER = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "compile:max-autotune-gemm", "cudagraph")
 
 
 def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:

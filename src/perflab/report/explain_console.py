@@ -6,6 +6,8 @@ import math
 
 from rich.table import Table
 
+from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, MODE_HEADER, MODES_TITLE, PASS_HEADER, batch_rows, fix_model_lines,
+                                         fix_rows, flops_line, mode_rows, pass_rows, ranked_line)
 from perflab.report.md import num as _num
 from perflab.report.md import pct as _pct
 
@@ -91,30 +93,17 @@ def render_explanation(console, e) -> None:
                       f"(counted FLOPs, least bytes); at the binding floor MFU {_pct(u['ceiling']['mfu'])}, MBU {_pct(u['ceiling']['mbu'])}")
         if ce.step_floors is not None:
             render_pass_floors(console, ce.step_floors)
-        t = Table(title="Predicted vs measured (untraced harness); first step = seconds to the first step done (compile, capture)",
-                  header_style="bold")
-        for col in ("mode", "predicted ms", "measured ms", "error", "speedup vs eager", "first step s", "MFU"):
-            t.add_column(col, justify="left" if col == "mode" else "right")
-        t.add_row("eager", "–", f"{ce.eager_ms:.4f}", "–", "1.00×", _num(ce.eager_row.get("first_step_s"), ".1f"), _pct(ce.eager_row.get("mfu")))
-        for mode, row in ce.measured.items():
-            pred = ce.predictions_ms.get(mode)
-            if row.get("status") != "ok":
-                t.add_row(mode, f"{pred:.4f}" if pred else "–", f"{row.get('status')}: {row.get('message')}", "–", "–", "–", "–")
-                continue
-            err = f"{(pred / row['median_ms'] - 1):+.1%}" if pred else "–"
-            t.add_row(mode, f"{pred:.4f}" if pred else "–", f"{row['median_ms']:.4f}", err, f"{ce.eager_ms / row['median_ms']:.2f}×",
-                      _num(row.get("first_step_s"), ".1f"), _pct(row.get("mfu")))
-        console.print(t)
+        console.print(flops_line(ce.eager_row))
+        _print_table(console, MODES_TITLE, MODE_HEADER, mode_rows(ce))
         if ce.fix_results:
             render_fixes(console, ce)
         if ce.modules is not None:
             from perflab.report.trace_console import module_tree_table
 
             console.print(module_tree_table(ce.modules))
-        fixes = [fx for fx in ce.fixes() if fx.get("speedup")]
-        if fixes:
-            ranked = "; ".join(f"{i + 1}. {fx['fix']} {fx['speedup']:.2f}× ({fx['measured_ms']:.4f} ms)" for i, fx in enumerate(fixes))
-            console.print(f"[bold]Fixes ranked by measured gain:[/bold] {ranked}")
+        ranked = ranked_line(ce)
+        if ranked:
+            console.print(f"[bold]Fixes and modes ranked by measured gain over eager:[/bold] {ranked.replace('`', '')}")
     if e.comparison is not None:
         console.rule("comparison (eager traces)")
         render_comparison(console, e.comparison)
@@ -124,58 +113,34 @@ def render_explanation(console, e) -> None:
 
 def render_pass_floors(console, sf) -> None:
     """Per-pass floors: each pass's four floors, the binding one, and the profiled pass's GPU time against it."""
-    t = Table(title="Floors per pass (ms per step); the step's floor = Σ the passes' binding floors", header_style="bold")
-    for col in ("pass", "TFLOP", "GB", "kernels", "compute", "memory", "launch", "host", "binding", "floor", "profiled GPU ms", "GPU ÷ floor"):
-        t.add_column(col, justify="left" if col in ("pass", "binding") else "right")
-    for p in sf.passes:
-        t.add_row(p.name, f"{p.flops / 1e12:.3f}", f"{p.bytes / 1e9:.3f}", f"{p.kernels:.0f}", f"{p.compute_ms:.3f}", f"{p.memory_ms:.3f}",
-                  f"{p.launch_ms:.3f}", f"{p.host_ms:.3f}", p.binding, f"{p.floor_ms:.3f}", _num(p.gpu_ms, ".3f"),
-                  _num(p.gpu_over_floor, ".2f") + ("×" if p.gpu_over_floor is not None else ""))
-    console.print(t)
+    _print_table(console, "Floors per pass (ms per step); the step's floor = Σ the passes' binding floors; FLOPs counted (the formula's beside)",
+                 PASS_HEADER, pass_rows(sf))
     by_limit = ", ".join(f"{name} {ms:.3f}" for name, ms in sf.by_limit.items() if ms > 0)
     d = sf.to_dict()
     console.print(f"step floor {sf.floor_ms:.3f} ms ({by_limit}): [bold]{sf.verdict}[/bold] (binding: {sf.binding}); "
                   f"the untraced eager step {sf.measured_ms:.3f} ms is {d['measured_over_floor']:.2f}× its floor")
-    console.print(f"MFU {_pct(d['mfu'])} and MBU {_pct(d['mbu'])} of the measured peak and copy bandwidth (this step's FLOPs and least bytes); "
+    console.print(f"MFU {_pct(d['mfu'])} (counted FLOPs; {_pct(d['mfu_analytic'])} by the formula) and MBU {_pct(d['mbu'])} of the measured peak "
+                  f"and copy bandwidth (this step's least bytes); "
                   f"the floors allow at best MFU {_pct(d['ceiling_mfu'])}, MBU {_pct(d['ceiling_mbu'])}")
 
 
 def render_fixes(console, ce) -> None:
-    """Fixes predicted, then measured; decode's batch fixes also as throughput against latency."""
-    t = Table(title="Fixes: predicted (model below) vs measured (untraced harness)", header_style="bold")
-    for col in ("#", "fix", "predicted ms", "measured ms", "error", "speedup vs eager", "first step s", "peak GiB", "MFU"):
-        t.add_column(col, justify="left" if col == "fix" else "right")
-    eager_mem = ce.eager_row.get("peak_mem_alloc_mb")
-    t.add_row("", "eager (as profiled)", "–", f"{ce.eager_ms:.4f}", "–", "1.00×", _num(ce.eager_row.get("first_step_s"), ".1f"),
-              _num(eager_mem / 1024 if eager_mem else None, ".2f"), _pct(ce.eager_row.get("mfu")))
-    for i, fx in enumerate(ce.fix_results, 1):
-        row = fx.measured
-        pred = _num(fx.predicted_ms, ".4f")
-        if row.get("status") != "ok":
-            t.add_row(str(i), fx.name, pred, f"{row.get('status')}: {row.get('message')}", "–", "–", "–", "–", "–")
-            continue
-        mem = row.get("peak_mem_alloc_mb")
-        t.add_row(str(i), fx.name, pred, f"{fx.measured_ms:.4f}", "–" if fx.error is None else f"{fx.error:+.1%}",
-                  f"{ce.eager_ms / fx.measured_ms:.2f}×", _num(row.get("first_step_s"), ".1f"), _num(mem / 1024 if mem else None, ".2f"),
-                  _pct(row.get("mfu")))
-    console.print(t)
-    for i, fx in enumerate(ce.fix_results, 1):
-        console.print(f"  {i}. {fx.name}: {fx.model}")
-    batches = [fx for fx in ce.fix_results if set(fx.changes) == {"batch_size"}]
+    """Fixes predicted, then measured, on their base; decode's batch fixes also as throughput against latency."""
+    _print_table(console, FIXES_TITLE, FIX_HEADER, fix_rows(ce))
+    for line in fix_model_lines(ce):
+        console.print("  " + line.replace("`", "").replace("**", ""))
+    batches = batch_rows(ce)
     if batches:
-        b = Table(title="Batch size as a fix: throughput against latency (measured)", header_style="bold")
-        for col in ("batch", "ms per step", "tokens/s", "MBU", "latency cost ms"):
-            b.add_column(col, justify="right")
-        base = ce.eager_row
-        b.add_row(str(base.get("batch_size")), f"{ce.eager_ms:.4f}", _num(base.get("tokens_per_s"), ".1f"), _pct(base.get("mbu")), "0")
-        for fx in batches:
-            row = fx.measured
-            if fx.measured_ms is None:
-                b.add_row(str(fx.changes["batch_size"]), f"{row.get('status')}", "–", "–", "–")
-                continue
-            b.add_row(str(fx.changes["batch_size"]), f"{fx.measured_ms:.4f}", _num(row.get("tokens_per_s"), ".1f"), _pct(row.get("mbu")),
-                      f"{fx.measured_ms - ce.eager_ms:+.4f}")
-        console.print(b)
+        _print_table(console, "Batch size as a fix: throughput against latency (measured)", BATCH_HEADER, batches)
+
+
+def _print_table(console, title: str, header: list[str], rows: list[list[str]]) -> None:
+    t = Table(title=title, header_style="bold")
+    for i, col in enumerate(header):
+        t.add_column(col, justify="left" if i == 0 and col != "#" or col in ("fix", "on", "binding") else "right")
+    for r in rows:
+        t.add_row(*[c.replace("`", "") for c in r])
+    console.print(t)
 
 
 def render_ncu(console, table, label: str) -> None:

@@ -7,7 +7,8 @@ Per group of rows that share dtype, attention, mode and batch size:
 - (c) the top non-GEMM kernel of the inference forward: share, time and launches per step;
 - (d) the GEMM fraction of inference against training (forward + backward);
 - (e) softmax against matmul inside explicit attention, with the FLOP ratio 5 : 4·head_dim beside the time ratio;
-- MFU against the measured bf16/fp32 matmul peak of this GPU and against the datasheet; peak memory with its
+- MFU (of the counted FLOPs: torch's counter on the real step) against the measured bf16/fp32 matmul peak of this GPU
+  and against the datasheet, and beside it MFU by the formula's FLOPs with the ratio counted ÷ formula; peak memory with its
   breakdown; the profiler's inflation (timings are untraced; (b)–(e) come from a separate profiled pass).
 
 Then seed 003's own figures (``seed_figures.yaml``: (a), (b)'s shares, (d), (e)) beside perflab's value of each cell of
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from perflab.analysis.names import KernelNames
 from perflab.report import plots, seeds
-from perflab.report.md import FAILED, md_table
+from perflab.report.md import FAILED, formula_cell, md_table
 
 SIZE_ORDER = ("gpt_small", "gpt_medium", "gpt_large", "gpt_xl", "gpt_2.7b")
 WORKLOAD_TITLES = {"forward": "inference forward", "train_forward": "training forward (autograd recording)",
@@ -63,8 +64,12 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
         parts += _attention_tables(cells, sizes, seqs, md_table)
         for w in workloads:
             body = [[m] + [_mfu_cell(cells.get((w, m, s))) for s in seqs] for m in sizes]
-            parts += [f"#### MFU: {WORKLOAD_TITLES[w]} (measured peak; datasheet peak)",
+            parts += [f"#### MFU: {WORKLOAD_TITLES[w]} (counted FLOPs; of the measured peak; of the datasheet peak)",
                       md_table(["Model"] + [f"seq{s}" for s in seqs], body)]
+            body = [[m] + [_measured_cell(cells.get((w, m, s)), formula_cell) for s in seqs] for m in sizes]
+            if any(c not in ("–", "not run") for row in body for c in row[1:]):
+                parts += [f"#### MFU by the formula's FLOPs: {WORKLOAD_TITLES[w]} (of the measured peak; ×counted ÷ formula)",
+                          md_table(["Model"] + [f"seq{s}" for s in seqs], body)]
         for w in [w for w in workloads if w in ("train_step", "forward_backward")]:
             body = [[m] + [_memory_cell(cells.get((w, m, s))) for s in seqs] for m in sizes]
             parts += [f"#### Peak memory (GiB): {WORKLOAD_TITLES[w]} (params + grads + optimizer + rest)",
@@ -699,7 +704,7 @@ def summary(rows: list[dict]) -> list[str]:
     if ok:
         best = max(ok, key=lambda r: r["mfu"])
         c = _case(best)
-        out.append(f"Best MFU: {100 * best['mfu']:.1f}% of the measured {c.get('dtype')} matmul peak ({best.get('model')} "
+        out.append(f"Best MFU: {100 * best['mfu']:.1f}% of the measured {c.get('dtype')} matmul peak, by counted FLOPs ({best.get('model')} "
                    f"{c.get('workload')}, seq {c.get('seq_len')}, {c.get('dtype')}, {c.get('attn')} attention, {c.get('mode')}).")
     fast = _dtype_speedups(groups, key)
     if fast:

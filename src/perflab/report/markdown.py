@@ -30,6 +30,7 @@ from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_
 from perflab.report import plots
 from perflab.report.md import escape as _escape, md_table
 from perflab.report.md import num as _num
+from perflab.report.md import formula_cell
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.spec import Comparison, case_fields, default_comparisons
@@ -583,7 +584,7 @@ def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
     classify = all((r.get("family") or "classify") == "classify" for r in rows)
     headers = ["Model", "Size" if classify else "Shape", "BS", "dtype", "mode", "Status", "ms/batch [95% CI]" if classify else "ms/step [95% CI]",
                "ms/img" if classify else "ms/sample", "img/s" if classify else "items/s", "GFLOPs/img" if classify else "GFLOPs/sample",
-               "Tokens" if classify else "MFU", "CV"]
+               "Tokens" if classify else "MFU (counted FLOPs)"] + ([] if classify else ["MFU by the formula (×counted ÷ formula)"]) + ["CV"]
     canary = any(r.get(CANARY_KEY) is not None for r in rows)
     headers += ["Host µs"] if canary else []
     headers += ["Flags / message"]
@@ -597,6 +598,7 @@ def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
             str(r.get("mode")), "ok" if ok else status_cell(r), _ms_cell(r) if ok else "–", _num(r.get("latency_ms_per_sample"), ".4g"),
             _num(r.get("throughput_per_s") if classify else r.get("items_per_s"), ".2f"), _num(r.get("gflops"), ".2f"),
             ("→".join(map(str, r["tokens"])) if r.get("tokens") else "–") if classify else _num(r.get("mfu"), ".1%"),
+        ] + ([] if classify else [formula_cell(r)]) + [
             _num(r.get("cv"), ".1%"),
         ] + ([_canary_cell(r)] if canary else []) + [note or "–"])
     return ["## All cases", md_table(headers, body)]

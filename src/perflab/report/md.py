@@ -25,3 +25,24 @@ def num(value, spec: str) -> str:
 def pct(value) -> str:
     """A fraction as a percentage cell; ``–`` for none."""
     return "–" if value is None else f"{value:.1%}"
+
+
+def flops_ratio(row: dict) -> float | None:
+    """Counted ÷ formula FLOPs of a row (``flops_counted_over_analytic``, or from ``gflops_per_batch`` and
+    ``flops_analytic`` in rows stored before it); None where either is missing."""
+    if row.get("flops_counted_over_analytic"):
+        return row["flops_counted_over_analytic"]
+    counted, analytic = row.get("gflops_per_batch"), row.get("flops_analytic")
+    return counted * 1e9 / analytic if counted and analytic else None
+
+
+def mfu_by_formula(row: dict) -> float | None:
+    """A row's MFU by the formula's FLOPs (its ``mfu`` is by the counted ones): mfu ÷ (counted ÷ formula)."""
+    ratio = flops_ratio(row)
+    return row["mfu"] / ratio if ratio and row.get("mfu") is not None else None
+
+
+def formula_cell(row: dict) -> str:
+    """MFU by the formula's FLOPs and the ratio counted ÷ formula: ``37.3% (×1.0078)``; ``–`` where unknown."""
+    mfu, ratio = mfu_by_formula(row), flops_ratio(row)
+    return "–" if mfu is None else f"{mfu:.1%} (×{ratio:.4f})"

@@ -3,6 +3,11 @@
 - eager: the step as written.
 - compile, compile:<mode>: the model under torch.compile (default, reduce-overhead or max-autotune); the
   step around it (loss, backward, optimizer) stays as written; the first call compiles.
+- compile:max-autotune-gemm: max-autotune bounded to the shapes that dominate a transformer step, the matmuls:
+  inductor's ``max_autotune_gemm`` (GEMM templates benchmarked against cuBLAS, prologue and epilogue fusion into
+  them) with CUDA graphs, without what else ``max-autotune`` turns on (``max_autotune_pointwise`` and
+  ``coordinate_descent_tuning``: every pointwise and reduction kernel tuned, config by config). Its options are
+  checked against the installed torch (``compile_options``).
 - cudagraph: the whole step captured once in a CUDA graph and replayed (static inputs and outputs; a
   training step's optimizer must be capturable, which the family sets up for this mode).
 
@@ -26,8 +31,8 @@ def make_step(built, mode: str, capture_warmup: int = 3) -> Callable[[], Any]:
         # dynamic=False: each case is compiled for its own shapes. Left to dynamo, the second shape of one model
         # class in a process (a bench grid, cases timed together) is compiled with dynamic dimensions, and another
         # graph is measured than one process per case measures.
-        step = built.make_step(torch.compile(built.model, mode=compile_mode or None, dynamic=False))
-        if compile_mode in ("reduce-overhead", "max-autotune"):
+        step = built.make_step(torch.compile(built.model, dynamic=False, **compile_kwargs(compile_mode)))
+        if compile_mode in GRAPHED_COMPILE_MODES:
             # These modes use CUDA graph trees; marking each step lets a new replay reuse the last
             # one's output memory instead of treating the call as a new, unrelated run.
             def marked():
@@ -39,6 +44,38 @@ def make_step(built, mode: str, capture_warmup: int = 3) -> Callable[[], Any]:
     if mode == "cudagraph":
         return capture(built.make_step(built.model), capture_warmup)
     raise ValueError(f"unknown mode {mode!r}")
+
+
+# Inductor options of perflab's own compile modes (torch.compile's mode= names the others).
+COMPILE_OPTIONS = {"max-autotune-gemm": {"max_autotune_gemm": True, "triton.cudagraphs": True}}
+GRAPHED_COMPILE_MODES = ("reduce-overhead", "max-autotune", "max-autotune-gemm")  # CUDA graph trees: mark each step
+
+
+def compile_kwargs(compile_mode: str) -> dict:
+    """torch.compile's keywords for ``compile:<compile_mode>``: ``mode=`` for torch's own modes, ``options=`` for
+    perflab's (``COMPILE_OPTIONS``), each option checked against this torch's inductor config."""
+    if compile_mode not in COMPILE_OPTIONS:
+        return {"mode": compile_mode or None}
+    options = COMPILE_OPTIONS[compile_mode]
+    missing = [name for name in options if not has_inductor_option(name)]
+    if missing:
+        from perflab.errors import PerflabError
+
+        raise PerflabError(f"compile:{compile_mode} needs inductor option(s) {', '.join(missing)}, which torch {torch.__version__} does not have; "
+                           "use compile:max-autotune")
+    return {"options": dict(options)}
+
+
+def has_inductor_option(name: str) -> bool:
+    """Whether ``torch._inductor.config`` has the (dotted) option ``name``."""
+    import torch._inductor.config as config
+
+    node = config
+    for part in name.split("."):
+        if not hasattr(node, part):
+            return False
+        node = getattr(node, part)
+    return True
 
 
 RECOMPILE_LIMIT = 256  # compiled graphs per code object in one process (dynamo's default: 8)
