@@ -1,12 +1,18 @@
 """A step's memory, measured in a pass of its own (never inside the timed loop).
 
-On a GPU the CUDA caching allocator's statistics give it: the peak allocated during a few steps, above what was
-allocated before the case was built (a process may hold other cases' memory: a reduce-overhead case's CUDA-graph pool
-lives as long as dynamo's cache). On the CPU there are no such statistics, so :class:`LiveTensorBytes` counts them: a
-dispatch mode that sees every tensor an op creates and adds its storage's bytes until the storage is freed, so the
-count at each op is the bytes of tensors alive then (created inside the pass; what was alive before it, the
-parameters, the optimizer's state and the inputs, is added from the built case). Both give ``activation_bytes``: what
-the model's forward leaves alive for the backward (the live bytes when its forward returns, less those when it began).
+The peak: on a GPU the CUDA caching allocator's statistics give it, the most allocated during a few steps above what
+was allocated before the case was built (a process may hold other cases' memory: a reduce-overhead case's CUDA-graph
+pool lives as long as dynamo's cache; earlier cases' garbage is collected first). On the CPU there are no such
+statistics, so :class:`LiveTensorBytes` counts them: a dispatch mode that sees every tensor an op creates and adds its
+storage's bytes until the storage is freed, so the count at each op is the bytes of tensors alive then (created inside
+the pass; what was alive before it, the parameters, the optimizer's state and the inputs, is added from the built
+case).
+
+``activation_bytes``, what the model's forward leaves alive for the backward (the live bytes when its forward returns,
+less those when it began), is counted by :class:`LiveTensorBytes` on every device. The allocator's
+``memory_allocated`` between the same two points also moves with what the previous step left and frees meanwhile
+(an H100 run read a checkpointed block of perflab's GPT at 6,045,696 to 6,537,216 bytes by it, where each block's own
+marks and the live tensors read its 6,291,456: its fp32 input and its weights' bf16 casts).
 
 ``step_memory(case)`` is what ``benchmarks/checkpoint_cost.py`` and the tests use to compare activation checkpointing
 against the plain step on any device.
@@ -14,6 +20,7 @@ against the plain step on any device.
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 import torch
@@ -85,7 +92,7 @@ def step_memory(case, steps: int = 2) -> dict:
     """Build ``case``, run one step (the optimizer's state is created), then ``steps`` more under the measurement.
     Returns bytes: ``peak`` (the most alive at once, the case's held memory included), ``held`` (between steps:
     parameters, buffers, optimizer state, inputs), ``activation_bytes`` (left alive by the model's forward, the largest
-    over the steps) and ``how`` (``cuda-allocator`` or ``live-tensors``). Eager only: a compiled step's memory is the
+    over the steps, counted by live tensors) and ``how`` (how the peak was read: ``cuda-allocator`` or ``live-tensors``). Eager only: a compiled step's memory is the
     harness's to read (its row's ``peak_mem_alloc_mb``)."""
     from perflab.runtime.device import synchronize
     from perflab.runtime.workload import build, step_context
@@ -95,6 +102,7 @@ def step_memory(case, steps: int = 2) -> dict:
 
         raise PerflabError(f"step_memory measures eager steps; {case.mode} is measured by the harness (peak_mem_alloc_mb)")
     cuda = case.device == "cuda"
+    gc.collect()  # an earlier case's cycles, freed now and not in the middle of this one's peak
     if cuda:
         torch.cuda.synchronize()
         before_build = torch.cuda.memory_allocated()
@@ -105,17 +113,13 @@ def step_memory(case, steps: int = 2) -> dict:
         synchronize(case.device)
         held = held_bytes(built)
         marks: list[int] = []
+        tracker = LiveTensorBytes()
         if cuda:
-            now = lambda: torch.cuda.memory_allocated()  # noqa: E731
-            tracker = None
             torch.cuda.reset_peak_memory_stats()
-        else:
-            tracker = LiveTensorBytes()
-            now = lambda: tracker.current  # noqa: E731
-        pre = built.model.register_forward_pre_hook(lambda *_: marks.append(-now()))
-        post = built.model.register_forward_hook(lambda *_: marks.append(now()))
+        pre = built.model.register_forward_pre_hook(lambda *_: marks.append(-tracker.current))
+        post = built.model.register_forward_hook(lambda *_: marks.append(tracker.current))
         try:
-            with tracker if tracker is not None else _nothing():
+            with tracker:
                 for _ in range(steps):
                     step()
             synchronize(case.device)
@@ -130,11 +134,3 @@ def step_memory(case, steps: int = 2) -> dict:
         peak = held + tracker.peak
         how = "live-tensors"
     return {"peak": peak, "held": held, "activation_bytes": max(forward) if forward else None, "how": how}
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
