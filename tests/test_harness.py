@@ -217,3 +217,21 @@ def test_no_warmup_output_lives_through_the_timed_loop(monkeypatch):
     row = harness.run_case(case)
     assert row["status"] == "ok", row.get("message")
     assert len(outputs) >= 3 and alive_at_timing == [0]
+
+
+def test_compiled_cases_release_dynamos_caches_and_graph_trees_when_measured(monkeypatch):
+    # a reduce-overhead case's CUDA-graph tree must not outlive it: the next compiled case would record into it
+    from types import SimpleNamespace
+
+    import torch
+
+    from perflab.measure.harness import release_compiled
+
+    calls = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: calls.append(1))
+    release_compiled([SimpleNamespace(mode="eager"), SimpleNamespace(mode="cudagraph")])
+    assert calls == []
+    release_compiled([SimpleNamespace(mode="eager"), SimpleNamespace(mode="compile:reduce-overhead")])
+    assert calls == [1]
+    release_compiled([])
+    assert calls == [1]
