@@ -186,6 +186,15 @@ def load_experiment(path, max_cases: int | None = None):
     return load(path, max_cases=max_cases)
 
 
+def spec_schema_json() -> str:
+    """The JSON Schema of an experiment spec file (``perflab spec-schema``), as indented JSON text."""
+    import json
+
+    from perflab.spec_schema import json_schema
+
+    return json.dumps(json_schema(), indent=2) + "\n"
+
+
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
           workers: int = 1, timeout_s: float | None = None, command: str = "", on_event=None, engine: str = "local",
           address: str | None = None, pin: bool = True):

@@ -305,6 +305,25 @@ def results(
             out.print(line, soft_wrap=True, markup=False)
 
 
+@app.command("spec-schema")
+def spec_schema(
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Write the schema to this file (default: print it)."),
+):
+    """Print the JSON Schema of an experiment spec file, for editors (e.g. yaml-language-server's $schema)."""
+    from perflab import api
+
+    text = api.spec_schema_json()
+    if out_file is None:
+        sys.stdout.write(text)
+        return
+    check_writable_file(out_file)
+    try:
+        out_file.write_text(text)
+    except OSError as exc:
+        raise PerflabError(f"{out_file}: could not write the schema ({exc.strerror or exc})") from None
+    out.print(f"wrote {out_file}", soft_wrap=True, markup=False)
+
+
 @app.command()
 def report(
     out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
