@@ -145,23 +145,23 @@ def host_canary(repeats: int = REPEATS) -> Canary:
     return Canary(statistics.median(samples), min(samples), tuple(samples), cpu_ns / wall if wall > 0 else None, cpu, current_cpu())
 
 
-def canary_fields(before: Canary, after: Canary | None = None) -> dict:
+def canary_fields(before: Canary, after: Canary) -> dict:
     """The row's canary keys from the canary before the timed loop and the one after it.
 
     ``host_canary_us``, the value ``host_drift`` judges, is the faster of the two medians: a transient
     slowdown at one end of the loop does not count, a host slow over the whole loop reads slow at both ends.
     The rest are diagnostics: each median, the fastest single run of both, the lower CPU-time share of the two
     (wall time the thread was not on a CPU lowers it: a descheduled canary, not a slow one) and the CPUs."""
-    both = [c for c in (before, after) if c is not None]
+    both = (before, after)
     cpu_fracs = [c.cpu_frac for c in both if c.cpu_frac is not None]
     return {
         CANARY_KEY: min(c.median_us for c in both),
         "host_canary_before_us": before.median_us,
-        "host_canary_after_us": after.median_us if after is not None else None,
+        "host_canary_after_us": after.median_us,
         "host_canary_min_us": min(c.min_us for c in both),
         "host_canary_cpu_frac": min(cpu_fracs) if cpu_fracs else None,
         "host_cpu": before.cpu,
-        "host_cpu_after": after.cpu_end if after is not None else before.cpu_end,
+        "host_cpu_after": after.cpu_end,
     }
 
 
@@ -213,7 +213,7 @@ def mark_host_flags(rows: Iterable[dict], threshold: float = HOST_DRIFT_THRESHOL
         value = _canary(row)
         stale = any(f in HOST_FLAGS for f in row.get("flags") or []) or RATIO_KEY in row or EXEMPT_KEY in row
         median = reference.get(group(row)) if value is not None else None
-        wait, steal = _fraction(row.get(WAIT_KEY)), _fraction(row.get(STEAL_KEY))
+        wait, steal = _number(row.get(WAIT_KEY)), _number(row.get(STEAL_KEY))
         exempt = row.get("status") == "ok" and host_exempt(row, bound_threshold)
         if median is None and not stale and wait is None and steal is None and not exempt:
             out.append(row)
@@ -255,10 +255,6 @@ def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
     return float(value)
-
-
-def _fraction(value) -> float | None:
-    return _number(value)
 
 
 def _canary(row: dict) -> float | None:
