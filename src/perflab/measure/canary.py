@@ -145,23 +145,23 @@ def host_canary(repeats: int = REPEATS) -> Canary:
     return Canary(statistics.median(samples), min(samples), tuple(samples), cpu_ns / wall if wall > 0 else None, cpu, current_cpu())
 
 
-def canary_fields(before: Canary, after: Canary) -> dict:
+def canary_fields(before: Canary, after: Canary | None = None) -> dict:
     """The row's canary keys from the canary before the timed loop and the one after it.
 
     ``host_canary_us``, the value ``host_drift`` judges, is the faster of the two medians: a transient
     slowdown at one end of the loop does not count, a host slow over the whole loop reads slow at both ends.
     The rest are diagnostics: each median, the fastest single run of both, the lower CPU-time share of the two
     (wall time the thread was not on a CPU lowers it: a descheduled canary, not a slow one) and the CPUs."""
-    both = (before, after)
+    both = [c for c in (before, after) if c is not None]
     cpu_fracs = [c.cpu_frac for c in both if c.cpu_frac is not None]
     return {
         CANARY_KEY: min(c.median_us for c in both),
         "host_canary_before_us": before.median_us,
-        "host_canary_after_us": after.median_us,
+        "host_canary_after_us": after.median_us if after is not None else None,
         "host_canary_min_us": min(c.min_us for c in both),
         "host_canary_cpu_frac": min(cpu_fracs) if cpu_fracs else None,
         "host_cpu": before.cpu,
-        "host_cpu_after": after.cpu_end,
+        "host_cpu_after": after.cpu_end if after is not None else before.cpu_end,
     }
 
 
