@@ -53,10 +53,8 @@ from typing import Any
 from perflab import spec_schema as schema
 from perflab.errors import PerflabError
 from perflab.spec import Case, convert_field, expand_grid, validate_case
-from perflab.sweep.experiment import (  # noqa: F401  (the experiment's objects, re-exported)
-    CASE_FIELDS, DEFAULT_TIMEOUT_S, HARNESS_FIELDS, PATCH_SIZE, REDUCTION_FIELDS, Breakeven, Comparison, Experiment,
-    case_fields, default_comparisons,
-)
+from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison, Experiment,  # noqa: F401 (re-exported)
+                                     case_fields, default_comparisons)
 
 DEFAULT_MAX_CASES = 10_000
 
@@ -360,21 +358,11 @@ def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:
 
 # Words in validate_case's messages → the case field they are about.
 _MESSAGE_FIELDS = (
-    (("input size",), "input_size"),
-    (("batch size",), "batch_size"),
-    (("keep rate", "--keep-rate", "keep rates"), "keep_rate"),
-    (("reduction location",), "reduction_loc"),
-    (("warmup",), "warmup"),
-    (("repeats",), "repeats"),
-    (("iters",), "iters"),
-    (("min-time",), "min_time"),
-    (("cudagraph needs", "cannot run the"), "mode"),
-    (("sequence length",), "seq_len"),
-    (("context", "cache position"), "context_len"),
-    (("--prompt-len", "prompt length"), "prompt_len"),
-    (("--new-tokens", "new tokens"), "new_tokens"),
-    (("--layers",), "layers"),
-    (("--model-arg",), "model_args"),
+    (("input size",), "input_size"), (("batch size",), "batch_size"), (("keep rate", "--keep-rate", "keep rates"), "keep_rate"),
+    (("reduction location",), "reduction_loc"), (("warmup",), "warmup"), (("repeats",), "repeats"), (("iters",), "iters"),
+    (("min-time",), "min_time"), (("cudagraph needs", "cannot run the"), "mode"), (("sequence length",), "seq_len"),
+    (("context", "cache position"), "context_len"), (("--prompt-len", "prompt length"), "prompt_len"),
+    (("--new-tokens", "new tokens"), "new_tokens"), (("--layers",), "layers"), (("--model-arg",), "model_args"),
     (("has no workload",), "workload"),
 )
 
