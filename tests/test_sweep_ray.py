@@ -16,7 +16,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from cli_util import ROOT, assert_one_line_error, run_cli, run_cli_here  # noqa: E402
+from cli_util import ROOT, assert_one_line_error, run_cli_here  # noqa: E402
 from perflab import api  # noqa: E402
 from perflab.errors import PerflabError  # noqa: E402
 from perflab.sweep import ray_engine, runner  # noqa: E402
@@ -157,7 +157,8 @@ def test_a_killed_driver_resumes_to_every_case_exactly_once(cluster, tmp_path):
     at_kill = stored_count(out)
     assert 1 <= at_kill < 4
     wait_for(lambda: not _perflab_workers(), 30, "the killed driver's workers to die with it")  # Ray ends the job's tasks
-    resumed = run_cli("sweep", spec, "--out", out, "--engine", "ray", "--address", cluster.address, "--resume", timeout=300)
+    # Resumed in this process, already connected to the cluster (as a notebook would be): the engine joins it as it is.
+    resumed = run_cli_here("sweep", spec, "--out", out, "--engine", "ray", "--address", cluster.address, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert f"4 cases: {4 - at_kill} run now ({4 - at_kill} ok), {at_kill} already stored" in resumed.stdout
     rows = api.results(out)
