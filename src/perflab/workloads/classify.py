@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from perflab.errors import PerflabError
-from perflab.workloads.base import Built, Implementation
+from perflab.workloads.base import Built, Implementation, image_batch
 
 
 class Classify(Implementation):
@@ -61,7 +61,6 @@ class Classify(Implementation):
 
     def build(self, case) -> Built:
         from perflab.models.registry import build_model
-        from perflab.runtime.inputs import image_batch
 
         if case.is_reference:
             from perflab.models.reference import build_on_device, logits_of
