@@ -179,7 +179,7 @@ def explain(error: str, data) -> tuple[str, str]:
     where = where or "$"
     if where.startswith("`key` in"):
         return _render(_walk(where.removeprefix("`key` in `").rstrip("`"), data)[0]), "expected string keys"
-    parts, tp, (at, value, text) = _walk(where, data)
+    parts, tp, (at, value, text), leaf = _walk(where, data)
     if m := re.match(r"Object contains unknown field `(.*)`", what):
         known = list(_struct_of(tp).__struct_fields__)
         close = difflib.get_close_matches(m[1], known, n=1)
@@ -193,8 +193,9 @@ def explain(error: str, data) -> tuple[str, str]:
         return path, f"unknown {field} {bad[1] if bad else value!r}; choose one of {', '.join(_enum(_CASE[field].type))}"
     if "length >= 1" in what and value == []:
         return path, "empty list; give at least one value"
-    if text:
-        return path, f"expected {text}, got {show(value)}"
+    if text:  # inside a list or mapping the key holds, the place and the value that failed too
+        inside = f" (at {_render(parts[len(at):])}: {show(leaf)})" if len(parts) > len(at) else ""
+        return path, f"expected {text}, got {show(value)}{inside}"
     return _render(parts), what[0].lower() + what[1:].replace("`", "")
 
 
@@ -221,7 +222,7 @@ def _walk(where: str, data):
             parts.append(str(key))
         if (text := _description(tp)) is not None:
             described = (list(parts), value, text)
-    return parts, tp, described
+    return parts, tp, described, value
 
 
 def _fits(value, tp) -> bool:

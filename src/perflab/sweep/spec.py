@@ -105,7 +105,7 @@ def expand(doc: schema.SpecFile, data: dict, source: str, text: str = "", defaul
     at = _Where(source)
     harness, harness_raw = doc.harness or schema.Harness(), data.get("harness") or {}
     if not (0 < harness.timeout_s < float("inf")):
-        at.fail("harness.timeout_s", f"expected a positive number of seconds, got {schema.show(harness.timeout_s)}")
+        at.fail("harness.timeout_s", f"expected a positive number of seconds, got {schema.show(harness_raw['timeout_s'])}")
     ncu_where = tuple((k, tuple(at.value(f"harness.ncu_where.{k}", k, x) for x in (v if isinstance(v, list) else [v])))
                       for k, v in schema.given(harness.ncu_where, harness_raw["ncu_where"]).items()) if harness.ncu_where else ()
     base = {}
