@@ -6,14 +6,15 @@ every case has, each family's ``FamilySpec.fields`` and ``.variants`` for its ow
 schema, the grid's types, the messages and ``perflab spec-schema`` follow. The sections' own keys (harness,
 comparisons, breakeven, the top level) are the Structs below.
 
-``decode`` checks types and names; what a value means (a model exists, a case can run) is
+``decode`` checks types and key names in one pass, then each Case-field value's meaning (a model perflab can build, a
+size that parses) and hands back a ``Spec`` of normalised values; whether a whole case can run is
 ``perflab.sweep.spec``'s part, after this. ``json_schema`` is the JSON Schema an editor validates against.
 """
 
 from __future__ import annotations
 
 import difflib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 import json
 import re
 import types
@@ -23,7 +24,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from perflab.errors import PerflabError
-from perflab.spec import COMMON_SPEC_FIELDS, Case
+from perflab.spec import COMMON_SPEC_FIELDS, Case, convert_field
 from perflab.workloads import FAMILIES, SpecField
 
 SCHEDULING_FIELDS = {"gpu": SpecField(str, "a GPU type, e.g. H100", "GPU types, e.g. [H100, H200]")}  # not in case ids
@@ -151,18 +152,110 @@ def json_schema() -> dict:
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "perflab experiment spec", **schema}
 
 
-def decode(data: Any, source: str) -> SpecFile:
-    """A spec read into plain data (YAML) → SpecFile; PerflabError, one line naming the file and key path."""
+def decode(data: Any, source: str) -> "Spec":
+    """A spec read into plain data (YAML) → its Spec, decoded in one pass and each Case-field value checked (a model
+    that exists, a size that parses) and normalised; PerflabError, one line naming the file and key path."""
     if data is None:
         raise PerflabError(f"{source}: the spec is empty; give at least a grid, cases or a breakeven section")
     if not isinstance(data, dict):
         keys = ", ".join(SpecFile.__struct_fields__)
         raise PerflabError(f"{source}: the spec must be a mapping of keys ({keys}), got {_type_name(data)}")
     try:
-        return msgspec.convert(data, SpecFile)
+        doc = msgspec.convert(data, SpecFile)
     except msgspec.ValidationError as exc:
         key, message = explain(str(exc), data)
         raise PerflabError(f"{source}: {key}: {message}" if key else f"{source}: {message}") from None
+    return _Values(source).spec(doc, data)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A decoded spec: the file's Structs, and its Case-field values checked and normalised (Case types), each
+    section's fields in the order the file gives them (a grid's order is its cases')."""
+
+    file: SpecFile
+    harness: dict  # the repeats policy fields given under harness
+    defaults: dict
+    ncu_where: tuple  # (field, allowed values)
+    grids: list  # (key, {field: [values]}) per grid
+    cases: list  # (key, {field: value}) per explicit case
+    breakevens: list  # (key, {field: value, or [values] for batch_size/dtype/mode}) as given; name and input_sizes as written
+    comparisons: list  # (name, baseline filter, variant filter, labels or None)
+    reducing: frozenset  # the models named here that reduce tokens (keep rates apply to them)
+
+
+class _Values:
+    """Checks what each Case-field value of a decoded spec means, naming its key on a mistake."""
+
+    def __init__(self, source: str):
+        self.source, self.models = source, {}
+
+    def fail(self, key: str, message: str):
+        raise PerflabError(f"{self.source}: {key}: {message}")
+
+    def value(self, key: str, field: str, value):
+        if field == "model":
+            self.models[value] = self.model(key, value)
+        if field == "gpu":
+            if not value.strip():
+                self.fail(key, f"expected {SCHEDULING_FIELDS['gpu'].kind}, got {value!r}")
+            return value.strip()
+        if field in ("keep_rate", "reduction_loc") and value == []:
+            self.fail(key, f"expected {_CASE[field].kind}, got []")
+        if isinstance(value, str) and field != "max_memory":
+            return value
+        try:
+            return convert_field(field, value)
+        except PerflabError as exc:
+            self.fail(key, str(exc).removeprefix(f"{field}: "))
+
+    def model(self, key: str, name: str) -> bool:
+        """Whether the named model reduces tokens; PerflabError naming the key for one perflab cannot build."""
+        from perflab.models.registry import parse_model_name
+
+        try:
+            return parse_model_name(name).reduces_tokens
+        except PerflabError as exc:
+            self.fail(key, str(exc))
+
+    def fields(self, key: str, struct, raw: dict, many=()) -> dict:
+        """The fields a section gives, checked; those in ``many`` hold a value or a list of values (a list out)."""
+        return {f: [self.value(f"{key}.{f}", f, x) for x in (v if isinstance(v, list) else [v])] if f in many
+                else self.value(f"{key}.{f}", f, v) for f, v in given(struct, raw).items()}
+
+    def spec(self, doc: SpecFile, data: dict) -> Spec:
+        harness, raw = doc.harness or Harness(), data.get("harness") or {}
+        policy = {k: self.value(f"harness.{k}", k, getattr(harness, k)) for k in raw if k in HARNESS_CASE_FIELDS}
+        where = self.fields("harness.ncu_where", harness.ncu_where, raw["ncu_where"], many=_CASE) if harness.ncu_where else {}
+        defaults = self.fields("defaults", doc.defaults, data["defaults"]) if doc.defaults else {}
+        grids = [] if doc.grid is None else [("grid", doc.grid, data["grid"])] if not isinstance(doc.grid, list) else [
+            (f"grid[{i}]", block, r) for i, (block, r) in enumerate(zip(doc.grid, data["grid"]))]
+        grids = [(key, self.fields(key, block, r, many=_SPEC_CASE)) for key, block, r in grids]
+        cases = [(f"cases[{i}]", self.fields(f"cases[{i}]", c, data["cases"][i])) for i, c in enumerate(doc.cases or ())]
+        listed = isinstance(doc.breakeven, list)
+        entries = zip(doc.breakeven, data["breakeven"]) if listed else [(doc.breakeven, data.get("breakeven"))] if doc.breakeven else []
+        breakevens = []
+        for i, (entry, r) in enumerate(entries):
+            key = f"breakeven[{i}]" if listed else "breakeven"
+            named = {"model": self.value(f"{key}.model", "model", entry.model), "variant": self.value(f"{key}.variant", "model", entry.variant)}
+            named |= {f: r[f] for f in ("name", "input_sizes") if f in r}  # as written: input_sizes is read with the sizes
+            multi = [f for f in BREAKEVEN_MULTI if isinstance(r.get(f), list)]
+            checked = self.fields(key, entry, {f: v for f, v in r.items() if f not in named}, many=multi)
+            breakevens.append((key, {f: named[f] if f in named else checked[f] for f in r}))
+        comparisons = []
+        for name, entry in (doc.comparisons or {}).items():
+            sides = [self.side(f"comparisons.{name}.{side}", getattr(entry, side), data["comparisons"][name][side])
+                     for side in ("baseline", "variant")]
+            comparisons.append((name, *sides, entry.labels))
+        return Spec(doc, policy, defaults, tuple((k, tuple(v)) for k, v in where.items()), grids, cases, breakevens, comparisons,
+                    frozenset(m for m, reduces in self.models.items() if reduces))
+
+    def side(self, key: str, value, raw) -> dict:
+        """One side of a comparison: a model name, or case fields (lists where the case has tuples)."""
+        filt = {"model": self.value(f"{key}.model", "model", value)} if isinstance(value, str) else self.fields(key, value, raw)
+        if not filt:
+            self.fail(key, "empty filter; give a model name or case fields")
+        return {f: list(v) if isinstance(v, tuple) else v for f, v in filt.items()}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -38,21 +38,22 @@ A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
 scheduling field, not a Case field: a case's id is the same on every GPU, and the store tells the rows
 apart by their environment key (which names the GPU).
 
-The file is decoded once by its typed schema (``perflab.spec_schema``: types, key names, the key path of a
-mistake); this module reads it (``read_spec``) and expands it into cases (``expand``), checking what the values
-mean. Every mistake raises PerflabError as one line naming the file and the key
+The file is decoded once by its typed schema (``perflab.spec_schema``: types, key names, each value's meaning, the
+key path of a mistake); this module reads it (``read_spec``) and expands the decoded spec into validated cases
+(``expand``). Every mistake raises PerflabError as one line naming the file and the key
 (``experiments/x.yaml: grid.batch_size: expected a list of integers, got 'abc'``).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from perflab import spec_schema as schema
 from perflab.errors import PerflabError
-from perflab.spec import Case, convert_field, expand_grid, validate_case
+from perflab.spec import Case, expand_grid, validate_case
 from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison, Experiment,  # noqa: F401 (re-exported)
                                      case_fields, default_comparisons)
 
@@ -96,103 +97,72 @@ def read_spec(path) -> tuple[Any, str]:
 
 def parse_experiment(data: Any, source: str, text: str = "", default_name: str = "experiment", max_cases: int | None = None) -> Experiment:
     """Check and expand a spec already read into plain data (from YAML, or built in code)."""
-    return expand(schema.decode(data, source), data, source, text=text, default_name=default_name, max_cases=max_cases)
+    return expand(schema.decode(data, source), source, text=text, default_name=default_name, max_cases=max_cases)
 
 
-def expand(doc: schema.SpecFile, data: dict, source: str, text: str = "", default_name: str = "experiment",
-           max_cases: int | None = None) -> Experiment:
-    """A decoded spec (``data``: the same, as read, for its keys' order) → the Experiment: its cases validated."""
-    at = _Where(source)
-    harness, harness_raw = doc.harness or schema.Harness(), data.get("harness") or {}
+def expand(spec: schema.Spec, source: str, text: str = "", default_name: str = "experiment", max_cases: int | None = None) -> Experiment:
+    """A decoded spec (its values checked) → the Experiment: its grids expanded, its cases validated."""
+    at, doc = _Where(source, spec.reducing), spec.file
+    harness = doc.harness or schema.Harness()
     if not (0 < harness.timeout_s < float("inf")):
-        at.fail("harness.timeout_s", f"expected a positive number of seconds, got {schema.show(harness_raw['timeout_s'])}")
-    ncu_where = tuple((k, tuple(at.value(f"harness.ncu_where.{k}", k, x) for x in (v if isinstance(v, list) else [v])))
-                      for k, v in schema.given(harness.ncu_where, harness_raw["ncu_where"]).items()) if harness.ncu_where else ()
-    base = {}
-    for key in harness_raw:
-        if key in schema.HARNESS_CASE_FIELDS:
-            base[key] = at.value(f"harness.{key}", key, getattr(harness, key))
-            at.origin[key] = "harness"
-    for key, value in schema.given(doc.defaults, data["defaults"]).items() if doc.defaults else ():
+        at.fail("harness.timeout_s", f"expected a positive number of seconds, got {harness.timeout_s:g}")
+    base = dict(spec.harness)
+    at.origin.update(dict.fromkeys(spec.harness, "harness"))
+    for key, value in spec.defaults.items():
         if key in base:
             at.fail(f"defaults.{key}", "also set under harness; give it once")
-        base[key] = at.value(f"defaults.{key}", key, value)
+        base[key] = value
         at.origin[key] = "defaults"
     base = _resolve_device(base)
-
-    grids = [] if doc.grid is None else [("grid", doc.grid, data["grid"])] if not isinstance(doc.grid, list) else [
-        (f"grid[{i}]", block, raw) for i, (block, raw) in enumerate(zip(doc.grid, data["grid"]))]
-    for key, _, raw in grids:
-        if not raw:
+    for key, grid in spec.grids:
+        if not grid:
             at.fail(key, "empty grid; give at least one key with a list of values" if key == "grid"
                     else "expected a non-empty mapping of case fields to value lists, got {}")
     if max_cases is not None:
-        count = len(doc.cases or ()) + sum(_product(raw) for _, _, raw in grids)
+        count = len(spec.cases) + sum(math.prod(len(v) for v in grid.values()) for _, grid in spec.grids)
         if count > max_cases:
             at.fail("grid", f"{count:,} cases, over --max-cases {max_cases:,}; split the grid, or raise --max-cases")
     sourced: list[tuple[str, dict]] = []  # (key the case came from, case fields)
-    for key, block, raw in grids:
-        sourced += _expand_block(at, key, schema.given(block, raw), base)
-    for i, entry in enumerate(doc.cases or ()):
-        sourced.append(_explicit_case(at, f"cases[{i}]", schema.given(entry, data["cases"][i]), base))
+    for key, grid in spec.grids:
+        sourced += _expand_block(at, key, grid, base)
+    sourced += [_explicit_case(at, key, entry, base) for key, entry in spec.cases]
     breakevens = []
-    listed = isinstance(doc.breakeven, list)
-    entries = doc.breakeven if listed else [doc.breakeven] if doc.breakeven else []
-    raws = data["breakeven"] if listed else [data.get("breakeven")]
-    for i, (entry, raw) in enumerate(zip(entries, raws)):
-        for b, b_sourced in _breakeven(at, f"breakeven[{i}]" if listed else "breakeven", schema.given(entry, raw), base):
+    for key, entry in spec.breakevens:
+        for b, b_sourced in _breakeven(at, key, entry, base):
             breakevens.append(b)
             sourced += b_sourced
 
     if not sourced:
         at.fail("", "no cases: give a grid, cases or a breakeven section")
-    if any(f in base for f in REDUCTION_FIELDS) and not any(_reduces(d["model"]) for _, d in sourced):
+    if any(f in base for f in REDUCTION_FIELDS) and not any(at.reduces(d["model"]) for _, d in sourced):
         field = next(f for f in REDUCTION_FIELDS if f in base)
         at.fail(f"defaults.{field}", "no model in this spec reduces tokens, so keep rates do nothing; add a topk_/evit_ model or remove it")
     cases, pins = _validate_all(at, sourced)
     # Validation normalises fields (sorted locations), so re-derive the break-evens' cases to get the stored ids.
     breakevens = [Breakeven(b.name, tuple(map(validate_case, b.baseline)), tuple(map(validate_case, b.variant)), b.patch_size)
                   for b in breakevens]
-    comparisons = [_comparison(at, name, entry, data["comparisons"][name], cases) for name, entry in (doc.comparisons or {}).items()]
+    comparisons = [_comparison(at, *entry, cases) for entry in spec.comparisons]
     if doc.across_gpus and not any(c.device == "cuda" for c in cases):
         at.fail("across_gpus", "the spec's cases run on the CPU; across_gpus runs CUDA cases on each GPU type")
     name = default_name if doc.name is schema.UNSET else doc.name
     return Experiment(source, name, doc.description or "", doc.out, float(harness.timeout_s), tuple(cases), tuple(comparisons),
-                      tuple(breakevens), text, harness.profile_steps, harness.ncu_top, ncu_where, tuple(pins), doc.across_gpus, harness.pin)
+                      tuple(breakevens), text, harness.profile_steps, harness.ncu_top, spec.ncu_where, tuple(pins), doc.across_gpus,
+                      harness.pin)
 
 
 class _Where:
     """Which key set what, to name it in a message: the file, each section's fields, the base's sources."""
 
-    def __init__(self, source: str):
-        self.source = source
+    def __init__(self, source: str, reducing: frozenset):
+        self.source, self.reducing = source, reducing
         self.given: dict[str, set] = {}  # section key → the case fields it sets (to blame the right key)
         self.origin: dict[str, str] = {}  # case field → "defaults" or "harness", where the base sets it
 
     def fail(self, key: str, message: str):
         raise PerflabError(f"{self.source}: {key}: {message}" if key else f"{self.source}: {message}")
 
-    def value(self, key: str, field: str, value):
-        """One value of a Case field (its type already checked by the schema), checked for meaning and normalised."""
-        if field == "model":
-            from perflab.models.registry import parse_model_name
-
-            try:
-                parse_model_name(value)
-            except PerflabError as exc:
-                self.fail(key, str(exc))
-        if field == "gpu":
-            if not value.strip():
-                self.fail(key, f"expected {schema.SCHEDULING_FIELDS['gpu'].kind}, got {value!r}")
-            return value.strip()
-        if field in ("keep_rate", "reduction_loc") and value == []:
-            self.fail(key, f"expected {schema.case_field_specs()[field].kind}, got []")
-        if isinstance(value, str) and field not in ("max_memory",):
-            return value
-        try:
-            return convert_field(field, value)
-        except PerflabError as exc:
-            self.fail(key, str(exc).removeprefix(f"{field}: "))
+    def reduces(self, model: str) -> bool:
+        return model in self.reducing
 
     def blame(self, key: str, message: str) -> str:
         """The key that most likely set the field a validation message is about."""
@@ -206,17 +176,9 @@ class _Where:
         return key
 
 
-def _product(block: dict) -> int:
-    product = 1
-    for value in block.values():
-        product *= len(value) if isinstance(value, list) and value else 1
-    return product
-
-
-def _expand_block(at: _Where, key: str, block: dict, base: dict) -> list[tuple[str, dict]]:
-    at.given[key] = set(block)
-    grid = {field: [at.value(f"{key}.{field}", field, v) for v in (value if isinstance(value, list) else [value])]
-            for field, value in block.items()}
+def _expand_block(at: _Where, key: str, grid: dict, base: dict) -> list[tuple[str, dict]]:
+    at.given[key] = set(grid)
+    grid = dict(grid)
     if "device" in grid:
         grid["device"] = [_resolve_device({"device": v})["device"] for v in grid["device"]]
     models = grid.get("model") or ([base["model"]] if "model" in base else [])
@@ -224,11 +186,11 @@ def _expand_block(at: _Where, key: str, block: dict, base: dict) -> list[tuple[s
         at.fail(f"{key}.model", "no model: give model in the grid or under defaults")
     # As api.make_cases: keep rates in a grid apply to its token-reducing models; with none, they stay
     # (and validation says they do nothing).
-    block_reducing = any(_reduces(m) for m in models)
+    block_reducing = any(at.reduces(m) for m in models)
     own_reduction = {f: grid.pop(f) for f in REDUCTION_FIELDS if f in grid}
     out = []
     for d in expand_grid(_without_reduction(base), grid):
-        reducing = _reduces(d["model"])
+        reducing = at.reduces(d["model"])
         if reducing:
             d.update({f: base[f] for f in REDUCTION_FIELDS if f in base})
         out_dicts = expand_grid(d, own_reduction) if own_reduction and (reducing or not block_reducing) else [d]
@@ -238,20 +200,18 @@ def _expand_block(at: _Where, key: str, block: dict, base: dict) -> list[tuple[s
 
 def _explicit_case(at: _Where, key: str, entry: dict, base: dict) -> tuple[str, dict]:
     at.given[key] = set(entry)
-    d = dict(_without_reduction(base))
-    d.update({field: at.value(f"{key}.{field}", field, value) for field, value in entry.items()})
+    d = dict(_without_reduction(base)) | entry
     if "model" not in d:
         at.fail(f"{key}.model", "no model: give model in the case or under defaults")
     d = _resolve_device(d)
-    if _reduces(d["model"]):
+    if at.reduces(d["model"]):
         d.update({f: base[f] for f in REDUCTION_FIELDS if f not in entry and f in base})
     return key, d
 
 
 def _breakeven(at: _Where, key: str, entry: dict, base: dict):
     at.given[key] = {"input_size" if f == "input_sizes" else f for f in entry} | {"model"}
-    model = at.value(f"{key}.model", "model", entry["model"])
-    variant = at.value(f"{key}.variant", "model", entry["variant"])
+    model, variant = entry["model"], entry["variant"]
     try:
         sizes = sorted(set(parse_input_sizes(entry["input_sizes"], f"{key}.input_sizes")))
     except PerflabError as exc:
@@ -265,18 +225,18 @@ def _breakeven(at: _Where, key: str, entry: dict, base: dict):
         if field in ("name", "model", "variant", "input_sizes"):
             continue
         if field in schema.BREAKEVEN_MULTI and isinstance(value, list):
-            multi[field] = [at.value(f"{key}.{field}", field, v) for v in value]
+            multi[field] = value
         elif field in REDUCTION_FIELDS:
-            reduction[field] = at.value(f"{key}.{field}", field, value)
+            reduction[field] = value
         else:
-            common[field] = at.value(f"{key}.{field}", field, value)
+            common[field] = value
     common = _resolve_device(common)
     gpu = common.pop("gpu", None)  # a scheduling field: kept beside the cases, not in them
     results = []
     for d in expand_grid(common, multi):
         base_cases = [dict(d, model=model, input_size=s) for s in sizes]
-        var_cases = [dict(d, model=variant, input_size=s, **(reduction if _reduces(variant) else {})) for s in sizes]
-        if _reduces(model):
+        var_cases = [dict(d, model=variant, input_size=s, **(reduction if at.reduces(variant) else {})) for s in sizes]
+        if at.reduces(model):
             base_cases = [dict(c, **reduction) for c in base_cases]
         label = entry.get("name") or f"{variant} vs {model}, bs{d.get('batch_size', 1)}, {d.get('dtype', 'fp32')}, {d.get('mode', 'eager')}"
         if entry.get("name") and multi:
@@ -309,28 +269,15 @@ def _validate_all(at: _Where, sourced: list[tuple[str, dict]]) -> tuple[list[Cas
     return cases, pins
 
 
-def _comparison(at: _Where, name: str, entry, raw: dict, cases: list[Case]) -> Comparison:
+def _comparison(at: _Where, name: str, baseline: dict, variant: dict, labels, cases: list[Case]) -> Comparison:
     key = f"comparisons.{name}"
-    baseline = _filter(at, f"{key}.baseline", entry.baseline, raw["baseline"])
-    variant = _filter(at, f"{key}.variant", entry.variant, raw["variant"])
     if baseline == variant:
         at.fail(key, "baseline and variant are the same")
-    labels = tuple(entry.labels) if entry.labels is not None else _default_labels(baseline, variant)
+    labels = tuple(labels) if labels is not None else _default_labels(at, baseline, variant)
     comparison = Comparison(str(name), baseline, variant, labels)
     if not comparison.pairs([{"case": c.to_dict()} for c in cases]):
         at.fail(key, "no case matches both sides at the same point (same sizes, dtype, mode, ...); check the filters against the grid")
     return comparison
-
-
-def _filter(at: _Where, key: str, value, raw) -> dict:
-    filt = {"model": value} if isinstance(value, str) else schema.given(value, raw)
-    if not filt:
-        at.fail(key, "empty filter; give a model name or case fields")
-    out = {}
-    for field, v in filt.items():
-        v = at.value(f"{key}.{field}", field, v)
-        out[field] = list(v) if isinstance(v, tuple) else v
-    return out
 
 
 def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:
@@ -367,8 +314,8 @@ _MESSAGE_FIELDS = (
 )
 
 
-def _default_labels(baseline: dict, variant: dict) -> tuple[str, str]:
-    if set(baseline) == set(variant) == {"model"} and _reduces(variant["model"]) and not _reduces(baseline["model"]):
+def _default_labels(at: _Where, baseline: dict, variant: dict) -> tuple[str, str]:
+    if set(baseline) == set(variant) == {"model"} and at.reduces(variant["model"]) and not at.reduces(baseline["model"]):
         return ("Baseline", "TR")
     return tuple(", ".join(str(v) if not isinstance(v, list) else "/".join(map(str, v)) for v in f.values()) for f in (baseline, variant))
 
@@ -384,9 +331,3 @@ def _resolve_device(d: dict) -> dict:
 
         d = dict(d, device=resolve_device("auto"))
     return d
-
-
-def _reduces(model: str) -> bool:
-    from perflab.models.registry import parse_model_name
-
-    return parse_model_name(model).reduces_tokens
