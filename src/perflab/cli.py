@@ -37,6 +37,7 @@ MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate",
                        "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg", "--fixes"}
 
 FORMATS = ("table", "csv", "json")
+_argv: list[str] | None = None  # the arguments main() was given (None: sys.argv's)
 
 
 
@@ -274,7 +275,7 @@ def sweep(
     if engine == "ray":
         from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
-                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err), engine=engine, address=address,
+                        timeout_s=timeout, command=command_line(_argv), on_event=RichProgress(err), engine=engine, address=address,
                         pin=not no_pin)
     _print_sweep_summary(summary)
 
@@ -303,6 +304,25 @@ def results(
         line = exempt_line(rows)
         if line:
             out.print(line, soft_wrap=True, markup=False)
+
+
+@app.command("spec-schema")
+def spec_schema(
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Write the schema to this file (default: print it)."),
+):
+    """Print the JSON Schema of an experiment spec file, for editors (e.g. yaml-language-server's $schema)."""
+    from perflab import api
+
+    text = api.spec_schema_json()
+    if out_file is None:
+        sys.stdout.write(text)
+        return
+    check_writable_file(out_file)
+    try:
+        out_file.write_text(text)
+    except OSError as exc:
+        raise PerflabError(f"{out_file}: could not write the schema ({exc.strerror or exc})") from None
+    out.print(f"wrote {out_file}", soft_wrap=True, markup=False)
 
 
 @app.command()
@@ -353,7 +373,7 @@ def breakeven(
         reduction_loc=reduction_loc, attn=attn, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, timeout_s=timeout,
     )
     summary = api.sweep(experiment, out_dir, resume=resume, gpus=_parse_gpus(gpus), timeout_s=timeout,
-                        command=command_line(), on_event=RichProgress(err))
+                        command=command_line(_argv), on_event=RichProgress(err))
     _print_sweep_summary(summary)
     if summary.interrupted:
         return
@@ -420,7 +440,9 @@ def _is_flag(token: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
+    global _argv
+    _argv = list(sys.argv[1:] if argv is None else argv)  # as typed: a sweep records its command line
+    argv = expand_multi_value_options(_argv)
     try:
         status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:

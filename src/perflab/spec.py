@@ -20,13 +20,13 @@ import json
 import math
 import typing
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
 
 import msgspec
 
 from perflab.errors import PerflabError
 from perflab.references import is_reference
-from perflab.workloads import FAMILIES, family_of, shape_defaults
+from perflab.workloads import FAMILIES, SpecField, family_of, shape_defaults
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph", "compile:max-autotune-gemm")
@@ -34,6 +34,24 @@ ATTN_IMPLS = ("sdpa", "explicit")
 # lm training variants and their "not set" value (serialised only when set).
 TRAINING_VARIANTS = {"optimizer": None, "checkpoint_activations": False}
 DEVICES = ("cuda", "cpu")
+
+# The fields every case has, as an experiment file gives them; each family declares its own (FamilySpec.fields,
+# .variants). perflab.spec_schema builds the file's schema from these: a new Case field is declared here or there.
+COMMON_SPEC_FIELDS = {
+    "model": SpecField(str, "a model name", "model names"),
+    "batch_size": SpecField(int, "an integer", "integers"),
+    "attn": SpecField(Literal[ATTN_IMPLS], "a string", "strings"),
+    "dtype": SpecField(Literal[DTYPES], "a string", "strings"),
+    "mode": SpecField(Literal[MODES], "a string", "strings"),
+    "device": SpecField(Literal[DEVICES + ("auto",)], "a string", "strings"),
+    "max_memory": SpecField(int | str, "a size such as 24GiB", "sizes"),
+    "warmup": SpecField(int, "an integer", "integers"),
+    "min_time": SpecField(float, "a number", "numbers"),
+    "iters": SpecField(int | None, "an integer or null", "integers"),
+    "repeats": SpecField(int, "an integer", "integers"),
+    "seed": SpecField(int, "an integer", "integers"),
+    "family": SpecField(Literal[tuple(FAMILIES)], "a family name", "family names"),
+}
 
 # Shape fields and their "not set" value: a field a case's family does not own must be left at it.
 SHAPE_FIELDS = {

@@ -419,7 +419,7 @@ def probe_environment(experiment: Experiment | None, physical_gpus: list[str] | 
     """
     import torch
 
-    import perflab
+    from perflab.version import __version__
 
     env = {
         "host": socket.gethostname(),
@@ -428,7 +428,7 @@ def probe_environment(experiment: Experiment | None, physical_gpus: list[str] | 
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "perflab": perflab.__version__,
+        "perflab": __version__,
         "gpus": [],
         "driver": None,
         "gpu_name": None,

@@ -86,7 +86,7 @@ def cost_split(stages: list[tuple[str, float]], started: float, ended: float, ag
 
 def _profile(case, row: dict, trace_dir: Path, steps: int) -> dict:
     """The case's profile pass, summarised for the row; a failure of the pass is recorded, and the timing kept."""
-    from perflab.api import profile_summary
+    from perflab.profiling import profile_summary
     from perflab.trace.capture import profile_case
 
     try:
@@ -108,12 +108,12 @@ def _matches(case, where: dict) -> bool:
 def _ncu(case, trace_dir: Path, top: int) -> dict:
     """Nsight Compute on the case's top kernels, summarised for the row; without ncu, or when it fails, the
     reason is recorded and the timing kept."""
-    from perflab.api import ncu
+    from perflab.profiling import ncu_case
     from perflab.errors import PerflabError
     from perflab.trace.ncu import ncu_summary
 
     try:
-        table, _ = ncu(case, top=top, out_dir=trace_dir)
+        table, _ = ncu_case(case, top=top, out_dir=trace_dir)
         return ncu_summary(table)
     except Exception as exc:
         if not isinstance(exc, PerflabError):

@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from perflab.errors import PerflabError
-from perflab.runtime.precision import AUTOCAST_DTYPES
-from perflab.workloads.base import Built, Implementation, config_overrides
+from perflab.workloads.base import AUTOCAST_DTYPES, Built, Implementation, config_overrides
 
 TRAINING = ("train_forward", "forward_backward", "train_step")
 
