@@ -78,6 +78,11 @@ OPT_NO_PIN = typer.Option(False, "--no-pin", help="Time with the timing thread u
                           "warm-up and the timed loop, where the OS allows; not part of case ids).")
 OPT_NO_INTERLEAVE = typer.Option(False, "--no-interleave", help="Time each case alone, right after its warm-up (default: build and "
                                  "warm every case that fits, then time them in seeded random interleaved blocks).")
+OPT_PARALLEL = typer.Option(None, "--parallel", help="Train on several ranks, one process each: ddp or fsdp, options after a colon "
+                            "(ddp:bucket_cap_mb=100,grad_view=true,no_sync=4; fsdp:reshard=false). The batch is per rank.")
+OPT_RANK_GPUS = typer.Option(None, "--gpus", help="With --parallel: the GPUs of the ranks, e.g. 0,1 (one rank each).")
+OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the number of ranks (default: one per --gpus; "
+                              "on the CPU, gloo processes).")
 OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 
@@ -118,6 +123,9 @@ def bench(
     no_pin: bool = OPT_NO_PIN,
     no_interleave: bool = OPT_NO_INTERLEAVE,
     processes: int = OPT_PROCESSES,
+    parallel: Optional[str] = OPT_PARALLEL,
+    gpus: Optional[str] = OPT_RANK_GPUS,
+    world_size: Optional[int] = OPT_WORLD_SIZE,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -128,16 +136,18 @@ def bench(
         raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
     if out_file is not None:
         check_writable_file(out_file)
+    ranks = _ranks(parallel, gpus, world_size, device)
     cases = api.make_cases(
         model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
         attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
         repeats=repeats, seed=seed, optimizer=optimizer, checkpoint_activations=checkpoint_activations,
         **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
+        **ranks.case_options(),
     )
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
-                                                          interleave=not no_interleave, processes=processes))
+                                                          interleave=not no_interleave, processes=processes, gpus=ranks.gpus))
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -209,7 +219,7 @@ def _rows_or_lost(run):
         return lost.rows, lost
 
 
-def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1):
+def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perflab import api
@@ -220,7 +230,8 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
         def on_case(index, case, stage):
             progress.update(task, completed=index, description=f"{case.label()}: {stage}")
 
-        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes)
+        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
+                         gpus=gpus)
         progress.update(task, completed=len(cases))
     return rows
 
@@ -361,6 +372,12 @@ def breakeven(
         text = analysis.result.summary() if analysis.result else f"no fit: {analysis.problem}"
         out.print(f"{analysis.name}: {text}", soft_wrap=True, markup=False)
     out.print(f"wrote {api.report(out_dir, n_boot=n_boot)}", soft_wrap=True, markup=False)
+
+
+def _ranks(parallel: Optional[str], gpus: Optional[str], world_size: Optional[int], device: str):
+    from perflab import api
+
+    return api.ranks(parallel, _parse_gpus(gpus), world_size, device)
 
 
 def _parse_gpus(text: Optional[str]) -> Optional[list]:
