@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import statistics
 from dataclasses import replace
 from pathlib import Path
@@ -38,7 +39,7 @@ from perflab.measure.harness import MB, base_row, failed_row, memory_peaks, outp
 from perflab.measure.timing import estimate_step_s, plan_timing, time_step
 from perflab.runtime.device import synchronize
 from perflab.runtime.modes import allow_recompiles, compile_kwargs
-from perflab.runtime.parallel import RankFailed, ddp_wrap, fsdp_shard, launch, local_tensor
+from perflab.runtime.parallel import MULTICAST_OFF, RankFailed, ddp_wrap, fsdp_shard, launch, local_tensor
 from perflab.runtime.workload import build, step_context
 from perflab.spec import Case, parse_parallel, validate_case
 from perflab.workloads.registry import implementation
@@ -110,6 +111,7 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
         row["single_gpu_samples_ms"] = single_row["samples_ms"]
         row["scaling_efficiency"] = row["single_gpu_ms"] / row["step_ms"]
     row["rank_memory"] = [r["memory"] for r in ranks]
+    row["multicast_off"] = all(r["multicast_off"] for r in ranks)  # NVLink multicast was off in every rank's process
     if case.device == "cuda":
         row["peak_mem_alloc_mb"] = max(r["memory"]["peak_alloc_mb"] for r in ranks)
         row["peak_mem_reserved_mb"] = max(r["memory"]["peak_reserved_mb"] for r in ranks)
@@ -150,7 +152,8 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
     if mode == "ddp":
         built.model = ddp_wrap(built.model, device, device_index, options["bucket_cap_mb"], options["grad_view"])
     accumulate = options.get("no_sync", 1)
-    result = {"rank": rank, "backend": dist.get_backend(), "param_bytes": param_bytes, "grad_bytes": grad_bytes, "fsdp_units": fsdp_units}
+    result = {"rank": rank, "backend": dist.get_backend(), "param_bytes": param_bytes, "grad_bytes": grad_bytes, "fsdp_units": fsdp_units,
+              "multicast_off": all(os.environ.get(k) == v for k, v in MULTICAST_OFF.items())}
     with step_context(plain, built):
         step = _step(built, case.mode, accumulate)
         result.update(_time(case, built, step, device, where, rank))
