@@ -97,3 +97,27 @@ def test_bad_parallel_input_is_one_line(args, fragment):
 
     workload = [] if "--workload" in args else ["--workload", "train_step"]
     assert_one_line_error(run_cli_here("bench", "--model", "gpt_small", *workload, *args), fragment)
+
+
+def test_sweep_gives_a_case_its_ranks_slots(tmp_path):
+    from perflab.errors import PerflabError
+    from perflab.spec import Case
+    from perflab.sweep.runner import GROUP, _worker_env, check_slots_fit, pin_index
+
+    env = _worker_env(GROUP.join(["gpu2", "gpu3"]), 4)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and pin_index("gpu2+gpu3") == 2
+    case = Case(model="gpt_small", workload="train_step", parallel="ddp", world_size=2, device="cpu")
+    check_slots_fit([case], ["w0", "w1"])
+    with pytest.raises(PerflabError, match="runs 2 ranks, one per slot; this sweep has 1 GPUs"):
+        check_slots_fit([case], ["gpu0"])
+
+
+def test_parallel_fields_in_a_sweep_spec_and_case_ids():
+    from perflab import api
+    from perflab.spec import Case
+
+    experiment = api.load_experiment("experiments/lm_parallel.yaml")
+    assert [(c.parallel, c.world_size) for c in experiment.cases].count(("ddp", 2)) == 4
+    assert len(experiment.cases) == 12
+    plain = Case(model="gpt_small", workload="train_step")
+    assert "parallel" not in plain.to_dict() and "world_size" not in plain.to_dict()  # ids of earlier cases unchanged
