@@ -6,7 +6,7 @@ from perflab.analysis.ranks import account_rank, account_ranks, collective_waits
 
 
 def _t(rows):
-    return pd.DataFrame(rows, columns=["name", "start", "end"])
+    return pd.DataFrame(rows, columns=["name", "start_ns", "end_ns"])
 
 
 # rank 0: compute 1000..5000 and 6000..7000; all-reduce 4000..6500 (1000 ns hidden, 1000+500 exposed... see below)
@@ -92,3 +92,16 @@ def test_busbw_definition():
     assert busbw_all_reduce(2**30, 0.01, 8)[1] == pytest.approx(107.3741824 * 14 / 8)
     with pytest.raises(ValueError):
         ddp_bytes(10, 1)
+
+
+def test_waits_per_step():
+    from perflab.analysis.ranks import waits_per_step
+
+    # two steps of one collective each: rank 1 late in step 0 (by 700 ns), rank 0 late in step 1 (by 300 ns)
+    r0 = _t([("ncclDevKernel_AllReduce", 100, 200), ("ncclDevKernel_AllReduce", 1300, 1400)])
+    r1 = _t([("ncclDevKernel_AllReduce", 800, 900), ("ncclDevKernel_AllReduce", 1000, 1400)])
+    steps = waits_per_step(collective_waits(merge_ranks({0: r0, 1: r1})), 2)
+    assert steps == [{"step": 0, "collectives": 1, "waited_for": 1, "waited_ns": {0: 700, 1: 0}},
+                     {"step": 1, "collectives": 1, "waited_for": 0, "waited_ns": {0: 0, 1: 300}}]
+    with pytest.raises(ValueError):
+        waits_per_step(collective_waits(merge_ranks({0: r0, 1: r1})), 3)

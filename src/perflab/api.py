@@ -492,6 +492,34 @@ def profile_summary(trace_path, untraced_ms: float, top: int = 5) -> dict:
     }
 
 
+def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None) -> dict:
+    """A data-parallel case timed on its ranks, then ``steps`` steps profiled on every rank (``rank{N}.json`` in
+    ``out_dir``), the ranks' traces merged: per rank, exact compute-only, overlapped and exposed communication and
+    idle time over the common window (``analysis.ranks``), and per step which rank the others waited for.
+
+    Returns ``{"row", "trace_paths", "accounts", "waits_per_step", "note"}``; ``note`` says why there is no
+    accounting (a CPU run's traces hold no GPU kernels), else None."""
+    from perflab.analysis.ranks import account_ranks, collective_waits, merge_ranks, waits_per_step
+    from perflab.measure.parallel import run_parallel_case
+    from perflab.trace.load import load_trace
+
+    row = run_parallel_case(case, gpus=gpus, profile_dir=out_dir, profile_steps=steps)
+    result = {"row": row, "trace_paths": row.get("rank_traces") or [], "accounts": [], "waits_per_step": [], "note": None}
+    if row["status"] != "ok":
+        return result
+    if case.device != "cuda":
+        result["note"] = "the ranks' traces hold no GPU kernels (a CPU run): the per-rank accounting needs GPUs"
+        return result
+    tables = {rank: load_trace(path).kernels for rank, path in enumerate(result["trace_paths"])}
+    merged = merge_ranks(tables)
+    result["accounts"] = [a.to_dict() for a in account_ranks(merged)]
+    try:
+        result["waits_per_step"] = waits_per_step(collective_waits(merged), steps)
+    except ValueError as exc:
+        result["note"] = f"no per-step waits: {exc}"
+    return result
+
+
 def is_trace_path(item) -> bool:
     """An existing file, or a name that looks like one (so that a missing trace is reported as missing)."""
     from pathlib import Path

@@ -155,6 +155,10 @@ def bench(
         sys.stdout.write(to_csv(rows))
     else:
         out.print(bench_table(rows))
+        if any(row.get("parallel") for row in rows):
+            from perflab.report.parallel import scaling_table
+
+            out.print(scaling_table(rows))
     if out_file is not None:
         try:
             write_rows(rows, out_file)
@@ -523,6 +527,9 @@ def profile(
                                    "(ranges from hooks that time nothing; eager mode): a tree of inclusive and exclusive GPU time."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per case instead of tables."),
     no_pin: bool = OPT_NO_PIN,
+    parallel: Optional[str] = OPT_PARALLEL,
+    gpus: Optional[str] = OPT_RANK_GPUS,
+    world_size: Optional[int] = OPT_WORLD_SIZE,
 ):
     """Time a case untraced, then record a profiled pass (trace.json.gz, opens in Perfetto) and account for
     every microsecond of its steps; reports the profiler's inflation (traced step ÷ untraced median)."""
@@ -533,9 +540,24 @@ def profile(
 
     if steps < 1:
         raise PerflabError(f"--steps must be at least 1, got {steps}")
+    ranks = _ranks(parallel, gpus, world_size, device)
     cases = api.make_cases(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
                            attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed,
-                           optimizer=optimizer, checkpoint_activations=checkpoint_activations, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+                           optimizer=optimizer, checkpoint_activations=checkpoint_activations, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
+                           **ranks.case_options())
+    if ranks.parallel:
+        for case in cases:
+            with err.status(f"{case.label()}: timing on {case.world_size} ranks, then profiling {steps} steps on each"):
+                result = api.profile_parallel(case, out_dir, steps=steps, gpus=ranks.gpus)
+            _print_warnings([result["row"]])
+            if as_json:
+                sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "row"} | {"case": case.to_dict()}) + "\n")
+            else:
+                from perflab.report.parallel import render_rank_accounts
+
+                out.rule(case.label())
+                render_rank_accounts(out, result)
+        return
     for case in cases:
         with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
             result = api.profile_case(case, out_dir, steps=steps, top=top, pin=not no_pin, by_module=by_module)

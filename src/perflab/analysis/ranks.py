@@ -1,7 +1,7 @@
 """Several ranks' kernel traces: merged, communication as its own category, exact per-rank accounting.
 
-No torch. Each rank's trace is a table of GPU kernels with integer-ns ``start``/``end`` and a ``name``
-(as ``trace.kineto`` gives one rank's Kineto file). Every figure is interval arithmetic on ns and closes:
+No torch. Each rank's trace is its KernelTable (``trace.load_trace`` of the rank's Kineto file): ``name``, integer-ns
+``start_ns``/``end_ns``. Every figure is interval arithmetic on ns and closes:
 
     compute_only + comm_overlapped + comm_exposed + idle == window
 
@@ -38,15 +38,15 @@ def merge_ranks(traces: dict[int, pd.DataFrame]) -> pd.DataFrame:
     """One table: every rank's kernels with a ``rank`` column and ``comm`` (True for NCCL kernels)."""
     parts = []
     for rank in sorted(traces):
-        t = traces[rank][["name", "start", "end"]].copy()
-        t["start"] = t["start"].astype(np.int64)
-        t["end"] = t["end"].astype(np.int64)
+        t = traces[rank][["name", "start_ns", "end_ns"]].copy()
+        t["start_ns"] = t["start_ns"].astype(np.int64)
+        t["end_ns"] = t["end_ns"].astype(np.int64)
         t.insert(0, "rank", int(rank))
         t["comm"] = t["name"].map(is_comm).astype(bool)
         parts.append(t)
     if not parts:
-        return pd.DataFrame({"rank": [], "name": [], "start": [], "end": [], "comm": []})
-    return pd.concat(parts, ignore_index=True).sort_values(["start", "rank"], kind="stable").reset_index(drop=True)
+        return pd.DataFrame({"rank": [], "name": [], "start_ns": [], "end_ns": [], "comm": []})
+    return pd.concat(parts, ignore_index=True).sort_values(["start_ns", "rank"], kind="stable").reset_index(drop=True)
 
 
 def _blocks(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -109,8 +109,8 @@ class RankAccount:
 def account_rank(kernels: pd.DataFrame, rank: int = 0, window: tuple[int, int] | None = None) -> RankAccount:
     """Exact busy/idle/communication split of one rank's kernels over ``window`` (default: first start to last end)."""
     comm = kernels["name"].map(is_comm).to_numpy(dtype=bool) if "comm" not in kernels else kernels["comm"].to_numpy(dtype=bool)
-    start = kernels["start"].to_numpy(dtype=np.int64)
-    end = kernels["end"].to_numpy(dtype=np.int64)
+    start = kernels["start_ns"].to_numpy(dtype=np.int64)
+    end = kernels["end_ns"].to_numpy(dtype=np.int64)
     if window is None:
         window = (int(start.min()), int(end.max())) if len(start) else (0, 0)
     lo, hi = int(window[0]), int(window[1])
@@ -128,7 +128,7 @@ def account_rank(kernels: pd.DataFrame, rank: int = 0, window: tuple[int, int] |
 def account_ranks(merged: pd.DataFrame, window: tuple[int, int] | None = None) -> list[RankAccount]:
     """Every rank over one common window (default: the merged trace's first start to last end)."""
     if window is None and len(merged):
-        window = (int(merged["start"].min()), int(merged["end"].max()))
+        window = (int(merged["start_ns"].min()), int(merged["end_ns"].max()))
     return [account_rank(g, rank=int(r), window=window) for r, g in merged.groupby("rank", sort=True)]
 
 
@@ -146,7 +146,7 @@ def collective_waits(merged: pd.DataFrame) -> list[Wait]:
     Raises ValueError when the ranks ran different numbers of collectives (the traces do not line up).
     """
     comm = merged[merged["comm"]] if "comm" in merged else merged[merged["name"].map(is_comm)]
-    per_rank = {int(r): comm[comm["rank"] == r].sort_values("start", kind="stable") for r in sorted(merged["rank"].unique())}
+    per_rank = {int(r): comm[comm["rank"] == r].sort_values("start_ns", kind="stable") for r in sorted(merged["rank"].unique())}
     if not len(comm):
         return []
     counts = {r: len(g) for r, g in per_rank.items()}
@@ -154,10 +154,28 @@ def collective_waits(merged: pd.DataFrame) -> list[Wait]:
         raise ValueError(f"ranks ran different numbers of collectives: {counts}")
     out = []
     for i in range(next(iter(counts.values()))):
-        arrivals = {r: int(g["start"].iloc[i]) for r, g in per_rank.items()}
+        arrivals = {r: int(g["start_ns"].iloc[i]) for r, g in per_rank.items()}
         last = max(arrivals, key=lambda r: (arrivals[r], -r))
         name = str(per_rank[last]["name"].iloc[i])
         out.append(Wait(i, name, last, {r: arrivals[last] - a for r, a in arrivals.items()}))
+    return out
+
+
+def waits_per_step(waits: list[Wait], steps: int) -> list[dict]:
+    """The waits grouped into ``steps`` equal runs of collectives (a DDP or FSDP step runs the same collectives every
+    step): per step, each rank's total wait and the rank that was last to arrive most often (ties: the one waited for longest)."""
+    if steps < 1 or len(waits) % steps:
+        raise ValueError(f"{len(waits)} collectives do not split into {steps} equal steps")
+    per = len(waits) // steps
+    out = []
+    for k in range(steps):
+        chunk = waits[k * per:(k + 1) * per]
+        summary = wait_summary(chunk)
+        caused: dict[int, int] = {}
+        for w in chunk:
+            caused[w.last_rank] = caused.get(w.last_rank, 0) + sum(w.waits_ns.values())
+        waited_for = max(summary["last_to_arrive"], key=lambda r: (summary["last_to_arrive"][r], caused[r], -r)) if chunk else None
+        out.append({"step": k, "collectives": per, "waited_for": waited_for, "waited_ns": summary["waited_ns"]})
     return out
 
 

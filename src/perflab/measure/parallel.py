@@ -280,6 +280,7 @@ def _profile(step, device: str, path: Path, steps: int) -> str:
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
+            prof.step()  # ProfilerStep#N ranges: the trace's step windows
         synchronize(device)
     prof.export_chrome_trace(str(path))
     return str(path)
