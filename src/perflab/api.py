@@ -520,6 +520,31 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
     return result
 
 
+def ceilings(gpus: Sequence[int] | None = None, refresh: bool = False, on_note=None) -> dict:
+    """This GPU's ceilings (``measure.ceilings``, cached), and with two or more ``gpus`` the all-reduce sweep over them.
+    Fewer than two GPUs: ``on_note`` gets one line saying so, and the rest is measured. No GPU: PerflabError."""
+    import torch
+
+    from perflab.errors import PerflabError
+    from perflab.measure.ceilings import get_all_reduce, get_ceilings
+
+    if not torch.cuda.is_available():
+        raise PerflabError("perflab ceilings measures a GPU; none is visible here")
+    present = torch.cuda.device_count()
+    gpus = list(gpus) if gpus is not None else list(range(present))
+    missing = [g for g in gpus if g >= present or g < 0]
+    if missing:
+        raise PerflabError(f"--gpus: GPU {missing[0]} is not one of this machine's {present}")
+    with torch.cuda.device(gpus[0] if gpus else 0):
+        result = {"ceilings": get_ceilings(refresh=refresh), "all_reduce": None}
+    if len(gpus) < 2:
+        if on_note:
+            on_note(f"all-reduce bandwidth needs 2 or more GPUs; {len(gpus)} here: measured the one-GPU ceilings only")
+    else:
+        result["all_reduce"] = get_all_reduce(gpus, refresh=refresh)
+    return result
+
+
 def is_trace_path(item) -> bool:
     """An existing file, or a name that looks like one (so that a missing trace is reported as missing)."""
     from pathlib import Path

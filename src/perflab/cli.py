@@ -702,6 +702,29 @@ def explain(
 
 
 @app.command()
+def ceilings(
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Also sweep all-reduce over these GPUs (two or more, e.g. 0,1): "
+                                       "bus bandwidth as nccl-tests measures it, for the communication floor of --parallel."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of reading the cache."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """This GPU's measured ceilings (matmul TFLOP/s per dtype, copy bandwidth, launch costs), cached; with --gpus,
+    the all-reduce bus bandwidth of those GPUs (1 MiB to 1 GiB)."""
+    import json
+
+    from perflab import api
+
+    result = api.ceilings(_parse_gpus(gpus), refresh=refresh, on_note=lambda line: err.print(f"note: {line}", markup=False))
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    from perflab.report.console import ceilings_lines
+
+    for line in ceilings_lines(result):
+        out.print(line, markup=False, soft_wrap=True)
+
+
+@app.command()
 def ncu(
     model: str = typer.Argument(..., help="The model whose top kernels to read counters for."),
     top: int = typer.Option(10, "--top", help="How many of the top kernels (by time in a profile pass)."),

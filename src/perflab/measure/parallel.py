@@ -121,6 +121,16 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
             else fsdp_bytes(param_bytes, grad_bytes, world, reshard_after_forward=options["reshard"], units=first["fsdp_units"]))
     row.update(grad_bytes=grad_bytes, param_bytes=param_bytes, comm_bus_bytes=comm.bus_bytes, comm_collectives=comm.collectives,
                comm_calls=comm.calls)
+    sweep = first.get("all_reduce")
+    if sweep:  # the floor: bus bytes at the bus bandwidth measured for messages of this step's size
+        from perflab.measure.ceilings import busbw_at
+
+        message = (grad_bytes if mode == "ddp" else param_bytes) / max(comm.calls, 1)  # one collective's payload, on average
+        row["busbw_gbps"] = busbw_at(sweep, message)
+        row["comm_floor_ms"] = comm.floor_ms(row["busbw_gbps"])
+        row["comm_floor_frac"] = row["comm_floor_ms"] / row["step_ms"]
+    elif case.device == "cuda":
+        row["comm_floor_note"] = f"no all-reduce bandwidth measured for {world} GPUs here: run perflab ceilings --gpus 0,1 first"
     checks = run_checks(requested_batch=case.batch_size, processed_batch=min(r["processed"] for r in ranks), timed_s=row["timed_s"],
                         timed_iters=timed_iters, cv=row["cv"], energy_j=None, energy_unavailable="not measured with --parallel",
                         throttle_reasons=[], other_processes=[], finite=all(r["finite"] is not False for r in ranks), min_time=case.min_time)
@@ -166,6 +176,10 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
     result["flops_per_rank"] = analytic["flops_analytic"] * accumulate if analytic.get("flops_analytic") else None
     if rank == 0:
         result["env"] = environment(device)
+        if device == "cuda":  # the bus bandwidth `perflab ceilings --gpus` measured here, if it has (never measured here)
+            from perflab.measure.ceilings import cached_all_reduce
+
+            result["all_reduce"] = cached_all_reduce(world_size)
     del built, step, params
     gc.collect()
     if device == "cuda":
