@@ -79,6 +79,11 @@ OPT_NO_PIN = typer.Option(False, "--no-pin", help="Time with the timing thread u
                           "warm-up and the timed loop, where the OS allows; not part of case ids).")
 OPT_NO_INTERLEAVE = typer.Option(False, "--no-interleave", help="Time each case alone, right after its warm-up (default: build and "
                                  "warm every case that fits, then time them in seeded random interleaved blocks).")
+OPT_PARALLEL = typer.Option(None, "--parallel", help="Train on several ranks, one process each: ddp or fsdp, options after a colon "
+                            "(ddp:bucket_cap_mb=100,grad_view=true,no_sync=4; fsdp:reshard=false). The batch is per rank.")
+OPT_RANK_GPUS = typer.Option(None, "--gpus", help="With --parallel: the GPUs of the ranks, e.g. 0,1 (one rank each).")
+OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the number of ranks (default: one per --gpus; "
+                              "on the CPU, gloo processes).")
 OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 
@@ -119,6 +124,9 @@ def bench(
     no_pin: bool = OPT_NO_PIN,
     no_interleave: bool = OPT_NO_INTERLEAVE,
     processes: int = OPT_PROCESSES,
+    parallel: Optional[str] = OPT_PARALLEL,
+    gpus: Optional[str] = OPT_RANK_GPUS,
+    world_size: Optional[int] = OPT_WORLD_SIZE,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -129,16 +137,18 @@ def bench(
         raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
     if out_file is not None:
         check_writable_file(out_file)
+    ranks = _ranks(parallel, gpus, world_size, device)
     cases = api.make_cases(
         model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
         attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
         repeats=repeats, seed=seed, optimizer=optimizer, checkpoint_activations=checkpoint_activations,
         **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
+        **ranks.case_options(),
     )
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
-                                                          interleave=not no_interleave, processes=processes))
+                                                          interleave=not no_interleave, processes=processes, gpus=ranks.gpus))
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -146,6 +156,10 @@ def bench(
         sys.stdout.write(to_csv(rows))
     else:
         out.print(bench_table(rows))
+        if any(row.get("parallel") for row in rows):
+            from perflab.report.parallel import scaling_table
+
+            out.print(scaling_table(rows))
     if out_file is not None:
         try:
             write_rows(rows, out_file)
@@ -210,7 +224,7 @@ def _rows_or_lost(run):
         return lost.rows, lost
 
 
-def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1):
+def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perflab import api
@@ -221,7 +235,8 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
         def on_case(index, case, stage):
             progress.update(task, completed=index, description=f"{case.label()}: {stage}")
 
-        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes)
+        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
+                         gpus=gpus)
         progress.update(task, completed=len(cases))
     return rows
 
@@ -383,6 +398,12 @@ def breakeven(
     out.print(f"wrote {api.report(out_dir, n_boot=n_boot)}", soft_wrap=True, markup=False)
 
 
+def _ranks(parallel: Optional[str], gpus: Optional[str], world_size: Optional[int], device: str):
+    from perflab import api
+
+    return api.ranks(parallel, _parse_gpus(gpus), world_size, device)
+
+
 def _parse_gpus(text: Optional[str]) -> Optional[list]:
     if text is None:
         return None
@@ -528,6 +549,9 @@ def profile(
                                    "(ranges from hooks that time nothing; eager mode): a tree of inclusive and exclusive GPU time."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per case instead of tables."),
     no_pin: bool = OPT_NO_PIN,
+    parallel: Optional[str] = OPT_PARALLEL,
+    gpus: Optional[str] = OPT_RANK_GPUS,
+    world_size: Optional[int] = OPT_WORLD_SIZE,
 ):
     """Time a case untraced, then record a profiled pass (trace.json.gz, opens in Perfetto) and account for
     every microsecond of its steps; reports the profiler's inflation (traced step ÷ untraced median)."""
@@ -538,9 +562,24 @@ def profile(
 
     if steps < 1:
         raise PerflabError(f"--steps must be at least 1, got {steps}")
+    ranks = _ranks(parallel, gpus, world_size, device)
     cases = api.make_cases(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
                            attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed,
-                           optimizer=optimizer, checkpoint_activations=checkpoint_activations, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+                           optimizer=optimizer, checkpoint_activations=checkpoint_activations, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
+                           **ranks.case_options())
+    if ranks.parallel:
+        for case in cases:
+            with err.status(f"{case.label()}: timing on {case.world_size} ranks, then profiling {steps} steps on each"):
+                result = api.profile_parallel(case, out_dir, steps=steps, gpus=ranks.gpus)
+            _print_warnings([result["row"]])
+            if as_json:
+                sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "row"} | {"case": case.to_dict()}) + "\n")
+            else:
+                from perflab.report.parallel import render_rank_accounts
+
+                out.rule(case.label())
+                render_rank_accounts(out, result)
+        return
     for case in cases:
         with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
             result = api.profile_case(case, out_dir, steps=steps, top=top, pin=not no_pin, by_module=by_module)
@@ -682,6 +721,29 @@ def explain(
             markdown.write_text(explanation_markdown(result) + "\n")
         except OSError as exc:
             raise write_failed(markdown, exc) from None
+
+
+@app.command()
+def ceilings(
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Also sweep all-reduce over these GPUs (two or more, e.g. 0,1): "
+                                       "bus bandwidth as nccl-tests measures it, for the communication floor of --parallel."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of reading the cache."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """This GPU's measured ceilings (matmul TFLOP/s per dtype, copy bandwidth, launch costs), cached; with --gpus,
+    the all-reduce bus bandwidth of those GPUs (1 MiB to 1 GiB)."""
+    import json
+
+    from perflab import api
+
+    result = api.ceilings(_parse_gpus(gpus), refresh=refresh, on_note=lambda line: err.print(f"note: {line}", markup=False))
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    from perflab.report.console import ceilings_lines
+
+    for line in ceilings_lines(result):
+        out.print(line, markup=False, soft_wrap=True)
 
 
 @app.command()

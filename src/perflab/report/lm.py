@@ -43,6 +43,10 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
              "Step times are untraced medians with their 95% CI; the kernel tables come from a separate profiled pass of the same case "
              "(the profiler's inflation is listed last). GEMM fraction = GEMM kernel time ÷ the pass's kernel time. A failed cell says "
              "OOM, ERROR or TIMEOUT; \"not run\" marks a case of the spec without a stored row."]
+    from perflab.report import parallel
+
+    parallel_parts = parallel.sections(rows)
+    rows = [r for r in rows if not _case(r).get("parallel")]  # several ranks: their own section, after the one-GPU tables
     capped = [r for r in rows if _case(r).get("max_memory")]
     rows = [r for r in rows if not _case(r).get("max_memory")]  # a capped case answers "would it fit", in its own section
     groups: dict[tuple, list[dict]] = {}
@@ -94,7 +98,7 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
                 parts.append(f"![forward time vs sequence length]({path.name})")
         parts += _kernel_plot(cells, sizes, seqs, heading, plot_dir, with_seed=key == seed_key)
     parts += seed_sections(rows, capped)
-    return parts
+    return parts + parallel_parts
 
 
 def _kernel_tables(cells, sizes, seqs, md_table, names: KernelNames) -> list[str]:

@@ -48,8 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         from perflab.measure.harness import run_case
         from perflab.measure.pinning import HostOptions
 
-        row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index))
-        if args.profile_steps and row.get("status") == "ok" and case.device == "cuda":
+        if case.parallel:  # its ranks on the GPUs this worker sees (CUDA_VISIBLE_DEVICES: the scheduler's group)
+            from perflab.measure.parallel import run_parallel_case
+
+            _log_stage(f"{case.world_size} ranks")
+            row = run_parallel_case(case)
+        else:
+            row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index))
+        if args.profile_steps and row.get("status") == "ok" and case.device == "cuda" and not case.parallel:
             _log_stage(f"profile ({args.profile_steps} steps)")
             row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps)
         if args.ncu_top and row.get("status") == "ok" and case.device == "cuda" and _matches(case, json.loads(args.ncu_where)):
