@@ -35,7 +35,9 @@ def test_committed_specs_validate_against_the_json_schema(path, validator):
 def test_the_json_schema_refuses_what_the_decoder_refuses(validator):
     for bad in ({"grdi": {"model": [TINY]}}, {"grid": {"model": [TINY], "batch_size": "abc"}},
                 {"defaults": {"dtype": "bf17"}}, {"harness": {"ncu_top": -2}},
-                {"comparisons": {"c": {"baseline": TINY}}}, {"grid": {"model": [TINY], "batch_size": []}}):
+                {"comparisons": {"c": {"baseline": TINY}}}, {"grid": {"model": [TINY], "batch_size": []}},
+                {"grid": {"model": ["gpt_small"], "parallel": ["pp"]}}, {"defaults": {"parallel": "ddp:reshard=false"}},
+                {"grid": {"model": ["gpt_small"], "world_size": [2, 0]}}):
         assert list(validator.iter_errors(bad)), bad
         with pytest.raises(PerflabError):
             spec_schema.decode(bad, "x.yaml")
@@ -48,10 +50,14 @@ def test_every_family_field_is_in_the_schema():
             for struct in ("CaseFields", "GridBlock", "CaseFilter"):
                 assert name in schema[struct]["properties"], (struct, name)
     assert schema["GridBlock"]["properties"]["seq_len"]["description"] == "a list of integers"
+    for name in ("parallel", "world_size"):  # every case's, as the common fields
+        assert all(name in schema[struct]["properties"] for struct in ("CaseFields", "GridBlock", "CaseFilter", "CaseValues"))
+    assert schema["CaseFields"]["properties"]["world_size"]["minimum"] == 1
 
 
 def test_case_ids_are_those_of_the_hand_written_parser():
-    """tests/data/experiment_ids.json was written by perflab before the typed schema (main at 3be703e)."""
+    """tests/data/experiment_ids.json was written by perflab before the typed schema (main at 3be703e; lm_parallel.yaml by
+    issue 27's branch at 90f4d65, its hand-written parser)."""
     expected = json.loads((ROOT / "tests" / "data" / "experiment_ids.json").read_text())
     assert sorted(expected) == [p.name for p in SPECS]
     for path in SPECS:
@@ -74,6 +80,11 @@ def test_errors_name_the_key_path_inside_lists_and_mappings():
         ({"breakeven": [{"model": TINY, "input_sizes": [64, 96, 128]}]},
          "x.yaml: breakeven[0].variant: missing; a break-even needs model, variant and input_sizes"),
         ({"grid": {"model": [TINY], "batch_size": True}}, "x.yaml: grid.batch_size: expected a list of integers, got True"),
+        ({"grid": [{"model": ["gpt_small"]}, {"model": ["gpt_small"], "parallel": ["ddp", "tp"]}]},
+         "x.yaml: grid[1].parallel: unknown mode 'tp'; choose ddp or fsdp (options after a colon, e.g. ddp:bucket_cap_mb=100)"),
+        ({"defaults": {"parallel": "ddp:bucket_cap_mb=x"}, "grid": {"model": ["gpt_small"]}},
+         "x.yaml: defaults.parallel: bucket_cap_mb takes a float, got 'x'"),
+        ({"cases": [{"model": "gpt_small", "world_size": 0}]}, "x.yaml: cases[0].world_size: expected a whole number of ranks, 1 or more, got 0"),
     ]
     for spec, message in cases:
         with pytest.raises(PerflabError) as info:

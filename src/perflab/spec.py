@@ -20,7 +20,7 @@ import json
 import math
 import typing
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable, Literal
+from typing import Annotated, Any, Iterable, Literal
 
 import msgspec
 
@@ -44,6 +44,14 @@ PARALLEL_OPTIONS = {
     "fsdp": {"reshard": (bool, True, "reshard_after_forward: free the gathered parameters after the forward, gather again in the backward")},
 }
 
+
+def _parallel_pattern() -> str:
+    """A regular expression of ``parse_parallel``'s syntax (a mode, then its own option names), for the JSON Schema."""
+    def mode(name: str, options) -> str:
+        item = f"(?:(?:{'|'.join(options)})=[^,]*)?"
+        return f"{name}(?::{item}(?:,{item})*)?"
+    return "^(?:" + "|".join(mode(name, options) for name, options in PARALLEL_OPTIONS.items()) + ")$"
+
 # The fields every case has, as an experiment file gives them; each family declares its own (FamilySpec.fields,
 # .variants). perflab.spec_schema builds the file's schema from these: a new Case field is declared here or there.
 COMMON_SPEC_FIELDS = {
@@ -60,6 +68,10 @@ COMMON_SPEC_FIELDS = {
     "repeats": SpecField(int, "an integer", "integers"),
     "seed": SpecField(int, "an integer", "integers"),
     "family": SpecField(Literal[tuple(FAMILIES)], "a family name", "family names"),
+    # data parallel (PARALLEL_FIELDS): parse_parallel checks a mode's options; the JSON Schema's pattern names them
+    "parallel": SpecField(Annotated[str, msgspec.Meta(extra_json_schema={"pattern": _parallel_pattern()})],
+                          "ddp or fsdp, options after a colon (e.g. ddp:bucket_cap_mb=100)", "data-parallel modes (ddp, fsdp)"),
+    "world_size": SpecField(Annotated[int, msgspec.Meta(ge=1)], "a whole number of ranks, 1 or more", "whole numbers of ranks, 1 or more"),
 }
 
 # Shape fields and their "not set" value: a field a case's family does not own must be left at it.
@@ -234,18 +246,22 @@ def _describe(exc: msgspec.ValidationError, hint) -> str:
     return text[0].lower() + text[1:] if text else f"expected {hint}"
 
 
-def parse_parallel(text: str) -> tuple[str, dict]:
+def parse_parallel(text: str, flag: str | None = "--parallel") -> tuple[str, dict]:
     """``ddp``, ``fsdp`` or either with options, ``ddp:bucket_cap_mb=100,grad_view=true``: (mode, options with defaults).
-    PerflabError (one line) for an unknown mode, option or value."""
+    PerflabError (one line) for an unknown mode, option or value; its message starts with ``flag`` and the text
+    (``--parallel ddp:x=1: ...``), or with neither where ``flag`` is None (a spec names the key instead)."""
+    def fail(message: str):
+        raise PerflabError(f"{flag} {text}: {message}" if flag else message)
+
     mode, _, rest = str(text).partition(":")
     if mode not in PARALLEL_OPTIONS:
-        raise PerflabError(f"--parallel: unknown mode {mode!r}; choose ddp or fsdp (options after a colon, e.g. ddp:bucket_cap_mb=100)")
+        fail(f"unknown mode {mode!r}; choose ddp or fsdp (options after a colon, e.g. ddp:bucket_cap_mb=100)")
     known = PARALLEL_OPTIONS[mode]
     options = {name: default for name, (_, default, _) in known.items()}
     for item in filter(None, rest.split(",")):
         name, eq, value = item.partition("=")
         if name not in known or not eq:
-            raise PerflabError(f"--parallel {text}: {mode} takes {', '.join(f'{k}=VALUE' for k in known)}, got {item!r}")
+            fail(f"{mode} takes {', '.join(f'{k}=VALUE' for k in known)}, got {item!r}")
         kind = known[name][0]
         try:
             if kind is bool:
@@ -255,9 +271,9 @@ def parse_parallel(text: str) -> tuple[str, dict]:
             else:
                 parsed = kind(value)
         except ValueError:
-            raise PerflabError(f"--parallel {text}: {name} takes a {kind.__name__}, got {value!r}") from None
+            fail(f"{name} takes a {kind.__name__}, got {value!r}")
         if kind is not bool and not parsed > 0:
-            raise PerflabError(f"--parallel {text}: {name} must be positive, got {value}")
+            fail(f"{name} must be positive, got {value}")
         options[name] = parsed
     return mode, options
 
@@ -271,7 +287,8 @@ def _validate_parallel(case: Case, family) -> None:
         return
     parse_parallel(case.parallel)
     if case.world_size < 2:
-        raise PerflabError(f"--parallel {case.parallel} needs at least 2 ranks (GPUs), got {case.world_size}: list two or more with --gpus")
+        raise PerflabError(f"--parallel {case.parallel} needs at least 2 ranks (one per GPU; --gpus, --world-size, a spec's world_size), "
+                           f"got {case.world_size}")
     if family.name != "lm" or case.workload not in ("forward_backward", "train_step"):
         raise PerflabError(f"--parallel trains a language model on several ranks: it applies to the lm family's forward_backward and "
                            f"train_step workloads, not {case.model} {case.workload}")

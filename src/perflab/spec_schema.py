@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from perflab.errors import PerflabError
-from perflab.spec import COMMON_SPEC_FIELDS, Case, convert_field
+from perflab.spec import COMMON_SPEC_FIELDS, Case, convert_field, parse_parallel
 from perflab.workloads import FAMILIES, SpecField
 
 SCHEDULING_FIELDS = {"gpu": SpecField(str, "a GPU type, e.g. H100", "GPU types, e.g. [H100, H200]")}  # not in case ids
@@ -202,6 +202,11 @@ class _Values:
             return value.strip()
         if field in ("keep_rate", "reduction_loc") and value == []:
             self.fail(key, f"expected {_CASE[field].kind}, got []")
+        if field == "parallel" and value is not None:
+            try:
+                parse_parallel(value, flag=None)  # a mode and its options, as --parallel reads them
+            except PerflabError as exc:
+                self.fail(key, str(exc))
         if isinstance(value, str) and field != "max_memory":
             return value
         try:

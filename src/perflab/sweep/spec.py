@@ -305,6 +305,7 @@ def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:
 
 # Words in validate_case's messages → the case field they are about.
 _MESSAGE_FIELDS = (
+    (("world size", "ranks need a data-parallel", "needs at least 2 ranks"), "world_size"), (("--parallel",), "parallel"),
     (("input size",), "input_size"), (("batch size",), "batch_size"), (("keep rate", "--keep-rate", "keep rates"), "keep_rate"),
     (("reduction location",), "reduction_loc"), (("warmup",), "warmup"), (("repeats",), "repeats"), (("iters",), "iters"),
     (("min-time",), "min_time"), (("cudagraph needs", "cannot run the"), "mode"), (("sequence length",), "seq_len"),
