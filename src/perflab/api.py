@@ -476,25 +476,9 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
 
     Returns ``{"row", "trace_paths", "accounts", "waits_per_step", "note"}``; ``note`` says why there is no
     accounting (a CPU run's traces hold no GPU kernels), else None."""
-    from perflab.analysis.ranks import account_ranks, collective_waits, merge_ranks, waits_per_step
-    from perflab.measure.parallel import run_parallel_case
-    from perflab.trace.load import load_trace
+    from perflab.profiling import profile_parallel as run
 
-    row = run_parallel_case(case, gpus=gpus, profile_dir=out_dir, profile_steps=steps)
-    result = {"row": row, "trace_paths": row.get("rank_traces") or [], "accounts": [], "waits_per_step": [], "note": None}
-    if row["status"] != "ok":
-        return result
-    if case.device != "cuda":
-        result["note"] = "the ranks' traces hold no GPU kernels (a CPU run): the per-rank accounting needs GPUs"
-        return result
-    tables = {rank: load_trace(path).kernels for rank, path in enumerate(result["trace_paths"])}
-    merged = merge_ranks(tables)
-    result["accounts"] = [a.to_dict() for a in account_ranks(merged)]
-    try:
-        result["waits_per_step"] = waits_per_step(collective_waits(merged), steps)
-    except ValueError as exc:
-        result["note"] = f"no per-step waits: {exc}"
-    return result
+    return run(case, out_dir, steps=steps, gpus=gpus)
 
 
 def ceilings(gpus: Sequence[int] | None = None, refresh: bool = False, on_note=None) -> dict:

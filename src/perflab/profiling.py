@@ -1,11 +1,13 @@
 """A case's profile pass and its Nsight Compute pass, after its untraced timing: what ``perflab profile``,
-``perflab ncu`` and a sweep's worker run. Capture (trace), analysis and the harness (measure) meet here, below
-the API and the sweep, which both call it.
+``perflab ncu`` and a sweep's worker run; a data-parallel case's profile on every rank (``profile --parallel``).
+Capture (trace), analysis and the harness (measure) meet here, below the API and the sweep, which both call it.
 
 Heavy modules (torch) are imported inside the functions that need them.
 """
 
 from __future__ import annotations
+
+from typing import Sequence
 
 from perflab.errors import PerflabError
 from perflab.spec import Case
@@ -95,3 +97,27 @@ def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces"):
     first_step = table[(window == 0) & (table["kind"] == "kernel")].sort_values(["launch_start_ns", "start_ns"])
     named = attach_trace_names(launches, [str(n) for n in first_step["name"]])
     return join_counters(kernels, named), result
+
+
+def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None) -> dict:
+    """A data-parallel case timed on its ranks, then profiled on every rank and the ranks' traces merged and accounted
+    (``perflab profile --parallel``; ``api.profile_parallel`` documents the result)."""
+    from perflab.analysis.ranks import account_ranks, collective_waits, merge_ranks, waits_per_step
+    from perflab.measure.parallel import run_parallel_case
+    from perflab.trace.load import load_trace
+
+    row = run_parallel_case(case, gpus=gpus, profile_dir=out_dir, profile_steps=steps)
+    result = {"row": row, "trace_paths": row.get("rank_traces") or [], "accounts": [], "waits_per_step": [], "note": None}
+    if row["status"] != "ok":
+        return result
+    if case.device != "cuda":
+        result["note"] = "the ranks' traces hold no GPU kernels (a CPU run): the per-rank accounting needs GPUs"
+        return result
+    tables = {rank: load_trace(path).kernels for rank, path in enumerate(result["trace_paths"])}
+    merged = merge_ranks(tables)
+    result["accounts"] = [a.to_dict() for a in account_ranks(merged)]
+    try:
+        result["waits_per_step"] = waits_per_step(collective_waits(merged), steps)
+    except ValueError as exc:
+        result["note"] = f"no per-step waits: {exc}"
+    return result

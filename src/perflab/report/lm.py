@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perflab.analysis.names import KernelNames
-from perflab.report import plots, seeds
+from perflab.report import parallel, plots, seeds
 from perflab.report.md import FAILED, counts_text, formula_cell, gpu_name, md_table, ok, span
 
 SIZE_ORDER = ("gpt_small", "gpt_medium", "gpt_large", "gpt_xl", "gpt_2.7b")
@@ -43,8 +43,6 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
              "Step times are untraced medians with their 95% CI; the kernel tables come from a separate profiled pass of the same case "
              "(the profiler's inflation is listed last). GEMM fraction = GEMM kernel time ÷ the pass's kernel time. A failed cell says "
              "OOM, ERROR or TIMEOUT; \"not run\" marks a case of the spec without a stored row."]
-    from perflab.report import parallel
-
     parallel_parts = parallel.sections(rows)
     rows = [r for r in rows if not _case(r).get("parallel")]  # several ranks: their own section, after the one-GPU tables
     capped = [r for r in rows if _case(r).get("max_memory")]

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from perflab.report.md import md_table
+from perflab.report.md import FAILED, md_table, num, ok
 
 MB = 2**20
-
-
-def _f(value, spec: str, empty: str = "–") -> str:
-    return empty if value is None else format(value, spec)
 
 
 def scaling_rows(rows: list[dict]) -> list[dict]:
@@ -24,12 +20,12 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
         case = row.get("case") or {}
         if not case.get("parallel"):
             continue
-        ok = row.get("status") == "ok"
+        measured = ok(row)
         memory = row.get("rank_memory") or []
         out.append({
             "model": row.get("model"), "seq_len": case.get("seq_len"), "dtype": case.get("dtype"), "mode": case.get("mode"),
             "parallel": case.get("parallel"), "world_size": case.get("world_size"), "status": row.get("status"),
-            "step_ms": row.get("step_ms") if ok else None, "ci95_ms": row.get("ci95_ms") if ok else None,
+            "step_ms": row.get("step_ms") if measured else None, "ci95_ms": row.get("ci95_ms") if measured else None,
             "single_gpu_ms": row.get("single_gpu_ms"), "scaling_efficiency": row.get("scaling_efficiency"),
             "slowest_rank": row.get("slowest_rank"), "rank_spread": row.get("rank_spread"),
             "comm_mib": row["comm_bus_bytes"] / MB if row.get("comm_bus_bytes") is not None else None,
@@ -46,11 +42,11 @@ SCALING_HEADERS = ["Model", "seq", "dtype", "mode", "parallel", "ranks", "step (
 
 def _scaling_cells(r: dict) -> list[str]:
     if r["status"] != "ok":
-        return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), (r["status"] or "?").upper()] + ["–"] * 8
+        return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 8
     agree = {True: "yes", False: "NO", None: "– (sharded)"}[r["ranks_agree"]]
-    return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), _f(r["step_ms"], ".2f"),
-            _f(r["single_gpu_ms"], ".2f"), _f(r["scaling_efficiency"], ".3f"), str(r["slowest_rank"]), _f(r["rank_spread"], ".1%"),
-            _f(r["comm_mib"], ".1f"), _f(r["comm_floor_ms"], ".2f"), _f(r["peak_gib_per_rank"], ".2f"), agree]
+    return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), num(r["step_ms"], ".2f"),
+            num(r["single_gpu_ms"], ".2f"), num(r["scaling_efficiency"], ".3f"), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
+            num(r["comm_mib"], ".1f"), num(r["comm_floor_ms"], ".2f"), num(r["peak_gib_per_rank"], ".2f"), agree]
 
 
 def sections(rows: list[dict]) -> list[str]:
@@ -82,7 +78,7 @@ def account_cells(account: dict) -> list[str]:
     """One rank's exact split (ms; the four columns sum to the window)."""
     ms = lambda ns: f"{ns / 1e6:.3f}"  # noqa: E731
     return [str(account["rank"]), ms(account["window_ns"]), ms(account["compute_only_ns"]), ms(account["comm_overlapped_ns"]),
-            ms(account["comm_exposed_ns"]), ms(account["idle_ns"]), _f(account["overlap_fraction"], ".1%")]
+            ms(account["comm_exposed_ns"]), ms(account["idle_ns"]), num(account["overlap_fraction"], ".1%")]
 
 
 def render_rank_accounts(console, result: dict) -> None:
