@@ -133,25 +133,33 @@ def measure_ceilings() -> dict:
 
 def get_ceilings(refresh: bool = False) -> dict:
     """This GPU's ceilings, from the cache when it holds this GPU/driver/torch, else measured (seconds)."""
-    path = cache_path()
     key = gpu_key()
-    cache = {}
-    if path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cache = {}  # a damaged cache is re-measured, not trusted
+    cache = _read_cache()
     entry = cache.get(key)
     if entry and entry.get("version") == CACHE_VERSION and not refresh:
         return entry
     kept = {k: v for k, v in (entry or {}).items() if k.startswith("all_reduce_")}  # measured apart, on several GPUs
     entry = measure_ceilings() | kept
     cache[key] = entry
+    _write_cache(cache)
+    return entry
+
+
+def _read_cache() -> dict:
+    """The ceilings cache: GPU key → its entry; empty when there is none (a damaged cache is re-measured, not trusted)."""
+    path = cache_path()
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _write_cache(cache: dict) -> None:
+    path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     tmp.replace(path)
-    return entry
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -222,38 +230,22 @@ def all_reduce_key(world_size: int) -> str:
 
 def get_all_reduce(gpus: list[int], refresh: bool = False) -> dict:
     """The all-reduce sweep of these GPUs, from the ceilings cache (under the first GPU's key) or measured and cached."""
-    path = cache_path()
     with torch.cuda.device(gpus[0]):
         key = gpu_key()
-    cache = {}
-    if path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cache = {}
-    entry = cache.get(key) or {}
-    found = entry.get(all_reduce_key(len(gpus)))
+    cache = _read_cache()
+    found = (cache.get(key) or {}).get(all_reduce_key(len(gpus)))
     if found and not refresh:
         return found
     found = all_reduce_sweep(gpus)
     cache.setdefault(key, {})[all_reduce_key(len(gpus))] = found
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cache, indent=1))
-    tmp.replace(path)
+    _write_cache(cache)
     return found
 
 
 def cached_all_reduce(world_size: int) -> dict | None:
     """This GPU's cached all-reduce sweep for ``world_size`` ranks, without measuring (None when not measured yet)."""
-    path = cache_path()
-    if not path.exists():
-        return None
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return (cache.get(gpu_key()) or {}).get(all_reduce_key(world_size))
+    cache = _read_cache()
+    return (cache.get(gpu_key()) or {}).get(all_reduce_key(world_size)) if cache else None
 
 
 def busbw_at(sweep: dict, nbytes: float) -> float:
