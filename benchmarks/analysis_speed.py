@@ -389,6 +389,19 @@ def convert_layout(source: Path, target: Path, layout: str) -> None:
         out.write(document[cut + 1:])
 
 
+def relayable(path: Path) -> bool:
+    """Whether ``convert_layout`` can rewrite this trace: plain JSON whose event list opens and closes as
+    export_chrome_trace (and ``write_synthetic_kineto``) write it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 20)
+            f.seek(max(0, path.stat().st_size - (1 << 20)))
+            tail = f.read()
+    except OSError:
+        return False
+    return b'"traceEvents": [\n' in head and b"\n  ],\n" in tail
+
+
 def _event_slices(text: bytes, start: int, end: int, size: int = 1 << 24):
     """Slices of the event list of a trace in write_synthetic_kineto's layout, cut between events."""
     boundary = b"\n  },\n  {"
@@ -552,9 +565,22 @@ def main() -> None:
     parser.add_argument("--only", help=f"with --layouts: these layouts, comma-separated (of {','.join(LAYOUTS)})")
     parser.add_argument("--no-parsers", action="store_true", help="with --layouts: perflab analyze only, not the candidate parsers")
     args = parser.parse_args()
-    unknown = [name for name in (args.only.split(",") if args.only else ()) if name not in LAYOUTS]
+    def refuse(message: str) -> None:  # bad arguments: one line and exit status 2, before anything is measured
+        print(f"analysis_speed.py: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    only = args.only.split(",") if args.only else []
+    unknown = [name for name in only if name not in LAYOUTS]
     if unknown:
-        parser.error(f"--only: unknown layout {unknown[0]!r}; choose from {', '.join(LAYOUTS)}")
+        refuse(f"--only: unknown layout {unknown[0]!r}; choose from {', '.join(LAYOUTS)}")
+    # The float-spelled layouts are written from a synthetic trace: with --trace X they would measure another trace than X.
+    floats = [name for name in only if LAYOUT_SOURCES[name][0] == "floats"]
+    if args.trace and args.layouts and floats:
+        refuse(f"--trace with --layouts: {floats[0]} is written from a synthetic trace, not from {args.trace}; "
+               "choose --only among the Kineto-spelled layouts (torch, compact, reordered, gzip)")
+    if args.trace and args.layouts and not relayable(Path(args.trace)):
+        refuse(f"--trace with --layouts: {args.trace} is not plain JSON in torch.profiler's layout (the one this script writes "
+               "and --keep keeps), which the layouts are rewritten from; give such a trace, or drop --layouts")
     keep_layouts = args.keep
 
     workdir = Path(args.dir or tempfile.mkdtemp(prefix="perflab-bench-"))
@@ -593,12 +619,8 @@ def main() -> None:
 
     if args.layouts:
         layouts = args.only.split(",") if args.only else LAYOUTS
-        if args.trace:  # the float-spelled layouts are written from a synthetic trace: they would measure another trace than X
-            floats = [layout for layout in layouts if LAYOUT_SOURCES[layout][0] == "floats"]
-            if args.only and floats:
-                parser.error(f"--trace with --layouts: {floats[0]} is written from a synthetic trace, not from {args.trace}; "
-                             "choose --only among the Kineto-spelled layouts")
-            layouts = [layout for layout in layouts if layout not in floats]
+        if args.trace:  # X's own layouts only: the float-spelled ones are written from a synthetic trace (refused above with --only)
+            layouts = [layout for layout in layouts if LAYOUT_SOURCES[layout][0] != "floats"]
             print(f"--trace: the Kineto-spelled layouts of {args.trace} only ({', '.join(layouts)})", flush=True)
         traces = {"kineto": trace}
         if any(LAYOUT_SOURCES[layout][0] == "floats" for layout in layouts):

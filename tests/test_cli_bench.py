@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from cli_util import assert_one_line_error, run_cli, run_cli_here
+from cli_util import assert_one_line_error, run_cli_here
 from perflab.cli import expand_multi_value_options
 
 
 def test_must_show_deit_base_gmacs_on_the_cpu():
-    r = run_cli("bench", "--model", "deit_base_patch16_224", "--device", "cpu", "--input-size", "224", "--batch-size", "1", "--iters", "2", "--format", "json")
+    r = run_cli_here("bench", "--model", "deit_base_patch16_224", "--device", "cpu", "--input-size", "224", "--batch-size", "1", "--iters", "2", "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(rows) == 1
@@ -25,7 +25,7 @@ def test_must_show_deit_base_gmacs_on_the_cpu():
 
 def test_json_and_csv_outputs_for_a_grid(tmp_path):
     args = ["bench", "--model", "test:tiny", "--device", "cpu", "--batch-size", "1", "2", "--input-size", "32", "64", "--min-time", "0.05", "--warmup", "1"]
-    r = run_cli(*args, "--format", "json", "--out", tmp_path / "rows.csv")
+    r = run_cli_here(*args, "--format", "json", "--out", tmp_path / "rows.csv")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert [(row["input_size"], row["batch_size"]) for row in rows] == [(32, 1), (32, 2), (64, 1), (64, 2)]
@@ -44,7 +44,7 @@ def test_json_and_csv_outputs_for_a_grid(tmp_path):
 
 
 def test_table_output_lists_every_case():
-    r = run_cli("bench", "--model", "test:tiny", "test:drops_batch", "--device", "cpu", "--batch-size", "4", "--min-time", "0.05", "--warmup", "1")
+    r = run_cli_here("bench", "--model", "test:tiny", "test:drops_batch", "--device", "cpu", "--batch-size", "4", "--min-time", "0.05", "--warmup", "1")
     assert r.returncode == 0, r.stderr
     assert "test:tiny" in r.stdout and "test:drops_batch" in r.stdout
     assert "host µs" in r.stdout
@@ -52,7 +52,7 @@ def test_table_output_lists_every_case():
 
 
 def test_oom_case_is_a_row_and_the_rest_run():
-    r = run_cli("bench", "--model", "test:oom", "test:tiny", "--device", "cpu", "--min-time", "0.05", "--warmup", "1", "--format", "json")
+    r = run_cli_here("bench", "--model", "test:oom", "test:tiny", "--device", "cpu", "--min-time", "0.05", "--warmup", "1", "--format", "json")
     assert r.returncode == 0, r.stderr
     statuses = [json.loads(line)["status"] for line in r.stdout.splitlines()]
     assert statuses == ["oom", "ok"]
@@ -100,7 +100,7 @@ def test_demo_runs_the_small_cpu_version_and_pairs_top_k_with_its_baseline():
     cases = api.demo_cases("cpu")
     assert sorted((c.model, c.batch_size) for c in cases) == [
         ("deit_tiny_patch16_224", 1), ("deit_tiny_patch16_224", 8), ("topk_deit_tiny_patch16_224", 1), ("topk_deit_tiny_patch16_224", 8)]
-    r = run_cli("demo", "--device", "cpu")
+    r = run_cli_here("demo", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert "Top-k vs baseline" in r.stdout and "197→21→3→2" in r.stdout
     assert r.stdout.count("2.51 → 0.83") == 2  # DeiT-Tiny GFLOPs per image, baseline → top-k, at bs 1 and 8

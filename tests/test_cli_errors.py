@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from cli_util import assert_one_line_error, run_cli, run_cli_here
+from cli_util import assert_one_line_error, run_cli_here
 
 TRACE = "tests/data/traces/eager_vit.json.gz"
 
@@ -55,7 +55,7 @@ def test_one_line_and_exit_2(args, fragment):
 
 def test_a_refused_profile_leaves_no_directory_behind(tmp_path):
     out = tmp_path / "traces"
-    r = run_cli("profile", "--model", "deit_tiny_patch16_224", "--device", "cpu", "--out", out)
+    r = run_cli_here("profile", "--model", "deit_tiny_patch16_224", "--device", "cpu", "--out", out)
     assert_one_line_error(r, "needs a CUDA GPU")
     assert not out.exists()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_util import ROOT, assert_one_line_error, run_cli
+from cli_util import ROOT, assert_one_line_error, run_cli_here
 
 BENCH = ["bench", "--model", "test:tiny", "--device", "cpu", "--input-size", "32", "--iters", "2", "--warmup", "1", "--format", "json"]
 
@@ -26,7 +26,7 @@ def test_bench_refuses_an_unwritable_out_before_measuring(tmp_path, where):
     else:
         (tmp_path / "afile").write_text("not a directory")
         target = tmp_path / "afile" / "x.json"
-    r = run_cli(*BENCH, "--out", target)
+    r = run_cli_here(*BENCH, "--out", target)
     assert_one_line_error(r, str(target))
     assert r.stdout == ""  # refused before anything was measured
     assert not target.exists()
@@ -59,11 +59,11 @@ def test_sweep_list_refuses_a_huge_grid_without_expanding_it(tmp_path):
     spec.write_text(f"name: huge\ndefaults: {{model: test:tiny, device: cpu}}\n"
                     f"grid:\n  input_size: [{sizes}]\n  batch_size: [{batches}]\n  seed: [{seeds}]\n")
     t = time.perf_counter()
-    r = run_cli("sweep", spec, "--list", timeout=60)
+    r = run_cli_here("sweep", spec, "--list")
     assert time.perf_counter() - t < 30
     assert_one_line_error(r, "12,000,000 cases", "--max-cases")
     assert r.stdout == ""
-    r = run_cli("sweep", spec, "--list", "--max-cases", "5", timeout=60)
+    r = run_cli_here("sweep", spec, "--list", "--max-cases", "5")
     assert_one_line_error(r, "12,000,000 cases", "over --max-cases 5")
 
 

@@ -47,6 +47,20 @@ def test_family_of_model_names():
     assert family_of("llama3_8b").name == "decode"
 
 
+def test_the_model_registry_and_the_families_read_the_same_name_prefixes():
+    """models.registry finds perflab's own language-model configs by prefix without importing the workloads; the
+    family each config's name implies is the one its registry kind builds for."""
+    from perflab.models.llama import llama_configs
+    from perflab.models.lm import lm_configs
+    from perflab.models.registry import parse_model_name
+
+    for configs, kind, family in ((lm_configs, "lm", "lm"), (llama_configs, "llama", "decode")):
+        for name in configs:
+            assert (parse_model_name(name).family, family_of(name).name) == (kind, family)
+    with pytest.raises(PerflabError, match="unknown language model config 'gpt_smal'; did you mean gpt_small"):
+        parse_model_name("gpt_smal")
+
+
 def test_family_defaults_fill_unset_fields():
     vit = Case("deit_tiny_patch16_224")
     assert (vit.input_size, vit.batch_size, vit.workload) == (224, 1, "forward")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from cli_util import assert_one_line_error, run_cli
+from cli_util import assert_one_line_error, run_cli_here
 from perflab.runtime.modes import make_step
 from perflab.runtime.workload import step_context
 from perflab.spec import Case, validate_case
@@ -24,7 +24,7 @@ def _json_rows(result):
 
 
 def test_must_show_gpt_small_forward_on_the_cpu():
-    r = run_cli("bench", "--model", "gpt_small", "--workload", "forward", "--seq-len", "128", "--batch-size", "4", "--device", "cpu",
+    r = run_cli_here("bench", "--model", "gpt_small", "--workload", "forward", "--seq-len", "128", "--batch-size", "4", "--device", "cpu",
                 "--iters", "2", "--warmup", "1", "--format", "json")
     (row,) = _json_rows(r)
     assert row["status"] == "ok" and row["tokens_per_s"] > 0
@@ -39,7 +39,7 @@ def test_must_show_gpt_small_forward_on_the_cpu():
 
 
 def test_must_show_llama3_8b_two_layer_decode_on_the_cpu():
-    r = run_cli("bench", "--model", "llama3_8b", "--layers", "2", "--workload", "decode", "--context-len", "128", "--batch-size", "1",
+    r = run_cli_here("bench", "--model", "llama3_8b", "--layers", "2", "--workload", "decode", "--context-len", "128", "--batch-size", "1",
                 "--device", "cpu", "--iters", "2", "--warmup", "1", "--format", "json")
     (row,) = _json_rows(r)
     assert row["status"] == "ok" and row["tokens_per_s"] > 0
@@ -110,6 +110,6 @@ def test_an_explicit_attention_profile_pass_on_the_cpu_has_the_three_attention_r
 def test_bad_family_input_is_one_line_and_exit_2(args, fragment, tmp_path):
     out = tmp_path / "rows.json"
     out.write_text("kept\n")
-    r = run_cli("bench", *args, "--device", "cpu", "--iters", "1", "--warmup", "0", "--out", out)
+    r = run_cli_here("bench", *args, "--device", "cpu", "--iters", "1", "--warmup", "0", "--out", out)
     assert_one_line_error(r, fragment)
     assert r.stdout == "" and out.read_text() == "kept\n"  # nothing measured, nothing stored overwritten

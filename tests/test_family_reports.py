@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from perflab.analysis.names import short_kernel_name
+from perflab.report.lm import WORKLOAD_TITLES
 from perflab.report.markdown import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,10 +92,14 @@ def test_decode_ncu_table_names_each_library_with_dram_percent_bandwidth_and_sha
 def test_lm_tables_a_to_e_and_mfu_from_the_stored_rows(lm):
     text, rows, out = lm
     fp32 = _section(text, "### fp32, explicit attention, eager, batch 4, cuda")
-    by = {(r["model"], r["case"]["workload"], r["case"]["seq_len"]): r for r in rows}
-    forward = _table_row(fp32, "#### (a) Step time (ms): inference forward", "gpt_medium")[1:]
-    assert [c.split(" [")[0] for c in forward] == [f"{by[('gpt_medium', 'forward', s)]['median_ms']:.2f}" for s in (128, 256, 512, 1024)]
-    assert _table_row(fp32, "#### (a) Step time (ms): inference forward", "gpt_2.7b")[1:] == ["not run"] * 4
+    group = [r for r in rows if (r["case"]["dtype"], r["case"]["attn"], r["case"]["mode"], r["case"]["batch_size"]) == ("fp32", "explicit", "eager", 4)]
+    by = {(r["model"], r["case"]["workload"], r["case"]["seq_len"]): r for r in group}
+    for model in ("gpt_medium", "gpt_2.7b"):
+        forward = _table_row(fp32, "#### (a) Step time (ms): inference forward", model)[1:]
+        assert [c.split(" [")[0] for c in forward] == [f"{by[(model, 'forward', s)]['median_ms']:.2f}" for s in (128, 256, 512, 1024)]
+    oom = [r for r in group if r["status"] == "oom"]  # a failed cell says so
+    assert oom and all(_table_row(fp32, f"#### (a) Step time (ms): {WORKLOAD_TITLES[r['case']['workload']]}", r["model"])
+                       [1 + (128, 256, 512, 1024).index(r["case"]["seq_len"])] == "OOM" for r in oom)
     mfu = _table_row(fp32, "#### MFU: inference forward", "gpt_small")[1:]
     assert [c.split(";")[0] for c in mfu] == [f"{100 * by[('gpt_small', 'forward', s)]['mfu']:.1f}%" for s in (128, 256, 512, 1024)]
     for s in (128, 256, 512, 1024):  # MFU = analytic FLOPs / time / the measured fp32 matmul peak (~51 TFLOP/s on an H100)
@@ -443,9 +448,9 @@ def test_capped_rows_are_measured_cells_of_their_own_and_an_oom_on_the_full_gpu_
     capped["case"]["max_memory"] = 16 * 2**30
     capped["status"] = "oom"
     large = json.loads(json.dumps(base))
-    large.update(model="gpt_2.7b", status="oom")  # a seed OOM cell the committed store has not run
+    large.update(model="gpt_2.7b", status="oom")  # a seed OOM cell, as if the store had not run it: OOM on the full GPU
     large["case"]["seq_len"] = 512
-    assert not any(r["model"] == "gpt_2.7b" and r["case"]["seq_len"] == 512 for r in rows)
+    rows = [r for r in rows if not (r["model"] == "gpt_2.7b" and r["case"]["seq_len"] == 512)]
     parts = "\n\n".join(lm_report.seed_sections(rows + [large], [capped]))
     listed = {(r[0], r[1]): r[2:] for r in _table(parts, "#### Seed 003's OOM cells")}
     assert listed[("gpt_2.7b", "seq512")][2] == "OOM" and listed[("gpt_2.7b", "seq512")][3:] == ["? / OOM ✓"] * 3

@@ -2,7 +2,8 @@
 
 import pytest
 
-from perflab.analysis.floors import compute_floors, vit_min_bytes
+from perflab.analysis.floors import compute_floors
+from perflab.workloads.classify import vit_min_bytes
 
 CEIL = dict(matmul_tflops=800.0, copy_gbps=4000.0, kernel_interval_us=1.5)
 

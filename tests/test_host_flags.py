@@ -239,10 +239,10 @@ def test_pinning_is_not_in_case_ids_and_a_spec_can_turn_it_off(tmp_path):
 
 @pytest.mark.skipif(not LINUX, reason="CPU affinity is Linux's")
 def test_cli_no_pin_times_unpinned_under_the_same_case_id():
-    from cli_util import run_cli
+    from cli_util import run_cli_here
 
     args = ("bench", "--model", "test:tiny", "--device", "cpu", "--min-time", "0.1", "--warmup", "1", "--repeats", "5", "--format", "json")
-    pinned, free = run_cli(*args), run_cli(*args, "--no-pin")
+    pinned, free = run_cli_here(*args), run_cli_here(*args, "--no-pin")
     assert pinned.returncode == free.returncode == 0, (pinned.stderr, free.stderr)
     a, b = json.loads(pinned.stdout.splitlines()[-1]), json.loads(free.stdout.splitlines()[-1])
     assert a["case_id"] == b["case_id"] and a["pinned_cpu"] == max(os.sched_getaffinity(0)) and b["pinned_cpu"] is None
@@ -252,7 +252,7 @@ def test_cli_no_pin_times_unpinned_under_the_same_case_id():
 
 
 def test_report_and_results_say_which_rows_were_exempt(tmp_path):
-    from cli_util import run_cli
+    from cli_util import run_cli_here
     from test_report_markdown import BASE, SEED_001, synthetic_row
 
     from perflab.report.markdown import write_report
@@ -270,6 +270,6 @@ def test_report_and_results_say_which_rows_were_exempt(tmp_path):
     label = f"{BASE} 224px bs8 bf16 eager"
     assert (f"are not applied to 1 GPU-bound row(s), whose host issue time is under 50% of the step time (a host up to 2× slower "
             f"cannot lengthen them): {label}; waived: {label}: host_drift, host_contention.") in text
-    r = run_cli("results", tmp_path)
+    r = run_cli_here("results", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "not applied to 1 GPU-bound row(s)" in r.stdout and "host_contention" in r.stdout

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from cli_util import run_cli
+from cli_util import run_cli_here
 from perflab.report.markdown import write_report
 from perflab.spec import Case
 from perflab.sweep.spec import Comparison, Experiment
@@ -129,12 +129,12 @@ def test_named_mode_comparison_groups_by_model_and_marks_cases_not_run(tmp_path)
 
 
 def test_results_export_json_and_csv(seed_store):
-    r = run_cli("results", seed_store, "--format", "json")
+    r = run_cli_here("results", seed_store, "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(rows) == 14 and len({row["case_id"] for row in rows}) == 14
     assert {"case_id", "status", "model", "throughput_per_s", "ci95_ms", "env", "env_key"} <= set(rows[0])
-    r = run_cli("results", seed_store, "--format", "csv")
+    r = run_cli_here("results", seed_store, "--format", "csv")
     assert r.returncode == 0, r.stderr
     table = list(csv.DictReader(io.StringIO(r.stdout)))
     assert r.stdout.splitlines()[0].startswith("run_name,tp,latency_ms,time_total,flops,max_memory,no_params,no_params_trainable,power,case_id")
@@ -172,12 +172,12 @@ def test_report_shows_host_speed_beside_eager_results_and_explains_host_drift(tm
     assert cells[(BASE, "1", "eager")] == ["100 (1.00×)", "–"]
     assert [r[-2] for r in rows if r[1] == "448"] == ["–"]
 
-    r = run_cli("results", tmp_path, "--format", "json")
+    r = run_cli_here("results", tmp_path, "--format", "json")
     assert r.returncode == 0, r.stderr
     stored = [json.loads(line) for line in r.stdout.splitlines()]
     assert [row["case_id"] for row in stored if "host_drift" in row["flags"]] == [
         Case(TOPK, input_size=224, batch_size=8, dtype="bf16", mode="eager", device="cuda", keep_rate=(0.1,), reduction_loc=(3, 6, 9)).id]
-    r = run_cli("results", tmp_path)
+    r = run_cli_here("results", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "host µs" in r.stdout and "130 (1.30×)" in r.stdout and "host_drift" in r.stdout
 

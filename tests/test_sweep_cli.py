@@ -4,7 +4,7 @@ import hashlib
 
 import pytest
 
-from cli_util import assert_one_line_error, run_cli
+from cli_util import assert_one_line_error, run_cli_here
 from perflab.sweep.store import Store
 
 
@@ -34,11 +34,11 @@ def test_bad_spec_is_one_line_exit_2_and_the_store_is_untouched(tmp_path, stored
     before = snapshot(stored_dir)
     for text, fragments in BAD:
         spec.write_text(text)
-        r = run_cli("sweep", spec, "--out", stored_dir, "--resume")
+        r = run_cli_here("sweep", spec, "--out", stored_dir, "--resume")
         assert_one_line_error(r, *fragments)
         assert snapshot(stored_dir) == before
     fresh = tmp_path / "fresh"
-    r = run_cli("sweep", spec, "--out", fresh)
+    r = run_cli_here("sweep", spec, "--out", fresh)
     assert_one_line_error(r, *BAD[-1][1])
     assert not fresh.exists()  # validation comes before the store is created
 
@@ -47,13 +47,13 @@ def test_existing_results_need_resume_and_bad_flags_are_one_line(tmp_path, store
     spec = tmp_path / "ok.yaml"
     spec.write_text("defaults: {device: cpu, input_size: 32, iters: 2, repeats: 2}\ncases:\n  - {model: 'test:tiny'}\n")
     before = snapshot(stored_dir)
-    r = run_cli("sweep", spec, "--out", stored_dir)
+    r = run_cli_here("sweep", spec, "--out", stored_dir)
     assert_one_line_error(r, f"{stored_dir} already holds 1 stored result(s); pass --resume")
-    r = run_cli("sweep", spec, "--out", stored_dir, "--gpus", "0,x")
+    r = run_cli_here("sweep", spec, "--out", stored_dir, "--gpus", "0,x")
     assert_one_line_error(r, "--gpus: expected GPU indices like 0,1, got '0,x'")
-    r = run_cli("sweep", tmp_path / "missing.yaml", "--out", stored_dir)
+    r = run_cli_here("sweep", tmp_path / "missing.yaml", "--out", stored_dir)
     assert_one_line_error(r, "missing.yaml: no such spec file")
-    r = run_cli("results", tmp_path / "nowhere")
+    r = run_cli_here("results", tmp_path / "nowhere")
     assert_one_line_error(r, "no results store (results.sqlite) here")
     assert snapshot(stored_dir) == before
 
@@ -61,7 +61,7 @@ def test_existing_results_need_resume_and_bad_flags_are_one_line(tmp_path, store
 def test_cuda_spec_without_a_gpu_is_refused_before_the_store(tmp_path):
     from cli_util import ROOT
 
-    r = run_cli("sweep", ROOT / "experiments" / "token_reduction.yaml", "--out", tmp_path / "tr")
+    r = run_cli_here("sweep", ROOT / "experiments" / "token_reduction.yaml", "--out", tmp_path / "tr")
     try:
         import torch
 

@@ -16,13 +16,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from cli_util import ROOT, assert_one_line_error, run_cli  # noqa: E402
+from cli_util import ROOT, assert_one_line_error, run_cli_here  # noqa: E402
 from perflab import api  # noqa: E402
 from perflab.errors import PerflabError  # noqa: E402
 from perflab.sweep import ray_engine, runner  # noqa: E402
 from perflab.sweep.spec import load_experiment, parse_experiment  # noqa: E402
 from perflab.sweep.store import Store  # noqa: E402
-from test_sweep_resume import SMOKE, live_workers, stored_count, wait_for  # noqa: E402
+from sweep_util import SMOKE, live_workers, stored_count, wait_for  # noqa: E402
 
 FAST = {"device": "cpu", "input_size": 32, "warmup": 1, "iters": 5, "repeats": 5}
 SLOW = dict(FAST, model="test:slow", iters=20)  # about 1 s of 50 ms steps, after the worker's start
@@ -69,18 +69,20 @@ def _small_smoke(tmp_path):
     return path
 
 
-def test_smoke_sweep_on_ray_stores_each_case_once_with_the_local_rows(cluster, tmp_path):
+def test_smoke_sweep_on_ray_stores_each_case_once_with_the_local_rows(cluster, tmp_path, smoke_run):
     smoke = _small_smoke(tmp_path)
     total = len(load_experiment(smoke).cases)
     assert total == 8
     summary = api.sweep(smoke, tmp_path / "ray", engine="ray")
     assert (summary.total, summary.done, summary.skipped, summary.counts, summary.reruns) == (total, total, 0, {"ok": total}, 0)
-    local = api.sweep(smoke, tmp_path / "local", workers=2)
-    assert local.counts == {"ok": total}
-    on_ray, here = api.results(tmp_path / "ray"), api.results(tmp_path / "local")
+    # The local engine's rows of the same cases: the session's smoke sweep (all 14 cases, resumed with --workers 2).
+    ids = {c.id for c in load_experiment(smoke).cases}
+    here = [r for r in api.results(smoke_run["out"]) if r["case_id"] in ids]
+    assert len(here) == total and {r["status"] for r in here} == {"ok"}
+    on_ray = api.results(tmp_path / "ray")
     assert len(on_ray) == len({r["case_id"] for r in on_ray}) == total
     assert {r["node_id"] for r in on_ray} == node_ids()  # both nodes ran cases
-    assert summary.env_key == local.env_key  # one host: the same environment key as the local engine
+    assert {summary.env_key} == {r["env_key"] for r in here}  # one host: the same environment key as the local engine
     local_rows = {r["case_id"]: r for r in here}
     for row in on_ray:
         other = local_rows[row["case_id"]]
@@ -155,14 +157,15 @@ def test_a_killed_driver_resumes_to_every_case_exactly_once(cluster, tmp_path):
     at_kill = stored_count(out)
     assert 1 <= at_kill < 4
     wait_for(lambda: not _perflab_workers(), 30, "the killed driver's workers to die with it")  # Ray ends the job's tasks
-    resumed = run_cli("sweep", spec, "--out", out, "--engine", "ray", "--address", cluster.address, "--resume", timeout=300)
+    # Resumed in this process, already connected to the cluster (as a notebook would be): the engine joins it as it is.
+    resumed = run_cli_here("sweep", spec, "--out", out, "--engine", "ray", "--address", cluster.address, "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert f"4 cases: {4 - at_kill} run now ({4 - at_kill} ok), {at_kill} already stored" in resumed.stdout
     rows = api.results(out)
     assert sorted(r["batch_size"] for r in rows) == [1, 2, 3, 4] and all(r["status"] == "ok" for r in rows)
     with Store.open(out) as store:
         assert [(s["outcome"], s["n_skipped"], s["n_done"]) for s in store.sweeps()] == [(None, 0, 0), ("complete", at_kill, 4 - at_kill)]
-    again = run_cli("sweep", spec, "--out", out, "--engine", "ray", "--address", cluster.address)
+    again = run_cli_here("sweep", spec, "--out", out, "--engine", "ray", "--address", cluster.address)
     assert_one_line_error(again, "already holds 4 stored result(s); pass --resume")
 
 
@@ -205,19 +208,18 @@ def test_units_pin_cases_to_gpu_types_or_run_them_on_every_type_with_the_same_ca
     assert ray_engine.gpu_matches("NVIDIA GeForce RTX 4090", "RTX 4090") and not ray_engine.gpu_matches("NVIDIA H100 80GB HBM3", "H10")
 
 
-def test_bad_engine_options_and_missing_ray_are_one_line_errors(tmp_path):
+def test_bad_engine_options_and_missing_ray_are_one_line_errors(tmp_path, monkeypatch):
     spec = tmp_path / "s.yaml"
     spec.write_text(json.dumps({"defaults": FAST, "cases": [{"model": "test:tiny"}]}))
-    assert_one_line_error(run_cli("sweep", spec, "--out", tmp_path / "a", "--engine", "slurm"), "--engine: expected local or ray, got 'slurm'")
-    assert_one_line_error(run_cli("sweep", spec, "--out", tmp_path / "a", "--address", "auto"), "--address joins a Ray cluster; give --engine ray")
-    assert_one_line_error(run_cli("sweep", spec, "--out", tmp_path / "a", "--engine", "ray", "--workers", "2"), "--workers is for --engine local")
+    assert_one_line_error(run_cli_here("sweep", spec, "--out", tmp_path / "a", "--engine", "slurm"), "--engine: expected local or ray, got 'slurm'")
+    assert_one_line_error(run_cli_here("sweep", spec, "--out", tmp_path / "a", "--address", "auto"), "--address joins a Ray cluster; give --engine ray")
+    assert_one_line_error(run_cli_here("sweep", spec, "--out", tmp_path / "a", "--engine", "ray", "--workers", "2"), "--workers is for --engine local")
     pinned = tmp_path / "p.yaml"
     pinned.write_text(json.dumps({"defaults": dict(FAST, device="cuda", model="test:tiny", gpu="H100"), "cases": [{}]}))
-    assert_one_line_error(run_cli("sweep", pinned, "--out", tmp_path / "a"), "place cases on a cluster's GPU types; run it with --engine ray")
-    # Ray not installed: hide it from the import system in a fresh interpreter.
-    code = ("import sys; sys.modules['ray'] = None; from perflab.cli import main; "
-            f"main(['sweep', {str(spec)!r}, '--out', {str(tmp_path / 'b')!r}, '--engine', 'ray'])")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT / "src")))
+    assert_one_line_error(run_cli_here("sweep", pinned, "--out", tmp_path / "a"), "place cases on a cluster's GPU types; run it with --engine ray")
+    # Ray not installed: hidden from the import system (an import of a module mapped to None raises ImportError).
+    monkeypatch.setitem(sys.modules, "ray", None)
+    r = run_cli_here("sweep", spec, "--out", tmp_path / "b", "--engine", "ray")
     assert_one_line_error(r, "perflab: error: --engine ray needs Ray: pip install 'perflab[ray]'")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
@@ -248,7 +250,7 @@ def test_report_has_a_cross_gpu_table_and_results_name_node_and_gpu(tmp_path):
     assert "## Across GPU types" in text
     assert "| test:tiny 224px bs1 fp32 eager | 100.00 | 150.00 | 1.500× |" in text
     assert "| test:tiny 224px bs2 fp32 eager | 180.00 | 198.00 | 1.100× |" in text
-    table = run_cli("results", tmp_path)
+    table = run_cli_here("results", tmp_path)
     assert table.returncode == 0, table.stderr
     assert "node" in table.stdout and "GPU" in table.stdout and table.stdout.count("h200-1:h200-1") == 2
 

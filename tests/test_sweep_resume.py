@@ -1,25 +1,20 @@
 """`perflab sweep experiments/smoke.yaml` killed with SIGKILL part-way, then resumed: every case once, all ok.
 
-The killed sweep's store is polled (no fixed sleeps), so this holds on a slow 2-core machine too. The
-resulting directory then feeds the report and break-even CLI checks on real measurements.
+The killed sweep's store is polled (no fixed sleeps), so this holds on a slow 2-core machine too. The sweep runs once
+per session (``smoke_run``, conftest.py); its directory then feeds the report and break-even CLI checks on real
+measurements, and the Ray engine's tests compare their rows with it.
 """
 
 import json
-import os
 import shutil
-import signal
 import sqlite3
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from cli_util import ROOT, run_cli
+from cli_util import run_cli_here
 from perflab.sweep.spec import load_experiment
+from sweep_util import SMOKE
 
-SMOKE = ROOT / "experiments" / "smoke.yaml"
 BENCH_KEYS = {  # what `perflab bench --format json` prints for every case (README, "Output fields")
     "case", "case_id", "status", "message", "model", "method", "keep_rate", "reduction_loc", "tokens", "input_size",
     "batch_size", "dtype", "mode", "device_name", "median_ms", "p10_ms", "p90_ms", "cv", "ci95_ms", "latency_ms_per_batch",
@@ -28,69 +23,12 @@ BENCH_KEYS = {  # what `perflab bench --format json` prints for every case (READ
 }
 
 
-def stored_count(out: Path) -> int:
-    path = out / "results.sqlite"
-    if not path.exists():
-        return 0
-    try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5) as conn:
-            return conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
-    except sqlite3.OperationalError:  # created but no schema yet
-        return 0
-
-
-def live_workers(out: Path) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if "perflab.sweep.worker" in cmdline and str(out) in cmdline:
-                pids.append(int(entry))
-    return pids
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    """Start the smoke sweep, SIGKILL it once at least one row is stored, resume it; return what happened."""
-    out = tmp_path_factory.mktemp("smoke") / "run"
-    total = len(load_experiment(SMOKE).cases)
-    # One thread per worker: on a busy 2-core machine, torch's spinning thread pools would slow every case
-    # many times over. The test is about the machinery, not the timings.
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    with open(tmp_path_factory.mktemp("logs") / "killed.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "perflab", "sweep", str(SMOKE), "--out", str(out)],
-                                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-        try:
-            wait_for(lambda: stored_count(out) >= 1 or proc.poll() is not None, 300, "the first stored row")
-            assert proc.poll() is None, "the sweep ended before it could be killed"
-            os.kill(proc.pid, signal.SIGKILL)
-        finally:
-            proc.kill()
-            proc.wait()
-    stored_at_kill = stored_count(out)
-    wait_for(lambda: not live_workers(out), 30, "the killed sweep's worker to die with it")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("OMP_NUM_THREADS", "1")
-        resumed = run_cli("sweep", SMOKE, "--out", out, "--resume", "--workers", "2", timeout=600)
-    return {"out": out, "total": total, "stored_at_kill": stored_at_kill, "resumed": resumed}
-
-
 def test_killed_sweep_resumes_to_every_case_exactly_once(smoke_run):
     out, total, at_kill, resumed = smoke_run["out"], smoke_run["total"], smoke_run["stored_at_kill"], smoke_run["resumed"]
     assert 1 <= at_kill < total
     assert resumed.returncode == 0, resumed.stderr
     assert f"{total} cases: {total - at_kill} run now ({total - at_kill} ok), {at_kill} already stored" in resumed.stdout
-    r = run_cli("results", out, "--format", "json")
+    r = run_cli_here("results", out, "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     ids = [row["case_id"] for row in rows]
@@ -110,11 +48,11 @@ def test_killed_sweep_resumes_to_every_case_exactly_once(smoke_run):
 
 def test_report_from_the_resumed_sweep(smoke_run):
     out = smoke_run["out"]
-    r = run_cli("report", out, "--bootstrap", "200")
+    r = run_cli_here("report", out, "--bootstrap", "200")
     assert r.returncode == 0, r.stderr
     text = (out / "report.md").read_text()
     rows = {(row["model"], row["input_size"], row["batch_size"]): row for row in
-            (json.loads(line) for line in run_cli("results", out, "--format", "json").stdout.splitlines())}
+            (json.loads(line) for line in run_cli_here("results", out, "--format", "json").stdout.splitlines())}
     for size in (64, 96, 128):
         assert f"#### Batch size sweep (input size {size})" in text
     base, tr = rows[("deit_tiny_patch16_224", 96, 2)], rows[("topk_deit_tiny_patch16_224", 96, 2)]
@@ -130,7 +68,7 @@ def test_report_from_the_resumed_sweep(smoke_run):
 def test_breakeven_cli_reuses_the_stored_cases(smoke_run, tmp_path):
     out = tmp_path / "breakeven"
     shutil.copytree(smoke_run["out"], out)
-    r = run_cli("breakeven", "--model", "deit_tiny_patch16_224", "--variant", "topk_deit_tiny_patch16_224", "--keep-rate", "0.5",
+    r = run_cli_here("breakeven", "--model", "deit_tiny_patch16_224", "--variant", "topk_deit_tiny_patch16_224", "--keep-rate", "0.5",
                 "--reduction-loc", "3", "6", "9", "--input-sizes", "64:160:32", "--batch-size", "1", "--device", "cpu",
                 "--warmup", "2", "--iters", "30", "--repeats", "10", "--out", out, "--resume", "--bootstrap", "200")
     assert r.returncode == 0, r.stderr

@@ -5,7 +5,7 @@ The public API lives in :mod:`perflab.api` and is re-exported here lazily, so th
 is ``perflab.api.sweep``.
 """
 
-__version__ = "0.1.0"
+from perflab.version import __version__
 
 _API = ("bench", "profile", "analyze", "compare", "explain")
 

@@ -9,6 +9,7 @@ torch-free.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from perflab.spec import Case, expand_grid, validate_case
@@ -41,6 +42,8 @@ def make_cases(
     family: str | None = None,
     optimizer: str | None = None,
     checkpoint_activations: bool = False,
+    parallel: str | None = None,
+    world_size: int = 1,
 ) -> list[Case]:
     """Every combination of the multi-valued arguments, validated (PerflabError on bad input).
 
@@ -51,6 +54,8 @@ def make_cases(
     ``model`` names perflab's models or references to your own (``file.py:NAME``, ``package.module:NAME``,
     ``hf:DIR``); ``family`` says which inputs a reference takes where it cannot be read from it.
     ``optimizer`` and ``checkpoint_activations``: lm training variants (train_step; workloads with a backward).
+    ``parallel`` (``ddp``, ``fsdp``, with options: ``spec.parse_parallel``) and ``world_size``: a data-parallel
+    step on that many ranks, the batch per rank.
     """
     from perflab.models.registry import parse_model_name
     from perflab.runtime.device import resolve_device
@@ -61,7 +66,7 @@ def make_cases(
     base = dict(attn=attn, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed, family=family,
                 layers=layers, layers_only=layers_only, model_args=convert_field("model_args", dict(model_args or {})),
                 max_memory=convert_field("max_memory", max_memory) if max_memory is not None else None,
-                optimizer=optimizer, checkpoint_activations=checkpoint_activations)
+                optimizer=optimizer, checkpoint_activations=checkpoint_activations, parallel=parallel, world_size=world_size)
     grid = dict(model=list(model), input_size=list(input_size), batch_size=list(batch_size), dtype=list(dtype), mode=list(mode),
                 workload=list(workload), seq_len=list(seq_len), prompt_len=list(prompt_len), context_len=list(context_len),
                 new_tokens=list(new_tokens))
@@ -105,7 +110,8 @@ def demo_cases(device: str = "auto") -> list[Case]:
 
 
 def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None,
-          pin: bool = True, one_thread: bool = True, *, interleave: bool = True, processes: int = 1, model=None, **case_options) -> list[dict]:
+          pin: bool = True, one_thread: bool = True, *, interleave: bool = True, processes: int = 1, model=None, gpus: Sequence[int] | None = None,
+          **case_options) -> list[dict]:
     """Measure the cases in this process (and, with ``processes`` > 1, in that many processes in all); an OOM or
     failure in one becomes its row and the rest still run.
 
@@ -125,6 +131,9 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
     one value or a list each)::
 
         rows = perflab.bench(model=MyGPT, family="lm", model_args={"n_layers": 2}, seq_len=256, workload="train_step")
+
+    Data-parallel cases (``parallel`` set) run one at a time, each on ``world_size`` fresh processes
+    (``measure.parallel``): ``gpus`` are their CUDA devices (default 0..world_size-1).
 
     ``on_case(index, case, stage)`` is called as each case moves through its stages (for progress bars).
     ``memory_snapshot``: a path for the CUDA memory history pickle (memory_viz); with several cases, the
@@ -150,6 +159,8 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
         raise PerflabError(f"--processes: expected a whole number of processes, 1 or more, got {processes!r}")
     host = HostOptions(pin=pin, one_thread=one_thread)
     cases = list(cases or [])
+    if any(case.parallel for case in cases):
+        return _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, pin=pin, one_thread=one_thread, interleave=interleave)
     if memory_snapshot is not None:
         if processes > 1:
             raise PerflabError("--memory-snapshot records one process's allocator: use it with one process")
@@ -174,6 +185,76 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
     return mark_host_flags(rows)
 
 
+@dataclass
+class Ranks:
+    """The ranks of a data-parallel run: its mode, how many, and their GPUs (None on the CPU)."""
+
+    parallel: str | None = None
+    world_size: int = 1
+    gpus: list | None = None
+
+    def case_options(self) -> dict:
+        return {"parallel": self.parallel, "world_size": self.world_size} if self.parallel else {}
+
+
+def ranks(parallel: str | None, gpus: Sequence[int] | None, world_size: int | None, device: str) -> Ranks:
+    """--parallel, --gpus and --world-size, checked together (PerflabError, one line); the mode's options and the
+    case by spec.validate_case."""
+    from perflab.errors import PerflabError
+
+    if parallel is None:
+        if gpus is not None or world_size is not None:
+            raise PerflabError("--gpus and --world-size choose the ranks of --parallel ddp|fsdp; add --parallel, or leave them out")
+        return Ranks()
+    from perflab.runtime.device import resolve_device
+    from perflab.spec import parse_parallel
+
+    parse_parallel(parallel)
+    listed = list(gpus) if gpus is not None else None
+    if listed is not None and len(set(listed)) != len(listed):
+        raise PerflabError(f"--gpus lists a GPU twice ({','.join(map(str, listed))}): one rank per GPU")
+    if listed is not None and len(listed) < 2:
+        raise PerflabError(f"--parallel {parallel} needs at least 2 GPUs, one rank each; --gpus lists {len(listed)}")
+    if resolve_device(device) == "cpu":
+        if listed is not None:
+            raise PerflabError("--gpus picks CUDA devices; on the CPU give the number of gloo ranks with --world-size")
+        if world_size is None:
+            raise PerflabError(f"--parallel {parallel} on the CPU runs gloo processes: give their number with --world-size, e.g. 2")
+        return Ranks(parallel, world_size)
+    if listed is None:
+        if world_size is None:
+            raise PerflabError(f"--parallel {parallel}: list the ranks' GPUs with --gpus, e.g. --gpus 0,1")
+        listed = list(range(world_size))
+    if world_size is not None and world_size != len(listed):
+        raise PerflabError(f"--world-size {world_size} does not match the {len(listed)} GPU(s) of --gpus {','.join(map(str, listed))}")
+    import torch
+
+    present = torch.cuda.device_count()
+    missing = [g for g in listed if g >= present]
+    if missing:
+        raise PerflabError(f"--gpus {','.join(map(str, listed))}: this machine has {present} GPU(s) (0..{present - 1}); GPU {missing[0]} is not one of them")
+    return Ranks(parallel, len(listed), listed)
+
+
+def _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, **options) -> list[dict]:
+    """Data-parallel cases each on their ranks, the others as bench runs them; rows in the cases' order."""
+    from perflab.errors import PerflabError
+    from perflab.measure.parallel import run_parallel_case
+
+    if memory_snapshot is not None or processes > 1:
+        raise PerflabError("--memory-snapshot and --processes measure one process; they do not apply with --parallel")
+    rows: list = [None] * len(cases)
+    single = [i for i, case in enumerate(cases) if not case.parallel]
+    for i, row in zip(single, bench([cases[i] for i in single], **options) if single else []):
+        rows[i] = row
+    for i, case in enumerate(cases):
+        if case.parallel:
+            if on_case:
+                on_case(i, case, f"{case.world_size} ranks")
+            rows[i] = run_parallel_case(case, gpus=list(gpus)[:case.world_size] if gpus else None)
+    return rows
+
+
 # ---------------------------------------------------------------------------------------------------
 # Sweeps, stored results, reports and break-even
 
@@ -184,6 +265,15 @@ def load_experiment(path, max_cases: int | None = None):
     from perflab.sweep.spec import load_experiment as load
 
     return load(path, max_cases=max_cases)
+
+
+def spec_schema_json() -> str:
+    """The JSON Schema of an experiment spec file (``perflab spec-schema``), as indented JSON text."""
+    import json
+
+    from perflab.spec_schema import json_schema
+
+    return json.dumps(json_schema(), indent=2) + "\n"
 
 
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
@@ -364,51 +454,56 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     ``host_contention`` (one row: no ``host_drift``); ``pin``: as for :func:`bench`. ``by_module``: the profiled
     pass also records module ranges, and ``report.modules`` is the module tree (eager mode).
     """
+    from perflab.profiling import profile_case as run
+
+    return run(case, out_dir, steps=steps, top=top, pin=pin, by_module=by_module)
+
+
+def ncu(case: Case, top: int = 10, out_dir="perflab-traces"):
+    """Nsight Compute counters for the top-``top`` kernels of ``case``, joined with its kernel table.
+
+    Returns (joined DataFrame, profile result). Raises PerflabError when ncu is absent.
+    """
+    from perflab.profiling import ncu_case
+
+    return ncu_case(case, top=top, out_dir=out_dir)
+
+
+def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None) -> dict:
+    """A data-parallel case timed on its ranks, then ``steps`` steps profiled on every rank (``rank{N}.json`` in
+    ``out_dir``), the ranks' traces merged: per rank, exact compute-only, overlapped and exposed communication and
+    idle time over the common window (``analysis.ranks``), and per step which rank the others waited for.
+
+    Returns ``{"row", "trace_paths", "accounts", "waits_per_step", "note"}``; ``note`` says why there is no
+    accounting (a CPU run's traces hold no GPU kernels), else None."""
+    from perflab.profiling import profile_parallel as run
+
+    return run(case, out_dir, steps=steps, gpus=gpus)
+
+
+def ceilings(gpus: Sequence[int] | None = None, refresh: bool = False, on_note=None) -> dict:
+    """This GPU's ceilings (``measure.ceilings``, cached), and with two or more ``gpus`` the all-reduce sweep over them.
+    Fewer than two GPUs: ``on_note`` gets one line saying so, and the rest is measured. No GPU: PerflabError."""
+    import torch
 
     from perflab.errors import PerflabError
-    from perflab.measure.harness import run_case
-    from perflab.trace.capture import profile_case as record
+    from perflab.measure.ceilings import get_all_reduce, get_ceilings
 
-    if case.device != "cuda":
-        raise PerflabError("profiling a case accounts for its GPU time, so it needs a CUDA GPU (--device cuda); on the CPU, "
-                           "perflab bench times it and perflab.profile() records a CPU trace of your own loop")
-    from perflab.paths import make_out_dir
-
-    if by_module and case.mode != "eager":
-        raise PerflabError(f"--by-module needs eager mode: {case.mode} fuses kernels across modules, so no kernel belongs to one module")
-    from perflab.measure.canary import mark_host_flags
-    from perflab.measure.pinning import HostOptions
-
-    trace_path = make_out_dir(out_dir) / f"{case.id}_{case.mode.replace(':', '-')}.json.gz"
-    (row,) = mark_host_flags([run_case(case, host=HostOptions(pin=pin))])
-    if row["status"] != "ok":
-        return {"case": case, "row": row, "trace_path": None, "report": None, "traced_step_ms": None, "inflation": None}
-    captured = record(case, trace_path, steps=steps, by_module=by_module)
-    report = analyze(trace_path, top=top)
-    if by_module and captured.module_note:
-        report.module_note = captured.module_note
-    traced = float(report.steps["wall_ns"].median()) / 1e6
-    return {"case": case, "row": row, "trace_path": trace_path, "report": report, "traced_step_ms": traced, "inflation": traced / row["median_ms"]}
-
-
-def profile_summary(trace_path, untraced_ms: float, top: int = 5) -> dict:
-    """What a sweep row keeps of a case's profile pass: the traced step time and the profiler's inflation over the
-    untraced median, kernels per step, the GEMM fraction, the top kernels, the per-pass breakdown and attention."""
-    report = analyze(trace_path, top=top)
-    data = report.to_dict()
-    traced = float(report.steps["wall_ns"].median()) / 1e6 if len(report.steps) else None
-    return {
-        "trace_path": str(trace_path),
-        "traced_step_ms": traced,
-        "inflation": traced / untraced_ms if traced and untraced_ms else None,
-        "steps": data["steps"],
-        "kernels_per_step": data["kernels_per_step"],
-        "gemm_fraction": data["gemm_fraction"],
-        "top_kernels": data["top_kernels"],
-        "passes": data["passes"],
-        "attention": data["attention"],
-        "verdict": data["launch"]["verdict"],
-    }
+    if not torch.cuda.is_available():
+        raise PerflabError("perflab ceilings measures a GPU; none is visible here")
+    present = torch.cuda.device_count()
+    gpus = list(gpus) if gpus is not None else list(range(present))
+    missing = [g for g in gpus if g >= present or g < 0]
+    if missing:
+        raise PerflabError(f"--gpus: GPU {missing[0]} is not one of this machine's {present}")
+    with torch.cuda.device(gpus[0] if gpus else 0):
+        result = {"ceilings": get_ceilings(refresh=refresh), "all_reduce": None}
+    if len(gpus) < 2:
+        if on_note:
+            on_note(f"all-reduce bandwidth needs 2 or more GPUs; {len(gpus)} here: measured the one-GPU ceilings only")
+    else:
+        result["all_reduce"] = get_all_reduce(gpus, refresh=refresh)
+    return result
 
 
 def is_trace_path(item) -> bool:
@@ -484,30 +579,3 @@ def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps:
 
     return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None), pin=pin,
                fixes=fixes, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget_s)
-
-
-def ncu(case: Case, top: int = 10, out_dir="perflab-traces"):
-    """Nsight Compute counters for the top-``top`` kernels of ``case``, joined with its kernel table.
-
-    Returns (joined DataFrame, profile result). Raises PerflabError when ncu is absent.
-    """
-    from perflab.analysis.accounting import step_windows
-    from perflab.analysis.compare import window_of_activities
-    from perflab.trace.ncu import attach_trace_names, find_ncu, join_counters, run_ncu
-
-    find_ncu()  # fail before profiling when there is no ncu
-    result = profile_case(case, out_dir, steps=3, top=top)
-    if result["report"] is None:
-        from perflab.errors import PerflabError
-
-        raise PerflabError(f"{case.label()} could not be profiled ({result['row']['status']}: {result['row'].get('message')})")
-    report = result["report"]
-    kernels = report.top_kernels
-    kernels = kernels[~kernels["category"].isin(["memcpy", "memset"])].head(top)
-    launches = run_ncu(case, kernels["full_name"].tolist())
-    # One step of the trace, in launch order, to name ncu's launches (it profiled one step the same way).
-    table = report.kernels
-    window = window_of_activities(table, step_windows(table, report.trace.steps), whole_trace=len(report.trace.steps) == 0)
-    first_step = table[(window == 0) & (table["kind"] == "kernel")].sort_values(["launch_start_ns", "start_ns"])
-    named = attach_trace_names(launches, [str(n) for n in first_step["name"]])
-    return join_counters(kernels, named), result

@@ -37,6 +37,7 @@ MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate",
                        "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg", "--fixes"}
 
 FORMATS = ("table", "csv", "json")
+_argv: list[str] | None = None  # the arguments main() was given (None: sys.argv's)
 
 
 
@@ -78,6 +79,11 @@ OPT_NO_PIN = typer.Option(False, "--no-pin", help="Time with the timing thread u
                           "warm-up and the timed loop, where the OS allows; not part of case ids).")
 OPT_NO_INTERLEAVE = typer.Option(False, "--no-interleave", help="Time each case alone, right after its warm-up (default: build and "
                                  "warm every case that fits, then time them in seeded random interleaved blocks).")
+OPT_PARALLEL = typer.Option(None, "--parallel", help="Train on several ranks, one process each: ddp or fsdp, options after a colon "
+                            "(ddp:bucket_cap_mb=100,grad_view=true,no_sync=4; fsdp:reshard=false). The batch is per rank.")
+OPT_RANK_GPUS = typer.Option(None, "--gpus", help="With --parallel: the GPUs of the ranks, e.g. 0,1 (one rank each).")
+OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the number of ranks (default: one per --gpus; "
+                              "on the CPU, gloo processes).")
 OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 
@@ -118,6 +124,9 @@ def bench(
     no_pin: bool = OPT_NO_PIN,
     no_interleave: bool = OPT_NO_INTERLEAVE,
     processes: int = OPT_PROCESSES,
+    parallel: Optional[str] = OPT_PARALLEL,
+    gpus: Optional[str] = OPT_RANK_GPUS,
+    world_size: Optional[int] = OPT_WORLD_SIZE,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -128,16 +137,18 @@ def bench(
         raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
     if out_file is not None:
         check_writable_file(out_file)
+    ranks = _ranks(parallel, gpus, world_size, device)
     cases = api.make_cases(
         model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
         attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
         repeats=repeats, seed=seed, optimizer=optimizer, checkpoint_activations=checkpoint_activations,
         **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
+        **ranks.case_options(),
     )
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
-                                                          interleave=not no_interleave, processes=processes))
+                                                          interleave=not no_interleave, processes=processes, gpus=ranks.gpus))
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -145,6 +156,10 @@ def bench(
         sys.stdout.write(to_csv(rows))
     else:
         out.print(bench_table(rows))
+        if any(row.get("parallel") for row in rows):
+            from perflab.report.parallel import scaling_table
+
+            out.print(scaling_table(rows))
     if out_file is not None:
         try:
             write_rows(rows, out_file)
@@ -209,7 +224,7 @@ def _rows_or_lost(run):
         return lost.rows, lost
 
 
-def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1):
+def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perflab import api
@@ -220,7 +235,8 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
         def on_case(index, case, stage):
             progress.update(task, completed=index, description=f"{case.label()}: {stage}")
 
-        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes)
+        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
+                         gpus=gpus)
         progress.update(task, completed=len(cases))
     return rows
 
@@ -274,7 +290,7 @@ def sweep(
     if engine == "ray":
         from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
-                        timeout_s=timeout, command=command_line(), on_event=RichProgress(err), engine=engine, address=address,
+                        timeout_s=timeout, command=command_line(_argv), on_event=RichProgress(err), engine=engine, address=address,
                         pin=not no_pin)
     _print_sweep_summary(summary)
 
@@ -303,6 +319,25 @@ def results(
         line = exempt_line(rows)
         if line:
             out.print(line, soft_wrap=True, markup=False)
+
+
+@app.command("spec-schema")
+def spec_schema(
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Write the schema to this file (default: print it)."),
+):
+    """Print the JSON Schema of an experiment spec file, for editors (e.g. yaml-language-server's $schema)."""
+    from perflab import api
+
+    text = api.spec_schema_json()
+    if out_file is None:
+        sys.stdout.write(text)
+        return
+    check_writable_file(out_file)
+    try:
+        out_file.write_text(text)
+    except OSError as exc:
+        raise PerflabError(f"{out_file}: could not write the schema ({exc.strerror or exc})") from None
+    out.print(f"wrote {out_file}", soft_wrap=True, markup=False)
 
 
 @app.command()
@@ -353,7 +388,7 @@ def breakeven(
         reduction_loc=reduction_loc, attn=attn, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, timeout_s=timeout,
     )
     summary = api.sweep(experiment, out_dir, resume=resume, gpus=_parse_gpus(gpus), timeout_s=timeout,
-                        command=command_line(), on_event=RichProgress(err))
+                        command=command_line(_argv), on_event=RichProgress(err))
     _print_sweep_summary(summary)
     if summary.interrupted:
         return
@@ -361,6 +396,12 @@ def breakeven(
         text = analysis.result.summary() if analysis.result else f"no fit: {analysis.problem}"
         out.print(f"{analysis.name}: {text}", soft_wrap=True, markup=False)
     out.print(f"wrote {api.report(out_dir, n_boot=n_boot)}", soft_wrap=True, markup=False)
+
+
+def _ranks(parallel: Optional[str], gpus: Optional[str], world_size: Optional[int], device: str):
+    from perflab import api
+
+    return api.ranks(parallel, _parse_gpus(gpus), world_size, device)
 
 
 def _parse_gpus(text: Optional[str]) -> Optional[list]:
@@ -420,7 +461,9 @@ def _is_flag(token: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = expand_multi_value_options(list(sys.argv[1:] if argv is None else argv))
+    global _argv
+    _argv = list(sys.argv[1:] if argv is None else argv)  # as typed: a sweep records its command line
+    argv = expand_multi_value_options(_argv)
     try:
         status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:
@@ -506,6 +549,9 @@ def profile(
                                    "(ranges from hooks that time nothing; eager mode): a tree of inclusive and exclusive GPU time."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per case instead of tables."),
     no_pin: bool = OPT_NO_PIN,
+    parallel: Optional[str] = OPT_PARALLEL,
+    gpus: Optional[str] = OPT_RANK_GPUS,
+    world_size: Optional[int] = OPT_WORLD_SIZE,
 ):
     """Time a case untraced, then record a profiled pass (trace.json.gz, opens in Perfetto) and account for
     every microsecond of its steps; reports the profiler's inflation (traced step ÷ untraced median)."""
@@ -516,9 +562,24 @@ def profile(
 
     if steps < 1:
         raise PerflabError(f"--steps must be at least 1, got {steps}")
+    ranks = _ranks(parallel, gpus, world_size, device)
     cases = api.make_cases(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
                            attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed,
-                           optimizer=optimizer, checkpoint_activations=checkpoint_activations, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+                           optimizer=optimizer, checkpoint_activations=checkpoint_activations, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
+                           **ranks.case_options())
+    if ranks.parallel:
+        for case in cases:
+            with err.status(f"{case.label()}: timing on {case.world_size} ranks, then profiling {steps} steps on each"):
+                result = api.profile_parallel(case, out_dir, steps=steps, gpus=ranks.gpus)
+            _print_warnings([result["row"]])
+            if as_json:
+                sys.stdout.write(json.dumps({k: v for k, v in result.items() if k != "row"} | {"case": case.to_dict()}) + "\n")
+            else:
+                from perflab.report.parallel import render_rank_accounts
+
+                out.rule(case.label())
+                render_rank_accounts(out, result)
+        return
     for case in cases:
         with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
             result = api.profile_case(case, out_dir, steps=steps, top=top, pin=not no_pin, by_module=by_module)
@@ -660,6 +721,29 @@ def explain(
             markdown.write_text(explanation_markdown(result) + "\n")
         except OSError as exc:
             raise write_failed(markdown, exc) from None
+
+
+@app.command()
+def ceilings(
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="Also sweep all-reduce over these GPUs (two or more, e.g. 0,1): "
+                                       "bus bandwidth as nccl-tests measures it, for the communication floor of --parallel."),
+    refresh: bool = typer.Option(False, "--refresh", help="Measure again instead of reading the cache."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+):
+    """This GPU's measured ceilings (matmul TFLOP/s per dtype, copy bandwidth, launch costs), cached; with --gpus,
+    the all-reduce bus bandwidth of those GPUs (1 MiB to 1 GiB)."""
+    import json
+
+    from perflab import api
+
+    result = api.ceilings(_parse_gpus(gpus), refresh=refresh, on_note=lambda line: err.print(f"note: {line}", markup=False))
+    if as_json:
+        sys.stdout.write(json.dumps(result) + "\n")
+        return
+    from perflab.report.console import ceilings_lines
+
+    for line in ceilings_lines(result):
+        out.print(line, markup=False, soft_wrap=True)
 
 
 @app.command()

@@ -20,13 +20,13 @@ import json
 import math
 import typing
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Iterable
+from typing import Annotated, Any, Iterable, Literal
 
 import msgspec
 
 from perflab.errors import PerflabError
 from perflab.references import is_reference
-from perflab.workloads import FAMILIES, family_of, shape_defaults
+from perflab.workloads import FAMILIES, SpecField, family_of, shape_defaults
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph", "compile:max-autotune-gemm")
@@ -34,6 +34,45 @@ ATTN_IMPLS = ("sdpa", "explicit")
 # lm training variants and their "not set" value (serialised only when set).
 TRAINING_VARIANTS = {"optimizer": None, "checkpoint_activations": False}
 DEVICES = ("cuda", "cpu")
+# Data-parallel fields and their "not set" value (serialised only when set).
+PARALLEL_FIELDS = {"parallel": None, "world_size": 1}
+# Each data-parallel mode's options: name -> (type, default, what it is).
+PARALLEL_OPTIONS = {
+    "ddp": {"bucket_cap_mb": (float, 25.0, "DDP's gradient bucket size, MiB"),
+            "grad_view": (bool, False, "gradient_as_bucket_view: gradients are views into the buckets (no copy)"),
+            "no_sync": (int, 1, "micro-batches per step; all but the last backward under no_sync (gradient accumulation)")},
+    "fsdp": {"reshard": (bool, True, "reshard_after_forward: free the gathered parameters after the forward, gather again in the backward")},
+}
+
+
+def _parallel_pattern() -> str:
+    """A regular expression of ``parse_parallel``'s syntax (a mode, then its own option names), for the JSON Schema."""
+    def mode(name: str, options) -> str:
+        item = f"(?:(?:{'|'.join(options)})=[^,]*)?"
+        return f"{name}(?::{item}(?:,{item})*)?"
+    return "^(?:" + "|".join(mode(name, options) for name, options in PARALLEL_OPTIONS.items()) + ")$"
+
+# The fields every case has, as an experiment file gives them; each family declares its own (FamilySpec.fields,
+# .variants). perflab.spec_schema builds the file's schema from these: a new Case field is declared here or there.
+COMMON_SPEC_FIELDS = {
+    "model": SpecField(str, "a model name", "model names"),
+    "batch_size": SpecField(int, "an integer", "integers"),
+    "attn": SpecField(Literal[ATTN_IMPLS], "a string", "strings"),
+    "dtype": SpecField(Literal[DTYPES], "a string", "strings"),
+    "mode": SpecField(Literal[MODES], "a string", "strings"),
+    "device": SpecField(Literal[DEVICES + ("auto",)], "a string", "strings"),
+    "max_memory": SpecField(int | str, "a size such as 24GiB", "sizes"),
+    "warmup": SpecField(int, "an integer", "integers"),
+    "min_time": SpecField(float, "a number", "numbers"),
+    "iters": SpecField(int | None, "an integer or null", "integers"),
+    "repeats": SpecField(int, "an integer", "integers"),
+    "seed": SpecField(int, "an integer", "integers"),
+    "family": SpecField(Literal[tuple(FAMILIES)], "a family name", "family names"),
+    # data parallel (PARALLEL_FIELDS): parse_parallel checks a mode's options; the JSON Schema's pattern names them
+    "parallel": SpecField(Annotated[str, msgspec.Meta(extra_json_schema={"pattern": _parallel_pattern()})],
+                          "ddp or fsdp, options after a colon (e.g. ddp:bucket_cap_mb=100)", "data-parallel modes (ddp, fsdp)"),
+    "world_size": SpecField(Annotated[int, msgspec.Meta(ge=1)], "a whole number of ranks, 1 or more", "whole numbers of ranks, 1 or more"),
+}
 
 # Shape fields and their "not set" value: a field a case's family does not own must be left at it.
 SHAPE_FIELDS = {
@@ -80,6 +119,9 @@ class Case:
     # ---- lm training variants: serialised only when set, so the ids of other cases do not change ----
     optimizer: str | None = None  # train_step's AdamW: fused, foreach, in_backward, in_backward_stream (None: fused on GPU, for-loop on CPU)
     checkpoint_activations: bool = False  # recompute each block's activations in the backward (torch.utils.checkpoint)
+    # ---- data parallel: serialised only when set ----
+    parallel: str | None = None  # "ddp" or "fsdp", with options ("ddp:bucket_cap_mb=100,grad_view=true", "fsdp:reshard=false")
+    world_size: int = 1  # ranks (one process per GPU); the batch is per rank
 
     def __post_init__(self):
         if isinstance(self.model_args, dict):
@@ -139,6 +181,9 @@ class Case:
         for name, default in TRAINING_VARIANTS.items():  # only when set: existing case ids stay the same
             if d[name] == default:
                 d.pop(name)
+        for name, default in PARALLEL_FIELDS.items():
+            if d[name] == default:
+                d.pop(name)
         for key in ("keep_rate", "reduction_loc"):
             if key in d:
                 d[key] = list(d[key])
@@ -160,7 +205,8 @@ class Case:
 
     def label(self) -> str:
         family = self.family_spec
-        return " ".join(family.label(self)) if family is not None else self.model
+        text = " ".join(family.label(self)) if family is not None else self.model
+        return f"{text} {self.parallel}x{self.world_size}" if self.parallel else text
 
 
 _HINTS = typing.get_type_hints(Case)
@@ -198,6 +244,60 @@ def _describe(exc: msgspec.ValidationError, hint) -> str:
     text = str(exc).split(" - at ")[0].split(", got ")[0]  # "Expected `int`, got `str`": the value itself is shown instead
     text = text.replace("`", "")
     return text[0].lower() + text[1:] if text else f"expected {hint}"
+
+
+def parse_parallel(text: str, flag: str | None = "--parallel") -> tuple[str, dict]:
+    """``ddp``, ``fsdp`` or either with options, ``ddp:bucket_cap_mb=100,grad_view=true``: (mode, options with defaults).
+    PerflabError (one line) for an unknown mode, option or value; its message starts with ``flag`` and the text
+    (``--parallel ddp:x=1: ...``), or with neither where ``flag`` is None (a spec names the key instead)."""
+    def fail(message: str):
+        raise PerflabError(f"{flag} {text}: {message}" if flag else message)
+
+    mode, _, rest = str(text).partition(":")
+    if mode not in PARALLEL_OPTIONS:
+        fail(f"unknown mode {mode!r}; choose ddp or fsdp (options after a colon, e.g. ddp:bucket_cap_mb=100)")
+    known = PARALLEL_OPTIONS[mode]
+    options = {name: default for name, (_, default, _) in known.items()}
+    for item in filter(None, rest.split(",")):
+        name, eq, value = item.partition("=")
+        if name not in known or not eq:
+            fail(f"{mode} takes {', '.join(f'{k}=VALUE' for k in known)}, got {item!r}")
+        kind = known[name][0]
+        try:
+            if kind is bool:
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                parsed = value.lower() in ("true", "1")
+            else:
+                parsed = kind(value)
+        except ValueError:
+            fail(f"{name} takes a {kind.__name__}, got {value!r}")
+        if kind is not bool and not parsed > 0:
+            fail(f"{name} must be positive, got {value}")
+        options[name] = parsed
+    return mode, options
+
+
+def _validate_parallel(case: Case, family) -> None:
+    if case.world_size < 1:
+        raise PerflabError(f"world size must be at least 1, got {case.world_size}")
+    if case.parallel is None:
+        if case.world_size != 1:
+            raise PerflabError(f"{case.world_size} ranks need a data-parallel mode: add --parallel ddp or --parallel fsdp")
+        return
+    parse_parallel(case.parallel)
+    if case.world_size < 2:
+        raise PerflabError(f"--parallel {case.parallel} needs at least 2 ranks (one per GPU; --gpus, --world-size, a spec's world_size), "
+                           f"got {case.world_size}")
+    if family.name != "lm" or case.workload not in ("forward_backward", "train_step"):
+        raise PerflabError(f"--parallel trains a language model on several ranks: it applies to the lm family's forward_backward and "
+                           f"train_step workloads, not {case.model} {case.workload}")
+    if case.mode == "cudagraph" or case.mode.startswith("compile:"):
+        raise PerflabError(f"--parallel runs eager or compile (torch.compile of the wrapped model), not mode {case.mode}")
+    if case.max_memory is not None:
+        raise PerflabError("--max-memory caps one process's allocator; it does not apply with --parallel")
+    if case.optimizer is not None and case.optimizer.startswith("in_backward"):
+        raise PerflabError(f"--optimizer {case.optimizer} steps from gradient hooks, before the gradients are reduced; use fused or foreach with --parallel")
 
 
 def validate_case(case: Case) -> Case:
@@ -242,6 +342,7 @@ def validate_case(case: Case) -> Case:
         if getattr(case, name) != unset and name not in family.variants:
             owners = " and ".join(f.name for f in FAMILIES.values() if name in f.variants)
             raise PerflabError(f"{FLAG[name]} applies to models of the {owners} family, not {case.model} ({family.name} family)")
+    _validate_parallel(case, family)
     from perflab.workloads.registry import implementation
 
     return implementation(case).validate(case)

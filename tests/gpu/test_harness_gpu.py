@@ -5,7 +5,7 @@ import torch
 
 from perflab.measure.harness import run_case
 from perflab.models.registry import build_model
-from perflab.runtime.inputs import image_batch
+from perflab.workloads.base import image_batch
 from perflab.runtime.modes import make_step
 from perflab.runtime.workload import build
 from perflab.runtime.precision import precision

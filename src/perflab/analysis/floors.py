@@ -94,17 +94,6 @@ def compute_floors(
     )
 
 
-def vit_min_bytes(*, params: int, weight_bytes: int, batch: int, tokens_per_block: list[int], dim: int, act_bytes: int,
-                  input_elems: int, output_elems: int) -> int:
-    """Weights read once, each block's residual stream read once and written once, input and logits.
-
-    ``tokens_per_block`` holds the sequence length each block's output has. This is a floor, not an
-    estimate: real kernels re-read activations (norms, attention, MLP hidden states).
-    """
-    activations = sum(2 * batch * n * dim * act_bytes for n in tokens_per_block)
-    return params * weight_bytes + activations + 4 * (input_elems + output_elems)
-
-
 def roofline(*, flops_per_step: float, bytes_per_step: float, achieved_tflops: float, matmul_tflops: float, copy_gbps: float) -> dict:
     """Where a step sits on the roofline of the measured ceilings.
 

@@ -213,7 +213,7 @@ def mark_host_flags(rows: Iterable[dict], threshold: float = HOST_DRIFT_THRESHOL
         value = _canary(row)
         stale = any(f in HOST_FLAGS for f in row.get("flags") or []) or RATIO_KEY in row or EXEMPT_KEY in row
         median = reference.get(group(row)) if value is not None else None
-        wait, steal = _fraction(row.get(WAIT_KEY)), _fraction(row.get(STEAL_KEY))
+        wait, steal = _number(row.get(WAIT_KEY)), _number(row.get(STEAL_KEY))
         exempt = row.get("status") == "ok" and host_exempt(row, bound_threshold)
         if median is None and not stale and wait is None and steal is None and not exempt:
             out.append(row)
@@ -255,10 +255,6 @@ def _number(value) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return None
     return float(value)
-
-
-def _fraction(value) -> float | None:
-    return _number(value)
 
 
 def _canary(row: dict) -> float | None:

@@ -5,7 +5,9 @@
 - graph kernel interval: the time per kernel when 2,000 tiny kernels replay from one CUDA graph
   (the least a kernel can cost on this GPU, launch overhead removed), and the gap between them
   (interval − the tiny kernel's own duration, read with the profiler): what each kernel adds in a graph;
-- eager launch cost: host time per tiny op issued eagerly from Python (what each kernel costs the CPU).
+- eager launch cost: host time per tiny op issued eagerly from Python (what each kernel costs the CPU);
+- all-reduce bus bandwidth over several GPUs (``all_reduce_sweep``, ``perflab ceilings --gpus 0,1``): fp32 sum
+  all-reduces of 1 MiB to 1 GiB, one process per GPU, algbw and busbw as nccl-tests define them.
 
 The cache lives in ``$PERFLAB_CACHE_DIR`` (default ``~/.cache/perflab``), file ``ceilings.json``.
 """
@@ -131,21 +133,124 @@ def measure_ceilings() -> dict:
 
 def get_ceilings(refresh: bool = False) -> dict:
     """This GPU's ceilings, from the cache when it holds this GPU/driver/torch, else measured (seconds)."""
-    path = cache_path()
     key = gpu_key()
-    cache = {}
-    if path.exists():
-        try:
-            cache = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cache = {}  # a damaged cache is re-measured, not trusted
+    cache = _read_cache()
     entry = cache.get(key)
     if entry and entry.get("version") == CACHE_VERSION and not refresh:
         return entry
-    entry = measure_ceilings()
+    kept = {k: v for k, v in (entry or {}).items() if k.startswith("all_reduce_")}  # measured apart, on several GPUs
+    entry = measure_ceilings() | kept
     cache[key] = entry
+    _write_cache(cache)
+    return entry
+
+
+def _read_cache() -> dict:
+    """The ceilings cache: GPU key → its entry; empty when there is none (a damaged cache is re-measured, not trusted)."""
+    path = cache_path()
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def _write_cache(cache: dict) -> None:
+    path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(cache, indent=1))
     tmp.replace(path)
-    return entry
+
+
+# ---------------------------------------------------------------------------------------------------
+# All-reduce bus bandwidth, as nccl-tests measures it (all_reduce_perf): several ranks, one process per GPU
+
+ALL_REDUCE_SIZES = tuple(2**k for k in range(20, 31, 2))  # 1 MiB, 4 MiB, ..., 1 GiB
+
+
+def all_reduce_sweep(gpus: list[int] | None, sizes=ALL_REDUCE_SIZES, iters: int = 20, warmup: int = 5, device: str = "cuda",
+                     world_size: int | None = None) -> dict:
+    """Time an in-place fp32 sum all-reduce of each size on the ranks (one per GPU; gloo processes on the CPU):
+    per size the slowest rank's mean time, ``algbw = bytes / time`` and ``busbw = algbw × 2(N−1)/N`` (GB/s), as
+    nccl-tests define them. Returns ``{"world_size", "gpus", "sizes": [{bytes, time_us, algbw_gbps, busbw_gbps}],
+    "busbw_gbps": the largest busbw}``."""
+    from perflab.analysis.comm import busbw_all_reduce
+    from perflab.runtime.parallel import launch
+
+    world = len(gpus) if gpus else int(world_size or 2)
+    launched = launch(_all_reduce_rank, world, (list(sizes), iters, warmup), device=device, gpus=gpus)
+    times = launched.results[0]  # every rank returns the same (the slowest rank's) times
+    rows = []
+    for size, seconds in zip(sizes, times):
+        algbw, busbw = busbw_all_reduce(size, seconds, world)
+        rows.append({"bytes": size, "time_us": seconds * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw})
+    return {"world_size": world, "gpus": gpus, "device": device, "sizes": rows, "busbw_gbps": max(r["busbw_gbps"] for r in rows),
+            "launches": launched.launches, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def _all_reduce_rank(rank: int, world_size: int, device_index, sizes: list[int], iters: int, warmup: int) -> list[float]:
+    import torch.distributed as dist
+
+    device = torch.device("cuda", device_index) if device_index is not None else torch.device("cpu")
+    out = []
+    for size in sizes:
+        x = torch.ones(size // 4, dtype=torch.float32, device=device)
+        for _ in range(warmup):
+            dist.all_reduce(x)
+        _sync(device)
+        dist.barrier()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            end.record()
+            torch.cuda.synchronize()
+            seconds = start.elapsed_time(end) / 1e3 / iters
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(x)
+            seconds = (time.perf_counter() - t0) / iters
+        slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        out.append(float(slowest.item()))
+        del x
+    return out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def all_reduce_key(world_size: int) -> str:
+    return f"all_reduce_{world_size}"
+
+
+def get_all_reduce(gpus: list[int], refresh: bool = False) -> dict:
+    """The all-reduce sweep of these GPUs, from the ceilings cache (under the first GPU's key) or measured and cached."""
+    with torch.cuda.device(gpus[0]):
+        key = gpu_key()
+    cache = _read_cache()
+    found = (cache.get(key) or {}).get(all_reduce_key(len(gpus)))
+    if found and not refresh:
+        return found
+    found = all_reduce_sweep(gpus)
+    cache.setdefault(key, {})[all_reduce_key(len(gpus))] = found
+    _write_cache(cache)
+    return found
+
+
+def cached_all_reduce(world_size: int) -> dict | None:
+    """This GPU's cached all-reduce sweep for ``world_size`` ranks, without measuring (None when not measured yet)."""
+    cache = _read_cache()
+    return (cache.get(gpu_key()) or {}).get(all_reduce_key(world_size)) if cache else None
+
+
+def busbw_at(sweep: dict, nbytes: float) -> float:
+    """The sweep's bus bandwidth at the measured size nearest ``nbytes`` (log scale), GB/s."""
+    import math
+
+    nearest = min(sweep["sizes"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(nbytes, 1.0))))
+    return nearest["busbw_gbps"]

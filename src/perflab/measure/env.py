@@ -7,12 +7,12 @@ import socket
 
 import torch
 
-import perflab
+from perflab.version import __version__
 
 
 def environment(device: str, monitor_info: dict | None = None) -> dict:
     env = {
-        "perflab": perflab.__version__,
+        "perflab": __version__,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "python": platform.python_version(),

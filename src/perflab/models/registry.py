@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from perflab.errors import PerflabError
-from perflab.workloads import family_of
 from perflab.models.vit import ViTConfig, VisionTransformer, token_schedule, vit_configs
 
 METHODS = {"topk": False, "evit": True}  # method -> fuses dropped tokens
@@ -65,18 +64,14 @@ def parse_model_name(name: str) -> ModelName:
         return ModelName(name, "test", base, "baseline")
     if name in vit_configs:
         return ModelName(name, "vit", name, "baseline")
-    family = family_of(name).name
-    if family in ("lm", "decode"):
-        if family == "lm":
-            from perflab.models.lm import lm_configs as configs
-        else:
-            from perflab.models.llama import llama_configs as configs
+    own = _language_model_configs(name)
+    if own is not None:
+        kind, configs, what = own
         if name in configs:
-            return ModelName(name, "lm" if family == "lm" else "llama", name, "baseline")
+            return ModelName(name, kind, name, "baseline")
         close = difflib.get_close_matches(name, list(configs), n=3, cutoff=0.5)
-        kind = "language model" if family == "lm" else "Llama"
         hint = f"; did you mean {', '.join(close)}?" if close else f"; known: {', '.join(configs)}"
-        raise PerflabError(f"unknown {kind} config {name!r}{hint}")
+        raise PerflabError(f"unknown {what} config {name!r}{hint}")
     method, _, base = name.partition("_")
     if method in METHODS and base in vit_configs:
         return ModelName(name, "vit", base, method)
@@ -131,3 +126,17 @@ def expected_tokens(case) -> list[int] | None:
     if name.family != "vit":
         return None
     return token_schedule(vit_config_for(name, case.input_size, case.keep_rate, case.reduction_loc, case.attn))
+
+
+def _language_model_configs(name: str):
+    """(kind, configs, what to call one) of perflab's own language-model configs that a name's prefix points at
+    (``gpt_*``: models/lm.py, ``llama*``: models/llama.py; the prefixes ``workloads.family_of`` reads too), or None."""
+    if name.startswith("gpt_"):
+        from perflab.models.lm import lm_configs
+
+        return "lm", lm_configs, "language model"
+    if name.startswith("llama"):
+        from perflab.models.llama import llama_configs
+
+        return "llama", llama_configs, "Llama"
+    return None

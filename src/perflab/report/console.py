@@ -165,3 +165,18 @@ def speedup_table(rows: list[dict]) -> Table:
         table.caption = (table.caption + ". " if table.caption else "") + "host-dependent: " + "; ".join(
             f"bs{p['batch_size']} {p['mode']}: {p['host_dependent']}" for p in dependent)
     return table
+
+
+def ceilings_lines(result: dict) -> list[str]:
+    """``api.ceilings``'s result as lines: the one-GPU ceilings, then the all-reduce sweep (nccl-tests' algbw and busbw)."""
+    c = result["ceilings"]
+    lines = [f"GPU: {c['gpu']} (measured {c.get('measured_at', '?')})"]
+    lines += [f"matmul {dtype}: {tflops:.1f} TFLOP/s" for dtype, tflops in c["matmul_tflops"].items()]
+    lines += [f"copy: {c['copy_gbps']:.0f} GB/s", f"graph kernel interval: {c['graph_kernel_interval_us']:.2f} µs",
+              f"eager launch: {c['eager_launch_us']:.2f} µs"]
+    sweep = result.get("all_reduce")
+    if sweep:
+        lines.append(f"all-reduce over GPUs {','.join(map(str, sweep['gpus']))} (fp32 sum; busbw = algbw × 2(N−1)/N):")
+        lines += [f"  {r['bytes'] / 2**20:8.0f} MiB  {r['time_us']:10.1f} µs  algbw {r['algbw_gbps']:7.1f} GB/s  busbw {r['busbw_gbps']:7.1f} GB/s"
+                  for r in sweep["sizes"]]
+    return lines

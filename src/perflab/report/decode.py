@@ -12,7 +12,7 @@ from pathlib import Path
 
 from perflab.analysis.names import KernelNames
 from perflab.report import plots, seeds
-from perflab.report.md import FAILED, md_table
+from perflab.report.md import FAILED, counts_text, gpu_name, md_table, ok, span
 
 MODE_ORDER = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "compile:max-autotune-gemm", "cudagraph")
 
@@ -87,7 +87,7 @@ def _ms(row) -> str:
 
 
 def _ratio(eager, other) -> str:
-    if not eager or not other or eager.get("status") != "ok" or other.get("status") != "ok":
+    if not (ok(eager) and ok(other)):
         return "–"
     return f"{eager['median_ms'] / other['median_ms']:.2f}×"
 
@@ -134,14 +134,6 @@ def _decode_cells(rows: list[dict]) -> dict[tuple, dict]:
     return out
 
 
-def _ok(row) -> bool:
-    return bool(row) and row.get("status") == "ok"
-
-
-def _gpu(rows: list[dict]) -> str:
-    return next((r.get("device_name") for r in rows if _ok(r) and r.get("device_name")), "no GPU row stored")
-
-
 def compiled_vs_eager(rows: list[dict], testbench_only: bool = False) -> list[tuple[tuple, str, float]]:
     """(cell key without mode, mode, mode's ms ÷ eager's ms) for every stored pair of an ok eager row and an ok row of another mode."""
     cells = _decode_cells(rows)
@@ -149,7 +141,7 @@ def compiled_vs_eager(rows: list[dict], testbench_only: bool = False) -> list[tu
     for (bench, model, ctx, batch, mode), row in sorted(cells.items(), key=lambda kv: (not kv[0][0], str(kv[0][1]), kv[0][2] or 0, kv[0][3] or 0,
                                                                                       _mode_index(kv[0][4]))):
         eager = cells.get((bench, model, ctx, batch, "eager"))
-        if mode != "eager" and _ok(row) and _ok(eager) and (bench or not testbench_only):
+        if mode != "eager" and ok(row) and ok(eager) and (bench or not testbench_only):
             out.append(((bench, model, ctx, batch), mode, row["median_ms"] / eager["median_ms"]))
     return out
 
@@ -163,7 +155,7 @@ def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
     ncu DRAM figures of both, and a plot of step time per mode."""
 
     fig = seeds.seed004()
-    gpu = _gpu(rows)
+    gpu = gpu_name(rows)
     parts = ["### Seed 004's eager-vs-compiled finding beside perflab's modes",
              f"The seed's figures are copied from seed 004's text into `src/perflab/report/seed_figures.yaml`: {fig['measured']}, on two "
              f"GPUs; \"compiled\" is {fig['compiled_mode']}. perflab's are this report's decode-step rows on {gpu}: untraced medians of "
@@ -181,12 +173,12 @@ def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
     slower = [(k, m, r) for k, m, r in every if r > 1]
     seed_ratios = [s["compiled"] / s["eager"] for s in fig["eager_vs_compiled_ms"]]
     line = (f"What differs: the seed timed one NVTX range under nsys after 20 warmup runs ({'; '.join(s['gpu'] for s in fig['eager_vs_compiled_ms'])}, "
-            f"PyTorch 2.8, a layer without RoPE or GQA), and found compiled {_span(seed_ratios)}× eager's time; perflab times the "
+            f"PyTorch 2.8, a layer without RoPE or GQA), and found compiled {span(seed_ratios)}× eager's time; perflab times the "
             f"median of many untraced steps (torch {_torch(rows)}) of a Llama-3-8B layer with RoPE and GQA")
     if every:
         ratios = [r for _, _, r in every]
         line += (f": over all {len(every)} decode cells with an eager pair (one layer and the full model, every context, batch and "
-                 f"mode) the mode takes {_span(ratios)}× eager's time, slower than eager in {len(slower)}.")
+                 f"mode) the mode takes {span(ratios)}× eager's time, slower than eager in {len(slower)}.")
     else:
         line += "; no decode cell has an eager pair yet."
     parts.append(line)
@@ -197,7 +189,7 @@ def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
             if k.get("roofline") == "memory-bound" and k.get("dram_pct") is not None and k.get("library"):
                 measured.setdefault(k["library"], []).append(k["dram_pct"])
     if measured:
-        ours = "; ".join(f"{lib} {_span(v, '.1f')}% over {len(v)}" for lib, v in sorted(measured.items()))
+        ours = "; ".join(f"{lib} {span(v, '.1f')}% over {len(v)}" for lib, v in sorted(measured.items()))
         parts.append(f"ncu, DRAM throughput of the memory-bound top kernels: the seed's Triton GEMMs {triton[0]}–{triton[1]}% against "
                      f"~{cublas}% for cuBLAS (RTX 4090); perflab's ({gpu}, the ncu pass's top kernels of every mode): {ours} kernels.")
     panels: dict[str, dict] = {}
@@ -215,11 +207,6 @@ def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
     return parts
 
 
-def _span(values: list[float], spec: str = ".2f") -> str:
-    lo, hi = format(min(values), spec), format(max(values), spec)
-    return lo if lo == hi else f"{lo}–{hi}"
-
-
 def _torch(rows: list[dict]) -> str:
     return next(((r.get("env") or {}).get("torch") for r in rows if (r.get("env") or {}).get("torch")), "?")
 
@@ -227,20 +214,17 @@ def _torch(rows: list[dict]) -> str:
 def summary(rows: list[dict]) -> list[str]:
     """A few sentences with the study's numbers, each computed from the rows (the report opens with them)."""
     stored = [r for r in rows if r.get("status") != "missing"]
-    counts: dict[str, int] = {}
-    for r in stored:
-        counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
     missing = len(rows) - len(stored)
-    gpu = _gpu(stored)
-    out = [f"Decode: {len(stored)} of {len(rows)} cases stored, on {gpu} ({', '.join(f'{n} {s}' for s, n in sorted(counts.items())) or 'none'})"
+    gpu = gpu_name(stored)
+    out = [f"Decode: {len(stored)} of {len(rows)} cases stored, on {gpu} ({counts_text(stored)})"
            + (f"; {missing} not run." if missing else ".")]
     cells = _decode_cells(rows)
     for bench in (False, True):
-        keys = sorted({(m, c, b) for (bb, m, c, b, _), r in cells.items() if bb == bench and _ok(r)}, key=lambda k: (k[1] or 0, k[2] or 0, str(k[0])))
+        keys = sorted({(m, c, b) for (bb, m, c, b, _), r in cells.items() if bb == bench and ok(r)}, key=lambda k: (k[1] or 0, k[2] or 0, str(k[0])))
         if not keys:
             continue
         model, ctx, batch = keys[0]
-        modes = {mode: cells[(bench, model, ctx, batch, mode)] for mode in MODE_ORDER if _ok(cells.get((bench, model, ctx, batch, mode)))}
+        modes = {mode: cells[(bench, model, ctx, batch, mode)] for mode in MODE_ORDER if ok(cells.get((bench, model, ctx, batch, mode)))}
         best_mode, best = min(modes.items(), key=lambda kv: kv[1]["median_ms"])
         what = f"{model}{' one layer (the seed testbench)' if bench else ''}, context {ctx}, batch {batch}"
         sentence = f"{what}: fastest {best_mode} {best['median_ms']:.3f} ms per step"
@@ -253,7 +237,7 @@ def summary(rows: list[dict]) -> list[str]:
         out.append(sentence + ".")
     fast = {}
     for (bench, model, ctx, batch, mode), r in cells.items():
-        if not bench and _ok(r) and r.get("mbu") is not None:
+        if not bench and ok(r) and r.get("mbu") is not None:
             fast.setdefault((model, ctx), {}).setdefault(batch, []).append(r)
     for (model, ctx), by_batch in sorted(fast.items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
         if len(by_batch) > 1:
@@ -268,5 +252,5 @@ def summary(rows: list[dict]) -> list[str]:
     if every:
         slower = sum(r > 1 for _, _, r in every)
         out.append(f"Seed 004 found compiled slower than eager ({seed}); here {len(every) - slower} of {len(every)} (cell, mode) pairs "
-                   f"run faster than eager, the mode taking {_span([r for _, _, r in every])}× eager's time.")
+                   f"run faster than eager, the mode taking {span([r for _, _, r in every])}× eager's time.")
     return out

@@ -6,10 +6,9 @@ import math
 
 from rich.table import Table
 
-from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, MODE_HEADER, MODES_TITLE, PASS_HEADER, batch_rows, fix_model_lines,
-                                         fix_rows, flops_line, mode_rows, pass_rows, ranked_line)
-from perflab.report.md import num as _num
-from perflab.report.md import pct as _pct
+from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, FLOORS_TITLE, MODE_HEADER, MODES_TITLE,
+                                         PASS_HEADER, PASS_TITLE, batch_rows, fix_model_lines, fix_rows, floor_rows, floor_verdict,
+                                         flops_line, mode_rows, pass_rows, profile_lines, ranked_line, step_floor_lines)
 
 
 def _ms(ns: float) -> str:
@@ -69,28 +68,10 @@ def render_comparison(console, c) -> None:
 def render_explanation(console, e) -> None:
     for ce in e.cases:
         console.rule(ce.case.label())
-        p = ce.profile
-        console.print(
-            f"untraced eager median {ce.eager_ms:.4f} ms · traced step {ce.traced_step_ms:.4f} ms (profiler inflation ×{ce.inflation:.2f}) · "
-            f"{p.kernels:.0f} kernels/step, mean {p.mean_kernel_ns / 1e3:.2f} µs · GPU busy {p.busy_ns / p.wall_ns:.0%} of the traced step"
-        )
-        idle = ", ".join(f"{k.replace('_', ' ')} {v / 1e6:.4f} ms" for k, v in p.idle_ns.items())
-        console.print(f"per traced step: wall {p.wall_ns / 1e6:.4f} ms = GPU busy {p.busy_ns / 1e6:.4f} ms + idle ({idle})")
-        console.print(f"CPU time to issue one step: {ce.host_issue_ms:.4f} ms untraced, {ce.traced_host_issue_ms:.4f} ms under the profiler")
-        f = ce.floors
-        t = Table(title="Floors (ms per step) and how far the eager step is from each", header_style="bold")
-        for col in ("floor", "ms", "measured ÷ floor"):
-            t.add_column(col, justify="left" if col == "floor" else "right")
-        labels = {"compute": "compute (FLOPs ÷ peak matmul)", "memory": "memory (bytes ÷ copy bandwidth)",
-                  "launch": "launch (kernels × min interval)", "host": "host (CPU time to issue a step, untraced)"}
-        ratios = f.ratios()
-        for name, ms in f.by_name.items():
-            mark = " ◀ binding" if name == f.binding else ""
-            t.add_row(labels[name] + mark, f"{ms:.4f}", f"{ratios[name]:.1f}×")
-        console.print(t)
-        u = f.utilisation()
-        console.print(f"[bold]{f.verdict}[/bold] (binding floor: {f.binding}); MFU {_pct(u['measured']['mfu'])}, MBU {_pct(u['measured']['mbu'])} "
-                      f"(counted FLOPs, least bytes); at the binding floor MFU {_pct(u['ceiling']['mfu'])}, MBU {_pct(u['ceiling']['mbu'])}")
+        for line in profile_lines(ce):
+            console.print(line)
+        _print_table(console, FLOORS_TITLE, FLOOR_HEADER, floor_rows(ce.floors))
+        console.print(_plain(floor_verdict(ce.floors)))
         if ce.step_floors is not None:
             render_pass_floors(console, ce.step_floors)
         console.print(flops_line(ce.eager_row))
@@ -109,29 +90,27 @@ def render_explanation(console, e) -> None:
         render_comparison(console, e.comparison)
 
 
-
-
 def render_pass_floors(console, sf) -> None:
     """Per-pass floors: each pass's four floors, the binding one, and the profiled pass's GPU time against it."""
-    _print_table(console, "Floors per pass (ms per step); the step's floor = Σ the passes' binding floors; FLOPs counted (the formula's beside)",
-                 PASS_HEADER, pass_rows(sf))
-    by_limit = ", ".join(f"{name} {ms:.3f}" for name, ms in sf.by_limit.items() if ms > 0)
-    d = sf.to_dict()
-    console.print(f"step floor {sf.floor_ms:.3f} ms ({by_limit}): [bold]{sf.verdict}[/bold] (binding: {sf.binding}); "
-                  f"the untraced eager step {sf.measured_ms:.3f} ms is {d['measured_over_floor']:.2f}× its floor")
-    console.print(f"MFU {_pct(d['mfu'])} (counted FLOPs; {_pct(d['mfu_analytic'])} by the formula) and MBU {_pct(d['mbu'])} of the measured peak "
-                  f"and copy bandwidth (this step's least bytes); "
-                  f"the floors allow at best MFU {_pct(d['ceiling_mfu'])}, MBU {_pct(d['ceiling_mbu'])}")
+    _print_table(console, PASS_TITLE, PASS_HEADER, pass_rows(sf))
+    for line in step_floor_lines(sf):
+        console.print(_plain(line))
 
 
 def render_fixes(console, ce) -> None:
     """Fixes predicted, then measured, on their base; decode's batch fixes also as throughput against latency."""
     _print_table(console, FIXES_TITLE, FIX_HEADER, fix_rows(ce))
     for line in fix_model_lines(ce):
-        console.print("  " + line.replace("`", "").replace("**", ""))
+        console.print("  " + _plain(line))
     batches = batch_rows(ce)
     if batches:
         _print_table(console, "Batch size as a fix: throughput against latency (measured)", BATCH_HEADER, batches)
+
+
+def _plain(line: str) -> str:
+    """A markdown line for the terminal: bold stays bold, code marks go."""
+    parts = line.replace("`", "").split("**")
+    return "".join(f"[bold]{p}[/bold]" if i % 2 else p for i, p in enumerate(parts))
 
 
 def _print_table(console, title: str, header: list[str], rows: list[list[str]]) -> None:

@@ -14,8 +14,46 @@ MODE_HEADER = ["mode", "predicted ms", "measured ms", "error", "speedup vs eager
 FIX_HEADER = ["#", "fix", "on", "predicted ms", "measured ms", "error", "vs base", "vs eager", "host ms pred / meas", "GPU ms pred / meas",
               "first step s", "peak GiB", "MFU"]
 BATCH_HEADER = ["batch", "on", "ms per step", "tokens/s", "MBU", "latency cost ms"]
+FLOORS_TITLE = "Floors (ms per step) and how far the eager step is from each"
+FLOOR_HEADER = ["floor (whole step)", "ms", "measured ÷ floor"]
+FLOOR_LABELS = {"compute": "compute (FLOPs ÷ peak matmul)", "memory": "memory (bytes ÷ copy bandwidth)",
+                "launch": "launch (kernels × min interval)", "host": "host (CPU time to issue a step, untraced)"}
+PASS_TITLE = "Floors per pass (ms per step); the step's floor = Σ the passes' binding floors; FLOPs counted (the formula's beside)"
 PASS_HEADER = ["pass", "TFLOP (counted)", "TFLOP (formula)", "GB", "kernels", "compute ms", "memory ms", "launch ms", "host ms", "binding",
                "floor ms", "profiled GPU ms", "GPU ÷ floor"]
+
+
+def profile_lines(ce) -> list[str]:
+    """The traced step against the untraced one, and where its wall time went."""
+    p = ce.profile
+    idle = ", ".join(f"{k.replace('_', ' ')} {v / 1e6:.4f} ms" for k, v in p.idle_ns.items())
+    return [f"Untraced eager median {ce.eager_ms:.4f} ms; traced step {ce.traced_step_ms:.4f} ms (profiler inflation ×{ce.inflation:.2f}); "
+            f"{p.kernels:.0f} kernels per step, mean {p.mean_kernel_ns / 1e3:.2f} µs; GPU busy {p.busy_ns / p.wall_ns:.0%} of the traced step.",
+            f"Per traced step: wall {p.wall_ns / 1e6:.4f} ms = GPU busy {p.busy_ns / 1e6:.4f} ms + idle ({idle}).",
+            f"CPU time to issue one step: {ce.host_issue_ms:.4f} ms untraced, {ce.traced_host_issue_ms:.4f} ms under the profiler."]
+
+
+def floor_rows(f) -> list[list[str]]:
+    """The whole step's four floors, the binding one marked, and the measured step over each."""
+    ratios = f.ratios()
+    return [[FLOOR_LABELS[name] + (" ◀ binding" if name == f.binding else ""), f"{ms:.4f}", f"{ratios[name]:.2f}×"]
+            for name, ms in f.by_name.items()]
+
+
+def floor_verdict(f) -> str:
+    u = f.utilisation()
+    return (f"Whole step: **{f.verdict}** (binding floor: {f.binding}); MFU {pct(u['measured']['mfu'])}, MBU {pct(u['measured']['mbu'])} "
+            f"(counted FLOPs, least bytes); at the binding floor MFU {pct(u['ceiling']['mfu'])}, MBU {pct(u['ceiling']['mbu'])}.")
+
+
+def step_floor_lines(sf) -> list[str]:
+    """The step's floor (Σ the passes' binding floors) against the eager step, and the MFU and MBU it allows."""
+    d = sf.to_dict()
+    by_limit = ", ".join(f"{name} {ms:.3f}" for name, ms in sf.by_limit.items() if ms > 0)
+    return [f"Step floor (Σ the passes' binding floors) **{sf.floor_ms:.3f} ms** ({by_limit}): **{sf.verdict}** (binding: {sf.binding}); "
+            f"the untraced eager step {sf.measured_ms:.3f} ms is {d['measured_over_floor']:.2f}× its floor.",
+            f"MFU {pct(d['mfu'])} (counted FLOPs; {pct(d['mfu_analytic'])} by the formula) and MBU {pct(d['mbu'])} of the measured peak "
+            f"and copy bandwidth (this step's least bytes); the floors allow at best MFU {pct(d['ceiling_mfu'])}, MBU {pct(d['ceiling_mbu'])}."]
 
 
 def pass_rows(sf) -> list[list[str]]:

@@ -26,8 +26,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from perflab.analysis.names import KernelNames
-from perflab.report import plots, seeds
-from perflab.report.md import FAILED, formula_cell, md_table
+from perflab.report import parallel, plots, seeds
+from perflab.report.md import FAILED, counts_text, formula_cell, gpu_name, md_table, ok, span
 
 SIZE_ORDER = ("gpt_small", "gpt_medium", "gpt_large", "gpt_xl", "gpt_2.7b")
 WORKLOAD_TITLES = {"forward": "inference forward", "train_forward": "training forward (autograd recording)",
@@ -43,6 +43,8 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
              "Step times are untraced medians with their 95% CI; the kernel tables come from a separate profiled pass of the same case "
              "(the profiler's inflation is listed last). GEMM fraction = GEMM kernel time ÷ the pass's kernel time. A failed cell says "
              "OOM, ERROR or TIMEOUT; \"not run\" marks a case of the spec without a stored row."]
+    parallel_parts = parallel.sections(rows)
+    rows = [r for r in rows if not _case(r).get("parallel")]  # several ranks: their own section, after the one-GPU tables
     capped = [r for r in rows if _case(r).get("max_memory")]
     rows = [r for r in rows if not _case(r).get("max_memory")]  # a capped case answers "would it fit", in its own section
     groups: dict[tuple, list[dict]] = {}
@@ -83,7 +85,7 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
                 points = []
                 for s in seqs:
                     r = cells.get(("forward", m, s))
-                    if r and r.get("status") == "ok":
+                    if ok(r):
                         ci = r.get("ci95_ms") or [r["median_ms"]] * 2
                         points.append((s, r["median_ms"], ci[0], ci[1]))
                 if points:
@@ -94,7 +96,7 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
                 parts.append(f"![forward time vs sequence length]({path.name})")
         parts += _kernel_plot(cells, sizes, seqs, heading, plot_dir, with_seed=key == seed_key)
     parts += seed_sections(rows, capped)
-    return parts
+    return parts + parallel_parts
 
 
 def _kernel_tables(cells, sizes, seqs, md_table, names: KernelNames) -> list[str]:
@@ -141,7 +143,7 @@ def _attention_tables(cells, sizes, seqs, md_table) -> list[str]:
         a, b, c = [m], [m], [m]
         for s in seqs:
             r = rows[(m, s)]
-            att = ((r or {}).get("profile") or {}).get("attention") if r and r.get("status") == "ok" else None
+            att = ((r or {}).get("profile") or {}).get("attention") if ok(r) else None
             if att:
                 a.append(f"{att['softmax_ns'] / 1e6:.3f}")
                 b.append(f"{att['matmul_ns'] / 1e6:.3f}")
@@ -292,7 +294,7 @@ def _seed_group_key(groups: dict) -> tuple | None:
     keys = [k for k in groups if k[0] == "fp32" and k[1] == "explicit" and k[2] == "eager"]
     if not keys:
         return None
-    return max(keys, key=lambda k: (k[3] == 4, sum(r.get("status") == "ok" for r in groups[k]), str(k)))
+    return max(keys, key=lambda k: (k[3] == 4, sum(ok(r) for r in groups[k]), str(k)))
 
 
 def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
@@ -305,13 +307,6 @@ def _groups(rows: list[dict]) -> dict[tuple, list[dict]]:
 
 def _cells(group: list[dict]) -> dict:
     return {(_case(r).get("workload"), r.get("model"), _case(r).get("seq_len")): r for r in group}
-
-
-def _gpu(rows: list[dict]) -> str:
-    for r in rows:
-        if r.get("status") == "ok" and (r.get("device_name") or (r.get("env") or {}).get("gpu_name")):
-            return r.get("device_name") or r["env"]["gpu_name"]
-    return "no GPU row stored"
 
 
 def _gpu_memory_gib(rows: list[dict]) -> float | None:
@@ -328,12 +323,8 @@ def _seed_fmt(value, spec: str, suffix: str = "") -> str:
     return f"{format(value, spec)}{suffix}" if seeds.is_number(value) else str(value)
 
 
-def _ok(row) -> bool:
-    return bool(row) and row.get("status") == "ok"
-
-
 def _attention(row) -> dict | None:
-    return ((row or {}).get("profile") or {}).get("attention") if _ok(row) else None
+    return ((row or {}).get("profile") or {}).get("attention") if ok(row) else None
 
 
 def _training_fraction_value(row) -> float | None:
@@ -357,11 +348,6 @@ def _share_cell(p) -> str:
     return f"{100 * p['top_kernel_share']:.1f}%" if isinstance(p, dict) else (p or "–")
 
 
-def _range(values: list[float], spec: str, suffix: str = "") -> str:
-    lo, hi = min(values), max(values)
-    return f"{format(lo, spec)}{suffix}" if format(lo, spec) == format(hi, spec) else f"{format(lo, spec)}–{format(hi, spec)}{suffix}"
-
-
 def forward_ratios(cells: dict) -> list[tuple[str, int, float]]:
     """(model, seq, seed ms ÷ perflab median) over the cells where both have a forward time."""
     fig = seeds.seed003()
@@ -369,7 +355,7 @@ def forward_ratios(cells: dict) -> list[tuple[str, int, float]]:
     for m in fig["forward_ms"]:
         for s in fig["seq_lens"]:
             seed, row = seeds.cell("forward_ms", m, s), cells.get(("forward", m, s))
-            if seeds.is_number(seed) and _ok(row):
+            if seeds.is_number(seed) and ok(row):
                 out.append((m, s, seed / row["median_ms"]))
     return out
 
@@ -386,7 +372,7 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
         return [title, "No group of stored rows runs as the seed ran (fp32, explicit attention, eager), so there is nothing to put beside "
                        "the seed's figures (src/perflab/report/seed_figures.yaml)."]
     group = groups[key]
-    cells, gpu = _cells(group), _gpu(group)
+    cells, gpu = _cells(group), gpu_name(group)
     dtype, attn, mode, batch, device = key
     seqs, models = fig["seq_lens"], list(fig["forward_ms"])
     seq_cols = lambda m, s: [m, f"seq{s}"]  # noqa: E731
@@ -400,12 +386,12 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
     for m in models:
         for s in seqs:
             seed, row = seeds.cell("forward_ms", m, s), cells.get(("forward", m, s))
-            ratio = f"{seed / row['median_ms']:.1f}×" if seeds.is_number(seed) and _ok(row) else "–"
+            ratio = f"{seed / row['median_ms']:.1f}×" if seeds.is_number(seed) and ok(row) else "–"
             body.append(seq_cols(m, s) + [_seed_fmt(seed, ".2f"), _time_cell(row) if row is not None else "–", ratio])
     ratios = [r for _, _, r in forward_ratios(cells)]
     differs = ("What differs: the seed's times are NVTX ranges under the profiler, at its batch size on its GPU; perflab's are "
                f"untraced medians at batch {batch} on {gpu}")
-    differs += (f". Over the {len(ratios)} cells both measured the seed's time is {_range(ratios, '.1f', '×')} perflab's."
+    differs += (f". Over the {len(ratios)} cells both measured the seed's time is {span(ratios, '.1f', '×')} perflab's."
                 if ratios else "; no cell has both yet.")
     parts += ["#### (a) Forward time (ms): seed vs perflab",
               md_table(["Model", "Seq len", "Seed (nsys range)", "perflab (median [95% CI])", "Seed ÷ perflab"], body), differs]
@@ -425,8 +411,8 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
     differs = ("What differs: both are the top kernel's share of its pass's kernel time (training = the forward and backward of a "
                "forward + backward step); the seed's from iteration 6 under nsys on its GPU, perflab's from its profile pass on "
                f"{gpu}, whose cuBLAS picks other fp32 GEMM kernels (names in table (b) above)")
-    differs += (f": over {len(seed_shares)} cells the seed's shares are {_range(seed_shares, '.1f', '%')}, perflab's "
-                f"{_range(perflab_shares, '.1f', '%')}." if seed_shares else ".")
+    differs += (f": over {len(seed_shares)} cells the seed's shares are {span(seed_shares, '.1f', '%')}, perflab's "
+                f"{span(perflab_shares, '.1f', '%')}." if seed_shares else ".")
     headers = ["Model", "Seq len"] + [f"{p.capitalize()}: {who}" for p in seeds.PASSES_B for who in ("seed", "perflab")]
     parts += ["#### (b) Top kernel's share of each pass: seed vs perflab", md_table(headers, body), differs]
 
@@ -457,7 +443,7 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
         for s in seqs:
             row = cells.get(("forward", m, s))
             att = _attention(row)
-            otherwise = "no profile" if _ok(row) else _perflab_missing(row)
+            otherwise = "no profile" if ok(row) else _perflab_missing(row)
             ours = ((att["softmax_ns"] / 1e6, att["matmul_ns"] / 1e6, _pct(att.get("softmax_to_matmul"))) if att else (None, None, None))
             line = seq_cols(m, s)
             for table, value, spec, suffix in zip(("softmax_ms", "matmul_ms", "softmax_to_matmul_pct"), ours, (".3f", ".3f", ".1f"), ("", "", "%")):
@@ -468,8 +454,8 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
             body.append(line)
     differs = ("What differs: the seed's softmax and matmul times are NVTX range durations of iteration 6 under nsys (not kernel "
                "time); perflab's are the GPU kernel time launched inside the attn.softmax and the two attention-matmul ranges per step")
-    differs += (f": over {len(seed_ratio)} cells the seed's ratio is {_range(seed_ratio, '.1f', '%')}, perflab's "
-                f"{_range(perflab_ratio, '.1f', '%')}, against a FLOP ratio of 5 : 4·head_dim (1.95% at head_dim 64)." if seed_ratio else ".")
+    differs += (f": over {len(seed_ratio)} cells the seed's ratio is {span(seed_ratio, '.1f', '%')}, perflab's "
+                f"{span(perflab_ratio, '.1f', '%')}, against a FLOP ratio of 5 : 4·head_dim (1.95% at head_dim 64)." if seed_ratio else ".")
     headers = ["Model", "Seq len", "Softmax ms: seed", "Softmax ms: perflab", "Matmul ms: seed", "Matmul ms: perflab",
                "Ratio: seed", "Ratio: perflab"]
     parts += ["#### (e) Softmax vs matmul inside attention: seed vs perflab", md_table(headers, body), differs]
@@ -527,7 +513,7 @@ def oom_pattern(cells: dict, inference_workload: str = "forward") -> dict[int, d
 def oom_section(cells: dict, group: list[dict], capped: list[dict]) -> list[str]:
 
     fig = seeds.seed003()
-    gpu, full = _gpu(group), _gpu_memory_gib(group)
+    gpu, full = gpu_name(group), _gpu_memory_gib(group)
     body = []
     for m in fig["forward_ms"]:
         for s in fig["seq_lens"]:
@@ -548,7 +534,7 @@ def oom_section(cells: dict, group: list[dict], capped: list[dict]) -> list[str]
     pattern = oom_pattern(cells)
     n_seed_oom = sum(1 for m in fig["forward_ms"] for s in fig["seq_lens"] for v in seeds.seed_oom(m, s).values() if v)
     ran = [(m, s, k) for m in fig["forward_ms"] for s in fig["seq_lens"] for k, v in seeds.seed_oom(m, s).items()
-           if v and _ok(cells.get(("forward", m, s)) if k == "inference" else _training_row(cells, m, s))]
+           if v and ok(cells.get(("forward", m, s)) if k == "inference" else _training_row(cells, m, s))]
     full_text = f", {full:.0f} GB" if full else ""
     parts = ["#### Seed 003's OOM cells against perflab's measured memory",
              f"The seed printed OOM for {n_seed_oom} (model, sequence length, inference or training) cells; perflab ran {len(ran)} of them "
@@ -658,16 +644,13 @@ def summary(rows: list[dict]) -> list[str]:
     uncapped = [r for r in rows if not _case(r).get("max_memory")]
     groups = _groups(uncapped)
     stored = [r for r in uncapped if r.get("status") != "missing"]
-    gpu = _gpu(stored)
-    counts: dict[str, int] = {}
-    for r in stored:
-        counts[r.get("status")] = counts.get(r.get("status"), 0) + 1
+    gpu = gpu_name(stored)
     missing = len(uncapped) - len(stored)
-    said = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    said = counts_text(stored)
     capped = [r for r in rows if _case(r).get("max_memory") and r.get("status") != "missing"]
-    out = [f"Language models: {len(stored)} of {len(uncapped)} cases stored, on {gpu} ({said or 'none'})"
+    out = [f"Language models: {len(stored)} of {len(uncapped)} cases stored, on {gpu} ({said})"
            + (f"; {missing} not run" if missing else "") + (f"; {len(capped)} more run under `--max-memory`." if capped else ".")]
-    key = _seed_group_key(groups) or max(groups, key=lambda k: sum(r.get("status") == "ok" for r in groups[k]), default=None)
+    key = _seed_group_key(groups) or max(groups, key=lambda k: sum(ok(r) for r in groups[k]), default=None)
     if key is None:
         return out
     cells = _cells(groups[key])
@@ -676,7 +659,7 @@ def summary(rows: list[dict]) -> list[str]:
     growth = []
     for m in _sizes(groups[key]):
         ends = [cells.get(("forward", m, s)) for s in (seqs[0], seqs[-1])] if seqs else []
-        if len(seqs) > 1 and all(_ok(r) for r in ends):
+        if len(seqs) > 1 and all(ok(r) for r in ends):
             a, b = ends[0]["median_ms"], ends[1]["median_ms"]
             growth.append(f"{m} {a:.2f} → {b:.2f} ms (×{b / a:.1f})")
     if growth:
@@ -687,9 +670,9 @@ def summary(rows: list[dict]) -> list[str]:
     if inf or train:
         text = []
         if inf:
-            text.append(f"{_range(inf, '.1f', '%')} of the inference forward's kernel time")
+            text.append(f"{span(inf, '.1f', '%')} of the inference forward's kernel time")
         if train:
-            text.append(f"{_range(train, '.1f', '%')} of training's (forward + backward)")
+            text.append(f"{span(train, '.1f', '%')} of training's (forward + backward)")
         sentence = "GEMM kernels take " + " and ".join(text)
         longest = max((s for (w, _, s), r in cells.items() if w == "forward" and _attention(r)), default=None)
         if longest is not None:
@@ -700,26 +683,26 @@ def summary(rows: list[dict]) -> list[str]:
                 sentence += (f"; at seq {longest} softmax takes " + ", ".join(f"{v:.1f}% ({m})" for m, v in ratios)
                              + " of the attention matmuls' time, for 5 : 4·head_dim of their FLOPs (1.95% at head_dim 64)")
         out.append(sentence + ".")
-    ok = [r for r in stored if r.get("status") == "ok" and r.get("mfu") is not None]
-    if ok:
-        best = max(ok, key=lambda r: r["mfu"])
+    with_mfu = [r for r in stored if ok(r) and r.get("mfu") is not None]
+    if with_mfu:
+        best = max(with_mfu, key=lambda r: r["mfu"])
         c = _case(best)
         out.append(f"Best MFU: {100 * best['mfu']:.1f}% of the measured {c.get('dtype')} matmul peak, by counted FLOPs ({best.get('model')} "
                    f"{c.get('workload')}, seq {c.get('seq_len')}, {c.get('dtype')}, {c.get('attn')} attention, {c.get('mode')}).")
     fast = _dtype_speedups(groups, key)
     if fast:
         other, values = fast
-        out.append(f"{other[0]} with {other[1]} attention runs the inference forward {_range(values, '.1f', '×')} as fast as "
+        out.append(f"{other[0]} with {other[1]} attention runs the inference forward {span(values, '.1f', '×')} as fast as "
                    f"{dtype} with {attn} attention over the {len(values)} cells both ran.")
     if key == _seed_group_key(groups):
         ratios = [r for _, _, r in forward_ratios(cells)]
         pattern = oom_pattern(cells)
         fig = seeds.seed003()
         oom_cells = [(m, s, k) for m in fig["forward_ms"] for s in fig["seq_lens"] for k, v in seeds.seed_oom(m, s).items() if v]
-        ran = [c for c in oom_cells if _ok(cells.get(("forward", c[0], c[1])) if c[2] == "inference" else _training_row(cells, c[0], c[1]))]
+        ran = [c for c in oom_cells if ok(cells.get(("forward", c[0], c[1])) if c[2] == "inference" else _training_row(cells, c[0], c[1]))]
         sentence = "Against seed 003: "
         if ratios:
-            sentence += (f"its nsys-range forward times are {_range(ratios, '.1f', '×')} perflab's untraced medians over the "
+            sentence += (f"its nsys-range forward times are {span(ratios, '.1f', '×')} perflab's untraced medians over the "
                          f"{len(ratios)} cells both measured; ")
         sentence += f"of its {len(oom_cells)} OOM cells perflab ran {len(ran)} to completion on {gpu}"
         known = {len(pattern[c]["match"]) + len(pattern[c]["mismatch"]) for c in CAPACITIES_GIB}
@@ -739,7 +722,7 @@ def _dtype_speedups(groups: dict, key: tuple):
         if other == key or other[2:] != key[2:]:
             continue
         cells = _cells(group)
-        values = [base[k]["median_ms"] / r["median_ms"] for k, r in cells.items() if k[0] == "forward" and _ok(r) and _ok(base.get(k))]
+        values = [base[k]["median_ms"] / r["median_ms"] for k, r in cells.items() if k[0] == "forward" and ok(r) and ok(base.get(k))]
         if values:
             return other, values
     return None

@@ -28,15 +28,15 @@ from pathlib import Path
 from perflab.analysis.names import MAX_SHORT_NAME, KernelNames
 from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_FLAG, HOST_DRIFT_THRESHOLD
 from perflab.report import plots
-from perflab.report.md import escape as _escape, md_table
+from perflab.report.md import FAILED, escape as _escape, md_table
 from perflab.report.md import num as _num
 from perflab.report.md import formula_cell
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
-from perflab.sweep.spec import Comparison, case_fields, default_comparisons
+from perflab.sweep.experiment import Comparison, case_fields, default_comparisons
 from perflab.sweep.store import status_counts, load_stored
+from perflab.workloads import FAMILIES, family_of_row, item_of
 
-STATUS_CELL = {"oom": "OOM", "error": "ERROR", "timeout": "TIMEOUT", "invalid": "INVALID", "missing": "not run"}
 GROUP_FIELDS = ("model", "dtype", "mode", "attn", "device", "keep_rate", "reduction_loc", "seed")
 ALWAYS_SHOWN = ("model", "dtype", "mode")  # in group headings, even when they do not vary
 
@@ -86,8 +86,6 @@ def family_reports(rows: list[dict]):
     families' order. The module is imported by the name the family registers, so this module names no family."""
     import importlib
 
-    from perflab.workloads import FAMILIES
-
     for name, spec in FAMILIES.items():
         mine = [r for r in rows if _family(r) == name]
         if spec.report and mine:
@@ -95,7 +93,7 @@ def family_reports(rows: list[dict]):
 
 
 def family_sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
-    """Each family's own tables (its report module's ``sections``) for its rows: lm (seed 003), decode (seed 004).
+    """Each family's own tables (its report module's ``sections``) for its rows, in the families' order.
     Their kernel names go through ``names``, one short name per kernel over the whole report."""
     parts = []
     for module, mine in family_reports(rows):
@@ -126,7 +124,6 @@ def kernel_legend(names: KernelNames) -> list[str]:
 
 
 def _family(row: dict) -> str:
-    from perflab.workloads import family_of_row
 
     return family_of_row(dict(row, case=case_fields(row))).name
 
@@ -290,7 +287,7 @@ def tokens_cell(entry: dict) -> str:
 
 def status_cell(row: dict) -> str:
     status = row.get("status") or "?"
-    return STATUS_CELL.get(status, status.upper())
+    return FAILED.get(status, status.upper())
 
 
 # -- group plots and summaries
@@ -444,7 +441,6 @@ def _ms_triple(row) -> tuple:
 
 
 def _unit_of(rows) -> str:
-    from perflab.workloads import item_of
 
     return {"img": "images", "token": "tokens"}.get(item_of(rows), "items")
 
@@ -581,7 +577,7 @@ def _provenance_section(stored) -> list[str]:
 def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
     from perflab.report.console import shape_label
 
-    classify = all((r.get("family") or "classify") == "classify" for r in rows)
+    classify = item_of(rows) == "img"  # image models' rows alone: the seeds' image columns
     headers = ["Model", "Size" if classify else "Shape", "BS", "dtype", "mode", "Status", "ms/batch [95% CI]" if classify else "ms/step [95% CI]",
                "ms/img" if classify else "ms/sample", "img/s" if classify else "items/s", "GFLOPs/img" if classify else "GFLOPs/sample",
                "Tokens" if classify else "MFU (counted FLOPs)"] + ([] if classify else ["MFU by the formula (×counted ÷ formula)"]) + ["CV"]

@@ -1,8 +1,10 @@
-"""Markdown pieces every report module shares: tables, escaping, the cell of a failed case. A leaf: it imports no
-other report module, so the family reports (lm, decode) and the report that gathers them (markdown) import it, not
-each other."""
+"""Markdown pieces every report module shares: tables, escaping, the cell of a failed case, the few words about
+rows every report says (ok, on which GPU, how many of each status, a range of values). A leaf: it imports no other
+report module, so the family reports and the report that gathers them (markdown) import it, not each other."""
 
 from __future__ import annotations
+
+from perflab.sweep.store import status_counts
 
 FAILED = {"oom": "OOM", "error": "ERROR", "timeout": "TIMEOUT", "invalid": "INVALID", "missing": "not run"}
 
@@ -46,3 +48,27 @@ def formula_cell(row: dict) -> str:
     """MFU by the formula's FLOPs and the ratio counted ÷ formula: ``37.3% (×1.0078)``; ``–`` where unknown."""
     mfu, ratio = mfu_by_formula(row), flops_ratio(row)
     return "–" if mfu is None else f"{mfu:.1%} (×{ratio:.4f})"
+
+
+def ok(row) -> bool:
+    """Whether a row (or None: no row) measured its case."""
+    return bool(row) and row.get("status") == "ok"
+
+
+def gpu_name(rows) -> str:
+    """The GPU the ok rows ran on (the row's device name, else its environment's), for a report's sentences."""
+    for r in rows:
+        if ok(r) and (r.get("device_name") or (r.get("env") or {}).get("gpu_name")):
+            return r.get("device_name") or r["env"]["gpu_name"]
+    return "no GPU row stored"
+
+
+def counts_text(rows) -> str:
+    """How many rows of each status: ``3 error, 57 ok``; ``none`` for no rows."""
+    return ", ".join(f"{n} {status}" for status, n in sorted(status_counts(rows).items())) or "none"
+
+
+def span(values, spec: str = ".2f", suffix: str = "") -> str:
+    """The range of some values as a sentence says it: ``1.2–3.4×``, or one value where both ends read the same."""
+    lo, hi = format(min(values), spec), format(max(values), spec)
+    return f"{lo}{suffix}" if lo == hi else f"{lo}–{hi}{suffix}"

@@ -23,27 +23,25 @@ DPI = 80  # small files: a sweep report of ~20 plots stays a few hundred KB
 
 def throughput_vs_batch(series: dict, path: Path, title: str, styles: dict | None = None) -> Path:
     """series: label → [(batch size, img/s, low, high)]."""
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for label, points in series.items():
-        _errorbar_line(ax, points, label, (styles or {}).get(label))
-    _batch_axis(ax, series)
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("throughput (img/s, 95% CI)")
-    _finish(ax, title)
-    return _save(fig, path)
+    return _vs_batch(series, path, title, styles, "throughput (img/s, 95% CI)")
 
 
 def latency_vs_batch(series: dict, path: Path, title: str, styles: dict | None = None) -> Path:
-    """series: label → [(batch size, ms per batch, CI low, CI high)]."""
+    """series: label → [(batch size, ms per batch, CI low, CI high)], on a log axis."""
+    return _vs_batch(series, path, title, styles, "latency (ms per batch, median, 95% CI)", log=True)
+
+
+def _vs_batch(series: dict, path: Path, title: str, styles: dict | None, ylabel: str, log: bool = False) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for label, points in series.items():
         _errorbar_line(ax, points, label, (styles or {}).get(label))
     _batch_axis(ax, series)
-    ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    if log:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("batch size")
-    ax.set_ylabel("latency (ms per batch, median, 95% CI)")
+    ax.set_ylabel(ylabel)
     _finish(ax, title)
     return _save(fig, path)
 

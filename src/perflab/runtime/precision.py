@@ -14,7 +14,7 @@ from typing import Iterator
 
 import torch
 
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from perflab.workloads.base import AUTOCAST_DTYPES
 
 
 @contextlib.contextmanager

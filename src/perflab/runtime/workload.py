@@ -25,12 +25,12 @@ class Workload:
         return self.built.model
 
 
-def build(case) -> Built:
-    """The case's model and step factory, seeded, on its device."""
+def build(case, **options) -> Built:
+    """The case's model and step factory, seeded, on its device (``options``: the family's build options, e.g. ``shard``)."""
     from perflab.workloads.registry import implementation
 
     torch.manual_seed(case.seed)
-    return implementation(case).build(case)
+    return implementation(case).build(case, **options)
 
 
 @contextlib.contextmanager

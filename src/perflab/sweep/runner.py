@@ -95,6 +95,7 @@ def run_sweep(
     if experiment.gpu_pins or experiment.across_gpus:
         raise PerflabError(f"{experiment.source}: gpu: and across_gpus: place cases on a cluster's GPU types; run it with --engine ray")
     slots = _slots(experiment, gpus, workers)
+    check_slots_fit(experiment.cases, slots)
     env = probe_environment(experiment, [s[len("gpu"):] for s in slots if s.startswith("gpu")])
     env_key = environment_key(env)
 
@@ -190,9 +191,10 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, su
     (out_dir / "tmp").mkdir(exist_ok=True)
     try:
         while pending or running:
-            while pending and free:
-                slot = free.pop(0)
+            while pending and len(free) >= pending[0].world_size:  # in order: a case of N ranks waits for N free slots
                 case = pending.popleft()
+                slot = GROUP.join(free[:case.world_size])
+                del free[:case.world_size]
                 running.append(_start(case, slot, out_dir, timeout_s, len(slots), worker_args))
                 emit("case_start", case=case, slot=slot)
             time.sleep(POLL_S)
@@ -201,7 +203,7 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, su
                 if row is None:
                     continue
                 running.remove(job)
-                free.append(job.slot)
+                free.extend(job.slot.split(GROUP))
                 store.put(row, env_key, sweep_id=sweep_id, worker=job.slot, wall_s=time.monotonic() - job.started, replace=replace)
                 summary.done += 1
                 summary.counts[row["status"]] = summary.counts.get(row["status"], 0) + 1
@@ -259,7 +261,7 @@ def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int,
 def pin_index(slot: str) -> int:
     """Which core a slot's worker pins its timing thread to, counted from the end of its affinity set: the
     slot's number (``gpu3`` → 3, ``w1`` → 1), so workers side by side do not share a core."""
-    digits = "".join(ch for ch in slot if ch.isdigit())
+    digits = "".join(ch for ch in slot.split(GROUP)[0] if ch.isdigit())
     return int(digits) if digits else 0
 
 
@@ -340,10 +342,22 @@ def _worker_env(slot: str, n_slots: int = 1) -> dict:
     # The worker must import this perflab even when it was found through a relative PYTHONPATH.
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    if slot.startswith("gpu"):
-        env["CUDA_VISIBLE_DEVICES"] = slot[len("gpu"):]
+    if slot.startswith("gpu"):  # a data-parallel case's group of slots sees its GPUs as 0..N-1, one rank each
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(part[len("gpu"):] for part in slot.split(GROUP))
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # so --gpus 3 is nvidia-smi's GPU 3
     return env
+
+
+GROUP = "+"  # joins the slots of a case that takes several (a data-parallel case: one slot per rank)
+
+
+def check_slots_fit(cases, slots: list[str]) -> None:
+    """Each case takes ``world_size`` slots (GPUs, or CPU workers): one needing more than there are is one clear error."""
+    widest = max(cases, key=lambda c: c.world_size, default=None)
+    if widest is not None and widest.world_size > len(slots):
+        kind = "GPUs (--gpus)" if slots[0].startswith("gpu") else "workers (--workers)"
+        raise PerflabError(f"case {widest.label()} runs {widest.world_size} ranks, one per slot; this sweep has {len(slots)} {kind}: "
+                           f"give at least {widest.world_size}")
 
 
 def _slots(experiment: Experiment, gpus: list[int] | None, workers: int) -> list[str]:
@@ -419,7 +433,7 @@ def probe_environment(experiment: Experiment | None, physical_gpus: list[str] | 
     """
     import torch
 
-    import perflab
+    from perflab.version import __version__
 
     env = {
         "host": socket.gethostname(),
@@ -428,7 +442,7 @@ def probe_environment(experiment: Experiment | None, physical_gpus: list[str] | 
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
-        "perflab": perflab.__version__,
+        "perflab": __version__,
         "gpus": [],
         "driver": None,
         "gpu_name": None,

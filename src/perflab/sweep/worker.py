@@ -48,8 +48,14 @@ def main(argv: list[str] | None = None) -> int:
         from perflab.measure.harness import run_case
         from perflab.measure.pinning import HostOptions
 
-        row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index))
-        if args.profile_steps and row.get("status") == "ok" and case.device == "cuda":
+        if case.parallel:  # its ranks on the GPUs this worker sees (CUDA_VISIBLE_DEVICES: the scheduler's group)
+            from perflab.measure.parallel import run_parallel_case
+
+            _log_stage(f"{case.world_size} ranks")
+            row = run_parallel_case(case)
+        else:
+            row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index))
+        if args.profile_steps and row.get("status") == "ok" and case.device == "cuda" and not case.parallel:
             _log_stage(f"profile ({args.profile_steps} steps)")
             row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps)
         if args.ncu_top and row.get("status") == "ok" and case.device == "cuda" and _matches(case, json.loads(args.ncu_where)):
@@ -86,7 +92,7 @@ def cost_split(stages: list[tuple[str, float]], started: float, ended: float, ag
 
 def _profile(case, row: dict, trace_dir: Path, steps: int) -> dict:
     """The case's profile pass, summarised for the row; a failure of the pass is recorded, and the timing kept."""
-    from perflab.api import profile_summary
+    from perflab.profiling import profile_summary
     from perflab.trace.capture import profile_case
 
     try:
@@ -108,12 +114,12 @@ def _matches(case, where: dict) -> bool:
 def _ncu(case, trace_dir: Path, top: int) -> dict:
     """Nsight Compute on the case's top kernels, summarised for the row; without ncu, or when it fails, the
     reason is recorded and the timing kept."""
-    from perflab.api import ncu
+    from perflab.profiling import ncu_case
     from perflab.errors import PerflabError
     from perflab.trace.ncu import ncu_summary
 
     try:
-        table, _ = ncu(case, top=top, out_dir=trace_dir)
+        table, _ = ncu_case(case, top=top, out_dir=trace_dir)
         return ncu_summary(table)
     except Exception as exc:
         if not isinstance(exc, PerflabError):

@@ -12,6 +12,16 @@ from typing import Any, Callable
 
 import torch
 
+# The dtypes bf16/fp16 cases compute in under autocast, over fp32 weights (runtime.precision enters it).
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def image_batch(batch_size: int, input_size: int, device: str, seed: int) -> torch.Tensor:
+    """Synthetic inputs of an image model: a seeded random batch, made once and reused (no loader in the timed loop)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch_size, 3, input_size, input_size, generator=generator)
+    return x.to(device)
+
 
 @dataclass
 class Built:

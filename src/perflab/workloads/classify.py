@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from perflab.errors import PerflabError
-from perflab.workloads.base import Built, Implementation
+from perflab.workloads.base import Built, Implementation, image_batch
 
 
 class Classify(Implementation):
@@ -61,7 +61,6 @@ class Classify(Implementation):
 
     def build(self, case) -> Built:
         from perflab.models.registry import build_model
-        from perflab.runtime.inputs import image_batch
 
         if case.is_reference:
             from perflab.models.reference import build_on_device, logits_of
@@ -111,7 +110,6 @@ class Classify(Implementation):
 
     def min_bytes(self, case, row: dict) -> float:
         """Weights plus minimal activation traffic for a ViT case (weights and input/output otherwise)."""
-        from perflab.analysis.floors import vit_min_bytes
         from perflab.models.registry import parse_model_name, vit_config_for
 
         name = None if case.is_reference else parse_model_name(case.model)
@@ -130,3 +128,14 @@ class Classify(Implementation):
             per_block.append(schedule[min(stage, len(schedule) - 1)])
         return vit_min_bytes(params=params, weight_bytes=weight_bytes, batch=case.batch_size, tokens_per_block=per_block, dim=cfg.dim,
                              act_bytes=4, input_elems=inputs, output_elems=case.batch_size * cfg.num_classes)
+
+
+def vit_min_bytes(*, params: int, weight_bytes: int, batch: int, tokens_per_block: list[int], dim: int, act_bytes: int,
+                  input_elems: int, output_elems: int) -> int:
+    """Weights read once, each block's residual stream read once and written once, input and logits.
+
+    ``tokens_per_block`` holds the sequence length each block's output has. This is a floor, not an
+    estimate: real kernels re-read activations (norms, attention, MLP hidden states).
+    """
+    activations = sum(2 * batch * n * dim * act_bytes for n in tokens_per_block)
+    return params * weight_bytes + activations + 4 * (input_elems + output_elems)

@@ -24,8 +24,7 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from perflab.errors import PerflabError
-from perflab.runtime.precision import AUTOCAST_DTYPES
-from perflab.workloads.base import Built, Implementation, config_overrides
+from perflab.workloads.base import AUTOCAST_DTYPES, Built, Implementation, config_overrides
 
 TRAINING = ("train_forward", "forward_backward", "train_step")
 
@@ -89,10 +88,13 @@ class LM(Implementation):
     def trains(self, case) -> bool:
         return case.workload in TRAINING
 
-    def build(self, case, model=None) -> Built:
+    def build(self, case, model=None, shard=None) -> Built:
         """``model``: another module with the same contract (token ids [B, T] → logits [B, T, vocab]) to run in
         this workload instead of perflab's GPT, e.g. to compare with transformers' Llama of the same shape.
-        A case that names a reference (a file, a module path, hf:) builds the user's model."""
+        A case that names a reference (a file, a module path, hf:) builds the user's model. ``shard``: called on
+        the model on its device before the optimizer is made (FSDP replaces the parameters with shards).
+
+        The step factory's ``micro=True`` gives the step without the optimizer (a gradient-accumulation micro-batch)."""
         from perflab.models.lm import GPT
         from perflab.models.reference import build_on_device, logits_of, vocab_size_of
 
@@ -108,6 +110,8 @@ class LM(Implementation):
                 with torch.device(case.device):  # initialised where it runs: seconds, not minutes, for billions of parameters
                     model = GPT(config)
         model = model.to(case.device)
+        if shard is not None:
+            shard(model)
         generator = torch.Generator().manual_seed(case.seed)
         idx = torch.randint(0, vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
         targets = torch.randint(0, vocab_size, (case.batch_size, case.seq_len), generator=generator).to(case.device)
@@ -128,7 +132,7 @@ class LM(Implementation):
         def autocast():
             return torch.autocast(case.device, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext()
 
-        def make_step(m):
+        def make_step(m, micro=False):
             if case.workload in ("forward", "train_forward"):
                 def forward():
                     with phase("forward"), autocast():
@@ -142,7 +146,7 @@ class LM(Implementation):
                     loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))  # fp32 under autocast
                 with phase("backward"):
                     loss.backward()
-                if optimizer is not None:
+                if optimizer is not None and not micro:
                     with phase("optimizer"):
                         optimizer.step()
                         optimizer.zero_grad(set_to_none=set_to_none)

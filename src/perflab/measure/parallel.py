@@ -1,0 +1,300 @@
+"""A data-parallel training step, timed on every rank, and its result row.
+
+Each rank (``runtime.parallel.launch``: one process per GPU) builds the case's model with the same seed, so
+every rank starts from the same weights, and feeds its own batch (rank 0 the one-GPU case's inputs, the others
+inputs drawn with their own seed): the batch is per rank (weak scaling). DDP wraps the model (gradients
+all-reduced in buckets during the backward); FSDP (``fully_shard``, each block a unit) shards it before the
+optimizer is made. ``--mode compile`` compiles the wrapped model, as a user would.
+
+Timing on every rank as on one GPU (``measure.timing``: CUDA events; wall clock on the CPU), after warm-up,
+with one plan for all ranks (the slowest rank's estimate: every rank must run the same number of collectives).
+The step time is the slowest rank's median (``median_ms``, ``step_ms``); throughput counts every rank's items.
+Rank 0 then times the same case on one device, alone, in the same run (``single_gpu_ms``), and
+
+    scaling_efficiency = single_gpu_ms / step_ms
+
+(weak scaling: the per-GPU batch is fixed, so perfect scaling keeps the step time and gives 1.0).
+
+``ranks_agree`` (DDP): the parameters after the timed steps are bit-identical on every rank (each rank's sum and
+sum of absolute values in float64, compared exactly); FSDP keeps one copy of each parameter shard, so there is
+nothing to compare (None). ``rank_memory``: each rank's peak and its split into parameters, gradients and
+optimizer state (the rank's own shards under FSDP) and the rest (activations, DDP's buckets, workspace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import statistics
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from perflab.analysis.comm import ddp_bytes, fsdp_bytes
+from perflab.measure.checks import MIN_TIMED_ITERS, Check, run_checks
+from perflab.measure.env import environment
+from perflab.measure.harness import MB, base_row, failed_row, memory_peaks, output_is_finite, timing_fields
+from perflab.measure.timing import estimate_step_s, plan_timing, time_step
+from perflab.runtime.device import synchronize
+from perflab.runtime.modes import allow_recompiles, compile_kwargs
+from perflab.runtime.parallel import MULTICAST_OFF, RankFailed, ddp_wrap, fsdp_shard, launch, local_tensor
+from perflab.runtime.workload import build, step_context
+from perflab.spec import Case, parse_parallel, validate_case
+from perflab.workloads.registry import implementation
+
+
+def run_parallel_case(case: Case, gpus: list[int] | None = None, profile_dir=None, profile_steps: int = 5, single: bool = True) -> dict:
+    """Measure one data-parallel case (``case.world_size`` ranks; ``gpus``: their CUDA devices) and return its row.
+
+    ``profile_dir``: after the timing, each rank also records ``profile_steps`` steps with torch.profiler and writes
+    ``rank{N}.json`` there (a separate pass: the timing has no profiler in it). ``single``: time the one-device
+    case on rank 0 too (scaling efficiency)."""
+    case = validate_case(case)
+    if case.device == "cuda":
+        gpus = list(gpus) if gpus else list(range(case.world_size))
+        if len(gpus) != case.world_size:
+            raise ValueError(f"{case.world_size} ranks need {case.world_size} GPUs, got {gpus}")
+    else:
+        gpus = None
+    if profile_dir is not None:
+        Path(profile_dir).mkdir(parents=True, exist_ok=True)
+        profile_dir = str(Path(profile_dir).resolve())
+    try:
+        launched = launch(_rank_measure, case.world_size, (case.to_dict(), single, profile_dir, profile_steps), device=case.device, gpus=gpus)
+    except RankFailed as failed:
+        row = failed_row(case, "oom" if failed.oom else "error", f"rank {failed.rank}: {failed.message}", {"device": case.device}, failed.detail)
+        row.update(parallel=case.parallel, world_size=case.world_size, gpus=gpus)
+        return row
+    row = parallel_row(case, launched.results, gpus)
+    row["launches"] = launched.launches
+    if profile_dir is not None:
+        row["rank_traces"] = [r["trace"] for r in launched.results]
+    return row
+
+
+def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
+    """The row of a data-parallel case from its ranks' results (plain data; see ``_rank_measure``)."""
+    mode, options = parse_parallel(case.parallel)
+    world = case.world_size
+    env = dict(ranks[0]["env"], world_size=world, gpus=gpus)
+    row = base_row(case, env)
+    medians = [statistics.median(r["samples_ms"]) for r in ranks]
+    slowest = max(range(world), key=lambda i: medians[i])
+    first = ranks[0]
+    items = first["items_per_step"] * world
+    flops = first.get("flops_per_rank")
+    timed_iters = first["timed_iters"]
+    row.update(
+        status="ok", parallel=case.parallel, parallel_mode=mode, parallel_options=options, world_size=world, gpus=gpus,
+        backend=first["backend"], tokens=items, items_per_step=items, iters_per_sample=first["block_iters"], timed_iters=timed_iters,
+        timed_s=max(r["timed_s"] for r in ranks), params=first["params"], params_m=first["params"] / 1e6,
+        gflops_per_batch=(flops * world / 1e9) if flops else 0.0,
+        rank_median_ms=medians, rank_samples_ms=[r["samples_ms"] for r in ranks], slowest_rank=slowest,
+        rank_spread=max(medians) / min(medians) - 1.0, rank_loss=[r["loss"] for r in ranks],
+    )
+    timing_fields(row, ranks[slowest]["samples_ms"])
+    row["step_ms"] = row["median_ms"]
+    row["throughput_per_s"] = case.batch_size * world * 1000.0 / row["median_ms"]
+    if flops:
+        row["gflops"] = flops / case.batch_size / 1e9
+        row["flops_source"] = "formula"
+        row["flops_analytic"] = flops * world
+    else:
+        row.update(gflops_per_batch=None, achieved_tflops=None)
+    if case.family_spec.item == "token":
+        row["tokens_per_s"] = row["items_per_s"]
+    single_row = first.get("single")
+    if single_row:
+        row["single_gpu_ms"] = statistics.median(single_row["samples_ms"])
+        row["single_gpu_samples_ms"] = single_row["samples_ms"]
+        row["scaling_efficiency"] = row["single_gpu_ms"] / row["step_ms"]
+    row["rank_memory"] = [r["memory"] for r in ranks]
+    row["multicast_off"] = all(r["multicast_off"] for r in ranks)  # NVLink multicast was off in every rank's process
+    if case.device == "cuda":
+        row["peak_mem_alloc_mb"] = max(r["memory"]["peak_alloc_mb"] for r in ranks)
+        row["peak_mem_reserved_mb"] = max(r["memory"]["peak_reserved_mb"] for r in ranks)
+    row["ranks_agree"] = len({tuple(r["checksum"]) for r in ranks}) == 1 if mode == "ddp" else None
+    grad_bytes, param_bytes = first["grad_bytes"], first["param_bytes"]
+    comm = (ddp_bytes(grad_bytes, world, options["bucket_cap_mb"]) if mode == "ddp"
+            else fsdp_bytes(param_bytes, grad_bytes, world, reshard_after_forward=options["reshard"], units=first["fsdp_units"]))
+    row.update(grad_bytes=grad_bytes, param_bytes=param_bytes, comm_bus_bytes=comm.bus_bytes, comm_collectives=comm.collectives,
+               comm_calls=comm.calls)
+    sweep = first.get("all_reduce")
+    if sweep:  # the floor: bus bytes at the bus bandwidth measured for messages of this step's size
+        from perflab.measure.ceilings import busbw_at
+
+        message = (grad_bytes if mode == "ddp" else param_bytes) / max(comm.calls, 1)  # one collective's payload, on average
+        row["busbw_gbps"] = busbw_at(sweep, message)
+        row["comm_floor_ms"] = comm.floor_ms(row["busbw_gbps"])
+        row["comm_floor_frac"] = row["comm_floor_ms"] / row["step_ms"]
+    elif case.device == "cuda":
+        row["comm_floor_note"] = f"no all-reduce bandwidth measured for {world} GPUs here: run perflab ceilings --gpus 0,1 first"
+    checks = run_checks(requested_batch=case.batch_size, processed_batch=min(r["processed"] for r in ranks), timed_s=row["timed_s"],
+                        timed_iters=timed_iters, cv=row["cv"], energy_j=None, energy_unavailable="not measured with --parallel",
+                        throttle_reasons=[], other_processes=[], finite=all(r["finite"] is not False for r in ranks), min_time=case.min_time)
+    if row["ranks_agree"] is False:
+        checks.append(Check("ranks_disagree", "the ranks' parameters differ after the timed steps: the gradients were not reduced alike"))
+    row["flags"] = [c.flag for c in checks]
+    row["warnings"] = [c.message for c in checks]
+    return row
+
+
+# ---------------------------------------------------------------------------------------------------
+# One rank (runs in the spawned process)
+
+
+def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dict: dict, single: bool, profile_dir, profile_steps: int) -> dict:
+    import torch.distributed as dist
+
+    case = Case.from_dict(case_dict)
+    mode, options = parse_parallel(case.parallel)
+    plain = replace(case, parallel=None, world_size=1)
+    device = case.device
+    where = torch.device("cuda", device_index) if device == "cuda" else torch.device("cpu")
+    built = build(plain, **({"shard": fsdp_shard(options["reshard"])} if mode == "fsdp" else {}))
+    _own_inputs(built, case, rank)
+    params = list(built.model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in params)  # numel of a DTensor is the whole parameter's
+    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    fsdp_units = sum(1 for m in built.model.modules() if type(m).__name__.startswith("FSDP")) if mode == "fsdp" else 1
+    if mode == "ddp":
+        built.model = ddp_wrap(built.model, device, device_index, options["bucket_cap_mb"], options["grad_view"])
+    accumulate = options.get("no_sync", 1)
+    result = {"rank": rank, "backend": dist.get_backend(), "param_bytes": param_bytes, "grad_bytes": grad_bytes, "fsdp_units": fsdp_units,
+              "multicast_off": all(os.environ.get(k) == v for k, v in MULTICAST_OFF.items())}
+    with step_context(plain, built):
+        step = _step(built, case.mode, accumulate)
+        result.update(_time(case, built, step, device, where, rank))
+        result["checksum"] = _checksum(built.model) if mode == "ddp" else None
+        if profile_dir is not None:
+            result["trace"] = _profile(step, device, Path(profile_dir) / f"rank{rank}.json", profile_steps)
+    result["items_per_step"] = built.items_per_step * accumulate
+    result["params"] = sum(p.numel() for p in params)
+    analytic = implementation(plain).analytic(plain)
+    result["flops_per_rank"] = analytic["flops_analytic"] * accumulate if analytic.get("flops_analytic") else None
+    if rank == 0:
+        result["env"] = environment(device)
+        if device == "cuda":  # the bus bandwidth `perflab ceilings --gpus` measured here, if it has (never measured here)
+            from perflab.measure.ceilings import cached_all_reduce
+
+            result["all_reduce"] = cached_all_reduce(world_size)
+    del built, step, params
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    dist.barrier()
+    if rank == 0 and single:
+        built = build(plain)
+        with step_context(plain, built):
+            one = _step(built, case.mode, accumulate)
+            result["single"] = _time(plain, built, one, device, where, rank=0, collective=False)
+        result["single"] = {"samples_ms": result["single"]["samples_ms"]}
+    return result
+
+
+def _own_inputs(built, case: Case, rank: int) -> None:
+    """Rank 0 keeps the one-device case's batch; every other rank draws its own (in place: the step holds the tensors)."""
+    if rank == 0:
+        return
+    generator = torch.Generator().manual_seed(case.seed * 1_000_003 + rank)
+    for key in ("inputs", "targets"):
+        tensor = built.extra[key]
+        tensor.copy_(torch.randint(0, built.extra["vocab_size"], tuple(tensor.shape), generator=generator))
+
+
+def _step(built, mode: str, accumulate: int):
+    """The step in ``mode`` (eager, or compile of the wrapped model); with ``accumulate`` > 1, the micro-batches before
+    the last run their backward under DDP's no_sync (no all-reduce), the last one reduces and steps the optimizer
+    (on one device, the same micro-batches, so the single-device time is of the same work)."""
+    model = built.model
+    if mode == "compile":
+        allow_recompiles()
+        model = torch.compile(built.model, dynamic=False, **compile_kwargs(""))
+    full = built.make_step(model)
+    if accumulate == 1:
+        return full
+    micro = built.make_step(model, micro=True)
+
+    no_sync = getattr(built.model, "no_sync", contextlib.nullcontext)  # one device: plain accumulation, the same work
+
+    def step():
+        for _ in range(accumulate - 1):
+            with no_sync():
+                micro()
+        return full()
+
+    return step
+
+
+def _time(case: Case, built, step, device: str, where: torch.device, rank: int, collective: bool = True) -> dict:
+    import torch.distributed as dist
+
+    out = step()
+    for _ in range(case.warmup):
+        out = step()
+    synchronize(device)
+    processed = built.batch_of(out)
+    finite = output_is_finite(out)
+    loss = float(out[0].detach()) if isinstance(out, tuple) and torch.is_tensor(out[0]) else None
+    del out
+    step_s = estimate_step_s(step, device)
+    if collective:  # one plan for all ranks: the slowest rank's estimate
+        estimate = torch.tensor([step_s], dtype=torch.float64, device=where)
+        dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
+        step_s = float(estimate.item())
+    plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    gc.collect()
+    if collective:
+        dist.barrier()
+    timing = time_step(step, plan, device)
+    peak = memory_peaks(device)
+    return {"samples_ms": [float(v) for v in timing.samples_ms], "timed_s": timing.timed_s, "block_iters": plan.block_iters,
+            "timed_iters": plan.total_iters, "processed": processed, "finite": finite, "loss": loss,
+            "memory": rank_memory(built, peak["alloc"], peak["reserved"])}
+
+
+def rank_memory(built, peak_alloc: int | None, peak_reserved: int | None) -> dict:
+    """This rank's peak and its split (MiB): its own parameters, gradients and optimizer state (local shards under FSDP)."""
+    model = built.model.module if hasattr(built.model, "no_sync") and hasattr(built.model, "module") else built.model
+    params = sum(local_tensor(p).numel() * p.element_size() for p in model.parameters())
+    grads = sum(local_tensor(p).numel() * p.element_size() for p in model.parameters() if p.requires_grad) if built.has_backward else 0
+    optimizer = 0
+    if built.optimizer is not None:
+        for state in built.optimizer.state.values():
+            optimizer += sum(local_tensor(t).numel() * t.element_size() for t in state.values() if torch.is_tensor(t) and t.dim() > 0)
+    out = {"params_mb": params / MB, "grads_mb": grads / MB, "optimizer_mb": optimizer / MB,
+           "peak_alloc_mb": peak_alloc / MB if peak_alloc is not None else None,
+           "peak_reserved_mb": peak_reserved / MB if peak_reserved is not None else None}
+    out["rest_mb"] = (peak_alloc - params - grads - optimizer) / MB if peak_alloc is not None else None
+    return out
+
+
+def _checksum(model) -> list[float]:
+    """Sum and sum of absolute values of every parameter, float64: equal on all ranks iff (almost surely) the parameters are."""
+    total = torch.zeros((), dtype=torch.float64)
+    absolute = torch.zeros((), dtype=torch.float64)
+    with torch.no_grad():
+        for p in model.parameters():
+            t = local_tensor(p).detach().double()
+            total += t.sum().cpu()
+            absolute += t.abs().sum().cpu()
+    return [float(total), float(absolute)]
+
+
+def _profile(step, device: str, path: Path, steps: int) -> str:
+    """``steps`` steps under torch.profiler (CPU ops, and CUDA kernels on a GPU), written as this rank's Kineto trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    synchronize(device)
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+            prof.step()  # ProfilerStep#N ranges: the trace's step windows
+        synchronize(device)
+    prof.export_chrome_trace(str(path))
+    return str(path)

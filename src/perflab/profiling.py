@@ -1,0 +1,123 @@
+"""A case's profile pass and its Nsight Compute pass, after its untraced timing: what ``perflab profile``,
+``perflab ncu`` and a sweep's worker run; a data-parallel case's profile on every rank (``profile --parallel``).
+Capture (trace), analysis and the harness (measure) meet here, below the API and the sweep, which both call it.
+
+Heavy modules (torch) are imported inside the functions that need them.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from perflab.errors import PerflabError
+from perflab.spec import Case
+
+
+def analyze(path, top: int = 10):
+    """A trace file's TraceReport (``api.analyze`` is the public face)."""
+    from perflab.analysis.trace_report import analyze_trace
+    from perflab.trace.load import load_trace
+
+    return analyze_trace(load_trace(path), top=top)
+
+
+def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool = True, by_module: bool = False) -> dict:
+    """Time ``case`` with the harness (no profiler), then record ``steps`` steps of it and analyse them.
+
+    Returns {"case", "row" (the untraced result row), "trace_path", "report" (TraceReport),
+    "traced_step_ms" (median step window), "inflation" (traced ÷ untraced)}. The row is judged for
+    ``host_contention`` (one row: no ``host_drift``); ``pin``: as for :func:`bench`. ``by_module``: the profiled
+    pass also records module ranges, and ``report.modules`` is the module tree (eager mode).
+    """
+    from perflab.measure.harness import run_case
+    from perflab.trace.capture import profile_case as record
+
+    if case.device != "cuda":
+        raise PerflabError("profiling a case accounts for its GPU time, so it needs a CUDA GPU (--device cuda); on the CPU, "
+                           "perflab bench times it and perflab.profile() records a CPU trace of your own loop")
+    from perflab.paths import make_out_dir
+
+    if by_module and case.mode != "eager":
+        raise PerflabError(f"--by-module needs eager mode: {case.mode} fuses kernels across modules, so no kernel belongs to one module")
+    from perflab.measure.canary import mark_host_flags
+    from perflab.measure.pinning import HostOptions
+
+    trace_path = make_out_dir(out_dir) / f"{case.id}_{case.mode.replace(':', '-')}.json.gz"
+    (row,) = mark_host_flags([run_case(case, host=HostOptions(pin=pin))])
+    if row["status"] != "ok":
+        return {"case": case, "row": row, "trace_path": None, "report": None, "traced_step_ms": None, "inflation": None}
+    captured = record(case, trace_path, steps=steps, by_module=by_module)
+    report = analyze(trace_path, top=top)
+    if by_module and captured.module_note:
+        report.module_note = captured.module_note
+    traced = float(report.steps["wall_ns"].median()) / 1e6
+    return {"case": case, "row": row, "trace_path": trace_path, "report": report, "traced_step_ms": traced, "inflation": traced / row["median_ms"]}
+
+
+def profile_summary(trace_path, untraced_ms: float, top: int = 5) -> dict:
+    """What a sweep row keeps of a case's profile pass: the traced step time and the profiler's inflation over the
+    untraced median, kernels per step, the GEMM fraction, the top kernels, the per-pass breakdown and attention."""
+    report = analyze(trace_path, top=top)
+    data = report.to_dict()
+    traced = float(report.steps["wall_ns"].median()) / 1e6 if len(report.steps) else None
+    return {
+        "trace_path": str(trace_path),
+        "traced_step_ms": traced,
+        "inflation": traced / untraced_ms if traced and untraced_ms else None,
+        "steps": data["steps"],
+        "kernels_per_step": data["kernels_per_step"],
+        "gemm_fraction": data["gemm_fraction"],
+        "top_kernels": data["top_kernels"],
+        "passes": data["passes"],
+        "attention": data["attention"],
+        "verdict": data["launch"]["verdict"],
+    }
+
+
+def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces"):
+    """Nsight Compute counters for the top-``top`` kernels of ``case``, joined with its kernel table.
+
+    Returns (joined DataFrame, profile result). Raises PerflabError when ncu is absent.
+    """
+    from perflab.analysis.accounting import step_windows
+    from perflab.analysis.compare import window_of_activities
+    from perflab.trace.ncu import attach_trace_names, find_ncu, join_counters, run_ncu
+
+    find_ncu()  # fail before profiling when there is no ncu
+    result = profile_case(case, out_dir, steps=3, top=top)
+    if result["report"] is None:
+        raise PerflabError(f"{case.label()} could not be profiled ({result['row']['status']}: {result['row'].get('message')})")
+    report = result["report"]
+    kernels = report.top_kernels
+    kernels = kernels[~kernels["category"].isin(["memcpy", "memset"])].head(top)
+    launches = run_ncu(case, kernels["full_name"].tolist())
+    # One step of the trace, in launch order, to name ncu's launches (it profiled one step the same way).
+    table = report.kernels
+    window = window_of_activities(table, step_windows(table, report.trace.steps), whole_trace=len(report.trace.steps) == 0)
+    first_step = table[(window == 0) & (table["kind"] == "kernel")].sort_values(["launch_start_ns", "start_ns"])
+    named = attach_trace_names(launches, [str(n) for n in first_step["name"]])
+    return join_counters(kernels, named), result
+
+
+def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None) -> dict:
+    """A data-parallel case timed on its ranks, then profiled on every rank and the ranks' traces merged and accounted
+    (``perflab profile --parallel``; ``api.profile_parallel`` documents the result)."""
+    from perflab.analysis.ranks import account_ranks, collective_waits, merge_ranks, waits_per_step
+    from perflab.measure.parallel import run_parallel_case
+    from perflab.trace.load import load_trace
+
+    row = run_parallel_case(case, gpus=gpus, profile_dir=out_dir, profile_steps=steps)
+    result = {"row": row, "trace_paths": row.get("rank_traces") or [], "accounts": [], "waits_per_step": [], "note": None}
+    if row["status"] != "ok":
+        return result
+    if case.device != "cuda":
+        result["note"] = "the ranks' traces hold no GPU kernels (a CPU run): the per-rank accounting needs GPUs"
+        return result
+    tables = {rank: load_trace(path).kernels for rank, path in enumerate(result["trace_paths"])}
+    merged = merge_ranks(tables)
+    result["accounts"] = [a.to_dict() for a in account_ranks(merged)]
+    try:
+        result["waits_per_step"] = waits_per_step(collective_waits(merged), steps)
+    except ValueError as exc:
+        result["note"] = f"no per-step waits: {exc}"
+    return result

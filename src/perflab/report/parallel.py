@@ -1,0 +1,104 @@
+"""Data-parallel rows and rank accounts: one row builder per table, rendered to the console and to markdown.
+
+Scaling efficiency is weak scaling: the batch per GPU is fixed, so ``single_gpu_ms / step_ms`` is 1.0 when the
+ranks' step takes as long as one GPU's step of the same per-GPU batch (measured in the same run, rank 0's GPU).
+"""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from perflab.report.md import FAILED, md_table, num, ok
+
+MB = 2**20
+
+
+def scaling_rows(rows: list[dict]) -> list[dict]:
+    """One entry per data-parallel row: its step against one GPU, its ranks, its communication."""
+    out = []
+    for row in rows:
+        case = row.get("case") or {}
+        if not case.get("parallel"):
+            continue
+        measured = ok(row)
+        memory = row.get("rank_memory") or []
+        out.append({
+            "model": row.get("model"), "seq_len": case.get("seq_len"), "dtype": case.get("dtype"), "mode": case.get("mode"),
+            "parallel": case.get("parallel"), "world_size": case.get("world_size"), "status": row.get("status"),
+            "step_ms": row.get("step_ms") if measured else None, "ci95_ms": row.get("ci95_ms") if measured else None,
+            "single_gpu_ms": row.get("single_gpu_ms"), "scaling_efficiency": row.get("scaling_efficiency"),
+            "slowest_rank": row.get("slowest_rank"), "rank_spread": row.get("rank_spread"),
+            "comm_mib": row["comm_bus_bytes"] / MB if row.get("comm_bus_bytes") is not None else None,
+            "comm_floor_ms": row.get("comm_floor_ms"),
+            "peak_gib_per_rank": max((m.get("peak_alloc_mb") or 0) for m in memory) / 1024 if memory and memory[0].get("peak_alloc_mb") is not None else None,
+            "ranks_agree": row.get("ranks_agree"), "launches": row.get("launches"),
+        })
+    return out
+
+
+SCALING_HEADERS = ["Model", "seq", "dtype", "mode", "parallel", "ranks", "step (ms)", "1 GPU (ms)", "scaling eff.", "slowest rank",
+                   "rank spread", "bus MiB/step", "comm floor (ms)", "peak GiB/rank", "ranks agree"]
+
+
+def _scaling_cells(r: dict) -> list[str]:
+    if r["status"] != "ok":
+        return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 8
+    agree = {True: "yes", False: "NO", None: "– (sharded)"}[r["ranks_agree"]]
+    return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), num(r["step_ms"], ".2f"),
+            num(r["single_gpu_ms"], ".2f"), num(r["scaling_efficiency"], ".3f"), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
+            num(r["comm_mib"], ".1f"), num(r["comm_floor_ms"], ".2f"), num(r["peak_gib_per_rank"], ".2f"), agree]
+
+
+def sections(rows: list[dict]) -> list[str]:
+    """The lm report's data-parallel section (empty without data-parallel rows)."""
+    table = scaling_rows(rows)
+    if not table:
+        return []
+    return ["## Training on several GPUs (issue 27)",
+            "Step = the slowest rank's median (CUDA events on every rank); 1 GPU = the same case on rank 0's GPU alone, in the same "
+            "run; scaling efficiency = 1 GPU ÷ step (weak scaling: the batch is per GPU, so 1.0 is perfect). Bus MiB/step: what each "
+            "rank must send for the gradients (DDP: ring all-reduce, 2(N−1)/N × gradient bytes; FSDP: all-gathers and a "
+            "reduce-scatter, (N−1)/N each); the floor divides it by the all-reduce bus bandwidth `perflab ceilings` measured.",
+            md_table(SCALING_HEADERS, [_scaling_cells(r) for r in table])]
+
+
+def scaling_table(rows: list[dict]) -> Table:
+    table = Table(title="Data parallel: slowest rank's step against one GPU")
+    for header in SCALING_HEADERS:
+        table.add_column(header, justify="left" if header in ("Model", "dtype", "mode", "parallel") else "right")
+    for r in scaling_rows(rows):
+        table.add_row(*_scaling_cells(r))
+    return table
+
+
+ACCOUNT_HEADERS = ["rank", "window (ms)", "compute only", "comm overlapped", "comm exposed", "idle", "overlap"]
+
+
+def account_cells(account: dict) -> list[str]:
+    """One rank's exact split (ms; the four columns sum to the window)."""
+    ms = lambda ns: f"{ns / 1e6:.3f}"  # noqa: E731
+    return [str(account["rank"]), ms(account["window_ns"]), ms(account["compute_only_ns"]), ms(account["comm_overlapped_ns"]),
+            ms(account["comm_exposed_ns"]), ms(account["idle_ns"]), num(account["overlap_fraction"], ".1%")]
+
+
+def render_rank_accounts(console, result: dict) -> None:
+    """``api.profile_parallel``'s result: the step against one GPU, each rank's exact split, who waited for whom."""
+    row = result["row"]
+    if row.get("status") != "ok":
+        console.print(f"{row.get('status')}: {row.get('message')}", markup=False)
+        return
+    console.print(scaling_table([row]))
+    console.print("traces: " + ", ".join(result["trace_paths"]), markup=False, soft_wrap=True)
+    if result["note"]:
+        console.print(f"note: {result['note']}", markup=False)
+    if result["accounts"]:
+        table = Table(title="Per rank over the profiled steps (ms): compute only + comm overlapped + comm exposed + idle = window")
+        for header in ACCOUNT_HEADERS:
+            table.add_column(header, justify="right")
+        for account in result["accounts"]:
+            table.add_row(*account_cells(account))
+        console.print(table)
+    for step in result["waits_per_step"]:
+        waited = ", ".join(f"rank {r} {ns / 1e3:.1f} µs" for r, ns in sorted(step["waited_ns"].items()) if ns)
+        console.print(f"step {step['step']}: {step['collectives']} collectives; waited for rank {step['waited_for']}"
+                      + (f" ({waited})" if waited else ""), markup=False)

@@ -1,0 +1,61 @@
+"""Issue 27 on two GPUs: DDP and FSDP through NCCL, the all-reduce sweep, the merged per-rank traces.
+
+Skips without two CUDA devices. Run on a two-GPU host: pytest -m gpu tests/gpu/test_parallel_gpu.py
+"""
+
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices")]
+
+SMALL = dict(model="gpt_small", workload="train_step", seq_len=128, batch_size=4, dtype="bf16", device="cuda", layers=2,
+             warmup=3, min_time=0.2, repeats=5)
+
+
+def _case(parallel):
+    from perflab.spec import Case
+
+    return Case(**SMALL, parallel=parallel, world_size=2)
+
+
+def test_ddp_on_two_gpus():
+    from perflab.measure.parallel import run_parallel_case
+
+    row = run_parallel_case(_case("ddp"), gpus=[0, 1])
+    assert row["status"] == "ok", row.get("detail")
+    assert row["backend"] == "nccl" and row["ranks_agree"] is True and row["multicast_off"] is True
+    assert row["median_ms"] == max(row["rank_median_ms"]) and 0 < row["scaling_efficiency"] < 1.5
+    for memory in row["rank_memory"]:
+        assert memory["peak_alloc_mb"] > memory["params_mb"] + memory["grads_mb"] + memory["optimizer_mb"]
+    assert os.environ.get("NCCL_NVLS_ENABLE") == "0"  # set in the launching process too
+
+
+def test_fsdp_on_two_gpus_shards_the_parameters():
+    from perflab.measure.parallel import run_parallel_case
+
+    row = run_parallel_case(_case("fsdp"), gpus=[0, 1], single=False)
+    assert row["status"] == "ok", row.get("detail")
+    params = sum(m["params_mb"] for m in row["rank_memory"]) * 2**20
+    assert params == pytest.approx(row["param_bytes"], rel=0.01)  # shards (dim 0 padded to a multiple of 2)
+
+
+def test_all_reduce_sweep_on_two_gpus():
+    from perflab.measure.ceilings import all_reduce_sweep
+
+    sweep = all_reduce_sweep([0, 1], sizes=(2**20, 2**26), iters=10)
+    big = sweep["sizes"][-1]
+    assert big["busbw_gbps"] == pytest.approx(big["algbw_gbps"]) and big["busbw_gbps"] > 1.0
+
+
+def test_profile_ddp_accounts_every_rank(tmp_path):
+    from perflab import api
+
+    result = api.profile_parallel(_case("ddp"), tmp_path, steps=3, gpus=[0, 1])
+    assert result["row"]["status"] == "ok" and result["note"] is None, result["note"]
+    assert len(result["accounts"]) == 2
+    for a in result["accounts"]:
+        assert a["compute_only_ns"] + a["comm_overlapped_ns"] + a["comm_exposed_ns"] + a["idle_ns"] == a["window_ns"]
+        assert a["comm_ns"] > 0  # NCCL kernels found by name
+    assert len(result["waits_per_step"]) == 3

@@ -1,0 +1,123 @@
+"""A data-parallel step on the CPU: two gloo ranks through the same launcher and bench path as two GPUs (one launch)."""
+
+import json
+
+import pytest
+
+from cli_util import run_cli
+
+TINY = ["--model", "gpt_small", "--workload", "train_step", "--layers", "1", "--model-arg", "d_model=64", "--model-arg", "n_heads=2",
+        "--model-arg", "d_ff=128", "--model-arg", "vocab_size=256", "--seq-len", "16", "--batch-size", "2", "--iters", "4",
+        "--repeats", "2", "--warmup", "1", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def ddp_row():
+    result = run_cli("bench", *TINY, "--parallel", "ddp", "--world-size", "2", "--format", "json", timeout=300)
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("{")]
+    return json.loads(line)
+
+
+def test_ddp_row_per_rank_timing(ddp_row):
+    row = ddp_row
+    assert row["status"] == "ok" and row["backend"] == "gloo" and row["world_size"] == 2 and row["launches"] == 1
+    assert row["case"]["parallel"] == "ddp" and row["case"]["world_size"] == 2 and row["label"].endswith("ddpx2")
+    medians = row["rank_median_ms"]
+    assert len(medians) == 2 and all(len(s) == 2 for s in row["rank_samples_ms"])
+    assert row["median_ms"] == row["step_ms"] == max(medians) == medians[row["slowest_rank"]]
+    assert row["scaling_efficiency"] == pytest.approx(row["single_gpu_ms"] / row["step_ms"])
+    # throughput over both ranks: 2 ranks x 2 sequences x 16 tokens per step
+    assert row["items_per_step"] == 64
+    assert row["items_per_s"] == pytest.approx(64 * 1000 / row["median_ms"])
+    assert row["throughput_per_s"] == pytest.approx(4 * 1000 / row["median_ms"])
+
+
+def test_ddp_ranks_agree_and_communication(ddp_row):
+    row = ddp_row
+    assert row["ranks_agree"] is True and "ranks_disagree" not in row["flags"]
+    assert row["rank_loss"][0] != row["rank_loss"][1]  # each rank trained on its own batch
+    assert row["multicast_off"] is True  # NCCL_NVLS_ENABLE=0 & co. in both spawned ranks
+    # fp32 gradients, one per parameter; ring all-reduce on 2 ranks moves 2(2-1)/2 = 1x their bytes per rank
+    assert row["grad_bytes"] == 4 * row["params"] and row["comm_bus_bytes"] == row["grad_bytes"]
+    assert row["comm_collectives"] == {"all_reduce": row["grad_bytes"]}
+    for memory in row["rank_memory"]:
+        assert memory["params_mb"] * 2**20 == row["param_bytes"] and memory["optimizer_mb"] == 2 * memory["params_mb"]
+
+
+def test_launch_retries_a_transient_failure_once(monkeypatch):
+    from perflab.runtime import parallel
+
+    calls = []
+
+    def flaky(fn, world_size, args, device, gpus, timeout_s):
+        calls.append(1)
+        if len(calls) == 1:
+            raise parallel.RankFailed(1, "DistNetworkError: Connection reset by peer")
+        return ["a", "b"]
+
+    monkeypatch.setattr(parallel, "_launch_once", flaky)
+    launched = parallel.launch(print, 2)
+    assert launched.results == ["a", "b"] and launched.launches == 2
+
+    def broken(*args):
+        raise parallel.RankFailed(0, "ValueError: bad shape")
+
+    monkeypatch.setattr(parallel, "_launch_once", broken)
+    with pytest.raises(parallel.RankFailed, match="bad shape"):
+        parallel.launch(print, 2)
+    oom = parallel.RankFailed(0, "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert oom.oom and not oom.transient
+
+
+def test_parse_parallel():
+    from perflab.errors import PerflabError
+    from perflab.spec import parse_parallel
+
+    assert parse_parallel("ddp") == ("ddp", {"bucket_cap_mb": 25.0, "grad_view": False, "no_sync": 1})
+    assert parse_parallel("ddp:bucket_cap_mb=100,grad_view=true") == ("ddp", {"bucket_cap_mb": 100.0, "grad_view": True, "no_sync": 1})
+    assert parse_parallel("fsdp:reshard=false") == ("fsdp", {"reshard": False})
+    for bad in ("tp", "ddp:reshard=false", "ddp:no_sync=0", "fsdp:reshard=maybe", "ddp:bucket_cap_mb"):
+        with pytest.raises(PerflabError):
+            parse_parallel(bad)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--parallel", "ddp", "--gpus", "0"], "needs at least 2 GPUs"),
+    (["--parallel", "pp", "--world-size", "2", "--device", "cpu"], "unknown mode 'pp'"),
+    (["--parallel", "ddp", "--device", "cpu"], "--world-size"),
+    (["--gpus", "0,1"], "add --parallel"),
+    (["--parallel", "ddp", "--gpus", "0,0"], "lists a GPU twice"),
+    (["--parallel", "ddp:bucket_cap_mb=x", "--world-size", "2", "--device", "cpu"], "bucket_cap_mb takes a float"),
+    (["--parallel", "ddp", "--world-size", "1", "--device", "cpu"], "at least 2 ranks"),
+    (["--parallel", "fsdp", "--world-size", "2", "--device", "cpu", "--workload", "forward"], "forward_backward and train_step"),
+])
+def test_bad_parallel_input_is_one_line(args, fragment):
+    from cli_util import assert_one_line_error, run_cli_here
+
+    workload = [] if "--workload" in args else ["--workload", "train_step"]
+    assert_one_line_error(run_cli_here("bench", "--model", "gpt_small", *workload, *args), fragment)
+
+
+def test_sweep_gives_a_case_its_ranks_slots(tmp_path):
+    from perflab.errors import PerflabError
+    from perflab.spec import Case
+    from perflab.sweep.runner import GROUP, _worker_env, check_slots_fit, pin_index
+
+    env = _worker_env(GROUP.join(["gpu2", "gpu3"]), 4)
+    assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and pin_index("gpu2+gpu3") == 2
+    case = Case(model="gpt_small", workload="train_step", parallel="ddp", world_size=2, device="cpu")
+    check_slots_fit([case], ["w0", "w1"])
+    with pytest.raises(PerflabError, match="runs 2 ranks, one per slot; this sweep has 1 GPUs"):
+        check_slots_fit([case], ["gpu0"])
+
+
+def test_parallel_fields_in_a_sweep_spec_and_case_ids():
+    from perflab import api
+    from perflab.spec import Case
+
+    experiment = api.load_experiment("experiments/lm_parallel.yaml")
+    assert [(c.parallel, c.world_size) for c in experiment.cases].count(("ddp", 2)) == 4
+    assert len(experiment.cases) == 12
+    plain = Case(model="gpt_small", workload="train_step")
+    assert "parallel" not in plain.to_dict() and "world_size" not in plain.to_dict()  # ids of earlier cases unchanged
