@@ -320,3 +320,22 @@ def test_an_eager_fixs_prediction_has_a_host_term():
     # without host and GPU times the GPU model stands: base + ΔGPU
     p = predict(8.2, None, Delta({"step": 1.0}, {}, "m"))
     assert p.ms == pytest.approx(9.2) and "GPU only" in p.model and p.host_ms is None
+
+
+def test_held_timing_takes_the_median_of_its_rounds_so_one_preempted_round_is_not_the_rows_host_time(monkeypatch):
+    """Three rounds; one whose issuing thread was preempted (1.28 ms against 0.03 ms) and one whose host waited
+    for the GPU (None) do not set the row's figures: the median of the good rounds does."""
+    from perflab.measure import host
+
+    rounds = iter([host.HeldTiming(0.78e-3, 1.28e-3, 3), host.HeldTiming(None, None, 1, "waited"),
+                   host.HeldTiming(0.77e-3, 0.03e-3, 3), host.HeldTiming(0.79e-3, 0.04e-3, 3)])
+    monkeypatch.setattr(host, "held_round", lambda *a, **k: next(rounds))
+    got = host.held_timing(lambda: None, "cuda", 1e-4, rounds=4)
+    assert got.host_s == pytest.approx(0.04e-3) and got.device_s == pytest.approx(0.78e-3)
+    assert got.steps == 9 and got.note is None
+    # every round failed: the last one's note says why
+    monkeypatch.setattr(host, "held_round", lambda *a, **k: host.HeldTiming(None, None, 1, "waited"))
+    assert host.held_timing(lambda: None, "cuda", 1e-4).note == "waited"
+    # on the CPU: no GPU time
+    monkeypatch.undo()
+    assert host.held_timing(lambda: None, "cpu", 1e-4) == host.HeldTiming(None, None, 3, "no GPU")
