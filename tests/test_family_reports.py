@@ -452,12 +452,54 @@ def test_capped_rows_are_measured_cells_of_their_own_and_an_oom_on_the_full_gpu_
     large["case"]["seq_len"] = 512
     rows = [r for r in rows if not (r["model"] == "gpt_2.7b" and r["case"]["seq_len"] == 512)]
     parts = "\n\n".join(lm_report.seed_sections(rows + [large], [capped]))
-    listed = {(r[0], r[1]): r[2:] for r in _table(parts, "#### Seed 003's OOM cells")}
+    listed = {(r[0], r[1]): r[2:] for r in _table(parts, "#### Seed 003's OOM cells against")}
     assert listed[("gpt_2.7b", "seq512")][2] == "OOM" and listed[("gpt_2.7b", "seq512")][3:] == ["? / OOM ✓"] * 3
-    cap = _table(parts, "Cases run capped")
-    assert cap == [["gpt_medium", "forward_backward", "seq1024", "16", "OOM", "–", "OOM", "✓"]]
+    cap = _table(parts, "#### Seed 003's OOM cells run capped")
+    assert cap == [["gpt_medium", "seq1024", "training", "OOM", "OOM ✓ / OOM", "16", "16", "–"]]
     assert lm_report.predict(base, 24) == "fits" and lm_report.predict(base, 16) == "OOM"
     assert base["peak_mem_alloc_mb"] / GIB > 16
+
+
+def _capped(row: dict, cap_gib: int, status: str, peak_gib: float | None = None) -> dict:
+    out = json.loads(json.dumps(row))
+    out["case"]["max_memory"] = cap_gib * 2**30
+    out["status"] = status
+    out["peak_mem_alloc_mb"] = None if peak_gib is None else peak_gib * 1024
+    return out
+
+
+def test_the_capped_section_puts_each_run_beside_its_derived_verdict_and_says_why_they_differ(lm):
+    """Seed 003's cells run capped: per capacity "run / derived", the capacities that give the seed's mark, and where the
+    run and the derived verdict disagree, one line with the figures that explain it; the verdict counts the cells run."""
+    from perflab.report import lm as lm_report
+
+    _, rows, _ = lm
+    cell = {(r["model"], r["case"]["workload"], r["case"]["seq_len"]): r for r in rows
+            if r["case"]["dtype"] == "fp32" and r["case"]["attn"] == "explicit" and not r["case"].get("max_memory")}
+    med = cell[("gpt_medium", "forward_backward", 1024)]  # seed: OOM; peak 19.63 GiB
+    big = cell[("gpt_large", "forward_backward", 512)]  # seed: OOM; peak 19.68 GiB
+    fwd = cell[("gpt_medium", "forward", 1024)]  # seed: OOM; peak 2.37 GiB
+    med_peak, big_peak = med["peak_mem_alloc_mb"] / 1024, big["peak_mem_alloc_mb"] / 1024
+    assert 16 < med_peak < 24 and 16 < big_peak < 24
+    reserved = med["peak_mem_reserved_mb"] / 1024
+    capped = [_capped(med, 16, "oom"), _capped(med, 24, "oom"), dict(_capped(med, 12, "missing"), message="not run yet"),
+              _capped(big, 16, "ok", 15.25), _capped(fwd, 12, "ok", 2.0)]
+    parts = "\n\n".join(lm_report.seed_sections(rows, capped))
+    table = {(r[0], r[1], r[2]): r[3:] for r in _table(parts, "#### Seed 003's OOM cells run capped")}
+    assert set(table) == {("gpt_medium", "seq1024", "training"), ("gpt_large", "seq512", "training"), ("gpt_medium", "seq1024", "inference")}
+    # gpt_medium training: 12 not run; 16 OOM as derived; 24 OOM where the peak says it fits: the cap bounds reserved memory
+    why = (f"24: cap bounds reserved memory, {reserved:.2f} GiB uncapped (peak {med_peak:.2f})" if reserved > 24
+           else f"24: OOM at a {med_peak:.2f} GiB peak: fragmentation under the cap")
+    assert table[("gpt_medium", "seq1024", "training")] == ["OOM", "not run / OOM", "OOM ✓ / OOM", "OOM ✓ / fits", "16, 24", "12, 16", why]
+    # gpt_large training ran under 16 GiB at 15.25 GiB, where its uncapped peak (19.68) derives an OOM
+    assert table[("gpt_large", "seq512", "training")] == [
+        "OOM", "–", "ran ✗ / OOM", "–", "none", "12, 16", f"16: ran, peak 15.25 GiB capped vs {big_peak:.2f} uncapped"]
+    # the seed's inference OOM at seq 1024 fits in 12 GiB, run and derived alike
+    assert table[("gpt_medium", "seq1024", "inference")] == ["OOM", "ran ✗ / fits", "–", "–", "none", "none", "–"]
+    verdict = _line_after(parts, "#### Seed 003's OOM cells run capped", "Run capped")
+    assert verdict == ("Run capped, cells as the seed per capacity: 12 GiB 0 of 1, 16 GiB 1 of 2, 24 GiB 1 of 1; 24 GiB reproduces "
+                       "the seed's pattern on every cell run.")
+    assert max(map(len, _table_cells(parts))) <= 120
 
 
 def test_a_store_holding_a_subset_of_a_spec_counts_the_specs_cases(tmp_path):

@@ -553,21 +553,98 @@ def oom_section(cells: dict, group: list[dict], capped: list[dict]) -> list[str]
     parts += ["Every cell the seed has a mark for (OOM or a figure), per capacity:",
               md_table(["Capacity", "Cells as the seed", "Cells not as the seed", "Cells without a perflab peak"], body)]
     parts.append(_oom_verdict(pattern, cells))
-    if capped:
-        body = []
-        for r in sorted(capped, key=lambda r: (str(r.get("model")), str(_case(r).get("workload")), _case(r).get("seq_len") or 0,
-                                               _case(r)["max_memory"])):
-            case = _case(r)
-            kind = {"forward": "inference", "forward_backward": "training"}.get(case.get("workload"))
-            mark = seeds.seed_oom(r.get("model"), case.get("seq_len")).get(kind) if kind else None
-            seed = "–" if mark is None else ("OOM" if mark else "ran")
-            same = "–" if mark is None or r.get("status") not in ("ok", "oom") else ("✓" if (r.get("status") == "oom") == mark else "✗")
-            body.append([r.get("model"), case.get("workload"), f"seq{case.get('seq_len')}", f"{case['max_memory'] / 2 ** 30:g}", _failed(r) or "ok",
-                         f"{r['peak_mem_alloc_mb'] / GIB_MB:.2f}" if r.get("status") == "ok" and r.get("peak_mem_alloc_mb") is not None else "–",
-                         seed, same])
-        parts += ["Cases run capped (`--max-memory`), measured rather than derived:",
-                  md_table(["Model", "Workload", "Seq len", "Cap (GiB)", "Status", "Peak GiB", "Seed", "As the seed"], body)]
+    parts += capped_section(cells, capped)
     return parts
+
+
+KIND_WORKLOAD = {"inference": "forward", "training": "forward_backward"}
+
+
+def _capped_cells(capped: list[dict], dtype) -> dict:
+    """(workload, model, seq, capacity GiB) -> the capped row (a "missing" row: a case of the spec not run yet)."""
+    return {(_case(r).get("workload"), r.get("model"), _case(r).get("seq_len"), _case(r)["max_memory"] / 2 ** 30): r
+            for r in capped if _case(r).get("dtype") == dtype}
+
+
+def _run_mark(row) -> str | None:
+    """"OOM" or "ran" from a capped row; None where it has neither (not run, an error, a timeout)."""
+    status = row.get("status") if row else None
+    return "OOM" if status == "oom" else "ran" if status == "ok" else None
+
+
+def why_differ(cap: float, run: str, uncapped: dict | None, capped: dict) -> str:
+    """One short line: why the capped run's OOM-or-ran differs from the verdict derived from the uncapped peak."""
+    alloc = _peak_gib(uncapped)[1] if uncapped else None
+    reserved = (uncapped or {}).get("peak_mem_reserved_mb")
+    reserved = reserved / GIB_MB if reserved is not None else None
+    if run == "OOM" and alloc is not None:
+        if reserved is not None and reserved > cap:
+            return f"{cap:g}: cap bounds reserved memory, {reserved:.2f} GiB uncapped (peak {alloc:.2f})"
+        return f"{cap:g}: OOM at a {alloc:.2f} GiB peak: fragmentation under the cap"
+    if run == "ran":
+        peak = capped.get("peak_mem_alloc_mb")
+        if peak is not None and alloc is not None:
+            return f"{cap:g}: ran, peak {peak / GIB_MB:.2f} GiB capped vs {alloc:.2f} uncapped"
+        return f"{cap:g}: ran; the full GPU's row is an OOM"
+    return f"{cap:g}: no uncapped peak"
+
+
+def capped_section(cells: dict, capped: list[dict]) -> list[str]:
+    """Seed 003's cells run under ``--max-memory`` at each capacity: per cell, the run's OOM-or-ran against the seed's
+    mark and beside the verdict derived from the uncapped peak, the capacities that reproduce the seed (run; derived),
+    and where run and derived disagree, why, in one line."""
+    if not capped:
+        return []
+    fig = seeds.seed003()
+    group_dtype = next((_case(r).get("dtype") for r in cells.values()), None)
+    runs = _capped_cells(capped, group_dtype)
+    if not runs:
+        return []
+    caps = sorted({k[3] for k in runs})
+    body, matched = [], {c: [0, 0] for c in caps}
+    for m in fig["forward_ms"]:
+        for s in fig["seq_lens"]:
+            for kind, mark in seeds.seed_oom(m, s).items():
+                workload = KIND_WORKLOAD[kind]
+                if mark is None or not any((workload, m, s, c) in runs for c in caps):
+                    continue
+                uncapped = cells.get((workload, m, s)) if kind == "inference" else _training_row(cells, m, s)
+                line, as_run, as_derived, why = [m, f"seq{s}", kind, "OOM" if mark else "ran"], [], [], []
+                for cap in caps:
+                    row = runs.get((workload, m, s, cap))
+                    run = _run_mark(row)
+                    derived = predict(uncapped, cap) if uncapped else None
+                    d_mark = None if derived is None else ("OOM" if derived == "OOM" else "ran")
+                    if run is not None:
+                        matched[cap][0] += run == ("OOM" if mark else "ran")
+                        matched[cap][1] += 1
+                        as_run += [f"{cap:g}"] if run == ("OOM" if mark else "ran") else []
+                    as_derived += [f"{cap:g}"] if d_mark == ("OOM" if mark else "ran") else []
+                    if run is not None and d_mark is not None and run != d_mark:
+                        why.append(why_differ(cap, run, uncapped, row))
+                    if row is None:  # not a case of the spec
+                        line.append("–")
+                        continue
+                    run_text = (_failed(row) or "not run") if run is None else run + (" ✓" if run == ("OOM" if mark else "ran") else " ✗")
+                    line.append(f"{run_text} / {derived or '?'}")
+                any_run = any(_run_mark(runs.get((workload, m, s, c))) for c in caps)
+                line += [(", ".join(as_run) or "none") if any_run else "–", ", ".join(as_derived) or "none", "; ".join(why) or "–"]
+                body.append(line)
+    if not body:
+        return []
+    verdict = [f"{c:g} GiB {matched[c][0]} of {matched[c][1]}" for c in caps if matched[c][1]]
+    exact = [f"{c:g} GiB" for c in caps if matched[c][1] and matched[c][0] == matched[c][1]]
+    text = ("Run capped, cells as the seed per capacity: " + ", ".join(verdict) + "; "
+            + (f"{' and '.join(exact)} reproduce{'s' if len(exact) == 1 else ''} the seed's pattern on every cell run." if exact
+               else "no capacity reproduces the seed's pattern on every cell run.")) if verdict else "No capped case has run yet."
+    return ["#### Seed 003's OOM cells run capped (`--max-memory`)",
+            "The same cells, run under `--max-memory` (the allocator may reserve at most the cap: "
+            "`torch.cuda.set_per_process_memory_fraction`), measured rather than derived. Each capacity's cell reads "
+            "run / derived: the capped run's OOM or ran (✓ as the seed, ✗ not), then the verdict derived from the uncapped "
+            "peak above. \"Why\" gives, where run and derived disagree, the reason in one line (capacity first).",
+            md_table(["Model", "Seq len", "Cell", "Seed"] + [f"{c:g} GiB: run / derived" for c in caps]
+                     + ["As the seed (run)", "As the seed (derived)", "Why run ≠ derived"], body),
+            text]
 
 
 def _peak_cell(row) -> str:
@@ -647,9 +724,12 @@ def summary(rows: list[dict]) -> list[str]:
     gpu = gpu_name(stored)
     missing = len(uncapped) - len(stored)
     said = counts_text(stored)
-    capped = [r for r in rows if _case(r).get("max_memory") and r.get("status") != "missing"]
+    capped = [r for r in rows if _case(r).get("max_memory")]
+    capped_run = [r for r in capped if r.get("status") != "missing"]
+    capped_text = (f"; {len(capped_run)} of {len(capped)} cases capped with `--max-memory` stored"
+                   + (f" ({counts_text(capped_run)})" if capped_run else "")) if capped else ""
     out = [f"Language models: {len(stored)} of {len(uncapped)} cases stored, on {gpu} ({said})"
-           + (f"; {missing} not run" if missing else "") + (f"; {len(capped)} more run under `--max-memory`." if capped else ".")]
+           + (f"; {missing} not run" if missing else "") + capped_text + "."]
     key = _seed_group_key(groups) or max(groups, key=lambda k: sum(ok(r) for r in groups[k]), default=None)
     if key is None:
         return out

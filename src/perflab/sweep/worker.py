@@ -55,10 +55,12 @@ def main(argv: list[str] | None = None) -> int:
             row = run_parallel_case(case)
         else:
             row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index))
-        if args.profile_steps and row.get("status") == "ok" and case.device == "cuda" and not case.parallel:
+        # a capped case (max_memory) answers "would it fit": no profile or ncu pass
+        extra = row.get("status") == "ok" and case.device == "cuda" and not case.parallel and case.max_memory is None
+        if args.profile_steps and extra:
             _log_stage(f"profile ({args.profile_steps} steps)")
             row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps)
-        if args.ncu_top and row.get("status") == "ok" and case.device == "cuda" and _matches(case, json.loads(args.ncu_where)):
+        if args.ncu_top and extra and _matches(case, json.loads(args.ncu_where)):
             _log_stage(f"ncu (top {args.ncu_top} kernels)")
             row["ncu"] = _ncu(case, Path(args.trace_dir), args.ncu_top)
     except ModelLoadError as exc:  # the user's model does not import or build here: a failure of this case, not bad input
