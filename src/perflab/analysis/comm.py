@@ -109,6 +109,12 @@ def busbw_all_reduce(size_bytes: int, seconds: float, world_size: int) -> tuple[
     return algbw, algbw * 2 * (world_size - 1) / world_size
 
 
+def busbw_at(sweep: dict, nbytes: float) -> float:
+    """The sweep's bus bandwidth at the measured size nearest ``nbytes`` (log scale), GB/s."""
+    nearest = min(sweep["sizes"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(nbytes, 1.0))))
+    return nearest["busbw_gbps"]
+
+
 def call_latency_us(sweep: dict) -> float:
     """The per-call latency of an all-reduce, µs: the intercept at 0 bytes of the line through the sweep's two smallest
     sizes' times (nccl-tests' ``time`` column), within [0, the smallest size's time]."""

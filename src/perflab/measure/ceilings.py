@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from perflab.analysis.comm import busbw_at  # noqa: F401  (the sweep's reader lives with the arithmetic; imported here by name)
+
 CACHE_VERSION = 2
 
 
@@ -246,11 +248,3 @@ def cached_all_reduce(world_size: int) -> dict | None:
     """This GPU's cached all-reduce sweep for ``world_size`` ranks, without measuring (None when not measured yet)."""
     cache = _read_cache()
     return (cache.get(gpu_key()) or {}).get(all_reduce_key(world_size)) if cache else None
-
-
-def busbw_at(sweep: dict, nbytes: float) -> float:
-    """The sweep's bus bandwidth at the measured size nearest ``nbytes`` (log scale), GB/s."""
-    import math
-
-    nearest = min(sweep["sizes"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(nbytes, 1.0))))
-    return nearest["busbw_gbps"]
