@@ -97,7 +97,7 @@ def test_call_latency_and_comm_time():
     # 1 MiB in 20 us, 4 MiB in 35 us: 15 us per 3 MiB, so 5 us per MiB, and 20 - 5 = 15 us at 0 bytes
     sweep = {"sizes": [{"bytes": 4 * 2**20, "time_us": 35.0}, {"bytes": 2**20, "time_us": 20.0}, {"bytes": 2**30, "time_us": 5000.0}]}
     assert call_latency_us(sweep) == pytest.approx(15.0)
-    assert call_latency_us({"sizes": [{"bytes": 1, "time_us": 9.0}, {"bytes": 2, "time_us": 8.0}]}) == 9.0  # never above the smallest time
+    assert call_latency_us({"sizes": [{"bytes": 1, "time_us": 9.0}, {"bytes": 2, "time_us": 8.0}]}) == 8.0  # never above either time
     assert call_latency_us({"sizes": [{"bytes": 1, "time_us": 1.0}, {"bytes": 2, "time_us": 5.0}]}) == 0.0  # nor below 0
     # 100 MB of bus bytes at 100 GB/s = 1 ms, plus 4 calls x 15 us = 0.06 ms
     assert comm_ms(100e6, 4, 100.0, 15.0) == pytest.approx(1.06)

@@ -30,6 +30,12 @@ def test_bucket_size_changes_the_calls_latency_and_the_last_bucket():
     assert "(10 − 4) × 15.0 µs" in small.model
 
 
+def test_a_prediction_anchored_at_the_base_timed_beside_the_fix():
+    step = CommStep(**dict(DDP, glue_ms=6.0)).anchored(200.0)  # the base ran twice as slow in the fix's launch: its shares kept
+    assert (step.step_ms, step.exposed_ms, step.compute_ms, step.optimizer_ms, step.glue_ms) == (200.0, 10.0, 190.0, 16.0, 12.0)
+    assert predict_comm_fix(step, *ddp(no_sync=2)).ms == pytest.approx(10 + 16 + 2 * (200 - 26))
+
+
 def test_grad_view_removes_two_copies_of_the_gradients():
     p = predict_comm_fix(CommStep(**DDP), *ddp(grad_view=True))
     # into the buckets and back: 2 copies x (read + write) x 100 MiB at 1000 GB/s = 0.4194304 ms of compute

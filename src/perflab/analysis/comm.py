@@ -109,21 +109,26 @@ def busbw_all_reduce(size_bytes: int, seconds: float, world_size: int) -> tuple[
     return algbw, algbw * 2 * (world_size - 1) / world_size
 
 
+def swept_size(sweep: dict, nbytes: float) -> dict:
+    """The sweep's row (bytes, time_us, busbw_gbps) of the measured size nearest ``nbytes`` (log scale)."""
+    return min(sweep["sizes"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(nbytes, 1.0))))
+
+
 def busbw_at(sweep: dict, nbytes: float) -> float:
     """The sweep's bus bandwidth at the measured size nearest ``nbytes`` (log scale), GB/s."""
-    nearest = min(sweep["sizes"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(nbytes, 1.0))))
-    return nearest["busbw_gbps"]
+    return swept_size(sweep, nbytes)["busbw_gbps"]
 
 
 def call_latency_us(sweep: dict) -> float:
     """The per-call latency of an all-reduce, µs: the intercept at 0 bytes of the line through the sweep's two smallest
-    sizes' times (nccl-tests' ``time`` column), within [0, the smallest size's time]."""
+    sizes' times (nccl-tests' ``time`` column), within [0, the smaller of the two times] (a noisy host can time the
+    smaller size slower)."""
     rows = sorted(sweep["sizes"], key=lambda r: r["bytes"])
     if len(rows) < 2:
         return 0.0
     (s1, t1), (s2, t2) = ((r["bytes"], r["time_us"]) for r in rows[:2])
     alpha = t1 - s1 * (t2 - t1) / (s2 - s1)
-    return min(max(alpha, 0.0), t1)
+    return min(max(alpha, 0.0), t1, t2)
 
 
 def comm_ms(bus_bytes: float, calls: int, busbw_gb_s: float, latency_us: float) -> float:

@@ -3,7 +3,9 @@
 
 **The step model.** The slowest rank's step T (untraced median) is its compute C and its exposed communication E
 (communication that no compute hides, from its profile: ``analysis.ranks``): T = C + E. A fix changes C and E
-(Δ below), and the prediction is T' = T + ΔC + ΔE, with E' = max(0, E + ΔE). Where it misses by more than 15%,
+(Δ below), and the prediction is T' = T + ΔC + ΔE, with E' = max(0, E + ΔE). Explain times the base again beside each
+fix (in the fix's launch) and anchors the prediction there: T that paired step, the profiled times scaled with it
+(``CommStep.anchored``). Where it misses by more than 15%,
 the term (compute or exposed communication) further from the fix's own profile says where.
 
 A collective's time is per-call latency α plus its bus bytes at the bus bandwidth B (``comm.comm_ms``: α from the
@@ -27,7 +29,7 @@ all-reduce sweep's smallest sizes, B the sweep's at the message size). f = 2(N�
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from perflab.analysis.comm import MIB, busbw_at, comm_ms, ddp_buckets, ddp_bytes, fsdp_bytes
 from perflab.analysis.fixes import MISS, worst_term
@@ -60,6 +62,14 @@ class CommStep:
     @property
     def compute_ms(self) -> float | None:
         return self.step_ms - self.exposed_ms if self.exposed_ms is not None else None
+
+    def anchored(self, step_ms: float) -> "CommStep":
+        """The step timed again at ``step_ms`` (the base beside a fix, in the fix's launch): the profiled times (E, O, the
+        glue) scaled by ``step_ms`` ÷ the step they were profiled beside, so compute and exposed communication keep
+        their shares of it."""
+        r = step_ms / self.step_ms
+        scale = lambda v: v * r if v is not None else None  # noqa: E731
+        return replace(self, step_ms=step_ms, exposed_ms=scale(self.exposed_ms), optimizer_ms=scale(self.optimizer_ms), glue_ms=scale(self.glue_ms))
 
 
 @dataclass(frozen=True)
@@ -188,6 +198,10 @@ class ParallelFix:
     base_row: dict = field(default_factory=dict)
 
     @property
+    def model(self) -> str:
+        return self.prediction.model
+
+    @property
     def measured_ms(self) -> float | None:
         return self.measured.get("median_ms") if self.measured.get("status") == "ok" else None
 
@@ -221,5 +235,5 @@ class ParallelFix:
                 "measured_compute_ms": self.measured_ms - self.measured_exposed_ms if self.measured_ms and self.measured_exposed_ms is not None else None,
                 "items_per_step": row.get("items_per_step"), "items_per_s": row.get("items_per_s"), "throughput_gain": self.throughput_gain,
                 "missed_term": self.missed_term, "comm_bus_bytes": row.get("comm_bus_bytes"), "comm_calls": row.get("comm_calls"),
-                "peak_mem_alloc_mb": row.get("peak_mem_alloc_mb")}
+                "peak_mem_alloc_mb": row.get("peak_mem_alloc_mb"), "base_ms": self.base_row.get("median_ms")}
 
