@@ -2,29 +2,19 @@
 launcher, profile and CLI as on GPUs: the communication section's bytes by hand, the accounting closing, the floor's
 arithmetic, DDP's buckets as torch rebuilt them, and the FSDP fix's bytes, prediction and measurement."""
 
-import json
-
 import pytest
 
 from cli_util import assert_one_line_error, run_cli_here
 
-TINY = ["gpt_small", "--workload", "train_step", "--layers", "1", "--model-arg", "d_model=64", "--model-arg", "n_heads=2", "--model-arg",
-        "d_ff=128", "--model-arg", "vocab_size=256", "--seq-len", "16", "--batch-size", "2", "--dtype", "fp32", "--device", "cpu"]
-FAST = ["--iters", "4", "--repeats", "2", "--warmup", "1", "--steps", "2"]
 # the model's parameters by hand: embeddings and output 256 x 64 each, wqkv 3 x 64 x 64, wo 64 x 64, w1, w2, w3 128 x 64 each,
 # three RMSNorm weights of 64
 PARAMS = 2 * 256 * 64 + 3 * 64 * 64 + 64 * 64 + 3 * 128 * 64 + 3 * 64
 MIB = 2**20
 
 
-@pytest.fixture(scope="module")
-def explained(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("explain_parallel")
-    md = tmp / "explain.md"
-    result = run_cli_here("explain", *TINY, "--parallel", "ddp:bucket_cap_mb=0.1", "--world-size", "2", *FAST, "--fixes", "fsdp",
-                          "--out", tmp / "traces", "--json", "--markdown", md)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout), md.read_text()
+@pytest.fixture
+def explained(explain_ddp_run):  # conftest: one run, read here and by test_parallel_fsdp.py
+    return explain_ddp_run
 
 
 def test_the_communication_bytes_by_hand_and_ddp_buckets_as_torch_rebuilt_them(explained):
@@ -72,15 +62,16 @@ def test_the_fsdp_fix_predicted_then_measured(explained):
     data, md = explained
     (fix,) = data["fix_predictions"]
     c = data["communication"]
-    assert fix["fix"] == "fsdp" and fix["parallel"] == "fsdp" and fix["status"] == "ok"
-    # FSDP with resharding: (N-1)/N x (2 all-gathers of the parameters + the gradients) = (2 x 295680 + 295680) / 2
-    assert fix["comm_bus_bytes"] == (2 * 4 * PARAMS + 4 * PARAMS) // 2 == 443520 and fix["comm_calls"] == 3 * 2
+    assert fix["fix"] == fix["parallel"] == "fsdp:reshard=false" and fix["status"] == "ok"
+    # FSDP without resharding: (N-1)/N x (1 all-gather of the parameters + the gradients) = (295680 + 295680) / 2; per unit
+    # (the block and the root) one all-gather and one reduce-scatter
+    assert fix["comm_bus_bytes"] == (4 * PARAMS + 4 * PARAMS) // 2 == 295680 and fix["comm_calls"] == 2 * 2
     # the model: E' = E x M'/M, M = bus bytes at the busbw of the mean message + calls x latency; C' = C - O/2
     sweep, alpha = c["sweep"], c["latency_us"]
     from perflab.analysis.comm import busbw_at
 
     m_ddp = 295680 / busbw_at(sweep, 295680 / 2) / 1e6 + 2 * alpha / 1e3
-    m_fsdp = 443520 / busbw_at(sweep, 4 * PARAMS / 2) / 1e6 + 6 * alpha / 1e3
+    m_fsdp = 295680 / busbw_at(sweep, 4 * PARAMS / 2) / 1e6 + 4 * alpha / 1e3
     base = data["row"]["median_ms"]
     paired = fix["base_ms"]
     exposed = c["ranks"][c["slowest_rank"]]["exposed_ms"] * paired / base  # anchored at the base timed beside the fix
@@ -90,7 +81,9 @@ def test_the_fsdp_fix_predicted_then_measured(explained):
     assert fix["predicted_ms"] == pytest.approx(fix["predicted_compute_ms"] + fix["predicted_exposed_ms"])
     assert fix["error"] == pytest.approx(fix["predicted_ms"] / fix["measured_ms"] - 1)
     assert fix["measured_exposed_ms"] is not None and fix["measured_compute_ms"] == pytest.approx(fix["measured_ms"] - fix["measured_exposed_ms"])
-    assert "E' = E × M' ÷ M" in fix["model"] and "| 1 | `fsdp` | fsdp | eager |" in md
+    assert fix["throughput_gain"] == pytest.approx(fix["row"]["items_per_s"] / fix["row"]["paired"][0]["items_per_s"])
+    assert fix["row"]["paired"][0]["median_ms"] == paired == max(fix["row"]["paired"][0]["rank_median_ms"])
+    assert "E' = E × M' ÷ M" in fix["model"] and "| 1 | `fsdp:reshard=false` | fsdp:reshard=false | eager |" in md
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -235,5 +235,5 @@ class ParallelFix:
                 "measured_compute_ms": self.measured_ms - self.measured_exposed_ms if self.measured_ms and self.measured_exposed_ms is not None else None,
                 "items_per_step": row.get("items_per_step"), "items_per_s": row.get("items_per_s"), "throughput_gain": self.throughput_gain,
                 "missed_term": self.missed_term, "comm_bus_bytes": row.get("comm_bus_bytes"), "comm_calls": row.get("comm_calls"),
-                "peak_mem_alloc_mb": row.get("peak_mem_alloc_mb"), "base_ms": self.base_row.get("median_ms")}
+                "peak_mem_alloc_mb": row.get("peak_mem_alloc_mb"), "base_ms": self.base_row.get("median_ms"), "row": row}
 
