@@ -17,3 +17,13 @@ def smoke_run(tmp_path_factory):
     from sweep_util import killed_and_resumed_smoke
 
     return killed_and_resumed_smoke(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def explain_ddp_run(tmp_path_factory):
+    """`perflab explain --parallel ddp:bucket_cap_mb=0.1 --fixes fsdp:reshard=false` of a tiny GPT on two gloo ranks of the
+    CPU, in this process (tests/test_explain_parallel.py): its JSON and markdown. Two launches, the base's and the fix's;
+    the fix's row is also tests/test_parallel_fsdp.py's FSDP run."""
+    from explain_util import run_explain_parallel
+
+    return run_explain_parallel(tmp_path_factory.mktemp("explain_parallel"))

@@ -68,12 +68,40 @@ def test_ddp_bytes_hand_arithmetic():
     # 100 MiB of gradients, 2 ranks: ring all-reduce moves 2(2-1)/2 x 100 MiB = 100 MiB per rank
     c = ddp_bytes(100 * 2**20, 2)
     assert c.bus_bytes == 104857600
-    assert c.calls == 1 + 4  # 1 MiB first bucket, then 99 MiB in 25 MiB buckets
+    assert c.calls == 4  # 25 MiB buckets, the first too (perflab always passes bucket_cap_mb, so torch drops its 1 MiB first bucket)
+    assert ddp_bytes(100 * 2**20, 2, first_bucket_mb=1).calls == 1 + 4  # torch's default without bucket_cap_mb: 1 MiB, then 99 in 25s
     # 4 ranks: 2 x 3/4 x 100 MiB = 150 MiB
     assert ddp_bytes(100 * 2**20, 4).bus_bytes == 157286400
-    assert ddp_bytes(100 * 2**20, 2, bucket_cap_mb=100).calls == 2
+    assert ddp_bytes(100 * 2**20, 2, bucket_cap_mb=100).calls == 1
+    assert ddp_bytes(100 * 2**20, 2, buckets=[60 * 2**20, 40 * 2**20]).calls == 2
     # floor at 100 GB/s busbw: 104857600 B / 1e11 B/s = 1.048576 ms
     assert c.floor_ms(100.0) == pytest.approx(1.048576)
+
+
+def test_ddp_buckets_as_torch_rebuilds_them():
+    from perflab.analysis.comm import ddp_buckets
+
+    # the 1-layer d_model 64 GPT of the CPU tests, its fp32 gradients in the order DDP saw them ready (output, norm, w2, w3, w1,
+    # ffn_norm, wo, wqkv, attention_norm, embeddings): at a 0.1 MiB cap torch's DDP rebuilt two buckets, 131328 and 164352 B
+    ready = [65536, 256, 32768, 32768, 32768, 256, 16384, 49152, 256, 65536]
+    assert ddp_buckets(ready, int(0.1 * 2**20)) == [131328, 164352]
+    assert ddp_buckets(ready, 25 * 2**20) == [295680]  # one bucket under the cap
+    # at 40000 B a bucket closes on the gradient that takes it to 40000 or more: the embeddings' 65536 alone, ...
+    assert ddp_buckets(ready, 40000) == [65536, 256 + 32768 + 32768, 32768 + 256 + 16384, 49152, 256 + 65536]
+    assert ddp_buckets(ready, 40000, first_cap_bytes=65792) == [65536 + 256, 32768 + 32768, 32768 + 256 + 16384, 49152, 256 + 65536]
+
+
+def test_call_latency_and_comm_time():
+    from perflab.analysis.comm import all_reduce_bus_bytes, call_latency_us, comm_ms
+
+    # 1 MiB in 20 us, 4 MiB in 35 us: 15 us per 3 MiB, so 5 us per MiB, and 20 - 5 = 15 us at 0 bytes
+    sweep = {"sizes": [{"bytes": 4 * 2**20, "time_us": 35.0}, {"bytes": 2**20, "time_us": 20.0}, {"bytes": 2**30, "time_us": 5000.0}]}
+    assert call_latency_us(sweep) == pytest.approx(15.0)
+    assert call_latency_us({"sizes": [{"bytes": 1, "time_us": 9.0}, {"bytes": 2, "time_us": 8.0}]}) == 8.0  # never above either time
+    assert call_latency_us({"sizes": [{"bytes": 1, "time_us": 1.0}, {"bytes": 2, "time_us": 5.0}]}) == 0.0  # nor below 0
+    # 100 MB of bus bytes at 100 GB/s = 1 ms, plus 4 calls x 15 us = 0.06 ms
+    assert comm_ms(100e6, 4, 100.0, 15.0) == pytest.approx(1.06)
+    assert all_reduce_bus_bytes(1000, 4) == 1500 and all_reduce_bus_bytes(1001, 3) == 1335  # 2 x 2/3 x 1001 = 1334.67, ceil
 
 
 def test_fsdp_bytes_hand_arithmetic():

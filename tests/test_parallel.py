@@ -82,6 +82,16 @@ def test_parse_parallel():
             parse_parallel(bad)
 
 
+def test_a_fix_merges_its_options_with_the_case_s():
+    from perflab.spec import format_parallel, merge_parallel, parse_parallel
+
+    assert format_parallel(*parse_parallel("ddp:grad_view=1,bucket_cap_mb=100.0")) == "ddp:bucket_cap_mb=100,grad_view=true"
+    assert format_parallel(*parse_parallel("ddp:bucket_cap_mb=25")) == "ddp"  # the defaults are left out
+    assert merge_parallel("ddp:bucket_cap_mb=100", "ddp:grad_view=true") == "ddp:bucket_cap_mb=100,grad_view=true"
+    assert merge_parallel("ddp:no_sync=4", "ddp:no_sync=1") == "ddp"
+    assert merge_parallel("ddp:grad_view=true", "fsdp") == "fsdp" and merge_parallel("fsdp", "ddp:bucket_cap_mb=0.1") == "ddp:bucket_cap_mb=0.1"
+
+
 @pytest.mark.parametrize("args, fragment", [
     (["--parallel", "ddp", "--gpus", "0"], "needs at least 2 GPUs"),
     (["--parallel", "pp", "--world-size", "2", "--device", "cpu"], "unknown mode 'pp'"),

@@ -474,8 +474,9 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
     ``out_dir``), the ranks' traces merged: per rank, exact compute-only, overlapped and exposed communication and
     idle time over the common window (``analysis.ranks``), and per step which rank the others waited for.
 
-    Returns ``{"row", "trace_paths", "accounts", "waits_per_step", "note"}``; ``note`` says why there is no
-    accounting (a CPU run's traces hold no GPU kernels), else None."""
+    Returns ``{"row", "trace_paths", "accounts", "waits_per_step", "note", "steps", "rank_passes"}``. On the CPU (gloo)
+    a rank's compute is its main thread inside torch's operators and its communication gloo's collectives, and
+    ``note`` says so (``trace.cpu_ranks``)."""
     from perflab.profiling import profile_parallel as run
 
     return run(case, out_dir, steps=steps, gpus=gpus)
@@ -569,13 +570,23 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
 
 
 def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True,
-            fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None):
+            fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None, gpus: Sequence[int] | None = None):
     """Why ``case`` takes its time (and how it differs from ``vs``), per-pass floors, predictions for other modes
     and for ``fixes`` (None: the family's defaults; ["none"]: none) applied on ``fixes_on`` ("best": the fastest of
     eager and the modes measured; "eager"; or a mode), measured. ``pin``: as for :func:`bench`. ``compile_budget_s``: a
-    time limit on each compiled case's compile (``perflab.runtime.compile_budget``)."""
+    time limit on each compiled case's compile (``perflab.runtime.compile_budget``).
+
+    A data-parallel case (``case.parallel``, a train_step; ``gpus``: its ranks' GPUs, None on the CPU) returns a
+    ``perflab.explain_parallel.ParallelExplanation``: its communication against its floor and the communication
+    fixes (``ddp:OPTION=VALUE``, ``fsdp``, ``compile``) predicted, then measured."""
     from perflab.explain import PREDICTED_MODES
     from perflab.explain import explain as run
+
+    if case.parallel:
+        from perflab.explain_parallel import check_parallel_explain, explain_parallel
+
+        check_parallel_explain(case, vs, by_module, fixes_on, compile_budget_s, modes)
+        return explain_parallel(case, out_dir, steps=steps, gpus=gpus, fixes=fixes, on_stage=on_stage or (lambda s: None))
 
     return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None), pin=pin,
                fixes=fixes, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget_s)

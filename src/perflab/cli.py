@@ -671,10 +671,12 @@ def explain(
     attn: str = OPT_ATTN,
     dtype: str = typer.Option("bf16", "--dtype"),
     device: str = typer.Option("cuda", "--device"),
-    modes: List[str] = typer.Option(["cudagraph", "compile:reduce-overhead"], "--modes", help="Modes to predict and then measure."),
+    modes: List[str] = typer.Option([], "--modes", help="Modes to predict and then measure (default: cudagraph and compile:reduce-overhead)."),
     fixes: List[str] = typer.Option([], "--fixes", help="Fixes to predict and then measure: optimizer:NAME, checkpoint, batch:N, a mode, "
                                     "or several joined by + (measured only); 'none' for none. Default: the family's (lm train_step: the "
-                                    "other optimizers and checkpoint; decode: batch ×2 ×4 ×8 ×16)."),
+                                    "other optimizers and checkpoint; decode: batch ×2 ×4 ×8 ×16). With --parallel: ddp:OPTION=VALUE "
+                                    "(bucket_cap_mb, grad_view, no_sync), fsdp, fsdp:reshard=false, compile (default: buckets ×4, "
+                                    "grad_view=true, no_sync=4, fsdp)."),
     fixes_on: str = typer.Option("best", "--fixes-on", help="What the fixes are applied on: best (the fastest of eager and the modes, "
                                  "measured first; the fixes then timed with it), eager, or a mode."),
     optimizer: Optional[str] = OPT_OPTIMIZER,
@@ -682,6 +684,8 @@ def explain(
     steps: int = OPT_STEPS,
     warmup: int = OPT_WARMUP,
     min_time: float = OPT_MIN_TIME,
+    iters: Optional[int] = OPT_ITERS,
+    repeats: int = OPT_REPEATS,
     compile_budget: Optional[float] = typer.Option(None, "--compile-budget", help="Seconds each compiled case may take to compile: it "
                                                    "compiles first in a child process within them (filling inductor's caches), or is a "
                                                    "timeout row."),
@@ -691,25 +695,32 @@ def explain(
     markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the tables as markdown to this file."),
     by_module: bool = typer.Option(False, "--by-module", help="The eager profile also records module ranges: GPU time per module "
                                    "(the tree of perflab profile --by-module)."),
+    parallel: Optional[str] = OPT_PARALLEL,
+    gpus: Optional[str] = OPT_RANK_GPUS,
+    world_size: Optional[int] = OPT_WORLD_SIZE,
 ):
     """Explain a case: exact accounting, floors (per pass for training steps and generate), the comparison with
     --vs, predictions for CUDA graphs, torch.compile and the family's fixes, those measured (with their compile
-    time), and fixes ranked by measured gain."""
+    time), and fixes ranked by measured gain. With --parallel (a train_step on several ranks): the bytes a step
+    communicates, the bus bandwidth and the floor, each rank's communication, exposed and overlapped, and the
+    communication fixes predicted, then measured."""
     import json
 
     from perflab import api
     from perflab.report.explain_console import render_explanation
 
+    ranks = _ranks(parallel, gpus, world_size, device)
     cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
                            reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, optimizer=optimizer,
-                           checkpoint_activations=checkpoint_activations, warmup=warmup, min_time=min_time,
-                           **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+                           checkpoint_activations=checkpoint_activations, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats,
+                           **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
+                           **ranks.case_options())
     case, other = cases[0], (cases[1] if vs else None)
     if markdown is not None:
         check_writable_file(markdown)
     with err.status("explaining") as status:
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
-                             fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget)
+                             fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget, gpus=ranks.gpus)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict()) + "\n")
     else:

@@ -30,6 +30,8 @@ For each case (and the ``--vs`` case):
    max(host, GPU)), then measured; a fix the base refuses is measured on eager and says so; "+" combines
    fixes (``compile:reduce-overhead+optimizer:in_backward_stream``: measured only, as given);
 8. everything ranked by measured gain over eager.
+A data-parallel case (``--parallel``) is explained by ``perflab.explain_parallel``: its communication against its
+floor, and the communication fixes predicted, then measured.
 With ``--vs``, the two eager traces are compared with the exact decomposition (perflab.analysis.compare).
 """
 
@@ -221,8 +223,10 @@ def default_fixes(case: Case) -> list[str]:
 
 def parse_fix(spec: str) -> dict:
     """A fix's Case changes: parts joined by "+", each a mode (``compile:reduce-overhead``), ``optimizer:NAME``,
-    ``checkpoint`` or ``batch:N``. PerflabError (one line) on anything else."""
-    from perflab.spec import MODES
+    ``checkpoint``, ``batch:N``, or a data-parallel mode with its options (``ddp:bucket_cap_mb=100``, ``fsdp``; its
+    ``parallel`` change, merged with the case's own options by ``spec.merge_parallel``). PerflabError (one line) on
+    anything else."""
+    from perflab.spec import MODES, PARALLEL_OPTIONS, parse_parallel
 
     changes = {}
     for part in spec.split("+"):
@@ -230,6 +234,9 @@ def parse_fix(spec: str) -> dict:
         kind, _, value = part.partition(":")
         if part in MODES:
             changes["mode"] = part
+        elif kind in PARALLEL_OPTIONS:
+            parse_parallel(part, flag="--fixes")
+            changes["parallel"] = part
         elif kind == "optimizer" and value:
             changes["optimizer"] = value
         elif part == "checkpoint":
@@ -237,8 +244,8 @@ def parse_fix(spec: str) -> dict:
         elif kind == "batch" and value.isdigit() and int(value) > 0:
             changes["batch_size"] = int(value)
         else:
-            raise PerflabError(f"unknown fix {part!r} in {spec!r}: use a mode ({', '.join(MODES)}), optimizer:NAME, checkpoint or batch:N, "
-                               "joined by + to combine")
+            raise PerflabError(f"unknown fix {part!r} in {spec!r}: use a mode ({', '.join(MODES)}), optimizer:NAME, checkpoint, batch:N "
+                               "or (with --parallel) ddp:OPTION=VALUE or fsdp, joined by + to combine")
     return changes
 
 
@@ -445,6 +452,11 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
         raise PerflabError(f"--fixes-on {fixes_on!r}: use best (the fastest mode measured), eager, or a mode ({', '.join(MODES[1:])})")
     if compile_budget_s is not None and not compile_budget_s > 0:
         raise PerflabError(f"--compile-budget must be a positive number of seconds, got {compile_budget_s!r}")
+    for c in [case] + ([vs] if vs is not None else []):
+        for spec in case_fixes(c, fixes):
+            if "parallel" in parse_fix(spec):
+                raise PerflabError(f"--fixes {spec}: a data-parallel fix applies to a --parallel case (add --parallel ddp with --gpus 0,1, "
+                                   "or with --world-size 2 --device cpu)")
     if case.device != "cuda":
         raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
     for c in [case] + ([vs] if vs is not None else []):

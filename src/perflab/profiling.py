@@ -99,25 +99,62 @@ def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces"):
     return join_counters(kernels, named), result
 
 
-def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None) -> dict:
+def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None, all_reduce_sizes=None, explain: bool = False,
+                     single: bool = True, paired=()) -> dict:
     """A data-parallel case timed on its ranks, then profiled on every rank and the ranks' traces merged and accounted
-    (``perflab profile --parallel``; ``api.profile_parallel`` documents the result)."""
-    from perflab.analysis.ranks import account_ranks, collective_waits, merge_ranks, waits_per_step
+    (``perflab profile --parallel``; ``api.profile_parallel`` documents the result). ``all_reduce_sizes``, ``explain``,
+    ``single``, ``paired``: as ``measure.parallel.run_parallel_case`` takes them (explain's floor and fixes)."""
     from perflab.measure.parallel import run_parallel_case
-    from perflab.trace.load import load_trace
 
-    row = run_parallel_case(case, gpus=gpus, profile_dir=out_dir, profile_steps=steps)
-    result = {"row": row, "trace_paths": row.get("rank_traces") or [], "accounts": [], "waits_per_step": [], "note": None}
+    row = run_parallel_case(case, gpus=gpus, profile_dir=out_dir, profile_steps=steps, all_reduce_sizes=all_reduce_sizes, explain=explain,
+                            single=single, paired=paired)
+    result = {"row": row, "trace_paths": row.get("rank_traces") or [], "accounts": [], "waits_per_step": [], "note": None, "steps": steps,
+              "rank_passes": []}
     if row["status"] != "ok":
         return result
-    if case.device != "cuda":
-        result["note"] = "the ranks' traces hold no GPU kernels (a CPU run): the per-rank accounting needs GPUs"
-        return result
-    tables = {rank: load_trace(path).kernels for rank, path in enumerate(result["trace_paths"])}
-    merged = merge_ranks(tables)
-    result["accounts"] = [a.to_dict() for a in account_ranks(merged)]
-    try:
-        result["waits_per_step"] = waits_per_step(collective_waits(merged), steps)
-    except ValueError as exc:
-        result["note"] = f"no per-step waits: {exc}"
+    result.update(account_rank_traces(result["trace_paths"], case.device, steps))
     return result
+
+
+def account_rank_traces(paths: Sequence, device: str, steps: int) -> dict:
+    """The ranks' traces merged and accounted: ``accounts`` (per rank, exact, over the common window), ``waits_per_step``,
+    ``note`` and ``rank_passes``: per rank, per step, each pass's time (``ms``: its kernels' GPU time, or on the CPU its
+    range's wall time) and the GPU time of each kernel category outside communication (``category_ms``; none on the
+    CPU). A GPU rank's table is its kernels; a CPU rank's, its main thread's operators and gloo's collectives
+    (``trace.cpu_ranks``)."""
+    from perflab.analysis.ranks import account_ranks, collective_waits, merge_ranks, waits_per_step
+
+    tables, passes = {}, []
+    for rank, path in enumerate(paths):
+        if device == "cuda":
+            tables[rank], per_pass, categories = _gpu_rank(path, steps)
+        else:
+            from perflab.trace.cpu_ranks import cpu_rank_activities
+
+            tables[rank], ranges = cpu_rank_activities(path)
+            durations = (ranges["end_ns"] - ranges["start_ns"]).groupby(ranges["name"]).sum() if len(ranges) else {}
+            per_pass, categories = {name: float(ns) / steps / 1e6 for name, ns in dict(durations).items()}, {}
+        passes.append({"rank": rank, "ms": per_pass, "category_ms": categories})
+    note = None if device == "cuda" else ("a CPU run: compute is each rank's main thread inside torch's operators, communication gloo's "
+                                         "collectives on their own threads")
+    merged = merge_ranks(tables)
+    out = {"accounts": [a.to_dict() for a in account_ranks(merged)], "waits_per_step": [], "note": note, "rank_passes": passes}
+    try:
+        out["waits_per_step"] = waits_per_step(collective_waits(merged), steps)
+    except ValueError as exc:
+        out["note"] = (f"{note}; " if note else "") + f"no per-step waits: {exc}"
+    return out
+
+
+def _gpu_rank(path, steps: int):
+    """A GPU rank's kernels, its passes' GPU time per step and its non-communication kernels' time per category per step."""
+    from perflab.analysis.passes import pass_timing
+    from perflab.analysis.ranks import is_comm
+    from perflab.trace.load import load_trace
+
+    trace = load_trace(path)
+    kernels = trace.kernels
+    per_pass = {name: t["gpu_ns"] / 1e6 for name, t in pass_timing(kernels, trace.ranges, steps).items()}
+    compute = kernels[~kernels["name"].map(is_comm).astype(bool)]
+    categories = {str(k): float(v) / steps / 1e6 for k, v in compute.groupby(compute["category"].astype(str))["dur_ns"].sum().items()}
+    return kernels, per_pass, categories

@@ -278,6 +278,29 @@ def parse_parallel(text: str, flag: str | None = "--parallel") -> tuple[str, dic
     return mode, options
 
 
+def format_parallel(mode: str, options: dict) -> str:
+    """``parse_parallel``'s text for a mode and its options: the options that differ from their defaults, in the
+    mode's order (``ddp``, ``ddp:bucket_cap_mb=100,grad_view=true``)."""
+    known = PARALLEL_OPTIONS[mode]
+    parts = []
+    for name, (kind, default, _) in known.items():
+        value = options.get(name, default)
+        if value != default:
+            parts.append(f"{name}={str(value).lower() if kind is bool else format(value, 'g') if kind is float else value}")
+    return mode + (":" + ",".join(parts) if parts else "")
+
+
+def merge_parallel(base: str, change: str) -> str:
+    """The data-parallel mode after a fix ``change`` on ``base``: the change's options over the base's where the modes
+    are the same (``ddp:grad_view=true`` on ``ddp:bucket_cap_mb=100`` keeps the buckets), the change alone otherwise."""
+    base_mode, base_options = parse_parallel(base)
+    mode, options = parse_parallel(change)
+    if mode != base_mode:
+        return format_parallel(mode, options)
+    given = {item.partition("=")[0] for item in filter(None, change.partition(":")[2].split(","))}
+    return format_parallel(mode, {**base_options, **{k: v for k, v in options.items() if k in given}})
+
+
 def _validate_parallel(case: Case, family) -> None:
     if case.world_size < 1:
         raise PerflabError(f"world size must be at least 1, got {case.world_size}")

@@ -59,3 +59,25 @@ def test_profile_ddp_accounts_every_rank(tmp_path):
         assert a["compute_only_ns"] + a["comm_overlapped_ns"] + a["comm_exposed_ns"] + a["idle_ns"] == a["window_ns"]
         assert a["comm_ns"] > 0  # NCCL kernels found by name
     assert len(result["waits_per_step"]) == 3
+
+
+def test_explain_ddp_communication_floor_and_a_bucket_fix(tmp_path):
+    """explain --parallel on two GPUs: the floor from ceilings' sweep (measured and cached in a scratch cache), NCCL time
+    per rank against it, DDP's rebuilt buckets as ddp_buckets groups them, a bucket fix predicted then measured."""
+    from perflab import api
+    from perflab.analysis.comm import MIB, ddp_buckets
+
+    os.environ["PERFLAB_CACHE_DIR"] = str(tmp_path / "cache")
+    try:
+        e = api.explain(_case("ddp:bucket_cap_mb=5"), out_dir=tmp_path / "traces", steps=3, gpus=[0, 1], fixes=["ddp:bucket_cap_mb=50"])
+    finally:
+        os.environ.pop("PERFLAB_CACHE_DIR")
+    c, row = e.communication, e.row
+    assert "perflab ceilings' all-reduce sweep of GPUs 0,1" in c["busbw_source"] and c["busbw_gbps"] > 1.0
+    assert c["bus_bytes"] == row["grad_bytes"] and c["floor_ms"] > 0 and c["latency_us"] >= 0
+    assert row["ddp_buckets"] == ddp_buckets(row["ready_grad_bytes"], 5 * MIB) and len(row["ddp_buckets"]) > 1
+    for r in c["ranks"]:
+        assert r["comm_ms"] > 0 and r["exposed_ms"] <= r["comm_ms"] and r["measured_over_floor"] > 0
+    (fix,) = e.fix_results
+    assert fix.measured_ms and fix.prediction.ms and fix.measured_exposed_ms is not None and fix.base_row["median_ms"] > 0
+    assert e.step.glue_ms > 0 and e.step.optimizer_ms > 0  # the GPU traces' categories and passes

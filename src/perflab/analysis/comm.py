@@ -7,10 +7,16 @@ No torch. Bus bytes follow nccl-tests' definitions (per rank, what crosses its l
 
 So one floor serves every collective: time >= bus bytes / busbw (busbw as nccl-tests reports it).
 
-DDP all-reduces every gradient once per step, in buckets of ``bucket_cap_mb`` (the first bucket is 1 MiB
-in PyTorch's DDP; bucketing changes the number of collectives, not the bytes). FSDP (full shard) all-gathers
-the parameters for the forward, again for the backward when it reshards after forward, and reduce-scatters
-the gradients.
+DDP all-reduces every gradient once per step, in buckets of ``bucket_cap_mb`` (bucketing changes the number
+of collectives, not the bytes). PyTorch's DDP gives its first bucket 1 MiB only when ``bucket_cap_mb`` is left
+unset; perflab always passes it (25 by default), so every bucket, the first too, takes the cap (torch 2.13,
+``_BucketCapacityConfig``). After the first iterations DDP rebuilds its buckets in the order the gradients became
+ready, closing a bucket once it holds the cap or more (``ddp_buckets``). FSDP (full shard) all-gathers the
+parameters for the forward, again for the backward when it reshards after forward, and reduce-scatters the
+gradients.
+
+A collective's time is modelled as nccl-tests' numbers suggest: a per-call latency plus its bus bytes at the bus
+bandwidth (``comm_ms``); the latency is the intercept of the sweep's two smallest sizes (``call_latency_us``).
 """
 
 from __future__ import annotations
@@ -43,15 +49,45 @@ def _check(world_size: int, *sizes: int) -> None:
         raise ValueError("byte counts must be non-negative")
 
 
-def ddp_bytes(grad_bytes: int, world_size: int, bucket_cap_mb: float = 25.0, first_bucket_mb: float = 1.0) -> CommBytes:
-    """One all-reduce of every gradient per step, in buckets; bus bytes 2(N-1)/N x gradient bytes (exact, ceil)."""
+def ddp_bytes(grad_bytes: int, world_size: int, bucket_cap_mb: float = 25.0, first_bucket_mb: float | None = None,
+              buckets: list[int] | None = None) -> CommBytes:
+    """One all-reduce of every gradient per step, in buckets; bus bytes 2(N-1)/N x gradient bytes (exact, ceil).
+    ``buckets``: the buckets' bytes where they are known (DDP's own, or ``ddp_buckets``), else the calls are
+    counted as if the gradients were one tensor cut at the cap (``first_bucket_mb``: the first bucket's cap, by
+    default the cap itself, as perflab's DDP has it; see the module docstring)."""
     _check(world_size, grad_bytes)
-    cap = int(bucket_cap_mb * MIB)
-    first = min(int(first_bucket_mb * MIB), grad_bytes)
-    rest = grad_bytes - first
-    calls = (1 if first else 0) + (math.ceil(rest / cap) if rest else 0)
-    bus = -(-2 * (world_size - 1) * grad_bytes // world_size)
-    return CommBytes("ddp", world_size, {"all_reduce": grad_bytes}, bus, calls)
+    if buckets is not None:
+        calls = len(buckets)
+    else:
+        cap = int(bucket_cap_mb * MIB)
+        first = min(int((bucket_cap_mb if first_bucket_mb is None else first_bucket_mb) * MIB), grad_bytes)
+        rest = grad_bytes - first
+        calls = (1 if first else 0) + (math.ceil(rest / cap) if rest else 0)
+    return CommBytes("ddp", world_size, {"all_reduce": grad_bytes}, all_reduce_bus_bytes(grad_bytes, world_size), calls)
+
+
+def all_reduce_bus_bytes(nbytes: float, world_size: int) -> int:
+    """What one rank sends in a ring all-reduce of ``nbytes``: 2(N-1)/N x nbytes (ceil)."""
+    return -(-2 * (world_size - 1) * int(nbytes) // world_size)
+
+
+def ddp_buckets(grad_sizes: list[int], bucket_cap_bytes: int, first_cap_bytes: int | None = None) -> list[int]:
+    """DDP's buckets (bytes each, in the order they are reduced) for gradients of ``grad_sizes`` bytes given in the order
+    they become ready: a bucket takes gradients until it holds its cap or more (torch's
+    ``_compute_bucket_assignment_by_size``: a gradient is never split), the first bucket at ``first_cap_bytes``
+    (default: the cap)."""
+    if bucket_cap_bytes <= 0:
+        raise ValueError(f"the bucket cap must be positive, got {bucket_cap_bytes}")
+    limits = [first_cap_bytes if first_cap_bytes is not None else bucket_cap_bytes, bucket_cap_bytes]
+    out, size = [], 0
+    for g in grad_sizes:
+        size += int(g)
+        if size >= limits[min(len(out), 1)]:
+            out.append(size)
+            size = 0
+    if size:
+        out.append(size)
+    return out
 
 
 def fsdp_bytes(param_bytes: int, grad_bytes: int, world_size: int, reshard_after_forward: bool = True,
@@ -71,3 +107,32 @@ def busbw_all_reduce(size_bytes: int, seconds: float, world_size: int) -> tuple[
         raise ValueError(f"time must be positive, got {seconds}")
     algbw = size_bytes / seconds / 1e9
     return algbw, algbw * 2 * (world_size - 1) / world_size
+
+
+def swept_size(sweep: dict, nbytes: float) -> dict:
+    """The sweep's row (bytes, time_us, busbw_gbps) of the measured size nearest ``nbytes`` (log scale)."""
+    return min(sweep["sizes"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(nbytes, 1.0))))
+
+
+def busbw_at(sweep: dict, nbytes: float) -> float:
+    """The sweep's bus bandwidth at the measured size nearest ``nbytes`` (log scale), GB/s."""
+    return swept_size(sweep, nbytes)["busbw_gbps"]
+
+
+def call_latency_us(sweep: dict) -> float:
+    """The per-call latency of an all-reduce, µs: the intercept at 0 bytes of the line through the sweep's two smallest
+    sizes' times (nccl-tests' ``time`` column), within [0, the smaller of the two times] (a noisy host can time the
+    smaller size slower)."""
+    rows = sorted(sweep["sizes"], key=lambda r: r["bytes"])
+    if len(rows) < 2:
+        return 0.0
+    (s1, t1), (s2, t2) = ((r["bytes"], r["time_us"]) for r in rows[:2])
+    alpha = t1 - s1 * (t2 - t1) / (s2 - s1)
+    return min(max(alpha, 0.0), t1, t2)
+
+
+def comm_ms(bus_bytes: float, calls: int, busbw_gb_s: float, latency_us: float) -> float:
+    """The modelled time of a step's collectives, ms: their bus bytes at the bus bandwidth plus each call's latency."""
+    if busbw_gb_s <= 0:
+        raise ValueError(f"bus bandwidth must be positive, got {busbw_gb_s}")
+    return bus_bytes / (busbw_gb_s * 1e9) * 1e3 + calls * latency_us / 1e3

@@ -241,11 +241,7 @@ class Fix:
             misses["host"] = (self.predicted_host_ms, host)
         if gpu is not None and self.predicted_gpu_ms is not None:
             misses["GPU"] = (self.predicted_gpu_ms, gpu)
-        if not misses:
-            return None
-        term = max(misses, key=lambda k: abs(misses[k][1] - misses[k][0]))
-        pred, meas = misses[term]
-        return f"{term}: predicted {pred:.3f}, measured {meas:.3f} ms"
+        return worst_term(misses)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -260,3 +256,13 @@ class Fix:
 
 
 MISS = 0.15  # a prediction further than this from its measurement says which term missed
+
+
+def worst_term(misses: dict) -> str | None:
+    """Of the terms a prediction has (name -> (predicted ms, measured ms)), the one furthest from its measurement, in
+    words; None without any."""
+    if not misses:
+        return None
+    term = max(misses, key=lambda k: abs(misses[k][1] - misses[k][0]))
+    pred, meas = misses[term]
+    return f"{term}: predicted {pred:.3f}, measured {meas:.3f} ms"

@@ -26,7 +26,7 @@ import pandas as pd
 
 from perflab.analysis.intervals import union_blocks
 
-COMM_RE = re.compile(r"^nccl(Dev)?Kernel|^ncclKernel|AllReduce|ReduceScatter|AllGather|Broadcast|SendRecv", re.I)
+COMM_RE = re.compile(r"^nccl(Dev)?Kernel|^ncclKernel|AllReduce|ReduceScatter|AllGather|Broadcast|SendRecv|^gloo:", re.I)
 COMM = "communication"
 
 
@@ -35,14 +35,15 @@ def is_comm(name: str) -> bool:
 
 
 def merge_ranks(traces: dict[int, pd.DataFrame]) -> pd.DataFrame:
-    """One table: every rank's kernels with a ``rank`` column and ``comm`` (True for NCCL kernels)."""
+    """One table: every rank's kernels with a ``rank`` column and ``comm`` (True for NCCL kernels; a rank's table may
+    carry its own ``comm``: a CPU rank's, ``trace.cpu_ranks``, where gloo's collectives are ranges on their threads)."""
     parts = []
     for rank in sorted(traces):
         t = traces[rank][["name", "start_ns", "end_ns"]].copy()
         t["start_ns"] = t["start_ns"].astype(np.int64)
         t["end_ns"] = t["end_ns"].astype(np.int64)
         t.insert(0, "rank", int(rank))
-        t["comm"] = t["name"].map(is_comm).astype(bool)
+        t["comm"] = (traces[rank]["comm"] if "comm" in traces[rank] else t["name"].map(is_comm)).astype(bool).to_numpy()
         parts.append(t)
     if not parts:
         return pd.DataFrame({"rank": [], "name": [], "start_ns": [], "end_ns": [], "comm": []})

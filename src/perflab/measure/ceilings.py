@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from perflab.analysis.comm import busbw_at  # noqa: F401  (the sweep's reader lives with the arithmetic; imported here by name)
+
 CACHE_VERSION = 2
 
 
@@ -174,18 +176,24 @@ def all_reduce_sweep(gpus: list[int] | None, sizes=ALL_REDUCE_SIZES, iters: int 
     per size the slowest rank's mean time, ``algbw = bytes / time`` and ``busbw = algbw × 2(N−1)/N`` (GB/s), as
     nccl-tests define them. Returns ``{"world_size", "gpus", "sizes": [{bytes, time_us, algbw_gbps, busbw_gbps}],
     "busbw_gbps": the largest busbw}``."""
-    from perflab.analysis.comm import busbw_all_reduce
     from perflab.runtime.parallel import launch
 
     world = len(gpus) if gpus else int(world_size or 2)
     launched = launch(_all_reduce_rank, world, (list(sizes), iters, warmup), device=device, gpus=gpus)
     times = launched.results[0]  # every rank returns the same (the slowest rank's) times
+    return dict(sweep_result(sizes, times, world, gpus, device), launches=launched.launches)
+
+
+def sweep_result(sizes, times: list[float], world: int, gpus, device: str) -> dict:
+    """An all-reduce sweep's result from each size's slowest-rank seconds (``all_reduce_sweep``'s, or a run's ranks')."""
+    from perflab.analysis.comm import busbw_all_reduce
+
     rows = []
     for size, seconds in zip(sizes, times):
         algbw, busbw = busbw_all_reduce(size, seconds, world)
         rows.append({"bytes": size, "time_us": seconds * 1e6, "algbw_gbps": algbw, "busbw_gbps": busbw})
     return {"world_size": world, "gpus": gpus, "device": device, "sizes": rows, "busbw_gbps": max(r["busbw_gbps"] for r in rows),
-            "launches": launched.launches, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def _all_reduce_rank(rank: int, world_size: int, device_index, sizes: list[int], iters: int, warmup: int) -> list[float]:
@@ -246,11 +254,3 @@ def cached_all_reduce(world_size: int) -> dict | None:
     """This GPU's cached all-reduce sweep for ``world_size`` ranks, without measuring (None when not measured yet)."""
     cache = _read_cache()
     return (cache.get(gpu_key()) or {}).get(all_reduce_key(world_size)) if cache else None
-
-
-def busbw_at(sweep: dict, nbytes: float) -> float:
-    """The sweep's bus bandwidth at the measured size nearest ``nbytes`` (log scale), GB/s."""
-    import math
-
-    nearest = min(sweep["sizes"], key=lambda r: abs(math.log(r["bytes"]) - math.log(max(nbytes, 1.0))))
-    return nearest["busbw_gbps"]

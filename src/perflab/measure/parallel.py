@@ -39,18 +39,25 @@ from perflab.measure.harness import MB, base_row, failed_row, memory_peaks, outp
 from perflab.measure.timing import estimate_step_s, plan_timing, time_step
 from perflab.runtime.device import synchronize
 from perflab.runtime.modes import allow_recompiles, compile_kwargs
-from perflab.runtime.parallel import MULTICAST_OFF, RankFailed, ddp_wrap, fsdp_shard, launch, local_tensor
+from perflab.runtime.parallel import MULTICAST_OFF, RankFailed, ddp_wrap, fsdp_shard, largest_module_list, launch, local_tensor
 from perflab.runtime.workload import build, step_context
 from perflab.spec import Case, parse_parallel, validate_case
 from perflab.workloads.registry import implementation
 
 
-def run_parallel_case(case: Case, gpus: list[int] | None = None, profile_dir=None, profile_steps: int = 5, single: bool = True) -> dict:
+def run_parallel_case(case: Case, gpus: list[int] | None = None, profile_dir=None, profile_steps: int = 5, single: bool = True,
+                      all_reduce_sizes=None, explain: bool = False, paired=()) -> dict:
     """Measure one data-parallel case (``case.world_size`` ranks; ``gpus``: their CUDA devices) and return its row.
 
-    ``profile_dir``: after the timing, each rank also records ``profile_steps`` steps with torch.profiler and writes
-    ``rank{N}.json`` there (a separate pass: the timing has no profiler in it). ``single``: time the one-device
-    case on rank 0 too (scaling efficiency)."""
+    ``profile_dir``: after the timing, each rank also records ``profile_steps`` steps with torch.profiler (its passes
+    marked) and writes ``rank{N}.json`` there (a separate pass: the timing has no profiler in it). ``single``: time
+    the one-device case on rank 0 too (scaling efficiency). ``all_reduce_sizes``: the ranks then sweep all-reduces
+    of these sizes (``measure.ceilings``' sweep, in this launch: the CPU's gloo has no cached sweep), the row's
+    ``all_reduce`` and floor. ``explain``: rank 0 also reports what explain's fixes read: DDP's buckets as it rebuilt
+    them and the gradients' bytes in the order they became ready (``ddp_buckets``, ``ready_grad_bytes``), the
+    blocks FSDP would shard (``shard_units``) and the device's copy bandwidth at the gradients' size
+    (``copy_gbps``). ``paired``: other data-parallel cases of as many ranks, each timed in this launch right after
+    this one (its build, warm-up and timing alone), in the row's ``paired``: the slowest rank's median of each."""
     case = validate_case(case)
     if case.device == "cuda":
         gpus = list(gpus) if gpus else list(range(case.world_size))
@@ -62,7 +69,9 @@ def run_parallel_case(case: Case, gpus: list[int] | None = None, profile_dir=Non
         Path(profile_dir).mkdir(parents=True, exist_ok=True)
         profile_dir = str(Path(profile_dir).resolve())
     try:
-        launched = launch(_rank_measure, case.world_size, (case.to_dict(), single, profile_dir, profile_steps), device=case.device, gpus=gpus)
+        sizes = [int(b) for b in all_reduce_sizes] if all_reduce_sizes else None
+        launched = launch(_rank_measure, case.world_size, (case.to_dict(), single, profile_dir, profile_steps, sizes, explain,
+                                                           [validate_case(c).to_dict() for c in paired]), device=case.device, gpus=gpus)
     except RankFailed as failed:
         row = failed_row(case, "oom" if failed.oom else "error", f"rank {failed.rank}: {failed.message}", {"device": case.device}, failed.detail)
         row.update(parallel=case.parallel, world_size=case.world_size, gpus=gpus)
@@ -110,6 +119,7 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
         row["single_gpu_ms"] = statistics.median(single_row["samples_ms"])
         row["single_gpu_samples_ms"] = single_row["samples_ms"]
         row["scaling_efficiency"] = row["single_gpu_ms"] / row["step_ms"]
+    row["paired"] = [paired_row(case, [r["paired"][i] for r in ranks]) for i in range(len(first.get("paired") or []))]
     row["rank_memory"] = [r["memory"] for r in ranks]
     row["multicast_off"] = all(r["multicast_off"] for r in ranks)  # NVLink multicast was off in every rank's process
     if case.device == "cuda":
@@ -117,15 +127,19 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
         row["peak_mem_reserved_mb"] = max(r["memory"]["peak_reserved_mb"] for r in ranks)
     row["ranks_agree"] = len({tuple(r["checksum"]) for r in ranks}) == 1 if mode == "ddp" else None
     grad_bytes, param_bytes = first["grad_bytes"], first["param_bytes"]
-    comm = (ddp_bytes(grad_bytes, world, options["bucket_cap_mb"]) if mode == "ddp"
+    for key in ("ddp_buckets", "ready_grad_bytes", "shard_units", "copy_gbps"):
+        if key in first:
+            row[key] = first[key]
+    comm = (ddp_bytes(grad_bytes, world, options["bucket_cap_mb"], buckets=first.get("ddp_buckets")) if mode == "ddp"
             else fsdp_bytes(param_bytes, grad_bytes, world, reshard_after_forward=options["reshard"], units=first["fsdp_units"]))
     row.update(grad_bytes=grad_bytes, param_bytes=param_bytes, comm_bus_bytes=comm.bus_bytes, comm_collectives=comm.collectives,
                comm_calls=comm.calls)
     sweep = first.get("all_reduce")
     if sweep:  # the floor: bus bytes at the bus bandwidth measured for messages of this step's size
+        row["all_reduce"] = sweep
         from perflab.measure.ceilings import busbw_at
 
-        message = (grad_bytes if mode == "ddp" else param_bytes) / max(comm.calls, 1)  # one collective's payload, on average
+        message = grad_bytes / max(comm.calls, 1) if mode == "ddp" else param_bytes / max(first["fsdp_units"], 1)  # one collective's payload
         row["busbw_gbps"] = busbw_at(sweep, message)
         row["comm_floor_ms"] = comm.floor_ms(row["busbw_gbps"])
         row["comm_floor_frac"] = row["comm_floor_ms"] / row["step_ms"]
@@ -141,49 +155,66 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
     return row
 
 
+def paired_row(case: Case, ranks: list[dict]) -> dict:
+    """A paired case's step (the slowest rank's median) and throughput over all ranks."""
+    medians = [statistics.median(r["samples_ms"]) for r in ranks]
+    step = max(medians)
+    items = ranks[0]["items_per_step"] * len(ranks)
+    return {"status": "ok", "median_ms": step, "rank_median_ms": medians, "items_per_step": items, "items_per_s": items * 1000.0 / step}
+
+
 # ---------------------------------------------------------------------------------------------------
 # One rank (runs in the spawned process)
 
 
-def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dict: dict, single: bool, profile_dir, profile_steps: int) -> dict:
+def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dict: dict, single: bool, profile_dir, profile_steps: int,
+                  all_reduce_sizes=None, explain: bool = False, paired=()) -> dict:
     import torch.distributed as dist
 
     case = Case.from_dict(case_dict)
     mode, options = parse_parallel(case.parallel)
-    plain = replace(case, parallel=None, world_size=1)
     device = case.device
     where = torch.device("cuda", device_index) if device == "cuda" else torch.device("cpu")
-    built = build(plain, **({"shard": fsdp_shard(options["reshard"])} if mode == "fsdp" else {}))
-    _own_inputs(built, case, rank)
-    params = list(built.model.parameters())
+    built, plain, params, layout = _built_on_rank(case, rank, device, device_index)
     param_bytes = sum(p.numel() * p.element_size() for p in params)  # numel of a DTensor is the whole parameter's
-    grad_bytes = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-    fsdp_units = sum(1 for m in built.model.modules() if type(m).__name__.startswith("FSDP")) if mode == "fsdp" else 1
-    if mode == "ddp":
-        built.model = ddp_wrap(built.model, device, device_index, options["bucket_cap_mb"], options["grad_view"])
+    grad_sizes = [p.numel() * p.element_size() for p in params if p.requires_grad]  # in the dtype the gradients have: the parameters'
+    grad_bytes = sum(grad_sizes)
     accumulate = options.get("no_sync", 1)
-    result = {"rank": rank, "backend": dist.get_backend(), "param_bytes": param_bytes, "grad_bytes": grad_bytes, "fsdp_units": fsdp_units,
+    result = {"rank": rank, "backend": dist.get_backend(), "param_bytes": param_bytes, "grad_bytes": grad_bytes, "fsdp_units": layout["fsdp_units"],
               "multicast_off": all(os.environ.get(k) == v for k, v in MULTICAST_OFF.items())}
     with step_context(plain, built):
         step = _step(built, case.mode, accumulate)
         result.update(_time(case, built, step, device, where, rank))
         result["checksum"] = _checksum(built.model) if mode == "ddp" else None
         if profile_dir is not None:
-            result["trace"] = _profile(step, device, Path(profile_dir) / f"rank{rank}.json", profile_steps)
+            result["trace"] = _profile(step, built, device, Path(profile_dir) / f"rank{rank}.json", profile_steps)
+        if explain and rank == 0:
+            result["shard_units"] = layout["shard_units"]
+            if mode == "ddp":
+                result.update(ddp_layout(built.model, grad_sizes))
+    if all_reduce_sizes:  # every rank takes part; rank 0 keeps the slowest rank's times
+        from perflab.measure.ceilings import _all_reduce_rank, sweep_result
+
+        synchronize(device)
+        times = _all_reduce_rank(rank, world_size, device_index, all_reduce_sizes, iters=10, warmup=2)
+        if rank == 0:
+            result["all_reduce"] = dict(sweep_result(all_reduce_sizes, times, world_size, None, device), source="measured in this run")
     result["items_per_step"] = built.items_per_step * accumulate
     result["params"] = sum(p.numel() for p in params)
     analytic = implementation(plain).analytic(plain)
     result["flops_per_rank"] = analytic["flops_analytic"] * accumulate if analytic.get("flops_analytic") else None
     if rank == 0:
         result["env"] = environment(device)
-        if device == "cuda":  # the bus bandwidth `perflab ceilings --gpus` measured here, if it has (never measured here)
+        if device == "cuda" and "all_reduce" not in result:  # the bus bandwidth `perflab ceilings --gpus` measured here, if it has
             from perflab.measure.ceilings import cached_all_reduce
 
-            result["all_reduce"] = cached_all_reduce(world_size)
+            cached = cached_all_reduce(world_size)
+            result["all_reduce"] = dict(cached, source="perflab ceilings' cache") if cached else None
     del built, step, params
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
+    _free(device)
+    if explain and rank == 0:
+        result["copy_gbps"] = copy_gbps(where, min(grad_bytes, 256 * MB))
+    result["paired"] = [_time_paired(Case.from_dict(other), rank, device, device_index, where) for other in paired]
     dist.barrier()
     if rank == 0 and single:
         built = build(plain)
@@ -192,6 +223,40 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
             result["single"] = _time(plain, built, one, device, where, rank=0, collective=False)
         result["single"] = {"samples_ms": result["single"]["samples_ms"]}
     return result
+
+
+def _built_on_rank(case: Case, rank: int, device: str, device_index: int | None):
+    """The case's model on this rank with its own inputs, sharded (FSDP) or wrapped (DDP); its parameters (before DDP
+    wraps them), and the units FSDP made (``fsdp_units``) or would make (``shard_units``: each block, and the root)."""
+    mode, options = parse_parallel(case.parallel)
+    plain = replace(case, parallel=None, world_size=1)
+    built = build(plain, **({"shard": fsdp_shard(options["reshard"])} if mode == "fsdp" else {}))
+    _own_inputs(built, case, rank)
+    params = list(built.model.parameters())
+    blocks = largest_module_list(built.model)
+    layout = {"fsdp_units": sum(1 for m in built.model.modules() if type(m).__name__.startswith("FSDP")) if mode == "fsdp" else 1,
+              "shard_units": (len(blocks) if blocks is not None else 0) + 1}
+    if mode == "ddp":
+        built.model = ddp_wrap(built.model, case.device, device_index, options["bucket_cap_mb"], options["grad_view"])
+    return built, plain, params, layout
+
+
+def _time_paired(case: Case, rank: int, device: str, device_index: int | None, where: torch.device) -> dict:
+    """Another data-parallel case timed in this launch, right after the main one (explain's base beside each fix)."""
+    built, plain, _, _ = _built_on_rank(case, rank, device, device_index)
+    accumulate = parse_parallel(case.parallel)[1].get("no_sync", 1)
+    with step_context(plain, built):
+        timing = _time(case, built, _step(built, case.mode, accumulate), device, where, rank)
+    out = {"samples_ms": timing["samples_ms"], "items_per_step": built.items_per_step * accumulate}
+    del built
+    _free(device)
+    return out
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _own_inputs(built, case: Case, rank: int) -> None:
@@ -285,16 +350,53 @@ def _checksum(model) -> list[float]:
     return [float(total), float(absolute)]
 
 
-def _profile(step, device: str, path: Path, steps: int) -> str:
-    """``steps`` steps under torch.profiler (CPU ops, and CUDA kernels on a GPU), written as this rank's Kineto trace."""
+def _profile(step, built, device: str, path: Path, steps: int) -> str:
+    """``steps`` steps under torch.profiler (CPU ops, and CUDA kernels on a GPU), their passes marked (forward,
+    backward, optimizer ranges), written as this rank's Kineto trace."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     synchronize(device)
-    with profile(activities=activities) as prof:
-        for _ in range(steps):
-            step()
-            prof.step()  # ProfilerStep#N ranges: the trace's step windows
-        synchronize(device)
+    built.set_annotate(model_ranges=False, passes=True)
+    try:
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                step()
+                prof.step()
+            synchronize(device)
+    finally:
+        built.set_annotate(model_ranges=False, passes=False)
     prof.export_chrome_trace(str(path))
     return str(path)
+
+
+def ddp_layout(model, grad_sizes: list[int]) -> dict:
+    """DDP's buckets as it rebuilt them after the first steps (bytes, in the order they are reduced), and the gradients'
+    bytes in the order they became ready (the rebuilt buckets' parameter order); {} where this DDP does not say."""
+    try:
+        data = model._get_ddp_logging_data()
+        buckets = [int(b) for b in str(data["rebuilt_bucket_sizes"]).split(",") if b.strip()]
+        order = [int(i) for part in str(data["rebuilt_per_bucket_param_indices"]).split(",") for i in part.split()]
+    except (AttributeError, KeyError, ValueError):
+        return {}
+    if not buckets or sorted(order) != list(range(len(grad_sizes))):
+        return {}
+    return {"ddp_buckets": buckets, "ready_grad_bytes": [grad_sizes[i] for i in order]}
+
+
+def copy_gbps(where: torch.device, nbytes: int, repeats: int = 10) -> float:
+    """The device's copy bandwidth (GB/s, bytes read + written) for a copy of ``nbytes``: the fastest of ``repeats`` after
+    one untimed (a ceiling, as ``measure.ceilings``' are: a shared host's stalls slow some copies, never speed one up)."""
+    import time
+
+    n = max(int(nbytes) // 4, 1)
+    src = torch.ones(n, dtype=torch.float32, device=where)
+    dst = torch.empty_like(src)
+    samples = []
+    for _ in range(repeats + 1):
+        synchronize(where.type)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        synchronize(where.type)
+        samples.append(time.perf_counter() - t0)
+    return 2 * n * 4 / min(samples[1:]) / 1e9

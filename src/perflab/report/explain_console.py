@@ -66,6 +66,11 @@ def render_comparison(console, c) -> None:
 
 
 def render_explanation(console, e) -> None:
+    if getattr(e, "parallel", False):  # explain --parallel (explain_parallel.ParallelExplanation)
+        from perflab.report.explain_parallel import render_parallel
+
+        render_parallel(console, e, _print_table, _plain)
+        return
     for ce in e.cases:
         console.rule(ce.case.label())
         for line in profile_lines(ce):

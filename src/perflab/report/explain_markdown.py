@@ -35,4 +35,8 @@ def case_markdown(ce, device: str = "") -> str:
 
 
 def explanation_markdown(explanation, device: str = "") -> str:
+    if getattr(explanation, "parallel", False):  # explain --parallel
+        from perflab.report.explain_parallel import parallel_markdown
+
+        return parallel_markdown(explanation, device)
     return "\n".join(case_markdown(ce, device) for ce in explanation.cases)

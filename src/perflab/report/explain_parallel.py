@@ -1,0 +1,117 @@
+"""``perflab explain --parallel``'s result (``explain_parallel.ParallelExplanation``): its rows, built once, for the
+console and for markdown. Torch-free."""
+
+from __future__ import annotations
+
+from perflab.report.explain_rows import fix_model_lines
+from perflab.report.md import md_table, num
+
+MIB = 2**20
+
+COLLECTIVE_HEADER = ["collective", "payload MiB", "bus factor", "bus MiB per rank", "calls", "mean message MiB"]
+RANK_HEADER = ["rank", "step ms (untraced)", "comm ms", "exposed ms", "overlapped ms", "overlap", "comm ÷ floor", "passes ms"]
+FIX_HEADER = ["#", "fix", "parallel after", "mode", "base in its launch ms", "predicted ms", "measured ms", "error", "throughput vs base",
+              "compute ms pred / meas", "exposed ms pred / meas"]
+RANK_TITLE = ("Per rank, per profiled step: communication (comm), the part no compute hides (exposed) and the part hidden (overlapped); "
+              "comm ÷ floor = the rank's measured communication over the floor")
+FIX_TITLE = ("Communication fixes: each measured in a launch of its own (the slowest rank's median) and profiled (the slowest rank's "
+             "exposed communication), the base timed again in that launch beside it; predicted (model below) from the base's profile, "
+             "anchored at that paired base; compute = step − exposed")
+
+
+def pair(predicted, measured) -> str:
+    return f"{num(predicted, '.3f')} / {num(measured, '.3f')}"
+
+
+def _mib(nbytes) -> str:
+    return num(nbytes / MIB if nbytes is not None else None, ".3f")
+
+
+def where(e) -> str:
+    return f"{e.case.world_size} CPU ranks, gloo" if e.case.device == "cpu" else f"{e.case.world_size} GPUs, NCCL"
+
+
+def summary_lines(e) -> list[str]:
+    """The step against one device, the bytes and the floor, in words."""
+    c, row = e.communication, e.row
+    one = "one CPU process" if e.case.device == "cpu" else "one GPU"
+    scaling = (f"; the same case on {one} {c['single_ms']:.3f} ms, scaling efficiency {c['scaling_efficiency']:.3f} (weak scaling: the batch "
+               "is per rank)") if c.get("single_ms") else ""
+    buckets = (f" DDP's buckets as it rebuilt them: {', '.join(_mib(b) for b in c['buckets'])} MiB." if c.get("buckets") else "")
+    return [f"Step: the slowest rank's (rank {c['slowest_rank']}) untraced median **{row['median_ms']:.3f} ms** on {where(e)}{scaling}.",
+            f"Bytes per step: {c['bus_bytes'] / MIB:.3f} MiB on the bus per rank ({c['mode']}, {c['calls']} collective call{'s' if c['calls'] != 1 else ''}; {c['dtype_note']})."
+            + buckets,
+            f"Bus bandwidth used: **{c['busbw_gbps']:.3f} GB/s** (busbw at the swept size {c['busbw_size_bytes'] / MIB:g} MiB, nearest the "
+            f"mean message of {c['message_bytes'] / MIB:.3f} MiB), from {c['busbw_source']}; per-call latency {c['latency_us']:.1f} µs "
+            "(the sweep's two smallest sizes).",
+            f"Communication floor = bus bytes ÷ busbw = **{c['floor_ms']:.3f} ms** per step ({c['floor_fraction']:.1%} of the step); with each "
+            f"call's latency {c['modelled_ms']:.3f} ms." + (f" {c['not_in_floor']}." if c.get("not_in_floor") else "")]
+
+
+def collective_rows(e) -> list[list[str]]:
+    return [[r["collective"], _mib(r["payload_bytes"]), r["bus_factor"], _mib(r["bus_bytes"]), str(r["calls"]), _mib(r["message_bytes"])]
+            for r in e.communication["collectives"]]
+
+
+def rank_rows(e) -> list[list[str]]:
+    passes = {p["rank"]: p["ms"] for p in e.profile.get("rank_passes") or []}
+    out = []
+    for r in e.communication["ranks"]:
+        ms = ", ".join(f"{name} {v:.3f}" for name, v in passes.get(r["rank"], {}).items())
+        out.append([str(r["rank"]) + (" (slowest)" if r["rank"] == e.communication["slowest_rank"] else ""), f"{r['step_ms']:.3f}",
+                    f"{r['comm_ms']:.3f}", f"{r['exposed_ms']:.3f}", f"{r['overlapped_ms']:.3f}", num(r["overlap_fraction"], ".1%"),
+                    num(r["measured_over_floor"], ".2f") + "×", ms or "–"])
+    return out
+
+
+def rank_note(e) -> list[str]:
+    lines = []
+    if e.profile.get("note"):
+        lines.append(f"Note: {e.profile['note']}.")
+    waits = e.profile.get("waits_per_step") or []
+    if waits:
+        lines.append("Who waits: " + "; ".join(f"step {w['step']}: rank {w['waited_for']} last to arrive" for w in waits) + ".")
+    return lines
+
+
+def fix_rows(e) -> list[list[str]]:
+    rows = [["", "base (as profiled)", e.case.parallel, e.case.mode, "–", "–", f"{e.row['median_ms']:.3f}", "–", "–",
+             f"– / {e.step.compute_ms:.3f}" if e.step and e.step.compute_ms is not None else "–",
+             f"– / {e.step.exposed_ms:.3f}" if e.step and e.step.exposed_ms is not None else "–"]]
+    for i, fx in enumerate(e.fix_results, 1):
+        p = fx.prediction
+        base = num(fx.base_row.get("median_ms"), ".3f")
+        if fx.measured_ms is None:
+            rows.append([str(i), f"`{fx.name}`", fx.parallel, fx.mode, base, num(p.ms, ".3f"),
+                         f"{fx.measured.get('status')}: {fx.measured.get('message')}"] + ["–"] * 4)
+            continue
+        compute = fx.measured_ms - fx.measured_exposed_ms if fx.measured_exposed_ms is not None else None
+        rows.append([str(i), f"`{fx.name}`", fx.parallel, fx.mode, base, num(p.ms, ".3f"), f"{fx.measured_ms:.3f}", num(fx.error, "+.1%"),
+                     num(fx.throughput_gain, ".2f") + ("×" if fx.throughput_gain else ""), pair(p.compute_ms, compute),
+                     pair(p.exposed_ms, fx.measured_exposed_ms)])
+    return rows
+
+
+
+def parallel_markdown(e, device: str = "") -> str:
+    out = [f"### {e.case.label()} ({device or where(e)})", "", " ".join(summary_lines(e)), ""]
+    out += md_table(COLLECTIVE_HEADER, collective_rows(e)).splitlines() + [""]
+    out += [f"{RANK_TITLE}:", ""] + md_table(RANK_HEADER, rank_rows(e)).splitlines() + [""] + rank_note(e) + [""]
+    if e.fix_results:
+        out += [f"{FIX_TITLE}:", ""] + md_table(FIX_HEADER, fix_rows(e)).splitlines() + [""] + fix_model_lines(e) + [""]
+    return "\n".join(out)
+
+
+def render_parallel(console, e, table, plain) -> None:
+    """The console's rendering: ``table(console, title, header, rows)`` and ``plain(markdown line)`` from explain_console."""
+    console.rule(f"{e.case.label()} ({where(e)})")
+    for line in summary_lines(e):
+        console.print(plain(line), soft_wrap=True)
+    table(console, "Communication per step (analysis.comm: nccl-tests' bus bytes)", COLLECTIVE_HEADER, collective_rows(e))
+    table(console, RANK_TITLE, RANK_HEADER, rank_rows(e))
+    for line in rank_note(e):
+        console.print(line, markup=False, soft_wrap=True)
+    if e.fix_results:
+        table(console, FIX_TITLE, FIX_HEADER, fix_rows(e))
+        for line in fix_model_lines(e):
+            console.print("  " + plain(line), soft_wrap=True)
