@@ -30,11 +30,13 @@ _stages: list[tuple[str, float]] = []
 def main(argv: list[str] | None = None) -> int:
     from perflab.measure.sched import process_age_s
 
-    started, age = time.perf_counter(), process_age_s()
+    started, now, age = time.perf_counter(), time.time(), process_age_s()
     _stages.clear()
     args = _parse_args(argv)
+    if args.launched_at is not None:  # the parent's clock when it asked for this process: exact, where /proc's start is to a second
+        age = max(0.0, now - args.launched_at)
     if args.parent_pid:
-        _exit_with_parent(args.parent_pid)
+        exit_with_parent(args.parent_pid)
 
     from perflab.errors import ModelLoadError, PerflabError
     from perflab.spec import Case
@@ -74,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:
-    """Seconds of the case's wall time by stage: ``start_and_imports`` (process start to the harness's first stage:
-    the interpreter, torch's import), ``build``, ``check_and_flops`` (the checking call and the FLOP count),
-    ``compile`` (the mode's first call), ``warmup`` (warm-up, the step estimates, host and GPU times apart, the
-    canary), ``timed`` (the timed loop and what follows it in the harness), ``profile`` and ``ncu`` passes, and
-    ``total``. A stage that ran twice (warm-up is named again after the first call) adds up."""
+    """Seconds of the case's wall time by stage: ``start_and_imports`` (from the parent's request for the process, or
+    the process's start, to the harness's first stage: the interpreter or the fork, torch's import where not
+    preloaded), ``build``, ``check_and_flops`` (the checking call and the FLOP count), ``compile`` (the mode's first
+    call), ``warmup`` (warm-up, the step estimates, host and GPU times apart, the canary), ``timed`` (the timed loop
+    and what follows it in the harness), ``profile`` and ``ncu`` passes, and ``total``. A stage that ran twice
+    (warm-up is named again after the first call) adds up."""
     out: dict[str, float] = {}
     first = stages[0][1] if stages else ended
     out["start_and_imports"] = (first - started) + (age_at_start or 0.0)
@@ -146,7 +149,7 @@ def _log_stage(stage: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] stage: {stage}", file=sys.stderr, flush=True)
 
 
-def _exit_with_parent(parent_pid: int) -> None:
+def exit_with_parent(parent_pid: int) -> None:
     """Die when the sweep's parent dies, so no orphan keeps measuring."""
     if sys.platform.startswith("linux"):
         try:
@@ -173,6 +176,8 @@ def _parse_args(argv):
     parser.add_argument("--case", required=True, help="the case, as JSON (Case.to_dict())")
     parser.add_argument("--result", required=True, help="where to write the result row (JSON)")
     parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
+    parser.add_argument("--launched-at", type=float, default=None,
+                        help="time.time() when the parent asked for this process: the start of its start_and_imports")
     parser.add_argument("--profile-steps", type=int, default=0, help="after timing, profile this many steps (GPU cases)")
     parser.add_argument("--ncu-top", type=int, default=0, help="after timing, run ncu on this many top kernels (GPU cases)")
     parser.add_argument("--ncu-where", default="{}", help="JSON {field: [values]}: only cases matching these get the ncu pass")

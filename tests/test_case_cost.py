@@ -1,0 +1,136 @@
+"""What a case costs (issue 23, P9): the cuts, each with the numbers it must keep.
+
+- The launcher: each case still a fresh process of its own (its own pid, a child of a launcher that never touched
+  the GPU), a crash or a timeout in it still its status row, its start counted from the parent's request.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from perflab import api
+from perflab.errors import PerflabError
+from perflab.spec import Case
+from perflab.sweep import launcher as launcher_mod
+from perflab.sweep import runner
+from perflab.sweep.launcher import Launcher, choose_launcher
+
+FAST = {"device": "cpu", "input_size": 32, "warmup": 1, "iters": 5, "repeats": 5}
+
+
+def _worker_argv(case: Case, result) -> list[str]:
+    return ["--case", json.dumps(case.to_dict()), "--result", str(result)]
+
+
+def test_the_launchers_children_are_fresh_processes_each_with_its_own_pid(tmp_path):
+    cases = [Case("test:tiny", batch_size=b, **FAST) for b in (1, 2, 3)]
+    pids = []
+    with Launcher(label=str(tmp_path)) as launcher:
+        ready = launcher.wait_ready()
+        assert not ready.get("refused") and ready["ready"] == launcher.proc.pid
+        # no thread of its own beside numpy's OpenBLAS pool (which stops around a fork): a child copies no thread's locks
+        assert ready["threads"] is None or ready["threads"] <= 1 + (os.cpu_count() or 1)
+        assert "torch._dynamo" in ready["preloaded"] and "perflab.measure.harness" in ready["preloaded"]
+        for case in cases:
+            log = tmp_path / f"{case.id}.log"
+            log.write_text("# header\n")
+            child = launcher.start(_worker_argv(case, tmp_path / f"{case.id}.json"), runner._worker_env("w0"), log)
+            assert child.wait(timeout=120) == 0
+            pids.append(child.pid)
+            text = log.read_text()
+            assert text.startswith("# header\n") and "stage: timing" in text  # its output appended to the case's log
+            forked = re.search(r"forked by the sweep's launcher \(pid (\d+)\): pid (\d+)", text)
+            assert forked and int(forked.group(1)) == launcher.proc.pid and int(forked.group(2)) == child.pid
+            row = json.loads((tmp_path / f"{case.id}.json").read_text())
+            assert row["status"] == "ok" and row["batch_size"] == case.batch_size
+            assert row["cost_s"]["start_and_imports"] < 5.0  # a fork, not an interpreter and torch's import
+    # a different process from the parent, from the launcher, and from every earlier child
+    assert len(set(pids)) == 3 and os.getpid() not in pids and launcher.proc.pid not in pids
+    assert launcher.proc.returncode == 0  # closing the pipe ends the launcher
+
+
+@pytest.mark.parametrize("how", ["fork", "exec"])
+def test_a_crash_and_a_timeout_in_a_child_still_give_their_status_rows(tmp_path, how):
+    measured = [{"model": "test:tiny"}, {"model": "test:tiny", "batch_size": 2}] if how == "fork" else []
+    spec = {"defaults": FAST, "harness": {"timeout_s": 5}, "cases": measured + [{"model": "test:crashes"}, {"model": "test:hangs"}]}
+    summary = api.sweep(spec, tmp_path, launcher=how)
+    assert summary.counts == dict({"error": 1, "timeout": 1}, **({"ok": 2} if measured else {}))
+    rows = {(r["model"], r["batch_size"]): r for r in api.results(tmp_path)}
+    assert "worker exited with status 134 without a result" in rows[("test:crashes", 1)]["message"]
+    assert "no result within the 5 s limit; the worker was killed" in rows[("test:hangs", 1)]["message"]
+    log = (tmp_path / "logs" / f"{rows[('test:crashes', 1)]['case_id']}.log").read_text()
+    assert ("forked by the sweep's launcher" in log) == (how == "fork")
+    if measured:
+        first, second = rows[("test:tiny", 1)]["cost_s"], rows[("test:tiny", 2)]["cost_s"]
+        assert first["total"] == pytest.approx(sum(v for k, v in first.items() if k != "total"))
+        # the first case waited for the launcher's imports (its start is counted from the launcher's), the later ones forked
+        assert second["start_and_imports"] < 1.0 and second["start_and_imports"] < first["start_and_imports"]
+    assert not _processes_mentioning(str(tmp_path))  # the launcher and the hung child are gone
+
+
+def test_a_childs_intra_op_threads_follow_its_slot_as_an_interpreter_of_its_own_would(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    spec = {"defaults": FAST, "cases": [{"model": "test:tiny"}, {"model": "test:tiny", "batch_size": 2}]}
+    threads = {}
+    for how in ("fork", "exec"):
+        api.sweep(spec, tmp_path / how, launcher=how, workers=2)
+        threads[how] = sorted(r["env"]["cpu_threads"] for r in api.results(tmp_path / how))
+    expected = max(1, (os.cpu_count() or 1) // 2)  # two CPU workers side by side: half the cores each (runner._worker_env)
+    assert threads["fork"] == threads["exec"] == [expected, expected]
+
+
+def test_the_launcher_is_chosen_by_flag_then_environment_and_a_refusing_one_falls_back_to_exec(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(launcher_mod.LAUNCHER_ENV, raising=False)
+    assert choose_launcher() == "fork" and choose_launcher("exec") == "exec"
+    monkeypatch.setenv(launcher_mod.LAUNCHER_ENV, "exec")
+    assert choose_launcher() == "exec" and choose_launcher("fork") == "fork"
+    with pytest.raises(PerflabError, match="--launcher: expected fork or exec, got 'spawn'"):
+        choose_launcher("spawn")
+    with pytest.raises(PerflabError, match="--launcher fork: the Ray engine starts each case's worker as a new interpreter"):
+        api.sweep({"defaults": FAST, "cases": [{"model": "test:tiny"}]}, tmp_path / "ray", engine="ray", launcher="fork")
+    # a launcher whose imports opened the GPU driver (or started a thread) refuses: the sweep runs each case in an interpreter
+    monkeypatch.delenv(launcher_mod.LAUNCHER_ENV)
+    monkeypatch.setattr(Launcher, "wait_ready", lambda self: {"ready": self.proc.pid, "refused": "the imports loaded libcuda.so"})
+    summary = api.sweep({"defaults": FAST, "cases": [{"model": "test:tiny"}]}, tmp_path / "refused")
+    assert summary.counts == {"ok": 1}
+    assert "the launcher will not fork workers (the imports loaded libcuda.so)" in capsys.readouterr().err
+
+
+def test_the_preloaded_imports_never_ask_for_a_gpu():
+    """Imported in a fresh interpreter with every way to the GPU's count and context made to fail: none is taken (on a
+    CPU build of torch some checks stop earlier; the launcher also checks /proc/self/maps for the driver)."""
+    code = (
+        "import torch\n"
+        "def refuse(*a, **k): raise SystemExit('asked for the GPU')\n"
+        "for name in ('is_available', 'device_count', 'init', '_lazy_init', 'current_device', 'get_device_properties'):\n"
+        "    setattr(torch.cuda, name, refuse)\n"
+        "from perflab.sweep.launcher import PRELOAD, PRELOAD_COMPILER, fork_hazard, native_threads\n"
+        "baseline = native_threads()  # torch imported numpy: its OpenBLAS pool\n"
+        "for name in PRELOAD + PRELOAD_COMPILER: __import__(name)\n"
+        "print('hazard', fork_hazard(baseline))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "hazard None"
+    # and a thread does make a fork unsafe
+    started = subprocess.run([sys.executable, "-c", "import threading, time, numpy\nthreading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+                              "from perflab.sweep.launcher import fork_hazard\nprint(fork_hazard(None))"], capture_output=True, text=True, timeout=60)
+    assert started.stdout.strip() == "the imports started 1 Python thread(s)"
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
+            except OSError:
+                continue
+            if "perflab.sweep" in cmdline and text in cmdline:
+                pids.append(int(entry))
+    return pids
