@@ -2,6 +2,7 @@
 
 - The launcher: each case still a fresh process of its own (its own pid, a child of a launcher that never touched
   the GPU), a crash or a timeout in it still its status row, its start counted from the parent's request.
+- The FLOP count: once per eager step in a sweep, the cached count equal to the uncached one.
 """
 
 import json
@@ -14,12 +15,14 @@ import pytest
 
 from perflab import api
 from perflab.errors import PerflabError
-from perflab.spec import Case
+from perflab.measure.flops import FlopCache, count_flops, count_flops_once, count_key
+from perflab.spec import Case, validate_case
 from perflab.sweep import launcher as launcher_mod
 from perflab.sweep import runner
 from perflab.sweep.launcher import Launcher, choose_launcher
 
 FAST = {"device": "cpu", "input_size": 32, "warmup": 1, "iters": 5, "repeats": 5}
+TINY_LM = dict(d_model=64, d_ff=96, n_layers=2, n_heads=4, vocab_size=97, context_length=32)
 
 
 def _worker_argv(case: Case, result) -> list[str]:
@@ -134,3 +137,62 @@ def _processes_mentioning(text: str) -> list[int]:
             if "perflab.sweep" in cmdline and text in cmdline:
                 pids.append(int(entry))
     return pids
+
+
+# ---------------------------------------------------------------------------------------------------
+# The FLOP count, once per eager step
+
+
+def _lm(mode="eager", **extra) -> Case:
+    fields = dict(model="gpt_small", workload="forward_backward", seq_len=16, batch_size=2, device="cpu", warmup=1, iters=2, repeats=2,
+                  model_args=TINY_LM, mode=mode)
+    return validate_case(Case(**{**fields, **extra}))
+
+
+def _uncached_count(case: Case) -> int:
+    from perflab.runtime.workload import build, step_context
+
+    built = build(case)
+    with step_context(case, built):
+        return count_flops(built.make_step(built.model))
+
+
+def test_a_cached_flop_count_equals_the_uncached_one(tmp_path):
+    eager, compiled, timed_longer = _lm(), _lm(mode="compile"), _lm(iters=7, repeats=7, warmup=3)
+    assert count_key(eager) == count_key(compiled) == count_key(timed_longer)  # the same eager step...
+    assert count_key(eager) != count_key(_lm(seq_len=8)) and count_key(eager) != count_key(_lm(workload="forward"))  # ...not another's
+    assert count_key(_lm(dtype="bf16")) != count_key(eager)
+    assert count_key(Case("my_model.py:Net", family="lm", seq_len=8, device="cpu")) is None  # a user's model: counted in every case
+
+    uncached = _uncached_count(eager)
+    assert uncached > 0 and _uncached_count(compiled) == uncached  # the compile case's own count: its eager step, the same
+    cache = FlopCache(tmp_path / "flops")
+    calls = []
+
+    def step_of(case):
+        def make():
+            from perflab.runtime.workload import build
+
+            calls.append(case.mode)
+            built = build(case)
+            return built.make_step(built.model)
+        return make
+
+    first = count_flops_once(eager, step_of(eager), cache)
+    assert first == (uncached, None) and calls == ["eager"]  # counted, stored
+    again = count_flops_once(compiled, step_of(compiled), cache)
+    assert again == (uncached, eager.id) and calls == ["eager"]  # reused: no step run, the counting case named
+    assert count_flops_once(eager, step_of(eager), cache) == (uncached, None)  # its own count, not "counted in" itself
+    assert count_flops_once(compiled, step_of(compiled), None) == (uncached, None) and calls == ["eager", "compile"]
+
+
+def test_a_sweep_counts_each_eager_step_once_and_its_rows_report_the_same_flops(tmp_path):
+    spec = {"defaults": dict(FAST, iters=3, repeats=3), "cases": [{"model": "test:tiny"}, {"model": "test:tiny", "warmup": 2},
+                                                                  {"model": "test:tiny", "batch_size": 2}]}
+    api.sweep(spec, tmp_path)
+    by_id = {r["case_id"]: r for r in api.results(tmp_path)}
+    reused = [r for r in by_id.values() if r.get("flops_counted_in")]
+    assert len(reused) == 1 and by_id[reused[0]["flops_counted_in"]]["batch_size"] == 1
+    assert reused[0]["gflops_per_batch"] == by_id[reused[0]["flops_counted_in"]]["gflops_per_batch"]
+    assert reused[0]["cost_s"]["flops"] < 0.5  # no step counted: a file read
+    assert len(list((tmp_path / "flops").glob("*.json"))) == 2 and len(by_id) == 3  # batch 1 and batch 2

@@ -122,7 +122,8 @@ def run_sweep(
         try:
             with _sigterm_as_interrupt():
                 _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, retry_failed, emit,
-                          worker_args=worker_args(experiment, out_dir), launcher=launcher)
+                          worker_args=worker_args(experiment, out_dir) + ["--flops-cache", str((out_dir / "flops").resolve())],
+                          launcher=launcher)
             outcome = "complete"
         except KeyboardInterrupt:
             summary.interrupted = True

@@ -23,7 +23,7 @@ from pathlib import Path
 
 
 # What a case costs (P9): the worker's stages, each with the perf_counter at which it began.
-COST_STAGES = {"build": "build", "check": "check_and_flops", "compile": "compile", "warmup": "warmup", "timing": "timed"}
+COST_STAGES = {"build": "build", "check": "check", "flops": "flops", "compile": "compile", "warmup": "warmup", "timing": "timed"}
 _stages: list[tuple[str, float]] = []
 
 
@@ -56,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
             _log_stage(f"{case.world_size} ranks")
             row = run_parallel_case(case)
         else:
-            row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index))
+            flop_cache = None
+            if args.flops_cache:
+                from perflab.measure.flops import FlopCache
+
+                flop_cache = FlopCache(args.flops_cache)
+            row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index), flop_cache=flop_cache)
         if args.profile_steps and row.get("status") == "ok" and case.device == "cuda" and not case.parallel:
             _log_stage(f"profile ({args.profile_steps} steps)")
             row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps)
@@ -78,10 +83,11 @@ def main(argv: list[str] | None = None) -> int:
 def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:
     """Seconds of the case's wall time by stage: ``start_and_imports`` (from the parent's request for the process, or
     the process's start, to the harness's first stage: the interpreter or the fork, torch's import where not
-    preloaded), ``build``, ``check_and_flops`` (the checking call and the FLOP count), ``compile`` (the mode's first
-    call), ``warmup`` (warm-up, the step estimates, host and GPU times apart, the canary), ``timed`` (the timed loop
-    and what follows it in the harness), ``profile`` and ``ncu`` passes, and ``total``. A stage that ran twice
-    (warm-up is named again after the first call) adds up."""
+    preloaded), ``build``, ``check`` (the family's checking call), ``flops`` (the FLOP count: one eager step under
+    torch's counter, or none where the sweep counted the same step before; rows before issue 23's cut have the two
+    together as ``check_and_flops``), ``compile`` (the mode's first call), ``warmup`` (warm-up, the step estimates,
+    host and GPU times apart, the canary), ``timed`` (the timed loop and what follows it in the harness), ``profile``
+    and ``ncu`` passes, and ``total``. A stage that ran twice (warm-up is named again after the first call) adds up."""
     out: dict[str, float] = {}
     first = stages[0][1] if stages else ended
     out["start_and_imports"] = (first - started) + (age_at_start or 0.0)
@@ -183,6 +189,7 @@ def _parse_args(argv):
     parser.add_argument("--ncu-where", default="{}", help="JSON {field: [values]}: only cases matching these get the ncu pass")
     parser.add_argument("--trace-dir", default="traces", help="where the profile pass writes its trace")
     parser.add_argument("--model-root", default="", help="the directory relative model references (file.py:NAME, hf:DIR) are read against")
+    parser.add_argument("--flops-cache", default="", help="a directory of FLOP counts shared by a sweep's workers (measure.flops.FlopCache)")
     parser.add_argument("--no-pin", action="store_true", help="time with the timing thread unpinned")
     parser.add_argument("--pin-index", type=int, default=0, help="pin to this core counted from the end of the affinity set")
     return parser.parse_args(argv)
