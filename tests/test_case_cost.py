@@ -3,6 +3,7 @@
 - The launcher: each case still a fresh process of its own (its own pid, a child of a launcher that never touched
   the GPU), a crash or a timeout in it still its status row, its start counted from the parent's request.
 - The FLOP count: once per eager step in a sweep, the cached count equal to the uncached one.
+- The held timing: bounded when its first round fails, later rounds starting where the first succeeded.
 """
 
 import json
@@ -15,6 +16,7 @@ import pytest
 
 from perflab import api
 from perflab.errors import PerflabError
+from perflab.measure import host
 from perflab.measure.flops import FlopCache, count_flops, count_flops_once, count_key
 from perflab.spec import Case, validate_case
 from perflab.sweep import launcher as launcher_mod
@@ -196,3 +198,32 @@ def test_a_sweep_counts_each_eager_step_once_and_its_rows_report_the_same_flops(
     assert reused[0]["gflops_per_batch"] == by_id[reused[0]["flops_counted_in"]]["gflops_per_batch"]
     assert reused[0]["cost_s"]["flops"] < 0.5  # no step counted: a file read
     assert len(list((tmp_path / "flops").glob("*.json"))) == 2 and len(by_id) == 3  # batch 1 and batch 2
+
+
+# ---------------------------------------------------------------------------------------------------
+# The held timing, bounded
+
+
+def test_held_timing_stops_after_a_failed_first_round_and_starts_later_rounds_where_the_first_succeeded(monkeypatch):
+    calls = []
+
+    def failing(step, device, issue, steps, tries, first_sleep_s=None):
+        calls.append((steps, first_sleep_s))
+        return host.HeldTiming(None, None, 1, "waited")
+
+    monkeypatch.setattr(host, "held_round", failing)
+    got = host.held_timing(lambda: None, "cuda", 0.5)
+    assert got.note == "waited" and got.host_s is None and len(calls) == 1  # one round, not three: the step cannot be held
+
+    calls.clear()
+    results = iter([host.HeldTiming(2.0e-3, 0.5e-3, 1, sleep_s=0.024), host.HeldTiming(2.1e-3, 0.6e-3, 1, sleep_s=0.024),
+                    host.HeldTiming(1.9e-3, 0.4e-3, 1, sleep_s=0.024)])
+
+    def succeeding_with_one_step(step, device, issue, steps, tries, first_sleep_s=None):
+        calls.append((steps, first_sleep_s))
+        return next(results)
+
+    monkeypatch.setattr(host, "held_round", succeeding_with_one_step)
+    got = host.held_timing(lambda: None, "cuda", 1e-3)
+    assert calls == [(3, None), (1, 0.024), (1, 0.024)]  # rounds 2 and 3 go straight to what round 1 needed
+    assert got.host_s == pytest.approx(0.5e-3) and got.device_s == pytest.approx(2.0e-3) and got.steps == 3 and got.rounds == 3

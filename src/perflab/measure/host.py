@@ -76,22 +76,43 @@ class HeldTiming:
     host_s: float | None
     steps: int
     note: str | None = None  # why a figure is missing: the host waited for the GPU while issuing
+    sleep_s: float | None = None  # the sleep of the try that succeeded (one round)
+    rounds: int = 1  # rounds run (held_timing)
 
 
 def held_timing(step: Callable[[], object], device: str, issue_estimate_s: float, steps: int = 3, tries: int = 3,
                 rounds: int = 3) -> HeldTiming:
     """The median over ``rounds`` rounds of :func:`held_round` (a round whose host waited for the GPU counts
     out): one round is one sample of 3 steps' issue time, and on a shared host one preemption of the issuing
-    thread (a millisecond) would be the row's host time; seen on an H100, a graph replay's 1.28 ms issue."""
-    got = [held_round(step, device, issue_estimate_s, steps, tries) for _ in range(rounds)]
+    thread (a millisecond) would be the row's host time; seen on an H100, a graph replay's 1.28 ms issue.
+
+    Bounded in time (issue 23, P9): the sleeps of a round grow with the step's issue time (3×, 6×, then 12× the
+    issue of its steps), and a step that cannot be held (it synchronises, or holds more launches than the queue)
+    fails every try of every round: on the H100's lm_sizes grid most GPU-bound steps did, and the three failed
+    rounds were most of a large case's warm-up (138 s of a 190 s case). So a first round that fails on all its
+    tries ends the measurement (the next would fail the same way, the step being what it is; a later round that
+    fails after one succeeded counts out, as before), and a later round starts with the sleep and steps the
+    first round's success needed, not again from the shortest sleep."""
+    got = []
+    sleep_s, n = None, steps
+    for _ in range(rounds):
+        held = held_round(step, device, issue_estimate_s, n, tries, first_sleep_s=sleep_s)
+        got.append(held)
+        if held.host_s is None:
+            if len(got) == 1:
+                break
+            continue
+        if sleep_s is None:
+            sleep_s, n = held.sleep_s, held.steps
     good = [h for h in got if h.host_s is not None]
     if not good:
         return got[-1]
     return HeldTiming(statistics.median(h.device_s for h in good), statistics.median(h.host_s for h in good),
-                      sum(h.steps for h in good))
+                      sum(h.steps for h in good), rounds=len(got))
 
 
-def held_round(step: Callable[[], object], device: str, issue_estimate_s: float, steps: int = 3, tries: int = 3) -> HeldTiming:
+def held_round(step: Callable[[], object], device: str, issue_estimate_s: float, steps: int = 3, tries: int = 3,
+               first_sleep_s: float | None = None) -> HeldTiming:
     """Hold the GPU with a sleep kernel, issue ``steps`` steps behind it, and let it go.
 
     While the GPU sleeps, the host issues the steps without waiting for it: their host time is the pure cost of
@@ -100,7 +121,8 @@ def held_round(step: Callable[[], object], device: str, issue_estimate_s: float,
     valid only if the host finished issuing before the sleep ended, which the start event tells (not yet
     reached); else the sleep is doubled and, on the last try, one step is issued. A step that still waits for
     the GPU synchronises inside (``.item()``, a data-dependent shape) or holds more launches than the queue: then
-    both are None and ``note`` says so.
+    both are None and ``note`` says so. ``first_sleep_s``: the first try's sleep (a later round: what the first needed);
+    a round of one step (``steps`` 1) has one try.
 
     A full launch queue cannot fool this the way it fools issue-to-sync ratios (``issue_s``): with the GPU held,
     the queue is only the steps issued here. On the CPU there is no GPU time: (None, None).
@@ -110,8 +132,10 @@ def held_round(step: Callable[[], object], device: str, issue_estimate_s: float,
     if device != "cuda":
         return HeldTiming(None, None, steps, "no GPU")
     rate = _sleep_rate()
-    sleep_s = max(4e-3, 3.0 * steps * issue_estimate_s)
+    sleep_s = first_sleep_s or max(4e-3, 3.0 * steps * issue_estimate_s)
     n = steps
+    if steps == 1:
+        tries = 1
     for attempt in range(tries):
         if attempt == tries - 1:
             n = 1
@@ -127,7 +151,7 @@ def held_round(step: Callable[[], object], device: str, issue_estimate_s: float,
         end.record()
         end.synchronize()
         if not reached:
-            return HeldTiming(start.elapsed_time(end) / 1000.0 / n, host, n)
+            return HeldTiming(start.elapsed_time(end) / 1000.0 / n, host, n, sleep_s=sleep_s)
         sleep_s *= 2
     return HeldTiming(None, None, n, "the host waited for the GPU while issuing one step: the step synchronises with the GPU "
                                      "(.item(), a data-dependent shape) or holds more launches than the launch queue")
