@@ -207,7 +207,7 @@ def test_a_sweep_counts_each_eager_step_once_and_its_rows_report_the_same_flops(
 def test_held_timing_stops_after_a_failed_first_round_and_starts_later_rounds_where_the_first_succeeded(monkeypatch):
     calls = []
 
-    def failing(step, device, issue, steps, tries, first_sleep_s=None):
+    def failing(step, device, issue, steps, first_sleep_s=None):
         calls.append((steps, first_sleep_s))
         return host.HeldTiming(None, None, 1, "waited")
 
@@ -219,7 +219,7 @@ def test_held_timing_stops_after_a_failed_first_round_and_starts_later_rounds_wh
     results = iter([host.HeldTiming(2.0e-3, 0.5e-3, 1, sleep_s=0.024), host.HeldTiming(2.1e-3, 0.6e-3, 1, sleep_s=0.024),
                     host.HeldTiming(1.9e-3, 0.4e-3, 1, sleep_s=0.024)])
 
-    def succeeding_with_one_step(step, device, issue, steps, tries, first_sleep_s=None):
+    def succeeding_with_one_step(step, device, issue, steps, first_sleep_s=None):
         calls.append((steps, first_sleep_s))
         return next(results)
 
@@ -227,3 +227,14 @@ def test_held_timing_stops_after_a_failed_first_round_and_starts_later_rounds_wh
     got = host.held_timing(lambda: None, "cuda", 1e-3)
     assert calls == [(3, None), (1, 0.024), (1, 0.024)]  # rounds 2 and 3 go straight to what round 1 needed
     assert got.host_s == pytest.approx(0.5e-3) and got.device_s == pytest.approx(2.0e-3) and got.steps == 3 and got.rounds == 3
+
+
+def test_a_held_rounds_tries_sleep_15_issue_times_at_most_where_they_slept_63():
+    """A step that cannot be held (an H100 gpt_2.7b forward_backward fp32, issue 1.66 s: its host waits for the queue)
+    was given up after 9 + 18 + 36 issue times of sleep and 7 steps; now after 9 + 6 and 4 steps."""
+    plan = host.held_plan(3, 1.66)
+    assert plan == [(3, pytest.approx(3 * 3 * 1.66)), (1, pytest.approx(6 * 1.66))]
+    assert sum(s for _, s in plan) == pytest.approx(15 * 1.66) and sum(n for n, _ in plan) == 4
+    assert host.held_plan(3, 1e-6) == [(3, host.MIN_SLEEP_S), (1, host.MIN_SLEEP_S)]  # a graph replay: the 4 ms floor
+    assert host.held_plan(1, 1.66, first_sleep_s=9.96) == [(1, 9.96)]  # a later round: the try that held in the first
+    assert host.held_round(lambda: None, "cpu", 1e-3, steps=1) == host.HeldTiming(None, None, 1, "no GPU")
