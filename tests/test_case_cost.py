@@ -78,15 +78,14 @@ def test_a_crash_and_a_timeout_in_a_child_still_give_their_status_rows(tmp_path,
 
 
 def test_a_childs_intra_op_threads_follow_its_slot_as_an_interpreter_of_its_own_would(tmp_path, monkeypatch):
+    """torch read the launcher's environment at its import; a child sets its slot's OMP_NUM_THREADS again, as an
+    interpreter started with that environment would have read it."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     spec = {"defaults": FAST, "cases": [{"model": "test:tiny"}, {"model": "test:tiny", "batch_size": 2}]}
-    threads = {}
-    for how in ("fork", "exec"):
-        api.sweep(spec, tmp_path / how, launcher=how, workers=2)
-        threads[how] = sorted(r["env"]["cpu_threads"] for r in api.results(tmp_path / how))
+    api.sweep(spec, tmp_path, launcher="fork", workers=2)
     expected = max(1, (os.cpu_count() or 1) // 2)  # two CPU workers side by side: half the cores each (runner._worker_env)
-    assert threads["fork"] == threads["exec"] == [expected, expected]
+    assert [r["env"]["cpu_threads"] for r in api.results(tmp_path)] == [expected, expected]
 
 
 def test_the_launcher_is_chosen_by_flag_then_environment_and_a_refusing_one_falls_back_to_exec(tmp_path, monkeypatch, capsys):
@@ -98,12 +97,22 @@ def test_the_launcher_is_chosen_by_flag_then_environment_and_a_refusing_one_fall
         choose_launcher("spawn")
     with pytest.raises(PerflabError, match="--launcher fork: the Ray engine starts each case's worker as a new interpreter"):
         api.sweep({"defaults": FAST, "cases": [{"model": "test:tiny"}]}, tmp_path / "ray", engine="ray", launcher="fork")
-    # a launcher whose imports opened the GPU driver (or started a thread) refuses: the sweep runs each case in an interpreter
-    monkeypatch.delenv(launcher_mod.LAUNCHER_ENV)
-    monkeypatch.setattr(Launcher, "wait_ready", lambda self: {"ready": self.proc.pid, "refused": "the imports loaded libcuda.so"})
-    summary = api.sweep({"defaults": FAST, "cases": [{"model": "test:tiny"}]}, tmp_path / "refused")
-    assert summary.counts == {"ok": 1}
-    assert "the launcher will not fork workers (the imports loaded libcuda.so)" in capsys.readouterr().err
+    # a launcher whose imports opened the GPU driver (or started a thread) refuses: every case then starts an interpreter
+
+    class Refusing:
+        def __init__(self, label=""):
+            self.dead = False
+
+        def wait_ready(self):
+            return {"ready": 1, "refused": "the imports loaded libcuda.so"}
+
+        def close(self):
+            self.dead = True
+
+    monkeypatch.setattr(launcher_mod, "Launcher", Refusing)
+    forks = runner.Forks("x")
+    assert forks.start(["--case", "{}"], {}, tmp_path / "log") is None and forks.start([], {}, tmp_path / "log") is None
+    assert capsys.readouterr().err.count("the launcher will not fork workers (the imports loaded libcuda.so)") == 1
 
 
 def test_the_preloaded_imports_never_ask_for_a_gpu():
