@@ -9,8 +9,10 @@
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -56,6 +58,31 @@ def test_the_launchers_children_are_fresh_processes_each_with_its_own_pid(tmp_pa
     # a different process from the parent, from the launcher, and from every earlier child
     assert len(set(pids)) == 3 and os.getpid() not in pids and launcher.proc.pid not in pids
     assert launcher.proc.returncode == 0  # closing the pipe ends the launcher
+
+
+def test_a_child_whose_launcher_dies_ends_with_it_and_is_reported_at_once(tmp_path):
+    case = Case("test:hangs", **FAST)
+    with Launcher(label=str(tmp_path)) as launcher:
+        assert not launcher.wait_ready().get("refused")
+        log = tmp_path / "hangs.log"
+        child = launcher.start(_worker_argv(case, tmp_path / "hangs.json"), runner._worker_env("w0"), log)
+        deadline = time.monotonic() + 60
+        while "stage: check" not in log.read_text():  # it runs
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.05)
+        os.kill(launcher.proc.pid, signal.SIGKILL)
+        assert child.wait(timeout=10) == -signal.SIGKILL  # not a wait for the case's time limit
+        deadline = time.monotonic() + 10
+        while _alive(child.pid):
+            assert time.monotonic() < deadline, "the child outlived its launcher"
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return "zombie" not in open(f"/proc/{pid}/status").read().lower()
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("how", ["fork", "exec"])

@@ -105,6 +105,10 @@ class LaunchedWorker:
         if self.returncode is None:
             self.launcher.collect()
             self.returncode = self.launcher.returncodes.pop(self.pid, None)
+            if self.returncode is None and self.launcher.dead:
+                # The launcher died before it reported this child's end: the child died with it (its parent-death
+                # signal, SIGKILL), unless it had ended just before; a row it wrote first is still read.
+                self.returncode = -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
