@@ -36,7 +36,7 @@ def live_workers(out: Path) -> list[int]:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if "perflab.sweep.worker" in cmdline and str(out) in cmdline:
+            if ("perflab.sweep.worker" in cmdline or "perflab.sweep.launcher" in cmdline) and str(out) in cmdline:
                 pids.append(int(entry))
     return pids
 

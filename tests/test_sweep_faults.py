@@ -46,9 +46,9 @@ def test_planted_faults_become_rows_and_the_other_cases_finish(tmp_path):
     assert not _live_workers(tmp_path)
     # What a case costs (P9): the worker's wall time split by stage, adding up to its total
     cost = rows[("test:tiny", 1)]["cost_s"]
-    assert {"start_and_imports", "build", "check_and_flops", "warmup", "timed", "total"} <= set(cost)
+    assert {"start_and_imports", "build", "check", "flops", "warmup", "timed", "total"} <= set(cost)
     assert cost["total"] == pytest.approx(sum(v for k, v in cost.items() if k != "total"))
-    assert all(v >= 0 for v in cost.values()) and cost["start_and_imports"] > 0.1  # an interpreter and torch's import
+    assert all(v >= 0 for v in cost.values()) and cost["start_and_imports"] > 0  # a fork of the launcher (torch imported once per sweep)
     from perflab.report.markdown import cost_section
 
     section = "\n".join(cost_section(api.results(tmp_path)))
@@ -99,7 +99,7 @@ def _live_workers(out_dir) -> list[int]:
                 cmdline = open(f"/proc/{entry}/cmdline", "rb").read().decode(errors="replace")
             except OSError:
                 continue
-            if "perflab.sweep.worker" in cmdline and str(out_dir) in cmdline:
+            if ("perflab.sweep.worker" in cmdline or "perflab.sweep.launcher" in cmdline) and str(out_dir) in cmdline:
                 pids.append(int(entry))
     return pids
 

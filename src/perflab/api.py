@@ -278,7 +278,7 @@ def spec_schema_json() -> str:
 
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
           workers: int = 1, timeout_s: float | None = None, command: str = "", on_event=None, engine: str = "local",
-          address: str | None = None, pin: bool = True):
+          address: str | None = None, pin: bool = True, launcher: str | None = None):
     """Run an experiment, one subprocess per case, committing each row to ``OUT/results.sqlite`` at once.
 
     ``spec``: a YAML file, a spec dict (as YAML would give) or an Experiment. ``out`` defaults to the spec's
@@ -287,6 +287,8 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
     (default one at a time). Everything is validated before the store is opened. Returns a SweepSummary.
     ``engine="ray"`` runs each case as a Ray task (``address``: a cluster to join; default a local instance).
     ``pin=False`` (or ``pin: false`` under the spec's ``harness``) times the cases unpinned (``measure.pinning``).
+    ``launcher``: ``fork`` (default: each case's fresh process forked by a launcher that imported torch once per sweep)
+    or ``exec`` (each a new interpreter; ``$PERFLAB_LAUNCHER`` sets the default). The Ray engine always execs.
     """
     from dataclasses import replace
     from pathlib import Path
@@ -298,10 +300,19 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
         experiment = replace(experiment, pin=False)
     out_dir = Path(out or experiment.out or Path("runs") / experiment.name)
     command = command or f"perflab.api.sweep({experiment.source!r}, out={str(out_dir)!r})"
+    if launcher is not None:
+        from perflab.sweep.launcher import choose_launcher
+
+        launcher = choose_launcher(launcher)  # a bad name: one clear line
     if engine == "ray" or address:
         from perflab.sweep.ray_engine import check_engine_options, run_sweep_ray
 
         check_engine_options(engine, gpus, workers)
+        if launcher == "fork":
+            from perflab.errors import PerflabError
+
+            raise PerflabError("--launcher fork: the Ray engine starts each case's worker as a new interpreter on its node; "
+                               "leave --launcher out (or give exec)")
         return run_sweep_ray(experiment, out_dir, address=address, resume=resume, retry_failed=retry_failed,
                              timeout_s=timeout_s, command=command, on_event=on_event)
     if engine != "local":
@@ -309,7 +320,7 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
 
         raise PerflabError(f"--engine: expected local or ray, got {engine!r}")
     return run_sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=list(gpus) if gpus else None,
-                     workers=workers, timeout_s=timeout_s, command=command, on_event=on_event)
+                     workers=workers, timeout_s=timeout_s, command=command, on_event=on_event, launcher=launcher)
 
 
 def results(out_dir, env_key: str | None = None) -> list[dict]:

@@ -276,8 +276,11 @@ def sweep(
     engine: str = typer.Option("local", "--engine", help="local (this host) or ray (a Ray cluster; pip install 'perflab[ray]')."),
     address: Optional[str] = typer.Option(None, "--address", help="With --engine ray: auto or ray://host:port (default: a local Ray instance)."),
     no_pin: bool = OPT_NO_PIN,
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="fork: each case's fresh process forked by a launcher that "
+                                           "imported torch once for the sweep (default); exec: each a new interpreter "
+                                           "(PERFLAB_LAUNCHER sets the default; --engine ray always execs)."),
 ):
-    """Run an experiment spec, one subprocess per case; each result is stored at once in OUT/results.sqlite."""
+    """Run an experiment spec, one fresh process per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
     from perflab.sweep.runner import RichProgress, command_line
 
@@ -291,7 +294,7 @@ def sweep(
         from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
                         timeout_s=timeout, command=command_line(_argv), on_event=RichProgress(err), engine=engine, address=address,
-                        pin=not no_pin)
+                        pin=not no_pin, launcher=launcher)
     _print_sweep_summary(summary)
 
 

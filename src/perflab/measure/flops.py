@@ -69,6 +69,80 @@ def count_flops(run_once: Callable[[], object]) -> int:
     return int(counter.get_total_flops())
 
 
+# ---------------------------------------------------------------------------------------------------
+# One count per eager step in a sweep (issue 23, P9)
+#
+# The count runs one eager step under the counter before the mode's own first call, whatever the mode: the cases of a
+# sweep that differ only in their mode or timing (decode.yaml's five modes of one shape) count the same step. A
+# sweep's workers share the counts in a directory of the sweep (``--flops-cache``); a case whose step was counted
+# reuses that number (``flops_counted_in``: the case that counted it) and skips the extra step.
+
+# Case fields that change how a case is timed, not its eager step (the mode's step is built from the same model: only
+# a CUDA graph's optimizer is made capturable, and an optimizer step has no counted op).
+NOT_COUNTED = ("mode", "warmup", "min_time", "iters", "repeats", "max_memory")
+
+
+def count_key(case) -> str | None:
+    """The identity of the eager step ``count_flops`` counts for ``case``: its fields but ``NOT_COUNTED``, with torch's
+    and perflab's versions (the formulas). None for a user's model (file.py:NAME, hf:...), whose code may change
+    between runs of a resumed sweep: it is counted in each case."""
+    import hashlib
+    import json
+
+    from perflab.version import __version__
+
+    if case.is_reference:
+        return None
+    fields = {k: v for k, v in case.to_dict().items() if k not in NOT_COUNTED}
+    fields["torch"], fields["perflab"] = torch.__version__, __version__
+    return hashlib.sha1(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class FlopCache:
+    """Counts by ``count_key`` in a directory, one small JSON file each (written through a rename: workers side by
+    side never read half a file)."""
+
+    def __init__(self, root):
+        from pathlib import Path
+
+        self.root = Path(root)
+
+    def get(self, key: str) -> tuple[int, str] | None:
+        """(FLOPs, the id of the case that counted them), or None."""
+        import json
+
+        try:
+            entry = json.loads((self.root / f"{key}.json").read_text())
+            return int(entry["flops"]), str(entry["case_id"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def put(self, key: str, flops: int, case_id: str) -> None:
+        import json
+        import os
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        path = self.root / f"{key}.json"
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"flops": int(flops), "case_id": case_id}))
+        os.replace(tmp, path)
+
+
+def count_flops_once(case, run_once: Callable[[], Callable[[], object]], cache: FlopCache | None) -> tuple[int, str | None]:
+    """(FLOPs of one eager step of ``case``, the id of the case that counted them where it was not this one). With a
+    cache, a count stored under the case's ``count_key`` is reused and the step not run; else ``run_once()`` gives the
+    step, counted and stored."""
+    key = count_key(case) if cache is not None else None
+    if key is not None:
+        hit = cache.get(key)
+        if hit is not None:
+            return hit[0], (hit[1] if hit[1] != case.id else None)
+    flops = count_flops(run_once())
+    if key is not None:
+        cache.put(key, flops, case.id)
+    return flops, None
+
+
 def count_params(model: torch.nn.Module) -> tuple[int, int]:
     """(total, trainable) parameter counts."""
     params = list(model.parameters())

@@ -41,7 +41,7 @@ from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, ho
 from perflab.measure.checks import MIN_TIMED_ITERS, run_checks
 from perflab.measure.energy import open_monitor
 from perflab.measure.env import device_name, environment
-from perflab.measure.flops import count_flops, count_params
+from perflab.measure.flops import FlopCache, count_flops_once, count_params
 from perflab.measure.host import HeldTiming, held_timing, issue_s
 from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
 from perflab.measure.stats import hierarchical_ci, summarize
@@ -57,8 +57,11 @@ MB = 2**20
 
 
 def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None = None, memory_snapshot=None,
-             host: HostOptions | None = None) -> dict:
+             host: HostOptions | None = None, flop_cache: FlopCache | None = None) -> dict:
     """Measure one case. Returns the result row (a dict; see ``result_row_keys`` in the README).
+
+    ``flop_cache``: FLOP counts shared by a sweep's cases (``measure.flops.FlopCache``): a case whose eager step was
+    counted by an earlier case (another mode of it) reuses that count instead of running the step under the counter.
 
     ``host``: run options for the timing thread (pinning, intra-op threads; ``measure.pinning``), not part
     of the case: the default pins.
@@ -70,7 +73,7 @@ def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None
     if memory_snapshot is not None and case.device == "cuda":
         torch.cuda.memory._record_memory_history(max_entries=200_000)
         try:
-            return run_case(case, monitor=monitor, on_stage=on_stage, host=host)
+            return run_case(case, monitor=monitor, on_stage=on_stage, host=host, flop_cache=flop_cache)
         finally:
             from pathlib import Path
 
@@ -81,7 +84,7 @@ def run_case(case: Case, *, monitor=None, on_stage: Callable[[str], None] | None
     monitor = monitor if monitor is not None else open_monitor(case.device)
     env = environment(case.device, monitor.device_info())
     try:
-        return _measure(case, monitor, env, stage, host)
+        return _measure(case, monitor, env, stage, host, flop_cache)
     except PerflabError:
         raise
     except Exception as exc:  # a failed measurement is data: the row says what happened
@@ -178,15 +181,17 @@ class Prepared:
     resident_bytes: int | None = None  # allocated by this case and held between its steps (CUDA)
     warm_peak_bytes: int | None = None  # the allocator's peak over the calls before timing (CUDA), absolute
     alloc0: int | None = None  # allocated before the case was built (CUDA, cases timed together)
+    flops_counted_in: str | None = None  # the case whose identical eager step was counted (a sweep's FLOP cache), if not this
 
 
-def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None) -> Prepared:
+def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None, flop_cache=None) -> Prepared:
     """Check, count FLOPs, make the step for the mode and call it once (compile, capture); then, with the timing
     thread set up (``measure.pinning``), warm up, plan the timing and measure the step's host and GPU times apart.
     Runs inside ``memory_cap`` and ``step_context``; with ``alloc0`` (CUDA) it records what the case holds."""
     stage("check")
     checked = impl.check(case, built)
-    flops = count_flops(built.make_step(built.model))
+    stage("flops")
+    flops, counted_in = count_flops_once(case, lambda: built.make_step(built.model), flop_cache)
 
     stage("compile" if case.mode != "eager" else "warmup")
     if case.device == "cuda":
@@ -223,14 +228,14 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
         synchronize(case.device)
     warm_peak = torch.cuda.max_memory_allocated() if case.device == "cuda" else None
     prepared = Prepared(case, impl, built, step, checked, flops, params, trainable, first_step_s, processed, plan, issue, issue_step, held,
-                        finite=finite, warm_peak_bytes=warm_peak)
+                        finite=finite, warm_peak_bytes=warm_peak, flops_counted_in=counted_in)
     if alloc0 is not None:
         prepared.alloc0 = alloc0
         prepared.resident_bytes = torch.cuda.memory_allocated() - alloc0
     return prepared
 
 
-def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) -> dict:
+def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None, flop_cache=None) -> dict:
     """One case alone: prepared, then one contiguous timed loop (sequential timing)."""
     with memory_cap(case):
         stage("build")
@@ -240,7 +245,7 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None) ->
         built = build(case)
         params, trainable = count_params(built.model)
         with step_context(case, built):
-            prepared = _compile_and_warm(case, implementation(case), built, params, trainable, stage, host)
+            prepared = _compile_and_warm(case, implementation(case), built, params, trainable, stage, host, flop_cache=flop_cache)
             with timing_thread(case.device, host) as thread:
                 before = host_canary()  # the host's speed just before the timed loop (fixed grad/autocast state inside)
                 stage("timing")
@@ -371,6 +376,8 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         row["tokens_per_s"] = row["items_per_s"]
     row.update(prepared.impl.analytic(case))
     row["flops_source"] = "counted"  # gflops & co. come from torch.utils.flop_counter on a real step, for every model
+    if prepared.flops_counted_in:
+        row["flops_counted_in"] = prepared.flops_counted_in  # the same eager step, counted by that case of the sweep
     if row.get("flops_analytic"):
         row["flops_counted_vs_analytic"] = flops / row["flops_analytic"] - 1.0
     if case.is_reference:

@@ -76,29 +76,65 @@ class HeldTiming:
     host_s: float | None
     steps: int
     note: str | None = None  # why a figure is missing: the host waited for the GPU while issuing
+    sleep_s: float | None = None  # the sleep of the try that succeeded (one round)
+    rounds: int = 1  # rounds run (held_timing)
 
 
-def held_timing(step: Callable[[], object], device: str, issue_estimate_s: float, steps: int = 3, tries: int = 3,
-                rounds: int = 3) -> HeldTiming:
+def held_timing(step: Callable[[], object], device: str, issue_estimate_s: float, steps: int = 3, rounds: int = 3) -> HeldTiming:
     """The median over ``rounds`` rounds of :func:`held_round` (a round whose host waited for the GPU counts
     out): one round is one sample of 3 steps' issue time, and on a shared host one preemption of the issuing
-    thread (a millisecond) would be the row's host time; seen on an H100, a graph replay's 1.28 ms issue."""
-    got = [held_round(step, device, issue_estimate_s, steps, tries) for _ in range(rounds)]
+    thread (a millisecond) would be the row's host time; seen on an H100, a graph replay's 1.28 ms issue.
+
+    Bounded in time (issue 23, P9): a step that cannot be held (it synchronises, or holds more launches than the
+    queue) fails every try of every round, and on the H100's lm_sizes grid most GPU-bound steps did; their failed
+    round (sleeps of 9, 18 and 36 times the issue estimate, 7 steps) was most of a large case's warm-up (gpt_2.7b
+    forward_backward fp32 seq 1024: 138 s of warm-up in a 190 s case, 21 s timed). So a first round that fails ends
+    the measurement (the next would fail the same way, the step being what it is; a later round that fails after
+    one succeeded counts out, as before); a round's tries are :func:`held_plan`'s (15 issue times of sleep at most, 4
+    steps); and a later round starts with the try that succeeded in the first."""
+    got = []
+    first_sleep_s, n = None, steps
+    for _ in range(rounds):
+        held = held_round(step, device, issue_estimate_s, n, first_sleep_s=first_sleep_s)
+        got.append(held)
+        if held.host_s is None:
+            if len(got) == 1:
+                break
+            continue
+        if first_sleep_s is None:
+            first_sleep_s, n = held.sleep_s, held.steps
     good = [h for h in got if h.host_s is not None]
     if not good:
         return got[-1]
     return HeldTiming(statistics.median(h.device_s for h in good), statistics.median(h.host_s for h in good),
-                      sum(h.steps for h in good))
+                      sum(h.steps for h in good), rounds=len(got))
 
 
-def held_round(step: Callable[[], object], device: str, issue_estimate_s: float, steps: int = 3, tries: int = 3) -> HeldTiming:
+HELD_MARGIN = 3.0  # a try's sleep: this many times the estimated issue time of the steps issued behind it
+MIN_SLEEP_S = 4e-3
+
+
+def held_plan(steps: int, issue_estimate_s: float, first_sleep_s: float | None = None) -> list[tuple[int, float]]:
+    """The tries of one held round, (steps issued, seconds of sleep) each: ``steps`` steps behind ``HELD_MARGIN`` times
+    their estimated issue, then one step behind twice that margin (a host slower than its estimate, or a queue that
+    holds one step's launches and not three). A later round (``first_sleep_s``): the try that succeeded in the first.
+
+    Before issue 23's cut a round tried 3 steps behind 3x, then 6x their issue, then one step behind 12x: 63 issue
+    times of sleep and 7 steps before a step that cannot be held was given up, 15 and 4 now."""
+    if first_sleep_s is not None:
+        return [(steps, first_sleep_s)]
+    return [(steps, max(MIN_SLEEP_S, HELD_MARGIN * steps * issue_estimate_s)), (1, max(MIN_SLEEP_S, 2 * HELD_MARGIN * issue_estimate_s))]
+
+
+def held_round(step: Callable[[], object], device: str, issue_estimate_s: float, steps: int = 3,
+               first_sleep_s: float | None = None) -> HeldTiming:
     """Hold the GPU with a sleep kernel, issue ``steps`` steps behind it, and let it go.
 
     While the GPU sleeps, the host issues the steps without waiting for it: their host time is the pure cost of
     issuing (``host_s``). When the sleep ends the GPU finds them all queued and runs them back to back: the
     events around them give the step's pure GPU time (``device_s``), which no launch gap lengthens. Both are
     valid only if the host finished issuing before the sleep ended, which the start event tells (not yet
-    reached); else the sleep is doubled and, on the last try, one step is issued. A step that still waits for
+    reached); else the next try of :func:`held_plan` (one step, a longer sleep). A step that still waits for
     the GPU synchronises inside (``.item()``, a data-dependent shape) or holds more launches than the queue: then
     both are None and ``note`` says so.
 
@@ -110,11 +146,8 @@ def held_round(step: Callable[[], object], device: str, issue_estimate_s: float,
     if device != "cuda":
         return HeldTiming(None, None, steps, "no GPU")
     rate = _sleep_rate()
-    sleep_s = max(4e-3, 3.0 * steps * issue_estimate_s)
     n = steps
-    for attempt in range(tries):
-        if attempt == tries - 1:
-            n = 1
+    for n, sleep_s in held_plan(steps, issue_estimate_s, first_sleep_s):
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(int(sleep_s * rate))
@@ -127,7 +160,6 @@ def held_round(step: Callable[[], object], device: str, issue_estimate_s: float,
         end.record()
         end.synchronize()
         if not reached:
-            return HeldTiming(start.elapsed_time(end) / 1000.0 / n, host, n)
-        sleep_s *= 2
+            return HeldTiming(start.elapsed_time(end) / 1000.0 / n, host, n, sleep_s=sleep_s)
     return HeldTiming(None, None, n, "the host waited for the GPU while issuing one step: the step synchronises with the GPU "
                                      "(.item(), a data-dependent shape) or holds more launches than the launch queue")

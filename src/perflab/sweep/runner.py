@@ -1,8 +1,11 @@
 """Run an experiment's cases, one subprocess per case, committing each row to the store as it finishes.
 
 The parent process schedules and stores; it never touches CUDA (a context here would sit on GPU 0 and be
-flagged as another process by every case there). Each case runs in ``python -m perflab.sweep.worker``
-with ``CUDA_VISIBLE_DEVICES`` set to its GPU; with several GPUs, one worker runs per GPU at a time.
+flagged as another process by every case there). Each case runs in a fresh worker process (``perflab.sweep.worker``)
+with ``CUDA_VISIBLE_DEVICES`` set to its GPU; with several GPUs, one worker runs per GPU at a time. The worker is
+forked by the sweep's launcher (``sweep.launcher``: torch and perflab imported once per sweep, no CUDA in it), or,
+with ``launcher="exec"`` (``--launcher exec``, ``PERFLAB_LAUNCHER=exec``) and in the Ray engine, started as
+``python -m perflab.sweep.worker``.
 
 Outcomes: the worker's row (``ok``, ``oom``, ``error``, ``invalid``); ``error`` with the exit status when
 the worker dies without a row (a segfault, an abort); ``timeout`` when it runs past the per-case limit
@@ -65,7 +68,7 @@ class SweepSummary:
 class _Running:
     case: Case
     slot: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen  # or a launcher's child (sweep.launcher.LaunchedWorker): pid, poll, wait
     started: float  # time.monotonic()
     deadline: float
     result_path: Path
@@ -83,15 +86,22 @@ def run_sweep(
     timeout_s: float | None = None,
     command: str = "",
     on_event: EventHandler | None = None,
+    launcher: str | None = None,
 ) -> SweepSummary:
     """Run every case of ``experiment`` not yet in ``out_dir``'s store; see the module docstring.
+
+    ``launcher``: ``fork`` (workers forked by the sweep's launcher) or ``exec`` (each started as a new interpreter);
+    default ``$PERFLAB_LAUNCHER``, else fork.
 
     ``on_event(kind, **info)`` is called with kind "start" (total, skipped, to_run, env_key), "case_start"
     (case, slot), "case_done" (case, row, slot) and "finish" (summary), for progress displays.
     """
+    from perflab.sweep.launcher import choose_launcher
+
     emit = on_event or (lambda kind, **info: None)
     out_dir = Path(out_dir)
     timeout_s = case_timeout(experiment, timeout_s)
+    launcher = choose_launcher(launcher)
     if experiment.gpu_pins or experiment.across_gpus:
         raise PerflabError(f"{experiment.source}: gpu: and across_gpus: place cases on a cluster's GPU types; run it with --engine ray")
     slots = _slots(experiment, gpus, workers)
@@ -112,7 +122,8 @@ def run_sweep(
         try:
             with _sigterm_as_interrupt():
                 _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, retry_failed, emit,
-                          worker_args=worker_args(experiment, out_dir))
+                          worker_args=worker_args(experiment, out_dir) + ["--flops-cache", str((out_dir / "flops").resolve())],
+                          launcher=launcher)
             outcome = "complete"
         except KeyboardInterrupt:
             summary.interrupted = True
@@ -183,19 +194,21 @@ def worker_args(experiment: Experiment, out_dir: Path) -> list[str]:
     return args
 
 
-def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, replace, emit, worker_args=()) -> None:
+def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, replace, emit, worker_args=(),
+              launcher: str = "exec") -> None:
     pending = collections.deque(todo)
     free = list(slots)
     running: list[_Running] = []
     (out_dir / "logs").mkdir(exist_ok=True)
     (out_dir / "tmp").mkdir(exist_ok=True)
+    forks = Forks(str(out_dir)) if launcher == "fork" and todo else None
     try:
         while pending or running:
             while pending and len(free) >= pending[0].world_size:  # in order: a case of N ranks waits for N free slots
                 case = pending.popleft()
                 slot = GROUP.join(free[:case.world_size])
                 del free[:case.world_size]
-                running.append(_start(case, slot, out_dir, timeout_s, len(slots), worker_args))
+                running.append(_start(case, slot, out_dir, timeout_s, len(slots), worker_args, forks))
                 emit("case_start", case=case, slot=slot)
             time.sleep(POLL_S)
             for job in list(running):
@@ -212,15 +225,58 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, su
         for job in running:  # interrupted: stop the workers; their cases stay unstored and rerun on --resume
             _kill(job.proc)
             job.result_path.unlink(missing_ok=True)
+        if forks is not None:
+            forks.close()
         _remove_if_empty(out_dir / "tmp")
+
+
+class Forks:
+    """The sweep's launcher (``sweep.launcher``), started when the first worker is asked for, and started again if it
+    died (its children die with it: their cases become error rows, and the rest of the sweep goes on). Where it will
+    not fork (its imports opened the GPU driver, or started a thread), every case runs in a new interpreter, said once
+    on stderr."""
+
+    def __init__(self, label: str = ""):
+        self.label = label
+        self.launcher = None
+        self.refused: str | None = None
+        self.started = 0
+
+    def start(self, argv: list[str], env: dict, log_path: Path):
+        """The launcher's child running the worker with ``argv``; None where the launcher refused (exec it instead)."""
+        from perflab.sweep.launcher import Launcher
+
+        if self.refused:
+            return None
+        if self.launcher is None or self.launcher.dead:
+            if self.launcher is not None:
+                self.launcher.close()
+            self.launcher = Launcher(self.label)
+            ready = self.launcher.wait_ready()
+            if ready.get("refused"):
+                self.refused = ready["refused"]
+                self.launcher.close()
+                print(f"perflab sweep: the launcher will not fork workers ({self.refused}); each case starts a new interpreter",
+                      file=sys.stderr, flush=True)
+                return None
+        # The first case waited for the launcher's imports: its start counts from the launcher's.
+        sent = self.launcher.launched_at if self.started == 0 else None
+        self.started += 1
+        return self.launcher.start(argv, env, log_path, sent=sent)
+
+    def close(self) -> None:
+        if self.launcher is not None:
+            self.launcher.close()
 
 
 def run_case_in_subprocess(case: Case, work_dir: Path, timeout_s: float, env: dict, slot: str = "w0",
                            extra_args=()) -> tuple[dict, Path]:
     """One case in its own worker process under the time limit, waited for: (its row, its log's path).
 
-    The same start and finish as the local engine's scheduler (which polls many at once); the Ray engine
-    runs this on the node that holds the case's GPU. ``work_dir`` gets ``logs/`` and ``tmp/``.
+    The same start and finish as the local engine's scheduler (which polls many at once), with the worker started
+    as a new interpreter (``python -m perflab.sweep.worker``), not forked by a launcher: the Ray engine runs this
+    on the node that holds the case's GPU, in a Ray worker process that lives on after the task. ``work_dir`` gets
+    ``logs/`` and ``tmp/``.
     """
     for sub in ("logs", "tmp"):
         (work_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -242,20 +298,23 @@ def _remove_if_empty(path: Path) -> None:
         pass
 
 
-def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int, extra_args=()) -> _Running:
+def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int, extra_args=(), forks: Forks | None = None) -> _Running:
     result_path = out_dir / "tmp" / f"{case.id}.json"
     result_path.unlink(missing_ok=True)
     log_path = out_dir / "logs" / f"{case.id}.log"
-    cmd = [sys.executable, "-m", "perflab.sweep.worker", "--case", json.dumps(case.to_dict()),
-           "--result", str(result_path), "--parent-pid", str(os.getpid()), "--pin-index", str(pin_index(slot)), *extra_args]
+    argv = ["--case", json.dumps(case.to_dict()), "--result", str(result_path), "--pin-index", str(pin_index(slot)), *extra_args]
+    started = time.monotonic()
     with open(log_path, "w") as log:
         log.write(f"# {case.label()}  (case {case.id}, worker {slot})\n")
         log.flush()
-        # A new session: the worker and anything it spawns (compile workers) form a group we can kill at once.
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                env=_worker_env(slot, n_slots), start_new_session=True)
-    now = time.monotonic()
-    return _Running(case, slot, proc, now, now + timeout_s, result_path, log_path)
+        # A fresh child of the launcher, in a session of its own, its output appended to the log; or a new interpreter.
+        proc = forks.start(argv, _worker_env(slot, n_slots), log_path) if forks is not None else None
+        if proc is None:
+            # A new session: the worker and anything it spawns (compile workers) form a group we can kill at once.
+            cmd = [sys.executable, "-m", "perflab.sweep.worker", *argv, "--parent-pid", str(os.getpid()), "--launched-at", repr(time.time())]
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    env=_worker_env(slot, n_slots), start_new_session=True)
+    return _Running(case, slot, proc, started, started + timeout_s, result_path, log_path)
 
 
 def pin_index(slot: str) -> int:
@@ -320,11 +379,14 @@ def _rel(path: Path) -> str:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    """Kill the worker's whole process group and reap it."""
+    """Kill the worker's whole process group and reap it (a launcher's child that has not yet made its group: itself)."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     try:
         proc.wait(timeout=KILL_GRACE_S)
     except subprocess.TimeoutExpired:

@@ -69,7 +69,7 @@ CREATE TABLE IF NOT EXISTS sweeps (
 """
 
 # A stored row's ``cost_s`` (the sweep worker's split of its case's wall time), its keys in the order of a case's life
-COST_ORDER = ("start_and_imports", "build", "check_and_flops", "compile", "warmup", "timed", "profile", "ncu")
+COST_ORDER = ("start_and_imports", "build", "check_and_flops", "check", "flops", "compile", "warmup", "timed", "profile", "ncu")
 
 
 def store_path(out_dir) -> Path:

@@ -23,18 +23,20 @@ from pathlib import Path
 
 
 # What a case costs (P9): the worker's stages, each with the perf_counter at which it began.
-COST_STAGES = {"build": "build", "check": "check_and_flops", "compile": "compile", "warmup": "warmup", "timing": "timed"}
+COST_STAGES = {"build": "build", "check": "check", "flops": "flops", "compile": "compile", "warmup": "warmup", "timing": "timed"}
 _stages: list[tuple[str, float]] = []
 
 
 def main(argv: list[str] | None = None) -> int:
     from perflab.measure.sched import process_age_s
 
-    started, age = time.perf_counter(), process_age_s()
+    started, now, age = time.perf_counter(), time.time(), process_age_s()
     _stages.clear()
     args = _parse_args(argv)
+    if args.launched_at is not None:  # the parent's clock when it asked for this process: exact, where /proc's start is to a second
+        age = max(0.0, now - args.launched_at)
     if args.parent_pid:
-        _exit_with_parent(args.parent_pid)
+        exit_with_parent(args.parent_pid)
 
     from perflab.errors import ModelLoadError, PerflabError
     from perflab.spec import Case
@@ -54,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
             _log_stage(f"{case.world_size} ranks")
             row = run_parallel_case(case)
         else:
-            row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index))
+            flop_cache = None
+            if args.flops_cache:
+                from perflab.measure.flops import FlopCache
+
+                flop_cache = FlopCache(args.flops_cache)
+            row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index), flop_cache=flop_cache)
         # a capped case (max_memory) answers "would it fit": no profile or ncu pass
         extra = row.get("status") == "ok" and case.device == "cuda" and not case.parallel and case.max_memory is None
         if args.profile_steps and extra:
@@ -76,11 +83,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:
-    """Seconds of the case's wall time by stage: ``start_and_imports`` (process start to the harness's first stage:
-    the interpreter, torch's import), ``build``, ``check_and_flops`` (the checking call and the FLOP count),
-    ``compile`` (the mode's first call), ``warmup`` (warm-up, the step estimates, host and GPU times apart, the
-    canary), ``timed`` (the timed loop and what follows it in the harness), ``profile`` and ``ncu`` passes, and
-    ``total``. A stage that ran twice (warm-up is named again after the first call) adds up."""
+    """Seconds of the case's wall time by stage: ``start_and_imports`` (from the parent's request for the process, or
+    the process's start, to the harness's first stage: the interpreter or the fork, torch's import where not
+    preloaded), ``build``, ``check`` (the family's checking call), ``flops`` (the FLOP count: one eager step under
+    torch's counter, or none where the sweep counted the same step before; rows before issue 23's cut have the two
+    together as ``check_and_flops``), ``compile`` (the mode's first call), ``warmup`` (warm-up, the step estimates,
+    host and GPU times apart, the canary), ``timed`` (the timed loop and what follows it in the harness), ``profile``
+    and ``ncu`` passes, and ``total``. A stage that ran twice (warm-up is named again after the first call) adds up."""
     out: dict[str, float] = {}
     first = stages[0][1] if stages else ended
     out["start_and_imports"] = (first - started) + (age_at_start or 0.0)
@@ -148,7 +157,7 @@ def _log_stage(stage: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] stage: {stage}", file=sys.stderr, flush=True)
 
 
-def _exit_with_parent(parent_pid: int) -> None:
+def exit_with_parent(parent_pid: int) -> None:
     """Die when the sweep's parent dies, so no orphan keeps measuring."""
     if sys.platform.startswith("linux"):
         try:
@@ -175,11 +184,14 @@ def _parse_args(argv):
     parser.add_argument("--case", required=True, help="the case, as JSON (Case.to_dict())")
     parser.add_argument("--result", required=True, help="where to write the result row (JSON)")
     parser.add_argument("--parent-pid", type=int, default=0, help="exit when this process dies")
+    parser.add_argument("--launched-at", type=float, default=None,
+                        help="time.time() when the parent asked for this process: the start of its start_and_imports")
     parser.add_argument("--profile-steps", type=int, default=0, help="after timing, profile this many steps (GPU cases)")
     parser.add_argument("--ncu-top", type=int, default=0, help="after timing, run ncu on this many top kernels (GPU cases)")
     parser.add_argument("--ncu-where", default="{}", help="JSON {field: [values]}: only cases matching these get the ncu pass")
     parser.add_argument("--trace-dir", default="traces", help="where the profile pass writes its trace")
     parser.add_argument("--model-root", default="", help="the directory relative model references (file.py:NAME, hf:DIR) are read against")
+    parser.add_argument("--flops-cache", default="", help="a directory of FLOP counts shared by a sweep's workers (measure.flops.FlopCache)")
     parser.add_argument("--no-pin", action="store_true", help="time with the timing thread unpinned")
     parser.add_argument("--pin-index", type=int, default=0, help="pin to this core counted from the end of the affinity set")
     return parser.parse_args(argv)
