@@ -4,7 +4,8 @@ import pytest
 
 
 def test_all_reduce_sweep_on_two_cpu_ranks():
-    from perflab.measure.ceilings import all_reduce_sweep, busbw_at
+    from perflab.analysis.comm import busbw_at
+    from perflab.measure.ceilings import all_reduce_sweep
 
     sweep = all_reduce_sweep(None, sizes=(4096, 65536), iters=3, warmup=1, device="cpu", world_size=2)
     assert sweep["world_size"] == 2 and [r["bytes"] for r in sweep["sizes"]] == [4096, 65536] and sweep["launches"] == 1

@@ -99,6 +99,8 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
     from perflab.spec import validate_case
 
     case = validate_case(case)
+    if case.device == "cuda":
+        gpus = list(gpus) if gpus else list(range(case.world_size))  # as measure.parallel's default
     fixes = default_parallel_fixes(case) if fixes is None else ([] if list(fixes) == ["none"] else list(fixes))
     planned = plan_parallel_fixes(case, fixes)
     out_dir = make_out_dir(Path(out_dir))

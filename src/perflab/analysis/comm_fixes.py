@@ -80,10 +80,6 @@ class CommPrediction:
     exposed_ms: float | None = None
 
 
-def _busbw(step: CommStep, message_bytes: float) -> float:
-    return busbw_at(step.sweep, message_bytes)
-
-
 def collectives_ms(step: CommStep, mode: str, options: dict) -> tuple[float, str]:
     """M: the modelled time of the step's collectives under ``mode``/``options`` (bus bytes ÷ B at the mean message, plus
     calls × α), and the figures in words."""
@@ -95,7 +91,7 @@ def collectives_ms(step: CommStep, mode: str, options: dict) -> tuple[float, str
     else:
         comm = fsdp_bytes(step.param_bytes, step.grad_bytes, n, reshard_after_forward=options["reshard"], units=step.units)
         message = step.param_bytes / max(step.units, 1)
-    busbw = _busbw(step, message)
+    busbw = busbw_at(step.sweep, message)
     ms = comm_ms(comm.bus_bytes, comm.calls, busbw, alpha)
     return ms, f"{mode} {comm.bus_bytes / MIB:.2f} MiB in {comm.calls} calls at {busbw:.2f} GB/s + {alpha:.1f} µs each = {ms:.3f} ms"
 
@@ -134,7 +130,7 @@ def predict_comm_fix(step: CommStep, new_mode: str | None, new_options: dict | N
             return CommPrediction(None, "measured only: no all-reduce sweep (bus bandwidth and per-call latency) to predict from")
         old, new = _buckets(step, step.options["bucket_cap_mb"]), _buckets(step, value)
         f = 2 * (step.world_size - 1) / step.world_size
-        b_old, b_new = _busbw(step, old[-1]), _busbw(step, new[-1])
+        b_old, b_new = busbw_at(step.sweep, old[-1]), busbw_at(step.sweep, new[-1])
         latency = (len(new) - len(old)) * step.latency_us / 1e3
         tail = (new[-1] * f / b_new - old[-1] * f / b_old) / 1e9 * 1e3
         return _after(step, 0.0, latency + tail,
@@ -206,6 +202,13 @@ class ParallelFix:
         return self.measured.get("median_ms") if self.measured.get("status") == "ok" else None
 
     @property
+    def measured_compute_ms(self) -> float | None:
+        """The fix's step less its exposed communication (its own profile's), ms; None where either is missing."""
+        if self.measured_ms is None or self.measured_exposed_ms is None:
+            return None
+        return self.measured_ms - self.measured_exposed_ms
+
+    @property
     def error(self) -> float | None:
         """predicted ÷ measured − 1."""
         if self.prediction.ms is None or not self.measured_ms:
@@ -221,10 +224,10 @@ class ParallelFix:
     @property
     def missed_term(self) -> str | None:
         """Past 15%: compute or exposed communication, whichever is further from the fix's own profile."""
-        if self.error is None or abs(self.error) <= MISS or self.measured_exposed_ms is None or self.prediction.exposed_ms is None:
+        if self.error is None or abs(self.error) <= MISS or self.measured_compute_ms is None or self.prediction.exposed_ms is None:
             return None
         return worst_term({"exposed communication": (self.prediction.exposed_ms, self.measured_exposed_ms),
-                           "compute": (self.prediction.compute_ms, self.measured_ms - self.measured_exposed_ms)})
+                           "compute": (self.prediction.compute_ms, self.measured_compute_ms)})
 
     def to_dict(self) -> dict:
         row = self.measured
@@ -232,7 +235,7 @@ class ParallelFix:
                                                                                     if k != "model"},
                 "model": self.prediction.model, "measured_ms": self.measured_ms, "error": self.error, "status": row.get("status"),
                 "message": row.get("message"), "measured_exposed_ms": self.measured_exposed_ms,
-                "measured_compute_ms": self.measured_ms - self.measured_exposed_ms if self.measured_ms and self.measured_exposed_ms is not None else None,
+                "measured_compute_ms": self.measured_compute_ms,
                 "items_per_step": row.get("items_per_step"), "items_per_s": row.get("items_per_s"), "throughput_gain": self.throughput_gain,
                 "missed_term": self.missed_term, "comm_bus_bytes": row.get("comm_bus_bytes"), "comm_calls": row.get("comm_calls"),
                 "peak_mem_alloc_mb": row.get("peak_mem_alloc_mb"), "base_ms": self.base_row.get("median_ms"), "row": row}

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import torch
 
-from perflab.analysis.comm import busbw_at  # noqa: F401  (the sweep's reader lives with the arithmetic; imported here by name)
-
 CACHE_VERSION = 2
 
 
@@ -179,7 +177,7 @@ def all_reduce_sweep(gpus: list[int] | None, sizes=ALL_REDUCE_SIZES, iters: int 
     from perflab.runtime.parallel import launch
 
     world = len(gpus) if gpus else int(world_size or 2)
-    launched = launch(_all_reduce_rank, world, (list(sizes), iters, warmup), device=device, gpus=gpus)
+    launched = launch(all_reduce_rank, world, (list(sizes), iters, warmup), device=device, gpus=gpus)
     times = launched.results[0]  # every rank returns the same (the slowest rank's) times
     return dict(sweep_result(sizes, times, world, gpus, device), launches=launched.launches)
 
@@ -196,7 +194,7 @@ def sweep_result(sizes, times: list[float], world: int, gpus, device: str) -> di
             "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
-def _all_reduce_rank(rank: int, world_size: int, device_index, sizes: list[int], iters: int, warmup: int) -> list[float]:
+def all_reduce_rank(rank: int, world_size: int, device_index, sizes: list[int], iters: int, warmup: int) -> list[float]:
     import torch.distributed as dist
 
     device = torch.device("cuda", device_index) if device_index is not None else torch.device("cpu")

@@ -137,7 +137,7 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
     sweep = first.get("all_reduce")
     if sweep:  # the floor: bus bytes at the bus bandwidth measured for messages of this step's size
         row["all_reduce"] = sweep
-        from perflab.measure.ceilings import busbw_at
+        from perflab.analysis.comm import busbw_at
 
         message = grad_bytes / max(comm.calls, 1) if mode == "ddp" else param_bytes / max(first["fsdp_units"], 1)  # one collective's payload
         row["busbw_gbps"] = busbw_at(sweep, message)
@@ -193,10 +193,10 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
             if mode == "ddp":
                 result.update(ddp_layout(built.model, grad_sizes))
     if all_reduce_sizes:  # every rank takes part; rank 0 keeps the slowest rank's times
-        from perflab.measure.ceilings import _all_reduce_rank, sweep_result
+        from perflab.measure.ceilings import all_reduce_rank, sweep_result
 
         synchronize(device)
-        times = _all_reduce_rank(rank, world_size, device_index, all_reduce_sizes, iters=10, warmup=2)
+        times = all_reduce_rank(rank, world_size, device_index, all_reduce_sizes, iters=10, warmup=2)
         if rank == 0:
             result["all_reduce"] = dict(sweep_result(all_reduce_sizes, times, world_size, None, device), source="measured in this run")
     result["items_per_step"] = built.items_per_step * accumulate

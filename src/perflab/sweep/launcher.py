@@ -45,8 +45,10 @@ LAUNCHERS = ("fork", "exec")
 LAUNCHER_ENV = "PERFLAB_LAUNCHER"
 
 # What the launcher imports once: what every worker imports before its case's first stage (measured: the modules a
-# CPU eager case had loaded by then). Not torch._dynamo or inductor (their configs read the environment at import,
-# which a child sets per case), not transformers or timm (only some cases use them).
+# CPU eager case had loaded by then); torch._dynamo after them (PRELOAD_COMPILER). Not inductor or its compile
+# workers, nor transformers or timm (only some cases use them). What torch read from the environment at these
+# imports is the launcher's environment, which is the sweep's: the runner sets no torch variable per case, only
+# CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER (read when CUDA initialises, in the child) and the thread count (set again in the child).
 PRELOAD = (
     "numpy",
     "torch",
