@@ -144,7 +144,7 @@ def test_the_launcher_is_chosen_by_flag_then_environment_and_a_refusing_one_fall
 
 def test_the_preloaded_imports_never_ask_for_a_gpu():
     """Imported in a fresh interpreter with every way to the GPU's count and context made to fail: none is taken (on a
-    CPU build of torch some checks stop earlier; the launcher also checks /proc/self/maps for the driver)."""
+    CPU build of torch some checks stop earlier; the launcher also checks /proc/self/fd for the driver's files)."""
     code = (
         "import torch\n"
         "def refuse(*a, **k): raise SystemExit('asked for the GPU')\n"
@@ -162,6 +162,33 @@ def test_the_preloaded_imports_never_ask_for_a_gpu():
     started = subprocess.run([sys.executable, "-c", "import threading, time, numpy\nthreading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
                               "from perflab.sweep.launcher import fork_hazard\nprint(fork_hazard(None))"], capture_output=True, text=True, timeout=60)
     assert started.stdout.strip() == "the imports started 1 Python thread(s)"
+
+
+def test_the_driver_counts_as_opened_by_its_device_files_not_by_its_library_being_mapped(monkeypatch):
+    """A CUDA 13 torch maps libcuda.so at its import without initialising it, and a forked child then runs CUDA (H100,
+    2026-11-26): what makes a fork unsafe is the driver opened (cuInit, nvmlInit), which holds /dev/nvidia* open."""
+    links = {"0": "/dev/null", "3": "/dev/nvidiactl", "4": "pipe:[123]", "5": "/dev/nvidia0", "6": "/dev/nvidiactl",
+             "7": "/usr/lib/libcuda.so.1"}
+    monkeypatch.setattr(launcher_mod.os, "listdir", lambda path: list(links) if path == "/proc/self/fd" else [])
+    monkeypatch.setattr(launcher_mod.os, "readlink", lambda path: links[path.rsplit("/", 1)[1]])
+    assert launcher_mod.driver_files() == ["/dev/nvidia0", "/dev/nvidiactl"]
+    assert launcher_mod.fork_hazard(None) == "the imports opened the GPU driver (/dev/nvidia0, /dev/nvidiactl)"
+    del links["3"], links["5"], links["6"]  # a mapped or open libcuda.so alone is no hazard
+    assert launcher_mod.driver_files() == [] and launcher_mod.fork_hazard(None) is None
+
+
+def test_jemallocs_background_thread_is_not_counted_against_a_fork(monkeypatch):
+    names = {"100": "python3", "101": "jemalloc_bg_thd", "102": "python3"}
+    real = launcher_mod.Path
+
+    class FakePath(type(real())):
+        def read_text(self, *a, **k):
+            return names[str(self).split("/")[4]] + "\n" if str(self).startswith("/proc/self/task/") else super().read_text(*a, **k)
+
+    monkeypatch.setattr(launcher_mod.os, "listdir", lambda path: list(names) if path == "/proc/self/task" else [])
+    monkeypatch.setattr(launcher_mod, "Path", FakePath)
+    assert launcher_mod.native_threads() == 2
+    assert launcher_mod.fork_hazard(2) is None and launcher_mod.fork_hazard(1) == "the imports started 1 thread(s)"
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -39,6 +39,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 LAUNCHERS = ("fork", "exec")
@@ -305,25 +306,25 @@ def serve(parent_pid: int, base_only: bool = False, label: str = "") -> int:
 
 
 def fork_hazard(baseline_threads: int | None = 1) -> str | None:
-    """Why a child forked from this process now would not start clean, or None: torch initialised CUDA, the CUDA driver
-    or NVML is loaded (something asked for the GPUs: a child's own CUDA would then fail), or a thread runs beyond the
-    ``baseline_threads`` there were after numpy's import (a fork copies only the calling thread, with whatever locks
-    the others held). numpy's OpenBLAS starts its pool at its import and stops it before each fork (its
-    ``pthread_atfork`` handler), so those threads are the baseline, not a hazard; torch's OpenMP pool starts at the first
-    parallel op, which the imports do not run."""
+    """Why a child forked from this process now would not start clean, or None: torch initialised CUDA, the GPU driver
+    is open (a file descriptor on ``/dev/nvidia*``: ``cuInit`` or ``nvmlInit`` ran, and a child's own CUDA would then
+    fail), or a thread runs beyond the ``baseline_threads`` there were after numpy's import (a fork copies only the
+    calling thread, with whatever locks the others held). numpy's OpenBLAS starts its pool at its import and stops it
+    before each fork (its ``pthread_atfork`` handler), so those threads are the baseline, not a hazard; torch's OpenMP
+    pool starts at the first parallel op, which the imports do not run.
+
+    The driver's library being mapped is not a hazard: a CUDA 13 build of torch maps ``libcuda.so`` at its import
+    (cuBLASLt's loader dlopens it) without initialising it, and a child forked after that runs CUDA (H100, torch 2.11,
+    2026-11-26). Initialising it opens ``/dev/nvidiactl``, which is what this looks for."""
     import threading
 
     import torch
 
     if torch.cuda.is_initialized():
         return "CUDA was initialised by the imports"
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        maps = ""
-    for library in ("libcuda.so", "libnvidia-ml.so"):
-        if library in maps:
-            return f"the imports loaded {library} (the GPU driver)"
+    opened = driver_files()
+    if opened:
+        return f"the imports opened the GPU driver ({', '.join(opened)})"
     if threading.active_count() > 1:
         return f"the imports started {threading.active_count() - 1} Python thread(s)"
     threads = native_threads()
@@ -332,12 +333,44 @@ def fork_hazard(baseline_threads: int | None = 1) -> str | None:
     return None
 
 
-def native_threads() -> int | None:
-    """The threads of this process (``/proc/self/task``); None where /proc does not say."""
+def driver_files() -> list[str]:
+    """The GPU driver's device files this process holds open (``/dev/nvidia*``, from ``/proc/self/fd``), sorted."""
     try:
-        return len(os.listdir("/proc/self/task"))
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return []
+    opened = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/dev/nvidia"):
+            opened.add(target)
+    return sorted(opened)
+
+
+# Threads a fork may leave behind: their library re-arms them in the child. jemalloc's background purging thread
+# (pyarrow's allocator, loaded where pandas imports pyarrow: on the GPU host, by perflab.trace.capture's import,
+# 2026-11-26): jemalloc takes its locks before a fork and marks its background threads unstarted in the child.
+FORK_SAFE_THREADS = ("jemalloc_bg_thd",)
+
+
+def native_threads() -> int | None:
+    """The threads of this process (``/proc/self/task``) less those a fork is safe with (``FORK_SAFE_THREADS``, by
+    name); None where /proc does not say."""
+    try:
+        tasks = os.listdir("/proc/self/task")
     except OSError:
         return None
+    count = 0
+    for task in tasks:
+        try:
+            name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+        except OSError:
+            name = ""
+        count += name not in FORK_SAFE_THREADS
+    return count
 
 
 def _say(out, message: dict, quiet: bool = False) -> None:
@@ -352,7 +385,9 @@ def _say(out, message: dict, quiet: bool = False) -> None:
 def _fork_worker(request: dict, control_fds) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
-    pid = os.fork()
+    with warnings.catch_warnings():  # Python 3.12 warns of any second thread; fork_hazard allowed only FORK_SAFE_THREADS
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid:
         return pid
     code = 1
