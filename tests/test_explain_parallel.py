@@ -2,6 +2,8 @@
 launcher, profile and CLI as on GPUs: the communication section's bytes by hand, the accounting closing, the floor's
 arithmetic, DDP's buckets as torch rebuilt them, and the FSDP fix's bytes, prediction and measurement."""
 
+import statistics
+
 import pytest
 
 from cli_util import assert_one_line_error, run_cli_here
@@ -74,15 +76,31 @@ def test_the_fsdp_fix_predicted_then_measured(explained):
     m_fsdp = 295680 / busbw_at(sweep, 4 * PARAMS / 2) / 1e6 + 4 * alpha / 1e3
     base = data["row"]["median_ms"]
     paired = fix["base_ms"]
-    exposed = c["ranks"][c["slowest_rank"]]["exposed_ms"] * paired / base  # anchored at the base timed beside the fix
+    # the profile's times as shares of the traced step (window ÷ steps), on the untraced step; anchored at the base beside the fix
+    account = data["rank_accounts"][c["slowest_rank"]]
+    traced_ms = account["window_ns"] / data["steps"] / 1e6
+    exposed = account["comm_exposed_ns"] / account["window_ns"] * paired
     assert fix["predicted_exposed_ms"] == pytest.approx(exposed * m_fsdp / m_ddp)
-    optimizer = next(p["ms"]["optimizer"] for p in data["rank_passes"] if p["rank"] == c["slowest_rank"]) * paired / base
+    optimizer = next(p["ms"]["optimizer"] for p in data["rank_passes"] if p["rank"] == c["slowest_rank"]) / traced_ms * paired
     assert fix["predicted_compute_ms"] == pytest.approx(paired - exposed - optimizer / 2)
+    assert 0 < fix["predicted_compute_ms"] < paired
     assert fix["predicted_ms"] == pytest.approx(fix["predicted_compute_ms"] + fix["predicted_exposed_ms"])
     assert fix["error"] == pytest.approx(fix["predicted_ms"] / fix["measured_ms"] - 1)
     assert fix["measured_exposed_ms"] is not None and fix["measured_compute_ms"] == pytest.approx(fix["measured_ms"] - fix["measured_exposed_ms"])
-    assert fix["throughput_gain"] == pytest.approx(fix["row"]["items_per_s"] / fix["row"]["paired"][0]["items_per_s"])
-    assert fix["row"]["paired"][0]["median_ms"] == paired == max(fix["row"]["paired"][0]["rank_median_ms"])
+    assert 0 < fix["measured_compute_ms"] <= fix["measured_ms"]
+    # the fix and the base timed in interleaved blocks in the fix's launch: each one's step the median of its blocks (a
+    # block the slowest rank's), the speedup the median over rounds of base block ÷ fix block
+    row = fix["row"]
+    together, base_beside = row["together"], row["paired"][0]
+    assert fix["interleaved"] is True and fix["measured_ms"] == together["median_ms"] == pytest.approx(statistics.median(together["samples_ms"]))
+    assert paired == base_beside["median_ms"] == pytest.approx(statistics.median(base_beside["samples_ms"]))
+    assert together["sample_rounds"] == base_beside["sample_rounds"] == list(range(len(together["samples_ms"])))
+    ratios = [b / f for b, f in zip(base_beside["samples_ms"], together["samples_ms"])]
+    assert base_beside["ratio"] == pytest.approx(statistics.median(ratios)) and base_beside["ratio_pairs"] == len(ratios) >= 2
+    low, high = fix["throughput_gain_ci95"]
+    assert fix["throughput_gain"] == pytest.approx(base_beside["ratio"]) and low <= fix["throughput_gain"] <= high  # the same items per step
+    assert fix["alone_ms"] == row["median_ms"]  # the fix's own timing, before the base was built beside it
+    assert f"{fix['throughput_gain']:.2f}× ({low:.2f}–{high:.2f})" in md
     assert "E' = E × M' ÷ M" in fix["model"] and "| 1 | `fsdp:reshard=false` | fsdp:reshard=false | eager |" in md
 
 
@@ -126,4 +144,6 @@ def test_gpu_rank_traces_passes_and_glue_read_on_the_cpu():
     case = Case(model="gpt_small", workload="train_step", device="cpu", parallel="ddp", world_size=2)
     row = {"slowest_rank": 0, "median_ms": 10.0, "grad_bytes": 4, "param_bytes": 4, "rank_median_ms": [10.0, 9.0]}
     step = comm_step(case, row, dict(out, steps=2), None)
-    assert glue > 0 and step.glue_ms == pytest.approx(glue) and step.optimizer_ms == passes["ms"]["optimizer"] and step.exposed_ms == 0.0
+    scale = 10.0 / (out["accounts"][0]["window_ns"] / 2 / 1e6)  # the traced step's times on the untraced step of 10 ms
+    assert glue > 0 and step.glue_ms == pytest.approx(glue * scale) and step.optimizer_ms == pytest.approx(passes["ms"]["optimizer"] * scale)
+    assert step.exposed_ms == 0.0

@@ -12,11 +12,17 @@ communication fixes predicted, then measured.
    dtype they have), the bus bandwidth at the mean message (a bucket), the floor (bus bytes ÷ busbw), and per rank
    the measured communication ÷ the floor.
 4. The fixes (``ddp:OPTION=VALUE``, ``fsdp``, ``fsdp:reshard=false``, ``compile``): each measured and profiled in a
-   launch of its own (so its exposed communication is measured too), and in that launch, right after it, the base
-   is timed again: the fix is compared with that paired base (a launch is a fresh set of processes; the host's
-   speed can differ from one to the next). Each is predicted from the base's profile (its exposed communication,
-   passes, buckets; ``analysis.comm_fixes``, the model in one line) anchored at the paired base's step, never from
-   the fix's own figures; a miss past 15% names the term (compute or exposed communication) that missed.
+   launch of its own (so its exposed communication is measured too), and in that launch the base is built again
+   beside it and the two are timed in interleaved blocks (``measure.parallel``: a launch is a fresh set of
+   processes, and a shared host's speed moves within one): the fix's measured step and its speedup (the ratio of
+   blocks of the same round, with a 95% CI) are from that session. Each is predicted from the base's profile (its
+   exposed communication, passes, buckets; ``analysis.comm_fixes``, the model in one line) anchored at the paired
+   base's step, never from the fix's own figures; a miss past 15% names the term (compute or exposed
+   communication) that missed.
+
+A profile's times are of traced steps, longer than untraced ones; the models read them as shares of the traced
+step (exposed communication ÷ the profiled window, per step), applied to the untimed step they are compared with,
+so compute = step − exposed is never negative.
 """
 
 from __future__ import annotations
@@ -132,7 +138,8 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
         base_row = (fix_row.get("paired") or [{}])[0]
         exposed = None
         if fix_row.get("status") == "ok" and measured["accounts"]:
-            exposed = measured["accounts"][fix_row["slowest_rank"]]["comm_exposed_ns"] / steps / 1e6
+            fix_ms = (fix_row.get("together") or {}).get("median_ms") or fix_row["median_ms"]
+            exposed = untraced_ms(measured["accounts"][fix_row["slowest_rank"]], "comm_exposed_ns", steps, fix_ms)
         anchored = step.anchored(base_row["median_ms"]) if base_row.get("median_ms") else step
         explanation.fix_results.append(ParallelFix(spec, fixed.parallel, fixed.mode, predict_fix(anchored, case, fixed), fix_row, exposed,
                                                    base_row))
@@ -165,12 +172,24 @@ def comm_step(case: Case, row: dict, profile: dict, sweep: dict | None) -> CommS
     slowest = _slowest(row, profile)
     passes = next((p for p in profile.get("rank_passes") or [] if p["rank"] == row["slowest_rank"]), {})
     categories = passes.get("category_ms") or {}
-    return CommStep(mode=mode, options=options, world_size=case.world_size, step_ms=row["median_ms"],
-                    exposed_ms=slowest["comm_exposed_ns"] / steps / 1e6 if slowest else None,
-                    optimizer_ms=(passes.get("ms") or {}).get("optimizer"), grad_bytes=row["grad_bytes"], param_bytes=row["param_bytes"],
+    step_ms = row["median_ms"]
+    scale = step_ms / (slowest["window_ns"] / steps / 1e6) if slowest and slowest.get("window_ns") else 1.0  # traced → untraced
+    optimizer = (passes.get("ms") or {}).get("optimizer")
+    return CommStep(mode=mode, options=options, world_size=case.world_size, step_ms=step_ms,
+                    exposed_ms=untraced_ms(slowest, "comm_exposed_ns", steps, step_ms) if slowest else None,
+                    optimizer_ms=optimizer * scale if optimizer is not None else None, grad_bytes=row["grad_bytes"], param_bytes=row["param_bytes"],
                     sweep=sweep, latency_us=call_latency_us(sweep) if sweep else 0.0, ready_sizes=tuple(row.get("ready_grad_bytes") or ()),
                     buckets=tuple(row.get("ddp_buckets") or ()), units=row.get("shard_units") or row.get("fsdp_units") or 1,
-                    copy_gbps=row.get("copy_gbps"), glue_ms=sum(categories.get(c, 0.0) for c in GLUE_CATEGORIES) if categories else None)
+                    copy_gbps=row.get("copy_gbps"), glue_ms=sum(categories.get(c, 0.0) for c in GLUE_CATEGORIES) * scale if categories else None)
+
+
+def untraced_ms(account: dict, key: str, steps: int, step_ms: float) -> float:
+    """A profiled rank's ``key`` (ns over its window of ``steps`` traced steps) as ms of an untraced step of
+    ``step_ms``: its share of the window times the step (the profiler lengthens every step it records)."""
+    window = account.get("window_ns")
+    if not window:
+        return account[key] / steps / 1e6
+    return account[key] / window * step_ms
 
 
 def communication_section(case: Case, row: dict, profile: dict, sweep: dict) -> dict:

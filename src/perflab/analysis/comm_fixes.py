@@ -199,7 +199,10 @@ class ParallelFix:
 
     @property
     def measured_ms(self) -> float | None:
-        return self.measured.get("median_ms") if self.measured.get("status") == "ok" else None
+        """The fix's step: its blocks timed interleaved with the base's (``together``), else its own timing."""
+        if self.measured.get("status") != "ok":
+            return None
+        return (self.measured.get("together") or {}).get("median_ms") or self.measured.get("median_ms")
 
     @property
     def measured_compute_ms(self) -> float | None:
@@ -217,9 +220,26 @@ class ParallelFix:
 
     @property
     def throughput_gain(self) -> float | None:
-        """items/s after the fix ÷ the base's (a no_sync step holds k micro-batches)."""
+        """items/s after the fix ÷ the base's (a no_sync step holds k micro-batches): the base's blocks ÷ the fix's
+        of the same rounds where the two were interleaved (``base_row["ratio"]``), times items per step after ÷ before."""
+        if not self.measured_ms:
+            return None
+        items = self._items_ratio()
+        if self.base_row.get("ratio") is not None and items is not None:
+            return self.base_row["ratio"] * items
         after, before = self.measured.get("items_per_s"), self.base_row.get("items_per_s")
-        return after / before if self.measured_ms and after and before else None
+        return after / before if after and before else None
+
+    @property
+    def throughput_gain_ci95(self) -> list[float] | None:
+        """The 95% CI of ``throughput_gain`` over the interleaved rounds; None where the two were not interleaved."""
+        ci, items = self.base_row.get("ratio_ci95"), self._items_ratio()
+        return [ci[0] * items, ci[1] * items] if ci and items is not None and self.measured_ms else None
+
+    def _items_ratio(self) -> float | None:
+        after = (self.measured.get("together") or {}).get("items_per_step") or self.measured.get("items_per_step")
+        before = self.base_row.get("items_per_step")
+        return after / before if after and before else None
 
     @property
     def missed_term(self) -> str | None:
@@ -237,6 +257,7 @@ class ParallelFix:
                 "message": row.get("message"), "measured_exposed_ms": self.measured_exposed_ms,
                 "measured_compute_ms": self.measured_compute_ms,
                 "items_per_step": row.get("items_per_step"), "items_per_s": row.get("items_per_s"), "throughput_gain": self.throughput_gain,
-                "missed_term": self.missed_term, "comm_bus_bytes": row.get("comm_bus_bytes"), "comm_calls": row.get("comm_calls"),
+                "throughput_gain_ci95": self.throughput_gain_ci95, "interleaved": bool(row.get("together")),
+                "alone_ms": row.get("median_ms") if row.get("status") == "ok" else None, "missed_term": self.missed_term, "comm_bus_bytes": row.get("comm_bus_bytes"), "comm_calls": row.get("comm_calls"),
                 "peak_mem_alloc_mb": row.get("peak_mem_alloc_mb"), "base_ms": self.base_row.get("median_ms"), "row": row}
 

@@ -15,6 +15,11 @@ Rank 0 then times the same case on one device, alone, in the same run (``single_
 
 (weak scaling: the per-GPU batch is fixed, so perfect scaling keeps the step time and gives 1.0).
 
+A case compared with another (explain's fix and its base, ``paired``) is timed beside it, both models resident, in
+interleaved blocks: timed one after the other, the two read different stretches of the host. On two H200s
+(2026-11-26) gpt_large's DDP step read 133 to 212 ms as the base of five launches, and its samples drifted from 173
+to 104 ms within one; so one case's median against another's taken later is no speedup a user can defend.
+
 ``ranks_agree`` (DDP): the parameters after the timed steps are bit-identical on every rank (each rank's sum and
 sum of absolute values in float64, compared exactly); FSDP keeps one copy of each parameter shard, so there is
 nothing to compare (None). ``rank_memory``: each rank's peak and its split into parameters, gradients and
@@ -56,8 +61,12 @@ def run_parallel_case(case: Case, gpus: list[int] | None = None, profile_dir=Non
     ``all_reduce`` and floor. ``explain``: rank 0 also reports what explain's fixes read: DDP's buckets as it rebuilt
     them and the gradients' bytes in the order they became ready (``ddp_buckets``, ``ready_grad_bytes``), the
     blocks FSDP would shard (``shard_units``) and the device's copy bandwidth at the gradients' size
-    (``copy_gbps``). ``paired``: other data-parallel cases of as many ranks, each timed in this launch right after
-    this one (its build, warm-up and timing alone), in the row's ``paired``: the slowest rank's median of each."""
+    (``copy_gbps``). ``paired``: other data-parallel cases of as many ranks, built in this launch beside this one
+    (after its own timing, profile and memory, which are of it alone) and timed with it in interleaved blocks
+    (``measure.interleave``: a seeded random order per round, the same on every rank), so a slow stretch of a
+    shared host falls on both; the row's ``paired``: each one's step over the rounds (the slowest rank's block in
+    each) and its ratio to this case's blocks of the same rounds, with a 95% CI (``measure.stats.paired_ratio``);
+    ``together``: this case's own blocks in that session."""
     case = validate_case(case)
     if case.device == "cuda":
         gpus = list(gpus) if gpus else list(range(case.world_size))
@@ -119,7 +128,10 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
         row["single_gpu_ms"] = statistics.median(single_row["samples_ms"])
         row["single_gpu_samples_ms"] = single_row["samples_ms"]
         row["scaling_efficiency"] = row["single_gpu_ms"] / row["step_ms"]
-    row["paired"] = [paired_row(case, [r["paired"][i] for r in ranks]) for i in range(len(first.get("paired") or []))]
+    if first.get("together"):
+        row["together"], row["paired"] = together_rows(case, [r["together"] for r in ranks])
+    else:
+        row["paired"] = []
     row["rank_memory"] = [r["memory"] for r in ranks]
     row["multicast_off"] = all(r["multicast_off"] for r in ranks)  # NVLink multicast was off in every rank's process
     if case.device == "cuda":
@@ -155,12 +167,30 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
     return row
 
 
-def paired_row(case: Case, ranks: list[dict]) -> dict:
-    """A paired case's step (the slowest rank's median) and throughput over all ranks."""
-    medians = [statistics.median(r["samples_ms"]) for r in ranks]
-    step = max(medians)
-    items = ranks[0]["items_per_step"] * len(ranks)
-    return {"status": "ok", "median_ms": step, "rank_median_ms": medians, "items_per_step": items, "items_per_s": items * 1000.0 / step}
+def together_rows(case: Case, ranks: list[dict]) -> tuple[dict, list[dict]]:
+    """The interleaved session's rows: this case's (``together``) and each paired case's, with its ratio to this one.
+
+    A block's time is the slowest rank's (the ranks ran the same blocks, in the same rounds); a case's step is the
+    median of its blocks; a paired case's ``ratio`` is the median over rounds of its block ÷ this case's block of
+    the same round, with the 95% CI over rounds (``measure.stats.paired_ratio``): above 1, this case is faster."""
+    from perflab.measure.stats import paired_ratio
+
+    world = len(ranks)
+    session = f"{case.id}:together"
+    rows = []
+    for i in range(len(ranks[0]["samples_ms"])):
+        blocks = [max(r["samples_ms"][i][b] for r in ranks) for b in range(len(ranks[0]["samples_ms"][i]))]
+        step = statistics.median(blocks)
+        items = ranks[0]["items_per_step"][i] * world
+        rows.append({"status": "ok", "median_ms": step, "rank_median_ms": [statistics.median(r["samples_ms"][i]) for r in ranks],
+                     "samples_ms": blocks, "sample_rounds": list(ranks[0]["rounds"][i]), "session": session,
+                     "items_per_step": items, "items_per_s": items * 1000.0 / step})
+    together, paired = rows[0], rows[1:]
+    for other in paired:
+        ratio = paired_ratio(other, together)
+        if ratio is not None:
+            other.update(ratio=ratio["ratio"], ratio_ci95=ratio["ci95"], ratio_pairs=ratio["pairs"])
+    return together, paired
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -210,11 +240,13 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
 
             cached = cached_all_reduce(world_size)
             result["all_reduce"] = dict(cached, source="perflab ceilings' cache") if cached else None
+    if paired:
+        result["together"] = _time_together(case, plain, built, step, [Case.from_dict(other) for other in paired], rank, device,
+                                            device_index, where)
     del built, step, params
     _free(device)
     if explain and rank == 0:
         result["copy_gbps"] = copy_gbps(where, min(grad_bytes, 256 * MB))
-    result["paired"] = [_time_paired(Case.from_dict(other), rank, device, device_index, where) for other in paired]
     dist.barrier()
     if rank == 0 and single:
         built = build(plain)
@@ -241,15 +273,41 @@ def _built_on_rank(case: Case, rank: int, device: str, device_index: int | None)
     return built, plain, params, layout
 
 
-def _time_paired(case: Case, rank: int, device: str, device_index: int | None, where: torch.device) -> dict:
-    """Another data-parallel case timed in this launch, right after the main one (explain's base beside each fix)."""
-    built, plain, _, _ = _built_on_rank(case, rank, device, device_index)
-    accumulate = parse_parallel(case.parallel)[1].get("no_sync", 1)
-    with step_context(plain, built):
-        timing = _time(case, built, _step(built, case.mode, accumulate), device, where, rank)
-    out = {"samples_ms": timing["samples_ms"], "items_per_step": built.items_per_step * accumulate}
-    del built
-    _free(device)
+def _time_together(case: Case, plain: Case, built, step, others: list[Case], rank: int, device: str, device_index: int | None,
+                   where: torch.device) -> dict:
+    """``case`` (built, warm) and ``others`` (built here, beside it) timed in interleaved blocks: per round each times
+    one block, in a seeded random order that every rank draws alike (every rank must run the same collectives in the
+    same order). The plans are each case's own (``plan_timing`` on the slowest rank's estimate), spread over the
+    rounds of the longest. Per case: its blocks' ms per step and their rounds, and its items per step."""
+    import torch.distributed as dist
+
+    from perflab.measure.interleave import block_schedule, interleaved_order, time_interleaved
+
+    members = [(plain, built, step, parse_parallel(case.parallel)[1].get("no_sync", 1))]
+    for other in others:
+        other_built, other_plain, _, _ = _built_on_rank(other, rank, device, device_index)
+        accumulate = parse_parallel(other.parallel)[1].get("no_sync", 1)
+        with step_context(other_plain, other_built):
+            other_step = _step(other_built, other.mode, accumulate)
+            for _ in range(other.warmup + 1):
+                other_step()
+        members.append((other_plain, other_built, other_step, accumulate))
+    estimates = []
+    for member_plain, member_built, member_step, _ in members:
+        with step_context(member_plain, member_built):
+            estimates.append(estimate_step_s(member_step, device))
+    slowest = torch.tensor(estimates, dtype=torch.float64, device=where)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    plans = [plan_timing(s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters) for s in slowest.tolist()]
+    order = interleaved_order([0] * len(members), max(p.n_blocks for p in plans), seed=case.seed)
+    schedule = block_schedule(order, [p.n_blocks for p in plans], [p.block_sizes for p in plans])
+    gc.collect()
+    dist.barrier()
+    session = time_interleaved([m[2] for m in members], schedule, enter=lambda i: step_context(members[i][0], members[i][1]), device=device)
+    out = {"samples_ms": [[b.ms_per_step for b in blocks] for blocks in session.blocks],
+           "rounds": [[b.round for b in blocks] for blocks in session.blocks],
+           "items_per_step": [m[1].items_per_step * m[3] for m in members]}
+    del members
     return out
 
 

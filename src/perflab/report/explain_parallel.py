@@ -10,13 +10,15 @@ MIB = 2**20
 
 COLLECTIVE_HEADER = ["collective", "payload MiB", "bus factor", "bus MiB per rank", "calls", "mean message MiB"]
 RANK_HEADER = ["rank", "step ms (untraced)", "comm ms", "exposed ms", "overlapped ms", "overlap", "comm ÷ floor", "passes ms"]
-FIX_HEADER = ["#", "fix", "parallel after", "mode", "base in its launch ms", "predicted ms", "measured ms", "error", "throughput vs base",
+FIX_HEADER = ["#", "fix", "parallel after", "mode", "base beside it ms", "predicted ms", "measured ms", "error", "throughput vs base (95% CI)",
               "compute ms pred / meas", "exposed ms pred / meas"]
 RANK_TITLE = ("Per rank, per profiled step: communication (comm), the part no compute hides (exposed) and the part hidden (overlapped); "
               "comm ÷ floor = the rank's measured communication over the floor")
-FIX_TITLE = ("Communication fixes: each measured in a launch of its own (the slowest rank's median) and profiled (the slowest rank's "
-             "exposed communication), the base timed again in that launch beside it; predicted (model below) from the base's profile, "
-             "anchored at that paired base; compute = step − exposed")
+FIX_TITLE = ("Communication fixes: each measured in a launch of its own, the base built again beside it and the two timed in "
+             "interleaved blocks (each one's step: the median of its blocks, a block the slowest rank's; the throughput ratio over "
+             "blocks of the same round, with its 95% CI); each profiled too (the slowest rank's exposed communication, as its share "
+             "of the traced step applied to the untraced one); predicted (model below) from the base's profile, anchored at the base "
+             "beside it; compute = step − exposed")
 
 
 def pair(predicted, measured) -> str:
@@ -86,9 +88,17 @@ def fix_rows(e) -> list[list[str]]:
                          f"{fx.measured.get('status')}: {fx.measured.get('message')}"] + ["–"] * 4)
             continue
         rows.append([str(i), f"`{fx.name}`", fx.parallel, fx.mode, base, num(p.ms, ".3f"), f"{fx.measured_ms:.3f}", num(fx.error, "+.1%"),
-                     num(fx.throughput_gain, ".2f") + ("×" if fx.throughput_gain else ""), pair(p.compute_ms, fx.measured_compute_ms),
+                     gain_cell(fx), pair(p.compute_ms, fx.measured_compute_ms),
                      pair(p.exposed_ms, fx.measured_exposed_ms)])
     return rows
+
+
+def gain_cell(fx) -> str:
+    """The fix's throughput over its base's, with the 95% CI where the two were interleaved."""
+    if not fx.throughput_gain:
+        return "–"
+    ci = fx.throughput_gain_ci95
+    return f"{fx.throughput_gain:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (unpaired)")
 
 
 def parallel_markdown(e, device: str = "") -> str:
