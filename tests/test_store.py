@@ -1,5 +1,6 @@
 """The SQLite results store: one row per (case id, environment), WAL, nothing lost or doubled."""
 
+import json
 import math
 import sqlite3
 
@@ -65,3 +66,23 @@ def test_opening_a_directory_without_a_store_says_what_to_do(tmp_path):
     (tmp_path / "results.sqlite").write_text("not a database")
     with pytest.raises(PerflabError, match="not a perflab results store|cannot open"):
         Store.open(tmp_path)
+
+
+def test_a_resumed_grid_stores_its_experiment_once(tmp_path):
+    grid = {"cases": [{"model": f"m{i}", "batch_size": i} for i in range(200)]}
+    other = {"cases": [{"model": "x"}]}
+    with Store.create(tmp_path) as store:
+        ids = [store.begin_sweep(command="perflab sweep g.yaml", spec_source="g.yaml", spec_text="g", experiment=e, env_key="e",
+                                 n_cases=1, n_skipped=0) for e in (grid, grid, other, grid)]
+        raw = dict(store.conn.execute("SELECT id, experiment_json FROM sweeps").fetchall())
+        assert [s["experiment"] for s in store.sweeps()] == [grid, grid, other, grid]
+    assert json.loads(raw[ids[1]]) == json.loads(raw[ids[3]]) == {"same_as_sweep": ids[0]} and json.loads(raw[ids[0]]) == grid
+    # a store written before this (every sweep with the whole experiment) is compacted by its next sweep
+    conn = sqlite3.connect(str(tmp_path / "results.sqlite"))
+    with conn:
+        conn.execute("UPDATE sweeps SET experiment_json = ? WHERE id IN (?, ?)", (dumps(grid), ids[1], ids[3]))
+    conn.close()
+    with Store.open(tmp_path) as store:
+        store.begin_sweep(command="c", spec_source="g.yaml", spec_text="g", experiment=grid, env_key="e", n_cases=1, n_skipped=0)
+        raw = [r for (r,) in store.conn.execute("SELECT experiment_json FROM sweeps ORDER BY id")]
+        assert sum(len(r) > 100 for r in raw) == 1 and [s["experiment"] for s in store.sweeps()] == [grid, grid, other, grid, grid]

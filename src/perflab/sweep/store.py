@@ -76,6 +76,10 @@ def store_path(out_dir) -> Path:
     return Path(out_dir) / STORE_NAME
 
 
+# A sweep whose expanded experiment an earlier sweep of the store holds points to it (``Store.begin_sweep``).
+SAME_AS = "same_as_sweep"
+
+
 class Store:
     """A connection to one results store. Use ``Store.create`` (sweeps) or ``Store.open`` (readers)."""
 
@@ -200,11 +204,20 @@ class Store:
 
     def begin_sweep(self, *, command: str, spec_source: str, spec_text: str, experiment: dict, env_key: str,
                     n_cases: int, n_skipped: int) -> int:
+        """Record a sweep. Its expanded experiment is stored once per store: a sweep whose experiment an earlier one
+        stored (every ``--resume`` of a grid) keeps ``{"same_as_sweep": N}`` instead, and so do older copies, so a store
+        resumed many times does not grow by the whole grid each time (38 KB a sweep for lm_sizes' 240 cases)."""
+        text = dumps(experiment)
         with self.conn:
+            first = self.conn.execute("SELECT id FROM sweeps WHERE experiment_json = ? ORDER BY id LIMIT 1", (text,)).fetchone()
+            stored = text
+            if first is not None:
+                stored = dumps({SAME_AS: int(first[0])})
+                self.conn.execute("UPDATE sweeps SET experiment_json = ? WHERE experiment_json = ? AND id > ?", (stored, text, int(first[0])))
             cur = self.conn.execute(
                 "INSERT INTO sweeps (started_at, command, spec_source, spec_text, experiment_json, env_key, n_cases, n_skipped, n_done)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0)",
-                (time.time(), command, spec_source, spec_text, dumps(experiment), env_key, n_cases, n_skipped),
+                (time.time(), command, spec_source, spec_text, stored, env_key, n_cases, n_skipped),
             )
         return int(cur.lastrowid)
 
@@ -217,9 +230,13 @@ class Store:
     def sweeps(self) -> list[dict]:
         """Sweep records, oldest first (``experiment`` decoded)."""
         out = []
+        by_id: dict[int, dict] = {}
         for r in self.conn.execute("SELECT * FROM sweeps ORDER BY id"):
             d = dict(r)
-            d["experiment"] = json.loads(d.pop("experiment_json") or "{}")
+            experiment = json.loads(d.pop("experiment_json") or "{}")
+            if isinstance(experiment, dict) and set(experiment) == {SAME_AS}:
+                experiment = by_id.get(experiment[SAME_AS], {})
+            d["experiment"] = by_id[d["id"]] = experiment
             out.append(d)
         return out
 
