@@ -92,7 +92,8 @@ def test_decode_ncu_table_names_each_library_with_dram_percent_bandwidth_and_sha
 def test_lm_tables_a_to_e_and_mfu_from_the_stored_rows(lm):
     text, rows, out = lm
     fp32 = _section(text, "### fp32, explicit attention, eager, batch 4, cuda")
-    group = [r for r in rows if (r["case"]["dtype"], r["case"]["attn"], r["case"]["mode"], r["case"]["batch_size"]) == ("fp32", "explicit", "eager", 4)]
+    group = [r for r in rows if (r["case"]["dtype"], r["case"]["attn"], r["case"]["mode"], r["case"]["batch_size"]) == ("fp32", "explicit", "eager", 4)
+             and not r["case"].get("max_memory")]
     by = {(r["model"], r["case"]["workload"], r["case"]["seq_len"]): r for r in group}
     for model in ("gpt_medium", "gpt_2.7b"):
         forward = _table_row(fp32, "#### (a) Step time (ms): inference forward", model)[1:]
@@ -514,3 +515,18 @@ def test_a_store_holding_a_subset_of_a_spec_counts_the_specs_cases(tmp_path):
     text = write_report(tmp_path, spec=ROOT / "experiments/decode.yaml").read_text()
     assert f"Decode: {len(stored_ids)} of 60 cases stored" in text and f"; {60 - len(stored_ids)} not run." in text
     assert f"60 cases: {60 - len(stored_ids)} not run, {len(stored_ids)} ok." in text
+
+
+def test_the_capped_rows_measured_on_the_h100_are_counted_apart_and_each_oom_is_under_its_cap(lm):
+    text, rows, _ = lm
+    capped = [r for r in rows if r["case"].get("max_memory")]
+    ok = sum(r["status"] == "ok" for r in capped)
+    oom = sum(r["status"] == "oom" for r in capped)
+    assert ok + oom == len(capped) > 0
+    assert f"{len(capped)} of 120 cases capped with `--max-memory` stored ({ok} ok, {oom} oom)" in text
+    for r in capped:
+        cap_mb = r["case"]["max_memory"] / 2**20
+        if r["status"] == "ok":  # what ran stayed under its cap
+            assert r["peak_mem_reserved_mb"] <= cap_mb
+        else:
+            assert "OutOfMemoryError" in r["message"] or "out of memory" in r["message"].lower()
