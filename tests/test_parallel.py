@@ -1,6 +1,7 @@
 """A data-parallel step on the CPU: two gloo ranks through the same launcher and bench path as two GPUs (one launch)."""
 
 import json
+import statistics
 
 import pytest
 
@@ -26,7 +27,16 @@ def test_ddp_row_per_rank_timing(ddp_row):
     medians = row["rank_median_ms"]
     assert len(medians) == 2 and all(len(s) == 2 for s in row["rank_samples_ms"])
     assert row["median_ms"] == row["step_ms"] == max(medians) == medians[row["slowest_rank"]]
-    assert row["scaling_efficiency"] == pytest.approx(row["single_gpu_ms"] / row["step_ms"])
+    # the one-device case timed on rank 0 in blocks interleaved with the ranks' step: the efficiency is the median over
+    # rounds of one-device block ÷ data-parallel block (the slowest rank's) of the same round
+    beside = row["beside_single"]
+    assert row["single_gpu_timing"].startswith("interleaved") and beside["one_rounds"] == beside["dp_rounds"] == [0, 1]
+    ratios = [o / d for o, d in zip(beside["one_samples_ms"], beside["dp_samples_ms"])]
+    assert row["scaling_efficiency"] == pytest.approx(statistics.median(ratios)) and row["scaling_efficiency_pairs"] == 2
+    low, high = row["scaling_efficiency_ci95"]
+    assert low <= row["scaling_efficiency"] <= high
+    assert row["single_gpu_ms"] == pytest.approx(statistics.median(beside["one_samples_ms"]))
+    assert row["step_ms_beside_single"] == pytest.approx(statistics.median(beside["dp_samples_ms"]))
     # throughput over both ranks: 2 ranks x 2 sequences x 16 tokens per step
     assert row["items_per_step"] == 64
     assert row["items_per_s"] == pytest.approx(64 * 1000 / row["median_ms"])
@@ -131,3 +141,13 @@ def test_parallel_fields_in_a_sweep_spec_and_case_ids():
     assert len(experiment.cases) == 12
     plain = Case(model="gpt_small", workload="train_step")
     assert "parallel" not in plain.to_dict() and "world_size" not in plain.to_dict()  # ids of earlier cases unchanged
+
+
+def test_the_lm_reports_parallel_section_gives_the_efficiency_with_its_ci(ddp_row):
+    from perflab.report.parallel import sections
+
+    text = "\n".join(sections([ddp_row, {"case": {"parallel": None}}]))
+    low, high = ddp_row["scaling_efficiency_ci95"]
+    assert text.startswith("## Training on several GPUs (issue 27)") and "interleaved with the ranks' step" in text
+    line = next(l for l in text.splitlines() if l.startswith("| gpt_small |"))
+    assert f"| {ddp_row['scaling_efficiency']:.3f} ({low:.3f}–{high:.3f}) |" in line and f"| {ddp_row['single_gpu_ms']:.2f} |" in line

@@ -27,6 +27,8 @@ def test_ddp_on_two_gpus():
     assert row["status"] == "ok", row.get("detail")
     assert row["backend"] == "nccl" and row["ranks_agree"] is True and row["multicast_off"] is True
     assert row["median_ms"] == max(row["rank_median_ms"]) and 0 < row["scaling_efficiency"] < 1.5
+    low, high = row["scaling_efficiency_ci95"]  # the one-GPU case interleaved with the ranks' step on rank 0's GPU
+    assert row["single_gpu_timing"].startswith("interleaved") and low <= row["scaling_efficiency"] <= high
     for memory in row["rank_memory"]:
         assert memory["peak_alloc_mb"] > memory["params_mb"] + memory["grads_mb"] + memory["optimizer_mb"]
     assert os.environ.get("NCCL_NVLS_ENABLE") == "0"  # set in the launching process too

@@ -37,8 +37,10 @@ def summary_lines(e) -> list[str]:
     """The step against one device, the bytes and the floor, in words."""
     c, row = e.communication, e.row
     one = "one CPU process" if e.case.device == "cpu" else "one GPU"
-    scaling = (f"; the same case on {one} {c['single_ms']:.3f} ms, scaling efficiency {c['scaling_efficiency']:.3f} (weak scaling: the batch "
-               "is per rank)") if c.get("single_ms") else ""
+    ci = c.get("scaling_efficiency_ci95")
+    paired = (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f}, from blocks interleaved with the ranks' step)" if ci else " (timed alone, after the ranks)")
+    scaling = (f"; the same case on {one} {c['single_ms']:.3f} ms, scaling efficiency {c['scaling_efficiency']:.3f}{paired} (weak scaling: the "
+               "batch is per rank)") if c.get("single_ms") else ""
     buckets = (f" DDP's buckets as it rebuilt them: {', '.join(_mib(b) for b in c['buckets'])} MiB." if c.get("buckets") else "")
     return [f"Step: the slowest rank's (rank {c['slowest_rank']}) untraced median **{row['median_ms']:.3f} ms** on {where(e)}{scaling}.",
             f"Bytes per step: {c['bus_bytes'] / MIB:.3f} MiB on the bus per rank ({c['mode']}, {c['calls']} collective call{'s' if c['calls'] != 1 else ''}; {c['dtype_note']})."

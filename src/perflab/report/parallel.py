@@ -1,7 +1,8 @@
 """Data-parallel rows and rank accounts: one row builder per table, rendered to the console and to markdown.
 
-Scaling efficiency is weak scaling: the batch per GPU is fixed, so ``single_gpu_ms / step_ms`` is 1.0 when the
-ranks' step takes as long as one GPU's step of the same per-GPU batch (measured in the same run, rank 0's GPU).
+Scaling efficiency is weak scaling: the batch per GPU is fixed, so one GPU's step ÷ the ranks' step is 1.0 when the
+ranks' step takes as long as one GPU's step of the same per-GPU batch (measured in the same run on rank 0's GPU, in
+blocks interleaved with the ranks' step: the median ratio of blocks of the same round, with its 95% CI).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
             "parallel": case.get("parallel"), "world_size": case.get("world_size"), "status": row.get("status"),
             "step_ms": row.get("step_ms") if measured else None, "ci95_ms": row.get("ci95_ms") if measured else None,
             "single_gpu_ms": row.get("single_gpu_ms"), "scaling_efficiency": row.get("scaling_efficiency"),
-            "slowest_rank": row.get("slowest_rank"), "rank_spread": row.get("rank_spread"),
+            "scaling_efficiency_ci95": row.get("scaling_efficiency_ci95"), "slowest_rank": row.get("slowest_rank"), "rank_spread": row.get("rank_spread"),
             "comm_mib": row["comm_bus_bytes"] / MB if row.get("comm_bus_bytes") is not None else None,
             "comm_floor_ms": row.get("comm_floor_ms"),
             "peak_gib_per_rank": max((m.get("peak_alloc_mb") or 0) for m in memory) / 1024 if memory and memory[0].get("peak_alloc_mb") is not None else None,
@@ -45,8 +46,15 @@ def _scaling_cells(r: dict) -> list[str]:
         return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 8
     agree = {True: "yes", False: "NO", None: "– (sharded)"}[r["ranks_agree"]]
     return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), num(r["step_ms"], ".2f"),
-            num(r["single_gpu_ms"], ".2f"), num(r["scaling_efficiency"], ".3f"), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
+            num(r["single_gpu_ms"], ".2f"), efficiency_cell(r["scaling_efficiency"], r.get("scaling_efficiency_ci95")), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
             num(r["comm_mib"], ".1f"), num(r["comm_floor_ms"], ".2f"), num(r["peak_gib_per_rank"], ".2f"), agree]
+
+
+def efficiency_cell(value, ci) -> str:
+    """The scaling efficiency with its 95% CI where the one-GPU case was interleaved with the ranks' step."""
+    if value is None:
+        return "–"
+    return f"{value:.3f}" + (f" ({ci[0]:.3f}–{ci[1]:.3f})" if ci else " (unpaired)")
 
 
 def sections(rows: list[dict]) -> list[str]:
@@ -55,8 +63,8 @@ def sections(rows: list[dict]) -> list[str]:
     if not table:
         return []
     return ["## Training on several GPUs (issue 27)",
-            "Step = the slowest rank's median (CUDA events on every rank); 1 GPU = the same case on rank 0's GPU alone, in the same "
-            "run; scaling efficiency = 1 GPU ÷ step (weak scaling: the batch is per GPU, so 1.0 is perfect). Bus MiB/step: what each "
+            "Step = the slowest rank's median (CUDA events on every rank); 1 GPU = the same case on rank 0's GPU, in the same "
+            "run, timed in blocks interleaved with the ranks' step; scaling efficiency = 1 GPU ÷ step over blocks of the same round (95% CI) (weak scaling: the batch is per GPU, so 1.0 is perfect). Bus MiB/step: what each "
             "rank must send for the gradients (DDP: ring all-reduce, 2(N−1)/N × gradient bytes; FSDP: all-gathers and a "
             "reduce-scatter, (N−1)/N each); the floor divides it by the all-reduce bus bandwidth `perflab ceilings` measured.",
             md_table(SCALING_HEADERS, [_scaling_cells(r) for r in table])]
