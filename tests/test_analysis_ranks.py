@@ -2,7 +2,7 @@ import pandas as pd
 import pytest
 
 from perflab.analysis.comm import busbw_all_reduce, ddp_bytes, fsdp_bytes
-from perflab.analysis.ranks import account_rank, account_ranks, collective_waits, is_comm, merge_ranks, wait_summary
+from perflab.analysis.ranks import account_rank, account_ranks, collective_waits, exposed_waiting_ns, is_comm, merge_ranks, wait_summary
 
 
 def _t(rows):
@@ -62,6 +62,29 @@ def test_who_waits_for_whom():
     assert wait_summary([w]) == {"last_to_arrive": {1: 1}, "waited_ns": {0: 700, 1: 0}}
     with pytest.raises(ValueError, match="different numbers of collectives"):
         collective_waits(merge_ranks({0: RANK0, 1: RANK1.iloc[[0]]}))
+
+
+def test_exposed_communication_splits_into_waiting_for_a_peer_and_transfer():
+    # the fixture: rank 0 waits 4000..4700 for rank 1, under its own elementwise kernel (to 5000): none of it exposed
+    merged = merge_ranks({0: RANK0, 1: RANK1})
+    assert exposed_waiting_ns(merged, collective_waits(merged)) == {0: 0, 1: 0}
+    # rank 0 arrives at 3600 with nothing left to compute, rank 1 at 5000 (its GEMM runs to 4900); both finish at 6000,
+    # then a second all-reduce where rank 1 waits 200 ns for rank 0, half of it under a kernel of its own
+    r0 = _t([("ampere_sgemm_128x64_nn", 1000, 3500), ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 3600, 6000),
+             ("elementwise_kernel", 6000, 6800), ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 7000, 7500)])
+    r1 = _t([("ampere_sgemm_128x64_nn", 1000, 4900), ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 5000, 6000),
+             ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL", 6800, 7500), ("elementwise_kernel", 6700, 6900)])
+    merged = merge_ranks({0: r0, 1: r1})
+    waits = collective_waits(merged)
+    assert [w.waits_ns for w in waits] == [{0: 1400, 1: 0}, {0: 0, 1: 200}]
+    waiting = exposed_waiting_ns(merged, waits)
+    # rank 0: 3600..5000 spinning, no compute: 1400; rank 1: 6800..7000 spinning, 6800..6900 under its elementwise: 100
+    assert waiting == {0: 1400, 1: 100}
+    a0, a1 = account_ranks(merged)
+    # rank 0 exposed: 3600..6000 (2400) + 7000..7500 (500) = 2900 = 1400 waiting + 1500 transfer
+    assert a0.comm_exposed_ns == 2900 and a0.comm_exposed_ns - waiting[0] == 1500
+    # rank 1 exposed: 5000..6000 + 6900..7500 = 1600 = 100 waiting + 1500 transfer (the same transfer as rank 0's)
+    assert a1.comm_exposed_ns == 1600 and a1.comm_exposed_ns - waiting[1] == 1500
 
 
 def test_ddp_bytes_hand_arithmetic():

@@ -52,6 +52,10 @@ def test_the_floor_and_each_rank_against_it(explained):
         assert account["comm_ns"] > 0  # gloo's collectives, on their own threads
         assert rank["comm_ms"] == pytest.approx(account["comm_ns"] / steps / 1e6)
         assert rank["exposed_ms"] == pytest.approx(account["comm_exposed_ns"] / steps / 1e6)
+        # exposed = waiting for the other rank + transfer, to the ns
+        assert account["comm_exposed_waiting_ns"] + account["comm_exposed_transfer_ns"] == account["comm_exposed_ns"]
+        assert 0 <= account["comm_exposed_waiting_ns"] <= account["comm_exposed_ns"]
+        assert rank["waiting_ms"] == pytest.approx(account["comm_exposed_waiting_ns"] / steps / 1e6)
         assert rank["measured_over_floor"] == pytest.approx(rank["comm_ms"] / c["floor_ms"])
         assert rank["step_ms"] == data["row"]["rank_median_ms"][rank["rank"]]
     # per step: DDP's broadcast of the model's buffers in the forward, then the two buckets' all-reduces
@@ -81,7 +85,7 @@ def test_the_fsdp_fix_predicted_then_measured(explained):
     # the profile's times as shares of the traced step (window ÷ steps), on the untraced step; anchored at the base beside the fix
     account = data["rank_accounts"][c["slowest_rank"]]
     traced_ms = account["window_ns"] / data["steps"] / 1e6
-    exposed = account["comm_exposed_ns"] / account["window_ns"] * paired
+    exposed = account["comm_exposed_transfer_ns"] / account["window_ns"] * paired  # without waiting for the other rank
     assert fix["predicted_exposed_ms"] == pytest.approx(exposed * m_fsdp / m_ddp)
     optimizer = next(p["ms"]["optimizer"] for p in data["rank_passes"] if p["rank"] == c["slowest_rank"]) / traced_ms * paired
     assert fix["predicted_compute_ms"] == pytest.approx(paired - exposed - optimizer / 2)

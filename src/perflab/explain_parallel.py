@@ -22,7 +22,9 @@ communication fixes predicted, then measured.
 
 A profile's times are of traced steps, longer than untraced ones; the models read them as shares of the traced
 step (exposed communication ÷ the profiled window, per step), applied to the untimed step they are compared with,
-so compute = step − exposed is never negative.
+so compute = step − exposed is never negative. The exposed communication they read is the transfer no compute hides,
+without the time a rank spent waiting for a later one (on two H200s, under the profiler, one rank's host fell behind
+and the other's exposed communication was mostly that wait); the rank table shows both.
 """
 
 from __future__ import annotations
@@ -139,7 +141,8 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
         exposed = None
         if fix_row.get("status") == "ok" and measured["accounts"]:
             fix_ms = (fix_row.get("together") or {}).get("median_ms") or fix_row["median_ms"]
-            exposed = untraced_ms(measured["accounts"][fix_row["slowest_rank"]], "comm_exposed_ns", steps, fix_ms)
+            account = measured["accounts"][fix_row["slowest_rank"]]
+            exposed = untraced_ms(account, exposed_key(account), steps, fix_ms)
         anchored = step.anchored(base_row["median_ms"]) if base_row.get("median_ms") else step
         explanation.fix_results.append(ParallelFix(spec, fixed.parallel, fixed.mode, predict_fix(anchored, case, fixed), fix_row, exposed,
                                                    base_row))
@@ -176,11 +179,18 @@ def comm_step(case: Case, row: dict, profile: dict, sweep: dict | None) -> CommS
     scale = step_ms / (slowest["window_ns"] / steps / 1e6) if slowest and slowest.get("window_ns") else 1.0  # traced → untraced
     optimizer = (passes.get("ms") or {}).get("optimizer")
     return CommStep(mode=mode, options=options, world_size=case.world_size, step_ms=step_ms,
-                    exposed_ms=untraced_ms(slowest, "comm_exposed_ns", steps, step_ms) if slowest else None,
+                    exposed_ms=untraced_ms(slowest, exposed_key(slowest), steps, step_ms) if slowest else None,
                     optimizer_ms=optimizer * scale if optimizer is not None else None, grad_bytes=row["grad_bytes"], param_bytes=row["param_bytes"],
                     sweep=sweep, latency_us=call_latency_us(sweep) if sweep else 0.0, ready_sizes=tuple(row.get("ready_grad_bytes") or ()),
                     buckets=tuple(row.get("ddp_buckets") or ()), units=row.get("shard_units") or row.get("fsdp_units") or 1,
                     copy_gbps=row.get("copy_gbps"), glue_ms=sum(categories.get(c, 0.0) for c in GLUE_CATEGORIES) * scale if categories else None)
+
+
+def exposed_key(account: dict) -> str:
+    """The exposed communication the models read: the transfer no compute hides, without the time spent waiting for a
+    later rank (``analysis.ranks.exposed_waiting_ns``: a straggler's cost, which the profiler's own overhead on one
+    rank's host can make), where the ranks' collectives lined up; else all of it."""
+    return "comm_exposed_transfer_ns" if "comm_exposed_transfer_ns" in account else "comm_exposed_ns"
 
 
 def untraced_ms(account: dict, key: str, steps: int, step_ms: float) -> float:
@@ -219,7 +229,9 @@ def communication_section(case: Case, row: dict, profile: dict, sweep: dict) -> 
     for account in profile.get("accounts") or []:
         r = account["rank"]
         comm_ms = account["comm_ns"] / steps / 1e6
+        waiting = account.get("comm_exposed_waiting_ns")
         ranks.append({"rank": r, "step_ms": row["rank_median_ms"][r], "comm_ms": comm_ms, "exposed_ms": account["comm_exposed_ns"] / steps / 1e6,
+                      "waiting_ms": waiting / steps / 1e6 if waiting is not None else None,
                       "overlapped_ms": account["comm_overlapped_ns"] / steps / 1e6, "overlap_fraction": account["overlap_fraction"],
                       "measured_over_floor": comm_ms / floor if floor > 0 else None})
     return {"mode": mode, "options": options, "world_size": n, "grad_bytes": grad, "param_bytes": params,

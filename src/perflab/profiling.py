@@ -117,12 +117,13 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
 
 
 def account_rank_traces(paths: Sequence, device: str, steps: int) -> dict:
-    """The ranks' traces merged and accounted: ``accounts`` (per rank, exact, over the common window), ``waits_per_step``,
+    """The ranks' traces merged and accounted: ``accounts`` (per rank, exact, over the common window; where the ranks'
+    collectives line up, its exposed communication split into waiting for a later rank and transfer), ``waits_per_step``,
     ``note`` and ``rank_passes``: per rank, per step, each pass's time (``ms``: its kernels' GPU time, or on the CPU its
     range's wall time) and the GPU time of each kernel category outside communication (``category_ms``; none on the
     CPU). A GPU rank's table is its kernels; a CPU rank's, its main thread's operators and gloo's collectives
     (``trace.cpu_ranks``)."""
-    from perflab.analysis.ranks import account_ranks, collective_waits, merge_ranks, waits_per_step
+    from perflab.analysis.ranks import account_ranks, collective_waits, exposed_waiting_ns, merge_ranks, waits_per_step
 
     tables, passes = {}, []
     for rank, path in enumerate(paths):
@@ -140,9 +141,15 @@ def account_rank_traces(paths: Sequence, device: str, steps: int) -> dict:
     merged = merge_ranks(tables)
     out = {"accounts": [a.to_dict() for a in account_ranks(merged)], "waits_per_step": [], "note": note, "rank_passes": passes}
     try:
-        out["waits_per_step"] = waits_per_step(collective_waits(merged), steps)
+        waits = collective_waits(merged)
+        out["waits_per_step"] = waits_per_step(waits, steps)
     except ValueError as exc:
         out["note"] = (f"{note}; " if note else "") + f"no per-step waits: {exc}"
+    else:  # exposed communication = waiting for a later rank + transfer no compute hides
+        waiting = exposed_waiting_ns(merged, waits)
+        for account in out["accounts"]:
+            account["comm_exposed_waiting_ns"] = waiting.get(account["rank"], 0)
+            account["comm_exposed_transfer_ns"] = account["comm_exposed_ns"] - account["comm_exposed_waiting_ns"]
     return out
 
 

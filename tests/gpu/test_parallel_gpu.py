@@ -60,6 +60,7 @@ def test_profile_ddp_accounts_every_rank(tmp_path):
     for a in result["accounts"]:
         assert a["compute_only_ns"] + a["comm_overlapped_ns"] + a["comm_exposed_ns"] + a["idle_ns"] == a["window_ns"]
         assert a["comm_ns"] > 0  # NCCL kernels found by name
+        assert a["comm_exposed_waiting_ns"] + a["comm_exposed_transfer_ns"] == a["comm_exposed_ns"] and a["comm_exposed_waiting_ns"] >= 0
     assert len(result["waits_per_step"]) == 3
 
 

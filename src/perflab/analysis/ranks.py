@@ -14,6 +14,12 @@ Which rank waits for which: an NCCL kernel starts on a rank when that rank arriv
 spins until every peer has; the i-th collective of a step therefore finishes waiting at the last arrival,
 and every other rank waits ``last_arrival - own_arrival`` for that rank. Ranks of one host share a clock
 (Kineto puts GPU timestamps on the host's clock), so arrivals compare directly.
+
+A rank's exposed communication splits in two (``exposed_waiting_ns``): the part inside its waits, spent spinning
+for a later rank (a straggler's cost, not the collective's: under the profiler one rank's host falls behind and
+the other's NCCL kernels wait for it), and the rest, the transfer no compute hides:
+
+    comm_exposed == comm_exposed_waiting + comm_exposed_transfer
 """
 
 from __future__ import annotations
@@ -189,3 +195,47 @@ def wait_summary(waits: list[Wait]) -> dict[str, dict[int, int]]:
         for r, ns in w.waits_ns.items():
             waited[r] = waited.get(r, 0) + ns
     return {"last_to_arrive": last, "waited_ns": waited}
+
+
+def _intersect_blocks(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The intersection of two sets of disjoint, sorted blocks, as blocks."""
+    (as_, ae), (bs, be) = a, b
+    i = j = 0
+    starts, ends = [], []
+    while i < len(as_) and j < len(bs):
+        lo = max(int(as_[i]), int(bs[j]))
+        hi = min(int(ae[i]), int(be[j]))
+        if hi > lo:
+            starts.append(lo)
+            ends.append(hi)
+        if ae[i] < be[j]:
+            i += 1
+        else:
+            j += 1
+    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+
+
+def exposed_waiting_ns(merged: pd.DataFrame, waits: list[Wait]) -> dict[int, int]:
+    """Per rank, the part of its exposed communication spent waiting for a later rank: time inside
+    [own arrival, last arrival) of a collective when its communication runs and no compute kernel does. Exact (ns)."""
+    comm_mask = merged["comm"].to_numpy(dtype=bool) if "comm" in merged else merged["name"].map(is_comm).to_numpy(dtype=bool)
+    comm = merged[comm_mask]
+    out = {}
+    for rank, kernels in merged.groupby("rank", sort=True):
+        rank = int(rank)
+        arrivals = comm[comm["rank"] == rank].sort_values("start_ns", kind="stable")["start_ns"].to_numpy(dtype=np.int64)
+        waited = np.array([w.waits_ns.get(rank, 0) for w in waits], dtype=np.int64)
+        if not len(waits) or len(arrivals) != len(waits):
+            out[rank] = 0
+            continue
+        keep = waited > 0
+        spin = _blocks(arrivals[keep], arrivals[keep] + waited[keep], np.iinfo(np.int64).min, np.iinfo(np.int64).max)
+        is_comm_kernel = kernels["comm"].to_numpy(dtype=bool) if "comm" in kernels else kernels["name"].map(is_comm).to_numpy(dtype=bool)
+        start = kernels["start_ns"].to_numpy(dtype=np.int64)
+        end = kernels["end_ns"].to_numpy(dtype=np.int64)
+        lo, hi = int(start.min()), int(end.max())
+        m = _blocks(start[is_comm_kernel], end[is_comm_kernel], lo, hi)
+        c = _blocks(start[~is_comm_kernel], end[~is_comm_kernel], lo, hi)
+        spinning = _intersect_blocks(m, spin)
+        out[rank] = int((spinning[1] - spinning[0]).sum()) - _intersection_ns(spinning, c)
+    return out

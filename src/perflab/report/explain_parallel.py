@@ -9,11 +9,13 @@ from perflab.report.md import md_table, num
 MIB = 2**20
 
 COLLECTIVE_HEADER = ["collective", "payload MiB", "bus factor", "bus MiB per rank", "calls", "mean message MiB"]
-RANK_HEADER = ["rank", "step ms (untraced)", "comm ms", "exposed ms", "overlapped ms", "overlap", "comm ÷ floor", "passes ms"]
+RANK_HEADER = ["rank", "step ms (untraced)", "comm ms", "exposed ms", "of it waiting ms", "overlapped ms", "overlap", "comm ÷ floor",
+               "passes ms"]
 FIX_HEADER = ["#", "fix", "parallel after", "mode", "base beside it ms", "predicted ms", "measured ms", "error", "throughput vs base (95% CI)",
               "compute ms pred / meas", "exposed ms pred / meas"]
-RANK_TITLE = ("Per rank, per profiled step: communication (comm), the part no compute hides (exposed) and the part hidden (overlapped); "
-              "comm ÷ floor = the rank's measured communication over the floor")
+RANK_TITLE = ("Per rank, per profiled step: communication (comm), the part no compute hides (exposed; of it, waiting: spinning in a "
+              "collective for a later rank to arrive) and the part hidden (overlapped); comm ÷ floor = the rank's measured communication "
+              "over the floor")
 FIX_TITLE = ("Communication fixes: each measured in a launch of its own, the base built again beside it and the two timed in "
              "interleaved blocks (each one's step: the median of its blocks, a block the slowest rank's; the throughput ratio over "
              "blocks of the same round, with its 95% CI); each profiled too (the slowest rank's exposed communication, as its share "
@@ -63,7 +65,8 @@ def rank_rows(e) -> list[list[str]]:
     for r in e.communication["ranks"]:
         ms = ", ".join(f"{name} {v:.3f}" for name, v in passes.get(r["rank"], {}).items())
         out.append([str(r["rank"]) + (" (slowest)" if r["rank"] == e.communication["slowest_rank"] else ""), f"{r['step_ms']:.3f}",
-                    f"{r['comm_ms']:.3f}", f"{r['exposed_ms']:.3f}", f"{r['overlapped_ms']:.3f}", num(r["overlap_fraction"], ".1%"),
+                    f"{r['comm_ms']:.3f}", f"{r['exposed_ms']:.3f}", num(r.get("waiting_ms"), ".3f"), f"{r['overlapped_ms']:.3f}",
+                    num(r["overlap_fraction"], ".1%"),
                     num(r["measured_over_floor"], ".2f") + "×", ms or "–"])
     return out
 
