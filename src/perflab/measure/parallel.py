@@ -268,7 +268,9 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
         result["together"] = _time_together(case, plain, built, step, [Case.from_dict(other) for other in paired], rank, device,
                                             device_index, where)
     if single:
-        result["beside"] = _time_beside_one_device(case, plain, built, step, accumulate, rank, device, where)
+        peak = result["memory"].get("peak_alloc_mb")
+        result["beside"] = _time_beside_one_device(case, plain, built, step, accumulate, rank, device, where,
+                                                   need_bytes=int(peak * 2**20) if peak else 0)
     del built, step, params
     _free(device)
     if explain and rank == 0:
@@ -299,12 +301,15 @@ def _built_on_rank(case: Case, rank: int, device: str, device_index: int | None)
     return built, plain, params, layout
 
 
-def _time_beside_one_device(case: Case, plain: Case, built, step, accumulate: int, rank: int, device: str, where: torch.device) -> dict | None:
+def _time_beside_one_device(case: Case, plain: Case, built, step, accumulate: int, rank: int, device: str, where: torch.device,
+                            need_bytes: int = 0) -> dict | None:
     """The data-parallel step (``built``, warm) and the same case on rank 0's device alone, built there beside it, timed
     in interleaved blocks: per round each times one block, in a seeded random order every rank draws alike; all ranks
     meet at a barrier before each block, and while rank 0 times a one-device block the others wait at the next one.
     Every rank returns its data-parallel blocks and their rounds, rank 0 its one-device blocks too; None on every rank
-    where the one-device model did not fit on rank 0 (then it is timed alone, after the ranks' model is freed)."""
+    where the one-device model would not fit on rank 0 (then it is timed alone, after the ranks' model is freed): less
+    free device memory than ``need_bytes`` (the rank's own peak, about what the one-device step holds: a model of the
+    same size, its gradients, optimizer state and activations) plus a tenth, or an OOM while building and warming it."""
     import torch.distributed as dist
 
     from perflab.measure.interleave import block_schedule, interleaved_order
@@ -312,7 +317,9 @@ def _time_beside_one_device(case: Case, plain: Case, built, step, accumulate: in
 
     one = one_step = None
     fits = 1
-    if rank == 0:
+    if rank == 0 and device == "cuda" and _free_bytes(where) < 1.1 * need_bytes:
+        fits = 0
+    elif rank == 0:
         try:
             one = build(plain)
             with step_context(plain, one):
@@ -355,6 +362,11 @@ def _time_beside_one_device(case: Case, plain: Case, built, step, accumulate: in
     dist.barrier()
     del one, one_step
     return out
+
+
+def _free_bytes(where: torch.device) -> int:
+    """What a new model could take on this device: the driver's free memory and the allocator's cached, unused blocks."""
+    return torch.cuda.mem_get_info(where)[0] + torch.cuda.memory_reserved(where) - torch.cuda.memory_allocated(where)
 
 
 def _time_together(case: Case, plain: Case, built, step, others: list[Case], rank: int, device: str, device_index: int | None,
