@@ -84,3 +84,17 @@ def test_explain_ddp_communication_floor_and_a_bucket_fix(tmp_path):
     (fix,) = e.fix_results
     assert fix.measured_ms and fix.prediction.ms and fix.measured_exposed_ms is not None and fix.base_row["median_ms"] > 0
     assert e.step.glue_ms > 0 and e.step.optimizer_ms > 0  # the GPU traces' categories and passes
+
+
+def test_a_compiled_ddp_step_says_what_compiling_did():
+    """compile of the DDP-wrapped model: DDPOptimizer splits its graph at the buckets (gpt_small's 2 layers and its
+    embeddings hold about 150 MB of fp32 gradients: several 25 MB buckets), and nothing compiles while timed."""
+    from dataclasses import replace
+
+    from perflab.measure.parallel import run_parallel_case
+
+    row = run_parallel_case(replace(_case("ddp"), mode="compile"), gpus=[0, 1], single=False)
+    assert row["status"] == "ok", row.get("detail")
+    c = row["compile"]
+    assert c["graphs"] >= 1 and c["backend_graphs"] >= 2 and c["frames_compiled_while_timed"] == 0
+    assert sum(r["count"] for r in c["break_reasons"]) <= c["graph_breaks"]  # the commonest reasons (at most 3)

@@ -139,6 +139,8 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
         row["together"], row["paired"] = together_rows(case, [r["together"] for r in ranks])
     else:
         row["paired"] = []
+    if first.get("compile"):  # rank 0's compile; a recompile while timed on any rank
+        row["compile"] = dict(first["compile"], frames_compiled_while_timed=max(r["compile"]["frames_compiled_while_timed"] for r in ranks))
     row["rank_memory"] = [r["memory"] for r in ranks]
     row["multicast_off"] = all(r["multicast_off"] for r in ranks)  # NVLink multicast was off in every rank's process
     if case.device == "cuda":
@@ -450,10 +452,16 @@ def _step(built, mode: str, accumulate: int):
 def _time(case: Case, built, step, device: str, where: torch.device, rank: int, collective: bool = True) -> dict:
     import torch.distributed as dist
 
+    compiled = case.mode == "compile"
+    if compiled:
+        from perflab.runtime.modes import compile_counters, compile_stats
+
+        before = compile_counters()
     out = step()
     for _ in range(case.warmup):
         out = step()
     synchronize(device)
+    warm = compile_counters() if compiled else None
     processed = built.batch_of(out)
     finite = output_is_finite(out)
     loss = float(out[0].detach()) if isinstance(out, tuple) and torch.is_tensor(out[0]) else None
@@ -471,9 +479,12 @@ def _time(case: Case, built, step, device: str, where: torch.device, rank: int, 
         dist.barrier()
     timing = time_step(step, plan, device)
     peak = memory_peaks(device)
-    return {"samples_ms": [float(v) for v in timing.samples_ms], "timed_s": timing.timed_s, "block_iters": plan.block_iters,
-            "timed_iters": plan.total_iters, "processed": processed, "finite": finite, "loss": loss,
-            "memory": rank_memory(built, peak["alloc"], peak["reserved"])}
+    result = {"samples_ms": [float(v) for v in timing.samples_ms], "timed_s": timing.timed_s, "block_iters": plan.block_iters,
+              "timed_iters": plan.total_iters, "processed": processed, "finite": finite, "loss": loss,
+              "memory": rank_memory(built, peak["alloc"], peak["reserved"])}
+    if compiled:  # what compiling did in the first call and the warm-up, and any frame compiled again while timed
+        result["compile"] = dict(compile_stats(before, warm), frames_compiled_while_timed=compile_stats(warm, compile_counters())["frames"])
+    return result
 
 
 def rank_memory(built, peak_alloc: int | None, peak_reserved: int | None) -> dict:

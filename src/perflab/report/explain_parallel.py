@@ -106,13 +106,31 @@ def gain_cell(fx) -> str:
     return f"{fx.throughput_gain:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (unpaired)")
 
 
+def compile_lines(e) -> list[str]:
+    """What compiling did, for the base and each fix that compiled: frames, dynamo graphs, the graphs its backend
+    compiled (DDPOptimizer compiles a DDP model's graph in pieces, split at its buckets), graph breaks with their
+    commonest reasons, and frames compiled again during the timed steps (a recompile there times compilation)."""
+    out = []
+    for name, row in [("base", e.row)] + [(f"`{fx.name}`", fx.measured) for fx in e.fix_results]:
+        c = row.get("compile")
+        if not c:
+            continue
+        reasons = "; ".join(f"{r['reason']} ×{r['count']}" for r in c.get("break_reasons") or [])
+        out.append(f"Compile, {name} (rank 0): {c['frames']} frame(s) compiled, {c['graphs']} dynamo graph(s), {c['backend_graphs']} "
+                   f"compiled by the backend (DDPOptimizer splits a DDP model's graph at its buckets), {c['graph_breaks']} graph "
+                   f"break(s){': ' + reasons if reasons else ''}; {c['frames_compiled_while_timed']} frame(s) compiled again while timed"
+                   + (" (the timed steps include compilation)" if c["frames_compiled_while_timed"] else "") + ".")
+    return out
+
+
 def parallel_markdown(e, device: str = "") -> str:
     out = [f"### {e.case.label()} ({device or where(e)})", "", " ".join(summary_lines(e)), ""]
     out += md_table(COLLECTIVE_HEADER, collective_rows(e)).splitlines() + [""]
     out += [f"{RANK_TITLE}:", ""] + md_table(RANK_HEADER, rank_rows(e)).splitlines() + [""] + rank_note(e) + [""]
     if e.fix_results:
         out += [f"{FIX_TITLE}:", ""] + md_table(FIX_HEADER, fix_rows(e)).splitlines() + [""] + fix_model_lines(e) + [""]
-    return "\n".join(out)
+    compiled = compile_lines(e)
+    return "\n".join(out + (compiled + [""] if compiled else []))
 
 
 def render_parallel(console, e, table, plain) -> None:
@@ -128,3 +146,5 @@ def render_parallel(console, e, table, plain) -> None:
         table(console, FIX_TITLE, FIX_HEADER, fix_rows(e))
         for line in fix_model_lines(e):
             console.print("  " + plain(line), soft_wrap=True)
+    for line in compile_lines(e):
+        console.print(plain(line), soft_wrap=True)

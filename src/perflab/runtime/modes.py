@@ -95,6 +95,27 @@ def allow_recompiles() -> None:
         config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 4 * RECOMPILE_LIMIT)
 
 
+def compile_counters() -> dict:
+    """dynamo's process-wide counters now: frames compiled, dynamo graphs, graphs handed to AOTAutograd (a DDP-wrapped
+    model's graph is split at its buckets by DDPOptimizer, each piece compiled on its own), graph breaks with their
+    reasons. ``compile_stats(before, after)`` gives what happened between two of these."""
+    from torch._dynamo.utils import counters
+
+    return {"frames": int(counters["frames"]["total"]), "graphs": int(counters["stats"]["unique_graphs"]),
+            "backend_graphs": int(counters["aot_autograd"]["total"]), "breaks": dict(counters["graph_break"])}
+
+
+def compile_stats(before: dict, after: dict, top: int = 3) -> dict:
+    """What compiling did between two ``compile_counters()``: frames, graphs, backend graphs and graph breaks, and the
+    ``top`` break reasons by count (each reason's first line)."""
+    breaks = {reason: n - before["breaks"].get(reason, 0) for reason, n in after["breaks"].items()}
+    breaks = {reason: n for reason, n in breaks.items() if n > 0}
+    reasons = sorted(breaks.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+    return {"frames": after["frames"] - before["frames"], "graphs": after["graphs"] - before["graphs"],
+            "backend_graphs": after["backend_graphs"] - before["backend_graphs"], "graph_breaks": sum(breaks.values()),
+            "break_reasons": [{"reason": reason.strip().splitlines()[0] if reason.strip() else "", "count": n} for reason, n in reasons]}
+
+
 def capture(step: Callable[[], Any], warmup: int) -> Callable[[], Any]:
     # Warm up on a side stream (as torch.cuda.graphs recommends) so lazy init, autotuning and the
     # optimizer's state allocation stay out of the graph.
