@@ -39,3 +39,30 @@ def test_compile_lines_name_the_base_and_each_compiled_fix():
     assert line == ("Compile, `compile` (rank 0): 53 frame(s) compiled, 1 dynamo graph(s), 4 compiled by the backend (DDPOptimizer "
                     "splits a DDP model's graph at its buckets), 3 graph break(s): Attempted to call function marked as skipped ×2; "
                     "2 frame(s) compiled again while timed (the timed steps include compilation).")
+
+
+def test_a_compiled_case_row_says_what_compiling_did_alone_and_timed_together():
+    from perflab.measure.harness import run_case, run_cases
+    from perflab.spec import Case
+
+    fast = dict(device="cpu", input_size=32, warmup=1, iters=5, repeats=5)
+    alone = run_case(Case("test:tiny", mode="compile", **fast))
+    assert alone["status"] == "ok", alone.get("message")
+    c = alone["compile"]
+    # test:tiny traces as one graph, compiled by inductor through AOTAutograd, nothing compiled again while timed
+    assert c["graphs"] == 1 and c["backend_graphs"] == 1 and c["graph_breaks"] == 0 and c["break_reasons"] == []
+    assert c["frames"] >= 1 and c["frames_compiled_while_timed"] == 0
+    eager, compiled = run_cases([Case("test:tiny", **fast), Case("test:tiny", mode="compile", batch_size=2, **fast)])
+    assert "compile" not in eager and compiled["compile"]["graphs"] >= 1 and compiled["compile"]["frames_compiled_while_timed"] == 0
+    assert compiled["session"] == eager["session"] and compiled["sample_rounds"]  # timed together, interleaved
+
+
+def test_compile_checks_warn_of_a_recompile_while_timed_and_of_graph_breaks():
+    from perflab.measure.checks import compile_checks
+
+    assert compile_checks(None) == [] and compile_checks({"frames_compiled_while_timed": 0, "graph_breaks": 0}) == []
+    checks = compile_checks({"frames_compiled_while_timed": 2, "graph_breaks": 3, "graphs": 4,
+                             "break_reasons": [{"reason": "Unsupported method call", "count": 3}]})
+    assert [c.flag for c in checks] == ["compiled_while_timed", "graph_breaks"]
+    assert "compiled 2 frame(s) during the timed steps" in checks[0].message
+    assert checks[1].message == "compile: 3 graph break(s) in 4 graph(s) (Unsupported method call ×3); the step runs eagerly between them"

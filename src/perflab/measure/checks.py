@@ -67,3 +67,20 @@ def cv_check(cv: float, cv_threshold: float = CV_THRESHOLD) -> Check | None:
         return Check("high_cv", f"timing samples vary by CV {cv:.1%} (threshold {cv_threshold:.0%}); the machine may be busy or the step too short")
     return None
 
+
+def compile_checks(stats: dict | None) -> list[Check]:
+    """A compiled case's warnings from what compiling did (``runtime.modes.compile_stats``): frames compiled during the
+    timed steps (the timing includes compilation: a recompile, shapes or guards changed), and graph breaks (the step
+    runs eagerly between its graphs, and each break is a place compile's fusion stops)."""
+    if not stats:
+        return []
+    checks = []
+    again = stats.get("frames_compiled_while_timed") or 0
+    if again:
+        checks.append(Check("compiled_while_timed", f"dynamo compiled {again} frame(s) during the timed steps: the timing includes "
+                                                    "compilation (a recompile: a shape or a guard changed between steps)"))
+    if stats.get("graph_breaks"):
+        reasons = "; ".join(f"{r['reason']} ×{r['count']}" for r in stats.get("break_reasons") or [])
+        checks.append(Check("graph_breaks", f"compile: {stats['graph_breaks']} graph break(s) in {stats['graphs']} graph(s)"
+                                            + (f" ({reasons})" if reasons else "") + "; the step runs eagerly between them"))
+    return checks

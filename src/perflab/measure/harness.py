@@ -38,7 +38,7 @@ import torch
 from perflab.errors import PerflabError
 from perflab.measure import sched
 from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, host_canary
-from perflab.measure.checks import MIN_TIMED_ITERS, run_checks
+from perflab.measure.checks import MIN_TIMED_ITERS, compile_checks, run_checks
 from perflab.measure.energy import open_monitor
 from perflab.measure.env import device_name, environment
 from perflab.measure.flops import FlopCache, count_flops_once, count_params
@@ -48,7 +48,7 @@ from perflab.measure.stats import hierarchical_ci, summarize
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
-from perflab.runtime.modes import make_step
+from perflab.runtime.modes import compile_counters, compile_stats, make_step
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
 from perflab.workloads.registry import implementation
@@ -182,6 +182,8 @@ class Prepared:
     warm_peak_bytes: int | None = None  # the allocator's peak over the calls before timing (CUDA), absolute
     alloc0: int | None = None  # allocated before the case was built (CUDA, cases timed together)
     flops_counted_in: str | None = None  # the case whose identical eager step was counted (a sweep's FLOP cache), if not this
+    compile_stats: dict | None = None  # compile modes: what dynamo compiled in the first call and the warm-up (runtime.modes)
+    compile_after: dict | None = None  # dynamo's counters when the case was warm: a frame compiled after it, compiled while timed
 
 
 def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None, flop_cache=None) -> Prepared:
@@ -202,6 +204,8 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
         # (perflab's cudagraph mode captures in make_step; cudagraph trees record at the second call or later).
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
+    compiling = case.mode.startswith("compile")
+    counters0 = compile_counters() if compiling else None
     with intra_op_threads(case.device, host):  # as warm-up and timing run it: no recompile at the first warm-up step
         step = make_step(built, case.mode)
         out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
@@ -229,10 +233,24 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
     warm_peak = torch.cuda.max_memory_allocated() if case.device == "cuda" else None
     prepared = Prepared(case, impl, built, step, checked, flops, params, trainable, first_step_s, processed, plan, issue, issue_step, held,
                         finite=finite, warm_peak_bytes=warm_peak, flops_counted_in=counted_in)
+    if compiling:
+        prepared.compile_after = compile_counters()
+        prepared.compile_stats = compile_stats(counters0, prepared.compile_after)
     if alloc0 is not None:
         prepared.alloc0 = alloc0
         prepared.resident_bytes = torch.cuda.memory_allocated() - alloc0
     return prepared
+
+
+def compiled_while_timed(prepared: list[Prepared], since: dict | None = None) -> None:
+    """Each compiled case's ``frames_compiled_while_timed``: frames dynamo compiled from ``since`` (the counters when the
+    timed loop began; default: when the case was warm) to now. Cases timed together share one count, the session's."""
+    compiled = [p for p in prepared if p.compile_stats is not None]
+    if not compiled:
+        return
+    now = compile_counters()
+    for p in compiled:
+        p.compile_stats["frames_compiled_while_timed"] = compile_stats(since or p.compile_after, now)["frames"]
 
 
 def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None, flop_cache=None) -> dict:
@@ -259,6 +277,7 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None, fl
                     load0 = sched.sample()
                     timing = time_step(prepared.step, prepared.plan, case.device)  # synchronised at its end
                     load1 = sched.sample()
+                    compiled_while_timed([prepared])
                     report = monitor.end()  # the sampler thread has ended
                 finally:
                     if gc_was_enabled:
@@ -324,6 +343,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         finite=prepared.finite,
         min_time=case.min_time,
     )
+    checks += compile_checks(prepared.compile_stats)
     env = dict(env)
     env.update(
         sm_clock_mhz=report.sm_clock_mhz_end,
@@ -361,6 +381,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         pinned_cpu=thread.pinned_cpu,
         timing_threads=thread.threads,
         first_step_s=prepared.first_step_s,
+        **({"compile": dict(prepared.compile_stats)} if prepared.compile_stats is not None else {}),
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )
@@ -732,6 +753,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
         gc.collect()
         gc_was_enabled = gc.isenabled()
         gc.disable()
+        counters0 = compile_counters() if any(p.compile_stats is not None for p in prepared) else None
         try:
             monitor.begin()
             session = time_interleaved([p.step for p in prepared], schedule, enter=lambda k: step_context(prepared[k].case, prepared[k].built),
@@ -741,6 +763,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
         finally:
             if gc_was_enabled:
                 gc.enable()
+        compiled_while_timed(prepared, since=counters0)
         extras, energy = [], []
         for k, p in enumerate(prepared):
             with step_context(p.case, p.built):

@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from perflab.analysis.comm import ddp_bytes, fsdp_bytes
-from perflab.measure.checks import MIN_TIMED_ITERS, Check, run_checks
+from perflab.measure.checks import MIN_TIMED_ITERS, Check, compile_checks, run_checks
 from perflab.measure.env import environment
 from perflab.measure.harness import MB, base_row, failed_row, memory_peaks, output_is_finite, timing_fields
 from perflab.measure.timing import estimate_step_s, plan_timing, time_step
@@ -169,6 +169,7 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
     checks = run_checks(requested_batch=case.batch_size, processed_batch=min(r["processed"] for r in ranks), timed_s=row["timed_s"],
                         timed_iters=timed_iters, cv=row["cv"], energy_j=None, energy_unavailable="not measured with --parallel",
                         throttle_reasons=[], other_processes=[], finite=all(r["finite"] is not False for r in ranks), min_time=case.min_time)
+    checks += compile_checks(row.get("compile"))
     if row["ranks_agree"] is False:
         checks.append(Check("ranks_disagree", "the ranks' parameters differ after the timed steps: the gradients were not reduced alike"))
     row["flags"] = [c.flag for c in checks]
