@@ -91,3 +91,13 @@ def test_make_reuses_the_torch_of_a_virtualenv_python(tmp_path):
     version, where, prefix = probe.stdout.split()
     assert version == "9.9.9+fake" and where.startswith(str(site))
     assert prefix == str(venv)  # .venv is its own environment (what perflab installs goes there), seeing the parent's torch
+
+
+def test_a_childs_environment_puts_this_perflab_first_on_pythonpath_once():
+    import os
+
+    from perflab.paths import SRC, child_env
+
+    env = child_env({"PYTHONPATH": os.pathsep.join(["src", SRC, "/x"]), "OTHER": "1"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [SRC, "src", "/x"] and env["OTHER"] == "1"
+    assert child_env({})["PYTHONPATH"] == SRC and (Path(SRC) / "perflab" / "__init__.py").is_file()

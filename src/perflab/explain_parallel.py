@@ -92,8 +92,10 @@ def plan_parallel_fixes(case: Case, fixes) -> list[tuple[str, Case]]:
 
 
 def check_parallel_explain(case: Case, vs, by_module: bool, fixes_on: str, compile_budget_s, modes) -> None:
-    if case.workload != "train_step":
-        raise PerflabError(f"explain --parallel explains a training step's communication: use --workload train_step, not {case.workload}")
+    steps = case.family_spec.optimizer_workloads
+    if case.workload not in steps:
+        raise PerflabError(f"explain --parallel explains a training step's communication (the gradients reduced, then the optimizer's "
+                           f"step): use --workload {' or '.join(steps) or '(none of this family)'}, not {case.workload}")
     for given, what in ((vs is not None, "--vs"), (by_module, "--by-module"), (fixes_on != "best", "--fixes-on"),
                         (compile_budget_s is not None, "--compile-budget"), (bool(modes), "--modes")):
         if given:

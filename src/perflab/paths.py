@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from perflab.errors import PerflabError
+
+SRC = str(Path(__file__).resolve().parents[1])  # the directory this perflab is imported from
 
 
 def make_out_dir(out_dir) -> Path:
@@ -46,3 +49,11 @@ def check_writable_file(path) -> Path:
 def write_failed(path, exc: OSError) -> PerflabError:
     """The one-line error for an output that could not be written after the work was done."""
     return PerflabError(f"{path}: could not write the results ({exc.strerror or exc}); they are printed above")
+
+
+def child_env(env: dict | None = None) -> dict:
+    """``env`` (default: this process's environment), copied, with this perflab's source first on PYTHONPATH: a child
+    started as ``python -m perflab...`` imports this perflab, even where it was found through a relative PYTHONPATH."""
+    out = dict(os.environ if env is None else env)
+    out["PYTHONPATH"] = os.pathsep.join([SRC] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != SRC])
+    return out

@@ -312,9 +312,11 @@ def _validate_parallel(case: Case, family) -> None:
     if case.world_size < 2:
         raise PerflabError(f"--parallel {case.parallel} needs at least 2 ranks (one per GPU; --gpus, --world-size, a spec's world_size), "
                            f"got {case.world_size}")
-    if family.name != "lm" or case.workload not in ("forward_backward", "train_step"):
-        raise PerflabError(f"--parallel trains a language model on several ranks: it applies to the lm family's forward_backward and "
-                           f"train_step workloads, not {case.model} {case.workload}")
+    if case.workload not in family.parallel_workloads:
+        runs = f"the {family.name} family's {' and '.join(family.parallel_workloads)} workloads" if family.parallel_workloads else "none of the " \
+               f"{family.name} family's workloads"
+        raise PerflabError(f"--parallel trains a model on several ranks (a backward whose gradients are reduced): it applies to {runs}, "
+                           f"not {case.model} {case.workload}")
     if case.mode == "cudagraph" or case.mode.startswith("compile:"):
         raise PerflabError(f"--parallel runs eager or compile (torch.compile of the wrapped model), not mode {case.mode}")
     if case.max_memory is not None:

@@ -2,7 +2,8 @@
 --parallel``). No torch: arithmetic over the base step as explain measured and profiled it (``CommStep``).
 
 **The step model.** The slowest rank's step T (untraced median) is its compute C and its exposed communication E
-(communication that no compute hides, from its profile: ``analysis.ranks``): T = C + E. A fix changes C and E
+(the transfer no compute hides, without the time spent waiting for a later rank, from its profile: ``analysis.ranks``,
+as its share of the traced step applied to T): T = C + E. A fix changes C and E
 (Δ below), and the prediction is T' = T + ΔC + ΔE, with E' = max(0, E + ΔE). Explain times the base again beside each
 fix (in the fix's launch) and anchors the prediction there: T that paired step, the profiled times scaled with it
 (``CommStep.anchored``). Where it misses by more than 15%,
@@ -33,6 +34,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from perflab.analysis.comm import MIB, busbw_at, comm_ms, ddp_buckets, ddp_bytes, fsdp_bytes
 from perflab.analysis.fixes import MISS, worst_term
+
+NO_SWEEP = "measured only: no all-reduce sweep (bus bandwidth and per-call latency) to predict from"
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ def predict_comm_fix(step: CommStep, new_mode: str | None, new_options: dict | N
     value = options[key]
     if key == "bucket_cap_mb":
         if step.sweep is None:
-            return CommPrediction(None, "measured only: no all-reduce sweep (bus bandwidth and per-call latency) to predict from")
+            return CommPrediction(None, NO_SWEEP)
         old, new = _buckets(step, step.options["bucket_cap_mb"]), _buckets(step, value)
         f = 2 * (step.world_size - 1) / step.world_size
         b_old, b_new = busbw_at(step.sweep, old[-1]), busbw_at(step.sweep, new[-1])
@@ -160,7 +163,7 @@ def predict_comm_fix(step: CommStep, new_mode: str | None, new_options: dict | N
 def _switch(step: CommStep, mode: str, options: dict) -> CommPrediction:
     """DDP ↔ FSDP, or FSDP's resharding: the other collectives' modelled time, the same share of it exposed."""
     if step.sweep is None:
-        return CommPrediction(None, "measured only: no all-reduce sweep (bus bandwidth and per-call latency) to predict from")
+        return CommPrediction(None, NO_SWEEP)
     m_old, old_text = collectives_ms(step, step.mode, step.options)
     m_new, new_text = collectives_ms(step, mode, options)
     E = step.exposed_ms

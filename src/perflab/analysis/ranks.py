@@ -64,21 +64,41 @@ def _blocks(start: np.ndarray, end: np.ndarray, lo: int, hi: int) -> tuple[np.nd
     return bs, be
 
 
-def _intersection_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
-    """Length of the intersection of two sets of disjoint, sorted blocks (two-pointer sweep)."""
+def _intersect_blocks(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The intersection of two sets of disjoint, sorted blocks, as blocks."""
     (as_, ae), (bs, be) = a, b
     i = j = 0
-    total = 0
+    starts, ends = [], []
     while i < len(as_) and j < len(bs):
         lo = max(int(as_[i]), int(bs[j]))
         hi = min(int(ae[i]), int(be[j]))
         if hi > lo:
-            total += hi - lo
+            starts.append(lo)
+            ends.append(hi)
         if ae[i] < be[j]:
             i += 1
         else:
             j += 1
-    return total
+    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+
+
+def _intersection_ns(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
+    """Length of the intersection of two sets of disjoint, sorted blocks."""
+    starts, ends = _intersect_blocks(a, b)
+    return int((ends - starts).sum())
+
+
+def _comm_mask(kernels: pd.DataFrame) -> np.ndarray:
+    """Which rows are communication: the table's own ``comm`` (merged, or a CPU rank's), else NCCL kernels by name."""
+    return kernels["comm"].to_numpy(dtype=bool) if "comm" in kernels else kernels["name"].map(is_comm).to_numpy(dtype=bool)
+
+
+def _compute_and_comm_blocks(kernels: pd.DataFrame, lo: int, hi: int) -> tuple[tuple, tuple]:
+    """One rank's compute and communication, each as disjoint blocks clipped to [lo, hi]."""
+    comm = _comm_mask(kernels)
+    start = kernels["start_ns"].to_numpy(dtype=np.int64)
+    end = kernels["end_ns"].to_numpy(dtype=np.int64)
+    return _blocks(start[~comm], end[~comm], lo, hi), _blocks(start[comm], end[comm], lo, hi)
 
 
 @dataclass(frozen=True)
@@ -115,16 +135,12 @@ class RankAccount:
 
 def account_rank(kernels: pd.DataFrame, rank: int = 0, window: tuple[int, int] | None = None) -> RankAccount:
     """Exact busy/idle/communication split of one rank's kernels over ``window`` (default: first start to last end)."""
-    comm = kernels["name"].map(is_comm).to_numpy(dtype=bool) if "comm" not in kernels else kernels["comm"].to_numpy(dtype=bool)
-    start = kernels["start_ns"].to_numpy(dtype=np.int64)
-    end = kernels["end_ns"].to_numpy(dtype=np.int64)
     if window is None:
-        window = (int(start.min()), int(end.max())) if len(start) else (0, 0)
+        window = (int(kernels["start_ns"].min()), int(kernels["end_ns"].max())) if len(kernels) else (0, 0)
     lo, hi = int(window[0]), int(window[1])
     if hi < lo:
         raise ValueError(f"window ends before it starts: {window}")
-    c = _blocks(start[~comm], end[~comm], lo, hi)
-    m = _blocks(start[comm], end[comm], lo, hi)
+    c, m = _compute_and_comm_blocks(kernels, lo, hi)
     compute = int((c[1] - c[0]).sum())
     communication = int((m[1] - m[0]).sum())
     both = _intersection_ns(c, m)
@@ -152,7 +168,7 @@ def collective_waits(merged: pd.DataFrame) -> list[Wait]:
 
     Raises ValueError when the ranks ran different numbers of collectives (the traces do not line up).
     """
-    comm = merged[merged["comm"]] if "comm" in merged else merged[merged["name"].map(is_comm)]
+    comm = merged[_comm_mask(merged)]
     per_rank = {int(r): comm[comm["rank"] == r].sort_values("start_ns", kind="stable") for r in sorted(merged["rank"].unique())}
     if not len(comm):
         return []
@@ -197,45 +213,21 @@ def wait_summary(waits: list[Wait]) -> dict[str, dict[int, int]]:
     return {"last_to_arrive": last, "waited_ns": waited}
 
 
-def _intersect_blocks(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The intersection of two sets of disjoint, sorted blocks, as blocks."""
-    (as_, ae), (bs, be) = a, b
-    i = j = 0
-    starts, ends = [], []
-    while i < len(as_) and j < len(bs):
-        lo = max(int(as_[i]), int(bs[j]))
-        hi = min(int(ae[i]), int(be[j]))
-        if hi > lo:
-            starts.append(lo)
-            ends.append(hi)
-        if ae[i] < be[j]:
-            i += 1
-        else:
-            j += 1
-    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
-
-
 def exposed_waiting_ns(merged: pd.DataFrame, waits: list[Wait]) -> dict[int, int]:
     """Per rank, the part of its exposed communication spent waiting for a later rank: time inside
     [own arrival, last arrival) of a collective when its communication runs and no compute kernel does. Exact (ns)."""
-    comm_mask = merged["comm"].to_numpy(dtype=bool) if "comm" in merged else merged["name"].map(is_comm).to_numpy(dtype=bool)
-    comm = merged[comm_mask]
+    comm = merged[_comm_mask(merged)]
     out = {}
     for rank, kernels in merged.groupby("rank", sort=True):
         rank = int(rank)
         arrivals = comm[comm["rank"] == rank].sort_values("start_ns", kind="stable")["start_ns"].to_numpy(dtype=np.int64)
-        waited = np.array([w.waits_ns.get(rank, 0) for w in waits], dtype=np.int64)
-        if not len(waits) or len(arrivals) != len(waits):
+        if not waits or len(arrivals) != len(waits):
             out[rank] = 0
             continue
+        waited = np.array([w.waits_ns.get(rank, 0) for w in waits], dtype=np.int64)
         keep = waited > 0
-        spin = _blocks(arrivals[keep], arrivals[keep] + waited[keep], np.iinfo(np.int64).min, np.iinfo(np.int64).max)
-        is_comm_kernel = kernels["comm"].to_numpy(dtype=bool) if "comm" in kernels else kernels["name"].map(is_comm).to_numpy(dtype=bool)
-        start = kernels["start_ns"].to_numpy(dtype=np.int64)
-        end = kernels["end_ns"].to_numpy(dtype=np.int64)
-        lo, hi = int(start.min()), int(end.max())
-        m = _blocks(start[is_comm_kernel], end[is_comm_kernel], lo, hi)
-        c = _blocks(start[~is_comm_kernel], end[~is_comm_kernel], lo, hi)
+        spin = union_blocks(arrivals[keep], arrivals[keep] + waited[keep])[:2]
+        c, m = _compute_and_comm_blocks(kernels, int(kernels["start_ns"].min()), int(kernels["end_ns"].max()))
         spinning = _intersect_blocks(m, spin)
         out[rank] = int((spinning[1] - spinning[0]).sum()) - _intersection_ns(spinning, c)
     return out

@@ -188,6 +188,8 @@ def efficiency_fields(case: Case, ranks: list[dict]) -> dict:
     one = ranks[0]["one_samples_ms"]
     ratio = paired_ratio({"samples_ms": one, "sample_rounds": ranks[0]["one_rounds"], "session": session},
                          {"samples_ms": dp, "sample_rounds": rounds, "session": session})
+    if ratio is None:  # no round held a block of each: the medians' ratio, without a CI
+        ratio = {"ratio": statistics.median(one) / statistics.median(dp), "ci95": None, "pairs": 0}
     return {"single_gpu_ms": statistics.median(one), "single_gpu_samples_ms": one, "step_ms_beside_single": statistics.median(dp),
             "scaling_efficiency": ratio["ratio"], "scaling_efficiency_ci95": ratio["ci95"], "scaling_efficiency_pairs": ratio["pairs"],
             "single_gpu_timing": "interleaved with the ranks' step, in blocks of the same rounds",
@@ -315,7 +317,6 @@ def _time_beside_one_device(case: Case, plain: Case, built, step, accumulate: in
     same size, its gradients, optimizer state and activations) plus a tenth, or an OOM while building and warming it."""
     import torch.distributed as dist
 
-    from perflab.measure.interleave import block_schedule, interleaved_order
     from perflab.measure.timing import TimingPlan
 
     one = one_step = None
@@ -338,17 +339,8 @@ def _time_beside_one_device(case: Case, plain: Case, built, step, accumulate: in
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     if not int(flag.item()):
         return None
-    with step_context(plain, built):
-        dp_s = estimate_step_s(step, device)
-    one_s = 0.0
-    if rank == 0:
-        with step_context(plain, one):
-            one_s = estimate_step_s(one_step, device)
-    slowest = torch.tensor([dp_s, one_s], dtype=torch.float64, device=where)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    plans = [plan_timing(s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters) for s in slowest.tolist()]
-    order = interleaved_order([0, 0], max(p.n_blocks for p in plans), seed=case.seed + 1)
-    schedule = block_schedule(order, [p.n_blocks for p in plans], [p.block_sizes for p in plans])
+    estimates = [_estimate(plain, built, step, device), _estimate(plain, one, one_step, device) if rank == 0 else 0.0]
+    schedule = _interleaved_schedule(case, estimates, where, seed=case.seed + 1)
     out = {"dp_samples_ms": [], "dp_rounds": [], "one_samples_ms": [], "one_rounds": []}
     gc.collect()
     for r, this_round in enumerate(schedule):
@@ -367,6 +359,32 @@ def _time_beside_one_device(case: Case, plain: Case, built, step, accumulate: in
     return out
 
 
+def _estimate(plain: Case, built, step, device: str) -> float:
+    """Seconds per step of a warm ``step``, in its own grad mode and precision."""
+    with step_context(plain, built):
+        return estimate_step_s(step, device)
+
+
+def _slowest(seconds: list[float], where: torch.device) -> list[float]:
+    """Each value's maximum over the ranks: one timing plan for all (every rank must run the same collectives)."""
+    import torch.distributed as dist
+
+    values = torch.tensor(seconds, dtype=torch.float64, device=where)
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return values.tolist()
+
+
+def _interleaved_schedule(case: Case, estimates: list[float], where: torch.device, seed: int) -> list[list[tuple[int, int]]]:
+    """Per round, the (member, steps) blocks of members timed together: each member's plan from the slowest rank's
+    estimate (``estimates``: this rank's seconds per step of each, 0 for one it does not run), in a seeded random order
+    that every rank draws alike, a member with fewer blocks spread over the rounds (``measure.interleave``)."""
+    from perflab.measure.interleave import block_schedule, interleaved_order
+
+    plans = [plan_timing(s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters) for s in _slowest(estimates, where)]
+    order = interleaved_order([0] * len(plans), max(p.n_blocks for p in plans), seed=seed)
+    return block_schedule(order, [p.n_blocks for p in plans], [p.block_sizes for p in plans])
+
+
 def _free_bytes(where: torch.device) -> int:
     """What a new model could take on this device: the driver's free memory and the allocator's cached, unused blocks."""
     return torch.cuda.mem_get_info(where)[0] + torch.cuda.memory_reserved(where) - torch.cuda.memory_allocated(where)
@@ -380,7 +398,7 @@ def _time_together(case: Case, plain: Case, built, step, others: list[Case], ran
     rounds of the longest. Per case: its blocks' ms per step and their rounds, and its items per step."""
     import torch.distributed as dist
 
-    from perflab.measure.interleave import block_schedule, interleaved_order, time_interleaved
+    from perflab.measure.interleave import time_interleaved
 
     members = [(plain, built, step, parse_parallel(case.parallel)[1].get("no_sync", 1))]
     for other in others:
@@ -391,15 +409,7 @@ def _time_together(case: Case, plain: Case, built, step, others: list[Case], ran
             for _ in range(other.warmup + 1):
                 other_step()
         members.append((other_plain, other_built, other_step, accumulate))
-    estimates = []
-    for member_plain, member_built, member_step, _ in members:
-        with step_context(member_plain, member_built):
-            estimates.append(estimate_step_s(member_step, device))
-    slowest = torch.tensor(estimates, dtype=torch.float64, device=where)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    plans = [plan_timing(s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters) for s in slowest.tolist()]
-    order = interleaved_order([0] * len(members), max(p.n_blocks for p in plans), seed=case.seed)
-    schedule = block_schedule(order, [p.n_blocks for p in plans], [p.block_sizes for p in plans])
+    schedule = _interleaved_schedule(case, [_estimate(m[0], m[1], m[2], device) for m in members], where, seed=case.seed)
     gc.collect()
     dist.barrier()
     session = time_interleaved([m[2] for m in members], schedule, enter=lambda i: step_context(members[i][0], members[i][1]), device=device)
@@ -469,9 +479,7 @@ def _time(case: Case, built, step, device: str, where: torch.device, rank: int, 
     del out
     step_s = estimate_step_s(step, device)
     if collective:  # one plan for all ranks: the slowest rank's estimate
-        estimate = torch.tensor([step_s], dtype=torch.float64, device=where)
-        dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
-        step_s = float(estimate.item())
+        (step_s,) = _slowest([step_s], where)
     plan = plan_timing(step_s, case.repeats, case.min_time, MIN_TIMED_ITERS, case.iters)
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -29,10 +29,9 @@ def compile_in_child(case, budget_s: float) -> dict:
     """Compile ``case`` in a child process within ``budget_s`` seconds. Returns ``status`` (ok, timeout or error),
     ``compile_s`` (the child's seconds from the build to its first step done: the cold compile), ``wall_s`` (the
     child's whole life, its imports included) and ``message``."""
-    from pathlib import Path
+    from perflab.paths import child_env
 
-    src = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p))
+    env = child_env()
     started = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "perflab.runtime.compile_budget", json.dumps(case.to_dict())], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)

@@ -128,9 +128,9 @@ class Launcher:
 
     def __init__(self, label: str = ""):
         self.launched_at = time.time()
-        src = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        from perflab.paths import child_env
+
+        env = child_env()
         cmd = [sys.executable, "-m", "perflab.sweep.launcher", "--parent-pid", str(os.getpid())]
         if label:
             cmd += ["--label", label]
@@ -351,8 +351,9 @@ def driver_files() -> list[str]:
 
 
 # Threads a fork may leave behind: their library re-arms them in the child. jemalloc's background purging thread
-# (pyarrow's allocator, loaded where pandas imports pyarrow: on the GPU host, by perflab.trace.capture's import,
-# 2026-11-26): jemalloc takes its locks before a fork and marks its background threads unstarted in the child.
+# appeared on the GPU host at perflab.trace.capture's import (2026-11-26; which library's jemalloc was not checked:
+# pyarrow's, through pandas, is the likely one). jemalloc takes its locks before a fork and marks its background
+# threads unstarted in the child (its design); measured: the children forked past it ran CUDA and their cases.
 FORK_SAFE_THREADS = ("jemalloc_bg_thd",)
 
 

@@ -39,7 +39,7 @@ from typing import Callable
 from perflab.errors import PerflabError
 from perflab.spec import Case
 from perflab.sweep.spec import Experiment
-from perflab.paths import make_out_dir
+from perflab.paths import child_env, make_out_dir
 from perflab.sweep.store import FAILED_STATUSES, Store, store_path
 
 POLL_S = 0.05  # how often the parent looks at its workers
@@ -394,16 +394,13 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _worker_env(slot: str, n_slots: int = 1) -> dict:
-    env = dict(os.environ)
+    env = child_env()  # the worker must import this perflab even when it was found through a relative PYTHONPATH
     if n_slots > 1:
         # Workers side by side: split the host's cores, or their thread pools oversubscribe them many times
         # over (a GPU worker's launch thread then waits for a core, and launch-bound timings suffer).
         threads = str(max(1, (os.cpu_count() or 1) // n_slots))
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             env.setdefault(name, threads)
-    # The worker must import this perflab even when it was found through a relative PYTHONPATH.
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     if slot.startswith("gpu"):  # a data-parallel case's group of slots sees its GPUs as 0..N-1, one rank each
         env["CUDA_VISIBLE_DEVICES"] = ",".join(part[len("gpu"):] for part in slot.split(GROUP))
         env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # so --gpus 3 is nvidia-smi's GPU 3

@@ -6,7 +6,8 @@ the thread that runs the step), and gloo runs each collective on a thread of its
 ``gloo:broadcast``, ... range). So compute = the main thread's operators, communication = gloo's ranges; the
 main thread waiting for a bucket (DDP's end of backward) is in no operator, and the communication it waits on is
 exposed. The pass ranges (``forward``, ``backward``, ``optimizer``: perflab's lm step marks them in a profiled
-pass) come back apart. Times are exact: the JSON's µs decimals are read as decimals, ns rounded half to even.
+pass) come back apart. Times are exact: the JSON's µs decimals are read as decimals, ns rounded half to even
+(``trace.kineto.us_text_to_ns``, as the kernel reader converts them).
 
 Never imports torch.
 """
@@ -16,17 +17,15 @@ from __future__ import annotations
 import collections
 import gzip
 import json
-from decimal import ROUND_HALF_EVEN, Decimal
+from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
 
+from perflab.trace.kineto import us_text_to_ns
+
 PASS_NAMES = ("forward", "backward", "optimizer")
 COLUMNS = ["name", "start_ns", "end_ns", "comm"]
-
-
-def _ns(us: Decimal) -> int:
-    return int((Decimal(us) * 1000).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def cpu_rank_activities(path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -40,8 +39,8 @@ def cpu_rank_activities(path) -> tuple[pd.DataFrame, pd.DataFrame]:
     main = max(ops, key=ops.get) if ops else None  # the thread that ran the step: most operators
     rows, passes = [], []
     for e in spans:
-        name, start = str(e.get("name", "")), _ns(e["ts"])
-        end = start + _ns(e["dur"])
+        name, start = str(e.get("name", "")), us_text_to_ns(e["ts"], path)
+        end = start + us_text_to_ns(e["dur"], path)
         if e.get("cat") == "cpu_op" and e.get("tid") == main:
             rows.append((name, start, end, False))
         elif e.get("cat") == "user_annotation" and name.startswith("gloo:"):

@@ -21,11 +21,11 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 
 from perflab.errors import PerflabError
+from perflab.paths import child_env
 
 NVTX_RANGE = "perflab_ncu"
 
@@ -98,8 +98,7 @@ def ncu_command(ncu: str, case_json: str, kernel_names, launch_count: int, steps
 def run_ncu(case, kernel_names, launch_count: int = 500, timeout_s: int = 1200) -> pd.DataFrame:
     ncu = find_ncu()
     cmd = ncu_command(ncu, json.dumps(case.to_dict()), kernel_names, launch_count)
-    env = dict(os.environ)
-    env.setdefault("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    env = child_env()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:

@@ -57,6 +57,8 @@ class FamilySpec:
     variants: Mapping[str, SpecField] = field(default_factory=dict)  # training-variant fields (--optimizer, ...) its cases may set
     report: str | None = None  # the module of its own report tables (``sections``, ``summary``), imported by name
     model_fields: tuple[str, ...] = ()  # fields that make another model variant, not another point (token reduction)
+    parallel_workloads: tuple[str, ...] = ()  # workloads that may run data-parallel (--parallel): a backward whose gradients are reduced
+    optimizer_workloads: tuple[str, ...] = ()  # workloads that step an optimizer: what explain --parallel explains
 
     @property
     def default_workload(self) -> str:
@@ -160,6 +162,7 @@ FAMILIES = {
         "lm", {"workload": _WORKLOAD, "seq_len": _INT, "layers": _INT, "model_args": _MODEL_ARGS},
         ("forward", "train_forward", "forward_backward", "train_step"),
         defaults={"seq_len": 128, "batch_size": 4}, item="token", report="perflab.report.lm",
+        parallel_workloads=("forward_backward", "train_step"), optimizer_workloads=("train_step",),
         variants={"optimizer": SpecField(str, "an optimizer name", "optimizer names"),
                   "checkpoint_activations": SpecField(bool, "true or false", "booleans")},
         describe="token batch through a GPT or your own LM: inference forward, forward with autograd, forward+backward, or a full AdamW step",
