@@ -20,11 +20,23 @@ def _case(parallel):
     return Case(**SMALL, parallel=parallel, world_size=2)
 
 
-def test_ddp_on_two_gpus():
+def test_ddp_on_two_gpus(tmp_path):
+    """A DDP row on two GPUs; with no cached all-reduce sweep (a scratch cache) its ranks measure one first and cache it,
+    so the row has its communication floor."""
+    import json
+
     from perflab.measure.parallel import run_parallel_case
 
-    row = run_parallel_case(_case("ddp"), gpus=[0, 1])
+    os.environ["PERFLAB_CACHE_DIR"] = str(tmp_path / "cache")
+    try:
+        row = run_parallel_case(_case("ddp"), gpus=[0, 1])
+    finally:
+        os.environ.pop("PERFLAB_CACHE_DIR")
     assert row["status"] == "ok", row.get("detail")
+    assert row["all_reduce"]["source"].startswith("measured in this run") and row["busbw_gbps"] > 1.0
+    assert row["comm_floor_ms"] == pytest.approx(row["comm_bus_bytes"] / (row["busbw_gbps"] * 1e9) * 1e3, rel=1e-9)
+    (entry,) = json.loads((tmp_path / "cache" / "ceilings.json").read_text()).values()
+    assert entry["all_reduce_2"]["sizes"] == row["all_reduce"]["sizes"]
     assert row["backend"] == "nccl" and row["ranks_agree"] is True and row["multicast_off"] is True
     assert row["median_ms"] == max(row["rank_median_ms"]) and 0 < row["scaling_efficiency"] < 1.5
     low, high = row["scaling_efficiency_ci95"]  # the one-GPU case interleaved with the ranks' step on rank 0's GPU

@@ -248,6 +248,14 @@ def get_all_reduce(gpus: list[int], refresh: bool = False) -> dict:
     return found
 
 
+def cache_all_reduce(world_size: int, sweep: dict) -> None:
+    """Keep an all-reduce sweep a run's ranks measured on this GPU (the current device) for ``world_size`` ranks, as
+    ``perflab ceilings --gpus`` would have: later runs read it from the cache."""
+    cache = _read_cache()
+    cache.setdefault(gpu_key(), {})[all_reduce_key(world_size)] = sweep
+    _write_cache(cache)
+
+
 def cached_all_reduce(world_size: int) -> dict | None:
     """This GPU's cached all-reduce sweep for ``world_size`` ranks, without measuring (None when not measured yet)."""
     cache = _read_cache()

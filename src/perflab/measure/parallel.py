@@ -226,6 +226,28 @@ def together_rows(case: Case, ranks: list[dict]) -> tuple[dict, list[dict]]:
 # One rank (runs in the spawned process)
 
 
+def _all_reduce_if_uncached(rank: int, world_size: int, device: str, device_index, where) -> dict | None:
+    """On GPUs without a cached all-reduce sweep for this many ranks (``perflab ceilings --gpus`` not run here), the
+    ranks measure one before building the model (about a second on NVLink, with the GPUs' memory still free), and
+    rank 0 caches it, so every data-parallel row has its communication floor and later cases read the cache. Rank 0
+    decides for all (one cache file, read once), so every rank takes part or none. Rank 0 gets the sweep."""
+    import torch.distributed as dist
+
+    from perflab.measure.ceilings import ALL_REDUCE_SIZES, all_reduce_rank, cache_all_reduce, cached_all_reduce, sweep_result
+
+    need = torch.tensor([int(rank == 0 and cached_all_reduce(world_size) is None)], dtype=torch.int64, device=where)
+    dist.all_reduce(need, op=dist.ReduceOp.MAX)
+    if not int(need.item()):
+        return None
+    times = all_reduce_rank(rank, world_size, device_index, list(ALL_REDUCE_SIZES), iters=10, warmup=2)
+    _free(device)
+    if rank != 0:
+        return None
+    sweep = dict(sweep_result(list(ALL_REDUCE_SIZES), times, world_size, None, device), source="measured in this run (no cached sweep), and cached")
+    cache_all_reduce(world_size, sweep)
+    return sweep
+
+
 def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dict: dict, single: bool, profile_dir, profile_steps: int,
                   all_reduce_sizes=None, explain: bool = False, paired=()) -> dict:
     import torch.distributed as dist
@@ -234,6 +256,7 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
     mode, options = parse_parallel(case.parallel)
     device = case.device
     where = torch.device("cuda", device_index) if device == "cuda" else torch.device("cpu")
+    swept = _all_reduce_if_uncached(rank, world_size, device, device_index, where) if device == "cuda" and not all_reduce_sizes else None
     built, plain, params, layout = _built_on_rank(case, rank, device, device_index)
     param_bytes = sum(p.numel() * p.element_size() for p in params)  # numel of a DTensor is the whole parameter's
     grad_sizes = [p.numel() * p.element_size() for p in params if p.requires_grad]  # in the dtype the gradients have: the parameters'
@@ -267,8 +290,8 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
         if device == "cuda" and "all_reduce" not in result:  # the bus bandwidth `perflab ceilings --gpus` measured here, if it has
             from perflab.measure.ceilings import cached_all_reduce
 
-            cached = cached_all_reduce(world_size)
-            result["all_reduce"] = dict(cached, source="perflab ceilings' cache") if cached else None
+            cached = swept or cached_all_reduce(world_size)
+            result["all_reduce"] = (swept if swept else dict(cached, source="perflab ceilings' cache")) if cached else None
     if paired:
         result["together"] = _time_together(case, plain, built, step, [Case.from_dict(other) for other in paired], rank, device,
                                             device_index, where)

@@ -30,7 +30,7 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
             "single_gpu_ms": row.get("single_gpu_ms"), "scaling_efficiency": row.get("scaling_efficiency"),
             "scaling_efficiency_ci95": row.get("scaling_efficiency_ci95"), "slowest_rank": row.get("slowest_rank"), "rank_spread": row.get("rank_spread"),
             "comm_mib": row["comm_bus_bytes"] / MB if row.get("comm_bus_bytes") is not None else None,
-            "comm_floor_ms": row.get("comm_floor_ms"),
+            "comm_floor_ms": row.get("comm_floor_ms"), "comm_floor_frac": row.get("comm_floor_frac"),
             "peak_gib_per_rank": max((m.get("peak_alloc_mb") or 0) for m in memory) / 1024 if memory and memory[0].get("peak_alloc_mb") is not None else None,
             "ranks_agree": row.get("ranks_agree"), "launches": row.get("launches"),
         })
@@ -38,16 +38,16 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
 
 
 SCALING_HEADERS = ["Model", "seq", "dtype", "mode", "parallel", "ranks", "step (ms)", "1 GPU (ms)", "scaling eff.", "slowest rank",
-                   "rank spread", "bus MiB/step", "comm floor (ms)", "peak GiB/rank", "ranks agree"]
+                   "rank spread", "bus MiB/step", "comm floor (ms)", "floor ÷ step", "peak GiB/rank", "ranks agree"]
 
 
 def _scaling_cells(r: dict) -> list[str]:
     if r["status"] != "ok":
-        return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 8
+        return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 9
     agree = {True: "yes", False: "NO", None: "– (sharded)"}[r["ranks_agree"]]
     return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), num(r["step_ms"], ".2f"),
             num(r["single_gpu_ms"], ".2f"), efficiency_cell(r["scaling_efficiency"], r.get("scaling_efficiency_ci95")), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
-            num(r["comm_mib"], ".1f"), num(r["comm_floor_ms"], ".2f"), num(r["peak_gib_per_rank"], ".2f"), agree]
+            num(r["comm_mib"], ".1f"), num(r["comm_floor_ms"], ".2f"), num(r["comm_floor_frac"], ".1%"), num(r["peak_gib_per_rank"], ".2f"), agree]
 
 
 def efficiency_cell(value, ci) -> str:
@@ -66,7 +66,9 @@ def sections(rows: list[dict]) -> list[str]:
             "Step = the slowest rank's median (CUDA events on every rank); 1 GPU = the same case on rank 0's GPU, in the same "
             "run, timed in blocks interleaved with the ranks' step; scaling efficiency = 1 GPU ÷ step over blocks of the same round (95% CI) (weak scaling: the batch is per GPU, so 1.0 is perfect). Bus MiB/step: what each "
             "rank must send for the gradients (DDP: ring all-reduce, 2(N−1)/N × gradient bytes; FSDP: all-gathers and a "
-            "reduce-scatter, (N−1)/N each); the floor divides it by the all-reduce bus bandwidth `perflab ceilings` measured.",
+            "reduce-scatter, (N−1)/N each); the floor divides it by the all-reduce bus bandwidth measured on these GPUs at the "
+            "step's message size (`perflab ceilings --gpus`' sweep, or the ranks' own before the case where none was cached); "
+            "floor ÷ step: the share of the step that communication would take at that bandwidth if none of it overlapped.",
             md_table(SCALING_HEADERS, [_scaling_cells(r) for r in table])]
 
 
