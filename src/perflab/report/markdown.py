@@ -497,25 +497,38 @@ def _canary_line(rows: list[dict]) -> str | None:
 
 def cost_section(rows: list[dict]) -> list[str]:
     """What a case costs (P9): the sweep's wall time in its workers, cases per minute, and the split of a case's
-    wall time by stage (each worker's ``cost_s``), medians and totals. Rows stored before perflab recorded it: none."""
-    from perflab.sweep.store import COST_ORDER
+    wall time by stage (each worker's ``cost_s``): per stage, the cases that ran it, their median, the total and its
+    share. Rows stored before perflab recorded it: none."""
+    from perflab.sweep.store import COST_ORDER, cost_stage
 
-    costed = [r["cost_s"] for r in rows if isinstance(r.get("cost_s"), dict) and r["cost_s"].get("total")]
+    costed = []
+    for r in rows:
+        if isinstance(r.get("cost_s"), dict) and r["cost_s"].get("total"):
+            cost: dict[str, float] = {}
+            for key, value in r["cost_s"].items():
+                cost[cost_stage(key)] = cost.get(cost_stage(key), 0.0) + value
+            costed.append(cost)
     if not costed:
         return []
     total = sum(c["total"] for c in costed)
-    stages = [s for s in COST_ORDER if any(s in c for c in costed)]
+    known = [s for s in COST_ORDER if any(s in c for c in costed)]
+    other = sorted({k for c in costed for k in c} - set(COST_ORDER) - {"total"})
     body = []
-    for stage in stages:
-        values = [c.get(stage, 0.0) for c in costed]
-        body.append([stage.replace("_", " "), f"{np.median(values):.2f}", f"{sum(values):.1f}", f"{100 * sum(values) / total:.1f}%"])
-    body.append(["total", f"{np.median([c['total'] for c in costed]):.2f}", f"{total:.1f}", "100%"])
+    for stage in known + other:
+        values = [c[stage] for c in costed if stage in c]
+        body.append([stage.replace("_", " "), str(len(values)), f"{np.median(values):.2f}", f"{sum(values):.1f}",
+                     f"{100 * sum(values) / total:.1f}%"])
+    body.append(["total", str(len(costed)), f"{np.median([c['total'] for c in costed]):.2f}", f"{total:.1f}", "100%"])
     timed = sum(c.get("timed", 0.0) for c in costed)
-    return ["## What a case costs",
-            f"{len(costed)} case(s) with a recorded split took {total / 60:.1f} min in their workers: {60 * len(costed) / total:.2f} cases "
+    ranks = sum(c.get("ranks", 0.0) for c in costed)
+    line = (f"{len(costed)} case(s) with a recorded split took {total / 60:.1f} min in their workers: {60 * len(costed) / total:.2f} cases "
             f"per minute, one at a time; the timed loop is {100 * timed / total:.0f}% of it (the rest: the process, its imports, building, "
-            "checking and counting, compiling, warming up, and the profile and ncu passes).",
-            md_table(["stage", "median s per case", "total s", "share"], body)]
+            "checking and counting, compiling, warming up, and the profile and ncu passes).")
+    if ranks:
+        line += (f" The data-parallel cases' rank processes (start, build, warm-up, the timed blocks and the one-GPU step beside "
+                 f"them) are one stage, `ranks`: {100 * ranks / total:.0f}% of it.")
+    return ["## What a case costs", line, "A stage's median is over the cases that ran it.",
+            md_table(["stage", "cases", "median s", "total s", "share"], body)]
 
 
 def short_message(message: str, limit: int = 110) -> str:

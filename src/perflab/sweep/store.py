@@ -69,7 +69,13 @@ CREATE TABLE IF NOT EXISTS sweeps (
 """
 
 # A stored row's ``cost_s`` (the sweep worker's split of its case's wall time), its keys in the order of a case's life
-COST_ORDER = ("start_and_imports", "build", "check_and_flops", "check", "flops", "compile", "warmup", "timed", "profile", "ncu")
+COST_ORDER = ("start_and_imports", "build", "check_and_flops", "check", "flops", "compile", "warmup", "timed", "ranks", "profile", "ncu")
+
+
+def cost_stage(name: str) -> str:
+    """A worker's stage as the cost split names it: a data-parallel case's launched ranks (logged as "2 ranks", and so
+    stored before this name) are one stage, ``ranks``: their processes, build, warm-up and timing together."""
+    return "ranks" if name.endswith(" ranks") else name
 
 
 def store_path(out_dir) -> Path:

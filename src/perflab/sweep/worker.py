@@ -83,11 +83,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:
+    from perflab.sweep.store import cost_stage
+
     """Seconds of the case's wall time by stage: ``start_and_imports`` (from the parent's request for the process, or
     the process's start, to the harness's first stage: the interpreter or the fork, torch's import where not
     preloaded), ``build``, ``check`` (the family's checking call), ``flops`` (the FLOP count: one eager step under
     torch's counter, or none where the sweep counted the same step before; rows before issue 23's cut have the two
-    together as ``check_and_flops``), ``compile`` (the mode's first call), ``warmup`` (warm-up, the step estimates,
+    together as ``check_and_flops``), ``ranks`` (a data-parallel case: its rank processes from launch to their
+    rows), ``compile`` (the mode's first call), ``warmup`` (warm-up, the step estimates,
     host and GPU times apart, the canary), ``timed`` (the timed loop and what follows it in the harness), ``profile``
     and ``ncu`` passes, and ``total``. A stage that ran twice (warm-up is named again after the first call) adds up."""
     out: dict[str, float] = {}
@@ -95,7 +98,7 @@ def cost_split(stages: list[tuple[str, float]], started: float, ended: float, ag
     out["start_and_imports"] = (first - started) + (age_at_start or 0.0)
     marks = stages + [("end", ended)]
     for (name, t0), (_, t1) in zip(marks, marks[1:]):
-        key = COST_STAGES.get(name) or ("profile" if name.startswith("profile") else "ncu" if name.startswith("ncu") else name)
+        key = COST_STAGES.get(name) or ("profile" if name.startswith("profile") else "ncu" if name.startswith("ncu") else cost_stage(name))
         out[key] = out.get(key, 0.0) + (t1 - t0)
     out["total"] = sum(out.values())
     return out
