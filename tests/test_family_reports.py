@@ -70,7 +70,17 @@ def test_decode_tables_hold_the_stored_medians_tokens_per_s_and_mbu(decode):
             assert mbu[i].startswith(f"{100 * row['mbu']:.1f}%")
     ratio = _table_row(full, "#### Eager ÷ mode", "1")[1 + [m for m in columns if m != "eager"].index("compile:reduce-overhead")]
     assert ratio == f"{by[('eager', 1)]['median_ms'] / by[('compile:reduce-overhead', 1)]['median_ms']:.2f}×"
-    assert "| 8 | not run | not run | not run | not run | not run |" in _section(text, "### llama3_8b: decode, context 4096, bf16, cuda")
+    # context 4096: a stored case's median in its cell, "not run" in every other (the store is part of the spec)
+    long = _section(text, "### llama3_8b: decode, context 4096, bf16, cuda")
+    stored = {(r["case"]["mode"], r["case"]["batch_size"]): r for r in rows
+              if r["case"].get("layers") is None and not r["case"].get("layers_only") and r["case"]["context_len"] == 4096}
+    missing = 0
+    for batch in (1, 8, 64):
+        for mode, cell in zip(columns, _table_row(long, "#### Step time", str(batch))[1:]):
+            row = stored.get((mode, batch))
+            missing += row is None
+            assert cell.startswith(f"{row['median_ms']:.3f} [") if row else cell == "not run", (mode, batch, cell)
+    assert missing + len(stored) == 15  # 3 batches × 5 modes
 
 
 def test_decode_ncu_table_names_each_library_with_dram_percent_bandwidth_and_share_in_percent(decode):
@@ -499,7 +509,8 @@ def test_the_capped_section_puts_each_run_beside_its_derived_verdict_and_says_wh
     assert table[("gpt_medium", "seq1024", "inference")] == ["OOM", "ran ✗ / fits", "–", "–", "none", "none", "–"]
     verdict = _line_after(parts, "#### Seed 003's OOM cells run capped", "Run capped")
     assert verdict == ("Run capped, cells as the seed per capacity: 12 GiB 0 of 1, 16 GiB 1 of 2, 24 GiB 1 of 1; 24 GiB reproduces "
-                       "the seed's pattern on every cell run.")
+                       "the seed's pattern on every cell run. The capped runs agree with the verdict derived from the uncapped "
+                       "peaks in 2 of 4 (cell, capacity) pairs.")  # gpt_medium training at 16 and inference at 12 agree
     assert max(map(len, _table_cells(parts))) <= 120
 
 
@@ -530,3 +541,23 @@ def test_the_capped_rows_measured_on_the_h100_are_counted_apart_and_each_oom_is_
             assert r["peak_mem_reserved_mb"] <= cap_mb
         else:
             assert "OutOfMemoryError" in r["message"] or "out of memory" in r["message"].lower()
+    # the summary's capped figures, counted here: per capacity the seed's marked cells whose capped run gives its mark, and
+    # the (cell, capacity) pairs where the run's OOM-or-ran is what the uncapped peak derives
+    by = _seed_group_rows(rows)
+    matched, agree, pairs = {c: [0, 0] for c in CAPS}, 0, 0
+    for r in capped:
+        c = r["case"]
+        if (c["dtype"], c["attn"], c["mode"], c["batch_size"]) != ("fp32", "explicit", "eager", 4):
+            continue
+        i = SEQS.index(c["seq_len"])
+        seed = S3["forward_ms"][r["model"]][i] if c["workload"] == "forward" else S3["gemm_fraction_pct"][r["model"]][i][1]
+        if seed == "N/A":
+            continue
+        cap, run = round(c["max_memory"] / 2**30), "OOM" if r["status"] == "oom" else "ran"
+        matched[cap][0] += (run == "OOM") == (seed == "OOM")
+        matched[cap][1] += 1
+        derived = _predict(by[(c["workload"], r["model"], c["seq_len"])], cap)
+        pairs += 1
+        agree += (derived == "OOM") == (run == "OOM")
+    expected = ", ".join(f"{cap} GiB {m} of {n}" for cap, (m, n) in matched.items())
+    assert f"; run capped (`--max-memory`), {expected}, agreeing with the derived verdict in {agree} of {pairs} (cell, capacity) pairs." in text

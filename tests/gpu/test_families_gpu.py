@@ -108,3 +108,14 @@ def test_lm_profile_pass_has_passes_and_attention_ranges(tmp_path):
     assert 0 < passes.loc["forward", "gemm_fraction"] <= 1 and 0 < passes.loc["backward", "gemm_fraction"] <= 1
     attention = result["report"].attention
     assert attention["softmax_ns"] > 0 and attention["matmul_ns"] > 0
+
+
+def test_a_compiled_one_gpu_row_says_what_compiling_did():
+    """A compiled LM train step on one GPU: dynamo compiled at least one frame into one graph in the first call and
+    the warm-up, and none while timed (the case is static: one shape, no guards that fail)."""
+    row = run_case(Case(**TINY_LM, workload="train_step", dtype="bf16", mode="compile", **FAST))
+    assert row["status"] == "ok", row.get("message")
+    c = row["compile"]
+    assert c["frames"] >= 1 and c["graphs"] >= 1 and c["backend_graphs"] >= 1
+    assert c["frames_compiled_while_timed"] == 0 and "compiled_while_timed" not in row["flags"]
+    assert sum(r["count"] for r in c["break_reasons"]) <= c["graph_breaks"]

@@ -589,19 +589,19 @@ def why_differ(cap: float, run: str, uncapped: dict | None, capped: dict) -> str
     return f"{cap:g}: no uncapped peak"
 
 
-def capped_section(cells: dict, capped: list[dict]) -> list[str]:
-    """Seed 003's cells run under ``--max-memory`` at each capacity: per cell, the run's OOM-or-ran against the seed's
-    mark and beside the verdict derived from the uncapped peak, the capacities that reproduce the seed (run; derived),
-    and where run and derived disagree, why, in one line."""
+def capped_tally(cells: dict, capped: list[dict]):
+    """Seed 003's cells run under ``--max-memory``: ``(caps, body, matched, agree)``, the section's table rows,
+    per capacity [cells as the seed, cells run], and [(cell, capacity) pairs where the run and the verdict derived
+    from the uncapped peak agree, pairs with both]; None when no capped row is of these cells' dtype."""
     if not capped:
-        return []
+        return None
     fig = seeds.seed003()
     group_dtype = next((_case(r).get("dtype") for r in cells.values()), None)
     runs = _capped_cells(capped, group_dtype)
     if not runs:
-        return []
+        return None
     caps = sorted({k[3] for k in runs})
-    body, matched = [], {c: [0, 0] for c in caps}
+    body, matched, agree = [], {c: [0, 0] for c in caps}, [0, 0]
     for m in fig["forward_ms"]:
         for s in fig["seq_lens"]:
             for kind, mark in seeds.seed_oom(m, s).items():
@@ -620,8 +620,11 @@ def capped_section(cells: dict, capped: list[dict]) -> list[str]:
                         matched[cap][1] += 1
                         as_run += [f"{cap:g}"] if run == ("OOM" if mark else "ran") else []
                     as_derived += [f"{cap:g}"] if d_mark == ("OOM" if mark else "ran") else []
-                    if run is not None and d_mark is not None and run != d_mark:
-                        why.append(why_differ(cap, run, uncapped, row))
+                    if run is not None and d_mark is not None:
+                        agree[0] += run == d_mark
+                        agree[1] += 1
+                        if run != d_mark:
+                            why.append(why_differ(cap, run, uncapped, row))
                     if row is None:  # not a case of the spec
                         line.append("–")
                         continue
@@ -630,13 +633,24 @@ def capped_section(cells: dict, capped: list[dict]) -> list[str]:
                 any_run = any(_run_mark(runs.get((workload, m, s, c))) for c in caps)
                 line += [(", ".join(as_run) or "none") if any_run else "–", ", ".join(as_derived) or "none", "; ".join(why) or "–"]
                 body.append(line)
-    if not body:
+    return (caps, body, matched, agree) if body else None
+
+
+def capped_section(cells: dict, capped: list[dict]) -> list[str]:
+    """Seed 003's cells run under ``--max-memory`` at each capacity: per cell, the run's OOM-or-ran against the seed's
+    mark and beside the verdict derived from the uncapped peak, the capacities that reproduce the seed (run; derived),
+    and where run and derived disagree, why, in one line."""
+    tally = capped_tally(cells, capped)
+    if tally is None:
         return []
+    caps, body, matched, agree = tally
     verdict = [f"{c:g} GiB {matched[c][0]} of {matched[c][1]}" for c in caps if matched[c][1]]
     exact = [f"{c:g} GiB" for c in caps if matched[c][1] and matched[c][0] == matched[c][1]]
     text = ("Run capped, cells as the seed per capacity: " + ", ".join(verdict) + "; "
             + (f"{' and '.join(exact)} reproduce{'s' if len(exact) == 1 else ''} the seed's pattern on every cell run." if exact
                else "no capacity reproduces the seed's pattern on every cell run.")) if verdict else "No capped case has run yet."
+    if agree[1]:
+        text += f" The capped runs agree with the verdict derived from the uncapped peaks in {agree[0]} of {agree[1]} (cell, capacity) pairs."
     return ["#### Seed 003's OOM cells run capped (`--max-memory`)",
             "The same cells, run under `--max-memory` (the allocator may reserve at most the cap: "
             "`torch.cuda.set_per_process_memory_fraction`), measured rather than derived. Each capacity's cell reads "
@@ -791,6 +805,11 @@ def summary(rows: list[dict]) -> list[str]:
                          f"{CAPACITIES_GIB[-1]} GiB card matches the seed's OOM-or-ran mark in "
                          f"{', '.join(str(len(pattern[c]['match'])) for c in CAPACITIES_GIB[:-1])} and {len(pattern[CAPACITIES_GIB[-1]]['match'])} "
                          f"of the {max(known)} cells perflab measured")
+        tally = capped_tally(cells, [r for r in rows if _case(r).get("max_memory")])
+        if tally is not None:
+            caps, _, matched, agree = tally
+            sentence += ("; run capped (`--max-memory`), " + ", ".join(f"{c:g} GiB {matched[c][0]} of {matched[c][1]}" for c in caps if matched[c][1])
+                         + (f", agreeing with the derived verdict in {agree[0]} of {agree[1]} (cell, capacity) pairs" if agree[1] else ""))
         out.append(sentence + ".")
     return out
 
