@@ -50,6 +50,9 @@ def test_every_case_of_the_spec_ran_on_two_h200s_and_each_cell_is_the_rows(measu
         low, high = r["scaling_efficiency_ci95"]
         assert low <= r["scaling_efficiency"] <= high and r["scaling_efficiency_pairs"] >= 10
         assert cell["scaling eff."] == f"{r['scaling_efficiency']:.3f} ({low:.3f}–{high:.3f})"
+        # the efficiency is of the interleaved blocks: within 3% of the ratio of their medians, whatever the step alone read
+        assert cell["1 GPU (ms)"] == f"{r['single_gpu_ms']:.2f}" and cell["step beside 1 GPU (ms)"] == f"{r['step_ms_beside_single']:.2f}"
+        assert r["scaling_efficiency"] == pytest.approx(r["single_gpu_ms"] / r["step_ms_beside_single"], rel=0.03)
         # the bytes on the bus: DDP all-reduces the fp32 gradients, 2(N−1)/N of them; FSDP all-gathers the parameters
         # (forward, and again in the backward, but for the last unit) and reduce-scatters the gradients, (N−1)/N each
         grads = r["grad_bytes"]

@@ -27,7 +27,7 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
             "model": row.get("model"), "seq_len": case.get("seq_len"), "dtype": case.get("dtype"), "mode": case.get("mode"),
             "parallel": case.get("parallel"), "world_size": case.get("world_size"), "status": row.get("status"),
             "step_ms": row.get("step_ms") if measured else None, "ci95_ms": row.get("ci95_ms") if measured else None,
-            "single_gpu_ms": row.get("single_gpu_ms"), "scaling_efficiency": row.get("scaling_efficiency"),
+            "single_gpu_ms": row.get("single_gpu_ms"), "step_ms_beside_single": row.get("step_ms_beside_single"), "scaling_efficiency": row.get("scaling_efficiency"),
             "scaling_efficiency_ci95": row.get("scaling_efficiency_ci95"), "slowest_rank": row.get("slowest_rank"), "rank_spread": row.get("rank_spread"),
             "comm_mib": row["comm_bus_bytes"] / MB if row.get("comm_bus_bytes") is not None else None,
             "comm_floor_ms": row.get("comm_floor_ms"), "comm_floor_frac": row.get("comm_floor_frac"),
@@ -37,16 +37,16 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-SCALING_HEADERS = ["Model", "seq", "dtype", "mode", "parallel", "ranks", "step (ms)", "1 GPU (ms)", "scaling eff.", "slowest rank",
+SCALING_HEADERS = ["Model", "seq", "dtype", "mode", "parallel", "ranks", "step (ms)", "step beside 1 GPU (ms)", "1 GPU (ms)", "scaling eff.", "slowest rank",
                    "rank spread", "bus MiB/step", "comm floor (ms)", "floor ÷ step", "peak GiB/rank", "ranks agree"]
 
 
 def _scaling_cells(r: dict) -> list[str]:
     if r["status"] != "ok":
-        return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 9
+        return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 10
     agree = {True: "yes", False: "NO", None: "– (sharded)"}[r["ranks_agree"]]
     return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), num(r["step_ms"], ".2f"),
-            num(r["single_gpu_ms"], ".2f"), efficiency_cell(r["scaling_efficiency"], r.get("scaling_efficiency_ci95")), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
+            num(r["step_ms_beside_single"], ".2f"), num(r["single_gpu_ms"], ".2f"), efficiency_cell(r["scaling_efficiency"], r.get("scaling_efficiency_ci95")), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
             num(r["comm_mib"], ".1f"), num(r["comm_floor_ms"], ".2f"), num(r["comm_floor_frac"], ".1%"), num(r["peak_gib_per_rank"], ".2f"), agree]
 
 
@@ -63,8 +63,12 @@ def sections(rows: list[dict]) -> list[str]:
     if not table:
         return []
     return ["## Training on several GPUs (issue 27)",
-            "Step = the slowest rank's median (CUDA events on every rank); 1 GPU = the same case on rank 0's GPU, in the same "
-            "run, timed in blocks interleaved with the ranks' step; scaling efficiency = 1 GPU ÷ step over blocks of the same round (95% CI) (weak scaling: the batch is per GPU, so 1.0 is perfect). Bus MiB/step: what each "
+            "Step = the slowest rank's median (CUDA events on every rank), timed alone; then the same case on one GPU is built on "
+            "rank 0's GPU beside the ranks' model and the two are timed in interleaved blocks: step beside 1 GPU and 1 GPU are "
+            "the medians of those blocks, and scaling efficiency = 1 GPU ÷ step over blocks of the same round (95% CI) (weak "
+            "scaling: the batch is per GPU, so 1.0 is perfect). Read the efficiency against the two blocks' columns, not "
+            "against the step timed alone: on a shared host the step moves between stretches of time, and two models "
+            "resident on rank 0's GPU slow both. Bus MiB/step: what each "
             "rank must send for the gradients (DDP: ring all-reduce, 2(N−1)/N × gradient bytes; FSDP: all-gathers and a "
             "reduce-scatter, (N−1)/N each); the floor divides it by the all-reduce bus bandwidth measured on these GPUs at the "
             "step's message size (`perflab ceilings --gpus`' sweep, or the ranks' own before the case where none was cached); "
