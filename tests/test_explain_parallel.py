@@ -153,3 +153,12 @@ def test_gpu_rank_traces_passes_and_glue_read_on_the_cpu():
     scale = 10.0 / (out["accounts"][0]["window_ns"] / 2 / 1e6)  # the traced step's times on the untraced step of 10 ms
     assert glue > 0 and step.glue_ms == pytest.approx(glue * scale) and step.optimizer_ms == pytest.approx(passes["ms"]["optimizer"] * scale)
     assert step.exposed_ms == 0.0
+
+
+def test_many_buckets_are_summarised_in_the_text_and_few_are_listed():
+    from perflab.analysis.comm import MIB
+    from perflab.report.explain_parallel import bucket_text
+
+    assert bucket_text([131328, 164352]) == "0.125, 0.157 MiB"
+    many = [int(48.828 * MIB)] + [25 * MIB] * 143 + [int(25.005 * MIB), int(48.833 * MIB)]  # gpt_large's 146 on two H200s
+    assert bucket_text(many) == "146 buckets, the first 48.828 MiB, then 25.000–25.005 MiB, the last 48.833 MiB"

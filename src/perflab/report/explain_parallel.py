@@ -31,6 +31,17 @@ def _mib(nbytes) -> str:
     return num(nbytes / MIB if nbytes is not None else None, ".3f")
 
 
+def bucket_text(buckets: list, listed: int = 8) -> str:
+    """DDP's buckets in the order it all-reduces them, in MiB: every one where there are few, else their count, the
+    first and the last (the last holds the first layers' gradients, which no compute hides) and the range of the rest;
+    the JSON keeps them all."""
+    if len(buckets) <= listed:
+        return ", ".join(_mib(b) for b in buckets) + " MiB"
+    middle = buckets[1:-1]
+    return (f"{len(buckets)} buckets, the first {_mib(buckets[0])} MiB, then {_mib(min(middle))}–{_mib(max(middle))} MiB, "
+            f"the last {_mib(buckets[-1])} MiB")
+
+
 def where(e) -> str:
     return f"{e.case.world_size} CPU ranks, gloo" if e.case.device == "cpu" else f"{e.case.world_size} GPUs, NCCL"
 
@@ -43,7 +54,7 @@ def summary_lines(e) -> list[str]:
     paired = (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f}, from blocks interleaved with the ranks' step)" if ci else " (timed alone, after the ranks)")
     scaling = (f"; the same case on {one} {c['single_ms']:.3f} ms, scaling efficiency {c['scaling_efficiency']:.3f}{paired} (weak scaling: the "
                "batch is per rank)") if c.get("single_ms") else ""
-    buckets = (f" DDP's buckets as it rebuilt them: {', '.join(_mib(b) for b in c['buckets'])} MiB." if c.get("buckets") else "")
+    buckets = f" DDP's buckets as it rebuilt them: {bucket_text(c['buckets'])}." if c.get("buckets") else ""
     return [f"Step: the slowest rank's (rank {c['slowest_rank']}) untraced median **{row['median_ms']:.3f} ms** on {where(e)}{scaling}.",
             f"Bytes per step: {c['bus_bytes'] / MIB:.3f} MiB on the bus per rank ({c['mode']}, {c['calls']} collective call{'s' if c['calls'] != 1 else ''}; {c['dtype_note']})."
             + buckets,
