@@ -306,3 +306,21 @@ def test_an_hf_decode_past_the_configs_positions_is_refused_as_perflabs_llama_is
                     "max_position_embeddings of 512")
     own = _cli_error(capsys, "bench", "--model", "llama2_7b", "--workload", "decode", "--context-len", "5000", "--device", "cpu", "--iters", "1")
     assert own == "perflab: error: context 5000 + 1 new token = 5001 positions is longer than llama2_7b's max_seq_len of 4096"
+
+
+def test_your_own_lm_file_trains_data_parallel_with_counted_flops_and_its_source():
+    """A course LM file under DDP on two gloo ranks (issue 27: "works for your own model"): the ranks agree, each rank
+    all-reduces its fp32 gradients, and with no FLOP formula the row counts rank 0's step (3 × the forward's FLOPs per
+    rank for a train step, both ranks in the batch's total)."""
+    from perflab.measure.parallel import run_parallel_case
+
+    case = Case(model=f"{COURSE}:small", model_args=dict(TINY, num_layers=1), seq_len=16, batch_size=2, workload="train_step",
+                device="cpu", warmup=1, iters=2, repeats=2, min_time=0.05, parallel="ddp", world_size=2)
+    row = run_parallel_case(case, single=False)
+    assert row["status"] == "ok", row.get("message")
+    config = LMConfig(d_model=64, d_ff=256, n_layers=1, n_heads=4)
+    assert row["params"] == param_count(config)["total"] and row["ranks_agree"] is True
+    assert row["comm_bus_bytes"] == row["grad_bytes"] == 4 * row["params"]  # 2(N−1)/N = 1 at N = 2
+    assert row["flops_source"] == "counted" and "flops_analytic" not in row
+    assert row["gflops_per_batch"] * 1e9 == pytest.approx(2 * 3 * forward_flops(config, batch=2, seq=16), rel=0.02)
+    assert row["model_source"]["sha1"] and row["model_source"]["path"].endswith("course_lm.py")

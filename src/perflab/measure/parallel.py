@@ -122,10 +122,19 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
     row["throughput_per_s"] = case.batch_size * world * 1000.0 / row["median_ms"]
     if flops:
         row["gflops"] = flops / case.batch_size / 1e9
-        row["flops_source"] = "formula"
-        row["flops_analytic"] = flops * world
+        if "flops_counted" in first:  # no formula: rank 0's step under torch's counter
+            row["flops_source"] = "counted"
+        else:
+            row["flops_source"] = "formula"
+            row["flops_analytic"] = flops * world
     else:
         row.update(gflops_per_batch=None, achieved_tflops=None)
+        if case.mode != "eager":
+            row["flops_note"] = f"no FLOP formula for {case.model} and a {case.mode} step has no aten ops to count: run it eager for its FLOPs"
+    if case.is_reference:
+        from perflab.models.reference import source_info
+
+        row["model_source"] = source_info(case.model)
     if case.family_spec.item == "token":
         row["tokens_per_s"] = row["items_per_s"]
     if first.get("beside"):
@@ -264,10 +273,17 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
     accumulate = options.get("no_sync", 1)
     result = {"rank": rank, "backend": dist.get_backend(), "param_bytes": param_bytes, "grad_bytes": grad_bytes, "fsdp_units": layout["fsdp_units"],
               "multicast_off": all(os.environ.get(k) == v for k, v in MULTICAST_OFF.items())}
+    analytic = implementation(plain).analytic(plain)
     with step_context(plain, built):
         step = _step(built, case.mode, accumulate)
         result.update(_time(case, built, step, device, where, rank))
         result["checksum"] = _checksum(built.model) if mode == "ddp" else None
+        if not analytic.get("flops_analytic") and case.mode == "eager":
+            # a model without a formula (your own): one more step on every rank (they all take part in its collectives)
+            # under torch's FLOP counter, after the timing and the checksum; a compiled step runs no aten ops to count
+            from perflab.measure.flops import count_flops
+
+            result["flops_counted"] = count_flops(step)
         if profile_dir is not None:
             result["trace"] = _profile(step, built, device, Path(profile_dir) / f"rank{rank}.json", profile_steps)
         if explain and rank == 0:
@@ -283,8 +299,7 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
             result["all_reduce"] = dict(sweep_result(all_reduce_sizes, times, world_size, None, device), source="measured in this run")
     result["items_per_step"] = built.items_per_step * accumulate
     result["params"] = sum(p.numel() for p in params)
-    analytic = implementation(plain).analytic(plain)
-    result["flops_per_rank"] = analytic["flops_analytic"] * accumulate if analytic.get("flops_analytic") else None
+    result["flops_per_rank"] = analytic["flops_analytic"] * accumulate if analytic.get("flops_analytic") else result.get("flops_counted")
     if rank == 0:
         result["env"] = environment(device)
         if device == "cuda" and "all_reduce" not in result:  # the bus bandwidth `perflab ceilings --gpus` measured here, if it has
