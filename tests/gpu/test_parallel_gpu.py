@@ -110,3 +110,19 @@ def test_a_compiled_ddp_step_says_what_compiling_did():
     c = row["compile"]
     assert c["graphs"] >= 1 and c["backend_graphs"] >= 2 and c["frames_compiled_while_timed"] == 0
     assert sum(r["count"] for r in c["break_reasons"]) <= c["graph_breaks"]  # the commonest reasons (at most 3)
+
+
+def test_your_own_lm_file_under_ddp_on_two_gpus_counts_its_flops():
+    """A course LM file (no FLOP formula) under DDP through NCCL: the ranks agree and the row counts rank 0's step."""
+    from pathlib import Path
+
+    from perflab.measure.parallel import run_parallel_case
+    from perflab.spec import Case
+
+    course = Path(__file__).resolve().parents[1] / "data" / "models" / "course_lm.py"
+    case = Case(model=f"{course}:small", model_args={"d_model": 256, "num_layers": 2, "num_heads": 4, "d_ff": 1024}, workload="train_step",
+                seq_len=128, batch_size=4, dtype="bf16", device="cuda", warmup=3, min_time=0.2, repeats=5, parallel="ddp", world_size=2)
+    row = run_parallel_case(case, gpus=[0, 1], single=False)
+    assert row["status"] == "ok", row.get("detail")
+    assert row["ranks_agree"] is True and row["flops_source"] == "counted" and row["gflops_per_batch"] > 0
+    assert row["model_source"]["path"].endswith("course_lm.py")
