@@ -41,6 +41,20 @@ def test_compile_lines_name_the_base_and_each_compiled_fix():
                     "2 frame(s) compiled again while timed (the timed steps include compilation).")
 
 
+def test_one_gpu_explain_says_what_compiling_did_in_each_compiled_mode_and_fix():
+    from perflab.report.explain_rows import compile_lines as one_gpu_lines
+
+    stats = {"frames": 2, "graphs": 1, "backend_graphs": 1, "graph_breaks": 0, "frames_compiled_while_timed": 0, "break_reasons": []}
+    ce = SimpleNamespace(measured={"eager": {}, "compile": {"compile": stats}, "cudagraph": {"status": "ok"}},
+                         fix_results=[SimpleNamespace(name="mode=compile:max-autotune", measured={"compile": dict(stats, frames=3)}),
+                                      SimpleNamespace(name="batch=8", measured=None)])
+    assert one_gpu_lines(ce) == [
+        "Compile, `compile`: 2 frame(s) compiled, 1 dynamo graph(s), 1 compiled by the backend, 0 graph break(s); "
+        "0 frame(s) compiled again while timed.",
+        "Compile, fix `mode=compile:max-autotune`: 3 frame(s) compiled, 1 dynamo graph(s), 1 compiled by the backend, "
+        "0 graph break(s); 0 frame(s) compiled again while timed."]
+
+
 def test_a_compiled_case_row_says_what_compiling_did_alone_and_timed_together():
     from perflab.measure.harness import run_case, run_cases
     from perflab.spec import Case

@@ -7,7 +7,7 @@ import math
 from rich.table import Table
 
 from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, FLOORS_TITLE, MODE_HEADER, MODES_TITLE,
-                                         PASS_HEADER, PASS_TITLE, batch_rows, fix_model_lines, fix_rows, floor_rows, floor_verdict,
+                                         PASS_HEADER, PASS_TITLE, batch_rows, compile_lines, fix_model_lines, fix_rows, floor_rows, floor_verdict,
                                          flops_line, mode_rows, pass_rows, profile_lines, ranked_line, step_floor_lines)
 
 
@@ -83,6 +83,8 @@ def render_explanation(console, e) -> None:
         _print_table(console, MODES_TITLE, MODE_HEADER, mode_rows(ce))
         if ce.fix_results:
             render_fixes(console, ce)
+        for line in compile_lines(ce):
+            console.print(_plain(line))
         if ce.modules is not None:
             from perflab.report.trace_console import module_tree_table
 

@@ -3,7 +3,7 @@ tables as the console, for docs/performance.md. Torch-free."""
 
 from __future__ import annotations
 
-from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, MODE_HEADER, PASS_HEADER, batch_rows,
+from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, MODE_HEADER, PASS_HEADER, batch_rows, compile_lines,
                                          fix_model_lines, fix_rows, floor_rows, floor_verdict, flops_line, mode_rows, pass_rows,
                                          profile_lines, ranked_line, step_floor_lines)
 from perflab.report.md import md_table
@@ -28,6 +28,9 @@ def case_markdown(ce, device: str = "") -> str:
         batches = batch_rows(ce)
         if batches:
             out += _table(BATCH_HEADER, batches) + [""]
+    compiled = compile_lines(ce)
+    if compiled:
+        out += [" ".join(compiled), ""]
     ranked = ranked_line(ce)
     if ranked:
         out += ["Ranked by measured gain over eager: " + ranked, ""]

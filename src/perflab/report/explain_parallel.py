@@ -3,7 +3,7 @@ console and for markdown. Torch-free."""
 
 from __future__ import annotations
 
-from perflab.report.explain_rows import fix_model_lines
+from perflab.report.explain_rows import compile_line, fix_model_lines
 from perflab.report.md import md_table, num
 
 MIB = 2**20
@@ -118,20 +118,11 @@ def gain_cell(fx) -> str:
 
 
 def compile_lines(e) -> list[str]:
-    """What compiling did, for the base and each fix that compiled: frames, dynamo graphs, the graphs its backend
-    compiled (DDPOptimizer compiles a DDP model's graph in pieces, split at its buckets), graph breaks with their
-    commonest reasons, and frames compiled again during the timed steps (a recompile there times compilation)."""
-    out = []
-    for name, row in [("base", e.row)] + [(f"`{fx.name}`", fx.measured) for fx in e.fix_results]:
-        c = row.get("compile")
-        if not c:
-            continue
-        reasons = "; ".join(f"{r['reason']} ×{r['count']}" for r in c.get("break_reasons") or [])
-        out.append(f"Compile, {name} (rank 0): {c['frames']} frame(s) compiled, {c['graphs']} dynamo graph(s), {c['backend_graphs']} "
-                   f"compiled by the backend (DDPOptimizer splits a DDP model's graph at its buckets), {c['graph_breaks']} graph "
-                   f"break(s){': ' + reasons if reasons else ''}; {c['frames_compiled_while_timed']} frame(s) compiled again while timed"
-                   + (" (the timed steps include compilation)" if c["frames_compiled_while_timed"] else "") + ".")
-    return out
+    """What compiling did, for the base and each fix that compiled (rank 0's; DDPOptimizer compiles a DDP model's graph
+    in pieces, split at its buckets)."""
+    named = [("base", e.row)] + [(f"`{fx.name}`", fx.measured) for fx in e.fix_results]
+    return [compile_line(f"{name} (rank 0)", row["compile"], " (DDPOptimizer splits a DDP model's graph at its buckets)")
+            for name, row in named if row and row.get("compile")]
 
 
 def parallel_markdown(e, device: str = "") -> str:

@@ -171,3 +171,20 @@ def flops_line(row: dict) -> str:
         if row.get("mfu") is not None:
             text += f", MFU by the formula's count {row['mfu'] * analytic / (counted * 1e9):.1%}"
     return text
+
+
+def compile_line(name: str, c: dict, backend_note: str = "") -> str:
+    """What compiling did for one compiled row (``row["compile"]``, ``runtime.modes.compile_stats``): frames, dynamo
+    graphs, the graphs its backend compiled, graph breaks with their commonest reasons, and frames compiled again
+    during the timed steps (a recompile there times compilation)."""
+    reasons = "; ".join(f"{r['reason']} ×{r['count']}" for r in c.get("break_reasons") or [])
+    return (f"Compile, {name}: {c['frames']} frame(s) compiled, {c['graphs']} dynamo graph(s), {c['backend_graphs']} compiled by the "
+            f"backend{backend_note}, {c['graph_breaks']} graph break(s){': ' + reasons if reasons else ''}; "
+            f"{c['frames_compiled_while_timed']} frame(s) compiled again while timed"
+            + (" (the timed steps include compilation)" if c["frames_compiled_while_timed"] else "") + ".")
+
+
+def compile_lines(ce) -> list[str]:
+    """One GPU: what compiling did in each compiled mode measured and each compiled fix."""
+    named = [(f"`{mode}`", r) for mode, r in ce.measured.items()] + [(f"fix `{fx.name}`", fx.measured) for fx in ce.fix_results]
+    return [compile_line(name, r["compile"]) for name, r in named if r and r.get("compile")]
