@@ -83,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:
-    from perflab.sweep.store import cost_stage
-
     """Seconds of the case's wall time by stage: ``start_and_imports`` (from the parent's request for the process, or
     the process's start, to the harness's first stage: the interpreter or the fork, torch's import where not
     preloaded), ``build``, ``check`` (the family's checking call), ``flops`` (the FLOP count: one eager step under
@@ -93,6 +91,8 @@ def cost_split(stages: list[tuple[str, float]], started: float, ended: float, ag
     rows), ``compile`` (the mode's first call), ``warmup`` (warm-up, the step estimates,
     host and GPU times apart, the canary), ``timed`` (the timed loop and what follows it in the harness), ``profile``
     and ``ncu`` passes, and ``total``. A stage that ran twice (warm-up is named again after the first call) adds up."""
+    from perflab.sweep.store import cost_stage
+
     out: dict[str, float] = {}
     first = stages[0][1] if stages else ended
     out["start_and_imports"] = (first - started) + (age_at_start or 0.0)
