@@ -129,8 +129,6 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
             row["flops_analytic"] = flops * world
     else:
         row.update(gflops_per_batch=None, achieved_tflops=None)
-        if case.mode != "eager":
-            row["flops_note"] = f"no FLOP formula for {case.model} and a {case.mode} step has no aten ops to count: run it eager for its FLOPs"
     if case.is_reference:
         from perflab.models.reference import source_info
 
@@ -235,19 +233,20 @@ def together_rows(case: Case, ranks: list[dict]) -> tuple[dict, list[dict]]:
 # One rank (runs in the spawned process)
 
 
-def _all_reduce_if_uncached(rank: int, world_size: int, device: str, device_index, where) -> dict | None:
-    """On GPUs without a cached all-reduce sweep for this many ranks (``perflab ceilings --gpus`` not run here), the
-    ranks measure one before building the model (about a second on NVLink, with the GPUs' memory still free), and
-    rank 0 caches it, so every data-parallel row has its communication floor and later cases read the cache. Rank 0
-    decides for all (one cache file, read once), so every rank takes part or none. Rank 0 gets the sweep."""
+def _floor_sweep(rank: int, world_size: int, device: str, device_index, where) -> dict | None:
+    """The all-reduce sweep a data-parallel row's floor reads, on rank 0 (None on the others): ``perflab ceilings
+    --gpus``' cached sweep for this many ranks, or where there is none, one the ranks measure now, before building the
+    model (its collectives took 0.055 s on two H200s), which rank 0 caches for later cases. Rank 0 reads the cache
+    once and decides for all, so every rank takes part in the measurement or none."""
     import torch.distributed as dist
 
     from perflab.measure.ceilings import ALL_REDUCE_SIZES, all_reduce_rank, cache_all_reduce, cached_all_reduce, sweep_result
 
-    need = torch.tensor([int(rank == 0 and cached_all_reduce(world_size) is None)], dtype=torch.int64, device=where)
+    cached = cached_all_reduce(world_size) if rank == 0 else None
+    need = torch.tensor([int(rank == 0 and cached is None)], dtype=torch.int64, device=where)
     dist.all_reduce(need, op=dist.ReduceOp.MAX)
     if not int(need.item()):
-        return None
+        return dict(cached, source="perflab ceilings' cache") if rank == 0 else None
     times = all_reduce_rank(rank, world_size, device_index, list(ALL_REDUCE_SIZES), iters=10, warmup=2)
     _free(device)
     if rank != 0:
@@ -268,7 +267,7 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
     mode, options = parse_parallel(case.parallel)
     device = case.device
     where = torch.device("cuda", device_index) if device == "cuda" else torch.device("cpu")
-    swept = _all_reduce_if_uncached(rank, world_size, device, device_index, where) if device == "cuda" and not all_reduce_sizes else None
+    floor_sweep = _floor_sweep(rank, world_size, device, device_index, where) if device == "cuda" and not all_reduce_sizes else None
     built, plain, params, layout = _built_on_rank(case, rank, device, device_index)
     param_bytes = sum(p.numel() * p.element_size() for p in params)  # numel of a DTensor is the whole parameter's
     grad_sizes = [p.numel() * p.element_size() for p in params if p.requires_grad]  # in the dtype the gradients have: the parameters'
@@ -281,12 +280,13 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
         step = _step(built, case.mode, accumulate)
         result.update(_time(case, built, step, device, where, rank))
         result["checksum"] = _checksum(built.model) if mode == "ddp" else None
-        if not analytic.get("flops_analytic") and case.mode == "eager":
-            # a model without a formula (your own): one more step on every rank (they all take part in its collectives)
-            # under torch's FLOP counter, after the timing and the checksum; a compiled step runs no aten ops to count
+        if not analytic.get("flops_analytic"):
+            # a model without a formula (your own): one more step on every rank (they all take part in its collectives),
+            # eager whatever the mode (a compiled step runs no aten ops to count; the one-GPU harness counts so too),
+            # under torch's FLOP counter, after the timing and the checksum
             from perflab.measure.flops import count_flops
 
-            result["flops_counted"] = count_flops(step)
+            result["flops_counted"] = count_flops(step if case.mode == "eager" else _step(built, "eager", accumulate))
         if profile_dir is not None:
             result["trace"] = _profile(step, built, device, Path(profile_dir) / f"rank{rank}.json", profile_steps)
         if explain and rank == 0:
@@ -305,11 +305,8 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
     result["flops_per_rank"] = analytic["flops_analytic"] * accumulate if analytic.get("flops_analytic") else result.get("flops_counted")
     if rank == 0:
         result["env"] = environment(device)
-        if device == "cuda" and "all_reduce" not in result:  # the bus bandwidth `perflab ceilings --gpus` measured here, if it has
-            from perflab.measure.ceilings import cached_all_reduce
-
-            cached = swept or cached_all_reduce(world_size)
-            result["all_reduce"] = (swept if swept else dict(cached, source="perflab ceilings' cache")) if cached else None
+        if device == "cuda" and "all_reduce" not in result:
+            result["all_reduce"] = floor_sweep
     if paired:
         result["together"] = _time_together(case, plain, built, step, [Case.from_dict(other) for other in paired], rank, device,
                                             device_index, where)
