@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from perflab.analysis.comm import MIB, busbw_at, call_latency_us, ddp_bytes, fsdp_bytes, swept_size
-from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, predict_comm_fix
+from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, fix_step_ms, predict_comm_fix
 from perflab.errors import PerflabError
 from perflab.explain import GLUE_CATEGORIES
 from perflab.spec import Case, merge_parallel, parse_parallel
@@ -142,9 +142,8 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
         base_row = (fix_row.get("paired") or [{}])[0]
         exposed = None
         if fix_row.get("status") == "ok" and measured["accounts"]:
-            fix_ms = (fix_row.get("together") or {}).get("median_ms") or fix_row["median_ms"]
             account = measured["accounts"][fix_row["slowest_rank"]]
-            exposed = untraced_ms(account, exposed_key(account), steps, fix_ms)
+            exposed = account[exposed_key(account)] * untraced_scale(account, steps, fix_step_ms(fix_row))
         anchored = step.anchored(base_row["median_ms"]) if base_row.get("median_ms") else step
         explanation.fix_results.append(ParallelFix(spec, fixed.parallel, fixed.mode, predict_fix(anchored, case, fixed), fix_row, exposed,
                                                    base_row))
@@ -178,10 +177,10 @@ def comm_step(case: Case, row: dict, profile: dict, sweep: dict | None) -> CommS
     passes = next((p for p in profile.get("rank_passes") or [] if p["rank"] == row["slowest_rank"]), {})
     categories = passes.get("category_ms") or {}
     step_ms = row["median_ms"]
-    scale = step_ms / (slowest["window_ns"] / steps / 1e6) if slowest and slowest.get("window_ns") else 1.0  # traced → untraced
+    scale = untraced_scale(slowest, steps, step_ms) * steps * 1e6 if slowest else 1.0  # ms a traced step → ms of the untraced one
     optimizer = (passes.get("ms") or {}).get("optimizer")
     return CommStep(mode=mode, options=options, world_size=case.world_size, step_ms=step_ms,
-                    exposed_ms=untraced_ms(slowest, exposed_key(slowest), steps, step_ms) if slowest else None,
+                    exposed_ms=slowest[exposed_key(slowest)] * untraced_scale(slowest, steps, step_ms) if slowest else None,
                     optimizer_ms=optimizer * scale if optimizer is not None else None, grad_bytes=row["grad_bytes"], param_bytes=row["param_bytes"],
                     sweep=sweep, latency_us=call_latency_us(sweep) if sweep else 0.0, ready_sizes=tuple(row.get("ready_grad_bytes") or ()),
                     buckets=tuple(row.get("ddp_buckets") or ()), units=row.get("shard_units") or row.get("fsdp_units") or 1,
@@ -195,13 +194,12 @@ def exposed_key(account: dict) -> str:
     return "comm_exposed_transfer_ns" if "comm_exposed_transfer_ns" in account else "comm_exposed_ns"
 
 
-def untraced_ms(account: dict, key: str, steps: int, step_ms: float) -> float:
-    """A profiled rank's ``key`` (ns over its window of ``steps`` traced steps) as ms of an untraced step of
-    ``step_ms``: its share of the window times the step (the profiler lengthens every step it records)."""
+def untraced_scale(account: dict, steps: int, step_ms: float) -> float:
+    """ms of an untraced step of ``step_ms`` per ns of a profiled rank's window of ``steps`` traced steps: a time of
+    the profile as its share of the window, times the step (the profiler lengthens every step it records); without
+    a window, ns per traced step as ms."""
     window = account.get("window_ns")
-    if not window:
-        return account[key] / steps / 1e6
-    return account[key] / window * step_ms
+    return step_ms / window if window else 1.0 / steps / 1e6
 
 
 def communication_section(case: Case, row: dict, profile: dict, sweep: dict) -> dict:

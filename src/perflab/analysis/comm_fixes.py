@@ -183,6 +183,14 @@ def _after(step: CommStep, delta_compute: float, delta_exposed: float, text: str
                                              f"E {step.exposed_ms:.3f})", compute, exposed)
 
 
+def fix_step_ms(row: dict) -> float | None:
+    """A fix's measured step: its blocks timed interleaved with the base's (``together``), else its own timing; None
+    where it failed."""
+    if row.get("status") != "ok":
+        return None
+    return (row.get("together") or {}).get("median_ms") or row.get("median_ms")
+
+
 @dataclass
 class ParallelFix:
     """One communication fix: its spec, the case's data-parallel mode (and mode) after it, its prediction, and its
@@ -202,10 +210,7 @@ class ParallelFix:
 
     @property
     def measured_ms(self) -> float | None:
-        """The fix's step: its blocks timed interleaved with the base's (``together``), else its own timing."""
-        if self.measured.get("status") != "ok":
-            return None
-        return (self.measured.get("together") or {}).get("median_ms") or self.measured.get("median_ms")
+        return fix_step_ms(self.measured)
 
     @property
     def measured_compute_ms(self) -> float | None:
