@@ -4,7 +4,7 @@ console and for markdown. Torch-free."""
 from __future__ import annotations
 
 from perflab.report.explain_rows import compile_line, fix_model_lines
-from perflab.report.md import md_table, num
+from perflab.report.md import md_table, num, with_ci
 
 MIB = 2**20
 
@@ -104,17 +104,9 @@ def fix_rows(e) -> list[list[str]]:
                          f"{fx.measured.get('status')}: {fx.measured.get('message')}"] + ["–"] * 4)
             continue
         rows.append([str(i), f"`{fx.name}`", fx.parallel, fx.mode, base, num(p.ms, ".3f"), f"{fx.measured_ms:.3f}", num(fx.error, "+.1%"),
-                     gain_cell(fx), pair(p.compute_ms, fx.measured_compute_ms),
+                     with_ci(fx.throughput_gain, fx.throughput_gain_ci95, ".2f", "×"), pair(p.compute_ms, fx.measured_compute_ms),
                      pair(p.exposed_ms, fx.measured_exposed_ms)])
     return rows
-
-
-def gain_cell(fx) -> str:
-    """The fix's throughput over its base's, with the 95% CI where the two were interleaved."""
-    if not fx.throughput_gain:
-        return "–"
-    ci = fx.throughput_gain_ci95
-    return f"{fx.throughput_gain:.2f}×" + (f" ({ci[0]:.2f}–{ci[1]:.2f})" if ci else " (unpaired)")
 
 
 def compile_lines(e) -> list[str]:

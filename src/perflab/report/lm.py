@@ -636,6 +636,11 @@ def capped_tally(cells: dict, capped: list[dict]):
     return (caps, body, matched, agree) if body else None
 
 
+def _capped_counts(caps, matched: dict) -> list[str]:
+    """Per capacity run, "12 GiB 32 of 40": the cells run capped that gave the seed's mark, of those run."""
+    return [f"{c:g} GiB {matched[c][0]} of {matched[c][1]}" for c in caps if matched[c][1]]
+
+
 def capped_section(cells: dict, capped: list[dict]) -> list[str]:
     """Seed 003's cells run under ``--max-memory`` at each capacity: per cell, the run's OOM-or-ran against the seed's
     mark and beside the verdict derived from the uncapped peak, the capacities that reproduce the seed (run; derived),
@@ -644,7 +649,7 @@ def capped_section(cells: dict, capped: list[dict]) -> list[str]:
     if tally is None:
         return []
     caps, body, matched, agree = tally
-    verdict = [f"{c:g} GiB {matched[c][0]} of {matched[c][1]}" for c in caps if matched[c][1]]
+    verdict = _capped_counts(caps, matched)
     exact = [f"{c:g} GiB" for c in caps if matched[c][1] and matched[c][0] == matched[c][1]]
     text = ("Run capped, cells as the seed per capacity: " + ", ".join(verdict) + "; "
             + (f"{' and '.join(exact)} reproduce{'s' if len(exact) == 1 else ''} the seed's pattern on every cell run." if exact
@@ -808,7 +813,7 @@ def summary(rows: list[dict]) -> list[str]:
         tally = capped_tally(cells, [r for r in rows if _case(r).get("max_memory")])
         if tally is not None:
             caps, _, matched, agree = tally
-            sentence += ("; run capped (`--max-memory`), " + ", ".join(f"{c:g} GiB {matched[c][0]} of {matched[c][1]}" for c in caps if matched[c][1])
+            sentence += ("; run capped (`--max-memory`), " + ", ".join(_capped_counts(caps, matched))
                          + (f", agreeing with the derived verdict in {agree[0]} of {agree[1]} (cell, capacity) pairs" if agree[1] else ""))
         out.append(sentence + ".")
     return out

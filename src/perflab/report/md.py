@@ -24,6 +24,14 @@ def num(value, spec: str) -> str:
     return "–" if value is None or (isinstance(value, float) and value != value) else format(value, spec)
 
 
+def with_ci(value, ci, spec: str, unit: str = "", without: str = " (unpaired)") -> str:
+    """A paired figure with its 95% CI, ``1.08× (1.02–1.10)``; ``without`` where it has none (timed unpaired); ``–``
+    for no figure."""
+    if not value:
+        return "–"
+    return f"{value:{spec}}{unit}" + (f" ({ci[0]:{spec}}–{ci[1]:{spec}})" if ci else without)
+
+
 def pct(value) -> str:
     """A fraction as a percentage cell; ``–`` for none."""
     return "–" if value is None else f"{value:.1%}"

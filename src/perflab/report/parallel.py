@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from perflab.report.md import FAILED, md_table, num, ok
+from perflab.report.md import FAILED, md_table, num, ok, with_ci
 
 MB = 2**20
 
@@ -46,15 +46,8 @@ def _scaling_cells(r: dict) -> list[str]:
         return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 10
     agree = {True: "yes", False: "NO", None: "– (sharded)"}[r["ranks_agree"]]
     return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), num(r["step_ms"], ".2f"),
-            num(r["step_ms_beside_single"], ".2f"), num(r["single_gpu_ms"], ".2f"), efficiency_cell(r["scaling_efficiency"], r.get("scaling_efficiency_ci95")), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
+            num(r["step_ms_beside_single"], ".2f"), num(r["single_gpu_ms"], ".2f"), with_ci(r["scaling_efficiency"], r.get("scaling_efficiency_ci95"), ".3f"), str(r["slowest_rank"]), num(r["rank_spread"], ".1%"),
             num(r["comm_mib"], ".1f"), num(r["comm_floor_ms"], ".2f"), num(r["comm_floor_frac"], ".1%"), num(r["peak_gib_per_rank"], ".2f"), agree]
-
-
-def efficiency_cell(value, ci) -> str:
-    """The scaling efficiency with its 95% CI where the one-GPU case was interleaved with the ranks' step."""
-    if value is None:
-        return "–"
-    return f"{value:.3f}" + (f" ({ci[0]:.3f}–{ci[1]:.3f})" if ci else " (unpaired)")
 
 
 def sections(rows: list[dict]) -> list[str]:
@@ -67,8 +60,8 @@ def sections(rows: list[dict]) -> list[str]:
             "rank 0's GPU beside the ranks' model and the two are timed in interleaved blocks: step beside 1 GPU and 1 GPU are "
             "the medians of those blocks, and scaling efficiency = 1 GPU ÷ step over blocks of the same round (95% CI) (weak "
             "scaling: the batch is per GPU, so 1.0 is perfect). Read the efficiency against the two blocks' columns, not "
-            "against the step timed alone: on a shared host the step moves between stretches of time, and two models "
-            "resident on rank 0's GPU slow both. Bus MiB/step: what each "
+            "against the step timed alone, which ran in another stretch of time (on a shared host the step moves between "
+            "them). Bus MiB/step: what each "
             "rank must send for the gradients (DDP: ring all-reduce, 2(N−1)/N × gradient bytes; FSDP: all-gathers and a "
             "reduce-scatter, (N−1)/N each); the floor divides it by the all-reduce bus bandwidth measured on these GPUs at the "
             "step's message size (`perflab ceilings --gpus`' sweep, or the ranks' own before the case where none was cached); "
