@@ -294,9 +294,9 @@ def decoder_step_bytes(model: torch.nn.Module, batch: int) -> dict:
 
 def fill_caches(model, seed: int) -> None:
     """A filled context: random K and V in every ``*k_cache``/``*v_cache`` buffer (the values do not change the
-    work, but zeros are not realistic), drawn in place on the buffer's device by a generator seeded there. (Drawn
-    on the CPU and copied, llama3_8b's cache at batch 64 and context 4096, 17 G values, took 113–133 s of a case's
-    build on an H100 host; issue 23's cost split.)"""
+    work, but zeros are not realistic), drawn in place on the buffer's device by a generator seeded there. (They were
+    drawn on the CPU in fp32 and copied: llama3_8b's build at batch 64 and context 4096, a cache of 17 G values, took
+    113–133 s on an H100 host against 2 s at batch 1; ``benchmarks/kv_fill.py`` times the two ways.)"""
     generators: dict = {}
     for name, buffer in model.named_buffers():
         if name.endswith(("k_cache", "v_cache")):
