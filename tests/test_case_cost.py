@@ -169,6 +169,7 @@ def test_the_driver_counts_as_opened_by_its_device_files_not_by_its_library_bein
     2026-11-26): what makes a fork unsafe is the driver opened (cuInit, nvmlInit), which holds /dev/nvidia* open."""
     links = {"0": "/dev/null", "3": "/dev/nvidiactl", "4": "pipe:[123]", "5": "/dev/nvidia0", "6": "/dev/nvidiactl",
              "7": "/usr/lib/libcuda.so.1"}
+    monkeypatch.setattr("threading.active_count", lambda: 1)  # an earlier test's lingering Python thread is not this test's
     monkeypatch.setattr(launcher_mod.os, "listdir", lambda path: list(links) if path == "/proc/self/fd" else [])
     monkeypatch.setattr(launcher_mod.os, "readlink", lambda path: links[path.rsplit("/", 1)[1]])
     assert launcher_mod.driver_files() == ["/dev/nvidia0", "/dev/nvidiactl"]
@@ -179,6 +180,7 @@ def test_the_driver_counts_as_opened_by_its_device_files_not_by_its_library_bein
 
 def test_jemallocs_background_thread_is_not_counted_against_a_fork(monkeypatch):
     names = {"100": "python3", "101": "jemalloc_bg_thd", "102": "python3"}
+    monkeypatch.setattr("threading.active_count", lambda: 1)  # an earlier test's lingering Python thread is not this test's
     real = launcher_mod.Path
 
     class FakePath(type(real())):
