@@ -70,23 +70,31 @@ def test_decode_tables_hold_the_stored_medians_tokens_per_s_and_mbu(decode):
             assert mbu[i].startswith(f"{100 * row['mbu']:.1f}%")
     ratio = _table_row(full, "#### Eager ÷ mode", "1")[1 + [m for m in columns if m != "eager"].index("compile:reduce-overhead")]
     assert ratio == f"{by[('eager', 1)]['median_ms'] / by[('compile:reduce-overhead', 1)]['median_ms']:.2f}×"
-    # context 4096: a stored case's median in its cell, "not run" in every other (the store is part of the spec)
+    # context 4096: every cell holds its stored case's median (the store holds the whole spec)
     long = _section(text, "### llama3_8b: decode, context 4096, bf16, cuda")
     stored = {(r["case"]["mode"], r["case"]["batch_size"]): r for r in rows
               if r["case"].get("layers") is None and not r["case"].get("layers_only") and r["case"]["context_len"] == 4096}
-    missing = 0
+    assert len(stored) == 15  # 3 batches × 5 modes
     for batch in (1, 8, 64):
         for mode, cell in zip(columns, _table_row(long, "#### Step time", str(batch))[1:]):
-            row = stored.get((mode, batch))
-            missing += row is None
-            assert cell.startswith(f"{row['median_ms']:.3f} [") if row else cell == "not run", (mode, batch, cell)
-    assert missing + len(stored) == 15  # 3 batches × 5 modes
+            assert cell.startswith(f"{stored[(mode, batch)]['median_ms']:.3f} ["), (mode, batch, cell)
+
+
+def test_the_committed_decode_store_holds_every_case_of_its_spec_and_no_cell_reads_not_run(decode):
+    from perflab.sweep.spec import load_experiment
+
+    text, rows = decode
+    spec_ids = {c.id for c in load_experiment(ROOT / "experiments/decode.yaml").cases}
+    assert len(spec_ids) == 60 and {r["case_id"] for r in rows} == spec_ids and len(rows) == 60
+    assert all(r["status"] == "ok" for r in rows) and len({r["env"]["gpu_name"] for r in rows}) == 1
+    assert "Decode: 60 of 60 cases stored" in text and "not run" not in text
 
 
 def test_decode_ncu_table_names_each_library_with_dram_percent_bandwidth_and_share_in_percent(decode):
     text, rows = decode
     testbench = _section(text, "### llama3_8b (layers only, 1 layer(s)): decode, context 512, bf16, cuda")
-    (tuned,) = [r for r in rows if r["case"].get("layers") == 1 and r["case"]["mode"] == "compile:max-autotune"]
+    (tuned,) = [r for r in rows if r["case"].get("layers") == 1 and r["case"]["mode"] == "compile:max-autotune"
+                and r["case"]["batch_size"] == 1 and r["case"]["context_len"] == 512]  # the spec's ncu_where
     top = tuned["ncu"]["kernels"][0]
     assert top["library"] == "Triton" and top["full_name"].startswith("triton_red_fused")
     line = next(l for l in testbench.splitlines() if f"`{short_kernel_name(top['full_name'])}`" in l)
@@ -515,17 +523,24 @@ def test_the_capped_section_puts_each_run_beside_its_derived_verdict_and_says_wh
 
 
 def test_a_store_holding_a_subset_of_a_spec_counts_the_specs_cases(tmp_path):
-    # The committed decode store's latest sweep ran 18 of experiments/decode.yaml's 60 cases, and its report said
-    # "23 of 31". Counted against the spec, it is 23 of 60, and every other case is "not run".
+    # A decode store that once held 23 of experiments/decode.yaml's 60 cases had its report say "23 of 31" (it counted
+    # the latest sweep's cases). Counted against the spec, a subset is "N of 60", and every other case is "not run".
     from perflab.sweep.spec import load_experiment
 
     shutil.copy(ROOT / "docs/reports/decode/results.sqlite", tmp_path / "results.sqlite")
+    with sqlite3.connect(str(tmp_path / "results.sqlite")) as conn:  # keep the context-512 cases and llama3_8b bs1 eager at 4096
+        kept = [cid for cid, rj in conn.execute("SELECT case_id, row_json FROM results")
+                if (c := json.loads(rj)["case"])["context_len"] == 512
+                or (c.get("layers") is None and c["batch_size"] == 1 and c["mode"] == "eager")]
+        conn.execute(f"DELETE FROM results WHERE case_id NOT IN ({','.join('?' * len(kept))})", kept)
     spec = load_experiment(ROOT / "experiments/decode.yaml")
     stored_ids = {r["case_id"] for r in _rows(tmp_path / "results.sqlite")}
-    assert stored_ids < {c.id for c in spec.cases} and len(spec.cases) == 60
+    assert len(stored_ids) == 31 and stored_ids < {c.id for c in spec.cases} and len(spec.cases) == 60
     text = write_report(tmp_path, spec=ROOT / "experiments/decode.yaml").read_text()
-    assert f"Decode: {len(stored_ids)} of 60 cases stored" in text and f"; {60 - len(stored_ids)} not run." in text
-    assert f"60 cases: {60 - len(stored_ids)} not run, {len(stored_ids)} ok." in text
+    assert "Decode: 31 of 60 cases stored" in text and "; 29 not run." in text
+    assert "60 cases: 29 not run, 31 ok." in text
+    long = _section(text, "### llama3_8b: decode, context 4096, bf16, cuda")
+    assert _table_row(long, "#### Step time", "1")[2:] == ["not run"] * 4 and _table_row(long, "#### Step time", "8")[1:] == ["not run"] * 5
 
 
 def test_the_capped_rows_measured_on_the_h100_are_counted_apart_and_each_oom_is_under_its_cap(lm):
@@ -561,3 +576,23 @@ def test_the_capped_rows_measured_on_the_h100_are_counted_apart_and_each_oom_is_
         agree += (derived == "OOM") == (run == "OOM")
     expected = ", ".join(f"{cap} GiB {m} of {n}" for cap, (m, n) in matched.items())
     assert f"; run capped (`--max-memory`), {expected}, agreeing with the derived verdict in {agree} of {pairs} (cell, capacity) pairs." in text
+
+
+def test_the_kv_fill_cut_measured_before_and_after_in_one_slice_shortens_only_the_build():
+    # docs/reports/decode_build_cut: benchmarks/decode_build_cut.yaml run on one H100 in one call, old code (drawing the
+    # KV context on the CPU) and new (in place on the GPU) alternated twice. The build is the stage the cut touches.
+    base = ROOT / "docs/reports/decode_build_cut"
+    runs = {name: {r["case"]["batch_size"]: r for r in _rows(base / name / "results.sqlite")}
+            for name in ("before.1", "after.1", "before.2", "after.2")}
+    assert all(set(rows) == {8, 64} and all(r["status"] == "ok" for r in rows.values()) for rows in runs.values())
+    assert len({r["env"]["gpu_name"] for rows in runs.values() for r in rows.values()}) == 1
+    for i in (1, 2):
+        before, after = runs[f"before.{i}"], runs[f"after.{i}"]
+        assert before[64]["cost_s"]["build"] > 100 and before[8]["cost_s"]["build"] > 10  # 17.2 G and 2.1 G values drawn on the CPU
+        assert after[64]["cost_s"]["build"] < 1 and after[8]["cost_s"]["build"] < 1
+        for batch in (8, 64):  # the same case ids, and the stages the cut does not touch stay within a few seconds
+            assert before[batch]["case_id"] == after[batch]["case_id"]
+            for stage in ("flops", "warmup", "timed"):
+                assert abs(before[batch]["cost_s"][stage] - after[batch]["cost_s"][stage]) < 2
+        # the step itself is unchanged at batch 64 (GPU-bound: 66 ms), within 2%
+        assert after[64]["median_ms"] == pytest.approx(before[64]["median_ms"], rel=0.02)
