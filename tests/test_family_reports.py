@@ -90,6 +90,17 @@ def test_the_committed_decode_store_holds_every_case_of_its_spec_and_no_cell_rea
     assert "Decode: 60 of 60 cases stored" in text and "not run" not in text
 
 
+def test_the_committed_lm_store_holds_every_case_of_its_spec_120_full_and_120_capped(lm):
+    from perflab.sweep.spec import load_experiment
+
+    text, rows, _ = lm
+    cases = load_experiment(ROOT / "experiments/lm_sizes.yaml").cases
+    assert len(cases) == 240 and {r["case_id"] for r in rows} == {c.id for c in cases} and len(rows) == 240
+    full = [r for r in rows if not r["case"].get("max_memory")]
+    assert len(full) == 120 and {r["status"] for r in rows} <= {"ok", "oom", "error", "timeout"}
+    assert len({r["env"]["gpu_name"] for r in rows}) == 1 and "120 of 120 cases stored" in text
+
+
 def test_decode_ncu_table_names_each_library_with_dram_percent_bandwidth_and_share_in_percent(decode):
     text, rows = decode
     testbench = _section(text, "### llama3_8b (layers only, 1 layer(s)): decode, context 512, bf16, cuda")
@@ -160,6 +171,7 @@ def test_no_table_cell_over_120_characters_and_every_short_name_in_the_legend(na
     for report in (text, committed):  # the report as built now, and as committed
         cells = _table_cells(report)
         assert len(cells) > 200 and max(map(len, cells)) <= 120
+        assert not [c for c in cells if "not run" in c]  # every case of the spec ran, capped ones too
         named = {m for c in cells for m in re.findall(r"`([^`]+)`", c)}  # in these reports, only kernel names are in backticks
         legend = re.findall(r"^- `([^`]+)`: `([^`]+)`$", _legend(report), flags=re.M)
         assert len(named) >= 5 and {short for short, _ in legend} == named  # each name in the tables, and only those
