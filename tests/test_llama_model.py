@@ -9,6 +9,7 @@ from test_lm_model import reference_frequencies, reference_rope
 
 from perflab.errors import PerflabError
 from perflab.measure.flops import count_flops
+from perflab.spec import Case, validate_case
 from perflab.models.lm import apply_rope
 from perflab.models.llama import (
     Attention,
@@ -201,11 +202,38 @@ def test_decode_flops_equal_the_counted_flops(layers_only):
     cfg = tiny()
     model = Llama(cfg, layers_only=layers_only).eval()
     batch, context_len = 3, 10
-    model.setup_caches(batch, context_len + 1, torch.float32)
+    model.setup_caches(batch, 16, torch.float32)  # 11 positions rounded up to 16, as the decode family allocates them
     x = torch.randn(batch, 1, cfg.dim) if layers_only else torch.randint(0, cfg.vocab_size, (batch, 1))
     with torch.no_grad():
         counted = count_flops(lambda: model(x, torch.tensor([context_len])))
     assert counted == decode_flops(cfg, batch, context_len, layers_only)
+
+
+def test_the_cache_is_rounded_up_to_a_multiple_of_8_positions_within_max_seq_len():
+    # An odd cache length (4097 at context 4096) left every score row unaligned: cuBLAS fell back to magma_sgemmEx on
+    # an H100 (llama3_8b layer, batch 64: 1176 µs against 193 µs at 4104). gpt-fast rounds the same way.
+    from perflab.models.llama import padded_cache_len
+    from perflab.workloads.decode import cache_len, positions_needed
+
+    assert [padded_cache_len(n) for n in (1, 8, 9, 513, 4097, 4104)] == [8, 8, 16, 520, 4104, 4104]
+    assert padded_cache_len(8190, limit=8192) == 8192 and padded_cache_len(4095, limit=4095) == 4095  # never past the model's max
+    assert padded_cache_len(4097, limit=4096) == 4097  # never shorter than needed (validation refuses that case first)
+    case = validate_case(Case(model="llama3_8b", workload="decode", context_len=4096, batch_size=1, device="cpu"))
+    assert (positions_needed(case), cache_len(case, 8192)) == (4097, 4104)
+    generate = validate_case(Case(model="llama3_8b", workload="generate", prompt_len=500, new_tokens=13, device="cpu"))
+    assert (positions_needed(generate), cache_len(generate)) == (513, 520)
+
+
+def test_a_decode_case_builds_a_padded_cache_and_its_bytes_count_the_positions_it_reads():
+    from perflab.runtime.workload import build
+
+    case = validate_case(Case(model="llama3_8b", workload="decode", context_len=12, batch_size=2, layers=1, layers_only=True,
+                              dtype="fp32", device="cpu", model_args=(("dim", 64), ("n_heads", 4), ("n_kv_heads", 2), ("ffn_dim", 96))))
+    built = build(case)
+    caches = [b for n, b in built.model.named_buffers() if n.endswith("k_cache")]
+    assert [c.shape[2] for c in caches] == [16] and built.extra["cache_len"] == 16
+    per_position = 2 * 2 * 2 * 16 * 4  # K and V · batch · kv heads · head dim · fp32
+    assert decode_bytes(built.extra["config"], 2, 12, 4, layers_only=True)["kv_read"] == 13 * per_position  # 13 read, 3 padding
 
 
 def test_decode_step_compiles_as_one_graph():

@@ -2,8 +2,9 @@
 
 Workloads (one timed step each):
 
-- ``decode``: one new token per sequence at cache position ``context_len`` (the cache holds exactly
-  context_len + 1 positions, so attention reads the whole context and nothing more);
+- ``decode``: one new token per sequence at cache position ``context_len`` (the cache holds the context_len + 1
+  positions rounded up to a multiple of 8, as gpt-fast's does: an odd length sends cuBLAS to slow kernels; the
+  padding is masked);
 - ``prefill``: a prompt of ``prompt_len`` tokens into an empty cache;
 - ``generate``: a prefill, then decode steps until ``new_tokens`` tokens are out (the first comes from the
   prefill, as ``max_new_tokens`` counts in transformers' generate), greedy.
@@ -35,13 +36,21 @@ def llama_config(case):
     return LlamaConfig.from_name(case.model, **config_overrides(case, LlamaConfig, fixed="rope_scaling"))
 
 
-def cache_len(case) -> int:
+def positions_needed(case) -> int:
     """Cache positions the case needs: context_len + 1 (decode), the prompt (prefill), prompt + new tokens (generate)."""
     if case.workload == "decode":
         return case.context_len + 1
     if case.workload == "prefill":
         return case.prompt_len
     return case.prompt_len + case.new_tokens
+
+
+def cache_len(case, limit: int | None = None) -> int:
+    """The cache's length: the positions the case needs rounded up to a multiple of 8, no longer than ``limit``
+    (``models.llama.padded_cache_len``)."""
+    from perflab.models.llama import padded_cache_len
+
+    return padded_cache_len(positions_needed(case), limit)
 
 
 class Decode(Implementation):
@@ -73,7 +82,7 @@ class Decode(Implementation):
                 raise PerflabError(f"--new-tokens must be at least 1, got {case.new_tokens}")
         if case.layers_only and case.workload == "generate":
             raise PerflabError("--layers-only runs hidden states through the layers, with no head to pick tokens; generate needs the head")
-        needed = cache_len(case)
+        needed = positions_needed(case)
         limit, name = (config.max_seq_len, "max_seq_len") if config is not None else (positions, "max_position_embeddings")
         if limit is not None and needed > limit:
             what = {"decode": f"context {case.context_len} + 1 new token", "prefill": f"prompt {case.prompt_len}",
@@ -105,7 +114,7 @@ class Decode(Implementation):
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        batch, length = case.batch_size, cache_len(case)
+        batch, length = case.batch_size, cache_len(case, config.max_seq_len)
         model.setup_caches(batch, length, dtype, device=case.device)
         fill_caches(model, case.seed)
 
@@ -119,7 +128,7 @@ class Decode(Implementation):
     def build_steps(self, case, model, tokens, extra: dict) -> Built:
         """The step of the case's workload over ``model(x, input_pos) → logits`` with its caches set up;
         ``tokens(n, generator)`` makes a (batch, n) input."""
-        batch, length = case.batch_size, cache_len(case)
+        batch, length = case.batch_size, cache_len(case, _limit(case, extra.get("config")))
         generator = torch.Generator().manual_seed(case.seed + 1)
         tokens = (lambda n, tokens=tokens: tokens(n, generator))
         extra = dict(extra, cache_len=length, events=None)
@@ -177,7 +186,7 @@ class Decode(Implementation):
         For a user's decoder, the decode step's bytes come from the built model by the rule of
         :func:`decoder_step_bytes`, for MBU."""
         if case.workload == "decode" and built.extra.get("reference"):
-            return decoder_step_bytes(built.model, case.batch_size)
+            return decoder_step_bytes(built.model, case.batch_size, positions=positions_needed(case))
         if case.workload != "generate":
             return {}
         if case.mode == "cudagraph":
@@ -204,10 +213,10 @@ class Decode(Implementation):
         from perflab.models.llama import decode_bytes, decode_flops, param_count
 
         if case.is_reference:
-            return {"cache_len": cache_len(case)}
+            return {"cache_len": cache_len(case, reference_max_positions(case))}
         config = llama_config(case)
         counts = param_count(config, layers_only=case.layers_only)
-        out = {"params_total": counts["total"], "params_non_embedding": counts["non_embedding"], "cache_len": cache_len(case),
+        out = {"params_total": counts["total"], "params_non_embedding": counts["non_embedding"], "cache_len": cache_len(case, config.max_seq_len),
                "model_config": {k: getattr(config, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len")}}
         dtype_bytes = DTYPE_BYTES[case.dtype]
         if case.workload == "decode":
@@ -232,7 +241,7 @@ class Decode(Implementation):
         if case.workload != "generate":
             return None
         config, batch, lo = llama_config(case), case.batch_size, case.layers_only
-        dtype_bytes, cache = DTYPE_BYTES[case.dtype], cache_len(case)
+        dtype_bytes, cache = DTYPE_BYTES[case.dtype], cache_len(case, config.max_seq_len)
         first = decode_bytes(config, batch, 0, dtype_bytes, layers_only=lo)
         prefill = {"flops": forward_flops(config, batch, case.prompt_len, cache, lo),
                    "bytes": first["weights"] + 2 * case.prompt_len * first["kv_write"]}
@@ -244,6 +253,11 @@ class Decode(Implementation):
     def min_bytes(self, case, row: dict) -> float:
         return float(row.get("bytes_per_step") or self.analytic(case).get("bytes_per_step") or
                      int(row.get("params") or 0) * DTYPE_BYTES[case.dtype])
+
+
+def _limit(case, config) -> int | None:
+    """The longest cache the case's model allows: perflab's Llama's max_seq_len, an hf: config's positions, else none known."""
+    return config.max_seq_len if config is not None else reference_max_positions(case)
 
 
 def reference_max_positions(case) -> int | None:
@@ -258,14 +272,15 @@ def reference_max_positions(case) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def decoder_step_bytes(model: torch.nn.Module, batch: int) -> dict:
+def decoder_step_bytes(model: torch.nn.Module, batch: int, positions: int | None = None) -> dict:
     """The bytes one decode step of a user's decoder must move, by perflab's Llama rule (``models.llama.decode_bytes``):
 
     - every weight the step reads in full, once (a tensor shared by two modules, as a tied head and embedding, once);
     - of an embedding table (``nn.Embedding``), only the rows the step gathers: one per sequence; a table tied to
       the head is read in full by the head, and its gathered rows are counted besides, as for perflab's Llama;
-    - the KV cache: all of it read (it holds exactly context_len + 1 positions), and the new token's K and V
-      written (one position of it).
+    - the KV cache: the ``positions`` the step attends over read (context_len + 1; all of the cache where not
+      given), not the masked padding beyond them (perflab rounds a cache up to a multiple of 8 positions, as
+      gpt-fast rounds its own), and the new token's K and V written (one position of it).
 
     Buffers that are not the cache (RoPE tables, causal masks) are not counted: a step reads a row of them."""
     owners: dict[int, list[torch.nn.Module]] = {}
@@ -285,10 +300,11 @@ def decoder_step_bytes(model: torch.nn.Module, batch: int) -> dict:
         weights += rows + (size if len(embedding) < len(owners[key]) else 0)  # tied to a head: read in full there too
     caches = model.cache_tensors() if hasattr(model, "cache_tensors") else [
         b for n, b in model.named_buffers() if n.endswith(("k_cache", "v_cache"))]
-    cache = sum(t.numel() * t.element_size() for t in caches)
-    # One position of each (batch, heads, positions, head_dim) cache: gpt-fast rounds its cache up to a multiple of
-    # 8 positions, so the positions are the tensors' own, not the case's.
-    write = sum(t.numel() * t.element_size() // t.shape[2] for t in caches if t.dim() == 4 and t.shape[2])
+    # One position of each (batch, heads, positions, head_dim) cache, from the tensors' own lengths (padded or not).
+    per_position = [(t.numel() * t.element_size() // t.shape[2], t.shape[2]) for t in caches if t.dim() == 4 and t.shape[2]]
+    write = sum(size for size, _ in per_position)
+    cache = sum(t.numel() * t.element_size() for t in caches if not (t.dim() == 4 and t.shape[2]))
+    cache += sum(size * (length if positions is None else min(positions, length)) for size, length in per_position)
     return {"bytes_per_step": weights + cache + write, "bytes_weights": weights, "bytes_kv_read": cache, "bytes_kv_write": write}
 
 
@@ -359,7 +375,7 @@ def reference_decoder(case, dtype):
     from perflab.models.reference import build_on_device, vocab_size_of
     from perflab.references import parse_reference
 
-    batch, length = case.batch_size, cache_len(case)
+    batch, length = case.batch_size, cache_len(case, reference_max_positions(case))
     model = build_on_device(case.model, dict(case.model_args), case.device, dtype=dtype).eval()
     for p in model.parameters():
         p.requires_grad_(False)
