@@ -608,3 +608,27 @@ def test_the_kv_fill_cut_measured_before_and_after_in_one_slice_shortens_only_th
                 assert abs(before[batch]["cost_s"][stage] - after[batch]["cost_s"][stage]) < 2
         # the step itself is unchanged at batch 64 (GPU-bound: 66 ms), within 2%
         assert after[64]["median_ms"] == pytest.approx(before[64]["median_ms"], rel=0.02)
+
+
+def test_the_padded_cache_measured_before_and_after_in_one_slice_on_the_cells_it_moves():
+    # benchmarks/decode_cache_pad.yaml on one H100 in one call: the code before the padding (a cache of 4097 positions)
+    # into docs/reports/decode_cache_pad/before, then this tree (4104) into the re-run grid's store.
+    before = {r["case_id"]: r for r in _rows(ROOT / "docs/reports/decode_cache_pad/before/results.sqlite")}
+    after = {r["case_id"]: r for r in _rows(ROOT / "docs/reports/decode_padded/results.sqlite")}
+    assert len(before) == 12 and set(before) <= set(after)
+    assert {r["cache_len"] for r in before.values()} == {4097} and {after[i]["cache_len"] for i in before} == {4104}
+    assert len({r["env"]["gpu_name"] for r in [*before.values(), *after.values()]}) == 1
+    ratio = {(bool(r["case"].get("layers_only")), r["case"]["batch_size"], r["case"]["mode"]): after[i]["median_ms"] / r["median_ms"]
+             for i, r in before.items()}
+    assert ratio[(False, 64, "eager")] < 0.5 and ratio[(False, 64, "compile:reduce-overhead")] < 0.35  # 66.2 → 27.2, 64.2 → 20.1 ms
+    assert all(ratio[(True, 64, m)] < 0.65 for m in ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph"))
+    assert all(ratio[(True, 8, m)] < 0.85 for m in ("compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph"))
+    # the bytes a step must move are the same (the positions it reads, not the padding): MBU moves with the time alone
+    assert all(after[i]["bytes_per_step"] == r["bytes_per_step"] for i, r in before.items())
+
+
+def test_the_decode_report_says_the_cache_length_each_section_ran_and_flags_an_odd_one():
+    old = (ROOT / "docs/reports/decode/report.md").read_text()
+    new = (ROOT / "docs/reports/decode_padded/report.md").read_text()
+    assert "KV cache: 4097 positions per sequence. All of these rows ran a cache of 4097 positions, not a multiple of 8" in old
+    assert "KV cache: 4104 positions per sequence.\n" in new and "not a multiple of 8" not in new

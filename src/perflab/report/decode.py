@@ -17,6 +17,21 @@ from perflab.report.md import FAILED, counts_text, gpu_name, md_table, ok, span
 MODE_ORDER = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "compile:max-autotune-gemm", "cudagraph")
 
 
+def _cache_line(group: list[dict]) -> str | None:
+    """The KV cache's length the rows ran with (``cache_len``): the positions needed, rounded up to a multiple of 8
+    since 2026-11-26; rows stored before ran an odd length (context + 1), which sends cuBLAS to slow kernels."""
+    lengths = sorted({r["cache_len"] for r in group if isinstance(r.get("cache_len"), int)})
+    if not lengths:
+        return None
+    odd = [n for n in lengths if n % 8]
+    text = f"KV cache: {' / '.join(str(n) for n in lengths)} positions per sequence."
+    if odd:
+        text += (f" {'All' if len(odd) == len(lengths) else 'Some'} of these rows ran a cache of {', '.join(map(str, odd))} positions, "
+                 "not a multiple of 8: an unaligned length that can send the attention's matmuls to cuBLAS's slow fallback kernels "
+                 "(on an H100, llama3_8b at context 4096 and batch 64 ran 3.2x slower compiled); perflab now pads the cache.")
+    return text
+
+
 def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None) -> list[str]:
     """The section's markdown parts; kernel names go through ``names`` (the report's, for its legend)."""
 
@@ -39,6 +54,8 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
         shape = {"decode": f"context {ctx}", "prefill": f"prompt {prompt}", "generate": f"prompt {prompt} + {new} new tokens"}.get(workload, "")
         heading = f"{model}{layers}: {workload}, {shape}, {dtype}, {device}"
         parts.append(f"### {heading}")
+        if cache := _cache_line(group):
+            parts.append(cache)
         modes = [m for m in MODE_ORDER if any((r.get("case") or r).get("mode") == m for r in group)]
         batches = sorted({(r.get("case") or r).get("batch_size") for r in group})
         cells = {((r.get("case") or r).get("mode"), (r.get("case") or r).get("batch_size")): r for r in group}
