@@ -49,3 +49,26 @@ def test_roofline_position_below_and_above_the_ridge():
     prefill = roofline(flops_per_step=4e15, bytes_per_step=16e9, achieved_tflops=600.0, matmul_tflops=787.0, copy_gbps=2971.0)
     assert prefill["arithmetic_intensity"] == 250_000.0 and prefill["roofline_bound"] == "compute"
     assert prefill["roof_tflops"] == 787.0 and prefill["roofline_fraction"] == pytest.approx(600 / 787)
+
+
+def test_a_step_whose_kernels_outlast_the_hosts_issue_is_set_by_its_kernels_not_its_launches():
+    # One llama3_8b layer decoding at batch 64 over a cache of 4097 positions on an H100 (explain's numbers): the host
+    # floor (1.1547 ms) binds, so the floors say launch-bound, but the GPU was busy 1.9801 ms of a traced step in
+    # cuBLAS fallback kernels, 3.8x the memory floor: no CUDA graph can take the step below that.
+    from perflab.report.explain_rows import floor_verdict
+
+    kw = dict(measured_ms=2.0577, flops_per_step=0.032e12, bytes_per_step=0.5170e-3 * 4000e9, kernels_per_step=60,
+              host_issue_ms=1.1547, **CEIL)
+    slow = compute_floors(**kw, gpu_busy_ms=1.9801)
+    assert slow.binding == "host" and slow.verdict == "launch-bound" and slow.kernels_set_the_step
+    assert slow.to_dict()["kernels_set_the_step"] is True
+    line = floor_verdict(slow)
+    assert line.startswith("Whole step: **launch-bound** (binding floor: host)")
+    assert ("But the kernels set this step, not the launches: the GPU is busy 1.9801 ms a traced step, longer than the 1.1547 ms "
+            f"the host takes to issue it, and {1.9801 / slow.memory_ms:.1f}× the memory floor") in line and "3.8×" in line
+    launch_bound = compute_floors(**kw, gpu_busy_ms=0.9)  # the GPU waits for the CPU: the floors' verdict stands
+    unprofiled = compute_floors(**kw)
+    assert not launch_bound.kernels_set_the_step and not unprofiled.kernels_set_the_step
+    assert "But the kernels" not in floor_verdict(launch_bound) + floor_verdict(unprofiled)
+    memory_bound = compute_floors(**dict(kw, host_issue_ms=0.1), gpu_busy_ms=1.98)  # a GPU floor binds: nothing to add
+    assert memory_bound.binding == "memory" and not memory_bound.kernels_set_the_step

@@ -394,6 +394,7 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
         kernels_per_step=prof.kernels,
         kernel_interval_us=interval,
         host_issue_ms=issue_ms,
+        gpu_busy_ms=prof.busy_ns / 1e6,
     )
     explanation = CaseExplanation(
         case=case, eager_row=row, trace_path=trace_path, profile=prof, traced_step_ms=traced_ms,

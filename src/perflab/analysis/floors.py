@@ -11,6 +11,13 @@ The binding floor is the largest. The verdict names what limits the step:
   launch floor largest  → latency-bound small kernels: many kernels, each too short to fill the GPU;
   compute floor largest → compute-bound;  memory floor largest → memory-bound.
 measured ÷ floor says how far the step is from each bound (1.0 = at the floor).
+
+The floors are lower bounds; the profiled step's GPU busy time is a measurement. Where the kernels keep the GPU
+busy longer than the host takes to issue them (``gpu_busy_ms`` ≥ the host floor) while the host floor binds, the
+floors' verdict says launch-bound but the GPU does not wait for the CPU: the step is set by its kernels' own
+slowness (``kernels_set_the_step``), and removing launches (a CUDA graph) cannot take it below the busy time.
+(Found on an H100: one llama3_8b layer decoding at batch 64, context 4097 of cache, read "launch-bound" with the
+host floor at 1.15 ms while its kernels were busy 1.98 ms of a 2.06 ms step, in cuBLAS fallback kernels.)
 """
 
 from __future__ import annotations
@@ -54,8 +61,13 @@ class Floors(FloorSet):
     memory_ms: float
     launch_ms: float
     host_ms: float
+    gpu_busy_ms: float | None = None  # the profiled step's GPU busy time (kernels and copies, overlaps once), if profiled
 
-
+    @property
+    def kernels_set_the_step(self) -> bool:
+        """The host or launch floor binds, yet the GPU is busy at least as long as the host takes to issue the step:
+        the kernels, not the launches, set its time."""
+        return self.binding in ("host", "launch") and self.gpu_busy_ms is not None and self.gpu_busy_ms >= self.host_ms
 
     def ratios(self) -> dict[str, float]:
         return {name: (self.measured_ms / ms if ms > 0 else float("inf")) for name, ms in self.by_name.items()}
@@ -70,7 +82,8 @@ class Floors(FloorSet):
 
     def to_dict(self) -> dict:
         d = asdict(self)
-        d.update(binding=self.binding, verdict=self.verdict, measured_over_floor=self.ratios(), utilisation=self.utilisation())
+        d.update(binding=self.binding, verdict=self.verdict, measured_over_floor=self.ratios(), utilisation=self.utilisation(),
+                 kernels_set_the_step=self.kernels_set_the_step)
         return d
 
 
@@ -84,6 +97,7 @@ def compute_floors(
     kernels_per_step: float,
     kernel_interval_us: float,
     host_issue_ms: float,
+    gpu_busy_ms: float | None = None,
 ) -> Floors:
     return Floors(
         measured_ms=measured_ms,
@@ -91,6 +105,7 @@ def compute_floors(
         memory_ms=bytes_per_step / (copy_gbps * 1e9) * 1e3,
         launch_ms=kernels_per_step * kernel_interval_us / 1e3,
         host_ms=host_issue_ms,
+        gpu_busy_ms=gpu_busy_ms,
     )
 
 

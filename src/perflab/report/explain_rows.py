@@ -42,8 +42,14 @@ def floor_rows(f) -> list[list[str]]:
 
 def floor_verdict(f) -> str:
     u = f.utilisation()
-    return (f"Whole step: **{f.verdict}** (binding floor: {f.binding}); MFU {pct(u['measured']['mfu'])}, MBU {pct(u['measured']['mbu'])} "
+    line = (f"Whole step: **{f.verdict}** (binding floor: {f.binding}); MFU {pct(u['measured']['mfu'])}, MBU {pct(u['measured']['mbu'])} "
             f"(counted FLOPs, least bytes); at the binding floor MFU {pct(u['ceiling']['mfu'])}, MBU {pct(u['ceiling']['mbu'])}.")
+    if f.kernels_set_the_step:
+        worst = max(("memory", f.memory_ms), ("compute", f.compute_ms), key=lambda kv: kv[1])
+        line += (f" But the kernels set this step, not the launches: the GPU is busy {f.gpu_busy_ms:.4f} ms a traced step, longer than "
+                 f"the {f.host_ms:.4f} ms the host takes to issue it, and {f.gpu_busy_ms / worst[1]:.1f}× the {worst[0]} floor; removing "
+                 f"launches (a CUDA graph) cannot take it below {f.gpu_busy_ms:.4f} ms: look at the top kernels.")
+    return line
 
 
 def step_floor_lines(sf) -> list[str]:
