@@ -72,3 +72,12 @@ def test_a_step_whose_kernels_outlast_the_hosts_issue_is_set_by_its_kernels_not_
     assert "But the kernels" not in floor_verdict(launch_bound) + floor_verdict(unprofiled)
     memory_bound = compute_floors(**dict(kw, host_issue_ms=0.1), gpu_busy_ms=1.98)  # a GPU floor binds: nothing to add
     assert memory_bound.binding == "memory" and not memory_bound.kernels_set_the_step
+
+
+def test_where_the_launch_floor_binds_the_verdict_already_names_the_kernels_and_nothing_is_added():
+    from perflab.report.explain_rows import floor_verdict
+
+    f = compute_floors(measured_ms=2.0, flops_per_step=1e9, bytes_per_step=1e6, kernels_per_step=2000, host_issue_ms=0.5,
+                       gpu_busy_ms=1.9, **CEIL)  # 2000 kernels × 1.5 µs = 3 ms: the launch floor binds
+    assert f.binding == "launch" and f.verdict == "latency-bound small kernels" and not f.kernels_set_the_step
+    assert "But the kernels" not in floor_verdict(f)

@@ -219,7 +219,10 @@ def test_the_cache_is_rounded_up_to_a_multiple_of_8_positions_within_max_seq_len
     assert padded_cache_len(8190, limit=8192) == 8192 and padded_cache_len(4095, limit=4095) == 4095  # never past the model's max
     assert padded_cache_len(4097, limit=4096) == 4097  # never shorter than needed (validation refuses that case first)
     case = validate_case(Case(model="llama3_8b", workload="decode", context_len=4096, batch_size=1, device="cpu"))
-    assert (positions_needed(case), cache_len(case, 8192)) == (4097, 4104)
+    assert (positions_needed(case), cache_len(case)) == (4097, 4104)  # within llama3_8b's max_seq_len of 8192
+    short = validate_case(Case(model="llama3_8b", workload="decode", context_len=4096, batch_size=1, device="cpu",
+                               model_args={"max_seq_len": 4100}))
+    assert cache_len(short) == 4100  # rounded up no further than the model allows
     generate = validate_case(Case(model="llama3_8b", workload="generate", prompt_len=500, new_tokens=13, device="cpu"))
     assert (positions_needed(generate), cache_len(generate)) == (513, 520)
 

@@ -65,9 +65,10 @@ class Floors(FloorSet):
 
     @property
     def kernels_set_the_step(self) -> bool:
-        """The host or launch floor binds, yet the GPU is busy at least as long as the host takes to issue the step:
-        the kernels, not the launches, set its time."""
-        return self.binding in ("host", "launch") and self.gpu_busy_ms is not None and self.gpu_busy_ms >= self.host_ms
+        """The host floor binds (the floors say launch-bound), yet the GPU is busy at least as long as the host takes
+        to issue the step: the kernels, not the launches, set its time. (Where the launch floor binds, the verdict
+        already names the kernels: latency-bound small kernels.)"""
+        return self.binding == "host" and self.gpu_busy_ms is not None and self.gpu_busy_ms >= self.host_ms
 
     def ratios(self) -> dict[str, float]:
         return {name: (self.measured_ms / ms if ms > 0 else float("inf")) for name, ms in self.by_name.items()}

@@ -45,12 +45,18 @@ def positions_needed(case) -> int:
     return case.prompt_len + case.new_tokens
 
 
-def cache_len(case, limit: int | None = None) -> int:
-    """The cache's length: the positions the case needs rounded up to a multiple of 8, no longer than ``limit``
-    (``models.llama.padded_cache_len``)."""
+def max_positions(case) -> int | None:
+    """The longest cache the case's model allows: perflab's Llama's max_seq_len, an hf: config's positions (a
+    --model-arg overriding them), else None (a module perflab cannot read it from: its own setup_caches decides)."""
+    return reference_max_positions(case) if case.is_reference else llama_config(case).max_seq_len
+
+
+def cache_len(case) -> int:
+    """The cache's length: the positions the case needs rounded up to a multiple of 8, no longer than its model
+    allows (``models.llama.padded_cache_len``)."""
     from perflab.models.llama import padded_cache_len
 
-    return padded_cache_len(positions_needed(case), limit)
+    return padded_cache_len(positions_needed(case), max_positions(case))
 
 
 class Decode(Implementation):
@@ -60,10 +66,8 @@ class Decode(Implementation):
         if case.is_reference:
             if case.layers is not None or case.layers_only:
                 raise PerflabError(f"--layers/--layers-only shape perflab's own Llama; for {case.model} pass its own arguments with --model-arg")
-            config = None
-            positions = reference_max_positions(case)
         else:
-            config = llama_config(case)
+            llama_config(case)  # a config override perflab's Llama does not have fails here, in one line
         if case.layers is not None and case.layers < 1:
             raise PerflabError(f"--layers must be at least 1, got {case.layers}")
         if case.workload == "decode":
@@ -83,7 +87,7 @@ class Decode(Implementation):
         if case.layers_only and case.workload == "generate":
             raise PerflabError("--layers-only runs hidden states through the layers, with no head to pick tokens; generate needs the head")
         needed = positions_needed(case)
-        limit, name = (config.max_seq_len, "max_seq_len") if config is not None else (positions, "max_position_embeddings")
+        limit, name = max_positions(case), ("max_position_embeddings" if case.is_reference else "max_seq_len")
         if limit is not None and needed > limit:
             what = {"decode": f"context {case.context_len} + 1 new token", "prefill": f"prompt {case.prompt_len}",
                     "generate": f"prompt {case.prompt_len} + {case.new_tokens} new tokens"}[case.workload]
@@ -114,7 +118,7 @@ class Decode(Implementation):
         model.eval()
         for p in model.parameters():
             p.requires_grad_(False)
-        batch, length = case.batch_size, cache_len(case, config.max_seq_len)
+        batch, length = case.batch_size, cache_len(case)
         model.setup_caches(batch, length, dtype, device=case.device)
         fill_caches(model, case.seed)
 
@@ -128,7 +132,7 @@ class Decode(Implementation):
     def build_steps(self, case, model, tokens, extra: dict) -> Built:
         """The step of the case's workload over ``model(x, input_pos) → logits`` with its caches set up;
         ``tokens(n, generator)`` makes a (batch, n) input."""
-        batch, length = case.batch_size, cache_len(case, _limit(case, extra.get("config")))
+        batch, length = case.batch_size, cache_len(case)
         generator = torch.Generator().manual_seed(case.seed + 1)
         tokens = (lambda n, tokens=tokens: tokens(n, generator))
         extra = dict(extra, cache_len=length, events=None)
@@ -213,10 +217,10 @@ class Decode(Implementation):
         from perflab.models.llama import decode_bytes, decode_flops, param_count
 
         if case.is_reference:
-            return {"cache_len": cache_len(case, reference_max_positions(case))}
+            return {"cache_len": cache_len(case)}
         config = llama_config(case)
         counts = param_count(config, layers_only=case.layers_only)
-        out = {"params_total": counts["total"], "params_non_embedding": counts["non_embedding"], "cache_len": cache_len(case, config.max_seq_len),
+        out = {"params_total": counts["total"], "params_non_embedding": counts["non_embedding"], "cache_len": cache_len(case),
                "model_config": {k: getattr(config, k) for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len")}}
         dtype_bytes = DTYPE_BYTES[case.dtype]
         if case.workload == "decode":
@@ -241,7 +245,7 @@ class Decode(Implementation):
         if case.workload != "generate":
             return None
         config, batch, lo = llama_config(case), case.batch_size, case.layers_only
-        dtype_bytes, cache = DTYPE_BYTES[case.dtype], cache_len(case, config.max_seq_len)
+        dtype_bytes, cache = DTYPE_BYTES[case.dtype], cache_len(case)
         first = decode_bytes(config, batch, 0, dtype_bytes, layers_only=lo)
         prefill = {"flops": forward_flops(config, batch, case.prompt_len, cache, lo),
                    "bytes": first["weights"] + 2 * case.prompt_len * first["kv_write"]}
@@ -253,11 +257,6 @@ class Decode(Implementation):
     def min_bytes(self, case, row: dict) -> float:
         return float(row.get("bytes_per_step") or self.analytic(case).get("bytes_per_step") or
                      int(row.get("params") or 0) * DTYPE_BYTES[case.dtype])
-
-
-def _limit(case, config) -> int | None:
-    """The longest cache the case's model allows: perflab's Llama's max_seq_len, an hf: config's positions, else none known."""
-    return config.max_seq_len if config is not None else reference_max_positions(case)
 
 
 def reference_max_positions(case) -> int | None:
@@ -375,7 +374,7 @@ def reference_decoder(case, dtype):
     from perflab.models.reference import build_on_device, vocab_size_of
     from perflab.references import parse_reference
 
-    batch, length = case.batch_size, cache_len(case, reference_max_positions(case))
+    batch, length = case.batch_size, cache_len(case)
     model = build_on_device(case.model, dict(case.model_args), case.device, dtype=dtype).eval()
     for p in model.parameters():
         p.requires_grad_(False)
