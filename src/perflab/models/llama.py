@@ -199,9 +199,11 @@ def padded_cache_len(positions: int, limit: int | None = None) -> int:
     rounds max_seq_length, and no longer than ``limit`` (the model's max_seq_len) where that is shorter.
 
     With an odd length (a decode step at context 4096 needs 4097 positions) every row of the attention's scores is
-    unaligned, and cuBLAS falls back to slow kernels: on an H100, one llama3_8b layer at batch 64 and context 4096 ran
-    q·kᵀ in ``magma_sgemmEx_kernel`` for 1176 µs and probs·v in an align-1 CUTLASS kernel for 413 µs with a cache of
-    4097 positions; with 4104, in nvjet kernels of 193 and 192 µs (eager step 2.96 → 1.53 ms, compiled 2.30 → 1.01)."""
+    unaligned, and cuBLAS falls back to slow kernels: on an H100, one llama3_8b layer at batch 64 and context 4096
+    spent 1176 µs in ``magma_sgemmEx_kernel`` and 413 µs in an align-1 CUTLASS kernel with a cache of 4097 positions
+    (the attention's matmuls: the only GEMMs whose shapes hold the cache length); with 4104 neither ran, the two
+    largest kernels were nvjet GEMMs of 193 and 192 µs, and the step (CUDA events around single calls) went 2.96 →
+    1.53 ms eager, 2.30 → 1.01 ms compiled (``benchmarks/decode_cache_probe.py``)."""
     padded = -(-positions // CACHE_MULTIPLE) * CACHE_MULTIPLE
     return padded if limit is None else max(positions, min(padded, limit))
 
