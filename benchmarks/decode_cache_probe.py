@@ -7,11 +7,11 @@ launch time is in them), and the eager step's three kernels with the most GPU ti
     PYTHONPATH=src python benchmarks/decode_cache_probe.py      # a CUDA GPU; about 1 minute on an H100
 
 docs/performance.md has the H100's output."""
-import statistics
 import sys
 
 import torch
 
+from perflab.measure.ceilings import _time_cuda
 from perflab.models.llama import Llama, LlamaConfig, llama_configs
 from perflab.workloads.decode import fill_caches
 
@@ -24,18 +24,8 @@ model = Llama(cfg, layers_only=True).to(device="cuda", dtype=torch.bfloat16).eva
 
 
 def time_ms(fn, n=50):
-    for _ in range(10):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+    """Median ms of ``n`` single calls, CUDA events around each, after 10 untimed (the ceilings' timer)."""
+    return _time_cuda(fn, n, warmup=10) * 1000.0
 
 
 def top(fn, k=3):
