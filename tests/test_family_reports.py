@@ -59,8 +59,7 @@ def test_decode_tables_hold_the_stored_medians_tokens_per_s_and_mbu(decode):
         times = _table_row(full, "#### Step time", str(batch))[1:]
         tokens = _table_row(full, "#### Tokens/s", str(batch))[1:]
         mbu = _table_row(full, "#### MBU", str(batch))[1:]
-        for mode in ("eager", "compile:reduce-overhead", "cudagraph"):  # the modes measured at this context
-            i = columns.index(mode)
+        for i, mode in enumerate(columns):
             row = by[(mode, batch)]
             assert times[i].startswith(f"{row['median_ms']:.3f} [")
             assert float(tokens[i]) == pytest.approx(batch / row["median_ms"] * 1000, abs=0.05)
@@ -612,9 +611,9 @@ def test_the_kv_fill_cut_measured_before_and_after_in_one_slice_shortens_only_th
 
 def test_the_padded_cache_measured_before_and_after_in_one_slice_on_the_cells_it_moves():
     # benchmarks/decode_cache_pad.yaml on one H100 in one call: the code before the padding (a cache of 4097 positions)
-    # into docs/reports/decode_cache_pad/before, then this tree (4104) into the re-run grid's store.
+    # into docs/reports/decode_cache_pad/before, then this tree (4104) into the re-run grid's store (now docs/reports/decode).
     before = {r["case_id"]: r for r in _rows(ROOT / "docs/reports/decode_cache_pad/before/results.sqlite")}
-    after = {r["case_id"]: r for r in _rows(ROOT / "docs/reports/decode_padded/results.sqlite")}
+    after = {r["case_id"]: r for r in _rows(ROOT / "docs/reports/decode/results.sqlite")}
     assert len(before) == 12 and set(before) <= set(after)
     assert {r["cache_len"] for r in before.values()} == {4097} and {after[i]["cache_len"] for i in before} == {4104}
     assert len({r["env"]["gpu_name"] for r in [*before.values(), *after.values()]}) == 1
@@ -627,8 +626,14 @@ def test_the_padded_cache_measured_before_and_after_in_one_slice_on_the_cells_it
     assert all(after[i]["bytes_per_step"] == r["bytes_per_step"] for i, r in before.items())
 
 
-def test_the_decode_report_says_the_cache_length_each_section_ran_and_flags_an_odd_one():
-    old = (ROOT / "docs/reports/decode/report.md").read_text()
-    new = (ROOT / "docs/reports/decode_padded/report.md").read_text()
+def test_the_decode_report_says_the_cache_length_each_section_ran_and_flags_an_odd_one(decode):
+    # docs/reports/decode_odd_cache: the first complete grid, every case on a cache of context + 1 positions (the before);
+    # docs/reports/decode: the grid re-run on the padded cache (a multiple of 8)
+    old = (ROOT / "docs/reports/decode_odd_cache/report.md").read_text()
+    text, rows = decode
     assert "KV cache: 4097 positions per sequence. All of these rows ran a cache of 4097 positions, not a multiple of 8" in old
-    assert "KV cache: 4104 positions per sequence.\n" in new and "not a multiple of 8" not in new
+    assert "KV cache: 513 positions per sequence. All of these rows ran a cache of 513 positions, not a multiple of 8" in old
+    assert "Decode: 60 of 60 cases stored" in old
+    assert "KV cache: 4104 positions per sequence.\n" in text and "KV cache: 520 positions per sequence.\n" in text
+    assert "not a multiple of 8" not in text
+    assert {(r["case"]["context_len"], r["cache_len"]) for r in rows} == {(512, 520), (4096, 4104)}
