@@ -29,6 +29,7 @@ TRACE = "tests/data/traces/eager_vit.json.gz"
         pytest.param(["ncu", "deit_tiny_patch16_224", "--device", "cpu"], "Nsight Compute (ncu) is not installed",
                      marks=pytest.mark.skipif(bool(shutil.which("ncu")), reason="ncu is installed here")),
         (["ncu", "deit_tiny_patch16_224", "--top", "0"], "--top must be at least 1"),
+        (["ncu", "deit_tiny_patch16_224", "--per-config", "-1"], "--per-config must be 0 (every launch) or more, got -1"),
         (["compare", "llama3_8b", "llama3_8b", "--workload", "decode", "--mode", "eager", "--mode", "compile", "--mode", "cudagraph"],
          "--mode: give one value (both sides) or two (A's, then B's), got 3"),
         (["compare", TRACE, "llama3_8b", "--mode", "eager", "--mode", "compile"], "two values of an option (A's, then B's) are for two cases"),
@@ -44,7 +45,7 @@ TRACE = "tests/data/traces/eager_vit.json.gz"
     ],
     ids=["profile-model", "profile-steps", "compare-missing-file", "compare-model", "explain-cpu", "profile-cpu", "compare-cpu",
          "compare-steps-mismatch", "analyze-inf", "analyze-csv-file", "bench-out-dir", "explain-cpu-modes", "explain-no-cuda",
-         "ncu-absent", "ncu-top", "compare-three-modes", "compare-trace-two-modes", "compare-two-modes-cpu", "compare-b-context-too-long",
+         "ncu-absent", "ncu-top", "ncu-per-config", "compare-three-modes", "compare-trace-two-modes", "compare-two-modes-cpu", "compare-b-context-too-long",
          "bench-optimizer", "bench-checkpoint-forward", "explain-fixes-on"],
 )
 def test_one_line_and_exit_2(args, fragment):

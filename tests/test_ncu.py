@@ -139,3 +139,66 @@ def test_ncu_summary_gives_achieved_bandwidth_from_dram_bytes_over_duration():
     assert gemv["dram_gbps"] == pytest.approx(2850.0)  # 57 MB in 20 µs
     assert gemv["duration_us"] == 20.0 and gemv["dram_pct"] == 91.5 and gemv["time_share"] == 0.6
     assert triton["dram_gbps"] is None and triton["dram_pct"] is None and triton["roofline"] is None
+
+
+def test_the_command_samples_each_launch_configuration_or_every_launch():
+    sampled = ncu_command("ncu", "{}", ["nvjet_x"], launch_count=500, per_config=2)
+    assert sampled[sampled.index("--filter-mode") + 1] == "per-launch-config" and sampled[sampled.index("--launch-count") + 1] == "2"
+    every = ncu_command("ncu", "{}", ["nvjet_x"], launch_count=500, per_config=0)
+    assert "--filter-mode" not in every and every[every.index("--launch-count") + 1] == "500"
+
+
+def _launch(i, name, grid, block, dram, duration):
+    return {"id": i, "kernel_name": name, "function": function_name(name), "grid": grid, "block": block, "stream": "7",
+            **{c: float("nan") for c in METRICS}, "dram_throughput_pct": dram, "duration_ns": duration,
+            "sm_throughput_pct": 10.0, "memory_throughput_pct": 80.0, "dram_bytes": float("nan")}
+
+
+def test_a_sampled_launch_stands_for_the_steps_launches_of_its_configuration():
+    """Per-config sampling weighed by the step's launch counts gives the means a pass over every launch gives, where
+    a configuration's launches read alike; ground truth: the every-launch list, expanded and averaged by hand."""
+    import pandas as pd
+
+    from perflab.trace.ncu import attach_step_configs, join_counters
+
+    gemv = "nvjet_sm90_tst_64x8_64x16_2x1_v_bz_TNT"
+    mul = "void at::native::elementwise_kernel<128, 2, MulFunctor<float>>(int)"
+    add = "void at::native::elementwise_kernel<128, 2, AddFunctor<float>>(int)"  # same function, grid and block as mul
+    configs = {  # (name, grid, block): (launches in the step, DRAM %, duration ns)
+        (gemv, "(132, 1, 1)", "(128, 1, 1)"): (96, 80.0, 40_000),
+        (gemv, "(64, 1, 1)", "(128, 1, 1)"): (32, 60.0, 90_000),
+        (mul, "(8, 1, 1)", "(128, 1, 1)"): (65, 1.0, 2_000),
+        (add, "(8, 1, 1)", "(128, 1, 1)"): (64, 3.0, 2_500),
+    }
+    step = pd.DataFrame([{"name": n, "grid": g, "block": b} for (n, g, b), (count, _, _) in configs.items() for _ in range(count)]
+                        + [{"name": "void other_kernel(int)", "grid": "(1, 1, 1)", "block": "(32, 1, 1)"}])
+    # ncu's rows: two launches of each configuration (one of mul's), in ncu's demangling, and one configuration the
+    # step never launched (a launch of warm-up code inside the range, say), which must not count
+    rows, i = [], 0
+    for (name, grid, block), (_, dram, duration) in configs.items():
+        for _ in range(1 if name == mul else 2):
+            rows.append(_launch(i, name.replace("<128, 2, ", "<128,2,"), grid, block, dram, duration))
+            i += 1
+    rows.append(_launch(i, gemv, "(999, 1, 1)", "(128, 1, 1)", 5.0, 1_000))
+    named = attach_step_configs(pd.DataFrame(rows), step)
+    assert set(named["matched_by"]) == {"launch config"}
+    assert named["full_name"].tolist()[:-1] == [gemv] * 4 + [mul] + [add] * 2 and pd.isna(named["full_name"].iloc[-1])
+    assert named["weight"].tolist() == [48, 48, 16, 16, 65, 32, 32, 0]
+    kernels = pd.DataFrame({"name": ["gemv", "mul", "add"], "full_name": [gemv, mul, add]})
+    joined = join_counters(kernels, named).set_index("name")
+    every_gemv = [80.0] * 96 + [60.0] * 32
+    assert joined.loc["gemv", "dram_throughput_pct"] == pytest.approx(sum(every_gemv) / len(every_gemv))  # 75.0, not 70.0
+    assert joined.loc["gemv", "duration_ns"] == pytest.approx((96 * 40_000 + 32 * 90_000) / 128)
+    assert (joined.loc["gemv", "launches"], joined.loc["gemv", "profiled"]) == (128, 4)
+    assert (joined.loc["mul", "launches"], joined.loc["add", "launches"]) == (65, 64)
+    assert joined.loc["mul", "dram_throughput_pct"] == 1.0 and joined.loc["add", "dram_throughput_pct"] == 3.0
+
+
+def test_every_launch_mode_still_counts_each_launch_once():
+    from perflab.trace.ncu import attach_trace_names, join_counters
+    import pandas as pd
+
+    launches = parse_ncu_csv((DATA / "ncu_matmul_h200.csv").read_text())
+    named = attach_trace_names(launches, ["void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(T1::Params)"])
+    joined = join_counters(pd.DataFrame({"name": ["g"], "full_name": [named["full_name"].dropna().iloc[0]]}), named)
+    assert (joined.loc[0, "launches"], joined.loc[0, "profiled"]) == (2, 2)

@@ -470,14 +470,16 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     return run(case, out_dir, steps=steps, top=top, pin=pin, by_module=by_module)
 
 
-def ncu(case: Case, top: int = 10, out_dir="perflab-traces"):
+def ncu(case: Case, top: int = 10, out_dir="perflab-traces", per_config: int | None = None):
     """Nsight Compute counters for the top-``top`` kernels of ``case``, joined with its kernel table.
 
-    Returns (joined DataFrame, profile result). Raises PerflabError when ncu is absent.
+    ``per_config``: launches profiled per launch configuration (kernel, grid, block), each standing for the step's
+    launches of its configuration; 0 (the default) profiles every launch. Returns (joined DataFrame, profile result).
+    Raises PerflabError when ncu is absent.
     """
     from perflab.profiling import ncu_case
 
-    return ncu_case(case, top=top, out_dir=out_dir)
+    return ncu_case(case, top=top, out_dir=out_dir, per_config=per_config)
 
 
 def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None) -> dict:

@@ -784,6 +784,9 @@ def ncu(
     device: str = typer.Option("cuda", "--device"),
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON records."),
+    per_config: int = typer.Option(0, "--per-config", help="Launches profiled per launch configuration (kernel, grid, block), "
+                                   "each weighted by the step's launches of it (faster on large models; not yet checked on a "
+                                   "GPU against every launch); 0 (default) profiles every launch."),
 ):
     """Nsight Compute counters (SM, memory and DRAM throughput, occupancy, L1/L2 hit rates, roofline class)
     for the top kernels of a case, read inside the timed step range with the clocks left alone."""
@@ -793,11 +796,13 @@ def ncu(
 
     if top < 1:
         raise PerflabError(f"--top must be at least 1, got {top}")
+    if per_config < 0:
+        raise PerflabError(f"--per-config must be 0 (every launch) or more, got {per_config}")
     find_ncu()
     (case,) = api.make_cases(model=[model], input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate, reduction_loc=reduction_loc,
                              attn=attn, dtype=[dtype], mode=[mode], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
     with err.status(f"{case.label()}: profiling, then running ncu on the top {top} kernels"):
-        table, _ = api.ncu(case, top=top, out_dir=out_dir)
+        table, _ = api.ncu(case, top=top, out_dir=out_dir, per_config=per_config)
     if as_json:
         sys.stdout.write(table.to_json(orient="records") + "\n")
     else:

@@ -74,14 +74,18 @@ def profile_summary(trace_path, untraced_ms: float, top: int = 5) -> dict:
     }
 
 
-def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces"):
+def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces", per_config: int | None = None):
     """Nsight Compute counters for the top-``top`` kernels of ``case``, joined with its kernel table.
 
-    Returns (joined DataFrame, profile result). Raises PerflabError when ncu is absent.
+    ``per_config``: launches ncu profiles per launch configuration, each weighted by the step's launches of its
+    configuration (default ``trace.ncu.PER_CONFIG``); 0 profiles every launch. Returns (joined DataFrame, profile
+    result). Raises PerflabError when ncu is absent.
     """
     from perflab.analysis.accounting import step_windows
     from perflab.analysis.compare import window_of_activities
-    from perflab.trace.ncu import attach_trace_names, find_ncu, join_counters, run_ncu
+    from perflab.trace.ncu import PER_CONFIG, attach_step_configs, attach_trace_names, find_ncu, join_counters, run_ncu
+
+    per_config = PER_CONFIG if per_config is None else per_config
 
     find_ncu()  # fail before profiling when there is no ncu
     result = profile_case(case, out_dir, steps=3, top=top)
@@ -90,12 +94,15 @@ def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces"):
     report = result["report"]
     kernels = report.top_kernels
     kernels = kernels[~kernels["category"].isin(["memcpy", "memset"])].head(top)
-    launches = run_ncu(case, kernels["full_name"].tolist())
+    launches = run_ncu(case, kernels["full_name"].tolist(), per_config=per_config)
     # One step of the trace, in launch order, to name ncu's launches (it profiled one step the same way).
     table = report.kernels
     window = window_of_activities(table, step_windows(table, report.trace.steps), whole_trace=len(report.trace.steps) == 0)
     first_step = table[(window == 0) & (table["kind"] == "kernel")].sort_values(["launch_start_ns", "start_ns"])
-    named = attach_trace_names(launches, [str(n) for n in first_step["name"]])
+    if per_config > 0:
+        named = attach_step_configs(launches, first_step[["name", "grid", "block"]])
+    else:
+        named = attach_trace_names(launches, [str(n) for n in first_step["name"]])
     return join_counters(kernels, named), result
 
 

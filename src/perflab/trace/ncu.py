@@ -6,6 +6,14 @@ kernels launched inside that range (``--nvtx --nvtx-include perflab_ncu/``) whos
 top kernels of a profile pass (``-k regex:...``), with ``--clock-control none`` so the clocks stay as the
 card runs them.
 
+By default ncu profiles every matching launch of one step. ``per_config`` > 0 profiles that many launches of each
+launch configuration instead (``--filter-mode per-launch-config``: the kernel, its grid and its block): a
+llama3_8b step launches its top kernels hundreds of times in a handful of configurations, and ncu replays each
+profiled launch several times (the decode grid's 8B ncu passes took 76–241 s each). Each profiled launch then
+stands for the step's launches of its configuration (:func:`attach_step_configs`), so a kernel's means weigh each
+configuration by how often the step launches it, as a pass over every launch would. Not yet the default: it has
+not been run on a GPU against every launch (``benchmarks/ncu_per_config.py`` does that).
+
 The CSV (``--csv --page raw``): ``==PROF==``/``==WARNING==`` lines (and anything the program printed)
 come before the header; a units row follows the header; numbers carry thousands separators ("13,568").
 """
@@ -84,20 +92,27 @@ def kernel_filter(kernel_names) -> str:
     return "regex:^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
-def ncu_command(ncu: str, case_json: str, kernel_names, launch_count: int, steps: int = 1) -> list[str]:
+# Launches profiled per launch configuration by default (0: every launch, up to ``launch_count``).
+PER_CONFIG = 0
+
+
+def ncu_command(ncu: str, case_json: str, kernel_names, launch_count: int, steps: int = 1, per_config: int = 0) -> list[str]:
+    """The ncu command line. ``per_config`` > 0: that many launches of each launch configuration; 0: every
+    matching launch, up to ``launch_count`` in all."""
+    count = ["--filter-mode", "per-launch-config", "--launch-count", str(per_config)] if per_config > 0 else ["--launch-count", str(launch_count)]
     return [
         ncu, "--clock-control", "none", "--csv", "--page", "raw", "--print-units", "base",
         "--metrics", ",".join([*METRICS.values(), *OPTIONAL_METRICS.values()]),
         "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
         "--kernel-name-base", "function", "-k", kernel_filter(kernel_names),
-        "--launch-count", str(launch_count),
+        *count,
         sys.executable, "-m", "perflab.trace.ncu_target", case_json, "--steps", str(steps),
     ]
 
 
-def run_ncu(case, kernel_names, launch_count: int = 500, timeout_s: int = 1200) -> pd.DataFrame:
+def run_ncu(case, kernel_names, launch_count: int = 500, timeout_s: int = 1200, per_config: int = PER_CONFIG) -> pd.DataFrame:
     ncu = find_ncu()
-    cmd = ncu_command(ncu, json.dumps(case.to_dict()), kernel_names, launch_count)
+    cmd = ncu_command(ncu, json.dumps(case.to_dict()), kernel_names, launch_count, per_config=per_config)
     env = child_env()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -187,14 +202,52 @@ def attach_trace_names(launches: pd.DataFrame, step_kernel_names: list[str]) -> 
     return launches.assign(full_name=names, matched_by="name")
 
 
+def attach_step_configs(launches: pd.DataFrame, step: pd.DataFrame) -> pd.DataFrame:
+    """Name ncu's launches, profiled a few per launch configuration, from one step of the trace, and weigh them.
+
+    ``step``: the step's kernels (``name``, ``grid``, ``block``, as the trace writes them: "(x, y, z)"). A launch
+    takes the trace's name of the kernel with its function, grid and block (by the normalised full name where
+    several kernels share those); ``weight`` is how many of the step's launches it stands for: the step's launches
+    of its (name, grid, block) shared among the launches ncu profiled of it. A launch with no such kernel in the
+    step keeps no name (and so no weight in the means)."""
+    step = pd.DataFrame({"name": step["name"].astype(str), "grid": step["grid"].astype(str), "block": step["block"].astype(str)})
+    step["function"] = [function_name(n) for n in step["name"]]
+    step["key"] = [_name_key(n) for n in step["name"]]
+    counts = step.groupby(["name", "grid", "block"], sort=False).size()
+    names = []
+    for function, grid, block, kernel_name in zip(launches["function"], launches["grid"], launches["block"], launches["kernel_name"]):
+        same = step[(step["function"] == function) & (step["grid"] == str(grid)) & (step["block"] == str(block))]
+        distinct = same["name"].unique()
+        if len(distinct) > 1:
+            distinct = same.loc[same["key"] == _name_key(kernel_name), "name"].unique()
+        names.append(distinct[0] if len(distinct) == 1 else None)
+    out = launches.assign(full_name=names, matched_by="launch config")
+    profiled = out.groupby(["full_name", "grid", "block"], sort=False)["id"].transform("size")
+    in_step = [counts.get((n, str(g), str(b)), 0) if n is not None else 0 for n, g, b in zip(out["full_name"], out["grid"], out["block"])]
+    return out.assign(weight=[s / p if n is not None else 0.0 for s, p, n in zip(in_step, profiled.fillna(1), out["full_name"])])
+
+
 def join_counters(kernels: pd.DataFrame, launches: pd.DataFrame) -> pd.DataFrame:
     """Mean ncu metrics per kernel-table name, joined onto ``kernels`` (rows with ``full_name``).
 
-    ``launches`` went through attach_trace_names. Kernels ncu did not profile keep empty metrics."""
+    ``launches`` went through attach_trace_names (each launch counts once) or attach_step_configs (each counts
+    its ``weight``: the means are over the step's launches). ``launches`` in the result is the step's launches the
+    means stand for; ``profiled``, how many ncu profiled. Kernels ncu did not profile keep empty metrics."""
     named = launches.dropna(subset=["full_name"])
+    if "weight" not in named.columns:
+        named = named.assign(weight=1.0)
+    columns = [*METRICS, *(m for m in OPTIONAL_METRICS if m in named.columns)]
     grouped = named.groupby("full_name", sort=False)
-    metrics = grouped[[*METRICS, *(m for m in OPTIONAL_METRICS if m in named.columns)]].mean()
-    metrics["launches"] = grouped.size()
+
+    def weighted(group: pd.DataFrame) -> pd.Series:
+        values = group[columns]
+        weights = values.notna().mul(group["weight"], axis=0)
+        total = weights.sum()
+        return (values.fillna(0.0).mul(group["weight"], axis=0).sum() / total).where(total > 0)
+
+    metrics = grouped[[*columns, "weight"]].apply(weighted) if len(named) else pd.DataFrame(columns=columns)
+    metrics["launches"] = grouped["weight"].sum().round().astype(int)
+    metrics["profiled"] = grouped.size()
     metrics["roofline"] = [roofline_class(sm, mem) for sm, mem in zip(metrics["sm_throughput_pct"], metrics["memory_throughput_pct"])]
     return kernels.reset_index(drop=True).merge(metrics, left_on="full_name", right_index=True, how="left")
 
