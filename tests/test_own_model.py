@@ -113,6 +113,29 @@ def test_a_tied_embedding_is_read_in_full_once_by_the_head_and_its_gathered_rows
     assert a["bytes_kv_write"] * 17 == a["bytes_kv_read"]
 
 
+def test_a_caches_positions_are_found_in_any_layout_by_the_length_it_was_allocated():
+    # The same cache (batch 2, 4 KV heads, 24 positions allocated, head_dim 8, fp32) in three layouts: gpt-fast's
+    # (batch, heads, positions, head_dim), positions second, and two layers stacked in a fifth dimension. A step at
+    # context 16 reads 17 positions of each and writes one; by hand, one position of a (2, 4, 8) slice is 256 bytes.
+    from perflab.workloads.decode import decoder_step_bytes
+
+    class Decoder(torch.nn.Module):
+        def __init__(self, shape):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8, bias=False)
+            self.register_buffer("k_cache", torch.zeros(shape))
+            self.register_buffer("v_cache", torch.zeros(shape))
+
+    weights = 8 * 8 * 4
+    for shape, layers in (((2, 4, 24, 8), 1), ((2, 24, 4, 8), 1), ((2, 2, 4, 24, 8), 2)):
+        got = decoder_step_bytes(Decoder(shape), 2, positions=17, cache_positions=24)
+        assert got == {"bytes_weights": weights, "bytes_kv_read": 2 * 17 * 256 * layers, "bytes_kv_write": 2 * 256 * layers,
+                       "bytes_per_step": weights + 2 * 18 * 256 * layers}, shape
+    # a tensor whose positions nothing tells (3-D, no allocated length given) is read whole, with no write
+    whole = decoder_step_bytes(Decoder((2, 24, 32)), 2, positions=17)
+    assert (whole["bytes_kv_read"], whole["bytes_kv_write"]) == (2 * 2 * 24 * 32 * 4, 0)
+
+
 @pytest.fixture(scope="module")
 def transformers():
     return pytest.importorskip("transformers")

@@ -190,7 +190,7 @@ class Decode(Implementation):
         For a user's decoder, the decode step's bytes come from the built model by the rule of
         :func:`decoder_step_bytes`, for MBU."""
         if case.workload == "decode" and built.extra.get("reference"):
-            return decoder_step_bytes(built.model, case.batch_size, positions=positions_needed(case))
+            return decoder_step_bytes(built.model, case.batch_size, positions=positions_needed(case), cache_positions=cache_len(case))
         if case.workload != "generate":
             return {}
         if case.mode == "cudagraph":
@@ -271,7 +271,19 @@ def reference_max_positions(case) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def decoder_step_bytes(model: torch.nn.Module, batch: int, positions: int | None = None) -> dict:
+def _positions_dim(t: torch.Tensor, cache_positions: int | None) -> int | None:
+    """Which dimension of a cache tensor holds its positions: the one as long as the cache allocated
+    (``cache_positions``; dimension 2 where several are), else dimension 2 of a 4-D tensor (gpt-fast's and perflab's
+    (batch, heads, positions, head_dim)); None where neither tells."""
+    dims = [d for d in range(t.dim()) if cache_positions and t.shape[d] == cache_positions]
+    if len(dims) > 1 and 2 in dims:
+        return 2
+    if dims:
+        return dims[0]
+    return 2 if t.dim() == 4 and t.shape[2] else None
+
+
+def decoder_step_bytes(model: torch.nn.Module, batch: int, positions: int | None = None, cache_positions: int | None = None) -> dict:
     """The bytes one decode step of a user's decoder must move, by perflab's Llama rule (``models.llama.decode_bytes``):
 
     - every weight the step reads in full, once (a tensor shared by two modules, as a tied head and embedding, once);
@@ -279,7 +291,10 @@ def decoder_step_bytes(model: torch.nn.Module, batch: int, positions: int | None
       the head is read in full by the head, and its gathered rows are counted besides, as for perflab's Llama;
     - the KV cache: the ``positions`` the step attends over read (context_len + 1; all of the cache where not
       given), not the masked padding beyond them (perflab rounds a cache up to a multiple of 8 positions, as
-      gpt-fast rounds its own), and the new token's K and V written (one position of it).
+      gpt-fast rounds its own), and the new token's K and V written (one position of it). A cache tensor's
+      positions are its dimension as long as the ``cache_positions`` allocated (any layout: (batch, positions,
+      heads, head_dim), or layers stacked in a fifth dimension), else dimension 2 of a 4-D tensor; a tensor where
+      neither tells is counted whole, with no write.
 
     Buffers that are not the cache (RoPE tables, causal masks) are not counted: a step reads a row of them."""
     owners: dict[int, list[torch.nn.Module]] = {}
@@ -299,10 +314,11 @@ def decoder_step_bytes(model: torch.nn.Module, batch: int, positions: int | None
         weights += rows + (size if len(embedding) < len(owners[key]) else 0)  # tied to a head: read in full there too
     caches = model.cache_tensors() if hasattr(model, "cache_tensors") else [
         b for n, b in model.named_buffers() if n.endswith(("k_cache", "v_cache"))]
-    # One position of each (batch, heads, positions, head_dim) cache, from the tensors' own lengths (padded or not).
-    per_position = [(t.numel() * t.element_size() // t.shape[2], t.shape[2]) for t in caches if t.dim() == 4 and t.shape[2]]
+    # One position of each cache tensor, from the tensors' own lengths (padded or not).
+    dims = [(t, _positions_dim(t, cache_positions)) for t in caches]
+    per_position = [(t.numel() * t.element_size() // t.shape[d], t.shape[d]) for t, d in dims if d is not None]
     write = sum(size for size, _ in per_position)
-    cache = sum(t.numel() * t.element_size() for t in caches if not (t.dim() == 4 and t.shape[2]))
+    cache = sum(t.numel() * t.element_size() for t, d in dims if d is None)
     cache += sum(size * (length if positions is None else min(positions, length)) for size, length in per_position)
     return {"bytes_per_step": weights + cache + write, "bytes_weights": weights, "bytes_kv_read": cache, "bytes_kv_write": write}
 
