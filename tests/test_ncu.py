@@ -202,3 +202,14 @@ def test_every_launch_mode_still_counts_each_launch_once():
     named = attach_trace_names(launches, ["void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(T1::Params)"])
     joined = join_counters(pd.DataFrame({"name": ["g"], "full_name": [named["full_name"].dropna().iloc[0]]}), named)
     assert (joined.loc[0, "launches"], joined.loc[0, "profiled"]) == (2, 2)
+
+
+def test_sampled_launches_without_a_launch_configuration_fall_back_to_names():
+    import pandas as pd
+
+    from perflab.trace.ncu import attach_step_configs
+
+    launches = parse_ncu_csv((DATA / "ncu_matmul_h200.csv").read_text()).assign(grid="", block="")
+    sgemm = "void cutlass::Kernel2<cutlass_80_simt_sgemm_256x128_8x4_nn_align1>(T1::Params)"
+    named = attach_step_configs(launches, pd.DataFrame({"name": [sgemm] * 3, "grid": ["(128, 1, 1)"] * 3, "block": ["(256, 1, 1)"] * 3}))
+    assert set(named["matched_by"]) == {"name"} and named["full_name"].notna().sum() == 2 and "weight" not in named.columns

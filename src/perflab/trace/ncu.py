@@ -209,7 +209,8 @@ def attach_step_configs(launches: pd.DataFrame, step: pd.DataFrame) -> pd.DataFr
     takes the trace's name of the kernel with its function, grid and block (by the normalised full name where
     several kernels share those); ``weight`` is how many of the step's launches it stands for: the step's launches
     of its (name, grid, block) shared among the launches ncu profiled of it. A launch with no such kernel in the
-    step keeps no name (and so no weight in the means)."""
+    step keeps no name (and so no weight in the means). Where no launch matches so (no grid or block to go by),
+    they are named as :func:`attach_trace_names` names them, each counting once."""
     step = pd.DataFrame({"name": step["name"].astype(str), "grid": step["grid"].astype(str), "block": step["block"].astype(str)})
     step["function"] = [function_name(n) for n in step["name"]]
     step["key"] = [_name_key(n) for n in step["name"]]
@@ -221,6 +222,8 @@ def attach_step_configs(launches: pd.DataFrame, step: pd.DataFrame) -> pd.DataFr
         if len(distinct) > 1:
             distinct = same.loc[same["key"] == _name_key(kernel_name), "name"].unique()
         names.append(distinct[0] if len(distinct) == 1 else None)
+    if not any(n is not None for n in names):  # no grid or block to go by (a CSV without them): by name, each launch once
+        return attach_trace_names(launches, step["name"].tolist())
     out = launches.assign(full_name=names, matched_by="launch config")
     profiled = out.groupby(["full_name", "grid", "block"], sort=False)["id"].transform("size")
     in_step = [counts.get((n, str(g), str(b)), 0) if n is not None else 0 for n, g, b in zip(out["full_name"], out["grid"], out["block"])]
