@@ -470,7 +470,7 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     return run(case, out_dir, steps=steps, top=top, pin=pin, by_module=by_module)
 
 
-def ncu(case: Case, top: int = 10, out_dir="perflab-traces", per_config: int | None = None):
+def ncu(case: Case, top: int = 10, out_dir="perflab-traces", per_config: int = 0):
     """Nsight Compute counters for the top-``top`` kernels of ``case``, joined with its kernel table.
 
     ``per_config``: launches profiled per launch configuration (kernel, grid, block), each standing for the step's

@@ -74,18 +74,16 @@ def profile_summary(trace_path, untraced_ms: float, top: int = 5) -> dict:
     }
 
 
-def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces", per_config: int | None = None):
+def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces", per_config: int = 0):
     """Nsight Compute counters for the top-``top`` kernels of ``case``, joined with its kernel table.
 
     ``per_config``: launches ncu profiles per launch configuration, each weighted by the step's launches of its
-    configuration (default ``trace.ncu.PER_CONFIG``); 0 profiles every launch. Returns (joined DataFrame, profile
-    result). Raises PerflabError when ncu is absent.
+    configuration; 0 profiles every launch. Returns (joined DataFrame, profile result). Raises PerflabError when
+    ncu is absent.
     """
     from perflab.analysis.accounting import step_windows
     from perflab.analysis.compare import window_of_activities
-    from perflab.trace.ncu import PER_CONFIG, attach_step_configs, attach_trace_names, find_ncu, join_counters, run_ncu
-
-    per_config = PER_CONFIG if per_config is None else per_config
+    from perflab.trace.ncu import attach_step_configs, attach_trace_names, find_ncu, join_counters, run_ncu
 
     find_ncu()  # fail before profiling when there is no ncu
     result = profile_case(case, out_dir, steps=3, top=top)

@@ -16,8 +16,9 @@ The floors are lower bounds; the profiled step's GPU busy time is a measurement.
 busy longer than the host takes to issue them (``gpu_busy_ms`` ≥ the host floor) while the host floor binds, the
 floors' verdict says launch-bound but the GPU does not wait for the CPU: the step is set by its kernels' own
 slowness (``kernels_set_the_step``), and removing launches (a CUDA graph) cannot take it below the busy time.
-(Found on an H100: one llama3_8b layer decoding at batch 64, context 4097 of cache, read "launch-bound" with the
-host floor at 1.15 ms while its kernels were busy 1.98 ms of a 2.06 ms step, in cuBLAS fallback kernels.)
+(Found on an H100: one llama3_8b layer decoding at batch 64 and context 4096 over a cache of 4097 positions read
+"launch-bound" with the host floor at 1.15 ms while its kernels were busy 1.98 ms of a 2.06 ms step, in cuBLAS's
+fallback kernels.)
 """
 
 from __future__ import annotations

@@ -14,6 +14,11 @@ MIN_TIMED_S = 1.0
 MIN_TIMED_ITERS = 50
 
 
+def break_reasons_text(stats: dict) -> str:
+    """A compiled row's commonest graph-break reasons (``runtime.modes.compile_stats``), "reason ×count; ..."."""
+    return "; ".join(f"{r['reason']} ×{r['count']}" for r in stats.get("break_reasons") or [])
+
+
 @dataclass(frozen=True)
 class Check:
     flag: str
@@ -80,7 +85,7 @@ def compile_checks(stats: dict | None) -> list[Check]:
         checks.append(Check("compiled_while_timed", f"dynamo compiled {again} frame(s) during the timed steps: the timing includes "
                                                     "compilation (a recompile: a shape or a guard changed between steps)"))
     if stats.get("graph_breaks"):
-        reasons = "; ".join(f"{r['reason']} ×{r['count']}" for r in stats.get("break_reasons") or [])
+        reasons = break_reasons_text(stats)
         checks.append(Check("graph_breaks", f"compile: {stats['graph_breaks']} graph break(s) in {stats['graphs']} graph(s)"
                                             + (f" ({reasons})" if reasons else "") + "; the step runs eagerly between them"))
     return checks

@@ -236,7 +236,7 @@ def together_rows(case: Case, ranks: list[dict]) -> tuple[dict, list[dict]]:
 def _floor_sweep(rank: int, world_size: int, device: str, device_index, where) -> dict | None:
     """The all-reduce sweep a data-parallel row's floor reads, on rank 0 (None on the others): ``perflab ceilings
     --gpus``' cached sweep for this many ranks, or where there is none, one the ranks measure now, before building the
-    model (its collectives took 0.055 s on two H200s), which rank 0 caches for later cases. Rank 0 reads the cache
+    model, which rank 0 caches for later cases. Rank 0 reads the cache
     once and decides for all, so every rank takes part in the measurement or none."""
     import torch.distributed as dist
 

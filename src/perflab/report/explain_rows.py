@@ -183,7 +183,9 @@ def compile_line(name: str, c: dict, backend_note: str = "") -> str:
     """What compiling did for one compiled row (``row["compile"]``, ``runtime.modes.compile_stats``): frames, dynamo
     graphs, the graphs its backend compiled, graph breaks with their commonest reasons, and frames compiled again
     during the timed steps (a recompile there times compilation)."""
-    reasons = "; ".join(f"{r['reason']} ×{r['count']}" for r in c.get("break_reasons") or [])
+    from perflab.measure.checks import break_reasons_text
+
+    reasons = break_reasons_text(c)
     return (f"Compile, {name}: {c['frames']} frame(s) compiled, {c['graphs']} dynamo graph(s), {c['backend_graphs']} compiled by the "
             f"backend{backend_note}, {c['graph_breaks']} graph break(s){': ' + reasons if reasons else ''}; "
             f"{c['frames_compiled_while_timed']} frame(s) compiled again while timed"

@@ -92,10 +92,6 @@ def kernel_filter(kernel_names) -> str:
     return "regex:^(" + "|".join(re.escape(n) for n in names) + ")$"
 
 
-# Launches profiled per launch configuration by default (0: every launch, up to ``launch_count``).
-PER_CONFIG = 0
-
-
 def ncu_command(ncu: str, case_json: str, kernel_names, launch_count: int, steps: int = 1, per_config: int = 0) -> list[str]:
     """The ncu command line. ``per_config`` > 0: that many launches of each launch configuration; 0: every
     matching launch, up to ``launch_count`` in all."""
@@ -110,7 +106,7 @@ def ncu_command(ncu: str, case_json: str, kernel_names, launch_count: int, steps
     ]
 
 
-def run_ncu(case, kernel_names, launch_count: int = 500, timeout_s: int = 1200, per_config: int = PER_CONFIG) -> pd.DataFrame:
+def run_ncu(case, kernel_names, launch_count: int = 500, timeout_s: int = 1200, per_config: int = 0) -> pd.DataFrame:
     ncu = find_ncu()
     cmd = ncu_command(ncu, json.dumps(case.to_dict()), kernel_names, launch_count, per_config=per_config)
     env = child_env()
