@@ -22,6 +22,8 @@ parser.add_argument("--ways", type=int, nargs="+", default=[2, 0], help="per_con
 parser.add_argument("--mode", default="eager")
 parser.add_argument("--out", default="ncu_per_config.json")
 args = parser.parse_args()
+if min(args.ways) < 0:
+    parser.error("--ways: launches per configuration, 0 (every launch) or more")
 
 shape = {} if args.full else {"layers": 1, "layers_only": True}
 try:
@@ -30,6 +32,13 @@ try:
 except PerflabError as exc:
     print(f"ncu_per_config: {exc}", file=sys.stderr)
     sys.exit(2)
+
+
+def count(value):
+    """A launch count, None for a top kernel ncu did not profile (no counters)."""
+    return None if value != value else int(value)
+
+
 results = []
 for per_config in args.ways:
     start = time.perf_counter()
@@ -41,7 +50,7 @@ for per_config in args.ways:
         sys.exit(2)
     seconds = time.perf_counter() - start
     kernels = [{"name": r["name"], "dram_pct": r["dram_throughput_pct"], "duration_us": r["duration_ns"] / 1e3,
-                "gbps": r["dram_bytes"] / r["duration_ns"], "launches": int(r["launches"]), "profiled": int(r["profiled"])}
+                "gbps": r["dram_bytes"] / r["duration_ns"], "launches": count(r["launches"]), "profiled": count(r["profiled"])}
                for r in table.to_dict(orient="records")]
     results.append({"case": case.label(), "per_config": per_config, "seconds": seconds, "kernels": kernels})
     print(f"{case.label()}  per_config={per_config}  {seconds:.1f} s", flush=True)
