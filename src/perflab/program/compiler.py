@@ -38,10 +38,18 @@ def counters() -> dict:
     except ImportError:  # an older or newer torch without it: the recompiles are counted, their reasons not
         guard_failures = {}
     for code, reasons in list(guard_failures.items()):
-        failures[f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"] = [_first_line(r) for r in reasons]
+        # dynamo appends, at each cache miss, the failed guard of every entry it tried: one reason per compiled entry
+        # ("0/3: tag == 'tag3'"), repeated at every later miss; kept once each, in the order they first failed
+        distinct = list(dict.fromkeys(_guard(r) for r in reasons))
+        failures[f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"] = distinct
     return {"frames": int(c["frames"]["total"]), "frames_ok": int(c["frames"]["ok"]), "graphs": int(c["stats"]["unique_graphs"]),
             "backend_graphs": int(c["aot_autograd"]["total"]), "breaks": {_first_line(k): int(v) for k, v in c["graph_break"].items()},
             "guard_failures": failures}
+
+
+def _guard(reason) -> str:
+    """A guard failure's first line without dynamo's source comment: "0/7: tag == 'tag7'"."""
+    return _first_line(reason).split("  #")[0].strip()
 
 
 def _first_line(text) -> str:
@@ -57,9 +65,10 @@ def delta(before: dict, after: dict) -> dict:
     before = before or {"frames": 0, "frames_ok": 0, "graphs": 0, "backend_graphs": 0, "breaks": {}, "guard_failures": {}}
     breaks = {k: v - before["breaks"].get(k, 0) for k, v in after["breaks"].items()}
     breaks = {k: v for k, v in breaks.items() if v > 0}
-    recompiles = {}
+    recompiles = {}  # frame -> the guards that failed for the first time in this phase (one per recompile)
     for frame, reasons in after["guard_failures"].items():
-        new = reasons[len(before["guard_failures"].get(frame, [])):]
+        seen = set(before["guard_failures"].get(frame, []))
+        new = [r for r in reasons if r not in seen]
         if new:
             recompiles[frame] = new
     return {"frames": after["frames"] - before["frames"], "frames_ok": after["frames_ok"] - before["frames_ok"],
@@ -85,7 +94,7 @@ class LimitWatch(logging.Handler):
         found = LIMIT.search(text)
         if found:
             self.hits.append({"limit": found["limit"], "value": int(found["value"]), "function": found["function"], "where": found["where"],
-                              "last_reason": (found["reason"] or "").strip(), "step": self.step_of()})
+                              "last_reason": _guard(found["reason"] or ""), "step": self.step_of()})
 
     def install(self) -> None:
         self._logger = logging.getLogger(DYNAMO_LOGGER)

@@ -108,8 +108,11 @@ class Run:
         if not self.written:  # the program ended before the traced steps did
             self._write(recorder, ended_early=True, outcome=outcome)
         print_program_traceback(outcome, self.program)
-        if not self.written or self.report is None or self.report.get("partial"):
+        if self.report is None or self.report.get("partial"):
             stderr(self._early_line(recorder, outcome, time.perf_counter() - t0))
+        elif outcome.exception is not None and self.rank.rank == 0:
+            stderr(f"perflab: the program {self._how(outcome)} at step {recorder.data.steps_seen + 1}, after perflab's report of its steps "
+                   f"was written to {Path(self.options.out_dir) / 'run.json'}")
         return RunResult(outcome.code, self.report, Path(self.options.out_dir))
 
     def _on_traced(self, recorder: Recorder) -> None:
@@ -158,17 +161,22 @@ class Run:
         report["ceilings_note"] = None if ceilings or recorded.get("device") != "cuda" else "no measured peaks: MFU, MBU and floors left out"
         return report
 
+    @staticmethod
+    def _how(outcome) -> str:
+        return "was interrupted" if outcome.interrupted else ("raised an exception" if outcome.exception else f"exited with code {outcome.code}")
+
     def _early_line(self, recorder: Recorder, outcome, seconds: float) -> str:
         data = recorder.data
         seen = data.steps_seen
         where = Path(self.options.out_dir) / "run.json"
-        how = ("interrupted" if outcome.interrupted else "raised an exception" if outcome.exception else f"exited with code {outcome.code}")
+        how = self._how(outcome)
         if seen == 0 and data.phase != "done":
             return f"perflab: {NO_STEPS}; the program {how} after {seconds:.1f} s"
         need = self.options.skip + self.options.steps + self.options.trace
+        how = f"{how} after {seen} step(s)"
         timed = len(data.step_ms)
         measured = f"{timed} timed step(s)" + (", traced" if data.trace_path else "")
-        return (f"perflab: the program {how} after {seen} step(s) ({self.source.description}); --skip {self.options.skip} + --steps "
+        return (f"perflab: the program {how} ({self.source.description}); --skip {self.options.skip} + --steps "
                 f"{self.options.steps} + --trace {self.options.trace} needs {need}: {measured} written to {where}")
 
 

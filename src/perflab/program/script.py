@@ -1,8 +1,9 @@
 """The user's program: which one (a file or ``-m module``), and running it in this process as Python would.
 
-As ``pdb`` does, the program runs in the real ``__main__`` module's namespace (cleared first), so that what pickles
-by reference to ``__main__`` (a spawned DataLoader worker, a multiprocessing target) finds the program's own
-functions, and ``sys.argv``, ``sys.path[0]`` and ``__file__`` are what ``python SCRIPT ARGS`` gives. Its exit code
+As ``runpy.run_path`` does, the program runs as a module of its own that is ``sys.modules["__main__"]`` while it runs
+(the caller's ``__main__`` comes back after), so that what pickles by reference to ``__main__`` (a spawned DataLoader
+worker, a multiprocessing target) finds the program's own functions, what dynamo installs in the program's globals
+stays there, and ``sys.argv``, ``sys.path[0]`` and ``__file__`` are what ``python SCRIPT ARGS`` gives. Its exit code
 is its own: ``sys.exit(n)`` gives n, an exception gives 1 with its traceback (perflab's frames left out), Ctrl-C
 gives 130.
 """
@@ -13,6 +14,7 @@ import os
 import runpy
 import sys
 import traceback
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,20 +70,18 @@ class Outcome:
 def run_program(program: Program, stop: type[BaseException] | None = None) -> Outcome:
     """Run ``program`` to its end in this process. ``stop``: an exception class perflab raises inside the program to end
     it early (``--stop-after``): an exit with code 0."""
-    import __main__
-
     saved_argv, saved_path0 = list(sys.argv), sys.path[0] if sys.path else None
+    saved_main = sys.modules.get("__main__")
     try:
         if program.path is not None:
             path = program.path.resolve()
             sys.argv = [str(program.path), *program.args]
             sys.path[0] = str(path.parent)
-            source = path.read_bytes()
-            code = compile(source, str(path), "exec")
-            __main__.__dict__.clear()
-            __main__.__dict__.update({"__name__": "__main__", "__file__": str(path), "__builtins__": __builtins__,
-                                      "__package__": None, "__spec__": None, "__cached__": None, "__loader__": None})
-            exec(code, __main__.__dict__)
+            code = compile(path.read_bytes(), str(path), "exec")
+            main = types.ModuleType("__main__")
+            main.__dict__.update({"__file__": str(path), "__builtins__": __builtins__, "__cached__": None})
+            sys.modules["__main__"] = main
+            exec(code, main.__dict__)
         else:
             sys.argv = [program.module, *program.args]
             sys.path[0] = os.getcwd()
@@ -101,6 +101,8 @@ def run_program(program: Program, stop: type[BaseException] | None = None) -> Ou
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
 
 
 def _exit_outcome(exc: SystemExit) -> Outcome:

@@ -106,23 +106,36 @@ def compiler_table(report: dict) -> Table | None:
     if not any(p.get("frames") for p in phases.values()) and not hits:
         return None
     table = Table(title="the compiler, as the program ran it (dynamo's counters)")
-    for column in ("phase", "frames compiled", "graphs", "backend graphs", "graph breaks", "recompiles (guard that failed)"):
-        table.add_column(column, justify="left" if column in ("phase", "recompiles (guard that failed)") else "right", overflow="fold")
+    for column in ("phase", "frames compiled", "graphs", "backend graphs", "graph breaks", "guard failures"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
     for name in ("skipped", "timed", "traced"):
         p = phases.get(name)
-        if not p:
-            continue
-        recompiles = "; ".join(f"{frame}: {len(reasons)}× ({reasons[-1]})" for frame, reasons in (p.get("recompiles") or {}).items())
-        table.add_row(name, str(p["frames"]), str(p["graphs"]), str(p["backend_graphs"]), str(p["graph_breaks"]), recompiles or "–")
-    compiled = report.get("compiled")
-    captions = []
-    for hit in hits:
-        captions.append(f"{hit['function']} hit {hit['limit']} ({hit['value']}) at step {hit['step']}: eager from then on")
-    if compiled and compiled.get("compiled_share") is not None:
-        captions.append(f"traced steps: {_pct(compiled['compiled_share'])} of the work ran in compiled regions, {_pct(compiled['eager_share'])} eagerly")
-    if captions:
-        table.caption = "; ".join(captions)
+        if p:
+            recompiles = sum(len(v) for v in (p.get("recompiles") or {}).values())
+            table.add_row(name, str(p["frames"]), str(p["graphs"]), str(p["backend_graphs"]), str(p["graph_breaks"]), str(recompiles))
     return table
+
+
+def compiler_lines(report: dict) -> list[str]:
+    """Per frame recompiled, the guard that failed last; each frame that hit the recompile limit; how much of the traced
+    steps ran compiled."""
+    phases = (report.get("recorded") or {}).get("compile_phases") or {}
+    lines, frames = [], {}
+    for name in ("skipped", "timed", "traced"):
+        for frame, guards in ((phases.get(name) or {}).get("recompiles") or {}).items():
+            frames.setdefault(frame, []).append((name, guards))
+    for frame, seen in frames.items():
+        counts = ", ".join(f"{len(g)} while {name}" for name, g in seen)
+        lines.append(f"guard failures (each a recompile, until the limit): {frame}: {counts}; the last: {seen[-1][1][-1]}")
+    for hit in (report.get("recorded") or {}).get("limit_hits") or []:
+        lines.append(f"recompile limit: {hit['function']} ({hit['where']}) hit {hit['limit']} ({hit['value']}) at step {hit['step']} and runs "
+                     "eagerly from then on")
+    compiled = report.get("compiled")
+    if compiled and compiled.get("compiled_share") is not None:
+        lines.append(f"the traced steps' work: {_pct(compiled['compiled_share'])} in compiled regions, {_pct(compiled['eager_share'])} eager")
+    elif frames or any(p.get("frames") for p in phases.values()):
+        lines.append("the traced steps ran no compiled region: all of their work ran eagerly")
+    return lines
 
 
 def communication_table(report: dict) -> Table:
@@ -147,7 +160,7 @@ def communication_table(report: dict) -> Table:
 
 
 def run_lines(report: dict) -> list[str]:
-    lines = []
+    lines = compiler_lines(report)
     if report.get("verdict"):
         lines.append(f"verdict: {report['verdict']}")
     for flag in report.get("flags") or []:
