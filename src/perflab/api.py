@@ -468,7 +468,7 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     from perflab.program.run import Run, check_options
     from perflab.program.script import parse_program
 
-    check_options(skip, steps, trace)
+    check_options(skip, steps, trace, step, step_range)
     make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
     program_ = parse_program(list(program))
     from pathlib import Path

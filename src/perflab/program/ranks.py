@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import json
 import time
+import warnings
 from pathlib import Path
 
 from perflab.program.recorder import Rank, Recorder, RunOptions, stderr, write_json
@@ -34,7 +35,9 @@ def ddp_info() -> dict | None:
 
     from perflab.measure.parallel import ddp_layout
 
-    found = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel)]
+    with warnings.catch_warnings():  # isinstance on a deprecated alias (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        found = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel)]
     if not found:
         return None
     ddp = found[0]

@@ -22,6 +22,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,7 +115,7 @@ class Recorder:
         self.watch.install()
         self._counters["start"] = compiler.counters()
         self._watch_script_profiler()
-        if self.options.skip == 0:
+        if self.options.skip == 0:  # the timed phase begins with the first step (checked: a "call" source's)
             self._enter_timed()
 
     def remove(self) -> None:
@@ -134,6 +135,8 @@ class Recorder:
 
     def _on_start(self) -> None:
         phase = self.data.phase
+        if phase == "timed" and self.data.device is None:
+            self._choose_clock()
         if phase == "timed" and self.source.kind == "call":
             self._call_start = (self._record(), time.perf_counter_ns())
         elif phase == "traced" and self._prof is not None:
@@ -165,20 +168,26 @@ class Recorder:
             self._finish_tracing()
 
     def _enter_timed(self) -> None:
-        import torch
-
         self.data.phase = "timed"
         self._counters["timed"] = compiler.counters()
-        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self.data.device = "cuda" if self._cuda else "cpu"
-        if self._cuda:
-            torch.cuda.reset_peak_memory_stats()
+        if self.data.steps_seen == 0 and self.source.kind == "call":
+            return  # --skip 0: the clock is chosen when the first step starts (the program has not touched CUDA yet)
+        self._choose_clock()
         if self.source.kind == "boundary":
             self._events.append((None, self._record()))
             self._host.append(time.perf_counter_ns())
         if self.options.steps == 0:
             self._finish_timing()
             self._enter_traced()
+
+    def _choose_clock(self) -> None:
+        """CUDA events where the program has started CUDA by its first timed step, else the host clock."""
+        import torch
+
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.data.device = "cuda" if self._cuda else "cpu"
+        if self._cuda:
+            torch.cuda.reset_peak_memory_stats()
 
     def _record(self):
         if not self._cuda:
@@ -273,7 +282,9 @@ class Recorder:
             self._close_step_range()
         self._sync()
         prof, self._prof = self._prof, None
-        prof.stop()
+        with warnings.catch_warnings():  # torch's "Profiler clears events at the end of each cycle": not ours to act on
+            warnings.simplefilter("ignore")
+            prof.stop()
         out = self.rank_dir()
         out.mkdir(parents=True, exist_ok=True)
         path = out / "trace.json.gz"
@@ -361,9 +372,10 @@ def module_bytes(device_type: str) -> dict:
     import torch
 
     seen, params, buffers, modules = set(), 0, 0, 0
-    for obj in gc.get_objects():
-        if not isinstance(obj, torch.nn.Module):
-            continue
+    with warnings.catch_warnings():  # isinstance on a deprecated alias (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        found = [obj for obj in gc.get_objects() if isinstance(obj, torch.nn.Module)]
+    for obj in found:
         modules += 1
         for tensors, is_param in ((obj.parameters(recurse=False), True), (obj.buffers(recurse=False), False)):
             for t in tensors:

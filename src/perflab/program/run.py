@@ -8,7 +8,6 @@ line says how far it got.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,9 +196,10 @@ def _options_dict(options: RunOptions) -> dict:
     return {"skip": options.skip, "steps": options.steps, "trace": options.trace, "stop_after": options.stop_after, "out": str(options.out_dir)}
 
 
-def check_options(skip: int, steps: int, trace: int) -> None:
+def check_options(skip: int, steps: int, trace: int, step: str | None = None, step_range: str | None = None) -> None:
     for name, value, least in (("--skip", skip, 0), ("--steps", steps, 1), ("--trace", trace, 0)):
         if value < least:
             raise PerflabError(f"{name} must be at least {least}, got {value}")
-    if os.environ.get("PERFLAB_RUN_ACTIVE"):
-        raise PerflabError("perflab run is already running this program (a nested perflab run)")
+    if skip == 0 and not step and step_range is None:
+        raise PerflabError("--skip 0 needs --step or --step-range: an optimizer step's first step begins with the program itself "
+                           "(imports, building the model)")
