@@ -40,6 +40,9 @@ HEAVY_UNCOUNTED = re.compile(r"^aten::(convolution|_convolution|convolution_back
 # a custom operator (a library's or the user's own namespace): heavy or not, the count cannot know, so it is named
 CUSTOM_OP = re.compile(r"^(?!(aten|prims|inductor|profiler|c10d|_c10d_functional|autograd|torch|cuda|record_param_comms)::)\w+::\w+$")
 HEAVY_CATEGORIES = ("gemm", "attention")
+# inductor names a kernel after the ops it fused: one that fused a matmul does a matmul's work (a decode step's GEMV is
+# often a reduction kernel "triton_red_fused_..._mm_...")
+HEAVY_TRITON = re.compile(r"^triton_\w*?fused_(\w*_)?(mm|addmm|bmm|baddbmm|convolution|_scaled_dot_product\w*)(_|$)")
 
 
 @dataclass
@@ -71,6 +74,12 @@ class OpFlops:
         return self.uncounted_heavy_gpu_ns / self.heavy_gpu_ns if self.heavy_gpu_ns else None
 
     @property
+    def known(self) -> bool:
+        """Whether the count saw enough to give a figure: operators' shapes were recorded and it counted some, or the
+        step has no heavy work at all."""
+        return self.shapes_recorded and (self.flops > 0 or self.complete)
+
+    @property
     def complete(self) -> bool:
         """The count saw every heavy operator: nothing uncounted, no heavy kernel time from outside a counted operator
         (within 5% of it: a few kernels, such as cuBLAS's split-K reductions, run beside their GEMM)."""
@@ -81,7 +90,7 @@ class OpFlops:
         return {"flops": self.flops, "flops_per_step": self.per_step, "steps": self.steps, "counted_calls": self.counted_calls,
                 "by_op": self.by_op, "by_dtype": self.by_dtype, "dtype": self.dtype, "uncounted_ops": self.uncounted_ops, "heavy_gpu_ns": self.heavy_gpu_ns,
                 "uncounted_heavy_gpu_ns": self.uncounted_heavy_gpu_ns, "uncounted_heavy_share": self.uncounted_heavy_share,
-                "shapes_recorded": self.shapes_recorded, "complete": self.complete}
+                "shapes_recorded": self.shapes_recorded, "complete": self.complete, "known": self.known}
 
 
 def _dims(text: str) -> list | None:
@@ -196,7 +205,9 @@ def _counted_below(parent: np.ndarray, counted: np.ndarray, depth: np.ndarray) -
 
 def _uncounted_heavy_time(ops: pd.DataFrame, counted: np.ndarray, kernels: pd.DataFrame, window) -> tuple[int, int]:
     """(GPU ns of matmul and attention kernels in the window, of it those launched outside every counted operator)."""
-    heavy = kernels[kernels["category"].astype(str).isin(HEAVY_CATEGORIES) & (kernels["kind"].astype(str) == "kernel")]
+    names = kernels["name"].astype(str)
+    is_heavy = kernels["category"].astype(str).isin(HEAVY_CATEGORIES) | names.str.match(HEAVY_TRITON.pattern)
+    heavy = kernels[is_heavy & (kernels["kind"].astype(str) == "kernel")]
     launch = heavy["launch_start_ns"].to_numpy()
     when = np.where(launch >= 0, launch, heavy["start_ns"].to_numpy())
     if window is not None:

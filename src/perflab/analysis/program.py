@@ -125,11 +125,15 @@ def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, t
     verdict = floors.verdict
     if floors.kernels_set_the_step:
         verdict = "kernel-bound: the host floor binds, but the GPU is busy longer than the host takes to issue the step"
-    return {"utilisation": {"mfu": util["mfu"] if peak else None, "mbu": util["mbu"] if step_bytes else None, "dtype": dtype,
+    binding = floors.by_name[floors.binding]
+    why = (f"the {floors.binding} floor, {binding:.3f} ms of the {median_ms:.3f} ms step, is the largest"
+           + ("" if flops.known else "; the compute floor is unknown (the FLOPs were not seen)"))
+    traced = f"under the profiler (steps ×{traced_ms / median_ms:.2f} as long): {summary['launch']['message']}" if traced_ms else summary["launch"]["message"]
+    return {"utilisation": {"mfu": util["mfu"] if peak and flops.known else None, "mbu": util["mbu"] if step_bytes else None, "dtype": dtype,
                             "peak_tflops": peak, "copy_gbps": ceilings["copy_gbps"], "bytes_per_step": step_bytes,
                             "bytes_source": "the parameters and buffers of the program's modules on the GPU, each read once",
                             "mfu_lower_bound": not flops.complete, "ceilings_measured_at": ceilings.get("measured_at")},
-            "floors": floors.to_dict(), "verdict": f"{verdict} ({summary['launch']['message']})"}
+            "floors": floors.to_dict(), "verdict": f"{verdict}: {why}", "traced_verdict": traced}
 
 
 def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict, world_size: int, steps: int,

@@ -135,7 +135,8 @@ class Recorder:
 
     def _on_start(self) -> None:
         phase = self.data.phase
-        if phase == "timed" and self.data.device is None:
+        if phase == "timed" and self.data.device is None:  # a "call" source's first timed step begins
+            self._counters["timed"] = compiler.counters()
             self._choose_clock()
         if phase == "timed" and self.source.kind == "call":
             self._call_start = (self._record(), time.perf_counter_ns())
@@ -169,9 +170,12 @@ class Recorder:
 
     def _enter_timed(self) -> None:
         self.data.phase = "timed"
+        if self.source.kind == "call":
+            # the phase begins with its first step: what runs between calls (a warm-up loop before the first range,
+            # compilation there) is not the timed steps'; the clock is chosen then too (the program may not have
+            # started CUDA yet when --skip is 0)
+            return
         self._counters["timed"] = compiler.counters()
-        if self.data.steps_seen == 0 and self.source.kind == "call":
-            return  # --skip 0: the clock is chosen when the first step starts (the program has not touched CUDA yet)
         self._choose_clock()
         if self.source.kind == "boundary":
             self._events.append((None, self._record()))

@@ -80,7 +80,8 @@ def run_checks(recorded: dict, report: dict | None) -> list[dict]:
         if flops.get("uncounted_heavy_share"):
             why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "
                        "operator (a Triton template, a CUDA graph replay)")
-        flags.append({"flag": "flops_incomplete", "message": "FLOPs are a lower bound: " + "; ".join(why)})
+        lead = "FLOPs are a lower bound: " if flops.get("known", True) else "FLOPs unknown (and MFU left out): "
+        flags.append({"flag": "flops_incomplete", "message": lead + "; ".join(why)})
     return flags
 
 

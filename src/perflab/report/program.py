@@ -63,7 +63,8 @@ def timing_table(report: dict) -> Table:
     flops = report.get("flops")
     if flops is not None:
         per = flops.get("flops_per_step") or 0
-        table.add_row("FLOPs per step (from the traced operators' shapes)", f"{per / 1e9:.4g} G" + ("" if flops.get("complete") else " (lower bound)"))
+        value = "unknown" if not flops.get("known", True) else f"{per / 1e9:.4g} G" + ("" if flops.get("complete") else " (lower bound)")
+        table.add_row("FLOPs per step (from the traced operators' shapes)", value)
     util = report.get("utilisation")
     if util:
         table.add_row(f"MFU ({util['dtype']} peak {util['peak_tflops'] or 0:.0f} TFLOP/s, measured)", _pct(util.get("mfu")) + (" ≥" if util.get("mfu_lower_bound") else ""))
@@ -163,6 +164,8 @@ def run_lines(report: dict) -> list[str]:
     lines = compiler_lines(report)
     if report.get("verdict"):
         lines.append(f"verdict: {report['verdict']}")
+    if report.get("traced_verdict"):
+        lines.append(f"traced steps: {report['traced_verdict']}")
     for flag in report.get("flags") or []:
         lines.append(f"{flag['flag']}: {flag['message']}")
     note = (report.get("recorded") or {}).get("trace_note")
