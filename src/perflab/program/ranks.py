@@ -15,13 +15,12 @@ At the end of the traced steps every rank, at the same step boundary:
 
 from __future__ import annotations
 
-import gc
 import json
 import time
 import warnings
 from pathlib import Path
 
-from perflab.program.recorder import Rank, Recorder, RunOptions, stderr, write_json
+from perflab.program.recorder import Rank, Recorder, RunOptions, instances_alive, stderr, write_json
 
 WAIT_S = 300.0
 GPU_SWEEP_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB: beside a model already in memory
@@ -37,7 +36,7 @@ def ddp_info() -> dict | None:
 
     with warnings.catch_warnings():  # isinstance on a deprecated alias (torch.distributed.reduce_op) warns
         warnings.simplefilter("ignore")
-        found = [o for o in gc.get_objects() if isinstance(o, DistributedDataParallel)]
+        found = instances_alive(DistributedDataParallel)
     if not found:
         return None
     ddp = found[0]

@@ -370,6 +370,19 @@ def _peak_rss() -> int | None:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
 
 
+def instances_alive(cls) -> list:
+    """Every object of ``cls`` the garbage collector tracks (a dead weak proxy among them is skipped: isinstance on it
+    raises ReferenceError)."""
+    found = []
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, cls):
+                found.append(obj)
+        except ReferenceError:
+            continue
+    return found
+
+
 def module_bytes(device_type: str) -> dict:
     """The parameters and buffers of every ``nn.Module`` alive (found through the garbage collector), each tensor once,
     on ``device_type``: what a step that reads every weight (and a KV cache held as a buffer) once moves at least."""
@@ -378,7 +391,7 @@ def module_bytes(device_type: str) -> dict:
     seen, params, buffers, modules = set(), 0, 0, 0
     with warnings.catch_warnings():  # isinstance on a deprecated alias (torch.distributed.reduce_op) warns
         warnings.simplefilter("ignore")
-        found = [obj for obj in gc.get_objects() if isinstance(obj, torch.nn.Module)]
+        found = instances_alive(torch.nn.Module)
     for obj in found:
         modules += 1
         for tensors, is_param in ((obj.parameters(recurse=False), True), (obj.buffers(recurse=False), False)):
