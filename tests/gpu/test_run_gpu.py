@@ -46,6 +46,7 @@ def test_a_compiled_step_is_attributed_to_its_compiled_regions(tmp_path):
     assert api.run([str(prog)], skip=8, steps=10, trace=2, out_dir=tmp_path / "out") == 0
     report = json.loads((tmp_path / "out" / "run.json").read_text())
     compiled, phases = report["compiled"], report["recorded"]["compile_phases"]
-    assert compiled and compiled["compiled_share"] > 0.5, compiled  # forward and backward compiled; the fused optimizer eager
+    # forward and backward compiled; the fused AdamW (not compiled by the program) is what runs eagerly
+    assert compiled and compiled["compiled_share"] > 0.3 and "FusedAdam" in compiled["eager_top"][0]["name"], compiled
     assert phases["timed"]["frames"] == 0, phases
     assert not [f for f in report["flags"] if f["flag"] in ("compiled_while_timed", "fell_back_to_eager")], report["flags"]

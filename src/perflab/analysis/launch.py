@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,9 +122,14 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e3:.1f} µs"
 
 
-def host_issue_ms(trace) -> float:
+SYNC_CALLS = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH")  # calls in which the host waits for the GPU
+
+
+def host_issue_ms(trace, without_waits: bool = False) -> float:
     """Median over steps of the CPU time to issue one step in a trace: step start → end of its last
-    launch call (profiled, so inflated; see measure.host for the untraced figure)."""
+    launch call (profiled, so inflated; see measure.host for the untraced figure). ``without_waits``: less the time
+    the host spent inside synchronising calls in that stretch (a program's ``loss.item()`` each step waits for the
+    GPU there; that wait is the GPU's time, not the host's)."""
     from perflab.analysis.accounting import step_windows
     from perflab.analysis.compare import window_of_activities
 
@@ -132,9 +138,18 @@ def host_issue_ms(trace) -> float:
     window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
     launch_end = kernels["launch_end_ns"].to_numpy()
     starts = windows["start_ns"].to_numpy()
+    waits = None
+    if without_waits:
+        calls = trace.launches
+        is_wait = calls["name"].astype(str).str.contains(SYNC_CALLS.pattern, regex=True).to_numpy()
+        waits = (calls["start_ns"].to_numpy()[is_wait], calls["end_ns"].to_numpy()[is_wait])
     issue = []
     for w in range(len(windows)):
         ends = launch_end[(window == w) & (launch_end >= 0)]
         if len(ends):
-            issue.append(ends.max() - starts[w])
+            last = ends.max()
+            waited = 0
+            if waits is not None:
+                waited = int(np.clip(np.minimum(waits[1], last) - np.maximum(waits[0], starts[w]), 0, None).sum())
+            issue.append(last - starts[w] - waited)
     return float(np.median(issue)) / 1e6 if issue else 0.0

@@ -11,9 +11,11 @@ operators, MFU and MBU against the measured peaks, the floors' verdict, and what
   every weight (and a KV cache held as a buffer) once must move at least; MBU = bytes ÷ step ÷ the copy bandwidth.
 - **Floors and verdict** (``analysis.floors``, as ``perflab explain`` gives them): compute = FLOPs ÷ the matmul peak
   of the dtype most FLOPs ran in; memory = bytes ÷ copy bandwidth; launch = kernels per step × the least kernel
-  interval; host = the traced CPU time to issue a step × (untraced ÷ traced step). The largest binds.
-- **Compiled or eager**: the share of the traced steps' work (GPU kernel time; on the CPU operator time) launched
-  from inside a compiled region (dynamo's ``Torch-Compiled Region``, AOTAutograd's ``CompiledFunction`` and
+  interval; host = the traced CPU time to issue a step, less the time it waited inside synchronising calls (a
+  ``loss.item()`` each step), × (untraced ÷ traced step). The largest binds.
+- **Compiled or eager**: the share of the traced steps' work (GPU kernel time, communication apart: DDP's reducer
+  launches its collectives from its hooks, outside any graph; on the CPU operator time) launched from inside a compiled
+  region (dynamo's ``Torch-Compiled Region``, AOTAutograd's ``CompiledFunction`` and
   ``CompiledFunctionBackward``, inductor's ``CompiledFxGraph``) against the rest, which ran eagerly.
 """
 
@@ -64,12 +66,13 @@ def compiled_split(trace) -> dict | None:
             ok[ok] = ends[pos[ok]] >= launch[mine][ok]
             inside[mine[ok]] = True
         overhead = np.zeros(len(work), dtype=bool)
-    compiled = int(dur[inside].sum())
-    eager = int(dur[~inside & ~overhead].sum())
+    comm = work["category"].astype(str).eq("communication").to_numpy()
+    compiled = int(dur[inside & ~comm].sum())
+    eager = int(dur[~inside & ~overhead & ~comm].sum())
     total = compiled + eager
-    return {"compiled_ns": compiled, "eager_ns": eager, "dynamo_overhead_ns": int(dur[overhead].sum()),
+    return {"compiled_ns": compiled, "eager_ns": eager, "dynamo_overhead_ns": int(dur[overhead].sum()), "communication_ns": int(dur[comm].sum()),
             "compiled_share": compiled / total if total else None, "eager_share": eager / total if total else None,
-            "eager_top": _top_names(work[~inside & ~overhead], 3)}
+            "eager_top": _top_names(work[~inside & ~overhead & ~comm], 3)}
 
 
 def _top_names(work, n: int) -> list[dict]:
@@ -119,7 +122,7 @@ def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, t
     busy_ms = float(np.median(steps["busy_ns"])) / 1e6 if len(steps) else None
     floors = compute_floors(measured_ms=median_ms, flops_per_step=flops.per_step, matmul_tflops=peak or float("inf"),
                             bytes_per_step=step_bytes, copy_gbps=ceilings["copy_gbps"], kernels_per_step=kernels_per_step,
-                            kernel_interval_us=ceilings["graph_kernel_interval_us"], host_issue_ms=host_issue_ms(trace) * scale,
+                            kernel_interval_us=ceilings["graph_kernel_interval_us"], host_issue_ms=host_issue_ms(trace, without_waits=True) * scale,
                             gpu_busy_ms=busy_ms * scale if busy_ms is not None else None)
     util = floors.utilisation()["measured"]
     verdict = floors.verdict

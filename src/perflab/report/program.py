@@ -133,7 +133,10 @@ def compiler_lines(report: dict) -> list[str]:
                      "eagerly from then on")
     compiled = report.get("compiled")
     if compiled and compiled.get("compiled_share") is not None:
-        lines.append(f"the traced steps' work: {_pct(compiled['compiled_share'])} in compiled regions, {_pct(compiled['eager_share'])} eager")
+        top = compiled.get("eager_top") or []
+        eager = f" (most: {top[0]['name'][:60]})" if top else ""
+        lines.append(f"the traced steps' work, communication apart: {_pct(compiled['compiled_share'])} in compiled regions, "
+                     f"{_pct(compiled['eager_share'])} eager{eager}")
     elif frames or any(p.get("frames") for p in phases.values()):
         lines.append("the traced steps ran no compiled region: all of their work ran eagerly")
     return lines
@@ -146,15 +149,16 @@ def communication_table(report: dict) -> Table:
     if floor is not None:
         title += (f": all-reduce of {comm['bus_bytes'] / 1e6:.1f} MB bus bytes in {comm['calls']} bucket(s), busbw {comm['busbw_gbps']:.1f} GB/s "
                   f"→ floor {floor:.3f} ms")
-    table = Table(title=title)
-    for column in ("rank", "step ms", "comm ms", "exposed ms", "waiting ms", "transfer ms", "overlapped ms", "overlap", "comm ÷ floor"):
+    table = Table(title=title + " (ms per step)")
+    for column in ("rank", "step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor"):
         table.add_column(column, justify="right")
     slowest = report.get("slowest_rank")
     for r in comm["ranks"]:
-        table.add_row(f"{r['rank']}{' (slowest)' if r['rank'] == slowest else ''}", _ms(r.get("step_ms")), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
+        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", _ms(r.get("step_ms")), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
                       _ms(r.get("waiting_ms")), _ms(r.get("transfer_ms")), _ms(r["overlapped_ms"]), _pct(r.get("overlap_fraction")),
                       f"{r['measured_over_floor']:.2f}" if r.get("measured_over_floor") else "–")
-    notes = [n for n in (comm.get("busbw_source"), comm.get("floor_note"), comm.get("note")) if n]
+    notes = [n for n in ("* the slowest rank; waiting: for a later rank; hidden: under compute", comm.get("busbw_source"), comm.get("floor_note"),
+                         comm.get("note")) if n]
     if notes:
         table.caption = "; ".join(notes)
     return table
