@@ -112,15 +112,15 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
 
 
 def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, traced_ms: float | None, trace, steps, summary, tf32: bool) -> dict:
-    dtype = flops.dtype or "fp32"
+    dtype = flops.dtype if flops.known else None  # no FLOPs seen: no dtype to hold them against
     if dtype == "fp32" and tf32:
         dtype = "tf32"
-    peak = (ceilings.get("matmul_tflops") or {}).get(dtype)
+    peak = (ceilings.get("matmul_tflops") or {}).get(dtype) if dtype else None
     step_bytes = (model_bytes or {}).get("param_bytes", 0) + (model_bytes or {}).get("buffer_bytes", 0)
     scale = median_ms / traced_ms if traced_ms else 1.0
     kernels_per_step = float(summary["kernels_per_step"] or 0.0)
     busy_ms = float(np.median(steps["busy_ns"])) / 1e6 if len(steps) else None
-    floors = compute_floors(measured_ms=median_ms, flops_per_step=flops.per_step, matmul_tflops=peak or float("inf"),
+    floors = compute_floors(measured_ms=median_ms, flops_per_step=flops.per_step if peak else 0.0, matmul_tflops=peak or 1.0,
                             bytes_per_step=step_bytes, copy_gbps=ceilings["copy_gbps"], kernels_per_step=kernels_per_step,
                             kernel_interval_us=ceilings["graph_kernel_interval_us"], host_issue_ms=host_issue_ms(trace, without_waits=True) * scale,
                             gpu_busy_ms=busy_ms * scale if busy_ms is not None else None)
@@ -136,6 +136,7 @@ def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, t
                             "peak_tflops": peak, "copy_gbps": ceilings["copy_gbps"], "bytes_per_step": step_bytes,
                             "bytes_source": "the parameters and buffers of the program's modules on the GPU, each read once",
                             "mfu_lower_bound": not flops.complete, "ceilings_measured_at": ceilings.get("measured_at")},
+            "ceilings": {k: ceilings.get(k) for k in ("gpu", "matmul_tflops", "copy_gbps", "graph_kernel_interval_us", "measured_at")},
             "floors": floors.to_dict(), "verdict": f"{verdict}: {why}", "traced_verdict": traced}
 
 

@@ -67,7 +67,11 @@ def timing_table(report: dict) -> Table:
         table.add_row("FLOPs per step (from the traced operators' shapes)", value)
     util = report.get("utilisation")
     if util:
-        table.add_row(f"MFU ({util['dtype']} peak {util['peak_tflops'] or 0:.0f} TFLOP/s, measured)", _pct(util.get("mfu")) + (" ≥" if util.get("mfu_lower_bound") else ""))
+        if util.get("peak_tflops"):
+            table.add_row(f"MFU ({util['dtype']} peak {util['peak_tflops']:.0f} TFLOP/s, measured)",
+                          _pct(util.get("mfu")) + (" (at least)" if util.get("mfu_lower_bound") and util.get("mfu") else ""))
+        else:
+            table.add_row("MFU", "– (FLOPs unknown)")
         table.add_row(f"MBU ({util['bytes_per_step'] / 1e9:.3g} GB of weights and buffers, copy {util['copy_gbps']:.0f} GB/s)", _pct(util.get("mbu")))
     return table
 
