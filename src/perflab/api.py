@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from perflab.spec import Case, expand_grid, validate_case
+from perflab.spec import Case, check_integers, expand_grid, validate_case
 
 
 def make_cases(
@@ -159,6 +159,8 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
         raise PerflabError(f"--processes: expected a whole number of processes, 1 or more, got {processes!r}")
     host = HostOptions(pin=pin, one_thread=one_thread)
     cases = list(cases or [])
+    for case in cases:  # cases built in code, not by make_cases: nothing runs that could not be stored
+        check_integers(case)
     if any(case.parallel for case in cases):
         return _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, pin=pin, one_thread=one_thread, interleave=interleave)
     if memory_snapshot is not None:

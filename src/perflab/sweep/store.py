@@ -146,7 +146,20 @@ class Store:
 
     def put(self, row: dict, env_key: str, *, sweep_id: int | None = None, worker: str | None = None,
             wall_s: float | None = None, replace: bool = False) -> bool:
-        """Commit one result row. Returns False if (case_id, env_key) was stored already and not replaced."""
+        """Commit one result row. Returns False if (case_id, env_key) was stored already and not replaced.
+
+        A row that cannot be stored as it is (an integer past SQLite's 64 bits, text that will not encode) is stored as
+        an ``error`` row saying why, with what of it can be kept: never lost, and the sweep goes on. ``row`` is then
+        that error row, in place, so that the caller counts and shows what was stored."""
+        try:
+            return self._insert(row, env_key, sweep_id, worker, wall_s, replace)
+        except _UNSTORABLE as exc:
+            stored = unstorable_row(row, exc)
+            row.clear()
+            row.update(stored)
+            return self._insert(row, env_key, sweep_id, worker, wall_s, replace)
+
+    def _insert(self, row: dict, env_key: str, sweep_id, worker, wall_s, replace: bool) -> bool:
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
         with self.conn:
             cursor = self.conn.execute(
@@ -273,6 +286,55 @@ def _plain(value):
     if hasattr(value, "tolist"):  # numpy arrays and scalars
         return _plain(value.tolist())
     return str(value)
+
+
+# What a row's values can do to an INSERT: an int past 64 bits (OverflowError), a str() refused (ValueError: over 4300
+# digits), a lone surrogate (UnicodeEncodeError), a type sqlite3 cannot bind. A full disk or a lock is not the row's fault.
+_UNSTORABLE = (OverflowError, ValueError, TypeError, sqlite3.InterfaceError, sqlite3.DataError)
+
+
+def unstorable_row(row: dict, exc: Exception) -> dict:
+    """A row that could not be stored (``exc``) as an ``error`` row that can: the values that cannot (integers past 64
+    bits, text that will not encode, what JSON cannot hold) become null, and its message names them and its status."""
+    from perflab.spec import INT64_MAX, INT64_MIN
+
+    dropped: list[str] = []
+
+    def keep(value, path: str):
+        if isinstance(value, bool) or value is None or isinstance(value, float):
+            return value
+        if isinstance(value, int):
+            if INT64_MIN <= value <= INT64_MAX:
+                return value
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+                return value
+            except UnicodeEncodeError:
+                pass
+        elif isinstance(value, dict):
+            return {str(k): keep(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        elif isinstance(value, (list, tuple)):
+            return [keep(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        elif hasattr(value, "tolist"):
+            return keep(value.tolist(), path)
+        else:
+            return str(value)
+        dropped.append(path)
+        return None
+
+    kept = keep(dict(row), "")
+    was = f"{kept.get('status') or 'unknown'}" + (f": {str(kept['message'])[:200]}" if kept.get("message") else "")
+    reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+    nulled = f"; {', '.join(dropped[:5])}{' and more' if len(dropped) > 5 else ''} stored as null" if dropped else ""
+    kept.update(case_id=str(row.get("case_id")), status="error",
+                message=f"this row could not be stored as measured ({reason}){nulled}; it was {was}")
+    try:
+        dumps(kept)
+    except _UNSTORABLE:  # what is left still will not serialise: the case and the reason alone
+        kept = {k: kept.get(k) for k in ("case_id", "status", "message", "label")}
+        kept = {k: v if isinstance(v, str) or v is None else str(v) for k, v in kept.items()}
+    return kept
 
 
 def status_counts(rows: Iterable[dict]) -> dict[str, int]:

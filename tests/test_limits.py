@@ -1,0 +1,42 @@
+"""Issue 39: inputs that cannot be stored or run are refused up front, in one line with exit status 2."""
+
+import pytest
+
+from cli_util import assert_one_line_error, run_cli_here
+from perflab import api
+from perflab.errors import PerflabError
+from perflab.spec import INT64_MAX, INT64_MIN, Case
+
+TINY = ["bench", "--model", "test:tiny", "--device", "cpu", "--input-size", "32", "--warmup", "0", "--iters", "2", "--repeats", "2"]
+PAST = "is past the integers perflab can store and run (signed 64-bit, -2^63 to 2^63-1"
+
+
+def test_a_spec_with_a_batch_size_past_64_bits_is_refused_in_one_line(tmp_path):
+    spec = tmp_path / "big.yaml"
+    spec.write_text("defaults: {device: cpu, input_size: 32, model: 'test:tiny'}\ngrid:\n  batch_size: [1, 100000000000000000000000000, 2]\n")
+    r = run_cli_here("sweep", spec, "--list")
+    assert_one_line_error(r, f"{spec}: grid.batch_size: 100000000000000000000000000 {PAST}")
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("flag,value,field", [("--batch-size", 10 ** 26, "batch_size"), ("--seed", 2 ** 70, "seed"),
+                                              ("--warmup", 2 ** 63, "warmup"), ("--model-arg", f"d_ff={10 ** 40}", "model_args.d_ff")])
+def test_bench_refuses_integers_past_64_bits_before_running(flag, value, field, tmp_path):
+    out = tmp_path / "rows.jsonl"
+    r = run_cli_here(*TINY, flag, value, "--out", out) if field != "model_args.d_ff" else \
+        run_cli_here("bench", "--model", "gpt_small", "--device", "cpu", flag, value, "--out", out)
+    shown = "an integer of about 41 digits" if field == "model_args.d_ff" else str(value)
+    assert_one_line_error(r, f"{field}: {shown} {PAST}")
+    assert r.stdout == "" and not out.exists()  # nothing ran
+
+
+def test_the_bounds_are_those_of_signed_64_bits():
+    assert (INT64_MIN, INT64_MAX) == (-(2 ** 63), 2 ** 63 - 1)
+    assert api.make_cases(model=["test:tiny"], device="cpu", seed=INT64_MAX)[0].seed == INT64_MAX  # the largest is taken
+    with pytest.raises(PerflabError, match=f"seed: {INT64_MAX + 1} is past"):
+        api.make_cases(model=["test:tiny"], device="cpu", seed=INT64_MAX + 1)
+    with pytest.raises(PerflabError, match=f"seed: {INT64_MIN - 1} is past"):
+        api.make_cases(model=["test:tiny"], device="cpu", seed=INT64_MIN - 1)
+    # A Case built in code, not by make_cases, is checked by api.bench before anything is built.
+    with pytest.raises(PerflabError, match=f"input_size: {2 ** 64} is past"):
+        api.bench([Case(model="test:tiny", device="cpu", input_size=2 ** 64)])
