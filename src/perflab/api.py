@@ -325,19 +325,22 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
                      workers=workers, timeout_s=timeout_s, command=command, on_event=on_event, launcher=launcher)
 
 
-def results(out_dir, env_key: str | None = None) -> list[dict]:
-    """The rows stored in a sweep directory (each with its ``env_key``), in the order they were stored."""
+def results(out_dir, env_key: str | None = None, on_unreadable=None) -> list[dict]:
+    """The rows stored in a sweep directory (each with its ``env_key``), in the order they were stored. A row that
+    cannot be decoded is left out and passed to ``on_unreadable`` (a ``store.Unreadable``; a warning without it); a
+    store with damaged pages is one PerflabError naming the file."""
     from perflab.sweep.store import read_rows
 
-    return read_rows(out_dir, env_key)
+    return read_rows(out_dir, env_key, on_unreadable=on_unreadable)
 
 
-def report(out_dir, *, n_boot: int = 2000, spec=None):
+def report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None):
     """Write ``OUT/report.md`` (seed-shaped tables, break-even) and its PNG plots; returns the report's path.
-    ``spec``: the experiment to count the cases of (default: the store's latest sweep's)."""
+    ``spec``: the experiment to count the cases of (default: the store's latest sweep's). ``on_unreadable``: as
+    ``results``; the report names those records too."""
     from perflab.report.markdown import write_report
 
-    return write_report(out_dir, n_boot=n_boot, spec=spec)
+    return write_report(out_dir, n_boot=n_boot, spec=spec, on_unreadable=on_unreadable)
 
 
 def breakeven_experiment(

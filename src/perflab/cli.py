@@ -310,7 +310,8 @@ def results(
 
     if fmt not in FORMATS:
         raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
-    rows = api.results(out_dir)
+    unreadable = []
+    rows = api.results(out_dir, on_unreadable=_warn_unreadable(out_dir, unreadable))
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
     elif fmt == "csv":
@@ -318,7 +319,8 @@ def results(
     else:
         from perflab.report.console import exempt_line
 
-        out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results"))
+        skipped = f" ({len(unreadable)} unreadable, skipped)" if unreadable else ""
+        out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results{skipped}"))
         line = exempt_line(rows)
         if line:
             out.print(line, soft_wrap=True, markup=False)
@@ -353,8 +355,18 @@ def report(
     """Write OUT/report.md: seed-shaped tables with CIs and flags, plots (PNG) beside it, environment, spec."""
     from perflab import api
 
-    path = api.report(out_dir, n_boot=n_boot, spec=spec)
-    out.print(f"wrote {path}", soft_wrap=True, markup=False)
+    unreadable = []
+    path = api.report(out_dir, n_boot=n_boot, spec=spec, on_unreadable=_warn_unreadable(out_dir, unreadable))
+    skipped = f" ({len(unreadable)} unreadable stored record(s) left out, named in its Status section)" if unreadable else ""
+    out.print(f"wrote {path}{skipped}", soft_wrap=True, markup=False)
+
+
+def _warn_unreadable(out_dir, seen: list):
+    """A callback for the store's unreadable records: one warning line each on stderr, kept in ``seen``."""
+    def warn(item):
+        seen.append(item)
+        err.print(f"warning: {out_dir}: {item.line()}", markup=False)
+    return warn
 
 
 @app.command()
