@@ -40,3 +40,14 @@ def test_the_bounds_are_those_of_signed_64_bits():
     # A Case built in code, not by make_cases, is checked by api.bench before anything is built.
     with pytest.raises(PerflabError, match=f"input_size: {2 ** 64} is past"):
         api.bench([Case(model="test:tiny", device="cpu", input_size=2 ** 64)])
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "99", "100001"])
+def test_bootstrap_is_a_whole_number_from_100_to_100000(value, tmp_path):
+    r = run_cli_here("report", tmp_path, "--bootstrap", value)  # refused before the store is opened
+    assert_one_line_error(r, f"--bootstrap: expected a whole number of replicates from 100 to 100,000, got {value} "
+                             "(fewer put each end of a 95% CI on one or two replicates)")
+    out = tmp_path / "be"
+    r = run_cli_here("breakeven", "--model", "test:tiny", "--variant", "test:tiny", "--device", "cpu", "--bootstrap", value, "--out", out)
+    assert_one_line_error(r, "--bootstrap: expected a whole number")
+    assert not out.exists()  # refused before the sweep

@@ -340,7 +340,18 @@ def report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None):
     ``results``; the report names those records too."""
     from perflab.report.markdown import write_report
 
+    check_bootstrap(n_boot)
     return write_report(out_dir, n_boot=n_boot, spec=spec, on_unreadable=on_unreadable)
+
+
+def check_bootstrap(n_boot) -> None:
+    """PerflabError (one line) unless ``n_boot`` is a whole number of bootstrap replicates in the range a CI can rest on."""
+    from perflab.analysis.breakeven import MAX_BOOT, MIN_BOOT
+    from perflab.errors import PerflabError
+
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or not MIN_BOOT <= n_boot <= MAX_BOOT:
+        raise PerflabError(f"--bootstrap: expected a whole number of replicates from {MIN_BOOT} to {MAX_BOOT:,}, got {n_boot!r} "
+                           f"(fewer put each end of a 95% CI on one or two replicates)")
 
 
 def breakeven_experiment(
@@ -387,6 +398,7 @@ def breakeven(out_dir, *, n_boot: int = 2000, seed: int = 0) -> list:
     from perflab.errors import PerflabError
     from perflab.sweep.store import load_stored
 
+    check_bootstrap(n_boot)
     stored = load_stored(out_dir)
     if stored.experiment is None or not stored.experiment.breakevens:
         raise PerflabError(f"{out_dir}: the stored experiment has no breakeven section; run `perflab breakeven ...` or add one to the spec")

@@ -348,7 +348,7 @@ def spec_schema(
 @app.command()
 def report(
     out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
-    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for break-even CIs."),
+    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for break-even CIs (a whole number, 100 to 100,000)."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="The experiment whose cases to count and mark 'not run' "
                                         "(default: the store's latest sweep's, which is a subset if that sweep ran one)."),
 ):
@@ -389,7 +389,7 @@ def breakeven(
     resume: bool = typer.Option(False, "--resume", help="Skip the cases already stored for this environment."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPUs to use, e.g. 0,1: one worker per GPU."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (600)."),
-    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for the CIs."),
+    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for the CIs (a whole number, 100 to 100,000)."),
 ):
     """Find the token count where the variant starts beating the baseline: measure both across input sizes,
     fit t(n) = a + b·n + c·n² to each, report the crossover with a bootstrap CI, and plot it."""
@@ -398,6 +398,7 @@ def breakeven(
 
     if len(model) != 1:
         raise PerflabError(f"--model: give one baseline model, got {len(model)}")
+    api.check_bootstrap(n_boot)  # before the sweep, not after it
     experiment = api.breakeven_experiment(
         model[0], variant, input_sizes, batch_size=batch_size, dtype=dtype, mode=mode, device=device, keep_rate=keep_rate,
         reduction_loc=reduction_loc, attn=attn, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, timeout_s=timeout,
