@@ -51,3 +51,60 @@ def test_bootstrap_is_a_whole_number_from_100_to_100000(value, tmp_path):
     r = run_cli_here("breakeven", "--model", "test:tiny", "--variant", "test:tiny", "--device", "cpu", "--bootstrap", value, "--out", out)
     assert_one_line_error(r, "--bootstrap: expected a whole number")
     assert not out.exists()  # refused before the sweep
+
+
+@pytest.mark.parametrize("text,message", [
+    ("defaults: {device: cpu, model: 'test:tiny'}\ngrid:\n  batch_size: [1, 2]\ngrid:\n  batch_size: [8]\n",
+     "grid: key given twice (lines 2 and 4); YAML would keep the last silently, so give it once"),
+    ("defaults: {device: cpu, model: 'test:tiny'}\ncases:\n  - {batch_size: 1}\n  - {batch_size: 3, batch_size: 4}\n",
+     "cases[1].batch_size: key given twice (lines 4 and 4)"),
+    ("defaults:\n  device: cpu\n  model: 'test:tiny'\nharness:\n  ncu_where: {batch_size: 1, batch_size: 2}\ngrid: {batch_size: [1]}\n",
+     "harness.ncu_where.batch_size: key given twice (lines 5 and 5)"),
+])
+def test_duplicate_yaml_keys_are_refused_naming_the_key_path(text, message, tmp_path):
+    spec = tmp_path / "dup.yaml"
+    spec.write_text(text)
+    assert_one_line_error(run_cli_here("sweep", spec, "--list"), f"{spec}: {message}")
+
+
+def test_a_merge_key_is_not_a_duplicate(tmp_path):
+    spec = tmp_path / "merge.yaml"
+    spec.write_text("grid:\n  - &one {model: ['test:tiny'], device: [cpu], batch_size: [1]}\n  - {<<: *one, batch_size: [2]}\n")
+    r = run_cli_here("sweep", spec, "--list")
+    assert r.returncode == 0 and r.stdout.splitlines()[-1] == "2 cases"
+
+
+def _alias_bomb() -> str:
+    """Nine levels of nine aliases each: 9^9 (387 million) strings once expanded, in 496 bytes."""
+    items = ['&a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        items.append(f"&{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "defaults: {model: gpt_small, device: cpu}\ngrid:\n  batch_size: [\n    " + ",\n    ".join(items) + "]\n"
+
+
+def test_a_yaml_alias_bomb_is_refused_in_well_under_2_s_and_300_MB(tmp_path):
+    import time
+    import tracemalloc
+
+    spec = tmp_path / "bomb.yaml"
+    spec.write_text(_alias_bomb())
+    assert spec.stat().st_size < 650  # the issue's was 609 bytes
+    tracemalloc.start()
+    try:
+        start = time.perf_counter()
+        r = run_cli_here("sweep", spec, "--list")
+        took = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert_one_line_error(r, f"{spec}: grid.batch_size: expected a list of integers, got [[\"lol\", ")
+    assert len(r.stderr) < 400  # the message shows 80 characters of the value, and serialised no more
+    assert took < 2.0 and peak < 300e6, (took, peak)
+
+
+def test_processes_has_an_upper_bound(tmp_path):
+    r = run_cli_here(*TINY, "--processes", "100000")
+    assert_one_line_error(r, "--processes: expected a whole number of processes from 1 to 100, got 100000")
+    assert r.stdout == ""
+    with pytest.raises(PerflabError, match="from 1 to 100, got 0"):
+        api.bench([], processes=0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from perflab.errors import show
 from perflab.spec import Case, check_integers, expand_grid, validate_case
 
 
@@ -93,6 +94,10 @@ def cases_for_model(model, **options) -> list[Case]:
     return make_cases(model=[name], **options)
 
 
+# bench --processes: each process starts, builds, warms up and times every case, one after another (10 s to minutes),
+# and the CI across processes narrows as 1/sqrt(N): 100 already cost 20 minutes to hours for an interval 5.8x narrower
+# than 3 give; 1000 would narrow it 3.2x more for 10x the time (100,000 would run for days).
+MAX_PROCESSES = 100
 DEMO_GPU_PROCESSES = 3  # perflab demo on a GPU: its CIs cover between-process variance (docs/performance.md, issue 22)
 
 
@@ -155,8 +160,9 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
         cases = cases_for_model(model, **case_options)
     elif case_options:
         raise PerflabError(f"options {', '.join(sorted(case_options))} describe cases: pass them with model=..., or build cases with make_cases")
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise PerflabError(f"--processes: expected a whole number of processes, 1 or more, got {processes!r}")
+    if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= MAX_PROCESSES:
+        raise PerflabError(f"--processes: expected a whole number of processes from 1 to {MAX_PROCESSES}, got {show(processes)} (each "
+                           f"builds, warms and times every case again, one after another; the CI across them narrows as 1/√N)")
     host = HostOptions(pin=pin, one_thread=one_thread)
     cases = list(cases or [])
     for case in cases:  # cases built in code, not by make_cases: nothing runs that could not be stored

@@ -84,7 +84,7 @@ OPT_PARALLEL = typer.Option(None, "--parallel", help="Train on several ranks, on
 OPT_RANK_GPUS = typer.Option(None, "--gpus", help="With --parallel: the GPUs of the ranks, e.g. 0,1 (one rank each).")
 OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the number of ranks (default: one per --gpus; "
                               "on the CPU, gloo processes).")
-OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes (this one, then fresh ones); "
+OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes, 1 to 100 (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 
 

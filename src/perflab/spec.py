@@ -24,7 +24,7 @@ from typing import Annotated, Any, Iterable, Literal
 
 import msgspec
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, show, show_int
 from perflab.references import is_reference
 from perflab.workloads import FAMILIES, SpecField, family_of, shape_defaults
 
@@ -216,13 +216,6 @@ _HINTS = typing.get_type_hints(Case)
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 
 
-def show_int(value: int) -> str:
-    """An integer as a message shows it: in full up to 30 digits, else its length (str() refuses past 4300 digits)."""
-    if value.bit_length() <= 100:
-        return str(value)
-    return f"{'-' if value < 0 else ''}an integer of about {int(value.bit_length() * math.log10(2)) + 1} digits"
-
-
 def check_int64(name: str, value) -> None:
     """PerflabError naming the field for an integer (or one inside a tuple or list) outside signed 64 bits."""
     for item in (value if isinstance(value, (tuple, list)) else (value,)):
@@ -251,7 +244,7 @@ def convert_field(name: str, value):
         if isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
             value = dict(value)
         if not isinstance(value, dict):
-            raise PerflabError(f"model_args: expected a mapping of dimension names to numbers, e.g. {{d_ff: 2048}}, got {value!r}")
+            raise PerflabError(f"model_args: expected a mapping of dimension names to numbers, e.g. {{d_ff: 2048}}, got {show(value)}")
         return tuple(sorted((str(k), convert_field("model_args." + str(k), v)) for k, v in value.items()))
     if name == "max_memory" and isinstance(value, str):
         from perflab.workloads import parse_bytes
@@ -259,7 +252,7 @@ def convert_field(name: str, value):
         try:
             size = parse_bytes(value)
         except ValueError:
-            raise PerflabError(f"max_memory: expected a size such as 24GiB, 24GB or 512MiB, got {value!r}") from None
+            raise PerflabError(f"max_memory: expected a size such as 24GiB, 24GB or 512MiB, got {show(value)}") from None
         check_int64(name, size)
         return size
     hint = _HINTS.get(name, float)
@@ -268,7 +261,7 @@ def convert_field(name: str, value):
     try:
         converted = msgspec.convert(value, type=hint)
     except msgspec.ValidationError as exc:
-        raise PerflabError(f"{name}: {_describe(exc, hint)}, got {value!r}") from None
+        raise PerflabError(f"{name}: {_describe(exc, hint)}, got {show(value)}") from None
     check_int64(name, converted)
     return converted
 
