@@ -266,8 +266,9 @@ def test_bad_process_counts_are_one_line():
     from perflab import api
     from perflab.errors import PerflabError
 
-    with pytest.raises(PerflabError, match=r"^--processes: expected a whole number of processes, 1 or more, got 0$"):
-        api.bench([], processes=0)
+    for bad in (0, 101):
+        with pytest.raises(PerflabError, match=rf"^--processes: expected a whole number of processes from 1 to 100, got {bad} \(each builds"):
+            api.bench([], processes=bad)
 
 
 def test_samples_of_several_processes_merge_into_one_row(tiny_interleaved_rows):

@@ -36,6 +36,7 @@ def run_checks(
     energy_unavailable: str | None,
     throttle_reasons: list[str],
     other_processes: list[int],
+    throttled_blocks: tuple[int, int] | None = None,
     tokens_expected: list[int] | None = None,
     tokens_seen: list[int] | None = None,
     finite: bool | None = None,
@@ -54,7 +55,8 @@ def run_checks(
     if energy_j is None:
         checks.append(Check("no_power", f"no power/energy reading: {energy_unavailable or 'unknown reason'}"))
     if throttle_reasons:
-        checks.append(Check("throttled", f"GPU clocks were throttled during the timed loop ({', '.join(throttle_reasons)})"))
+        where = "the timed loop" if throttled_blocks is None else f"{throttled_blocks[0]} of this case's {throttled_blocks[1]} timed blocks"
+        checks.append(Check("throttled", f"GPU clocks were throttled during {where} ({', '.join(throttle_reasons)})"))
     if other_processes:
         checks.append(Check("other_processes", f"other processes were using the GPU: pid {', '.join(map(str, other_processes))}"))
     if finite is False:
