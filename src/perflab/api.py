@@ -116,7 +116,7 @@ def demo_cases(device: str = "auto") -> list[Case]:
 
 def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None,
           pin: bool = True, one_thread: bool = True, *, interleave: bool = True, processes: int = 1, model=None, gpus: Sequence[int] | None = None,
-          **case_options) -> list[dict]:
+          inductor_cache=None, **case_options) -> list[dict]:
     """Measure the cases in this process (and, with ``processes`` > 1, in that many processes in all); an OOM or
     failure in one becomes its row and the rest still run.
 
@@ -139,6 +139,11 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
 
     Data-parallel cases (``parallel`` set) run one at a time, each on ``world_size`` fresh processes
     (``measure.parallel``): ``gpus`` are their CUDA devices (default 0..world_size-1).
+
+    ``inductor_cache``: a directory for inductor's caches, this process's and its children's (``paths.use_inductor_cache``):
+    a max-autotune case then takes the kernels an earlier process chose there instead of tuning afresh. Compiled rows
+    of the max-autotune modes carry ``autotune``, the kernels chosen; several processes that chose differently, or whose
+    medians are more than 3% apart, flag ``max_autotune_varies``.
 
     ``on_case(index, case, stage)`` is called as each case moves through its stages (for progress bars).
     ``memory_snapshot``: a path for the CUDA memory history pickle (memory_viz); with several cases, the
@@ -167,6 +172,10 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
     cases = list(cases or [])
     for case in cases:  # cases built in code, not by make_cases: nothing runs that could not be stored
         check_integers(case)
+    if inductor_cache is not None:
+        from perflab.paths import use_inductor_cache
+
+        use_inductor_cache(inductor_cache)
     if any(case.parallel for case in cases):
         return _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, pin=pin, one_thread=one_thread, interleave=interleave)
     if memory_snapshot is not None:
@@ -286,7 +295,7 @@ def spec_schema_json() -> str:
 
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
           workers: int = 1, timeout_s: float | None = None, command: str = "", on_event=None, engine: str = "local",
-          address: str | None = None, pin: bool = True, launcher: str | None = None):
+          address: str | None = None, pin: bool = True, launcher: str | None = None, inductor_cache=None):
     """Run an experiment, one subprocess per case, committing each row to ``OUT/results.sqlite`` at once.
 
     ``spec``: a YAML file, a spec dict (as YAML would give) or an Experiment. ``out`` defaults to the spec's
@@ -297,6 +306,8 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
     ``pin=False`` (or ``pin: false`` under the spec's ``harness``) times the cases unpinned (``measure.pinning``).
     ``launcher``: ``fork`` (default: each case's fresh process forked by a launcher that imported torch once per sweep)
     or ``exec`` (each a new interpreter; ``$PERFLAB_LAUNCHER`` sets the default). The Ray engine always execs.
+    ``inductor_cache``: a directory for inductor's caches, shared by every case's process (``paths.use_inductor_cache``;
+    on one host they share inductor's default one already; this one travels with the results, to another machine too).
     """
     from dataclasses import replace
     from pathlib import Path
@@ -304,6 +315,10 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
     from perflab.sweep.runner import run_sweep
 
     experiment = _experiment(spec)
+    if inductor_cache is not None:
+        from perflab.paths import use_inductor_cache
+
+        use_inductor_cache(inductor_cache)
     if not pin:
         experiment = replace(experiment, pin=False)
     out_dir = Path(out or experiment.out or Path("runs") / experiment.name)

@@ -84,6 +84,9 @@ OPT_PARALLEL = typer.Option(None, "--parallel", help="Train on several ranks, on
 OPT_RANK_GPUS = typer.Option(None, "--gpus", help="With --parallel: the GPUs of the ranks, e.g. 0,1 (one rank each).")
 OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the number of ranks (default: one per --gpus; "
                               "on the CPU, gloo processes).")
+OPT_INDUCTOR_CACHE = typer.Option(None, "--inductor-cache", help="A directory for inductor's caches (FX graphs, autotuning "
+                                  "choices), shared by every process this run starts: max-autotune then takes the kernels the first "
+                                  "process chose instead of tuning afresh (default: inductor's, /tmp/torchinductor_$USER, one host's).")
 OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes, 1 to 100 (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 
@@ -127,6 +130,7 @@ def bench(
     parallel: Optional[str] = OPT_PARALLEL,
     gpus: Optional[str] = OPT_RANK_GPUS,
     world_size: Optional[int] = OPT_WORLD_SIZE,
+    inductor_cache: Optional[Path] = OPT_INDUCTOR_CACHE,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -148,7 +152,8 @@ def bench(
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
-                                                          interleave=not no_interleave, processes=processes, gpus=ranks.gpus))
+                                                          interleave=not no_interleave, processes=processes, gpus=ranks.gpus,
+                                                          inductor_cache=inductor_cache))
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -224,7 +229,8 @@ def _rows_or_lost(run):
         return lost.rows, lost
 
 
-def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None):
+def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None,
+                       inductor_cache=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perflab import api
@@ -236,7 +242,7 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
             progress.update(task, completed=index, description=f"{case.label()}: {stage}")
 
         rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
-                         gpus=gpus)
+                         gpus=gpus, inductor_cache=inductor_cache)
         progress.update(task, completed=len(cases))
     return rows
 
@@ -279,6 +285,7 @@ def sweep(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="fork: each case's fresh process forked by a launcher that "
                                            "imported torch once for the sweep (default); exec: each a new interpreter "
                                            "(PERFLAB_LAUNCHER sets the default; --engine ray always execs)."),
+    inductor_cache: Optional[Path] = OPT_INDUCTOR_CACHE,
 ):
     """Run an experiment spec, one fresh process per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
@@ -294,7 +301,7 @@ def sweep(
         from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
                         timeout_s=timeout, command=command_line(_argv), on_event=RichProgress(err), engine=engine, address=address,
-                        pin=not no_pin, launcher=launcher)
+                        pin=not no_pin, launcher=launcher, inductor_cache=inductor_cache)
     _print_sweep_summary(summary)
 
 

@@ -57,3 +57,30 @@ def child_env(env: dict | None = None) -> dict:
     out = dict(os.environ if env is None else env)
     out["PYTHONPATH"] = os.pathsep.join([SRC] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != SRC])
     return out
+
+
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def use_inductor_cache(path) -> Path:
+    """Point inductor's on-disk caches (the FX graph cache and its autotuning results) at ``path``, for this process and
+    every process it starts (``--inductor-cache``): the first process to compile a max-autotune case tunes it, and every
+    later one, on this host or another given the same directory, reads those choices back instead of tuning again.
+    Without it, inductor's default (``/tmp/torchinductor_$USER``) is shared by the processes of one host only, and a
+    fresh machine tunes afresh. Call before anything compiles."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise PerflabError(f"--inductor-cache {path}: exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PerflabError(f"--inductor-cache {path}: cannot create the directory ({exc.strerror})") from None
+    path = path.resolve()
+    probe = path / ".perflab-write-test"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise PerflabError(f"--inductor-cache {path}: cannot write inductor's cache here ({exc.strerror})") from None
+    os.environ[INDUCTOR_CACHE_ENV] = str(path)
+    return path

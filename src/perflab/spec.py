@@ -30,6 +30,7 @@ from perflab.workloads import FAMILIES, SpecField, family_of, shape_defaults
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph", "compile:max-autotune-gemm")
+AUTOTUNE_MODES = ("compile:max-autotune", "compile:max-autotune-gemm")  # the modes whose kernels autotuning chooses
 ATTN_IMPLS = ("sdpa", "explicit")
 # lm training variants and their "not set" value (serialised only when set).
 TRAINING_VARIANTS = {"optimizer": None, "checkpoint_activations": False}

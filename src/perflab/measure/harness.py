@@ -38,7 +38,7 @@ import torch
 from perflab.errors import PerflabError
 from perflab.measure import sched
 from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, host_canary
-from perflab.measure.checks import MIN_TIMED_ITERS, compile_checks, run_checks
+from perflab.measure.checks import MIN_TIMED_ITERS, autotune_check, compile_checks, run_checks
 from perflab.measure.energy import THROTTLE_REASONS, case_view, open_monitor
 from perflab.measure.env import device_name, environment
 from perflab.measure.flops import FlopCache, count_flops_once, count_params
@@ -48,7 +48,7 @@ from perflab.measure.stats import hierarchical_ci, summarize
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
-from perflab.runtime.modes import compile_counters, compile_stats, make_step
+from perflab.runtime.modes import compile_counters, compile_stats, make_step, record_autotune
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
 from perflab.workloads.registry import implementation
@@ -184,6 +184,7 @@ class Prepared:
     flops_counted_in: str | None = None  # the case whose identical eager step was counted (a sweep's FLOP cache), if not this
     compile_stats: dict | None = None  # compile modes: what dynamo compiled in the first call and the warm-up (runtime.modes)
     compile_after: dict | None = None  # dynamo's counters when the case was warm: a frame compiled after it, compiled while timed
+    autotune: dict | None = None  # max-autotune modes: the kernels autotuning chose (runtime.modes.record_autotune)
 
 
 def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None, flop_cache=None) -> Prepared:
@@ -206,7 +207,7 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
     started = time.perf_counter()
     compiling = case.mode.startswith("compile")
     counters0 = compile_counters() if compiling else None
-    with intra_op_threads(case.device, host):  # as warm-up and timing run it: no recompile at the first warm-up step
+    with intra_op_threads(case.device, host), record_autotune(case.mode) as autotuned:  # no recompile at the first warm-up step
         step = make_step(built, case.mode)
         out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
         synchronize(case.device)
@@ -236,6 +237,8 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
     if compiling:
         prepared.compile_after = compile_counters()
         prepared.compile_stats = compile_stats(counters0, prepared.compile_after)
+    if autotuned is not None:
+        prepared.autotune = autotuned.result()
     if alloc0 is not None:
         prepared.alloc0 = alloc0
         prepared.resident_bytes = torch.cuda.memory_allocated() - alloc0
@@ -386,6 +389,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         timing_threads=thread.threads,
         first_step_s=prepared.first_step_s,
         **({"compile": dict(prepared.compile_stats)} if prepared.compile_stats is not None else {}),
+        **({"autotune": prepared.autotune} if prepared.autotune is not None else {}),
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )
@@ -877,6 +881,13 @@ def run_in_processes(cases, processes: int, *, host: HostOptions | None = None, 
     return rows
 
 
+def _autotune_brief(record: dict | None) -> dict | None:
+    """One process's autotuning, as a merged row keeps it: its signature, closest call and the FX graph cache's part."""
+    if not record:
+        return None
+    return {k: record.get(k) for k in ("signature", "closest_margin", "fx_graph_cache", "note") if record.get(k) is not None}
+
+
 def _merge_gpu_views(row: dict, ok: list[dict]) -> None:
     """The processes' GPU views as one: the clock ranges and throttle reasons (the case's own and the run's, in ``env``)
     over all processes, and the per-block fields (``energy.case_view``) counted over all, each block's clock in the
@@ -951,6 +962,11 @@ def merge_processes(cases, runs: list[list[dict]]) -> list[dict]:
         timing_fields(row, samples, procs, rounds)
         # every check but the spread's is the processes' (any one's flag stands); the spread is of the pooled samples
         checks = {f: w for r in ok for f, w in zip(r.get("flags") or [], r.get("warnings") or []) if f != "high_cv"}
+        if any(r.get("autotune") for r in ok):
+            row["autotune_processes"] = [_autotune_brief(r.get("autotune")) for r in ok]
+        varies = autotune_check(case.mode, [r.get("autotune") for r in ok], row["process_medians_ms"])
+        if varies is not None:
+            checks[varies.flag] = varies.message
         if "throttled" in checks and row.get("read_blocks"):
             checks["throttled"] = f"GPU clocks were throttled during {row['throttled_blocks']} of this case's {row['read_blocks']} timed " \
                                   f"blocks over {len(ok)} processes ({', '.join(row['env']['throttle_reasons'])})"

@@ -70,6 +70,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     parts = [_header(stored, common, family_summary(rows))]
     parts += _status_section(rows, unreadable)
     parts += cost_section(stored.rows)
+    parts += autotune_section(getattr(stored, "all_rows", stored.rows))
     for comparison in comparisons:
         parts += comparison_section(comparison, rows, plot_dir, common)
     if experiment and experiment.breakevens:
@@ -497,6 +498,44 @@ def _canary_line(rows: list[dict]) -> str | None:
                  + (f"{contended} row(s) carry it. " if contended else "no row carries it. "))
     exempt = exempt_line(rows)
     return line.rstrip() + (f" {exempt}" if exempt else "")
+
+
+def autotune_section(rows: list[dict]) -> list[str]:
+    """The kernels max-autotune chose: per case of a max-autotune mode with a recorded choice (``autotune``), its
+    processes or rows (a case measured in several processes by ``bench --processes``, or stored by several
+    environments), their medians and choices; where they differ or their medians spread over 3%, the statement
+    that the mode's kernel choice (or time) varies (``measure.checks.autotune_check``)."""
+    from perflab.measure.checks import autotune_check
+
+    by_case: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and (r.get("autotune") or r.get("autotune_processes")):
+            by_case.setdefault(r.get("case_id"), []).append(r)
+    if not by_case:
+        return []
+    body, said = [], []
+    for group in by_case.values():
+        records = [p for r in group for p in (r.get("autotune_processes") or [r.get("autotune")])]
+        medians = [m for r in group for m in (r.get("process_medians_ms") or [r.get("median_ms")])]
+        mode = case_fields(group[0]).get("mode") or group[0].get("mode")
+        check = autotune_check(mode, records, medians) if len(group) > 1 else next(
+            (autotune_check(mode, r["autotune_processes"], r.get("process_medians_ms") or []) for r in group if r.get("autotune_processes")), None)
+        signatures = [p.get("signature") or "cached" if p else "–" for p in records]
+        margins = [p["closest_margin"] for p in records if p and p.get("closest_margin") is not None]
+        body.append([_row_label(group[0]), str(len(medians)), " / ".join(f"{m:.3f}" for m in medians), ", ".join(signatures),
+                     f"{100 * min(margins):.1f}%" if margins else "–", "varies" if check else "same"])
+        if check:
+            said.append(f"- {_row_label(group[0])}: {_escape(check.message)}")
+    lines = ["## Kernels chosen by max-autotune",
+             "Each process that compiled a max-autotune case recorded the kernel inductor's autotuning kept for every tuned op (a "
+             "signature: equal signatures, equal kernels; the row's `autotune` holds each op's choice, its time and the runner-up's). "
+             "\"Closest call\": how much slower the runner-up was in the closest of them; a choice a few percent apart can flip "
+             "from one process to the next. \"cached\": inductor's FX graph cache served that process's compiled graph, with the "
+             "kernels of the compile that filled it.",
+             md_table(["Case", "Processes", "Median ms", "Choice signature", "Closest call", "Kernels / time"], body)]
+    if said:
+        lines += ["Where the mode's kernel choice or time varies (flag `max_autotune_varies`):", "\n".join(said)]
+    return lines
 
 
 def cost_section(rows: list[dict]) -> list[str]:
