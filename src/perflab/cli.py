@@ -505,6 +505,23 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(status)
 
 
+def run() -> None:
+    """The program's entry point (``perflab``, ``python -m perflab``): ``main``, then an exit bounded in time: if the
+    interpreter's teardown (a library's atexit handler, a thread it left) keeps the process alive a minute after the
+    command finished, the process ends with the command's status and says where it was stuck (``runtime.exit_watch``)."""
+    code = 1
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        raise
+    finally:
+        from perflab.runtime.exit_watch import arm
+
+        arm(code)
+
+
 def _fail(message: str, code: int) -> None:
     print(f"perflab: error: {message}", file=sys.stderr)
     sys.exit(code)
