@@ -96,4 +96,4 @@ def test_inductor_cache_points_this_process_and_its_children_at_one_directory(tm
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "cache").resolve()) and (tmp_path / "cache").is_dir()
     (tmp_path / "file").write_text("")
     r = run_cli_here("bench", "--model", "test:tiny", "--device", "cpu", "--inductor-cache", tmp_path / "file")
-    assert_one_line_error(r, f"--inductor-cache {tmp_path / 'file'}: exists and is not a directory")
+    assert_one_line_error(r, f"{tmp_path / 'file'}: exists and is not a directory; give --inductor-cache a directory")

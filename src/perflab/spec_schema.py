@@ -24,7 +24,7 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from perflab.errors import PerflabError, show
-from perflab.spec import COMMON_SPEC_FIELDS, Case, convert_field, parse_parallel
+from perflab.spec import COMMON_SPEC_FIELDS, INT64_MAX, Case, convert_field, parse_parallel
 from perflab.workloads import FAMILIES, SpecField
 
 SCHEDULING_FIELDS = {"gpu": SpecField(str, "a GPU type, e.g. H100", "GPU types, e.g. [H100, H200]")}  # not in case ids
@@ -83,7 +83,7 @@ def _described(tp, text: str):
     return Annotated[tp, Meta(description=text)]
 
 
-_WHOLE = Meta(ge=0)
+_WHOLE = Meta(ge=0, le=INT64_MAX)  # stored and handed on as signed 64-bit integers, as every integer of a spec
 HARNESS_CASE_FIELDS = ("warmup", "min_time", "iters", "repeats")  # the repeats policy, as harness: gives it
 _HARNESS_CASE = {k: _CASE[k] for k in HARNESS_CASE_FIELDS}
 
