@@ -145,3 +145,20 @@ def test_a_fit_that_agrees_adds_no_warning():
     r = find_breakeven(n, [[v] for v in base], n, [[v] for v in var], n_boot=100)
     assert r.crossover_tokens == pytest.approx(400, rel=1e-6)
     assert r.fit_agrees_with_measurements and "BUT" not in r.summary()
+
+
+def test_the_ci_holds_its_estimate_even_from_few_or_skewed_replicates():
+    """Issue 39: one replicate gave '95% CI 389–389' around an estimate of 387. A percentile interval that misses its
+    estimate (few replicates, a skewed bootstrap distribution) is widened to hold it; the percentiles stay the ends."""
+    missed = 0
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        base, var = noisy_samples(baseline_ms, rng, cv=0.1, k=5), noisy_samples(variant_ms, rng, cv=0.1, k=5)
+        for n_boot in (1, 3, 100):
+            result = find_breakeven(TOKENS, base, TOKENS, var, n_boot=n_boot, seed=seed)
+            lo, hi = result.crossover_ci
+            assert lo <= result.crossover_tokens <= hi
+            missed += n_boot == 1 and result.crossover_tokens in (lo, hi)  # the one replicate's crossing was elsewhere
+    assert missed >= 10  # without the widening, those intervals would have excluded their estimate
+    with pytest.raises(ValueError, match="n_boot must be a whole number of bootstrap replicates, 1 or more, got 0"):
+        find_breakeven(TOKENS, base, TOKENS, var, n_boot=0)

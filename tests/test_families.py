@@ -33,7 +33,7 @@ def test_stored_cases_of_perflab_0_1_keep_their_ids():
 def test_a_store_of_perflab_0_1_reports_every_case(tmp_path):
     out = tmp_path / "tr"
     shutil.copytree(REPORT, out)
-    text = api.report(out, n_boot=50).read_text()
+    text = api.report(out, n_boot=100).read_text()
     assert "72 cases: 72 ok." in text
     assert "not run" not in text
     assert len(api.results(out)) == 72

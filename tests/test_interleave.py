@@ -266,8 +266,9 @@ def test_bad_process_counts_are_one_line():
     from perflab import api
     from perflab.errors import PerflabError
 
-    with pytest.raises(PerflabError, match=r"^--processes: expected a whole number of processes, 1 or more, got 0$"):
-        api.bench([], processes=0)
+    for bad in (0, 101):
+        with pytest.raises(PerflabError, match=rf"^--processes: expected a whole number of processes from 1 to 100, got {bad} \(each builds"):
+            api.bench([], processes=bad)
 
 
 def test_samples_of_several_processes_merge_into_one_row(tiny_interleaved_rows):
@@ -393,3 +394,23 @@ def test_a_process_that_fails_leaves_the_rows_of_those_that_finished_with_a_warn
         assert row["processes"] == 1 and row["median_ms"] == pytest.approx(one["median_ms"])
         assert row["warnings"][-1].startswith("process 2 of 3 failed (BrokenProcessPool: A process in the process pool")
         assert row["warnings"][-1].endswith("the rows pool the 1 that finished")
+
+
+def test_processes_of_a_max_autotune_case_that_chose_differently_are_flagged(tiny_interleaved_rows):
+    """Issue 39: the merged row keeps each process's choice of kernels and says where they differ."""
+    from dataclasses import replace
+
+    from perflab.measure.harness import merge_processes
+
+    rows, cases = tiny_interleaved_rows
+    tuned = [replace(c, mode="compile:max-autotune") for c in cases]
+    runs = [[dict(r, autotune={"signature": sig, "closest_margin": 0.01, "ops": [], "fx_graph_cache": {"hit": 0, "miss": 1, "bypass": 0}},
+                  median_ms=r["median_ms"] * f, samples_ms=[v * f for v in r["samples_ms"]]) for r in rows]
+            for sig, f in (("aaaaaaaaaaaa", 1.0), ("bbbbbbbbbbbb", 1.01), ("aaaaaaaaaaaa", 1.0))]
+    merged = merge_processes(tuned, runs)
+    for row in merged:
+        assert [p["signature"] for p in row["autotune_processes"]] == ["aaaaaaaaaaaa", "bbbbbbbbbbbb", "aaaaaaaaaaaa"]
+        assert "max_autotune_varies" in row["flags"]
+        assert any(w.startswith("compile:max-autotune's kernel choice varies: 2 different choices of kernels in 3 processes") for w in row["warnings"])
+    same = merge_processes(tuned, [runs[0], runs[0], runs[0]])
+    assert all("max_autotune_varies" not in row["flags"] for row in same)  # the same kernels, the same times

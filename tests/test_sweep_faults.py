@@ -14,19 +14,40 @@ from perflab.sweep.store import Store
 FAST = {"device": "cpu", "input_size": 32, "warmup": 1, "iters": 5, "repeats": 5}
 
 
-def test_planted_faults_become_rows_and_the_other_cases_finish(tmp_path):
+def test_planted_faults_become_rows_and_the_other_cases_finish(tmp_path, monkeypatch):
     spec = {
         "defaults": FAST,
         "harness": {"timeout_s": 12},  # generous for a slow CI machine; only test:hangs reaches it
-        "cases": [{"model": "test:hangs"}, {"model": "test:tiny"}, {"model": "test:oom"}, {"model": "test:crashes"},
-                  {"model": "test:fails"}, {"model": "test:tiny", "batch_size": 2}],
+        "cases": [{"model": "test:hangs"}, {"model": "test:tiny"}, {"model": "test:oom"}, {"model": "test:tiny", "batch_size": 3},
+                  {"model": "test:crashes"}, {"model": "test:fails"}, {"model": "test:tiny", "batch_size": 2}],
     }
+    # Issue 39: a row SQLite refuses (here an integer past 64 bits, planted in the bs3 case's row as the parent reads
+    # it) is stored as an error row saying why, and the cases after it still run.
+    finished = runner._finished_row
+
+    def planted(job, env, timeout_s):
+        row = finished(job, env, timeout_s)
+        if row is not None and job.case.batch_size == 3:
+            row["batch_size"] = row["case"]["batch_size"] = 10 ** 26
+        return row
+
+    monkeypatch.setattr(runner, "_finished_row", planted)
     # Three workers side by side, as GPUs would be: the hang sleeps in one while the others share the cores.
     summary = api.sweep(spec, tmp_path, workers=3)
-    assert summary.counts == {"ok": 2, "oom": 1, "error": 2, "timeout": 1}
-    assert summary.done == 6 and not summary.interrupted
+    assert summary.counts == {"ok": 2, "oom": 1, "error": 3, "timeout": 1}
+    assert summary.done == 7 and not summary.interrupted
     rows = {(r["model"], r["batch_size"]): r for r in api.results(tmp_path)}
-    assert len(rows) == 6
+    assert len(rows) == 7
+    unstorable = rows.pop(("test:tiny", None))
+    assert unstorable["status"] == "error" and unstorable["case"]["batch_size"] is None and unstorable["median_ms"] > 0  # what was measured is kept
+    assert unstorable["message"] == ("this row could not be stored as measured (OverflowError: Python int too large to convert to SQLite "
+                                     "INTEGER); case.batch_size, batch_size stored as null; it was ok")
+    with Store.open(tmp_path) as store:  # complete; --resume has nothing left to run, --retry-failed runs it again
+        env_key = store.env_keys()[0]
+        assert store.sweeps()[-1]["outcome"] == "complete"
+        todo = runner._cases_to_run(parse_experiment(spec, "x.yaml"), store, env_key, tmp_path, True, True)
+        assert [(c.model, c.batch_size) for c in todo] == [("test:hangs", 1), ("test:tiny", 3), ("test:crashes", 1), ("test:fails", 1)]
+        assert runner._cases_to_run(parse_experiment(spec, "x.yaml"), store, env_key, tmp_path, True, False) == []
     assert rows[("test:oom", 1)]["status"] == "oom" and "out of memory" in rows[("test:oom", 1)]["message"]
     crashed = rows[("test:crashes", 1)]
     assert crashed["status"] == "error" and "worker exited with status 134 without a result" in crashed["message"]
@@ -129,3 +150,4 @@ def test_a_second_sweep_into_the_same_directory_is_refused_while_one_runs(tmp_pa
         with pytest.raises(PerflabError, match=rf"another sweep \(pid {os.getpid()} on .*\) is writing here"):
             api.sweep(experiment, tmp_path, resume=True)
     assert not (tmp_path / "results.sqlite").exists()
+

@@ -247,7 +247,7 @@ def test_report_has_a_cross_gpu_table_and_results_name_node_and_gpu(tmp_path):
     # The main tables show one GPU type (that of the key with most rows); the cross-GPU table shows every row.
     assert [r["node_host"] for r in stored.rows] == ["h200-1", "h200-1"] and sorted(stored.other_env_keys) == sorted([keys["h100-1"], keys["h100-2"]])
     assert len(stored.all_rows) == 4
-    text = api.report(tmp_path, n_boot=10).read_text()
+    text = api.report(tmp_path, n_boot=100).read_text()
     assert "## Across GPU types" in text
     assert "| test:tiny 224px bs1 fp32 eager | 100.00 | 150.00 | 1.500× |" in text
     assert "| test:tiny 224px bs2 fp32 eager | 180.00 | 198.00 | 1.100× |" in text

@@ -1,3 +1,3 @@
-from perflab.cli import main
+from perflab.cli import run
 
-main()
+run()

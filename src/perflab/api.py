@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-from perflab.spec import Case, expand_grid, validate_case
+from perflab.errors import show
+from perflab.spec import Case, check_integers, expand_grid, validate_case
 
 
 def make_cases(
@@ -93,6 +94,10 @@ def cases_for_model(model, **options) -> list[Case]:
     return make_cases(model=[name], **options)
 
 
+# bench --processes: each process starts, builds, warms up and times every case, one after another (10 s to minutes),
+# and the CI across processes narrows as 1/sqrt(N): 100 already cost 20 minutes to hours for an interval 5.8x narrower
+# than 3 give; 1000 would narrow it 3.2x more for 10x the time (100,000 would run for days).
+MAX_PROCESSES = 100
 DEMO_GPU_PROCESSES = 3  # perflab demo on a GPU: its CIs cover between-process variance (docs/performance.md, issue 22)
 
 
@@ -111,7 +116,7 @@ def demo_cases(device: str = "auto") -> list[Case]:
 
 def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str], None] | None = None, memory_snapshot=None,
           pin: bool = True, one_thread: bool = True, *, interleave: bool = True, processes: int = 1, model=None, gpus: Sequence[int] | None = None,
-          **case_options) -> list[dict]:
+          inductor_cache=None, **case_options) -> list[dict]:
     """Measure the cases in this process (and, with ``processes`` > 1, in that many processes in all); an OOM or
     failure in one becomes its row and the rest still run.
 
@@ -135,6 +140,11 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
     Data-parallel cases (``parallel`` set) run one at a time, each on ``world_size`` fresh processes
     (``measure.parallel``): ``gpus`` are their CUDA devices (default 0..world_size-1).
 
+    ``inductor_cache``: a directory for inductor's caches, this process's and its children's (``paths.use_inductor_cache``):
+    a max-autotune case then takes the kernels an earlier process chose there instead of tuning afresh. Compiled rows
+    of the max-autotune modes carry ``autotune``, the kernels chosen; several processes that chose differently, or whose
+    medians are more than 3% apart, flag ``max_autotune_varies``.
+
     ``on_case(index, case, stage)`` is called as each case moves through its stages (for progress bars).
     ``memory_snapshot``: a path for the CUDA memory history pickle (memory_viz); with several cases, the
     case id is added to each file's name, and each case is timed alone. Rows whose host canary is more than 15%
@@ -155,10 +165,17 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
         cases = cases_for_model(model, **case_options)
     elif case_options:
         raise PerflabError(f"options {', '.join(sorted(case_options))} describe cases: pass them with model=..., or build cases with make_cases")
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
-        raise PerflabError(f"--processes: expected a whole number of processes, 1 or more, got {processes!r}")
+    if isinstance(processes, bool) or not isinstance(processes, int) or not 1 <= processes <= MAX_PROCESSES:
+        raise PerflabError(f"--processes: expected a whole number of processes from 1 to {MAX_PROCESSES}, got {show(processes)} (each "
+                           f"builds, warms and times every case again, one after another; the CI across them narrows as 1/√N)")
     host = HostOptions(pin=pin, one_thread=one_thread)
     cases = list(cases or [])
+    for case in cases:  # cases built in code, not by make_cases: nothing runs that could not be stored
+        check_integers(case)
+    if inductor_cache is not None:
+        from perflab.paths import use_inductor_cache
+
+        use_inductor_cache(inductor_cache)
     if any(case.parallel for case in cases):
         return _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, pin=pin, one_thread=one_thread, interleave=interleave)
     if memory_snapshot is not None:
@@ -278,7 +295,7 @@ def spec_schema_json() -> str:
 
 def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, gpus: Sequence[int] | None = None,
           workers: int = 1, timeout_s: float | None = None, command: str = "", on_event=None, engine: str = "local",
-          address: str | None = None, pin: bool = True, launcher: str | None = None):
+          address: str | None = None, pin: bool = True, launcher: str | None = None, inductor_cache=None):
     """Run an experiment, one subprocess per case, committing each row to ``OUT/results.sqlite`` at once.
 
     ``spec``: a YAML file, a spec dict (as YAML would give) or an Experiment. ``out`` defaults to the spec's
@@ -289,6 +306,8 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
     ``pin=False`` (or ``pin: false`` under the spec's ``harness``) times the cases unpinned (``measure.pinning``).
     ``launcher``: ``fork`` (default: each case's fresh process forked by a launcher that imported torch once per sweep)
     or ``exec`` (each a new interpreter; ``$PERFLAB_LAUNCHER`` sets the default). The Ray engine always execs.
+    ``inductor_cache``: a directory for inductor's caches, shared by every case's process (``paths.use_inductor_cache``;
+    on one host they share inductor's default one already; this one travels with the results, to another machine too).
     """
     from dataclasses import replace
     from pathlib import Path
@@ -296,6 +315,10 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
     from perflab.sweep.runner import run_sweep
 
     experiment = _experiment(spec)
+    if inductor_cache is not None:
+        from perflab.paths import use_inductor_cache
+
+        use_inductor_cache(inductor_cache)
     if not pin:
         experiment = replace(experiment, pin=False)
     out_dir = Path(out or experiment.out or Path("runs") / experiment.name)
@@ -323,19 +346,33 @@ def sweep(spec, out=None, *, resume: bool = False, retry_failed: bool = False, g
                      workers=workers, timeout_s=timeout_s, command=command, on_event=on_event, launcher=launcher)
 
 
-def results(out_dir, env_key: str | None = None) -> list[dict]:
-    """The rows stored in a sweep directory (each with its ``env_key``), in the order they were stored."""
+def results(out_dir, env_key: str | None = None, on_unreadable=None) -> list[dict]:
+    """The rows stored in a sweep directory (each with its ``env_key``), in the order they were stored. A row that
+    cannot be decoded is left out and passed to ``on_unreadable`` (a ``store.Unreadable``; a warning without it); a
+    store with damaged pages is one PerflabError naming the file."""
     from perflab.sweep.store import read_rows
 
-    return read_rows(out_dir, env_key)
+    return read_rows(out_dir, env_key, on_unreadable=on_unreadable)
 
 
-def report(out_dir, *, n_boot: int = 2000, spec=None):
+def report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None):
     """Write ``OUT/report.md`` (seed-shaped tables, break-even) and its PNG plots; returns the report's path.
-    ``spec``: the experiment to count the cases of (default: the store's latest sweep's)."""
+    ``spec``: the experiment to count the cases of (default: the store's latest sweep's). ``on_unreadable``: as
+    ``results``; the report names those records too."""
     from perflab.report.markdown import write_report
 
-    return write_report(out_dir, n_boot=n_boot, spec=spec)
+    check_bootstrap(n_boot)
+    return write_report(out_dir, n_boot=n_boot, spec=spec, on_unreadable=on_unreadable)
+
+
+def check_bootstrap(n_boot) -> None:
+    """PerflabError (one line) unless ``n_boot`` is a whole number of bootstrap replicates in the range a CI can rest on."""
+    from perflab.analysis.breakeven import MAX_BOOT, MIN_BOOT
+    from perflab.errors import PerflabError
+
+    if isinstance(n_boot, bool) or not isinstance(n_boot, int) or not MIN_BOOT <= n_boot <= MAX_BOOT:
+        raise PerflabError(f"--bootstrap: expected a whole number of replicates from {MIN_BOOT} to {MAX_BOOT:,}, got {n_boot!r} "
+                           f"(fewer put each end of a 95% CI on one or two replicates)")
 
 
 def breakeven_experiment(
@@ -382,6 +419,7 @@ def breakeven(out_dir, *, n_boot: int = 2000, seed: int = 0) -> list:
     from perflab.errors import PerflabError
     from perflab.sweep.store import load_stored
 
+    check_bootstrap(n_boot)
     stored = load_stored(out_dir)
     if stored.experiment is None or not stored.experiment.breakevens:
         raise PerflabError(f"{out_dir}: the stored experiment has no breakeven section; run `perflab breakeven ...` or add one to the spec")

@@ -86,7 +86,10 @@ OPT_PARALLEL = typer.Option(None, "--parallel", help="Train on several ranks, on
 OPT_RANK_GPUS = typer.Option(None, "--gpus", help="With --parallel: the GPUs of the ranks, e.g. 0,1 (one rank each).")
 OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the number of ranks (default: one per --gpus; "
                               "on the CPU, gloo processes).")
-OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes (this one, then fresh ones); "
+OPT_INDUCTOR_CACHE = typer.Option(None, "--inductor-cache", help="A directory for inductor's caches (FX graphs, autotuning "
+                                  "choices), shared by every process this run starts: max-autotune then takes the kernels the first "
+                                  "process chose instead of tuning afresh (default: inductor's, /tmp/torchinductor_$USER, one host's).")
+OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes, 1 to 100 (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 
 
@@ -129,6 +132,7 @@ def bench(
     parallel: Optional[str] = OPT_PARALLEL,
     gpus: Optional[str] = OPT_RANK_GPUS,
     world_size: Optional[int] = OPT_WORLD_SIZE,
+    inductor_cache: Optional[Path] = OPT_INDUCTOR_CACHE,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -150,7 +154,8 @@ def bench(
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
-                                                          interleave=not no_interleave, processes=processes, gpus=ranks.gpus))
+                                                          interleave=not no_interleave, processes=processes, gpus=ranks.gpus,
+                                                          inductor_cache=inductor_cache))
     _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
@@ -226,7 +231,8 @@ def _rows_or_lost(run):
         return lost.rows, lost
 
 
-def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None):
+def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None,
+                       inductor_cache=None):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from perflab import api
@@ -238,7 +244,7 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
             progress.update(task, completed=index, description=f"{case.label()}: {stage}")
 
         rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
-                         gpus=gpus)
+                         gpus=gpus, inductor_cache=inductor_cache)
         progress.update(task, completed=len(cases))
     return rows
 
@@ -281,6 +287,7 @@ def sweep(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="fork: each case's fresh process forked by a launcher that "
                                            "imported torch once for the sweep (default); exec: each a new interpreter "
                                            "(PERFLAB_LAUNCHER sets the default; --engine ray always execs)."),
+    inductor_cache: Optional[Path] = OPT_INDUCTOR_CACHE,
 ):
     """Run an experiment spec, one fresh process per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
@@ -296,7 +303,7 @@ def sweep(
         from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
                         timeout_s=timeout, command=command_line(_argv), on_event=RichProgress(err), engine=engine, address=address,
-                        pin=not no_pin, launcher=launcher)
+                        pin=not no_pin, launcher=launcher, inductor_cache=inductor_cache)
     _print_sweep_summary(summary)
 
 
@@ -312,7 +319,8 @@ def results(
 
     if fmt not in FORMATS:
         raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
-    rows = api.results(out_dir)
+    unreadable = []
+    rows = api.results(out_dir, on_unreadable=_warn_unreadable(out_dir, unreadable))
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
     elif fmt == "csv":
@@ -320,7 +328,8 @@ def results(
     else:
         from perflab.report.console import exempt_line
 
-        out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results"))
+        skipped = f" ({len(unreadable)} unreadable, skipped)" if unreadable else ""
+        out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results{skipped}"))
         line = exempt_line(rows)
         if line:
             out.print(line, soft_wrap=True, markup=False)
@@ -348,15 +357,25 @@ def spec_schema(
 @app.command()
 def report(
     out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
-    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for break-even CIs."),
+    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for break-even CIs (a whole number, 100 to 100,000)."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="The experiment whose cases to count and mark 'not run' "
                                         "(default: the store's latest sweep's, which is a subset if that sweep ran one)."),
 ):
     """Write OUT/report.md: seed-shaped tables with CIs and flags, plots (PNG) beside it, environment, spec."""
     from perflab import api
 
-    path = api.report(out_dir, n_boot=n_boot, spec=spec)
-    out.print(f"wrote {path}", soft_wrap=True, markup=False)
+    unreadable = []
+    path = api.report(out_dir, n_boot=n_boot, spec=spec, on_unreadable=_warn_unreadable(out_dir, unreadable))
+    skipped = f" ({len(unreadable)} unreadable stored record(s) left out, named in its Status section)" if unreadable else ""
+    out.print(f"wrote {path}{skipped}", soft_wrap=True, markup=False)
+
+
+def _warn_unreadable(out_dir, seen: list):
+    """A callback for the store's unreadable records: one warning line each on stderr, kept in ``seen``."""
+    def warn(item):
+        seen.append(item)
+        err.print(f"warning: {out_dir}: {item.line()}", markup=False)
+    return warn
 
 
 @app.command()
@@ -379,7 +398,7 @@ def breakeven(
     resume: bool = typer.Option(False, "--resume", help="Skip the cases already stored for this environment."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPUs to use, e.g. 0,1: one worker per GPU."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (600)."),
-    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for the CIs."),
+    n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for the CIs (a whole number, 100 to 100,000)."),
 ):
     """Find the token count where the variant starts beating the baseline: measure both across input sizes,
     fit t(n) = a + b·n + c·n² to each, report the crossover with a bootstrap CI, and plot it."""
@@ -388,6 +407,7 @@ def breakeven(
 
     if len(model) != 1:
         raise PerflabError(f"--model: give one baseline model, got {len(model)}")
+    api.check_bootstrap(n_boot)  # before the sweep, not after it
     experiment = api.breakeven_experiment(
         model[0], variant, input_sizes, batch_size=batch_size, dtype=dtype, mode=mode, device=device, keep_rate=keep_rate,
         reduction_loc=reduction_loc, attn=attn, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, timeout_s=timeout,
@@ -506,6 +526,23 @@ def main(argv: list[str] | None = None) -> None:
         # Without standalone mode, click returns the code of a typer.Exit(code) instead of exiting.
         if isinstance(status, int) and status:
             sys.exit(status)
+
+
+def run() -> None:
+    """The program's entry point (``perflab``, ``python -m perflab``): ``main``, then an exit bounded in time: if the
+    interpreter's teardown (a library's atexit handler, a thread it left) keeps the process alive a minute after the
+    command finished, the process ends with the command's status and says where it was stuck (``runtime.exit_watch``)."""
+    code = 1
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        raise
+    finally:
+        from perflab.runtime.exit_watch import arm
+
+        arm(code)
 
 
 def _fail(message: str, code: int) -> None:

@@ -10,15 +10,15 @@ from perflab.errors import PerflabError
 SRC = str(Path(__file__).resolve().parents[1])  # the directory this perflab is imported from
 
 
-def make_out_dir(out_dir) -> Path:
-    """Create the output directory (and parents), or say in one line why it cannot be."""
+def make_out_dir(out_dir, flag: str = "--out") -> Path:
+    """Create the output directory (and parents), or say in one line why it cannot be (``flag``: the option that named it)."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise PerflabError(f"{out_dir}: exists and is not a directory; give --out a directory")
+        raise PerflabError(f"{out_dir}: exists and is not a directory; give {flag} a directory")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise PerflabError(f"{out_dir}: cannot create the output directory ({exc.strerror})") from None
+        raise PerflabError(f"{out_dir}: cannot create the {'output' if flag == '--out' else flag} directory ({exc.strerror})") from None
     return out_dir
 
 
@@ -57,3 +57,23 @@ def child_env(env: dict | None = None) -> dict:
     out = dict(os.environ if env is None else env)
     out["PYTHONPATH"] = os.pathsep.join([SRC] + [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != SRC])
     return out
+
+
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def use_inductor_cache(path) -> Path:
+    """Point inductor's on-disk caches (the FX graph cache and its autotuning results) at ``path``, for this process and
+    every process it starts (``--inductor-cache``): the first process to compile a max-autotune case tunes it, and every
+    later one, on this host or another given the same directory, reads those choices back instead of tuning again.
+    Without it, inductor's default (``/tmp/torchinductor_$USER``) is shared by the processes of one host only, and a
+    fresh machine tunes afresh. Call before anything compiles."""
+    path = make_out_dir(path, "--inductor-cache").resolve()
+    probe = path / ".perflab-write-test"
+    try:
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise PerflabError(f"{path}: cannot write inductor's cache here ({exc.strerror}); give --inductor-cache another directory") from None
+    os.environ[INDUCTOR_CACHE_ENV] = str(path)
+    return path

@@ -24,12 +24,13 @@ from typing import Annotated, Any, Iterable, Literal
 
 import msgspec
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, show, show_int
 from perflab.references import is_reference
 from perflab.workloads import FAMILIES, SpecField, family_of, shape_defaults
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph", "compile:max-autotune-gemm")
+AUTOTUNE_MODES = ("compile:max-autotune", "compile:max-autotune-gemm")  # the modes whose kernels autotuning chooses
 ATTN_IMPLS = ("sdpa", "explicit")
 # lm training variants and their "not set" value (serialised only when set).
 TRAINING_VARIANTS = {"optimizer": None, "checkpoint_activations": False}
@@ -211,6 +212,28 @@ class Case:
 
 _HINTS = typing.get_type_hints(Case)
 
+# Every integer of a case is stored (SQLite's INTEGER: signed 64-bit) and handed to torch (sizes and seeds: int64) and
+# numpy (int64 columns); past these bounds one of them fails only once the case runs, or its row cannot be stored.
+INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+
+def check_int64(name: str, value) -> None:
+    """PerflabError naming the field for an integer (or one inside a tuple or list) outside signed 64 bits."""
+    for item in (value if isinstance(value, (tuple, list)) else (value,)):
+        if isinstance(item, (tuple, list)):
+            check_int64(name, item)
+        elif isinstance(item, int) and not isinstance(item, bool) and not INT64_MIN <= item <= INT64_MAX:
+            raise PerflabError(f"{name}: {show_int(item)} is past the integers perflab can store and run (signed 64-bit, "
+                               f"-2^63 to 2^63-1, as SQLite, torch and numpy hold them)")
+
+
+def check_integers(case: "Case") -> None:
+    """Every integer field of a case within signed 64 bits (``check_int64``); a Case built in code is checked here
+    before anything runs."""
+    for f in fields(case):
+        value = getattr(case, f.name)
+        check_int64(f.name, [v for _, v in value] if f.name == "model_args" else value)
+
 
 def convert_field(name: str, value):
     """One Case field's value, type-checked by msgspec (ints stay ints; lists become tuples); PerflabError if wrong."""
@@ -222,22 +245,26 @@ def convert_field(name: str, value):
         if isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value):
             value = dict(value)
         if not isinstance(value, dict):
-            raise PerflabError(f"model_args: expected a mapping of dimension names to numbers, e.g. {{d_ff: 2048}}, got {value!r}")
+            raise PerflabError(f"model_args: expected a mapping of dimension names to numbers, e.g. {{d_ff: 2048}}, got {show(value)}")
         return tuple(sorted((str(k), convert_field("model_args." + str(k), v)) for k, v in value.items()))
     if name == "max_memory" and isinstance(value, str):
         from perflab.workloads import parse_bytes
 
         try:
-            return parse_bytes(value)
+            size = parse_bytes(value)
         except ValueError:
-            raise PerflabError(f"max_memory: expected a size such as 24GiB, 24GB or 512MiB, got {value!r}") from None
+            raise PerflabError(f"max_memory: expected a size such as 24GiB, 24GB or 512MiB, got {show(value)}") from None
+        check_int64(name, size)
+        return size
     hint = _HINTS.get(name, float)
     if name.startswith("model_args."):
         hint = int | float | str
     try:
-        return msgspec.convert(value, type=hint)
+        converted = msgspec.convert(value, type=hint)
     except msgspec.ValidationError as exc:
-        raise PerflabError(f"{name}: {_describe(exc, hint)}, got {value!r}") from None
+        raise PerflabError(f"{name}: {_describe(exc, hint)}, got {show(value)}") from None
+    check_int64(name, converted)
+    return converted
 
 
 def _describe(exc: msgspec.ValidationError, hint) -> str:
@@ -328,6 +355,7 @@ def _validate_parallel(case: Case, family) -> None:
 def validate_case(case: Case) -> Case:
     """Raise PerflabError (one line, says how to fix) for anything that cannot be measured; returns the
     case normalised by its family (sorted reduction locations, ...)."""
+    check_integers(case)  # before a reference is built to find its family
     case = resolve_family(case)
     case = Case.from_dict(case.to_dict() | _foreign_fields(case))
     family = case.family_spec

@@ -23,8 +23,8 @@ from typing import Annotated, Any, ClassVar, Union, get_args, get_origin, get_ty
 import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from perflab.errors import PerflabError
-from perflab.spec import COMMON_SPEC_FIELDS, Case, convert_field, parse_parallel
+from perflab.errors import PerflabError, show
+from perflab.spec import COMMON_SPEC_FIELDS, INT64_MAX, Case, convert_field, parse_parallel
 from perflab.workloads import FAMILIES, SpecField
 
 SCHEDULING_FIELDS = {"gpu": SpecField(str, "a GPU type, e.g. H100", "GPU types, e.g. [H100, H200]")}  # not in case ids
@@ -83,7 +83,7 @@ def _described(tp, text: str):
     return Annotated[tp, Meta(description=text)]
 
 
-_WHOLE = Meta(ge=0)
+_WHOLE = Meta(ge=0, le=INT64_MAX)  # stored and handed on as signed 64-bit integers, as every integer of a spec
 HARNESS_CASE_FIELDS = ("warmup", "min_time", "iters", "repeats")  # the repeats policy, as harness: gives it
 _HARNESS_CASE = {k: _CASE[k] for k in HARNESS_CASE_FIELDS}
 
@@ -198,7 +198,7 @@ class _Values:
             self.models[value] = self.model(key, value)
         if field == "gpu":
             if not value.strip():
-                self.fail(key, f"expected {SCHEDULING_FIELDS['gpu'].kind}, got {value!r}")
+                self.fail(key, f"expected {SCHEDULING_FIELDS['gpu'].kind}, got {show(value)}")
             return value.strip()
         if field in ("keep_rate", "reduction_loc") and value == []:
             self.fail(key, f"expected {_CASE[field].kind}, got []")
@@ -288,7 +288,7 @@ def explain(error: str, data) -> tuple[str, str]:
     path, field = _render(at), (at[-1] if at and isinstance(at[-1], str) else "")
     if what.startswith("Invalid enum value") and field in _CASE:
         bad = re.search(r"'(.*)'", what)
-        return path, f"unknown {field} {bad[1] if bad else value!r}; choose one of {', '.join(_enum(_CASE[field].type))}"
+        return path, f"unknown {field} {show(bad[1] if bad else value)}; choose one of {', '.join(_enum(_CASE[field].type))}"
     if "length >= 1" in what and value == []:
         return path, "empty list; give at least one value"
     if text:  # inside a list or mapping the key holds, the place and the value that failed too
@@ -395,9 +395,3 @@ def _render(parts) -> str:
 
 def _type_name(value) -> str:
     return {dict: "a mapping", list: "a list", str: "a string"}.get(type(value), type(value).__name__)
-
-
-def show(value) -> str:
-    """A value as a message shows it (JSON for lists and mappings), cut at 80 characters."""
-    text = json.dumps(value, default=str) if isinstance(value, (list, dict)) else repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

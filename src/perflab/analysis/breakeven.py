@@ -27,6 +27,9 @@ import numpy as np
 
 PATCH_SIZE = 16
 LEVEL = 0.95
+# Bootstrap replicates a user may ask for: below 100, each end of a 95% CI rests on one or two replicates; past 100,000
+# the replicates' medians take gigabytes and minutes and the CI's ends move by less than the timing noise.
+MIN_BOOT, MAX_BOOT = 100, 100_000
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,13 @@ def find_breakeven(
 
     ``samples_*[i]`` are the timing samples (ms per batch) of the case at ``n_*[i]`` tokens; a case with
     one value (a median without its samples) switches the bootstrap to residual resampling.
+
+    The CI is the replicates' percentile interval, widened where needed to hold the estimate itself: a skewed bootstrap
+    distribution (or few replicates) can put both percentiles on one side of it, and an interval that excludes its own
+    estimate says nothing a reader can use.
     """
+    if isinstance(n_boot, bool) or not isinstance(n_boot, (int, np.integer)) or n_boot < 1:
+        raise ValueError(f"n_boot must be a whole number of bootstrap replicates, 1 or more, got {n_boot!r}")
     nb, sb = _as_points(n_baseline, samples_baseline)
     nv, sv = _as_points(n_variant, samples_variant)
     lo, hi = float(max(nb.min(), nv.min())), float(min(nb.max(), nv.max()))
@@ -194,7 +203,8 @@ def find_breakeven(
     alpha = (1.0 - level) / 2
     ci = None
     if crossover is not None:
-        ci = (float(np.percentile(censored, 100 * alpha, method="lower")), float(np.percentile(censored, 100 * (1 - alpha), method="higher")))
+        ci = (min(float(np.percentile(censored, 100 * alpha, method="lower")), crossover),
+              max(float(np.percentile(censored, 100 * (1 - alpha), method="higher")), crossover))
     d_lo, d_hi = _poly(coef_v - coef_b, lo), _poly(coef_v - coef_b, hi)
     return BreakevenResult(
         tokens_lo=lo, tokens_hi=hi,

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from perflab.spec import AUTOTUNE_MODES
+
 CV_THRESHOLD = 0.05
+AUTOTUNE_SPREAD = 0.03  # processes' medians of one max-autotune case further apart than this: the report says so
 MIN_TIMED_S = 1.0
 MIN_TIMED_ITERS = 50
 
@@ -36,6 +39,7 @@ def run_checks(
     energy_unavailable: str | None,
     throttle_reasons: list[str],
     other_processes: list[int],
+    throttled_blocks: tuple[int, int] | None = None,
     tokens_expected: list[int] | None = None,
     tokens_seen: list[int] | None = None,
     finite: bool | None = None,
@@ -54,7 +58,8 @@ def run_checks(
     if energy_j is None:
         checks.append(Check("no_power", f"no power/energy reading: {energy_unavailable or 'unknown reason'}"))
     if throttle_reasons:
-        checks.append(Check("throttled", f"GPU clocks were throttled during the timed loop ({', '.join(throttle_reasons)})"))
+        where = "the timed loop" if throttled_blocks is None else f"{throttled_blocks[0]} of this case's {throttled_blocks[1]} timed blocks"
+        checks.append(Check("throttled", f"GPU clocks were throttled during {where} ({', '.join(throttle_reasons)})"))
     if other_processes:
         checks.append(Check("other_processes", f"other processes were using the GPU: pid {', '.join(map(str, other_processes))}"))
     if finite is False:
@@ -89,3 +94,27 @@ def compile_checks(stats: dict | None) -> list[Check]:
         checks.append(Check("graph_breaks", f"compile: {stats['graph_breaks']} graph break(s) in {stats['graphs']} graph(s)"
                                             + (f" ({reasons})" if reasons else "") + "; the step runs eagerly between them"))
     return checks
+
+
+def autotune_check(mode: str, records: list[dict | None], medians_ms: list[float]) -> Check | None:
+    """``max_autotune_varies`` for one case of a max-autotune mode measured in several processes (``bench --processes``,
+    or the same case in several rows of a store) whose kernel choices differ (``runtime.modes.record_autotune``'s
+    signatures), or whose medians are more than ``AUTOTUNE_SPREAD`` apart: its best time is one process's draw."""
+    medians = [m for m in medians_ms if m]
+    if mode not in AUTOTUNE_MODES or len(medians) < 2:
+        return None
+    signatures = [r.get("signature") for r in records if r and r.get("signature")]
+    distinct = len(set(signatures))
+    low, high = min(medians), max(medians)
+    spread = high / low - 1.0
+    times = f"medians {low:.3f}–{high:.3f} ms, {spread:.1%} apart"
+    if distinct > 1:
+        return Check("max_autotune_varies", f"{mode}'s kernel choice varies: {distinct} different choices of kernels in {len(medians)} "
+                                            f"processes ({times}); one process's time is not what the next would see")
+    if spread > AUTOTUNE_SPREAD:
+        kernels = ("with the same kernels chosen in each, so not autotuning's choice" if len(signatures) == len(medians)
+                   else f"{len(medians) - len(signatures)} process(es) took a compiled graph from inductor's FX graph cache (the kernels "
+                        f"of the compile that filled it), not recorded here")
+        return Check("max_autotune_varies", f"{mode}'s time varies across {len(medians)} processes ({times}, over "
+                                            f"{AUTOTUNE_SPREAD:.0%}); {kernels}")
+    return None

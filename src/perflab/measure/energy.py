@@ -5,6 +5,11 @@ the timed loop; mean power is that energy over the loop's wall time. A sampler t
 throttle reasons and power every 100 ms during the loop, so a throttle anywhere in the loop is seen; it
 runs only between ``begin`` and ``end`` (the harness's host canaries run outside), and off the pinned
 timing thread's core (``measure.pinning``).
+
+Cases timed together in interleaved blocks share one loop, so the loop's readings are every case's. Each block
+is also read on its own (``block_reading``: one read as it ends, a few µs, plus the sampler's readings that fell
+inside it), and ``case_view`` gives a case the throttle reasons and clock range of its own blocks; the loop's view
+stays beside it in the row's environment (``run_throttle_reasons``, ``run_sm_clock_mhz_min``/``max``).
 Without NVML (no GPU, no driver, CPU runs) every reading is None and the reason is kept.
 """
 
@@ -13,7 +18,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Throttle ("clocks event") reason bits from nvml.h. Idle, application clocks, sync boost and display
 # clock settings are not slowdowns; the rest mean the clocks were held down by power or heat.
@@ -39,11 +44,48 @@ class MonitorReport:
     unavailable: str | None = None  # why there are no readings
 
 
+@dataclass(frozen=True)
+class BlockReading:
+    """NVML's view of one timed block: the SM clock's range and the throttle reasons read while it ran."""
+
+    sm_clock_mhz_min: int | None
+    sm_clock_mhz_max: int | None
+    reasons: tuple[str, ...]  # THROTTLE_REASONS' names, in their order
+    readings: int  # how many NVML readings fell inside the block (its end's included)
+
+
+def reason_names(bits: int) -> list[str]:
+    return [name for bit, name in THROTTLE_REASONS.items() if bits & bit]
+
+
+def case_view(run: MonitorReport, readings: list[BlockReading | None]) -> tuple[MonitorReport, dict, dict]:
+    """A case's own view of an interleaved run: ``run`` (the whole loop's readings, every case's blocks) with the throttle
+    reasons and SM clock range read during this case's blocks instead; the row's fields of its blocks (how many ran
+    throttled, of how many read, each block's lowest SM clock); and the run's view as environment fields (``run_*``).
+    Without per-block readings (no NVML), the run's view unchanged and no fields."""
+    have = [r for r in readings if r is not None and r.readings]
+    if not have:
+        return run, {}, {}
+    lows = [r.sm_clock_mhz_min for r in have if r.sm_clock_mhz_min is not None]
+    highs = [r.sm_clock_mhz_max for r in have if r.sm_clock_mhz_max is not None]
+    names = {name for r in have for name in r.reasons}
+    own = replace(run, throttle_reasons=[name for name in THROTTLE_REASONS.values() if name in names],
+                  sm_clock_mhz_min=min(lows) if lows else None, sm_clock_mhz_max=max(highs) if highs else None)
+    blocks = {"throttled_blocks": sum(bool(r.reasons) for r in have), "read_blocks": len(have),
+              "sample_sm_clock_mhz": [r.sm_clock_mhz_min if r is not None else None for r in readings]}
+    run_view = {"run_throttle_reasons": list(run.throttle_reasons), "run_sm_clock_mhz_min": run.sm_clock_mhz_min,
+                "run_sm_clock_mhz_max": run.sm_clock_mhz_max}
+    return own, blocks, run_view
+
+
 class NullMonitor:
     """No NVML: says why, measures nothing."""
 
     def __init__(self, reason: str):
         self.reason = reason
+
+    def block_reading(self, since: float) -> None:
+        return None
 
     def device_info(self) -> dict:
         return {}
@@ -61,21 +103,27 @@ class NullMonitor:
 class NvmlMonitor:
     """NVML readings for the GPU torch uses (found by UUID, so CUDA_VISIBLE_DEVICES is respected)."""
 
-    def __init__(self, torch_device_index: int = 0, period_s: float = 0.1):
-        import pynvml
-        import torch
+    def __init__(self, torch_device_index: int = 0, period_s: float = 0.1, nvml=None, handle=None):
+        """``nvml`` and ``handle``: an NVML module and a device handle to read instead of pynvml's for torch's device
+        (tests give a fake one)."""
+        if nvml is None:
+            import pynvml
+            import torch
 
-        self.nvml = pynvml
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(torch_device_index).uuid)
-        uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
-        try:
-            self.handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-        except pynvml.NVMLError:
-            self.handle = pynvml.nvmlDeviceGetHandleByIndex(torch_device_index)
+            nvml = pynvml
+            pynvml.nvmlInit()
+            uuid = str(torch.cuda.get_device_properties(torch_device_index).uuid)
+            uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+            except pynvml.NVMLError:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(torch_device_index)
+        self.nvml, self.handle = nvml, handle
         self.period_s = period_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # the sampler thread and the timing thread both read
+        self._timeline: list[tuple[float, int | None, int | None]] = []  # (perf_counter, SM clock, reason bits)
 
     def device_info(self) -> dict:
         nv = self.nvml
@@ -98,10 +146,27 @@ class NvmlMonitor:
 
     def _sample(self) -> None:
         clock, reasons = self._sm_clock(), self._reasons()
-        if clock is not None:
-            self._clocks.append(clock)
-        if reasons is not None:
-            self._reason_bits |= reasons
+        with self._lock:
+            self._timeline.append((time.perf_counter(), clock, reasons))
+            if clock is not None:
+                self._clocks.append(clock)
+            if reasons is not None:
+                self._reason_bits |= reasons
+
+    def block_reading(self, since: float) -> BlockReading:
+        """The block that began at ``since`` (perf_counter) and has just ended: one reading now, and the sampler's
+        readings since it began."""
+        self._sample()
+        clocks, bits, n = [], 0, 0
+        with self._lock:
+            for t, clock, reasons in reversed(self._timeline):
+                if t < since:
+                    break
+                n += 1
+                if clock is not None:
+                    clocks.append(clock)
+                bits |= reasons or 0
+        return BlockReading(min(clocks) if clocks else None, max(clocks) if clocks else None, tuple(reason_names(bits)), n)
 
     def _poll(self) -> None:
         from perflab.measure.pinning import keep_off_timing_core
@@ -113,6 +178,7 @@ class NvmlMonitor:
     def begin(self) -> None:
         self._clocks: list[int] = []
         self._reason_bits = 0
+        self._timeline = []
         self._energy0 = self.energy_mj()
         self._t0 = time.perf_counter()
         self._stop.clear()
@@ -138,7 +204,7 @@ class NvmlMonitor:
             report.sm_clock_mhz_end = self._clocks[-1]
             report.sm_clock_mhz_min = min(self._clocks)
             report.sm_clock_mhz_max = max(self._clocks)
-        report.throttle_reasons = [name for bit, name in THROTTLE_REASONS.items() if self._reason_bits & bit]
+        report.throttle_reasons = reason_names(self._reason_bits)
         report.other_processes = self._other_processes()
         return report
 

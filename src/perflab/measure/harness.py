@@ -29,7 +29,7 @@ import math
 import statistics
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -38,8 +38,8 @@ import torch
 from perflab.errors import PerflabError
 from perflab.measure import sched
 from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, host_canary
-from perflab.measure.checks import MIN_TIMED_ITERS, compile_checks, run_checks
-from perflab.measure.energy import open_monitor
+from perflab.measure.checks import MIN_TIMED_ITERS, autotune_check, compile_checks, run_checks
+from perflab.measure.energy import THROTTLE_REASONS, case_view, open_monitor
 from perflab.measure.env import device_name, environment
 from perflab.measure.flops import FlopCache, count_flops_once, count_params
 from perflab.measure.host import HeldTiming, held_timing, issue_s
@@ -48,7 +48,7 @@ from perflab.measure.stats import hierarchical_ci, summarize
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
-from perflab.runtime.modes import compile_counters, compile_stats, make_step
+from perflab.runtime.modes import compile_counters, compile_stats, make_step, record_autotune
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
 from perflab.workloads.registry import implementation
@@ -184,6 +184,7 @@ class Prepared:
     flops_counted_in: str | None = None  # the case whose identical eager step was counted (a sweep's FLOP cache), if not this
     compile_stats: dict | None = None  # compile modes: what dynamo compiled in the first call and the warm-up (runtime.modes)
     compile_after: dict | None = None  # dynamo's counters when the case was warm: a frame compiled after it, compiled while timed
+    autotune: dict | None = None  # max-autotune modes: the kernels autotuning chose (runtime.modes.record_autotune)
 
 
 def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=None, flop_cache=None) -> Prepared:
@@ -206,7 +207,7 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
     started = time.perf_counter()
     compiling = case.mode.startswith("compile")
     counters0 = compile_counters() if compiling else None
-    with intra_op_threads(case.device, host):  # as warm-up and timing run it: no recompile at the first warm-up step
+    with intra_op_threads(case.device, host), record_autotune(case.mode) as autotuned:  # no recompile at the first warm-up step
         step = make_step(built, case.mode)
         out = step()  # the first call compiles (compile modes); capture happens in make_step (cudagraph)
         synchronize(case.device)
@@ -236,6 +237,8 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
     if compiling:
         prepared.compile_after = compile_counters()
         prepared.compile_stats = compile_stats(counters0, prepared.compile_after)
+    if autotuned is not None:
+        prepared.autotune = autotuned.result()
     if alloc0 is not None:
         prepared.alloc0 = alloc0
         prepared.resident_bytes = torch.cuda.memory_allocated() - alloc0
@@ -320,6 +323,8 @@ class Measured:
     sample_rounds: list[int] | None = None  # interleaved: the round of each sample
     sample_processes: list[int] | None = None
     session: dict | None = None  # interleaved: what the session was (id, cases, rounds, seed, canaries)
+    gpu_view: dict = field(default_factory=dict)  # interleaved: its blocks throttled and read, each block's SM clock
+    run_view: dict = field(default_factory=dict)  # interleaved: the whole run's throttle reasons and SM clock range
 
 
 def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) -> dict:
@@ -337,6 +342,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         energy_j=measured.energy_j,
         energy_unavailable=measured.energy_unavailable,
         throttle_reasons=report.throttle_reasons,
+        throttled_blocks=(measured.gpu_view["throttled_blocks"], measured.gpu_view["read_blocks"]) if measured.gpu_view else None,
         other_processes=report.other_processes,
         tokens_expected=tokens_expected,
         tokens_seen=tokens_seen,
@@ -351,6 +357,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         sm_clock_mhz_max=report.sm_clock_mhz_max,
         throttle_reasons=report.throttle_reasons,
         other_gpu_processes=report.other_processes,
+        **measured.run_view,
     )
     row = base_row(case, env)
     items = built.items_per_step
@@ -382,6 +389,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         timing_threads=thread.threads,
         first_step_s=prepared.first_step_s,
         **({"compile": dict(prepared.compile_stats)} if prepared.compile_stats is not None else {}),
+        **({"autotune": prepared.autotune} if prepared.autotune is not None else {}),
         flags=[c.flag for c in checks],
         warnings=[c.message for c in checks],
     )
@@ -391,6 +399,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
     if measured.session is not None:
         row["session"] = measured.session["id"]
         row["interleaved"] = measured.session
+    row.update(measured.gpu_view)
     if thread.warning:
         row["pin_warning"] = thread.warning
     if case.family_spec.item == "token":
@@ -758,7 +767,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
             monitor.begin()
             session = time_interleaved([p.step for p in prepared], schedule, enter=lambda k: step_context(prepared[k].case, prepared[k].built),
                                        device=device, canary=lambda: host_canary(CANARY_ROUND_REPEATS).median_us,
-                                       on_round=on_round)
+                                       on_round=on_round, read_gpu=monitor.block_reading)
             report = monitor.end()
         finally:
             if gc_was_enabled:
@@ -795,8 +804,9 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
             contention=sched.contention_over([b.load for b in blocks], thread.cpus), extra=extras[k],
             sample_rounds=[b.round for b in blocks], sample_processes=[process_index] * len(blocks), session=info,
         )
+        own, measured.gpu_view, measured.run_view = case_view(report, [b.gpu for b in blocks])  # its own blocks' clocks and throttling
         env = pool[k][2]
-        rows.append(ok_row(p, env, report, measured, thread))
+        rows.append(ok_row(p, env, own, measured, thread))
     return rows
 
 
@@ -871,6 +881,34 @@ def run_in_processes(cases, processes: int, *, host: HostOptions | None = None, 
     return rows
 
 
+def _autotune_brief(record: dict | None) -> dict | None:
+    """One process's autotuning, as a merged row keeps it: its signature, closest call and the FX graph cache's part."""
+    if not record:
+        return None
+    return {k: record.get(k) for k in ("signature", "closest_margin", "fx_graph_cache", "note") if record.get(k) is not None}
+
+
+def _merge_gpu_views(row: dict, ok: list[dict]) -> None:
+    """The processes' GPU views as one: the clock ranges and throttle reasons (the case's own and the run's, in ``env``)
+    over all processes, and the per-block fields (``energy.case_view``) counted over all, each block's clock in the
+    pooled samples' order."""
+    envs = [r.get("env") or {} for r in ok]
+    env = row["env"] = dict(row.get("env") or {})
+    for prefix in ("", "run_"):
+        if not any(f"{prefix}throttle_reasons" in e for e in envs):
+            continue
+        names = {name for e in envs for name in e.get(f"{prefix}throttle_reasons") or []}
+        env[f"{prefix}throttle_reasons"] = [name for name in THROTTLE_REASONS.values() if name in names]
+        for key, pick in ((f"{prefix}sm_clock_mhz_min", min), (f"{prefix}sm_clock_mhz_max", max)):
+            values = [e[key] for e in envs if e.get(key) is not None]
+            env[key] = pick(values) if values else None
+    views = [r for r in ok if r.get("read_blocks")]
+    if views:
+        row["throttled_blocks"] = sum(r["throttled_blocks"] for r in views)
+        row["read_blocks"] = sum(r["read_blocks"] for r in views)
+        row["sample_sm_clock_mhz"] = [c for r in ok for c in (r.get("sample_sm_clock_mhz") or [None] * len(r["samples_ms"]))]
+
+
 def _child_run(case_dicts, host, interleave, seed, groups, process_index) -> list[dict]:
     cases = [Case.from_dict(d) for d in case_dicts]
     rows = run_cases(cases, host=host, interleave=interleave, seed=seed, groups=groups, process_index=process_index)
@@ -917,12 +955,21 @@ def merge_processes(cases, runs: list[list[dict]]) -> list[dict]:
         for key in ("peak_mem_alloc_mb", "peak_mem_reserved_mb"):
             values = [r.get(key) for r in ok if r.get(key) is not None]
             row[key] = max(values) if values else None
+        _merge_gpu_views(row, ok)
         row["process_medians_ms"] = [r["median_ms"] for r in ok]
         row["processes"] = len(ok)
         row["sessions"] = [r.get("session") for r in ok]
         timing_fields(row, samples, procs, rounds)
         # every check but the spread's is the processes' (any one's flag stands); the spread is of the pooled samples
         checks = {f: w for r in ok for f, w in zip(r.get("flags") or [], r.get("warnings") or []) if f != "high_cv"}
+        if any(r.get("autotune") for r in ok):
+            row["autotune_processes"] = [_autotune_brief(r.get("autotune")) for r in ok]
+        varies = autotune_check(case.mode, [r.get("autotune") for r in ok], row["process_medians_ms"])
+        if varies is not None:
+            checks[varies.flag] = varies.message
+        if "throttled" in checks and row.get("read_blocks"):
+            checks["throttled"] = f"GPU clocks were throttled during {row['throttled_blocks']} of this case's {row['read_blocks']} timed " \
+                                  f"blocks over {len(ok)} processes ({', '.join(row['env']['throttle_reasons'])})"
         spread = cv_check(row["cv"])
         if spread is not None:
             checks[spread.flag] = f"{spread.message} (samples of {len(ok)} processes)"

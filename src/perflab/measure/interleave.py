@@ -55,6 +55,7 @@ class BlockRecord:
     steps: int
     transient_bytes: int | None = None  # allocated above what was allocated at the block's start, at its peak
     load: tuple | None = None  # (before, after) measure.sched samples of the timing thread around the block
+    gpu: object | None = None  # measure.energy.BlockReading: the clocks and throttle reasons NVML read while it ran
 
 
 @dataclass
@@ -78,13 +79,15 @@ def block_schedule(order: list[list[int]], n_blocks: Sequence[int], block_sizes:
 
 
 def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[tuple[int, int]]], *,
-                     enter: Callable[[int], object], device: str, canary: Callable[[], float | None] | None = None, on_round: Callable[[int], None] | None = None) -> SessionTiming:
+                     enter: Callable[[int], object], device: str, canary: Callable[[], float | None] | None = None, on_round: Callable[[int], None] | None = None,
+                     read_gpu: Callable[[float], object] | None = None) -> SessionTiming:
     """Run ``schedule``: per round (the host canary first, if given), each listed case times its block of steps.
 
     ``enter(i)`` returns the context manager case i's steps run in (its grad mode and precision), entered around
     each of its blocks. On CUDA each block is bracketed by events and synchronised at its end, so a block's
     time and memory are its own; the start event is recorded after the context is entered, so switching
-    cases costs no timed time. On the CPU, perf_counter."""
+    cases costs no timed time. On the CPU, perf_counter. ``read_gpu(since)``: called as each block ends, after its
+    timing (``measure.energy``'s ``block_reading``), for what the GPU's clocks did during that block alone."""
     import torch
 
     from perflab.measure import sched
@@ -119,5 +122,7 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
                 record = BlockRecord(r, ms, n, load=(load0, load1))
                 if cuda:
                     record.transient_bytes = torch.cuda.max_memory_allocated() - alloc0
+                if read_gpu is not None:
+                    record.gpu = read_gpu(t0)
                 blocks[i].append(record)
     return SessionTiming(blocks, canaries, time.perf_counter() - session0)

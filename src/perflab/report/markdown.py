@@ -34,21 +34,23 @@ from perflab.report.md import formula_cell
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.experiment import Comparison, case_fields, default_comparisons
-from perflab.sweep.store import status_counts, load_stored
+from perflab.sweep.store import load_stored, report_unreadable, status_counts, store_path
 from perflab.workloads import FAMILIES, family_of_row, item_of
 
 GROUP_FIELDS = ("model", "dtype", "mode", "attn", "device", "keep_rate", "reduction_loc", "seed")
 ALWAYS_SHOWN = ("model", "dtype", "mode")  # in group headings, even when they do not vary
 
 
-def write_report(out_dir, *, n_boot: int = 2000, spec=None) -> Path:
+def write_report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None) -> Path:
     """Write ``out_dir/report.md`` and its PNGs; returns the report's path.
 
     ``spec``: an experiment (a YAML path or an Experiment) whose cases the report counts and marks "not run" where
     the store has no row; default, the experiment of the store's latest sweep (a sweep of a subset of a spec
-    records the subset, and the report then counted that)."""
+    records the subset, and the report then counted that). Stored records that cannot be read are left out, named in
+    the report's status section, and each passed to ``on_unreadable`` (``store.report_unreadable``)."""
     out_dir = Path(out_dir)
     stored = load_stored(out_dir)
+    report_unreadable(stored.unreadable, on_unreadable, store_path(out_dir))
     if spec is not None:
         from perflab.sweep.spec import Experiment, load_experiment
 
@@ -60,13 +62,15 @@ def write_report(out_dir, *, n_boot: int = 2000, spec=None) -> Path:
 
 
 def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
-    rows = with_missing(stored.rows, stored.experiment)
+    unreadable = getattr(stored, "unreadable", [])
+    rows = with_missing(stored.rows, stored.experiment, unreadable=[u.key for u in unreadable if u.what == "row"])
     experiment = stored.experiment
     comparisons = list(experiment.comparisons) if experiment and experiment.comparisons else default_comparisons(rows)
     common = common_flags(stored.rows)
     parts = [_header(stored, common, family_summary(rows))]
-    parts += _status_section(rows)
+    parts += _status_section(rows, unreadable)
     parts += cost_section(stored.rows)
+    parts += autotune_section(getattr(stored, "all_rows", stored.rows))
     for comparison in comparisons:
         parts += comparison_section(comparison, rows, plot_dir, common)
     if experiment and experiment.breakevens:
@@ -128,11 +132,12 @@ def _family(row: dict) -> str:
     return family_of_row(dict(row, case=case_fields(row))).name
 
 
-def with_missing(rows: list[dict], experiment) -> list[dict]:
-    """The stored rows plus a ``missing`` placeholder for each case of the spec that has no row."""
+def with_missing(rows: list[dict], experiment, unreadable=()) -> list[dict]:
+    """The stored rows plus a ``missing`` placeholder for each case of the spec that has no row (``unreadable``: case
+    ids whose stored row could not be read: they ran, and the status section names them instead)."""
     if experiment is None:
         return list(rows)
-    stored = {r.get("case_id") for r in rows}
+    stored = {r.get("case_id") for r in rows} | set(unreadable)
     out = list(rows)
     for case in experiment.cases:
         if case.id not in stored:
@@ -495,6 +500,44 @@ def _canary_line(rows: list[dict]) -> str | None:
     return line.rstrip() + (f" {exempt}" if exempt else "")
 
 
+def autotune_section(rows: list[dict]) -> list[str]:
+    """The kernels max-autotune chose: per case of a max-autotune mode with a recorded choice (``autotune``), its
+    processes or rows (a case measured in several processes by ``bench --processes``, or stored by several
+    environments), their medians and choices; where they differ or their medians spread over 3%, the statement
+    that the mode's kernel choice (or time) varies (``measure.checks.autotune_check``)."""
+    from perflab.measure.checks import autotune_check
+
+    by_case: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("status") == "ok" and (r.get("autotune") or r.get("autotune_processes")):
+            by_case.setdefault(r.get("case_id"), []).append(r)
+    if not by_case:
+        return []
+    body, said = [], []
+    for group in by_case.values():
+        records = [p for r in group for p in (r.get("autotune_processes") or [r.get("autotune")])]
+        medians = [m for r in group for m in (r.get("process_medians_ms") or [r.get("median_ms")])]
+        mode = case_fields(group[0]).get("mode") or group[0].get("mode")
+        check = autotune_check(mode, records, medians) if len(group) > 1 else next(
+            (autotune_check(mode, r["autotune_processes"], r.get("process_medians_ms") or []) for r in group if r.get("autotune_processes")), None)
+        signatures = [p.get("signature") or "cached" if p else "–" for p in records]
+        margins = [p["closest_margin"] for p in records if p and p.get("closest_margin") is not None]
+        body.append([_row_label(group[0]), str(len(medians)), " / ".join(f"{m:.3f}" for m in medians), ", ".join(signatures),
+                     f"{100 * min(margins):.1f}%" if margins else "–", "varies" if check else "same"])
+        if check:
+            said.append(f"- {_row_label(group[0])}: {_escape(check.message)}")
+    lines = ["## Kernels chosen by max-autotune",
+             "Each process that compiled a max-autotune case recorded the kernel inductor's autotuning kept for every tuned op (a "
+             "signature: equal signatures, equal kernels; the row's `autotune` holds each op's choice, its time and the runner-up's). "
+             "\"Closest call\": how much slower the runner-up was in the closest of them; a choice a few percent apart can flip "
+             "from one process to the next. \"cached\": inductor's FX graph cache served that process's compiled graph, with the "
+             "kernels of the compile that filled it.",
+             md_table(["Case", "Processes", "Median ms", "Choice signature", "Closest call", "Kernels / time"], body)]
+    if said:
+        lines += ["Where the mode's kernel choice or time varies (flag `max_autotune_varies`):", "\n".join(said)]
+    return lines
+
+
 def cost_section(rows: list[dict]) -> list[str]:
     """What a case costs (P9): the sweep's wall time in its workers, cases per minute, and the split of a case's
     wall time by stage (each worker's ``cost_s``): per stage, the cases that ran it, their median, the total and its
@@ -538,7 +581,7 @@ def short_message(message: str, limit: int = 110) -> str:
     return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
 
 
-def _status_section(rows: list[dict]) -> list[str]:
+def _status_section(rows: list[dict], unreadable=()) -> list[str]:
     counts = status_counts(rows)
     line = ", ".join(f"{n} {'not run' if status == 'missing' else status}" for status, n in sorted(counts.items()))
     parts = ["## Status", f"{len(rows)} cases: {line}."]
@@ -546,6 +589,11 @@ def _status_section(rows: list[dict]) -> list[str]:
     if failed:
         body = [[_row_label(r), status_cell(r), _escape(short_message(r.get("message") or ""))] for r in failed]
         parts.append(md_table(["Case", "Status", "Message"], body))
+    if unreadable:
+        n_rows = sum(u.what == "row" for u in unreadable)
+        parts.append(f"{len(unreadable)} stored record(s) could not be read and are left out of this report "
+                     f"({n_rows} result row(s) among them, not counted above):")
+        parts.append(md_table(["Record", "Key", "What is wrong"], [[u.what, f"`{u.key}`", _escape(u.problem)] for u in unreadable]))
     return parts
 
 

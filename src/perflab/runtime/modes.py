@@ -16,9 +16,13 @@ Steps are built and called inside the caller's grad and precision contexts.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from typing import Any, Callable
 
 import torch
+
+from perflab.spec import AUTOTUNE_MODES
 
 
 def make_step(built, mode: str, capture_warmup: int = 3) -> Callable[[], Any]:
@@ -135,3 +139,114 @@ def capture(step: Callable[[], Any], warmup: int) -> Callable[[], Any]:
 
     replay.graph = graph  # keep the graph (and its memory pool) alive with the step
     return replay
+
+
+# ---------------------------------------------------------------------------------------------------
+# What max-autotune chose. inductor benchmarks each tuned op's candidate kernels (select_algorithm: cuBLAS against Triton
+# GEMM templates and their configs, ...) while it lowers the graph, and calls its feedback savers with every candidate's
+# time (``torch._inductor.select_algorithm.add_feedback_saver``: torch 2.3 and later, 2.11 and 2.13 included). A choice
+# read from inductor's autotuning cache comes through them too; a graph served whole from the FX graph cache does not
+# (the counters say so, and its kernels are those of the compile that filled the cache).
+
+_RECORDING: list["AutotuneRecord"] = []  # the records collecting now (one per case being compiled)
+
+
+class AutotuneRecord:
+    """inductor's autotuning decisions while ``record_autotune`` is active: per tuned op and input shapes, the kernel it
+    kept, its time, the runner-up's and how many candidates were benchmarked."""
+
+    def __init__(self):
+        self.ops: dict[tuple, dict] = {}
+        self.problem: str | None = None
+        self.cache0 = _fx_cache_counters()
+
+    def add(self, timings: dict, name: str, input_nodes) -> None:
+        ranked = sorted(((t, _choice_label(c)) for c, t in timings.items() if t == t and t != float("inf")), key=lambda x: x[0])
+        if not ranked:
+            return
+        shapes = tuple(_shape(node) for node in input_nodes)
+        entry = self.ops.setdefault((str(name), shapes), {"op": str(name), "shapes": [list(s) for s in shapes], "calls": 0})
+        entry.update(calls=entry["calls"] + 1, candidates=len(timings), chosen=ranked[0][1], chosen_ms=float(ranked[0][0]))
+        if len(ranked) > 1:
+            entry.update(runner_up=ranked[1][1], runner_up_ms=float(ranked[1][0]), margin=float(ranked[1][0] / ranked[0][0] - 1.0)
+                         if ranked[0][0] > 0 else None)
+
+    def result(self) -> dict:
+        """The row's ``autotune``: the ops in the order first tuned, a signature of the choices (equal signatures, equal
+        kernels), the closest call, and what the FX graph cache served."""
+        import hashlib
+        import json
+
+        ops = list(self.ops.values())
+        chosen = sorted((o["op"], json.dumps(o["shapes"]), o["chosen"]) for o in ops)
+        cache = {k: v - self.cache0.get(k, 0) for k, v in _fx_cache_counters().items()}
+        out = {"ops": ops, "signature": hashlib.sha1(json.dumps(chosen).encode()).hexdigest()[:12] if ops else None,
+               "fx_graph_cache": cache, "cache_dir": os.environ.get("TORCHINDUCTOR_CACHE_DIR")}
+        margins = [o["margin"] for o in ops if o.get("margin") is not None]
+        if margins:
+            out["closest_margin"] = min(margins)  # the runner-up was this much slower: a call a few % apart can flip
+        if not ops:
+            out["note"] = ("no autotuning in this process: the FX graph cache served the compiled graph, whose kernels are those "
+                           "its compile chose" if cache.get("hit") else "inductor benchmarked no op with more than one candidate")
+        if self.problem:
+            out["problem"] = self.problem
+        return out
+
+
+@contextlib.contextmanager
+def record_autotune(mode: str):
+    """An ``AutotuneRecord`` of the autotuning done inside, for the modes that autotune (``AUTOTUNE_MODES``); None for
+    the others. Where this torch has no feedback savers, the record says so and stays empty."""
+    if mode not in AUTOTUNE_MODES:
+        yield None
+        return
+    record = AutotuneRecord()
+    try:
+        _register_saver()
+    except Exception as exc:  # an inductor without feedback savers: the row says so, the case runs
+        record.problem = f"cannot record autotuning on torch {torch.__version__} ({type(exc).__name__}: {exc})"
+    _RECORDING.append(record)
+    try:
+        yield record
+    finally:
+        _RECORDING.remove(record)
+
+
+def _register_saver() -> None:
+    """perflab's one feedback saver on inductor's algorithm selector (again if that selector was made anew)."""
+    from torch._inductor import select_algorithm
+
+    cache = getattr(select_algorithm, "_ALGORITHM_SELECTOR_CACHE", None)
+    if cache is None or _feedback not in getattr(cache, "feedback_saver_fns", ()):
+        select_algorithm.add_feedback_saver(_feedback)
+
+
+def _feedback(timings, name, input_nodes, choices, *rest) -> None:
+    for record in _RECORDING:
+        try:
+            record.add(timings, name, input_nodes)
+        except Exception as exc:  # a format another torch gives: said in the row, never a failed compile
+            record.problem = f"an autotuning result could not be read ({type(exc).__name__}: {exc})"
+
+
+def _choice_label(choice) -> str:
+    """A candidate as the same kernel is named in every process: its kind (``triton_mm``, ``mm``: the name without the
+    per-process counter) and its description (a template's block sizes, stages and warps)."""
+    import re
+
+    kind = re.sub(r"_\d+$", "", str(getattr(choice, "name", type(choice).__name__)))
+    description = " ".join(str(getattr(choice, "description", "") or "").split())
+    return f"{kind} ({description})" if description else kind
+
+
+def _shape(node) -> tuple:
+    try:
+        return tuple(int(s) if str(s).lstrip("-").isdigit() else str(s) for s in node.get_size())
+    except Exception:
+        return ()
+
+
+def _fx_cache_counters() -> dict:
+    from torch._dynamo.utils import counters
+
+    return {k: int(counters["inductor"].get(f"fxgraph_cache_{k}", 0)) for k in ("hit", "miss", "bypass")}

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from perflab import spec_schema as schema
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, show
 from perflab.spec import Case, expand_grid, validate_case
 from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison, Experiment,  # noqa: F401 (re-exported)
                                      case_fields, default_comparisons)
@@ -73,7 +73,8 @@ def load_experiment(path, max_cases: int | None = None) -> Experiment:
 
 
 def read_spec(path) -> tuple[Any, str]:
-    """A spec file's YAML as plain data, and its text."""
+    """A spec file's YAML as plain data, and its text. A key given twice in one mapping is an error naming its path
+    (YAML's loaders keep the last silently: two ``grid:`` keys would run the second alone)."""
     import yaml
 
     source = str(path)
@@ -85,14 +86,49 @@ def read_spec(path) -> tuple[Any, str]:
         raise PerflabError(f"{source}: cannot read the spec ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise PerflabError(f"{source}: not a text file (a spec is UTF-8 YAML)") from None
+    loader = yaml.SafeLoader(text)
     try:
-        return yaml.safe_load(text), text
+        node = loader.get_single_node()
+        if node is not None:
+            _refuse_duplicate_keys(source, node)
+        return (loader.construct_document(node) if node is not None else None), text
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise PerflabError(f"{source}: YAML syntax error{where}: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise PerflabError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(source: str, root) -> None:
+    """PerflabError naming the key path of the first key a mapping gives twice. Each node is visited once, so an
+    alias used many times (or an alias bomb) costs its size in the file, not its expanded size."""
+    import yaml
+
+    seen, stack = set(), [(root, "")]
+    while stack:
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict = {}
+            children = []
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # << merges defaults in; the mapping's own keys win, as meant
+                    continue
+                key = key_node.value if isinstance(key_node, yaml.ScalarNode) else show(key_node.value)
+                where = f"{path}.{key}" if path else str(key)
+                if key in first:
+                    raise PerflabError(f"{source}: {where}: key given twice (lines {first[key] + 1} and {key_node.start_mark.line + 1}); "
+                                       "YAML would keep the last silently, so give it once")
+                first[key] = key_node.start_mark.line
+                children.append((value_node, where))
+            stack += reversed(children)
+        elif isinstance(node, yaml.SequenceNode):
+            stack += reversed([(item, f"{path}[{i}]") for i, item in enumerate(node.value)])
 
 
 def parse_experiment(data: Any, source: str, text: str = "", default_name: str = "experiment", max_cases: int | None = None) -> Experiment:
@@ -300,7 +336,7 @@ def parse_input_sizes(value, where: str = "input_sizes") -> list[int]:
         return [value]
     if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return list(value)
-    raise PerflabError(f"{where}: expected start:stop:step (e.g. 160:640:32) or a list of integers, got {value!r}")
+    raise PerflabError(f"{where}: expected start:stop:step (e.g. 160:640:32) or a list of integers, got {show(value)}")
 
 
 # Words in validate_case's messages → the case field they are about.

@@ -16,12 +16,17 @@ present each time they are read, never stored, so ``Store.rows`` returns the row
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sqlite3
 import time
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
+
+import msgspec
 
 from perflab.errors import PerflabError
 from perflab.paths import make_out_dir
@@ -92,6 +97,7 @@ class Store:
     def __init__(self, path: Path, conn: sqlite3.Connection):
         self.path = path
         self.conn = conn
+        self.unreadable: list[Unreadable] = []  # what the readers below left out, and why
 
     @classmethod
     def create(cls, out_dir) -> "Store":
@@ -116,7 +122,7 @@ class Store:
             store.conn.execute("SELECT 1 FROM results LIMIT 1")
         except sqlite3.DatabaseError as exc:
             store.close()
-            raise PerflabError(f"{path}: not a perflab results store ({exc})") from None
+            raise (damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: not a perflab results store ({exc})")) from None
         if version > SCHEMA_VERSION:
             store.close()
             raise PerflabError(f"{path}: written by a newer perflab (store version {version}); upgrade perflab to read it")
@@ -146,7 +152,20 @@ class Store:
 
     def put(self, row: dict, env_key: str, *, sweep_id: int | None = None, worker: str | None = None,
             wall_s: float | None = None, replace: bool = False) -> bool:
-        """Commit one result row. Returns False if (case_id, env_key) was stored already and not replaced."""
+        """Commit one result row. Returns False if (case_id, env_key) was stored already and not replaced.
+
+        A row that cannot be stored as it is (an integer past SQLite's 64 bits, text that will not encode) is stored as
+        an ``error`` row saying why, with what of it can be kept: never lost, and the sweep goes on. ``row`` is then
+        that error row, in place, so that the caller counts and shows what was stored."""
+        try:
+            return self._insert(row, env_key, sweep_id, worker, wall_s, replace)
+        except _UNSTORABLE as exc:
+            stored = unstorable_row(row, exc)
+            row.clear()
+            row.update(stored)
+            return self._insert(row, env_key, sweep_id, worker, wall_s, replace)
+
+    def _insert(self, row: dict, env_key: str, sweep_id, worker, wall_s, replace: bool) -> bool:
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
         with self.conn:
             cursor = self.conn.execute(
@@ -178,15 +197,20 @@ class Store:
         return self.conn.execute("SELECT COUNT(*) FROM results WHERE env_key = ?", (env_key,)).fetchone()[0]
 
     def rows(self, env_key: str | None = None) -> list[dict]:
-        """Stored rows in the order they were stored, each with its ``env_key``."""
-        sql = "SELECT env_key, row_json FROM results"
+        """Stored rows in the order they were stored, each with its ``env_key``. A row whose JSON cannot be read as a
+        row is left out and named in ``self.unreadable``."""
+        sql = "SELECT case_id, env_key, row_json FROM results"
         args: tuple = ()
         if env_key is not None:
             sql += " WHERE env_key = ?"
             args = (env_key,)
         out = []
         for r in self.conn.execute(sql + " ORDER BY rowid", args):
-            row = json.loads(r["row_json"])
+            try:
+                row = decode_row(r["row_json"])
+            except ValueError as exc:
+                self.unreadable.append(Unreadable("row", r["case_id"], r["env_key"], str(exc)))
+                continue
             row["env_key"] = r["env_key"]
             out.append(row)
         return out
@@ -206,7 +230,13 @@ class Store:
             )
 
     def environments(self) -> dict[str, dict]:
-        return {r["env_key"]: json.loads(r["env_json"]) for r in self.conn.execute("SELECT env_key, env_json FROM environments")}
+        out = {}
+        for r in self.conn.execute("SELECT env_key, env_json FROM environments"):
+            try:
+                out[r["env_key"]] = _decode(r["env_json"], dict)
+            except ValueError as exc:
+                self.unreadable.append(Unreadable("environment", r["env_key"], r["env_key"], str(exc)))
+        return out
 
     def begin_sweep(self, *, command: str, spec_source: str, spec_text: str, experiment: dict, env_key: str,
                     n_cases: int, n_skipped: int) -> int:
@@ -234,25 +264,118 @@ class Store:
             )
 
     def sweeps(self) -> list[dict]:
-        """Sweep records, oldest first (``experiment`` decoded)."""
+        """Sweep records, oldest first (``experiment`` decoded; ``{}`` where it cannot be, named in ``unreadable``)."""
         out = []
         by_id: dict[int, dict] = {}
         for r in self.conn.execute("SELECT * FROM sweeps ORDER BY id"):
             d = dict(r)
-            experiment = json.loads(d.pop("experiment_json") or "{}")
-            if isinstance(experiment, dict) and set(experiment) == {SAME_AS}:
+            try:
+                experiment = _decode(d.pop("experiment_json") or "{}", dict)
+            except ValueError as exc:
+                self.unreadable.append(Unreadable("sweep", str(d["id"]), d.get("env_key") or "", f"experiment_json: {exc}"))
+                experiment = {}
+            if set(experiment) == {SAME_AS}:
                 experiment = by_id.get(experiment[SAME_AS], {})
             d["experiment"] = by_id[d["id"]] = experiment
             out.append(d)
         return out
 
 
-def read_rows(out_dir, env_key: str | None = None) -> list[dict]:
-    """The stored rows (of one environment, or all), each judged for ``host_drift`` against its own environment's rows."""
+@dataclass(frozen=True)
+class Unreadable:
+    """A stored record a reader left out: a row (``key``: its case id), a sweep record (its id) or an environment."""
+
+    what: str  # "row", "sweep" or "environment"
+    key: str
+    env_key: str
+    problem: str
+
+    def line(self) -> str:
+        where = f" ({self.env_key})" if self.env_key and self.env_key != self.key else ""
+        return f"{self.what} {self.key}{where}: {self.problem}; skipped"
+
+
+class _RowShape(msgspec.Struct):
+    """The keys every reader of a stored row relies on, and their types (the rest is the row's own business)."""
+
+    case_id: str
+    status: str
+    case: dict | None = None
+    flags: list[str] | None = None
+    warnings: list[str] | None = None
+    median_ms: float | None = None
+    ci95_ms: list[float | None] | None = None
+    samples_ms: list[float | None] | None = None
+
+
+def decode_row(text) -> dict:
+    """A stored row's JSON → the row; ValueError saying what is wrong with it (cut short, not an object, a key of the
+    wrong type)."""
+    row = _decode(text, dict)
+    try:
+        msgspec.convert(row, _RowShape)
+    except msgspec.ValidationError as exc:
+        raise ValueError(f"not a result row ({_short(exc)})") from None
+    return row
+
+
+def _decode(text, kind: type):
+    """JSON text → a value of ``kind``; ValueError (one line) where it is not JSON or not of that kind."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        size = f" of {len(text)} characters" if isinstance(text, str) else ""
+        raise ValueError(f"malformed JSON{size}, cut short or damaged ({_short(exc)})") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"expected a JSON {'object' if kind is dict else kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _short(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:160]
+
+
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    """A store whose pages are damaged (SQLITE_CORRUPT), not one that is locked or not a database at all."""
+    name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
+    return name.startswith("SQLITE_CORRUPT") if name else "malformed" in str(exc)
+
+
+def damaged(path, exc: Exception) -> PerflabError:
+    path = Path(path)
+    copy = path.parent.with_name(path.parent.name + "_recovered")
+    return PerflabError(f"{path}: the store is damaged ({_short(exc)}); recover what it holds with `mkdir {copy} && "
+                        f"sqlite3 {path} .recover | sqlite3 {copy / STORE_NAME}` and read {copy} instead")
+
+
+@contextlib.contextmanager
+def _reading(path):
+    """Reads of a store whose pages are damaged end in one line naming the file (``damaged``)."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        if _is_damage(exc):
+            raise damaged(path, exc) from None
+        raise
+
+
+def report_unreadable(unreadable: list[Unreadable], on_unreadable: Callable[[Unreadable], None] | None, path) -> None:
+    """Each left-out record to ``on_unreadable``, or as a warning where there is none."""
+    for item in unreadable:
+        if on_unreadable is not None:
+            on_unreadable(item)
+        else:
+            warnings.warn(f"{path}: {item.line()}", stacklevel=3)
+
+
+def read_rows(out_dir, env_key: str | None = None, on_unreadable: Callable[[Unreadable], None] | None = None) -> list[dict]:
+    """The stored rows (of one environment, or all), each judged for ``host_drift`` against its own environment's rows.
+    Rows that cannot be decoded are left out, each passed to ``on_unreadable`` (a warning without it)."""
     from perflab.measure.canary import mark_host_flags
 
-    with Store.open(out_dir) as store:
+    with Store.open(out_dir) as store, _reading(store.path):
         rows = store.rows(env_key)
+    report_unreadable(store.unreadable, on_unreadable, store.path)
     return mark_host_flags(rows)
 
 
@@ -275,6 +398,55 @@ def _plain(value):
     return str(value)
 
 
+# What a row's values can do to an INSERT: an int past 64 bits (OverflowError), a str() refused (ValueError: over 4300
+# digits), a lone surrogate (UnicodeEncodeError), a type sqlite3 cannot bind. A full disk or a lock is not the row's fault.
+_UNSTORABLE = (OverflowError, ValueError, TypeError, sqlite3.InterfaceError, sqlite3.DataError)
+
+
+def unstorable_row(row: dict, exc: Exception) -> dict:
+    """A row that could not be stored (``exc``) as an ``error`` row that can: the values that cannot (integers past 64
+    bits, text that will not encode, what JSON cannot hold) become null, and its message names them and its status."""
+    from perflab.spec import INT64_MAX, INT64_MIN
+
+    dropped: list[str] = []
+
+    def keep(value, path: str):
+        if isinstance(value, bool) or value is None or isinstance(value, float):
+            return value
+        if isinstance(value, int):
+            if INT64_MIN <= value <= INT64_MAX:
+                return value
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+                return value
+            except UnicodeEncodeError:
+                pass
+        elif isinstance(value, dict):
+            return {str(k): keep(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+        elif isinstance(value, (list, tuple)):
+            return [keep(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        elif hasattr(value, "tolist"):
+            return keep(value.tolist(), path)
+        else:
+            return str(value)
+        dropped.append(path)
+        return None
+
+    kept = keep(dict(row), "")
+    was = f"{kept.get('status') or 'unknown'}" + (f": {str(kept['message'])[:200]}" if kept.get("message") else "")
+    reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+    nulled = f"; {', '.join(dropped[:5])}{' and more' if len(dropped) > 5 else ''} stored as null" if dropped else ""
+    kept.update(case_id=str(row.get("case_id")), status="error",
+                message=f"this row could not be stored as measured ({reason}){nulled}; it was {was}")
+    try:
+        dumps(kept)
+    except _UNSTORABLE:  # what is left still will not serialise: the case and the reason alone
+        kept = {k: kept.get(k) for k in ("case_id", "status", "message", "label")}
+        kept = {k: v if isinstance(v, str) or v is None else str(v) for k, v in kept.items()}
+    return kept
+
+
 def status_counts(rows: Iterable[dict]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in rows:
@@ -285,7 +457,7 @@ def status_counts(rows: Iterable[dict]) -> dict[str, int]:
 class StoredSweep:
     """What a sweep directory holds, read back: the rows of one environment and the experiment behind them."""
 
-    def __init__(self, out_dir, rows, experiment, sweeps, environments, env_key, other_env_keys, all_rows=None):
+    def __init__(self, out_dir, rows, experiment, sweeps, environments, env_key, other_env_keys, all_rows=None, unreadable=()):
         self.out_dir = Path(out_dir)
         self.rows = rows  # of env_key, in stored order
         self.experiment = experiment  # the latest sweep's Experiment, or None (rows stored by other means)
@@ -294,6 +466,7 @@ class StoredSweep:
         self.env_key = env_key
         self.other_env_keys = other_env_keys  # environments with rows not shown (resumed elsewhere, other GPU types)
         self.all_rows = rows if all_rows is None else all_rows  # of every environment (the cross-GPU table)
+        self.unreadable = list(unreadable)  # records left out (Unreadable), which the report names
 
 
 def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
@@ -306,7 +479,7 @@ def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
     from perflab.measure.canary import mark_host_flags
     from perflab.sweep.spec import Experiment
 
-    with Store.open(out_dir) as store:
+    with Store.open(out_dir) as store, _reading(store.path):
         sweeps = store.sweeps()
         keys = store.env_keys()
         environments = store.environments()
@@ -320,8 +493,14 @@ def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
         rows = [r for r in all_rows if r["env_key"] in shown] if env_key is not None else []
     experiment = None
     if sweeps and sweeps[-1]["experiment"]:
-        experiment = Experiment.from_json(sweeps[-1]["experiment"], text=sweeps[-1].get("spec_text") or "")
-    return StoredSweep(out_dir, rows, experiment, sweeps, environments, env_key, [k for k in keys if k not in shown], all_rows)
+        try:
+            experiment = Experiment.from_json(sweeps[-1]["experiment"], text=sweeps[-1].get("spec_text") or "")
+        except (TypeError, ValueError, KeyError, AttributeError, PerflabError) as exc:  # a record of the wrong shape: the rows alone
+            store.unreadable.append(Unreadable("sweep", str(sweeps[-1]["id"]), sweeps[-1].get("env_key") or "",
+                                               f"experiment_json is not an experiment ({type(exc).__name__}: {_short(exc)}); "
+                                               "the cases it did not run are not counted"))
+    return StoredSweep(out_dir, rows, experiment, sweeps, environments, env_key, [k for k in keys if k not in shown], all_rows,
+                       unreadable=store.unreadable)
 
 
 def _gpu_names(env: dict | None) -> list:

@@ -1,0 +1,87 @@
+"""Issue 39: a damaged store is reported in part: rows that cannot be decoded are named and skipped, a sweep record of
+the wrong shape is named and the rows are reported without it, and damaged pages are one line naming the file."""
+
+import random
+import sqlite3
+
+import pytest
+
+from cli_util import assert_one_line_error, run_cli_here
+from perflab import api
+from perflab.spec import Case
+from perflab.sweep.store import Store
+
+CASES = [Case("test:tiny", input_size=32, batch_size=bs, device="cpu") for bs in (1, 2, 3, 4)]
+
+
+def _store(out, padding: int = 0):
+    """A sweep's store of four ok rows, as the runner writes them (``padding`` characters more per row, to span pages)."""
+    with Store.create(out) as store:
+        store.put_environment("env", {"host": "lab"})
+        sweep = store.begin_sweep(command="perflab sweep x.yaml", spec_source="x.yaml", spec_text="", env_key="env", n_cases=4, n_skipped=0,
+                                  experiment={"name": "x", "source": "x.yaml", "cases": [c.to_dict() for c in CASES]})
+        for case in CASES:
+            median = 1.0 + case.batch_size
+            store.put({"case_id": case.id, "case": case.to_dict(), "status": "ok", "model": "test:tiny", "input_size": 32,
+                       "batch_size": case.batch_size, "dtype": "fp32", "mode": "eager", "device": "cpu", "label": case.label(),
+                       "median_ms": median, "ci95_ms": [median * 0.99, median * 1.01], "samples_ms": [median] * 3, "flags": [],
+                       "warnings": [], "throughput_per_s": 1000 * case.batch_size / median, "pad": "x" * padding}, "env", sweep_id=sweep)
+        store.end_sweep(sweep, "complete", 4)
+    return out
+
+
+def _sql(out, statement, *args):
+    with sqlite3.connect(str(out / "results.sqlite")) as conn:
+        conn.execute(statement, args)
+
+
+def test_rows_that_cannot_be_decoded_are_named_and_skipped(tmp_path):
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE results SET row_json = substr(row_json, 1, 40) WHERE case_id = ?", CASES[1].id)  # cut short
+    _sql(out, "UPDATE results SET row_json = '{\"case_id\": \"x\", \"status\": 5}' WHERE case_id = ?", CASES[2].id)  # the wrong shape
+    r = run_cli_here("results", out, "--format", "json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert len(r.stdout.splitlines()) == 2  # the two rows that are whole
+    lines = r.stderr.splitlines()
+    assert lines == [f"warning: {out}: row {CASES[1].id} (env): malformed JSON of 40 characters, cut short or damaged "
+                     "(Unterminated string starting at: line 1 column 38 (char 37)); skipped",
+                     f"warning: {out}: row {CASES[2].id} (env): not a result row (Expected `str`, got `int` - at `$.status`); skipped"]
+    r = run_cli_here("report", out, "--bootstrap", "100")
+    assert r.returncode == 0 and len(r.stderr.splitlines()) == 2 and "Traceback" not in r.stderr
+    assert "(2 unreadable stored record(s) left out, named in its Status section)" in r.stdout
+    text = (out / "report.md").read_text()
+    assert "2 cases: 2 ok." in text  # the two unreadable rows are neither counted nor called "not run"
+    assert "2 stored record(s) could not be read and are left out of this report (2 result row(s) among them, not counted above):" in text
+    assert f"| row | `{CASES[1].id}` | malformed JSON of 40 characters" in text
+
+
+def test_a_sweep_record_of_the_wrong_shape_is_named_and_the_rows_are_still_reported(tmp_path):
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE sweeps SET experiment_json = '{\"cases\": [5]}'")
+    r = run_cli_here("report", out, "--bootstrap", "100")
+    assert r.returncode == 0 and "Traceback" not in r.stderr
+    assert r.stderr.splitlines() == [f"warning: {out}: sweep 1 (env): experiment_json is not an experiment (TypeError: 'int' object is not "
+                                     "iterable); the cases it did not run are not counted; skipped"]
+    text = (out / "report.md").read_text()
+    assert "4 cases: 4 ok." in text and "| sweep | `1` | experiment_json is not an experiment" in text
+    _sql(out, "UPDATE sweeps SET experiment_json = '[1, 2'")  # cut short
+    warned = []
+    assert len(api.results(out)) == 4  # rows alone do not read the sweep record
+    api.report(out, n_boot=100, on_unreadable=warned.append)
+    assert [(u.what, u.key, u.problem) for u in warned] == [
+        ("sweep", "1", "experiment_json: malformed JSON of 5 characters, cut short or damaged (Expecting ',' delimiter: line 1 column 6 (char 5))")]
+
+
+def test_damaged_pages_are_one_line_naming_the_file_and_sqlite_recover(tmp_path):
+    out = _store(tmp_path / "run", padding=3000)  # rows on pages of their own
+    path = out / "results.sqlite"
+    data = bytearray(path.read_bytes())
+    assert len(data) >= 10 * 4096
+    rng = random.Random(39)
+    data[4 * 4096:8 * 4096] = bytes(rng.randrange(256) for _ in range(4 * 4096))  # random bytes past the first page
+    path.write_bytes(bytes(data))
+    Store.open(out).close()  # its first page is whole: the damage shows only once the rows are read
+    for command in (["results", out], ["report", out]):
+        r = run_cli_here(*command)
+        assert_one_line_error(r, f"{path}: the store is damaged (database disk image is malformed); recover what it holds with "
+                                 f"`mkdir {tmp_path / 'run_recovered'} && sqlite3 {path} .recover | sqlite3 {tmp_path / 'run_recovered' / 'results.sqlite'}`")
