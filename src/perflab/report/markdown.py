@@ -60,12 +60,15 @@ def write_report(out_dir, *, n_boot: int = 2000, spec=None) -> Path:
 
 
 def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
-    rows = with_missing(stored.rows, stored.experiment)
+    from perflab.report.versions import latest_version_rows, versions_sections
+
+    rows = latest_version_rows(stored, with_missing(stored.rows, stored.experiment))  # a store of versions: the last one's
     experiment = stored.experiment
     comparisons = list(experiment.comparisons) if experiment and experiment.comparisons else default_comparisons(rows)
     common = common_flags(stored.rows)
     parts = [_header(stored, common, family_summary(rows))]
     parts += _status_section(rows)
+    parts += versions_sections(stored, plot_dir)
     parts += cost_section(stored.rows)
     for comparison in comparisons:
         parts += comparison_section(comparison, rows, plot_dir, common)
