@@ -9,7 +9,8 @@ The method (docs/regressions.md):
   - ``paired``: both rows were measured by one ``perflab ab`` or ``perflab track`` run, round by round, each A
     process beside a B process in time (the rows' ``version.session`` agree). One ratio per round, B's process
     median ÷ A's; a Student-t interval on their logarithms, over the rounds. A slow stretch of the host that spans
-    a round lengthens both sides of its pair and cancels.
+    a round lengthens both sides of its pair and cancels. A round where either process was flagged
+    ``host_contention`` (its timing thread waited for a CPU) is left out where two or more rounds remain.
   - ``processes``: each side spread its samples over two or more processes (``bench --processes``, or rounds of
     runs that were not timed together). Welch's t interval on the logarithms of the process medians: between-
     process variance is in it, but nothing is paired, so a host that was slower for one whole run is not.
@@ -160,13 +161,34 @@ def within_run_ratio(a: dict, b: dict) -> Ratio | None:
 
 def row_ratio(a: dict, b: dict) -> Ratio | None:
     """The best-founded ratio of two ok rows of one case: paired where one ab/track run timed them round by round,
-    else over processes where both have several, else within-run."""
+    else over processes where both have several, else within-run. Paired, a round where either process was flagged
+    ``host_contention`` (its timing thread waited for a CPU: ``measure.canary``; the rows' ``process_flags``) is left
+    out where two or more rounds remain, and the note says so: the flag is measured apart from the timing, so leaving
+    such a round out does not pick rounds by their result."""
     pa, pb = _process_medians(a), _process_medians(b)
     if same_session(a, b) and len(pa) == len(pb):
+        clean = _uncontended_rounds(a, b, len(pa))
+        if len(clean) >= 2 and len(clean) < len(pa):
+            paired = paired_ratio([pa[i] for i in clean], [pb[i] for i in clean])
+            left_out = ", ".join(str(i + 1) for i in range(len(pa)) if i not in clean)
+            return Ratio(paired.ratio, paired.low, paired.high, paired.basis, paired.units,
+                         f"{paired.note}; round(s) {left_out} of {len(pa)} left out: a process there waited for a CPU (host_contention)")
         paired = paired_ratio(pa, pb)
         if paired is not None:
             return paired
     return process_ratio(pa, pb) or within_run_ratio(a, b)
+
+
+CONTENTION_FLAG = "host_contention"
+
+
+def _uncontended_rounds(a: dict, b: dict, n: int) -> list[int]:
+    """The rounds (0-based) where neither side's process was flagged ``host_contention``; all where the rows do not
+    say per process."""
+    fa, fb = a.get("process_flags"), b.get("process_flags")
+    if not fa or not fb or len(fa) != n or len(fb) != n:
+        return list(range(n))
+    return [i for i in range(n) if CONTENTION_FLAG not in (fa[i] or []) and CONTENTION_FLAG not in (fb[i] or [])]
 
 
 def same_session(a: dict, b: dict) -> bool:

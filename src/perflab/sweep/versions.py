@@ -79,7 +79,9 @@ class Version:
 
 def _run(cmd: list[str], what: str, timeout: float = GIT_TIMEOUT_S, **kwargs) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kwargs)
+        if "input" not in kwargs:
+            kwargs["stdin"] = subprocess.DEVNULL
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
     except FileNotFoundError:
         raise PerflabError(f"{what}: {cmd[0]} not found (is it installed and on PATH?)") from None
     except subprocess.TimeoutExpired:
@@ -432,6 +434,8 @@ def _worker_env(version: Version) -> dict:
 
 def _merge(case: Case, runs: list[tuple[float, dict]], merge_processes) -> dict:
     """One row from a case's processes at one version (rounds in order): merged as ``bench --processes`` merges."""
+    from perflab.measure.canary import mark_host_flags
+
     rows = [row for _, row in runs]
     if len(rows) == 1:
         merged = dict(rows[0])
@@ -441,6 +445,8 @@ def _merge(case: Case, runs: list[tuple[float, dict]], merge_processes) -> dict:
     else:
         merged = merge_processes([case], [[row] for row in rows], read_peaks=False)[0]
     merged["process_started_at"] = [t for t, _ in runs]
+    # Each round's own flags, host_contention among them (judged as rows are read: measure.canary), for the pairs
+    merged["process_flags"] = [list(mark_host_flags([row])[0].get("flags") or []) for row in rows]
     merged["process_costs_s"] = [row.get("cost_s") for row in rows]
     return merged
 
