@@ -119,7 +119,7 @@ def test_ab_calls_the_doubled_matmul_slower_with_a_paired_ci_that_excludes_1(rep
 
 def test_track_finds_the_change_at_c3_and_none_at_c2_and_a_rerun_reuses_the_rows(repo, tmp_path):
     out = tmp_path / "track"
-    result = run_cli_here("track", "--repo", repo, "--range", "c1..c3", *CASE, "--rounds", "4", "--out", out, "--json")
+    result = run_cli_here("track", "--repo", repo, "--range", "c1..c3", *CASE, "--rounds", "3", "--out", out, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [v["commit"] for v in report["versions"]] == [sha(repo, t) for t in ("c1", "c2", "c3")]
@@ -130,7 +130,7 @@ def test_track_finds_the_change_at_c3_and_none_at_c2_and_a_rerun_reuses_the_rows
     assert c2["step"]["verdict"] in ("no change", "inconclusive")  # a comment: no change point
     assert len(stored(out)[0]) == 3
 
-    again = run_cli_here("track", "--repo", repo, "--revs", "c1", "c2", "c3", *CASE, "--rounds", "4", "--out", out, "--json")
+    again = run_cli_here("track", "--repo", repo, "--revs", "c1", "c2", "c3", *CASE, "--rounds", "3", "--out", out, "--json")
     assert again.returncode == 0, again.stderr
     rerun = json.loads(again.stdout)
     assert rerun["reused"] == 3 and rerun["cases"][0]["change_points"] == ["c3"]

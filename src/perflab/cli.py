@@ -90,10 +90,9 @@ OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples 
                              "the CI then covers between-process variance.")
 
 
-@app.command()
-def bench(
-    model: List[str] = typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>, "
-                                    "gpt_*, llama*, or your own: path/file.py:NAME, package.module:NAME, hf:DIR."),
+def _bench_flags(
+    model: List[str] = typer.Option([], "--model", help="The cases as bench's flags (instead of --spec): model name(s) or your own, "
+                                    "path/file.py:NAME (relative: read in each revision's worktree), package.module:NAME, hf:DIR."),
     input_size: List[int] = OPT_INPUT_SIZE,
     batch_size: List[int] = OPT_BATCH_SIZE,
     keep_rate: List[float] = OPT_KEEP_RATE,
@@ -119,6 +118,43 @@ def bench(
     seed: int = OPT_SEED,
     optimizer: Optional[str] = OPT_OPTIMIZER,
     checkpoint_activations: bool = OPT_CHECKPOINT,
+) -> dict:
+    """bench's case flags, as the keyword arguments of ``api.make_cases`` (its signature lends bench, ab and track the flags)."""
+    return dict(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn,
+                dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed,
+                optimizer=optimizer, checkpoint_activations=checkpoint_activations,
+                **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+
+
+def _with_bench_flags(model_option=None):
+    """A command that takes bench's case flags (``_bench_flags``' parameters, before its own) and gets them as one dict,
+    ``flags``; ``model_option``: its own --model (bench's is required)."""
+    import functools
+    import inspect
+
+    extra = dict(inspect.signature(_bench_flags, eval_str=True).parameters)
+    if model_option is not None:
+        extra["model"] = extra["model"].replace(default=model_option)
+
+    def decorate(command):
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "flags"]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            flags = {name: kwargs.pop(name) for name in extra}
+            return command(flags=_bench_flags(**flags), **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(list(extra.values()) + own)
+        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+        return wrapper
+
+    return decorate
+
+
+@app.command()
+@_with_bench_flags(typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>, "
+                                                "gpt_*, llama*, or your own: path/file.py:NAME, package.module:NAME, hf:DIR."))
+def bench(
     fmt: str = typer.Option("table", "--format", help="table, csv or json (one object per case per line)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the rows to this file (.csv, else JSON lines)."),
     memory_snapshot: Optional[Path] = typer.Option(None, "--memory-snapshot", help="GPU: write the CUDA memory history (a pickle "
@@ -129,6 +165,7 @@ def bench(
     parallel: Optional[str] = OPT_PARALLEL,
     gpus: Optional[str] = OPT_RANK_GPUS,
     world_size: Optional[int] = OPT_WORLD_SIZE,
+    flags: dict = None,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -139,14 +176,8 @@ def bench(
         raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
     if out_file is not None:
         check_writable_file(out_file)
-    ranks = _ranks(parallel, gpus, world_size, device)
-    cases = api.make_cases(
-        model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
-        attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
-        repeats=repeats, seed=seed, optimizer=optimizer, checkpoint_activations=checkpoint_activations,
-        **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
-        **ranks.case_options(),
-    )
+    ranks = _ranks(parallel, gpus, world_size, flags["device"])
+    cases = api.make_cases(**flags, **ranks.case_options())
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
@@ -403,71 +434,17 @@ def breakeven(
     out.print(f"wrote {api.report(out_dir, n_boot=n_boot)}", soft_wrap=True, markup=False)
 
 
-def _bench_flags(
-    model: List[str] = typer.Option([], "--model", help="The cases as bench's flags (instead of --spec): model name(s) or your own, "
-                                    "path/file.py:NAME (relative: read in each revision's worktree), package.module:NAME, hf:DIR."),
-    input_size: List[int] = OPT_INPUT_SIZE,
-    batch_size: List[int] = OPT_BATCH_SIZE,
-    keep_rate: List[float] = OPT_KEEP_RATE,
-    reduction_loc: List[int] = OPT_REDUCTION_LOC,
-    workload: List[str] = OPT_WORKLOAD,
-    seq_len: List[int] = OPT_SEQ_LEN,
-    prompt_len: List[int] = OPT_PROMPT_LEN,
-    context_len: List[int] = OPT_CONTEXT_LEN,
-    new_tokens: List[int] = OPT_NEW_TOKENS,
-    layers: Optional[int] = OPT_LAYERS,
-    layers_only: bool = OPT_LAYERS_ONLY,
-    model_arg: List[str] = OPT_MODEL_ARG,
-    max_memory: Optional[str] = OPT_MAX_MEMORY,
-    family: Optional[str] = OPT_FAMILY,
-    attn: str = OPT_ATTN,
-    dtype: List[str] = OPT_DTYPE,
-    mode: List[str] = OPT_MODE,
-    warmup: int = OPT_WARMUP,
-    min_time: float = OPT_MIN_TIME,
-    iters: Optional[int] = OPT_ITERS,
-    repeats: int = OPT_REPEATS,
-    device: str = OPT_DEVICE,
-    seed: int = OPT_SEED,
-    optimizer: Optional[str] = OPT_OPTIMIZER,
-    checkpoint_activations: bool = OPT_CHECKPOINT,
-) -> dict:
-    """bench's case flags, as the keyword arguments of ``api.make_cases`` (the signature lends ab and track the flags)."""
-    return dict(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn,
-                dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed,
-                optimizer=optimizer, checkpoint_activations=checkpoint_activations,
-                **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
-
-
-def _with_bench_flags(command):
-    """The command takes bench's case flags too (``_bench_flags``' parameters, appended to its own), and gets them as
-    one dict, ``flags``."""
-    import functools
-    import inspect
-
-    extra = inspect.signature(_bench_flags, eval_str=True).parameters
-    own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.kind != p.VAR_KEYWORD]
-
-    @functools.wraps(command)
-    def wrapper(**kwargs):
-        flags = {name: kwargs.pop(name) for name in extra}
-        return command(flags=_bench_flags(**flags), **kwargs)
-
-    wrapper.__signature__ = inspect.Signature([p for p in own if p.name != "flags"] + list(extra.values()))
-    wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
-    return wrapper
-
-
 OPT_VERSIONS_SPEC = typer.Option(None, "--spec", help="The cases as an experiment spec (instead of bench flags); a spec inside "
                                  "--repo is read from each revision's worktree.")
 OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round: alternate (A B, then B A, ...) "
-                                "or random (seeded by --seed).")
+                                "or random (seeded by --order-seed).")
+OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random.")
 OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per process before its worker is killed (default: the spec's, else 600).")
 OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")
 
 
 @app.command()
-@_with_bench_flags
+@_with_bench_flags()
 def ab(
     repo: Optional[Path] = typer.Option(None, "--repo", help="The git repository (a directory in it) whose revisions --a and --b are."),
     a: Optional[str] = typer.Option(None, "--a", help="Version A: a revision of --repo (a commit, branch or tag)."),
@@ -477,7 +454,7 @@ def ab(
     spec: Optional[Path] = OPT_VERSIONS_SPEC,
     rounds: int = typer.Option(3, "--rounds", help="Rounds: each runs every case once at A and once at B, in processes side by side."),
     order: str = OPT_ROUNDS_ORDER,
-    order_seed: int = typer.Option(0, "--order-seed", help="Seed of --order random."),
+    order_seed: int = OPT_ORDER_SEED,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="The store (default runs/ab/<date-time>)."),
     timeout: Optional[float] = OPT_VERSIONS_TIMEOUT,
     threshold: float = typer.Option(0.05, "--threshold", help="A ratio beyond 1 ± this fraction, its CI excluding 1, is faster or "
@@ -504,13 +481,13 @@ def ab(
                                          store=str(summary.out_dir), rounds=summary.rounds)) + "\n")
     else:
         render_versions(out, summary.versions)
-        render_comparison(out, comparison, ("A", "B"))
+        render_comparison(out, comparison, tuple(v.label for v in summary.versions))
         out.print(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
     _versions_interrupted(summary)
 
 
 @app.command()
-@_with_bench_flags
+@_with_bench_flags()
 def track(
     repo: Path = typer.Option(..., "--repo", help="The git repository (a directory in it) whose revisions to run."),
     revs: List[str] = typer.Option([], "--revs", help="Revisions, oldest first (space-separated or repeated)."),
@@ -520,7 +497,7 @@ def track(
     rounds: int = typer.Option(1, "--rounds", help="Rounds: each runs every case once at every revision, in processes one after "
                                "another; with 3 or more, neighbours' ratios are paired per round."),
     order: str = OPT_ROUNDS_ORDER,
-    order_seed: int = typer.Option(0, "--order-seed", help="Seed of --order random."),
+    order_seed: int = OPT_ORDER_SEED,
     timeout: Optional[float] = OPT_VERSIONS_TIMEOUT,
     threshold: float = typer.Option(0.05, "--threshold", help="A step between neighbouring revisions beyond 1 ± this fraction, its "
                                     "CI excluding 1, is a change point (default 0.05)."),

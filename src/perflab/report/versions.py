@@ -49,7 +49,7 @@ def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str
     """The sentences under a comparison's table: what the sides are, the threshold, how each CI was taken, the host-
     dependent cases and the cases of one side only."""
     t = comparison.threshold
-    lines = [f"A = {names[0]}, B = {names[1]}. B/A above 1: B is slower. Verdict at ±{t:.0%}: slower or faster where the "
+    lines = [f"A: {names[0]}; B: {names[1]}. B/A above 1: B is slower. Verdict at ±{t:.0%}: slower or faster where the "
              f"{LEVEL:.0%} CI excludes 1 and the ratio is beyond 1 ± {t:.0%}; no change where the whole CI lies within "
              f"{1 / (1 + t):.3f}–{1 + t:.3f}; inconclusive otherwise."]
     for basis in dict.fromkeys(c.ratio.basis for c in comparison.changes if c.ratio):
@@ -72,12 +72,16 @@ def render_comparison(console, comparison: Comparison, names: tuple[str, str]) -
         console.print(line, soft_wrap=True, markup=False)
 
 
+def version_what(info: dict) -> str:
+    """What a version is: ``revision c2 (a3d3cc65ea: its subject)``, ``interpreter /venv/bin/python``."""
+    if info.get("kind") == "revision":
+        return f"revision {info.get('revision')} ({(info.get('commit') or '')[:10]}: {info.get('subject') or ''})"
+    return f"interpreter {info.get('python')}"
+
+
 def version_line(info: dict) -> str:
     """One version in words: what it is, and the environment it ran in."""
-    if info.get("kind") == "revision":
-        what = f"revision {info.get('revision')} ({(info.get('commit') or '')[:10]}: {info.get('subject') or ''})"
-    else:
-        what = f"interpreter {info.get('python')}"
+    what = version_what(info)
     env = " · ".join(f"{name} {info.get(key) or '–'}" for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("driver", "driver"),
                                                                         ("perflab", "perflab")))
     return f"{info.get('name')}: {what} · {env}"
@@ -169,7 +173,7 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         comparison = compare_rows(a, b, threshold)
         return ["## A/B", f"{run.get('rounds')} rounds, versions in {run.get('order')} order, each process of one version "
                 f"beside one of the other.", "\n".join(lines), md_table(COMPARISON_HEADERS, comparison_rows(comparison)),
-                " ".join(comparison_notes(comparison, ("A", "B")))]
+                " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])))]
     order = [(v["key"], v["name"]) for v in versions]
     parts = ["## By revision",
              f"Each case at {len(versions)} revisions, oldest first ({run.get('rounds')} round(s)). Each revision is compared with "

@@ -68,6 +68,11 @@ class Version:
     def slug(self) -> str:
         return "".join(ch if ch.isalnum() else "_" for ch in self.name)[:40] or "v"
 
+    @property
+    def label(self) -> str:
+        """What it is, short: ``c2 (a3d3cc65ea)``, ``/venv/bin/python``."""
+        return f"{self.revision} ({self.commit[:10]})" if self.kind == "revision" else self.python
+
     def info(self) -> dict:
         """What a row says of its version."""
         out = {"name": self.name, "kind": self.kind, "key": self.key, "python": self.python}
@@ -344,7 +349,8 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     (summary). ``record``: more to keep in the run's sweep record (the threshold its report judges by)."""
     from perflab.measure.harness import merge_processes
     from perflab.sweep.launcher import choose_launcher
-    from perflab.sweep.runner import Forks, _one_sweep_at_a_time, _sigterm_as_interrupt, case_timeout, run_case_in_subprocess, worker_args
+    from perflab.sweep.runner import (Forks, _one_sweep_at_a_time, _sigterm_as_interrupt, _slots, case_timeout, run_case_in_subprocess,
+                                      worker_args)
     from perflab.sweep.store import Store, store_path
 
     emit = on_event or (lambda kind, **info: None)
@@ -353,6 +359,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
         raise PerflabError(f"--rounds must be at least 1, got {rounds}")
     schedule = round_order(len(plan.versions), rounds, len(plan.cases), order, seed)
     experiment = plan.versions[0].experiment
+    _slots(experiment, None, 1)  # CUDA cases where CUDA is not: one line now, not an error row a process
     timeout_s = case_timeout(experiment, timeout_s)
     launcher = choose_launcher(launcher)
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
