@@ -696,7 +696,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
     from dataclasses import replace
     from pathlib import Path
 
-    from perflab.analysis.regressions import check_threshold, compare_rows
+    from perflab.analysis.regressions import Comparison, check_threshold, compare_rows
     from perflab.errors import PerflabError
     from perflab.sweep.versions import plan_interpreters, plan_revisions, run_versions
 
@@ -723,8 +723,10 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
                                record={"threshold": threshold})
     finally:
         plan.close()
-    version_a, version_b = plan.versions
-    return summary, compare_rows(summary.rows_of(version_a), summary.rows_of(version_b), threshold)
+    rows_a, rows_b = (summary.rows_of(v) for v in plan.versions)
+    if not (rows_a and rows_b):  # interrupted before a case's last round: nothing stored to compare
+        return summary, Comparison([], threshold=threshold)
+    return summary, compare_rows(rows_a, rows_b, threshold)
 
 
 def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: dict | None = None, out, rounds: int = 1,

@@ -62,6 +62,8 @@ def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str
 
 
 def render_comparison(console, comparison: Comparison, names: tuple[str, str]) -> None:
+    if not comparison.changes:  # an interrupted ab: no case finished its rounds
+        return
     table = Table(title="Stored runs compared, case by case", header_style="bold")
     for header in COMPARISON_HEADERS:
         table.add_column(header, justify="left" if header in ("case", "verdict", "CI over (n)") else "right")

@@ -364,9 +364,9 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     launcher = choose_launcher(launcher)
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
         with Store.open(out_dir) as store:
-            stored = {k for v in plan.versions for k in ((cid, v.key) for cid in store.statuses(v.env_key))}
+            stored = sum(len(store.statuses(v.env_key)) for v in plan.versions)
         if stored and not reuse:
-            raise PerflabError(f"{out_dir} already holds {len(stored)} row(s) of these versions; give another --out")
+            raise PerflabError(f"{out_dir} already holds {stored} row(s) of these versions; give another --out")
     session = uuid.uuid4().hex[:12]
     summary = VersionsSummary(out_dir, session, plan.versions, plan.cases, rounds)
     with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
