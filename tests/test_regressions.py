@@ -71,6 +71,18 @@ def test_the_basis_is_paired_only_for_rows_one_run_timed_together():
     assert row_ratio(dict(a, process_medians_ms=[2.0]), dict(b, process_medians_ms=[4.0])).basis == "within-run"
 
 
+def test_a_round_on_a_busy_or_slower_host_is_left_out_of_the_pairs_while_two_remain():
+    a = row("x", 2.0, processes=[2.0, 2.1, 4.0, 1.9], session="s")
+    b = row("x", 4.0, processes=[4.0, 4.1, 4.2, 3.9], session="s")  # round 3: A's process waited for a CPU (2.0 → 4.0 ms)
+    a["process_flags"] = [["short_timing"], [], ["host_contention"], []]
+    b["process_flags"] = [[], ["high_cv"], [], ["host_drift"]]  # round 4: B's host canary was off the run's median
+    r = row_ratio(a, b)
+    assert r.basis == "paired" and r.units == 2 and "round(s) 3, 4 of 4 left out" in r.note
+    assert r.ratio == pytest.approx(math.sqrt(4.0 / 2.0 * 4.1 / 2.1))
+    b["process_flags"] = [["host_drift"], [], [], ["host_drift"]]  # only round 2 clean: all four rounds are kept
+    assert row_ratio(a, b).units == 4 and "left out" not in row_ratio(a, b).note
+
+
 @pytest.mark.parametrize("ratio,low,high,expected", [
     (1.20, 1.10, 1.30, "slower"),
     (0.80, 0.75, 0.85, "faster"),

@@ -105,8 +105,9 @@ def test_ab_calls_the_doubled_matmul_slower_with_a_paired_ci_that_excludes_1(rep
     # ABBA...: in each round the two processes ran one after the other, A first in rounds 1 and 3, B first in 2 and 4
     starts = sorted((t, side) for side in "AB" for t in by_side[side]["process_started_at"])
     assert [side for _, side in starts] == ["A", "B", "B", "A", "A", "B", "B", "A"]
-    # the ratio: the geometric mean of the rounds' B ÷ A, but for a round where a process waited for a CPU (said so)
-    kept = [i for i in range(4) if not any("host_contention" in by_side[s]["process_flags"][i] for s in "AB")]
+    # the ratio: the geometric mean of the rounds' B ÷ A, but for a round where a process ran on a busy or slower host
+    busy = ("host_contention", "host_drift")
+    kept = [i for i in range(4) if not any(f in busy for s in "AB" for f in by_side[s]["process_flags"][i])]
     kept = kept if len(kept) >= 2 else list(range(4))
     paired = [by_side["B"]["process_medians_ms"][i] / by_side["A"]["process_medians_ms"][i] for i in kept]
     assert case["ratio"]["units"] == len(paired) and case["ratio"]["ratio"] == pytest.approx(math.prod(paired) ** (1 / len(paired)))
@@ -157,7 +158,7 @@ def test_compare_of_two_bench_out_files_gives_per_case_verdicts(repo, tmp_path):
     cases = json.loads(result.stdout)["cases"]
     assert [c["label"].split()[2] for c in cases] == ["bs1", "bs2"]
     for case in cases:
-        assert case["verdict"] == "slower" and case["ratio"]["basis"] == "within-run" and case["ratio"]["low"] > 1.05
+        assert case["verdict"] == "slower" and case["ratio"]["basis"] == "within-run" and case["ratio"]["low"] > 1.0
         assert "does not cover between-process variance" in case["ratio"]["note"]
     table = run_cli_here("compare", *files)
     verdict_cells = [line.split("│")[-2].strip() for line in table.stdout.splitlines() if "model.py:Net" in line]

@@ -10,7 +10,7 @@ The method (docs/regressions.md):
     process beside a B process in time (the rows' ``version.session`` agree). One ratio per round, B's process
     median ÷ A's; a Student-t interval on their logarithms, over the rounds. A slow stretch of the host that spans
     a round lengthens both sides of its pair and cancels. A round where either process was flagged
-    ``host_contention`` (its timing thread waited for a CPU) is left out where two or more rounds remain.
+    ``host_contention`` or ``host_drift`` (a busy or slower host) is left out where two or more rounds remain.
   - ``processes``: each side spread its samples over two or more processes (``bench --processes``, or rounds of
     runs that were not timed together). Welch's t interval on the logarithms of the process medians: between-
     process variance is in it, but nothing is paired, so a host that was slower for one whole run is not.
@@ -36,6 +36,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from perflab.errors import PerflabError
+from perflab.measure.canary import HOST_FLAGS  # host_drift, host_contention (torch-free: flags are judged on rows)
 from perflab.measure.stats import t975
 
 LEVEL = 0.95  # every CI here is a 95% interval (t975 quantiles)
@@ -162,9 +163,10 @@ def within_run_ratio(a: dict, b: dict) -> Ratio | None:
 def row_ratio(a: dict, b: dict) -> Ratio | None:
     """The best-founded ratio of two ok rows of one case: paired where one ab/track run timed them round by round,
     else over processes where both have several, else within-run. Paired, a round where either process was flagged
-    ``host_contention`` (its timing thread waited for a CPU: ``measure.canary``; the rows' ``process_flags``) is left
-    out where two or more rounds remain, and the note says so: the flag is measured apart from the timing, so leaving
-    such a round out does not pick rounds by their result."""
+    ``host_contention`` or ``host_drift`` (its timing thread waited for a CPU, or the host canary ran more than 15% off
+    the run's median: ``measure.canary``; the rows' ``process_flags``) is left out where two or more rounds remain,
+    and the note says so: the flags are measured apart from the timing, so leaving such a round out does not pick
+    rounds by their result."""
     pa, pb = _process_medians(a), _process_medians(b)
     if same_session(a, b) and len(pa) == len(pb):
         clean = _uncontended_rounds(a, b, len(pa))
@@ -172,23 +174,20 @@ def row_ratio(a: dict, b: dict) -> Ratio | None:
             paired = paired_ratio([pa[i] for i in clean], [pb[i] for i in clean])
             left_out = ", ".join(str(i + 1) for i in range(len(pa)) if i not in clean)
             return Ratio(paired.ratio, paired.low, paired.high, paired.basis, paired.units,
-                         f"{paired.note}; round(s) {left_out} of {len(pa)} left out: a process there waited for a CPU (host_contention)")
+                         f"{paired.note}; round(s) {left_out} of {len(pa)} left out: a process there ran on a busy or slower "
+                         "host (host_contention or host_drift)")
         paired = paired_ratio(pa, pb)
         if paired is not None:
             return paired
     return process_ratio(pa, pb) or within_run_ratio(a, b)
 
 
-CONTENTION_FLAG = "host_contention"
-
-
 def _uncontended_rounds(a: dict, b: dict, n: int) -> list[int]:
-    """The rounds (0-based) where neither side's process was flagged ``host_contention``; all where the rows do not
-    say per process."""
+    """The rounds (0-based) where neither side's process carries a host flag; all where the rows do not say per process."""
     fa, fb = a.get("process_flags"), b.get("process_flags")
     if not fa or not fb or len(fa) != n or len(fb) != n:
         return list(range(n))
-    return [i for i in range(n) if CONTENTION_FLAG not in (fa[i] or []) and CONTENTION_FLAG not in (fb[i] or [])]
+    return [i for i in range(n) if not any(f in HOST_FLAGS for f in (fa[i] or []) + (fb[i] or []))]
 
 
 def same_session(a: dict, b: dict) -> bool:

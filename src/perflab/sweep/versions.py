@@ -386,7 +386,8 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
                                      n_cases=len(plan.cases) * len(plan.versions), n_skipped=summary.reused)
         emit("start", total=len(todo) * rounds, reused=summary.reused, versions=plan.versions, rounds=rounds)
         forks: dict[str, Forks] = {}
-        runs: dict[tuple[str, str], list] = {}
+        runs: dict[tuple[str, str], list] = {}  # (case id, version key) → (start time, index into processes) per round
+        processes: list[dict] = []  # every process's row of this run, in the order they ran
         outcome = "interrupted"
         try:
             with _sigterm_as_interrupt():
@@ -407,10 +408,11 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
                                                             forks=fork, python=v.python, worker_env=_worker_env(v),
                                                             tag=f"-{v.slug}-r{r}")
                             summary.done += 1
-                            runs.setdefault((case.id, v.key), []).append((started, row))
+                            runs.setdefault((case.id, v.key), []).append((started, len(processes)))
+                            processes.append(row)
                             emit("process_done", case=vcase, version=v, round=r, row=row)
                             if r == rounds - 1:
-                                merged = _merge(vcase, runs.pop((case.id, v.key)), merge_processes)
+                                merged = _merge(vcase, runs.pop((case.id, v.key)), processes, merge_processes)
                                 merged["version"] = dict(v.info(), session=session, rounds=rounds, order=order,
                                                          position=vi, kind_of_run=kind)
                                 store.put(merged, v.env_key, sweep_id=sweep_id, worker="w0")
@@ -439,11 +441,12 @@ def _worker_env(version: Version) -> dict:
     return dict(version.worker_env) if version.kind == "python" else sweep_env("w0", 1)
 
 
-def _merge(case: Case, runs: list[tuple[float, dict]], merge_processes) -> dict:
-    """One row from a case's processes at one version (rounds in order): merged as ``bench --processes`` merges."""
-    from perflab.measure.canary import mark_host_flags
+def _merge(case: Case, runs: list[tuple[float, int]], processes: list[dict], merge_processes) -> dict:
+    """One row from a case's processes at one version (rounds in order, indices into ``processes``, every process of the
+    run so far): merged as ``bench --processes`` merges, with each round's host flags (``process_flags``)."""
+    from perflab.measure.canary import CANARY_KEY, mark_host_flags
 
-    rows = [row for _, row in runs]
+    rows = [processes[i] for _, i in runs]
     if len(rows) == 1:
         merged = dict(rows[0])
         if merged.get("status") == "ok":
@@ -452,8 +455,11 @@ def _merge(case: Case, runs: list[tuple[float, dict]], merge_processes) -> dict:
     else:
         merged = merge_processes([case], [[row] for row in rows], read_peaks=False)[0]
     merged["process_started_at"] = [t for t, _ in runs]
-    # Each round's own flags, host_contention among them (judged as rows are read: measure.canary), for the pairs
-    merged["process_flags"] = [list(mark_host_flags([row])[0].get("flags") or []) for row in rows]
+    # Each round's host flags, for the pairs: host_contention (its own wait for a CPU) and host_drift (its canary against
+    # the median canary of every process of this run, whatever its case and version: the canary runs the same code)
+    judged = mark_host_flags(processes, group=lambda row: "run")
+    merged["process_flags"] = [list(judged[i].get("flags") or []) for _, i in runs]
+    merged["process_canary_us"] = [row.get(CANARY_KEY) for row in rows]
     merged["process_costs_s"] = [row.get("cost_s") for row in rows]
     return merged
 
