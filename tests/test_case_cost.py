@@ -127,7 +127,7 @@ def test_the_launcher_is_chosen_by_flag_then_environment_and_a_refusing_one_fall
     # a launcher whose imports opened the GPU driver (or started a thread) refuses: every case then starts an interpreter
 
     class Refusing:
-        def __init__(self, label=""):
+        def __init__(self, label="", python=None, env=None):
             self.dead = False
 
         def wait_ready(self):

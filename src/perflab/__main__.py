@@ -1,3 +1,3 @@
-from perflab.cli import run
+from perflab.cli import entry
 
-run()
+entry()

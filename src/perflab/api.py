@@ -645,6 +645,196 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
     return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(batches))
 
 
+# ---------------------------------------------------------------------------------------------------
+# Stored results compared, and one experiment at several versions (docs/regressions.md)
+
+
+RESULT_FILE_SUFFIXES = (".csv", ".jsonl", ".ndjson")
+
+
+def is_results_path(item) -> bool:
+    """Whether ``item`` names stored results rather than a trace or a model: a directory (a store), a results store's
+    SQLite file, a ``bench --out`` file (.csv, .jsonl), or a .json file whose first line is a result row."""
+    import json
+    import sqlite3
+    from pathlib import Path
+
+    path = Path(str(item))
+    if path.is_dir() or path.suffix in RESULT_FILE_SUFFIXES:
+        return True
+    if not path.is_file():
+        return False
+    if path.suffix in (".sqlite", ".db"):
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as conn:
+                return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is not None
+        except sqlite3.DatabaseError:
+            return False
+    if path.suffix == ".json":
+        try:
+            with open(path) as f:
+                first = json.loads(f.readline(1 << 20))  # a Kineto trace is one object, longer than this or without case_id
+            return isinstance(first, dict) and "case_id" in first
+        except (OSError, ValueError, UnicodeDecodeError):
+            return False
+    return False
+
+
+def load_results(item) -> list[dict]:
+    """The result rows ``item`` names (``is_results_path``): a store's (its latest environment's) or a file's."""
+    from pathlib import Path
+
+    from perflab.errors import PerflabError
+    from perflab.report.export import read_rows
+
+    path = Path(str(item))
+    if path.is_dir() or path.suffix in (".sqlite", ".db"):
+        from perflab.sweep.store import load_stored
+
+        stored = load_stored(path if path.is_dir() else path.parent)
+        versions = {(r.get("version") or {}).get("key") for r in stored.rows}
+        if len(versions) > 1:
+            raise PerflabError(f"{item}: holds rows of {len(versions)} versions (perflab ab or track): `perflab report {item}` "
+                               "compares them")
+        if not stored.rows:
+            raise PerflabError(f"{item}: the store holds no rows")
+        return stored.rows
+    return read_rows(path)
+
+
+def compare_results(a, b, threshold: float = 0.05):
+    """Two stored runs compared case by case (``analysis.regressions.compare_rows``): ``a`` and ``b`` are stores
+    (sweep output directories, or their results.sqlite) or ``bench --out`` files (.csv or JSON lines)."""
+    from perflab.analysis.regressions import check_threshold, compare_rows
+
+    check_threshold(threshold)
+    return compare_rows(load_results(a), load_results(b), threshold)
+
+
+def version_experiment(spec=None, case_options: dict | None = None, root=None, repo=None, name: str = "ab"):
+    """The experiment one version runs: the spec (a file inside ``repo`` read from the version's worktree, whose
+    directory ``root`` stands for ``repo``; another read as it is, its relative model references read in ``root``),
+    or the cases of bench flags (``make_cases`` options), their references read in ``root`` (default the working
+    directory)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from perflab.errors import PerflabError
+    from perflab.references import using_model_root
+    from perflab.sweep.spec import load_experiment as load, parse_experiment, read_spec
+    from perflab.sweep.versions import make_bench_experiment
+
+    if (spec is None) == (not case_options or not case_options.get("model")):
+        raise PerflabError("give the cases either as --spec FILE or as bench flags (--model ...), not both or neither")
+    if spec is not None:
+        spec = Path(spec)
+        if root is None:
+            return load(spec)
+        try:
+            inside = spec.resolve().relative_to(Path(repo).resolve())
+        except ValueError:
+            inside = None
+        if inside is not None:
+            return load(Path(root) / inside)  # the spec as committed at this revision
+        data, text = read_spec(spec)
+        with using_model_root(root):
+            experiment = parse_experiment(data, str(spec), text=text, default_name=spec.stem)
+        return replace(experiment, model_root=str(root))
+    with using_model_root(root):
+        cases = make_cases(**case_options)
+    return make_bench_experiment(name, f"perflab {name} (bench flags)", cases, Path(root) if root else Path.cwd())
+
+
+def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str | None = None, python_b: str | None = None,
+       spec=None, case_options: dict | None = None, rounds: int = 3, order: str = "alternate", seed: int = 0, out=None,
+       timeout_s: float | None = None, threshold: float = 0.05, command: str = "", on_event=None, launcher: str | None = None,
+       pin: bool = True):
+    """One experiment at two versions, A and B, their processes alternated round by round; returns (the run's summary,
+    its comparison: ``analysis.regressions.Comparison`` of A's rows and B's, paired per round).
+
+    A version is a revision of the git repository ``repo`` (``a``, ``b``: each checked out in a worktree of its own,
+    the cases' relative model references read there), or an interpreter (``python_a``, ``python_b``). The cases: a
+    spec (``spec``) or ``make_cases`` options (``case_options``). ``out``: the store (default ``runs/ab/<time>``)."""
+    import time
+    from dataclasses import replace
+    from pathlib import Path
+
+    from perflab.analysis.regressions import Comparison, check_threshold, compare_rows
+    from perflab.errors import PerflabError
+    from perflab.sweep.versions import plan_interpreters, plan_revisions, run_versions
+
+    check_threshold(threshold)
+    if rounds < 2:
+        raise PerflabError(f"--rounds must be at least 2 (a CI over rounds needs two), got {rounds}")
+    by_revision = repo is not None or a is not None or b is not None
+    by_python = python_a is not None or python_b is not None
+    if by_revision == by_python or (by_revision and None in (repo, a, b)) or (by_python and None in (python_a, python_b)):
+        raise PerflabError("give two versions: --repo DIR --a REV --b REV (git revisions), or --python-a PATH --python-b PATH (interpreters)")
+
+    def experiment_at(root):
+        experiment = version_experiment(spec, case_options, root, repo, name="ab")
+        return experiment if pin else replace(experiment, pin=False)
+
+    if by_revision:
+        plan = plan_revisions(repo, [("A", a, "--a"), ("B", b, "--b")], experiment_at, side_keys=True)
+    else:
+        plan = plan_interpreters([("A", "--python-a", python_a), ("B", "--python-b", python_b)], experiment_at(None))
+    try:
+        out_dir = Path(out) if out is not None else Path("runs") / "ab" / time.strftime("%Y%m%d-%H%M%S")
+        summary = run_versions(plan, out_dir, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=False,
+                               command=command or "perflab.api.ab(...)", kind="ab", on_event=on_event, launcher=launcher,
+                               record={"threshold": threshold})
+    finally:
+        plan.close()
+    rows_a, rows_b = (summary.rows_of(v) for v in plan.versions)
+    if not (rows_a and rows_b):  # interrupted before a case's last round: nothing stored to compare
+        return summary, Comparison([], threshold=threshold)
+    return summary, compare_rows(rows_a, rows_b, threshold)
+
+
+def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: dict | None = None, out, rounds: int = 1,
+          order: str = "alternate", seed: int = 0, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
+          on_event=None, launcher: str | None = None, pin: bool = True):
+    """One experiment at each of a list of revisions of ``repo`` (``revs``, or ``range_`` ``A..B``: A and each commit after
+    it up to B), into one store at ``out``; rows already stored there for a revision are reused. Returns (the run's
+    summary, the per-case series over the revisions with their change points: ``analysis.regressions.revision_series``)."""
+    from dataclasses import replace
+
+    from perflab.analysis.regressions import check_threshold, revision_series
+    from perflab.errors import PerflabError
+    from perflab.sweep.versions import plan_revisions, repository, revision_range, run_versions
+
+    check_threshold(threshold)
+    if bool(revs) == bool(range_):
+        raise PerflabError("give the revisions as --revs A B C ... or as --range A..B")
+    if range_:
+        top, _ = repository(repo)
+        listed = revision_range(top, range_)
+        revs = [listed[0]] + [sha[:10] for sha in listed[1:]]
+    if len(revs) < 2:
+        raise PerflabError(f"--revs: give two or more revisions to track, got {len(revs)}")
+
+    def experiment_at(root):
+        experiment = version_experiment(spec, case_options, root, repo, name="track")
+        return experiment if pin else replace(experiment, pin=False)
+
+    plan = plan_revisions(repo, [(rev, rev, "--revs" if not range_ else "--range") for rev in revs], experiment_at)
+    commits = [v.commit for v in plan.versions]
+    twice = next((v for v in plan.versions if commits.count(v.commit) > 1), None)
+    if twice is not None:
+        plan.close()
+        raise PerflabError(f"--revs: {' and '.join(v.name for v in plan.versions if v.commit == twice.commit)} are one commit "
+                           f"({twice.commit[:10]}); list each revision once")
+    try:
+        summary = run_versions(plan, out, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=True,
+                               command=command or "perflab.api.track(...)", kind="track", on_event=on_event, launcher=launcher,
+                               record={"threshold": threshold})
+    finally:
+        plan.close()
+    rows = [row for v in plan.versions for row in summary.rows_of(v)]
+    return summary, revision_series(rows, [(v.key, v.name) for v in plan.versions], threshold)
+
+
 def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True,
             fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None, gpus: Sequence[int] | None = None):
     """Why ``case`` takes its time (and how it differs from ``vs``), per-pass floors, predictions for other modes

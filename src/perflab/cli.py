@@ -34,7 +34,7 @@ err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 # Options that take one or more values after a single flag (expanded to repeated flags before parsing).
 MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes",
-                       "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg", "--fixes"}
+                       "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg", "--fixes", "--revs"}
 
 FORMATS = ("table", "csv", "json")
 _argv: list[str] | None = None  # the arguments main() was given (None: sys.argv's)
@@ -89,14 +89,15 @@ OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the n
 OPT_INDUCTOR_CACHE = typer.Option(None, "--inductor-cache", help="A directory for inductor's caches (FX graphs, autotuning "
                                   "choices), shared by every process this run starts: max-autotune then takes the kernels the first "
                                   "process chose instead of tuning afresh (default: inductor's, /tmp/torchinductor_$USER, one host's).")
+OPT_THRESHOLD = typer.Option(0.05, "--threshold", help="Stored results: a ratio beyond 1 ± this fraction, with a CI that excludes 1, "
+                             "is faster or slower (default 0.05, asv's); a CI inside it is no change.")
 OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes, 1 to 100 (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 
 
-@app.command()
-def bench(
-    model: List[str] = typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>, "
-                                    "gpt_*, llama*, or your own: path/file.py:NAME, package.module:NAME, hf:DIR."),
+def _bench_flags(
+    model: List[str] = typer.Option([], "--model", help="The cases as bench's flags (instead of --spec): model name(s) or your own, "
+                                    "path/file.py:NAME (relative: read in each revision's worktree), package.module:NAME, hf:DIR."),
     input_size: List[int] = OPT_INPUT_SIZE,
     batch_size: List[int] = OPT_BATCH_SIZE,
     keep_rate: List[float] = OPT_KEEP_RATE,
@@ -122,6 +123,43 @@ def bench(
     seed: int = OPT_SEED,
     optimizer: Optional[str] = OPT_OPTIMIZER,
     checkpoint_activations: bool = OPT_CHECKPOINT,
+) -> dict:
+    """bench's case flags, as the keyword arguments of ``api.make_cases`` (its signature lends bench, ab and track the flags)."""
+    return dict(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn,
+                dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed,
+                optimizer=optimizer, checkpoint_activations=checkpoint_activations,
+                **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+
+
+def _with_bench_flags(model_option=None):
+    """A command that takes bench's case flags (``_bench_flags``' parameters, before its own) and gets them as one dict,
+    ``flags``; ``model_option``: its own --model (bench's is required)."""
+    import functools
+    import inspect
+
+    extra = dict(inspect.signature(_bench_flags, eval_str=True).parameters)
+    if model_option is not None:
+        extra["model"] = extra["model"].replace(default=model_option)
+
+    def decorate(command):
+        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "flags"]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            flags = {name: kwargs.pop(name) for name in extra}
+            return command(flags=_bench_flags(**flags), **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(list(extra.values()) + own)
+        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+        return wrapper
+
+    return decorate
+
+
+@app.command()
+@_with_bench_flags(typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>, "
+                                                "gpt_*, llama*, or your own: path/file.py:NAME, package.module:NAME, hf:DIR."))
+def bench(
     fmt: str = typer.Option("table", "--format", help="table, csv or json (one object per case per line)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the rows to this file (.csv, else JSON lines)."),
     memory_snapshot: Optional[Path] = typer.Option(None, "--memory-snapshot", help="GPU: write the CUDA memory history (a pickle "
@@ -133,6 +171,7 @@ def bench(
     gpus: Optional[str] = OPT_RANK_GPUS,
     world_size: Optional[int] = OPT_WORLD_SIZE,
     inductor_cache: Optional[Path] = OPT_INDUCTOR_CACHE,
+    flags: dict = None,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -143,14 +182,8 @@ def bench(
         raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
     if out_file is not None:
         check_writable_file(out_file)
-    ranks = _ranks(parallel, gpus, world_size, device)
-    cases = api.make_cases(
-        model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
-        attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters,
-        repeats=repeats, seed=seed, optimizer=optimizer, checkpoint_activations=checkpoint_activations,
-        **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
-        **ranks.case_options(),
-    )
+    ranks = _ranks(parallel, gpus, world_size, flags["device"])
+    cases = api.make_cases(**flags, **ranks.case_options())
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
@@ -423,6 +456,108 @@ def breakeven(
     out.print(f"wrote {api.report(out_dir, n_boot=n_boot)}", soft_wrap=True, markup=False)
 
 
+OPT_VERSIONS_SPEC = typer.Option(None, "--spec", help="The cases as an experiment spec (instead of bench flags); a spec inside "
+                                 "--repo is read from each revision's worktree.")
+OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round: alternate (A B, then B A, ...) "
+                                "or random (seeded by --order-seed).")
+OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random.")
+OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per process before its worker is killed (default: the spec's, else 600).")
+OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")
+
+
+@app.command()
+@_with_bench_flags()
+def ab(
+    repo: Optional[Path] = typer.Option(None, "--repo", help="The git repository (a directory in it) whose revisions --a and --b are."),
+    a: Optional[str] = typer.Option(None, "--a", help="Version A: a revision of --repo (a commit, branch or tag)."),
+    b: Optional[str] = typer.Option(None, "--b", help="Version B: a revision of --repo."),
+    python_a: Optional[str] = typer.Option(None, "--python-a", help="Version A: a Python interpreter (another environment) instead."),
+    python_b: Optional[str] = typer.Option(None, "--python-b", help="Version B: a Python interpreter."),
+    spec: Optional[Path] = OPT_VERSIONS_SPEC,
+    rounds: int = typer.Option(3, "--rounds", help="Rounds: each runs every case once at A and once at B, in processes side by side."),
+    order: str = OPT_ROUNDS_ORDER,
+    order_seed: int = OPT_ORDER_SEED,
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="The store (default runs/ab/<date-time>)."),
+    timeout: Optional[float] = OPT_VERSIONS_TIMEOUT,
+    threshold: float = typer.Option(0.05, "--threshold", help="A ratio beyond 1 ± this fraction, its CI excluding 1, is faster or "
+                                    "slower (default 0.05); a CI inside it is no change."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    no_pin: bool = OPT_NO_PIN,
+    launcher: Optional[str] = OPT_VERSIONS_LAUNCHER,
+    flags: dict = None,
+):
+    """A/B two versions of the code (git revisions) or of the environment (interpreters) on the same cases: their
+    processes alternate round by round, and B's time ÷ A's is paired per round, with a 95% CI over the rounds."""
+    import json
+
+    from perflab import api
+    from perflab.report.versions import render_comparison, render_versions
+    from perflab.sweep.runner import command_line
+    from perflab.sweep.versions import VersionsProgress
+
+    summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, spec=spec, case_options=flags,
+                                 rounds=rounds, order=order, seed=order_seed, out=out_dir, timeout_s=timeout, threshold=threshold,
+                                 command=command_line(_argv), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin)
+    if as_json:
+        sys.stdout.write(json.dumps(dict(comparison.to_dict(), versions=[v.info() for v in summary.versions],
+                                         store=str(summary.out_dir), rounds=summary.rounds)) + "\n")
+    else:
+        render_versions(out, summary.versions)
+        render_comparison(out, comparison, tuple(v.label for v in summary.versions))
+        out.print(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
+    _versions_interrupted(summary)
+
+
+@app.command()
+@_with_bench_flags()
+def track(
+    repo: Path = typer.Option(..., "--repo", help="The git repository (a directory in it) whose revisions to run."),
+    revs: List[str] = typer.Option([], "--revs", help="Revisions, oldest first (space-separated or repeated)."),
+    rev_range: Optional[str] = typer.Option(None, "--range", help="A..B: A, then each commit after it up to B (first parents)."),
+    out_dir: Path = typer.Option(..., "--out", help="The store; a revision's rows already there are reused."),
+    spec: Optional[Path] = OPT_VERSIONS_SPEC,
+    rounds: int = typer.Option(1, "--rounds", help="Rounds: each runs every case once at every revision, in processes one after "
+                               "another; with 3 or more, neighbours' ratios are paired per round."),
+    order: str = OPT_ROUNDS_ORDER,
+    order_seed: int = OPT_ORDER_SEED,
+    timeout: Optional[float] = OPT_VERSIONS_TIMEOUT,
+    threshold: float = typer.Option(0.05, "--threshold", help="A step between neighbouring revisions beyond 1 ± this fraction, its "
+                                    "CI excluding 1, is a change point (default 0.05)."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    no_pin: bool = OPT_NO_PIN,
+    launcher: Optional[str] = OPT_VERSIONS_LAUNCHER,
+    flags: dict = None,
+):
+    """Run the same cases at each of a list of revisions into one store, and find the revisions where a case got
+    faster or slower (each against the one before it); perflab report OUT plots them."""
+    import json
+
+    from perflab import api
+    from perflab.report.versions import render_series
+    from perflab.sweep.runner import command_line
+    from perflab.sweep.versions import VersionsProgress
+
+    summary, series = api.track(repo=repo, revs=revs, range_=rev_range, spec=spec, case_options=flags, out=out_dir, rounds=rounds,
+                                order=order, seed=order_seed, timeout_s=timeout, threshold=threshold, command=command_line(_argv),
+                                on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin)
+    if as_json:
+        from perflab.report.versions import series_dict
+
+        sys.stdout.write(json.dumps({"versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
+                                     "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold}) + "\n")
+    else:
+        render_series(out, series, threshold)
+        out.print(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
+                  f"{summary.out_dir}", soft_wrap=True, markup=False)
+    _versions_interrupted(summary)
+
+
+def _versions_interrupted(summary) -> None:
+    if summary.interrupted:
+        err.print("interrupted: the cases whose rounds all ran are stored; run the command again (track reuses them)", markup=False)
+        raise typer.Exit(130)
+
+
 def _ranks(parallel: Optional[str], gpus: Optional[str], world_size: Optional[int], device: str):
     from perflab import api
 
@@ -528,7 +663,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(status)
 
 
-def run() -> None:
+def entry() -> None:
     """The program's entry point (``perflab``, ``python -m perflab``): ``main``, then an exit bounded in time: if the
     interpreter's teardown (a library's atexit handler, a thread it left) keeps the process alive a minute after the
     command finished, the process ends with the command's status and says where it was stuck (``runtime.exit_watch``)."""
@@ -540,9 +675,11 @@ def run() -> None:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         raise
     finally:
-        from perflab.runtime.exit_watch import arm
+        # perflab run: the teardown is the user's program's (its non-daemon threads are its own to keep), not perflab's
+        if not _program:
+            from perflab.runtime.exit_watch import arm
 
-        arm(code)
+            arm(code)
 
 
 def _fail(message: str, code: int) -> None:
@@ -687,18 +824,35 @@ def compare(
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     by_module: bool = typer.Option(False, "--by-module", help="Profile the cases with module ranges and say which modules changed (eager)."),
+    threshold: float = OPT_THRESHOLD,
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Why B's step takes longer or shorter than A's: Δwall = Σ Δ(category GPU time) + Δ(idle by cause), exactly.
 
     A and B are traces or model names (the same name twice compares two settings of one model). Options that
     take several values (--mode, --dtype, --batch-size, --workload, --seq-len, --context-len, ...) take one value for
-    both sides or two values, A's then B's."""
+    both sides or two values, A's then B's.
+
+    A and B may instead be two stored runs: stores (sweep output directories) or bench --out files (.csv or JSON
+    lines). Their cases are matched by case id; each gets B's time ÷ A's with a 95% CI and a verdict at
+    --threshold (docs/regressions.md)."""
     import json
 
     from perflab import api
     from perflab.report.explain_console import render_comparison
 
+    if api.is_results_path(a) or api.is_results_path(b):
+        if not (api.is_results_path(a) and api.is_results_path(b)):
+            raise PerflabError(f"compare takes two stored results (stores or bench --out files) or two traces or models; "
+                               f"{a if api.is_results_path(a) else b} holds results and the other does not")
+        result = api.compare_results(a, b, threshold=threshold)
+        if as_json:
+            sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b))) + "\n")
+        else:
+            from perflab.report.versions import render_comparison as render_results
+
+            render_results(out, result, (str(a), str(b)))
+        return
     shape = _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family)
     per_side = {key: shape.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens")}
     if batch_size:

@@ -501,19 +501,25 @@ def memory_breakdown(built, peak_alloc: int) -> dict:
     return {"params": params / MB, "grads": grads / MB, "optimizer": optimizer / MB, "buffers": buffers / MB, "rest": rest / MB}
 
 
-def utilisation(case: Case, row: dict) -> dict:
+PEAK_KEYS = ("peak_tflops_measured", "copy_gbps_measured", "peak_tflops_datasheet", "bandwidth_gbps_datasheet")
+
+
+def utilisation(case: Case, row: dict, peaks: dict | None = None) -> dict:
     """MFU (achieved FLOP/s over the peak matmul rate for the dtype) and, where the family states the bytes a
     step must move, MBU (achieved bytes/s over the copy bandwidth); each against the ceilings measured on
     this GPU (cached) and against the datasheet. One FLOP count per row: the counted one (``flops_source``), for MFU
-    and the roofline; where the family has a formula, ``mfu_analytic`` and ``flops_counted_over_analytic`` beside it."""
-    from perflab.measure.ceilings import get_ceilings
-    from perflab.measure.datasheet import datasheet_for
+    and the roofline; where the family has a formula, ``mfu_analytic`` and ``flops_counted_over_analytic`` beside it.
+    ``peaks``: the ``PEAK_KEYS`` already read on the row's GPU (a process without CUDA merging rows); default, read here."""
+    if peaks is None:
+        from perflab.measure.ceilings import get_ceilings
+        from perflab.measure.datasheet import datasheet_for
 
-    ceilings = get_ceilings()
-    sheet = datasheet_for(torch.cuda.get_device_name())
-    out = {"peak_tflops_measured": ceilings["matmul_tflops"].get(case.dtype), "copy_gbps_measured": ceilings["copy_gbps"]}
-    out["peak_tflops_datasheet"] = sheet.tflops(case.dtype) if sheet else None
-    out["bandwidth_gbps_datasheet"] = sheet.bandwidth_gbps if sheet else None
+        ceilings = get_ceilings()
+        sheet = datasheet_for(torch.cuda.get_device_name())
+        peaks = {"peak_tflops_measured": ceilings["matmul_tflops"].get(case.dtype), "copy_gbps_measured": ceilings["copy_gbps"],
+                 "peak_tflops_datasheet": sheet.tflops(case.dtype) if sheet else None,
+                 "bandwidth_gbps_datasheet": sheet.bandwidth_gbps if sheet else None}
+    out = {k: peaks.get(k) for k in PEAK_KEYS}
     achieved = row["achieved_tflops"]
     out["mfu"] = achieved / out["peak_tflops_measured"] if out["peak_tflops_measured"] else None  # counted FLOPs: one count per row
     out["mfu_datasheet"] = achieved / out["peak_tflops_datasheet"] if out["peak_tflops_datasheet"] else None
@@ -524,13 +530,13 @@ def utilisation(case: Case, row: dict) -> dict:
     if row.get("bytes_per_step"):
         gbps = row["bytes_per_step"] / (row["median_ms"] / 1000.0) / 1e9
         out["achieved_gbps"] = gbps
-        out["mbu"] = gbps / ceilings["copy_gbps"]
-        out["mbu_datasheet"] = gbps / sheet.bandwidth_gbps if sheet else None
+        out["mbu"] = gbps / out["copy_gbps_measured"] if out["copy_gbps_measured"] else None
+        out["mbu_datasheet"] = gbps / out["bandwidth_gbps_datasheet"] if out["bandwidth_gbps_datasheet"] else None
         if counted and out["peak_tflops_measured"]:
             from perflab.analysis.floors import roofline
 
             out.update(roofline(flops_per_step=counted, bytes_per_step=row["bytes_per_step"], achieved_tflops=achieved,
-                                matmul_tflops=out["peak_tflops_measured"], copy_gbps=ceilings["copy_gbps"]))
+                                matmul_tflops=out["peak_tflops_measured"], copy_gbps=out["copy_gbps_measured"]))
     return out
 
 
@@ -917,10 +923,11 @@ def _child_run(case_dicts, host, interleave, seed, groups, process_index) -> lis
     return rows
 
 
-def merge_processes(cases, runs: list[list[dict]]) -> list[dict]:
+def merge_processes(cases, runs: list[list[dict]], read_peaks: bool = True) -> list[dict]:
     """One row per case from each process's row: samples pooled (labelled by process and round), the timing figures
     recomputed from them, energy and timed work summed, the canary the median of the processes'. A case that failed
-    in any process keeps the first failure's row, with how many processes measured it."""
+    in any process keeps the first failure's row, with how many processes measured it. ``read_peaks=False``: MFU and
+    MBU from the peaks the rows hold (a parent that must not touch CUDA: ``sweep.versions``)."""
     from perflab.measure.checks import cv_check
 
     merged = []
@@ -975,6 +982,6 @@ def merge_processes(cases, runs: list[list[dict]]) -> list[dict]:
             checks[spread.flag] = f"{spread.message} (samples of {len(ok)} processes)"
         row["flags"], row["warnings"] = list(checks), list(checks.values())
         if case.device == "cuda":
-            row.update(utilisation(case, row))
+            row.update(utilisation(case, row, None if read_peaks else {k: row.get(k) for k in PEAK_KEYS}))
         merged.append(row)
     return merged

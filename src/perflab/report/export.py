@@ -34,7 +34,12 @@ PERFLAB_COLUMNS = [
     "dtype", "mode", "attn", "device_name", "median_ms", "p10_ms", "p90_ms", "cv", "ci95_low_ms", "ci95_high_ms",
     "latency_ms_per_batch", "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m",
     "peak_mem_alloc_mb", "peak_mem_reserved_mb", "energy_j", "power_w", "host_canary_us", "flags", "message",
+    "ci_level", "processes", "process_medians_ms", "host_held_ms", "device_ms",
 ]
+# Columns read back as text, and as whole numbers (read_rows); the others are numbers, or empty for none.
+TEXT_COLUMNS = {"run_name", "case_id", "status", "model", "method", "dtype", "mode", "attn", "device_name", "message", "ci_level"}
+INT_COLUMNS = {"input_size", "batch_size", "processes"}
+LIST_COLUMNS = {"keep_rate": float, "reduction_loc": int, "tokens": int, "flags": str, "process_medians_ms": float}
 
 
 def run_name(row: dict) -> str:
@@ -65,7 +70,7 @@ def perflab_values(row: dict) -> dict:
     values = {k: row.get(k) for k in PERFLAB_COLUMNS}
     ci = row.get("ci95_ms") or [None, None]
     values["ci95_low_ms"], values["ci95_high_ms"] = ci
-    for key in ("keep_rate", "reduction_loc", "tokens", "flags"):
+    for key in LIST_COLUMNS:
         v = row.get(key)
         values[key] = " ".join(map(str, v)) if v else ""
     return values
@@ -89,6 +94,73 @@ def write_rows(rows: list[dict], path) -> None:
     text = to_csv(rows) if str(path).endswith(".csv") else to_json_lines(rows)
     with open(path, "w") as f:
         f.write(text)
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a file ``write_rows`` wrote (``bench --out``): CSV (by its ``.csv`` name) or JSON lines. PerflabError,
+    one line, for a file that is missing or not such rows. CSV rows hold the CSV's columns only (``ci95_ms`` rebuilt
+    from its two columns); JSON lines hold the whole rows."""
+    from perflab.errors import PerflabError
+
+    try:
+        text = open(path).read()
+    except FileNotFoundError:
+        raise PerflabError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PerflabError(f"{path}: cannot read it ({getattr(exc, 'strerror', None) or exc})") from None
+    rows = _csv_rows(text, path) if str(path).endswith(".csv") else _json_rows(text, path)
+    if not rows:
+        raise PerflabError(f"{path}: holds no result rows")
+    return rows
+
+
+def _json_rows(text: str, path) -> list[dict]:
+    from perflab.errors import PerflabError
+
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise PerflabError(f"{path}, line {number}: not JSON (expected one result row per line, as bench --out writes)") from None
+        if not isinstance(row, dict) or "case_id" not in row:
+            raise PerflabError(f"{path}, line {number}: not a perflab result row (no case_id)")
+        rows.append(row)
+    return rows
+
+
+def _csv_rows(text: str, path) -> list[dict]:
+    from perflab.errors import PerflabError
+
+    reader = csv.DictReader(io.StringIO(text))
+    if "case_id" not in (reader.fieldnames or []):
+        raise PerflabError(f"{path}: not a perflab results CSV (no case_id column)")
+    rows = []
+    for number, record in enumerate(reader, 2):
+        row = {}
+        for key, cell in record.items():
+            if key is None:
+                raise PerflabError(f"{path}, line {number}: more cells than columns")
+            try:
+                row[key] = _read_cell(key, cell or "")
+            except ValueError:
+                raise PerflabError(f"{path}, line {number}: column {key}: {cell!r} is not a number") from None
+        low, high = row.pop("ci95_low_ms", None), row.pop("ci95_high_ms", None)
+        row["ci95_ms"] = [low, high] if low is not None and high is not None else None
+        rows.append(row)
+    return rows
+
+
+def _read_cell(key: str, cell: str):
+    if key in LIST_COLUMNS:
+        return [LIST_COLUMNS[key](v) for v in cell.split()]
+    if key in TEXT_COLUMNS:
+        return cell or None
+    if cell == "":
+        return None
+    return int(cell) if key in INT_COLUMNS else float(cell)
 
 
 def _jsonable(value):

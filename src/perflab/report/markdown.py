@@ -62,13 +62,17 @@ def write_report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None) 
 
 
 def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
+    from perflab.report.versions import latest_version_rows, versions_sections
+
     unreadable = getattr(stored, "unreadable", [])
-    rows = with_missing(stored.rows, stored.experiment, unreadable=[u.key for u in unreadable if u.what == "row"])
+    missing = with_missing(stored.rows, stored.experiment, unreadable=[u.key for u in unreadable if u.what == "row"])
+    rows = latest_version_rows(stored, missing)  # a store of versions: the last one's
     experiment = stored.experiment
     comparisons = list(experiment.comparisons) if experiment and experiment.comparisons else default_comparisons(rows)
     common = common_flags(stored.rows)
     parts = [_header(stored, common, family_summary(rows))]
     parts += _status_section(rows, unreadable)
+    parts += versions_sections(stored, plot_dir)
     parts += cost_section(stored.rows)
     parts += autotune_section(getattr(stored, "all_rows", stored.rows))
     for comparison in comparisons:

@@ -254,3 +254,23 @@ def grouped_bars(panels: dict, path: Path, title: str, ylabel: str, log: bool = 
         ax.set_visible(False)
     fig.suptitle(title, fontsize=11)
     return _save(fig, path)
+
+
+def over_revisions(names: Sequence[str], points: list, changes: Sequence[int], path: Path, title: str) -> Path:
+    """One case over revisions: ``points`` (revision index, ms, CI low, CI high) on a categorical axis of ``names``,
+    oldest first; the revisions at the ``changes`` indices (change points) ringed in red."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(names) + 2.5), 3.8))
+    _errorbar_line(ax, points, "median, 95% CI")
+    by_index = {p[0]: p[1] for p in points}
+    marked = [i for i in changes if i in by_index]
+    if marked:
+        ax.scatter(marked, [by_index[i] for i in marked], s=140, facecolors="none", edgecolors="red", lw=1.6, zorder=3,
+                   label="change point")
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels([str(n)[:14] for n in names], rotation=30 if len(names) > 5 else 0, ha="right" if len(names) > 5 else "center")
+    ax.set_xlim(-0.5, len(names) - 0.5)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("revision (oldest first)")
+    ax.set_ylabel("step time (ms)")
+    _finish(ax, title)
+    return _save(fig, path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from perflab.analysis.regressions import bound_by
+
 # Fields that identify a measurement point apart from the model/method being compared.
 POINT_KEYS = ("input_size", "batch_size", "dtype", "mode", "attn", "device")
 
@@ -83,19 +85,6 @@ def pair(base: dict, variant: dict) -> dict:
         entry["faster"] = entry["speedup"] > 1.0
         entry["host_dependent"] = host_dependent(base, variant)
     return entry
-
-
-BORDERLINE = 1.25  # host ÷ GPU time within this factor of 1: a step that a host this much faster or slower tips over
-
-
-def bound_by(row: dict) -> str | None:
-    """``host``, ``gpu`` or ``both`` (within ``BORDERLINE`` of each other): what limits the row's step, from its host
-    issue time and its GPU time, each measured with the other out of the way (``host_held_ms``, ``device_ms``)."""
-    host, gpu = row.get("host_held_ms"), row.get("device_ms")
-    if not host or not gpu:
-        return None
-    ratio = host / gpu
-    return "both" if 1 / BORDERLINE <= ratio <= BORDERLINE else ("host" if ratio > 1 else "gpu")
 
 
 def host_dependent(base: dict, variant: dict) -> str | None:

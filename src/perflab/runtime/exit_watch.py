@@ -9,7 +9,7 @@ step printed its report and was still running 240 s later). The teardown owes th
 writes every thread's stack, the non-daemon threads and the child processes to a file, says so in one line, and ends
 the process with the command's exit status. A process that exits in time never hears from it.
 
-Only the program's entry point (``perflab.cli.run``) arms it; ``perflab.cli.main``, which tests call in-process, does not.
+Only the program's entry point (``perflab.cli.entry``) arms it; ``perflab.cli.main``, which tests call in-process, does not.
 """
 
 from __future__ import annotations

@@ -126,12 +126,14 @@ class LaunchedWorker:
 class Launcher:
     """The parent's handle on one launcher process; ``start`` forks a worker in it. Close it when the sweep ends."""
 
-    def __init__(self, label: str = ""):
+    def __init__(self, label: str = "", python: str | None = None, env: dict | None = None):
+        """``python``: the interpreter to run it (default this one), with ``env`` (default this process's, with this
+        perflab on PYTHONPATH)."""
         self.launched_at = time.time()
         from perflab.paths import child_env
 
-        env = child_env()
-        cmd = [sys.executable, "-m", "perflab.sweep.launcher", "--parent-pid", str(os.getpid())]
+        env = child_env() if env is None else env
+        cmd = [python or sys.executable, "-m", "perflab.sweep.launcher", "--parent-pid", str(os.getpid())]
         if label:
             cmd += ["--label", label]
         # Its own session: a Ctrl-C at the terminal reaches the parent, which stops the workers; the launcher then ends.

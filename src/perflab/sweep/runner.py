@@ -236,8 +236,10 @@ class Forks:
     not fork (its imports opened the GPU driver, or started a thread), every case runs in a new interpreter, said once
     on stderr."""
 
-    def __init__(self, label: str = ""):
+    def __init__(self, label: str = "", python: str | None = None, env: dict | None = None):
         self.label = label
+        self.python = python  # the interpreter the launcher runs (default this one's), and its environment
+        self.env = env
         self.launcher = None
         self.refused: str | None = None
         self.started = 0
@@ -251,7 +253,7 @@ class Forks:
         if self.launcher is None or self.launcher.dead:
             if self.launcher is not None:
                 self.launcher.close()
-            self.launcher = Launcher(self.label)
+            self.launcher = Launcher(self.label, python=self.python, env=self.env)
             ready = self.launcher.wait_ready()
             if ready.get("refused"):
                 self.refused = ready["refused"]
@@ -270,17 +272,19 @@ class Forks:
 
 
 def run_case_in_subprocess(case: Case, work_dir: Path, timeout_s: float, env: dict, slot: str = "w0",
-                           extra_args=()) -> tuple[dict, Path]:
+                           extra_args=(), forks: Forks | None = None, python: str | None = None,
+                           worker_env: dict | None = None, tag: str = "") -> tuple[dict, Path]:
     """One case in its own worker process under the time limit, waited for: (its row, its log's path).
 
     The same start and finish as the local engine's scheduler (which polls many at once), with the worker started
-    as a new interpreter (``python -m perflab.sweep.worker``), not forked by a launcher: the Ray engine runs this
-    on the node that holds the case's GPU, in a Ray worker process that lives on after the task. ``work_dir`` gets
-    ``logs/`` and ``tmp/``.
+    as a new interpreter (``python -m perflab.sweep.worker``), or forked by ``forks``' launcher: the Ray engine runs
+    this on the node that holds the case's GPU, in a Ray worker process that lives on after the task, and versions
+    (``sweep.versions``) run one process at a time. ``work_dir`` gets ``logs/`` and ``tmp/``. ``python``: the
+    interpreter of a new one (default this one), ``worker_env`` its environment, ``tag`` added to its files' names.
     """
     for sub in ("logs", "tmp"):
         (work_dir / sub).mkdir(parents=True, exist_ok=True)
-    job = _start(case, slot, work_dir, timeout_s, 1, extra_args)
+    job = _start(case, slot, work_dir, timeout_s, 1, extra_args, forks, python=python, worker_env=worker_env, tag=tag)
     try:
         while (row := _finished_row(job, env, timeout_s)) is None:
             time.sleep(POLL_S)
@@ -298,22 +302,25 @@ def _remove_if_empty(path: Path) -> None:
         pass
 
 
-def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int, extra_args=(), forks: Forks | None = None) -> _Running:
-    result_path = out_dir / "tmp" / f"{case.id}.json"
+def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int, extra_args=(), forks: Forks | None = None,
+           python: str | None = None, worker_env: dict | None = None, tag: str = "") -> _Running:
+    result_path = out_dir / "tmp" / f"{case.id}{tag}.json"
     result_path.unlink(missing_ok=True)
-    log_path = out_dir / "logs" / f"{case.id}.log"
+    log_path = out_dir / "logs" / f"{case.id}{tag}.log"
+    env = worker_env if worker_env is not None else _worker_env(slot, n_slots)
     argv = ["--case", json.dumps(case.to_dict()), "--result", str(result_path), "--pin-index", str(pin_index(slot)), *extra_args]
     started = time.monotonic()
     with open(log_path, "w") as log:
         log.write(f"# {case.label()}  (case {case.id}, worker {slot})\n")
         log.flush()
         # A fresh child of the launcher, in a session of its own, its output appended to the log; or a new interpreter.
-        proc = forks.start(argv, _worker_env(slot, n_slots), log_path) if forks is not None else None
+        proc = forks.start(argv, env, log_path) if forks is not None else None
         if proc is None:
             # A new session: the worker and anything it spawns (compile workers) form a group we can kill at once.
-            cmd = [sys.executable, "-m", "perflab.sweep.worker", *argv, "--parent-pid", str(os.getpid()), "--launched-at", repr(time.time())]
+            cmd = [python or sys.executable, "-m", "perflab.sweep.worker", *argv, "--parent-pid", str(os.getpid()),
+                   "--launched-at", repr(time.time())]
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    env=_worker_env(slot, n_slots), start_new_session=True)
+                                    env=env, start_new_session=True)
     return _Running(case, slot, proc, started, started + timeout_s, result_path, log_path)
 
 
@@ -525,8 +532,12 @@ def _gpu_name(inventory: list[str], physical_id: str) -> str:
 
 
 def environment_key(env: dict) -> str:
+    """A hash of ``ENV_KEY_FIELDS``, and of ``version`` where the environment is one version of the code (``perflab ab``
+    and ``track``: a commit or an interpreter; ``sweep.versions``), so each version's rows are stored apart."""
     fields = {k: env.get(k) for k in ENV_KEY_FIELDS}
     fields["gpus"] = sorted(set(fields["gpus"] or []))
+    if env.get("version"):
+        fields["version"] = env["version"]
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -1,0 +1,375 @@
+"""Did B get faster or slower than A? Ratios of stored result rows, their CIs, verdicts, and change points.
+
+Pure functions over result rows (plain dicts, as ``bench --out`` writes them and the store keeps them); no torch.
+The method (docs/regressions.md):
+
+- **The ratio** is B's time ÷ A's time for one case (matched by case id): above 1, B is slower.
+- **Its 95% CI** comes from the best evidence both sides hold, and says which:
+
+  - ``paired``: both rows were measured by one ``perflab ab`` or ``perflab track`` run, round by round, each A
+    process beside a B process in time (the rows' ``version.session`` agree). One ratio per round, B's process
+    median ÷ A's; a Student-t interval on their logarithms, over the rounds. A slow stretch of the host that spans
+    a round lengthens both sides of its pair and cancels. A round where either process was flagged
+    ``host_contention`` or ``host_drift`` (a busy or slower host) is left out where two or more rounds remain.
+  - ``processes``: each side spread its samples over two or more processes (``bench --processes``, or rounds of
+    runs that were not timed together). Welch's t interval on the logarithms of the process medians: between-
+    process variance is in it, but nothing is paired, so a host that was slower for one whole run is not.
+  - ``within-run``: one process a side. The two rows' own 95% CIs of their medians, combined on the log scale
+    (their half-widths added in quadrature). It does **not** cover between-process variance: two runs minutes
+    apart can differ by more than it says (``note`` states this).
+
+- **The verdict** at a threshold ``t`` (5%, asv's default): ``slower`` where the CI lies above 1 and the ratio
+  above 1 + t; ``faster`` where the CI lies below 1 and the ratio below 1 / (1 + t); ``no change`` where the whole
+  CI lies within [1 / (1 + t), 1 + t]; otherwise ``inconclusive``: the CI reaches past the threshold without
+  showing a change beyond it (more rounds or processes narrow it).
+- **Host-dependent** cases: where either side's step is limited by the host's issue time, or within 25% of it
+  (``host_held_ms`` against ``device_ms``, as the bench table's host-dependent pairs), its absolute time moves
+  with the host's speed: a ratio of runs on different hosts, or far apart in time, measures the host too.
+- **Change points** over an ordered list of revisions (``perflab track``): each revision against the previous one
+  that has a row for the case, by the same ratio, CI and verdict; a change point is a revision whose verdict is
+  ``slower`` or ``faster`` than the one before it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from perflab.errors import PerflabError
+from perflab.measure.canary import HOST_FLAGS  # host_drift, host_contention (torch-free: flags are judged on rows)
+from perflab.measure.stats import t975
+
+LEVEL = 0.95  # every CI here is a 95% interval (t975 quantiles)
+DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
+BORDERLINE = 1.25  # host ÷ GPU time within this factor of 1: a step that a host this much faster or slower tips over
+Z975 = 1.959964
+VERDICTS = ("faster", "slower", "no change", "inconclusive")
+
+WITHIN_RUN_NOTE = "one process a side: each run's own CI, which does not cover between-process variance"
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """B's time ÷ A's time with its 95% CI; ``basis`` says what the interval is taken over (see the module's doc)."""
+
+    ratio: float
+    low: float
+    high: float
+    basis: str  # paired | processes | within-run
+    units: int  # rounds (paired), or the smaller side's processes (processes); 1 for within-run
+    note: str
+
+    @property
+    def level(self) -> float:
+        return LEVEL
+
+    def to_dict(self) -> dict:
+        return dict(asdict(self), level=LEVEL)
+
+
+@dataclass
+class CaseChange:
+    """One case of a comparison: its two rows' medians, the ratio, the verdict and why a reader should care."""
+
+    case_id: str
+    label: str
+    status_a: str
+    status_b: str
+    a_ms: float | None = None
+    b_ms: float | None = None
+    a_ci_ms: list | None = None
+    b_ci_ms: list | None = None
+    ratio: Ratio | None = None
+    verdict: str = "not compared"
+    host_dependent: str | None = None
+    unpaired_ratio: float | None = None  # B's median ÷ A's, whatever the basis of the CI
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["ratio"] = self.ratio.to_dict() if self.ratio else None
+        return out
+
+
+@dataclass
+class Comparison:
+    """Cases of two result sources matched by case id, and what either side holds alone."""
+
+    changes: list[CaseChange]
+    only_a: list[str] = field(default_factory=list)  # labels of cases only A holds
+    only_b: list[str] = field(default_factory=list)
+    threshold: float = DEFAULT_THRESHOLD
+
+    def to_dict(self) -> dict:
+        return {"threshold": self.threshold, "level": LEVEL, "cases": [c.to_dict() for c in self.changes],
+                "only_a": self.only_a, "only_b": self.only_b}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ratios and their CIs
+
+
+def _t_interval(logs: list[float], df: float, se: float) -> tuple[float, float, float]:
+    center = sum(logs) / len(logs) if logs else 0.0
+    half = t975(max(1, int(math.floor(df)))) * se
+    return math.exp(center), math.exp(center - half), math.exp(center + half)
+
+
+def paired_ratio(a_medians, b_medians) -> Ratio | None:
+    """The per-round ratios b/a of processes timed side by side (one pair a round), their geometric mean and a
+    Student-t 95% CI over the rounds; None with fewer than two rounds."""
+    logs = [math.log(b / a) for a, b in zip(a_medians, b_medians) if a and b and a > 0 and b > 0]
+    n = len(logs)
+    if n < 2 or n != min(len(a_medians), len(b_medians)):
+        return None
+    mean = sum(logs) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
+    ratio, low, high = _t_interval(logs, n - 1, sd / math.sqrt(n))
+    return Ratio(ratio, low, high, "paired", n, f"95% CI over {n} rounds, each A process timed beside a B process")
+
+
+def process_ratio(a_medians, b_medians) -> Ratio | None:
+    """The ratio of the geometric means of two sides' process medians, with Welch's 95% t interval on their
+    logarithms; None unless each side has two or more processes."""
+    la = [math.log(v) for v in a_medians if v and v > 0]
+    lb = [math.log(v) for v in b_medians if v and v > 0]
+    na, nb = len(la), len(lb)
+    if na < 2 or nb < 2:
+        return None
+    ma, mb = sum(la) / na, sum(lb) / nb
+    va = sum((x - ma) ** 2 for x in la) / (na - 1)
+    vb = sum((x - mb) ** 2 for x in lb) / (nb - 1)
+    se2 = va / na + vb / nb
+    if se2 > 0:
+        df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
+    else:
+        df = na + nb - 2
+    half = t975(max(1, int(math.floor(df)))) * math.sqrt(se2)
+    diff = mb - ma
+    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), "processes", min(na, nb),
+                 f"95% Welch CI over {na} vs {nb} processes (between-process variance in it; not paired in time)")
+
+
+def within_run_ratio(a: dict, b: dict) -> Ratio | None:
+    """The ratio of two rows' medians with their own 95% CIs combined on the log scale; None where a row has no CI."""
+    ma, mb = a.get("median_ms"), b.get("median_ms")
+    ca, cb = _ci(a), _ci(b)
+    if not ma or not mb or ca is None or cb is None:
+        return None
+    se = math.hypot(math.log(ca[1] / ca[0]), math.log(cb[1] / cb[0])) / (2 * Z975)
+    ratio = mb / ma
+    return Ratio(ratio, ratio * math.exp(-Z975 * se), ratio * math.exp(Z975 * se), "within-run", 1, WITHIN_RUN_NOTE)
+
+
+def row_ratio(a: dict, b: dict) -> Ratio | None:
+    """The best-founded ratio of two ok rows of one case: paired where one ab/track run timed them round by round,
+    else over processes where both have several, else within-run. Paired, a round where either process was flagged
+    ``host_contention`` or ``host_drift`` (its timing thread waited for a CPU, or the host canary ran more than 15% off
+    the run's median: ``measure.canary``; the rows' ``process_flags``) is left out where two or more rounds remain,
+    and the note says so: the flags are measured apart from the timing, so leaving such a round out does not pick
+    rounds by their result."""
+    pa, pb = _process_medians(a), _process_medians(b)
+    if same_session(a, b) and len(pa) == len(pb):
+        clean = _uncontended_rounds(a, b, len(pa))
+        if len(clean) >= 2 and len(clean) < len(pa):
+            paired = paired_ratio([pa[i] for i in clean], [pb[i] for i in clean])
+            left_out = ", ".join(str(i + 1) for i in range(len(pa)) if i not in clean)
+            return Ratio(paired.ratio, paired.low, paired.high, paired.basis, paired.units,
+                         f"{paired.note}; round(s) {left_out} of {len(pa)} left out: a process there ran on a busy or slower "
+                         "host (host_contention or host_drift)")
+        paired = paired_ratio(pa, pb)
+        if paired is not None:
+            return paired
+    return process_ratio(pa, pb) or within_run_ratio(a, b)
+
+
+def _uncontended_rounds(a: dict, b: dict, n: int) -> list[int]:
+    """The rounds (0-based) where neither side's process carries a host flag; all where the rows do not say per process."""
+    fa, fb = a.get("process_flags"), b.get("process_flags")
+    if not fa or not fb or len(fa) != n or len(fb) != n:
+        return list(range(n))
+    return [i for i in range(n) if not any(f in HOST_FLAGS for f in (fa[i] or []) + (fb[i] or []))]
+
+
+def same_session(a: dict, b: dict) -> bool:
+    """Whether two rows come from one ab/track run that alternated their processes round by round."""
+    sa, sb = (a.get("version") or {}).get("session"), (b.get("version") or {}).get("session")
+    return bool(sa) and sa == sb
+
+
+def verdict(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD) -> str:
+    """faster, slower, no change or inconclusive at ``threshold`` (see the module's doc)."""
+    up, down = 1.0 + threshold, 1.0 / (1.0 + threshold)
+    if ratio.low > 1.0 and ratio.ratio > up:
+        return "slower"
+    if ratio.high < 1.0 and ratio.ratio < down:
+        return "faster"
+    if down <= ratio.low and ratio.high <= up:
+        return "no change"
+    return "inconclusive"
+
+
+def check_threshold(threshold: float) -> float:
+    if not (0 < threshold < 1) or math.isnan(threshold):
+        raise PerflabError(f"--threshold: expected a fraction between 0 and 1 (0.05 for 5%), got {threshold:g}")
+    return float(threshold)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Host dependence
+
+
+def bound_by(row: dict) -> str | None:
+    """``host``, ``gpu`` or ``both`` (within ``BORDERLINE`` of each other): what limits the row's step, from its host
+    issue time and its GPU time, each measured with the other out of the way (``host_held_ms``, ``device_ms``)."""
+    host, gpu = row.get("host_held_ms"), row.get("device_ms")
+    if not host or not gpu:
+        return None
+    ratio = host / gpu
+    return "both" if 1 / BORDERLINE <= ratio <= BORDERLINE else ("host" if ratio > 1 else "gpu")
+
+
+def host_dependence(a: dict, b: dict) -> str | None:
+    """Why a case's absolute times depend on the host (None where neither side is limited by it, or unknown)."""
+    names = {"host": "launch-bound", "both": "at the host/GPU boundary"}
+    sides = [(side, bound_by(row), row) for side, row in (("A", a), ("B", b))]
+    hit = [f"{side} {names[bound]} (host {row['host_held_ms']:.3g} ms, GPU {row['device_ms']:.3g} ms a step)"
+           for side, bound, row in sides if bound in names]
+    if not hit:
+        return None
+    return "host-dependent: " + "; ".join(hit) + ": its time moves with the host's speed"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Comparing two sets of rows
+
+
+def compare_rows(rows_a: list[dict], rows_b: list[dict], threshold: float = DEFAULT_THRESHOLD,
+                 names: tuple[str, str] = ("A", "B")) -> Comparison:
+    """Match two sources' rows by case id and compare each case; PerflabError where they share no case, or a
+    source holds one case twice."""
+    threshold = check_threshold(threshold)
+    by_a, by_b = _by_case(rows_a, names[0]), _by_case(rows_b, names[1])
+    common = [cid for cid in by_a if cid in by_b]
+    if not common:
+        raise PerflabError(f"{names[0]} and {names[1]} share no case id ({names[0]}: {_ids_text(by_a)}; {names[1]}: "
+                           f"{_ids_text(by_b)}): compare results of the same cases")
+    changes = [compare_case(by_a[cid], by_b[cid], threshold) for cid in common]
+    return Comparison(changes, [_label(by_a[c]) for c in by_a if c not in by_b], [_label(by_b[c]) for c in by_b if c not in by_a],
+                      threshold)
+
+
+def compare_case(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD) -> CaseChange:
+    change = CaseChange(a.get("case_id") or "?", _label(a), a.get("status") or "?", b.get("status") or "?")
+    if change.status_a != "ok" or change.status_b != "ok":
+        change.verdict = "not compared"
+        return change
+    change.a_ms, change.b_ms = a.get("median_ms"), b.get("median_ms")
+    change.a_ci_ms, change.b_ci_ms = _ci(a), _ci(b)
+    if change.a_ms and change.b_ms:
+        change.unpaired_ratio = change.b_ms / change.a_ms
+    change.ratio = row_ratio(a, b)
+    change.verdict = verdict(change.ratio, threshold) if change.ratio else "not compared"
+    change.host_dependent = host_dependence(a, b)
+    return change
+
+
+# ---------------------------------------------------------------------------------------------------
+# Change points over revisions
+
+
+@dataclass
+class RevisionPoint:
+    """One case at one revision: its row's median and CI, and the step from the previous revision with a row."""
+
+    version: str  # the version's key
+    name: str  # as the user gave it (a revision), for tables
+    status: str
+    median_ms: float | None = None
+    ci_ms: list | None = None
+    step: CaseChange | None = None  # against the previous point with an ok row; None for the first
+
+    @property
+    def change(self) -> bool:
+        return self.step is not None and self.step.verdict in ("slower", "faster")
+
+
+@dataclass
+class CaseSeries:
+    case_id: str
+    label: str
+    points: list[RevisionPoint]
+
+    @property
+    def change_points(self) -> list[RevisionPoint]:
+        return [p for p in self.points if p.change]
+
+
+def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: float = DEFAULT_THRESHOLD) -> list[CaseSeries]:
+    """Per case, its rows in revision order (``order``: (version key, name) pairs, oldest first; rows carry
+    ``version.key``) and each revision's step from the previous one that measured it (``compare_case``)."""
+    threshold = check_threshold(threshold)
+    position = {key: i for i, (key, _) in enumerate(order)}
+    names = dict(order)
+    cases: dict[str, dict[str, dict]] = {}
+    for row in rows:
+        key = (row.get("version") or {}).get("key")
+        if key in position:
+            cases.setdefault(row.get("case_id") or "?", {})[key] = row
+    out = []
+    for case_id, by_version in cases.items():
+        points, previous = [], None
+        for key, _ in order:
+            row = by_version.get(key)
+            if row is None:
+                continue
+            point = RevisionPoint(key, names[key], row.get("status") or "?")
+            if point.status == "ok":
+                point.median_ms, point.ci_ms = row.get("median_ms"), _ci(row)
+                if previous is not None:
+                    point.step = compare_case(previous, row, threshold)
+                previous = row
+            points.append(point)
+        first = next(iter(by_version.values()))
+        out.append(CaseSeries(case_id, _label(first), points))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+def _ci(row: dict) -> list | None:
+    ci = row.get("ci95_ms")
+    if not ci or len(ci) != 2 or ci[0] is None or ci[1] is None or not (0 < ci[0] <= ci[1]):
+        return None
+    return [float(ci[0]), float(ci[1])]
+
+
+def _process_medians(row: dict) -> list[float]:
+    return [float(v) for v in (row.get("process_medians_ms") or []) if v is not None]
+
+
+def _by_case(rows: list[dict], name: str) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for row in rows:
+        cid = row.get("case_id")
+        if not cid:
+            raise PerflabError(f"{name}: a row without a case_id; compare reads rows written by perflab (bench --out, a store)")
+        if cid in out:
+            raise PerflabError(f"{name}: case {cid} ({_label(row)}) appears twice; give one run's rows per side")
+        out[cid] = row
+    return out
+
+
+def _ids_text(by_case: dict) -> str:
+    ids = list(by_case)
+    return ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "") if ids else "no rows"
+
+
+def _label(row: dict) -> str:
+    if row.get("label"):
+        return str(row["label"])
+    model = row.get("model") or (row.get("case") or {}).get("model") or "?"
+    if row.get("keep_rate"):
+        model += " kr" + "/".join(f"{r:g}" for r in row["keep_rate"])
+    size = f" {row['input_size']}px" if row.get("input_size") else ""
+    return f"{model}{size} bs{row.get('batch_size')} {row.get('dtype')} {row.get('mode')}"

@@ -1,0 +1,196 @@
+"""Comparisons of stored runs and of versions (``perflab compare`` of results, ``ab``, ``track``): console tables, and
+the report's "A/B" and "By revision" sections with their plots. Rows in, text out; the numbers are
+``analysis.regressions``'."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.table import Table
+
+from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, revision_series
+from perflab.report.md import escape, md_table
+
+BASIS_WORDS = {
+    "paired": "paired: one ratio a round, each A process timed beside a B process; the CI is over the rounds",
+    "processes": "processes: each side's process medians, unpaired (Welch); between-process variance is in the CI",
+    "within-run": "within-run: one process a side; the CI is each run's own and does NOT cover between-process variance "
+                  "(two runs minutes apart can differ by more): rerun with --processes 3 or use perflab ab",
+}
+
+
+def ms_cell(ms, ci) -> str:
+    if ms is None:
+        return "–"
+    return f"{ms:.4g}" + (f" ({ci[0]:.4g}–{ci[1]:.4g})" if ci else "")
+
+
+def ratio_cell(change: CaseChange) -> str:
+    r = change.ratio
+    return "–" if r is None else f"{r.ratio:.3f}× ({r.low:.3f}–{r.high:.3f})"
+
+
+def verdict_cell(change: CaseChange) -> str:
+    if change.verdict == "not compared":
+        failed = change.status_a != "ok" or change.status_b != "ok"
+        return f"not compared (A {change.status_a}, B {change.status_b})" if failed else "not compared (no CI)"
+    return change.verdict + (" · host-dependent" if change.host_dependent else "")
+
+
+def comparison_rows(comparison: Comparison) -> list[list[str]]:
+    return [[c.label, ms_cell(c.a_ms, c.a_ci_ms), ms_cell(c.b_ms, c.b_ci_ms), ratio_cell(c),
+             f"{c.ratio.basis} ({c.ratio.units})" if c.ratio else "–", verdict_cell(c)] for c in comparison.changes]
+
+
+COMPARISON_HEADERS = ["case", "A ms (95% CI)", "B ms (95% CI)", f"B/A time ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
+
+
+def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str]:
+    """The sentences under a comparison's table: what the sides are, the threshold, how each CI was taken, the host-
+    dependent cases and the cases of one side only."""
+    t = comparison.threshold
+    lines = [f"A: {names[0]}; B: {names[1]}. B/A above 1: B is slower. Verdict at ±{t:.0%}: slower or faster where the "
+             f"{LEVEL:.0%} CI excludes 1 and the ratio is beyond 1 ± {t:.0%}; no change where the whole CI lies within "
+             f"{1 / (1 + t):.3f}–{1 + t:.3f}; inconclusive otherwise."]
+    for basis in dict.fromkeys(c.ratio.basis for c in comparison.changes if c.ratio):
+        lines.append("CI over " + BASIS_WORDS[basis] + ".")
+    lines += [f"{c.label}: {c.host_dependent}." for c in comparison.changes if c.host_dependent]
+    for side, only in (("A", comparison.only_a), ("B", comparison.only_b)):
+        if only:
+            lines.append(f"Only {side} holds {len(only)} case(s), not compared: {', '.join(only[:5])}{' ...' if len(only) > 5 else ''}.")
+    return lines
+
+
+def render_comparison(console, comparison: Comparison, names: tuple[str, str]) -> None:
+    if not comparison.changes:  # an interrupted ab: no case finished its rounds
+        return
+    table = Table(title="Stored runs compared, case by case", header_style="bold")
+    for header in COMPARISON_HEADERS:
+        table.add_column(header, justify="left" if header in ("case", "verdict", "CI over (n)") else "right")
+    for cells in comparison_rows(comparison):
+        table.add_row(*cells)
+    console.print(table)
+    for line in comparison_notes(comparison, names):
+        console.print(line, soft_wrap=True, markup=False)
+
+
+def version_what(info: dict) -> str:
+    """What a version is: ``revision c2 (a3d3cc65ea: its subject)``, ``interpreter /venv/bin/python``."""
+    if info.get("kind") == "revision":
+        return f"revision {info.get('revision')} ({(info.get('commit') or '')[:10]}: {info.get('subject') or ''})"
+    return f"interpreter {info.get('python')}"
+
+
+def version_line(info: dict) -> str:
+    """One version in words: what it is, and the environment it ran in."""
+    what = version_what(info)
+    env = " · ".join(f"{name} {info.get(key) or '–'}" for name, key in (("torch", "torch"), ("CUDA", "cuda"), ("driver", "driver"),
+                                                                        ("perflab", "perflab")))
+    return f"{info.get('name')}: {what} · {env}"
+
+
+def render_versions(console, versions) -> None:
+    for v in versions:
+        console.print(version_line(v.info()), soft_wrap=True, markup=False)
+
+
+def step_cells(point) -> list[str]:
+    step = point.step
+    if step is None:
+        return ["–", "–", "first" if point.status == "ok" else point.status]
+    return [ratio_cell(step), f"{step.ratio.basis} ({step.ratio.units})" if step.ratio else "–", verdict_cell(step)]
+
+
+SERIES_HEADERS = ["revision", "ms (95% CI)", f"vs previous ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
+
+
+def series_rows(series) -> list[list[str]]:
+    return [[p.name, ms_cell(p.median_ms, p.ci_ms) if p.status == "ok" else p.status] + step_cells(p) for p in series.points]
+
+
+def change_line(series) -> str:
+    changes = series.change_points
+    if not changes:
+        return "no change point"
+    return "change points: " + ", ".join(f"{p.name} ({p.step.verdict}, {p.step.ratio.ratio:.3f}×)" for p in changes)
+
+
+def render_series(console, all_series, threshold: float) -> None:
+    for series in all_series:
+        table = Table(title=f"{series.label}: {change_line(series)}", header_style="bold")
+        for header in SERIES_HEADERS:
+            table.add_column(header, justify="left" if header in ("revision", "verdict", "CI over (n)") else "right")
+        for cells in series_rows(series):
+            table.add_row(*cells)
+        console.print(table)
+    console.print(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
+                  f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).",
+                  soft_wrap=True, markup=False)
+
+
+def series_dict(series) -> dict:
+    return {"case_id": series.case_id, "label": series.label, "change_points": [p.name for p in series.change_points],
+            "points": [{"revision": p.name, "key": p.version, "status": p.status, "median_ms": p.median_ms, "ci95_ms": p.ci_ms,
+                        "step": p.step.to_dict() if p.step else None} for p in series.points]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The report's sections
+
+
+def versions_run(stored) -> dict | None:
+    """The store's latest ab or track run (its sweep record's experiment, which names the versions), or None."""
+    for record in reversed(stored.sweeps):
+        experiment = record.get("experiment") or {}
+        if experiment.get("versions") and experiment.get("kind") in ("ab", "track"):
+            return experiment
+    return None
+
+
+def latest_version_rows(stored, rows: list[dict]) -> list[dict]:
+    """The rows the report's other tables show for a store of versions: the last version's (one row per case); else all."""
+    run = versions_run(stored)
+    if run is None:
+        return rows
+    last = run["versions"][-1]["key"]
+    return [r for r in rows if (r.get("version") or {}).get("key") == last or r.get("status") == "missing"]
+
+
+def versions_sections(stored, plot_dir: Path) -> list[str]:
+    """"## A/B" or "## By revision" for a store that ``perflab ab`` or ``track`` wrote; nothing for another store."""
+    run = versions_run(stored)
+    if run is None:
+        return []
+    threshold = float(run.get("threshold") or 0.05)
+    versions = run["versions"]
+    rows = getattr(stored, "all_rows", stored.rows)
+    lines = [f"- {escape(version_line(v))}" for v in versions]
+    if run["kind"] == "ab":
+        from perflab.analysis.regressions import compare_rows
+
+        by_key = {v["key"]: [r for r in rows if (r.get("version") or {}).get("key") == v["key"]] for v in versions}
+        a, b = (by_key[v["key"]] for v in versions[:2])
+        if not a or not b:
+            return ["## A/B", "\n".join(lines), "No rows of both versions are stored (the run was interrupted)."]
+        comparison = compare_rows(a, b, threshold)
+        return ["## A/B", f"{run.get('rounds')} rounds, versions in {run.get('order')} order, each process of one version "
+                f"beside one of the other.", "\n".join(lines), md_table(COMPARISON_HEADERS, comparison_rows(comparison)),
+                " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])))]
+    order = [(v["key"], v["name"]) for v in versions]
+    parts = ["## By revision",
+             f"Each case at {len(versions)} revisions, oldest first ({run.get('rounds')} round(s)). Each revision is compared with "
+             f"the one before it that measured the case: its time ÷ that one's, with a {LEVEL:.0%} CI (paired per round where "
+             f"one run timed both, else over processes, else each run's own), and a **change point** is a step slower or faster "
+             f"by more than {threshold:.0%} whose CI excludes 1 (docs/regressions.md).", "\n".join(lines)]
+    from perflab.report import plots
+
+    for i, series in enumerate(revision_series(rows, order, threshold)):
+        names = [name for _, name in order]
+        index = {key: j for j, (key, _) in enumerate(order)}
+        points = [(index[p.version], p.median_ms, p.ci_ms[0] if p.ci_ms else None, p.ci_ms[1] if p.ci_ms else None)
+                  for p in series.points if p.median_ms is not None]
+        path = plots.over_revisions(names, points, [index[p.version] for p in series.change_points],
+                                    Path(plot_dir) / f"revisions_{i}.png", series.label)
+        parts += [f"### {escape(series.label)}: {change_line(series)}", f"![{escape(series.label)} over revisions]({path.name})",
+                  md_table(SERIES_HEADERS, series_rows(series))]
+    return parts

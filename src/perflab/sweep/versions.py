@@ -1,0 +1,513 @@
+"""One experiment at several versions of the code or the environment (``perflab ab``, ``perflab track``).
+
+A **version** is a git revision of the repository that holds the model code (checked out in a worktree of its own,
+in a temporary directory, where the cases' relative model references are read), or a Python interpreter (another
+virtualenv, with another torch). Every version runs the same cases through the sweep's machinery: one fresh worker
+process per case (``sweep.worker``, forked by the sweep's launcher, one launcher per interpreter), the same harness,
+the same store. A version is a field of the row (``version``) and part of its environment key, not a new store.
+
+The processes of the versions **alternate**: in each of ``rounds`` rounds, each case runs once at every version,
+those processes one after another (``alternate``: in order in even rounds, reversed in odd ones, ABBA...; ``random``:
+a seeded shuffle each round and case). So each A process has a B process beside it in time, and the ratio of a
+round's two medians cancels a slow stretch of the host that spans both (``analysis.regressions.paired_ratio``).
+A case's rounds at one version are merged into one row (``measure.harness.merge_processes``: its CI across the
+processes), stored once its last round has run; ``version.session`` marks the rows one run timed together.
+
+Before anything is written: the repository must be a git work tree without uncommitted changes to tracked files
+(what is dirty is named), every revision must exist, every interpreter must import perflab and torch, and every
+version must expand the spec to the same case ids. A worktree is removed when the run ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from perflab.errors import PerflabError
+from perflab.spec import Case
+from perflab.sweep.experiment import Experiment
+
+ORDERS = ("alternate", "random")
+GIT_TIMEOUT_S = 120.0
+PROBE_TIMEOUT_S = 300.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Versions
+
+
+@dataclass
+class Version:
+    """One version: what it is (``kind`` revision or python), where its code and interpreter are, its environment."""
+
+    name: str  # A or B (ab), the revision as given (track)
+    kind: str  # "revision" or "python"
+    key: str  # what identifies it in the store: "commit:<sha>" or "python:<path>" (ab: prefixed by its side)
+    python: str  # the interpreter its workers run
+    commit: str | None = None
+    subject: str | None = None  # the commit's first line
+    revision: str | None = None  # as the user named it
+    root: Path | None = None  # the worktree's directory that stands for --repo (relative references are read here)
+    worker_env: dict = field(default_factory=dict)
+    env: dict = field(default_factory=dict)  # the environment probe, with the version
+    env_key: str = ""
+    experiment: Experiment | None = None
+
+    @property
+    def slug(self) -> str:
+        return "".join(ch if ch.isalnum() else "_" for ch in self.name)[:40] or "v"
+
+    @property
+    def label(self) -> str:
+        """What it is, short: ``c2 (a3d3cc65ea)``, ``/venv/bin/python``."""
+        return f"{self.revision} ({self.commit[:10]})" if self.kind == "revision" else self.python
+
+    def info(self) -> dict:
+        """What a row says of its version."""
+        out = {"name": self.name, "kind": self.kind, "key": self.key, "python": self.python}
+        if self.kind == "revision":
+            out.update(revision=self.revision, commit=self.commit, subject=self.subject)
+        out.update({k: self.env.get(k) for k in ("torch", "cuda", "driver", "perflab")})
+        return out
+
+
+def _run(cmd: list[str], what: str, timeout: float = GIT_TIMEOUT_S, **kwargs) -> subprocess.CompletedProcess:
+    try:
+        if "input" not in kwargs:
+            kwargs["stdin"] = subprocess.DEVNULL
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except FileNotFoundError:
+        raise PerflabError(f"{what}: {cmd[0]} not found (is it installed and on PATH?)") from None
+    except subprocess.TimeoutExpired:
+        raise PerflabError(f"{what}: `{' '.join(cmd[:4])} ...` did not finish within {timeout:g} s") from None
+
+
+def git(repo, *args: str) -> str:
+    """``git -C repo ARGS``'s output; PerflabError with git's own last line when it fails."""
+    result = _run(["git", "-C", str(repo), *args], f"--repo {repo}")
+    if result.returncode != 0:
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        raise PerflabError(f"--repo {repo}: git {args[0]} failed: {lines[-1] if lines else f'exit status {result.returncode}'}")
+    return result.stdout
+
+
+def repository(path) -> tuple[Path, Path]:
+    """(the work tree's top level, ``path`` relative to it); PerflabError unless ``path`` is a directory in a git work
+    tree with no uncommitted changes to tracked files."""
+    path = Path(path)
+    if not path.is_dir():
+        raise PerflabError(f"--repo {path}: no such directory")
+    probe = _run(["git", "-C", str(path), "rev-parse", "--show-toplevel"], f"--repo {path}")
+    if probe.returncode != 0:
+        raise PerflabError(f"--repo {path}: not a git work tree (git rev-parse: {probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else 'failed'})")
+    top = Path(probe.stdout.strip()).resolve()
+    dirty = [line[3:] if len(line) > 3 else line for line in git(top, "status", "--porcelain", "--untracked-files=no").splitlines() if line.strip()]
+    if dirty:
+        shown = ", ".join(dirty[:5]) + (f" and {len(dirty) - 5} more" if len(dirty) > 5 else "")
+        raise PerflabError(f"--repo {path}: uncommitted changes to {shown}; versions are committed revisions: commit or stash them first")
+    return top, path.resolve().relative_to(top)
+
+
+def resolve_revision(top: Path, rev: str, option: str) -> tuple[str, str]:
+    """(the commit's full SHA, its subject); PerflabError where ``rev`` names no commit of the repository."""
+    if not rev or rev.startswith("-"):
+        raise PerflabError(f"{option}: {rev!r} is not a revision")
+    result = _run(["git", "-C", str(top), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], f"{option} {rev}")
+    if result.returncode != 0 or not result.stdout.strip():
+        raise PerflabError(f"{option} {rev}: no such revision in {top}")
+    sha = result.stdout.strip()
+    return sha, git(top, "log", "-1", "--format=%s", sha).strip()
+
+
+def revision_range(top: Path, text: str) -> list[str]:
+    """``A..B``: A, then each commit after it up to B along B's first parents (``git rev-list --first-parent``), oldest
+    first."""
+    start, sep, end = text.partition("..")
+    if not sep or not start or not end or end.startswith("."):
+        raise PerflabError(f"--range {text}: expected A..B (two revisions)")
+    resolve_revision(top, start, "--range")
+    resolve_revision(top, end, "--range")
+    after = git(top, "rev-list", "--reverse", "--first-parent", f"{start}..{end}").split()
+    if not after:
+        raise PerflabError(f"--range {text}: {end} has no commit after {start} (is {start} an ancestor of {end}?)")
+    return [start] + after
+
+
+class Worktrees:
+    """Detached worktrees of some commits in a temporary directory, removed (with git's record of them) on exit."""
+
+    def __init__(self, top: Path):
+        self.top = top
+        self.base = Path(tempfile.mkdtemp(prefix="perflab-versions-"))
+        self.paths: list[Path] = []
+
+    def add(self, commit: str) -> Path:
+        path = self.base / f"{len(self.paths)}-{commit[:10]}"
+        self.paths.append(path)
+        git(self.top, "worktree", "add", "--detach", "--quiet", str(path), commit)
+        return path
+
+    def __enter__(self) -> "Worktrees":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for path in self.paths:
+            _run(["git", "-C", str(self.top), "worktree", "remove", "--force", str(path)], "git worktree remove")
+        shutil.rmtree(self.base, ignore_errors=True)
+        _run(["git", "-C", str(self.top), "worktree", "prune"], "git worktree prune")
+
+
+def interpreter_env() -> dict:
+    """The environment another interpreter's processes run in: where this perflab is a source checkout, with it first
+    on PYTHONPATH (both versions then run the same perflab, and only the interpreter's packages differ); where it is
+    installed in an environment's site-packages, unchanged (each interpreter imports its own perflab: putting this
+    one's site-packages on the path would lend it this environment's torch)."""
+    from perflab.paths import SRC, child_env
+
+    installed = any(part in ("site-packages", "dist-packages") for part in Path(SRC).parts)
+    return dict(os.environ) if installed else child_env()
+
+
+# Run by each interpreter: can it import perflab and torch, what is its environment, and what are the cases' ids there.
+_PROBE = r"""
+import json, sys
+request = json.loads(sys.stdin.read())
+import torch
+import perflab
+from perflab.spec import Case
+from perflab.sweep.runner import probe_environment
+env = probe_environment(None, uses_cuda=request["uses_cuda"])
+env["perflab_path"] = perflab.__file__
+env["python_executable"] = sys.executable
+ids = []
+for d in request["cases"]:
+    try:
+        ids.append(Case.from_dict(d).id)
+    except Exception as exc:
+        ids.append("unreadable: %s: %s" % (type(exc).__name__, exc))
+print("PERFLAB_PROBE " + json.dumps({"env": env, "case_ids": ids}))
+"""
+
+
+def probe_interpreter(python: str, option: str, cases: list[Case]) -> tuple[dict, list[str]]:
+    """(the interpreter's environment, the case ids its perflab gives ``cases``); PerflabError where it is missing or
+    cannot import perflab and torch."""
+    path = shutil.which(python) if os.sep not in python else python
+    if not path or not Path(path).is_file() or not os.access(path, os.X_OK):
+        raise PerflabError(f"{option} {python}: no such interpreter")
+    request = json.dumps({"uses_cuda": any(c.device == "cuda" for c in cases), "cases": [c.to_dict() for c in cases]})
+    result = _run([path, "-c", _PROBE], f"{option} {python}", timeout=PROBE_TIMEOUT_S, input=request, env=interpreter_env())
+    marker = [line for line in result.stdout.splitlines() if line.startswith("PERFLAB_PROBE ")]
+    if result.returncode != 0 or not marker:
+        lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+        why = lines[-1] if lines else f"exit status {result.returncode}"
+        raise PerflabError(f"{option} {python}: cannot import perflab and torch there ({why}); install them in that environment")
+    data = json.loads(marker[-1][len("PERFLAB_PROBE "):])
+    return data["env"], data["case_ids"]
+
+
+@dataclass
+class Plan:
+    """The versions of a run, checked and ready; ``close()`` removes their worktrees."""
+
+    versions: list[Version]
+    cases: list[Case]  # the first version's (every version's have the same ids)
+    stack: contextlib.ExitStack
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+MakeExperiment = Callable[[Path | None], Experiment]
+
+
+def plan_revisions(repo, revisions: list[tuple[str, str, str]], make_experiment: MakeExperiment, side_keys: bool = False) -> Plan:
+    """Versions for ``revisions`` ((name, revision, the option that named it) triples) of the repository at ``repo``: each revision checked out in
+    its own worktree, its experiment made there (``make_experiment(directory standing for repo)``). PerflabError,
+    with nothing left behind, on a dirty repository, a missing revision, a spec that fails at a revision, or case ids
+    that differ between revisions. ``side_keys``: keys prefixed by the names (ab's A and B, which may be one commit)."""
+    from perflab.sweep.runner import probe_environment
+
+    top, rel = repository(repo)
+    resolved = [(name, rev, *resolve_revision(top, rev, option)) for name, rev, option in revisions]
+    stack = contextlib.ExitStack()
+    try:
+        trees = stack.enter_context(Worktrees(top))
+        versions = []
+        for name, rev, sha, subject in resolved:
+            root = trees.add(sha) / rel
+            try:
+                experiment = make_experiment(root)
+            except PerflabError as exc:
+                raise PerflabError(f"at revision {rev} ({sha[:10]}): {exc}") from None
+            key = f"commit:{sha}"
+            versions.append(Version(name=name, kind="revision", key=f"{name}|{key}" if side_keys else key, python=sys.executable,
+                                    commit=sha, subject=subject, revision=rev, root=root, experiment=experiment))
+        _check_same_cases(versions, [[c.id for c in v.experiment.cases] for v in versions])
+        base = probe_environment(versions[0].experiment)
+        for v in versions:
+            _set_env(v, dict(base, commit=v.commit, revision=v.revision, repo=str(top)))
+        return Plan(versions, list(versions[0].experiment.cases), stack)
+    except BaseException:
+        stack.close()
+        raise
+
+
+def plan_interpreters(pythons: list[tuple[str, str, str]], experiment: Experiment) -> Plan:
+    """Versions for interpreters ((name, option, path) triples) running one experiment; PerflabError where an
+    interpreter is missing, cannot import perflab and torch, or gives the cases other ids (another perflab)."""
+    versions, ids = [], []
+    for name, option, python in pythons:
+        env, case_ids = probe_interpreter(python, option, list(experiment.cases))
+        version = Version(name=name, kind="python", key=f"{name}|python:{env['python_executable']}", python=python,
+                          worker_env=interpreter_env(), experiment=experiment)
+        _set_env(version, dict(env))
+        versions.append(version)
+        ids.append(case_ids)
+    _check_same_cases(versions, [[c.id for c in experiment.cases]] + ids, with_parent=True)
+    return Plan(versions, list(experiment.cases), contextlib.ExitStack())
+
+
+def _set_env(version: Version, env: dict) -> None:
+    from perflab.sweep.runner import environment_key
+
+    env["version"] = version.key
+    version.env = env
+    version.env_key = environment_key(env)
+
+
+def _check_same_cases(versions: list[Version], id_lists: list[list[str]], with_parent: bool = False) -> None:
+    names = (["this perflab"] if with_parent else []) + [v.name for v in versions]
+    first = id_lists[0]
+    for name, ids in zip(names[1:], id_lists[1:]):
+        if ids != first:
+            only_first = [i for i in first if i not in ids]
+            only_here = [i for i in ids if i not in first]
+            raise PerflabError(f"versions {names[0]} and {name} give different case ids ({len(first)} vs {len(ids)} cases; "
+                               f"only {names[0]}: {', '.join(only_first[:3]) or 'none'}; only {name}: {', '.join(only_here[:3]) or 'none'}): "
+                               "an A/B compares the same cases; change the code, not the spec")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Running the versions
+
+
+@dataclass
+class VersionsSummary:
+    out_dir: Path
+    session: str
+    versions: list[Version]
+    cases: list[Case]
+    rounds: int
+    rows: dict = field(default_factory=dict)  # (case id, version key) → the merged row stored now, or read back
+    done: int = 0  # processes run now
+    stored: int = 0  # rows stored now
+    reused: int = 0  # (case, version) rows already stored
+    interrupted: bool = False
+
+    def rows_of(self, version: Version) -> list[dict]:
+        return [self.rows[(c.id, version.key)] for c in self.cases if (c.id, version.key) in self.rows]
+
+
+def round_order(n_versions: int, rounds: int, n_cases: int, order: str, seed: int) -> list[list[list[int]]]:
+    """For each round and case, the order its versions' processes run in: ``alternate`` (0..n-1 in even rounds, reversed
+    in odd ones) or ``random`` (a shuffle seeded by ``seed``, the round and the case)."""
+    if order not in ORDERS:
+        raise PerflabError(f"--order: expected alternate or random, got {order!r}")
+    plan = []
+    for r in range(rounds):
+        per_case = []
+        for c in range(n_cases):
+            indices = list(range(n_versions))
+            if order == "random":
+                random.Random(f"{seed}:{r}:{c}").shuffle(indices)
+            elif r % 2:
+                indices.reverse()
+            per_case.append(indices)
+        plan.append(per_case)
+    return plan
+
+
+def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", seed: int = 0, timeout_s: float | None = None,
+                 reuse: bool, command: str = "", kind: str = "ab", on_event=None, launcher: str | None = None,
+                 record: dict | None = None) -> VersionsSummary:
+    """Run every case at every version, ``rounds`` times, alternating versions process by process, into ``out_dir``'s
+    store. ``reuse``: (case, version) rows already stored are kept and not run again (track); else a store holding any
+    of them is refused (ab: rows timed together are not mixed with older ones). ``on_event(kind, **info)``: "start"
+    (total processes), "process_start" (case, version, round), "process_done" (case, version, round, row), "finish"
+    (summary). ``record``: more to keep in the run's sweep record (the threshold its report judges by)."""
+    from perflab.measure.harness import merge_processes
+    from perflab.sweep.launcher import choose_launcher
+    from perflab.sweep.runner import (Forks, _one_sweep_at_a_time, _sigterm_as_interrupt, _slots, case_timeout, run_case_in_subprocess,
+                                      worker_args)
+    from perflab.sweep.store import Store, store_path
+
+    emit = on_event or (lambda kind, **info: None)
+    out_dir = Path(out_dir)
+    if rounds < 1:
+        raise PerflabError(f"--rounds must be at least 1, got {rounds}")
+    schedule = round_order(len(plan.versions), rounds, len(plan.cases), order, seed)
+    experiment = plan.versions[0].experiment
+    _slots(experiment, None, 1)  # CUDA cases where CUDA is not: one line now, not an error row a process
+    timeout_s = case_timeout(experiment, timeout_s)
+    launcher = choose_launcher(launcher)
+    if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
+        with Store.open(out_dir) as store:
+            stored = sum(len(store.statuses(v.env_key)) for v in plan.versions)
+        if stored and not reuse:
+            raise PerflabError(f"{out_dir} already holds {stored} row(s) of these versions; give another --out")
+    session = uuid.uuid4().hex[:12]
+    summary = VersionsSummary(out_dir, session, plan.versions, plan.cases, rounds)
+    with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
+        todo = set()
+        for v in plan.versions:
+            statuses = store.statuses(v.env_key)
+            for case in v.experiment.cases:
+                if case.id in statuses:
+                    summary.reused += 1
+                else:
+                    todo.add((case.id, v.key))
+            store.put_environment(v.env_key, v.env)
+        spec = dict(experiment.to_json(), versions=[v.info() for v in plan.versions], kind=kind, rounds=rounds, order=order,
+                    seed=seed, session=session, **(record or {}))
+        sweep_id = store.begin_sweep(command=command, spec_source=experiment.source, spec_text=experiment.text, experiment=spec,
+                                     env_key=",".join(v.env_key for v in plan.versions),
+                                     n_cases=len(plan.cases) * len(plan.versions), n_skipped=summary.reused)
+        emit("start", total=len(todo) * rounds, reused=summary.reused, versions=plan.versions, rounds=rounds)
+        forks: dict[str, Forks] = {}
+        runs: dict[tuple[str, str], list] = {}  # (case id, version key) → (start time, index into processes) per round
+        processes: list[dict] = []  # every process's row of this run, in the order they ran
+        outcome = "interrupted"
+        try:
+            with _sigterm_as_interrupt():
+                for r in range(rounds):
+                    for c, case in enumerate(plan.cases):
+                        for vi in schedule[r][c]:
+                            v = plan.versions[vi]
+                            if (case.id, v.key) not in todo:
+                                continue
+                            vcase = v.experiment.cases[c]
+                            fork = None
+                            if launcher == "fork":
+                                fork = forks.setdefault(v.python, Forks(str(out_dir), python=v.python, env=v.worker_env or None))
+                            emit("process_start", case=vcase, version=v, round=r)
+                            args = worker_args(v.experiment, out_dir) + ["--flops-cache", str((out_dir / "flops" / v.env_key).resolve())]
+                            started = time.time()
+                            row, _ = run_case_in_subprocess(vcase, out_dir, timeout_s, dict(v.env, device=vcase.device), extra_args=args,
+                                                            forks=fork, python=v.python, worker_env=_worker_env(v),
+                                                            tag=f"-{v.slug}-r{r}")
+                            summary.done += 1
+                            runs.setdefault((case.id, v.key), []).append((started, len(processes)))
+                            processes.append(row)
+                            emit("process_done", case=vcase, version=v, round=r, row=row)
+                            if r == rounds - 1:
+                                merged = _merge(vcase, runs.pop((case.id, v.key)), processes, merge_processes)
+                                merged["version"] = dict(v.info(), session=session, rounds=rounds, order=order,
+                                                         position=vi, kind_of_run=kind)
+                                store.put(merged, v.env_key, sweep_id=sweep_id, worker="w0")
+                                summary.rows[(case.id, v.key)] = merged
+                                summary.stored += 1
+            outcome = "complete"
+        except KeyboardInterrupt:
+            summary.interrupted = True
+        finally:
+            emit("finish", summary=summary)
+            for fork in forks.values():
+                fork.close()
+            store.end_sweep(sweep_id, outcome, summary.stored)
+            with contextlib.suppress(OSError):
+                (out_dir / "tmp").rmdir()
+        for v in plan.versions:  # the rows this run reused, read back for the comparison
+            for row in store.rows(v.env_key):
+                summary.rows.setdefault((row["case_id"], v.key), row)
+    return summary
+
+
+def _worker_env(version: Version) -> dict:
+    """A revision's worker: a sweep's (this interpreter, this perflab); an interpreter's: ``interpreter_env``."""
+    from perflab.sweep.runner import _worker_env as sweep_env
+
+    return dict(version.worker_env) if version.kind == "python" else sweep_env("w0", 1)
+
+
+def _merge(case: Case, runs: list[tuple[float, int]], processes: list[dict], merge_processes) -> dict:
+    """One row from a case's processes at one version (rounds in order, indices into ``processes``, every process of the
+    run so far): merged as ``bench --processes`` merges, with each round's host flags (``process_flags``)."""
+    from perflab.measure.canary import CANARY_KEY, mark_host_flags
+
+    rows = [processes[i] for _, i in runs]
+    if len(rows) == 1:
+        merged = dict(rows[0])
+        if merged.get("status") == "ok":
+            merged["process_medians_ms"] = [merged["median_ms"]]
+            merged["processes"] = 1
+    else:
+        merged = merge_processes([case], [[row] for row in rows], read_peaks=False)[0]
+    merged["process_started_at"] = [t for t, _ in runs]
+    # Each round's host flags, for the pairs: host_contention (its own wait for a CPU) and host_drift (its canary against
+    # the median canary of every process of this run, whatever its case and version: the canary runs the same code)
+    judged = mark_host_flags(processes, group=lambda row: "run")
+    merged["process_flags"] = [list(judged[i].get("flags") or []) for _, i in runs]
+    merged["process_canary_us"] = [row.get(CANARY_KEY) for row in rows]
+    merged["process_costs_s"] = [row.get("cost_s") for row in rows]
+    return merged
+
+
+def make_bench_experiment(name: str, source: str, cases: list[Case], model_root: Path | None, timeout_s: float | None = None) -> Experiment:
+    """The experiment of bench flags (``make_cases``' cases) for the versions' runner."""
+    from perflab.sweep.experiment import DEFAULT_TIMEOUT_S
+
+    return Experiment(source=source, name=name, description=f"{name} of bench flags", out=None,
+                      timeout_s=float(timeout_s or DEFAULT_TIMEOUT_S), cases=tuple(cases), model_root=str(model_root or ""))
+
+
+
+class VersionsProgress:
+    """A rich progress bar on stderr over the processes of a versions run, and one line per process not ``ok``."""
+
+    def __init__(self, console):
+        self.console = console
+        self.progress = None
+        self.task = None
+
+    def __call__(self, kind: str, **info) -> None:
+        getattr(self, "_" + kind)(**info)
+
+    def _start(self, total, reused, versions, rounds):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        if reused:
+            self.console.print(f"reusing {reused} stored row(s) (a case at a version)", markup=False)
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=self.console, transient=True)
+        self.progress.start()
+        self.task = self.progress.add_task("starting", total=total)
+
+    def _process_start(self, case, version, round):
+        from rich.markup import escape
+
+        self.progress.update(self.task, description=escape(f"round {round + 1}, {version.name}: {case.label()}"[:120]))
+
+    def _process_done(self, case, version, round, row):
+        self.progress.advance(self.task)
+        if row.get("status") != "ok":
+            from rich.markup import escape
+
+            self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(version.name)} round {round + 1}: "
+                                        f"{escape(case.label())}: {escape(str(row.get('message')))}", soft_wrap=True)
+
+    def _finish(self, summary):
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None

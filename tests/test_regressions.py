@@ -1,0 +1,151 @@
+"""analysis.regressions (issue 40): ratios of stored rows with CIs that state their level and basis, verdicts at a
+threshold, host-dependent cases, change points over revisions; and bench --out files read back. Synthetic rows, so
+every figure is checked against one computed here by hand (t quantiles from the table: t(2) = 4.303, t(4) = 2.776)."""
+
+import math
+
+import pytest
+
+from perflab.analysis.regressions import (compare_rows, paired_ratio, process_ratio, revision_series, row_ratio, verdict,
+                                          within_run_ratio, Ratio)
+from perflab.errors import PerflabError
+from perflab.report.export import read_rows, to_csv, to_json_lines
+
+
+def row(case_id, median, ci=None, processes=None, session=None, key=None, **extra):
+    out = {"case_id": case_id, "status": "ok", "model": f"m{case_id}", "input_size": 224, "batch_size": 1, "dtype": "bf16",
+           "mode": "eager", "median_ms": median, "ci95_ms": list(ci) if ci else [median * 0.99, median * 1.01]}
+    if processes:
+        out["process_medians_ms"] = list(processes)
+    if session or key:
+        out["version"] = {"session": session, "key": key}
+    return dict(out, **extra)
+
+
+def test_a_paired_ratio_is_the_geometric_mean_of_the_rounds_with_a_t_interval_over_them():
+    a, b = [2.0, 3.0, 2.5], [4.2, 5.7, 5.1]
+    logs = [math.log(4.2 / 2.0), math.log(5.7 / 3.0), math.log(5.1 / 2.5)]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    r = paired_ratio(a, b)
+    assert r.basis == "paired" and r.units == 3 and r.level == 0.95
+    assert r.ratio == pytest.approx(math.exp(mean))
+    assert (r.low, r.high) == pytest.approx((math.exp(mean - 4.303 * sd / math.sqrt(3)), math.exp(mean + 4.303 * sd / math.sqrt(3))))
+    # the host slowed the second round by half on both sides: the pairs cancel it, two unpaired sets of processes do not
+    unpaired = process_ratio(a, b)
+    assert unpaired.basis == "processes" and math.log(unpaired.high / unpaired.low) > 3 * math.log(r.high / r.low)
+    assert paired_ratio([2.0], [4.0]) is None  # one round: no interval
+
+
+def test_a_process_ratio_is_welchs_interval_on_the_logs_of_the_process_medians():
+    a, b = [1.0, 1.1, 0.9, 1.05], [1.5, 1.4, 1.6]
+    la, lb = [math.log(v) for v in a], [math.log(v) for v in b]
+    ma, mb = sum(la) / 4, sum(lb) / 3
+    va = sum((x - ma) ** 2 for x in la) / 3
+    vb = sum((x - mb) ** 2 for x in lb) / 2
+    se2 = va / 4 + vb / 3
+    df = se2 ** 2 / ((va / 4) ** 2 / 3 + (vb / 3) ** 2 / 2)
+    assert 4 <= df < 5  # Welch's degrees of freedom, rounded down: the table's t(4) = 2.776 applies
+    r = process_ratio(a, b)
+    assert r.ratio == pytest.approx(math.exp(mb - ma))
+    assert r.low == pytest.approx(math.exp(mb - ma - 2.776 * math.sqrt(se2)), rel=1e-3)
+    assert r.high == pytest.approx(math.exp(mb - ma + 2.776 * math.sqrt(se2)), rel=1e-3)
+    assert "4 vs 3 processes" in r.note and process_ratio([1.0], b) is None
+
+
+def test_one_process_a_side_combines_the_runs_own_cis_and_says_they_miss_between_process_variance():
+    a, b = row("x", 2.0, ci=(1.9, 2.1)), row("x", 3.0, ci=(2.8, 3.3))
+    se = math.hypot(math.log(2.1 / 1.9), math.log(3.3 / 2.8)) / (2 * 1.959964)
+    r = within_run_ratio(a, b)
+    assert r.basis == "within-run" and r.ratio == pytest.approx(1.5)
+    assert (r.low, r.high) == pytest.approx((1.5 * math.exp(-1.959964 * se), 1.5 * math.exp(1.959964 * se)))
+    assert "does not cover between-process variance" in r.note
+    assert row_ratio(a, b).basis == "within-run"
+
+
+def test_the_basis_is_paired_only_for_rows_one_run_timed_together():
+    a = row("x", 2.0, processes=[2.0, 2.1, 1.9], session="s1")
+    b = row("x", 4.0, processes=[4.1, 4.0, 3.9], session="s1")
+    assert row_ratio(a, b).basis == "paired"
+    assert row_ratio(a, dict(b, version={"session": "s2"})).basis == "processes"  # other runs: not paired in time
+    assert row_ratio(dict(a, process_medians_ms=[2.0]), dict(b, process_medians_ms=[4.0])).basis == "within-run"
+
+
+def test_a_round_on_a_busy_or_slower_host_is_left_out_of_the_pairs_while_two_remain():
+    a = row("x", 2.0, processes=[2.0, 2.1, 4.0, 1.9], session="s")
+    b = row("x", 4.0, processes=[4.0, 4.1, 4.2, 3.9], session="s")  # round 3: A's process waited for a CPU (2.0 → 4.0 ms)
+    a["process_flags"] = [["short_timing"], [], ["host_contention"], []]
+    b["process_flags"] = [[], ["high_cv"], [], ["host_drift"]]  # round 4: B's host canary was off the run's median
+    r = row_ratio(a, b)
+    assert r.basis == "paired" and r.units == 2 and "round(s) 3, 4 of 4 left out" in r.note
+    assert r.ratio == pytest.approx(math.sqrt(4.0 / 2.0 * 4.1 / 2.1))
+    b["process_flags"] = [["host_drift"], [], [], ["host_drift"]]  # only round 2 clean: all four rounds are kept
+    assert row_ratio(a, b).units == 4 and "left out" not in row_ratio(a, b).note
+
+
+@pytest.mark.parametrize("ratio,low,high,expected", [
+    (1.20, 1.10, 1.30, "slower"),
+    (0.80, 0.75, 0.85, "faster"),
+    (1.00, 0.97, 1.04, "no change"),
+    (1.03, 1.01, 1.045, "no change"),       # significant, but within the threshold: asv would not report it either
+    (1.03, 0.90, 1.18, "inconclusive"),     # could be 18% slower: not called no change
+    (1.08, 0.99, 1.17, "inconclusive"),     # beyond the threshold, but the CI holds 1
+    (1.06, 1.02, 1.10, "slower"),
+])
+def test_verdicts_at_the_threshold(ratio, low, high, expected):
+    assert verdict(Ratio(ratio, low, high, "paired", 3, ""), 0.05) == expected
+
+
+def test_compare_rows_matches_by_case_id_and_labels_launch_bound_cases_host_dependent():
+    a = [row("c1", 1.0, host_held_ms=0.9, device_ms=0.3), row("c2", 5.0, host_held_ms=0.5, device_ms=5.0), row("only_a", 1.0)]
+    b = [row("c2", 10.0, ci=(9.9, 10.1), host_held_ms=0.5, device_ms=10.0), row("c1", 1.0, host_held_ms=0.9, device_ms=0.3),
+         dict(row("c3", 1.0), status="oom")]
+    result = compare_rows(a, b, threshold=0.05)
+    by_id = {c.case_id: c for c in result.changes}
+    assert set(by_id) == {"c1", "c2"} and result.only_a == ["monly_a 224px bs1 bf16 eager"] and result.only_b == ["mc3 224px bs1 bf16 eager"]
+    assert by_id["c2"].verdict == "slower" and by_id["c2"].ratio.ratio == pytest.approx(2.0) and by_id["c2"].host_dependent is None
+    assert by_id["c1"].verdict == "no change" and by_id["c1"].host_dependent.startswith("host-dependent: A launch-bound (host 0.9 ms")
+    failed = compare_rows([row("c3", 1.0)], b[2:])
+    assert failed.changes[0].verdict == "not compared" and failed.changes[0].status_b == "oom"
+    with pytest.raises(PerflabError, match="share no case id"):
+        compare_rows([row("c1", 1.0)], [row("c9", 1.0)])
+    with pytest.raises(PerflabError, match="appears twice"):
+        compare_rows([row("c1", 1.0), row("c1", 1.1)], [row("c1", 1.0)])
+    with pytest.raises(PerflabError, match="--threshold"):
+        compare_rows(a, b, threshold=5)
+
+
+def test_change_points_are_the_revisions_whose_step_from_the_previous_one_is_beyond_the_threshold():
+    order = [("k1", "r1"), ("k2", "r2"), ("k3", "r3"), ("k4", "r4")]
+    medians = {"k1": [1.0, 1.02, 0.98], "k2": [1.01, 1.0, 0.99], "k3": [2.0, 2.05, 1.98], "k4": [2.0, 2.02, 1.97]}
+    rows = [row("c", sum(m) / 3, processes=m, session="s", key=k) for k, m in medians.items()]
+    rows.append(dict(row("c", 1.0, key="k0"), version={"key": "k0"}))  # a revision not in the order: left out
+    (series,) = revision_series(rows, order)
+    assert [p.name for p in series.points] == ["r1", "r2", "r3", "r4"]
+    assert [p.name for p in series.change_points] == ["r3"] and series.points[2].step.verdict == "slower"
+    assert series.points[0].step is None and series.points[1].step.verdict in ("no change", "inconclusive")
+    # a failed revision is skipped: the next one is compared with the last that measured the case
+    rows[2] = dict(rows[2], status="error")
+    (series,) = revision_series(rows, order)
+    assert series.points[2].status == "error" and series.points[3].step.verdict == "slower"
+    assert [p.name for p in series.change_points] == ["r4"]
+
+
+def test_bench_out_files_read_back_as_rows_in_either_format(tmp_path):
+    rows = [row("c1", 1.5, ci=(1.4, 1.6), processes=[1.5, 1.45, 1.55], host_held_ms=0.7, device_ms=0.2, processes_n=3,
+                keep_rate=[0.1], reduction_loc=[3, 6], flags=["high_cv"]),
+            dict(row("c2", 2.5), status="oom", median_ms=None, ci95_ms=None, message="out of memory")]
+    for name, text in (("r.csv", to_csv(rows)), ("r.jsonl", to_json_lines(rows))):
+        (tmp_path / name).write_text(text)
+        back = read_rows(tmp_path / name)
+        assert [r["case_id"] for r in back] == ["c1", "c2"]
+        assert back[0]["median_ms"] == pytest.approx(1.5) and back[0]["ci95_ms"] == pytest.approx([1.4, 1.6])
+        assert back[0]["process_medians_ms"] == pytest.approx([1.5, 1.45, 1.55]) and back[0]["batch_size"] == 1
+        assert back[0]["host_held_ms"] == pytest.approx(0.7) and back[0]["keep_rate"] == [0.1] and back[0]["flags"] == ["high_cv"]
+        assert back[1]["status"] == "oom" and back[1]["median_ms"] is None and back[1]["ci95_ms"] is None
+    (tmp_path / "bad.jsonl").write_text('{"case_id": "c1"}\nnot json\n')
+    with pytest.raises(PerflabError, match="line 2: not JSON"):
+        read_rows(tmp_path / "bad.jsonl")
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(PerflabError, match="no case_id column"):
+        read_rows(tmp_path / "bad.csv")
