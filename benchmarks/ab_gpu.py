@@ -1,5 +1,5 @@
 """perflab ab on a GPU: an A/A test of two revisions that differ only in a comment, against two separate bench runs
-(issue 40's GPU "must show"; about 4 minutes on an H100).
+(about 4 minutes on an H100).
 
     PYTHONPATH=src python3 benchmarks/ab_gpu.py OUT [--rounds 3] [--store DIR]
 

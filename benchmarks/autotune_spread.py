@@ -1,4 +1,4 @@
-"""Does compile:max-autotune reproduce from process to process? The measurement behind issue 39's item 6 (GPU).
+"""Does compile:max-autotune reproduce from process to process? Measured on a GPU.
 
     PYTHONPATH=src python3 benchmarks/autotune_spread.py [--settings independent,shared] [--processes 3]
         [--autotune-rep MS] [--json OUT.jsonl] [-- extra bench flags]

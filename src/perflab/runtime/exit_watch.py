@@ -3,7 +3,7 @@
 When a command has printed and written everything, what is left is the interpreter's teardown: joining non-daemon
 threads, then the atexit handlers. Libraries add to it. inductor's ``shutdown_compile_workers`` sends its compile
 worker process a shutdown message and waits up to 300 s for it (``SubprocPool.shutdown``), and a worker that does not
-answer keeps a finished ``perflab explain`` alive for those 300 s (issue 39: an explain of gpt_large's compiled train
+answer keeps a finished ``perflab explain`` alive for those 300 s (an explain of gpt_large's compiled train
 step printed its report and was still running 240 s later). The teardown owes the user nothing by then, so
 ``arm`` starts a daemon thread at the command's end: if the process is still alive ``grace_s`` later, the thread
 writes every thread's stack, the non-daemon threads and the child processes to a file, says so in one line, and ends
