@@ -15,6 +15,7 @@ from rich.console import Console
 
 from perflab.errors import PerflabError
 from perflab.paths import check_writable_file, write_failed
+from perflab.report.terminal import TerminalConsole
 
 try:  # typer ≥ 0.20 vendors click; older versions use the click package
     from typer._click import exceptions as click_exceptions
@@ -28,9 +29,26 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="perflab: how fast is this transformer workload, where does the time go, and why.",
 )
-# When piped, rich would fall back to 80 columns and squeeze the tables; give them room instead.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 220)
+# Tables fit COLUMNS, else the terminal, else (piped) 100 columns; --wide prints them whole (report.terminal).
+out = TerminalConsole()
 err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+def _print_version(value: bool) -> None:
+    if value:
+        from perflab.version import __version__
+
+        print(f"perflab {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global_options(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version, help="Print perflab's version and exit."),
+    wide: bool = typer.Option(False, "--wide", help="Print every table whole, at its natural width, whatever the terminal's "
+                              "(anywhere on the line; by default tables fit COLUMNS, else the terminal, else 100 columns)."),
+):
+    """perflab: how fast is this transformer workload, where does the time go, and why."""
+
 
 # Options that take one or more values after a single flag (expanded to repeated flags before parsing).
 MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes",
@@ -130,7 +148,7 @@ def bench(
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
-    from perflab.report.console import bench_table
+    from perflab.report.console import bench_table, comparison_tables
     from perflab.report.export import to_csv, to_json_lines, write_rows
 
     if fmt not in FORMATS:
@@ -156,6 +174,8 @@ def bench(
         sys.stdout.write(to_csv(rows))
     else:
         out.print(bench_table(rows))
+        for table in comparison_tables(rows):
+            out.print(table)
         if any(row.get("parallel") for row in rows):
             from perflab.report.parallel import scaling_table
 
@@ -187,7 +207,9 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes))
     _print_warnings(rows)
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
-    out.print(speedup_table(rows))
+    speedups = speedup_table(rows)
+    if speedups is not None:
+        out.print(speedups)
     if lost is not None:
         raise lost
 
@@ -453,6 +475,13 @@ def expand_multi_value_options(argv: list[str], names=MULTI_VALUE_OPTIONS) -> li
     return result
 
 
+def take_flag(argv: list[str], flag: str) -> tuple[list[str], bool]:
+    """``argv`` without ``flag`` (before any ``--``), and whether it was there: a global flag, taken wherever it stands."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [token for token in argv[:end] if token != flag]
+    return kept + argv[end:], len(kept) < end
+
+
 def _is_flag(token: str) -> bool:
     if not token.startswith("-") or token == "-":
         return False
@@ -467,6 +496,8 @@ def main(argv: list[str] | None = None) -> None:
     global _argv
     _argv = list(sys.argv[1:] if argv is None else argv)  # as typed: a sweep records its command line
     argv = expand_multi_value_options(_argv)
+    argv, wide = take_flag(argv, "--wide")
+    out.configure(wide=wide)
     try:
         status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:

@@ -6,6 +6,7 @@ from typing import Iterable
 
 from rich.table import Table
 
+from perflab.report.fit import Column, FittedTable
 from perflab.report.md import formula_cell
 
 
@@ -46,65 +47,74 @@ def _unit(rows: list[dict]) -> str:
     return {"img": "img", "token": "tok"}.get(item_of(rows), "item")
 
 
-def bench_table(rows: list[dict], title: str | None = None) -> Table:
+def ms(value) -> str:
+    """A time in ms to four significant figures, without an exponent: 152.3, 27.45, 0.8562, 12346."""
+    if value is None:
+        return "–"
+    magnitude = abs(value)
+    decimals = 0 if magnitude >= 1000 else 1 if magnitude >= 100 else 2 if magnitude >= 10 else 3 if magnitude >= 1 else 4
+    return f"{value:.{decimals}f}"
+
+
+def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
     unit = _unit(rows)
     classify_only = unit == "img"
     any_gpu = any(r.get("mfu") is not None for r in rows)
     any_mbu = any(r.get("mbu") is not None for r in rows)
-    table = Table(title=title, header_style="bold")
-    columns = [
-        ("model", "left"), ("size" if classify_only else "shape", "right" if classify_only else "left"), ("bs", "right"),
-        ("dtype", "left"), ("mode", "left"), ("ms/batch (95% CI)" if classify_only else "ms/step (95% CI)", "right"),
-        (f"ms/{unit}" if classify_only else "ms/sample", "right"), (f"{unit}/s", "right"),
-        ("GFLOPs/img" if classify_only else "GFLOPs/sample", "right"),
-    ]
     any_formula = any_gpu and any(r.get("flops_analytic") for r in rows)
-    if any_gpu:
-        columns.append(("MFU (counted)", "right"))
-    if any_formula:
-        columns.append(("MFU formula (÷)", "right"))
-    if any_mbu:
-        columns.append(("MBU", "right"))
-    columns += [("tokens", "left")] if classify_only else []
-    columns += [("peak MiB", "right"), ("W", "right")]
     any_canary = any(row.get("host_canary_us") is not None for row in rows)
-    if any_canary:
-        columns.append(("host µs", "right"))  # the host canary (measure.canary): the host's speed before the case
-    columns.append(("status / flags", "left"))
-    for name, justify in columns:
-        table.add_column(name, justify=justify)
     on_nodes = any(row.get("node_host") for row in rows)  # rows of a Ray sweep: where each ran
-    if on_nodes:
-        table.add_column("node", justify="left")
-        table.add_column("GPU", justify="left")
-    for row in rows:
-        ok = row.get("status") == "ok"
+
+    def cells(fn):
+        return [fn(row) for row in rows]
+
+    def ok(row):
+        return row.get("status") == "ok"
+
+    def timing(row):
         ci = row.get("ci95_ms") or [None, None]
-        timing = f"{row['median_ms']:.3f} ({ci[0]:.3f}–{ci[1]:.3f})" if ok else "–"
-        status = ", ".join(row.get("flags") or []) if ok else f"[red]{row['status']}[/red]: {row.get('message') or ''}"
-        throughput = row.get("items_per_s", row.get("throughput_per_s")) if not classify_only else row.get("throughput_per_s")
-        cells = [
-            model_label(row), shape_label(row), str(row["batch_size"]), row["dtype"], row["mode"], timing,
-            _fmt(row.get("latency_ms_per_sample"), ".4g"), _fmt(throughput, ".1f"), _fmt(row.get("gflops"), ".2f"),
-        ]
-        if any_gpu:
-            cells.append(_fmt(row.get("mfu"), ".1%"))
-        if any_formula:
-            cells.append(formula_cell(row))
-        if any_mbu:
-            cells.append(_fmt(row.get("mbu"), ".1%"))
-        if classify_only:
-            cells.append("→".join(map(str, row["tokens"])) if row.get("tokens") else "–")
-        # Reserved memory where the case was timed alone; allocated where cases shared the allocator (interleaved).
-        peak = row.get("peak_mem_reserved_mb") if row.get("peak_mem_reserved_mb") is not None else row.get("peak_mem_alloc_mb")
-        cells += [_fmt(peak, ".0f"), _fmt(row.get("power_w"), ".0f")]
-        if any_canary:
-            cells.append(canary_cell(row))
-        cells.append(status or "[green]ok[/green]")
-        if on_nodes:
-            cells += [f"{row.get('node_host') or '–'}:{(row.get('node_id') or '')[:6]}", row.get("gpu_name") or "–"]
-        table.add_row(*cells)
-    return table
+        return f"{ms(row['median_ms'])} ({ms(ci[0])}–{ms(ci[1])})" if ok(row) else "–"
+
+    def throughput(row):
+        return row.get("items_per_s", row.get("throughput_per_s")) if not classify_only else row.get("throughput_per_s")
+
+    def peak(row):  # reserved where the case was timed alone; allocated where cases shared the allocator (interleaved)
+        return row.get("peak_mem_reserved_mb") if row.get("peak_mem_reserved_mb") is not None else row.get("peak_mem_alloc_mb")
+
+    def status(row):
+        if not ok(row):
+            return f"[red]{row['status']}[/red]: {row.get('message') or ''}"
+        return ", ".join(row.get("flags") or []) or "[green]ok[/green]"
+
+    columns = [
+        Column("model", cells(model_label), key=True, short=True, caption_as="{}"),
+        Column("size" if classify_only else "shape", cells(shape_label), "right" if classify_only else "left", key=True, caption_as="{}"),
+        Column("bs", cells(lambda r: str(r["batch_size"])), "right", key=True, caption_as="bs {}"),
+        Column("dtype", cells(lambda r: r["dtype"]), key=True, caption_as="{}"),
+        Column("mode", cells(lambda r: r["mode"]), key=True, caption_as="{}"),
+        Column("ms/batch (95% CI)" if classify_only else "ms/step (95% CI)", cells(timing), "right"),
+        Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms(r.get("latency_ms_per_sample"))), "right", drop=2),
+        Column(f"{unit}/s", cells(lambda r: _fmt(throughput(r), ".1f")), "right"),
+        Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: _fmt(r.get("gflops"), ".2f")), "right", drop=5),
+    ]
+    if any_gpu:
+        columns.append(Column("MFU (counted)", cells(lambda r: _fmt(r.get("mfu"), ".1%")), "right"))
+    if any_formula:
+        columns.append(Column("MFU formula (÷)", cells(formula_cell), "right", drop=4))
+    if any_mbu:
+        columns.append(Column("MBU", cells(lambda r: _fmt(r.get("mbu"), ".1%")), "right"))
+    if classify_only:
+        columns.append(Column("tokens", cells(lambda r: "→".join(map(str, r["tokens"])) if r.get("tokens") else "–"), key=True, drop=3,
+                              caption_as="{} tokens"))
+    columns += [Column("peak MiB", cells(lambda r: _fmt(peak(r), ".0f")), "right", drop=6),
+                Column("W", cells(lambda r: _fmt(r.get("power_w"), ".0f")), "right", drop=7)]
+    if any_canary:  # the host canary (measure.canary): the host's speed before the case
+        columns.append(Column("host µs", cells(canary_cell), "right", drop=1))
+    columns.append(Column("status / flags", cells(status), wrap=True))
+    if on_nodes:
+        columns += [Column("node", cells(lambda r: f"{r.get('node_host') or '–'}:{(r.get('node_id') or '')[:6]}"), key=True),
+                    Column("GPU", cells(lambda r: r.get("gpu_name") or "–"), key=True)]
+    return FittedTable(columns, title=title)
 
 
 def canary_cell(row: dict) -> str:
@@ -131,40 +141,75 @@ def exempt_line(rows: Iterable[dict], limit: int = 6) -> str | None:
             f"cannot lengthen them): {shown}" + (f"; waived: {'; '.join(waived)}." if waived else "."))
 
 
-def speedup_table(rows: list[dict]) -> Table:
-    """Each token-reduction row against its baseline at the same point: throughputs, speedup, verdict."""
-    from perflab.report.tables import speedup_rows
+def _compared_value(field: str, row: dict) -> str:
+    return {"model": model_label, "batch size": lambda r: f"bs {r['batch_size']}", "dtype": lambda r: r["dtype"],
+            "mode": lambda r: r["mode"]}[field](row)
 
-    table = Table(title="Top-k vs baseline", header_style="bold")
-    pairs = speedup_rows(rows)
+
+def comparison_tables(rows: list[dict], fields: dict | None = None, title: str | None = None) -> list[FittedTable]:
+    """One table per compared field (``report.tables.comparisons``: rows alike but for a model, a batch size, a
+    dtype or a mode): each variant against its baseline at the same point, with the paired speedup and its CI."""
+    from perflab.report.tables import comparisons
+
+    return [comparison_table(pairs, field, title) for field, pairs in comparisons(rows, fields).items()]
+
+
+def speedup_table(rows: list[dict]) -> FittedTable | None:
+    """The demo's: each token-reduction model against its baseline at the same point."""
+    from perflab.report.tables import COMPARED
+
+    tables = comparison_tables(rows, {"model": COMPARED["model"]}, title="Top-k vs baseline")
+    return tables[0] if tables else None
+
+
+def comparison_table(pairs: list[dict], field: str, title: str | None = None) -> FittedTable:
+    unit = _unit([r for p in pairs for r in p["rows"]])
     any_paired = any(p.get("paired") for p in pairs)
-    columns = ["size", "bs", "dtype", "mode", "baseline img/s", "top-k img/s", "speedup"]
-    columns += ["paired 95% CI"] if any_paired else []
-    columns += ["GFLOPs/img", "verdict"]
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("dtype", "mode", "verdict") else "right")
-    for p in pairs:
+
+    def cells(fn):
+        return [fn(p) for p in pairs]
+
+    def point(name, header, fn, caption_as="{}", justify="left"):  # a field both sides share (the compared one: baseline, variant)
+        return [] if name == field else [Column(header, cells(lambda p: fn(p["rows"][1])), justify, key=True, short=name == "model",
+                                                caption_as=caption_as)]
+
+    def verdict(p):
         if p["speedup"] is None:
-            table.add_row(str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], "–", "–", "–", *(["–"] if any_paired else []), "–",
-                          f"{p['baseline_status']}/{p['variant_status']}")
-            continue
-        verdict = ("faster" if p["faster"] else "slower") + ("" if p["significant"] else " (within noise)")
-        if p.get("host_dependent"):
-            verdict += " (host-dependent)"
-        ci = p.get("speedup_ci95")
-        cells = [str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], f"{p['baseline_tp']:.1f}", f"{p['variant_tp']:.1f}",
-                 f"{p['speedup']:.2f}×"]
-        if any_paired:
-            cells.append(f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else "unpaired")
-        table.add_row(*cells, f"{p['baseline_gflops']:.2f} → {p['variant_gflops']:.2f}", verdict)
+            return f"{p['baseline_status']}/{p['variant_status']}"
+        text = ("faster" if p["faster"] else "slower") + ("" if p["significant"] else " (within noise)")
+        return text + (" (host-dependent)" if p.get("host_dependent") else "")
+
+    def speedup(p):
+        return f"{p['speedup']:.2f}×" if p["speedup"] is not None else "–"
+
+    def ci(p):
+        c = p.get("speedup_ci95")
+        return f"{c[0]:.3f}–{c[1]:.3f}" if c else ("unpaired" if p["speedup"] is not None else "–")
+
+    def gflops(p):
+        b, v = p.get("baseline_gflops"), p.get("variant_gflops")
+        return "–" if b is None or v is None else (f"{b:.2f}" if round(b, 2) == round(v, 2) else f"{b:.2f} → {v:.2f}")
+
+    columns = [Column("baseline", cells(lambda p: _compared_value(field, p["rows"][0])), key=True, short=True),
+               Column("variant", cells(lambda p: _compared_value(field, p["rows"][1])), key=True, short=True)]
+    columns += (point("model", "model", model_label) + point("shape", "size" if unit == "img" else "shape", shape_label)
+                + point("batch size", "bs", lambda r: str(r["batch_size"]), "bs {}", "right") + point("dtype", "dtype", lambda r: r["dtype"])
+                + point("mode", "mode", lambda r: r["mode"]))
+    columns += [Column(f"baseline {unit}/s", cells(lambda p: _fmt(p["baseline_items_per_s"], ".1f")), "right", drop=2),
+                Column(f"variant {unit}/s", cells(lambda p: _fmt(p["variant_items_per_s"], ".1f")), "right", drop=2),
+                Column("speedup", cells(speedup), "right")]
     if any_paired:
-        table.caption = ("speedup: median of baseline ÷ top-k over blocks timed next to each other (interleaved), with its 95% CI; "
-                         "img/s: each case's median")
-    dependent = [p for p in pairs if p.get("host_dependent")]
-    if dependent:
-        table.caption = (table.caption + ". " if table.caption else "") + "host-dependent: " + "; ".join(
-            f"bs{p['batch_size']} {p['mode']}: {p['host_dependent']}" for p in dependent)
-    return table
+        columns.append(Column("paired 95% CI", cells(ci), "right"))
+    columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops), "right", drop=1),
+                Column("verdict", cells(verdict), wrap=True)]
+    caption = []
+    if any_paired:
+        caption.append(f"speedup: the variant's {unit}/s ÷ the baseline's, the median over blocks timed next to each other "
+                       f"(interleaved), with its 95% CI; {unit}/s: each case's median")
+    if any(p.get("host_dependent") for p in pairs):
+        caption.append("host-dependent: one side's step is limited by the host and the other's by the GPU (or sits at the "
+                       "boundary), so the speedup moves with the host's speed")
+    return FittedTable(columns, title=title or f"Paired comparison: {field}", caption=caption)
 
 
 def ceilings_lines(result: dict) -> list[str]:
