@@ -41,7 +41,7 @@ from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, ho
 from perflab.measure.checks import MIN_TIMED_ITERS, compile_checks, run_checks
 from perflab.measure.energy import open_monitor
 from perflab.measure.env import device_name, environment
-from perflab.measure.flops import FlopCache, count_flops_once, count_params
+from perflab.measure.flops import FlopCache, FlopCount, count_flops_once, count_params, uncounted_check
 from perflab.measure.host import HeldTiming, held_timing, issue_s
 from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
 from perflab.measure.stats import hierarchical_ci, summarize
@@ -182,6 +182,7 @@ class Prepared:
     warm_peak_bytes: int | None = None  # the allocator's peak over the calls before timing (CUDA), absolute
     alloc0: int | None = None  # allocated before the case was built (CUDA, cases timed together)
     flops_counted_in: str | None = None  # the case whose identical eager step was counted (a sweep's FLOP cache), if not this
+    flop_count: FlopCount | None = None  # the count, with the heavy ops it could not count
     compile_stats: dict | None = None  # compile modes: what dynamo compiled in the first call and the warm-up (runtime.modes)
     compile_after: dict | None = None  # dynamo's counters when the case was warm: a frame compiled after it, compiled while timed
 
@@ -193,7 +194,7 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
     stage("check")
     checked = impl.check(case, built)
     stage("flops")
-    flops, counted_in = count_flops_once(case, lambda: built.make_step(built.model), flop_cache)
+    flop_count, counted_in = count_flops_once(case, lambda: built.make_step(built.model), flop_cache)
 
     stage("compile" if case.mode != "eager" else "warmup")
     if case.device == "cuda":
@@ -231,8 +232,8 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
         held = held_timing(step, case.device, issue)
         synchronize(case.device)
     warm_peak = torch.cuda.max_memory_allocated() if case.device == "cuda" else None
-    prepared = Prepared(case, impl, built, step, checked, flops, params, trainable, first_step_s, processed, plan, issue, issue_step, held,
-                        finite=finite, warm_peak_bytes=warm_peak, flops_counted_in=counted_in)
+    prepared = Prepared(case, impl, built, step, checked, flop_count.flops, params, trainable, first_step_s, processed, plan, issue, issue_step,
+                        held, finite=finite, warm_peak_bytes=warm_peak, flops_counted_in=counted_in, flop_count=flop_count)
     if compiling:
         prepared.compile_after = compile_counters()
         prepared.compile_stats = compile_stats(counters0, prepared.compile_after)
@@ -344,6 +345,9 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         min_time=case.min_time,
     )
     checks += compile_checks(prepared.compile_stats)
+    uncounted = uncounted_check(prepared.flop_count) if prepared.flop_count is not None else None
+    if uncounted is not None:
+        checks.append(uncounted)
     env = dict(env)
     env.update(
         sm_clock_mhz=report.sm_clock_mhz_end,
@@ -399,6 +403,9 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
     row["flops_source"] = "counted"  # gflops & co. come from torch.utils.flop_counter on a real step, for every model
     if prepared.flops_counted_in:
         row["flops_counted_in"] = prepared.flops_counted_in  # the same eager step, counted by that case of the sweep
+    if prepared.flop_count is not None and prepared.flop_count.uncounted:  # heavy ops with no FLOP formula, by calls
+        row["flops_uncounted_ops"] = dict(prepared.flop_count.uncounted)
+        row["flops_uncounted_share_min"] = prepared.flop_count.uncounted_share_min
     if row.get("flops_analytic"):
         row["flops_counted_vs_analytic"] = flops / row["flops_analytic"] - 1.0
     if case.is_reference:
