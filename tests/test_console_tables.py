@@ -48,9 +48,9 @@ def test_the_gpu_demo_fits_100_columns_with_every_row_told_apart_and_wide_keeps_
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 100
     assert "…" not in text  # no cell cut
-    body = [line for line in lines if line.startswith("│")]
-    # the bench table: 8 rows, one line each or two (flags wrap); model short forms with their legend
-    first_cells = [line.split("│")[1].strip() for line in body[:16] if line.split("│")[1].strip()]
+    first_table = lines[:next(i for i, line in enumerate(lines) if line.startswith("└"))]
+    # the bench table: 8 rows (flags wrap onto more lines); model short forms with their legend
+    first_cells = [line.split("│")[1].strip() for line in first_table if line.startswith("│") and line.split("│")[1].strip()]
     assert first_cells == ["deit"] * 4 + ["topk_kr0.1@3,6,9"] * 4
     assert "deit = deit_base_patch16_224; topk_kr0.1@3,6,9 = topk_deit_base_patch16_224 kr0.1@3,6,9" in text
     assert "every row: 224px, bf16" in text  # the key columns every row shares, said once
@@ -107,3 +107,41 @@ def test_bench_of_two_models_fits_columns_tells_them_apart_and_compares_them(mon
     assert f"PatchNet = {TINY_VISION}" in result.stdout.replace("\n", "")
     rows_cells = [line.split("│")[1].strip() for line in lines if line.startswith("│") and line.split("│")[1].strip()]
     assert rows_cells[:2] == ["test", "PatchNet"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Honest intervals: a CI from fewer than 5 units states the coverage it has
+
+
+def test_order_coverage_is_what_the_ranks_guarantee():
+    from perflab.measure.stats import order_coverage
+
+    assert [order_coverage(1, n, range(1, n + 1)) for n in (2, 3, 4, 5)] == [0.5, 0.75, 0.875, 0.9375]
+    assert order_coverage(2, 3, [1, 2, 3, 4]) == 6 / 16  # ranks 2..3 of 4: P(B = 2), B ~ Binomial(4, 1/2)
+    assert order_coverage(0.5, 1.5, [1, 2, 3]) == 0.0  # one value inside: nothing guaranteed
+
+
+def test_hierarchical_ci_states_95_percent_from_five_units_only():
+    from perflab.measure.stats import hierarchical_ci
+
+    rng = np.random.default_rng(3)
+    x = np.exp(rng.normal(0, 0.05, 20))
+    assert hierarchical_ci(x, None, np.arange(20)).coverage == 0.95  # 5 stretches
+    four = hierarchical_ci(x[:4], None, np.arange(4))
+    assert four.n_units == 4 and four.level == "time" and four.coverage <= 0.875
+    assert four.low <= min(x[:4]) and four.high >= max(x[:4]) and four.coverage == 0.875  # the t-interval holds all four
+    two = hierarchical_ci(x[:2], None, np.arange(2))
+    assert two.level == "pooled" and two.coverage == 0.5 and (two.low, two.high) == (min(x[:2]), max(x[:2]))
+
+
+def test_two_samples_give_no_95_percent_label(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    result = run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2", "--repeats", "2",
+                          "--warmup", "1")
+    assert result.returncode == 0, result.stderr
+    assert "95%" not in result.stdout.replace("CI: 95% where taken across 5 or more units", "")
+    assert "ms/batch (CI)" in result.stdout and "min–max of 2" in result.stdout
+    assert "CI: 95% where taken across 5 or more units" in result.stdout  # the caption says why
+    rows = json.loads(run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2",
+                                   "--repeats", "2", "--warmup", "1", "--format", "json").stdout)
+    assert rows["n_samples"] == 2 and rows["ci_level"] == "pooled" and rows["ci_coverage"] == 0.5

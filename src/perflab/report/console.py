@@ -64,6 +64,7 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
     any_formula = any_gpu and any(r.get("flops_analytic") for r in rows)
     any_canary = any(row.get("host_canary_us") is not None for row in rows)
     on_nodes = any(row.get("node_host") for row in rows)  # rows of a Ray sweep: where each ran
+    full_ci = not any(row_ci_note(r) for r in rows if r.get("status") == "ok")
 
     def cells(fn):
         return [fn(row) for row in rows]
@@ -73,7 +74,10 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
 
     def timing(row):
         ci = row.get("ci95_ms") or [None, None]
-        return f"{ms(row['median_ms'])} ({ms(ci[0])}–{ms(ci[1])})" if ok(row) else "–"
+        if not ok(row):
+            return "–"
+        note = row_ci_note(row)
+        return f"{ms(row['median_ms'])} ({ms(ci[0])}–{ms(ci[1])})" + (f" {note}" if note else "")
 
     def throughput(row):
         return row.get("items_per_s", row.get("throughput_per_s")) if not classify_only else row.get("throughput_per_s")
@@ -92,7 +96,7 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         Column("bs", cells(lambda r: str(r["batch_size"])), "right", key=True, caption_as="bs {}"),
         Column("dtype", cells(lambda r: r["dtype"]), key=True, caption_as="{}"),
         Column("mode", cells(lambda r: r["mode"]), key=True, caption_as="{}"),
-        Column("ms/batch (95% CI)" if classify_only else "ms/step (95% CI)", cells(timing), "right"),
+        Column(("ms/batch" if classify_only else "ms/step") + (" (95% CI)" if full_ci else " (CI)"), cells(timing), "right"),
         Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms(r.get("latency_ms_per_sample"))), "right", drop=2),
         Column(f"{unit}/s", cells(lambda r: _fmt(throughput(r), ".1f")), "right"),
         Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: _fmt(r.get("gflops"), ".2f")), "right", drop=5),
@@ -114,7 +118,29 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
     if on_nodes:
         columns += [Column("node", cells(lambda r: f"{r.get('node_host') or '–'}:{(r.get('node_id') or '')[:6]}"), key=True),
                     Column("GPU", cells(lambda r: r.get("gpu_name") or "–"), key=True)]
-    return FittedTable(columns, title=title)
+    return FittedTable(columns, title=title, caption=[] if full_ci else [CI_CAPTION])
+
+
+CI_CAPTION = ("CI: 95% where taken across 5 or more units (processes, or stretches of the run); from fewer, the coverage "
+              "their ranks guarantee is given (≥88% from 4 units, ≥75% from 3); min–max of n: the range of n samples, which "
+              "holds the median with probability 1 − 2^(1−n) (50% for 2)")
+
+
+def ci_note(coverage: float | None, range_of: int | None) -> str:
+    """What a CI of less than 95% coverage states instead: ``min–max of 2``, ``≥88%``; empty for a 95% CI."""
+    if coverage is None or coverage >= 0.95:
+        return ""
+    return f"min–max of {range_of}" if range_of else f"≥{coverage:.0%}"
+
+
+def row_ci_note(row: dict) -> str:
+    from perflab.measure.stats import ci_coverage_of, range_of
+
+    ci = row.get("ci95_ms")
+    if not ci:
+        return ""
+    samples = row.get("samples_ms") or []
+    return ci_note(ci_coverage_of(row), range_of(ci[0], ci[1], samples) if row.get("ci_level") == "pooled" else None)
 
 
 def canary_cell(row: dict) -> str:
@@ -165,6 +191,7 @@ def speedup_table(rows: list[dict]) -> FittedTable | None:
 def comparison_table(pairs: list[dict], field: str, title: str | None = None) -> FittedTable:
     unit = _unit([r for p in pairs for r in p["rows"]])
     any_paired = any(p.get("paired") for p in pairs)
+    full_ci = not any(ci_note(p.get("speedup_ci_coverage"), p.get("speedup_ci_range_of")) for p in pairs if p.get("paired"))
 
     def cells(fn):
         return [fn(p) for p in pairs]
@@ -184,7 +211,10 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
 
     def ci(p):
         c = p.get("speedup_ci95")
-        return f"{c[0]:.3f}–{c[1]:.3f}" if c else ("unpaired" if p["speedup"] is not None else "–")
+        if not c:
+            return "unpaired" if p["speedup"] is not None else "–"
+        note = ci_note(p.get("speedup_ci_coverage"), p.get("speedup_ci_range_of"))
+        return f"{c[0]:.3f}–{c[1]:.3f}" + (f" {note}" if note else "")
 
     def gflops(p):
         b, v = p.get("baseline_gflops"), p.get("variant_gflops")
@@ -199,13 +229,15 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
                 Column(f"variant {unit}/s", cells(lambda p: _fmt(p["variant_items_per_s"], ".1f")), "right", drop=2),
                 Column("speedup", cells(speedup), "right")]
     if any_paired:
-        columns.append(Column("paired 95% CI", cells(ci), "right"))
+        columns.append(Column("paired 95% CI" if full_ci else "paired CI", cells(ci), "right"))
     columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops), "right", drop=1),
                 Column("verdict", cells(verdict), wrap=True)]
     caption = []
     if any_paired:
         caption.append(f"speedup: the variant's {unit}/s ÷ the baseline's, the median over blocks timed next to each other "
-                       f"(interleaved), with its 95% CI; {unit}/s: each case's median")
+                       f"(interleaved), with its {'95% ' if full_ci else ''}CI; {unit}/s: each case's median")
+    if not full_ci:
+        caption.append(CI_CAPTION.replace("n samples", "n pairs"))
     if any(p.get("host_dependent") for p in pairs):
         caption.append("host-dependent: one side's step is limited by the host and the other's by the GPU (or sits at the "
                        "boundary), so the speedup moves with the host's speed")

@@ -130,7 +130,7 @@ def pair(base: dict, variant: dict) -> dict:
             # Per item: a step of a larger batch does more (batch sizes compared), so the step ratio is scaled by it.
             scale = items_ratio(base, variant)
             entry.update(speedup=paired["ratio"] * scale, speedup_ci95=[c * scale for c in paired["ci95"]], paired=True,
-                         pairs=paired["pairs"])
+                         pairs=paired["pairs"], speedup_ci_coverage=paired["coverage"], speedup_ci_range_of=paired["range_of"])
             entry["significant"] = not (entry["speedup_ci95"][0] <= 1.0 <= entry["speedup_ci95"][1])
         else:
             entry.update(speedup=unpaired, paired=False)
