@@ -58,7 +58,7 @@ def test_the_gpu_demo_fits_100_columns_with_every_row_told_apart_and_wide_keeps_
     # three comparisons: the models, the batch sizes and the modes
     assert [t.title for t in tables[1:]] == ["Paired comparison: model", "Paired comparison: batch size", "Paired comparison: mode"]
     wide = render(*tables, width=10_000)
-    assert "host µs" in wide and "deit_base_patch16_224 │" in wide and "every row" not in wide and "not shown" not in wide
+    assert "host µs" in wide and "deit_base_patch16_224 │" in wide and "\nevery row:" not in wide and "not shown" not in wide
     assert max(len(line) for line in wide.splitlines()) > 100
     narrow = render(bench_table(rows), width=60)
     assert max(len(line) for line in narrow.splitlines()) <= 60 and "…" not in narrow
@@ -145,3 +145,54 @@ def test_two_samples_give_no_95_percent_label(monkeypatch):
     rows = json.loads(run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2",
                                    "--repeats", "2", "--warmup", "1", "--format", "json").stdout)
     assert rows["n_samples"] == 2 and rows["ci_level"] == "pooled" and rows["ci_coverage"] == 0.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# Warnings worth reading
+
+
+def _row(label, flags, warnings, status="ok"):
+    return {"label": label, "status": status, "flags": list(flags), "warnings": list(warnings), "message": "boom"}
+
+
+def test_a_warning_every_row_shares_is_said_once_and_the_host_noise_in_one_line():
+    from perflab.report.console import warning_lines
+
+    cv = [f"timing samples vary by CV {v}% (threshold 5%); the machine may be busy or the step too short" for v in (13, 25, 9, 16)]
+    rows = [_row(f"deit_tiny_patch16_224 224px bs{bs} fp32 eager", ["high_cv"] + (["host_contention"] if bs == 8 else []),
+                 [cv[i]] + (["the timing thread waited for a CPU 56% of the timed loop"] if bs == 8 else []))
+            for i, bs in enumerate((1, 8, 2, 4))]
+    rows[2]["flags"].append("batch_mismatch")
+    rows[2]["warnings"].append("each step processed 1 images, not the 2 requested")
+    rows.append(_row("deit_tiny_patch16_224 224px bs16 fp32 eager", [], [], status="oom"))
+    lines = warning_lines(rows)
+    assert lines[0] == "[red]oom[/red]: deit_tiny_patch16_224 224px bs16 fp32 eager: boom"
+    assert lines[1] == ("[yellow]warning[/yellow]: high_cv (every row): timing samples vary by more than CV 5%; the machine may be "
+                        "busy or the step too short | host_contention (bs8): the timing thread waited for a CPU 56% of the timed loop")
+    assert lines[2:] == ["[yellow]warning[/yellow]: deit_tiny_patch16_224 224px bs2 fp32 eager: each step processed 1 images, not the 2 requested"]
+    assert warning_lines([_row("a", [], [])]) == []
+
+
+def test_flags_on_every_row_leave_the_table_cells_for_its_caption():
+    rows = recorded()
+    text = render(bench_table(rows), width=10_000)
+    assert "flags on every row: other_processes, throttled" in text
+    cells = "\n".join(line for line in text.splitlines() if line.startswith("│"))
+    assert cells.count("high_cv") == 3 and "other_processes" not in cells  # the rows' own flags stay in their cells
+
+
+def test_the_profilers_stage_lines_are_kept_off_stderr(capfd, tmp_path):
+    import sys
+
+    import torch
+
+    from perflab.trace.capture import record_steps
+
+    def step():
+        print("the step's own line", file=sys.stderr, flush=True)
+        return torch.ones(8, 8) @ torch.ones(8, 8)
+
+    record_steps(step, tmp_path / "t.json", "cpu", steps=1, warmup=1)
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "STAGE:" not in err
+    assert err.count("the step's own line") == 2  # everything else that was written is passed on

@@ -167,7 +167,6 @@ def bench(
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
                                                           interleave=not no_interleave, processes=processes, gpus=ranks.gpus))
-    _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
     elif fmt == "csv":
@@ -180,6 +179,7 @@ def bench(
             from perflab.report.parallel import scaling_table
 
             out.print(scaling_table(rows))
+    _print_warnings(rows)  # under the tables, each once
     if out_file is not None:
         try:
             write_rows(rows, out_file)
@@ -205,11 +205,11 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
     if processes is None:
         processes = api.DEMO_GPU_PROCESSES if cases[0].device == "cuda" else 1
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes))
-    _print_warnings(rows)
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
     speedups = speedup_table(rows)
     if speedups is not None:
         out.print(speedups)
+    _print_warnings(rows)
     if lost is not None:
         raise lost
 
@@ -264,24 +264,13 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
 
 
 def _print_warnings(rows):
-    from perflab.report.console import exempt_line
+    from perflab.report.console import exempt_line, warning_lines
 
-    for row in rows:
-        if row.get("status") != "ok":
-            err.print(f"[red]{row['status']}[/red]: {_row_label(row)}: {row.get('message')}", markup=True)
-        for message in row.get("warnings") or []:
-            err.print(f"[yellow]warning[/yellow]: {_row_label(row)}: {message}")
-        if row.get("pin_warning"):
-            err.print(f"[yellow]warning[/yellow]: {_row_label(row)}: {row['pin_warning']}")
+    for line in warning_lines(rows):
+        err.print(line)
     line = exempt_line(rows)
     if line:
         err.print(f"note: {line}", markup=False)
-
-
-def _row_label(row: dict) -> str:
-    from perflab.report.console import row_label
-
-    return row_label(row)
 
 
 @app.command()

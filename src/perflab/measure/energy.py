@@ -37,13 +37,15 @@ class MonitorReport:
     other_processes: list[int] = field(default_factory=list)
     samples: int = 0
     unavailable: str | None = None  # why there are no readings
+    expected: bool = False  # none were to be had (no power meter on this device): not a warning
 
 
 class NullMonitor:
     """No NVML: says why, measures nothing."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, expected: bool = False):
         self.reason = reason
+        self.expected = expected
 
     def device_info(self) -> dict:
         return {}
@@ -52,7 +54,7 @@ class NullMonitor:
         pass
 
     def end(self) -> MonitorReport:
-        return MonitorReport(unavailable=self.reason)
+        return MonitorReport(unavailable=self.reason, expected=self.expected)
 
     def energy_mj(self) -> None:
         return None
@@ -156,7 +158,7 @@ class NvmlMonitor:
 def open_monitor(device: str, torch_device_index: int = 0):
     """An NvmlMonitor for CUDA runs where NVML works, else a NullMonitor that says why."""
     if device != "cuda":
-        return NullMonitor("power and energy are measured on NVIDIA GPUs only (this run is on the CPU)")
+        return NullMonitor("power and energy are measured on NVIDIA GPUs only (this run is on the CPU)", expected=True)
     try:
         import pynvml  # noqa: F401
     except ImportError:

@@ -337,6 +337,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         cv=summary.cv,
         energy_j=measured.energy_j,
         energy_unavailable=measured.energy_unavailable,
+        energy_expected_absent=getattr(report, "expected", False),
         throttle_reasons=report.throttle_reasons,
         other_processes=report.other_processes,
         tokens_expected=tokens_expected,
@@ -391,6 +392,8 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
     )
     if held.note:
         row["held_note"] = held.note
+    if measured.energy_j is None and getattr(report, "expected", False):
+        row["power_note"] = measured.energy_unavailable  # no meter here (the CPU): said, not flagged
     timing_fields(row, measured.samples_ms, measured.sample_processes, measured.sample_rounds)
     if measured.session is not None:
         row["session"] = measured.session["id"]

@@ -567,11 +567,13 @@ def _profile(step, built, device: str, path: Path, steps: int) -> str:
     backward, optimizer ranges), written as this rank's Kineto trace."""
     from torch.profiler import ProfilerActivity, profile
 
+    from perflab.trace.capture import quiet_profiler
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     synchronize(device)
     built.set_annotate(model_ranges=False, passes=True)
     try:
-        with profile(activities=activities) as prof:
+        with quiet_profiler(), profile(activities=activities) as prof:
             for _ in range(steps):
                 step()
                 prof.step()

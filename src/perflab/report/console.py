@@ -85,10 +85,14 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
     def peak(row):  # reserved where the case was timed alone; allocated where cases shared the allocator (interleaved)
         return row.get("peak_mem_reserved_mb") if row.get("peak_mem_reserved_mb") is not None else row.get("peak_mem_alloc_mb")
 
+    ok_rows = [r for r in rows if ok(r)]
+    # flags every row carries are said once, under the table (as the markdown report does)
+    common = set.intersection(*(set(r.get("flags") or []) for r in ok_rows)) if len(ok_rows) > 1 else set()
+
     def status(row):
         if not ok(row):
             return f"[red]{row['status']}[/red]: {row.get('message') or ''}"
-        return ", ".join(row.get("flags") or []) or "[green]ok[/green]"
+        return ", ".join(f for f in row.get("flags") or [] if f not in common) or ("–" if common else "[green]ok[/green]")
 
     columns = [
         Column("model", cells(model_label), key=True, short=True, caption_as="{}"),
@@ -118,7 +122,8 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
     if on_nodes:
         columns += [Column("node", cells(lambda r: f"{r.get('node_host') or '–'}:{(r.get('node_id') or '')[:6]}"), key=True),
                     Column("GPU", cells(lambda r: r.get("gpu_name") or "–"), key=True)]
-    return FittedTable(columns, title=title, caption=[] if full_ci else [CI_CAPTION])
+    caption = [f"flags on every row: {', '.join(f for f in ok_rows[0]['flags'] if f in common)}"] if common else []
+    return FittedTable(columns, title=title, caption=caption + ([] if full_ci else [CI_CAPTION]))
 
 
 CI_CAPTION = ("CI: 95% where taken across 5 or more units (processes, or stretches of the run); from fewer, the coverage "
@@ -150,6 +155,39 @@ def canary_cell(row: dict) -> str:
         return "–"
     ratio = row.get("host_canary_ratio")
     return f"{value:.0f}" + (f" ({ratio:.2f}×)" if ratio is not None else "")
+
+
+def warning_lines(rows: list[dict]) -> list[str]:
+    """The warnings of a run's rows, each said once (rich markup). A failed row: its line. Then one line for what the
+    rows share and what a busy host causes: each flag on every row, or on the rows named (their short labels), with its
+    message where the rows' are alike, else its summary (``measure.checks.FLAG_SUMMARIES``). Then one line per row
+    for each other warning, with its numbers. Expected absences (no power meter on a CPU) are no warnings."""
+    from perflab.measure.checks import FLAG_SUMMARIES, NOISE_FLAGS
+    from perflab.report.fit import short_forms
+
+    lines = [f"[red]{r['status']}[/red]: {row_label(r)}: {r.get('message')}" for r in rows if r.get("status") != "ok"]
+    ok = [r for r in rows if r.get("status") == "ok"]
+    hits: dict[str, list[tuple[dict, str]]] = {}
+    for row in ok:
+        for flag, message in zip(row.get("flags") or [], row.get("warnings") or []):
+            hits.setdefault(flag, []).append((row, message))
+        if row.get("pin_warning"):
+            hits.setdefault("pinning", []).append((row, row["pin_warning"]))
+    if not hits:
+        return lines
+    if len(ok) == 1:
+        return lines + [f"[yellow]warning[/yellow]: {row_label(ok[0])}: " + " | ".join(f"{flag}: {h[0][1]}" for flag, h in hits.items())]
+    labels = short_forms([row_label(r) for r in ok], sep=" ")
+    shared, own = [], []
+    for flag, found in hits.items():
+        if len(found) == len(ok) or flag in NOISE_FLAGS:
+            messages = {m for _, m in found}
+            text = messages.pop() if len(messages) == 1 else FLAG_SUMMARIES.get(flag, found[0][1])
+            who = "every row" if len(found) == len(ok) else ", ".join(labels[row_label(r)] for r, _ in found)
+            shared.append(f"{flag} ({who}): {text}")
+        else:
+            own += [f"[yellow]warning[/yellow]: {row_label(r)}: {m}" for r, m in found]
+    return lines + ([f"[yellow]warning[/yellow]: {' | '.join(shared)}"] if shared else []) + own
 
 
 def exempt_line(rows: Iterable[dict], limit: int = 6) -> str | None:

@@ -150,9 +150,9 @@ def fit_columns(columns: list[Column], width: int) -> tuple[list[Column], list[s
     return columns, notes
 
 
-def short_forms(names: list[str]) -> dict[str, str]:
+def short_forms(names: list[str], sep: str = "_") -> dict[str, str]:
     """A short form of each name that tells it from the others: its words (split at ``_``, ``/``, ``:``, spaces and a
-    ``.`` before a letter) that not every name shares, joined by ``_``; where that is still long, its last such word (a reference's
+    ``.`` before a letter) that not every name shares, joined by ``sep``; where that is still long, its last such word (a reference's
     NAME). ``deit_tiny_patch16_224``, ``deit_small_patch16_224`` → ``tiny``, ``small``. A name with no words of its own
     keeps its first; where forms would collide or not be shorter, the names are numbered ``m1``, ``m2``, ..."""
     distinct = list(dict.fromkeys(names))
@@ -163,7 +163,7 @@ def short_forms(names: list[str]) -> dict[str, str]:
     forms = {}
     for name in distinct:
         own = [w for w in words[name] if w not in shared]
-        form = "_".join(own) if own else words[name][0]
+        form = sep.join(own) if own else words[name][0]
         forms[name] = form if len(form) <= SHORT_FORM_MAX else own[-1]
     if len(set(forms.values())) < len(distinct) or any(len(forms[n]) >= len(n) for n in distinct):
         forms = {n: f"m{i + 1}" for i, n in enumerate(distinct)}
