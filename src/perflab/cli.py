@@ -335,6 +335,23 @@ def results(
             out.print(line, soft_wrap=True, markup=False)
 
 
+@app.command()
+def models(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """The models --model takes: perflab's own by workload family, the prefixes that make variants, and the forms of a
+    reference to your own model (file.py:NAME, package.module:NAME, hf:DIR)."""
+    import json
+
+    from perflab import api
+    from perflab.report.console import catalog_tables
+
+    catalog = api.model_catalog()
+    if as_json:
+        sys.stdout.write(json.dumps(catalog) + "\n")
+        return
+    for table in catalog_tables(catalog):
+        out.print(table)
+
+
 @app.command("spec-schema")
 def spec_schema(
     out_file: Optional[Path] = typer.Option(None, "--out", help="Write the schema to this file (default: print it)."),

@@ -282,6 +282,25 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
     return FittedTable(columns, title=title or f"Paired comparison: {field}", caption=caption)
 
 
+def catalog_tables(catalog: dict) -> list[FittedTable]:
+    """``api.model_catalog``'s answer: the built-in models with their family and dimensions, the families, the
+    variants, and the forms of a reference to your own model."""
+    from rich.markup import escape
+
+    models = [(name, f["name"], dims) for f in catalog["families"] for name, dims in f["models"].items()]
+    families = [{k: escape(v) if isinstance(v, str) else v for k, v in f.items()} for f in catalog["families"]]
+    forms = [{k: escape(v) for k, v in f.items()} for f in catalog["variants"] + catalog["references"]]
+    return [
+        FittedTable([Column("model", [m[0] for m in models]), Column("family", [m[1] for m in models]),
+                     Column("dimensions", [m[2] for m in models], wrap=True)], title="Built-in models"),
+        FittedTable([Column("family", [f["name"] for f in families]), Column("workloads", [", ".join(f["workloads"]) for f in families], wrap=True),
+                     Column("per", [f["item"] for f in families]), Column("a step runs", [f["describe"] for f in families], wrap=True)],
+                    title="Workload families"),
+        FittedTable([Column("--model", [f["form"] for f in forms]), Column("what it is", [f["means"] for f in forms], wrap=True)],
+                    title="Variants and your own models", caption=[catalog["note"]]),
+    ]
+
+
 def ceilings_lines(result: dict) -> list[str]:
     """``api.ceilings``'s result as lines: the one-GPU ceilings, then the all-reduce sweep (nccl-tests' algbw and busbw)."""
     c = result["ceilings"]

@@ -98,18 +98,23 @@ def table_width(widths: Iterable[int]) -> int:
 
 def column_widths(columns: list[Column], width: int) -> list[int | None]:
     """Each column's width: natural where the table fits (None: rich's own), else its narrowest, then the room left
-    given out to the columns that need least of it first (a header back on one line), the wrapping ones last."""
+    given to the columns that may not wrap, those that need least of it first (a header back on one line), and what
+    remains shared among the wrapping ones in proportion to what each lacks."""
     natural = [natural_width(c) for c in columns]
     if table_width(natural) <= width:
         return [None] * len(columns)
     widths = [min_width(c) for c in columns]
     room = width - table_width(widths)
-    for i in sorted(range(len(columns)), key=lambda i: (columns[i].wrap, natural[i] - widths[i])):
-        if room <= 0:
-            break
-        extra = min(room, natural[i] - widths[i])
+    for i in sorted((i for i, c in enumerate(columns) if not c.wrap), key=lambda i: natural[i] - widths[i]):
+        extra = max(0, min(room, natural[i] - widths[i]))
         widths[i] += extra
         room -= extra
+    wrapping = [i for i, c in enumerate(columns) if c.wrap]
+    lacking = sum(natural[i] - widths[i] for i in wrapping)
+    if room > 0 and lacking > 0:
+        shares = {i: room * (natural[i] - widths[i]) // lacking for i in wrapping}
+        for i in wrapping:
+            widths[i] += shares[i]
     return widths
 
 
