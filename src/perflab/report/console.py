@@ -7,7 +7,7 @@ from typing import Iterable
 from rich.table import Table
 
 from perflab.report.fit import Column, FittedTable
-from perflab.report.md import formula_cell
+from perflab.report.md import ci_note, formula_cell
 
 
 def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
@@ -129,13 +129,6 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
 CI_CAPTION = ("CI: 95% where taken across 5 or more units (processes, or stretches of the run); from fewer, the coverage "
               "their ranks guarantee is given (≥88% from 4 units, ≥75% from 3); min–max of n: the range of n samples, which "
               "holds the median with probability 1 − 2^(1−n) (50% for 2)")
-
-
-def ci_note(coverage: float | None, range_of: int | None) -> str:
-    """What a CI of less than 95% coverage states instead: ``min–max of 2``, ``≥88%``; empty for a 95% CI."""
-    if coverage is None or coverage >= 0.95:
-        return ""
-    return f"min–max of {range_of}" if range_of else f"≥{coverage:.0%}"
 
 
 def row_ci_note(row: dict) -> str:
