@@ -139,9 +139,9 @@ def test_two_samples_give_no_95_percent_label(monkeypatch):
     result = run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2", "--repeats", "2",
                           "--warmup", "1")
     assert result.returncode == 0, result.stderr
-    assert "95%" not in result.stdout.replace("CI: 95% where taken across 5 or more units", "")
+    assert "95%" not in result.stdout.replace("CI: 95% from 5 or more units", "")
     assert "ms/batch (CI)" in result.stdout and "min–max of 2" in result.stdout
-    assert "CI: 95% where taken across 5 or more units" in result.stdout  # the caption says why
+    assert "CI: 95% from 5 or more units" in result.stdout  # the caption says why
     rows = json.loads(run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2",
                                    "--repeats", "2", "--warmup", "1", "--format", "json").stdout)
     assert rows["n_samples"] == 2 and rows["ci_level"] == "pooled" and rows["ci_coverage"] == 0.5

@@ -31,7 +31,7 @@ app = typer.Typer(
 )
 # Tables fit COLUMNS, else the terminal, else (piped) 100 columns; --wide prints them whole (report.terminal).
 out = TerminalConsole()
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+err = TerminalConsole(stderr=True)
 
 def _print_version(value: bool) -> None:
     if value:
@@ -251,7 +251,8 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
 
     from perflab import api
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True) as progress:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as progress:  # piped: no bar, and no blank line where it was
         task = progress.add_task("starting", total=len(cases))
 
         def on_case(index, case, stage):
@@ -267,10 +268,10 @@ def _print_warnings(rows):
     from perflab.report.console import exempt_line, warning_lines
 
     for line in warning_lines(rows):
-        err.print(line)
+        err.say(line)
     line = exempt_line(rows)
     if line:
-        err.print(f"note: {line}", markup=False)
+        err.say(f"note: {line}", markup=False)
 
 
 @app.command()
@@ -504,6 +505,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = expand_multi_value_options(_argv)
     argv, wide = take_flag(argv, "--wide")
     out.configure(wide=wide)
+    err.configure(wide=wide)
     try:
         status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:

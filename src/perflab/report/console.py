@@ -126,9 +126,8 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
     return FittedTable(columns, title=title, caption=caption + ([] if full_ci else [CI_CAPTION]))
 
 
-CI_CAPTION = ("CI: 95% where taken across 5 or more units (processes, or stretches of the run); from fewer, the coverage "
-              "their ranks guarantee is given (≥88% from 4 units, ≥75% from 3); min–max of n: the range of n samples, which "
-              "holds the median with probability 1 − 2^(1−n) (50% for 2)")
+CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run); from fewer, the coverage they guarantee "
+              "(4 units: ≥88%, 3: ≥75%; min–max of n samples: 1 − 2^(1−n), 50% for 2)")
 
 
 def row_ci_note(row: dict) -> str:
@@ -268,7 +267,7 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
         caption.append(f"speedup: the variant's {unit}/s ÷ the baseline's, the median over blocks timed next to each other "
                        f"(interleaved), with its {'95% ' if full_ci else ''}CI; {unit}/s: each case's median")
     if not full_ci:
-        caption.append(CI_CAPTION.replace("n samples", "n pairs"))
+        caption.append(CI_CAPTION.replace("n samples", "n pairs"))  # the pairs' CI: said again, each table read alone
     if any(p.get("host_dependent") for p in pairs):
         caption.append("host-dependent: one side's step is limited by the host and the other's by the GPU (or sits at the "
                        "boundary), so the speedup moves with the host's speed")

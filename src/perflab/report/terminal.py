@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 
 from rich.console import Console
 from rich.rule import Rule
+from rich.text import Text
 
 PIPED_WIDTH = 100  # stdout is not a terminal and COLUMNS is unset
 WIDE_WIDTH = 10_000  # --wide: wider than any table, so each is printed at its natural width
@@ -34,11 +36,24 @@ class TerminalConsole(Console):
         self.rule_width: int | None = None
 
     def configure(self, wide: bool = False, environ=None, isatty: bool | None = None) -> None:
-        width = terminal_width(environ, isatty)
+        width = terminal_width(environ, self.is_terminal if isatty is None else isatty)
         self._width = None  # rich asks the terminal again
         self.rule_width = width or self.size.width
         if wide or width:
             self.width = WIDE_WIDTH if wide else width
+
+    def say(self, line: str, markup: bool = True) -> None:
+        """One message (a warning, a note), wrapped to the width with its further lines indented, so each message
+        still starts a line of its own: ``warning: ...``."""
+        text = Text.from_markup(line) if markup else Text(line)
+        width = min(self.width, self.rule_width or PIPED_WIDTH)
+        lines = textwrap.wrap(text.plain, width=width, subsequent_indent="  ", break_long_words=False, break_on_hyphens=False)
+        wrapped = Text("\n".join(lines) or "")
+        prefix = text.plain.split(":", 1)[0]
+        for span in text.spans:  # the message's own styles (a coloured "warning" or status), where they fall in its first word
+            if span.end <= len(prefix):
+                wrapped.stylize(span.style, span.start, span.end)
+        super().print(wrapped)
 
     def print(self, *objects, **kwargs) -> None:
         from perflab.report.fit import fold_cells
