@@ -47,11 +47,12 @@ def _unit(rows: list[dict]) -> str:
     return {"img": "img", "token": "tok"}.get(item_of(rows), "item")
 
 
-def ms(value) -> str:
-    """A time in ms to four significant figures, without an exponent: 152.3, 27.45, 0.8562, 12346."""
+def ms(value, like=None) -> str:
+    """A time in ms to four significant figures, without an exponent: 152.3, 27.45, 0.8562, 12346; ``like``: with as
+    many decimals as that value takes (a CI's ends as its median)."""
     if value is None:
         return "–"
-    magnitude = abs(value)
+    magnitude = abs(like if like is not None else value)
     decimals = 0 if magnitude >= 1000 else 1 if magnitude >= 100 else 2 if magnitude >= 10 else 3 if magnitude >= 1 else 4
     return f"{value:.{decimals}f}"
 
@@ -77,7 +78,8 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         if not ok(row):
             return "–"
         note = row_ci_note(row)
-        return f"{ms(row['median_ms'])} ({ms(ci[0])}–{ms(ci[1])})" + (f" {note}" if note else "")
+        median = row["median_ms"]
+        return f"{ms(median)} ({ms(ci[0], median)}–{ms(ci[1], median)})" + (f" {note}" if note else "")
 
     def throughput(row):
         return row.get("items_per_s", row.get("throughput_per_s")) if not classify_only else row.get("throughput_per_s")
