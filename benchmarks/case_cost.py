@@ -5,7 +5,7 @@
 
 For each store, over the compared rows: cases per minute from the runner's wall time per case (``wall_s``: from the
 parent's start of the worker to its row read, one case at a time) and from the workers' recorded split (``cost_s``),
-and the report's "What a case costs" table (the same function as ``perflab report``). docs/performance.md has the figures.
+and the report's "What a case costs" table (the same function as ``perflab report``). docs/performance/sweep-cost.md has the figures.
 """
 
 from __future__ import annotations

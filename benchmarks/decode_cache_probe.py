@@ -6,7 +6,7 @@ launch time is in them), and the eager step's three kernels with the most GPU ti
 
     PYTHONPATH=src python benchmarks/decode_cache_probe.py      # a CUDA GPU; about 1 minute on an H100
 
-docs/performance.md has the H100's output."""
+docs/performance/decode.md has the H100's output."""
 import sys
 
 import torch

@@ -5,7 +5,7 @@ new one (``workloads.decode.fill_caches``: drawn in place on the buffer's device
     python benchmarks/kv_fill.py --device cuda        # the same on a GPU
 
 Each way is timed on a freshly allocated buffer (the first touch of its pages is part of a build), the best of
-``--repeats``. docs/performance.md has the figures.
+``--repeats``. docs/performance/sweep-cost.md has the figures.
 """
 
 from __future__ import annotations

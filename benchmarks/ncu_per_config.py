@@ -6,7 +6,7 @@ kernel the DRAM % of peak, duration, achieved GB/s and the launches the means st
     PYTHONPATH=src python benchmarks/ncu_per_config.py --out ncu_per_config.json           # one layer, both ways
     PYTHONPATH=src python benchmarks/ncu_per_config.py --full --ways 2 --out full.json      # the 8B model, sampled
 
-Needs a CUDA GPU and ncu. Not yet run: the session that wrote it had no GPU time left (docs/performance.md)."""
+Needs a CUDA GPU and ncu. Not yet run: the session that wrote it had no GPU time left (docs/performance/decode.md)."""
 import argparse
 import json
 import sys

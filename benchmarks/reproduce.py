@@ -121,7 +121,7 @@ def summarize(records: list[dict], walls: dict) -> str:
     by_setting: dict[str, dict[int, list[dict]]] = {}
     for r in records:
         by_setting.setdefault(r["setting"], {}).setdefault(r["run"], []).append(r)
-    parts = ["# Reproducibility of the demo's eight cases (issue 22)\n"]
+    parts = ["# Reproducibility of the demo's eight cases, run to run (benchmarks/reproduce.py)\n"]
     for setting, runs in by_setting.items():
         ids = [r["label"] for r in runs[min(runs)]]
         parts.append(f"## {setting}: {len(runs)} run(s), wall time per run " +

@@ -3,7 +3,7 @@
     PYTHONPATH=src python benchmarks/seed_grid.py [--out FILE.jsonl] [--modes eager cudagraph ...]
 
 Prints a markdown table (baseline and top-k throughput, speedup, whether the 95% CIs separate) for
-docs/performance.md.
+docs/performance/token-reduction.md.
 """
 
 from __future__ import annotations

@@ -27,11 +27,13 @@ def test_record_steps_writes_exactly_the_profiled_steps(tmp_path):
     assert sorted(n for n in names if n.startswith("ProfilerStep")) == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
 
 
-def test_a_cpu_only_trace_is_refused_with_a_clear_message(tmp_path):
+def test_a_cpu_only_trace_is_read_with_its_operators_as_the_work(tmp_path):
     path = tmp_path / "cpu.json.gz"
     record_steps(lambda: torch.randn(8, 8) @ torch.randn(8, 8), path, "cpu", steps=2)
-    with pytest.raises(PerflabError, match="no GPU activity"):
-        load_trace(path)
+    trace = load_trace(path)
+    assert trace.cpu_only and len(trace.steps) == 2
+    per_step = trace.kernels.groupby("range_id").size()
+    assert trace.kernels["name"].astype(str).value_counts()["aten::randn"] == 4 and len(per_step) == 2
 
 
 def test_step_profiler_records_the_loop_and_ignores_extra_steps(tmp_path):

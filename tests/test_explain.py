@@ -5,7 +5,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perflab.explain import host_issue_ms, min_bytes, predict_modes
+from perflab.analysis.launch import host_issue_ms
+from perflab.explain import min_bytes, predict_modes
 from perflab.spec import Case, validate_case
 from perflab.trace import load_trace
 

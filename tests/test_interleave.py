@@ -170,7 +170,7 @@ def test_the_speedup_table_uses_the_paired_ratio(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Recorded H100 rows (benchmarks/reproduce.py, docs/performance.md): the GPU-bound decision and the host flags
+# Recorded H100 rows (benchmarks/reproduce.py, docs/performance/timing.md): the GPU-bound decision and the host flags
 
 
 def by_label(rows):

@@ -33,7 +33,7 @@ def test_every_committed_trace_has_long_names_and_they_shrink():
     assert max(len(short_kernel_name(n)) for n in names) == MAX_SHORT_NAME  # the xmma names are cut to exactly that
 
 
-# Each example of the README / module docstring, with its full name as the committed traces hold it.
+# Each example of docs/traces.md ("Kernel names") / the module docstring, with its full name as the committed traces hold it.
 EXAMPLES = [
     ("void at::native::elementwise_kernel<128, 2, at::native::gpu_kernel_impl_nocast<at::native::BinaryFunctor<float, float, float, "
      "at::native::binary_internal::MulFunctor<float> > >(at::TensorIteratorBase&, at::native::BinaryFunctor<float, float, float, "

@@ -151,7 +151,7 @@ def test_optimizer_predictions_on_a_gpu_bound_step():
 
 
 def test_the_host_term_on_the_h100s_launch_bound_training_step():
-    """gpt_large bf16 train_step on the H100 (docs/performance.md, 2026-11-23): host 42.908, 79.480, 1.528 ms (the
+    """gpt_large bf16 train_step on the H100 (docs/performance/lm.md, 2026-11-23): host 42.908, 79.480, 1.528 ms (the
     untraced issue time split by pass), GPU 18.218, 36.870, 10.270 ms, eager 101.8 ms; foreach measured 131.3 ms.
     Σ max(host, GPU) per pass: 132.658 ms before, 153.198 after (the optimizer's GPU time ×3): 117.56 ms, −10.5%. The
     whole-step max(Σhost, ΣGPU) would keep 101.8 (host 123.9 > GPU 85.9), −22%."""

@@ -15,7 +15,7 @@ from cli_util import run_cli_here
 from perflab.sweep.spec import load_experiment
 from sweep_util import SMOKE
 
-BENCH_KEYS = {  # what `perflab bench --format json` prints for every case (README, "Output fields")
+BENCH_KEYS = {  # what `perflab bench --format json` prints for every case (docs/reference.md, "Output fields")
     "case", "case_id", "status", "message", "model", "method", "keep_rate", "reduction_loc", "tokens", "input_size",
     "batch_size", "dtype", "mode", "device_name", "median_ms", "p10_ms", "p90_ms", "cv", "ci95_ms", "latency_ms_per_batch",
     "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m", "peak_mem_alloc_mb", "peak_mem_reserved_mb",

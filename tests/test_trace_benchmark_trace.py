@@ -1,5 +1,5 @@
 """The benchmark's synthetic Kineto trace agrees with the reference implementation (so the speed figures
-in docs/performance.md are for a trace that is read right)."""
+in docs/performance/trace-analysis.md are for a trace that is read right)."""
 
 from __future__ import annotations
 

@@ -82,7 +82,7 @@ def bad_input_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         "invalid_json": (tmp_path / "invalid.json", "invalid JSON"),
         "empty_trace": (tmp_path / "empty_trace.json", "no events"),
         "empty_file": (tmp_path / "empty.json", "empty"),
-        "cpu_only": (CPU_ONLY_TRACE, "no GPU activity"),
+        "no_work": (tmp_path / "annotations.json", "no GPU activity"),
         "sqlite_not_nsys": (tmp_path / "other.sqlite", "not an nsys export"),
         "neither": (tmp_path / "notes.txt", "neither a Kineto JSON trace"),
         "not_a_trace": (tmp_path / "config.json", "no \"traceEvents\""),
@@ -96,10 +96,11 @@ def bad_input_cases(tmp_path: Path) -> dict[str, tuple[Path, str]]:
         db.execute("CREATE TABLE results (x INTEGER)")
     cases["neither"][0].write_text("hello, this is not a trace\n")
     cases["not_a_trace"][0].write_text('{"model": "deit"}')
+    cases["no_work"][0].write_text('{"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "step", "pid": 1, "tid": 1, "ts": 1, "dur": 2}]}')
     return cases
 
 
-CASES = ["missing", "truncated_json", "truncated_gz", "invalid_json", "empty_trace", "empty_file", "cpu_only", "sqlite_not_nsys",
+CASES = ["missing", "truncated_json", "truncated_gz", "invalid_json", "empty_trace", "empty_file", "no_work", "sqlite_not_nsys",
          "neither", "not_a_trace"]
 
 

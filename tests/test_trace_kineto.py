@@ -301,9 +301,28 @@ def test_cuda_sync_events_are_not_gpu_activity(tmp_path):
     assert len(load_trace(target).kernels) == 24
 
 
-def test_cpu_only_trace_is_an_error():
+def test_a_cpu_only_trace_is_accounted_over_its_top_level_operators_as_the_reference_reader_finds_them():
+    from perflab.analysis.trace_report import analyze_trace
+
+    trace = load_trace(CPU_ONLY_TRACE)
+    assert trace.cpu_only and set(trace.kernels["kind"]) == {"cpu_op"}
+    reference = summarize(CPU_ONLY_TRACE)
+    assert len(trace.kernels) == reference["kernels"] == 6  # aten::matmul, aten::relu, aten::sum in each of 2 steps
+    assert int(trace.kernels["dur_ns"].sum()) == reference["kernel_time_ns"]
+    accounting = analyze_trace(trace).accounting
+    whole = accounting.trace
+    assert whole["wall_ns"] == reference["wall_ns"] and whole["busy_ns"] == reference["busy_ns"]
+    # every gap between operators is the interpreter's: host-bound, none queued
+    assert whole["idle_ns"] == whole["host_bound_ns"] > 0 and whole["kernel_gap_ns"] == whole["other_ns"] == 0
+    assert accounting.steps["busy_ns"].tolist() == reference["window_busy_ns"]
+    assert trace.kernels["category"].astype(str).tolist()[:3] == ["gemm", "elementwise", "other"]
+
+
+def test_a_trace_with_neither_gpu_activity_nor_operators_is_an_error(tmp_path):
+    path = tmp_path / "annotations.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "cat": "user_annotation", "name": "step", "pid": 1, "tid": 1, "ts": 1.0, "dur": 2.0}]}')
     with pytest.raises(PerflabError, match="no GPU activity"):
-        load_trace(CPU_ONLY_TRACE)
+        load_trace(path)
 
 
 def test_device_properties_are_kept():

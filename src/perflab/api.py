@@ -468,8 +468,8 @@ def profile(steps: int = 5, warmup: int = 1, out=None, sync: bool = True):
 class ProfiledLoop:
     """What ``perflab.profile`` returns: capture (a StepProfiler) and then, after the block, the analysis.
 
-    ``p.step()`` marks a step; ``p.trace_path`` is the Kineto trace; ``p.analysis`` its TraceReport (None
-    without a GPU, since a CPU-only trace has no GPU time to account for)."""
+    ``p.step()`` marks a step; ``p.trace_path`` is the Kineto trace; ``p.analysis`` its TraceReport (on the CPU,
+    accounted over torch's operators)."""
 
     def __init__(self, profiler):
         self.profiler = profiler
@@ -488,9 +488,34 @@ class ProfiledLoop:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self.profiler.__exit__(exc_type, exc, tb)
-        if exc_type is None and self.profiler.cuda:
+        if exc_type is None:
             self.analysis = analyze(self.trace_path)
         return False
+
+
+def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 3, step: str | None = None, step_range: str | None = None,
+        stop_after: bool = False, out_dir="perflab-run", nproc: int | None = None, render=None) -> int:
+    """Run a program (``["train.py", "--lr", "3e-4"]``, ``["-m", "pkg.train"]``) unchanged in this process, time
+    ``steps`` of its steps after ``skip``, trace ``trace`` more, and report (``render(report)``; the report is also
+    written to ``OUT/run.json``). Returns the program's exit code. ``nproc``: run it under torchrun with that many ranks
+    (each rank runs ``python -m perflab run``; rank 0 merges). Bad options raise PerflabError before the program runs."""
+    from perflab.program.boundaries import make_source
+    from perflab.program.recorder import RunOptions
+    from perflab.program.run import Run, check_options
+    from perflab.program.script import parse_program
+
+    check_options(skip, steps, trace, step, step_range)
+    make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
+    program_ = parse_program(list(program))
+    from pathlib import Path
+
+    options = RunOptions(skip=skip, steps=steps, trace=trace, stop_after=stop_after, out_dir=Path(out_dir))
+    if nproc is not None:
+        from perflab.program.launch import torchrun
+
+        return torchrun(nproc, program, options, step=step, step_range=step_range)
+    result = Run(program_, options, step=step, step_range=step_range, render=render)()
+    return result.exit_code
 
 
 def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool = True, by_module: bool = False) -> dict:

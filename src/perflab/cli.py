@@ -56,6 +56,8 @@ MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate",
 
 FORMATS = ("table", "csv", "json")
 _argv: list[str] | None = None  # the arguments main() was given (None: sys.argv's)
+_program: list[str] = []  # perflab run: the program's own command line (after "--", or from the script on)
+RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--out", "--step", "--step-range", "--nproc"}
 
 
 
@@ -499,13 +501,36 @@ def _is_flag(token: str) -> bool:
         return True
 
 
+def split_program(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``run [OPTIONS] -- SCRIPT [ARGS]`` (or ``run [OPTIONS] SCRIPT [ARGS]``): (perflab's arguments, the program's),
+    so that the program's own options never reach perflab's parser."""
+    if not argv or argv[0] != "run":
+        return argv, []
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i], argv[i + 1:]
+        if token in RUN_VALUE_OPTIONS:
+            i += 2
+            continue
+        if token.startswith("-"):
+            i += 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []
+
+
 def main(argv: list[str] | None = None) -> None:
-    global _argv
+    global _argv, _program
     _argv = list(sys.argv[1:] if argv is None else argv)  # as typed: a sweep records its command line
-    argv = expand_multi_value_options(_argv)
-    argv, wide = take_flag(argv, "--wide")
-    out.configure(wide=wide)
-    err.configure(wide=wide)
+    args = list(_argv)
+    wide = bool(args) and args[0] == "--wide"  # a global flag before the command (perflab --wide run ...)
+    perflab_args, _program = split_program(args[1:] if wide else args)
+    argv = expand_multi_value_options(perflab_args) if not _program else perflab_args
+    argv, wide_later = take_flag(argv, "--wide")  # or anywhere among perflab's own arguments (never the program's)
+    out.configure(wide=wide or wide_later)
+    err.configure(wide=wide or wide_later)
     try:
         status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:
@@ -850,3 +875,33 @@ def ncu(
 
 if __name__ == "__main__":
     main()
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+def run(
+    skip: int = typer.Option(5, "--skip", help="Steps to let run first (warm-up, compilation), untimed."),
+    steps: int = typer.Option(20, "--steps", help="Steps to time, untraced (CUDA events on the step's stream; the host clock on the CPU)."),
+    trace: int = typer.Option(3, "--trace", help="Steps to trace with torch.profiler after the timed ones (0: none)."),
+    step: Optional[str] = typer.Option(None, "--step", help="A step is each call of this function: QUALNAME or FILE:QUALNAME "
+                                       "(decode_one_token, Model.forward). Default: every optimizer step."),
+    step_range: Optional[str] = typer.Option(None, "--step-range", help="A step is each NVTX or record_function range whose name starts "
+                                             "with this (seed 004's BENCHMARK)."),
+    stop_after: bool = typer.Option(False, "--stop-after", help="Stop the program after the traced steps (exit code 0)."),
+    out_dir: Path = typer.Option(Path("perflab-run"), "--out", help="Directory for run.json and the trace(s)."),
+    nproc: Optional[int] = typer.Option(None, "--nproc", help="Run the program under torchrun with this many ranks (one per GPU)."),
+):
+    """Run your own program unchanged, time its steps, trace a few and explain them:
+    perflab run [OPTIONS] -- SCRIPT [ARGS...] (or -- -m MODULE [ARGS...]; also python -m perflab run under torchrun).
+
+    The program keeps its __main__, sys.argv, output and exit code; perflab's report goes to stderr and OUT/run.json."""
+    from perflab import api
+
+    code = api.run(_program, skip=skip, steps=steps, trace=trace, step=step, step_range=step_range, stop_after=stop_after,
+                   out_dir=out_dir, nproc=nproc, render=_render_run)
+    raise typer.Exit(code)
+
+
+def _render_run(report: dict) -> None:
+    from perflab.report.program import render_run
+
+    render_run(err, report)

@@ -47,6 +47,7 @@ from perflab.analysis.accounting import step_windows
 from perflab.analysis.fixes import (Fix, Prediction, StepTimes, batch_delta, checkpoint_delta, optimizer_delta, predict, step_times_of_passes,
                                    step_times_of_row)
 from perflab.analysis.floors import Floors, StepFloors, compute_floors, pass_floors
+from perflab.analysis.launch import host_issue_ms
 from perflab.analysis.passes import pass_timing
 from perflab.errors import PerflabError
 from perflab.measure.host import host_issue_ms as measure_host_issue_ms
@@ -141,22 +142,6 @@ class Explanation:
             "compare": self.comparison.to_dict() if self.comparison else None,
             "ceilings": self.ceilings,
         }
-
-
-def host_issue_ms(trace) -> float:
-    """Median over steps of the CPU time to issue one step in a trace: step start → end of its last
-    launch call (profiled, so inflated; see measure.host for the untraced figure)."""
-    kernels = trace.kernels
-    windows = step_windows(kernels, trace.steps)
-    window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
-    launch_end = kernels["launch_end_ns"].to_numpy()
-    starts = windows["start_ns"].to_numpy()
-    issue = []
-    for w in range(len(windows)):
-        ends = launch_end[(window == w) & (launch_end >= 0)]
-        if len(ends):
-            issue.append(ends.max() - starts[w])
-    return float(np.median(issue)) / 1e6 if issue else 0.0
 
 
 def predict_modes(trace, interval_us: float, gap_us: float) -> dict[str, float]:

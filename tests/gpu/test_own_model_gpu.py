@@ -32,10 +32,10 @@ def test_an_hf_config_runs_train_step_and_decodes_through_the_static_cache():
     hf = "hf:" + str(ROOT / "tests/data/models/tiny-llama")
     (train,) = api.bench(model=hf, workload="train_step", seq_len=128, batch_size=4, dtype="bf16", **FAST)
     # counted vs the Llama formula: +3.9% at this toy size on an H100 (the rotary and other small matmuls the formula
-    # leaves out weigh more at hidden size 64); +0.78% at gpt_large's shape (docs/performance.md)
+    # leaves out weigh more at hidden size 64); +0.78% at gpt_large's shape (docs/performance/own-model.md)
     assert train["status"] == "ok" and 0 <= train["flops_counted_vs_analytic"] < 0.05, train.get("message")
     # eager only: under compile:reduce-overhead transformers 5.17's static cache hit a device-side index assert
-    # (0 <= index < cache length) on an H100, which poisons the CUDA context for every later test (README, "Your own model")
+    # (0 <= index < cache length) on an H100, which poisons the CUDA context for every later test (docs/own-model.md)
     (decode,) = api.bench(model=hf, workload="decode", context_len=256, batch_size=2, dtype="bf16", mode="eager", **FAST)
     assert decode["status"] == "ok", decode.get("message")
     assert decode["family"] == "decode" and 0 < decode["mbu"] < 1.2 and decode["bytes_kv_read"] > 0

@@ -42,6 +42,7 @@ import pandas as pd
 
 from perflab.analysis.devices import devices_of, launching_threads
 from perflab.analysis.intervals import union_blocks
+from perflab.trace.schema import WORK_KINDS
 
 DEFAULT_KERNEL_GAP_NS = 5_000
 SEGMENT_KINDS = ("busy", "host_bound", "kernel_gap", "other")
@@ -236,7 +237,7 @@ def _account_device(kernels: pd.DataFrame, steps: pd.DataFrame, kernel_gap_thres
 
 def _activities_per_window(kernels: pd.DataFrame, windows: pd.DataFrame, whole_trace: bool) -> tuple[np.ndarray, np.ndarray]:
     """Kernels (kind kernel) launched in each window, and their summed duration."""
-    is_kernel = (kernels["kind"] == "kernel").to_numpy()
+    is_kernel = kernels["kind"].isin(WORK_KINDS).to_numpy()
     if whole_trace:  # one window holds every kernel, even one launched before the first activity started
         return np.array([is_kernel.sum()], dtype=np.int64), np.array([kernels["dur_ns"].to_numpy()[is_kernel].sum()], dtype=np.int64)
     launched = activity_launch_time(kernels)[is_kernel]

@@ -28,7 +28,7 @@ from perflab.analysis.accounting import IDLE_CAUSES, account, activity_launch_ti
 from perflab.analysis.devices import devices_of
 from perflab.analysis.names import short_names
 from perflab.errors import PerflabError
-from perflab.trace.schema import Trace
+from perflab.trace.schema import WORK_KINDS, Trace
 
 
 @dataclass
@@ -125,7 +125,7 @@ def step_profile(trace: Trace, steps: int | None = None) -> StepProfile:
     category_ns = {str(k): float(v) / n for k, v in categories.items() if v}
     busy = float(per_step["busy_ns"].sum()) / n
     overlap = sum(category_ns.values()) - busy
-    is_kernel = acts["kind"] == "kernel"
+    is_kernel = acts["kind"].isin(WORK_KINDS)
     names = acts[is_kernel].assign(full_name=acts.loc[is_kernel, "name"].astype(str))
     by_name = names.groupby("full_name").agg(count=("dur_ns", "size"), time_ns=("dur_ns", "sum"))
     by_name = by_name / n

@@ -15,6 +15,7 @@ import pandas as pd
 
 from perflab.analysis.intervals import sum_by_group
 from perflab.analysis.names import short_names
+from perflab.trace.schema import WORK_KINDS
 
 SHORT_KERNEL_NS = 5_000
 
@@ -34,7 +35,7 @@ class KernelStats:
 
 
 def kernel_stats(kernels: pd.DataFrame) -> KernelStats:
-    is_kernel = (kernels["kind"] == "kernel").to_numpy()
+    is_kernel = kernels["kind"].isin(WORK_KINDS).to_numpy()
     duration = kernels["dur_ns"].to_numpy()[is_kernel]
     total = int(duration.sum())
     short = duration < SHORT_KERNEL_NS
@@ -59,7 +60,7 @@ MEMORY_KINDS = ("memcpy", "memset")
 def top_kernels(kernels: pd.DataFrame, n: int | None = 10) -> pd.DataFrame:
     """Kernels (kind ``kernel``) grouped by full name, by total time: name (short, unique within the table),
     full_name, category, count, total_ns, mean_ns, share (of all GPU activity time). ``n=None`` keeps every name."""
-    return _top_by_name(kernels, (kernels["kind"] == "kernel").to_numpy(), n)
+    return _top_by_name(kernels, kernels["kind"].isin(WORK_KINDS).to_numpy(), n)
 
 
 def top_memory_ops(kernels: pd.DataFrame, n: int | None = 10) -> pd.DataFrame:

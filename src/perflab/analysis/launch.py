@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,8 +83,9 @@ def delay_summary(kernels: pd.DataFrame, delays: pd.DataFrame | None = None) -> 
     return {"launches": int(len(delays)), "median_ns": float(np.median(delays)), "p90_ns": float(np.percentile(delays, 90))}
 
 
-def launch_verdict(accounting: Accounting) -> LaunchVerdict:
-    """Launch-bound or not, in numbers (see the module docstring for the rule)."""
+def launch_verdict(accounting: Accounting, cpu_only: bool = False) -> LaunchVerdict:
+    """Launch-bound or not, in numbers (see the module docstring for the rule). ``cpu_only``: a CPU-only trace, whose
+    work is its operators: the same rule, said of the interpreter's time between operators."""
     steps = accounting.steps
     n = max(len(steps), 1)
     host = float(steps["host_bound_ns"].sum()) / n
@@ -93,6 +95,14 @@ def launch_verdict(accounting: Accounting) -> LaunchVerdict:
     per = " per step" if accounting.has_step_annotations else ""
     share = host / wall if wall else 0.0
     numbers = f"(host-bound idle {_ms(host)} vs {_ms(busy)} busy{per})"
+    if cpu_only:
+        numbers = f"({_ms(busy)} in operators, {_ms(host)} between them{per})"
+        busy_share = busy / wall if wall else 0.0
+        if host > busy:
+            verdict, message = "interpreter-bound", f"interpreter-bound: {share:.0%} {scope} is Python between torch's operators {numbers}"
+        else:
+            verdict, message = "operator-bound", f"operator-bound: torch's operators run {busy_share:.0%} {scope} {numbers}"
+        return LaunchVerdict(verdict, host > busy, host, busy, wall, message)
     if host > busy:
         verdict = "launch-bound"
         message = f"launch-bound: the GPU is idle {share:.0%} {scope} waiting for launches {numbers}"
@@ -110,3 +120,36 @@ def _ms(ns: float) -> str:
     if ns >= 1e6:
         return f"{ns / 1e6:.2f} ms"
     return f"{ns / 1e3:.1f} µs"
+
+
+SYNC_CALLS = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH")  # calls in which the host waits for the GPU
+
+
+def host_issue_ms(trace, without_waits: bool = False) -> float:
+    """Median over steps of the CPU time to issue one step in a trace: step start → end of its last
+    launch call (profiled, so inflated; see measure.host for the untraced figure). ``without_waits``: less the time
+    the host spent inside synchronising calls in that stretch (a program's ``loss.item()`` each step waits for the
+    GPU there; that wait is the GPU's time, not the host's)."""
+    from perflab.analysis.accounting import step_windows
+    from perflab.analysis.compare import window_of_activities
+
+    kernels = trace.kernels
+    windows = step_windows(kernels, trace.steps)
+    window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
+    launch_end = kernels["launch_end_ns"].to_numpy()
+    starts = windows["start_ns"].to_numpy()
+    waits = None
+    if without_waits:
+        calls = trace.launches
+        is_wait = calls["name"].astype(str).str.contains(SYNC_CALLS.pattern, regex=True).to_numpy()
+        waits = (calls["start_ns"].to_numpy()[is_wait], calls["end_ns"].to_numpy()[is_wait])
+    issue = []
+    for w in range(len(windows)):
+        ends = launch_end[(window == w) & (launch_end >= 0)]
+        if len(ends):
+            last = ends.max()
+            waited = 0
+            if waits is not None:
+                waited = int(np.clip(np.minimum(waits[1], last) - np.maximum(waits[0], starts[w]), 0, None).sum())
+            issue.append(last - starts[w] - waited)
+    return float(np.median(issue)) / 1e6 if issue else 0.0

@@ -193,7 +193,7 @@ def analyze_trace(trace: Trace, top: int = DEFAULT_TOP, kernel_gap_threshold_ns:
         ranges=by_device(kernels, lambda mine: range_breakdown(mine, trace.ranges)),
         launch_apis=by_device(kernels, launch_apis),
         launch_delay=delay_summary(kernels, delays),
-        verdict=launch_verdict(accounting),
+        verdict=launch_verdict(accounting, cpu_only=trace.cpu_only),
         gemm_fraction=gemm_fraction(kernels),
         passes=pass_breakdown(kernels, trace.ranges, _annotated_steps(trace)),
         attention=attention_breakdown(kernels, _annotated_steps(trace)),

@@ -11,6 +11,9 @@ into one name table) and call :func:`build_trace`, so the linking rules live in 
   ``ProfilerStep#3`` is only chosen when no inner one encloses the call.
 - steps are the ranges named ``ProfilerStep#N``; if there are none, the ranges named exactly ``step``
   (perflab's profile pass wraps each step in ``record_function("step")``); with neither, no steps.
+- a trace with no GPU activity but torch's operators (a CPU-only program, read with ``ops=True``) is accounted over
+  its top-level operators: each one an activity of kind ``cpu_op`` on the CPU (device 0, stream = its thread),
+  launched when it starts (schema.py says what that makes of the idle time).
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import pandas as pd
 
 from perflab.errors import PerflabError
 from perflab.trace.categories import categorize
-from perflab.trace.schema import KINDS, NOT_LINKED, STEP_COLUMNS, Trace
+from perflab.trace.schema import KINDS, NOT_LINKED, OP_COLUMNS, STEP_COLUMNS, Trace
 
 PROFILER_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-NO_GPU_ACTIVITY = ("this trace has no GPU activity (kernels, memcpy, memset): it was recorded without CUDA activities "
-                   "(profile with ProfilerActivity.CUDA, or nsys --trace=cuda)")
+NO_GPU_ACTIVITY = ("this trace has no GPU activity (kernels, memcpy, memset) and no CPU operators to account instead: it was "
+                   "recorded without CUDA activities (profile with ProfilerActivity.CUDA, or nsys --trace=cuda)")
 
 
 @dataclass
@@ -39,6 +42,8 @@ class RawEvents:
           (an (n, 6) array: grid x, y, z, block x, y, z; -1 where unknown)
     api:  name, process, tid, start_ns, dur_ns, correlation
     ranges: name, process, tid, start_ns, dur_ns
+    ops:  name, process, tid, start_ns, dur_ns, input_dims, input_type (raw JSON texts, b"" where absent): torch's
+          operators, where the loader was asked for them
     """
 
     names: list[str]
@@ -48,22 +53,33 @@ class RawEvents:
     # nsys: correlation ids restart in every process, so a link needs the same process too. Kineto: one
     # process per trace, and its GPU events carry the device in "pid", so link by correlation alone.
     correlation_per_process: bool = True
+    ops: dict[str, np.ndarray] | None = None
+
+
+CPU_OP = KINDS.index("cpu_op")
 
 
 def build_trace(raw: RawEvents, meta: dict[str, Any]) -> Trace:
     """Link GPU activities to their launches and ranges; find the steps; return the Trace."""
     path = meta.get("path", "the trace")
-    if len(raw.gpu["start_ns"]) == 0:
+    has_ops = raw.ops is not None and len(raw.ops["start_ns"]) > 0
+    cpu_only = len(raw.gpu["start_ns"]) == 0
+    if cpu_only and not has_ops:
         raise PerflabError(f"{path}: {NO_GPU_ACTIVITY}")
     raw = _merge_duplicate_names(raw)
     names = np.asarray(raw.names, dtype=object)
-    launches = _launch_table(raw, names)
     ranges = _range_table(raw, names)
-    link = _link_by_correlation(raw.gpu, raw.api, raw.correlation_per_process)
+    ops = _op_table(raw, names) if raw.ops is not None else None
+    if cpu_only:  # the top-level operators are the work, each launched by itself
+        raw, launches, link = _ops_as_work(raw, ops)
+    else:
+        launches = _launch_table(raw, names)
+        link = _link_by_correlation(raw.gpu, raw.api, raw.correlation_per_process)
     launch_range = _innermost_ranges(ranges, launches)
     kernels = _kernel_table(raw, names, launches, ranges, link, launch_range)
     steps = find_steps(ranges)
     meta = dict(meta)
+    meta["cpu_only"] = cpu_only
     meta.update(
         gpu_activities=len(kernels),
         kernels=int((kernels["kind"] == "kernel").sum()),
@@ -72,7 +88,40 @@ def build_trace(raw: RawEvents, meta: dict[str, Any]) -> Trace:
         ranges=len(ranges),
         steps=len(steps),
     )
-    return Trace(kernels=kernels, launches=launches, ranges=ranges, steps=steps, meta=meta)
+    return Trace(kernels=kernels, launches=launches, ranges=ranges, steps=steps, meta=meta, ops=ops)
+
+
+def _op_table(raw: RawEvents, names: np.ndarray) -> pd.DataFrame:
+    """torch's operators, nested per thread (depth 0: not inside another operator), by start."""
+    ops = raw.ops
+    start = ops["start_ns"].astype(np.int64)
+    end = _end(ops).astype(np.int64)
+    parent, depth = _nest(_thread_key(ops["process"], ops["tid"]), start, end)
+    inverse, used = _dense_codes(ops["name"], len(names))
+    table = pd.DataFrame({
+        "name": pd.Categorical.from_codes(inverse, categories=_unique_labels(names[used])),
+        "pid": ops["process"].astype(np.int64), "tid": ops["tid"].astype(np.int64), "start_ns": start, "end_ns": end,
+        "depth": depth, "parent": parent,
+        "input_dims": [bytes(b).decode(errors="replace") for b in ops["input_dims"]],
+        "input_type": [bytes(b).decode(errors="replace") for b in ops["input_type"]],
+    }, columns=list(OP_COLUMNS))
+    return table
+
+
+def _ops_as_work(raw: RawEvents, ops: pd.DataFrame) -> tuple[RawEvents, pd.DataFrame, np.ndarray]:
+    """A CPU-only trace: its top-level operators as the activities (``gpu``), each linked to a "launch" that is the
+    operator itself (so a gap before it is host-bound: nothing was queued)."""
+    top = np.flatnonzero(ops["depth"].to_numpy() == 0)
+    o = raw.ops
+    start, dur = o["start_ns"][top].astype(np.int64), o["dur_ns"][top].astype(np.int64)
+    n = len(top)
+    gpu = {"name": o["name"][top].astype(np.int64), "kind": np.full(n, CPU_OP, dtype=np.int64), "process": o["process"][top].astype(np.int64),
+           "device": np.zeros(n, dtype=np.int64), "stream": o["tid"][top].astype(np.int64), "start_ns": start, "dur_ns": dur,
+           "correlation": np.arange(n, dtype=np.int64), "dims": np.full((n, 6), -1, dtype=np.int64)}
+    launches = pd.DataFrame({"name": pd.Categorical([""] * n), "pid": gpu["process"], "tid": gpu["stream"], "start_ns": start,
+                             "end_ns": start, "correlation": gpu["correlation"]})
+    raw = RawEvents(names=raw.names, gpu=gpu, api=raw.api, ranges=raw.ranges, correlation_per_process=False, ops=raw.ops)
+    return raw, launches, np.arange(n, dtype=np.int64)
 
 
 def _merge_duplicate_names(raw: RawEvents) -> RawEvents:
@@ -81,7 +130,7 @@ def _merge_duplicate_names(raw: RawEvents) -> RawEvents:
     mapping = np.array([first.setdefault(name, i) for i, name in enumerate(raw.names)], dtype=np.int64)
     if len(first) == len(raw.names):
         return raw
-    for group in (raw.gpu, raw.api, raw.ranges):
+    for group in (raw.gpu, raw.api, raw.ranges, *([raw.ops] if raw.ops is not None else [])):
         group["name"] = mapping[group["name"]]
     return raw
 

@@ -46,12 +46,26 @@ RULES: tuple[tuple[str, str], ...] = (
 )
 _COMPILED = tuple((category, re.compile(pattern, re.IGNORECASE)) for category, pattern in RULES)
 
+# A CPU-only trace's work is torch's operators (kind cpu_op); their aten names and autograd nodes first, then RULES.
+BACKWARD_NODE = re.compile(r"^autograd::engine::evaluate_function: ")
+CPU_OP_RULES: tuple[tuple[str, str], ...] = (
+    ("gemm", r"^aten::(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|convolution|_convolution|conv[123]d|mkldnn_\w+)$|"
+             r"^(Mm|Addmm|Bmm|Baddbmm|Convolution|Linear|MkldnnLinear)Backward"),
+    ("attention", r"scaled_dot_product|^ScaledDotProduct|flash_attention|multi_head_attention|_transformer_encoder_layer"),
+)
+_CPU_OP_COMPILED = tuple((category, re.compile(pattern)) for category, pattern in CPU_OP_RULES)
+
 
 @lru_cache(maxsize=None)
 def categorize(name: str, kind: str = "kernel") -> str:
     """The category of one GPU activity (see RULES)."""
     if kind in ("memcpy", "memset"):
         return kind
+    if kind == "cpu_op":
+        name = BACKWARD_NODE.sub("", name)
+        for category, pattern in _CPU_OP_COMPILED:
+            if pattern.search(name):
+                return category
     for category, pattern in _COMPILED:
         if pattern.search(name):
             return category

@@ -4,7 +4,10 @@ What is read: GPU activities (``cat`` kernel, gpu_memcpy, gpu_memset), the CUDA 
 them (``cuda_runtime``: cudaLaunchKernel, cudaMemcpyAsync, cudaGraphLaunch, ...; ``cuda_driver``:
 cuLaunchKernel(Ex), used by Triton and by cuBLAS's nvjet GEMMs on Hopper), and the CPU annotations
 (``user_annotation``: record_function ranges, ProfilerStep#N). ``cuda_sync`` events are not GPU activity
-and are skipped; so are cpu_op, python_function, flow and metadata events.
+and are skipped; so are python_function, flow and metadata events. torch's operators (``cpu_op``, with their
+``Input Dims`` and ``Input type`` as recorded with ``record_shapes``) are read when asked (``ops=True``): a
+trace with no GPU activity is then accounted over its CPU operators (``trace.build``), a user's program's
+FLOPs are counted from its operators' shapes, and compiled regions are told from eager ones.
 
 **One reader, any layout.** The JSON is parsed by msgspec (typed decoding into Structs that name only
 the fields needed; every other key is skipped in C), so whitespace, key order, escapes, compact or
@@ -55,8 +58,10 @@ from perflab.trace.schema import Trace
 GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}  # value: index into schema.KINDS
 API_CATEGORIES = ("cuda_runtime", "cuda_driver")
 RANGE_CATEGORY = "user_annotation"
-API_EVENT, RANGE_EVENT = 3, 4
+OP_CATEGORY = "cpu_op"
+API_EVENT, RANGE_EVENT, OP_EVENT = 3, 4, 5
 _EVENT_KIND = collections.defaultdict(lambda: -1, {**GPU_CATEGORIES, **{c: API_EVENT for c in API_CATEGORIES}, RANGE_CATEGORY: RANGE_EVENT})
+_EVENT_KIND_OPS = collections.defaultdict(lambda: -1, {**_EVENT_KIND, OP_CATEGORY: OP_EVENT})
 
 CHUNK_BYTES = 512 << 10  # small slices: their event objects stay in the CPU cache between passes (measured: 16 MiB ~1.5x slower)
 MAX_CUT_TRIES = 8  # earlier "}, {" tried when a cut falls inside a string or a nested value
@@ -73,6 +78,8 @@ class _Args(msgspec.Struct, gc=False):
     stream: Any = None
     grid: msgspec.Raw = MISSING
     block: msgspec.Raw = MISSING
+    input_dims: msgspec.Raw = msgspec.field(default=MISSING, name="Input Dims")  # a cpu_op's, with record_shapes
+    input_type: msgspec.Raw = msgspec.field(default=MISSING, name="Input type")
 
 
 NO_ARGS = _Args()
@@ -114,14 +121,18 @@ _GET_GRID, _GET_BLOCK = attrgetter("grid"), attrgetter("block")
 _NOT_DIGITS = bytes(c if 48 <= c <= 57 else 32 for c in range(256))
 
 
-def load_kineto(path: str | Path) -> Trace:
-    raw, meta = read_events(Path(path))
+def load_kineto(path: str | Path, ops: bool = False) -> Trace:
+    """The Trace of a Kineto file. ``ops``: also torch's operators (``Trace.ops``); a trace with no GPU activity is read
+    again with them, and accounted over them."""
+    raw, meta = read_events(Path(path), ops=ops)
+    if not ops and len(raw.gpu["start_ns"]) == 0:
+        raw, meta = read_events(Path(path), ops=True)
     return build_trace(raw, meta)
 
 
-def read_events(path: Path) -> tuple[RawEvents, dict[str, Any]]:
-    """The columns of the events perflab needs, and the document's metadata."""
-    reader = _Reader(path)
+def read_events(path: Path, ops: bool = False) -> tuple[RawEvents, dict[str, Any]]:
+    """The columns of the events perflab needs (``ops``: torch's operators too), and the document's metadata."""
+    reader = _Reader(path, ops=ops)
     with _open(path) as f:
         head, events_at, bare, reader.head = _find_events(f, path)
         rest = reader.decode_complete(_with_bracket(head[events_at:]), events_at)
@@ -317,13 +328,15 @@ def _meta(path: Path, head_fields: _Head | None, tail: _Head) -> dict[str, Any]:
 GPU_KEYS = ("name", "kind", "process", "device", "stream", "start_ns", "dur_ns", "correlation", "dims")
 API_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "correlation")
 RANGE_KEYS = ("name", "process", "tid", "start_ns", "dur_ns")
+OP_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "input_dims", "input_type")
 
 
 class _Reader:
     """Decodes the event list slice by slice and collects the columns of the events perflab needs."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, ops: bool = False):
         self.path = path
+        self.kinds = _EVENT_KIND_OPS if ops else _EVENT_KIND
         self.offset = 0  # file offset (of the decompressed text) of the text handed to decode_complete
         self.head: _Head | None = None
         self.names = _NameTable()
@@ -332,6 +345,7 @@ class _Reader:
         self.gpu: list[dict] = []
         self.api: list[dict] = []
         self.ranges: list[dict] = []
+        self.ops: list[dict] = []
         self.saw_event = False
         self.one_by_one = 0  # ts/dur values the vectorised parser left to the per-value path
 
@@ -388,7 +402,7 @@ class _Reader:
         if not events:
             return
         self.saw_event = True
-        kind = np.fromiter(map(_EVENT_KIND.__getitem__, map(_GET_CAT, events)), np.int64, len(events))
+        kind = np.fromiter(map(self.kinds.__getitem__, map(_GET_CAT, events)), np.int64, len(events))
         wanted = np.flatnonzero(kind >= 0).tolist()
         if not wanted:
             return
@@ -430,6 +444,12 @@ class _Reader:
             if len(rows):
                 columns = {"name": name, "process": pid, "tid": tid, "start_ns": start, "dur_ns": dur, "correlation": correlation}
                 group.append({k: columns[k][rows] for k in keys})
+        rows = np.flatnonzero(kind == OP_EVENT)
+        if len(rows):
+            op_args = [args[i] for i in rows.tolist()]
+            self.ops.append({"name": name[rows], "process": pid[rows], "tid": tid[rows], "start_ns": start[rows], "dur_ns": dur[rows],
+                             "input_dims": np.array([bytes(a.input_dims) for a in op_args], dtype=object),
+                             "input_type": np.array([bytes(a.input_type) for a in op_args], dtype=object)})
 
     def _name_codes(self, events: list[_Event]) -> np.ndarray:
         raws = list(map(bytes, map(_GET_NAME, events)))
@@ -523,7 +543,7 @@ class _Reader:
         gpu = _concat(self.gpu, GPU_KEYS)
         api = _concat(self.api, API_KEYS)
         per_process = _assign_processes(gpu, api)
-        return RawEvents(names=self.names.texts, gpu=gpu, api=api, ranges=_concat(self.ranges, RANGE_KEYS),
+        return RawEvents(names=self.names.texts, gpu=gpu, api=api, ranges=_concat(self.ranges, RANGE_KEYS), ops=_concat(self.ops, OP_KEYS),
                          correlation_per_process=per_process)
 
 
@@ -564,7 +584,8 @@ def _cut_was_not_between_events(exc: msgspec.DecodeError) -> bool:
 
 def _concat(blocks: list[dict], keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     if not blocks:
-        return {k: (np.zeros((0, 6), dtype=np.int64) if k == "dims" else np.zeros(0, dtype=np.int64)) for k in keys}
+        empty = {"dims": np.zeros((0, 6), dtype=np.int64), "input_dims": np.zeros(0, dtype=object), "input_type": np.zeros(0, dtype=object)}
+        return {k: empty.get(k, np.zeros(0, dtype=np.int64)) for k in keys}
     return {k: np.concatenate([b[k] for b in blocks]) for k in keys}
 
 

@@ -22,6 +22,10 @@ A :class:`Trace` carries the KernelTable plus the CPU side the analyses need: ``
 runtime/driver API call: name, tid, start_ns, end_ns, correlation), ``ranges`` (CPU annotations: name,
 tid, start_ns, end_ns, depth, parent), ``steps`` (step annotations: step, name, start_ns, end_ns, tid) and
 ``meta`` (format, path, device properties, counts).
+
+A trace with no GPU activity (a CPU-only program) has its top-level CPU operators as its work: one row per operator
+not inside another on its thread, kind ``cpu_op``, device 0, stream = the thread; each is "launched" when it starts,
+so every gap between operators is host-bound (the interpreter's time between them). ``meta["cpu_only"]`` says so.
 """
 
 from __future__ import annotations
@@ -42,7 +46,9 @@ INT_KERNEL_COLUMNS = (
     "device", "stream", "start_ns", "end_ns", "dur_ns", "correlation", "launch_start_ns", "launch_end_ns", "launch_tid", "range_id",
 )
 STEP_COLUMNS = ("step", "name", "start_ns", "end_ns", "tid")
-KINDS = ("kernel", "memcpy", "memset")
+KINDS = ("kernel", "memcpy", "memset", "cpu_op")  # cpu_op: a CPU-only trace's work (its top-level operators)
+WORK_KINDS = ("kernel", "cpu_op")  # a unit of work: a GPU kernel, or in a CPU-only trace an operator
+OP_COLUMNS = ("name", "pid", "tid", "start_ns", "end_ns", "depth", "parent", "input_dims", "input_type")
 NOT_LINKED = -1
 
 
@@ -55,6 +61,14 @@ class Trace:
     ranges: pd.DataFrame
     steps: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    # torch's operators (cpu_op events: name, pid, tid, start_ns, end_ns, depth and parent among the thread's operators,
+    # input_dims and input_type as the JSON texts record_shapes wrote), where the loader was asked for them
+    ops: pd.DataFrame | None = None
+
+    @property
+    def cpu_only(self) -> bool:
+        """The trace holds no GPU activity: its KernelTable is its CPU operators (kind ``cpu_op``)."""
+        return bool(self.meta.get("cpu_only"))
 
     def __repr__(self) -> str:
         return (

@@ -1,0 +1,135 @@
+"""``perflab run`` under torchrun: every rank records its own steps; rank 0 merges the ranks' traces and reports the
+communication as ``perflab explain --parallel`` does.
+
+At the end of the traced steps every rank, at the same step boundary:
+
+1. finds the program's ``DistributedDataParallel`` modules (through the garbage collector): the gradients' bytes and
+   DDP's buckets as it rebuilt them;
+2. takes the all-reduce bus bandwidth: this GPU's cached sweep for the world size (``perflab ceilings --gpus``), or
+   one swept now on the program's own default process group (every rank is at the same boundary, so the collectives
+   line up; on the GPU up to 256 MiB, on the CPU gloo's small sizes), kept in the cache for the next run;
+3. writes its report (``OUT/rankR/rank.json``); rank 0 waits for every rank's (up to ``WAIT_S``), merges the traces
+   (``profiling.account_rank_traces``: per rank its communication, exposed communication split into waiting for a
+   later rank and transfer, overlap) and adds the communication section and the slowest rank.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+
+from perflab.program.recorder import Rank, Recorder, RunOptions, instances_alive, stderr, write_json
+
+WAIT_S = 300.0
+GPU_SWEEP_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB: beside a model already in memory
+CPU_SWEEP_SIZES = (4096, 16384, 262144, 1 << 20)
+
+
+def ddp_info() -> dict | None:
+    """The first DistributedDataParallel module alive: its gradients' bytes (parameters that require grad, in their
+    dtype), bucket cap and DDP's rebuilt buckets; None when the program wraps nothing in DDP."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from perflab.measure.parallel import ddp_layout
+
+    with warnings.catch_warnings():  # isinstance on a deprecated alias (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        found = instances_alive(DistributedDataParallel)
+    if not found:
+        return None
+    ddp = found[0]
+    grads = [p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad]
+    info = {"modules": len(found), "grad_bytes": int(sum(grads)), "param_bytes": int(sum(p.numel() * p.element_size() for p in ddp.module.parameters())),
+            "bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 25 * 2**20) / 2**20, "gradient_as_bucket_view": bool(getattr(ddp, "gradient_as_bucket_view", False))}
+    info.update(ddp_layout(ddp, grads))
+    return info
+
+
+def all_reduce_bandwidth(device: str, world: int) -> dict | None:
+    """The all-reduce sweep for these ranks: cached, or swept now on the default group; None without a process group."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from perflab.measure import ceilings
+
+    cached = ceilings.cached_all_reduce(world) if device == "cuda" else None
+    need = torch.tensor([0 if cached else 1], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(need, op=dist.ReduceOp.MAX)  # every rank sweeps, or none does
+    if not int(need.item()):
+        return dict(cached, source=f"perflab ceilings' all-reduce sweep of {world} GPUs, cached in {ceilings.cache_path()}")
+    sizes = GPU_SWEEP_SIZES if device == "cuda" else CPU_SWEEP_SIZES
+    index = torch.cuda.current_device() if device == "cuda" else None
+    times = ceilings.all_reduce_rank(dist.get_rank(), world, index, list(sizes), iters=10, warmup=3)
+    sweep = ceilings.sweep_result(sizes, times, world, None, device)
+    if device == "cuda" and dist.get_rank() == 0:
+        ceilings.cache_all_reduce(world, sweep)
+    where = "the program's NCCL process group" if device == "cuda" else "gloo on the program's process group"
+    return dict(sweep, source=f"all-reduces of {_sizes(sizes)} swept by the {world} ranks on {where}, after the traced steps")
+
+
+def _sizes(sizes) -> str:
+    return ", ".join(f"{s / 2**20:g} MiB" if s >= 2**20 else f"{s / 1024:g} KiB" for s in sizes)
+
+
+def gather(report: dict, recorder: Recorder, options: RunOptions, rank: Rank, ended_early: bool) -> dict:
+    """This rank's report written; on rank 0 the ranks' reports merged (after the traced steps)."""
+    out = Path(options.out_dir)
+    device = report.get("device") or "cpu"
+    if not ended_early:
+        try:
+            report["ddp"] = ddp_info()
+            report["all_reduce"] = all_reduce_bandwidth(device, rank.world_size)
+        except Exception as exc:  # the communication section is lost, the rest of the report is not
+            report["communication_note"] = f"no all-reduce floor: {type(exc).__name__}: {exc}"
+    write_json(out / f"rank{rank.rank}" / "rank.json", report)
+    if rank.rank != 0 or ended_early:
+        return report
+    reports = _wait_for_ranks(out, rank.world_size)
+    return merge(report, reports, device)
+
+
+def _wait_for_ranks(out: Path, world: int) -> dict[int, dict]:
+    deadline = time.monotonic() + WAIT_S
+    found: dict[int, dict] = {}
+    while True:
+        for r in range(world):
+            path = out / f"rank{r}" / "rank.json"
+            if r not in found and path.exists():
+                try:
+                    found[r] = json.loads(path.read_text())
+                except ValueError:
+                    continue  # being written
+        if len(found) == world or time.monotonic() > deadline:
+            return found
+        time.sleep(0.1)
+
+
+def merge(report: dict, reports: dict[int, dict], device: str) -> dict:
+    from perflab.analysis.program import communication_section
+    from perflab.profiling import account_rank_traces
+
+    world = report["world_size"]
+    missing = sorted(set(range(world)) - set(reports))
+    medians = {r: (rep.get("timing") or {}).get("median_ms") for r, rep in reports.items()}
+    report["ranks"] = [{"rank": r, "median_ms": medians[r], "ci95_ms": (reports[r].get("timing") or {}).get("ci95_ms"),
+                        "steps_seen": (reports[r].get("recorded") or {}).get("steps_seen"), "flags": [f["flag"] for f in reports[r].get("flags") or []]}
+                       for r in sorted(reports)]
+    known = {r: m for r, m in medians.items() if m}
+    report["slowest_rank"] = max(known, key=known.get) if known else None
+    report["step_ms"] = known[report["slowest_rank"]] if known else None
+    if missing:
+        report["ranks_missing"] = missing
+        stderr(f"perflab: rank(s) {missing} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
+    paths = [(reports[r].get("recorded") or {}).get("trace_path") for r in sorted(reports)]
+    steps = (report.get("traced") or {}).get("steps") or 1
+    if all(paths) and len(paths) == world:
+        merged = account_rank_traces(paths, device, steps)
+        report["communication"] = communication_section(ddp=report.get("ddp"), sweep=report.get("all_reduce"), merged=merged,
+                                                        world_size=world, steps=steps, rank_median_ms=known, step_ms=report.get("step_ms"))
+    else:
+        report["communication_note"] = "not every rank wrote a trace: no merged accounting"
+    return report

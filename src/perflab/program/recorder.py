@@ -1,0 +1,426 @@
+"""The phases of a program's run, step by step: skipped, timed, traced, then left alone.
+
+- skipped (``--skip N``): warm-up and compilation run as the program runs them.
+- timed (``--steps K``): nothing but a timestamp per boundary. On a GPU a CUDA event recorded on the stream current at
+  the boundary (the step's stream; no synchronisation inside the phase, one after it to read the events); on the CPU
+  the host clock. A "boundary" source's step is one boundary to the next; a "call" source's is one call (start to
+  return; the time between calls is not the step's). The peak of the allocator's memory is reset when the phase
+  begins and read when it ends.
+- traced (``--trace M``): torch.profiler with shapes recorded, started at a boundary after one synchronisation and
+  stopped after M steps with another; each step in a ``ProfilerStep#n`` range (the trace's step windows). The
+  profiler makes these steps slower: they are reported as traced, beside the untraced ones.
+- then the program runs on untouched (the hooks removed), or stops (``--stop-after``).
+
+dynamo's counters are taken at each phase's boundaries (``program.compiler``), so a frame compiled while timed is
+seen, and a frame that hit the recompile limit is named with the step it happened in.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perflab.program import compiler
+from perflab.program.boundaries import StepSource
+
+
+class StopProgram(SystemExit):
+    """Raised inside the program at the end of the traced steps with ``--stop-after``: it unwinds the program (its
+    ``finally`` blocks run) and ends it with exit code 0."""
+
+    def __init__(self):
+        super().__init__(0)
+
+
+@dataclass
+class RunOptions:
+    skip: int = 5
+    steps: int = 20
+    trace: int = 3
+    stop_after: bool = False
+    out_dir: Path = Path("perflab-run")
+
+
+@dataclass
+class Rank:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> "Rank":
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+@dataclass
+class Recorded:
+    """What a run measured, however far it got."""
+
+    device: str | None = None  # "cuda" or "cpu", decided at the first timed boundary
+    steps_seen: int = 0
+    step_ms: list[float] = field(default_factory=list)  # the timed steps (CUDA events, or the host clock)
+    host_step_ms: list[float] = field(default_factory=list)  # the same steps by the host clock
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    compile_phases: dict = field(default_factory=dict)  # skipped / timed / traced: compiler.delta of each
+    limit_hits: list = field(default_factory=list)
+    trace_path: str | None = None
+    traced_steps: int = 0
+    trace_note: str | None = None  # why there is no trace, or what happened to it
+    profiler_seconds: float | None = None  # stopping and writing the trace
+    optimizers: list = field(default_factory=list)
+    phase: str = "skipped"
+    wall_s: float | None = None
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Recorder:
+    def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None):
+        self.source = source
+        self.options = options
+        self.rank = rank or Rank.from_env()
+        self.data = Recorded()
+        self.on_traced = on_traced  # called after the traced steps (the report); may raise StopProgram
+        self._cuda = False
+        self._events: list = []  # (start event or None, end event) per timed step; boundary: events in order
+        self._host: list[int] = []
+        self._call_start = None
+        self._prof = None
+        self._step_range = None
+        self._counters: dict = {}
+        self._script_profiler = False
+        self._t0 = time.perf_counter()
+        self.watch = compiler.LimitWatch(step_of=lambda: self.data.steps_seen + 1)
+        self._saved_start = None
+
+    # --- installation ------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        self.source.on_start = self._on_start
+        self.source.on_end = self._on_end
+        self.source.install()
+        self.watch.install()
+        self._counters["start"] = compiler.counters()
+        self._watch_script_profiler()
+        if self.options.skip == 0:  # the timed phase begins with the first step (checked: a "call" source's)
+            self._enter_timed()
+
+    def remove(self) -> None:
+        self.source.remove()
+        self.watch.remove()
+        self._unwatch_script_profiler()
+
+    # --- the phases ----------------------------------------------------------------------------------
+
+    @property
+    def _timed_end(self) -> int:
+        return self.options.skip + self.options.steps
+
+    @property
+    def _traced_end(self) -> int:
+        return self._timed_end + self.options.trace
+
+    def _on_start(self) -> None:
+        phase = self.data.phase
+        if phase == "timed" and self.data.device is None:  # a "call" source's first timed step begins
+            self._counters["timed"] = compiler.counters()
+            self._choose_clock()
+        if phase == "timed" and self.source.kind == "call":
+            self._call_start = (self._record(), time.perf_counter_ns())
+        elif phase == "traced" and self._prof is not None:
+            self._open_step_range()
+
+    def _on_end(self) -> None:
+        self.data.steps_seen += 1
+        n = self.data.steps_seen
+        phase = self.data.phase
+        if phase == "timed":
+            if self.source.kind == "call":
+                start = self._call_start
+                if start is not None:
+                    self._events.append((start[0], self._record()))
+                    self._host.append(time.perf_counter_ns() - start[1])
+                self._call_start = None
+            else:
+                self._events.append((None, self._record()))
+                self._host.append(time.perf_counter_ns())
+        elif phase == "traced" and self._prof is not None:
+            self._close_step_range()
+            self.data.traced_steps += 1
+        if phase == "skipped" and n == self.options.skip:
+            self._enter_timed()
+        elif phase == "timed" and n == self._timed_end:
+            self._finish_timing()
+            self._enter_traced()
+        elif phase == "traced" and n == self._traced_end:
+            self._finish_tracing()
+
+    def _enter_timed(self) -> None:
+        self.data.phase = "timed"
+        if self.source.kind == "call":
+            # the phase begins with its first step: what runs between calls (a warm-up loop before the first range,
+            # compilation there) is not the timed steps'; the clock is chosen then too (the program may not have
+            # started CUDA yet when --skip is 0)
+            return
+        self._counters["timed"] = compiler.counters()
+        self._choose_clock()
+        if self.source.kind == "boundary":
+            self._events.append((None, self._record()))
+            self._host.append(time.perf_counter_ns())
+        if self.options.steps == 0:
+            self._finish_timing()
+            self._enter_traced()
+
+    def _choose_clock(self) -> None:
+        """CUDA events where the program has started CUDA by its first timed step, else the host clock."""
+        import torch
+
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.data.device = "cuda" if self._cuda else "cpu"
+        if self._cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def _record(self):
+        if not self._cuda:
+            return None
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream())
+        return event
+
+    def _finish_timing(self) -> None:
+        self._read_timing()
+        self._counters["traced"] = compiler.counters()
+        if self._cuda:
+            import torch
+
+            self.data.peak_allocated_bytes = int(torch.cuda.max_memory_allocated())
+            self.data.peak_reserved_bytes = int(torch.cuda.max_memory_reserved())
+
+    def _read_timing(self) -> None:
+        """The timed steps' times from what was recorded so far (also for a run cut short)."""
+        events, host = self._events, self._host
+        if self.source.kind == "boundary":
+            host_ms = [(b - a) / 1e6 for a, b in zip(host, host[1:])]
+            if self._cuda and len(events) > 1:
+                events[-1][1].synchronize()
+                step_ms = [a[1].elapsed_time(b[1]) for a, b in zip(events, events[1:])]
+            else:
+                step_ms = host_ms
+        else:
+            host_ms = [h / 1e6 for h in host]
+            if self._cuda and events:
+                events[-1][1].synchronize()
+                step_ms = [start.elapsed_time(end) for start, end in events]
+            else:
+                step_ms = host_ms
+        self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
+
+    def _enter_traced(self) -> None:
+        self.data.phase = "traced"
+        if self.options.trace == 0:
+            self._finish_tracing()
+            return
+        if self._script_profiler or _profiler_running():
+            self.data.trace_note = ("the program runs torch.profiler itself, and only one profiler can record at a time: perflab timed "
+                                    "its steps and left the tracing to it (analyse its trace with perflab analyze)")
+            self._script_profiler = True
+            self._finish_tracing()
+            return
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
+        self._sync()
+        from perflab.trace.capture import quiet_profiler
+
+        self._prof = torch.profiler.profile(activities=activities, record_shapes=True)
+        with quiet_profiler():  # libkineto's stage lines kept off the program's stderr
+            self._prof.start()  # (a boundary source opens the first step's range from on_start, right after this boundary)
+
+    def _open_step_range(self) -> None:
+        from torch.autograd.profiler import record_function
+
+        internal = getattr(self.source, "internal", None)
+        if internal is not None:
+            self.source.internal = True
+        self._step_range = record_function(f"ProfilerStep#{self.data.traced_steps}")
+        self._step_range.__enter__()
+        if internal is not None:
+            self.source.internal = False
+
+    def _close_step_range(self) -> None:
+        if self._step_range is not None:
+            self._step_range.__exit__(None, None, None)
+            self._step_range = None
+
+    def _sync(self) -> None:
+        if self._cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _finish_tracing(self) -> None:
+        self._counters["after"] = compiler.counters()
+        if self._prof is not None:
+            self._stop_profiler()
+        self.data.phase = "done"
+        self.remove()  # the program runs on untouched
+        if self.on_traced is not None:
+            self.on_traced(self)  # may raise StopProgram (--stop-after)
+
+    def _stop_profiler(self) -> None:
+        t0 = time.perf_counter()
+        if self.source.kind == "boundary":
+            self._close_step_range()
+        self._sync()
+        prof, self._prof = self._prof, None
+        from perflab.trace.capture import quiet_profiler
+
+        with warnings.catch_warnings(), quiet_profiler():  # torch's "Profiler clears events at the end of each cycle": not ours
+            warnings.simplefilter("ignore")
+            prof.stop()
+        out = self.rank_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / "trace.json.gz"
+        prof.export_chrome_trace(str(path))
+        self.data.trace_path = str(path)
+        self.data.profiler_seconds = time.perf_counter() - t0
+
+    # --- the program's own profiler ------------------------------------------------------------------
+
+    def _watch_script_profiler(self) -> None:
+        """If the program starts torch.profiler itself while perflab's records, perflab's stops first (one profiler at a
+        time) and says so; if it started one before, perflab does not trace."""
+        from torch.profiler import profiler as kineto_profiler
+
+        recorder = self
+        start = kineto_profiler._KinetoProfile.start
+        self._saved_start = start
+
+        def start_wrapper(prof_self, *args, **kwargs):
+            if prof_self is not recorder._prof:
+                recorder._script_profiler = True
+                if recorder._prof is not None:  # ours gives way
+                    recorder._prof.stop()
+                    recorder._prof, recorder._step_range = None, None
+                    recorder.data.trace_note = ("the program started torch.profiler itself while perflab traced; perflab's trace was "
+                                                "dropped (one profiler at a time): analyse the program's own trace with perflab analyze")
+            return start(prof_self, *args, **kwargs)
+
+        kineto_profiler._KinetoProfile.start = start_wrapper
+
+    def _unwatch_script_profiler(self) -> None:
+        if self._saved_start is not None:
+            from torch.profiler import profiler as kineto_profiler
+
+            kineto_profiler._KinetoProfile.start = self._saved_start
+            self._saved_start = None
+
+    # --- what was measured ---------------------------------------------------------------------------
+
+    def rank_dir(self) -> Path:
+        out = Path(self.options.out_dir)
+        return out / f"rank{self.rank.rank}" if self.rank.distributed else out
+
+    def finish(self) -> Recorded:
+        """What was measured up to now (at the end of the traced steps, or when the program ended first)."""
+        data = self.data
+        if data.phase == "timed" and self._events:
+            self._read_timing()
+        phases = [("start", "timed", "skipped"), ("timed", "traced", "timed"), ("traced", "after", "traced")]
+        now = compiler.counters()
+        for a, b, name in phases:
+            if a in self._counters:
+                data.compile_phases[name] = compiler.delta(self._counters[a], self._counters.get(b, now))
+        data.limit_hits = list(self.watch.hits)
+        data.optimizers = list(getattr(self.source, "optimizers", []))
+        data.peak_rss_bytes = _peak_rss()
+        data.wall_s = time.perf_counter() - self._t0
+        if self._prof is not None:  # cut short while tracing: keep what was recorded
+            self._prof.stop()
+            self._prof = None
+            data.trace_note = "the program ended while perflab traced; the partial trace was not written"
+        return data
+
+
+def _profiler_running() -> bool:
+    import torch
+
+    try:
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+    except AttributeError:
+        return False
+
+
+def _peak_rss() -> int | None:
+    try:
+        import resource
+    except ImportError:
+        return None
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux: KiB
+
+
+def instances_alive(cls) -> list:
+    """Every object of ``cls`` the garbage collector tracks (a dead weak proxy among them is skipped: isinstance on it
+    raises ReferenceError)."""
+    found = []
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, cls):
+                found.append(obj)
+        except ReferenceError:
+            continue
+    return found
+
+
+def module_bytes(device_type: str) -> dict:
+    """The parameters and buffers of every ``nn.Module`` alive (found through the garbage collector), each tensor once,
+    on ``device_type``: what a step that reads every weight (and a KV cache held as a buffer) once moves at least."""
+    import torch
+
+    seen, params, buffers, modules = set(), 0, 0, 0
+    with warnings.catch_warnings():  # isinstance on a deprecated alias (torch.distributed.reduce_op) warns
+        warnings.simplefilter("ignore")
+        found = instances_alive(torch.nn.Module)
+    for obj in found:
+        modules += 1
+        for tensors, is_param in ((obj.parameters(recurse=False), True), (obj.buffers(recurse=False), False)):
+            for t in tensors:
+                if t is None or t.device.type != device_type or t.is_meta:
+                    continue
+                key = (t.untyped_storage().data_ptr(), t.storage_offset(), t.numel())
+                if key in seen:
+                    continue
+                seen.add(key)
+                size = t.numel() * t.element_size()
+                if is_param:
+                    params += size
+                else:
+                    buffers += size
+    return {"param_bytes": params, "buffer_bytes": buffers, "modules": modules}
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    tmp.replace(path)
+
+
+def stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

@@ -1,0 +1,206 @@
+"""``perflab run``: run a program with a recorder installed, then report and write what was measured.
+
+The report is made at the end of the traced steps, while the program is still running (it runs on afterwards, or stops
+with ``--stop-after``), so a long training job gives its answer minutes in, not at its end. Whatever ends the program
+first (its end, an exception, sys.exit, Ctrl-C), what was measured up to then is written to ``OUT/run.json`` and one
+line says how far it got.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from perflab.errors import PerflabError
+from perflab.program.boundaries import StepSource, make_source
+from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
+from perflab.program.script import Program, print_program_traceback, run_program
+
+NO_STEPS = ("no step boundary was seen: the program stepped no torch optimizer; name its step function with --step QUALNAME "
+            "(or FILE:QUALNAME), or an NVTX / record_function range with --step-range NAME")
+
+
+@dataclass
+class RunResult:
+    exit_code: int
+    report: dict | None
+    out_dir: Path
+
+
+def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
+    """Median and a 95% CI of the timed steps over stretches of the run (``measure.stats.hierarchical_ci``: five
+    stretches of consecutive steps; fewer than three stretches give the order-statistics interval, labelled so)."""
+    from perflab.measure.checks import cv_check
+    from perflab.measure.stats import hierarchical_ci, summarize
+
+    if not step_ms:
+        return {"steps": 0}
+    s = summarize(step_ms)
+    ci = hierarchical_ci(step_ms)
+    check = cv_check(s.cv)
+    return {"steps": s.n, "median_ms": s.median, "mean_ms": s.mean, "p10_ms": s.p10, "p90_ms": s.p90, "cv": s.cv,
+            "ci95_ms": [ci.low, ci.high], "ci_level": ci.level, "ci_units": ci.n_units, "samples_ms": step_ms,
+            "host_median_ms": float(summarize(host_ms).median) if host_ms else None, "high_cv": check.message if check else None}
+
+
+def run_checks(recorded: dict, report: dict | None) -> list[dict]:
+    """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
+    eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work."""
+    from perflab.measure.checks import compile_checks
+
+    flags = []
+    timed = (recorded.get("compile_phases") or {}).get("timed") or {}
+    checks = compile_checks({"frames_compiled_while_timed": timed.get("frames", 0), "graph_breaks": 0})
+    flags += [{"flag": c.flag, "message": c.message} for c in checks]
+    for hit in recorded.get("limit_hits") or []:
+        flags.append({"flag": "fell_back_to_eager",
+                      "message": f"{hit['function']} ({hit['where']}) hit dynamo's {hit['limit']} ({hit['value']}) at step {hit['step']}: "
+                                 f"from then on it runs eagerly (last guard that failed: {hit['last_reason'] or 'not said'})"})
+    breaks = sum(((recorded.get("compile_phases") or {}).get(p) or {}).get("graph_breaks", 0) for p in ("skipped", "timed"))
+    if breaks:
+        reasons = {}
+        for p in ("skipped", "timed"):
+            for reason, n in (((recorded.get("compile_phases") or {}).get(p) or {}).get("break_reasons") or {}).items():
+                reasons[reason] = reasons.get(reason, 0) + n
+        top = "; ".join(f"{r} ×{n}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+        flags.append({"flag": "graph_breaks", "message": f"compile: {breaks} graph break(s) ({top}); the step runs eagerly between graphs"})
+    timing = (report or {}).get("timing") or {}
+    if timing.get("high_cv"):
+        flags.append({"flag": "high_cv", "message": timing["high_cv"]})
+    if timing.get("steps", 0) and timing["steps"] < 5:
+        flags.append({"flag": "few_steps", "message": f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"})
+    flops = (report or {}).get("flops")
+    if flops and not flops.get("complete"):
+        why = []
+        if not flops.get("shapes_recorded"):
+            why.append("no operator shapes were recorded")
+        if flops.get("uncounted_ops"):
+            why.append("operators with no FLOP formula: " + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
+        if flops.get("uncounted_heavy_share"):
+            why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "
+                       "operator (a Triton template, a CUDA graph replay)")
+        lead = "FLOPs are a lower bound: " if flops.get("known", True) else "FLOPs unknown (and MFU left out): "
+        flags.append({"flag": "flops_incomplete", "message": lead + "; ".join(why)})
+    return flags
+
+
+class Run:
+    def __init__(self, program: Program, options: RunOptions, step: str | None = None, step_range: str | None = None,
+                 quiet_ranks: bool = True, render=None):
+        self.program = program
+        self.options = options
+        self.source: StepSource = make_source(step, step_range)
+        self.rank = Rank.from_env()
+        self.render = render  # render(report) -> None: the console report (rank 0)
+        self.report: dict | None = None
+        self.written = False
+
+    def __call__(self) -> RunResult:
+        recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced)
+        recorder.install()
+        t0 = time.perf_counter()
+        try:
+            outcome = run_program(self.program, stop=StopProgram)
+        finally:
+            recorder.remove()
+        self.recorder = recorder
+        if not self.written:  # the program ended before the traced steps did
+            self._write(recorder, ended_early=True, outcome=outcome)
+        print_program_traceback(outcome, self.program)
+        if self.report is None or self.report.get("partial"):
+            stderr(self._early_line(recorder, outcome, time.perf_counter() - t0))
+        elif outcome.exception is not None and self.rank.rank == 0:
+            stderr(f"perflab: the program {self._how(outcome)} at step {recorder.data.steps_seen + 1}, after perflab's report of its steps "
+                   f"was written to {Path(self.options.out_dir) / 'run.json'}")
+        return RunResult(outcome.code, self.report, Path(self.options.out_dir))
+
+    def _on_traced(self, recorder: Recorder) -> None:
+        self._write(recorder, ended_early=False)
+        if self.options.stop_after:
+            raise StopProgram()
+
+    def _write(self, recorder: Recorder, ended_early: bool, outcome=None) -> None:
+        from perflab.program import ranks
+
+        recorded = recorder.finish().to_dict()
+        timing = timing_summary(recorded["step_ms"], recorded["host_step_ms"])
+        report = self._report(recorded, timing) if not ended_early else {"timing": timing, "device": recorded.get("device")}
+        report.update(program=self.program.label, steps_from=self.source.description, options=_options_dict(self.options),
+                      recorded={k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms")}, partial=ended_early,
+                      rank=self.rank.rank, world_size=self.rank.world_size)
+        report["flags"] = run_checks(recorded, report)
+        if outcome is not None:
+            report["exit_code"] = outcome.code
+            report["ended_by"] = "interrupt" if outcome.interrupted else ("exception" if outcome.exception else "exit")
+        if self.rank.distributed:
+            report = ranks.gather(report, recorder, self.options, self.rank, ended_early)
+        self.report = report
+        if self.rank.rank == 0:
+            write_json(Path(self.options.out_dir) / "run.json", report)
+            if not ended_early and self.render is not None:
+                self.render(report)
+        self.written = True
+
+    def _report(self, recorded: dict, timing: dict) -> dict:
+        from perflab.analysis.program import program_report
+
+        trace, ceilings, model, tf32 = None, None, None, False
+        if recorded.get("trace_path"):
+            from perflab.trace.kineto import load_kineto
+
+            trace = load_kineto(recorded["trace_path"], ops=True)
+        if recorded.get("device") == "cuda":
+            import torch
+
+            tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+            model = module_bytes("cuda")
+            ceilings = _ceilings(self.rank)
+        report = program_report(timing=timing, trace=trace, recorded=recorded, ceilings=ceilings, model_bytes=model, tf32=tf32)
+        report["model_bytes"] = model
+        report["ceilings_note"] = None if ceilings or recorded.get("device") != "cuda" else "no measured peaks: MFU, MBU and floors left out"
+        return report
+
+    @staticmethod
+    def _how(outcome) -> str:
+        return "was interrupted" if outcome.interrupted else ("raised an exception" if outcome.exception else f"exited with code {outcome.code}")
+
+    def _early_line(self, recorder: Recorder, outcome, seconds: float) -> str:
+        data = recorder.data
+        seen = data.steps_seen
+        where = Path(self.options.out_dir) / "run.json"
+        how = self._how(outcome)
+        if seen == 0 and data.phase != "done":
+            return f"perflab: {NO_STEPS}; the program {how} after {seconds:.1f} s"
+        need = self.options.skip + self.options.steps + self.options.trace
+        how = f"{how} after {seen} step(s)"
+        timed = len(data.step_ms)
+        measured = f"{timed} timed step(s)" + (", traced" if data.trace_path else "")
+        return (f"perflab: the program {how} ({self.source.description}); --skip {self.options.skip} + --steps "
+                f"{self.options.steps} + --trace {self.options.trace} needs {need}: {measured} written to {where}")
+
+
+def _ceilings(rank: Rank) -> dict | None:
+    """This GPU's measured peaks: cached, or measured now (seconds), on rank 0's GPU; other ranks read the cache only."""
+    from perflab.measure import ceilings
+
+    try:
+        if rank.rank == 0:
+            return ceilings.get_ceilings()
+        return ceilings._read_cache().get(ceilings.gpu_key())
+    except Exception as exc:  # a peak that cannot be measured leaves MFU out, it does not lose the run's report
+        stderr(f"perflab: the GPU's peaks could not be measured ({type(exc).__name__}: {exc}); MFU, MBU and floors left out")
+        return None
+
+
+def _options_dict(options: RunOptions) -> dict:
+    return {"skip": options.skip, "steps": options.steps, "trace": options.trace, "stop_after": options.stop_after, "out": str(options.out_dir)}
+
+
+def check_options(skip: int, steps: int, trace: int, step: str | None = None, step_range: str | None = None) -> None:
+    for name, value, least in (("--skip", skip, 0), ("--steps", steps, 1), ("--trace", trace, 0)):
+        if value < least:
+            raise PerflabError(f"{name} must be at least {least}, got {value}")
+    if skip == 0 and not step and step_range is None:
+        raise PerflabError("--skip 0 needs --step or --step-range: an optimizer step's first step begins with the program itself "
+                           "(imports, building the model)")

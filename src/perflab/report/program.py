@@ -1,0 +1,182 @@
+"""``perflab run``'s console report, from the report dict (``program.run``; ``OUT/run.json`` holds the same)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+IDLE = ("host_bound", "kernel_gap", "other")
+
+
+def _ms(value, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _pct(value) -> str:
+    return "–" if value is None else f"{100 * value:.1f}%"
+
+
+def render_run(console: Console, report: dict) -> None:
+    for table in run_tables(report):
+        console.print(table)
+    for line in run_lines(report):
+        console.print(line, markup=False, highlight=False)
+
+
+def run_tables(report: dict) -> list[Table]:
+    tables = [timing_table(report)]
+    if report.get("accounting"):
+        tables += [accounting_table(report), top_table(report)]
+    compiler = compiler_table(report)
+    if compiler is not None:
+        tables.append(compiler)
+    if report.get("communication"):
+        tables.append(communication_table(report))
+    return tables
+
+
+def timing_table(report: dict) -> Table:
+    timing = report.get("timing") or {}
+    device = report.get("device") or "?"
+    clock = "CUDA events on the step's stream" if device == "cuda" else "the host clock"
+    table = Table(title=f"perflab run: {report.get('program')} — steps: {report.get('steps_from')}", show_header=False)
+    table.add_column("", justify="left")
+    table.add_column("", justify="right")
+    recorded = report.get("recorded") or {}
+    table.add_row("steps seen / timed / traced", f"{recorded.get('steps_seen', 0)} / {timing.get('steps', 0)} / {(report.get('traced') or {}).get('steps', 0)}")
+    if timing.get("steps"):
+        ci = timing.get("ci95_ms") or [None, None]
+        level = {"time": "95% CI over stretches of the run", "pooled": "order-statistics interval (few stretches)"}.get(timing.get("ci_level"), "95% CI")
+        table.add_row(f"step, median ms ({clock})", _ms(timing.get("median_ms")))
+        table.add_row(level, f"{_ms(ci[0])}–{_ms(ci[1])}")
+        table.add_row("p10–p90 ms, CV", f"{_ms(timing.get('p10_ms'))}–{_ms(timing.get('p90_ms'))}, {_pct(timing.get('cv'))}")
+        if device == "cuda" and timing.get("host_median_ms") is not None:
+            table.add_row("host clock, median ms", _ms(timing["host_median_ms"]))
+    traced = report.get("traced") or {}
+    if traced.get("step_ms"):
+        table.add_row("traced step, median ms (profiler inflation)", f"{_ms(traced['step_ms'])} (×{traced.get('inflation') or 0:.2f})")
+    memory = recorded.get("peak_allocated_bytes")
+    if memory is not None:
+        table.add_row("memory peak while timed: allocated / reserved", f"{memory / 2**30:.2f} / {recorded.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB")
+    elif recorded.get("peak_rss_bytes"):
+        table.add_row("memory peak of the process (RSS, whole run)", f"{recorded['peak_rss_bytes'] / 2**30:.2f} GiB")
+    flops = report.get("flops")
+    if flops is not None:
+        per = flops.get("flops_per_step") or 0
+        value = "unknown" if not flops.get("known", True) else f"{per / 1e9:.4g} G" + ("" if flops.get("complete") else " (lower bound)")
+        table.add_row("FLOPs per step (from the traced operators' shapes)", value)
+    util = report.get("utilisation")
+    if util:
+        table.add_row(f"MFU ({util['dtype']} peak {util['peak_tflops'] or 0:.0f} TFLOP/s, measured)", _pct(util.get("mfu")) + (" ≥" if util.get("mfu_lower_bound") else ""))
+        table.add_row(f"MBU ({util['bytes_per_step'] / 1e9:.3g} GB of weights and buffers, copy {util['copy_gbps']:.0f} GB/s)", _pct(util.get("mbu")))
+    return table
+
+
+def accounting_table(report: dict) -> Table:
+    acc = report["accounting"]
+    cpu = (report.get("traced") or {}).get("cpu_only")
+    work = "CPU operators" if cpu else "GPU busy (union of streams)"
+    table = Table(title=f"the traced steps, accounted (µs; {'torch operators as the work' if cpu else 'exact, per the trace'})")
+    table.add_column("", justify="left")
+    table.add_column("µs", justify="right")
+    table.add_column("share", justify="right")
+    wall = acc["wall_us"] or 0
+    table.add_row("wall (traced window)", f"{wall:,.1f}", "100.0%")
+    table.add_row(work, f"{acc['gpu_busy_us']:,.1f}", _pct(acc["gpu_busy_us"] / wall if wall else None))
+    for cause in IDLE:
+        label = "between operators (the interpreter)" if cpu and cause == "host_bound" else f"idle: {cause.replace('_', ' ')}"
+        value = acc["idle_by_cause_us"][cause]
+        table.add_row(label, f"{value:,.1f}", _pct(value / wall if wall else None))
+    return table
+
+
+def top_table(report: dict) -> Table:
+    acc = report["accounting"]
+    cpu = (report.get("traced") or {}).get("cpu_only")
+    table = Table(title="top operators (CPU)" if cpu else "top kernels")
+    for column in ("name", "category", "count", "total µs", "share"):
+        table.add_column(column, justify="left" if column in ("name", "category") else "right", overflow="fold")
+    for row in acc["top_kernels"][:10]:
+        table.add_row(row["name"], row["category"], str(row["count"]), f"{row['total_us']:,.1f}", _pct(row["share"]))
+    return table
+
+
+def compiler_table(report: dict) -> Table | None:
+    phases = (report.get("recorded") or {}).get("compile_phases") or {}
+    hits = (report.get("recorded") or {}).get("limit_hits") or []
+    if not any(p.get("frames") for p in phases.values()) and not hits:
+        return None
+    table = Table(title="the compiler, as the program ran it (dynamo's counters)")
+    for column in ("phase", "frames compiled", "graphs", "backend graphs", "graph breaks", "guard failures"):
+        table.add_column(column, justify="left" if column == "phase" else "right")
+    for name in ("skipped", "timed", "traced"):
+        p = phases.get(name)
+        if p:
+            recompiles = sum(len(v) for v in (p.get("recompiles") or {}).values())
+            table.add_row(name, str(p["frames"]), str(p["graphs"]), str(p["backend_graphs"]), str(p["graph_breaks"]), str(recompiles))
+    return table
+
+
+def compiler_lines(report: dict) -> list[str]:
+    """Per frame recompiled, the guard that failed last; each frame that hit the recompile limit; how much of the traced
+    steps ran compiled."""
+    phases = (report.get("recorded") or {}).get("compile_phases") or {}
+    lines, frames = [], {}
+    for name in ("skipped", "timed", "traced"):
+        for frame, guards in ((phases.get(name) or {}).get("recompiles") or {}).items():
+            frames.setdefault(frame, []).append((name, guards))
+    for frame, seen in frames.items():
+        counts = ", ".join(f"{len(g)} while {name}" for name, g in seen)
+        lines.append(f"guard failures (each a recompile, until the limit): {frame}: {counts}; the last: {seen[-1][1][-1]}")
+    for hit in (report.get("recorded") or {}).get("limit_hits") or []:
+        lines.append(f"recompile limit: {hit['function']} ({hit['where']}) hit {hit['limit']} ({hit['value']}) at step {hit['step']} and runs "
+                     "eagerly from then on")
+    compiled = report.get("compiled")
+    if compiled and compiled.get("compiled_share") is not None:
+        top = compiled.get("eager_top") or []
+        eager = f" (most: {top[0]['name'][:60]})" if top else ""
+        lines.append(f"the traced steps' work, communication apart: {_pct(compiled['compiled_share'])} in compiled regions, "
+                     f"{_pct(compiled['eager_share'])} eager{eager}")
+    elif frames or any(p.get("frames") for p in phases.values()):
+        lines.append("the traced steps ran no compiled region: all of their work ran eagerly")
+    return lines
+
+
+def communication_table(report: dict) -> Table:
+    comm = report["communication"]
+    floor = comm.get("floor_ms")
+    title = f"communication per step on {comm['world_size']} ranks"
+    if floor is not None:
+        title += (f": all-reduce of {comm['bus_bytes'] / 1e6:.1f} MB bus bytes in {comm['calls']} bucket(s), busbw {comm['busbw_gbps']:.1f} GB/s "
+                  f"→ floor {floor:.3f} ms")
+    table = Table(title=title + " (ms per step)")
+    for column in ("rank", "step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor"):
+        table.add_column(column, justify="right")
+    slowest = report.get("slowest_rank")
+    for r in comm["ranks"]:
+        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", _ms(r.get("step_ms")), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
+                      _ms(r.get("waiting_ms")), _ms(r.get("transfer_ms")), _ms(r["overlapped_ms"]), _pct(r.get("overlap_fraction")),
+                      f"{r['measured_over_floor']:.2f}" if r.get("measured_over_floor") else "–")
+    notes = [n for n in ("* the slowest rank; waiting: for a later rank; hidden: under compute", comm.get("busbw_source"), comm.get("floor_note"),
+                         comm.get("note")) if n]
+    if notes:
+        table.caption = "; ".join(notes)
+    return table
+
+
+def run_lines(report: dict) -> list[str]:
+    lines = compiler_lines(report)
+    if report.get("verdict"):
+        lines.append(f"verdict: {report['verdict']}")
+    if report.get("traced_verdict"):
+        lines.append(f"traced steps: {report['traced_verdict']}")
+    for flag in report.get("flags") or []:
+        lines.append(f"{flag['flag']}: {flag['message']}")
+    note = (report.get("recorded") or {}).get("trace_note")
+    if note:
+        lines.append(note)
+    if report.get("ceilings_note"):
+        lines.append(report["ceilings_note"])
+    options = report.get("options") or {}
+    lines.append(f"written: {options.get('out', 'perflab-run')}/run.json" + (f" and {report['traced']['trace_path']}" if (report.get("traced") or {}).get("trace_path") else ""))
+    return lines

@@ -1,0 +1,276 @@
+"""perflab run: a user's program (that does not import perflab), run unchanged, its steps found, timed, traced and
+explained on the CPU; under torchrun with two gloo ranks, the ranks merged and the communication section.
+
+The programs run in this process (as ``python -m perflab run`` runs them), except the torchrun one."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from cli_util import run_cli
+from reference_trace import load_events, summarize, top_level_cpu_ops
+
+from perflab import api
+from perflab.errors import PerflabError
+
+MLP = """
+import sys
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+print("argv", sys.argv[1:], "name", __name__)
+for i in range(int(sys.argv[1])):
+    x = torch.randn(32, 64)
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print("trained")
+"""
+# forward 2·32·64·96 + 2·32·96·10; backward: the first layer's weight gradient (x needs none), the second's input and
+# weight gradients
+MLP_FLOPS = 2 * 32 * 64 * 96 + 2 * 32 * 96 * 10 + 2 * 32 * 64 * 96 + 2 * (2 * 32 * 96 * 10)
+
+
+def program(tmp_path, source: str, name: str = "prog.py"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def run(tmp_path, prog, *args, **options):
+    out = tmp_path / "out"
+    code = api.run([str(prog), *map(str, args)], out_dir=out, **options)
+    report = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else None
+    return code, report
+
+
+def test_a_training_loop_is_timed_by_its_optimizer_steps_and_its_trace_accounted_to_the_ns(tmp_path, capsys):
+    prog = program(tmp_path, MLP)
+    code, report = run(tmp_path, prog, 12, skip=2, steps=6, trace=2)
+    captured = capsys.readouterr()
+    assert code == 0
+    assert "argv ['12'] name __main__" in captured.out and "trained" in captured.out  # the program's own, unchanged
+    assert report["recorded"]["steps_seen"] == 10 and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
+    assert len(report["timing"]["samples_ms"]) == 6 and report["timing"]["median_ms"] > 0
+    assert report["recorded"]["optimizers"] == ["SGD"] and report["device"] == "cpu"
+    # FLOPs of a step from the traced operators' shapes, against the formula
+    assert report["flops"]["flops_per_step"] == MLP_FLOPS and report["flops"]["complete"]
+    # the accounting closes exactly, and agrees with a second reader of the same trace
+    acc = report["accounting"]["accounting_ns"]
+    assert acc["wall_ns"] == acc["busy_ns"] + acc["host_bound_ns"] + acc["kernel_gap_ns"] + acc["other_ns"]
+    reference = summarize(report["traced"]["trace_path"])
+    assert (acc["wall_ns"], acc["busy_ns"]) == (reference["wall_ns"], reference["busy_ns"])
+    assert reference["steps"] == 2
+    assert not [f for f in report["flags"] if f["flag"] in ("fell_back_to_eager", "compiled_while_timed")]
+
+
+def test_step_names_an_inference_function_and_each_call_is_a_step(tmp_path):
+    prog = program(tmp_path, """
+        import torch
+        w = torch.randn(128, 128)
+        def infer(x):
+            return (x @ w).relu() @ w
+        x = torch.randn(16, 128)
+        for i in range(9):
+            infer(x)
+            torch.randn(1000).sum()  # between calls: not part of a step
+    """)
+    code, report = run(tmp_path, prog, step="infer", skip=1, steps=5, trace=2)
+    assert code == 0
+    assert report["recorded"]["steps_seen"] == 8 and report["timing"]["steps"] == 5
+    assert report["flops"]["flops_per_step"] == 2 * (2 * 16 * 128 * 128)
+    assert report["steps_from"] == "each call of infer"
+
+
+def test_step_range_names_a_record_function_range(tmp_path):
+    prog = program(tmp_path, """
+        import torch
+        from torch.autograd.profiler import record_function
+        w = torch.randn(64, 32)
+        for i in range(10):
+            with record_function("BENCHMARK/decode"):
+                y = torch.randn(8, 64) @ w
+            with record_function("other"):
+                y.sum()
+    """)
+    code, report = run(tmp_path, prog, step_range="BENCHMARK", skip=2, steps=4, trace=3)
+    assert code == 0
+    assert report["recorded"]["steps_seen"] == 9 and report["traced"]["steps"] == 3
+    assert report["flops"]["flops_per_step"] == 2 * 8 * 64 * 32
+
+
+RECOMPILING = """
+    import torch
+
+    @torch.compile(backend="eager")
+    def scale(x, tag):
+        return x * len(tag) + 1
+
+    @torch.compile(backend="eager")
+    def shift(x, n):
+        return x + n
+
+    def infer(x, i):
+        return scale(x, f"tag{i}") + shift(x, i)
+
+    x = torch.randn(16)
+    for i in range(16):
+        infer(x, i)
+"""
+
+
+def test_a_guard_that_fails_every_step_is_counted_and_the_recompile_limit_named(tmp_path):
+    prog = program(tmp_path, RECOMPILING)
+    code, report = run(tmp_path, prog, step="infer", skip=3, steps=8, trace=1)
+    assert code == 0
+    phases = report["recorded"]["compile_phases"]
+    scale = next(f for f in phases["timed"]["recompiles"] if f.startswith("scale "))
+    # a new string every step: each step's guard fails (steps 2-9), the first 7 failures recompile, the 8th finds the
+    # limit of 8 entries reached, and the frame runs eagerly from then on
+    assert len(phases["skipped"]["recompiles"][scale]) + len(phases["timed"]["recompiles"][scale]) == 8
+    assert phases["skipped"]["frames_ok"] + phases["timed"]["frames_ok"] >= 8
+    assert phases["timed"]["recompiles"][scale][-1].endswith("tag == 'tag7'")
+    # an int that changes is made dynamic after one recompile, and never recompiles again
+    assert [f for f in phases["skipped"]["recompiles"] if f.startswith("shift ")]
+    assert not [f for f in phases["timed"]["recompiles"] if f.startswith("shift ")]
+    (hit,) = report["recorded"]["limit_hits"]
+    assert (hit["function"], hit["limit"], hit["value"], hit["step"]) == ("scale", "recompile_limit", 8, 9)
+    flags = {f["flag"]: f["message"] for f in report["flags"]}
+    assert "compiled_while_timed" in flags and "scale" in flags["fell_back_to_eager"]
+
+
+def test_the_programs_exit_code_and_traceback_are_its_own_and_what_was_measured_is_written(tmp_path, capsys):
+    prog = program(tmp_path, """
+        import sys, torch
+        m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        def fail(i):
+            raise ValueError(f"bad batch {i}")
+        for i in range(30):
+            m(torch.randn(4, 8)).sum().backward(); opt.step()
+            if i == 5:
+                fail(i)
+    """, name="fails.py")
+    code, report = run(tmp_path, prog, skip=2, steps=10, trace=1)
+    err = capsys.readouterr().err
+    assert code == 1
+    assert 'File "' + str(prog.resolve()) + '", line 9, in <module>' in err and "ValueError: bad batch 5" in err
+    assert "perflab/program" not in err.split("Traceback")[1]  # perflab's own frames are left out
+    assert report["partial"] and report["ended_by"] == "exception" and report["timing"]["steps"] == 4
+    assert err.strip().splitlines()[-1].startswith("perflab: the program raised an exception after 6 step(s)")
+
+
+def test_a_program_that_ends_early_exits_with_its_code_and_one_line(tmp_path, capsys):
+    prog = program(tmp_path, """
+        import sys, torch
+        m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for i in range(3):
+            m(torch.randn(4, 8)).sum().backward(); opt.step()
+        sys.exit(3)
+    """)
+    code, report = run(tmp_path, prog, skip=1, steps=5, trace=1)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 3 and len(lines) == 1
+    assert "exited with code 3 after 3 step(s)" in lines[0] and "needs 7: 2 timed step(s)" in lines[0]
+    assert report["timing"]["steps"] == 2
+
+
+def test_a_program_with_no_step_boundary_is_told_which_options_name_one(tmp_path, capsys):
+    prog = program(tmp_path, "import torch\nprint(float(torch.ones(3).sum()))\n")
+    code, report = run(tmp_path, prog)
+    captured = capsys.readouterr()
+    assert code == 0 and captured.out == "3.0\n"
+    (line,) = captured.err.strip().splitlines()
+    assert "no step boundary was seen" in line and "--step QUALNAME" in line and "--step-range NAME" in line
+
+
+def test_ctrl_c_writes_what_was_measured_and_exits_130(tmp_path, capsys):
+    prog = program(tmp_path, """
+        import torch
+        m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for i in range(100):
+            m(torch.randn(4, 8)).sum().backward(); opt.step()
+            if i == 6:
+                raise KeyboardInterrupt  # as Ctrl-C raises it in the main thread
+    """)
+    code, report = run(tmp_path, prog, skip=2, steps=20, trace=1)
+    err = capsys.readouterr().err
+    assert code == 130 and "KeyboardInterrupt" in err and "was interrupted after 7 step(s)" in err
+    assert report["ended_by"] == "interrupt" and report["timing"]["steps"] == 5
+
+
+def test_a_program_running_torch_profiler_itself_is_timed_and_left_to_trace(tmp_path, capsys):
+    prog = program(tmp_path, """
+        import torch
+        m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        with torch.profiler.profile() as p:
+            for i in range(12):
+                m(torch.randn(4, 8)).sum().backward(); opt.step()
+        print("own trace", len(p.events()) > 0)
+    """)
+    code, report = run(tmp_path, prog, skip=1, steps=4, trace=2)
+    assert code == 0 and "own trace True" in capsys.readouterr().out
+    assert report["timing"]["steps"] == 4 and report["traced"] is None
+    assert "only one profiler can record at a time" in report["recorded"]["trace_note"]
+
+
+@pytest.mark.parametrize("options, fragment", [
+    ({"step": "not a name"}, "qualified name"),
+    ({"step": "f", "step_range": "R"}, "not both"),
+    ({"steps": 0}, "--steps must be at least 1"),
+])
+def test_bad_options_are_one_line_before_the_program_runs(tmp_path, options, fragment):
+    prog = program(tmp_path, "raise SystemExit('must not run')\n")
+    with pytest.raises(PerflabError, match=fragment):
+        api.run([str(prog)], out_dir=tmp_path / "out", **options)
+
+
+def test_the_command_line_keeps_the_programs_own_options_apart(tmp_path):
+    prog = program(tmp_path, MLP)
+    done = run_cli("run", "--skip", "1", "--steps", "3", "--trace", "1", "--out", tmp_path / "o", "--", "python", prog, "6", "--lr", "3")
+    assert done.returncode == 0, done.stderr
+    assert "argv ['6', '--lr', '3']" in done.stdout
+    assert "perflab run:" in done.stderr and "verdict:" in done.stderr  # the report, on stderr beside the program's output
+    missing = run_cli("run", "--", tmp_path / "nothere.py")
+    assert missing.returncode == 2 and missing.stderr.strip().endswith("no such file (perflab run [OPTIONS] -- SCRIPT [ARGS...])")
+
+
+DDP = """
+    import torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(8):
+        model(torch.randn(16, 128)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+"""
+
+
+def test_two_gloo_ranks_under_torchrun_merge_their_traces_into_the_communication_section(tmp_path):
+    prog = program(tmp_path, DDP)
+    out = tmp_path / "ddp"
+    done = run_cli("run", "--nproc", "2", "--skip", "2", "--steps", "3", "--trace", "2", "--out", out, "--", prog, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "run.json").read_text())
+    comm = report["communication"]
+    grad_bytes = 4 * (128 * 256 + 256 + 256 * 128 + 128)
+    assert report["ddp"]["grad_bytes"] == grad_bytes
+    assert comm["bus_bytes"] == grad_bytes  # 2(N−1)/N × the gradients, N = 2
+    assert comm["floor_ms"] == pytest.approx(grad_bytes / (comm["busbw_gbps"] * 1e9) * 1e3)
+    assert [r["rank"] for r in comm["ranks"]] == [0, 1] and report["slowest_rank"] in (0, 1)
+    for r in comm["ranks"]:  # exposed communication = waiting for the later rank + transfer
+        assert r["exposed_ms"] == pytest.approx(r["waiting_ms"] + r["transfer_ms"], abs=1e-9)
+        assert r["comm_ms"] == pytest.approx(r["exposed_ms"] + r["overlapped_ms"], abs=1e-9)
+    # each rank's trace holds its own operators and gloo's collectives
+    for rank in (0, 1):
+        events = load_events(out / f"rank{rank}" / "trace.json.gz")
+        assert top_level_cpu_ops(events) and any(str(e.get("name", "")).startswith("gloo:") for e in events)
+    assert "communication per step on 2 ranks" in done.stderr

@@ -1,0 +1,65 @@
+"""perflab run's analysis of real GPU traces: nanoGPT's own train.py (GPT-2 124M, torch.compile, bf16) run under
+``perflab run`` on an H100, alone and as two DDP ranks under torchrun (tests/data/run, recorded 2026-11-26)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from perflab.analysis.launch import host_issue_ms
+from perflab.analysis.op_flops import count_op_flops
+from perflab.analysis.program import communication_section, compiled_split
+from perflab.trace.kineto import load_kineto
+
+DATA = Path(__file__).parent / "data" / "run"
+ONE_GPU = DATA / "nanogpt_h100.json.gz"
+RANKS = [DATA / "nanogpt_ddp_rank0_h100.json.gz", DATA / "nanogpt_ddp_rank1_h100.json.gz"]
+
+# GPT-2 124M as nanoGPT trains it here: batch 12, block 1024, 12 layers, 12 heads of 64, vocabulary 50304
+B, T, LAYERS, HEADS, HEAD, WIDTH, VOCAB = 12, 1024, 12, 12, 64, 768, 50304
+
+
+@pytest.fixture(scope="module")
+def one_gpu():
+    return load_kineto(ONE_GPU, ops=True)
+
+
+def test_nanogpts_flops_from_its_compiled_steps_operators_equal_the_formula(one_gpu):
+    window = (int(one_gpu.steps["start_ns"].min()), int(one_gpu.steps["end_ns"].max()) + 1)
+    counted = count_op_flops(one_gpu.ops, window=window, steps=len(one_gpu.steps), kernels=one_gpu.kernels)
+    matmuls = 6 * B * T * (LAYERS * 12 * WIDTH * WIDTH + WIDTH * VOCAB)  # forward and backward of every weight, the head too
+    attention = LAYERS * 2 * B * HEADS * T * T * (HEAD + HEAD) * (1 + 2.5)  # sdpa forward, and its backward at 2.5×
+    assert len(one_gpu.steps) == 3
+    assert counted.per_step == matmuls + attention == 10_733_928_579_072
+    assert counted.complete and counted.dtype == "bf16" and counted.uncounted_heavy_share == 0.0
+
+
+def test_the_compiled_regions_hold_the_model_and_the_fused_optimizer_runs_eagerly(one_gpu):
+    split = compiled_split(one_gpu)
+    assert split["compiled_ns"] + split["eager_ns"] + split["communication_ns"] + split["dynamo_overhead_ns"] == int(one_gpu.kernels["dur_ns"].sum())
+    assert split["compiled_share"] > 0.9 and "FusedAdamMathFunctor" in split["eager_top"][0]["name"]
+
+
+def test_the_host_floor_leaves_out_the_programs_own_waits(one_gpu):
+    # nanoGPT reads loss.item() every iteration: the host waits for the GPU there, which is not time spent issuing
+    assert host_issue_ms(one_gpu, without_waits=True) < host_issue_ms(one_gpu)
+
+
+def test_two_ddp_ranks_merge_into_the_communication_section_against_the_floor():
+    from perflab.profiling import account_rank_traces
+
+    recorded = json.loads((DATA / "nanogpt_ddp_h100.json").read_text())
+    merged = account_rank_traces([str(p) for p in RANKS], "cuda", 3)
+    medians = {int(k): v for k, v in recorded["rank_median_ms"].items()}
+    section = communication_section(ddp=recorded["ddp"], sweep=recorded["all_reduce"], merged=merged, world_size=2, steps=3,
+                                    rank_median_ms=medians, step_ms=recorded["step_ms"])
+    assert recorded["ddp"]["grad_bytes"] == 4 * 124_373_760  # nanoGPT's GPT-2 124M in fp32 (position embeddings included)
+    assert section["bus_bytes"] == recorded["ddp"]["grad_bytes"] and section["calls"] == 14  # DDP's 14 rebuilt buckets
+    assert section["floor_ms"] == pytest.approx(section["bus_bytes"] / (section["busbw_gbps"] * 1e9) * 1e3)
+    for rank in section["ranks"]:
+        assert rank["exposed_ms"] == pytest.approx(rank["waiting_ms"] + rank["transfer_ms"], abs=1e-9)
+        assert rank["comm_ms"] == pytest.approx(rank["exposed_ms"] + rank["overlapped_ms"], abs=1e-9)
+        assert 0.8 < rank["overlap_fraction"] < 0.95  # compiled DDP hides most of its all-reduces under the backward
+    assert section["ranks"] == recorded["communication"]["ranks"]  # as rank 0 merged them on the H100
