@@ -168,10 +168,10 @@ def test_report_bundles_everything(nsys):
     summary = report.to_dict()
     assert summary["kernels"] == 8 and summary["kernel_time_us"] == 7.7 and summary["gpu_activity_time_us"] == 8.2
     assert summary["gpu_busy_us"] == 8.1 and summary["wall_us"] == 21.0
-    assert summary["idle_by_cause"] == {"host_bound": 7.9, "kernel_gap": 5.0, "other": 0.0}
-    assert summary["wall_us"] == pytest.approx(summary["gpu_busy_us"] + sum(summary["idle_by_cause"].values()))
+    assert summary["idle_by_cause_us"] == {"host_bound": 7.9, "kernel_gap": 5.0, "other": 0.0}
+    assert summary["wall_us"] == pytest.approx(summary["gpu_busy_us"] + sum(summary["idle_by_cause_us"].values()))
     assert len(summary["top_kernels"]) == 2 and summary["top_kernels"][0]["count"] == 1
-    assert summary["categories"]["gemm"] == 2.5
+    assert summary["categories_us"]["gemm"] == 2.5
     assert summary["gemm_fraction"] == pytest.approx(2500 / 8100)
     assert summary["steps"] == 1 and summary["kernels_per_step"] == 7
     assert summary["launch"]["verdict"] in ("launch-bound", "partly launch-bound", "not launch-bound")

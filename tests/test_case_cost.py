@@ -245,12 +245,16 @@ def test_a_cached_flop_count_equals_the_uncached_one(tmp_path):
             return built.make_step(built.model)
         return make
 
+    def flops(result):
+        return result[0].flops, result[1]
+
     first = count_flops_once(eager, step_of(eager), cache)
-    assert first == (uncached, None) and calls == ["eager"]  # counted, stored
+    assert flops(first) == (uncached, None) and calls == ["eager"]  # counted, stored
     again = count_flops_once(compiled, step_of(compiled), cache)
-    assert again == (uncached, eager.id) and calls == ["eager"]  # reused: no step run, the counting case named
-    assert count_flops_once(eager, step_of(eager), cache) == (uncached, None)  # its own count, not "counted in" itself
-    assert count_flops_once(compiled, step_of(compiled), None) == (uncached, None) and calls == ["eager", "compile"]
+    assert flops(again) == (uncached, eager.id) and calls == ["eager"]  # reused: no step run, the counting case named
+    assert again[0] == first[0]  # the whole count, its uncounted ops too
+    assert flops(count_flops_once(eager, step_of(eager), cache)) == (uncached, None)  # its own count, not "counted in" itself
+    assert flops(count_flops_once(compiled, step_of(compiled), None)) == (uncached, None) and calls == ["eager", "compile"]
 
 
 def test_a_sweep_counts_each_eager_step_once_and_its_rows_report_the_same_flops(tmp_path):

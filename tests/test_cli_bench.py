@@ -48,7 +48,7 @@ def test_table_output_lists_every_case():
     assert r.returncode == 0, r.stderr
     assert "test:tiny" in r.stdout and "test:drops_batch" in r.stdout
     assert "host µs" in r.stdout
-    assert "batch_mismatch" in r.stdout and "processed 1 images, not the 4 requested" in r.stderr
+    assert "batch_mismatch" in r.stdout and "processed 1 images, not the 4 requested" in " ".join(r.stderr.split())  # wrapped to the width
 
 
 def test_oom_case_is_a_row_and_the_rest_run():
@@ -104,3 +104,7 @@ def test_demo_runs_the_small_cpu_version_and_pairs_top_k_with_its_baseline():
     assert r.returncode == 0, r.stderr
     assert "Top-k vs baseline" in r.stdout and "197→21→3→2" in r.stdout
     assert r.stdout.count("2.51 → 0.83") == 2  # DeiT-Tiny GFLOPs per image, baseline → top-k, at bs 1 and 8
+    # warnings, each said once, under the tables: at most one line for the 4 rows; no power reading is no warning on a CPU
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning")]
+    assert len(warnings) <= 1, r.stderr
+    assert "no_power" not in r.stderr and "no_power" not in r.stdout

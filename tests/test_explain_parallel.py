@@ -63,7 +63,9 @@ def test_the_floor_and_each_rank_against_it(explained):
     assert {p["rank"] for p in data["rank_passes"]} == {0, 1} and all(set(p["ms"]) == {"forward", "backward", "optimizer"} for p in data["rank_passes"])
     assert f"**{c['floor_ms']:.3f} ms**" in md and "| all_reduce | 0.282 | 2(N−1)/N | 0.282 | 2 | 0.141 |" in md
     low, high = data["row"]["scaling_efficiency_ci95"]
-    assert f"scaling efficiency {c['scaling_efficiency']:.3f} (95% CI {low:.3f}–{high:.3f}, from blocks interleaved" in md
+    # two pairs of blocks (--repeats 2): their range, which holds the median half the time, is no 95% CI and is not called one
+    assert data["row"]["scaling_efficiency_ci_coverage"] == 0.5 and data["row"]["scaling_efficiency_ci_range_of"] == 2
+    assert f"scaling efficiency {c['scaling_efficiency']:.3f} (CI (min–max of 2) {low:.3f}–{high:.3f}, from blocks interleaved" in md
 
 
 def test_the_fsdp_fix_predicted_then_measured(explained):

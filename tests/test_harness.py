@@ -89,10 +89,11 @@ def test_each_planted_fault_is_flagged_with_a_warning(case, monitor, flag):
     assert not others, f"unexpected flags {others}"
 
 
-def test_cpu_runs_say_why_there_is_no_power():
+def test_cpu_runs_say_why_there_is_no_power_without_a_flag():
     row = run_case(Case("test:tiny", **FAST))
-    assert "no_power" in row["flags"]
-    assert any("CPU" in w for w in row["warnings"])
+    assert "no_power" not in row["flags"] and not any("power" in w for w in row["warnings"])  # expected: no meter on a CPU
+    assert row["power_note"] == "power and energy are measured on NVIDIA GPUs only (this run is on the CPU)"
+    assert row["energy_j"] is None and row["power_w"] is None
 
 
 def test_tokens_mismatch_is_flagged(monkeypatch):

@@ -151,3 +151,29 @@ def test_the_lm_reports_parallel_section_gives_the_efficiency_with_its_ci(ddp_ro
     assert text.startswith("## Training on several GPUs (issue 27)") and "timed in interleaved blocks" in text
     line = next(l for l in text.splitlines() if l.startswith("| gpt_small |"))
     assert f"| {ddp_row['scaling_efficiency']:.3f} ({low:.3f}–{high:.3f}) |" in line and f"| {ddp_row['step_ms_beside_single']:.2f} | {ddp_row['single_gpu_ms']:.2f} |" in line
+
+
+def test_cpu_ranks_share_the_hosts_cpus_out_and_the_columns_name_the_cpu(ddp_row):
+    import io
+
+    from rich.console import Console
+
+    from perflab.report.parallel import scaling_table
+    from perflab.runtime.parallel import cpu_threads_per_rank
+
+    # two ranks that each ran torch's default (every CPU) fought over the cores: the same step read 150-190 ms, not 11-13
+    assert [cpu_threads_per_rank(2, cpus=c) for c in (1, 2, 3, 8)] == [1, 1, 1, 4] and cpu_threads_per_rank(4, cpus=8) == 2
+    assert ddp_row["threads_per_rank"] == cpu_threads_per_rank(2)
+    buffer = io.StringIO()
+    Console(file=buffer, width=400).print(scaling_table([ddp_row]))
+    text = buffer.getvalue()
+    assert "GPU" not in text and "step beside 1 process (ms)" in text and "against one process" in text
+
+
+def test_a_scaling_efficiency_with_a_ci_wider_than_a_factor_2_is_flagged():
+    from perflab.measure.parallel import WIDE_EFFICIENCY_FLAG, efficiency_check
+
+    wide = efficiency_check({"scaling_efficiency": 0.167, "scaling_efficiency_ci95": [0.032, 0.960]})
+    assert wide.flag == WIDE_EFFICIENCY_FLAG and "0.032–0.960, a factor 30.0 wide" in wide.message
+    assert efficiency_check({"scaling_efficiency": 0.9, "scaling_efficiency_ci95": [0.85, 0.95]}) is None
+    assert efficiency_check({"scaling_efficiency": 0.9, "scaling_efficiency_ci95": None}) is None

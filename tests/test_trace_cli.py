@@ -33,8 +33,8 @@ def test_json_output_on_a_real_trace():
     assert len(lines) == 1
     summary = json.loads(lines[0])
     ref = summarize(path)
-    for key in ("kernels", "kernel_time_us", "gpu_busy_us", "wall_us", "idle_us", "idle_by_cause", "steps", "kernels_per_step",
-                "mean_kernel_us", "top_kernels", "categories", "gemm_fraction", "ranges", "step_accounting", "launch"):
+    for key in ("kernels", "kernel_time_us", "gpu_busy_us", "wall_us", "idle_us", "idle_by_cause_us", "steps", "kernels_per_step",
+                "mean_kernel_us", "top_kernels", "categories_us", "gemm_fraction", "ranges", "step_accounting", "launch"):
         assert key in summary, key
     assert summary["kernels"] == ref["kernels"] == 108
     assert summary["kernel_time_us"] * 1000 == pytest.approx(ref["kernel_time_ns"], abs=0.5)
@@ -47,7 +47,7 @@ def test_json_output_on_a_real_trace():
     assert summary["memcpy"] == 3 and summary["memset"] == 6
     assert summary["launch"]["verdict"] == "launch-bound" and summary["launch"]["message"].startswith("launch-bound: the GPU is idle")
     for step in summary["step_accounting"]:
-        assert step["wall_us"] == pytest.approx(step["gpu_busy_us"] + sum(step["idle_by_cause"].values()), abs=0.002)
+        assert step["wall_us"] == pytest.approx(step["gpu_busy_us"] + sum(step["idle_by_cause_us"].values()), abs=0.002)
 
 
 def test_table_output_and_csv(tmp_path):

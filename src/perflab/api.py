@@ -101,6 +101,42 @@ MAX_PROCESSES = 100
 DEMO_GPU_PROCESSES = 3  # perflab demo on a GPU: its CIs cover between-process variance (docs/performance.md, issue 22)
 
 
+def model_catalog() -> dict:
+    """What ``--model`` takes: every built-in model by its workload family (with its dimensions), the families (what a
+    step runs, their workloads), the prefixes that make variants of them, and the forms of a reference to your own."""
+    from perflab.models.llama import llama_configs
+    from perflab.models.lm import lm_configs
+    from perflab.models.registry import METHODS
+    from perflab.models.vit import vit_configs
+    from perflab.workloads import FAMILIES
+
+    def dims(config: dict, keys) -> str:
+        return ", ".join(f"{label} {config[key]}" for key, label in keys if key in config)
+
+    built_in = {
+        "classify": {name: dims(c, (("dim", "dim"), ("depth", "depth"), ("n_heads", "heads"))) for name, c in vit_configs.items()},
+        "lm": {name: dims(c, (("d_model", "d_model"), ("n_layers", "layers"), ("n_heads", "heads"), ("d_ff", "d_ff")))
+               for name, c in lm_configs.items()},
+        "decode": {name: dims(c, (("dim", "dim"), ("n_layers", "layers"), ("n_heads", "heads"), ("n_kv_heads", "kv heads"),
+                                  ("vocab_size", "vocab"))) for name, c in llama_configs.items()},
+    }
+    families = [{"name": name, "describe": spec.describe, "workloads": list(spec.workloads), "item": spec.item,
+                 "models": built_in.get(name, {})} for name, spec in FAMILIES.items()]
+    variants = [{"form": f"{method}_<vit>", "family": "classify",
+                 "means": f"{'EViT' if fuses else 'top-k'} token reduction of a ViT above ({'the dropped tokens fused into one' if fuses else 'the rest dropped'}); "
+                          "--keep-rate, --reduction-loc"} for method, fuses in METHODS.items()]
+    variants.append({"form": "timm:<name>", "family": "classify", "means": "any timm image model (needs timm: pip install timm)"})
+    references = [
+        {"form": "path/to/file.py:NAME", "means": "NAME (an nn.Module subclass, or a function that returns one) in that file; "
+                                                  "--model-arg NAME=VALUE become its keyword arguments"},
+        {"form": "package.module:NAME", "means": "NAME in an importable module"},
+        {"form": "hf:DIR_OR_ID", "means": "a transformers model from its config.json (random weights, nothing downloaded); "
+                                          "needs transformers: pip install 'perflab[hf]'"},
+    ]
+    return {"families": families, "variants": variants, "references": references,
+            "note": "a reference's family (classify, lm, decode) is found from the model; --family names it where it cannot be"}
+
+
 def demo_cases(device: str = "auto") -> list[Case]:
     """The quick start's cases: the token-reduction paradox (DeiT-B baseline vs top-k 0.1 at 3,6,9, bf16,
     batch 1 and 64, eager and CUDA graph) on a GPU; a small version (DeiT-Tiny, fp32, eager) on the CPU."""

@@ -15,6 +15,7 @@ from rich.console import Console
 
 from perflab.errors import PerflabError
 from perflab.paths import check_writable_file, write_failed
+from perflab.report.terminal import TerminalConsole
 
 try:  # typer ≥ 0.20 vendors click; older versions use the click package
     from typer._click import exceptions as click_exceptions
@@ -28,9 +29,26 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="perflab: how fast is this transformer workload, where does the time go, and why.",
 )
-# When piped, rich would fall back to 80 columns and squeeze the tables; give them room instead.
-out = Console(highlight=False, width=None if sys.stdout.isatty() else 220)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Tables fit COLUMNS, else the terminal, else (piped) 100 columns; --wide prints them whole (report.terminal).
+out = TerminalConsole()
+err = TerminalConsole(stderr=True)
+
+def _print_version(value: bool) -> None:
+    if value:
+        from perflab.version import __version__
+
+        print(f"perflab {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _global_options(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version, help="Print perflab's version and exit."),
+    wide: bool = typer.Option(False, "--wide", help="Print every table whole, at its natural width, whatever the terminal's "
+                              "(anywhere on the line; by default tables fit COLUMNS, else the terminal, else 100 columns)."),
+):
+    """perflab: how fast is this transformer workload, where does the time go, and why."""
+
 
 # Options that take one or more values after a single flag (expanded to repeated flags before parsing).
 MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes",
@@ -175,7 +193,7 @@ def bench(
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
-    from perflab.report.console import bench_table
+    from perflab.report.console import bench_table, comparison_tables
     from perflab.report.export import to_csv, to_json_lines, write_rows
 
     if fmt not in FORMATS:
@@ -189,17 +207,19 @@ def bench(
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
                                                           interleave=not no_interleave, processes=processes, gpus=ranks.gpus,
                                                           inductor_cache=inductor_cache))
-    _print_warnings(rows)
     if fmt == "json":
         sys.stdout.write(to_json_lines(rows))
     elif fmt == "csv":
         sys.stdout.write(to_csv(rows))
     else:
         out.print(bench_table(rows))
+        for table in comparison_tables(rows):
+            out.print(table)
         if any(row.get("parallel") for row in rows):
             from perflab.report.parallel import scaling_table
 
             out.print(scaling_table(rows))
+    _print_warnings(rows)  # under the tables, each once
     if out_file is not None:
         try:
             write_rows(rows, out_file)
@@ -225,9 +245,11 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
     if processes is None:
         processes = api.DEMO_GPU_PROCESSES if cases[0].device == "cuda" else 1
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes))
-    _print_warnings(rows)
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
-    out.print(speedup_table(rows))
+    speedups = speedup_table(rows)
+    if speedups is not None:
+        out.print(speedups)
+    _print_warnings(rows)
     if lost is not None:
         raise lost
 
@@ -270,7 +292,8 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
 
     from perflab import api
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True) as progress:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
+                  disable=not err.is_terminal) as progress:  # piped: no bar, and no blank line where it was
         task = progress.add_task("starting", total=len(cases))
 
         def on_case(index, case, stage):
@@ -283,24 +306,13 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
 
 
 def _print_warnings(rows):
-    from perflab.report.console import exempt_line
+    from perflab.report.console import exempt_line, warning_lines
 
-    for row in rows:
-        if row.get("status") != "ok":
-            err.print(f"[red]{row['status']}[/red]: {_row_label(row)}: {row.get('message')}", markup=True)
-        for message in row.get("warnings") or []:
-            err.print(f"[yellow]warning[/yellow]: {_row_label(row)}: {message}")
-        if row.get("pin_warning"):
-            err.print(f"[yellow]warning[/yellow]: {_row_label(row)}: {row['pin_warning']}")
+    for line in warning_lines(rows):
+        err.say(line)
     line = exempt_line(rows)
     if line:
-        err.print(f"note: {line}", markup=False)
-
-
-def _row_label(row: dict) -> str:
-    from perflab.report.console import row_label
-
-    return row_label(row)
+        err.say(f"note: {line}", markup=False)
 
 
 @app.command()
@@ -366,6 +378,23 @@ def results(
         line = exempt_line(rows)
         if line:
             out.print(line, soft_wrap=True, markup=False)
+
+
+@app.command()
+def models(as_json: bool = typer.Option(False, "--json", help="Print one JSON object.")):
+    """The models --model takes: perflab's own by workload family, the prefixes that make variants, and the forms of a
+    reference to your own model (file.py:NAME, package.module:NAME, hf:DIR)."""
+    import json
+
+    from perflab import api
+    from perflab.report.console import catalog_tables
+
+    catalog = api.model_catalog()
+    if as_json:
+        sys.stdout.write(json.dumps(catalog) + "\n")
+        return
+    for table in catalog_tables(catalog):
+        out.print(table)
 
 
 @app.command("spec-schema")
@@ -610,6 +639,13 @@ def expand_multi_value_options(argv: list[str], names=MULTI_VALUE_OPTIONS) -> li
     return result
 
 
+def take_flag(argv: list[str], flag: str) -> tuple[list[str], bool]:
+    """``argv`` without ``flag`` (before any ``--``), and whether it was there: a global flag, taken wherever it stands."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [token for token in argv[:end] if token != flag]
+    return kept + argv[end:], len(kept) < end
+
+
 def _is_flag(token: str) -> bool:
     if not token.startswith("-") or token == "-":
         return False
@@ -643,8 +679,13 @@ def split_program(argv: list[str]) -> tuple[list[str], list[str]]:
 def main(argv: list[str] | None = None) -> None:
     global _argv, _program
     _argv = list(sys.argv[1:] if argv is None else argv)  # as typed: a sweep records its command line
-    perflab_args, _program = split_program(_argv)
+    args = list(_argv)
+    wide = bool(args) and args[0] == "--wide"  # a global flag before the command (perflab --wide run ...)
+    perflab_args, _program = split_program(args[1:] if wide else args)
     argv = expand_multi_value_options(perflab_args) if not _program else perflab_args
+    argv, wide_later = take_flag(argv, "--wide")  # or anywhere among perflab's own arguments (never the program's)
+    out.configure(wide=wide or wide_later)
+    err.configure(wide=wide or wide_later)
     try:
         status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:

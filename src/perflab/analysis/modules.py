@@ -180,3 +180,43 @@ def _pass_order(names) -> list[str]:
     """Step order (analysis.passes.PASSES), then any other name, then activities outside every pass."""
     order = {name: i for i, name in enumerate(PASSES)} | {NO_PASS: len(PASSES) + 1}
     return sorted((str(n) for n in names), key=lambda n: (order.get(n, len(PASSES)), n))
+
+
+def fold_repeats(tree: pd.DataFrame) -> pd.DataFrame:
+    """The module tree with runs of numbered siblings of one class (``layers.0`` … ``layers.11``, each a Block) folded
+    into one row each, ``layers.0–11``, and their descendants by their path below it (``layers.0–11.attention``): times,
+    kernels and shares summed over the instances (so the tree still closes), ``instances`` how many were folded (1 for
+    every other row). A model of N identical layers then reads as one layer's tree, not N."""
+    if tree is None or tree.empty:
+        return tree
+    rows = []
+    for pass_name, part in tree.groupby("pass", sort=False):
+        classes = dict(zip(part["module"], part["class"]))
+        siblings: dict[str, list[int]] = {}
+        for path in part["module"]:
+            parent, _, last = path.rpartition(".")
+            if last.isdigit() and parent:
+                siblings.setdefault(parent, []).append(int(last))
+        folded = {}  # "parent.k" → "parent.a–b", for runs of two or more numbered siblings of one class
+        for parent, numbers in siblings.items():
+            numbers = sorted(set(numbers))
+            if len(numbers) > 1 and len({classes.get(f"{parent}.{n}") for n in numbers}) == 1:
+                label = f"{parent}.{numbers[0]}–{numbers[-1]}"
+                folded.update({f"{parent}.{n}": label for n in numbers})
+        order: dict[str, dict] = {}
+        for row in part.to_dict("records"):
+            parts = row["module"].split(".")
+            # each component that ends a folded sibling's path becomes its run (an outer run and an inner one both fold)
+            path = ".".join(folded[".".join(parts[:i + 1])].rsplit(".", 1)[-1] if ".".join(parts[:i + 1]) in folded else part
+                            for i, part in enumerate(parts))
+            if path in order:
+                acc = order[path]
+                for key in ("exclusive_ns", "inclusive_ns", "kernels", "kernels_inclusive", "share_exclusive", "share_inclusive"):
+                    acc[key] += row[key]
+                acc["instances"] += 1
+            else:
+                order[path] = dict(row, module=path, instances=1)
+        rows += list(order.values())
+    out = pd.DataFrame(rows, columns=[*COLUMNS, "instances"])
+    out.attrs.update(tree.attrs)
+    return out

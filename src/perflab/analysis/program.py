@@ -101,8 +101,8 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
     median = timing.get("median_ms")
     report["traced"] = {"steps": n_steps, "step_ms": traced_ms, "inflation": traced_ms / median if traced_ms and median else None,
                         "trace_path": trace.meta.get("path"), "cpu_only": trace.cpu_only}
-    report["accounting"] = {k: summary[k] for k in ("wall_us", "gpu_busy_us", "idle_us", "idle_by_cause", "accounting_ns", "kernels",
-                                                    "kernels_per_step", "top_kernels", "categories", "step_accounting", "launch")}
+    report["accounting"] = {k: summary[k] for k in ("wall_us", "gpu_busy_us", "idle_us", "idle_by_cause_us", "accounting_ns", "kernels",
+                                                    "kernels_per_step", "top_kernels", "categories_us", "step_accounting", "launch")}
     report["flops"] = dict(flops.to_dict(), incomplete_share=flops.uncounted_heavy_share)
     report["compiled"] = compiled_split(trace)
     report["verdict"] = summary["launch"]["message"]

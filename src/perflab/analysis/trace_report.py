@@ -10,8 +10,9 @@ DataFrame attributes: ``kernels`` (the KernelTable), ``steps`` (per-step account
 (kernels only), ``top_memory_ops`` (memcpy, memset), ``categories``, ``ranges``, ``launch_apis``,
 ``devices`` (whole-trace accounting per device); every one of them has a ``device`` column (a trace of
 several GPUs is analysed per device). Plus ``trace_accounting`` (a Series, summed over devices), ``kernel_stats``,
-``launch_delay``, ``verdict`` and ``gemm_fraction``. Times in the DataFrames are integer ns; the JSON
-summary gives µs.
+``launch_delay``, ``verdict`` and ``gemm_fraction``. Every key that holds a time names its unit: in the
+DataFrames integer ns (``total_ns``, ``busy_ns``), in the JSON summary µs (``total_us``, ``idle_by_cause_us``), except
+``accounting_ns`` and a step's ``start_ns``/``end_ns``, exact ns there too.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ class TraceReport:
             "wall_us": _us(whole["wall_ns"]),
             "gpu_busy_us": _us(whole["busy_ns"]),
             "idle_us": _us(whole["idle_ns"]),
-            "idle_by_cause": {cause: _us(whole[f"{cause}_ns"]) for cause in IDLE_CAUSES},
+            "idle_by_cause_us": {cause: _us(whole[f"{cause}_ns"]) for cause in IDLE_CAUSES},
             "accounting_ns": {k: int(whole[k]) for k in ("start_ns", "end_ns", "wall_ns", "busy_ns", "idle_ns", "host_bound_ns", "kernel_gap_ns", "other_ns")},
             "kernel_gap_threshold_us": _us(self.accounting.kernel_gap_threshold_ns),
             "steps": n_steps,
@@ -101,14 +102,14 @@ class TraceReport:
             "short_kernel_time_share": stats.short_time_share,
             "top_kernels": _top_records(self.top_kernels),
             "top_memory_ops": _top_records(self.top_memory_ops),
-            "categories": {c: _us(t) for c, t in self.categories.groupby("category", sort=False)["time_ns"].sum().items()},
+            "categories_us": {c: _us(t) for c, t in self.categories.groupby("category", sort=False)["time_ns"].sum().items()},
             "categories_by_device": [
                 {"device": int(r.device), "category": r.category, "count": int(r.count), "time_us": _us(r.time_ns), "busy_us": _us(r.busy_ns)}
                 for r in self.categories.itertuples(index=False)
             ],
             "device_accounting": [
                 {"device": int(r.device), "wall_us": _us(r.wall_ns), "gpu_busy_us": _us(r.busy_ns), "idle_us": _us(r.idle_ns),
-                 "idle_by_cause": {cause: _us(getattr(r, f"{cause}_ns")) for cause in IDLE_CAUSES}}
+                 "idle_by_cause_us": {cause: _us(getattr(r, f"{cause}_ns")) for cause in IDLE_CAUSES}}
                 for r in self.accounting.devices.itertuples(index=False)
             ],
             "gemm_fraction": self.gemm_fraction,
@@ -244,7 +245,7 @@ def _step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:
     devices = steps["device"].tolist()
     return [
         {"device": devices[i], "step": step, "name": name, "start_ns": start, "end_ns": end, "wall_us": us["wall"][i], "gpu_busy_us": us["busy"][i],
-         "idle_us": us["idle"][i], "idle_by_cause": {c: us[c][i] for c in IDLE_CAUSES}, "kernels": kernels,
+         "idle_us": us["idle"][i], "idle_by_cause_us": {c: us[c][i] for c in IDLE_CAUSES}, "kernels": kernels,
          "kernel_time_us": us["kernel_time"][i]}
         for i, (step, name, start, end, kernels) in enumerate(zip(
             steps["step"].tolist(), steps["name"].astype(str).tolist(), steps["start_ns"].tolist(), steps["end_ns"].tolist(),

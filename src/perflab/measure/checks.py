@@ -17,6 +17,26 @@ MIN_TIMED_S = 1.0
 MIN_TIMED_ITERS = 50
 
 
+# What each flag means in a line without a row's numbers: how a warning that several rows share is said once.
+FLAG_SUMMARIES = {
+    "batch_mismatch": "a step processed fewer images than requested; per-image numbers would be wrong",
+    "short_timing": "too little timed work (under --min-time and 50 iterations); raise --min-time or --iters",
+    "high_cv": f"timing samples vary by more than CV {CV_THRESHOLD:.0%}; the machine may be busy or the step too short",
+    "no_power": "no power/energy reading",
+    "throttled": "GPU clocks were throttled during the timed loop",
+    "other_processes": "other processes were using the GPU",
+    "non_finite": "the step's output held NaN or Inf",
+    "tokens_mismatch": "token counts per stage were not those expected",
+    "compiled_while_timed": "dynamo compiled frames during the timed steps: the timing includes compilation",
+    "graph_breaks": "compile: graph breaks; the step runs eagerly between them",
+    "flops_uncounted": "FLOPs undercounted: ops with no FLOP formula did heavy tensor work; GFLOPs and MFU read low",
+    "host_drift": "the host ran at another speed than the run's other cases (host canary)",
+    "host_contention": "the timing thread waited for a CPU (other work shared the host)",
+}
+# Flags of a busy or noisy host: said together in one line, however many rows carry them.
+NOISE_FLAGS = ("high_cv", "short_timing", "host_contention", "host_drift")
+
+
 def break_reasons_text(stats: dict) -> str:
     """A compiled row's commonest graph-break reasons (``runtime.modes.compile_stats``), "reason ×count; ..."."""
     return "; ".join(f"{r['reason']} ×{r['count']}" for r in stats.get("break_reasons") or [])
@@ -46,7 +66,10 @@ def run_checks(
     min_time: float = MIN_TIMED_S,
     min_iters: int = MIN_TIMED_ITERS,
     cv_threshold: float = CV_THRESHOLD,
+    energy_expected_absent: bool = False,
 ) -> list[Check]:
+    """The row's validity checks. ``energy_expected_absent``: the device has no power meter (the CPU), so no reading is
+    what was to be expected, not a fault: no ``no_power`` (the row says why in ``power_note``)."""
     checks = []
     if processed_batch != requested_batch:
         checks.append(Check("batch_mismatch", f"each step processed {processed_batch} images, not the {requested_batch} requested; per-image numbers would be wrong"))
@@ -55,7 +78,7 @@ def run_checks(
     spread = cv_check(cv, cv_threshold)
     if spread is not None:
         checks.append(spread)
-    if energy_j is None:
+    if energy_j is None and not energy_expected_absent:
         checks.append(Check("no_power", f"no power/energy reading: {energy_unavailable or 'unknown reason'}"))
     if throttle_reasons:
         where = "the timed loop" if throttled_blocks is None else f"{throttled_blocks[0]} of this case's {throttled_blocks[1]} timed blocks"

@@ -42,6 +42,7 @@ class MonitorReport:
     other_processes: list[int] = field(default_factory=list)
     samples: int = 0
     unavailable: str | None = None  # why there are no readings
+    expected: bool = False  # none were to be had (no power meter on this device): not a warning
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,9 @@ def case_view(run: MonitorReport, readings: list[BlockReading | None]) -> tuple[
 class NullMonitor:
     """No NVML: says why, measures nothing."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, expected: bool = False):
         self.reason = reason
+        self.expected = expected
 
     def block_reading(self, since: float) -> None:
         return None
@@ -94,7 +96,7 @@ class NullMonitor:
         pass
 
     def end(self) -> MonitorReport:
-        return MonitorReport(unavailable=self.reason)
+        return MonitorReport(unavailable=self.reason, expected=self.expected)
 
     def energy_mj(self) -> None:
         return None
@@ -222,7 +224,7 @@ class NvmlMonitor:
 def open_monitor(device: str, torch_device_index: int = 0):
     """An NvmlMonitor for CUDA runs where NVML works, else a NullMonitor that says why."""
     if device != "cuda":
-        return NullMonitor("power and energy are measured on NVIDIA GPUs only (this run is on the CPU)")
+        return NullMonitor("power and energy are measured on NVIDIA GPUs only (this run is on the CPU)", expected=True)
     try:
         import pynvml  # noqa: F401
     except ImportError:

@@ -6,6 +6,9 @@ beside them, for comparison with timm, fvcore and the seeds (which printed MACs 
 
 from __future__ import annotations
 
+import contextlib
+import re
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -62,11 +65,115 @@ def _extra_formulas() -> dict:
     return extra
 
 
+# Ops that do a matmul's kind of work, by name: where one has no formula, the count misses FLOPs.
+_HEAVY_NAME = re.compile(r"(^|_)(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|conv\d*d|convolution|einsum|gemm|rnn|lstm|gru)(_|$)"
+                         r"|attention|transformer|multi_head")
+_BUILTIN_NAMESPACES = ("aten", "prims", "prim", "profiler", "c10d", "_c10d_functional", "_dtensor", "inductor")
+UNCOUNTED_SHARE = 0.05  # uncounted heavy work at least this share of the step (a lower bound) raises flops_uncounted
+UNCOUNTED_FLAG = "flops_uncounted"
+
+
+@dataclass
+class FlopCount:
+    """FLOPs of one call, and the ops that did heavy tensor work without a FLOP formula (name → calls), with a lower bound
+    of what they did: 2 × their output's elements × the inner dimension of their first input of two or more dims (one
+    multiply-add per output element and input feature; a fused encoder layer does several times that)."""
+
+    flops: int
+    uncounted: dict = field(default_factory=dict)
+    uncounted_flops_min: int = 0
+
+    @property
+    def uncounted_share_min(self) -> float:
+        total = self.flops + self.uncounted_flops_min
+        return self.uncounted_flops_min / total if total else 0.0
+
+    def to_dict(self) -> dict:
+        return {"flops": int(self.flops), "uncounted": dict(self.uncounted), "uncounted_flops_min": int(self.uncounted_flops_min)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FlopCount":
+        return cls(int(d["flops"]), dict(d.get("uncounted") or {}), int(d.get("uncounted_flops_min") or 0))
+
+
+def _op_name(packet) -> str:
+    return getattr(packet, "_qualified_op_name", None) or str(packet)
+
+
+def _heavy_lower_bound(packet, args, out) -> int | None:
+    """A lower bound of an uncounted op's FLOPs where it does a matmul's kind of work (by name, or any op of a custom
+    namespace, whose code torch cannot see into); None for the others."""
+    name = _op_name(packet)
+    namespace, _, short = name.partition("::")
+    if namespace in _BUILTIN_NAMESPACES and not _HEAVY_NAME.search(short):
+        return None
+    inputs = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor) and a.dim() >= 2]
+    outputs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+    if not inputs or not outputs:
+        return None
+    return 2 * max(o.numel() for o in outputs) * inputs[0].shape[-1]
+
+
+class _WatchingCounter(flop_counter.FlopCounterMode):
+    """torch's counter, noting every op it cannot count that does heavy tensor work (``_heavy_lower_bound``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.uncounted: dict[str, int] = {}
+        self.uncounted_flops_min = 0
+
+    def _count_flops(self, func_packet, out, args, kwargs):
+        if func_packet not in self.flop_registry:
+            bound = _heavy_lower_bound(func_packet, (args, kwargs), out)
+            if bound is not None:
+                name = _op_name(func_packet)
+                self.uncounted[name] = self.uncounted.get(name, 0) + 1
+                self.uncounted_flops_min += bound
+        return super()._count_flops(func_packet, out, args, kwargs)
+
+
+@contextlib.contextmanager
+def _mha_fastpath(enabled: bool):
+    """nn.TransformerEncoderLayer's and nn.MultiheadAttention's fused inference path on or off (torch.backends.mha)."""
+    mha = getattr(torch.backends, "mha", None)
+    if mha is None:
+        yield
+        return
+    before = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(enabled)
+    try:
+        yield
+    finally:
+        mha.set_fastpath_enabled(before)
+
+
+def count_step(run_once: Callable[[], object], mha_fastpath: bool = False) -> FlopCount:
+    """FLOPs of one call of ``run_once``, with the heavy ops it could not count.
+
+    Counted with the fused fast path of nn.TransformerEncoderLayer and nn.MultiheadAttention off (``mha_fastpath``):
+    its one op per layer (aten::_transformer_encoder_layer_fwd, _native_multi_head_attention) has no FLOP formula, so
+    a model made of those layers would count its head alone; unfused, the same layer runs the same matmuls as ops that
+    have one. The timed step keeps the fast path."""
+    with _mha_fastpath(mha_fastpath), _WatchingCounter(display=False, custom_mapping=_extra_formulas()) as counter:
+        run_once()
+    return FlopCount(int(counter.get_total_flops()), dict(counter.uncounted), int(counter.uncounted_flops_min))
+
+
 def count_flops(run_once: Callable[[], object]) -> int:
     """FLOPs of one call of ``run_once`` (a forward at the measured batch size)."""
-    with flop_counter.FlopCounterMode(display=False, custom_mapping=_extra_formulas()) as counter:
-        run_once()
-    return int(counter.get_total_flops())
+    return count_step(run_once).flops
+
+
+def uncounted_check(count: FlopCount):
+    """``flops_uncounted`` where ops with no FLOP formula did at least ``UNCOUNTED_SHARE`` of the step's work (by their
+    lower bound); None otherwise."""
+    from perflab.measure.checks import Check
+
+    if not count.uncounted or count.uncounted_share_min < UNCOUNTED_SHARE:
+        return None
+    ops = ", ".join(f"{name} ×{calls}" for name, calls in sorted(count.uncounted.items(), key=lambda kv: -kv[1]))
+    return Check(UNCOUNTED_FLAG, f"FLOPs undercounted: ops with no FLOP formula did heavy tensor work ({ops}), at least "
+                                 f"{count.uncounted_share_min:.0%} of the step's FLOPs: GFLOPs, TFLOP/s and MFU read low")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -107,29 +214,29 @@ class FlopCache:
 
         self.root = Path(root)
 
-    def get(self, key: str) -> tuple[int, str] | None:
-        """(FLOPs, the id of the case that counted them), or None."""
+    def get(self, key: str) -> tuple[FlopCount, str] | None:
+        """(the count, the id of the case that counted it), or None."""
         import json
 
         try:
             entry = json.loads((self.root / f"{key}.json").read_text())
-            return int(entry["flops"]), str(entry["case_id"])
+            return FlopCount.from_dict(entry), str(entry["case_id"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def put(self, key: str, flops: int, case_id: str) -> None:
+    def put(self, key: str, count: FlopCount, case_id: str) -> None:
         import json
         import os
 
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f"{key}.json"
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"flops": int(flops), "case_id": case_id}))
+        tmp.write_text(json.dumps(dict(count.to_dict(), case_id=case_id)))
         os.replace(tmp, path)
 
 
-def count_flops_once(case, run_once: Callable[[], Callable[[], object]], cache: FlopCache | None) -> tuple[int, str | None]:
-    """(FLOPs of one eager step of ``case``, the id of the case that counted them where it was not this one). With a
+def count_flops_once(case, run_once: Callable[[], Callable[[], object]], cache: FlopCache | None) -> tuple[FlopCount, str | None]:
+    """(the count of one eager step of ``case``, the id of the case that counted it where it was not this one). With a
     cache, a count stored under the case's ``count_key`` is reused and the step not run; else ``run_once()`` gives the
     step, counted and stored."""
     key = count_key(case) if cache is not None else None
@@ -137,10 +244,10 @@ def count_flops_once(case, run_once: Callable[[], Callable[[], object]], cache: 
         hit = cache.get(key)
         if hit is not None:
             return hit[0], (hit[1] if hit[1] != case.id else None)
-    flops = count_flops(run_once())
+    count = count_step(run_once())
     if key is not None:
-        cache.put(key, flops, case.id)
-    return flops, None
+        cache.put(key, count, case.id)
+    return count, None
 
 
 def count_params(model: torch.nn.Module) -> tuple[int, int]:

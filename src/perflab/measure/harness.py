@@ -41,7 +41,7 @@ from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, ho
 from perflab.measure.checks import MIN_TIMED_ITERS, autotune_check, compile_checks, run_checks
 from perflab.measure.energy import THROTTLE_REASONS, case_view, open_monitor
 from perflab.measure.env import device_name, environment
-from perflab.measure.flops import FlopCache, count_flops_once, count_params
+from perflab.measure.flops import FlopCache, FlopCount, count_flops_once, count_params, uncounted_check
 from perflab.measure.host import HeldTiming, held_timing, issue_s
 from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
 from perflab.measure.stats import hierarchical_ci, summarize
@@ -182,6 +182,7 @@ class Prepared:
     warm_peak_bytes: int | None = None  # the allocator's peak over the calls before timing (CUDA), absolute
     alloc0: int | None = None  # allocated before the case was built (CUDA, cases timed together)
     flops_counted_in: str | None = None  # the case whose identical eager step was counted (a sweep's FLOP cache), if not this
+    flop_count: FlopCount | None = None  # the count, with the heavy ops it could not count
     compile_stats: dict | None = None  # compile modes: what dynamo compiled in the first call and the warm-up (runtime.modes)
     compile_after: dict | None = None  # dynamo's counters when the case was warm: a frame compiled after it, compiled while timed
     autotune: dict | None = None  # max-autotune modes: the kernels autotuning chose (runtime.modes.record_autotune)
@@ -194,7 +195,7 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
     stage("check")
     checked = impl.check(case, built)
     stage("flops")
-    flops, counted_in = count_flops_once(case, lambda: built.make_step(built.model), flop_cache)
+    flop_count, counted_in = count_flops_once(case, lambda: built.make_step(built.model), flop_cache)
 
     stage("compile" if case.mode != "eager" else "warmup")
     if case.device == "cuda":
@@ -232,8 +233,8 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
         held = held_timing(step, case.device, issue)
         synchronize(case.device)
     warm_peak = torch.cuda.max_memory_allocated() if case.device == "cuda" else None
-    prepared = Prepared(case, impl, built, step, checked, flops, params, trainable, first_step_s, processed, plan, issue, issue_step, held,
-                        finite=finite, warm_peak_bytes=warm_peak, flops_counted_in=counted_in)
+    prepared = Prepared(case, impl, built, step, checked, flop_count.flops, params, trainable, first_step_s, processed, plan, issue, issue_step,
+                        held, finite=finite, warm_peak_bytes=warm_peak, flops_counted_in=counted_in, flop_count=flop_count)
     if compiling:
         prepared.compile_after = compile_counters()
         prepared.compile_stats = compile_stats(counters0, prepared.compile_after)
@@ -341,6 +342,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         cv=summary.cv,
         energy_j=measured.energy_j,
         energy_unavailable=measured.energy_unavailable,
+        energy_expected_absent=getattr(report, "expected", False),
         throttle_reasons=report.throttle_reasons,
         throttled_blocks=(measured.gpu_view["throttled_blocks"], measured.gpu_view["read_blocks"]) if measured.gpu_view else None,
         other_processes=report.other_processes,
@@ -350,6 +352,9 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         min_time=case.min_time,
     )
     checks += compile_checks(prepared.compile_stats)
+    uncounted = uncounted_check(prepared.flop_count) if prepared.flop_count is not None else None
+    if uncounted is not None:
+        checks.append(uncounted)
     env = dict(env)
     env.update(
         sm_clock_mhz=report.sm_clock_mhz_end,
@@ -395,6 +400,8 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
     )
     if held.note:
         row["held_note"] = held.note
+    if measured.energy_j is None and getattr(report, "expected", False):
+        row["power_note"] = measured.energy_unavailable  # no meter here (the CPU): said, not flagged
     timing_fields(row, measured.samples_ms, measured.sample_processes, measured.sample_rounds)
     if measured.session is not None:
         row["session"] = measured.session["id"]
@@ -408,6 +415,9 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
     row["flops_source"] = "counted"  # gflops & co. come from torch.utils.flop_counter on a real step, for every model
     if prepared.flops_counted_in:
         row["flops_counted_in"] = prepared.flops_counted_in  # the same eager step, counted by that case of the sweep
+    if prepared.flop_count is not None and prepared.flop_count.uncounted:  # heavy ops with no FLOP formula, by calls
+        row["flops_uncounted_ops"] = dict(prepared.flop_count.uncounted)
+        row["flops_uncounted_share_min"] = prepared.flop_count.uncounted_share_min
     if row.get("flops_analytic"):
         row["flops_counted_vs_analytic"] = flops / row["flops_analytic"] - 1.0
     if case.is_reference:
@@ -429,13 +439,15 @@ def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
     the GPU's busy share); the samples of several processes are merged this way too (``bench --processes``).
 
     ``ci95_ms`` is the hierarchical CI (``measure.stats.hierarchical_ci``: across processes, else stretches of the
-    run), ``ci_level`` says which; ``ci95_within_ms`` the order-statistics CI of the pooled blocks, as before."""
+    run), ``ci_level`` says which, ``ci_coverage`` what it may claim (0.95 from 5 units or more; from fewer, what their
+    ranks guarantee: ``measure.stats.order_coverage``); ``ci95_within_ms`` the order-statistics CI of the pooled
+    blocks, as before."""
     summary = summarize(samples)
     ci = hierarchical_ci(samples, processes, rounds)
     median = summary.median
     row.update(
         median_ms=median, p10_ms=summary.p10, p90_ms=summary.p90, mean_ms=summary.mean, cv=summary.cv,
-        ci95_ms=[ci.low, ci.high], ci_level=ci.level, ci_units=ci.n_units,
+        ci95_ms=[ci.low, ci.high], ci_level=ci.level, ci_units=ci.n_units, ci_coverage=ci.coverage,
         ci95_within_ms=[summary.ci95_low, summary.ci95_high], ci95_coverage=summary.ci_coverage,
         latency_ms_per_batch=median, latency_ms_per_sample=median / row["batch_size"],
         throughput_per_s=row["batch_size"] * 1000.0 / median,

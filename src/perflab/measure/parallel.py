@@ -149,6 +149,8 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
     if first.get("compile"):  # rank 0's compile; a recompile while timed on any rank
         row["compile"] = dict(first["compile"], frames_compiled_while_timed=max(r["compile"]["frames_compiled_while_timed"] for r in ranks))
     row["rank_memory"] = [r["memory"] for r in ranks]
+    if case.device == "cpu":
+        row["threads_per_rank"] = first.get("threads")  # the host's CPUs shared out among the ranks (runtime.parallel)
     row["multicast_off"] = all(r["multicast_off"] for r in ranks)  # NVLink multicast was off in every rank's process
     if case.device == "cuda":
         row["peak_mem_alloc_mb"] = max(r["memory"]["peak_alloc_mb"] for r in ranks)
@@ -177,6 +179,9 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
                         timed_iters=timed_iters, cv=row["cv"], energy_j=None, energy_unavailable="not measured with --parallel",
                         throttle_reasons=[], other_processes=[], finite=all(r["finite"] is not False for r in ranks), min_time=case.min_time)
     checks += compile_checks(row.get("compile"))
+    wide = efficiency_check(row)
+    if wide is not None:
+        checks.append(wide)
     if row["ranks_agree"] is False:
         checks.append(Check("ranks_disagree", "the ranks' parameters differ after the timed steps: the gradients were not reduced alike"))
     row["flags"] = [c.flag for c in checks]
@@ -199,8 +204,24 @@ def efficiency_fields(case: Case, ranks: list[dict]) -> dict:
         ratio = {"ratio": statistics.median(one) / statistics.median(dp), "ci95": None, "pairs": 0}
     return {"single_gpu_ms": statistics.median(one), "single_gpu_samples_ms": one, "step_ms_beside_single": statistics.median(dp),
             "scaling_efficiency": ratio["ratio"], "scaling_efficiency_ci95": ratio["ci95"], "scaling_efficiency_pairs": ratio["pairs"],
+            "scaling_efficiency_ci_coverage": ratio.get("coverage"), "scaling_efficiency_ci_range_of": ratio.get("range_of"),
             "single_gpu_timing": "interleaved with the ranks' step, in blocks of the same rounds",
             "beside_single": {"one_samples_ms": one, "one_rounds": ranks[0]["one_rounds"], "dp_samples_ms": dp, "dp_rounds": rounds}}
+
+
+EFFICIENCY_CI_RATIO = 2.0  # a scaling-efficiency CI whose ends differ by more than this factor says little
+WIDE_EFFICIENCY_FLAG = "efficiency_uncertain"
+
+
+def efficiency_check(row: dict):
+    """``efficiency_uncertain`` where the scaling efficiency's CI spans more than a factor ``EFFICIENCY_CI_RATIO`` (0.032–0.960
+    read as 0.167, on a host whose ranks fought for its cores): the efficiency is then no figure to act on."""
+    ci = row.get("scaling_efficiency_ci95")
+    if not ci or not ci[0] or ci[1] / ci[0] <= EFFICIENCY_CI_RATIO:
+        return None
+    return Check(WIDE_EFFICIENCY_FLAG, f"scaling efficiency {row['scaling_efficiency']:.3f} has a CI of {ci[0]:.3f}–{ci[1]:.3f}, a factor "
+                                       f"{ci[1] / ci[0]:.1f} wide: the one-device and data-parallel blocks moved apart (a busy host, "
+                                       "too few blocks); time longer (--min-time) or on a quieter host before reading it")
 
 
 def together_rows(case: Case, ranks: list[dict]) -> tuple[dict, list[dict]]:
@@ -274,7 +295,7 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
     grad_bytes = sum(grad_sizes)
     accumulate = options.get("no_sync", 1)
     result = {"rank": rank, "backend": dist.get_backend(), "param_bytes": param_bytes, "grad_bytes": grad_bytes, "fsdp_units": layout["fsdp_units"],
-              "multicast_off": all(os.environ.get(k) == v for k, v in MULTICAST_OFF.items())}
+              "multicast_off": all(os.environ.get(k) == v for k, v in MULTICAST_OFF.items()), "threads": torch.get_num_threads()}
     analytic = implementation(plain).analytic(plain)
     with step_context(plain, built):
         step = _step(built, case.mode, accumulate)
@@ -567,11 +588,13 @@ def _profile(step, built, device: str, path: Path, steps: int) -> str:
     backward, optimizer ranges), written as this rank's Kineto trace."""
     from torch.profiler import ProfilerActivity, profile
 
+    from perflab.trace.capture import quiet_profiler
+
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     synchronize(device)
     built.set_annotate(model_ranges=False, passes=True)
     try:
-        with profile(activities=activities) as prof:
+        with quiet_profiler(), profile(activities=activities) as prof:
             for _ in range(steps):
                 step()
                 prof.step()

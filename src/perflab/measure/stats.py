@@ -70,6 +70,7 @@ def summarize(samples) -> Summary:
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 MIN_UNITS = 3  # a level of the hierarchy needs this many units to estimate its spread
+FULL_UNITS = 5  # from this many units, the t-interval's 95% is stated; from fewer, what the units' ranks guarantee
 TIME_SEGMENTS = 5  # one process's blocks are cut into this many stretches of consecutive rounds
 
 
@@ -93,6 +94,21 @@ class HierarchicalCI:
     level: str
     n_units: int
     units: tuple[float, ...]
+    coverage: float = 0.95  # what to state: 0.95 from FULL_UNITS units; below, a distribution-free bound (order_coverage)
+
+
+def order_coverage(low: float, high: float, values) -> float:
+    """The coverage, for the median of the distribution ``values`` are drawn from, that [low, high] is sure of whatever
+    that distribution: that of the widest run of order statistics X(i)..X(k) it contains, P(i ≤ B < k) for
+    B ~ Binomial(n, 1/2). [min, max] of n values: 1 − 2^(1−n) (2 values: 50%, 3: 75%, 4: 87.5%); 0 where it holds
+    fewer than two of them."""
+    x = np.sort(np.asarray(values, dtype=float))
+    n = len(x)
+    inside = np.flatnonzero((x >= low) & (x <= high))
+    if len(inside) < 2:
+        return 0.0
+    i, k = int(inside[0]), int(inside[-1])  # 0-based ranks: the median lies between them unless ≤ i or > k values are below it
+    return float(sum(math.comb(n, j) for j in range(i + 1, k + 1)) / 2**n)
 
 
 def time_segments(rounds, n_segments: int = TIME_SEGMENTS) -> np.ndarray:
@@ -134,11 +150,15 @@ def hierarchical_ci(samples, processes=None, rounds=None, n_segments: int = TIME
             units += [float(np.median(x[mask][segments == s])) for s in np.unique(segments)]
     if len(units) < MIN_UNITS or min(units) <= 0:
         s = summarize(x)
-        return HierarchicalCI(s.ci95_low, s.ci95_high, s.median, "pooled", len(units), tuple(units))
+        return HierarchicalCI(s.ci95_low, s.ci95_high, s.median, "pooled", len(units), tuple(units), s.ci_coverage)
     logs = np.log(units)
     mean, sd = float(logs.mean()), float(logs.std(ddof=1))
     half = t975(len(units) - 1) * sd / math.sqrt(len(units))
-    return HierarchicalCI(math.exp(mean - half), math.exp(mean + half), math.exp(mean), level, len(units), tuple(units))
+    low, high = math.exp(mean - half), math.exp(mean + half)
+    # From fewer than FULL_UNITS units, a t-interval's 95% rests on their being normal, which so few cannot show: state
+    # what their ranks guarantee instead (at most 75% from 3, 87.5% from 4).
+    coverage = 0.95 if len(units) >= FULL_UNITS else min(0.95, order_coverage(low, high, units))
+    return HierarchicalCI(low, high, math.exp(mean), level, len(units), tuple(units), coverage)
 
 
 def paired_ratios(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -175,4 +195,22 @@ def paired_ratio(a: dict, b: dict) -> dict | None:
     if len(ratios) == 0:
         return None
     ci = hierarchical_ci(ratios, procs, rounds)
-    return {"ratio": float(np.median(ratios)), "ci95": [ci.low, ci.high], "level": ci.level, "pairs": int(len(ratios))}
+    return {"ratio": float(np.median(ratios)), "ci95": [ci.low, ci.high], "level": ci.level, "pairs": int(len(ratios)),
+            "units": ci.n_units, "coverage": ci.coverage, "range_of": range_of(ci.low, ci.high, ratios)}
+
+
+def range_of(low: float, high: float, values) -> int | None:
+    """n where [low, high] is the min–max of the n ``values`` (too few for more: ``median_ci_ranks``), else None."""
+    values = list(values)
+    return len(values) if values and low == min(values) and high == max(values) else None
+
+
+def ci_coverage_of(row: dict) -> float | None:
+    """The coverage a row's ``ci95_ms`` may state (``HierarchicalCI.coverage``): its ``ci_coverage``, or for rows stored
+    before it, worked out again from their samples; None where there are none."""
+    if row.get("ci_coverage") is not None:
+        return row["ci_coverage"]
+    samples = row.get("samples_ms")
+    if not samples:
+        return None
+    return hierarchical_ci(samples, row.get("sample_processes"), row.get("sample_rounds")).coverage

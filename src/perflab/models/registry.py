@@ -109,8 +109,14 @@ def build_model(case) -> tuple[object, ViTConfig | None]:
 def build_timm_model(timm_name: str, input_size: int):
     try:
         import timm
-    except Exception as exc:  # timm pulls in torchvision, which can fail to import for its own reasons
-        raise PerflabError(f"timm models need timm, which cannot be imported here ({type(exc).__name__}: {exc})") from None
+    except ModuleNotFoundError as exc:
+        if exc.name != "timm":  # timm pulls in torchvision, which can fail for its own reasons
+            raise PerflabError(f"timm models need timm, which cannot be imported here ({type(exc).__name__}: {exc}); "
+                               "pip install timm torchvision (a torchvision built for this torch)") from None
+        raise PerflabError("timm models need timm, which is not installed: pip install timm (or pip install 'perflab[timm]')") from None
+    except Exception as exc:
+        raise PerflabError(f"timm models need timm, which cannot be imported here ({type(exc).__name__}: {exc}); "
+                           "pip install timm torchvision (a torchvision built for this torch)") from None
     if timm_name.split(".")[0] not in timm.list_models():
         close = difflib.get_close_matches(timm_name, timm.list_models(), n=3)
         raise PerflabError(f"unknown timm model {timm_name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))

@@ -246,8 +246,11 @@ class Recorder:
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
         self._sync()
+        from perflab.trace.capture import quiet_profiler
+
         self._prof = torch.profiler.profile(activities=activities, record_shapes=True)
-        self._prof.start()  # (a boundary source opens the first step's range from on_start, right after this boundary)
+        with quiet_profiler():  # libkineto's stage lines kept off the program's stderr
+            self._prof.start()  # (a boundary source opens the first step's range from on_start, right after this boundary)
 
     def _open_step_range(self) -> None:
         from torch.autograd.profiler import record_function
@@ -286,7 +289,9 @@ class Recorder:
             self._close_step_range()
         self._sync()
         prof, self._prof = self._prof, None
-        with warnings.catch_warnings():  # torch's "Profiler clears events at the end of each cycle": not ours to act on
+        from perflab.trace.capture import quiet_profiler
+
+        with warnings.catch_warnings(), quiet_profiler():  # torch's "Profiler clears events at the end of each cycle": not ours
             warnings.simplefilter("ignore")
             prof.stop()
         out = self.rank_dir()

@@ -6,7 +6,8 @@ from typing import Iterable
 
 from rich.table import Table
 
-from perflab.report.md import formula_cell
+from perflab.report.fit import Column, FittedTable
+from perflab.report.md import ci_note, formula_cell
 
 
 def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
@@ -46,65 +47,99 @@ def _unit(rows: list[dict]) -> str:
     return {"img": "img", "token": "tok"}.get(item_of(rows), "item")
 
 
-def bench_table(rows: list[dict], title: str | None = None) -> Table:
+def ms(value, like=None) -> str:
+    """A time in ms to four significant figures, without an exponent: 152.3, 27.45, 0.8562, 12346; ``like``: with as
+    many decimals as that value takes (a CI's ends as its median)."""
+    if value is None:
+        return "–"
+    magnitude = abs(like if like is not None else value)
+    decimals = 0 if magnitude >= 1000 else 1 if magnitude >= 100 else 2 if magnitude >= 10 else 3 if magnitude >= 1 else 4
+    return f"{value:.{decimals}f}"
+
+
+def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
     unit = _unit(rows)
     classify_only = unit == "img"
     any_gpu = any(r.get("mfu") is not None for r in rows)
     any_mbu = any(r.get("mbu") is not None for r in rows)
-    table = Table(title=title, header_style="bold")
-    columns = [
-        ("model", "left"), ("size" if classify_only else "shape", "right" if classify_only else "left"), ("bs", "right"),
-        ("dtype", "left"), ("mode", "left"), ("ms/batch (95% CI)" if classify_only else "ms/step (95% CI)", "right"),
-        (f"ms/{unit}" if classify_only else "ms/sample", "right"), (f"{unit}/s", "right"),
-        ("GFLOPs/img" if classify_only else "GFLOPs/sample", "right"),
-    ]
     any_formula = any_gpu and any(r.get("flops_analytic") for r in rows)
-    if any_gpu:
-        columns.append(("MFU (counted)", "right"))
-    if any_formula:
-        columns.append(("MFU formula (÷)", "right"))
-    if any_mbu:
-        columns.append(("MBU", "right"))
-    columns += [("tokens", "left")] if classify_only else []
-    columns += [("peak MiB", "right"), ("W", "right")]
     any_canary = any(row.get("host_canary_us") is not None for row in rows)
-    if any_canary:
-        columns.append(("host µs", "right"))  # the host canary (measure.canary): the host's speed before the case
-    columns.append(("status / flags", "left"))
-    for name, justify in columns:
-        table.add_column(name, justify=justify)
     on_nodes = any(row.get("node_host") for row in rows)  # rows of a Ray sweep: where each ran
-    if on_nodes:
-        table.add_column("node", justify="left")
-        table.add_column("GPU", justify="left")
-    for row in rows:
-        ok = row.get("status") == "ok"
+    full_ci = not any(row_ci_note(r) for r in rows if r.get("status") == "ok")
+
+    def cells(fn):
+        return [fn(row) for row in rows]
+
+    def ok(row):
+        return row.get("status") == "ok"
+
+    def timing(row):
         ci = row.get("ci95_ms") or [None, None]
-        timing = f"{row['median_ms']:.3f} ({ci[0]:.3f}–{ci[1]:.3f})" if ok else "–"
-        status = ", ".join(row.get("flags") or []) if ok else f"[red]{row['status']}[/red]: {row.get('message') or ''}"
-        throughput = row.get("items_per_s", row.get("throughput_per_s")) if not classify_only else row.get("throughput_per_s")
-        cells = [
-            model_label(row), shape_label(row), str(row["batch_size"]), row["dtype"], row["mode"], timing,
-            _fmt(row.get("latency_ms_per_sample"), ".4g"), _fmt(throughput, ".1f"), _fmt(row.get("gflops"), ".2f"),
-        ]
-        if any_gpu:
-            cells.append(_fmt(row.get("mfu"), ".1%"))
-        if any_formula:
-            cells.append(formula_cell(row))
-        if any_mbu:
-            cells.append(_fmt(row.get("mbu"), ".1%"))
-        if classify_only:
-            cells.append("→".join(map(str, row["tokens"])) if row.get("tokens") else "–")
-        # Reserved memory where the case was timed alone; allocated where cases shared the allocator (interleaved).
-        peak = row.get("peak_mem_reserved_mb") if row.get("peak_mem_reserved_mb") is not None else row.get("peak_mem_alloc_mb")
-        cells += [_fmt(peak, ".0f"), _fmt(row.get("power_w"), ".0f")]
-        if any_canary:
-            cells.append(canary_cell(row))
-        cells.append(status or "[green]ok[/green]")
-        if on_nodes:
-            cells += [f"{row.get('node_host') or '–'}:{(row.get('node_id') or '')[:6]}", row.get("gpu_name") or "–"]
-        table.add_row(*cells)
-    return table
+        if not ok(row):
+            return "–"
+        note = row_ci_note(row)
+        median = row["median_ms"]
+        return f"{ms(median)} ({ms(ci[0], median)}–{ms(ci[1], median)})" + (f" {note}" if note else "")
+
+    def throughput(row):
+        return row.get("items_per_s", row.get("throughput_per_s")) if not classify_only else row.get("throughput_per_s")
+
+    def peak(row):  # reserved where the case was timed alone; allocated where cases shared the allocator (interleaved)
+        return row.get("peak_mem_reserved_mb") if row.get("peak_mem_reserved_mb") is not None else row.get("peak_mem_alloc_mb")
+
+    ok_rows = [r for r in rows if ok(r)]
+    # flags every row carries are said once, under the table (as the markdown report does)
+    common = set.intersection(*(set(r.get("flags") or []) for r in ok_rows)) if len(ok_rows) > 1 else set()
+
+    def status(row):
+        if not ok(row):
+            return f"[red]{row['status']}[/red]: {row.get('message') or ''}"
+        return ", ".join(f for f in row.get("flags") or [] if f not in common) or ("–" if common else "[green]ok[/green]")
+
+    columns = [
+        Column("model", cells(model_label), key=True, short=True, caption_as="{}"),
+        Column("size" if classify_only else "shape", cells(shape_label), "right" if classify_only else "left", key=True, caption_as="{}"),
+        Column("bs", cells(lambda r: str(r["batch_size"])), "right", key=True, caption_as="bs {}"),
+        Column("dtype", cells(lambda r: r["dtype"]), key=True, caption_as="{}"),
+        Column("mode", cells(lambda r: r["mode"]), key=True, caption_as="{}"),
+        Column(("ms/batch" if classify_only else "ms/step") + (" (95% CI)" if full_ci else " (CI)"), cells(timing), "right"),
+        Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms(r.get("latency_ms_per_sample"))), "right", drop=2),
+        Column(f"{unit}/s", cells(lambda r: _fmt(throughput(r), ".1f")), "right"),
+        Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: _fmt(r.get("gflops"), ".2f")), "right", drop=5),
+    ]
+    if any_gpu:
+        columns.append(Column("MFU (counted)", cells(lambda r: _fmt(r.get("mfu"), ".1%")), "right"))
+    if any_formula:
+        columns.append(Column("MFU formula (÷)", cells(formula_cell), "right", drop=4))
+    if any_mbu:
+        columns.append(Column("MBU", cells(lambda r: _fmt(r.get("mbu"), ".1%")), "right"))
+    if classify_only:
+        columns.append(Column("tokens", cells(lambda r: "→".join(map(str, r["tokens"])) if r.get("tokens") else "–"), key=True, drop=3,
+                              caption_as="{} tokens"))
+    columns += [Column("peak MiB", cells(lambda r: _fmt(peak(r), ".0f")), "right", drop=6),
+                Column("W", cells(lambda r: _fmt(r.get("power_w"), ".0f")), "right", drop=7)]
+    if any_canary:  # the host canary (measure.canary): the host's speed before the case
+        columns.append(Column("host µs", cells(canary_cell), "right", drop=1))
+    columns.append(Column("status / flags", cells(status), wrap=True))
+    if on_nodes:
+        columns += [Column("node", cells(lambda r: f"{r.get('node_host') or '–'}:{(r.get('node_id') or '')[:6]}"), key=True),
+                    Column("GPU", cells(lambda r: r.get("gpu_name") or "–"), key=True)]
+    caption = [f"flags on every row: {', '.join(f for f in ok_rows[0]['flags'] if f in common)}"] if common else []
+    return FittedTable(columns, title=title, caption=caption + ([] if full_ci else [CI_CAPTION]))
+
+
+CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run); from fewer, the coverage they guarantee "
+              "(4 units: ≥88%, 3: ≥75%; min–max of n samples: 1 − 2^(1−n), 50% for 2)")
+
+
+def row_ci_note(row: dict) -> str:
+    from perflab.measure.stats import ci_coverage_of, range_of
+
+    ci = row.get("ci95_ms")
+    if not ci:
+        return ""
+    samples = row.get("samples_ms") or []
+    return ci_note(ci_coverage_of(row), range_of(ci[0], ci[1], samples) if row.get("ci_level") == "pooled" else None)
 
 
 def canary_cell(row: dict) -> str:
@@ -114,6 +149,39 @@ def canary_cell(row: dict) -> str:
         return "–"
     ratio = row.get("host_canary_ratio")
     return f"{value:.0f}" + (f" ({ratio:.2f}×)" if ratio is not None else "")
+
+
+def warning_lines(rows: list[dict]) -> list[str]:
+    """The warnings of a run's rows, each said once (rich markup). A failed row: its line. Then one line for what the
+    rows share and what a busy host causes: each flag on every row, or on the rows named (their short labels), with its
+    message where the rows' are alike, else its summary (``measure.checks.FLAG_SUMMARIES``). Then one line per row
+    for each other warning, with its numbers. Expected absences (no power meter on a CPU) are no warnings."""
+    from perflab.measure.checks import FLAG_SUMMARIES, NOISE_FLAGS
+    from perflab.report.fit import short_forms
+
+    lines = [f"[red]{r['status']}[/red]: {row_label(r)}: {r.get('message')}" for r in rows if r.get("status") != "ok"]
+    ok = [r for r in rows if r.get("status") == "ok"]
+    hits: dict[str, list[tuple[dict, str]]] = {}
+    for row in ok:
+        for flag, message in zip(row.get("flags") or [], row.get("warnings") or []):
+            hits.setdefault(flag, []).append((row, message))
+        if row.get("pin_warning"):
+            hits.setdefault("pinning", []).append((row, row["pin_warning"]))
+    if not hits:
+        return lines
+    if len(ok) == 1:
+        return lines + [f"[yellow]warning[/yellow]: {row_label(ok[0])}: " + " | ".join(f"{flag}: {h[0][1]}" for flag, h in hits.items())]
+    labels = short_forms([row_label(r) for r in ok], sep=" ")
+    shared, own = [], []
+    for flag, found in hits.items():
+        if len(found) == len(ok) or flag in NOISE_FLAGS:
+            messages = {m for _, m in found}
+            text = messages.pop() if len(messages) == 1 else FLAG_SUMMARIES.get(flag, found[0][1])
+            who = "every row" if len(found) == len(ok) else ", ".join(labels[row_label(r)] for r, _ in found)
+            shared.append(f"{flag} ({who}): {text}")
+        else:
+            own += [f"[yellow]warning[/yellow]: {row_label(r)}: {m}" for r, m in found]
+    return lines + ([f"[yellow]warning[/yellow]: {' | '.join(shared)}"] if shared else []) + own
 
 
 def exempt_line(rows: Iterable[dict], limit: int = 6) -> str | None:
@@ -131,40 +199,100 @@ def exempt_line(rows: Iterable[dict], limit: int = 6) -> str | None:
             f"cannot lengthen them): {shown}" + (f"; waived: {'; '.join(waived)}." if waived else "."))
 
 
-def speedup_table(rows: list[dict]) -> Table:
-    """Each token-reduction row against its baseline at the same point: throughputs, speedup, verdict."""
-    from perflab.report.tables import speedup_rows
+def _compared_value(field: str, row: dict) -> str:
+    return {"model": model_label, "batch size": lambda r: f"bs {r['batch_size']}", "dtype": lambda r: r["dtype"],
+            "mode": lambda r: r["mode"]}[field](row)
 
-    table = Table(title="Top-k vs baseline", header_style="bold")
-    pairs = speedup_rows(rows)
+
+def comparison_tables(rows: list[dict], fields: dict | None = None, title: str | None = None) -> list[FittedTable]:
+    """One table per compared field (``report.tables.comparisons``: rows alike but for a model, a batch size, a
+    dtype or a mode): each variant against its baseline at the same point, with the paired speedup and its CI."""
+    from perflab.report.tables import comparisons
+
+    return [comparison_table(pairs, field, title) for field, pairs in comparisons(rows, fields).items()]
+
+
+def speedup_table(rows: list[dict]) -> FittedTable | None:
+    """The demo's: each token-reduction model against its baseline at the same point."""
+    from perflab.report.tables import COMPARED
+
+    tables = comparison_tables(rows, {"model": COMPARED["model"]}, title="Top-k vs baseline")
+    return tables[0] if tables else None
+
+
+def comparison_table(pairs: list[dict], field: str, title: str | None = None) -> FittedTable:
+    unit = _unit([r for p in pairs for r in p["rows"]])
     any_paired = any(p.get("paired") for p in pairs)
-    columns = ["size", "bs", "dtype", "mode", "baseline img/s", "top-k img/s", "speedup"]
-    columns += ["paired 95% CI"] if any_paired else []
-    columns += ["GFLOPs/img", "verdict"]
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("dtype", "mode", "verdict") else "right")
-    for p in pairs:
+    full_ci = not any(ci_note(p.get("speedup_ci_coverage"), p.get("speedup_ci_range_of")) for p in pairs if p.get("paired"))
+
+    def cells(fn):
+        return [fn(p) for p in pairs]
+
+    def point(name, header, fn, caption_as="{}", justify="left"):  # a field both sides share (the compared one: baseline, variant)
+        return [] if name == field else [Column(header, cells(lambda p: fn(p["rows"][1])), justify, key=True, short=name == "model",
+                                                caption_as=caption_as)]
+
+    def verdict(p):
         if p["speedup"] is None:
-            table.add_row(str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], "–", "–", "–", *(["–"] if any_paired else []), "–",
-                          f"{p['baseline_status']}/{p['variant_status']}")
-            continue
-        verdict = ("faster" if p["faster"] else "slower") + ("" if p["significant"] else " (within noise)")
-        if p.get("host_dependent"):
-            verdict += " (host-dependent)"
-        ci = p.get("speedup_ci95")
-        cells = [str(p["input_size"]), str(p["batch_size"]), p["dtype"], p["mode"], f"{p['baseline_tp']:.1f}", f"{p['variant_tp']:.1f}",
-                 f"{p['speedup']:.2f}×"]
-        if any_paired:
-            cells.append(f"{ci[0]:.3f}–{ci[1]:.3f}" if ci else "unpaired")
-        table.add_row(*cells, f"{p['baseline_gflops']:.2f} → {p['variant_gflops']:.2f}", verdict)
+            return f"{p['baseline_status']}/{p['variant_status']}"
+        text = ("faster" if p["faster"] else "slower") + ("" if p["significant"] else " (within noise)")
+        return text + (" (host-dependent)" if p.get("host_dependent") else "")
+
+    def speedup(p):
+        return f"{p['speedup']:.2f}×" if p["speedup"] is not None else "–"
+
+    def ci(p):
+        c = p.get("speedup_ci95")
+        if not c:
+            return "unpaired" if p["speedup"] is not None else "–"
+        note = ci_note(p.get("speedup_ci_coverage"), p.get("speedup_ci_range_of"))
+        return f"{c[0]:.3f}–{c[1]:.3f}" + (f" {note}" if note else "")
+
+    def gflops(p):
+        b, v = p.get("baseline_gflops"), p.get("variant_gflops")
+        return "–" if b is None or v is None else (f"{b:.2f}" if round(b, 2) == round(v, 2) else f"{b:.2f} → {v:.2f}")
+
+    columns = [Column("baseline", cells(lambda p: _compared_value(field, p["rows"][0])), key=True, short=True),
+               Column("variant", cells(lambda p: _compared_value(field, p["rows"][1])), key=True, short=True)]
+    columns += (point("model", "model", model_label) + point("shape", "size" if unit == "img" else "shape", shape_label)
+                + point("batch size", "bs", lambda r: str(r["batch_size"]), "bs {}", "right") + point("dtype", "dtype", lambda r: r["dtype"])
+                + point("mode", "mode", lambda r: r["mode"]))
+    columns += [Column(f"baseline {unit}/s", cells(lambda p: _fmt(p["baseline_items_per_s"], ".1f")), "right", drop=2),
+                Column(f"variant {unit}/s", cells(lambda p: _fmt(p["variant_items_per_s"], ".1f")), "right", drop=2),
+                Column("speedup", cells(speedup), "right")]
     if any_paired:
-        table.caption = ("speedup: median of baseline ÷ top-k over blocks timed next to each other (interleaved), with its 95% CI; "
-                         "img/s: each case's median")
-    dependent = [p for p in pairs if p.get("host_dependent")]
-    if dependent:
-        table.caption = (table.caption + ". " if table.caption else "") + "host-dependent: " + "; ".join(
-            f"bs{p['batch_size']} {p['mode']}: {p['host_dependent']}" for p in dependent)
-    return table
+        columns.append(Column("paired 95% CI" if full_ci else "paired CI", cells(ci), "right"))
+    columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops), "right", drop=1),
+                Column("verdict", cells(verdict), wrap=True)]
+    caption = []
+    if any_paired:
+        caption.append(f"speedup: the variant's {unit}/s ÷ the baseline's, the median over blocks timed next to each other "
+                       f"(interleaved), with its {'95% ' if full_ci else ''}CI; {unit}/s: each case's median")
+    if not full_ci:
+        caption.append(CI_CAPTION.replace("n samples", "n pairs"))  # the pairs' CI: said again, each table read alone
+    if any(p.get("host_dependent") for p in pairs):
+        caption.append("host-dependent: one side's step is limited by the host and the other's by the GPU (or sits at the "
+                       "boundary), so the speedup moves with the host's speed")
+    return FittedTable(columns, title=title or f"Paired comparison: {field}", caption=caption)
+
+
+def catalog_tables(catalog: dict) -> list[FittedTable]:
+    """``api.model_catalog``'s answer: the built-in models with their family and dimensions, the families, the
+    variants, and the forms of a reference to your own model."""
+    from rich.markup import escape
+
+    models = [(name, f["name"], dims) for f in catalog["families"] for name, dims in f["models"].items()]
+    families = [{k: escape(v) if isinstance(v, str) else v for k, v in f.items()} for f in catalog["families"]]
+    forms = [{k: escape(v) for k, v in f.items()} for f in catalog["variants"] + catalog["references"]]
+    return [
+        FittedTable([Column("model", [m[0] for m in models]), Column("family", [m[1] for m in models]),
+                     Column("dimensions", [m[2] for m in models], wrap=True)], title="Built-in models"),
+        FittedTable([Column("family", [f["name"] for f in families]), Column("workloads", [", ".join(f["workloads"]) for f in families], wrap=True),
+                     Column("per", [f["item"] for f in families]), Column("a step runs", [f["describe"] for f in families], wrap=True)],
+                    title="Workload families"),
+        FittedTable([Column("--model", [f["form"] for f in forms]), Column("what it is", [f["means"] for f in forms], wrap=True)],
+                    title="Variants and your own models", caption=[catalog["note"]]),
+    ]
 
 
 def ceilings_lines(result: dict) -> list[str]:

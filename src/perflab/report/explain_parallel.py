@@ -4,7 +4,7 @@ console and for markdown. Torch-free."""
 from __future__ import annotations
 
 from perflab.report.explain_rows import compile_line, fix_model_lines
-from perflab.report.md import md_table, num, with_ci
+from perflab.report.md import ci_note, md_table, num, with_ci
 
 MIB = 2**20
 
@@ -43,15 +43,21 @@ def bucket_text(buckets: list, listed: int = 8) -> str:
 
 
 def where(e) -> str:
-    return f"{e.case.world_size} CPU ranks, gloo" if e.case.device == "cpu" else f"{e.case.world_size} GPUs, NCCL"
+    if e.case.device != "cpu":
+        return f"{e.case.world_size} GPUs, NCCL"
+    threads = e.row.get("threads_per_rank")
+    return f"{e.case.world_size} CPU ranks, gloo" + (f", {threads} thread{'s' if threads != 1 else ''} each" if threads else "")
 
 
 def summary_lines(e) -> list[str]:
     """The step against one device, the bytes and the floor, in words."""
     c, row = e.communication, e.row
-    one = "one CPU process" if e.case.device == "cpu" else "one GPU"
+    threads = e.row.get("threads_per_rank")
+    one = ("one CPU process" + (" of as many threads" if threads else "")) if e.case.device == "cpu" else "one GPU"
     ci = c.get("scaling_efficiency_ci95")
-    paired = (f" (95% CI {ci[0]:.3f}–{ci[1]:.3f}, from blocks interleaved with the ranks' step)" if ci else " (timed alone, after the ranks)")
+    note = ci_note(row.get("scaling_efficiency_ci_coverage"), row.get("scaling_efficiency_ci_range_of"))
+    label = f"CI ({note})" if note else "95% CI"
+    paired = (f" ({label} {ci[0]:.3f}–{ci[1]:.3f}, from blocks interleaved with the ranks' step)" if ci else " (timed alone, after the ranks)")
     scaling = (f"; the same case on {one} {c['single_ms']:.3f} ms, scaling efficiency {c['scaling_efficiency']:.3f}{paired} (weak scaling: the "
                "batch is per rank)") if c.get("single_ms") else ""
     buckets = f" DDP's buckets as it rebuilt them: {bucket_text(c['buckets'])}." if c.get("buckets") else ""

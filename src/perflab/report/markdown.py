@@ -449,6 +449,19 @@ def _ms_triple(row) -> tuple:
 # Header, status, environment, provenance, all rows
 
 
+def _short_ci_line(rows) -> str | None:
+    """Where some rows' CIs come from fewer than 5 units (``measure.stats.HierarchicalCI.coverage``), how many and what
+    they cover; None where every CI is a 95% one."""
+    from perflab.measure.stats import ci_coverage_of
+
+    coverages = [c for c in (ci_coverage_of(r) for r in rows if r.get("status") == "ok") if c is not None and c < 0.95]
+    if not coverages:
+        return None
+    return (f"{len(coverages)} row(s) have a CI from fewer than 5 units (processes, or stretches of the run): not a 95% CI; "
+            f"the brackets of those rows cover the median with at least {min(coverages):.0%} probability (what the units' "
+            f"ranks guarantee; min–max of n values: 1 − 2^(1−n)).")
+
+
 def _unit_of(rows) -> str:
 
     return {"img": "images", "token": "tokens"}.get(item_of(rows), "items")
@@ -463,13 +476,16 @@ def _header(stored, common: set[str], summary: list[str] | None = None) -> str:
     if summary:
         lines += ["## Summary", " ".join(summary), "## How to read the tables"]
     lines.append(
-        ("" if summary else "How to read the tables: ") + f"TP is throughput ({_unit_of(stored.rows)}/s) from the median step time, with its 95% CI in brackets "
+        ("" if summary else "How to read the tables: ") + f"TP is throughput ({_unit_of(stored.rows)}/s) from the median step time, with its CI in brackets (95% unless said below) "
         "(from the distribution-free CI of the median). Speedup = variant TP / baseline TP (>1: the variant is faster); its "
         "bracket pairs the CI ends. Latency Δ = variant / baseline latency per batch − 1. \"Within noise\": the two CIs overlap. "
         "Flags are the harness's validity checks (see the README)."
     )
     if common:
         lines.append(f"Flags raised on every successful case (not repeated in the tables): {', '.join(sorted(common))}.")
+    short_ci = _short_ci_line(stored.rows)
+    if short_ci:
+        lines.append(short_ci)
     canary_line = _canary_line(stored.rows)
     if canary_line:
         lines.append(canary_line)

@@ -32,6 +32,14 @@ def with_ci(value, ci, spec: str, unit: str = "", without: str = " (unpaired)") 
     return f"{value:{spec}}{unit}" + (f" ({ci[0]:{spec}}–{ci[1]:{spec}})" if ci else without)
 
 
+def ci_note(coverage: float | None, range_of: int | None) -> str:
+    """What a CI of less than 95% coverage states instead (``measure.stats.HierarchicalCI.coverage``): ``min–max of 2``
+    where it is the range of its values, else ``≥88%``; empty for a 95% CI."""
+    if coverage is None or coverage >= 0.95:
+        return ""
+    return f"min–max of {range_of}" if range_of else f"≥{coverage:.0%}"
+
+
 def pct(value) -> str:
     """A fraction as a percentage cell; ``–`` for none."""
     return "–" if value is None else f"{value:.1%}"

@@ -41,6 +41,17 @@ SCALING_HEADERS = ["Model", "seq", "dtype", "mode", "parallel", "ranks", "step (
                    "rank spread", "bus MiB/step", "comm floor (ms)", "floor ÷ step", "peak GiB/rank", "ranks agree"]
 
 
+def one_device(rows: list[dict]) -> str:
+    """What one rank runs on, for headers and titles: ``1 GPU``; on the CPU ``1 process`` (a rank is a process there)."""
+    return "1 process" if rows and all((r.get("device") or (r.get("case") or {}).get("device")) == "cpu" for r in rows) else "1 GPU"
+
+
+def scaling_headers(rows: list[dict]) -> list[str]:
+    """SCALING_HEADERS, named for the device the rows ran on (no GPU columns for CPU ranks)."""
+    one = one_device(rows)
+    return [h.replace("1 GPU", one) for h in SCALING_HEADERS]
+
+
 def _scaling_cells(r: dict) -> list[str]:
     if r["status"] != "ok":
         return [r["model"], str(r["seq_len"]), r["dtype"], r["mode"], r["parallel"], str(r["world_size"]), FAILED.get(r["status"], str(r["status"]).upper())] + ["–"] * 10
@@ -66,12 +77,13 @@ def sections(rows: list[dict]) -> list[str]:
             "reduce-scatter, (N−1)/N each); the floor divides it by the all-reduce bus bandwidth measured on these GPUs at the "
             "step's message size (`perflab ceilings --gpus`' sweep, or the ranks' own before the case where none was cached); "
             "floor ÷ step: the share of the step that communication would take at that bandwidth if none of it overlapped.",
-            md_table(SCALING_HEADERS, [_scaling_cells(r) for r in table])]
+            md_table(scaling_headers(rows), [_scaling_cells(r) for r in table])]
 
 
 def scaling_table(rows: list[dict]) -> Table:
-    table = Table(title="Data parallel: slowest rank's step against one GPU")
-    for header in SCALING_HEADERS:
+    parallel = [r for r in rows if (r.get("case") or {}).get("parallel")]
+    table = Table(title=f"Data parallel: slowest rank's step against {one_device(parallel).replace('1 ', 'one ')}")
+    for header in scaling_headers(parallel):
         table.add_column(header, justify="left" if header in ("Model", "dtype", "mode", "parallel") else "right")
     for r in scaling_rows(rows):
         table.add_row(*_scaling_cells(r))

@@ -89,7 +89,7 @@ def accounting_table(report: dict) -> Table:
     table.add_row(work, f"{acc['gpu_busy_us']:,.1f}", _pct(acc["gpu_busy_us"] / wall if wall else None))
     for cause in IDLE:
         label = "between operators (the interpreter)" if cpu and cause == "host_bound" else f"idle: {cause.replace('_', ' ')}"
-        value = acc["idle_by_cause"][cause]
+        value = acc["idle_by_cause_us"][cause]
         table.add_row(label, f"{value:,.1f}", _pct(value / wall if wall else None))
     return table
 

@@ -37,10 +37,65 @@ def speedup_rows(rows: Iterable[dict], baseline: str | None = None) -> list[dict
     return out
 
 
+# What a comparison varies: the case fields of each (a model is its name, token reduction and dimensions).
+COMPARED = {
+    "model": ("model", "keep_rate", "reduction_loc", "model_args", "layers", "layers_only", "family"),
+    "batch size": ("batch_size",),
+    "dtype": ("dtype",),
+    "mode": ("mode",),
+}
+TIMING_FIELDS = ("warmup", "min_time", "iters", "repeats")  # how a case was timed, not what it is
+
+
+def _case_fields(row: dict) -> dict:
+    case = dict(row.get("case") or {})
+    for key in ("model", "keep_rate", "reduction_loc", "batch_size", "dtype", "mode", "input_size", "attn", "device"):
+        case.setdefault(key, row.get(key))
+    return {k: v for k, v in case.items() if k not in TIMING_FIELDS}
+
+
+def _frozen(value):
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def comparisons(rows: Iterable[dict], fields: dict | None = None) -> dict[str, list[dict]]:
+    """Pairs of rows that differ in one compared field only (``COMPARED``: model, batch size, dtype, mode), by field.
+
+    Rows alike in every other case field form a group; the first value of the field in the rows' order is the
+    baseline (for models, the first that reduces no tokens), and each other value is paired with it (``pair``:
+    paired in time where the two were timed together). Fields with no such pair are left out."""
+    rows = list(rows)
+    fields = COMPARED if fields is None else fields
+    out: dict[str, list[dict]] = {}
+    for name, keys in fields.items():
+        groups: dict[tuple, dict] = {}
+        for row in rows:
+            case = _case_fields(row)
+            point = _frozen({k: v for k, v in case.items() if k not in keys})
+            value = _frozen({k: case.get(k) for k in keys})
+            groups.setdefault(point, {}).setdefault(value, row)
+        pairs = []
+        for by_value in groups.values():
+            if len(by_value) < 2:
+                continue
+            members = list(by_value.values())
+            if name == "model":
+                members.sort(key=lambda r: r.get("method", "baseline") != "baseline")  # stable: else the rows' order
+            base = members[0]
+            pairs += [dict(pair(base, variant), compared=name, rows=(base, variant)) for variant in members[1:]]
+        if pairs:
+            out[name] = pairs
+    return out
+
+
 def pair(base: dict, variant: dict) -> dict:
     ok = base.get("status") == "ok" and variant.get("status") == "ok"
     entry = {
-        "input_size": variant["input_size"],
+        "input_size": variant.get("input_size"),
         "batch_size": variant["batch_size"],
         "dtype": variant["dtype"],
         "mode": variant["mode"],
@@ -50,6 +105,8 @@ def pair(base: dict, variant: dict) -> dict:
         "variant_status": variant.get("status"),
         "baseline_tp": base.get("throughput_per_s"),
         "variant_tp": variant.get("throughput_per_s"),
+        "baseline_items_per_s": base.get("items_per_s", base.get("throughput_per_s")),
+        "variant_items_per_s": variant.get("items_per_s", variant.get("throughput_per_s")),
         "baseline_ms": base.get("median_ms"),
         "variant_ms": variant.get("median_ms"),
         "baseline_ci95_ms": base.get("ci95_ms"),
@@ -72,8 +129,11 @@ def pair(base: dict, variant: dict) -> dict:
         paired = paired_ratio(base, variant)  # baseline ms ÷ variant ms over blocks timed next to each other
         if paired is not None:
             # Timed together: the speedup and its CI come from the pairs, where a slow stretch of the host cancels.
-            entry.update(speedup=paired["ratio"], speedup_ci95=paired["ci95"], paired=True, pairs=paired["pairs"])
-            entry["significant"] = not (paired["ci95"][0] <= 1.0 <= paired["ci95"][1])
+            # Per item: a step of a larger batch does more (batch sizes compared), so the step ratio is scaled by it.
+            scale = items_ratio(base, variant)
+            entry.update(speedup=paired["ratio"] * scale, speedup_ci95=[c * scale for c in paired["ci95"]], paired=True,
+                         pairs=paired["pairs"], speedup_ci_coverage=paired["coverage"], speedup_ci_range_of=paired["range_of"])
+            entry["significant"] = not (entry["speedup_ci95"][0] <= 1.0 <= entry["speedup_ci95"][1])
         else:
             entry.update(speedup=unpaired, paired=False)
             # Non-overlapping 95% CIs of the medians: the difference is not noise.
@@ -85,6 +145,13 @@ def pair(base: dict, variant: dict) -> dict:
         entry["faster"] = entry["speedup"] > 1.0
         entry["host_dependent"] = host_dependent(base, variant)
     return entry
+
+
+def items_ratio(base: dict, variant: dict) -> float:
+    """Items the variant's step processes ÷ the baseline's (1 where they are alike or unknown)."""
+    b = base.get("items_per_step") or base.get("batch_size")
+    v = variant.get("items_per_step") or variant.get("batch_size")
+    return v / b if b and v else 1.0
 
 
 def host_dependent(base: dict, variant: dict) -> str | None:

@@ -47,44 +47,61 @@ def modules_table(report: TraceReport, max_depth: int = MODULE_DEPTH) -> Table:
 
 def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEPTH) -> Table:
     """The module tree: GPU time per step by the innermost module that launched it, inclusive and exclusive,
-    forward and backward apart; the unattributed rest closes each pass."""
+    forward and backward apart; the unattributed rest closes each pass. Each pass is named once, a module by its last
+    name indented under its parent, and numbered siblings of one class (a model's layers) are folded into one row
+    (``analysis.modules.fold_repeats``): their times summed."""
+    from perflab.analysis.modules import fold_repeats
+
     steps = tree.attrs.get("steps", 1)
-    table = Table(title=f"GPU time by module (per step; tree to depth {max_depth}; shares of each pass's kernel time)")
+    folded = fold_repeats(tree)
+    table = Table(title=f"GPU time by module (µs per step; tree to depth {max_depth}; shares of each pass's kernel time)")
     for column in ("pass", "module", "class", "inclusive µs", "share", "exclusive µs", "kernels"):
         table.add_column(column, justify="left" if column in ("pass", "module", "class") else "right")
-    for row in tree.itertuples(index=False):
+    last_pass = None
+    for row in folded.itertuples(index=False):
         if row.depth > max_depth:
             continue
-        label = row.module if row.depth == 0 else "  " * (row.depth - 1) + row.module.rsplit(".", 1)[-1]
-        table.add_row(row[0], label, row[2], _us(row.inclusive_ns / steps), f"{100 * row.share_inclusive:.1f}%",
+        name = row.module.rsplit(".", 1)[-1]
+        label = row.module if row.depth == 0 else "  " * (row.depth - 1) + name + (f" (×{row.instances})" if "–" in name else "")
+        table.add_row(row[0] if row[0] != last_pass else "", label, row[2], _us(row.inclusive_ns / steps), f"{100 * row.share_inclusive:.1f}%",
                       _us(row.exclusive_ns / steps), f"{row.kernels_inclusive / steps:g}")
-    if note:
-        table.caption = note
+        last_pass = row[0]
+    captions = [note] if note else []
+    if (folded["instances"] > 1).any():
+        captions.append("a–b (×n): n numbered modules of one class (a model's layers) in one row, their times summed; "
+                        "below it, their children, summed alike (--json and --csv give each module)")
+    if captions:
+        table.caption = "\n".join(captions)
     return table
 
 
 def summary_table(report: TraceReport) -> Table:
+    """Where the trace window's time goes, in µs and as a share of the wall (one unit a column, a header naming it);
+    the counts and fractions that are no times go in its caption."""
     whole = report.trace_accounting
     stats = report.kernel_stats
     meta = report.trace.meta
-    table = Table(title=f"{meta.get('path')} ({meta.get('format')}): where the time goes", header_style="bold", show_header=False)
-    table.add_column("", justify="left")
-    table.add_column("", justify="right")
-    table.add_column("", justify="right")
+    table = Table(title=f"{meta.get('path')} ({meta.get('format')}): where the time goes (µs, exact to the ns)", header_style="bold")
+    table.add_column("whole trace", justify="left")
+    table.add_column("µs", justify="right")
+    table.add_column("% of wall", justify="right")
     wall = whole["wall_ns"]
     table.add_row("wall (trace window)", _us(wall), "100.0%")
     table.add_row("GPU busy (union of streams)", _us(whole["busy_ns"]), _pct(whole["busy_ns"], wall))
     for cause in IDLE_CAUSES:
         table.add_row(f"idle: {cause.replace('_', ' ')}", _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
-    table.add_row("kernels / summed kernel time", f"{stats.kernels:,}", _us(stats.kernel_time_ns))
-    if stats.memcpy or stats.memset:
-        table.add_row("memcpy / memset", f"{stats.memcpy:,} / {stats.memset:,}", "")
-    table.add_row("mean / median kernel", _us(stats.mean_ns), _us(stats.median_ns))
-    table.add_row("kernels under 5 µs", f"{stats.short_share:.0%} of kernels", f"{stats.short_time_share:.0%} of time")
-    table.add_row("GEMM fraction of GPU busy", f"{report.gemm_fraction:.1%}", "")
+    table.add_row(f"kernel time, summed over {stats.kernels:,} kernels", _us(stats.kernel_time_ns), "")
+    table.add_row("kernel time, mean", _us(stats.mean_ns), "")
+    table.add_row("kernel time, median", _us(stats.median_ns), "")
     delay = report.launch_delay
     if delay["launches"]:
-        table.add_row("launch → start delay (median / p90)", _us(delay["median_ns"]), _us(delay["p90_ns"]))
+        table.add_row("launch → start delay, median", _us(delay["median_ns"]), "")
+        table.add_row("launch → start delay, p90", _us(delay["p90_ns"]), "")
+    caption = [f"GEMM: {report.gemm_fraction:.1%} of GPU busy; kernels under 5 µs: {stats.short_share:.0%} of kernels, "
+               f"{stats.short_time_share:.0%} of kernel time"]
+    if stats.memcpy or stats.memset:
+        caption.append(f"memcpy {stats.memcpy:,}, memset {stats.memset:,}")
+    table.caption = "; ".join(caption)
     return table
 
 
@@ -105,7 +122,7 @@ def _cells(with_device: bool, row, *cells: str) -> list[str]:
 
 
 def devices_table(report: TraceReport) -> Table:
-    table = Table(title="Accounting per device (whole trace): wall = busy + host-bound + kernel gap + other (exact, ns)", header_style="bold")
+    table = Table(title="Accounting per device (whole trace, µs): wall = busy + host-bound + kernel gap + other, exact to the ns", header_style="bold")
     for column in ("device", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %"):
         table.add_column(column, justify="right")
     for row in report.devices.itertuples(index=False):
@@ -117,7 +134,7 @@ def devices_table(report: TraceReport) -> Table:
 def steps_table(report: TraceReport) -> Table:
     steps = report.steps
     title = "per step" if report.accounting.has_step_annotations else "whole trace (no step annotations)"
-    table = Table(title=f"Accounting {title}: wall = busy + host-bound + kernel gap + other (exact, ns)", header_style="bold")
+    table = Table(title=f"Accounting {title} (µs): wall = busy + host-bound + kernel gap + other, exact to the ns", header_style="bold")
     device = _device_column(report, table)
     for column in ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"):
         table.add_column(column, justify="right")

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -33,6 +36,32 @@ class CaptureResult:
     module_note: str | None = None  # by-module capture: why backward ranges were left off, if they were
 
 
+# libkineto's stage lines ("USDT:2026-01-01 12:00:00 123:123 SyncActivityProfilerHandler.cpp:52] profiler_start",
+# "STAGE:... Completed Stage: Warm Up"): written to fd 2 at every KINETO_LOG_LEVEL, so they are caught instead.
+KINETO_LINE = re.compile(r"^(USDT|STAGE):\d{4}-\d\d-\d\d ")
+
+
+@contextlib.contextmanager
+def quiet_profiler():
+    """Catch fd 2 while the profiler starts, steps and stops, and pass on all it caught but libkineto's stage lines."""
+    try:
+        sys.stderr.flush()
+    except (AttributeError, ValueError):
+        pass
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            kept = [line for line in caught.read().decode(errors="replace").splitlines(True) if not KINETO_LINE.match(line)]
+            if kept:
+                os.write(2, "".join(kept).encode())
+
+
 def _activities(device: str) -> list:
     acts = [ProfilerActivity.CPU]
     if device == "cuda":
@@ -48,7 +77,7 @@ def record_steps(step: Callable[[], object], trace_path: Path, device: str, step
     # repeat=1: after the active window the profiler stops; a repeating schedule would start a new cycle
     # and export only that cycle's few events.
     sched = schedule(wait=0, warmup=warmup, active=steps, repeat=1)
-    with torch.profiler.profile(
+    with quiet_profiler(), torch.profiler.profile(
         activities=_activities(device),
         record_shapes=True,
         schedule=sched,
@@ -116,7 +145,8 @@ class StepProfiler:
             activities=_activities(device), record_shapes=True, schedule=sched,
             on_trace_ready=lambda prof: prof.export_chrome_trace(str(self.trace_path)),
         )
-        self._stack.enter_context(self._prof)
+        with quiet_profiler():  # around the profiler's own calls only: the user's loop keeps its stderr
+            self._stack.enter_context(self._prof)
         self._open_step()
         return self
 
@@ -131,14 +161,16 @@ class StepProfiler:
             torch.cuda.synchronize()
         self._range.__exit__(None, None, None)
         self._count += 1
-        self._prof.step()
+        with quiet_profiler():
+            self._prof.step()
         if self._count < self.warmup + self.steps:
             self._open_step()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self._count < self.warmup + self.steps:
             self._range.__exit__(None, None, None)
-        self._stack.close()
+        with quiet_profiler():
+            self._stack.close()
         if exc_type is None:
             if self._count < self.warmup + self.steps:
                 raise PerflabError(

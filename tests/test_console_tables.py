@@ -1,0 +1,198 @@
+"""Console tables that fit the terminal (report.fit), and the paired comparisons bench prints (report.tables.comparisons)."""
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from cli_util import run_cli_here
+from perflab.report.console import bench_table, comparison_tables, speedup_table
+from perflab.report.fit import short_forms
+from perflab.report.tables import comparisons
+from perflab.report.terminal import PIPED_WIDTH, TerminalConsole, terminal_width
+
+DATA = Path(__file__).parent / "data" / "reproduce" / "h100_demo_rows.jsonl"
+TINY_VISION = str(Path(__file__).parent / "data" / "models" / "tiny_vision.py") + ":PatchNet"
+
+
+def recorded(setting="demo"):
+    return [r for r in map(json.loads, DATA.read_text().splitlines()) if r["setting"] == setting]
+
+
+def render(*renderables, width=100) -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, highlight=False, color_system=None)
+    for renderable in renderables:
+        console.print(renderable)
+    return buffer.getvalue()
+
+
+def test_short_forms_keep_the_words_that_tell_names_apart():
+    assert short_forms(["deit_tiny_patch16_224", "deit_small_patch16_224"]) == {"deit_tiny_patch16_224": "tiny",
+                                                                                "deit_small_patch16_224": "small"}
+    topk = short_forms(["deit_base_patch16_224", "topk_deit_base_patch16_224 kr0.1@3,6,9"])
+    assert topk == {"deit_base_patch16_224": "deit", "topk_deit_base_patch16_224 kr0.1@3,6,9": "topk_kr0.1@3,6,9"}
+    assert short_forms(["test:tiny", "tests/data/models/tiny_vision.py:PatchNet"])["tests/data/models/tiny_vision.py:PatchNet"] == "PatchNet"
+    assert short_forms(["a_x_1", "a_x_2", "a_x_1"]) == {"a_x_1": "1", "a_x_2": "2"}
+    assert short_forms(["m_a_b", "m_b_a"]) == {"m_a_b": "m1", "m_b_a": "m2"}  # the same words: numbered
+    assert short_forms(["only_one"]) == {"only_one": "only_one"}
+
+
+def test_the_gpu_demo_fits_100_columns_with_every_row_told_apart_and_wide_keeps_everything():
+    rows = recorded()
+    tables = [bench_table(rows), *comparison_tables(rows)]
+    text = render(*tables, width=100)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    assert "…" not in text  # no cell cut
+    first_table = lines[:next(i for i, line in enumerate(lines) if line.startswith("└"))]
+    # the bench table: 8 rows (flags wrap onto more lines); model short forms with their legend
+    first_cells = [line.split("│")[1].strip() for line in first_table if line.startswith("│") and line.split("│")[1].strip()]
+    assert first_cells == ["deit"] * 4 + ["topk_kr0.1@3,6,9"] * 4
+    assert "deit = deit_base_patch16_224; topk_kr0.1@3,6,9 = topk_deit_base_patch16_224 kr0.1@3,6,9" in text
+    assert "every row: 224px, bf16" in text  # the key columns every row shares, said once
+    assert "not shown at this width (--wide shows them): host µs" in text
+    # three comparisons: the models, the batch sizes and the modes
+    assert [t.title for t in tables[1:]] == ["Paired comparison: model", "Paired comparison: batch size", "Paired comparison: mode"]
+    wide = render(*tables, width=10_000)
+    assert "host µs" in wide and "deit_base_patch16_224 │" in wide and "\nevery row:" not in wide and "not shown" not in wide
+    assert max(len(line) for line in wide.splitlines()) > 100
+    narrow = render(bench_table(rows), width=60)
+    assert max(len(line) for line in narrow.splitlines()) <= 60 and "…" not in narrow
+
+
+def test_comparisons_pair_rows_that_differ_in_one_field_with_the_paired_ratio_per_item():
+    rows = recorded()
+    found = comparisons(rows)
+    assert {k: len(v) for k, v in found.items()} == {"model": 4, "batch size": 4, "mode": 4}
+    for entry in found["batch size"]:
+        base, variant = entry["rows"]
+        assert (base["batch_size"], variant["batch_size"]) == (1, 64) and base["model"] == variant["model"]
+        # independently: the median over rounds of base ms ÷ variant ms, times the 64 images a variant step holds
+        by_round = {(p, r): v for v, p, r in zip(base["samples_ms"], base["sample_processes"], base["sample_rounds"])}
+        ratios = [by_round[(p, r)] / v for v, p, r in zip(variant["samples_ms"], variant["sample_processes"], variant["sample_rounds"])]
+        assert entry["paired"] and entry["speedup"] == pytest.approx(np.median(ratios) * 64)
+        assert entry["speedup_ci95"][0] <= entry["speedup"] <= entry["speedup_ci95"][1]
+    for entry in found["model"]:
+        assert entry["rows"][0]["model"] == "deit_base_patch16_224" and entry["rows"][1]["model"].startswith("topk_")
+    # the demo's table is the model comparison, titled as before
+    assert speedup_table(rows).title == "Top-k vs baseline" and len(speedup_table(rows).columns[0].cells) == 4
+    assert comparisons([rows[0]]) == {}
+
+
+def test_terminal_width_honours_columns_and_is_100_when_piped():
+    assert terminal_width({"COLUMNS": "73"}, isatty=False) == 73
+    assert terminal_width({"COLUMNS": "73"}, isatty=True) == 73
+    assert terminal_width({}, isatty=False) == PIPED_WIDTH == 100
+    assert terminal_width({}, isatty=True) is None  # rich asks the terminal
+    console = TerminalConsole(file=io.StringIO())
+    console.configure(environ={"COLUMNS": "80"}, isatty=False)
+    assert console.width == 80
+    console.configure(wide=True, environ={"COLUMNS": "80"}, isatty=False)
+    assert console.width > 1000 and console.rule_width == 80
+
+
+def test_bench_of_two_models_fits_columns_tells_them_apart_and_compares_them(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    args = ["bench", "--model", "test:tiny", TINY_VISION, "--input-size", "32", "--device", "cpu", "--iters", "4", "--repeats", "4",
+            "--warmup", "1"]
+    result = run_cli_here(*args)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100 and "…" not in result.stdout
+    assert "Paired comparison: model" in result.stdout
+    assert f"PatchNet = {TINY_VISION}" in result.stdout.replace("\n", "")
+    rows_cells = [line.split("│")[1].strip() for line in lines if line.startswith("│") and line.split("│")[1].strip()]
+    assert rows_cells[:2] == ["test", "PatchNet"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Honest intervals: a CI from fewer than 5 units states the coverage it has
+
+
+def test_order_coverage_is_what_the_ranks_guarantee():
+    from perflab.measure.stats import order_coverage
+
+    assert [order_coverage(1, n, range(1, n + 1)) for n in (2, 3, 4, 5)] == [0.5, 0.75, 0.875, 0.9375]
+    assert order_coverage(2, 3, [1, 2, 3, 4]) == 6 / 16  # ranks 2..3 of 4: P(B = 2), B ~ Binomial(4, 1/2)
+    assert order_coverage(0.5, 1.5, [1, 2, 3]) == 0.0  # one value inside: nothing guaranteed
+
+
+def test_hierarchical_ci_states_95_percent_from_five_units_only():
+    from perflab.measure.stats import hierarchical_ci
+
+    rng = np.random.default_rng(3)
+    x = np.exp(rng.normal(0, 0.05, 20))
+    assert hierarchical_ci(x, None, np.arange(20)).coverage == 0.95  # 5 stretches
+    four = hierarchical_ci(x[:4], None, np.arange(4))
+    assert four.n_units == 4 and four.level == "time" and four.coverage <= 0.875
+    assert four.low <= min(x[:4]) and four.high >= max(x[:4]) and four.coverage == 0.875  # the t-interval holds all four
+    two = hierarchical_ci(x[:2], None, np.arange(2))
+    assert two.level == "pooled" and two.coverage == 0.5 and (two.low, two.high) == (min(x[:2]), max(x[:2]))
+
+
+def test_two_samples_give_no_95_percent_label(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    result = run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2", "--repeats", "2",
+                          "--warmup", "1")
+    assert result.returncode == 0, result.stderr
+    assert "95%" not in result.stdout.replace("CI: 95% from 5 or more units", "")
+    assert "ms/batch (CI)" in result.stdout and "min–max of 2" in result.stdout
+    assert "CI: 95% from 5 or more units" in result.stdout  # the caption says why
+    rows = json.loads(run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2",
+                                   "--repeats", "2", "--warmup", "1", "--format", "json").stdout)
+    assert rows["n_samples"] == 2 and rows["ci_level"] == "pooled" and rows["ci_coverage"] == 0.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# Warnings worth reading
+
+
+def _row(label, flags, warnings, status="ok"):
+    return {"label": label, "status": status, "flags": list(flags), "warnings": list(warnings), "message": "boom"}
+
+
+def test_a_warning_every_row_shares_is_said_once_and_the_host_noise_in_one_line():
+    from perflab.report.console import warning_lines
+
+    cv = [f"timing samples vary by CV {v}% (threshold 5%); the machine may be busy or the step too short" for v in (13, 25, 9, 16)]
+    rows = [_row(f"deit_tiny_patch16_224 224px bs{bs} fp32 eager", ["high_cv"] + (["host_contention"] if bs == 8 else []),
+                 [cv[i]] + (["the timing thread waited for a CPU 56% of the timed loop"] if bs == 8 else []))
+            for i, bs in enumerate((1, 8, 2, 4))]
+    rows[2]["flags"].append("batch_mismatch")
+    rows[2]["warnings"].append("each step processed 1 images, not the 2 requested")
+    rows.append(_row("deit_tiny_patch16_224 224px bs16 fp32 eager", [], [], status="oom"))
+    lines = warning_lines(rows)
+    assert lines[0] == "[red]oom[/red]: deit_tiny_patch16_224 224px bs16 fp32 eager: boom"
+    assert lines[1] == ("[yellow]warning[/yellow]: high_cv (every row): timing samples vary by more than CV 5%; the machine may be "
+                        "busy or the step too short | host_contention (bs8): the timing thread waited for a CPU 56% of the timed loop")
+    assert lines[2:] == ["[yellow]warning[/yellow]: deit_tiny_patch16_224 224px bs2 fp32 eager: each step processed 1 images, not the 2 requested"]
+    assert warning_lines([_row("a", [], [])]) == []
+
+
+def test_flags_on_every_row_leave_the_table_cells_for_its_caption():
+    rows = recorded()
+    text = render(bench_table(rows), width=10_000)
+    assert "flags on every row: other_processes, throttled" in text
+    cells = "\n".join(line for line in text.splitlines() if line.startswith("│"))
+    assert cells.count("high_cv") == 3 and "other_processes" not in cells  # the rows' own flags stay in their cells
+
+
+def test_the_profilers_stage_lines_are_kept_off_stderr(capfd, tmp_path):
+    import sys
+
+    import torch
+
+    from perflab.trace.capture import record_steps
+
+    def step():
+        print("the step's own line", file=sys.stderr, flush=True)
+        return torch.ones(8, 8) @ torch.ones(8, 8)
+
+    record_steps(step, tmp_path / "t.json", "cpu", steps=1, warmup=1)
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "STAGE:" not in err
+    assert err.count("the step's own line") == 2  # everything else that was written is passed on
