@@ -57,7 +57,9 @@ def test_perflab_profile_composes_capture_and_analysis(tmp_path):
             p.step()
     assert p.trace_path == path and path.exists()
     assert annotations(path).count("step") == 2
-    assert p.analysis is None  # no GPU: nothing to account for, and no error
+    # no GPU: the trace is accounted over torch's operators, each step a window
+    assert p.analysis.trace.cpu_only and len(p.analysis.steps) == 2
+    assert set(p.analysis.kernels["kind"].astype(str)) == {"cpu_op"}
 
 
 def test_capture_does_not_import_the_api():
