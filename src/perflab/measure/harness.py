@@ -39,7 +39,7 @@ from perflab.errors import PerflabError
 from perflab.measure import sched
 from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, host_canary
 from perflab.measure.checks import MIN_TIMED_ITERS, autotune_check, compile_checks, run_checks
-from perflab.measure.energy import THROTTLE_REASONS, case_view, open_monitor
+from perflab.measure.energy import THROTTLE_REASONS, case_view, open_monitor, slowed
 from perflab.measure.env import device_name, environment
 from perflab.measure.flops import FlopCache, FlopCount, count_flops_once, count_params, uncounted_check
 from perflab.measure.host import HeldTiming, held_timing, issue_s
@@ -343,7 +343,7 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
         energy_j=measured.energy_j,
         energy_unavailable=measured.energy_unavailable,
         energy_expected_absent=getattr(report, "expected", False),
-        throttle_reasons=report.throttle_reasons,
+        throttle_reasons=report.throttle_reasons if slowed(report.throttle_reasons, report.sm_clock_mhz_min, env.get("max_sm_clock_mhz")) else [],
         throttled_blocks=(measured.gpu_view["throttled_blocks"], measured.gpu_view["read_blocks"]) if measured.gpu_view else None,
         other_processes=report.other_processes,
         tokens_expected=tokens_expected,
@@ -822,8 +822,8 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
             contention=sched.contention_over([b.load for b in blocks], thread.cpus), extra=extras[k],
             sample_rounds=[b.round for b in blocks], sample_processes=[process_index] * len(blocks), session=info,
         )
-        own, measured.gpu_view, measured.run_view = case_view(report, [b.gpu for b in blocks])  # its own blocks' clocks and throttling
         env = pool[k][2]
+        own, measured.gpu_view, measured.run_view = case_view(report, [b.gpu for b in blocks], env.get("max_sm_clock_mhz"))  # its own blocks
         rows.append(ok_row(p, env, own, measured, thread))
     return rows
 
