@@ -436,7 +436,7 @@ def _warn_unreadable(out_dir, seen: list):
     """A callback for the store's unreadable records: one warning line each on stderr, kept in ``seen``."""
     def warn(item):
         seen.append(item)
-        err.print(f"warning: {out_dir}: {item.line()}", markup=False)
+        err.print(f"warning: {out_dir}: {item.line()}", markup=False, soft_wrap=True)  # one line each, to grep
     return warn
 
 
