@@ -12,6 +12,8 @@ from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, revision
 from perflab.report.md import escape, md_table
 
 BASIS_WORDS = {
+    "blocks": "blocks: one ratio a round, the median of B's block ÷ A's, their cases timed interleaved in one process "
+              "(a process's own speed cancels); the CI is over the rounds (one round: over its blocks)",
     "paired": "paired: one ratio a round, each A process timed beside a B process; the CI is over the rounds",
     "processes": "processes: each side's process medians, unpaired (Welch); between-process variance is in the CI",
     "within-run": "within-run: one process a side; the CI is each run's own and does NOT cover between-process variance "

@@ -353,7 +353,7 @@ def _read_result(path: Path) -> dict | None:
         return None
     finally:
         path.unlink(missing_ok=True)
-    return row if isinstance(row, dict) and "case_id" in row else None
+    return row if isinstance(row, dict) and ("case_id" in row or isinstance(row.get("rows"), list)) else None  # rows: --together
 
 
 def _parent_row(case: Case, status: str, message: str, env: dict) -> dict:
