@@ -539,7 +539,7 @@ def ab(
                                  pairing=pairing)
     if as_json:
         sys.stdout.write(json.dumps(dict(comparison.to_dict(), versions=[v.info() for v in summary.versions],
-                                         store=str(summary.out_dir), rounds=summary.rounds)) + "\n")
+                                         store=str(summary.out_dir), rounds=summary.rounds, pairing=summary.pairing)) + "\n")
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
@@ -584,7 +584,8 @@ def track(
         from perflab.report.versions import series_dict
 
         sys.stdout.write(json.dumps({"versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
-                                     "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold}) + "\n")
+                                     "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold,
+                                     "pairing": summary.pairing}) + "\n")
     else:
         render_series(out, series, threshold)
         out.print(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "

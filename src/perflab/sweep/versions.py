@@ -313,6 +313,7 @@ class VersionsSummary:
     versions: list[Version]
     cases: list[Case]
     rounds: int
+    pairing: str = "processes"
     rows: dict = field(default_factory=dict)  # (case id, version key) → the merged row stored now, or read back
     done: int = 0  # processes run now
     stored: int = 0  # rows stored now
@@ -402,7 +403,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
         if stored and not reuse:
             raise PerflabError(f"{out_dir} already holds {stored} row(s) of these versions; give another --out")
     session = uuid.uuid4().hex[:12]
-    summary = VersionsSummary(out_dir, session, plan.versions, plan.cases, rounds)
+    summary = VersionsSummary(out_dir, session, plan.versions, plan.cases, rounds, pairing)
     with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
         todo = set()
         for v in plan.versions:

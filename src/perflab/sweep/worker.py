@@ -106,10 +106,9 @@ def _run_together(entries: list[dict], args) -> list[dict]:
 
     cases = [Case.from_dict(e["case"]) for e in entries]
     scopes = [ModelScope(e["model_root"]) if e.get("model_root") else None for e in entries]
-    _log_stage(f"{len(cases)} cases together")
     try:
         rows = run_cases(cases, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index), seed=args.seed,
-                         groups=[e["group"] for e in entries], scopes=scopes)
+                         groups=[e["group"] for e in entries], scopes=scopes, on_case=lambda i, case, stage: _log_stage(stage))
         for k, (case, row) in enumerate(zip(cases, rows)):
             with scopes[k] or contextlib.nullcontext():
                 _passes(case, row, args, tag=f"-{k}")
@@ -202,7 +201,7 @@ def _failed_row(case, status: str, message: str) -> dict:
 
 
 def _log_stage(stage: str) -> None:
-    _stages.append((stage.split(" ")[0] if stage.startswith(("profile", "ncu")) else stage, time.perf_counter()))
+    _stages.append((stage.split(" ")[0] if stage.startswith(("profile", "ncu", "timing")) else stage, time.perf_counter()))
     print(f"[{time.strftime('%H:%M:%S')}] stage: {stage}", file=sys.stderr, flush=True)
 
 
