@@ -6,6 +6,11 @@ The method (docs/regressions.md):
 - **The ratio** is B's time ÷ A's time for one case (matched by case id): above 1, B is slower.
 - **Its 95% CI** comes from the best evidence both sides hold, and says which:
 
+  - ``blocks``: both rows were measured by one ``perflab ab`` or ``perflab track`` run that timed every version in
+    one process a round, interleaved block by block (the rows' ``process_sessions`` agree). One ratio per round, the
+    median of B's block ÷ A's block beside it; a Student-t interval on their logarithms, over the rounds. What the
+    host does to a process falls on both sides and cancels; no round is left out for a host flag (both sides share
+    it). One round: that process's blocks (``measure.stats.paired_ratio``), said in the note.
   - ``paired``: both rows were measured by one ``perflab ab`` or ``perflab track`` run, round by round, each A
     process beside a B process in time (the rows' ``version.session`` agree). One ratio per round, B's process
     median ÷ A's; a Student-t interval on their logarithms, over the rounds. A slow stretch of the host that spans
@@ -189,8 +194,9 @@ def within_run_ratio(a: dict, b: dict) -> Ratio | None:
 
 
 def row_ratio(a: dict, b: dict) -> Ratio | None:
-    """The best-founded ratio of two ok rows of one case: paired where one ab/track run timed them round by round,
-    else over processes where both have several, else within-run. Paired, a round where either process was flagged
+    """The best-founded ratio of two ok rows of one case: over blocks where one ab/track run timed them interleaved in
+    one process a round, paired where it timed them in processes side by side, else over processes where both have
+    several, else within-run. Paired by process, a round where either process was flagged
     ``host_contention`` or ``host_drift`` (its timing thread waited for a CPU, or the host canary ran more than 15% off
     the run's median: ``measure.canary``; the rows' ``process_flags``) is left out where two or more rounds remain,
     and the note says so: the flags are measured apart from the timing, so leaving such a round out does not pick

@@ -2,14 +2,22 @@
 
 A **version** is a git revision of the repository that holds the model code (checked out in a worktree of its own,
 in a temporary directory, where the cases' relative model references are read), or a Python interpreter (another
-virtualenv, with another torch). Every version runs the same cases through the sweep's machinery: one fresh worker
-process per case (``sweep.worker``, forked by the sweep's launcher, one launcher per interpreter), the same harness,
-the same store. A version is a field of the row (``version``) and part of its environment key, not a new store.
+virtualenv, with another torch). Every version runs the same cases through the sweep's machinery (``sweep.worker``,
+forked by the sweep's launcher, one launcher per interpreter), the same harness, the same store. A version is a
+field of the row (``version``) and part of its environment key, not a new store.
 
-The processes of the versions **alternate**: in each of ``rounds`` rounds, each case runs once at every version,
-those processes one after another (``alternate``: in order in even rounds, reversed in odd ones, ABBA...; ``random``:
-a seeded shuffle each round and case). So each A process has a B process beside it in time, and the ratio of a
-round's two medians cancels a slow stretch of the host that spans both (``analysis.regressions.paired_ratio``).
+Each of ``rounds`` rounds times each case once at every version, paired one of two ways (``pairing``):
+
+- ``blocks`` (revisions): the round is one fresh worker process (``sweep.worker --together``) that builds every case
+  at every version, each in its version's ``references.ModelScope`` (its worktree; its modules kept apart), and times
+  them interleaved block by block (``measure.harness.run_cases``), a case's versions one group, adjacent in each
+  interleaved round. What the host does to the process, or to a stretch of it, falls on every version alike, and a
+  round's B/A is the median of its block ratios (``analysis.regressions.block_round_ratios``).
+- ``processes``: each case at each version a process of its own, one after another (``alternate``: in order in even
+  rounds, reversed in odd ones, ABBA...; ``random``: a seeded shuffle each round and case). Each A process has a B
+  process beside it in time, and the ratio of a round's two medians cancels a slow stretch of the host that spans
+  both, not what differs between the processes (``analysis.regressions.paired_ratio``). Interpreters pair only so.
+
 A case's rounds at one version are merged into one row (``measure.harness.merge_processes``: its CI across the
 processes), stored once its last round has run; ``version.session`` marks the rows one run timed together.
 

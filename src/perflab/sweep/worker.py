@@ -5,6 +5,10 @@ case. The worker measures the case with the harness and writes the result row as
 a temporary file and a rename, so the parent never reads half a row); stages and warnings go to stderr,
 which the parent keeps as the case's log. Exit status 0 means PATH holds a row, whatever its status.
 
+With ``--together FILE`` it times several cases in this one process instead, interleaved block by block, each read
+in its own model root (``perflab ab``'s blocks pairing: every version of the code in one process a round), and
+writes ``{"rows": [...]}``.
+
 If the parent dies (``kill -9``), the worker is killed too (Linux parent-death signal, with a polling
 fallback elsewhere), so an orphan never keeps a GPU busy under the next sweep.
 """
