@@ -241,6 +241,7 @@ def test_track_finds_the_change_at_c3_and_none_at_c2_and_a_rerun_reuses_the_rows
     assert written.returncode == 0, written.stderr
     text = (out / "report.md").read_text()
     assert "## By revision" in text and "### model.py:Net 64px bs1 fp32 eager: change points: c3 (slower" in text
+    assert "(3 round(s), each round one process timing every version's cases interleaved, block by block)" in text
     assert (out / "revisions_0.png").stat().st_size > 1000 and "![model.py:Net 64px bs1 fp32 eager over revisions](revisions_0.png)" in text
 
 
