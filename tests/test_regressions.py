@@ -3,6 +3,7 @@ threshold, host-dependent cases, change points over revisions; and bench --out f
 every figure is checked against one computed here by hand (t quantiles from the table: t(2) = 4.303, t(4) = 2.776)."""
 
 import math
+import statistics
 
 import pytest
 
@@ -81,6 +82,39 @@ def test_a_round_on_a_busy_or_slower_host_is_left_out_of_the_pairs_while_two_rem
     assert r.ratio == pytest.approx(math.sqrt(4.0 / 2.0 * 4.1 / 2.1))
     b["process_flags"] = [["host_drift"], [], [], ["host_drift"]]  # only round 2 clean: all four rounds are kept
     assert row_ratio(a, b).units == 4 and "left out" not in row_ratio(a, b).note
+
+
+def blocks_row(samples: list[list[float]], sessions=("p0", "p1", "p2"), **extra) -> dict:
+    """A row of a blocks-paired ab run: per process (round), its blocks' ms in interleaved-round order."""
+    flat = [v for blocks in samples for v in blocks]
+    out = row("x", sorted(flat)[len(flat) // 2], processes=[sorted(b)[len(b) // 2] for b in samples], session="run",
+              samples_ms=flat, sample_processes=[p for p, b in enumerate(samples) for _ in b],
+              sample_rounds=[r for b in samples for r in range(len(b))], process_sessions=list(sessions), **extra)
+    out["session"] = sessions[0]  # a merged row's interleaved session: its first process's
+    return out
+
+
+def test_blocks_rounds_are_each_the_median_of_their_block_ratios_with_a_t_interval_over_the_rounds():
+    # round 2's process ran 60% slower throughout, on both sides alike; round 3's second block hit a busy host (A only)
+    a = blocks_row([[2.0, 2.0, 2.1], [3.2, 3.3, 3.2], [2.0, 4.0, 2.1]])
+    b = blocks_row([[2.2, 2.1, 2.3], [3.5, 3.6, 3.4], [2.2, 2.1, 2.2]])
+    per_round = [sorted([2.2 / 2.0, 2.1 / 2.0, 2.3 / 2.1])[1], sorted([3.5 / 3.2, 3.6 / 3.3, 3.4 / 3.2])[1],
+                 sorted([2.2 / 2.0, 2.1 / 4.0, 2.2 / 2.1])[1]]
+    logs = [math.log(x) for x in per_round]
+    mean = sum(logs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
+    a["process_flags"], b["process_flags"] = [[], ["host_drift"], ["host_contention"]], [[], ["host_drift"], []]
+    r = row_ratio(a, b)
+    assert r.basis == "blocks" and r.units == 3 and "left out" not in r.note  # one process a round: its host is both sides'
+    assert r.ratio == pytest.approx(math.exp(mean))
+    assert (r.low, r.high) == pytest.approx((math.exp(mean - 4.303 * sd / math.sqrt(3)), math.exp(mean + 4.303 * sd / math.sqrt(3))))
+    # rows whose rounds did not share an interleaved session are paired by process, as processes pairing pairs them
+    assert row_ratio(a, dict(b, process_sessions=["p0", "q1", "p2"])).basis == "paired"
+    # one round: the median of its block ratios, the CI over that process's blocks
+    one_a, one_b = blocks_row([[2.0, 2.1, 2.0, 2.2]], sessions=("p0",)), blocks_row([[3.0, 3.1, 3.2, 3.3]], sessions=("p0",))
+    one = row_ratio(one_a, one_b)
+    assert one.basis == "blocks" and one.units == 1 and "one round" in one.note
+    assert one.ratio == pytest.approx(statistics.median([3.0 / 2.0, 3.1 / 2.1, 3.2 / 2.0, 3.3 / 2.2])) and one.low <= one.ratio <= one.high
 
 
 @pytest.mark.parametrize("ratio,low,high,expected", [

@@ -784,20 +784,23 @@ def version_experiment(spec=None, case_options: dict | None = None, root=None, r
 def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str | None = None, python_b: str | None = None,
        spec=None, case_options: dict | None = None, rounds: int = 3, order: str = "alternate", seed: int = 0, out=None,
        timeout_s: float | None = None, threshold: float = 0.05, command: str = "", on_event=None, launcher: str | None = None,
-       pin: bool = True):
-    """One experiment at two versions, A and B, their processes alternated round by round; returns (the run's summary,
-    its comparison: ``analysis.regressions.Comparison`` of A's rows and B's, paired per round).
+       pin: bool = True, pairing: str | None = None):
+    """One experiment at two versions, A and B, round by round; returns (the run's summary, its comparison:
+    ``analysis.regressions.Comparison`` of A's rows and B's, paired per round).
 
     A version is a revision of the git repository ``repo`` (``a``, ``b``: each checked out in a worktree of its own,
     the cases' relative model references read there), or an interpreter (``python_a``, ``python_b``). The cases: a
-    spec (``spec``) or ``make_cases`` options (``case_options``). ``out``: the store (default ``runs/ab/<time>``)."""
+    spec (``spec``) or ``make_cases`` options (``case_options``). ``out``: the store (default ``runs/ab/<time>``).
+    ``pairing`` (``sweep.versions.run_versions``): ``blocks`` (the default for revisions: each round one process times
+    A's and B's cases interleaved) or ``processes`` (each in a process of its own, alternated; interpreters' only
+    choice)."""
     import time
     from dataclasses import replace
     from pathlib import Path
 
     from perflab.analysis.regressions import Comparison, check_threshold, compare_rows
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import plan_interpreters, plan_revisions, run_versions
+    from perflab.sweep.versions import check_pairing, default_pairing, plan_interpreters, plan_revisions, run_versions
 
     check_threshold(threshold)
     if rounds < 2:
@@ -806,6 +809,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
     by_python = python_a is not None or python_b is not None
     if by_revision == by_python or (by_revision and None in (repo, a, b)) or (by_python and None in (python_a, python_b)):
         raise PerflabError("give two versions: --repo DIR --a REV --b REV (git revisions), or --python-a PATH --python-b PATH (interpreters)")
+    check_pairing(pairing, by_python)
 
     def experiment_at(root):
         experiment = version_experiment(spec, case_options, root, repo, name="ab")
@@ -819,7 +823,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
         out_dir = Path(out) if out is not None else Path("runs") / "ab" / time.strftime("%Y%m%d-%H%M%S")
         summary = run_versions(plan, out_dir, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=False,
                                command=command or "perflab.api.ab(...)", kind="ab", on_event=on_event, launcher=launcher,
-                               record={"threshold": threshold})
+                               record={"threshold": threshold}, pairing=pairing or default_pairing(plan))
     finally:
         plan.close()
     rows_a, rows_b = (summary.rows_of(v) for v in plan.versions)
@@ -830,17 +834,19 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
 
 def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: dict | None = None, out, rounds: int = 1,
           order: str = "alternate", seed: int = 0, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
-          on_event=None, launcher: str | None = None, pin: bool = True):
+          on_event=None, launcher: str | None = None, pin: bool = True, pairing: str = "blocks"):
     """One experiment at each of a list of revisions of ``repo`` (``revs``, or ``range_`` ``A..B``: A and each commit after
     it up to B), into one store at ``out``; rows already stored there for a revision are reused. Returns (the run's
-    summary, the per-case series over the revisions with their change points: ``analysis.regressions.revision_series``)."""
+    summary, the per-case series over the revisions with their change points: ``analysis.regressions.revision_series``).
+    ``pairing``: ``blocks`` (each round one process times every revision's cases interleaved) or ``processes``."""
     from dataclasses import replace
 
     from perflab.analysis.regressions import check_threshold, revision_series
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import plan_revisions, repository, revision_range, run_versions
+    from perflab.sweep.versions import check_pairing, plan_revisions, repository, revision_range, run_versions
 
     check_threshold(threshold)
+    check_pairing(pairing, False)
     if bool(revs) == bool(range_):
         raise PerflabError("give the revisions as --revs A B C ... or as --range A..B")
     if range_:
@@ -864,7 +870,7 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
     try:
         summary = run_versions(plan, out, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=True,
                                command=command or "perflab.api.track(...)", kind="track", on_event=on_event, launcher=launcher,
-                               record={"threshold": threshold})
+                               record={"threshold": threshold}, pairing=pairing)
     finally:
         plan.close()
     rows = [row for v in plan.versions for row in summary.rows_of(v)]

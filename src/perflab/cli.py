@@ -488,10 +488,15 @@ def breakeven(
 OPT_VERSIONS_SPEC = typer.Option(None, "--spec", help="The cases as an experiment spec (instead of bench flags); a spec inside "
                                  "--repo is read from each revision's worktree.")
 OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round: alternate (A B, then B A, ...) "
-                                "or random (seeded by --order-seed).")
-OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random.")
-OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per process before its worker is killed (default: the spec's, else 600).")
+                                "or random (seeded by --order-seed); with --pairing blocks, the order their cases are built in "
+                                "(their blocks then run in a seeded random interleaved order).")
+OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random and of the blocks' interleaved order.")
+OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else "
+                                    "600); a blocks round's process gets this for each case at each version it holds.")
 OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")
+PAIRING_HELP = ("blocks: each round is one process that builds every version's cases and times them interleaved, block by block "
+                "(a process's own speed cancels in the ratio); processes: each case at each version a process of its own, the "
+                "versions' processes alternated (--order)")
 
 
 @app.command()
@@ -503,10 +508,13 @@ def ab(
     python_a: Optional[str] = typer.Option(None, "--python-a", help="Version A: a Python interpreter (another environment) instead."),
     python_b: Optional[str] = typer.Option(None, "--python-b", help="Version B: a Python interpreter."),
     spec: Optional[Path] = OPT_VERSIONS_SPEC,
-    rounds: int = typer.Option(3, "--rounds", help="Rounds: each runs every case once at A and once at B, in processes side by side."),
+    rounds: int = typer.Option(3, "--rounds", help="Rounds: each times every case at A and at B (blocks: in one process; processes: "
+                               "in two side by side)."),
     order: str = OPT_ROUNDS_ORDER,
     order_seed: int = OPT_ORDER_SEED,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="The store (default runs/ab/<date-time>)."),
+    pairing: Optional[str] = typer.Option(None, "--pairing", help=f"How A and B are paired in each round. {PAIRING_HELP}. Default: "
+                                          "blocks for --repo; interpreters (--python-a/--python-b) can only pair processes."),
     timeout: Optional[float] = OPT_VERSIONS_TIMEOUT,
     threshold: float = typer.Option(0.05, "--threshold", help="A ratio beyond 1 ± this fraction, its CI excluding 1, is faster or "
                                     "slower (default 0.05); a CI inside it is no change."),
@@ -515,8 +523,9 @@ def ab(
     launcher: Optional[str] = OPT_VERSIONS_LAUNCHER,
     flags: dict = None,
 ):
-    """A/B two versions of the code (git revisions) or of the environment (interpreters) on the same cases: their
-    processes alternate round by round, and B's time ÷ A's is paired per round, with a 95% CI over the rounds."""
+    """A/B two versions of the code (git revisions) or of the environment (interpreters) on the same cases: B's time ÷
+    A's is paired per round (revisions: timed interleaved in one process; interpreters: their processes side by side),
+    with a 95% CI over the rounds."""
     import json
 
     from perflab import api
@@ -526,10 +535,11 @@ def ab(
 
     summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, spec=spec, case_options=flags,
                                  rounds=rounds, order=order, seed=order_seed, out=out_dir, timeout_s=timeout, threshold=threshold,
-                                 command=command_line(_argv), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin)
+                                 command=command_line(_argv), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin,
+                                 pairing=pairing)
     if as_json:
         sys.stdout.write(json.dumps(dict(comparison.to_dict(), versions=[v.info() for v in summary.versions],
-                                         store=str(summary.out_dir), rounds=summary.rounds)) + "\n")
+                                         store=str(summary.out_dir), rounds=summary.rounds, pairing=summary.pairing)) + "\n")
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
@@ -545,10 +555,11 @@ def track(
     rev_range: Optional[str] = typer.Option(None, "--range", help="A..B: A, then each commit after it up to B (first parents)."),
     out_dir: Path = typer.Option(..., "--out", help="The store; a revision's rows already there are reused."),
     spec: Optional[Path] = OPT_VERSIONS_SPEC,
-    rounds: int = typer.Option(1, "--rounds", help="Rounds: each runs every case once at every revision, in processes one after "
-                               "another; with 3 or more, neighbours' ratios are paired per round."),
+    rounds: int = typer.Option(1, "--rounds", help="Rounds: each times every case at every revision (blocks: in one process; "
+                               "processes: one after another); with 3 or more, neighbours' ratios have a CI over the rounds."),
     order: str = OPT_ROUNDS_ORDER,
     order_seed: int = OPT_ORDER_SEED,
+    pairing: str = typer.Option("blocks", "--pairing", help=f"How the revisions are paired in each round. {PAIRING_HELP}."),
     timeout: Optional[float] = OPT_VERSIONS_TIMEOUT,
     threshold: float = typer.Option(0.05, "--threshold", help="A step between neighbouring revisions beyond 1 ± this fraction, its "
                                     "CI excluding 1, is a change point (default 0.05)."),
@@ -568,12 +579,13 @@ def track(
 
     summary, series = api.track(repo=repo, revs=revs, range_=rev_range, spec=spec, case_options=flags, out=out_dir, rounds=rounds,
                                 order=order, seed=order_seed, timeout_s=timeout, threshold=threshold, command=command_line(_argv),
-                                on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin)
+                                on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin, pairing=pairing)
     if as_json:
         from perflab.report.versions import series_dict
 
         sys.stdout.write(json.dumps({"versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
-                                     "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold}) + "\n")
+                                     "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold,
+                                     "pairing": summary.pairing}) + "\n")
     else:
         render_series(out, series, threshold)
         out.print(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "

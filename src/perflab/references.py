@@ -89,6 +89,56 @@ def using_model_root(path):
             os.environ[ROOT_ENV] = previous
 
 
+class ModelScope:
+    """One version's model code in a process that holds several (``perflab ab``'s blocks pairing): a reusable context
+    manager. Inside it, relative references are read against ``root`` (the version's worktree), and the modules
+    imported from under ``root`` (a model file's sibling modules, a ``package.module:NAME`` reference's package) are in
+    ``sys.modules``; outside it they are kept aside, with ``root``'s folders off ``sys.path``. So revision A's
+    ``model.py`` and its ``layers.py``, then revision B's, import under the names their code gives them, side by
+    side, each version's code seeing its own modules; a model built inside the scope keeps running its own code
+    outside it (its functions hold their module's globals). Scopes are entered one at a time, never nested."""
+
+    def __init__(self, root):
+        self.root = Path(root).resolve()
+        self.modules: dict[str, object] = {}  # name → module imported from under root, while outside the scope
+        self._outer = None
+
+    def __enter__(self) -> "ModelScope":
+        import sys
+
+        self._outer = (os.environ.get(ROOT_ENV), set(sys.modules))
+        os.environ[ROOT_ENV] = str(self.root)
+        sys.modules.update(self.modules)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import sys
+
+        previous, before = self._outer
+        for name in (set(sys.modules) - before) | set(self.modules):
+            module = sys.modules.get(name)
+            if module is not None and self._owns(module):
+                self.modules[name] = sys.modules.pop(name)
+        sys.path[:] = [p for p in sys.path if not self._under(p)]
+        if previous is None:
+            os.environ.pop(ROOT_ENV, None)
+        else:
+            os.environ[ROOT_ENV] = previous
+
+    def _under(self, path) -> bool:
+        try:
+            return bool(path) and Path(path).resolve().is_relative_to(self.root)
+        except (OSError, ValueError, TypeError):
+            return False
+
+    def _owns(self, module) -> bool:
+        try:  # a module's __file__, or a package's __path__ (a namespace package has no file); some modules are odd objects
+            places = [getattr(module, "__file__", None)] + list(getattr(module, "__path__", None) or [])
+        except Exception:
+            return False
+        return any(self._under(p) for p in places if isinstance(p, str))
+
+
 def resolve_file(ref: Reference) -> Path:
     """The reference's path (a file, or an hf: directory), read against the model root when relative."""
     path = Path(ref.target).expanduser()

@@ -6,6 +6,11 @@ The method (docs/regressions.md):
 - **The ratio** is B's time ÷ A's time for one case (matched by case id): above 1, B is slower.
 - **Its 95% CI** comes from the best evidence both sides hold, and says which:
 
+  - ``blocks``: both rows were measured by one ``perflab ab`` or ``perflab track`` run that timed every version in
+    one process a round, interleaved block by block (the rows' ``process_sessions`` agree). One ratio per round, the
+    median of B's block ÷ A's block beside it; a Student-t interval on their logarithms, over the rounds. What the
+    host does to a process falls on both sides and cancels; no round is left out for a host flag (both sides share
+    it). One round: that process's blocks (``measure.stats.paired_ratio``), said in the note.
   - ``paired``: both rows were measured by one ``perflab ab`` or ``perflab track`` run, round by round, each A
     process beside a B process in time (the rows' ``version.session`` agree). One ratio per round, B's process
     median ÷ A's; a Student-t interval on their logarithms, over the rounds. A slow stretch of the host that spans
@@ -33,11 +38,12 @@ The method (docs/regressions.md):
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 from perflab.errors import PerflabError
 from perflab.measure.canary import HOST_FLAGS  # host_drift, host_contention (torch-free: flags are judged on rows)
-from perflab.measure.stats import t975
+from perflab.measure.stats import paired_ratio as stats_paired_ratio, paired_ratios, t975
 
 LEVEL = 0.95  # every CI here is a 95% interval (t975 quantiles)
 DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
@@ -117,14 +123,41 @@ def _t_interval(logs: list[float], df: float, se: float) -> tuple[float, float, 
 def paired_ratio(a_medians, b_medians) -> Ratio | None:
     """The per-round ratios b/a of processes timed side by side (one pair a round), their geometric mean and a
     Student-t 95% CI over the rounds; None with fewer than two rounds."""
-    logs = [math.log(b / a) for a, b in zip(a_medians, b_medians) if a and b and a > 0 and b > 0]
-    n = len(logs)
-    if n < 2 or n != min(len(a_medians), len(b_medians)):
+    if min(len(a_medians), len(b_medians)) < 2:
         return None
+    ratios = [b / a if a and b and a > 0 and b > 0 else None for a, b in zip(a_medians, b_medians)]
+    return rounds_ratio(ratios, "paired", "each A process timed beside a B process")
+
+
+def rounds_ratio(ratios, basis: str, how: str) -> Ratio | None:
+    """The geometric mean of per-round ratios and a Student-t 95% CI on their logarithms over the rounds; None with
+    fewer than two, or where a round has none."""
+    if len(ratios) < 2 or any(r is None or not r > 0 for r in ratios):
+        return None
+    logs = [math.log(r) for r in ratios]
+    n = len(logs)
     mean = sum(logs) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     ratio, low, high = _t_interval(logs, n - 1, sd / math.sqrt(n))
-    return Ratio(ratio, low, high, "paired", n, f"95% CI over {n} rounds, each A process timed beside a B process")
+    return Ratio(ratio, low, high, basis, n, f"95% CI over {n} rounds, {how}")
+
+
+BLOCKS_HOW = "each round's B/A the median of its blocks' ratios, A's and B's cases timed interleaved in one process"
+
+
+def block_round_ratios(a: dict, b: dict) -> list[float | None] | None:
+    """Per round (process) of a blocks-paired run, B's time ÷ A's: the median over that round's interleaved rounds of
+    B's block ÷ A's block (``measure.stats.paired_ratios``, the ratio of blocks timed next to each other). None unless
+    both rows were timed together, round by round, in one interleaved session per process (``process_sessions``)."""
+    sa, sb = a.get("process_sessions"), b.get("process_sessions")
+    if not sa or sa != sb or None in sa:
+        return None
+    ratios, procs, _ = paired_ratios(b, a)
+    out = []
+    for p in range(len(sa)):
+        these = sorted(float(x) for x, q in zip(ratios, procs) if q == p)
+        out.append(statistics.median(these) if these else None)
+    return out
 
 
 def process_ratio(a_medians, b_medians) -> Ratio | None:
@@ -161,25 +194,47 @@ def within_run_ratio(a: dict, b: dict) -> Ratio | None:
 
 
 def row_ratio(a: dict, b: dict) -> Ratio | None:
-    """The best-founded ratio of two ok rows of one case: paired where one ab/track run timed them round by round,
-    else over processes where both have several, else within-run. Paired, a round where either process was flagged
+    """The best-founded ratio of two ok rows of one case: over blocks where one ab/track run timed them interleaved in
+    one process a round, paired where it timed them in processes side by side, else over processes where both have
+    several, else within-run. Paired by process, a round where either process was flagged
     ``host_contention`` or ``host_drift`` (its timing thread waited for a CPU, or the host canary ran more than 15% off
     the run's median: ``measure.canary``; the rows' ``process_flags``) is left out where two or more rounds remain,
     and the note says so: the flags are measured apart from the timing, so leaving such a round out does not pick
     rounds by their result."""
     pa, pb = _process_medians(a), _process_medians(b)
     if same_session(a, b) and len(pa) == len(pb):
-        clean = _uncontended_rounds(a, b, len(pa))
-        if len(clean) >= 2 and len(clean) < len(pa):
-            paired = paired_ratio([pa[i] for i in clean], [pb[i] for i in clean])
-            left_out = ", ".join(str(i + 1) for i in range(len(pa)) if i not in clean)
-            return Ratio(paired.ratio, paired.low, paired.high, paired.basis, paired.units,
-                         f"{paired.note}; round(s) {left_out} of {len(pa)} left out: a process there ran on a busy or slower "
-                         "host (host_contention or host_drift)")
-        paired = paired_ratio(pa, pb)
+        blocks = block_round_ratios(a, b)
+        if blocks is not None and len(blocks) == 1:
+            return one_round_blocks_ratio(a, b)
+        if blocks is not None:
+            per_round, basis, how = blocks, "blocks", BLOCKS_HOW
+        else:
+            per_round = [y / x if x > 0 and y > 0 else None for x, y in zip(pa, pb)]
+            basis, how = "paired", "each A process timed beside a B process"
+        # blocks: a round's A and B share a process, its host and its flags, so a slower host cancels: no round is left out
+        clean = _uncontended_rounds(a, b, len(per_round)) if blocks is None else list(range(len(per_round)))
+        if len(clean) >= 2 and len(clean) < len(per_round):
+            paired = rounds_ratio([per_round[i] for i in clean], basis, how)
+            left_out = ", ".join(str(i + 1) for i in range(len(per_round)) if i not in clean)
+            if paired is not None:
+                return Ratio(paired.ratio, paired.low, paired.high, paired.basis, paired.units,
+                             f"{paired.note}; round(s) {left_out} of {len(per_round)} left out: a process there ran on a busy or "
+                             "slower host (host_contention or host_drift)")
+        paired = rounds_ratio(per_round, basis, how)
         if paired is not None:
             return paired
     return process_ratio(pa, pb) or within_run_ratio(a, b)
+
+
+def one_round_blocks_ratio(a: dict, b: dict) -> Ratio | None:
+    """One round of a blocks-paired run: the median of B's block ÷ A's over its interleaved rounds, with the
+    hierarchical 95% CI of that one process's blocks (``measure.stats.paired_ratio``)."""
+    paired = stats_paired_ratio(b, a)
+    if paired is None:
+        return None
+    return Ratio(paired["ratio"], paired["ci95"][0], paired["ci95"][1], "blocks", 1,
+                 f"one round: {paired['pairs']} pairs of blocks timed interleaved in one process, the CI over its stretches; "
+                 "more --rounds put a CI over processes")
 
 
 def _uncontended_rounds(a: dict, b: dict, n: int) -> list[int]:

@@ -323,6 +323,7 @@ class Measured:
     extra: dict
     sample_rounds: list[int] | None = None  # interleaved: the round of each sample
     sample_processes: list[int] | None = None
+    sample_started_s: list[float] | None = None  # interleaved: when each sample's block began, from the session's start
     session: dict | None = None  # interleaved: what the session was (id, cases, rounds, seed, canaries)
     gpu_view: dict = field(default_factory=dict)  # interleaved: its blocks throttled and read, each block's SM clock
     run_view: dict = field(default_factory=dict)  # interleaved: the whole run's throttle reasons and SM clock range
@@ -403,6 +404,8 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
     if measured.energy_j is None and getattr(report, "expected", False):
         row["power_note"] = measured.energy_unavailable  # no meter here (the CPU): said, not flagged
     timing_fields(row, measured.samples_ms, measured.sample_processes, measured.sample_rounds)
+    if measured.sample_started_s is not None:
+        row["sample_started_s"] = [float(t) for t in measured.sample_started_s]
     if measured.session is not None:
         row["session"] = measured.session["id"]
         row["interleaved"] = measured.session
@@ -651,7 +654,7 @@ def can_interleave(case: Case) -> str | None:
 
 
 def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True, seed: int = 0, on_case=None,
-              groups=None, process_index: int = 0) -> list[dict]:
+              groups=None, process_index: int = 0, scopes=None) -> list[dict]:
     """Measure several cases; with ``interleave`` (the default) those that can be held together are built and
     warmed first, then timed in blocks in a seeded random interleaved order (``measure.interleave``), so a slow
     stretch of the host falls on all of them and ratios of their blocks, paired in time, cancel it.
@@ -661,8 +664,12 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
     the next pool; alone, it is an ``oom`` row). Cases with ``--max-memory`` are timed alone, as are all cases when
     ``interleave`` is False or there is one case. ``groups``: a comparison group per case (default
     :func:`comparison_group`). ``on_case(index, case, stage)`` reports progress. ``process_index`` labels the
-    samples (``bench --processes``). Returns the rows in the cases' order."""
-    cases = [validate_case(c) for c in cases]
+    samples (``bench --processes``). ``scopes``: per case, a reusable context manager (or None) entered around each
+    piece of that case's own work (its build, each of its blocks, its row): ``models.reference.ModelScope``, where
+    ``perflab ab``'s versions read their model references in worktrees of their own. Returns the rows in the cases'
+    order."""
+    scope = _scope_of(scopes, len(cases))
+    cases = [_in(scope(i), validate_case, c) for i, c in enumerate(cases)]
     stage_of = (lambda i: (lambda s: on_case(i, cases[i], s))) if on_case else (lambda i: None)
     groups = list(groups) if groups is not None else [comparison_group(c) for c in cases]
     rows: list[dict | None] = [None] * len(cases)
@@ -671,7 +678,8 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
         together = []
     for i, case in enumerate(cases):
         if i not in together:
-            rows[i] = run_case(case, on_stage=stage_of(i), host=host)
+            with scope(i):
+                rows[i] = run_case(case, on_stage=stage_of(i), host=host)
             if interleave and len(cases) > 1:
                 rows[i]["timed_alone"] = can_interleave(case) or "the only case that could be timed with others"
             _stop_if_lost(rows, cases, i)
@@ -686,14 +694,14 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
         # memory. A training step's cached casts would be stale after its optimizer step: no kept cache there.
         kind = trains[pending[0]]
         with (contextlib.nullcontext() if kind else _autocast_kept(cases[pending[0]].device)):
-            pool, rest = _fill_pool(cases, [i for i in pending if trains[i] == kind], rows, stage_of, host)
+            pool, rest = _fill_pool(cases, [i for i in pending if trains[i] == kind], rows, stage_of, host, scope)
             pending = rest + [i for i in pending if trains[i] != kind]
             for i in range(len(cases)):
                 _stop_if_lost(rows, cases, i)
             if pool:
                 indices = [entry[0] for entry in pool]
                 try:
-                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index)
+                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index, scope)
                 except PerflabError:
                     raise
                 except Exception as exc:  # the session failed: each of its cases is a failed row, the run goes on
@@ -712,7 +720,22 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
     return rows
 
 
-def _fill_pool(cases, pending, rows, stage_of, host):
+def _scope_of(scopes, n: int):
+    """Case i's scope (the same reusable context manager at each call), or a null context."""
+    if scopes is None:
+        return lambda i: contextlib.nullcontext()
+    scopes = list(scopes)
+    if len(scopes) != n:
+        raise ValueError(f"run_cases: {len(scopes)} scopes for {n} cases")
+    return lambda i: scopes[i] if scopes[i] is not None else contextlib.nullcontext()
+
+
+def _in(scope, fn, *args, **kwargs):
+    with scope:
+        return fn(*args, **kwargs)
+
+
+def _fill_pool(cases, pending, rows, stage_of, host, scope):
     """Prepare pending cases until the pool is full; returns (pool of (index, Prepared, env), still pending)."""
     pool = []
     pending = list(pending)
@@ -726,7 +749,7 @@ def _fill_pool(cases, pending, rows, stage_of, host):
             gc.collect()
             torch.cuda.empty_cache()  # what the case adds to the pool is its own
         try:
-            built_ctx = _prepare_held(case, stage, host)
+            built_ctx = _in(scope(i), _prepare_held, case, stage, host)
         except PerflabError:
             raise
         except Exception as exc:
@@ -758,7 +781,7 @@ def _prepare_held(case: Case, stage, host) -> Prepared:
         return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0)
 
 
-def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
+def _time_pool(pool, groups, host, seed, stage_of, process_index, scope) -> list[dict]:
     """Time a pool of prepared cases in interleaved rounds; their rows, in the pool's order."""
     import uuid
 
@@ -766,6 +789,12 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
 
     indices = [i for i, *_ in pool]
     prepared = [p for _, p, _, _ in pool]
+
+    @contextlib.contextmanager
+    def within(k):  # case k of the pool: its scope, then its grad mode and precision
+        with scope(indices[k]), step_context(prepared[k].case, prepared[k].built):
+            yield
+
     device = prepared[0].case.device
     rounds = max(p.plan.n_blocks for p in prepared)
     order = interleaved_order([groups[i] for i in indices], rounds, seed)
@@ -783,7 +812,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
         counters0 = compile_counters() if any(p.compile_stats is not None for p in prepared) else None
         try:
             monitor.begin()
-            session = time_interleaved([p.step for p in prepared], schedule, enter=lambda k: step_context(prepared[k].case, prepared[k].built),
+            session = time_interleaved([p.step for p in prepared], schedule, enter=within,
                                        device=device, canary=lambda: host_canary(CANARY_ROUND_REPEATS).median_us,
                                        on_round=on_round, read_gpu=monitor.block_reading)
             report = monitor.end()
@@ -793,7 +822,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
         compiled_while_timed(prepared, since=counters0)
         extras, energy = [], []
         for k, p in enumerate(prepared):
-            with step_context(p.case, p.built):
+            with within(k):
                 median = float(np.median([b.ms_per_step for b in session.blocks[k]]))
                 energy.append(_energy_pass(p, monitor, median))
                 extras.append(p.impl.after_timing(p.case, p.built, p.step, {"median_ms": median}))
@@ -821,10 +850,12 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index) -> list[dict]:
             energy_unavailable=None if energy_j else unavailable, peak_alloc=peak_alloc, peak_reserved=None, canary=canary,
             contention=sched.contention_over([b.load for b in blocks], thread.cpus), extra=extras[k],
             sample_rounds=[b.round for b in blocks], sample_processes=[process_index] * len(blocks), session=info,
+            sample_started_s=[b.started_s for b in blocks],
         )
         env = pool[k][2]
         own, measured.gpu_view, measured.run_view = case_view(report, [b.gpu for b in blocks], env.get("max_sm_clock_mhz"))  # its own blocks
-        rows.append(ok_row(p, env, own, measured, thread))
+        with scope(indices[k]):  # where its model's source is read (model_source)
+            rows.append(ok_row(p, env, own, measured, thread))
     return rows
 
 
@@ -953,12 +984,17 @@ def merge_processes(cases, runs: list[list[dict]], read_peaks: bool = True) -> l
             merged.append(row)
             continue
         row = dict(ok[0])
-        samples, procs, rounds = [], [], []
+        samples, procs, rounds, starts = [], [], [], []
         for p, r in enumerate(ok):
             n = len(r["samples_ms"])
             samples += r["samples_ms"]
             procs += [p] * n
             rounds += r.get("sample_rounds") or list(range(n))
+            starts += r.get("sample_started_s") or [None] * n
+        if None in starts:  # each from its own process's session start, where every process's row says
+            row.pop("sample_started_s", None)
+        else:
+            row["sample_started_s"] = starts
         for key in ("timed_s", "timed_iters"):
             row[key] = sum(r[key] for r in ok)
         energies = [r.get("energy_j") for r in ok]

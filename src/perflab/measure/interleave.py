@@ -56,6 +56,7 @@ class BlockRecord:
     transient_bytes: int | None = None  # allocated above what was allocated at the block's start, at its peak
     load: tuple | None = None  # (before, after) measure.sched samples of the timing thread around the block
     gpu: object | None = None  # measure.energy.BlockReading: the clocks and throttle reasons NVML read while it ran
+    started_s: float | None = None  # when it began, in seconds from the session's start (its blocks' order in time)
 
 
 @dataclass
@@ -119,7 +120,7 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
                 t1 = time.perf_counter()
                 load1 = sched.sample()
                 ms = start.elapsed_time(end) / n if cuda else (t1 - t0) * 1000.0 / n
-                record = BlockRecord(r, ms, n, load=(load0, load1))
+                record = BlockRecord(r, ms, n, load=(load0, load1), started_s=t0 - session0)
                 if cuda:
                     record.transient_bytes = torch.cuda.max_memory_allocated() - alloc0
                 if read_gpu is not None:

@@ -12,6 +12,8 @@ from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, revision
 from perflab.report.md import escape, md_table
 
 BASIS_WORDS = {
+    "blocks": "blocks: one ratio a round, the median of B's block ÷ A's, their cases timed interleaved in one process "
+              "(a process's own speed cancels); the CI is over the rounds (one round: over its blocks)",
     "paired": "paired: one ratio a round, each A process timed beside a B process; the CI is over the rounds",
     "processes": "processes: each side's process medians, unpaired (Welch); between-process variance is in the CI",
     "within-run": "within-run: one process a side; the CI is each run's own and does NOT cover between-process variance "
@@ -156,6 +158,13 @@ def latest_version_rows(stored, rows: list[dict]) -> list[dict]:
     return [r for r in rows if (r.get("version") or {}).get("key") == last or r.get("status") == "missing"]
 
 
+def pairing_words(run: dict) -> str:
+    """How a versions run paired its versions each round (its record's ``pairing``; runs before it had processes)."""
+    if run.get("pairing") == "blocks":
+        return "each round one process timing every version's cases interleaved, block by block"
+    return f"versions' processes in {run.get('order')} order, each process of one version beside one of the other"
+
+
 def versions_sections(stored, plot_dir: Path) -> list[str]:
     """"## A/B" or "## By revision" for a store that ``perflab ab`` or ``track`` wrote; nothing for another store."""
     run = versions_run(stored)
@@ -173,14 +182,15 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         if not a or not b:
             return ["## A/B", "\n".join(lines), "No rows of both versions are stored (the run was interrupted)."]
         comparison = compare_rows(a, b, threshold)
-        return ["## A/B", f"{run.get('rounds')} rounds, versions in {run.get('order')} order, each process of one version "
-                f"beside one of the other.", "\n".join(lines), md_table(COMPARISON_HEADERS, comparison_rows(comparison)),
+        return ["## A/B", f"{run.get('rounds')} rounds, {pairing_words(run)}.", "\n".join(lines),
+                md_table(COMPARISON_HEADERS, comparison_rows(comparison)),
                 " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])))]
     order = [(v["key"], v["name"]) for v in versions]
     parts = ["## By revision",
-             f"Each case at {len(versions)} revisions, oldest first ({run.get('rounds')} round(s)). Each revision is compared with "
-             f"the one before it that measured the case: its time ÷ that one's, with a {LEVEL:.0%} CI (paired per round where "
-             f"one run timed both, else over processes, else each run's own), and a **change point** is a step slower or faster "
+             f"Each case at {len(versions)} revisions, oldest first ({run.get('rounds')} round(s), {pairing_words(run)}). Each "
+             f"revision is compared with the one before it that measured the case: its time ÷ that one's, with a {LEVEL:.0%} CI "
+             f"(paired per round where one run timed both, else over processes, else each run's own), and a **change point** is "
+             f"a step slower or faster "
              f"by more than {threshold:.0%} whose CI excludes 1 (docs/regressions.md).", "\n".join(lines)]
     from perflab.report import plots
 

@@ -464,7 +464,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="", help="what the launcher serves (a sweep's directory), for ps")
     parser.add_argument("--base-only", action="store_true", help="import PRELOAD only, not PRELOAD_COMPILER")
     args = parser.parse_args(argv)
-    return serve(args.parent_pid, args.base_only, args.label)
+    code = serve(args.parent_pid, args.base_only, args.label)
+    # Its children have all exited and every message is written: end here, without the interpreter's teardown of torch
+    # (a second or more of module finalisers that every sweep's parent would wait for in close()).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

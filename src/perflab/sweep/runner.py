@@ -281,6 +281,8 @@ def run_case_in_subprocess(case: Case, work_dir: Path, timeout_s: float, env: di
     this on the node that holds the case's GPU, in a Ray worker process that lives on after the task, and versions
     (``sweep.versions``) run one process at a time. ``work_dir`` gets ``logs/`` and ``tmp/``. ``python``: the
     interpreter of a new one (default this one), ``worker_env`` its environment, ``tag`` added to its files' names.
+    A worker given ``--together`` (``extra_args``: several cases timed in one process) writes ``{"rows": [...]}``
+    instead of a row; that comes back as it is, and a failure as ``case``'s row.
     """
     for sub in ("logs", "tmp"):
         (work_dir / sub).mkdir(parents=True, exist_ok=True)
@@ -353,7 +355,7 @@ def _read_result(path: Path) -> dict | None:
         return None
     finally:
         path.unlink(missing_ok=True)
-    return row if isinstance(row, dict) and "case_id" in row else None
+    return row if isinstance(row, dict) and ("case_id" in row or isinstance(row.get("rows"), list)) else None  # rows: --together
 
 
 def _parent_row(case: Case, status: str, message: str, env: dict) -> dict:

@@ -2,14 +2,22 @@
 
 A **version** is a git revision of the repository that holds the model code (checked out in a worktree of its own,
 in a temporary directory, where the cases' relative model references are read), or a Python interpreter (another
-virtualenv, with another torch). Every version runs the same cases through the sweep's machinery: one fresh worker
-process per case (``sweep.worker``, forked by the sweep's launcher, one launcher per interpreter), the same harness,
-the same store. A version is a field of the row (``version``) and part of its environment key, not a new store.
+virtualenv, with another torch). Every version runs the same cases through the sweep's machinery (``sweep.worker``,
+forked by the sweep's launcher, one launcher per interpreter), the same harness, the same store. A version is a
+field of the row (``version``) and part of its environment key, not a new store.
 
-The processes of the versions **alternate**: in each of ``rounds`` rounds, each case runs once at every version,
-those processes one after another (``alternate``: in order in even rounds, reversed in odd ones, ABBA...; ``random``:
-a seeded shuffle each round and case). So each A process has a B process beside it in time, and the ratio of a
-round's two medians cancels a slow stretch of the host that spans both (``analysis.regressions.paired_ratio``).
+Each of ``rounds`` rounds times each case once at every version, paired one of two ways (``pairing``):
+
+- ``blocks`` (revisions): the round is one fresh worker process (``sweep.worker --together``) that builds every case
+  at every version, each in its version's ``references.ModelScope`` (its worktree; its modules kept apart), and times
+  them interleaved block by block (``measure.harness.run_cases``), a case's versions one group, adjacent in each
+  interleaved round. What the host does to the process, or to a stretch of it, falls on every version alike, and a
+  round's B/A is the median of its block ratios (``analysis.regressions.block_round_ratios``).
+- ``processes``: each case at each version a process of its own, one after another (``alternate``: in order in even
+  rounds, reversed in odd ones, ABBA...; ``random``: a seeded shuffle each round and case). Each A process has a B
+  process beside it in time, and the ratio of a round's two medians cancels a slow stretch of the host that spans
+  both, not what differs between the processes (``analysis.regressions.paired_ratio``). Interpreters pair only so.
+
 A case's rounds at one version are merged into one row (``measure.harness.merge_processes``: its CI across the
 processes), stored once its last round has run; ``version.session`` marks the rows one run timed together.
 
@@ -35,10 +43,12 @@ from pathlib import Path
 from typing import Callable
 
 from perflab.errors import PerflabError
+from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
 
 ORDERS = ("alternate", "random")
+PAIRINGS = ("blocks", "processes")
 GIT_TIMEOUT_S = 120.0
 PROBE_TIMEOUT_S = 300.0
 
@@ -248,7 +258,8 @@ def plan_revisions(repo, revisions: list[tuple[str, str, str]], make_experiment:
         for name, rev, sha, subject in resolved:
             root = trees.add(sha) / rel
             try:
-                experiment = make_experiment(root)
+                with ModelScope(root):  # the family of a file.py:NAME is found by importing it: its own sibling modules
+                    experiment = make_experiment(root)
             except PerflabError as exc:
                 raise PerflabError(f"at revision {rev} ({sha[:10]}): {exc}") from None
             key = f"commit:{sha}"
@@ -310,6 +321,7 @@ class VersionsSummary:
     versions: list[Version]
     cases: list[Case]
     rounds: int
+    pairing: str = "processes"
     rows: dict = field(default_factory=dict)  # (case id, version key) → the merged row stored now, or read back
     done: int = 0  # processes run now
     stored: int = 0  # rows stored now
@@ -339,14 +351,44 @@ def round_order(n_versions: int, rounds: int, n_cases: int, order: str, seed: in
     return plan
 
 
+def default_pairing(plan: Plan) -> str:
+    """blocks for revisions (one process holds every version), processes for interpreters (each runs its own)."""
+    return "processes" if any(v.kind == "python" for v in plan.versions) else "blocks"
+
+
+def check_pairing(pairing: str | None, interpreters: bool, cases=()) -> None:
+    """PerflabError where ``pairing`` is unknown, or is blocks for interpreters or for cases that cannot share a
+    process (None: the default, checked later)."""
+    if pairing is None:
+        return
+    if pairing not in PAIRINGS:
+        raise PerflabError(f"--pairing: expected blocks or processes, got {pairing!r}")
+    if pairing != "blocks":
+        return
+    if interpreters:
+        raise PerflabError("--pairing blocks: interpreters (--python-a/--python-b) each run their own processes, so they can only "
+                           "pair processes: --pairing processes")
+    from perflab.measure.harness import can_interleave
+
+    for case in cases:
+        why = f"it runs {case.world_size} ranks in processes of their own" if case.parallel else can_interleave(case)
+        if why:
+            raise PerflabError(f"--pairing blocks: {case.label()} cannot be timed with another version in one process ({why}); "
+                               "use --pairing processes")
+
+
 def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", seed: int = 0, timeout_s: float | None = None,
                  reuse: bool, command: str = "", kind: str = "ab", on_event=None, launcher: str | None = None,
-                 record: dict | None = None) -> VersionsSummary:
-    """Run every case at every version, ``rounds`` times, alternating versions process by process, into ``out_dir``'s
-    store. ``reuse``: (case, version) rows already stored are kept and not run again (track); else a store holding any
-    of them is refused (ab: rows timed together are not mixed with older ones). ``on_event(kind, **info)``: "start"
-    (total processes), "process_start" (case, version, round), "process_done" (case, version, round, row), "finish"
-    (summary). ``record``: more to keep in the run's sweep record (the threshold its report judges by)."""
+                 record: dict | None = None, pairing: str = "processes") -> VersionsSummary:
+    """Run every case at every version, ``rounds`` times, into ``out_dir``'s store. ``pairing``: ``processes`` (each
+    case at each version a process of its own, the versions' processes one after another) or ``blocks`` (each round
+    one process that builds every case at every version and times them together, interleaved block by block, a
+    case's versions adjacent in each of its rounds). ``reuse``: (case, version) rows already stored are kept and not
+    run again (track); else a store holding any of them is refused (ab: rows timed together are not mixed with older
+    ones). ``on_event(kind, **info)``: "start" (total processes), "process_start" (case, version, round; blocks:
+    version None, the round's first case), "process_done" (the same, with its row; blocks: once a round, the row
+    None), "finish" (summary). ``record``: more to keep in the run's sweep record (the threshold its report judges
+    by)."""
     from perflab.measure.harness import merge_processes
     from perflab.sweep.launcher import choose_launcher
     from perflab.sweep.runner import (Forks, _one_sweep_at_a_time, _sigterm_as_interrupt, _slots, case_timeout, run_case_in_subprocess,
@@ -357,6 +399,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     out_dir = Path(out_dir)
     if rounds < 1:
         raise PerflabError(f"--rounds must be at least 1, got {rounds}")
+    check_pairing(pairing, any(v.kind == "python" for v in plan.versions), plan.cases)
     schedule = round_order(len(plan.versions), rounds, len(plan.cases), order, seed)
     experiment = plan.versions[0].experiment
     _slots(experiment, None, 1)  # CUDA cases where CUDA is not: one line now, not an error row a process
@@ -368,7 +411,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
         if stored and not reuse:
             raise PerflabError(f"{out_dir} already holds {stored} row(s) of these versions; give another --out")
     session = uuid.uuid4().hex[:12]
-    summary = VersionsSummary(out_dir, session, plan.versions, plan.cases, rounds)
+    summary = VersionsSummary(out_dir, session, plan.versions, plan.cases, rounds, pairing)
     with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
         todo = set()
         for v in plan.versions:
@@ -380,44 +423,62 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
                     todo.add((case.id, v.key))
             store.put_environment(v.env_key, v.env)
         spec = dict(experiment.to_json(), versions=[v.info() for v in plan.versions], kind=kind, rounds=rounds, order=order,
-                    seed=seed, session=session, **(record or {}))
+                    seed=seed, session=session, pairing=pairing, **(record or {}))
         sweep_id = store.begin_sweep(command=command, spec_source=experiment.source, spec_text=experiment.text, experiment=spec,
                                      env_key=",".join(v.env_key for v in plan.versions),
                                      n_cases=len(plan.cases) * len(plan.versions), n_skipped=summary.reused)
-        emit("start", total=len(todo) * rounds, reused=summary.reused, versions=plan.versions, rounds=rounds)
+        blocks = pairing == "blocks"
+        per_round = sum(1 for c in plan.cases for v in plan.versions if (c.id, v.key) in todo)
+        emit("start", total=(min(per_round, 1) if blocks else per_round) * rounds, reused=summary.reused, versions=plan.versions,
+             rounds=rounds)
         forks: dict[str, Forks] = {}
         runs: dict[tuple[str, str], list] = {}  # (case id, version key) → (start time, index into processes) per round
-        processes: list[dict] = []  # every process's row of this run, in the order they ran
+        processes: list[dict] = []  # every process's row of this run, in the order they ran (blocks: a row per case per version)
+
+        def fork_of(v: Version):
+            return forks.setdefault(v.python, Forks(str(out_dir), python=v.python, env=v.worker_env or None)) if launcher == "fork" else None
+
+        def done(c: int, vi: int, r: int, started: float, row: dict) -> None:
+            v = plan.versions[vi]
+            case, vcase = plan.cases[c], v.experiment.cases[c]
+            runs.setdefault((case.id, v.key), []).append((started, len(processes)))
+            processes.append(row)
+            if r == rounds - 1:
+                merged = _merge(vcase, runs.pop((case.id, v.key)), processes, merge_processes)
+                merged["version"] = dict(v.info(), session=session, rounds=rounds, order=order, position=vi, kind_of_run=kind,
+                                         pairing=pairing)
+                store.put(merged, v.env_key, sweep_id=sweep_id, worker="w0")
+                summary.rows[(case.id, v.key)] = merged
+                summary.stored += 1
+
         outcome = "interrupted"
         try:
             with _sigterm_as_interrupt():
                 for r in range(rounds):
-                    for c, case in enumerate(plan.cases):
-                        for vi in schedule[r][c]:
-                            v = plan.versions[vi]
-                            if (case.id, v.key) not in todo:
-                                continue
-                            vcase = v.experiment.cases[c]
-                            fork = None
-                            if launcher == "fork":
-                                fork = forks.setdefault(v.python, Forks(str(out_dir), python=v.python, env=v.worker_env or None))
-                            emit("process_start", case=vcase, version=v, round=r)
-                            args = worker_args(v.experiment, out_dir) + ["--flops-cache", str((out_dir / "flops" / v.env_key).resolve())]
-                            started = time.time()
-                            row, _ = run_case_in_subprocess(vcase, out_dir, timeout_s, dict(v.env, device=vcase.device), extra_args=args,
-                                                            forks=fork, python=v.python, worker_env=_worker_env(v),
-                                                            tag=f"-{v.slug}-r{r}")
-                            summary.done += 1
-                            runs.setdefault((case.id, v.key), []).append((started, len(processes)))
-                            processes.append(row)
-                            emit("process_done", case=vcase, version=v, round=r, row=row)
-                            if r == rounds - 1:
-                                merged = _merge(vcase, runs.pop((case.id, v.key)), processes, merge_processes)
-                                merged["version"] = dict(v.info(), session=session, rounds=rounds, order=order,
-                                                         position=vi, kind_of_run=kind)
-                                store.put(merged, v.env_key, sweep_id=sweep_id, worker="w0")
-                                summary.rows[(case.id, v.key)] = merged
-                                summary.stored += 1
+                    jobs = [(c, vi) for c, case in enumerate(plan.cases) for vi in schedule[r][c] if (case.id, plan.versions[vi].key) in todo]
+                    if blocks and jobs:
+                        emit("process_start", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r)
+                        started = time.time()
+                        rows = _run_together(plan, jobs, r, out_dir, timeout_s * len(jobs), seed, fork_of(plan.versions[0]),
+                                             worker_args(plan.versions[0].experiment, out_dir), run_case_in_subprocess)
+                        summary.done += 1
+                        for (c, vi), row in zip(jobs, rows):
+                            done(c, vi, r, started, row)
+                        emit("process_done", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r,
+                             row=None, rows=rows)
+                        continue
+                    for c, vi in jobs:
+                        v = plan.versions[vi]
+                        vcase = v.experiment.cases[c]
+                        emit("process_start", case=vcase, version=v, round=r)
+                        args = worker_args(v.experiment, out_dir) + ["--flops-cache", str((out_dir / "flops" / v.env_key).resolve())]
+                        started = time.time()
+                        row, _ = run_case_in_subprocess(vcase, out_dir, timeout_s, dict(v.env, device=vcase.device), extra_args=args,
+                                                        forks=fork_of(v), python=v.python, worker_env=_worker_env(v),
+                                                        tag=f"-{v.slug}-r{r}")
+                        summary.done += 1
+                        done(c, vi, r, started, row)
+                        emit("process_done", case=vcase, version=v, round=r, row=row)
             outcome = "complete"
         except KeyboardInterrupt:
             summary.interrupted = True
@@ -432,6 +493,39 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
             for row in store.rows(v.env_key):
                 summary.rows.setdefault((row["case_id"], v.key), row)
     return summary
+
+
+def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path, timeout_s: float, seed: int, fork, args: list[str],
+                  run_case_in_subprocess) -> list[dict]:
+    """One round of the blocks pairing: ``jobs`` ((case index, version index) pairs) in one fresh worker process
+    (``sweep.worker --together``), each version's case built in its version's worktree, a case's versions one group of
+    the interleaved order (adjacent in each round). Their rows in ``jobs``' order; where the process failed (a crash, a
+    timeout), each case's row says so."""
+    from perflab.measure.harness import failed_row
+
+    entries = []
+    for c, vi in jobs:
+        v = plan.versions[vi]
+        entries.append({"case": v.experiment.cases[c].to_dict(), "model_root": v.experiment.model_root or str(v.root or ""), "group": c})
+    (out_dir / "tmp").mkdir(parents=True, exist_ok=True)
+    path = (out_dir / "tmp" / f"together-r{r}.json").resolve()
+    path.write_text(json.dumps(entries))
+    first = plan.versions[jobs[0][1]]
+    try:
+        result, _ = run_case_in_subprocess(first.experiment.cases[jobs[0][0]], out_dir, timeout_s, dict(first.env, device=plan.cases[0].device),
+                                           extra_args=args + ["--together", str(path), "--seed", str(seed + r)], forks=fork,
+                                           python=sys.executable, worker_env=_worker_env(first), tag=f"-blocks-r{r}")
+    finally:
+        path.unlink(missing_ok=True)
+    rows = result.get("rows")
+    if not isinstance(rows, list) or len(rows) != len(jobs):  # the process failed: its one row says how
+        rows = [failed_row(plan.versions[vi].experiment.cases[c], result.get("status") or "error",
+                           result.get("message") or "the process gave no rows", dict(plan.versions[vi].env, device=plan.cases[c].device))
+                for c, vi in jobs]
+    for row in rows:
+        row.setdefault("cost_s", None)
+        row["process_cost_s"] = result.get("cost_s")  # the round's process, shared by every case at every version in it
+    return rows
 
 
 def _worker_env(version: Version) -> dict:
@@ -460,7 +554,10 @@ def _merge(case: Case, runs: list[tuple[float, int]], processes: list[dict], mer
     judged = mark_host_flags(processes, group=lambda row: "run")
     merged["process_flags"] = [list(judged[i].get("flags") or []) for _, i in runs]
     merged["process_canary_us"] = [row.get(CANARY_KEY) for row in rows]
-    merged["process_costs_s"] = [row.get("cost_s") for row in rows]
+    merged["process_costs_s"] = [row.get("cost_s") or row.get("process_cost_s") for row in rows]
+    if any(row.get("worker_pid") for row in rows):  # blocks: the process and the interleaved session each round's blocks ran in
+        merged["process_pids"] = [row.get("worker_pid") for row in rows]
+        merged["process_sessions"] = [row.get("session") for row in rows]
     return merged
 
 
@@ -497,15 +594,18 @@ class VersionsProgress:
     def _process_start(self, case, version, round):
         from rich.markup import escape
 
-        self.progress.update(self.task, description=escape(f"round {round + 1}, {version.name}: {case.label()}"[:120]))
+        what = f"{version.name}: {case.label()}" if version is not None else "every version's cases, interleaved"
+        self.progress.update(self.task, description=escape(f"round {round + 1}, {what}"[:120]))
 
-    def _process_done(self, case, version, round, row):
+    def _process_done(self, case, version, round, row, rows=None):
+        from rich.markup import escape
+
         self.progress.advance(self.task)
-        if row.get("status") != "ok":
-            from rich.markup import escape
-
-            self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(version.name)} round {round + 1}: "
-                                        f"{escape(case.label())}: {escape(str(row.get('message')))}", soft_wrap=True)
+        for row in [row] if rows is None else rows:
+            if row.get("status") != "ok":
+                who = f"{version.name} " if version is not None else ""
+                self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(who)}round {round + 1}: "
+                                            f"{escape(str(row.get('label') or case.label()))}: {escape(str(row.get('message')))}", soft_wrap=True)
 
     def _finish(self, summary):
         if self.progress is not None:

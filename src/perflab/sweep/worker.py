@@ -5,6 +5,10 @@ case. The worker measures the case with the harness and writes the result row as
 a temporary file and a rename, so the parent never reads half a row); stages and warnings go to stderr,
 which the parent keeps as the case's log. Exit status 0 means PATH holds a row, whatever its status.
 
+With ``--together FILE`` it times several cases in this one process instead, interleaved block by block, each read
+in its own model root (``perflab ab``'s blocks pairing: every version of the code in one process a round), and
+writes ``{"rows": [...]}``.
+
 If the parent dies (``kill -9``), the worker is killed too (Linux parent-death signal, with a polling
 fallback elsewhere), so an orphan never keeps a GPU busy under the next sweep.
 """
@@ -12,6 +16,7 @@ fallback elsewhere), so an orphan never keeps a GPU busy under the next sweep.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -46,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
 
         os.environ[ROOT_ENV] = args.model_root
     case = Case.from_dict(json.loads(args.case))
+    if args.together:
+        rows = _run_together(json.loads(Path(args.together).read_text()), args)
+        write_result({"rows": rows, "cost_s": cost_split(_stages, started, time.perf_counter(), age)}, Path(args.result))
+        return 0
     try:
         from perflab.measure.harness import run_case
         from perflab.measure.pinning import HostOptions
@@ -62,24 +71,64 @@ def main(argv: list[str] | None = None) -> int:
 
                 flop_cache = FlopCache(args.flops_cache)
             row = run_case(case, on_stage=_log_stage, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index), flop_cache=flop_cache)
-        # a capped case (max_memory) answers "would it fit": no profile or ncu pass
-        extra = row.get("status") == "ok" and case.device == "cuda" and not case.parallel and case.max_memory is None
-        if args.profile_steps and extra:
-            _log_stage(f"profile ({args.profile_steps} steps)")
-            row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps)
-        if args.ncu_top and extra and _matches(case, json.loads(args.ncu_where)):
-            _log_stage(f"ncu (top {args.ncu_top} kernels)")
-            row["ncu"] = _ncu(case, Path(args.trace_dir), args.ncu_top)
+        _passes(case, row, args)
     except ModelLoadError as exc:  # the user's model does not import or build here: a failure of this case, not bad input
         row = _failed_row(case, "error", str(exc))
     except PerflabError as exc:  # the parent validated the case; this is input only the worker could see
         row = _failed_row(case, "invalid", str(exc))
     except Exception as exc:  # run_case turns measurement failures into rows; this is anything around them
         traceback.print_exc()
-        row = _failed_row(case, "error", f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+        row = _failed_row(case, "error", f"{type(exc).__name__}: {_first_line(exc)}")
     row["cost_s"] = cost_split(_stages, started, time.perf_counter(), age)
     write_result(row, Path(args.result))
     return 0
+
+
+def _passes(case, row: dict, args, tag: str = "") -> None:
+    """The spec's profile and ncu passes of a measured case, into its row (a capped case, max_memory, answers "would
+    it fit": none)."""
+    extra = row.get("status") == "ok" and case.device == "cuda" and not case.parallel and case.max_memory is None
+    if args.profile_steps and extra:
+        _log_stage(f"profile ({args.profile_steps} steps)")
+        row["profile"] = _profile(case, row, Path(args.trace_dir), args.profile_steps, tag)
+    if args.ncu_top and extra and _matches(case, json.loads(args.ncu_where)):
+        _log_stage(f"ncu (top {args.ncu_top} kernels)")
+        row["ncu"] = _ncu(case, Path(args.trace_dir), args.ncu_top)
+
+
+def _run_together(entries: list[dict], args) -> list[dict]:
+    """Several cases timed together in this process (``perflab ab``'s blocks pairing): each entry is a case with the
+    directory its model references are read in (``model_root``: its version's worktree) and a ``group`` (the cases
+    compared, the versions of one case: adjacent in every round of the interleaved order). Each case is built in its
+    own ``ModelScope``, so two revisions of one model file import side by side; a built-in model is built once per
+    entry. Returns their rows in the entries' order, each with this process's id (``worker_pid``)."""
+    from perflab.errors import CudaContextLost, ModelLoadError, PerflabError
+    from perflab.measure.harness import run_cases
+    from perflab.measure.pinning import HostOptions
+    from perflab.references import ModelScope
+    from perflab.spec import Case
+
+    cases = [Case.from_dict(e["case"]) for e in entries]
+    scopes = [ModelScope(e["model_root"]) if e.get("model_root") else None for e in entries]
+    try:
+        rows = run_cases(cases, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index), seed=args.seed,
+                         groups=[e["group"] for e in entries], scopes=scopes, on_case=lambda i, case, stage: _log_stage(stage))
+        for k, (case, row) in enumerate(zip(cases, rows)):
+            with scopes[k] or contextlib.nullcontext():
+                _passes(case, row, args, tag=f"-{k}")
+    except PerflabError as exc:  # input only this process could see, or a lost CUDA context: every case's row says so
+        status = "error" if isinstance(exc, (ModelLoadError, CudaContextLost)) else "invalid"
+        rows = [_failed_row(c, status, str(exc)) for c in cases]
+    except Exception as exc:
+        traceback.print_exc()
+        rows = [_failed_row(c, "error", f"{type(exc).__name__}: {_first_line(exc)}") for c in cases]
+    for row in rows:
+        row["worker_pid"] = os.getpid()
+    return rows
+
+
+def _first_line(exc) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
 
 
 def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:
@@ -104,13 +153,13 @@ def cost_split(stages: list[tuple[str, float]], started: float, ended: float, ag
     return out
 
 
-def _profile(case, row: dict, trace_dir: Path, steps: int) -> dict:
+def _profile(case, row: dict, trace_dir: Path, steps: int, tag: str = "") -> dict:
     """The case's profile pass, summarised for the row; a failure of the pass is recorded, and the timing kept."""
     from perflab.profiling import profile_summary
     from perflab.trace.capture import profile_case
 
     try:
-        trace_path = trace_dir / f"{case.id}.trace.json.gz"
+        trace_path = trace_dir / f"{case.id}{tag}.trace.json.gz"
         trace_dir.mkdir(parents=True, exist_ok=True)
         profile_case(case, trace_path, steps=steps)
         return profile_summary(trace_path, row["median_ms"])
@@ -156,7 +205,7 @@ def _failed_row(case, status: str, message: str) -> dict:
 
 
 def _log_stage(stage: str) -> None:
-    _stages.append((stage.split(" ")[0] if stage.startswith(("profile", "ncu")) else stage, time.perf_counter()))
+    _stages.append((stage.split(" ")[0] if stage.startswith(("profile", "ncu", "timing")) else stage, time.perf_counter()))
     print(f"[{time.strftime('%H:%M:%S')}] stage: {stage}", file=sys.stderr, flush=True)
 
 
@@ -197,6 +246,9 @@ def _parse_args(argv):
     parser.add_argument("--flops-cache", default="", help="a directory of FLOP counts shared by a sweep's workers (measure.flops.FlopCache)")
     parser.add_argument("--no-pin", action="store_true", help="time with the timing thread unpinned")
     parser.add_argument("--pin-index", type=int, default=0, help="pin to this core counted from the end of the affinity set")
+    parser.add_argument("--together", default="", help="a JSON file of cases to time together, interleaved, instead of --case alone: "
+                        "[{case, model_root, group}]; the result is {rows: [...]} in its order")
+    parser.add_argument("--seed", type=int, default=0, help="--together: the seed of the interleaved order")
     return parser.parse_args(argv)
 
 
