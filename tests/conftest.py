@@ -10,6 +10,13 @@ os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
 import pytest  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _no_inherited_columns(monkeypatch):
+    """Tables fit COLUMNS where it is set; a test that wants a width sets its own. (pytest-xdist's workers are given
+    COLUMNS=80, which narrowed every table the tests read.)"""
+    monkeypatch.delenv("COLUMNS", raising=False)
+
+
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
     """experiments/smoke.yaml swept by the local engine, killed part-way and resumed (tests/sweep_util.py): run once,

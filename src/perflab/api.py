@@ -887,8 +887,8 @@ def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps:
     A data-parallel case (``case.parallel``, a train_step; ``gpus``: its ranks' GPUs, None on the CPU) returns a
     ``perflab.explain_parallel.ParallelExplanation``: its communication against its floor and the communication
     fixes (``ddp:OPTION=VALUE``, ``fsdp``, ``compile``) predicted, then measured."""
-    from perflab.explain import PREDICTED_MODES
-    from perflab.explain import explain as run
+    from perflab.explanation import PREDICTED_MODES
+    from perflab.explanation import explain as run
 
     if case.parallel:
         from perflab.explain_parallel import check_parallel_explain, explain_parallel

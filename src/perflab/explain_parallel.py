@@ -35,7 +35,7 @@ from pathlib import Path
 from perflab.analysis.comm import MIB, busbw_at, call_latency_us, ddp_bytes, fsdp_bytes, swept_size
 from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, fix_step_ms, predict_comm_fix
 from perflab.errors import PerflabError
-from perflab.explain import GLUE_CATEGORIES
+from perflab.explanation import GLUE_CATEGORIES
 from perflab.spec import Case, merge_parallel, parse_parallel
 
 # gloo on the CPU: the sizes the ranks sweep in the base's launch (small ones for the per-call latency)
@@ -74,7 +74,7 @@ def default_parallel_fixes(case: Case) -> list[str]:
 
 def plan_parallel_fixes(case: Case, fixes) -> list[tuple[str, Case]]:
     """(spec, the case after it) per fix, each validated: PerflabError (one line) before anything is measured."""
-    from perflab.explain import parse_fix
+    from perflab.explanation import parse_fix
     from perflab.spec import validate_case
 
     out = []
