@@ -25,7 +25,7 @@ from perflab.sweep.store import Store  # noqa: E402
 from sweep_util import SMOKE, live_workers, stored_count, wait_for  # noqa: E402
 
 FAST = {"device": "cpu", "input_size": 32, "warmup": 1, "iters": 5, "repeats": 5}
-SLOW = dict(FAST, model="test:slow", iters=20)  # about 1 s of 50 ms steps, after the worker's start
+SLOW = dict(FAST, model="test:slow", iters=10)  # about 0.5 s of 50 ms steps, after the worker's start
 TIMING_KEYS = {"median_ms", "p10_ms", "p90_ms", "cv", "ci95_ms", "latency_ms_per_batch", "latency_ms_per_sample",
                "throughput_per_s", "samples_ms", "timed_s", "flags", "warnings", "energy_j", "power_w", "mean_ms", "std_ms",
                "min_ms", "max_ms", "peak_mem_alloc_mb", "peak_mem_reserved_mb", "node_id", "node_host", "gpu_name", "reruns",
@@ -41,7 +41,10 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per worker on this 2-core machine
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    # A killed node is declared dead after its health checks fail: every 0.5 s, 3 in a row (Ray's defaults, 3 s and 5,
+    # kept the node-loss tests waiting about 15 s for each kill)
+    health = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "_system_config": health})
     c.add_node(num_cpus=1)
     ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
     yield c
@@ -97,7 +100,7 @@ def test_smoke_sweep_on_ray_stores_each_case_once_with_the_local_rows(cluster, t
 
 
 def test_a_worker_that_kills_itself_is_an_error_row_and_the_sweep_goes_on(cluster, tmp_path):
-    spec = {"defaults": FAST, "harness": {"timeout_s": 8},
+    spec = {"defaults": FAST, "harness": {"timeout_s": 12},
             "cases": [{"model": "test:crashes"}, {"model": "test:tiny"}, {"model": "test:hangs"}, {"model": "test:tiny", "batch_size": 2}]}
     summary = api.sweep(spec, tmp_path, engine="ray")
     assert summary.counts == {"error": 1, "ok": 2, "timeout": 1} and summary.done == 4
@@ -105,7 +108,7 @@ def test_a_worker_that_kills_itself_is_an_error_row_and_the_sweep_goes_on(cluste
     assert len(rows) == 4
     crashed = rows[("test:crashes", 1)]
     assert "worker exited with status 134 without a result" in crashed["message"] and crashed["node_id"] in node_ids()
-    assert "no result within the 8 s limit" in rows[("test:hangs", 1)]["message"]  # its process group killed on its node
+    assert "no result within the 12 s limit" in rows[("test:hangs", 1)]["message"]  # its process group killed on its node
     assert rows[("test:tiny", 2)]["status"] == "ok" and rows[("test:tiny", 2)]["throughput_per_s"] > 0
     wait_for(lambda: not _perflab_workers(), 20, "the killed hang's worker to be gone")
 

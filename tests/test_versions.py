@@ -245,21 +245,39 @@ def test_track_finds_the_change_at_c3_and_none_at_c2_and_a_rerun_reuses_the_rows
     assert (out / "revisions_0.png").stat().st_size > 1000 and "![model.py:Net 64px bs1 fp32 eager over revisions](revisions_0.png)" in text
 
 
+def scaled(row: dict, k: float) -> dict:
+    """A row as it would read were every step ``k`` times as long: each time in ms (and each sample) times ``k``."""
+    def times(key, value):
+        if key.endswith("_ms") or key == "samples_ms":
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return value * k
+            if isinstance(value, list):
+                return [v * k if isinstance(v, (int, float)) else v for v in value]
+        return value
+    return {key: times(key, value) for key, value in row.items()}
+
+
 def test_compare_of_two_bench_out_files_gives_per_case_verdicts(repo, tmp_path):
-    files = []
-    for tag, name in (("c2", "a.jsonl"), ("c3", "b.csv")):
-        checkout = tmp_path / tag
-        checkout.mkdir()
-        (checkout / "model.py").write_text(git(repo, "show", f"{tag}:model.py") + "\n")
-        result = run_cli_here("bench", *CASE, "--batch-size", "1", "2", "--out", tmp_path / name, cwd=checkout)
-        assert result.returncode == 0, result.stderr
-        files.append(tmp_path / name)
+    """compare's reading of two bench --out files (JSON lines, CSV) and its verdicts: one real bench run at c2, and the
+    same rows as a run whose steps all took twice as long (the timing of two separate real runs is the question ab
+    answers; this test is compare's arithmetic, so its B is exact)."""
+    from perflab.report.export import write_rows
+
+    checkout = tmp_path / "c2"
+    checkout.mkdir()
+    (checkout / "model.py").write_text(git(repo, "show", "c2:model.py") + "\n")
+    result = run_cli_here("bench", *CASE, "--batch-size", "1", "2", "--out", tmp_path / "a.jsonl", cwd=checkout)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
+    write_rows([scaled(row, 2.0) for row in rows], tmp_path / "b.csv")
+    files = [tmp_path / "a.jsonl", tmp_path / "b.csv"]
     result = run_cli_here("compare", *files, "--json")
     assert result.returncode == 0, result.stderr
     cases = json.loads(result.stdout)["cases"]
     assert [c["label"].split()[2] for c in cases] == ["bs1", "bs2"]
     for case in cases:
-        assert case["verdict"] == "slower" and case["ratio"]["basis"] == "within-run" and case["ratio"]["low"] > 1.0
+        assert case["ratio"]["ratio"] == pytest.approx(2.0, rel=1e-6) and case["ratio"]["basis"] == "within-run"
+        assert case["verdict"] == "slower" and case["ratio"]["low"] > 1.0
         assert "does not cover between-process variance" in case["ratio"]["note"]
     table = run_cli_here("compare", *files)
     verdict_cells = [line.split("│")[-2].strip() for line in table.stdout.splitlines() if "model.py:Net" in line]

@@ -323,7 +323,9 @@ def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int,
                    "--launched-at", repr(time.time())]
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     env=env, start_new_session=True)
-    return _Running(case, slot, proc, started, started + timeout_s, result_path, log_path)
+    # the limit counts from the worker's own start: a forked case waits first for the launcher's one-time imports
+    # (seconds; bounded by the launcher's START_TIMEOUT_S), which are not the case's
+    return _Running(case, slot, proc, started, time.monotonic() + timeout_s, result_path, log_path)
 
 
 def pin_index(slot: str) -> int:
