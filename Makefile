@@ -27,8 +27,10 @@ install: $(BIN)/perflab
 demo: $(BIN)/perflab
 	$(BIN)/perflab demo
 
+# Two workers, a test file (tests/conftest.py's groups) each at a time: the Ray and sweep tests spend most of their
+# time waiting on processes, which the other worker's tests fill
 test: $(BIN)/perflab
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 test-gpu: $(BIN)/perflab
 	$(BIN)/python -m pytest -q -m gpu tests/gpu

@@ -10,6 +10,18 @@ os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
 import pytest  # noqa: E402
 
 
+# make test runs two pytest-xdist workers (--dist loadgroup): each test file is one group, so its module fixtures are
+# made once, and files that share a session fixture are one group, so it is made once too
+SHARED_FIXTURE_GROUPS = {"test_sweep_resume": "smoke_run", "test_sweep_ray": "smoke_run",
+                         "test_explain_parallel": "explain_ddp_run", "test_parallel_fsdp": "explain_ddp_run"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        module = item.path.stem
+        item.add_marker(pytest.mark.xdist_group(SHARED_FIXTURE_GROUPS.get(module, module)))
+
+
 @pytest.fixture(autouse=True)
 def _no_inherited_columns(monkeypatch):
     """Tables fit COLUMNS where it is set; a test that wants a width sets its own. (pytest-xdist's workers are given

@@ -154,7 +154,7 @@ def step_table(steps):
                          "start_ns": np.array([s for s, _ in steps], dtype=np.int64), "end_ns": np.array([e for _, e in steps], dtype=np.int64)})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(timelines())
 def test_identity_and_causes_match_the_definitions(timeline):
     rows, steps, threshold = timeline

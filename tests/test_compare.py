@@ -109,7 +109,7 @@ def trace_st():
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(trace_st(), trace_st())
 def test_decomposition_closes_exactly_on_random_overlapping_kernels(a, b):
     c = compare_traces(a, b)

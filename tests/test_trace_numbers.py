@@ -74,7 +74,7 @@ def spelled(draw) -> str:
                  draw(st.booleans()) and draw(st.booleans()))
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(spelled(), min_size=1, max_size=40))
 @example(["1000008.0665311092", "8.066531109150288", "1000000.0", "1.0e6", "1E-3", '"12.5"', "0.0005", "0.0015", "0.0025"])
 @example(["4382075239980.014", "12", "0.001", "1.2345675", "1.2345665", "1.2345675000001", "1.2345674999999"])
@@ -88,7 +88,7 @@ def test_every_spelling_parses_as_decimal_does(texts):
     assert parse(quoted).tolist() == expected
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(values(), st.integers(-8, 8), st.booleans())
 def test_one_value_spelled_every_way_gives_one_ns(value, shift, negative):
     digits, places = value

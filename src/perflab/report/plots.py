@@ -78,7 +78,8 @@ def breakeven_plot(tokens_b: Sequence[float], ms_b: Sequence[tuple], tokens_v: S
     grid = np.linspace(lo, hi, 200)
     for tokens, ms, fit, label, color in ((tokens_b, ms_b, fit_b, labels[0], "C0"), (tokens_v, ms_v, fit_v, labels[1], "C1")):
         med = [m[0] for m in ms]
-        yerr = [[m[0] - m[1] for m in ms], [m[2] - m[0] for m in ms]]
+        # a CI across processes or stretches is centred on its units' mean, so the median can fall outside it: no bar then
+        yerr = [[max(m[0] - m[1], 0.0) for m in ms], [max(m[2] - m[0], 0.0) for m in ms]]
         ax.errorbar(tokens, med, yerr=yerr, fmt="o", color=color, capsize=3, label=f"{label} (measured)")
         ax.plot(grid, fit(grid), color=color, lw=1.5, label=f"{label} fit a+bn+cn²")
     for b_lo, b_hi, _ in result.measured_crossings[:1]:
@@ -135,8 +136,8 @@ def _errorbar_line(ax, points, label, style: dict | None = None) -> None:
         return
     x = [p[0] for p in points]
     y = [p[1] for p in points]
-    low = [p[1] - p[2] if p[2] is not None else 0.0 for p in points]
-    high = [p[3] - p[1] if p[3] is not None else 0.0 for p in points]
+    low = [max(p[1] - p[2], 0.0) if p[2] is not None else 0.0 for p in points]  # (a CI need not hold the median: no bar)
+    high = [max(p[3] - p[1], 0.0) if p[3] is not None else 0.0 for p in points]
     style = dict({"marker": "o"}, **(style or {}))
     ax.errorbar(x, y, yerr=[low, high], ms=4, capsize=3, lw=1.3, label=label, **style)
 
