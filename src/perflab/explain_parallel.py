@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from perflab.analysis.comm import MIB, busbw_at, call_latency_us, ddp_bytes, fsdp_bytes, swept_size
+from perflab.analysis.comm import MIB, busbw_at, call_latency_us, ddp_bytes, fsdp_bytes, rank_comm_rows, swept_size
 from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, fix_step_ms, predict_comm_fix
 from perflab.errors import PerflabError
 from perflab.explanation import GLUE_CATEGORIES
@@ -225,15 +225,7 @@ def communication_section(case: Case, row: dict, profile: dict, sweep: dict) -> 
     latency = call_latency_us(sweep)
     floor = comm.floor_ms(busbw)
     steps = profile.get("steps") or 1
-    ranks = []
-    for account in profile.get("accounts") or []:
-        r = account["rank"]
-        comm_ms = account["comm_ns"] / steps / 1e6
-        waiting = account.get("comm_exposed_waiting_ns")
-        ranks.append({"rank": r, "step_ms": row["rank_median_ms"][r], "comm_ms": comm_ms, "exposed_ms": account["comm_exposed_ns"] / steps / 1e6,
-                      "waiting_ms": waiting / steps / 1e6 if waiting is not None else None,
-                      "overlapped_ms": account["comm_overlapped_ns"] / steps / 1e6, "overlap_fraction": account["overlap_fraction"],
-                      "measured_over_floor": comm_ms / floor if floor > 0 else None})
+    ranks = rank_comm_rows(profile.get("accounts") or [], steps, dict(enumerate(row["rank_median_ms"])), floor if floor > 0 else None)
     return {"mode": mode, "options": options, "world_size": n, "grad_bytes": grad, "param_bytes": params,
             "dtype_note": "gradients and parameters in the dtype they have (the parameters' dtype: fp32 under autocast)",
             "collectives": collectives, "bus_bytes": comm.bus_bytes, "calls": comm.calls, "buckets": row.get("ddp_buckets"),

@@ -136,3 +136,21 @@ def comm_ms(bus_bytes: float, calls: int, busbw_gb_s: float, latency_us: float) 
     if busbw_gb_s <= 0:
         raise ValueError(f"bus bandwidth must be positive, got {busbw_gb_s}")
     return bus_bytes / (busbw_gb_s * 1e9) * 1e3 + calls * latency_us / 1e3
+
+
+def rank_comm_rows(accounts: list[dict], steps: int, rank_step_ms: dict, floor_ms: float | None) -> list[dict]:
+    """Per rank, ms per step: its communication, exposed (and of it, waiting for a later rank and transfer, where the
+    ranks' collectives lined up), overlapped, the overlap fraction, and measured ÷ the floor. ``accounts``: the merged
+    ranks' accounts (``analysis.ranks``, ns over ``steps`` profiled steps); ``rank_step_ms``: rank → its step."""
+    rows = []
+    for account in accounts:
+        r = account["rank"]
+        comm_ms = account["comm_ns"] / steps / 1e6
+        waiting = account.get("comm_exposed_waiting_ns")
+        rows.append({"rank": r, "step_ms": rank_step_ms.get(r),
+                     "comm_ms": comm_ms, "exposed_ms": account["comm_exposed_ns"] / steps / 1e6,
+                     "waiting_ms": waiting / steps / 1e6 if waiting is not None else None,
+                     "transfer_ms": (account["comm_exposed_ns"] - waiting) / steps / 1e6 if waiting is not None else None,
+                     "overlapped_ms": account["comm_overlapped_ns"] / steps / 1e6, "overlap_fraction": account["overlap_fraction"],
+                     "measured_over_floor": comm_ms / floor_ms if floor_ms else None})
+    return rows

@@ -32,7 +32,6 @@ from perflab.analysis.trace_report import analyze_trace
 
 COMPILED_REGION = re.compile(r"^Torch-Compiled Region|^CompiledFunction(Backward)?$|^## Call CompiledFxGraph|^CompiledFxGraph")
 DYNAMO_OVERHEAD = re.compile(r"^TorchDynamo Cache Lookup$|^Pregraph bytecode$|^AOTDispatcher Runtime Wrapper")
-FLOPS_INCOMPLETE_SHARE = 0.05
 
 
 def compiled_split(trace) -> dict | None:
@@ -103,7 +102,7 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
                         "trace_path": trace.meta.get("path"), "cpu_only": trace.cpu_only}
     report["accounting"] = {k: summary[k] for k in ("wall_us", "gpu_busy_us", "idle_us", "idle_by_cause_us", "accounting_ns", "kernels",
                                                     "kernels_per_step", "top_kernels", "categories_us", "step_accounting", "launch")}
-    report["flops"] = dict(flops.to_dict(), incomplete_share=flops.uncounted_heavy_share)
+    report["flops"] = flops.to_dict()
     report["compiled"] = compiled_split(trace)
     report["verdict"] = summary["launch"]["message"]
     if ceilings and median:
@@ -146,7 +145,7 @@ def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict,
     (2(N−1)/N × the gradients' bytes, in DDP's buckets), the bus bandwidth at a bucket's size from the sweep, the floor
     (bus bytes ÷ busbw), and per rank its measured, exposed (waiting for a later rank + transfer) and overlapped
     communication per step, the overlap fraction and measured ÷ floor."""
-    from perflab.analysis.comm import busbw_at, call_latency_us, ddp_bytes, swept_size
+    from perflab.analysis.comm import busbw_at, call_latency_us, ddp_bytes, rank_comm_rows, swept_size
 
     section = {"world_size": world_size, "steps_profiled": steps, "note": merged.get("note"), "floor_ms": None, "ranks": []}
     floor = None
@@ -161,13 +160,5 @@ def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict,
                        floor_fraction=floor / step_ms if step_ms else None)
     elif not ddp:
         section["floor_note"] = "no DistributedDataParallel module found: the measured communication without a floor"
-    for account in merged.get("accounts") or []:
-        r = account["rank"]
-        comm_ms = account["comm_ns"] / steps / 1e6
-        waiting = account.get("comm_exposed_waiting_ns")
-        section["ranks"].append({"rank": r, "step_ms": rank_median_ms.get(r), "comm_ms": comm_ms, "exposed_ms": account["comm_exposed_ns"] / steps / 1e6,
-                                 "waiting_ms": waiting / steps / 1e6 if waiting is not None else None,
-                                 "transfer_ms": (account["comm_exposed_ns"] - waiting) / steps / 1e6 if waiting is not None else None,
-                                 "overlapped_ms": account["comm_overlapped_ns"] / steps / 1e6, "overlap_fraction": account["overlap_fraction"],
-                                 "measured_over_floor": comm_ms / floor if floor else None})
+    section["ranks"] = rank_comm_rows(merged.get("accounts") or [], steps, rank_median_ms, floor)
     return section

@@ -145,6 +145,12 @@ def get_ceilings(refresh: bool = False) -> dict:
     return entry
 
 
+def cached_ceilings() -> dict | None:
+    """This GPU's ceilings from the cache, without measuring (None when they were never measured here)."""
+    entry = _read_cache().get(gpu_key())
+    return entry if entry and entry.get("version") == CACHE_VERSION else None
+
+
 def _read_cache() -> dict:
     """The ceilings cache: GPU key → its entry; empty when there is none (a damaged cache is re-measured, not trusted)."""
     path = cache_path()

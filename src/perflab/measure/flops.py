@@ -7,12 +7,13 @@ beside them, for comparison with timm, fvcore and the seeds (which printed MACs 
 from __future__ import annotations
 
 import contextlib
-import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch.utils import flop_counter
+
+from perflab.analysis.op_flops import BUILTIN_NAMESPACES, HEAVY_NAME  # one rule for a matmul's kind of op, by name
 
 
 def _sdpa_cpu_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
@@ -65,10 +66,6 @@ def _extra_formulas() -> dict:
     return extra
 
 
-# Ops that do a matmul's kind of work, by name: where one has no formula, the count misses FLOPs.
-_HEAVY_NAME = re.compile(r"(^|_)(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|conv\d*d|convolution|einsum|gemm|rnn|lstm|gru)(_|$)"
-                         r"|attention|transformer|multi_head")
-_BUILTIN_NAMESPACES = ("aten", "prims", "prim", "profiler", "c10d", "_c10d_functional", "_dtensor", "inductor")
 UNCOUNTED_SHARE = 0.05  # uncounted heavy work at least this share of the step (a lower bound) raises flops_uncounted
 UNCOUNTED_FLAG = "flops_uncounted"
 
@@ -105,7 +102,7 @@ def _heavy_lower_bound(packet, args, out) -> int | None:
     namespace, whose code torch cannot see into); None for the others."""
     name = _op_name(packet)
     namespace, _, short = name.partition("::")
-    if namespace in _BUILTIN_NAMESPACES and not _HEAVY_NAME.search(short):
+    if namespace in BUILTIN_NAMESPACES and not HEAVY_NAME.search(short):
         return None
     inputs = [a for a in torch.utils._pytree.tree_leaves(args) if isinstance(a, torch.Tensor) and a.dim() >= 2]
     outputs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]

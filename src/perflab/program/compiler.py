@@ -27,10 +27,14 @@ def dynamo_loaded() -> bool:
 
 
 def counters() -> dict:
-    """dynamo's counters now ({} when dynamo was never imported: nothing was compiled)."""
+    """dynamo's counters now (``runtime.modes.compile_counters``: frames, graphs, backend graphs, graph breaks by
+    reason), with the frames it compiled successfully and its guard failures per code object; {} when dynamo was never
+    imported (nothing was compiled)."""
     if not dynamo_loaded():
         return {}
     from torch._dynamo.utils import counters as c
+
+    from perflab.runtime.modes import compile_counters
 
     failures = {}
     try:
@@ -42,38 +46,32 @@ def counters() -> dict:
         # ("0/3: tag == 'tag3'"), repeated at every later miss; kept once each, in the order they first failed
         distinct = list(dict.fromkeys(_guard(r) for r in reasons))
         failures[f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"] = distinct
-    return {"frames": int(c["frames"]["total"]), "frames_ok": int(c["frames"]["ok"]), "graphs": int(c["stats"]["unique_graphs"]),
-            "backend_graphs": int(c["aot_autograd"]["total"]), "breaks": {_first_line(k): int(v) for k, v in c["graph_break"].items()},
-            "guard_failures": failures}
+    return dict(compile_counters(), frames_ok=int(c["frames"]["ok"]), guard_failures=failures)
 
 
 def _guard(reason) -> str:
     """A guard failure's first line without dynamo's source comment: "0/7: tag == 'tag7'"."""
-    return _first_line(reason).split("  #")[0].strip()
+    text = str(reason).strip()
+    return (text.splitlines()[0] if text else "").split("  #")[0].strip()
 
 
-def _first_line(text) -> str:
-    text = str(text).strip()
-    return text.splitlines()[0] if text else ""
+NOTHING = {"frames": 0, "frames_ok": 0, "graphs": 0, "backend_graphs": 0, "breaks": {}, "guard_failures": {}}
 
 
 def delta(before: dict, after: dict) -> dict:
-    """What dynamo did between two ``counters()``: frames compiled, graphs, backend graphs, graph breaks by reason, and
-    the recompiles per frame with the guard that failed each time (the reasons added since ``before``)."""
-    if not after:
-        return {"frames": 0, "frames_ok": 0, "graphs": 0, "backend_graphs": 0, "graph_breaks": 0, "break_reasons": {}, "recompiles": {}}
-    before = before or {"frames": 0, "frames_ok": 0, "graphs": 0, "backend_graphs": 0, "breaks": {}, "guard_failures": {}}
-    breaks = {k: v - before["breaks"].get(k, 0) for k, v in after["breaks"].items()}
-    breaks = {k: v for k, v in breaks.items() if v > 0}
-    recompiles = {}  # frame -> the guards that failed for the first time in this phase (one per recompile)
+    """What dynamo did between two ``counters()`` (``runtime.modes.compile_stats``: frames, graphs, backend graphs,
+    graph breaks and their commonest reasons), with the frames compiled successfully and the guards that failed for
+    the first time, per frame (each a recompile, until the frame's limit)."""
+    from perflab.runtime.modes import compile_stats
+
+    before, after = before or NOTHING, after or NOTHING
+    recompiles = {}
     for frame, reasons in after["guard_failures"].items():
         seen = set(before["guard_failures"].get(frame, []))
         new = [r for r in reasons if r not in seen]
         if new:
             recompiles[frame] = new
-    return {"frames": after["frames"] - before["frames"], "frames_ok": after["frames_ok"] - before["frames_ok"],
-            "graphs": after["graphs"] - before["graphs"], "backend_graphs": after["backend_graphs"] - before["backend_graphs"],
-            "graph_breaks": sum(breaks.values()), "break_reasons": breaks, "recompiles": recompiles}
+    return dict(compile_stats(before, after), frames_ok=after["frames_ok"] - before["frames_ok"], recompiles=recompiles)
 
 
 class LimitWatch(logging.Handler):

@@ -177,12 +177,8 @@ class Recorder:
             return
         self._counters["timed"] = compiler.counters()
         self._choose_clock()
-        if self.source.kind == "boundary":
-            self._events.append((None, self._record()))
-            self._host.append(time.perf_counter_ns())
-        if self.options.steps == 0:
-            self._finish_timing()
-            self._enter_traced()
+        self._events.append((None, self._record()))  # a boundary source's timed steps begin at this boundary
+        self._host.append(time.perf_counter_ns())
 
     def _choose_clock(self) -> None:
         """CUDA events where the program has started CUDA by its first timed step, else the host clock."""
@@ -277,7 +273,10 @@ class Recorder:
     def _finish_tracing(self) -> None:
         self._counters["after"] = compiler.counters()
         if self._prof is not None:
-            self._stop_profiler()
+            try:
+                self._stop_profiler()
+            except Exception as exc:  # a trace that cannot be written (a full disk) must not end the user's program
+                self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
         self.data.phase = "done"
         self.remove()  # the program runs on untouched
         if self.on_traced is not None:

@@ -9,14 +9,16 @@ line says how far it got.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from perflab.errors import PerflabError
+from perflab.measure.checks import Check
 from perflab.program.boundaries import StepSource, make_source
 from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
 from perflab.program.script import Program, print_program_traceback, run_program
 
+MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
 NO_STEPS = ("no step boundary was seen: the program stepped no torch optimizer; name its step function with --step QUALNAME "
             "(or FILE:QUALNAME), or an NVTX / record_function range with --step-range NAME")
 
@@ -31,63 +33,57 @@ class RunResult:
 def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
     """Median and a 95% CI of the timed steps over stretches of the run (``measure.stats.hierarchical_ci``: five
     stretches of consecutive steps; fewer than three stretches give the order-statistics interval, labelled so)."""
-    from perflab.measure.checks import cv_check
     from perflab.measure.stats import hierarchical_ci, summarize
 
     if not step_ms:
         return {"steps": 0}
     s = summarize(step_ms)
     ci = hierarchical_ci(step_ms)
-    check = cv_check(s.cv)
     return {"steps": s.n, "median_ms": s.median, "mean_ms": s.mean, "p10_ms": s.p10, "p90_ms": s.p90, "cv": s.cv,
             "ci95_ms": [ci.low, ci.high], "ci_level": ci.level, "ci_units": ci.n_units, "samples_ms": step_ms,
-            "host_median_ms": float(summarize(host_ms).median) if host_ms else None, "high_cv": check.message if check else None}
+            "host_median_ms": float(summarize(host_ms).median) if host_ms else None}
 
 
-def run_checks(recorded: dict, report: dict | None) -> list[dict]:
+def run_checks(recorded: dict, report: dict) -> list[dict]:
     """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
     eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work."""
-    from perflab.measure.checks import compile_checks
+    from perflab.measure.checks import compile_checks, cv_check
 
-    flags = []
-    timed = (recorded.get("compile_phases") or {}).get("timed") or {}
-    checks = compile_checks({"frames_compiled_while_timed": timed.get("frames", 0), "graph_breaks": 0})
-    flags += [{"flag": c.flag, "message": c.message} for c in checks]
+    phases = recorded.get("compile_phases") or {}
+    compiled = [phases[p] for p in ("skipped", "timed") if phases.get(p)]
+    reasons: dict[str, int] = {}
+    for phase in compiled:
+        for r in phase.get("break_reasons") or []:
+            reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["count"]
+    stats = {"frames_compiled_while_timed": (phases.get("timed") or {}).get("frames", 0),
+             "graph_breaks": sum(p["graph_breaks"] for p in compiled), "graphs": sum(p["graphs"] for p in compiled),
+             "break_reasons": [{"reason": r, "count": n} for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]]}
+    checks = compile_checks(stats)
     for hit in recorded.get("limit_hits") or []:
-        flags.append({"flag": "fell_back_to_eager",
-                      "message": f"{hit['function']} ({hit['where']}) hit dynamo's {hit['limit']} ({hit['value']}) at step {hit['step']}: "
-                                 f"from then on it runs eagerly (last guard that failed: {hit['last_reason'] or 'not said'})"})
-    breaks = sum(((recorded.get("compile_phases") or {}).get(p) or {}).get("graph_breaks", 0) for p in ("skipped", "timed"))
-    if breaks:
-        reasons = {}
-        for p in ("skipped", "timed"):
-            for reason, n in (((recorded.get("compile_phases") or {}).get(p) or {}).get("break_reasons") or {}).items():
-                reasons[reason] = reasons.get(reason, 0) + n
-        top = "; ".join(f"{r} ×{n}" for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
-        flags.append({"flag": "graph_breaks", "message": f"compile: {breaks} graph break(s) ({top}); the step runs eagerly between graphs"})
-    timing = (report or {}).get("timing") or {}
-    if timing.get("high_cv"):
-        flags.append({"flag": "high_cv", "message": timing["high_cv"]})
-    if timing.get("steps", 0) and timing["steps"] < 5:
-        flags.append({"flag": "few_steps", "message": f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"})
-    flops = (report or {}).get("flops")
-    if flops and not flops.get("complete"):
+        checks.append(Check("fell_back_to_eager", f"{hit['function']} ({hit['where']}) hit dynamo's {hit['limit']} ({hit['value']}) at step "
+                                                  f"{hit['step']}: from then on it runs eagerly (last guard that failed: {hit['last_reason'] or 'not said'})"))
+    timing = report.get("timing") or {}
+    if timing.get("steps"):
+        checks.append(cv_check(timing["cv"]))
+        if timing["steps"] < MIN_STEPS:
+            checks.append(Check("few_steps", f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"))
+    flops = report.get("flops")
+    if flops and not flops["complete"]:
         why = []
-        if not flops.get("shapes_recorded"):
+        if not flops["shapes_recorded"]:
             why.append("no operator shapes were recorded")
-        if flops.get("uncounted_ops"):
+        if flops["uncounted_ops"]:
             why.append("operators with no FLOP formula: " + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
-        if flops.get("uncounted_heavy_share"):
+        if flops["uncounted_heavy_share"]:
             why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "
                        "operator (a Triton template, a CUDA graph replay)")
-        lead = "FLOPs are a lower bound: " if flops.get("known", True) else "FLOPs unknown (and MFU left out): "
-        flags.append({"flag": "flops_incomplete", "message": lead + "; ".join(why)})
-    return flags
+        lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
+        checks.append(Check("flops_incomplete", lead + "; ".join(why)))
+    return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]
 
 
 class Run:
-    def __init__(self, program: Program, options: RunOptions, step: str | None = None, step_range: str | None = None,
-                 quiet_ranks: bool = True, render=None):
+    def __init__(self, program: Program, options: RunOptions, step: str | None = None, step_range: str | None = None, render=None):
         self.program = program
         self.options = options
         self.source: StepSource = make_source(step, step_range)
@@ -104,7 +100,6 @@ class Run:
             outcome = run_program(self.program, stop=StopProgram)
         finally:
             recorder.remove()
-        self.recorder = recorder
         if not self.written:  # the program ended before the traced steps did
             self._write(recorder, ended_early=True, outcome=outcome)
         print_program_traceback(outcome, self.program)
@@ -125,8 +120,15 @@ class Run:
 
         recorded = recorder.finish().to_dict()
         timing = timing_summary(recorded["step_ms"], recorded["host_step_ms"])
-        report = self._report(recorded, timing) if not ended_early else {"timing": timing, "device": recorded.get("device")}
-        report.update(program=self.program.label, steps_from=self.source.description, options=_options_dict(self.options),
+        report = {"timing": timing, "device": recorded.get("device")}
+        if not ended_early:
+            try:
+                report = self._report(recorded, timing)
+            except Exception as exc:  # perflab's own failure must not end the user's program: the timing is kept
+                report["report_error"] = f"{type(exc).__name__}: {exc}"
+                stderr(f"perflab: the traced steps could not be analysed ({report['report_error']}); the timed steps are in "
+                       f"{Path(self.options.out_dir) / 'run.json'}")
+        report.update(program=self.program.label, steps_from=self.source.description, options=dict(asdict(self.options), out_dir=str(self.options.out_dir)),
                       recorded={k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms")}, partial=ended_early,
                       rank=self.rank.rank, world_size=self.rank.world_size)
         report["flags"] = run_checks(recorded, report)
@@ -185,16 +187,10 @@ def _ceilings(rank: Rank) -> dict | None:
     from perflab.measure import ceilings
 
     try:
-        if rank.rank == 0:
-            return ceilings.get_ceilings()
-        return ceilings._read_cache().get(ceilings.gpu_key())
+        return ceilings.get_ceilings() if rank.rank == 0 else ceilings.cached_ceilings()
     except Exception as exc:  # a peak that cannot be measured leaves MFU out, it does not lose the run's report
         stderr(f"perflab: the GPU's peaks could not be measured ({type(exc).__name__}: {exc}); MFU, MBU and floors left out")
         return None
-
-
-def _options_dict(options: RunOptions) -> dict:
-    return {"skip": options.skip, "steps": options.steps, "trace": options.trace, "stop_after": options.stop_after, "out": str(options.out_dir)}
 
 
 def check_options(skip: int, steps: int, trace: int, step: str | None = None, step_range: str | None = None) -> None:

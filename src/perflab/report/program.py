@@ -182,5 +182,5 @@ def run_lines(report: dict) -> list[str]:
     if report.get("ceilings_note"):
         lines.append(report["ceilings_note"])
     options = report.get("options") or {}
-    lines.append(f"written: {options.get('out', 'perflab-run')}/run.json" + (f" and {report['traced']['trace_path']}" if (report.get("traced") or {}).get("trace_path") else ""))
+    lines.append(f"written: {options.get('out_dir', 'perflab-run')}/run.json" + (f" and {report['traced']['trace_path']}" if (report.get("traced") or {}).get("trace_path") else ""))
     return lines
