@@ -173,7 +173,8 @@ def test_cpu_ranks_share_the_hosts_cpus_out_and_the_columns_name_the_cpu(ddp_row
 def test_a_scaling_efficiency_with_a_ci_wider_than_a_factor_2_is_flagged():
     from perflab.measure.parallel import WIDE_EFFICIENCY_FLAG, efficiency_check
 
-    wide = efficiency_check({"scaling_efficiency": 0.167, "scaling_efficiency_ci95": [0.032, 0.960]})
+    wide = efficiency_check({"scaling_efficiency": 0.167, "scaling_efficiency_ci95": [0.032, 0.960], "scaling_efficiency_pairs": 20})
     assert wide.flag == WIDE_EFFICIENCY_FLAG and "0.032–0.960, a factor 30.0 wide" in wide.message
+    assert "--repeats, 20 now" in wide.message  # more pairs narrow it; longer blocks of as few pairs did not (on two H100s)
     assert efficiency_check({"scaling_efficiency": 0.9, "scaling_efficiency_ci95": [0.85, 0.95]}) is None
     assert efficiency_check({"scaling_efficiency": 0.9, "scaling_efficiency_ci95": None}) is None

@@ -215,13 +215,18 @@ WIDE_EFFICIENCY_FLAG = "efficiency_uncertain"
 
 def efficiency_check(row: dict):
     """``efficiency_uncertain`` where the scaling efficiency's CI spans more than a factor ``EFFICIENCY_CI_RATIO`` (0.032–0.960
-    read as 0.167, on a host whose ranks fought for its cores): the efficiency is then no figure to act on."""
+    read as 0.167, on a host whose ranks fought for its cores): the efficiency is then no figure to act on. The advice is
+    more pairs (``--repeats``), not longer blocks: on two H100s gpt_large's DDP efficiency read 0.746–0.886 with 20 pairs
+    of one step, 0.699–0.842 with 20 pairs of two (``--min-time 2``), and 0.777–0.810 with 80 pairs (``--repeats 80``;
+    docs/performance/robustness.md): the step's noise is the host's, step to step, and longer blocks of few pairs
+    average little of it."""
     ci = row.get("scaling_efficiency_ci95")
     if not ci or not ci[0] or ci[1] / ci[0] <= EFFICIENCY_CI_RATIO:
         return None
     return Check(WIDE_EFFICIENCY_FLAG, f"scaling efficiency {row['scaling_efficiency']:.3f} has a CI of {ci[0]:.3f}–{ci[1]:.3f}, a factor "
                                        f"{ci[1] / ci[0]:.1f} wide: the one-device and data-parallel blocks moved apart (a busy host, "
-                                       "too few blocks); time longer (--min-time) or on a quieter host before reading it")
+                                       f"too few pairs); time more pairs (--repeats, {row.get('scaling_efficiency_pairs') or 'some'} now) "
+                                       "or on a quieter host before reading it")
 
 
 def together_rows(case: Case, ranks: list[dict]) -> tuple[dict, list[dict]]:
