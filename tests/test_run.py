@@ -233,6 +233,14 @@ def test_bad_options_are_one_line_before_the_program_runs(tmp_path, options, fra
         api.run([str(prog)], out_dir=tmp_path / "out", **options)
 
 
+def test_an_out_dir_that_cannot_take_the_report_is_one_line_before_the_program_runs(tmp_path):
+    prog = program(tmp_path, "raise SystemExit('must not run')\n")
+    (tmp_path / "a_file").write_text("kept\n")
+    with pytest.raises(PerflabError, match="a_file/out: cannot create the output directory"):
+        api.run([str(prog)], out_dir=tmp_path / "a_file" / "out")
+    assert (tmp_path / "a_file").read_text() == "kept\n"
+
+
 def test_the_command_line_keeps_the_programs_own_options_apart(tmp_path):
     prog = program(tmp_path, MLP)
     done = run_cli("run", "--skip", "1", "--steps", "3", "--trace", "1", "--out", tmp_path / "o", "--", "python", prog, "6", "--lr", "3")

@@ -545,9 +545,11 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     check_options(skip, steps, trace, step, step_range)
     make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
     program_ = parse_program(list(program))
-    from pathlib import Path
+    from perflab.paths import check_writable_file, make_out_dir
 
-    options = RunOptions(skip=skip, steps=steps, trace=trace, stop_after=stop_after, out_dir=Path(out_dir))
+    out = make_out_dir(out_dir)  # a path that cannot take the report: one line, before the program runs
+    check_writable_file(out / "run.json")
+    options = RunOptions(skip=skip, steps=steps, trace=trace, stop_after=stop_after, out_dir=out)
     if nproc is not None:
         from perflab.program.launch import torchrun
 
