@@ -85,6 +85,28 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def test_a_new_interpreters_limit_counts_from_the_end_of_its_imports(tmp_path):
+    """A worker in a new interpreter imports torch first (5-6 s on a loaded 2-core host, past a 5 s limit): its case's
+    limit starts when its alive file appears, and it is killed that limit after, not before."""
+    (tmp_path / "logs").mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    start = time.monotonic()
+    job = runner._Running(Case("test:hangs", **FAST), "w0", proc, start, start + 0.3 + runner.IMPORT_ALLOWANCE_S,
+                          tmp_path / "case.json", tmp_path / "logs" / "case.log", 0.3)
+    try:
+        time.sleep(0.5)  # past the limit, still importing: waited for
+        assert runner._finished_row(job, {}, 0.3) is None and job.alive_at is None
+        job.alive_path.touch()  # sweep.worker, once its imports are done
+        assert runner._finished_row(job, {}, 0.3) is None and job.deadline == pytest.approx(job.alive_at + 0.3)
+        while (row := runner._finished_row(job, {}, 0.3)) is None:
+            time.sleep(0.02)
+        assert time.monotonic() - job.alive_at >= 0.3 and row["status"] == "timeout"
+        assert not job.alive_path.exists() and proc.wait(timeout=10) < 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 @pytest.mark.parametrize("how", ["fork", "exec"])
 def test_a_crash_and_a_timeout_in_a_child_still_give_their_status_rows(tmp_path, how):
     measured = [{"model": "test:tiny"}, {"model": "test:tiny", "batch_size": 2}] if how == "fork" else []
@@ -159,7 +181,7 @@ def test_the_preloaded_imports_never_ask_for_a_gpu():
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "hazard None"
     # and a thread does make a fork unsafe
-    started = subprocess.run([sys.executable, "-c", "import threading, time, numpy\nthreading.Thread(target=time.sleep, args=(5,), daemon=True).start()\n"
+    started = subprocess.run([sys.executable, "-c", "import threading, time, numpy\nthreading.Thread(target=time.sleep, args=(120,), daemon=True).start()\n"
                               "from perflab.sweep.launcher import fork_hazard\nprint(fork_hazard(None))"], capture_output=True, text=True, timeout=60)
     assert started.stdout.strip() == "the imports started 1 Python thread(s)"
 

@@ -27,6 +27,11 @@ import traceback
 from pathlib import Path
 
 
+def alive_path(result_path: Path) -> Path:
+    """The file a worker writes once its imports are done; its case's time limit counts from then (``sweep.runner``)."""
+    return result_path.with_name(result_path.name + ".alive")
+
+
 # What a case costs (P9): the worker's stages, each with the perf_counter at which it began.
 COST_STAGES = {"build": "build", "check": "check", "flops": "flops", "compile": "compile", "warmup": "warmup", "timing": "timed"}
 _stages: list[tuple[str, float]] = []
@@ -44,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         exit_with_parent(args.parent_pid)
 
     from perflab.errors import ModelLoadError, PerflabError
+    from perflab.measure import harness  # noqa: F401  the heavy imports (torch), before the case's time limit starts
     from perflab.spec import Case
+
+    alive_path(Path(args.result)).touch()
 
     if args.model_root:  # relative model references are the spec's (and reach ncu's child process through the environment)
         from perflab.references import ROOT_ENV
