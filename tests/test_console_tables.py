@@ -196,3 +196,25 @@ def test_the_profilers_stage_lines_are_kept_off_stderr(capfd, tmp_path):
     err = capfd.readouterr().err
     assert "USDT" not in err and "STAGE:" not in err
     assert err.count("the step's own line") == 2  # everything else that was written is passed on
+
+
+def test_names_and_messages_with_brackets_are_printed_as_they_are_not_read_as_markup():
+    from perflab.report.console import warning_lines
+
+    rows = recorded()
+    for row in rows:  # a path of one's own may hold brackets
+        row["model"], row["label"] = (row[k].replace("deit_base", "deit[/base]") for k in ("model", "label"))
+    rows[0] = dict(rows[0], status="error", message="expected [batch, 3] in [/data/x]")
+    rows[1] = dict(rows[1], flags=["tokens_mismatch"], warnings=["a [b]message[/b] of its own"])
+    for width in (100, 10_000):
+        text = render(bench_table(rows), *comparison_tables(rows), width=width).replace("\n", "").replace("│", "").replace(" ", "")
+        assert "expected[batch,3]in[/data/x]" in text
+        assert "topk_deit[/base]_patch16_224kr0.1@3,6,9" in text  # the legend (100) or the cells (wide)
+    buffer = io.StringIO()
+    console = TerminalConsole(file=buffer, color_system=None)
+    console.configure(environ={"COLUMNS": "100"}, isatty=False)
+    for line in warning_lines(rows):
+        console.say(line)
+    said = buffer.getvalue().replace("\n  ", " ")
+    assert "error: deit[/base]_patch16_224 224px bs1 bf16 eager: expected [batch, 3] in [/data/x]" in said
+    assert "a [b]message[/b] of its own" in said

@@ -16,6 +16,7 @@ from typing import Iterable
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -133,15 +134,15 @@ def fit_columns(columns: list[Column], width: int) -> tuple[list[Column], list[s
             shared = shared[1:]  # the table keeps a key column
         if shared:
             notes.append(("every row: " if n_rows > 1 else "")
-                         + ", ".join((c.caption_as or c.header + " {}").format(c.plain()[0]) for c in shared))
+                         + ", ".join((c.caption_as or c.header + " {}").format(escape(c.plain()[0])) for c in shared))
             columns = [c for c in columns if not any(c is s for s in shared)]
     if table_width(natural_width(c) for c in columns) > width:
         # every short column together (a baseline and a variant column hold the same kind of name)
         long = [c for c in columns if c.short] if any(c.short and natural_width(c) > SHORT_OVER for c in columns) else []
         forms = short_forms([v for c in long for v in c.plain()])
-        legend = [f"{forms[name]} = {name}" for name in forms if forms[name] != name]
-        if legend:
-            columns = [replace(c, cells=[forms[p] for p in c.plain()]) if c in long else c for c in columns]
+        legend = [escape(f"{forms[name]} = {name}") for name in forms if forms[name] != name]
+        if legend:  # the forms are plain text (of the cells' markup), made markup again
+            columns = [replace(c, cells=[escape(forms[p]) for p in c.plain()]) if c in long else c for c in columns]
             notes.append("; ".join(legend))
     if table_width(min_width(c) for c in columns) > width:
         dropped = []
