@@ -218,3 +218,15 @@ def test_names_and_messages_with_brackets_are_printed_as_they_are_not_read_as_ma
     said = buffer.getvalue().replace("\n  ", " ")
     assert "error: deit[/base]_patch16_224 224px bs1 bf16 eager: expected [batch, 3] in [/data/x]" in said
     assert "a [b]message[/b] of its own" in said
+
+
+def test_a_warning_with_no_flag_is_said_once_not_dropped():
+    from perflab.report.console import warning_lines
+
+    failed = "process 2 of 3 failed (RuntimeError: boom); the rows pool the 1 that finished"  # measure.harness appends it
+    rows = [_row(f"m bs{bs}", ["high_cv"], ["timing samples vary by CV 9.0% (threshold 5%)", failed]) for bs in (1, 2)]
+    assert warning_lines(rows) == [f"[yellow]warning[/yellow]: high_cv (every row): timing samples vary by CV 9.0% (threshold 5%) | "
+                                   f"every row: {failed}"]
+    rows[1]["warnings"] = rows[1]["warnings"][:1]
+    assert warning_lines(rows)[1:] == [f"[yellow]warning[/yellow]: m bs1: {failed}"]
+    assert warning_lines(rows[:1]) == [f"[yellow]warning[/yellow]: m bs1: high_cv: timing samples vary by CV 9.0% (threshold 5%) | {failed}"]

@@ -155,23 +155,29 @@ def warning_lines(rows: list[dict]) -> list[str]:
     """The warnings of a run's rows, each said once (rich markup). A failed row: its line. Then one line for what the
     rows share and what a busy host causes: each flag on every row, or on the rows named (their short labels), with its
     message where the rows' are alike, else its summary (``measure.checks.FLAG_SUMMARIES``). Then one line per row
-    for each other warning, with its numbers. Expected absences (no power meter on a CPU) are no warnings."""
+    for each other warning, with its numbers. A warning of no flag (past the row's flags: a process of ``--processes``
+    that failed) is said once where every row has it, else on its rows' lines. Expected absences (no power meter on a
+    CPU) are no warnings."""
     from perflab.measure.checks import FLAG_SUMMARIES, NOISE_FLAGS
     from perflab.report.fit import short_forms
 
     lines = [f"[red]{r['status']}[/red]: {escape(row_label(r))}: {escape(str(r.get('message')))}" for r in rows if r.get("status") != "ok"]
     ok = [r for r in rows if r.get("status") == "ok"]
     hits: dict[str, list[tuple[dict, str]]] = {}
+    unflagged: dict[str, list[dict]] = {}  # a warning with no flag of its own, by message
     for row in ok:
-        for flag, message in zip(row.get("flags") or [], row.get("warnings") or []):
+        flags, warnings = row.get("flags") or [], row.get("warnings") or []
+        for flag, message in zip(flags, warnings):
             hits.setdefault(flag, []).append((row, message))
+        for message in warnings[len(flags):]:
+            unflagged.setdefault(message, []).append(row)
         if row.get("pin_warning"):
             hits.setdefault("pinning", []).append((row, row["pin_warning"]))
-    if not hits:
+    if not hits and not unflagged:
         return lines
     if len(ok) == 1:
         return lines + [f"[yellow]warning[/yellow]: {escape(row_label(ok[0]))}: "
-                        + " | ".join(f"{flag}: {escape(h[0][1])}" for flag, h in hits.items())]
+                        + " | ".join([f"{flag}: {escape(h[0][1])}" for flag, h in hits.items()] + [escape(m) for m in unflagged])]
     labels = short_forms([row_label(r) for r in ok], sep=" ")
     shared, own = [], []
     for flag, found in hits.items():
@@ -182,6 +188,11 @@ def warning_lines(rows: list[dict]) -> list[str]:
             shared.append(escape(f"{flag} ({who}): {text}"))
         else:
             own += [f"[yellow]warning[/yellow]: {escape(row_label(r))}: {escape(m)}" for r, m in found]
+    for message, found in unflagged.items():
+        if len(found) == len(ok):
+            shared.append(escape(f"every row: {message}"))
+        else:
+            own += [f"[yellow]warning[/yellow]: {escape(row_label(r))}: {escape(message)}" for r in found]
     return lines + ([f"[yellow]warning[/yellow]: {' | '.join(shared)}"] if shared else []) + own
 
 
