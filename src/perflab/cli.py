@@ -702,8 +702,9 @@ def main(argv: list[str] | None = None) -> None:
         status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:
         _fail(str(exc), exc.exit_code)
-    except click_exceptions.NoArgsIsHelpError if hasattr(click_exceptions, "NoArgsIsHelpError") else ():
-        sys.exit(0)  # the help text was printed
+    except click_exceptions.NoArgsIsHelpError if hasattr(click_exceptions, "NoArgsIsHelpError") else () as exc:
+        out.print(exc.format_message(), markup=False, soft_wrap=True)  # `perflab` alone: the help (click prints it in standalone mode only)
+        sys.exit(0)
     except click_exceptions.ClickException as exc:
         _fail(exc.format_message().replace("\n", " "), 2)
     except typer.Exit as exc:
