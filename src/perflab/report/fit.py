@@ -46,7 +46,6 @@ class FittedTable:
     columns: list[Column]
     title: str | None = None
     caption: list[str] = field(default_factory=list)  # lines under the table, whatever its width
-    header_style: str = "bold"
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.table_for(options.max_width)
@@ -54,7 +53,7 @@ class FittedTable:
     def table_for(self, width: int) -> Table:
         columns, notes = fit_columns(self.columns, width)
         widths = column_widths(columns, width)
-        table = Table(title=self.title, header_style=self.header_style, box=box.HEAVY_HEAD)
+        table = Table(title=self.title, header_style="bold", box=box.HEAVY_HEAD)
         for col, w in zip(columns, widths):
             # A cell that may not wrap has room for its whole line (column_widths); a header wraps at its spaces.
             table.add_column(col.header, justify=col.justify, overflow="fold", width=w)
@@ -65,12 +64,6 @@ class FittedTable:
             table.caption = "\n".join(lines)
             table.caption_justify = "left"
         return table
-
-
-def width_of(table: Table, console: Console | None = None) -> int:
-    """The natural width of a rich Table (what it takes unsqueezed)."""
-    console = console or Console(width=100_000)
-    return console.measure(table).maximum
 
 
 def _line_width(text: str) -> int:
@@ -121,7 +114,6 @@ def column_widths(columns: list[Column], width: int) -> list[int | None]:
 
 def fit_columns(columns: list[Column], width: int) -> tuple[list[Column], list[str]]:
     """The columns to show at ``width`` and the caption lines that say what was moved out of them."""
-    columns = [c for c in columns if c.cells is not None]
     if not columns or table_width(natural_width(c) for c in columns) <= width:
         return columns, []
     notes: list[str] = []
