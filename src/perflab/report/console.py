@@ -129,7 +129,7 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
 
 
 CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run); from fewer, the coverage they guarantee "
-              "(4 units: ≥88%, 3: ≥75%; min–max of n samples: 1 − 2^(1−n), 50% for 2)")
+              "(4 units: ≥87.5%, 3: ≥75%; min–max of n samples: 1 − 2^(1−n), 50% for 2)")
 
 
 def row_ci_note(row: dict) -> str:
