@@ -88,6 +88,7 @@ def test_terminal_width_honours_columns_and_is_100_when_piped():
     assert terminal_width({"COLUMNS": "73"}, isatty=True) == 73
     assert terminal_width({}, isatty=False) == PIPED_WIDTH == 100
     assert terminal_width({}, isatty=True) is None  # rich asks the terminal
+    assert terminal_width({"COLUMNS": "999999999"}, isatty=False) == 10_000  # a rule of a billion columns never ended
     console = TerminalConsole(file=io.StringIO())
     console.configure(environ={"COLUMNS": "80"}, isatty=False)
     assert console.width == 80

@@ -16,11 +16,12 @@ WIDE_WIDTH = 10_000  # --wide: wider than any table, so each is printed at its n
 
 
 def terminal_width(environ=None, isatty: bool | None = None) -> int | None:
-    """The width tables are fitted to: ``COLUMNS`` where set, else the terminal's (None: rich asks it), else 100."""
+    """The width tables are fitted to: ``COLUMNS`` where set (at most ``WIDE_WIDTH``: a rule is drawn that wide), else
+    the terminal's (None: rich asks it), else 100."""
     environ = os.environ if environ is None else environ
     columns = environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+        return min(int(columns), WIDE_WIDTH)
     if isatty if isatty is not None else sys.stdout.isatty():
         return None
     return PIPED_WIDTH
