@@ -89,6 +89,10 @@ def test_terminal_width_honours_columns_and_is_100_when_piped():
     assert terminal_width({}, isatty=False) == PIPED_WIDTH == 100
     assert terminal_width({}, isatty=True) is None  # rich asks the terminal
     assert terminal_width({"COLUMNS": "999999999"}, isatty=False) == 10_000  # a rule of a billion columns never ended
+    ruled = TerminalConsole(file=io.StringIO(), color_system=None)
+    ruled.configure(environ={"COLUMNS": "60"}, isatty=False)
+    ruled.rule("dir[/x]/m.py:Net 32px")  # a case's label: text, not markup (it raised MarkupError)
+    assert ruled.file.getvalue().split()[1:3] == ["dir[/x]/m.py:Net", "32px"] and len(ruled.file.getvalue().rstrip("\n")) == 60
     console = TerminalConsole(file=io.StringIO())
     console.configure(environ={"COLUMNS": "80"}, isatty=False)
     assert console.width == 80

@@ -62,7 +62,9 @@ class TerminalConsole(Console):
         super().print(*(fold_cells(o) for o in objects), **kwargs)
 
     def rule(self, title="", *, characters: str = "─", style="rule.line", align="center") -> None:
+        """A rule under a title that is text (a case's label, which may hold a path's brackets), not markup."""
         width = min(self.width, self.rule_width or PIPED_WIDTH)
+        title = Text(title) if isinstance(title, str) else title
         self.print(Rule(title, characters=characters, style=style, align=align), width=width)
 
 
