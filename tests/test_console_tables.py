@@ -242,3 +242,19 @@ def test_a_coverage_bound_is_never_rounded_up():
 
     assert [ci_note(c, None) for c in (0.875, 0.75, 0.9375, 0.5)] == ["≥87.5%", "≥75%", "≥93.7%", "≥50%"]
     assert ci_note(0.5, 2) == "min–max of 2" and ci_note(0.95, None) == "" and ci_note(None, None) == ""
+
+
+def test_bench_of_a_model_whose_path_holds_brackets_on_a_terminal(tmp_path, monkeypatch):
+    import shutil
+
+    from perflab import cli
+
+    model = tmp_path / "x[" / "y]" / "net.py"  # .../x[/y]/net.py: a closing tag to rich's markup
+    model.parent.mkdir(parents=True)
+    shutil.copy(TINY_VISION.rsplit(":", 1)[0], model)
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(cli, "err", TerminalConsole(file=io.StringIO(), force_terminal=True, stderr=True))  # the progress bar shows
+    result = run_cli_here("bench", "--model", f"{model}:PatchNet", "--input-size", "32", "--device", "cpu", "--iters", "2",
+                          "--repeats", "2", "--warmup", "1")
+    assert result.returncode == 0, result.stderr
+    assert "x[/y]/net" in result.stdout and "MarkupError" not in result.stderr
