@@ -39,6 +39,9 @@ def test_short_forms_keep_the_words_that_tell_names_apart():
     assert short_forms(["a_x_1", "a_x_2", "a_x_1"]) == {"a_x_1": "1", "a_x_2": "2"}
     assert short_forms(["m_a_b", "m_b_a"]) == {"m_a_b": "m1", "m_b_a": "m2"}  # the same words: numbered
     assert short_forms(["only_one"]) == {"only_one": "only_one"}
+    assert short_forms(["/home/me/models/net.py:PatchNet"]) == {"/home/me/models/net.py:PatchNet": "PatchNet"}  # one long reference
+    assert short_forms(["hf:/data/ckpt/llama-tiny/"]) == {"hf:/data/ckpt/llama-tiny/": "llama-tiny"}
+    assert short_forms(["deit_small_patch16_224"]) == {"deit_small_patch16_224": "deit_small_patch16_224"}  # a built-in stays whole
 
 
 def test_the_gpu_demo_fits_100_columns_with_every_row_told_apart_and_wide_keeps_everything():
@@ -258,3 +261,6 @@ def test_bench_of_a_model_whose_path_holds_brackets_on_a_terminal(tmp_path, monk
                           "--repeats", "2", "--warmup", "1")
     assert result.returncode == 0, result.stderr
     assert "x[/y]/net" in result.stdout and "MarkupError" not in result.stderr
+    # one long path of one's own: shortened to its NAME with a legend, so the other columns keep their room (they had none)
+    assert f"PatchNet = {model}:PatchNet" in result.stdout and "img/s" in result.stdout and "status / flags" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 100

@@ -152,10 +152,11 @@ def short_forms(names: list[str], sep: str = "_") -> dict[str, str]:
     """A short form of each name that tells it from the others: its words (split at ``_``, ``/``, ``:``, spaces and a
     ``.`` before a letter) that not every name shares, joined by ``sep``; where that is still long, its last such word (a reference's
     NAME). ``deit_tiny_patch16_224``, ``deit_small_patch16_224`` → ``tiny``, ``small``. A name with no words of its own
-    keeps its first; where forms would collide or not be shorter, the names are numbered ``m1``, ``m2``, ..."""
+    keeps its first; where forms would collide or not be shorter, the names are numbered ``m1``, ``m2``, ... One name
+    alone: a long reference keeps its NAME (``path/to/net.py:Net`` → ``Net``), any other name itself."""
     distinct = list(dict.fromkeys(names))
     if len(distinct) < 2:
-        return {n: n for n in distinct}
+        return {n: _reference_name(n) for n in distinct}
     words = {n: [w for w in re.split(r"[_/: ]+|\.(?=[A-Za-z])", n) if w] or [n] for n in distinct}
     shared = set.intersection(*(set(w) for w in words.values()))
     forms = {}
@@ -166,6 +167,12 @@ def short_forms(names: list[str], sep: str = "_") -> dict[str, str]:
     if len(set(forms.values())) < len(distinct) or any(len(forms[n]) >= len(n) for n in distinct):
         forms = {n: f"m{i + 1}" for i, n in enumerate(distinct)}
     return forms
+
+
+def _reference_name(name: str) -> str:
+    """A long reference's last part after a ``:`` or ``/`` (``file.py:NAME``, ``package.module:NAME``, ``hf:DIR``); else the name."""
+    tail = re.split(r"[:/]", name.rstrip("/"))[-1]
+    return tail if len(name) > SHORT_FORM_MAX and tail else name
 
 
 def fold_cells(renderable):
