@@ -267,3 +267,11 @@ def test_bench_of_a_model_whose_path_holds_brackets_on_a_terminal(tmp_path, monk
     assert "img/s" in result.stdout and "status" in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 100
 
+
+def test_too_narrow_for_whole_words_the_columns_that_tell_rows_apart_keep_their_width():
+    rows = recorded()
+    lines = render(bench_table(rows), width=60).splitlines()
+    assert max(len(line) for line in lines) <= 60
+    cells = [[c.strip() for c in line.split("│")[1:4]] for line in lines if line.startswith("│") and line.split("│")[1].strip()]
+    # rich squeezed every column evenly, and the bs column (2 wide) to nothing: bs 1 and bs 64 could not be told apart
+    assert [(bs, mode) for _, bs, mode in cells] == [(str(r["batch_size"]), r["mode"]) for r in rows]

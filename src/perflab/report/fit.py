@@ -99,6 +99,11 @@ def column_widths(columns: list[Column], width: int) -> list[int | None]:
         return [None] * len(columns)
     widths = [min_width(c) for c in columns]
     room = width - table_width(widths)
+    if room < 0:  # too narrow still: the columns that tell rows apart keep their width; the others wrap at their spaces,
+        # then fold within words (rich would squeeze every column evenly, a narrow key's to nothing)
+        words = [w if c.key else max([_word_width(c.header)] + [_word_width(p) for p in c.plain()]) for c, w in zip(columns, widths)]
+        widths = _narrowed(widths, words, -room)
+        return _narrowed(widths, [w if c.key else 1 for c, w in zip(columns, widths)], table_width(widths) - width)
     for i in sorted((i for i, c in enumerate(columns) if not c.wrap), key=lambda i: natural[i] - widths[i]):
         extra = max(0, min(room, natural[i] - widths[i]))
         widths[i] += extra
@@ -109,6 +114,18 @@ def column_widths(columns: list[Column], width: int) -> list[int | None]:
         shares = {i: room * (natural[i] - widths[i]) // lacking for i in wrapping}
         for i in wrapping:
             widths[i] += shares[i]
+    return widths
+
+
+def _narrowed(widths: list[int], floors: list[int], excess: int) -> list[int]:
+    """``widths`` less ``excess`` columns, taken one at a time from the widest of those above their floor (where they
+    cannot give it all, rich squeezes what is left)."""
+    widths = list(widths)
+    for _ in range(excess):
+        candidates = [i for i, w in enumerate(widths) if w > floors[i]]
+        if not candidates:
+            break
+        widths[max(candidates, key=lambda i: widths[i])] -= 1
     return widths
 
 
