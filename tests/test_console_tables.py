@@ -39,6 +39,9 @@ def test_short_forms_keep_the_words_that_tell_names_apart():
     assert short_forms(["a_x_1", "a_x_2", "a_x_1"]) == {"a_x_1": "1", "a_x_2": "2"}
     assert short_forms(["m_a_b", "m_b_a"]) == {"m_a_b": "m1", "m_b_a": "m2"}  # the same words: numbered
     assert short_forms(["only_one"]) == {"only_one": "only_one"}
+    assert short_forms(["/home/me/models/net.py:PatchNet"]) == {"/home/me/models/net.py:PatchNet": "PatchNet"}  # one long reference
+    assert short_forms(["hf:/data/ckpt/llama-tiny/"]) == {"hf:/data/ckpt/llama-tiny/": "llama-tiny"}
+    assert short_forms(["deit_small_patch16_224"]) == {"deit_small_patch16_224": "deit_small_patch16_224"}  # a built-in stays whole
 
 
 def test_the_gpu_demo_fits_100_columns_with_every_row_told_apart_and_wide_keeps_everything():
@@ -88,6 +91,11 @@ def test_terminal_width_honours_columns_and_is_100_when_piped():
     assert terminal_width({"COLUMNS": "73"}, isatty=True) == 73
     assert terminal_width({}, isatty=False) == PIPED_WIDTH == 100
     assert terminal_width({}, isatty=True) is None  # rich asks the terminal
+    assert terminal_width({"COLUMNS": "999999999"}, isatty=False) == 10_000  # a rule of a billion columns never ended
+    ruled = TerminalConsole(file=io.StringIO(), color_system=None)
+    ruled.configure(environ={"COLUMNS": "60"}, isatty=False)
+    ruled.rule("dir[/x]/m.py:Net 32px")  # a case's label: text, not markup (it raised MarkupError)
+    assert ruled.file.getvalue().split()[1:3] == ["dir[/x]/m.py:Net", "32px"] and len(ruled.file.getvalue().rstrip("\n")) == 60
     console = TerminalConsole(file=io.StringIO())
     console.configure(environ={"COLUMNS": "80"}, isatty=False)
     assert console.width == 80
@@ -196,3 +204,74 @@ def test_the_profilers_stage_lines_are_kept_off_stderr(capfd, tmp_path):
     err = capfd.readouterr().err
     assert "USDT" not in err and "STAGE:" not in err
     assert err.count("the step's own line") == 2  # everything else that was written is passed on
+
+
+def test_names_and_messages_with_brackets_are_printed_as_they_are_not_read_as_markup():
+    from perflab.report.console import warning_lines
+
+    rows = recorded()
+    for row in rows:  # a path of one's own may hold brackets
+        row["model"], row["label"] = (row[k].replace("deit_base", "deit[/base]") for k in ("model", "label"))
+    rows[0] = dict(rows[0], status="error", message="expected [batch, 3] in [/data/x]")
+    rows[1] = dict(rows[1], flags=["tokens_mismatch"], warnings=["a [b]message[/b] of its own"])
+    for width in (100, 10_000):
+        text = render(bench_table(rows), *comparison_tables(rows), width=width).replace("\n", "").replace("│", "").replace(" ", "")
+        assert "expected[batch,3]in[/data/x]" in text
+        assert "topk_deit[/base]_patch16_224kr0.1@3,6,9" in text  # the legend (100) or the cells (wide)
+    buffer = io.StringIO()
+    console = TerminalConsole(file=buffer, color_system=None)
+    console.configure(environ={"COLUMNS": "100"}, isatty=False)
+    for line in warning_lines(rows):
+        console.say(line)
+    said = buffer.getvalue().replace("\n  ", " ")
+    assert "error: deit[/base]_patch16_224 224px bs1 bf16 eager: expected [batch, 3] in [/data/x]" in said
+    assert "a [b]message[/b] of its own" in said
+
+
+def test_a_warning_with_no_flag_is_said_once_not_dropped():
+    from perflab.report.console import warning_lines
+
+    failed = "process 2 of 3 failed (RuntimeError: boom); the rows pool the 1 that finished"  # measure.harness appends it
+    rows = [_row(f"m bs{bs}", ["high_cv"], ["timing samples vary by CV 9.0% (threshold 5%)", failed]) for bs in (1, 2)]
+    assert warning_lines(rows) == [f"[yellow]warning[/yellow]: high_cv (every row): timing samples vary by CV 9.0% (threshold 5%) | "
+                                   f"every row: {failed}"]
+    rows[1]["warnings"] = rows[1]["warnings"][:1]
+    assert warning_lines(rows)[1:] == [f"[yellow]warning[/yellow]: m bs1: {failed}"]
+    assert warning_lines(rows[:1]) == [f"[yellow]warning[/yellow]: m bs1: high_cv: timing samples vary by CV 9.0% (threshold 5%) | {failed}"]
+
+
+def test_a_coverage_bound_is_never_rounded_up():
+    from perflab.report.md import ci_note
+
+    assert [ci_note(c, None) for c in (0.875, 0.75, 0.9375, 0.5)] == ["≥87.5%", "≥75%", "≥93.7%", "≥50%"]
+    assert ci_note(0.5, 2) == "min–max of 2" and ci_note(0.95, None) == "" and ci_note(None, None) == ""
+
+
+def test_bench_of_a_model_whose_path_holds_brackets_on_a_terminal(tmp_path, monkeypatch):
+    import shutil
+
+    from perflab import cli
+
+    monkeypatch.chdir(tmp_path)
+    model = Path("models_of_mine[") / "y]" / "a_rather_long_module_name.py"  # models_of_mine[/y]/...: a closing tag to rich's markup
+    model.parent.mkdir(parents=True)
+    shutil.copy(TINY_VISION.rsplit(":", 1)[0], model)
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setattr(cli, "err", TerminalConsole(file=io.StringIO(), force_terminal=True, stderr=True))  # the progress bar shows
+    result = run_cli_here("bench", "--model", f"{model}:PatchNet", "--input-size", "32", "--device", "cpu", "--iters", "2",
+                          "--repeats", "2", "--warmup", "1")
+    assert result.returncode == 0, result.stderr
+    assert "models_of_mine[/y]/a_rather_long_module_name.py" in result.stdout and "MarkupError" not in result.stderr
+    # one long path of one's own: shortened to its NAME with a legend, so the other columns keep their room (they had none)
+    assert f"PatchNet = {model}:PatchNet" in " ".join(result.stdout.split())
+    assert "img/s" in result.stdout and "status" in result.stdout
+    assert max(len(line) for line in result.stdout.splitlines()) <= 100
+
+
+def test_too_narrow_for_whole_words_the_columns_that_tell_rows_apart_keep_their_width():
+    rows = recorded()
+    lines = render(bench_table(rows), width=60).splitlines()
+    assert max(len(line) for line in lines) <= 60
+    cells = [[c.strip() for c in line.split("│")[1:4]] for line in lines if line.startswith("│") and line.split("│")[1].strip()]
+    # rich squeezed every column evenly, and the bs column (2 wide) to nothing: bs 1 and bs 64 could not be told apart
+    assert [(bs, mode) for _, bs, mode in cells] == [(str(r["batch_size"]), r["mode"]) for r in rows]

@@ -13,6 +13,14 @@ def test_version_prints_the_package_version():
     assert r.returncode == 0 and r.stdout == f"perflab {perflab.__version__}\n" and r.stderr == ""
 
 
+def test_perflab_alone_prints_the_help_with_every_command():
+    help_text = run_cli_here("--help").stdout
+    for args in ((), ("--wide",)):
+        r = run_cli_here(*args)
+        assert r.returncode == 0 and r.stderr == "" and r.stdout == help_text  # it printed nothing before
+    assert help_text.startswith("Usage: perflab") and " bench " in help_text and " models " in help_text
+
+
 def test_models_lists_every_built_in_model_the_families_and_the_reference_forms(monkeypatch):
     from perflab.models.llama import llama_configs
     from perflab.models.lm import lm_configs

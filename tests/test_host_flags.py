@@ -251,7 +251,7 @@ def test_cli_no_pin_times_unpinned_under_the_same_case_id():
     assert a["host_bound_frac"] > HOST_BOUND_THRESHOLD  # a CPU step runs where it is issued: never exempt
 
 
-def test_report_and_results_say_which_rows_were_exempt(tmp_path):
+def test_report_and_results_say_which_rows_were_exempt(tmp_path, monkeypatch):
     from cli_util import run_cli_here
     from test_report_markdown import BASE, SEED_001, synthetic_row
 
@@ -270,6 +270,8 @@ def test_report_and_results_say_which_rows_were_exempt(tmp_path):
     label = f"{BASE} 224px bs8 bf16 eager"
     assert (f"are not applied to 1 GPU-bound row(s), whose host issue time is under 50% of the step time (a host up to 2× slower "
             f"cannot lengthen them): {label}; waived: {label}: host_drift, host_contention.") in text
+    monkeypatch.setenv("COLUMNS", "100")
     r = run_cli_here("results", tmp_path)
     assert r.returncode == 0, r.stderr
     assert "not applied to 1 GPU-bound row(s)" in r.stdout and "host_contention" in r.stdout
+    assert max(len(line.rstrip()) for line in r.stdout.splitlines()) <= 100  # piped: the note wrapped, as the tables fit

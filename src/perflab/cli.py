@@ -297,12 +297,19 @@ def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave
         task = progress.add_task("starting", total=len(cases))
 
         def on_case(index, case, stage):
-            progress.update(task, completed=index, description=f"{case.label()}: {stage}")
+            progress.update(task, completed=index, description=_text(f"{case.label()}: {stage}"))
 
         rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
                          gpus=gpus, inductor_cache=inductor_cache)
         progress.update(task, completed=len(cases))
     return rows
+
+
+def _text(line: str) -> str:
+    """A line for rich's markup (a progress bar's or a status's) that prints as it is: a case's label may hold a path's brackets."""
+    from rich.markup import escape
+
+    return escape(line)
 
 
 def _print_warnings(rows):
@@ -377,7 +384,7 @@ def results(
         out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results{skipped}"))
         line = exempt_line(rows)
         if line:
-            out.print(line, soft_wrap=True, markup=False)
+            out.say(f"note: {line}", markup=False)  # wrapped to the width, as bench says it
 
 
 @app.command()
@@ -702,8 +709,9 @@ def main(argv: list[str] | None = None) -> None:
         status = app(args=argv, prog_name="perflab", standalone_mode=False)
     except PerflabError as exc:
         _fail(str(exc), exc.exit_code)
-    except click_exceptions.NoArgsIsHelpError if hasattr(click_exceptions, "NoArgsIsHelpError") else ():
-        sys.exit(0)  # the help text was printed
+    except click_exceptions.NoArgsIsHelpError if hasattr(click_exceptions, "NoArgsIsHelpError") else () as exc:
+        out.print(exc.format_message(), markup=False, soft_wrap=True)  # `perflab` alone: the help (click prints it in standalone mode only)
+        sys.exit(0)
     except click_exceptions.ClickException as exc:
         _fail(exc.format_message().replace("\n", " "), 2)
     except typer.Exit as exc:
@@ -822,7 +830,7 @@ def profile(
                            **ranks.case_options())
     if ranks.parallel:
         for case in cases:
-            with err.status(f"{case.label()}: timing on {case.world_size} ranks, then profiling {steps} steps on each"):
+            with err.status(_text(f"{case.label()}: timing on {case.world_size} ranks, then profiling {steps} steps on each")):
                 result = api.profile_parallel(case, out_dir, steps=steps, gpus=ranks.gpus)
             _print_warnings([result["row"]])
             if as_json:
@@ -834,7 +842,7 @@ def profile(
                 render_rank_accounts(out, result)
         return
     for case in cases:
-        with err.status(f"{case.label()}: timing, then profiling {steps} steps"):
+        with err.status(_text(f"{case.label()}: timing, then profiling {steps} steps")):
             result = api.profile_case(case, out_dir, steps=steps, top=top, pin=not no_pin, by_module=by_module)
         row = result["row"]
         _print_warnings([row])
@@ -1068,7 +1076,7 @@ def ncu(
     find_ncu()
     (case,) = api.make_cases(model=[model], input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate, reduction_loc=reduction_loc,
                              attn=attn, dtype=[dtype], mode=[mode], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
-    with err.status(f"{case.label()}: profiling, then running ncu on the top {top} kernels"):
+    with err.status(_text(f"{case.label()}: profiling, then running ncu on the top {top} kernels")):
         table, _ = api.ncu(case, top=top, out_dir=out_dir, per_config=per_config)
     if as_json:
         sys.stdout.write(table.to_json(orient="records") + "\n")

@@ -24,21 +24,24 @@ class Summary:
         return asdict(self)
 
 
-def median_ci_ranks(n: int, level: float = 0.95) -> tuple[int, int, float]:
-    """0-based ranks (lo, hi) of order statistics bracketing the median with coverage ≥ level.
+def rank_coverage(n: int, lo: int, hi: int) -> float:
+    """The coverage, for the median, of [X(lo), X(hi)] (0-based ranks of n values): P(lo < B ≤ hi), B ~ Binomial(n, 1/2)."""
+    return sum(math.comb(n, j) for j in range(lo + 1, hi + 1)) / 2**n
 
-    Coverage of [X(lo), X(hi)] is P(lo < B ≤ hi) for B ~ Binomial(n, 1/2) (1-based ranks lo+1..hi+1).
+
+def median_ci_ranks(n: int, level: float = 0.95) -> tuple[int, int, float]:
+    """0-based ranks (lo, hi) of order statistics bracketing the median with coverage ≥ level (``rank_coverage``).
+
     The narrowest symmetric pair that reaches the level; with too few samples, the full range.
     """
     if n < 1:
         raise ValueError("no samples")
-    pmf = [math.comb(n, k) / 2**n for k in range(n + 1)]
-    best = (0, n - 1, 1.0 - 2 * pmf[0] if n > 1 else 0.0)
+    best = (0, n - 1, rank_coverage(n, 0, n - 1))
     for j in range(n // 2, -1, -1):  # j = number of samples below the low bound
         k = n - 1 - j
         if k < j:
             continue
-        coverage = sum(pmf[j + 1 : k + 1])
+        coverage = rank_coverage(n, j, k)
         if coverage >= level:
             return j, k, coverage
     return best
@@ -107,8 +110,7 @@ def order_coverage(low: float, high: float, values) -> float:
     inside = np.flatnonzero((x >= low) & (x <= high))
     if len(inside) < 2:
         return 0.0
-    i, k = int(inside[0]), int(inside[-1])  # 0-based ranks: the median lies between them unless ≤ i or > k values are below it
-    return float(sum(math.comb(n, j) for j in range(i + 1, k + 1)) / 2**n)
+    return rank_coverage(n, int(inside[0]), int(inside[-1]))  # the widest run of ranks inside
 
 
 def time_segments(rounds, n_segments: int = TIME_SEGMENTS) -> np.ndarray:

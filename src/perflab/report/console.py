@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from rich.table import Table
+from rich.markup import escape
 
 from perflab.report.fit import Column, FittedTable
 from perflab.report.md import ci_note, formula_cell
@@ -93,12 +93,12 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
 
     def status(row):
         if not ok(row):
-            return f"[red]{row['status']}[/red]: {row.get('message') or ''}"
+            return f"[red]{row['status']}[/red]: {escape(row.get('message') or '')}"
         return ", ".join(f for f in row.get("flags") or [] if f not in common) or ("–" if common else "[green]ok[/green]")
 
     columns = [
-        Column("model", cells(model_label), key=True, short=True, caption_as="{}"),
-        Column("size" if classify_only else "shape", cells(shape_label), "right" if classify_only else "left", key=True, caption_as="{}"),
+        Column("model", cells(lambda r: escape(model_label(r))), key=True, short=True, caption_as="{}"),
+        Column("size" if classify_only else "shape", cells(lambda r: escape(shape_label(r))), "right" if classify_only else "left", key=True, caption_as="{}"),
         Column("bs", cells(lambda r: str(r["batch_size"])), "right", key=True, caption_as="bs {}"),
         Column("dtype", cells(lambda r: r["dtype"]), key=True, caption_as="{}"),
         Column("mode", cells(lambda r: r["mode"]), key=True, caption_as="{}"),
@@ -122,14 +122,14 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         columns.append(Column("host µs", cells(canary_cell), "right", drop=1))
     columns.append(Column("status / flags", cells(status), wrap=True))
     if on_nodes:
-        columns += [Column("node", cells(lambda r: f"{r.get('node_host') or '–'}:{(r.get('node_id') or '')[:6]}"), key=True),
-                    Column("GPU", cells(lambda r: r.get("gpu_name") or "–"), key=True)]
+        columns += [Column("node", cells(lambda r: escape(f"{r.get('node_host') or '–'}:{(r.get('node_id') or '')[:6]}")), key=True),
+                    Column("GPU", cells(lambda r: escape(r.get("gpu_name") or "–")), key=True)]
     caption = [f"flags on every row: {', '.join(f for f in ok_rows[0]['flags'] if f in common)}"] if common else []
     return FittedTable(columns, title=title, caption=caption + ([] if full_ci else [CI_CAPTION]))
 
 
 CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run); from fewer, the coverage they guarantee "
-              "(4 units: ≥88%, 3: ≥75%; min–max of n samples: 1 − 2^(1−n), 50% for 2)")
+              "(4 units: ≥87.5%, 3: ≥75%; min–max of n samples: 1 − 2^(1−n), 50% for 2)")
 
 
 def row_ci_note(row: dict) -> str:
@@ -155,22 +155,29 @@ def warning_lines(rows: list[dict]) -> list[str]:
     """The warnings of a run's rows, each said once (rich markup). A failed row: its line. Then one line for what the
     rows share and what a busy host causes: each flag on every row, or on the rows named (their short labels), with its
     message where the rows' are alike, else its summary (``measure.checks.FLAG_SUMMARIES``). Then one line per row
-    for each other warning, with its numbers. Expected absences (no power meter on a CPU) are no warnings."""
+    for each other warning, with its numbers. A warning of no flag (past the row's flags: a process of ``--processes``
+    that failed) is said once where every row has it, else on its rows' lines. Expected absences (no power meter on a
+    CPU) are no warnings."""
     from perflab.measure.checks import FLAG_SUMMARIES, NOISE_FLAGS
     from perflab.report.fit import short_forms
 
-    lines = [f"[red]{r['status']}[/red]: {row_label(r)}: {r.get('message')}" for r in rows if r.get("status") != "ok"]
+    lines = [f"[red]{r['status']}[/red]: {escape(row_label(r))}: {escape(str(r.get('message')))}" for r in rows if r.get("status") != "ok"]
     ok = [r for r in rows if r.get("status") == "ok"]
     hits: dict[str, list[tuple[dict, str]]] = {}
+    unflagged: dict[str, list[dict]] = {}  # a warning with no flag of its own, by message
     for row in ok:
-        for flag, message in zip(row.get("flags") or [], row.get("warnings") or []):
+        flags, warnings = row.get("flags") or [], row.get("warnings") or []
+        for flag, message in zip(flags, warnings):
             hits.setdefault(flag, []).append((row, message))
+        for message in warnings[len(flags):]:
+            unflagged.setdefault(message, []).append(row)
         if row.get("pin_warning"):
             hits.setdefault("pinning", []).append((row, row["pin_warning"]))
-    if not hits:
+    if not hits and not unflagged:
         return lines
     if len(ok) == 1:
-        return lines + [f"[yellow]warning[/yellow]: {row_label(ok[0])}: " + " | ".join(f"{flag}: {h[0][1]}" for flag, h in hits.items())]
+        return lines + [f"[yellow]warning[/yellow]: {escape(row_label(ok[0]))}: "
+                        + " | ".join([f"{flag}: {escape(h[0][1])}" for flag, h in hits.items()] + [escape(m) for m in unflagged])]
     labels = short_forms([row_label(r) for r in ok], sep=" ")
     shared, own = [], []
     for flag, found in hits.items():
@@ -178,9 +185,14 @@ def warning_lines(rows: list[dict]) -> list[str]:
             messages = {m for _, m in found}
             text = messages.pop() if len(messages) == 1 else FLAG_SUMMARIES.get(flag, found[0][1])
             who = "every row" if len(found) == len(ok) else ", ".join(labels[row_label(r)] for r, _ in found)
-            shared.append(f"{flag} ({who}): {text}")
+            shared.append(escape(f"{flag} ({who}): {text}"))
         else:
-            own += [f"[yellow]warning[/yellow]: {row_label(r)}: {m}" for r, m in found]
+            own += [f"[yellow]warning[/yellow]: {escape(row_label(r))}: {escape(m)}" for r, m in found]
+    for message, found in unflagged.items():
+        if len(found) == len(ok):
+            shared.append(escape(f"every row: {message}"))
+        else:
+            own += [f"[yellow]warning[/yellow]: {escape(row_label(r))}: {escape(message)}" for r in found]
     return lines + ([f"[yellow]warning[/yellow]: {' | '.join(shared)}"] if shared else []) + own
 
 
@@ -200,8 +212,8 @@ def exempt_line(rows: Iterable[dict], limit: int = 6) -> str | None:
 
 
 def _compared_value(field: str, row: dict) -> str:
-    return {"model": model_label, "batch size": lambda r: f"bs {r['batch_size']}", "dtype": lambda r: r["dtype"],
-            "mode": lambda r: r["mode"]}[field](row)
+    return escape({"model": model_label, "batch size": lambda r: f"bs {r['batch_size']}", "dtype": lambda r: r["dtype"],
+            "mode": lambda r: r["mode"]}[field](row))
 
 
 def comparison_tables(rows: list[dict], fields: dict | None = None, title: str | None = None) -> list[FittedTable]:
@@ -229,7 +241,7 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
         return [fn(p) for p in pairs]
 
     def point(name, header, fn, caption_as="{}", justify="left"):  # a field both sides share (the compared one: baseline, variant)
-        return [] if name == field else [Column(header, cells(lambda p: fn(p["rows"][1])), justify, key=True, short=name == "model",
+        return [] if name == field else [Column(header, cells(lambda p: escape(fn(p["rows"][1]))), justify, key=True, short=name == "model",
                                                 caption_as=caption_as)]
 
     def verdict(p):

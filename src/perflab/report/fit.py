@@ -16,6 +16,7 @@ from typing import Iterable
 
 from rich import box
 from rich.console import Console, ConsoleOptions, Group, RenderResult
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -45,7 +46,6 @@ class FittedTable:
     columns: list[Column]
     title: str | None = None
     caption: list[str] = field(default_factory=list)  # lines under the table, whatever its width
-    header_style: str = "bold"
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.table_for(options.max_width)
@@ -53,7 +53,7 @@ class FittedTable:
     def table_for(self, width: int) -> Table:
         columns, notes = fit_columns(self.columns, width)
         widths = column_widths(columns, width)
-        table = Table(title=self.title, header_style=self.header_style, box=box.HEAVY_HEAD)
+        table = Table(title=self.title, header_style="bold", box=box.HEAVY_HEAD)
         for col, w in zip(columns, widths):
             # A cell that may not wrap has room for its whole line (column_widths); a header wraps at its spaces.
             table.add_column(col.header, justify=col.justify, overflow="fold", width=w)
@@ -64,12 +64,6 @@ class FittedTable:
             table.caption = "\n".join(lines)
             table.caption_justify = "left"
         return table
-
-
-def width_of(table: Table, console: Console | None = None) -> int:
-    """The natural width of a rich Table (what it takes unsqueezed)."""
-    console = console or Console(width=100_000)
-    return console.measure(table).maximum
 
 
 def _line_width(text: str) -> int:
@@ -105,6 +99,11 @@ def column_widths(columns: list[Column], width: int) -> list[int | None]:
         return [None] * len(columns)
     widths = [min_width(c) for c in columns]
     room = width - table_width(widths)
+    if room < 0:  # too narrow still: the columns that tell rows apart keep their width; the others wrap at their spaces,
+        # then fold within words (rich would squeeze every column evenly, a narrow key's to nothing)
+        words = [w if c.key else max([_word_width(c.header)] + [_word_width(p) for p in c.plain()]) for c, w in zip(columns, widths)]
+        widths = _narrowed(widths, words, -room)
+        return _narrowed(widths, [w if c.key else 1 for c, w in zip(columns, widths)], table_width(widths) - width)
     for i in sorted((i for i, c in enumerate(columns) if not c.wrap), key=lambda i: natural[i] - widths[i]):
         extra = max(0, min(room, natural[i] - widths[i]))
         widths[i] += extra
@@ -118,9 +117,20 @@ def column_widths(columns: list[Column], width: int) -> list[int | None]:
     return widths
 
 
+def _narrowed(widths: list[int], floors: list[int], excess: int) -> list[int]:
+    """``widths`` less ``excess`` columns, taken one at a time from the widest of those above their floor (where they
+    cannot give it all, rich squeezes what is left)."""
+    widths = list(widths)
+    for _ in range(excess):
+        candidates = [i for i, w in enumerate(widths) if w > floors[i]]
+        if not candidates:
+            break
+        widths[max(candidates, key=lambda i: widths[i])] -= 1
+    return widths
+
+
 def fit_columns(columns: list[Column], width: int) -> tuple[list[Column], list[str]]:
     """The columns to show at ``width`` and the caption lines that say what was moved out of them."""
-    columns = [c for c in columns if c.cells is not None]
     if not columns or table_width(natural_width(c) for c in columns) <= width:
         return columns, []
     notes: list[str] = []
@@ -133,15 +143,15 @@ def fit_columns(columns: list[Column], width: int) -> tuple[list[Column], list[s
             shared = shared[1:]  # the table keeps a key column
         if shared:
             notes.append(("every row: " if n_rows > 1 else "")
-                         + ", ".join((c.caption_as or c.header + " {}").format(c.plain()[0]) for c in shared))
+                         + ", ".join((c.caption_as or c.header + " {}").format(escape(c.plain()[0])) for c in shared))
             columns = [c for c in columns if not any(c is s for s in shared)]
     if table_width(natural_width(c) for c in columns) > width:
         # every short column together (a baseline and a variant column hold the same kind of name)
         long = [c for c in columns if c.short] if any(c.short and natural_width(c) > SHORT_OVER for c in columns) else []
         forms = short_forms([v for c in long for v in c.plain()])
-        legend = [f"{forms[name]} = {name}" for name in forms if forms[name] != name]
-        if legend:
-            columns = [replace(c, cells=[forms[p] for p in c.plain()]) if c in long else c for c in columns]
+        legend = [escape(f"{forms[name]} = {name}") for name in forms if forms[name] != name]
+        if legend:  # the forms are plain text (of the cells' markup), made markup again
+            columns = [replace(c, cells=[escape(forms[p]) for p in c.plain()]) if c in long else c for c in columns]
             notes.append("; ".join(legend))
     if table_width(min_width(c) for c in columns) > width:
         dropped = []
@@ -159,10 +169,11 @@ def short_forms(names: list[str], sep: str = "_") -> dict[str, str]:
     """A short form of each name that tells it from the others: its words (split at ``_``, ``/``, ``:``, spaces and a
     ``.`` before a letter) that not every name shares, joined by ``sep``; where that is still long, its last such word (a reference's
     NAME). ``deit_tiny_patch16_224``, ``deit_small_patch16_224`` → ``tiny``, ``small``. A name with no words of its own
-    keeps its first; where forms would collide or not be shorter, the names are numbered ``m1``, ``m2``, ..."""
+    keeps its first; where forms would collide or not be shorter, the names are numbered ``m1``, ``m2``, ... One name
+    alone: a long reference keeps its NAME (``path/to/net.py:Net`` → ``Net``), any other name itself."""
     distinct = list(dict.fromkeys(names))
     if len(distinct) < 2:
-        return {n: n for n in distinct}
+        return {n: _reference_name(n) for n in distinct}
     words = {n: [w for w in re.split(r"[_/: ]+|\.(?=[A-Za-z])", n) if w] or [n] for n in distinct}
     shared = set.intersection(*(set(w) for w in words.values()))
     forms = {}
@@ -173,6 +184,12 @@ def short_forms(names: list[str], sep: str = "_") -> dict[str, str]:
     if len(set(forms.values())) < len(distinct) or any(len(forms[n]) >= len(n) for n in distinct):
         forms = {n: f"m{i + 1}" for i, n in enumerate(distinct)}
     return forms
+
+
+def _reference_name(name: str) -> str:
+    """A long reference's last part after a ``:`` or ``/`` (``file.py:NAME``, ``package.module:NAME``, ``hf:DIR``); else the name."""
+    tail = re.split(r"[:/]", name.rstrip("/"))[-1]
+    return tail if len(name) > SHORT_FORM_MAX and tail else name
 
 
 def fold_cells(renderable):

@@ -34,10 +34,10 @@ def with_ci(value, ci, spec: str, unit: str = "", without: str = " (unpaired)") 
 
 def ci_note(coverage: float | None, range_of: int | None) -> str:
     """What a CI of less than 95% coverage states instead (``measure.stats.HierarchicalCI.coverage``): ``min–max of 2``
-    where it is the range of its values, else ``≥88%``; empty for a 95% CI."""
+    where it is the range of its values, else ``≥87.5%`` (a bound, so never rounded up); empty for a 95% CI."""
     if coverage is None or coverage >= 0.95:
         return ""
-    return f"min–max of {range_of}" if range_of else f"≥{coverage:.0%}"
+    return f"min–max of {range_of}" if range_of else f"≥{int(coverage * 1000) / 10:g}%"
 
 
 def pct(value) -> str:

@@ -16,11 +16,12 @@ WIDE_WIDTH = 10_000  # --wide: wider than any table, so each is printed at its n
 
 
 def terminal_width(environ=None, isatty: bool | None = None) -> int | None:
-    """The width tables are fitted to: ``COLUMNS`` where set, else the terminal's (None: rich asks it), else 100."""
+    """The width tables are fitted to: ``COLUMNS`` where set (at most ``WIDE_WIDTH``: a rule is drawn that wide), else
+    the terminal's (None: rich asks it), else 100."""
     environ = os.environ if environ is None else environ
     columns = environ.get("COLUMNS", "")
     if columns.isdigit() and int(columns) > 0:
-        return int(columns)
+        return min(int(columns), WIDE_WIDTH)
     if isatty if isatty is not None else sys.stdout.isatty():
         return None
     return PIPED_WIDTH
@@ -61,7 +62,9 @@ class TerminalConsole(Console):
         super().print(*(fold_cells(o) for o in objects), **kwargs)
 
     def rule(self, title="", *, characters: str = "─", style="rule.line", align="center") -> None:
+        """A rule under a title that is text (a case's label, which may hold a path's brackets), not markup."""
         width = min(self.width, self.rule_width or PIPED_WIDTH)
+        title = Text(title) if isinstance(title, str) else title
         self.print(Rule(title, characters=characters, style=style, align=align), width=width)
 
 
