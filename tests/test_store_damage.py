@@ -85,3 +85,25 @@ def test_damaged_pages_are_one_line_naming_the_file_and_sqlite_recover(tmp_path)
         r = run_cli_here(*command)
         assert_one_line_error(r, f"{path}: the store is damaged (database disk image is malformed); recover what it holds with "
                                  f"`mkdir {tmp_path / 'run_recovered'} && sqlite3 {path} .recover | sqlite3 {tmp_path / 'run_recovered' / 'results.sqlite'}`")
+
+
+def test_keys_and_columns_of_the_wrong_type_are_named_and_a_missing_table_is_one_line(tmp_path):
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE results SET row_json = json_set(row_json, '$.throughput_per_s', 'x') WHERE case_id = ?", CASES[0].id)
+    _sql(out, "UPDATE results SET row_json = json_set(row_json, '$.ci95_ms', json('[1]')) WHERE case_id = ?", CASES[1].id)
+    _sql(out, "UPDATE environments SET env_json = '{\"gpus\": 5}'")
+    _sql(out, "UPDATE sweeps SET started_at = 'x', experiment_json = '{\"same_as_sweep\": [1]}'")
+    warned = []
+    api.report(out, n_boot=100, on_unreadable=warned.append)
+    assert [(u.what, u.key, u.problem) for u in warned] == [
+        ("sweep", "1", "column started_at ('x'): Expected `float | null`, got `str`"),
+        ("sweep", "1", "experiment_json: Expected `int`, got `array`"),
+        ("environment", "env", "not as stored (Expected `array | null`, got `int` - at `$.gpus`)"),
+        ("row", CASES[0].id, "not a result row (Expected `float | null`, got `str` - at `$.throughput_per_s`)"),
+        ("row", CASES[1].id, "not a result row (Expected `array` of length 2, got 1 - at `$.ci95_ms`)")]
+    text = (out / "report.md").read_text()
+    assert "2 cases: 2 ok." in text and "start unknown" in text
+    r = run_cli_here("results", out)
+    assert r.returncode == 0 and len(r.stderr.splitlines()) == 2 and "2 stored results" in r.stdout
+    _sql(out, "DROP TABLE sweeps")
+    assert_one_line_error(run_cli_here("report", out), f"{out / 'results.sqlite'}: not a perflab results store (no such table: sweeps)")

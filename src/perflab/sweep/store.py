@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 import msgspec
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, show
 from perflab.paths import make_out_dir
 
 STORE_NAME = "results.sqlite"
@@ -122,7 +122,7 @@ class Store:
             store.conn.execute("SELECT 1 FROM results LIMIT 1")
         except sqlite3.DatabaseError as exc:
             store.close()
-            raise (damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: not a perflab results store ({exc})")) from None
+            raise _unreadable_store(path, exc) from None
         if version > SCHEMA_VERSION:
             store.close()
             raise PerflabError(f"{path}: written by a newer perflab (store version {version}); upgrade perflab to read it")
@@ -233,7 +233,7 @@ class Store:
         out = {}
         for r in self.conn.execute("SELECT env_key, env_json FROM environments"):
             try:
-                out[r["env_key"]] = _decode(r["env_json"], dict)
+                out[r["env_key"]] = _decode(r["env_json"], _EnvShape)
             except ValueError as exc:
                 self.unreadable.append(Unreadable("environment", r["env_key"], r["env_key"], str(exc)))
         return out
@@ -269,13 +269,19 @@ class Store:
         by_id: dict[int, dict] = {}
         for r in self.conn.execute("SELECT * FROM sweeps ORDER BY id"):
             d = dict(r)
+            for name, kind in _SWEEP_COLUMNS.items():  # a column of the wrong type is named and read as unknown
+                try:
+                    msgspec.convert(d[name], kind)
+                except msgspec.ValidationError as exc:
+                    self.unreadable.append(Unreadable("sweep", str(d["id"]), "", f"column {name} ({show(d[name])}): {_short(exc)}"))
+                    d[name] = None
             try:
                 experiment = _decode(d.pop("experiment_json") or "{}", dict)
-            except ValueError as exc:
-                self.unreadable.append(Unreadable("sweep", str(d["id"]), d.get("env_key") or "", f"experiment_json: {exc}"))
+                if set(experiment) == {SAME_AS}:
+                    experiment = by_id.get(msgspec.convert(experiment[SAME_AS], int), {})
+            except (ValueError, msgspec.ValidationError) as exc:
+                self.unreadable.append(Unreadable("sweep", str(d["id"]), d.get("env_key") or "", f"experiment_json: {_short(exc)}"))
                 experiment = {}
-            if set(experiment) == {SAME_AS}:
-                experiment = by_id.get(experiment[SAME_AS], {})
             d["experiment"] = by_id[d["id"]] = experiment
             out.append(d)
         return out
@@ -300,34 +306,61 @@ class _RowShape(msgspec.Struct):
 
     case_id: str
     status: str
+    model: str | None = None
+    batch_size: int | None = None
+    dtype: str | None = None
+    mode: str | None = None
+    median_ms: float | None = None
+    input_size: int | None = None
+    label: str | None = None
+    env: dict | None = None
+    throughput_per_s: float | None = None
+    items_per_s: float | None = None
+    mfu: float | None = None
+    mbu: float | None = None
+    peak_mem_alloc_mb: float | None = None
+    peak_mem_reserved_mb: float | None = None
     case: dict | None = None
     flags: list[str] | None = None
     warnings: list[str] | None = None
     median_ms: float | None = None
-    ci95_ms: list[float | None] | None = None
+    ci95_ms: tuple[float | None, float | None] | None = None
     samples_ms: list[float | None] | None = None
+
+
+class _EnvShape(msgspec.Struct):
+    """The keys of a stored environment its readers rely on (the GPU names choose the rows a report shows)."""
+
+    gpus: list[str] | None = None
+
+
+# The sweep records' columns and their types, as ``Store.sweeps``'s readers take them (SQLite stores what it is given).
+_SWEEP_COLUMNS = {"started_at": float | None, "finished_at": float | None, "outcome": str | None, "command": str | None,
+                  "spec_source": str | None, "spec_text": str | None, "env_key": str | None, "n_cases": int | None,
+                  "n_skipped": int | None, "n_done": int | None}
 
 
 def decode_row(text) -> dict:
     """A stored row's JSON → the row; ValueError saying what is wrong with it (cut short, not an object, a key of the
     wrong type)."""
-    row = _decode(text, dict)
-    try:
-        msgspec.convert(row, _RowShape)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"not a result row ({_short(exc)})") from None
-    return row
+    return _decode(text, _RowShape, "not a result row")
 
 
-def _decode(text, kind: type):
-    """JSON text → a value of ``kind``; ValueError (one line) where it is not JSON or not of that kind."""
+def _decode(text, shape: type = dict, wrong: str = "not as stored"):
+    """JSON text → a JSON object (a dict) with the keys of ``shape`` (a msgspec Struct) of their types; ValueError (one
+    line) where it is not JSON, not an object, or a key is missing or of the wrong type (``wrong``, and msgspec's why)."""
     try:
         value = json.loads(text)
     except (TypeError, ValueError) as exc:
         size = f" of {len(text)} characters" if isinstance(text, str) else ""
         raise ValueError(f"malformed JSON{size}, cut short or damaged ({_short(exc)})") from None
-    if not isinstance(value, kind):
-        raise ValueError(f"expected a JSON {'object' if kind is dict else kind.__name__}, got {type(value).__name__}")
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    if shape is not dict:
+        try:
+            msgspec.convert(value, shape)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{wrong} ({_short(exc)})") from None
     return value
 
 
@@ -350,13 +383,16 @@ def damaged(path, exc: Exception) -> PerflabError:
 
 @contextlib.contextmanager
 def _reading(path):
-    """Reads of a store whose pages are damaged end in one line naming the file (``damaged``)."""
+    """Reads of a store whose pages are damaged end in one line naming the file (``damaged``), and so do reads of one
+    that lacks a table or column perflab's stores have."""
     try:
         yield
     except sqlite3.DatabaseError as exc:
-        if _is_damage(exc):
-            raise damaged(path, exc) from None
-        raise
+        raise _unreadable_store(path, exc) from None
+
+
+def _unreadable_store(path, exc: sqlite3.DatabaseError) -> PerflabError:
+    return damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: not a perflab results store ({exc})")
 
 
 def report_unreadable(unreadable: list[Unreadable], on_unreadable: Callable[[Unreadable], None] | None, path) -> None:
