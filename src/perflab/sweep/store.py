@@ -435,8 +435,10 @@ def _plain(value):
 
 
 # What a row's values can do to an INSERT: an int past 64 bits (OverflowError), a str() refused (ValueError: over 4300
-# digits), a lone surrogate (UnicodeEncodeError), a type sqlite3 cannot bind. A full disk or a lock is not the row's fault.
-_UNSTORABLE = (OverflowError, ValueError, TypeError, sqlite3.InterfaceError, sqlite3.DataError)
+# digits), a lone surrogate (UnicodeEncodeError), a type sqlite3 cannot bind in a column (ProgrammingError since Python
+# 3.11, InterfaceError before). A full disk or a lock is not the row's fault.
+_UNSTORABLE = (OverflowError, ValueError, TypeError, sqlite3.InterfaceError, sqlite3.ProgrammingError, sqlite3.DataError)
+_COLUMNS = ("model", "input_size", "batch_size", "dtype", "mode")  # the row's keys that ``_insert`` binds as columns
 
 
 def unstorable_row(row: dict, exc: Exception) -> dict:
@@ -470,16 +472,15 @@ def unstorable_row(row: dict, exc: Exception) -> dict:
         return None
 
     kept = keep(dict(row), "")
+    for key in _COLUMNS:  # a column takes one value, not a list or mapping
+        if isinstance(kept.get(key), (list, dict)):
+            dropped.append(key)
+            kept[key] = None
     was = f"{kept.get('status') or 'unknown'}" + (f": {str(kept['message'])[:200]}" if kept.get("message") else "")
     reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
     nulled = f"; {', '.join(dropped[:5])}{' and more' if len(dropped) > 5 else ''} stored as null" if dropped else ""
     kept.update(case_id=str(row.get("case_id")), status="error",
                 message=f"this row could not be stored as measured ({reason}){nulled}; it was {was}")
-    try:
-        dumps(kept)
-    except _UNSTORABLE:  # what is left still will not serialise: the case and the reason alone
-        kept = {k: kept.get(k) for k in ("case_id", "status", "message", "label")}
-        kept = {k: v if isinstance(v, str) or v is None else str(v) for k, v in kept.items()}
     return kept
 
 
