@@ -96,13 +96,13 @@ def test_keys_and_columns_of_the_wrong_type_are_named_and_a_missing_table_is_one
     warned = []
     api.report(out, n_boot=100, on_unreadable=warned.append)
     assert [(u.what, u.key, u.problem) for u in warned] == [
-        ("sweep", "1", "column started_at ('x'): Expected `float | null`, got `str`"),
-        ("sweep", "1", "experiment_json: Expected `int`, got `array`"),
+        ("sweep", "1", "column started_at ('x'): Expected `float | null`, got `str`; experiment_json: Expected `int`, got `array`"),
         ("environment", "env", "not as stored (Expected `array | null`, got `int` - at `$.gpus`)"),
         ("row", CASES[0].id, "not a result row (Expected `float | null`, got `str` - at `$.throughput_per_s`)"),
         ("row", CASES[1].id, "not a result row (Expected `array` of length 2, got 1 - at `$.ci95_ms`)")]
     text = (out / "report.md").read_text()
     assert "2 cases: 2 ok." in text and "start unknown" in text
+    assert "4 stored record(s) could not be read and are left out of this report (2 result row(s) among them" in text  # one sweep record
     r = run_cli_here("results", out)
     assert r.returncode == 0 and len(r.stderr.splitlines()) == 2 and "2 stored results" in r.stdout
     _sql(out, "DROP TABLE sweeps")

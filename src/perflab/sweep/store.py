@@ -269,19 +269,22 @@ class Store:
         by_id: dict[int, dict] = {}
         for r in self.conn.execute("SELECT * FROM sweeps ORDER BY id"):
             d = dict(r)
+            problems = []  # one record, however many of its parts are wrong
             for name, kind in _SWEEP_COLUMNS.items():  # a column of the wrong type is named and read as unknown
                 try:
                     msgspec.convert(d[name], kind)
                 except msgspec.ValidationError as exc:
-                    self.unreadable.append(Unreadable("sweep", str(d["id"]), "", f"column {name} ({show(d[name])}): {_short(exc)}"))
+                    problems.append(f"column {name} ({show(d[name])}): {_short(exc)}")
                     d[name] = None
             try:
                 experiment = _decode(d.pop("experiment_json") or "{}", dict)
                 if set(experiment) == {SAME_AS}:
                     experiment = by_id.get(msgspec.convert(experiment[SAME_AS], int), {})
             except (ValueError, msgspec.ValidationError) as exc:
-                self.unreadable.append(Unreadable("sweep", str(d["id"]), d.get("env_key") or "", f"experiment_json: {_short(exc)}"))
+                problems.append(f"experiment_json: {_short(exc)}")
                 experiment = {}
+            if problems:
+                self.unreadable.append(Unreadable("sweep", str(d["id"]), d.get("env_key") or "", "; ".join(problems)))
             d["experiment"] = by_id[d["id"]] = experiment
             out.append(d)
         return out
