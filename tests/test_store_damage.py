@@ -107,3 +107,20 @@ def test_keys_and_columns_of_the_wrong_type_are_named_and_a_missing_table_is_one
     assert r.returncode == 0 and len(r.stderr.splitlines()) == 2 and "2 stored results" in r.stdout
     _sql(out, "DROP TABLE sweeps")
     assert_one_line_error(run_cli_here("report", out), f"{out / 'results.sqlite'}: not a perflab results store (no such table: sweeps)")
+
+
+def test_bytes_that_are_not_utf8_are_named_not_a_traceback(tmp_path):
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE results SET row_json = CAST(x'7b22a5' AS TEXT) WHERE case_id = ?", CASES[0].id)  # in a row's JSON
+    _sql(out, "UPDATE results SET env_key = CAST(x'65a56e76' AS TEXT) WHERE case_id = ?", CASES[1].id)  # in a key column
+    warned = []
+    rows = api.results(out, on_unreadable=warned.append)
+    assert [r["env_key"] for r in rows] == ["e\ufffdnv", "env", "env"]  # the damaged key reads with U+FFFD, its row whole
+    assert [(u.key, u.problem) for u in warned] == [
+        (CASES[0].id, "malformed JSON, cut short or damaged ('utf-8' codec can't decode byte 0xa5 in position 2: invalid start byte)")]
+    path = out / "results.sqlite"
+    data = bytearray(path.read_bytes())
+    at = data.index(b"spec_source")  # the schema's text, in the first page
+    data[at] = 0xA5
+    path.write_bytes(bytes(data))
+    assert_one_line_error(run_cli_here("report", out), f"{path}: the store is damaged (")

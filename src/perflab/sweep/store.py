@@ -120,7 +120,7 @@ class Store:
         try:
             version = store.conn.execute("PRAGMA user_version").fetchone()[0]
             store.conn.execute("SELECT 1 FROM results LIMIT 1")
-        except sqlite3.DatabaseError as exc:
+        except _STORE_ERRORS as exc:
             store.close()
             raise _unreadable_store(path, exc) from None
         if version > SCHEMA_VERSION:
@@ -134,9 +134,13 @@ class Store:
             conn = sqlite3.connect(str(path), timeout=30.0, isolation_level="DEFERRED")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")
-        except sqlite3.DatabaseError as exc:
-            raise PerflabError(f"{path}: cannot open the results store ({exc})") from None
+        except _STORE_ERRORS as exc:
+            raise (damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: cannot open the results store ({exc})")) from None
         conn.row_factory = sqlite3.Row
+        # Text whose bytes are not UTF-8 (a damaged page) reads with U+FFFD in their place, not a UnicodeDecodeError
+        # that ends the whole read; the JSON columns are read as bytes and decoded strictly (``_decode``), so a damaged
+        # record is named and skipped.
+        conn.text_factory = lambda data: data.decode("utf-8", "replace")
         return cls(path, conn)
 
     def close(self) -> None:
@@ -199,7 +203,7 @@ class Store:
     def rows(self, env_key: str | None = None) -> list[dict]:
         """Stored rows in the order they were stored, each with its ``env_key``. A row whose JSON cannot be read as a
         row is left out and named in ``self.unreadable``."""
-        sql = "SELECT case_id, env_key, row_json FROM results"
+        sql = "SELECT case_id, env_key, CAST(row_json AS BLOB) AS row_json FROM results"
         args: tuple = ()
         if env_key is not None:
             sql += " WHERE env_key = ?"
@@ -231,7 +235,7 @@ class Store:
 
     def environments(self) -> dict[str, dict]:
         out = {}
-        for r in self.conn.execute("SELECT env_key, env_json FROM environments"):
+        for r in self.conn.execute("SELECT env_key, CAST(env_json AS BLOB) AS env_json FROM environments"):
             try:
                 out[r["env_key"]] = _decode(r["env_json"], _EnvShape)
             except ValueError as exc:
@@ -267,17 +271,18 @@ class Store:
         """Sweep records, oldest first (``experiment`` decoded; ``{}`` where it cannot be, named in ``unreadable``)."""
         out = []
         by_id: dict[int, dict] = {}
-        for r in self.conn.execute("SELECT * FROM sweeps ORDER BY id"):
+        for r in self.conn.execute("SELECT *, CAST(experiment_json AS BLOB) AS experiment_blob FROM sweeps ORDER BY id"):
             d = dict(r)
             problems = []  # one record, however many of its parts are wrong
             for name, kind in _SWEEP_COLUMNS.items():  # a column of the wrong type is named and read as unknown
                 try:
-                    msgspec.convert(d[name], kind)
+                    msgspec.convert(d.get(name), kind)  # a column lost to a damaged schema reads as unknown
                 except msgspec.ValidationError as exc:
                     problems.append(f"column {name} ({show(d[name])}): {_short(exc)}")
                     d[name] = None
             try:
-                experiment = _decode(d.pop("experiment_json") or "{}", dict)
+                d.pop("experiment_json", None)
+                experiment = _decode(d.pop("experiment_blob") or b"{}", dict)
                 if set(experiment) == {SAME_AS}:
                     experiment = by_id.get(msgspec.convert(experiment[SAME_AS], int), {})
             except (ValueError, msgspec.ValidationError) as exc:
@@ -353,6 +358,8 @@ def _decode(text, shape: type = dict, wrong: str = "not as stored"):
     """JSON text → a JSON object (a dict) with the keys of ``shape`` (a msgspec Struct) of their types; ValueError (one
     line) where it is not JSON, not an object, or a key is missing or of the wrong type (``wrong``, and msgspec's why)."""
     try:
+        if isinstance(text, bytes):  # as the readers select it: not UTF-8 is damage too
+            text = text.decode("utf-8")
         value = json.loads(text)
     except (TypeError, ValueError) as exc:
         size = f" of {len(text)} characters" if isinstance(text, str) else ""
@@ -371,8 +378,15 @@ def _short(exc: Exception) -> str:
     return " ".join(str(exc).split())[:160]
 
 
-def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+# What reading a store can raise: SQLite's errors, and a UnicodeDecodeError where SQLite's message quotes the bytes of a
+# damaged schema
+_STORE_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
+
+
+def _is_damage(exc: Exception) -> bool:
     """A store whose pages are damaged (SQLITE_CORRUPT), not one that is locked or not a database at all."""
+    if isinstance(exc, UnicodeDecodeError):
+        return True
     name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
     return name.startswith("SQLITE_CORRUPT") if name else "malformed" in str(exc)
 
@@ -390,11 +404,11 @@ def _reading(path):
     that lacks a table or column perflab's stores have."""
     try:
         yield
-    except sqlite3.DatabaseError as exc:
+    except _STORE_ERRORS as exc:
         raise _unreadable_store(path, exc) from None
 
 
-def _unreadable_store(path, exc: sqlite3.DatabaseError) -> PerflabError:
+def _unreadable_store(path, exc: Exception) -> PerflabError:
     return damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: not a perflab results store ({exc})")
 
 
