@@ -8,6 +8,7 @@ import pytest
 
 from cli_util import assert_one_line_error, run_cli_here
 from perflab import api
+from perflab.errors import PerflabError
 from perflab.spec import Case
 from perflab.sweep.store import Store
 
@@ -85,6 +86,10 @@ def test_damaged_pages_are_one_line_naming_the_file_and_sqlite_recover(tmp_path)
         r = run_cli_here(*command)
         assert_one_line_error(r, f"{path}: the store is damaged (database disk image is malformed); recover what it holds with "
                                  f"`mkdir {tmp_path / 'run_recovered'} && sqlite3 {path} .recover | sqlite3 {tmp_path / 'run_recovered' / 'results.sqlite'}`")
+    before = path.read_bytes()
+    with pytest.raises(PerflabError, match=r"the store is damaged \(\*\*\* in database main \*\*\*"):
+        Store.create(out)  # as a sweep (--resume) opens it: refused before a case runs, and nothing written to it
+    assert path.read_bytes() == before
 
 
 def test_keys_and_columns_of_the_wrong_type_are_named_and_a_missing_table_is_one_line(tmp_path):

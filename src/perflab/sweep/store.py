@@ -101,13 +101,22 @@ class Store:
 
     @classmethod
     def create(cls, out_dir) -> "Store":
-        """Open DIR/results.sqlite for writing, creating DIR and the schema if needed."""
+        """Open DIR/results.sqlite for writing, creating DIR and the schema if needed. A store that is there already is
+        checked first (SQLite's quick_check, one pass over its pages): a damaged one is refused before a case runs, in
+        one line that says how to recover it, and nothing is written to it."""
         out_dir = make_out_dir(out_dir)
         store = cls._connect(store_path(out_dir))
-        if store.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is None:
-            with store.conn:  # only a new store is written to here, so a refused sweep leaves an old one as it was
-                store.conn.executescript(_SCHEMA)
-                store.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        try:
+            with _reading(store.path):
+                if store.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is None:
+                    with store.conn:  # only a new store is written to here, so a refused sweep leaves an old one as it was
+                        store.conn.executescript(_SCHEMA)
+                        store.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                elif (problem := store.conn.execute("PRAGMA quick_check(1)").fetchone()[0]) != "ok":
+                    raise damaged(store.path, sqlite3.DatabaseError(problem))
+        except BaseException:
+            store.close()
+            raise
         return store
 
     @classmethod
