@@ -42,11 +42,13 @@ def test_the_bounds_are_those_of_signed_64_bits():
         api.bench([Case(model="test:tiny", device="cpu", input_size=2 ** 64)])
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "99", "100001"])
-def test_bootstrap_is_a_whole_number_from_100_to_100000(value, tmp_path):
+FEWER, MORE = "(fewer put each end of a 95% CI on one or two replicates)", "(more only add time and memory)"
+
+
+@pytest.mark.parametrize("value, why", [("0", FEWER), ("-1", FEWER), ("99", FEWER), ("100001", MORE)])
+def test_bootstrap_is_a_whole_number_from_100_to_100000(value, why, tmp_path):
     r = run_cli_here("report", tmp_path, "--bootstrap", value)  # refused before the store is opened
-    assert_one_line_error(r, f"--bootstrap: expected a whole number of replicates from 100 to 100,000, got {value} "
-                             "(fewer put each end of a 95% CI on one or two replicates)")
+    assert_one_line_error(r, f"--bootstrap: expected a whole number of replicates from 100 to 100,000, got {value} {why}")
     out = tmp_path / "be"
     r = run_cli_here("breakeven", "--model", "test:tiny", "--variant", "test:tiny", "--device", "cpu", "--bootstrap", value, "--out", out)
     assert_one_line_error(r, "--bootstrap: expected a whole number")
@@ -100,6 +102,11 @@ def test_a_yaml_alias_bomb_is_refused_in_well_under_2_s_and_300_MB(tmp_path):
     assert_one_line_error(r, f"{spec}: grid.batch_size: expected a list of integers, got [[\"lol\", ")
     assert len(r.stderr) < 400  # the message shows 80 characters of the value, and serialised no more
     assert took < 2.0 and peak < 300e6, (took, peak)
+
+
+def test_bootstrap_from_code_too_large_to_print_is_one_line():
+    with pytest.raises(PerflabError, match=r"got an integer of about 5001 digits \(more only add time and memory\)"):
+        api.check_bootstrap(10 ** 5000)  # repr() refuses past 4300 digits
 
 
 def test_processes_has_an_upper_bound(tmp_path):

@@ -37,6 +37,19 @@ def test_rows_survive_json_round_trip_without_nan(tmp_path):
     assert dumps({"x": float("inf")}) == '{"x": null}'
 
 
+def test_a_row_whose_column_sqlite_cannot_bind_is_stored_as_an_error_row(tmp_path):
+    with Store.create(tmp_path) as store:  # a list or mapping in a column: ProgrammingError on Python 3.11, not a lost row
+        assert store.put(_row("a", median_ms=2.0, model=["test:tiny"]), "e")
+        assert store.put(_row("b", median_ms=3.0, dtype={"x": 1}, input_size=2 ** 64), "e")
+        assert store.put(_row("c", median_ms=4.0), "e")  # and the next row is stored as it is
+    rows = {r["case_id"]: r for r in read_rows(tmp_path)}
+    assert [(r["status"], r["median_ms"], r["model"], r["dtype"]) for r in rows.values()] == [
+        ("error", 2.0, None, "fp32"), ("error", 3.0, "test:tiny", None), ("ok", 4.0, "test:tiny", "fp32")]
+    assert rows["a"]["message"] == ("this row could not be stored as measured (ProgrammingError: Error binding parameter 4: type 'list' is "
+                                    "not supported); model stored as null; it was ok")
+    assert rows["b"]["message"].endswith("; input_size, dtype stored as null; it was ok")
+
+
 def test_commits_are_visible_to_another_connection_at_once(tmp_path):
     with Store.create(tmp_path) as store:
         store.put(_row("a"), "e")

@@ -8,6 +8,7 @@ import pytest
 
 from cli_util import assert_one_line_error, run_cli_here
 from perflab import api
+from perflab.errors import PerflabError
 from perflab.spec import Case
 from perflab.sweep.store import Store
 
@@ -85,3 +86,46 @@ def test_damaged_pages_are_one_line_naming_the_file_and_sqlite_recover(tmp_path)
         r = run_cli_here(*command)
         assert_one_line_error(r, f"{path}: the store is damaged (database disk image is malformed); recover what it holds with "
                                  f"`mkdir {tmp_path / 'run_recovered'} && sqlite3 {path} .recover | sqlite3 {tmp_path / 'run_recovered' / 'results.sqlite'}`")
+    before = path.read_bytes()
+    with pytest.raises(PerflabError, match=r"the store is damaged \(\*\*\* in database main \*\*\*"):
+        Store.create(out)  # as a sweep (--resume) opens it: refused before a case runs, and nothing written to it
+    assert path.read_bytes() == before
+
+
+def test_keys_and_columns_of_the_wrong_type_are_named_and_a_missing_table_is_one_line(tmp_path):
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE results SET row_json = json_set(row_json, '$.throughput_per_s', 'x') WHERE case_id = ?", CASES[0].id)
+    _sql(out, "UPDATE results SET row_json = json_set(row_json, '$.ci95_ms', json('[1]')) WHERE case_id = ?", CASES[1].id)
+    _sql(out, "UPDATE environments SET env_json = '{\"gpus\": 5}'")
+    _sql(out, "UPDATE sweeps SET started_at = 'x', experiment_json = '{\"same_as_sweep\": [1]}'")
+    warned = []
+    api.report(out, n_boot=100, on_unreadable=warned.append)
+    assert [(u.what, u.key, u.problem) for u in warned] == [
+        ("sweep", "1", "column started_at ('x'): Expected `float | null`, got `str`; experiment_json: Expected `int`, got `array`"),
+        ("environment", "env", "not as stored (Expected `array | null`, got `int` - at `$.gpus`)"),
+        ("row", CASES[0].id, "not a result row (Expected `float | null`, got `str` - at `$.throughput_per_s`)"),
+        ("row", CASES[1].id, "not a result row (Expected `array` of length 2, got 1 - at `$.ci95_ms`)")]
+    text = (out / "report.md").read_text()
+    assert "2 cases: 2 ok." in text and "start unknown" in text
+    assert "4 stored record(s) could not be read and are left out of this report (2 result row(s) among them" in text  # one sweep record
+    r = run_cli_here("results", out)
+    assert r.returncode == 0 and len(r.stderr.splitlines()) == 2 and "2 stored results" in r.stdout
+    _sql(out, "DROP TABLE sweeps")
+    assert_one_line_error(run_cli_here("report", out), f"{out / 'results.sqlite'}: not a perflab results store (no such table: sweeps)")
+
+
+def test_bytes_that_are_not_utf8_are_named_not_a_traceback(tmp_path):
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE results SET row_json = CAST(x'7b22a5' AS TEXT) WHERE case_id = ?", CASES[0].id)  # in a row's JSON
+    _sql(out, "UPDATE results SET env_key = CAST(x'65a56e76' AS TEXT) WHERE case_id = ?", CASES[1].id)  # in a key column
+    warned = []
+    rows = api.results(out, on_unreadable=warned.append)
+    assert [r["env_key"] for r in rows] == ["e\ufffdnv", "env", "env"]  # the damaged key reads with U+FFFD, its row whole
+    assert [(u.key, u.problem) for u in warned] == [
+        (CASES[0].id, "malformed JSON, cut short or damaged ('utf-8' codec can't decode byte 0xa5 in position 2: invalid start byte)")]
+    path = out / "results.sqlite"
+    data = bytearray(path.read_bytes())
+    at = data.index(b"spec_source")  # the schema's text, in the first page
+    data[at] = 0xA5
+    path.write_bytes(bytes(data))
+    assert_one_line_error(run_cli_here("report", out), f"{path}: the store is damaged (")

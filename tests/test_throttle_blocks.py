@@ -96,13 +96,14 @@ def test_only_the_throttled_cases_rows_are_flagged_in_an_interleaved_run(monkeyp
 
 
 def test_processes_merge_their_block_views():
-    rows = [{"status": "ok", "samples_ms": [1.0, 1.0], "throttled_blocks": k, "read_blocks": 2, "sample_sm_clock_mhz": clocks,
+    rows = [{"status": "ok", "samples_ms": [1.0, 1.0], "throttled_blocks": k, "reason_blocks": 2, "read_blocks": 2, "sample_sm_clock_mhz": clocks,
              "env": {"throttle_reasons": reasons, "sm_clock_mhz_min": min(clocks), "sm_clock_mhz_max": max(clocks),
                      "run_throttle_reasons": ["sw_power_cap"], "run_sm_clock_mhz_min": 1400, "run_sm_clock_mhz_max": 1980}}
             for k, clocks, reasons in ((0, [1980, 1980], []), (1, [1410, 1980], ["sw_power_cap"]))]
     row = dict(rows[0])
     harness._merge_gpu_views(row, rows)
     assert (row["throttled_blocks"], row["read_blocks"], row["sample_sm_clock_mhz"]) == (1, 4, [1980, 1980, 1410, 1980])
+    assert row["reason_blocks"] == 4  # over both processes, as the blocks it counts among (it was the first process's 2)
     assert (row["env"]["throttle_reasons"], row["env"]["sm_clock_mhz_min"], row["env"]["run_sm_clock_mhz_min"]) == (["sw_power_cap"], 1410, 1400)
     assert rows[0]["env"]["throttle_reasons"] == []  # the process's own row is left as it was
 

@@ -404,11 +404,12 @@ def report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None):
 def check_bootstrap(n_boot) -> None:
     """PerflabError (one line) unless ``n_boot`` is a whole number of bootstrap replicates in the range a CI can rest on."""
     from perflab.analysis.breakeven import MAX_BOOT, MIN_BOOT
-    from perflab.errors import PerflabError
+    from perflab.errors import PerflabError, show
 
     if isinstance(n_boot, bool) or not isinstance(n_boot, int) or not MIN_BOOT <= n_boot <= MAX_BOOT:
-        raise PerflabError(f"--bootstrap: expected a whole number of replicates from {MIN_BOOT} to {MAX_BOOT:,}, got {n_boot!r} "
-                           f"(fewer put each end of a 95% CI on one or two replicates)")
+        why = ("more only add time and memory" if isinstance(n_boot, int) and n_boot > MAX_BOOT
+               else "fewer put each end of a 95% CI on one or two replicates")
+        raise PerflabError(f"--bootstrap: expected a whole number of replicates from {MIN_BOOT} to {MAX_BOOT:,}, got {show(n_boot)} ({why})")
 
 
 def breakeven_experiment(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, replace
-import json
 import re
 import types
 from typing import Annotated, Any, ClassVar, Union, get_args, get_origin, get_type_hints

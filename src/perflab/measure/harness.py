@@ -953,8 +953,8 @@ def _merge_gpu_views(row: dict, ok: list[dict]) -> None:
             env[key] = pick(values) if values else None
     views = [r for r in ok if r.get("read_blocks")]
     if views:
-        row["throttled_blocks"] = sum(r["throttled_blocks"] for r in views)
-        row["read_blocks"] = sum(r["read_blocks"] for r in views)
+        for key in ("throttled_blocks", "reason_blocks", "read_blocks"):
+            row[key] = sum(r.get(key) or 0 for r in views)
         row["sample_sm_clock_mhz"] = [c for r in ok for c in (r.get("sample_sm_clock_mhz") or [None] * len(r["samples_ms"]))]
 
 

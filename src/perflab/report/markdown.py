@@ -642,7 +642,7 @@ def _provenance_section(stored) -> list[str]:
         return parts + ["No sweep record: these rows were stored by other means."]
     lines = []
     for s in stored.sweeps:
-        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(s["started_at"]))
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(s["started_at"])) if s["started_at"] is not None else "start unknown"
         outcome = s.get("outcome") or "did not finish (killed?)"
         lines.append(f"- `{s.get('command') or '?'}` — {started}, {outcome}; {s.get('n_done') or 0} case(s) run, "
                      f"{s.get('n_skipped') or 0} already stored, of {s.get('n_cases')}")

@@ -28,7 +28,7 @@ from typing import Callable, Iterable
 
 import msgspec
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, show
 from perflab.paths import make_out_dir
 
 STORE_NAME = "results.sqlite"
@@ -101,13 +101,22 @@ class Store:
 
     @classmethod
     def create(cls, out_dir) -> "Store":
-        """Open DIR/results.sqlite for writing, creating DIR and the schema if needed."""
+        """Open DIR/results.sqlite for writing, creating DIR and the schema if needed. A store that is there already is
+        checked first (SQLite's quick_check, one pass over its pages): a damaged one is refused before a case runs, in
+        one line that says how to recover it, and nothing is written to it."""
         out_dir = make_out_dir(out_dir)
         store = cls._connect(store_path(out_dir))
-        if store.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is None:
-            with store.conn:  # only a new store is written to here, so a refused sweep leaves an old one as it was
-                store.conn.executescript(_SCHEMA)
-                store.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        try:
+            with _reading(store.path):
+                if store.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is None:
+                    with store.conn:  # only a new store is written to here, so a refused sweep leaves an old one as it was
+                        store.conn.executescript(_SCHEMA)
+                        store.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                elif (problem := store.conn.execute("PRAGMA quick_check(1)").fetchone()[0]) != "ok":
+                    raise damaged(store.path, sqlite3.DatabaseError(problem))
+        except BaseException:
+            store.close()
+            raise
         return store
 
     @classmethod
@@ -120,9 +129,9 @@ class Store:
         try:
             version = store.conn.execute("PRAGMA user_version").fetchone()[0]
             store.conn.execute("SELECT 1 FROM results LIMIT 1")
-        except sqlite3.DatabaseError as exc:
+        except _STORE_ERRORS as exc:
             store.close()
-            raise (damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: not a perflab results store ({exc})")) from None
+            raise _unreadable_store(path, exc) from None
         if version > SCHEMA_VERSION:
             store.close()
             raise PerflabError(f"{path}: written by a newer perflab (store version {version}); upgrade perflab to read it")
@@ -134,9 +143,13 @@ class Store:
             conn = sqlite3.connect(str(path), timeout=30.0, isolation_level="DEFERRED")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = FULL")
-        except sqlite3.DatabaseError as exc:
-            raise PerflabError(f"{path}: cannot open the results store ({exc})") from None
+        except _STORE_ERRORS as exc:
+            raise (damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: cannot open the results store ({exc})")) from None
         conn.row_factory = sqlite3.Row
+        # Text whose bytes are not UTF-8 (a damaged page) reads with U+FFFD in their place, not a UnicodeDecodeError
+        # that ends the whole read; the JSON columns are read as bytes and decoded strictly (``_decode``), so a damaged
+        # record is named and skipped.
+        conn.text_factory = lambda data: data.decode("utf-8", "replace")
         return cls(path, conn)
 
     def close(self) -> None:
@@ -199,7 +212,7 @@ class Store:
     def rows(self, env_key: str | None = None) -> list[dict]:
         """Stored rows in the order they were stored, each with its ``env_key``. A row whose JSON cannot be read as a
         row is left out and named in ``self.unreadable``."""
-        sql = "SELECT case_id, env_key, row_json FROM results"
+        sql = "SELECT case_id, env_key, CAST(row_json AS BLOB) AS row_json FROM results"
         args: tuple = ()
         if env_key is not None:
             sql += " WHERE env_key = ?"
@@ -231,9 +244,9 @@ class Store:
 
     def environments(self) -> dict[str, dict]:
         out = {}
-        for r in self.conn.execute("SELECT env_key, env_json FROM environments"):
+        for r in self.conn.execute("SELECT env_key, CAST(env_json AS BLOB) AS env_json FROM environments"):
             try:
-                out[r["env_key"]] = _decode(r["env_json"], dict)
+                out[r["env_key"]] = _decode(r["env_json"], _EnvShape)
             except ValueError as exc:
                 self.unreadable.append(Unreadable("environment", r["env_key"], r["env_key"], str(exc)))
         return out
@@ -267,15 +280,25 @@ class Store:
         """Sweep records, oldest first (``experiment`` decoded; ``{}`` where it cannot be, named in ``unreadable``)."""
         out = []
         by_id: dict[int, dict] = {}
-        for r in self.conn.execute("SELECT * FROM sweeps ORDER BY id"):
+        for r in self.conn.execute("SELECT *, CAST(experiment_json AS BLOB) AS experiment_blob FROM sweeps ORDER BY id"):
             d = dict(r)
+            problems = []  # one record, however many of its parts are wrong
+            for name, kind in _SWEEP_COLUMNS.items():  # a column of the wrong type is named and read as unknown
+                try:
+                    msgspec.convert(d.get(name), kind)  # a column lost to a damaged schema reads as unknown
+                except msgspec.ValidationError as exc:
+                    problems.append(f"column {name} ({show(d[name])}): {_short(exc)}")
+                    d[name] = None
             try:
-                experiment = _decode(d.pop("experiment_json") or "{}", dict)
-            except ValueError as exc:
-                self.unreadable.append(Unreadable("sweep", str(d["id"]), d.get("env_key") or "", f"experiment_json: {exc}"))
+                d.pop("experiment_json", None)
+                experiment = _decode(d.pop("experiment_blob") or b"{}", dict)
+                if set(experiment) == {SAME_AS}:
+                    experiment = by_id.get(msgspec.convert(experiment[SAME_AS], int), {})
+            except (ValueError, msgspec.ValidationError) as exc:
+                problems.append(f"experiment_json: {_short(exc)}")
                 experiment = {}
-            if set(experiment) == {SAME_AS}:
-                experiment = by_id.get(experiment[SAME_AS], {})
+            if problems:
+                self.unreadable.append(Unreadable("sweep", str(d["id"]), d.get("env_key") or "", "; ".join(problems)))
             d["experiment"] = by_id[d["id"]] = experiment
             out.append(d)
         return out
@@ -300,34 +323,63 @@ class _RowShape(msgspec.Struct):
 
     case_id: str
     status: str
+    model: str | None = None
+    batch_size: int | None = None
+    dtype: str | None = None
+    mode: str | None = None
+    median_ms: float | None = None
+    input_size: int | None = None
+    label: str | None = None
+    env: dict | None = None
+    throughput_per_s: float | None = None
+    items_per_s: float | None = None
+    mfu: float | None = None
+    mbu: float | None = None
+    peak_mem_alloc_mb: float | None = None
+    peak_mem_reserved_mb: float | None = None
     case: dict | None = None
     flags: list[str] | None = None
     warnings: list[str] | None = None
     median_ms: float | None = None
-    ci95_ms: list[float | None] | None = None
+    ci95_ms: tuple[float | None, float | None] | None = None
     samples_ms: list[float | None] | None = None
+
+
+class _EnvShape(msgspec.Struct):
+    """The keys of a stored environment its readers rely on (the GPU names choose the rows a report shows)."""
+
+    gpus: list[str] | None = None
+
+
+# The sweep records' columns and their types, as ``Store.sweeps``'s readers take them (SQLite stores what it is given).
+_SWEEP_COLUMNS = {"started_at": float | None, "finished_at": float | None, "outcome": str | None, "command": str | None,
+                  "spec_source": str | None, "spec_text": str | None, "env_key": str | None, "n_cases": int | None,
+                  "n_skipped": int | None, "n_done": int | None}
 
 
 def decode_row(text) -> dict:
     """A stored row's JSON → the row; ValueError saying what is wrong with it (cut short, not an object, a key of the
     wrong type)."""
-    row = _decode(text, dict)
-    try:
-        msgspec.convert(row, _RowShape)
-    except msgspec.ValidationError as exc:
-        raise ValueError(f"not a result row ({_short(exc)})") from None
-    return row
+    return _decode(text, _RowShape, "not a result row")
 
 
-def _decode(text, kind: type):
-    """JSON text → a value of ``kind``; ValueError (one line) where it is not JSON or not of that kind."""
+def _decode(text, shape: type = dict, wrong: str = "not as stored"):
+    """JSON text → a JSON object (a dict) with the keys of ``shape`` (a msgspec Struct) of their types; ValueError (one
+    line) where it is not JSON, not an object, or a key is missing or of the wrong type (``wrong``, and msgspec's why)."""
     try:
+        if isinstance(text, bytes):  # as the readers select it: not UTF-8 is damage too
+            text = text.decode("utf-8")
         value = json.loads(text)
     except (TypeError, ValueError) as exc:
         size = f" of {len(text)} characters" if isinstance(text, str) else ""
         raise ValueError(f"malformed JSON{size}, cut short or damaged ({_short(exc)})") from None
-    if not isinstance(value, kind):
-        raise ValueError(f"expected a JSON {'object' if kind is dict else kind.__name__}, got {type(value).__name__}")
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got {type(value).__name__}")
+    if shape is not dict:
+        try:
+            msgspec.convert(value, shape)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{wrong} ({_short(exc)})") from None
     return value
 
 
@@ -335,8 +387,15 @@ def _short(exc: Exception) -> str:
     return " ".join(str(exc).split())[:160]
 
 
-def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+# What reading a store can raise: SQLite's errors, and a UnicodeDecodeError where SQLite's message quotes the bytes of a
+# damaged schema
+_STORE_ERRORS = (sqlite3.DatabaseError, UnicodeDecodeError)
+
+
+def _is_damage(exc: Exception) -> bool:
     """A store whose pages are damaged (SQLITE_CORRUPT), not one that is locked or not a database at all."""
+    if isinstance(exc, UnicodeDecodeError):
+        return True
     name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
     return name.startswith("SQLITE_CORRUPT") if name else "malformed" in str(exc)
 
@@ -350,13 +409,16 @@ def damaged(path, exc: Exception) -> PerflabError:
 
 @contextlib.contextmanager
 def _reading(path):
-    """Reads of a store whose pages are damaged end in one line naming the file (``damaged``)."""
+    """Reads of a store whose pages are damaged end in one line naming the file (``damaged``), and so do reads of one
+    that lacks a table or column perflab's stores have."""
     try:
         yield
-    except sqlite3.DatabaseError as exc:
-        if _is_damage(exc):
-            raise damaged(path, exc) from None
-        raise
+    except _STORE_ERRORS as exc:
+        raise _unreadable_store(path, exc) from None
+
+
+def _unreadable_store(path, exc: Exception) -> PerflabError:
+    return damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: not a perflab results store ({exc})")
 
 
 def report_unreadable(unreadable: list[Unreadable], on_unreadable: Callable[[Unreadable], None] | None, path) -> None:
@@ -399,8 +461,10 @@ def _plain(value):
 
 
 # What a row's values can do to an INSERT: an int past 64 bits (OverflowError), a str() refused (ValueError: over 4300
-# digits), a lone surrogate (UnicodeEncodeError), a type sqlite3 cannot bind. A full disk or a lock is not the row's fault.
-_UNSTORABLE = (OverflowError, ValueError, TypeError, sqlite3.InterfaceError, sqlite3.DataError)
+# digits), a lone surrogate (UnicodeEncodeError), a type sqlite3 cannot bind in a column (ProgrammingError since Python
+# 3.11, InterfaceError before). A full disk or a lock is not the row's fault.
+_UNSTORABLE = (OverflowError, ValueError, TypeError, sqlite3.InterfaceError, sqlite3.ProgrammingError, sqlite3.DataError)
+_COLUMNS = ("model", "input_size", "batch_size", "dtype", "mode")  # the row's keys that ``_insert`` binds as columns
 
 
 def unstorable_row(row: dict, exc: Exception) -> dict:
@@ -434,16 +498,15 @@ def unstorable_row(row: dict, exc: Exception) -> dict:
         return None
 
     kept = keep(dict(row), "")
+    for key in _COLUMNS:  # a column takes one value, not a list or mapping
+        if isinstance(kept.get(key), (list, dict)):
+            dropped.append(key)
+            kept[key] = None
     was = f"{kept.get('status') or 'unknown'}" + (f": {str(kept['message'])[:200]}" if kept.get("message") else "")
     reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
     nulled = f"; {', '.join(dropped[:5])}{' and more' if len(dropped) > 5 else ''} stored as null" if dropped else ""
     kept.update(case_id=str(row.get("case_id")), status="error",
                 message=f"this row could not be stored as measured ({reason}){nulled}; it was {was}")
-    try:
-        dumps(kept)
-    except _UNSTORABLE:  # what is left still will not serialise: the case and the reason alone
-        kept = {k: kept.get(k) for k in ("case_id", "status", "message", "label")}
-        kept = {k: v if isinstance(v, str) or v is None else str(v) for k, v in kept.items()}
     return kept
 
 
