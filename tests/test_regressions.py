@@ -3,6 +3,7 @@ threshold, host-dependent cases, change points over revisions; and bench --out f
 every figure is checked against one computed here by hand (t quantiles from the table: t(2) = 4.303, t(4) = 2.776)."""
 
 import math
+import re
 import statistics
 
 import pytest
@@ -183,3 +184,13 @@ def test_bench_out_files_read_back_as_rows_in_either_format(tmp_path):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(PerflabError, match="no case_id column"):
         read_rows(tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize("line, where", [('{"case_id": "c1", "status": "ok", "median_ms": "1.5"}', "$.median_ms"),
+                                         ('{"case_id": "c1", "ci95_ms": 5}', "$.ci95_ms"),
+                                         ('{"case_id": ["c1"]}', "$.case_id"),
+                                         ('{"case_id": "c1", "process_medians_ms": [1.0, "a"]}', "$.process_medians_ms[1]")])
+def test_a_json_line_whose_values_have_other_types_is_one_error_naming_the_line_and_field(tmp_path, line, where):
+    (tmp_path / "r.jsonl").write_text(to_json_lines([row("c0", 1.0)]) + line + "\n")
+    with pytest.raises(PerflabError, match=r"r\.jsonl, line 2: not a perflab result row .*" + re.escape(where)):
+        read_rows(tmp_path / "r.jsonl")
