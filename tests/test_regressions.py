@@ -194,3 +194,13 @@ def test_a_json_line_whose_values_have_other_types_is_one_error_naming_the_line_
     (tmp_path / "r.jsonl").write_text(to_json_lines([row("c0", 1.0)]) + line + "\n")
     with pytest.raises(PerflabError, match=r"r\.jsonl, line 2: not a perflab result row .*" + re.escape(where)):
         read_rows(tmp_path / "r.jsonl")
+
+
+def test_compare_of_stored_results_with_a_mistyped_or_foreign_other_side_says_which_side_is_wrong(tmp_path):
+    from cli_util import assert_one_line_error, run_cli_here
+
+    (tmp_path / "a.jsonl").write_text(to_json_lines([row("c1", 1.0)]))
+    (tmp_path / "bad.sqlite").write_text("not sqlite")
+    assert_one_line_error(run_cli_here("compare", tmp_path / "a.jsonl", tmp_path / "nosuch"), "nosuch: no such file or directory",
+                          "a.jsonl is one")
+    assert_one_line_error(run_cli_here("compare", tmp_path / "bad.sqlite", tmp_path / "a.jsonl"), "bad.sqlite: not stored results")

@@ -718,6 +718,22 @@ def is_results_path(item) -> bool:
     return False
 
 
+def are_results(a, b) -> bool:
+    """Whether ``compare a b`` compares stored results (``is_results_path``) rather than traces or models; PerflabError
+    where only one side is: the other missing (a mistyped path) or something else."""
+    from pathlib import Path
+
+    from perflab.errors import PerflabError
+
+    held = [is_results_path(a), is_results_path(b)]
+    if held[0] != held[1]:
+        other = b if held[0] else a
+        why = "no such file or directory" if not Path(str(other)).exists() else "not stored results"
+        raise PerflabError(f"{other}: {why}; compare takes two stored results (stores or bench --out files), and "
+                           f"{a if held[0] else b} is one (or two traces or models)")
+    return held[0]
+
+
 def load_results(item) -> list[dict]:
     """The result rows ``item`` names (``is_results_path``): a store's (its latest environment's) or a file's."""
     from pathlib import Path

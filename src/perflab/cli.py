@@ -894,10 +894,7 @@ def compare(
     from perflab import api
     from perflab.report.explain_console import render_comparison
 
-    if api.is_results_path(a) or api.is_results_path(b):
-        if not (api.is_results_path(a) and api.is_results_path(b)):
-            raise PerflabError(f"compare takes two stored results (stores or bench --out files) or two traces or models; "
-                               f"{a if api.is_results_path(a) else b} holds results and the other does not")
+    if api.are_results(a, b):
         result = api.compare_results(a, b, threshold=threshold)
         if as_json:
             sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b))) + "\n")
