@@ -4,6 +4,7 @@ every figure is checked against one computed here by hand (t quantiles from the 
 
 import math
 import re
+import sqlite3
 import statistics
 
 import pytest
@@ -204,3 +205,8 @@ def test_compare_of_stored_results_with_a_mistyped_or_foreign_other_side_says_wh
     assert_one_line_error(run_cli_here("compare", tmp_path / "a.jsonl", tmp_path / "nosuch"), "nosuch: no such file or directory",
                           "a.jsonl is one")
     assert_one_line_error(run_cli_here("compare", tmp_path / "bad.sqlite", tmp_path / "a.jsonl"), "bad.sqlite: not stored results")
+    with sqlite3.connect(tmp_path / "copy.sqlite") as conn:  # a store's file under another name: read from its directory as results.sqlite
+        conn.execute("CREATE TABLE results (x)")
+    assert_one_line_error(run_cli_here("compare", tmp_path / "copy.sqlite", tmp_path / "a.jsonl"), "copy.sqlite: a store is read as a "
+                          "directory's results.sqlite")
+    assert not (tmp_path / "results.sqlite").exists()

@@ -743,8 +743,11 @@ def load_results(item) -> list[dict]:
 
     path = Path(str(item))
     if path.is_dir() or path.suffix in (".sqlite", ".db"):
-        from perflab.sweep.store import load_stored
+        from perflab.sweep.store import STORE_NAME, load_stored
 
+        if not path.is_dir() and path.name != STORE_NAME:  # the store is its directory's results.sqlite, nothing else
+            raise PerflabError(f"{item}: a store is read as a directory's {STORE_NAME}; give the directory that holds it, "
+                               f"with the file named {STORE_NAME}")
         stored = load_stored(path if path.is_dir() else path.parent)
         versions = {(r.get("version") or {}).get("key") for r in stored.rows}
         if len(versions) > 1:
