@@ -210,3 +210,24 @@ def test_compare_of_stored_results_with_a_mistyped_or_foreign_other_side_says_wh
     assert_one_line_error(run_cli_here("compare", tmp_path / "copy.sqlite", tmp_path / "a.jsonl"), "copy.sqlite: a store is read as a "
                           "directory's results.sqlite")
     assert not (tmp_path / "results.sqlite").exists()
+
+
+
+def test_an_interrupted_ab_says_to_rerun_into_another_store_and_an_interrupted_track_that_it_reuses_the_rows(monkeypatch, tmp_path):
+    """An ab store holding its versions' rows is refused (run_versions), so ab's rerun must go elsewhere; track reuses."""
+    from types import SimpleNamespace
+
+    from cli_util import run_cli_here
+    from perflab import api
+    from perflab.analysis.regressions import Comparison
+
+    summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1)
+    monkeypatch.setattr(api, "ab", lambda **kw: (summary, Comparison([])))
+    monkeypatch.setattr(api, "track", lambda **kw: (summary, []))
+    case = ["--model", "m.py:M", "--json"]
+    ab = run_cli_here("ab", "--repo", tmp_path, "--a", "x", "--b", "y", *case)
+    track = run_cli_here("track", "--repo", tmp_path, "--revs", "x", "y", "--out", tmp_path, *case)
+    assert ab.returncode == track.returncode == 130
+    assert ab.stderr.strip().endswith("stored; run the command again (given --out, into another directory: ab does not add rows to a "
+                                      "store that holds its versions)")
+    assert track.stderr.strip().endswith("stored; run the command again: it reuses them")

@@ -544,7 +544,8 @@ def ab(
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
         out.print(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
-    _versions_interrupted(summary)
+    _versions_interrupted(summary, "run the command again (given --out, into another directory: ab does not add rows to a store "
+                                   "that holds its versions)")
 
 
 @app.command()
@@ -590,12 +591,12 @@ def track(
         render_series(out, series, threshold)
         out.print(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
                   f"{summary.out_dir}", soft_wrap=True, markup=False)
-    _versions_interrupted(summary)
+    _versions_interrupted(summary, "run the command again: it reuses them")
 
 
-def _versions_interrupted(summary) -> None:
+def _versions_interrupted(summary, again: str) -> None:
     if summary.interrupted:
-        err.print("interrupted: the cases whose rounds all ran are stored; run the command again (track reuses them)", markup=False)
+        err.print(f"interrupted: the cases whose rounds all ran are stored; {again}", soft_wrap=True, markup=False)
         raise typer.Exit(130)
 
 
