@@ -3,6 +3,8 @@ threshold, host-dependent cases, change points over revisions; and bench --out f
 every figure is checked against one computed here by hand (t quantiles from the table: t(2) = 4.303, t(4) = 2.776)."""
 
 import math
+import re
+import sqlite3
 import statistics
 
 import pytest
@@ -183,3 +185,49 @@ def test_bench_out_files_read_back_as_rows_in_either_format(tmp_path):
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(PerflabError, match="no case_id column"):
         read_rows(tmp_path / "bad.csv")
+
+
+@pytest.mark.parametrize("line, where", [('{"case_id": "c1", "status": "ok", "median_ms": "1.5"}', "$.median_ms"),
+                                         ('{"case_id": "c1", "ci95_ms": 5}', "$.ci95_ms"),
+                                         ('{"case_id": ["c1"]}', "$.case_id"),
+                                         ('{"case_id": "c1", "process_medians_ms": [1.0, "a"]}', "$.process_medians_ms[1]")])
+def test_a_json_line_whose_values_have_other_types_is_one_error_naming_the_line_and_field(tmp_path, line, where):
+    (tmp_path / "r.jsonl").write_text(to_json_lines([row("c0", 1.0)]) + line + "\n")
+    with pytest.raises(PerflabError, match=r"r\.jsonl, line 2: not a perflab result row .*" + re.escape(where)):
+        read_rows(tmp_path / "r.jsonl")
+
+
+def test_compare_of_stored_results_with_a_mistyped_or_foreign_other_side_says_which_side_is_wrong(tmp_path):
+    from cli_util import assert_one_line_error, run_cli_here
+
+    (tmp_path / "a.jsonl").write_text(to_json_lines([row("c1", 1.0)]))
+    (tmp_path / "bad.sqlite").write_text("not sqlite")
+    assert_one_line_error(run_cli_here("compare", tmp_path / "a.jsonl", tmp_path / "nosuch"), "nosuch: no such file or directory",
+                          "a.jsonl is one")
+    assert_one_line_error(run_cli_here("compare", tmp_path / "bad.sqlite", tmp_path / "a.jsonl"), "bad.sqlite: not stored results")
+    with sqlite3.connect(tmp_path / "copy.sqlite") as conn:  # a store's file under another name: read from its directory as results.sqlite
+        conn.execute("CREATE TABLE results (x)")
+    assert_one_line_error(run_cli_here("compare", tmp_path / "copy.sqlite", tmp_path / "a.jsonl"), "copy.sqlite: a store is read as a "
+                          "directory's results.sqlite")
+    assert not (tmp_path / "results.sqlite").exists()
+
+
+
+def test_an_interrupted_ab_says_to_rerun_into_another_store_and_an_interrupted_track_that_it_reuses_the_rows(monkeypatch, tmp_path):
+    """An ab store holding its versions' rows is refused (run_versions), so ab's rerun must go elsewhere; track reuses."""
+    from types import SimpleNamespace
+
+    from cli_util import run_cli_here
+    from perflab import api
+    from perflab.analysis.regressions import Comparison
+
+    summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1)
+    monkeypatch.setattr(api, "ab", lambda **kw: (summary, Comparison([])))
+    monkeypatch.setattr(api, "track", lambda **kw: (summary, []))
+    case = ["--model", "m.py:M", "--json"]
+    ab = run_cli_here("ab", "--repo", tmp_path, "--a", "x", "--b", "y", *case)
+    track = run_cli_here("track", "--repo", tmp_path, "--revs", "x", "y", "--out", tmp_path, *case)
+    assert ab.returncode == track.returncode == 130
+    assert ab.stderr.strip().endswith("stored; run the command again (given --out, into another directory: ab does not add rows to a "
+                                      "store that holds its versions)")
+    assert track.stderr.strip().endswith("stored; run the command again: it reuses them")

@@ -719,6 +719,22 @@ def is_results_path(item) -> bool:
     return False
 
 
+def are_results(a, b) -> bool:
+    """Whether ``compare a b`` compares stored results (``is_results_path``) rather than traces or models; PerflabError
+    where only one side is: the other missing (a mistyped path) or something else."""
+    from pathlib import Path
+
+    from perflab.errors import PerflabError
+
+    held = [is_results_path(a), is_results_path(b)]
+    if held[0] != held[1]:
+        other = b if held[0] else a
+        why = "no such file or directory" if not Path(str(other)).exists() else "not stored results"
+        raise PerflabError(f"{other}: {why}; compare takes two stored results (stores or bench --out files), and "
+                           f"{a if held[0] else b} is one (or two traces or models)")
+    return held[0]
+
+
 def load_results(item) -> list[dict]:
     """The result rows ``item`` names (``is_results_path``): a store's (its latest environment's) or a file's."""
     from pathlib import Path
@@ -728,8 +744,11 @@ def load_results(item) -> list[dict]:
 
     path = Path(str(item))
     if path.is_dir() or path.suffix in (".sqlite", ".db"):
-        from perflab.sweep.store import load_stored
+        from perflab.sweep.store import STORE_NAME, load_stored
 
+        if not path.is_dir() and path.name != STORE_NAME:  # the store is its directory's results.sqlite, nothing else
+            raise PerflabError(f"{item}: a store is read as a directory's {STORE_NAME}; give the directory that holds it, "
+                               f"with the file named {STORE_NAME}")
         stored = load_stored(path if path.is_dir() else path.parent)
         versions = {(r.get("version") or {}).get("key") for r in stored.rows}
         if len(versions) > 1:

@@ -551,7 +551,8 @@ def ab(
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
         out.print(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
-    _versions_interrupted(summary)
+    _versions_interrupted(summary, "run the command again (given --out, into another directory: ab does not add rows to a store "
+                                   "that holds its versions)")
 
 
 @app.command()
@@ -597,12 +598,12 @@ def track(
         render_series(out, series, threshold)
         out.print(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
                   f"{summary.out_dir}", soft_wrap=True, markup=False)
-    _versions_interrupted(summary)
+    _versions_interrupted(summary, "run the command again: it reuses them")
 
 
-def _versions_interrupted(summary) -> None:
+def _versions_interrupted(summary, again: str) -> None:
     if summary.interrupted:
-        err.print("interrupted: the cases whose rounds all ran are stored; run the command again (track reuses them)", markup=False)
+        err.print(f"interrupted: the cases whose rounds all ran are stored; {again}", soft_wrap=True, markup=False)
         raise typer.Exit(130)
 
 
@@ -902,10 +903,7 @@ def compare(
     from perflab import api
     from perflab.report.explain_console import render_comparison
 
-    if api.is_results_path(a) or api.is_results_path(b):
-        if not (api.is_results_path(a) and api.is_results_path(b)):
-            raise PerflabError(f"compare takes two stored results (stores or bench --out files) or two traces or models; "
-                               f"{a if api.is_results_path(a) else b} holds results and the other does not")
+    if api.are_results(a, b):
         result = api.compare_results(a, b, threshold=threshold)
         if as_json:
             sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b))) + "\n")

@@ -49,7 +49,6 @@ LEVEL = 0.95  # every CI here is a 95% interval (t975 quantiles)
 DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
 BORDERLINE = 1.25  # host ÷ GPU time within this factor of 1: a step that a host this much faster or slower tips over
 Z975 = 1.959964
-VERDICTS = ("faster", "slower", "no change", "inconclusive")
 
 WITHIN_RUN_NOTE = "one process a side: each run's own CI, which does not cover between-process variance"
 
@@ -114,19 +113,18 @@ class Comparison:
 # Ratios and their CIs
 
 
-def _t_interval(logs: list[float], df: float, se: float) -> tuple[float, float, float]:
-    center = sum(logs) / len(logs) if logs else 0.0
-    half = t975(max(1, int(math.floor(df)))) * se
-    return math.exp(center), math.exp(center - half), math.exp(center + half)
+PAIRED_HOW = "each A process timed beside a B process"
+
+
+def process_round_ratios(a_medians, b_medians) -> list[float | None]:
+    """Per round of a processes-paired run, B's process median ÷ A's (None where either is missing or not positive)."""
+    return [b / a if a and b and a > 0 and b > 0 else None for a, b in zip(a_medians, b_medians)]
 
 
 def paired_ratio(a_medians, b_medians) -> Ratio | None:
     """The per-round ratios b/a of processes timed side by side (one pair a round), their geometric mean and a
     Student-t 95% CI over the rounds; None with fewer than two rounds."""
-    if min(len(a_medians), len(b_medians)) < 2:
-        return None
-    ratios = [b / a if a and b and a > 0 and b > 0 else None for a, b in zip(a_medians, b_medians)]
-    return rounds_ratio(ratios, "paired", "each A process timed beside a B process")
+    return rounds_ratio(process_round_ratios(a_medians, b_medians), "paired", PAIRED_HOW)
 
 
 def rounds_ratio(ratios, basis: str, how: str) -> Ratio | None:
@@ -137,9 +135,8 @@ def rounds_ratio(ratios, basis: str, how: str) -> Ratio | None:
     logs = [math.log(r) for r in ratios]
     n = len(logs)
     mean = sum(logs) / n
-    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
-    ratio, low, high = _t_interval(logs, n - 1, sd / math.sqrt(n))
-    return Ratio(ratio, low, high, basis, n, f"95% CI over {n} rounds, {how}")
+    half = t975(n - 1) * math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1)) / math.sqrt(n)
+    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), basis, n, f"95% CI over {n} rounds, {how}")
 
 
 BLOCKS_HOW = "each round's B/A the median of its blocks' ratios, A's and B's cases timed interleaved in one process"
@@ -209,8 +206,7 @@ def row_ratio(a: dict, b: dict) -> Ratio | None:
         if blocks is not None:
             per_round, basis, how = blocks, "blocks", BLOCKS_HOW
         else:
-            per_round = [y / x if x > 0 and y > 0 else None for x, y in zip(pa, pb)]
-            basis, how = "paired", "each A process timed beside a B process"
+            per_round, basis, how = process_round_ratios(pa, pb), "paired", PAIRED_HOW
         # blocks: a round's A and B share a process, its host and its flags, so a slower host cancels: no round is left out
         clean = _uncontended_rounds(a, b, len(per_round)) if blocks is None else list(range(len(per_round)))
         if len(clean) >= 2 and len(clean) < len(per_round):

@@ -22,10 +22,13 @@ is a faster host), empty for rows without one.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import math
-from typing import Iterable
+from typing import Iterable, Optional
+
+import msgspec
 
 SEED_COLUMNS = ["run_name", "tp", "latency_ms", "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power"]
 
@@ -98,8 +101,8 @@ def write_rows(rows: list[dict], path) -> None:
 
 def read_rows(path) -> list[dict]:
     """The rows of a file ``write_rows`` wrote (``bench --out``): CSV (by its ``.csv`` name) or JSON lines. PerflabError,
-    one line, for a file that is missing or not such rows. CSV rows hold the CSV's columns only (``ci95_ms`` rebuilt
-    from its two columns); JSON lines hold the whole rows."""
+    one line, for a file that is missing or not such rows (a JSON line whose column has another type included). CSV
+    rows hold the CSV's columns only (``ci95_ms`` rebuilt from its two columns); JSON lines hold the whole rows."""
     from perflab.errors import PerflabError
 
     try:
@@ -127,8 +130,23 @@ def _json_rows(text: str, path) -> list[dict]:
             raise PerflabError(f"{path}, line {number}: not JSON (expected one result row per line, as bench --out writes)") from None
         if not isinstance(row, dict) or "case_id" not in row:
             raise PerflabError(f"{path}, line {number}: not a perflab result row (no case_id)")
+        try:
+            msgspec.convert(row, _typed_row())
+        except msgspec.ValidationError as exc:
+            raise PerflabError(f"{path}, line {number}: not a perflab result row ({exc})") from None
         rows.append(row)
     return rows
+
+
+@functools.cache
+def _typed_row():
+    """A row's columns (as the CSV types them) and ``ci95_ms``, each optional: a JSON line whose values have other
+    types (a median that is text) is refused at once, not met later as a traceback in whatever reads it."""
+    types = {key: int if key in INT_COLUMNS else str if key in TEXT_COLUMNS else float
+             for key in PERFLAB_COLUMNS if key not in LIST_COLUMNS and key not in ("ci95_low_ms", "ci95_high_ms")}
+    types.update({key: list[kind] for key, kind in LIST_COLUMNS.items()},
+                 ci95_ms=tuple[Optional[float], Optional[float]], version=dict)
+    return msgspec.defstruct("ResultRow", [(key, Optional[kind], None) for key, kind in types.items()])
 
 
 def _csv_rows(text: str, path) -> list[dict]:

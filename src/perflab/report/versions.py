@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, revision_series
+from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, compare_rows, revision_series
 from perflab.report.md import escape, md_table
 
 BASIS_WORDS = {
@@ -175,8 +175,6 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
     rows = getattr(stored, "all_rows", stored.rows)
     lines = [f"- {escape(version_line(v))}" for v in versions]
     if run["kind"] == "ab":
-        from perflab.analysis.regressions import compare_rows
-
         by_key = {v["key"]: [r for r in rows if (r.get("version") or {}).get("key") == v["key"]] for v in versions}
         a, b = (by_key[v["key"]] for v in versions[:2])
         if not a or not b:

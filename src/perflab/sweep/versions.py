@@ -524,7 +524,6 @@ def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path
                 for c, vi in jobs]
     for row in rows:
         row.setdefault("cost_s", None)
-        row["process_cost_s"] = result.get("cost_s")  # the round's process, shared by every case at every version in it
     return rows
 
 
@@ -554,7 +553,6 @@ def _merge(case: Case, runs: list[tuple[float, int]], processes: list[dict], mer
     judged = mark_host_flags(processes, group=lambda row: "run")
     merged["process_flags"] = [list(judged[i].get("flags") or []) for _, i in runs]
     merged["process_canary_us"] = [row.get(CANARY_KEY) for row in rows]
-    merged["process_costs_s"] = [row.get("cost_s") or row.get("process_cost_s") for row in rows]
     if any(row.get("worker_pid") for row in rows):  # blocks: the process and the interleaved session each round's blocks ran in
         merged["process_pids"] = [row.get("worker_pid") for row in rows]
         merged["process_sessions"] = [row.get("session") for row in rows]
