@@ -138,6 +138,9 @@ def test_make_cases_applies_keep_rates_to_reducing_models_only():
     assert len(cases) == 4
     assert {c.keep_rate for c in cases if c.method == "baseline"} == {()}
     assert {c.keep_rate for c in cases if c.method == "topk"} == {(0.1,)}
+    # a value given twice is one case (its rows could not be told apart), in the order first given
+    twice = api.make_cases(model=["deit_tiny_patch16_224", "deit_tiny_patch16_224"], batch_size=[8, 1, 8], device="cpu")
+    assert [c.batch_size for c in twice] == [8, 1] and len({c.id for c in twice}) == 2
 
 
 def test_autocast_casts_each_weight_once_across_steps():
