@@ -1,5 +1,7 @@
 """The harness: result rows, and each validity check planted and caught."""
 
+import json
+
 import pytest
 
 from perflab import api
@@ -138,9 +140,18 @@ def test_make_cases_applies_keep_rates_to_reducing_models_only():
     assert len(cases) == 4
     assert {c.keep_rate for c in cases if c.method == "baseline"} == {()}
     assert {c.keep_rate for c in cases if c.method == "topk"} == {(0.1,)}
-    # a value given twice is one case (its rows could not be told apart), in the order first given
-    twice = api.make_cases(model=["deit_tiny_patch16_224", "deit_tiny_patch16_224"], batch_size=[8, 1, 8], device="cpu")
-    assert [c.batch_size for c in twice] == [8, 1] and len({c.id for c in twice}) == 2
+
+
+def test_bench_runs_a_value_given_twice_once(tmp_path):
+    """bench --model X X --batch-size 2 1 2: two cases, in the order first given (four rows could not be told apart)."""
+    from cli_util import run_cli_here
+
+    out = tmp_path / "rows.jsonl"
+    result = run_cli_here("bench", "--model", "test:tiny", "test:tiny", "--batch-size", "2", "1", "2", "--input-size", "32",
+                          "--device", "cpu", "--iters", "2", "--repeats", "2", "--warmup", "1", "--no-pin", "--out", out)
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["batch_size"] for r in rows] == [2, 1] and len({r["case_id"] for r in rows}) == 2
 
 
 def test_autocast_casts_each_weight_once_across_steps():

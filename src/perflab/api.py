@@ -72,13 +72,12 @@ def make_cases(
                 workload=list(workload), seq_len=list(seq_len), prompt_len=list(prompt_len), context_len=list(context_len),
                 new_tokens=list(new_tokens))
     grid = {k: v for k, v in grid.items() if v}
-    cases: dict[str, Case] = {}
+    cases = []
     for d in expand_grid(base, grid):
         if d["model"] in reducing or not reducing:
             d.update(keep_rate=tuple(keep_rate), reduction_loc=tuple(reduction_loc))
-        case = validate_case(Case(**d))
-        cases.setdefault(case.id, case)  # a value given twice (--batch-size 1 1) is one case, as in a sweep spec
-    return list(cases.values())
+        cases.append(validate_case(Case(**d)))
+    return cases
 
 
 def cases_for_model(model, **options) -> list[Case]:

@@ -201,7 +201,7 @@ def bench(
     if out_file is not None:
         check_writable_file(out_file)
     ranks = _ranks(parallel, gpus, world_size, flags["device"])
-    cases = api.make_cases(**flags, **ranks.case_options())
+    cases = list(dict.fromkeys(api.make_cases(**flags, **ranks.case_options())))  # --model X X: one case (rows alike otherwise)
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
