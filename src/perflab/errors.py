@@ -34,6 +34,12 @@ class CudaContextLost(PerflabError):
         self.rows = rows or []
 
 
+def first_line(text) -> str:
+    """The first line of a message (an exception's, a dynamo reason's), stripped; "" for an empty one."""
+    text = str(text).strip()
+    return text.splitlines()[0] if text else ""
+
+
 def show_int(value: int) -> str:
     """An integer as a message shows it: in full up to 30 digits, else its length (str() refuses past 4300 digits)."""
     if value.bit_length() <= 100:

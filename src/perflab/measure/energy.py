@@ -66,8 +66,8 @@ THROTTLED_BLOCK_SHARE = 0.25  # a case is throttled when at least this share of 
 def slowed(reasons, sm_clock_mhz_min: int | None, max_sm_clock_mhz: int | None) -> bool:
     """A reading throttled in a way that slowed the work: a throttle reason was set and the SM clock fell more than 5%
     below the GPU's maximum. NVML keeps ``sw_power_cap`` set while the power limiter is engaged, also where it takes
-    the clock down by a step or two: on an H100 (2026-11-26) the demo's eight cases, interleaved, read it in 18 of 20
-    blocks of every case, the bs1 ones drawing 160-260 W among them, at 1890-1980 MHz of 1980 (4.5% at the most);
+    the clock down by a step or two: on an H100 (2026-11-26) the demo's eight cases, interleaved, read it in 18-19 of
+    20 blocks of every case, the bs1 ones drawing 160-260 W among them, at 1890-1980 MHz of 1980 (4.5% at the most);
     where the maximum is not known, any reason counts."""
     if not reasons:
         return False

@@ -665,7 +665,7 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
     ``interleave`` is False or there is one case. ``groups``: a comparison group per case (default
     :func:`comparison_group`). ``on_case(index, case, stage)`` reports progress. ``process_index`` labels the
     samples (``bench --processes``). ``scopes``: per case, a reusable context manager (or None) entered around each
-    piece of that case's own work (its build, each of its blocks, its row): ``models.reference.ModelScope``, where
+    piece of that case's own work (its build, each of its blocks, its row): ``references.ModelScope``, where
     ``perflab ab``'s versions read their model references in worktrees of their own. Returns the rows in the cases'
     order."""
     scope = _scope_of(scopes, len(cases))

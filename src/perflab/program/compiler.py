@@ -51,8 +51,9 @@ def counters() -> dict:
 
 def _guard(reason) -> str:
     """A guard failure's first line without dynamo's source comment: "0/7: tag == 'tag7'"."""
-    text = str(reason).strip()
-    return (text.splitlines()[0] if text else "").split("  #")[0].strip()
+    from perflab.errors import first_line
+
+    return first_line(reason).split("  #")[0].strip()
 
 
 NOTHING = {"frames": 0, "frames_ok": 0, "graphs": 0, "backend_graphs": 0, "breaks": {}, "guard_failures": {}}

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from perflab.errors import first_line
 from perflab.spec import AUTOTUNE_MODES
 
 
@@ -117,7 +118,7 @@ def compile_stats(before: dict, after: dict, top: int = 3) -> dict:
     reasons = sorted(breaks.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
     return {"frames": after["frames"] - before["frames"], "graphs": after["graphs"] - before["graphs"],
             "backend_graphs": after["backend_graphs"] - before["backend_graphs"], "graph_breaks": sum(breaks.values()),
-            "break_reasons": [{"reason": reason.strip().splitlines()[0] if reason.strip() else "", "count": n} for reason, n in reasons]}
+            "break_reasons": [{"reason": first_line(reason), "count": n} for reason, n in reasons]}
 
 
 def capture(step: Callable[[], Any], warmup: int) -> Callable[[], Any]:

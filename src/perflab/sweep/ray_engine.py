@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, first_line
 from perflab.spec import Case
 from perflab.sweep import runner
 from perflab.sweep.spec import Experiment
@@ -470,8 +470,7 @@ def _node_in_message(exc) -> str | None:
 
 
 def _first_line(exc) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else type(exc).__name__
+    return first_line(exc)[:300] or type(exc).__name__
 
 
 # ---------------------------------------------------------------------------------------------------

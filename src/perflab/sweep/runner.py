@@ -74,7 +74,7 @@ class _Running:
     deadline: float
     result_path: Path
     log_path: Path
-    timeout_s: float = 0.0
+    timeout_s: float  # the case's own limit, from the end of its worker's imports (extend_once_alive)
     alive_at: float | None = None  # when the worker was first seen past its imports (its alive file: ``alive_path``)
 
     @property

@@ -182,12 +182,10 @@ class Store:
         verb = "INSERT OR REPLACE" if replace else "INSERT OR IGNORE"
         with self.conn:
             cursor = self.conn.execute(
-                f"{verb} INTO results (case_id, env_key, status, model, input_size, batch_size, dtype, mode,"
-                " row_json, sweep_id, worker, wall_s, stored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    row["case_id"], env_key, row.get("status") or "error", row.get("model"), row.get("input_size"),
-                    row.get("batch_size"), row.get("dtype"), row.get("mode"), dumps(row), sweep_id, worker, wall_s, time.time(),
-                ),
+                f"{verb} INTO results (case_id, env_key, status, {', '.join(_COLUMNS)}, row_json, sweep_id, worker, wall_s, stored_at)"
+                f" VALUES ({', '.join('?' * (len(_COLUMNS) + 8))})",
+                (row["case_id"], env_key, row.get("status") or "error", *(row.get(k) for k in _COLUMNS), dumps(row), sweep_id, worker,
+                 wall_s, time.time()),
             )
         return cursor.rowcount > 0
 
@@ -340,7 +338,6 @@ class _RowShape(msgspec.Struct):
     case: dict | None = None
     flags: list[str] | None = None
     warnings: list[str] | None = None
-    median_ms: float | None = None
     ci95_ms: tuple[float | None, float | None] | None = None
     samples_ms: list[float | None] | None = None
 

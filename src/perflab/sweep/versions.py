@@ -512,7 +512,7 @@ def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path
     path.write_text(json.dumps(entries))
     first = plan.versions[jobs[0][1]]
     try:
-        result, _ = run_case_in_subprocess(first.experiment.cases[jobs[0][0]], out_dir, timeout_s, dict(first.env, device=plan.cases[0].device),
+        result, _ = run_case_in_subprocess(first.experiment.cases[jobs[0][0]], out_dir, timeout_s, dict(first.env, device=plan.cases[jobs[0][0]].device),
                                            extra_args=args + ["--together", str(path), "--seed", str(seed + r)], forks=fork,
                                            python=sys.executable, worker_env=_worker_env(first), tag=f"-blocks-r{r}")
     finally:

@@ -26,6 +26,8 @@ import time
 import traceback
 from pathlib import Path
 
+from perflab.errors import first_line
+
 
 def alive_path(result_path: Path) -> Path:
     """The file a worker writes once its imports are done; its case's time limit counts from then (``sweep.runner``)."""
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         row = _failed_row(case, "invalid", str(exc))
     except Exception as exc:  # run_case turns measurement failures into rows; this is anything around them
         traceback.print_exc()
-        row = _failed_row(case, "error", f"{type(exc).__name__}: {_first_line(exc)}")
+        row = _failed_row(case, "error", f"{type(exc).__name__}: {first_line(exc)}")
     row["cost_s"] = cost_split(_stages, started, time.perf_counter(), age)
     write_result(row, Path(args.result))
     return 0
@@ -129,14 +131,10 @@ def _run_together(entries: list[dict], args) -> list[dict]:
         rows = [_failed_row(c, status, str(exc)) for c in cases]
     except Exception as exc:
         traceback.print_exc()
-        rows = [_failed_row(c, "error", f"{type(exc).__name__}: {_first_line(exc)}") for c in cases]
+        rows = [_failed_row(c, "error", f"{type(exc).__name__}: {first_line(exc)}") for c in cases]
     for row in rows:
         row["worker_pid"] = os.getpid()
     return rows
-
-
-def _first_line(exc) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
 
 
 def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:
@@ -173,7 +171,7 @@ def _profile(case, row: dict, trace_dir: Path, steps: int, tag: str = "") -> dic
         return profile_summary(trace_path, row["median_ms"])
     except Exception as exc:  # an OOM under the profiler's own memory, say: the untraced row still stands
         traceback.print_exc()
-        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+        return {"error": f"{type(exc).__name__}: {first_line(exc)}"}
 
 
 def _matches(case, where: dict) -> bool:
@@ -195,7 +193,7 @@ def _ncu(case, trace_dir: Path, top: int) -> dict:
     except Exception as exc:
         if not isinstance(exc, PerflabError):
             traceback.print_exc()
-        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+        return {"error": f"{type(exc).__name__}: {first_line(exc)}"}
 
 
 def write_result(row: dict, path: Path) -> None:

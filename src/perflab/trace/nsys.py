@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, first_line
 from perflab.trace.build import RawEvents, build_trace
 from perflab.trace.schema import Trace
 
@@ -59,7 +59,7 @@ def load_nsys(path: str | Path) -> Trace:
         with connection:
             raw, meta = _read(connection, path)
     except (sqlite3.DatabaseError, pd.errors.DatabaseError) as exc:
-        raise PerflabError(f"{path}: not a readable SQLite database ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        raise PerflabError(f"{path}: not a readable SQLite database ({first_line(exc) or type(exc).__name__})") from None
     finally:
         connection.close()
     return build_trace(raw, meta)
