@@ -533,9 +533,11 @@ class ProfiledLoop:
 
 
 def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 3, step: str | None = None, step_range: str | None = None,
-        stop_after: bool = False, out_dir="perflab-run", nproc: int | None = None, render=None) -> int:
+        stop_after: bool = False, out_dir="perflab-run", nproc: int | None = None, render=None, trace_warmup: int = 3,
+        inflation_limit: float = 1.10, record_shapes: bool = True) -> int:
     """Run a program (``["train.py", "--lr", "3e-4"]``, ``["-m", "pkg.train"]``) unchanged in this process, time
-    ``steps`` of its steps after ``skip``, trace ``trace`` more, and report (``render(report)``; the report is also
+    ``steps`` of its steps after ``skip``, trace ``trace`` more after ``trace_warmup`` steps under the profiler that are
+    thrown away (its start-up), and report (``render(report)``; the report is also
     written to ``OUT/run.json``). Returns the program's exit code. ``nproc``: run it under torchrun with that many ranks
     (each rank runs ``python -m perflab run``; rank 0 merges). Bad options raise PerflabError before the program runs."""
     from perflab.program.boundaries import make_source
@@ -543,14 +545,15 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     from perflab.program.run import Run, check_options
     from perflab.program.script import parse_program
 
-    check_options(skip, steps, trace, step, step_range)
+    check_options(skip, steps, trace, step, step_range, trace_warmup=trace_warmup, inflation_limit=inflation_limit)
     make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
     program_ = parse_program(list(program))
     from perflab.paths import check_writable_file, make_out_dir
 
     out = make_out_dir(out_dir)  # a path that cannot take the report: one line, before the program runs
     check_writable_file(out / "run.json")
-    options = RunOptions(skip=skip, steps=steps, trace=trace, stop_after=stop_after, out_dir=out)
+    options = RunOptions(skip=skip, steps=steps, trace=trace, trace_warmup=trace_warmup, record_shapes=record_shapes,
+                         inflation_limit=inflation_limit, stop_after=stop_after, out_dir=out)
     if nproc is not None:
         from perflab.program.launch import torchrun
 

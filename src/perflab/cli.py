@@ -57,7 +57,7 @@ MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate",
 FORMATS = ("table", "csv", "json")
 _argv: list[str] | None = None  # the arguments main() was given (None: sys.argv's)
 _program: list[str] = []  # perflab run: the program's own command line (after "--", or from the script on)
-RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--out", "--step", "--step-range", "--nproc"}
+RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--trace-warmup", "--inflation-limit", "--out", "--step", "--step-range", "--nproc"}
 
 
 
@@ -1090,7 +1090,13 @@ if __name__ == "__main__":
 def run(
     skip: int = typer.Option(5, "--skip", help="Steps to let run first (warm-up, compilation), untimed."),
     steps: int = typer.Option(20, "--steps", help="Steps to time, untraced (CUDA events on the step's stream; the host clock on the CPU)."),
-    trace: int = typer.Option(3, "--trace", help="Steps to trace with torch.profiler after the timed ones (0: none)."),
+    trace: int = typer.Option(3, "--trace", help="Steps to trace with torch.profiler after the timed ones and the profiler's warm-up (0: none)."),
+    trace_warmup: int = typer.Option(3, "--trace-warmup", help="Steps run under the profiler before the traced ones and thrown away: "
+                                     "its start-up lands in them, not in the traced steps."),
+    inflation_limit: float = typer.Option(1.10, "--inflation-limit", help="Traced ÷ untraced step beyond which the run is flagged "
+                                          "trace_inflated: its traced accounting then describes the profiler, not the program."),
+    no_shapes: bool = typer.Option(False, "--no-shapes", help="Trace without operator shapes (cheaper; FLOPs, MFU and the compute floor "
+                                   "are then left out)."),
     step: Optional[str] = typer.Option(None, "--step", help="A step is each call of this function: QUALNAME or FILE:QUALNAME "
                                        "(decode_one_token, Model.forward). Default: every optimizer step."),
     step_range: Optional[str] = typer.Option(None, "--step-range", help="A step is each NVTX or record_function range whose name starts "
@@ -1106,7 +1112,8 @@ def run(
     from perflab import api
 
     code = api.run(_program, skip=skip, steps=steps, trace=trace, step=step, step_range=step_range, stop_after=stop_after,
-                   out_dir=out_dir, nproc=nproc, render=_render_run)
+                   out_dir=out_dir, nproc=nproc, render=_render_run, trace_warmup=trace_warmup, inflation_limit=inflation_limit,
+                   record_shapes=not no_shapes)
     raise typer.Exit(code)
 
 

@@ -589,24 +589,23 @@ def _checksum(model) -> list[float]:
 
 
 def _profile(step, built, device: str, path: Path, steps: int) -> str:
-    """``steps`` steps under torch.profiler (CPU ops, and CUDA kernels on a GPU), their passes marked (forward,
-    backward, optimizer ranges), written as this rank's Kineto trace."""
-    from torch.profiler import ProfilerActivity, profile
+    """``steps`` steps under perflab's tracer (CPU ops, and CUDA kernels on a GPU) after one thrown away, each in its
+    ``ProfilerStep#n`` window, their passes marked (forward, backward, optimizer ranges), written as this rank's
+    Kineto trace."""
+    from perflab.trace.capture import Tracer
 
-    from perflab.trace.capture import quiet_profiler
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    tracer = Tracer(path, device, steps=steps, warmup=1, record_shapes=False)
     synchronize(device)
     built.set_annotate(model_ranges=False, passes=True)
     try:
-        with quiet_profiler(), profile(activities=activities) as prof:
-            for _ in range(steps):
-                step()
-                prof.step()
+        tracer.start()
+        for _ in range(tracer.warmup + steps):
+            step()
             synchronize(device)
+            tracer.step()
     finally:
+        tracer.stop()
         built.set_annotate(model_ranges=False, passes=False)
-    prof.export_chrome_trace(str(path))
     return str(path)
 
 

@@ -10,7 +10,10 @@ from perflab.program.recorder import RunOptions
 
 
 def torchrun_command(nproc: int, program: list[str], options: RunOptions, step: str | None = None, step_range: str | None = None) -> list[str]:
-    args = ["--skip", str(options.skip), "--steps", str(options.steps), "--trace", str(options.trace), "--out", str(options.out_dir)]
+    args = ["--skip", str(options.skip), "--steps", str(options.steps), "--trace", str(options.trace), "--trace-warmup", str(options.trace_warmup),
+            "--inflation-limit", str(options.inflation_limit), "--out", str(options.out_dir)]
+    if not options.record_shapes:
+        args.append("--no-shapes")
     if step:
         args += ["--step", step]
     if step_range is not None:

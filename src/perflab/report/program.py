@@ -54,7 +54,11 @@ def timing_table(report: dict) -> Table:
             table.add_row("host clock, median ms", _ms(timing["host_median_ms"]))
     traced = report.get("traced") or {}
     if traced.get("step_ms"):
-        table.add_row("traced step, median ms (profiler inflation)", f"{_ms(traced['step_ms'])} (×{traced.get('inflation') or 0:.2f})")
+        table.add_row("traced step, median ms (÷ untraced)", f"{_ms(traced['step_ms'])} (×{traced.get('inflation') or 0:.2f})")
+        if traced.get("step_ms_each"):
+            table.add_row("traced steps, each ms", ", ".join(_ms(x) for x in traced["step_ms_each"]))
+        if traced.get("warmup_step_ms"):
+            table.add_row("profiler warm-up steps, thrown away, ms", ", ".join(_ms(x) for x in traced["warmup_step_ms"]))
     memory = recorded.get("peak_allocated_bytes")
     if memory is not None:
         table.add_row("memory peak while timed: allocated / reserved", f"{memory / 2**30:.2f} / {recorded.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB")
@@ -170,10 +174,12 @@ def communication_table(report: dict) -> Table:
 
 def run_lines(report: dict) -> list[str]:
     lines = compiler_lines(report)
-    if report.get("verdict"):
-        lines.append(f"verdict: {report['verdict']}")
+    verdict = report.get("verdict")
+    if verdict:
+        lines.append(f"verdict: {verdict['message'] if isinstance(verdict, dict) else verdict}")
     if report.get("traced_verdict"):
-        lines.append(f"traced steps: {report['traced_verdict']}")
+        inflated = (report.get("traced") or {}).get("inflated")
+        lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {report['traced_verdict']}")
     for flag in report.get("flags") or []:
         lines.append(f"{flag['flag']}: {flag['message']}")
     note = (report.get("recorded") or {}).get("trace_note")
