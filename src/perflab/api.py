@@ -533,13 +533,14 @@ class ProfiledLoop:
 
 
 def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 3, step: str | None = None, step_range: str | None = None,
-        stop_after: bool = False, out_dir="perflab-run", nproc: int | None = None, render=None, trace_warmup: int = 3,
-        inflation_limit: float = 1.10, record_shapes: bool = True) -> int:
+        stop_after: bool = False, out_dir="perflab-run", nproc: int | Sequence[int] | None = None, render=None, trace_warmup: int = 3,
+        inflation_limit: float = 1.10, record_shapes: bool = True, render_scaling=None) -> int:
     """Run a program (``["train.py", "--lr", "3e-4"]``, ``["-m", "pkg.train"]``) unchanged in this process, time
     ``steps`` of its steps after ``skip``, trace ``trace`` more after ``trace_warmup`` steps under the profiler that are
     thrown away (its start-up), and report (``render(report)``; the report is also
     written to ``OUT/run.json``). Returns the program's exit code. ``nproc``: run it under torchrun with that many ranks
-    (each rank runs ``python -m perflab run``; rank 0 merges). Bad options raise PerflabError before the program runs."""
+    (each rank runs ``python -m perflab run``; rank 0 merges); a list of counts runs it at each (``OUT/nprocN/``) and
+    reports the scaling over the first (``OUT/scaling.json``; ``render_scaling(section)`` prints it). Bad options raise PerflabError before the program runs."""
     from perflab.program.boundaries import make_source
     from perflab.program.recorder import RunOptions
     from perflab.program.run import Run, check_options
@@ -554,6 +555,10 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     check_writable_file(out / "run.json")
     options = RunOptions(skip=skip, steps=steps, trace=trace, trace_warmup=trace_warmup, record_shapes=record_shapes,
                          inflation_limit=inflation_limit, stop_after=stop_after, out_dir=out)
+    if isinstance(nproc, (list, tuple)):
+        from perflab.program.launch import torchrun_counts
+
+        return torchrun_counts(list(nproc), program, options, step=step, step_range=step_range, render=render_scaling)
     if nproc is not None:
         from perflab.program.launch import torchrun
 

@@ -1103,7 +1103,8 @@ def run(
                                              "with this (seed 004's BENCHMARK)."),
     stop_after: bool = typer.Option(False, "--stop-after", help="Stop the program after the traced steps (exit code 0)."),
     out_dir: Path = typer.Option(Path("perflab-run"), "--out", help="Directory for run.json and the trace(s)."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Run the program under torchrun with this many ranks (one per GPU)."),
+    nproc: Optional[str] = typer.Option(None, "--nproc", help="Run the program under torchrun with this many ranks (one per GPU); "
+                                        "a list (1,2) runs it at each count and reports the scaling over the first."),
 ):
     """Run your own program unchanged, time its steps, trace a few and explain them:
     perflab run [OPTIONS] -- SCRIPT [ARGS...] (or -- -m MODULE [ARGS...]; also python -m perflab run under torchrun).
@@ -1112,9 +1113,26 @@ def run(
     from perflab import api
 
     code = api.run(_program, skip=skip, steps=steps, trace=trace, step=step, step_range=step_range, stop_after=stop_after,
-                   out_dir=out_dir, nproc=nproc, render=_render_run, trace_warmup=trace_warmup, inflation_limit=inflation_limit,
-                   record_shapes=not no_shapes)
+                   out_dir=out_dir, nproc=_rank_counts(nproc), render=_render_run, trace_warmup=trace_warmup, inflation_limit=inflation_limit,
+                   record_shapes=not no_shapes, render_scaling=_render_scaling)
     raise typer.Exit(code)
+
+
+def _rank_counts(text: str | None) -> int | list[int] | None:
+    """--nproc N (one run under torchrun) or N,M,... (a run at each count and the scaling)."""
+    if text is None:
+        return None
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise PerflabError(f"--nproc: expected a rank count or a list of them (2, or 1,2), got {text!r}") from None
+    return counts if "," in text else counts[0]
+
+
+def _render_scaling(section: dict) -> None:
+    from perflab.report.program import render_scaling
+
+    render_scaling(err, section)
 
 
 def _render_run(report: dict) -> None:

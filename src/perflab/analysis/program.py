@@ -163,7 +163,8 @@ def _shares(categories_ms: dict, busy_ms: float, n: int = 3) -> str:
     return ", ".join(f"{c} {ms / busy_ms:.0%}" for c, ms in top if busy_ms > 0)
 
 
-def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, exposed_comm_ms: float | None = None) -> dict:
+def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, exposed_comm_ms: float | None = None,
+                 traced_step_ms: float | None = None) -> dict:
     """What limits the untraced step, from what it did, and the figures it rests on. A verdict never contradicts
     them: kernels filling ``GPU_BOUND_FILL`` of the step make it GPU-bound (never launch-bound), and launch-bound needs
     a host that, at steady state and less its waits for the GPU, takes longer to issue the step than its kernels run.
@@ -171,15 +172,19 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
     ``evidence``: step_ms (untraced median), busy_ms (the traced steps' GPU busy time, kernels and copies once, never
     scaled), categories_ms (GPU time per category per step), host_ms (steady-state issue time less waits, None when
     the traced steps were inflated), inflation, cpu_only and cpu_verdict (a CPU trace's operator verdict).
-    ``exposed_comm_ms``: the slowest rank's exposed communication per step, under torchrun."""
+    ``exposed_comm_ms``: under torchrun, the most exposed communication of a rank per traced step, and
+    ``traced_step_ms`` that rank's traced step: its share of the step windows it was counted over."""
     step, busy = evidence.get("step_ms"), evidence.get("busy_ms")
     fill = min(busy / step, 1.0) if step and busy is not None else None
     out = {"kernel_fill": fill, "step_ms": step, "busy_ms": busy, "host_ms": evidence.get("host_ms"), "exposed_comm_ms": exposed_comm_ms}
-    if exposed_comm_ms is not None and step and exposed_comm_ms >= 0.25 * step:
-        compute = (busy or 0.0) - exposed_comm_ms
-        if exposed_comm_ms >= compute:
+    if exposed_comm_ms is not None and traced_step_ms:
+        share = exposed_comm_ms / traced_step_ms  # both over the same step windows
+        compute = (busy or 0.0) / traced_step_ms if evidence.get("cpu_only") is False and busy is not None else None
+        if share >= 0.25 and (compute is None or share >= compute - share):
+            out["exposed_comm_share"] = share
             return dict(out, verdict="communication-bound",
-                        message=f"communication-bound: {exposed_comm_ms:.3f} ms of the {step:.3f} ms step is communication no compute hides")
+                        message=f"communication-bound: communication that no compute hides fills {share:.0%} of each traced step "
+                                f"({exposed_comm_ms:.3f} of {traced_step_ms:.3f} ms, the slowest rank's; untraced step {step:.3f} ms)")
     if evidence.get("cpu_only"):
         cpu = evidence.get("cpu_verdict") or {}
         return dict(out, verdict=cpu.get("verdict") or "unknown", message=cpu.get("message") or "no operators traced")
@@ -234,3 +239,50 @@ def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict,
         section["floor_note"] = "no DistributedDataParallel module found: the measured communication without a floor"
     section["ranks"] = rank_comm_rows(merged.get("accounts") or [], steps, rank_median_ms, floor)
     return section
+
+
+def scaling_section(reports: dict[int, dict]) -> dict:
+    """The program at several rank counts (``perflab run --nproc 1,2``): per count its step (the slowest rank's), the
+    work each rank does in a step (FLOPs from its traced operators: a program that splits its batch over the ranks,
+    as nanoGPT splits its gradient accumulation, does less per rank), the step the first count's would take at that
+    work (``expected_ms`` = first step × work ÷ first work, or the first step when FLOPs are unknown: the same work
+    per rank assumed, and said), the growth over it, and the scaling efficiency, expected ÷ measured: the ratio of two
+    printed figures. Each rank's exposed communication (its waiting included) is held against the growth: a rank
+    cannot lose more to communication than the step grew, beyond the run-to-run spread."""
+    counts = sorted(reports)
+    out = {"counts": counts, "rows": [], "base": counts[0] if counts else None, "note": None}
+    if not counts:
+        out["note"] = "no run wrote a report"
+        return out
+
+    def step_of(report: dict) -> float | None:
+        return report.get("step_ms") or (report.get("timing") or {}).get("median_ms")
+
+    def work_of(report: dict) -> float | None:
+        flops = report.get("flops") or {}
+        return flops.get("flops_per_step") if flops.get("known", True) and flops.get("flops_per_step") else None
+
+    base = reports[counts[0]]
+    base_ms, base_work = step_of(base), work_of(base)
+    assumed = False
+    for n in counts:
+        report = reports[n]
+        step, work = step_of(report), work_of(report)
+        ratio = work / base_work if work and base_work else None
+        if ratio is None:
+            assumed = True
+        expected = base_ms * (ratio if ratio is not None else 1.0) if base_ms else None
+        growth = step - expected if step is not None and expected is not None else None
+        ranks = [{"rank": r["rank"], "exposed_ms": r["exposed_ms"], "waiting_ms": r.get("waiting_ms"),
+                  "within_growth": bool(growth is not None and r["exposed_ms"] <= max(growth, 0.0) + EXPOSED_SLACK_MS)}
+                 for r in ((report.get("communication") or {}).get("ranks") or [])]
+        out["rows"].append({"nproc": n, "step_ms": step, "ci95_ms": (report.get("timing") or {}).get("ci95_ms"), "flops_per_rank_step": work,
+                            "work_ratio": ratio, "expected_ms": expected, "growth_ms": growth,
+                            "efficiency": expected / step if expected and step else None, "ranks": ranks,
+                            "verdict": (report.get("verdict") or {}).get("message") if isinstance(report.get("verdict"), dict) else report.get("verdict")})
+    if assumed:
+        out["note"] = "FLOPs per step unknown for some count: the same work per rank assumed there (weak scaling)"
+    return out
+
+
+EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication may pass the step's growth by this much

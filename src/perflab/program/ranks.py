@@ -135,9 +135,10 @@ def merge(report: dict, reports: dict[int, dict], device: str) -> dict:
         if evidence and comm["ranks"]:
             from perflab.analysis.program import step_verdict
 
-            exposed = max(r["exposed_ms"] for r in comm["ranks"])
+            most = max(comm["ranks"], key=lambda r: r["exposed_ms"] / r["traced_step_ms"] if r["traced_step_ms"] else 0.0)
             evidence = dict(evidence, step_ms=report.get("step_ms") or evidence.get("step_ms"))
-            report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"), exposed_comm_ms=exposed)
+            report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"), exposed_comm_ms=most["exposed_ms"],
+                                             traced_step_ms=most["traced_step_ms"])
     else:
         report["communication_note"] = "not every rank wrote a trace: no merged accounting"
     return report

@@ -158,14 +158,15 @@ def communication_table(report: dict) -> Table:
         title += (f": all-reduce of {comm['bus_bytes'] / 1e6:.1f} MB bus bytes in {comm['calls']} bucket(s), busbw {comm['busbw_gbps']:.1f} GB/s "
                   f"→ floor {floor:.3f} ms")
     table = Table(title=title + " (ms per step)")
-    for column in ("rank", "step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor"):
+    for column in ("rank", "step", "traced step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor"):
         table.add_column(column, justify="right")
     slowest = report.get("slowest_rank")
     for r in comm["ranks"]:
-        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", _ms(r.get("step_ms")), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
+        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", _ms(r.get("step_ms")), _ms(r.get("traced_step_ms")), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
                       _ms(r.get("waiting_ms")), _ms(r.get("transfer_ms")), _ms(r["overlapped_ms"]), _pct(r.get("overlap_fraction")),
                       f"{r['measured_over_floor']:.2f}" if r.get("measured_over_floor") else "–")
-    notes = [n for n in ("* the slowest rank; waiting: for a later rank; hidden: under compute", comm.get("busbw_source"), comm.get("floor_note"),
+    notes = [n for n in ("* the slowest rank; step: untraced; traced step: the windows the rest is counted over, of which each is a part; "
+                         "waiting: for a later rank; hidden: under compute", comm.get("busbw_source"), comm.get("floor_note"),
                          comm.get("note")) if n]
     if notes:
         table.caption = "; ".join(notes)
@@ -190,3 +191,20 @@ def run_lines(report: dict) -> list[str]:
     options = report.get("options") or {}
     lines.append(f"written: {options.get('out_dir', 'perflab-run')}/run.json" + (f" and {report['traced']['trace_path']}" if (report.get("traced") or {}).get("trace_path") else ""))
     return lines
+
+
+def render_scaling(console: Console, section: dict) -> None:
+    """``perflab run --nproc 1,2``'s scaling table: per rank count the step, the work per rank, the step expected at that
+    work from the first count's, the growth and the efficiency (expected ÷ step), and each rank's exposed communication."""
+    base = section.get("base")
+    table = Table(title=f"scaling over {base} rank(s) (ms per step; efficiency = expected ÷ step)")
+    for column in ("ranks", "step", "work per rank", "expected", "growth", "efficiency", "exposed comm by rank"):
+        table.add_column(column, justify="right")
+    for row in section.get("rows") or []:
+        exposed = ", ".join(f"r{r['rank']} {_ms(r['exposed_ms'])}{'' if r['within_growth'] else ' (> growth)'}" for r in row["ranks"]) or "–"
+        work = f"×{row['work_ratio']:.2f}" if row.get("work_ratio") is not None else "–"
+        table.add_row(str(row["nproc"]), _ms(row["step_ms"]), work, _ms(row["expected_ms"]), _ms(row["growth_ms"]),
+                      f"{row['efficiency']:.3f}" if row.get("efficiency") else "–", exposed)
+    if section.get("note"):
+        table.caption = section["note"]
+    console.print(table)
