@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--trace-warmup", type=int, default=3)
     parser.add_argument("--gas", type=int, default=None, help="nanoGPT's --gradient_accumulation_steps (default: --nproc; nanoGPT "
                         "divides it over the ranks)")
+    parser.add_argument("--no-shapes", action="store_true", help="perflab run --no-shapes: trace without operator shapes")
     parser.add_argument("--nproc-list", default=None, help="perflab run --nproc 1,2: the program at each count, and the scaling")
     parser.add_argument("--iters", type=int, default=55)
     parser.add_argument("--out", type=Path, required=True)
@@ -56,7 +57,8 @@ def main() -> None:
                  "--out_dir=/tmp/nanogpt_out", "--decay_lr=False"]
     nproc = ["--nproc", args.nproc_list] if args.nproc_list else (["--nproc", str(args.nproc)] if args.nproc > 1 else [])
     perflab = [sys.executable, "-m", "perflab", "run", "--skip", str(args.skip), "--steps", str(args.steps), "--trace", str(args.trace),
-               "--trace-warmup", str(args.trace_warmup), "--out", str(run_dir)] + nproc + ["--", "train.py", *overrides]
+               "--trace-warmup", str(args.trace_warmup), "--out", str(run_dir)] + nproc + (["--no-shapes"] if args.no_shapes else []) + [
+                   "--", "train.py", *overrides]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(perflab, cwd=root, env=env, capture_output=True, text=True)
     sys.stderr.write(done.stderr[-6000:])

@@ -100,10 +100,12 @@ def traced_section(timing: dict, recorded: dict, window_ms: float | None, steps:
 
 
 def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None = None, model_bytes: dict | None = None,
-                   tf32: bool = False, top: int = 10, inflation_limit: float = 1.10) -> dict:
+                   tf32: bool = False, top: int = 10, inflation_limit: float = 1.10, shapes_trace=None) -> dict:
     """The report of one rank's run. ``timing``: the timed steps' summary (median_ms, ci95, ...); ``trace``: the traced
     steps' Trace (read with its operators), or None; ``ceilings``: the GPU's measured peaks (``perflab ceilings``), or
-    None (the CPU); ``model_bytes``: the modules' parameter and buffer bytes on the device."""
+    None (the CPU); ``model_bytes``: the modules' parameter and buffer bytes on the device; ``shapes_trace``: the
+    short pass recorded with operator shapes, the FLOPs' source (recording shapes slows a step, so the accounted trace
+    has none); without it the FLOPs are counted from ``trace`` (a trace from elsewhere, recorded with shapes)."""
     report = {"timing": timing, "device": recorded.get("device"), "traced": None, "accounting": None, "flops": None, "utilisation": None,
               "floors": None, "verdict": None, "compiled": None}
     if trace is None:
@@ -114,7 +116,12 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
     n_steps = max(int(summary["steps"] or 0), 1)
     window_ms = float(np.median(steps["wall_ns"])) / 1e6 if len(steps) else None
     window = (int(trace.steps["start_ns"].min()), int(steps["end_ns"].max())) if len(trace.steps) else None
-    flops = count_op_flops(trace.ops, window=window, steps=n_steps, kernels=trace.kernels)
+    if shapes_trace is not None:
+        shaped = shapes_trace.steps
+        shape_window = (int(shaped["start_ns"].min()), int(shaped["end_ns"].max())) if len(shaped) else None
+        flops = count_op_flops(shapes_trace.ops, window=shape_window, steps=max(len(shaped), 1), kernels=shapes_trace.kernels)
+    else:
+        flops = count_op_flops(trace.ops, window=window, steps=n_steps, kernels=trace.kernels)
     traced = traced_section(timing, recorded, window_ms, n_steps, trace, inflation_limit)
     report["traced"] = traced
     report["accounting"] = {k: summary[k] for k in ("wall_us", "gpu_busy_us", "idle_us", "idle_by_cause_us", "accounting_ns", "kernels",
@@ -123,15 +130,33 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
     report["compiled"] = compiled_split(trace)
     report["traced_verdict"] = summary["launch"]["message"]
     median = timing.get("median_ms")
-    busy_ms = float(np.median(steps["busy_ns"])) / 1e6 if len(steps) else None
+    # the GPU's time per step: all the traced steps' busy time over their number. A GPU-bound step's kernels run on past
+    # the host's step boundary into the next window, so one window's busy time is not its step's; their sum is the steps'
+    busy_ms = float(steps["busy_ns"].sum()) / len(steps) / 1e6 if len(steps) else None
+    host_ms, host_source = _host_floor(trace, traced, timing)
     evidence = {"step_ms": median, "busy_ms": busy_ms, "categories_ms": {c: us / 1e3 / n_steps for c, us in summary["categories_us"].items()},
-                "host_ms": None if traced["inflated"] else host_issue_ms(trace, without_waits=True), "inflation": traced["inflation"],
+                "host_ms": host_ms, "host_source": host_source, "inflation": traced["inflation"],
                 "inflated": traced["inflated"], "cpu_only": trace.cpu_only, "cpu_verdict": summary["launch"] if trace.cpu_only else None}
     if ceilings and median and not trace.cpu_only:
         report.update(_floors(ceilings, flops, model_bytes, median, evidence, summary, tf32))
     report["verdict_evidence"] = evidence
     report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"))
     return report
+
+
+def _host_floor(trace, traced: dict, timing: dict) -> tuple[float | None, str | None]:
+    """The host's time to issue a step, less its waits for the GPU (synchronising calls, launches blocked on a full queue).
+    From the traced steps when they ran as the untraced ones did; when the profiler inflated them, from the host's own
+    clock over the untraced steps, less the waits the trace saw (an upper bound: a slower host waits less)."""
+    if trace.cpu_only:
+        return None, None
+    if not traced["inflated"]:
+        return host_issue_ms(trace, without_waits=True), "the traced steps' issue time, less the host's waits for the GPU"
+    host = timing.get("host_median_ms")
+    if host is None:
+        return None, None
+    waits = host_issue_ms(trace) - host_issue_ms(trace, without_waits=True)
+    return max(host - waits, 0.0), "the host's clock over the untraced steps, less the waits for the GPU the trace saw"
 
 
 def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, evidence: dict, summary, tf32: bool) -> dict:
@@ -201,8 +226,8 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
     floor_name = (floors or {}).get("binding")
     if host is not None and host >= busy and host >= 0.5 * step:
         return dict(out, verdict="launch-bound",
-                    message=f"launch-bound: the host takes {host:.3f} ms to issue a step whose kernels keep the GPU busy {busy:.3f} ms; "
-                            f"the GPU idles {1 - fill:.0%} of the {step:.3f} ms step")
+                    message=f"launch-bound: the host takes {host:.3f} ms to issue a step ({evidence.get('host_source')}) whose kernels keep the "
+                            f"GPU busy {busy:.3f} ms; the GPU idles {1 - fill:.0%} of the {step:.3f} ms step")
     if floor_name == "launch" and floors.get("launch_ms", 0) >= busy * 0.5:
         return dict(out, verdict="latency-bound small kernels",
                     message=f"latency-bound small kernels: {floors['launch_ms']:.3f} ms of the step is the least the GPU takes to run its "

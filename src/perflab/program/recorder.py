@@ -44,7 +44,8 @@ class RunOptions:
     steps: int = 20
     trace: int = 3
     trace_warmup: int = 3  # steps under the profiler before the traced ones, thrown away (its start-up lands in them)
-    record_shapes: bool = True  # operator shapes in the trace (FLOPs are counted from them)
+    record_shapes: bool = True  # a second, short pass with operator shapes after the traced steps (FLOPs are counted from it)
+    shapes_steps: int = 2
     inflation_limit: float = 1.10  # traced ÷ untraced step beyond which the traced accounting describes the profiler
     stop_after: bool = False
     out_dir: Path = Path("perflab-run")
@@ -81,6 +82,7 @@ class Recorded:
     compile_phases: dict = field(default_factory=dict)  # skipped / timed / traced: compiler.delta of each
     limit_hits: list = field(default_factory=list)
     trace_path: str | None = None
+    shapes_trace_path: str | None = None  # the pass with operator shapes, for the FLOPs (recording shapes slows a step)
     traced_steps: int = 0
     trace_note: str | None = None  # why there is no trace, or what happened to it
     profiler_seconds: float | None = None  # stopping and writing the trace
@@ -104,6 +106,7 @@ class Recorder:
         self._pairs: dict[str, list] = {"timed": [], "traced": []}  # a call source's (start, end) stamps, per phase
         self._call_start = None
         self._tracer = None  # trace.capture.Tracer while tracing
+        self._pass = "accounted"  # the traced phase's passes: accounted (no shapes), then shapes (for the FLOPs)
         self._prof = None  # the tracer's torch profiler (the program's own profiler is told apart from it)
         self._counters: dict = {}
         self._script_profiler = False
@@ -142,13 +145,14 @@ class Recorder:
         if self.source.kind == "call" and phase in ("timed", "traced") and self._clock is not None:
             if phase == "traced" and self._tracer is not None:
                 self._internal(self._tracer.begin_step)
-            self._call_start = self._clock.stamp()
+            if phase == "timed" or self._pass == "accounted":
+                self._call_start = self._clock.stamp()
 
     def _on_end(self) -> None:
         self.data.steps_seen += 1
         n = self.data.steps_seen
         phase = self.data.phase
-        if phase in ("timed", "traced") and self._clock is not None:
+        if (phase == "timed" or phase == "traced" and self._pass == "accounted") and self._clock is not None:
             if self.source.kind == "call":
                 if self._call_start is not None:
                     self._pairs[phase].append((self._call_start, self._clock.stamp()))
@@ -224,9 +228,9 @@ class Recorder:
         from perflab.trace.capture import Tracer
 
         self._sync()
+        # the accounted pass records no shapes: recording them made nanoGPT's traced steps ×1.34 the untraced (none: ×0.99)
         self._tracer = Tracer(self.rank_dir() / "trace.json.gz", self.data.device or "cpu", steps=self.options.trace,
-                              warmup=self.options.trace_warmup, record_shapes=self.options.record_shapes,
-                              own_step_ranges=self.source.kind == "call")
+                              warmup=self.options.trace_warmup, record_shapes=False, own_step_ranges=self.source.kind == "call")
         self.data.trace_warmup = self.options.trace_warmup
         self._tracer.start()
         self._prof = self._tracer.profiler
@@ -260,11 +264,30 @@ class Recorder:
             self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
         if tracer.active:
             return
-        if tracer.written:
-            self.data.trace_path = str(tracer.trace_path)
-            self.data.traced_steps = tracer.steps
-            self.data.profiler_seconds = time.perf_counter() - t0
+        if self._pass == "accounted":
+            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
+            if tracer.written:
+                self.data.trace_path = str(tracer.trace_path)
+                self.data.traced_steps = tracer.steps
+                self.data.profiler_seconds = time.perf_counter() - t0
+                if self.options.record_shapes:
+                    self._start_shapes_pass()
+                    return
+        elif tracer.written:
+            self.data.shapes_trace_path = str(tracer.trace_path)
         self._finish_tracing()
+
+    def _start_shapes_pass(self) -> None:
+        """A second, short pass with operator shapes, for the FLOPs only: its steps are not accounted or timed."""
+        from perflab.trace.capture import Tracer
+
+        self._pass = "shapes"
+        self._sync()
+        # no warm-up: what the profiler's start costs these steps does not matter, only their operators' shapes do
+        self._tracer = Tracer(self.rank_dir() / "shapes.json.gz", self.data.device or "cpu", steps=self.options.shapes_steps, warmup=0,
+                              record_shapes=True, own_step_ranges=self.source.kind == "call")
+        self._tracer.start()
+        self._prof = self._tracer.profiler
 
     def _sync(self) -> None:
         if self._clock is not None and self._clock.cuda:
@@ -275,7 +298,8 @@ class Recorder:
     def _finish_tracing(self) -> None:
         self._counters["after"] = compiler.counters()
         self._tracer, self._prof = None, None
-        self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
+        if self._pass == "accounted":
+            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
         self.data.phase = "done"
         self.remove()  # the program runs on untouched
         if self.on_traced is not None:
@@ -334,8 +358,11 @@ class Recorder:
         if self._tracer is not None:  # cut short while tracing: the steps that were traced are not the ones asked for
             self._tracer.stop()
             self._tracer, self._prof = None, None
-            data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
-            data.trace_note = "the program ended while perflab traced; the partial trace was not written"
+            if self._pass == "accounted":
+                data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
+                data.trace_note = "the program ended while perflab traced; the partial trace was not written"
+            else:
+                data.trace_note = "the program ended during the pass with operator shapes: FLOPs left out"
         return data
 
 

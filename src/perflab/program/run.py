@@ -105,8 +105,8 @@ class Run:
             outcome = run_program(self.program, stop=StopProgram)
         finally:
             recorder.remove()
-        if not self.written:  # the program ended before the traced steps did
-            self._write(recorder, ended_early=True, outcome=outcome)
+        if not self.written:  # the program ended before the traced steps did (or during the pass with shapes: reported in full)
+            self._write(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
         print_program_traceback(outcome, self.program)
         if self.report is None or self.report.get("partial"):
             stderr(self._early_line(recorder, outcome, time.perf_counter() - t0))
@@ -152,11 +152,13 @@ class Run:
     def _report(self, recorded: dict, timing: dict) -> dict:
         from perflab.analysis.program import program_report
 
-        trace, ceilings, model, tf32 = None, None, None, False
+        trace, shapes, ceilings, model, tf32 = None, None, None, None, False
         if recorded.get("trace_path"):
             from perflab.trace.kineto import load_kineto
 
             trace = load_kineto(recorded["trace_path"], ops=True)
+            if recorded.get("shapes_trace_path"):
+                shapes = load_kineto(recorded["shapes_trace_path"], ops=True)
         if recorded.get("device") == "cuda":
             import torch
 
@@ -164,7 +166,7 @@ class Run:
             model = module_bytes("cuda")
             ceilings = _ceilings(self.rank)
         report = program_report(timing=timing, trace=trace, recorded=recorded, ceilings=ceilings, model_bytes=model, tf32=tf32,
-                                inflation_limit=self.options.inflation_limit)
+                                inflation_limit=self.options.inflation_limit, shapes_trace=shapes)
         report["model_bytes"] = model
         report["ceilings_note"] = None if ceilings or recorded.get("device") != "cuda" else "no measured peaks: MFU, MBU and floors left out"
         return report

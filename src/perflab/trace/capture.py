@@ -120,7 +120,9 @@ class Tracer:
         self.trace_path.parent.mkdir(parents=True, exist_ok=True)
         # repeat=1: after the recorded steps the profiler stops; a repeating schedule would start a new cycle and
         # export only that cycle's few events
-        sched = schedule(wait=0, warmup=self.warmup, active=self.steps, repeat=1)
+        with warnings.catch_warnings():  # torch warns of a schedule without warm-up: the shapes pass wants none
+            warnings.simplefilter("ignore")
+            sched = schedule(wait=0, warmup=self.warmup, active=self.steps, repeat=1)
         self._prof = torch.profiler.profile(activities=_activities(self.device), record_shapes=self.record_shapes, with_stack=self.with_stack,
                                             schedule=sched, on_trace_ready=self._export)
         if self.own_step_ranges:
