@@ -1,5 +1,6 @@
 """A CPU rank's trace (gloo) read as the per-rank accounting reads a GPU rank's kernels: exact ns, the main thread's
-operators as compute, gloo's ranges as communication, closing to the ns on a synthetic two-rank trace."""
+operators as compute, gloo's ranges as communication, closing to the ns on a synthetic two-rank trace and on two real
+gloo ranks; read by the one Kineto reader (the tables it gave with its own json.load, pinned)."""
 
 import hashlib
 import json
@@ -78,3 +79,18 @@ def test_two_real_gloo_ranks_account_to_the_ns():
     for account in account_ranks(merge_ranks(tables)):
         assert account.comm_ns > 0
         assert account.compute_only_ns + account.comm_overlapped_ns + account.comm_exposed_ns + account.idle_ns == account.window_ns
+
+
+def test_a_truncated_or_gzipped_but_misnamed_rank_trace_is_read_as_every_trace_is(tmp_path):
+    import gzip
+
+    from perflab.errors import PerflabError
+
+    text = gzip.decompress((DATA / "ranks_cpu" / "ddp_gloo_rank0.json.gz").read_bytes())
+    misnamed = tmp_path / "rank0.json"  # gzip behind a .json name: told by its content
+    misnamed.write_bytes(gzip.compress(text))
+    assert len(cpu_rank_activities(misnamed)[0]) == AS_READ_BEFORE["ranks_cpu/ddp_gloo_rank0.json.gz"][0]
+    truncated = tmp_path / "rank1.json"
+    truncated.write_bytes(text[: len(text) // 2])
+    with pytest.raises(PerflabError, match=r"rank1\.json: invalid JSON.*truncated"):
+        cpu_rank_activities(truncated)
