@@ -121,6 +121,7 @@ _GET_CAT, _GET_PH, _GET_NAME, _GET_ARGS = attrgetter("cat"), attrgetter("ph"), a
 _GET_PID, _GET_TID, _GET_TS, _GET_DUR = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("dur")
 _GET_CORRELATION, _GET_DEVICE, _GET_STREAM = attrgetter("correlation"), attrgetter("device"), attrgetter("stream")
 _GET_GRID, _GET_BLOCK = attrgetter("grid"), attrgetter("block")
+_GET_INPUT_DIMS, _GET_INPUT_TYPE = attrgetter("input_dims"), attrgetter("input_type")
 _NOT_DIGITS = bytes(c if 48 <= c <= 57 else 32 for c in range(256))
 
 
@@ -453,8 +454,8 @@ class _Reader:
             op_args = [args[i] for i in rows.tolist()]
             decoded = self.arguments.__getitem__
             self.ops.append({"name": name[rows], "process": pid[rows], "tid": tid[rows], "start_ns": start[rows], "dur_ns": dur[rows],
-                             "input_shapes": np.fromiter((decoded(bytes(a.input_dims)) for a in op_args), object, len(rows)),
-                             "input_types": np.fromiter((decoded(bytes(a.input_type)) for a in op_args), object, len(rows))})
+                             "input_shapes": np.fromiter(map(decoded, map(bytes, map(_GET_INPUT_DIMS, op_args))), object, len(rows)),
+                             "input_types": np.fromiter(map(decoded, map(bytes, map(_GET_INPUT_TYPE, op_args))), object, len(rows))})
 
     def _name_codes(self, events: list[_Event]) -> np.ndarray:
         raws = list(map(bytes, map(_GET_NAME, events)))
