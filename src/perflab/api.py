@@ -720,7 +720,12 @@ def is_results_path(item) -> bool:
     if path.suffix == ".json":
         try:
             with open(path) as f:
-                first = json.loads(f.readline(1 << 20))  # a Kineto trace is one object, longer than this or without case_id
+                line = f.readline(1 << 20)
+            # a trace's JSON is the Kineto reader's to parse: a line that holds one (a one-line trace, which may carry any
+            # metadata key, case_id too; a bare event list) is no result row
+            if not line.lstrip().startswith("{") or '"traceEvents"' in line:
+                return False
+            first = json.loads(line)
             return isinstance(first, dict) and "case_id" in first
         except (OSError, ValueError, UnicodeDecodeError):
             return False
