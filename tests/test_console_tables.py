@@ -122,7 +122,7 @@ def test_bench_of_two_models_fits_columns_tells_them_apart_and_compares_them(mon
 
 
 def test_order_coverage_is_what_the_ranks_guarantee():
-    from perflab.measure.stats import order_coverage
+    from perflab.stats import order_coverage
 
     assert [order_coverage(1, n, range(1, n + 1)) for n in (2, 3, 4, 5)] == [0.5, 0.75, 0.875, 0.9375]
     assert order_coverage(2, 3, [1, 2, 3, 4]) == 6 / 16  # ranks 2..3 of 4: P(B = 2), B ~ Binomial(4, 1/2)
@@ -130,7 +130,7 @@ def test_order_coverage_is_what_the_ranks_guarantee():
 
 
 def test_hierarchical_ci_states_95_percent_from_five_units_only():
-    from perflab.measure.stats import hierarchical_ci
+    from perflab.stats import hierarchical_ci
 
     rng = np.random.default_rng(3)
     x = np.exp(rng.normal(0, 0.05, 20))

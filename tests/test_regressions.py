@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from perflab.analysis.regressions import (compare_rows, paired_ratio, process_ratio, revision_series, row_ratio, verdict,
+from perflab.analysis.regressions import (compare_rows, process_ratio, revision_series, row_ratio, verdict,
                                           within_run_ratio, Ratio)
 from perflab.errors import PerflabError
 from perflab.report.export import read_rows, to_csv, to_json_lines
@@ -30,14 +30,14 @@ def test_a_paired_ratio_is_the_geometric_mean_of_the_rounds_with_a_t_interval_ov
     logs = [math.log(4.2 / 2.0), math.log(5.7 / 3.0), math.log(5.1 / 2.5)]
     mean = sum(logs) / 3
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / 2)
-    r = paired_ratio(a, b)
+    r = row_ratio(row("x", 2.5, processes=a, session="s"), row("x", 5.1, processes=b, session="s"))
     assert r.basis == "paired" and r.units == 3 and r.level == 0.95
     assert r.ratio == pytest.approx(math.exp(mean))
     assert (r.low, r.high) == pytest.approx((math.exp(mean - 4.303 * sd / math.sqrt(3)), math.exp(mean + 4.303 * sd / math.sqrt(3))))
     # the host slowed the second round by half on both sides: the pairs cancel it, two unpaired sets of processes do not
     unpaired = process_ratio(a, b)
     assert unpaired.basis == "processes" and math.log(unpaired.high / unpaired.low) > 3 * math.log(r.high / r.low)
-    assert paired_ratio([2.0], [4.0]) is None  # one round: no interval
+    assert row_ratio(row("x", 2.0, processes=[2.0], session="s"), row("x", 4.0, processes=[4.0], session="s")).basis == "within-run"  # one round: no paired interval
 
 
 def test_a_process_ratio_is_welchs_interval_on_the_logs_of_the_process_medians():

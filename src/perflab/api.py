@@ -159,7 +159,7 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
     ``interleave`` (default): the cases that fit on the device together are built and warmed first, then timed in
     blocks in a seeded random interleaved order (``measure.interleave``; the seed is the cases' ``seed``), so a slow
     stretch of the host falls on all of them, and a speedup is read from blocks paired in time
-    (``measure.stats.paired_ratio``, used by the speedup table). It costs memory (every case held at once) and a
+    (``stats.paired_ratio``, used by the speedup table). It costs memory (every case held at once) and a
     warm-up per case before any timing; ``interleave=False`` times each case alone right after its warm-up.
     ``processes``: spread each case's samples over this many processes (this one, then fresh ones); its CI is
     then taken across processes (``ci_level``). ``pin``: pin the timing thread to one core for warm-up and the

@@ -4,8 +4,8 @@ A launch-bound eager step is as fast as the host that issues it, and a shared ho
 (docs/performance.md: the same eager case moved 2× between processes on an idle H100 host). Timed one after
 the other, two cases see different stretches of the host, and their ratio, the speedup a user asks about,
 moves with it. Timed in interleaved blocks, a slow stretch falls on both, so it cancels in the ratio of their
-blocks, paired in time (``measure.stats.paired_ratio``); and each case's samples are spread over the whole run,
-so its confidence interval sees the host's drift over the run (``measure.stats.hierarchical_ci``).
+blocks, paired in time (``stats.paired_ratio``); and each case's samples are spread over the whole run,
+so its confidence interval sees the host's drift over the run (``stats.hierarchical_ci``).
 
 The plan: every round, each case times one block of its steps; the order within a round is random (seeded)
 by **group** (cases compared with each other, such as a baseline and its variant at one point), and each

@@ -31,17 +31,15 @@ class RunResult:
 
 
 def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
-    """Median and a 95% CI of the timed steps over stretches of the run (``measure.stats.hierarchical_ci``: five
-    stretches of consecutive steps; fewer than three stretches give the order-statistics interval, labelled so)."""
-    from perflab.measure.stats import hierarchical_ci, summarize
+    """The timed steps' summary (``stats.TimingSummary``, as a bench row's): the median and its CI over stretches of
+    the run (five stretches of consecutive steps; fewer than three give the order-statistics interval, labelled so),
+    with the coverage that CI may claim."""
+    from perflab.stats import summarize
 
     if not step_ms:
         return {"steps": 0}
-    s = summarize(step_ms)
-    ci = hierarchical_ci(step_ms)
-    return {"steps": s.n, "median_ms": s.median, "mean_ms": s.mean, "p10_ms": s.p10, "p90_ms": s.p90, "cv": s.cv,
-            "ci95_ms": [ci.low, ci.high], "ci_level": ci.level, "ci_units": ci.n_units, "samples_ms": step_ms,
-            "host_median_ms": float(summarize(host_ms).median) if host_ms else None}
+    return {"steps": len(step_ms), **summarize(step_ms).to_dict(),
+            "host_median_ms": summarize(host_ms).median if host_ms else None}
 
 
 def run_checks(recorded: dict, report: dict) -> list[dict]:

@@ -133,7 +133,7 @@ CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run)
 
 
 def row_ci_note(row: dict) -> str:
-    from perflab.measure.stats import ci_coverage_of, range_of
+    from perflab.stats import ci_coverage_of, range_of
 
     ci = row.get("ci95_ms")
     if not ci:

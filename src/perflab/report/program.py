@@ -23,6 +23,17 @@ def render_run(console: Console, report: dict) -> None:
         console.print(line, markup=False, highlight=False)
 
 
+def ci_label(timing: dict) -> str:
+    """What the step-time CI is and the coverage it may claim, as bench's rows say it: ``95% CI over stretches of the
+    run``; from 3 steps ``≥75% CI over ...``; from 1 or 2 the order statistics, ``min–max of 2``."""
+    from perflab.report.console import row_ci_note
+
+    claim = row_ci_note(timing) or "95%"
+    if timing.get("ci_level") == "pooled":
+        return f"order-statistics interval (few stretches): {claim}"
+    return f"{claim} CI over stretches of the run" if timing.get("ci_level") == "time" else f"{claim} CI"
+
+
 def run_tables(report: dict) -> list[Table]:
     tables = [timing_table(report)]
     if report.get("accounting"):
@@ -46,9 +57,8 @@ def timing_table(report: dict) -> Table:
     table.add_row("steps seen / timed / traced", f"{recorded.get('steps_seen', 0)} / {timing.get('steps', 0)} / {(report.get('traced') or {}).get('steps', 0)}")
     if timing.get("steps"):
         ci = timing.get("ci95_ms") or [None, None]
-        level = {"time": "95% CI over stretches of the run", "pooled": "order-statistics interval (few stretches)"}.get(timing.get("ci_level"), "95% CI")
         table.add_row(f"step, median ms ({clock})", _ms(timing.get("median_ms")))
-        table.add_row(level, f"{_ms(ci[0])}–{_ms(ci[1])}")
+        table.add_row(ci_label(timing), f"{_ms(ci[0])}–{_ms(ci[1])}")
         table.add_row("p10–p90 ms, CV", f"{_ms(timing.get('p10_ms'))}–{_ms(timing.get('p90_ms'))}, {_pct(timing.get('cv'))}")
         if device == "cuda" and timing.get("host_median_ms") is not None:
             table.add_row("host clock, median ms", _ms(timing["host_median_ms"]))

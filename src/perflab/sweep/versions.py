@@ -16,7 +16,7 @@ Each of ``rounds`` rounds times each case once at every version, paired one of t
 - ``processes``: each case at each version a process of its own, one after another (``alternate``: in order in even
   rounds, reversed in odd ones, ABBA...; ``random``: a seeded shuffle each round and case). Each A process has a B
   process beside it in time, and the ratio of a round's two medians cancels a slow stretch of the host that spans
-  both, not what differs between the processes (``analysis.regressions.paired_ratio``). Interpreters pair only so.
+  both, not what differs between the processes (``analysis.regressions.row_ratio``). Interpreters pair only so.
 
 A case's rounds at one version are merged into one row (``measure.harness.merge_processes``: its CI across the
 processes), stored once its last round has run; ``version.session`` marks the rows one run timed together.
