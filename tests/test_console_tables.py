@@ -457,3 +457,24 @@ def test_compare_of_two_traces_splits_no_number_or_word():
     sgemm = comparison.added_kernels.set_index("name").loc["sgemm_largek_lds64"]
     assert [[cell.strip() for cell in line.split("│")[-3:-1]] for line in added.splitlines() if "sgemm_largek_lds64" in line] == [
         [f"{sgemm['delta_count']:+.0f}", f"{sgemm['delta_time_ns'] / 1e3:+.2f}"]]  # the numbers keep their room beside a long name
+
+
+def test_compare_of_two_result_files_at_80_columns(tmp_path, monkeypatch):
+    from perflab import api
+    from perflab.report.export import write_rows
+    from perflab.report.versions import render_comparison
+
+    files = tmp_path / "a.jsonl", tmp_path / "b.csv"
+    for rows, path in zip((AB_A, AB_B), files):
+        write_rows([{k: v for k, v in row.items() if k != "version"} for row in rows], path)
+    monkeypatch.setenv("COLUMNS", "80")
+    result = run_cli_here("compare", *files)
+    assert result.returncode == 0, result.stderr
+    assert max(cell_len(line) for line in result.stdout.splitlines()) <= 80
+    comparison = api.compare_results(*files, threshold=0.05)
+    whole = printed(lambda console: render_comparison(console, comparison, tuple(map(str, files))), WIDE_WIDTH, wide=True)
+    dropped = "not shown at this width (--wide shows them): CI over (n)"
+    assert dropped in result.stdout and printed_words(result.stdout) - printed_words(whole) - printed_words(dropped) == set()
+    assert {"2.403", "9.061", "(9–9.2)", "inconclusive", "(4.95–5.05)"} <= printed_words(result.stdout)
+    footer = result.stdout.split("└")[1].splitlines()[2:]
+    assert footer[0].startswith("A: ") and footer[1].startswith("  ") and len(footer) >= 5  # the notes wrapped, not one 229-column line
