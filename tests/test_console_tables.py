@@ -478,3 +478,14 @@ def test_compare_of_two_result_files_at_80_columns(tmp_path, monkeypatch):
     assert {"2.403", "9.061", "(9–9.2)", "inconclusive", "(4.95–5.05)"} <= printed_words(result.stdout)
     footer = result.stdout.split("└")[1].splitlines()[2:]
     assert footer[0].startswith("A: ") and footer[1].startswith("  ") and len(footer) >= 5  # the notes wrapped, not one 229-column line
+
+
+def test_the_module_tree_of_explain_and_analyze_splits_no_number_or_word():
+    import perflab
+    from perflab.report.trace_console import modules_table
+
+    report = perflab.analyze(Path(__file__).parent / "data" / "traces" / "by_module_lm_forward.json.gz")
+    texts = assert_never_split(lambda console: console.print(modules_table(report)))
+    # the tree's levels keep their indent, so a child is never wrapped or folded at its indent's expense
+    assert "│         │     attention_norm │        385.1 │   1.0% │       385.1 │      72 │" in texts[80]
+    assert "│     attention_norm │" in texts[60] and "not shown at this width (--wide shows them): class" in texts[80]

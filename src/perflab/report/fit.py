@@ -88,7 +88,12 @@ def _line_width(text: str) -> int:
 
 
 def _word_width(text: str) -> int:
-    return max((Text(word).cell_len for word in text.split()), default=0)
+    """The widest word, an indented line's first word with its indent (a tree's levels)."""
+    widths = [Text(word).cell_len for word in text.split()]
+    for line in text.split("\n"):
+        if line.strip():
+            widths.append(Text(line[:len(line) - len(line.lstrip())] + line.split()[0]).cell_len)
+    return max(widths, default=0)
 
 
 def natural_width(col: Column) -> int:
