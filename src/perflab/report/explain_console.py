@@ -6,12 +6,12 @@ import math
 
 from rich.table import Table
 
-from perflab.report.fit import text_table
 from perflab.report.explain_parallel import COLLECTIVE_HEADER, RANK_HEADER
 from perflab.report.explain_parallel import FIX_HEADER as PARALLEL_FIX_HEADER
 from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, FLOORS_TITLE, MODE_HEADER, MODES_TITLE,
                                          PASS_HEADER, PASS_TITLE, batch_rows, compile_lines, fix_model_lines, fix_rows, floor_rows, floor_verdict,
                                          flops_line, mode_rows, pass_rows, profile_lines, ranked_line, step_floor_lines)
+from perflab.report.fit import text_table
 
 
 def _ms(ns: float) -> str:
@@ -34,7 +34,7 @@ def render_comparison(console, c) -> None:
         rows.append([f"  idle: {cause.replace('_', ' ')}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta)])
     rows.append(["closure (wall − Σ terms)", "", "", f"{c.closure_ns():.2g} ns"])
     table = text_table(list(header), rows, f"Per step: {b} − {a} (ms; exact decomposition)", ["term"], _drop_order(header, 1, 2))
-    table.columns[0].cells[0] = "[bold]wall[/bold]"
+    table.columns[0].cells[0] = "[bold]wall[/bold]"  # the total, above the terms that make it up
     console.print(table)
 
     seed = c.seed_table()

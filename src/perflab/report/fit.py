@@ -70,7 +70,8 @@ class FittedTable:
 
 
 def text_table(header: list[str], rows: list[list[str]], title: str | None = None, left: Iterable[str] = (),
-               drop: Iterable[str] = (), caption: Iterable[str] = (), numbered: Iterable[str] = (), folds: bool = False) -> FittedTable:
+               drop: Iterable[str] = (), caption: Iterable[str] = (), numbered: Iterable[str] = (),
+               folds: bool = False) -> FittedTable:
     """A ``FittedTable`` of plain-text cells (not markup): the first column tells the rows apart; every column wraps at
     its spaces, never within a number or word; ``left``: the headers of the columns justified left (others right);
     ``drop``: headers, in the order their columns are given up where the table is too wide; ``numbered``: headers of
@@ -78,8 +79,8 @@ def text_table(header: list[str], rows: list[list[str]], title: str | None = Non
     first column holds names too long for any terminal (kernels'), folded within a name where the others need the room."""
     left, order, numbered = set(left), list(drop), set(numbered)
     cells = [[escape(str(row[i])) for row in rows] for i in range(len(header))]
-    columns = [Column(escape(name), cells[i], "left" if name in left else "right", key=i == 0 and not folds, wrap=True, numbered=name in numbered,
-                      drop=order.index(name) + 1 if name in order else 0) for i, name in enumerate(header)]
+    columns = [Column(escape(name), cells[i], "left" if name in left else "right", key=i == 0 and not folds, wrap=True,
+                      numbered=name in numbered, drop=order.index(name) + 1 if name in order else 0) for i, name in enumerate(header)]
     return FittedTable(columns, title=title, caption=[escape(line) for line in caption])
 
 
@@ -207,10 +208,10 @@ def _fit_columns(columns: list[Column], width: int, numbered: bool) -> tuple[lis
         if table_width(min_width(c) for c in columns) <= width:
             # a column dropped before the one that made room comes back where it fits again (the most needed first)
             for col in reversed(dropped[:-1]):
-                back = [c for c in every if c in columns or c is col]
+                back = [c for c in every if any(c is k for k in columns) or c is col]
                 if table_width(min_width(c) for c in back) <= width:
                     columns = back
-        dropped = [c.header.replace("\n", " ") for c in dropped if c not in columns]
+        dropped = [c.header.replace("\n", " ") for c in dropped if not any(c is k for k in columns)]
         if dropped:
             notes.append(f"not shown at this width (--wide shows them): {', '.join(dropped)}")
     return columns, notes
