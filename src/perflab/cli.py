@@ -550,7 +550,7 @@ def ab(
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
-        out.print(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
+        out.say(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", markup=False)
     _versions_interrupted(summary, "run the command again (given --out, into another directory: ab does not add rows to a store "
                                    "that holds its versions)")
 
@@ -596,8 +596,8 @@ def track(
                                      "pairing": summary.pairing}) + "\n")
     else:
         render_series(out, series, threshold)
-        out.print(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
-                  f"{summary.out_dir}", soft_wrap=True, markup=False)
+        out.say(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
+                f"{summary.out_dir}", markup=False)
     _versions_interrupted(summary, "run the command again: it reuses them")
 
 

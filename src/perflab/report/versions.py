@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
-
 from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, compare_rows, revision_series
+from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
 
 BASIS_WORDS = {
@@ -63,17 +62,18 @@ def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str
     return lines
 
 
+# Narrow, a table of versions gives up how each CI was taken first (the notes under it say it too), then the sides' own
+# times; the ratio with its CI and the verdict stay.
+COMPARISON_DROPS = [COMPARISON_HEADERS[4], COMPARISON_HEADERS[1], COMPARISON_HEADERS[2]]
+LEFT = ("case", "revision", "verdict", "CI over (n)")
+
+
 def render_comparison(console, comparison: Comparison, names: tuple[str, str]) -> None:
     if not comparison.changes:  # an interrupted ab: no case finished its rounds
         return
-    table = Table(title="Stored runs compared, case by case", header_style="bold")
-    for header in COMPARISON_HEADERS:
-        table.add_column(header, justify="left" if header in ("case", "verdict", "CI over (n)") else "right")
-    for cells in comparison_rows(comparison):
-        table.add_row(*cells)
-    console.print(table)
+    console.print(text_table(COMPARISON_HEADERS, comparison_rows(comparison), "Stored runs compared, case by case", LEFT, COMPARISON_DROPS))
     for line in comparison_notes(comparison, names):
-        console.print(line, soft_wrap=True, markup=False)
+        console.say(line, markup=False)
 
 
 def version_what(info: dict) -> str:
@@ -93,7 +93,7 @@ def version_line(info: dict) -> str:
 
 def render_versions(console, versions) -> None:
     for v in versions:
-        console.print(version_line(v.info()), soft_wrap=True, markup=False)
+        console.say(version_line(v.info()), markup=False)
 
 
 def step_cells(point) -> list[str]:
@@ -104,6 +104,7 @@ def step_cells(point) -> list[str]:
 
 
 SERIES_HEADERS = ["revision", "ms (95% CI)", f"vs previous ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
+SERIES_DROPS = [SERIES_HEADERS[3], SERIES_HEADERS[1]]
 
 
 def series_rows(series) -> list[list[str]]:
@@ -119,15 +120,9 @@ def change_line(series) -> str:
 
 def render_series(console, all_series, threshold: float) -> None:
     for series in all_series:
-        table = Table(title=f"{series.label}: {change_line(series)}", header_style="bold")
-        for header in SERIES_HEADERS:
-            table.add_column(header, justify="left" if header in ("revision", "verdict", "CI over (n)") else "right")
-        for cells in series_rows(series):
-            table.add_row(*cells)
-        console.print(table)
-    console.print(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
-                  f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).",
-                  soft_wrap=True, markup=False)
+        console.print(text_table(SERIES_HEADERS, series_rows(series), f"{series.label}: {change_line(series)}", LEFT, SERIES_DROPS))
+    console.say(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
+                f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).", markup=False)
 
 
 def series_dict(series) -> dict:
