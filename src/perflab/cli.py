@@ -536,7 +536,7 @@ def ab(
     import json
 
     from perflab import api
-    from perflab.report.versions import render_comparison, render_versions
+    from perflab.report.versions import order_line, render_comparison, render_versions
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
@@ -550,9 +550,13 @@ def ab(
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
+        order = order_line([(v.name, summary.rows_of(v)) for v in summary.versions])
+        if order:
+            out.print(order, soft_wrap=True, markup=False)
         out.print(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
     _versions_interrupted(summary, "run the command again (given --out, into another directory: ab does not add rows to a store "
                                    "that holds its versions)")
+    _versions_failed(summary)
 
 
 @app.command()
@@ -599,12 +603,22 @@ def track(
         out.print(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
                   f"{summary.out_dir}", soft_wrap=True, markup=False)
     _versions_interrupted(summary, "run the command again: it reuses them")
+    _versions_failed(summary)
 
 
 def _versions_interrupted(summary, again: str) -> None:
     if summary.interrupted:
         err.print(f"interrupted: the cases whose rounds all ran are stored; {again}", soft_wrap=True, markup=False)
         raise typer.Exit(130)
+
+
+def _versions_failed(summary) -> None:
+    from perflab.report.versions import failures_line
+
+    line = failures_line(summary.failed())
+    if line:
+        err.print(line, soft_wrap=True, markup=False)
+        raise typer.Exit(1)
 
 
 def _ranks(parallel: Optional[str], gpus: Optional[str], world_size: Optional[int], device: str):
