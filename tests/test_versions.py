@@ -168,11 +168,26 @@ def test_an_a_a_ab_times_both_revisions_interleaved_in_one_process_a_round_and_f
         blocks = sorted((t, side, r) for side, row in (("A", a), ("B", b))
                         for t, q, r in zip(row["sample_started_s"], row["sample_processes"], row["sample_rounds"]) if q == p)
         assert len(blocks) == 2 * a["sample_processes"].count(p) and len(blocks) >= 8
+        firsts = []
         for k in range(0, len(blocks), 2):
             (_, s1, r1), (_, s2, r2) = blocks[k], blocks[k + 1]
             assert {s1, s2} == {"A", "B"} and r1 == r2 == k // 2, blocks
             orders.add(s1 + s2)
+            firsts.append(s1)
+        # balanced, not drawn: ABBA over the interleaved rounds (each side first in half of them), as each row records
+        assert firsts[:4] == (["A", "B", "B", "A"] if firsts[0] == "A" else ["B", "A", "A", "B"]), firsts
+        assert abs(firsts.count("A") - firsts.count("B")) == len(firsts) % 2, firsts
+        assert a["process_positions"][p] == [0 if s == "A" else 1 for s in firsts]
+        assert b["process_positions"][p] == [1 if s == "A" else 0 for s in firsts]
     assert orders == {"AB", "BA"}
+    assert [a["process_positions"][p][0] for p in range(3)] == [0, 1, 1]  # rounds start A, B, B (then A): ABBA by round too
+    order = json.loads(result.stdout)["order"]
+    assert order["A"]["pairings"] == order["B"]["pairings"] == len(a["samples_ms"])
+    assert order["A"]["first"] + order["B"]["first"] == len(a["samples_ms"]) and abs(order["A"]["first"] - order["B"]["first"]) <= 3
+    written = run_cli_here("report", out)
+    assert written.returncode == 0, written.stderr
+    assert f"Order: A first in {order['A']['first']} of its {len(a['samples_ms'])} pairing(s), B first in {order['B']['first']}" \
+        in (out / "report.md").read_text()
     ratio = case["ratio"]
     assert ratio["basis"] == "blocks" and ratio["units"] == 3
     assert ratio["ratio"] == pytest.approx(math.prod(block_ratios_by_round(a, b)) ** (1 / 3))
@@ -194,6 +209,7 @@ def test_pairing_processes_alternates_one_process_a_version_abba(repo, tmp_path)
     starts = sorted((t, side) for side in "AB" for t in by_side[side]["process_started_at"])
     assert [side for _, side in starts] == ["A", "B", "B", "A"]
     assert "process_pids" not in by_side["A"] and "process_sessions" not in by_side["B"]
+    assert by_side["A"]["process_positions"] == [[0], [1]] and by_side["B"]["process_positions"] == [[1], [0]]  # the order, stored
     assert case["ratio"]["basis"] == "paired" and case["ratio"]["units"] == 2
     a, b = by_side["A"]["process_medians_ms"], by_side["B"]["process_medians_ms"]
     assert case["ratio"]["ratio"] == pytest.approx(math.sqrt(b[0] / a[0] * b[1] / a[1]))

@@ -11,10 +11,11 @@ Each of ``rounds`` rounds times each case once at every version, paired one of t
 - ``blocks`` (revisions): the round is one fresh worker process (``sweep.worker --together``) that builds every case
   at every version, each in its version's ``references.ModelScope`` (its worktree; its modules kept apart), and times
   them interleaved block by block (``measure.harness.run_cases``), a case's versions one group, adjacent in each
-  interleaved round. What the host does to the process, or to a stretch of it, falls on every version alike, and a
-  round's B/A is the median of its block ratios (``analysis.regressions.block_round_ratios``).
-- ``processes``: each case at each version a process of its own, one after another (``alternate``: in order in even
-  rounds, reversed in odd ones, ABBA...; ``random``: a seeded shuffle each round and case). Each A process has a B
+  interleaved round and taking turns to go first (``measure.interleave.balanced_order``). What the host does to the
+  process, or to a stretch of it, falls on every version alike, and a round's B/A is the median of its block ratios
+  (``analysis.regressions.block_round_ratios``).
+- ``processes``: each case at each version a process of its own, one after another, in a balanced order
+  (``versions_order``: ABBA, or a seeded shuffle per pair of rounds reversed in the second). Each A process has a B
   process beside it in time, and the ratio of a round's two medians cancels a slow stretch of the host that spans
   both, not what differs between the processes (``analysis.regressions.paired_ratio``). Interpreters pair only so.
 
@@ -347,8 +348,8 @@ def check_rounds(rounds, least: int = 1) -> None:
     built: a run's rounds are never listed up front, but a run of 10^9 rounds would not end)."""
     if isinstance(rounds, bool) or not isinstance(rounds, int) or not least <= rounds <= MAX_ROUNDS:
         why = " (a CI over rounds needs two)" if least == 2 else ""
-        raise PerflabError(f"--rounds must be at least {least}{why} and at most {MAX_ROUNDS}, got {show(rounds)} (each round times "
-                           f"every case at every version in a process of its own; the CI over rounds narrows as 1/√N)")
+        raise PerflabError(f"--rounds must be at least {least}{why} and at most {MAX_ROUNDS}, got {show(rounds)} (each round builds "
+                           f"and times every case at every version afresh, in new processes; the CI over rounds narrows as 1/√N)")
 
 
 def check_order(order: str) -> None:
@@ -410,7 +411,8 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     replaced); else a store holding any of them is refused (ab: rows timed together are not mixed with older ones). A
     store of another kind of run (a sweep's, or track's for ab) is refused. ``on_event(kind, **info)``: "start" (total
     processes), "process_start" (case, version, round; blocks: version None, the round's first case), "process_done"
-    (the same, with its row; blocks: once a round, the row None), "finish" (summary). ``record``: more to keep in the
+    (the same, with its row; blocks: once a round, the row None, and its ``rows`` with their ``row_versions``),
+    "finish" (summary). ``record``: more to keep in the
     run's sweep record (the threshold its report judges by). A full disk is one PerflabError naming the store and
     what it keeps."""
     from perflab.sweep.launcher import choose_launcher
@@ -534,7 +536,7 @@ def _run_rounds(plan: Plan, store, summary: VersionsSummary, out_dir: Path, *, r
                     for (c, vi), row, these in zip(jobs, rows, places):
                         done(c, vi, r, started, row, these)
                     emit("process_done", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r,
-                         row=None, rows=rows)
+                         row=None, rows=rows, row_versions=[plan.versions[vi] for _, vi in jobs])
                     continue
                 for c, vi in jobs:
                     v = plan.versions[vi]
@@ -688,13 +690,14 @@ class VersionsProgress:
         what = f"{version.name}: {case.label()}" if version is not None else "every version's cases, interleaved"
         self.progress.update(self.task, description=escape(f"round {round + 1}, {what}"[:120]))
 
-    def _process_done(self, case, version, round, row, rows=None):
+    def _process_done(self, case, version, round, row, rows=None, row_versions=None):
         from rich.markup import escape
 
         self.progress.advance(self.task)
-        for row in [row] if rows is None else rows:
+        rows = [row] if rows is None else rows
+        for row, of in zip(rows, row_versions or [version] * len(rows)):
             if row.get("status") != "ok":
-                who = f"{version.name} " if version is not None else ""
+                who = f"{of.name} " if of is not None else ""
                 self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(who)}round {round + 1}: "
                                             f"{escape(str(row.get('label') or case.label()))}: {escape(str(row.get('message')))}", soft_wrap=True)
 
