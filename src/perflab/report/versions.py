@@ -115,7 +115,7 @@ def order_line(named_rows: list[tuple[str, list[dict]]]) -> str | None:
     if not any(n for _, _, n in counts):
         return None
     return "Order: " + ", ".join(f"{name} first in {first} of its {n} pairing(s)" for name, first, n in counts) + \
-        " (balanced by round: ABBA; a drift linear in time cancels)."
+        " (the versions take turns, each order then its reverse, so a drift linear in time cancels)."
 
 
 def render_versions(console, versions) -> None:

@@ -147,6 +147,7 @@ def _run_together(entries: list[dict], args) -> list[dict]:
             _log_stage(f"case {culprit} failed ({first_line(exc)}); timing the others without it")
             rows[culprit] = _failed_row(cases[culprit], status, str(exc))
             remaining.remove(culprit)
+            _release_built()
         except Exception as exc:
             traceback.print_exc()
             for k in remaining:
@@ -155,6 +156,17 @@ def _run_together(entries: list[dict], args) -> list[dict]:
     for row in rows:
         row["worker_pid"] = os.getpid()
     return rows
+
+
+def _release_built() -> None:
+    """What the failed attempt built (its models, held in reference cycles) freed before the others are built again."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 _CASE_ATTR = "perflab_together_case"  # the index of the together entry whose own work raised a PerflabError
