@@ -517,17 +517,21 @@ def disk_full(exc: BaseException) -> bool:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
+RUN_KINDS = ("sweep", "ab", "track")
+
+
 def run_kinds(store: Store) -> set[str]:
-    """The kinds of run that wrote ``store``: "sweep", "ab" or "track", by its sweep records (a record that cannot be
-    read says nothing); by its rows where no record says (a row without ``version`` is a sweep's)."""
+    """The kinds of run that wrote ``store``: "sweep", "ab" or "track", by its sweep records; by its rows where no
+    record says (a row without ``version`` is a sweep's). A record or row that names no kind perflab knows (one that
+    cannot be read, a versions run from before the kind was recorded) says nothing."""
     kinds = set()
     for record in store.sweeps():
         experiment = record.get("experiment") or {}
         if experiment:
-            kinds.add(str(experiment.get("kind")) if experiment.get("versions") else "sweep")
-    if not kinds:
-        kinds = {str((row.get("version") or {}).get("kind_of_run") or "sweep") for row in store.rows()}
-    return kinds
+            kinds.add(experiment.get("kind") if experiment.get("versions") else "sweep")
+    if not kinds - {None}:
+        kinds = {(row.get("version") or {}).get("kind_of_run") if row.get("version") else "sweep" for row in store.rows()}
+    return {k for k in kinds if k in RUN_KINDS}
 
 
 def status_counts(rows: Iterable[dict]) -> dict[str, int]:
