@@ -835,11 +835,12 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
 
     from perflab.analysis.regressions import Comparison, check_threshold, compare_rows
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import check_pairing, default_pairing, plan_interpreters, plan_revisions, run_versions
+    from perflab.sweep.versions import (check_order, check_pairing, check_rounds, default_pairing, plan_interpreters, plan_revisions,
+                                        run_versions)
 
     check_threshold(threshold)
-    if rounds < 2:
-        raise PerflabError(f"--rounds must be at least 2 (a CI over rounds needs two), got {rounds}")
+    check_rounds(rounds, least=2)
+    check_order(order)
     by_revision = repo is not None or a is not None or b is not None
     by_python = python_a is not None or python_b is not None
     if by_revision == by_python or (by_revision and None in (repo, a, b)) or (by_python and None in (python_a, python_b)):
@@ -878,9 +879,11 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
 
     from perflab.analysis.regressions import check_threshold, revision_series
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import check_pairing, plan_revisions, repository, revision_range, run_versions
+    from perflab.sweep.versions import check_order, check_pairing, check_rounds, plan_revisions, repository, revision_range, run_versions
 
     check_threshold(threshold)
+    check_rounds(rounds)
+    check_order(order)
     check_pairing(pairing, False)
     if bool(revs) == bool(range_):
         raise PerflabError("give the revisions as --revs A B C ... or as --range A..B")

@@ -494,10 +494,11 @@ def breakeven(
 
 OPT_VERSIONS_SPEC = typer.Option(None, "--spec", help="The cases as an experiment spec (instead of bench flags); a spec inside "
                                  "--repo is read from each revision's worktree.")
-OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round: alternate (A B, then B A, ...) "
-                                "or random (seeded by --order-seed); with --pairing blocks, the order their cases are built in "
-                                "(their blocks then run in a seeded random interleaved order).")
-OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random and of the blocks' interleaved order.")
+OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round, balanced: alternate (A B, B A, "
+                                "B A, A B, ...) or random (a pair of rounds' order drawn with --order-seed, reversed in the "
+                                "second); with --pairing blocks, the order a round's interleaved blocks start from (then A B, "
+                                "B A, ... block by block).")
+OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random and of the blocks' order of cases in a round.")
 OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else "
                                     "600); a blocks round's process gets this for each case at each version it holds.")
 OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")
@@ -515,8 +516,8 @@ def ab(
     python_a: Optional[str] = typer.Option(None, "--python-a", help="Version A: a Python interpreter (another environment) instead."),
     python_b: Optional[str] = typer.Option(None, "--python-b", help="Version B: a Python interpreter."),
     spec: Optional[Path] = OPT_VERSIONS_SPEC,
-    rounds: int = typer.Option(3, "--rounds", help="Rounds: each times every case at A and at B (blocks: in one process; processes: "
-                               "in two side by side)."),
+    rounds: int = typer.Option(3, "--rounds", help="Rounds, 2 to 100: each times every case at A and at B (blocks: in one process; "
+                               "processes: in two side by side)."),
     order: str = OPT_ROUNDS_ORDER,
     order_seed: int = OPT_ORDER_SEED,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="The store (default runs/ab/<date-time>)."),
@@ -536,7 +537,7 @@ def ab(
     import json
 
     from perflab import api
-    from perflab.report.versions import render_comparison, render_versions
+    from perflab.report.versions import first_counts, order_line, render_comparison, render_versions
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
@@ -545,14 +546,19 @@ def ab(
                                  command=command_line(_argv), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin,
                                  pairing=pairing)
     if as_json:
+        order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in summary.versions}
         sys.stdout.write(json.dumps(dict(comparison.to_dict(), versions=[v.info() for v in summary.versions],
-                                         store=str(summary.out_dir), rounds=summary.rounds, pairing=summary.pairing)) + "\n")
+                                         store=str(summary.out_dir), rounds=summary.rounds, pairing=summary.pairing, order=order)) + "\n")
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
+        order = order_line([(v.name, summary.rows_of(v)) for v in summary.versions])
+        if order:
+            out.say(order, markup=False)
         out.say(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", markup=False)
     _versions_interrupted(summary, "run the command again (given --out, into another directory: ab does not add rows to a store "
                                    "that holds its versions)")
+    _versions_failed(summary)
 
 
 @app.command()
@@ -563,7 +569,7 @@ def track(
     rev_range: Optional[str] = typer.Option(None, "--range", help="A..B: A, then each commit after it up to B (first parents)."),
     out_dir: Path = typer.Option(..., "--out", help="The store; a revision's rows already there are reused."),
     spec: Optional[Path] = OPT_VERSIONS_SPEC,
-    rounds: int = typer.Option(1, "--rounds", help="Rounds: each times every case at every revision (blocks: in one process; "
+    rounds: int = typer.Option(1, "--rounds", help="Rounds, 1 to 100: each times every case at every revision (blocks: in one process; "
                                "processes: one after another); with 3 or more, neighbours' ratios have a CI over the rounds."),
     order: str = OPT_ROUNDS_ORDER,
     order_seed: int = OPT_ORDER_SEED,
@@ -599,12 +605,22 @@ def track(
         out.say(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
                 f"{summary.out_dir}", markup=False)
     _versions_interrupted(summary, "run the command again: it reuses them")
+    _versions_failed(summary)
 
 
 def _versions_interrupted(summary, again: str) -> None:
     if summary.interrupted:
         err.print(f"interrupted: the cases whose rounds all ran are stored; {again}", soft_wrap=True, markup=False)
         raise typer.Exit(130)
+
+
+def _versions_failed(summary) -> None:
+    from perflab.report.versions import failures_line
+
+    line = failures_line(summary.failed())
+    if line:
+        err.print(line, soft_wrap=True, markup=False)
+        raise typer.Exit(1)
 
 
 def _ranks(parallel: Optional[str], gpus: Optional[str], world_size: Optional[int], device: str):

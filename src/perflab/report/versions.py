@@ -91,6 +91,33 @@ def version_line(info: dict) -> str:
     return f"{info.get('name')}: {what} · {env}"
 
 
+def failures_line(failed) -> str | None:
+    """One line for the cases that failed at a version (``VersionsSummary.failed()``: (version, row) pairs), or None."""
+    if not failed:
+        return None
+    shown = "; ".join(f"{v.name}: {row.get('label') or row.get('case_id')}: {row.get('status')}: {row.get('message')}" for v, row in failed[:3])
+    more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
+    return (f"{len(failed)} case(s) failed at a version, stored as that version's {'row' if len(failed) == 1 else 'rows'} and not "
+            f"compared ({shown}{more}); exit status 1")
+
+
+def first_counts(rows: list[dict]) -> tuple[int, int]:
+    """(pairings in which the rows' version went first, pairings), over the rounds' places its rows keep
+    (``process_positions``: per round, its place in each pairing of that round, 0 first)."""
+    places = [p for row in rows for per_round in row.get("process_positions") or [] for p in per_round or []]
+    return sum(1 for p in places if p == 0), len(places)
+
+
+def order_line(named_rows: list[tuple[str, list[dict]]]) -> str | None:
+    """How often each version went first in the rounds' pairings (the order is balanced: an A/A cannot read faster or
+    slower by order), or None where the rows keep no places."""
+    counts = [(name, *first_counts(rows)) for name, rows in named_rows]
+    if not any(n for _, _, n in counts):
+        return None
+    return "Order: " + ", ".join(f"{name} first in {first} of its {n} pairing(s)" for name, first, n in counts) + \
+        " (the versions take turns, each order then its reverse, so a drift linear in time cancels)."
+
+
 def render_versions(console, versions) -> None:
     for v in versions:
         console.say(version_line(v.info()), markup=False)
@@ -175,9 +202,10 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         if not a or not b:
             return ["## A/B", "\n".join(lines), "No rows of both versions are stored (the run was interrupted)."]
         comparison = compare_rows(a, b, threshold)
+        order = order_line([(v["name"], by_key[v["key"]]) for v in versions[:2]])
         return ["## A/B", f"{run.get('rounds')} rounds, {pairing_words(run)}.", "\n".join(lines),
                 md_table(COMPARISON_HEADERS, comparison_rows(comparison)),
-                " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])))]
+                " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])) + ([order] if order else []))]
     order = [(v["key"], v["name"]) for v in versions]
     parts = ["## By revision",
              f"Each case at {len(versions)} revisions, oldest first ({run.get('rounds')} round(s), {pairing_words(run)}). Each "
