@@ -75,31 +75,46 @@ def load_experiment(path, max_cases: int | None = None) -> Experiment:
 def read_spec(path) -> tuple[Any, str]:
     """A spec file's YAML as plain data, and its text. A key given twice in one mapping is an error naming its path
     (YAML's loaders keep the last silently: two ``grid:`` keys would run the second alone)."""
+    return read_yaml(path, "spec file", on_node=_refuse_duplicate_keys)
+
+
+def read_yaml(path, what: str = "YAML file", on_node=None) -> tuple[Any, str]:
+    """A YAML file (one document, safe tags only) as plain data, and its text; ``on_node(source, root node)`` checks the
+    document's nodes before they are constructed. Whatever the file holds, a mistake is one PerflabError naming the
+    file (and the line and column where YAML says): a character YAML refuses (a NUL byte), a syntax error, a tag that
+    would run code (``!!python/object``), an undefined alias."""
     import yaml
 
     source = str(path)
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
-        raise PerflabError(f"{source}: no such spec file") from None
+        raise PerflabError(f"{source}: no such {what}") from None
     except OSError as exc:
-        raise PerflabError(f"{source}: cannot read the spec ({exc.strerror})") from None
+        raise PerflabError(f"{source}: cannot read the {what} ({exc.strerror})") from None
     except UnicodeDecodeError:
-        raise PerflabError(f"{source}: not a text file (a spec is UTF-8 YAML)") from None
-    loader = yaml.SafeLoader(text)
+        raise PerflabError(f"{source}: not a text file (a {what} is UTF-8 YAML)") from None
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)  # its reader refuses a NUL byte or other control character here, before parsing
         node = loader.get_single_node()
-        if node is not None:
-            _refuse_duplicate_keys(source, node)
+        if node is not None and on_node is not None:
+            on_node(source, node)
         return (loader.construct_document(node) if node is not None else None), text
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise PerflabError(f"{source}: YAML syntax error{where}: {exc.problem or exc.context}") from None
+    except yaml.reader.ReaderError as exc:  # not a MarkedYAMLError: it carries a position in the text, not a mark
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise PerflabError(f"{source}: YAML error at line {line}, column {column}: a control character (U+{exc.character:04X}) that "
+                           "YAML does not allow") from None
     except yaml.YAMLError as exc:
         raise PerflabError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _refuse_duplicate_keys(source: str, root) -> None:
