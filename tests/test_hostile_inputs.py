@@ -133,3 +133,144 @@ def test_every_yaml_reader_goes_through_read_yaml():
     start = next(i for i, line in enumerate(source, 1) if line.startswith("def read_yaml("))
     end = next(i for i, line in enumerate(source, 1) if i > start and line.startswith("def "))
     assert all(start < n < end for n in uses["sweep/spec.py"]), (start, end, uses)
+
+
+# ---------------------------------------------------------------------------------------------------
+# compare's readers: bench --out files (JSON lines, CSV) and stores
+
+
+def _row(case_id="c1", median=2.0, **extra) -> dict:
+    return dict({"case_id": case_id, "status": "ok", "model": "m", "input_size": 32, "batch_size": 1, "dtype": "fp32",
+                 "mode": "eager", "median_ms": median, "ci95_ms": [median * 0.99, median * 1.01]}, **extra)
+
+
+def _lines(*rows) -> str:
+    import json
+
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+TIMES = "a number from 1e-09 to 1e+10"
+
+# (file name, its text, the line compare gives for it as B, with FILE for its path)
+HOSTILE_RESULTS = [
+    pytest.param("b.jsonl", _lines(_row(median=-1.0, ci95_ms=[-1.01, -0.99])),
+                 f"FILE, line 1: median_ms: -1.0: expected a time in ms, {TIMES}", id="negative-median"),
+    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": NaN, "ci95_ms": [1.0, 2.0]}\n',
+                 f"FILE, line 1: median_ms: nan: expected a time in ms, {TIMES}", id="nan-median"),
+    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "ci95_ms": [1.0, Infinity]}\n',
+                 f"FILE, line 1: ci95_ms[1]: inf: expected [low, high] in ms, each {TIMES}", id="infinite-ci"),
+    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 1e999}\n',
+                 f"FILE, line 1: median_ms: inf: expected a time in ms, {TIMES}", id="overflowing-median"),
+    pytest.param("b.jsonl", _lines(_row(median=1e308, ci95_ms=[0.99e308, 1e308])),
+                 f"FILE, line 1: median_ms: 1e+308: expected a time in ms, {TIMES}", id="huge-median"),
+    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "gpu_busy_frac": -Infinity}\n',
+                 "FILE, line 1: holds -Infinity, which JSON does not allow (a result row's numbers are finite)", id="infinity-elsewhere"),
+    pytest.param("b.jsonl", _lines(_row(ci95_ms=[3.0, 1.0])),
+                 "FILE, line 1: ci95_ms: [3.0, 1.0]: expected [low, high], low at most high", id="ci-low-above-high"),
+    pytest.param("b.jsonl", _lines(_row(process_flags=5, process_medians_ms=[2.0, 2.1], version={"session": "s"})),
+                 "FILE, line 1: process_flags: 5: expected a list of each process's flags (a list of flag names, or null)",
+                 id="process-flags-5"),
+    pytest.param("b.jsonl", _lines(_row(samples_ms=["1.9", "2.1"], sample_rounds=[0, 1], session="s")),
+                 f"FILE, line 1: samples_ms[0]: '1.9': expected a list of times in ms, each {TIMES}", id="samples-as-strings"),
+    pytest.param("b.jsonl", _lines(_row(samples_ms=[2.0, 0.0], sample_rounds=[0, 1], session="s")),
+                 f"FILE, line 1: samples_ms[1]: 0.0: expected a list of times in ms, each {TIMES}", id="zero-sample"),
+    pytest.param("b.jsonl", _lines(_row(version=5)), "FILE, line 1: version: 5: expected a mapping whose key and session are text",
+                 id="version-5"),
+    pytest.param("b.jsonl", _lines(_row(batch_size=0)), "FILE, line 1: batch_size: 0: expected a whole number, 1 or more",
+                 id="batch-size-0"),
+    pytest.param("b.jsonl", '{"case_id": "c1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
+                 "FILE, line 1: JSON nested 100001 deep; a result row nests at most 32 deep", id="json-nested-100000-deep"),
+    pytest.param("b.csv", "case_id,status,median_ms,message\nc1,ok,2.0," + "x" * (128 * 1024 + 1) + "\n",
+                 "FILE, line 2: a cell longer than 128 KiB; expected the rows bench --out writes", id="csv-cell-over-128-KiB"),
+    pytest.param("b.csv", "case_id,status,median_ms,ci95_low_ms,ci95_high_ms\nc1,ok,nan,1.0,2.0\n",
+                 f"FILE, line 2: median_ms: nan: expected a time in ms, {TIMES}", id="csv-nan-median"),
+    pytest.param("b.csv", "case_id,status,median_ms,ci95_low_ms,ci95_high_ms\nc1,ok,2.0,1e-308,inf\n",
+                 f"FILE, line 2: ci95_ms[0]: 1e-308: expected [low, high] in ms, each {TIMES}", id="csv-tiny-ci"),
+    pytest.param("b.csv", "case_id,status,median_ms,process_medians_ms\nc1,ok,2.0,2.0 -2.0\n",
+                 f"FILE, line 2: process_medians_ms[1]: -2.0: expected a list of process medians in ms, each {TIMES} or null",
+                 id="csv-negative-process-median"),
+]
+
+
+@pytest.mark.parametrize("name,text,message", HOSTILE_RESULTS)
+def test_compare_refuses_a_result_file_it_cannot_trust_in_one_line(tmp_path, name, text, message):
+    a, b = tmp_path / "a.jsonl", tmp_path / name
+    a.write_text(_lines(_row()))
+    b.write_text(text)
+    for args in ((a, b), (a, b, "--json")):
+        result = run_cli_here("compare", *args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip() == "perflab: error: " + message.replace("FILE", str(b)) and result.stdout == ""
+
+
+def test_a_tiny_median_against_a_huge_one_gives_no_verdict(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(_lines(_row(median=1e-308, ci95_ms=[0.99e-308, 1.01e-308])))
+    b.write_text(_lines(_row(median=1e308, ci95_ms=[0.99e308, 1e308])))
+    result = run_cli_here("compare", a, b, "--json")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == f"perflab: error: {a}, line 1: median_ms: 1e-308: expected a time in ms, {TIMES}"
+
+
+def test_compare_json_is_strict_json(tmp_path):
+    import json
+
+    def refuse(name):
+        raise AssertionError(f"bare {name} in compare --json")
+
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.csv"
+    a.write_text(_lines(_row(median=2.0), _row("c2", median=1e-9, ci95_ms=None)))
+    b.write_text("case_id,status,median_ms,ci95_low_ms,ci95_high_ms\nc1,ok,3.0,2.9,3.1\nc2,ok,1e10,,\n")
+    result = run_cli_here("compare", a, b, "--json")
+    assert result.returncode == 0, result.stderr
+    cases = json.loads(result.stdout, parse_constant=refuse)["cases"]
+    assert [c["verdict"] for c in cases] == ["slower", "not compared"]
+    assert cases[1]["unpaired_ratio"] == pytest.approx(1e19)
+
+
+def _store_of(out, *rows):
+    from perflab.sweep.store import Store
+
+    with Store.create(out) as store:
+        store.put_environment("env", {"host": "lab"})
+        for row in rows:
+            store.put(row, "env")
+    return out
+
+
+def _set_row_json(out, case_id, text):
+    import sqlite3
+
+    with sqlite3.connect(str(out / "results.sqlite")) as conn:
+        conn.execute("UPDATE results SET row_json = ? WHERE case_id = ?", (text, case_id))
+
+
+@pytest.mark.parametrize("stored,message", [
+    pytest.param('{"case_id": "c1", "status": "ok", "median_ms": NaN}', f"median_ms: nan: expected a time in ms, {TIMES}", id="nan"),
+    pytest.param('{"case_id": "c1", "status": "ok", "median_ms": -2.0}', f"median_ms: -2.0: expected a time in ms, {TIMES}",
+                 id="negative"),
+    pytest.param('{"case_id": "c1", "status": "ok", "median_ms": 2.0, "version": 5}',
+                 "version: 5: expected a mapping whose key and session are text", id="version-5"),
+    pytest.param('{"case_id": "c1", "status": "ok", "median_ms": 2.0, "process_flags": 5}',
+                 "process_flags: 5: expected a list of each process's flags (a list of flag names, or null)", id="process-flags-5"),
+])
+def test_compare_refuses_a_stored_row_it_cannot_trust_in_one_line(tmp_path, stored, message):
+    a = _store_of(tmp_path / "a", _row())
+    b = _store_of(tmp_path / "b", _row())
+    _set_row_json(b, "c1", stored)
+    result = run_cli_here("compare", a, b)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == f"perflab: error: {b}, case c1: {message}"
+
+
+def test_a_stored_row_nested_100000_deep_is_named_and_skipped(tmp_path):
+    a = _store_of(tmp_path / "a", _row(), _row("c2"))
+    b = _store_of(tmp_path / "b", _row(), _row("c2"))
+    _set_row_json(b, "c2", '{"case_id": "c2", "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    result = run_cli_here("compare", a, b)
+    assert result.returncode == 0, result.stderr
+    (warning,) = [line for line in result.stderr.splitlines() if line.strip()]
+    assert warning == (f"warning: {b}: row c2 (env): malformed JSON of 200024 characters, cut short or damaged (maximum "
+                       "recursion depth exceeded while decoding a JSON array from a unicode string); skipped")
+    assert "Only A holds 1 case(s), not compared: m 32px bs1 fp32 eager." in result.stdout
