@@ -151,6 +151,7 @@ def _lines(*rows) -> str:
 
 
 TIMES = "a number from 1e-09 to 1e+10"
+VERSION_WORDS = "a mapping whose key and session are text on one line, without control characters"
 
 # (file name, its text, the line compare gives for it as B, with FILE for its path)
 HOSTILE_RESULTS = [
@@ -175,7 +176,7 @@ HOSTILE_RESULTS = [
                  f"FILE, line 1: samples_ms[0]: '1.9': expected a list of times in ms, each {TIMES}", id="samples-as-strings"),
     pytest.param("b.jsonl", _lines(_row(samples_ms=[2.0, 0.0], sample_rounds=[0, 1], session="s")),
                  f"FILE, line 1: samples_ms[1]: 0.0: expected a list of times in ms, each {TIMES}", id="zero-sample"),
-    pytest.param("b.jsonl", _lines(_row(version=5)), "FILE, line 1: version: 5: expected a mapping whose key and session are text",
+    pytest.param("b.jsonl", _lines(_row(version=5)), f"FILE, line 1: version: 5: expected {VERSION_WORDS}",
                  id="version-5"),
     pytest.param("b.jsonl", _lines(_row(batch_size=0)), "FILE, line 1: batch_size: 0: expected a whole number, 1 or more",
                  id="batch-size-0"),
@@ -183,6 +184,14 @@ HOSTILE_RESULTS = [
                  "FILE, line 1: JSON nested 100001 deep; a result row nests at most 32 deep", id="json-nested-100000-deep"),
     pytest.param("b.csv", "case_id,status,median_ms,message\nc1,ok,2.0," + "x" * (128 * 1024 + 1) + "\n",
                  "FILE, line 2: a cell longer than 128 KiB; expected the rows bench --out writes", id="csv-cell-over-128-KiB"),
+    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "model": "m\\u001b[31m\\ud800"}\n',
+                 "FILE, line 1: model: 'm\\x1b[31m\\ud800': expected text on one line, without control characters",
+                 id="terminal-escape-and-lone-surrogate"),
+    pytest.param("b.jsonl", _lines(_row(case={"model": ["m"]})), 'FILE, line 1: case.model: ["m"]: expected a mapping whose model is '
+                 "text on one line, without control characters", id="case-model-a-list"),
+    pytest.param("b.csv", 'case_id,status,median_ms\n"c1\nc2",ok,2.0\n',
+                 "FILE, line 2: case_id: 'c1\\nc2': expected non-empty text on one line, without control characters",
+                 id="csv-case-id-over-two-lines"),
     pytest.param("b.csv", "case_id,status,median_ms,ci95_low_ms,ci95_high_ms\nc1,ok,nan,1.0,2.0\n",
                  f"FILE, line 2: median_ms: nan: expected a time in ms, {TIMES}", id="csv-nan-median"),
     pytest.param("b.csv", "case_id,status,median_ms,ci95_low_ms,ci95_high_ms\nc1,ok,2.0,1e-308,inf\n",
@@ -251,7 +260,7 @@ def _set_row_json(out, case_id, text):
     pytest.param('{"case_id": "c1", "status": "ok", "median_ms": -2.0}', f"median_ms: -2.0: expected a time in ms, {TIMES}",
                  id="negative"),
     pytest.param('{"case_id": "c1", "status": "ok", "median_ms": 2.0, "version": 5}',
-                 "version: 5: expected a mapping whose key and session are text", id="version-5"),
+                 f"version: 5: expected {VERSION_WORDS}", id="version-5"),
     pytest.param('{"case_id": "c1", "status": "ok", "median_ms": 2.0, "process_flags": 5}',
                  "process_flags: 5: expected a list of each process's flags (a list of flag names, or null)", id="process-flags-5"),
 ])

@@ -190,7 +190,7 @@ def test_bench_out_files_read_back_as_rows_in_either_format(tmp_path):
 @pytest.mark.parametrize("line, message", [
     ('{"case_id": "c1", "status": "ok", "median_ms": "1.5"}', "median_ms: '1.5': expected a time in ms, a number from 1e-09 to 1e+10"),
     ('{"case_id": "c1", "ci95_ms": 5}', "ci95_ms: 5: expected [low, high] in ms, each a number from 1e-09 to 1e+10"),
-    ('{"case_id": ["c1"]}', 'case_id: ["c1"]: expected non-empty text'),
+    ('{"case_id": ["c1"]}', 'case_id: ["c1"]: expected non-empty text on one line, without control characters'),
     ('{"case_id": "c1", "process_medians_ms": [1.0, "a"]}',
      "process_medians_ms[1]: 'a': expected a list of process medians in ms, each a number from 1e-09 to 1e+10 or null")])
 def test_a_json_line_whose_values_have_other_types_is_one_error_naming_the_line_and_field(tmp_path, line, message):

@@ -164,19 +164,28 @@ _Amount = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]
 _Count = Annotated[int, msgspec.Meta(ge=1)]
 _Index = Annotated[int, msgspec.Meta(ge=0)]
 _Rate = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+# Text is printed in tables and messages: one line, no terminal control sequence, nothing stdout cannot encode (a lone
+# surrogate that JSON's \ud800 escape can give)
+_Line = Annotated[str, msgspec.Meta(pattern="^[^\x00-\x1f\x7f-\x9f\ud800-\udfff]*\\Z")]
+_LINE_WORDS = "text on one line, without control characters"
 _TIME_RANGE = f"a number from {MIN_MS:g} to {MAX_MS:g}"
 _TIME_WORDS = f"a time in ms, {_TIME_RANGE}"
 _AMOUNT_WORDS = "a finite number, 0 or more"
 
 
 class _VersionShape(msgspec.Struct):
-    key: Optional[str] = None
-    session: Optional[str] = None
+    key: Optional[_Line] = None
+    session: Optional[_Line] = None
+
+
+class _CaseShape(msgspec.Struct):
+    model: Optional[_Line] = None
 
 
 _FIELDS: dict[str, tuple[object, str]] = {
-    **{key: (str, "text") for key in TEXT_COLUMNS | {"label", "session", "env_key"}},
-    "case_id": (Annotated[str, msgspec.Meta(min_length=1)], "non-empty text"),
+    **{key: (_Line, _LINE_WORDS) for key in TEXT_COLUMNS | {"label", "session", "env_key"}},
+    "case_id": (Annotated[_Line, msgspec.Meta(min_length=1)], f"non-empty {_LINE_WORDS}"),
+    "message": (str, "text"),  # a failed case's own words, whatever a library printed; compare shows its status, not these
     **{key: (_Time, _TIME_WORDS) for key in ("median_ms", "p10_ms", "p90_ms", "latency_ms", "latency_ms_per_batch",
                                               "latency_ms_per_sample", "host_held_ms", "device_ms")},
     **{key: (_Amount, _AMOUNT_WORDS) for key in ("cv", "throughput_per_s", "gflops", "gmacs", "params_m", "peak_mem_alloc_mb",
@@ -191,12 +200,12 @@ _FIELDS: dict[str, tuple[object, str]] = {
     "tokens": (list[_Index], "a list of token counts, whole numbers 0 or more"),
     "sample_rounds": (list[_Index], "a list of round numbers, whole numbers 0 or more"),
     "sample_processes": (list[_Index], "a list of process numbers, whole numbers 0 or more"),
-    "flags": (list[str], "a list of flag names"),
+    "flags": (list[_Line], "a list of flag names"),
     "warnings": (list[str], "a list of warnings (text)"),
-    "process_flags": (list[Optional[list[str]]], "a list of each process's flags (a list of flag names, or null)"),
-    "process_sessions": (list[Optional[str]], "a list of each process's session (text, or null)"),
-    "version": (_VersionShape, "a mapping whose key and session are text"),
-    "case": (dict, "a mapping"),
+    "process_flags": (list[Optional[list[_Line]]], "a list of each process's flags (a list of flag names, or null)"),
+    "process_sessions": (list[Optional[_Line]], "a list of each process's session (text, or null)"),
+    "version": (_VersionShape, f"a mapping whose key and session are {_LINE_WORDS}"),
+    "case": (_CaseShape, f"a mapping whose model is {_LINE_WORDS}"),
 }
 
 
@@ -217,7 +226,7 @@ def check_row(row: dict, where: str) -> dict:
     try:
         msgspec.convert(row, _typed_row())
     except msgspec.ValidationError as exc:
-        reason, _, at = str(exc).partition(" - at `$")
+        at = str(exc).partition(" - at `$")[2]
         path = at.rstrip("`").lstrip(".")
         key = re.match(r"[^.\[]*", path).group(0)
         if key not in _FIELDS:
