@@ -44,6 +44,10 @@ HOSTILE_YAML = [
                  id="ComposerError-undefined-alias"),
     pytest.param("--- {grid: {model: [a]}}\n--- {grid: {model: [b]}}\n",
                  "FILE: YAML syntax error at line 2, column 1: but found another document", id="ComposerError-two-documents"),
+    pytest.param("grid: " + "[" * 100_000 + "]" * 100_000 + "\n",
+                 "FILE: YAML syntax error at line 1, column 70: nested more than 64 deep", id="ComposerError-nested-100000-deep"),
+    pytest.param("grid:\n" + "".join("  " * i + "k:\n" for i in range(1, 3000)),
+                 "FILE: YAML syntax error at line 64, column 127: nested more than 64 deep", id="ComposerError-block-nested-3000-deep"),
     pytest.param("grid: !!python/object/apply:os.system [echo hi]\n",
                  "FILE: YAML syntax error at line 1, column 7: could not determine a constructor for the tag "
                  "'tag:yaml.org,2002:python/object/apply:os.system'", id="ConstructorError-python-tag"),
@@ -116,8 +120,8 @@ def test_a_binary_spec_is_one_line(tmp_path):
     assert str(exc.value) == f"{path}: not a text file (a spec file is UTF-8 YAML)"
 
 
-# Calls that read YAML text; each module that makes one must do it inside perflab.sweep.spec.read_yaml, which the
-# tests above hold to one line for everything PyYAML raises.
+# Calls that read YAML text; each module that makes one must do it inside perflab.sweep.spec.read_yaml (and the loader
+# it builds), which the tests above hold to one line for everything PyYAML raises.
 _YAML_LOAD = re.compile(r"\byaml\.(safe_load|load|full_load|unsafe_load|load_all|safe_load_all|compose|compose_all|parse|scan|"
                         r"SafeLoader|Loader|FullLoader|UnsafeLoader|BaseLoader|CLoader|CSafeLoader)\b")
 
@@ -125,14 +129,14 @@ _YAML_LOAD = re.compile(r"\byaml\.(safe_load|load|full_load|unsafe_load|load_all
 def test_every_yaml_reader_goes_through_read_yaml():
     uses = {}
     for path in SRC.rglob("*.py"):
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if _YAML_LOAD.search(line.split("#")[0]) and "``yaml." not in line:
-                uses.setdefault(str(path.relative_to(SRC)), []).append(number)
-    assert list(uses) == ["sweep/spec.py"], uses
-    source = (SRC / "sweep" / "spec.py").read_text().splitlines()
-    start = next(i for i, line in enumerate(source, 1) if line.startswith("def read_yaml("))
-    end = next(i for i, line in enumerate(source, 1) if i > start and line.startswith("def "))
-    assert all(start < n < end for n in uses["sweep/spec.py"]), (start, end, uses)
+        function = None
+        for line in path.read_text().splitlines():
+            if line.startswith(("def ", "class ")):
+                function = re.match(r"(?:def|class) (\w+)", line).group(1)
+            code = line.split("#")[0]
+            if (_YAML_LOAD.search(code) and "``yaml." not in code) or "_bounded_loader()" in code:
+                uses.setdefault(str(path.relative_to(SRC)), set()).add(function)
+    assert uses == {"sweep/spec.py": {"read_yaml", "_bounded_loader"}}  # the loader is built there, and used by read_yaml alone
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ key path of a mistake); this module reads it (``read_spec``) and expands the dec
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -96,7 +97,7 @@ def read_yaml(path, what: str = "YAML file", on_node=None) -> tuple[Any, str]:
         raise PerflabError(f"{source}: not a text file (a {what} is UTF-8 YAML)") from None
     loader = None
     try:
-        loader = yaml.SafeLoader(text)  # its reader refuses a NUL byte or other control character here, before parsing
+        loader = _bounded_loader()(text)  # its reader refuses a NUL byte or other control character here, before parsing
         node = loader.get_single_node()
         if node is not None and on_node is not None:
             on_node(source, node)
@@ -115,6 +116,31 @@ def read_yaml(path, what: str = "YAML file", on_node=None) -> tuple[Any, str]:
     finally:
         if loader is not None:
             loader.dispose()
+
+
+MAX_YAML_DEPTH = 64  # a spec nests 5 deep (grid[0].reduction_loc[0]); PyYAML composes a level in two Python frames
+
+
+@functools.cache
+def _bounded_loader():
+    """yaml.SafeLoader that refuses collections nested past ``MAX_YAML_DEPTH`` (a ComposerError at the one too deep):
+    PyYAML composes nodes recursively, so ``[[[...]]]`` 100,000 deep would be a RecursionError."""
+    import yaml
+
+    class BoundedLoader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent, index):
+            self.depth += 1
+            try:
+                if self.depth > MAX_YAML_DEPTH:
+                    raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} deep",
+                                                      self.peek_event().start_mark)
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return BoundedLoader
 
 
 def _refuse_duplicate_keys(source: str, root) -> None:
