@@ -15,7 +15,8 @@ from cli_util import run_cli_here
 from perflab import api
 from perflab.errors import PerflabError
 from perflab.report import seeds
-from perflab.sweep.spec import load_experiment, read_spec, read_yaml
+from perflab.sweep.spec import load_experiment, read_spec
+from perflab.yaml_files import read_yaml
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "perflab"
 
@@ -120,7 +121,7 @@ def test_a_binary_spec_is_one_line(tmp_path):
     assert str(exc.value) == f"{path}: not a text file (a spec file is UTF-8 YAML)"
 
 
-# Calls that read YAML text; each module that makes one must do it inside perflab.sweep.spec.read_yaml (and the loader
+# Calls that read YAML text; each module that makes one must do it inside perflab.yaml_files.read_yaml (and the loader
 # it builds), which the tests above hold to one line for everything PyYAML raises.
 _YAML_LOAD = re.compile(r"\byaml\.(safe_load|load|full_load|unsafe_load|load_all|safe_load_all|compose|compose_all|parse|scan|"
                         r"SafeLoader|Loader|FullLoader|UnsafeLoader|BaseLoader|CLoader|CSafeLoader)\b")
@@ -136,7 +137,7 @@ def test_every_yaml_reader_goes_through_read_yaml():
             code = line.split("#")[0]
             if (_YAML_LOAD.search(code) and "``yaml." not in code) or "_bounded_loader()" in code:
                 uses.setdefault(str(path.relative_to(SRC)), set()).add(function)
-    assert uses == {"sweep/spec.py": {"read_yaml", "_bounded_loader"}}  # the loader is built there, and used by read_yaml alone
+    assert uses == {"yaml_files.py": {"read_yaml", "_bounded_loader"}}  # the loader is built there, and used by read_yaml alone
 
 
 # ---------------------------------------------------------------------------------------------------

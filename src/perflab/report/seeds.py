@@ -13,7 +13,7 @@ PASSES_B = ("inference forward", "training forward", "training backward")  # the
 
 @lru_cache(maxsize=1)
 def figures() -> dict:
-    from perflab.sweep.spec import read_yaml
+    from perflab.yaml_files import read_yaml
 
     return read_yaml(PATH, "figures file")[0]
 

@@ -1,6 +1,6 @@
 """Experiment specs: a YAML file → validated cases, named comparisons and break-even analyses.
 
-A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
+A spec (loaded with ``perflab.yaml_files.read_yaml``, safe tags only; nothing in it runs as code)::
 
     name: token_reduction                 # optional; the report's title
     description: ...                      # optional
@@ -46,7 +46,6 @@ key path of a mistake); this module reads it (``read_spec``) and expands the dec
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -55,6 +54,7 @@ from typing import Any
 from perflab import spec_schema as schema
 from perflab.errors import PerflabError, show
 from perflab.spec import Case, expand_grid, validate_case
+from perflab.yaml_files import read_yaml
 from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison, Experiment,  # noqa: F401 (re-exported)
                                      case_fields, default_comparisons)
 
@@ -77,70 +77,6 @@ def read_spec(path) -> tuple[Any, str]:
     """A spec file's YAML as plain data, and its text. A key given twice in one mapping is an error naming its path
     (YAML's loaders keep the last silently: two ``grid:`` keys would run the second alone)."""
     return read_yaml(path, "spec file", on_node=_refuse_duplicate_keys)
-
-
-def read_yaml(path, what: str = "YAML file", on_node=None) -> tuple[Any, str]:
-    """A YAML file (one document, safe tags only) as plain data, and its text; ``on_node(source, root node)`` checks the
-    document's nodes before they are constructed. Whatever the file holds, a mistake is one PerflabError naming the
-    file (and the line and column where YAML says): a character YAML refuses (a NUL byte), a syntax error, a tag that
-    would run code (``!!python/object``), an undefined alias."""
-    import yaml
-
-    source = str(path)
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise PerflabError(f"{source}: no such {what}") from None
-    except OSError as exc:
-        raise PerflabError(f"{source}: cannot read the {what} ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise PerflabError(f"{source}: not a text file (a {what} is UTF-8 YAML)") from None
-    loader = None
-    try:
-        loader = _bounded_loader()(text)  # its reader refuses a NUL byte or other control character here, before parsing
-        node = loader.get_single_node()
-        if node is not None and on_node is not None:
-            on_node(source, node)
-        return (loader.construct_document(node) if node is not None else None), text
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise PerflabError(f"{source}: YAML syntax error{where}: {exc.problem or exc.context}") from None
-    except yaml.reader.ReaderError as exc:  # not a MarkedYAMLError: it carries a position in the text, not a mark
-        line = text.count("\n", 0, exc.position) + 1
-        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
-        raise PerflabError(f"{source}: YAML error at line {line}, column {column}: a control character (U+{exc.character:04X}) that "
-                           "YAML does not allow") from None
-    except yaml.YAMLError as exc:
-        raise PerflabError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-MAX_YAML_DEPTH = 64  # a spec nests 5 deep (grid[0].reduction_loc[0]); PyYAML composes a level in two Python frames
-
-
-@functools.cache
-def _bounded_loader():
-    """yaml.SafeLoader that refuses collections nested past ``MAX_YAML_DEPTH`` (a ComposerError at the one too deep):
-    PyYAML composes nodes recursively, so ``[[[...]]]`` 100,000 deep would be a RecursionError."""
-    import yaml
-
-    class BoundedLoader(yaml.SafeLoader):
-        depth = 0
-
-        def compose_node(self, parent, index):
-            self.depth += 1
-            try:
-                if self.depth > MAX_YAML_DEPTH:
-                    raise yaml.composer.ComposerError(None, None, f"nested more than {MAX_YAML_DEPTH} deep",
-                                                      self.peek_event().start_mark)
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
-
-    return BoundedLoader
 
 
 def _refuse_duplicate_keys(source: str, root) -> None:
