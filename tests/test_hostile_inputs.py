@@ -192,6 +192,11 @@ HOSTILE_RESULTS = [
     pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "model": "m\\u001b[31m\\ud800"}\n',
                  "FILE, line 1: model: 'm\\x1b[31m\\ud800': expected text on one line, without control characters",
                  id="terminal-escape-and-lone-surrogate"),
+    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "version": {"\\ud800": 1}}\n',
+                 f'FILE, line 1: version: {{"\\ud800": 1}}: expected {VERSION_WORDS}', id="lone-surrogate-key"),
+    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "\\udc00": 1}\n',
+                 "FILE, line 1: not a perflab result row ('utf-8' codec can't encode character '\\udc00' in position 0: surrogates "
+                 "not allowed)", id="lone-surrogate-top-level-key"),
     pytest.param("b.jsonl", _lines(_row(case={"model": ["m"]})), 'FILE, line 1: case.model: ["m"]: expected a mapping whose model is '
                  "text on one line, without control characters", id="case-model-a-list"),
     pytest.param("b.csv", 'case_id,status,median_ms\n"c1\nc2",ok,2.0\n',
@@ -288,3 +293,36 @@ def test_a_stored_row_nested_100000_deep_is_named_and_skipped(tmp_path):
     assert warning == (f"warning: {b}: row c2 (env): malformed JSON of 200024 characters, cut short or damaged (maximum "
                        "recursion depth exceeded while decoding a JSON array from a unicode string); skipped")
     assert "Only A holds 1 case(s), not compared: m 32px bs1 fp32 eager." in result.stdout
+
+
+# A row with every path of the ratios in it (processes paired, blocks, host-dependent), for the field-by-field sweep below
+_FULL_ROW = _row(process_medians_ms=[2.0, 2.1], process_flags=[[], []], process_sessions=["s1", "s2"], version={"key": "k", "session": "v"},
+                 samples_ms=[2.0, 2.1], sample_rounds=[0, 0], sample_processes=[0, 1], session="q", host_held_ms=1.0, device_ms=1.5,
+                 keep_rate=[0.5], reduction_loc=[3], flags=["high_cv"], label="m 32px", case={"model": "m"})
+_HOSTILE_VALUES = [None, -1, 0, 1e-308, 1e308, "x", "", [], [None], [[1]], {}, {"a": 1}, True, 2**70, [-1.0], ["a\x1b"], "a\ud800",
+                   ["\ud800"], [["\udc00"]], [1e308], {"key": "\ud800"}, {"\ud800": 1}, {"model": ["m"]}]
+
+
+def test_every_field_of_a_row_with_each_hostile_value_is_one_line_or_a_finite_comparison():
+    """Each field compare's readers check (``report.export._FIELDS``: a field added there is swept too), each value of
+    another type or out of range, as a JSON line gives it: ``check_row`` (which read_rows and a store's reader apply to
+    each row) refuses it in one line naming the row and the field, or the comparison it gives is strict JSON."""
+    import json
+
+    from perflab.analysis.regressions import compare_rows
+    from perflab.report.export import _FIELDS, check_row
+
+    refused = set()
+    for field in _FIELDS:
+        for value in _HOSTILE_VALUES:
+            row = json.loads(json.dumps(dict(_FULL_ROW, **{field: value})))
+            try:
+                check_row(row, "b.jsonl, line 1")
+            except PerflabError as exc:
+                assert str(exc).startswith(f"b.jsonl, line 1: {field}") and "\n" not in str(exc), (field, value, str(exc))
+                refused.add(field)
+                continue
+            for sides in ([_FULL_ROW], [row]), ([row], [row]):
+                if sides[0][0]["case_id"] == row["case_id"]:
+                    json.dumps(compare_rows(*sides).to_dict(), allow_nan=False)
+    assert refused == set(_FIELDS)  # each field refuses some of them

@@ -225,9 +225,11 @@ def check_row(row: dict, where: str) -> dict:
 
     try:
         msgspec.convert(row, _typed_row())
-    except msgspec.ValidationError as exc:
-        at = str(exc).partition(" - at `$")[2]
-        path = at.rstrip("`").lstrip(".")
+    except (msgspec.ValidationError, UnicodeEncodeError) as exc:
+        if isinstance(exc, UnicodeEncodeError):  # msgspec encodes text to match its pattern, and cannot encode a lone surrogate
+            path = next(filter(None, (_unencodable(row[key], key) for key in _FIELDS if key in row)), "")
+        else:
+            path = str(exc).partition(" - at `$")[2].rstrip("`").lstrip(".")
         key = re.match(r"[^.\[]*", path).group(0)
         if key not in _FIELDS:
             raise PerflabError(f"{where}: not a perflab result row ({exc})") from None
@@ -236,6 +238,26 @@ def check_row(row: dict, where: str) -> dict:
     if ci and ci[0] is not None and ci[1] is not None and ci[0] > ci[1]:
         raise PerflabError(f"{where}: ci95_ms: {show(ci)}: expected [low, high], low at most high")
     return row
+
+
+def _unencodable(value, path: str, levels: int = 3) -> str | None:
+    """The path of the first text within ``levels`` of ``value`` that UTF-8 cannot encode (of its mapping, for a key)."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            return path
+    elif levels and isinstance(value, dict):
+        for key, item in value.items():
+            found = _unencodable(key, path) or _unencodable(item, f"{path}.{key}", levels - 1)
+            if found:
+                return found
+    elif levels and isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _unencodable(item, f"{path}[{index}]", levels - 1)
+            if found:
+                return found
+    return None
 
 
 def _at(row: dict, path: str):
