@@ -748,38 +748,44 @@ def are_results(a, b) -> bool:
     return held[0]
 
 
-def load_results(item) -> list[dict]:
-    """The result rows ``item`` names (``is_results_path``): a store's (its latest environment's) or a file's."""
+def load_results(item, on_unreadable=None) -> list[dict]:
+    """The result rows ``item`` names (``is_results_path``): a store's (its latest environment's) or a file's, each field
+    of each row of the type and range ``report.export.check_row`` holds it to (PerflabError naming the row otherwise).
+    A stored row that cannot be decoded is left out and passed to ``on_unreadable`` (a warning without it)."""
     from pathlib import Path
 
     from perflab.errors import PerflabError
-    from perflab.report.export import read_rows
+    from perflab.report.export import check_row, read_rows
 
     path = Path(str(item))
     if path.is_dir() or path.suffix in (".sqlite", ".db"):
-        from perflab.sweep.store import STORE_NAME, load_stored
+        from perflab.sweep.store import STORE_NAME, load_stored, report_unreadable
 
         if not path.is_dir() and path.name != STORE_NAME:  # the store is its directory's results.sqlite, nothing else
             raise PerflabError(f"{item}: a store is read as a directory's {STORE_NAME}; give the directory that holds it, "
                                f"with the file named {STORE_NAME}")
         stored = load_stored(path if path.is_dir() else path.parent)
-        versions = {(r.get("version") or {}).get("key") for r in stored.rows}
+        report_unreadable(stored.unreadable, on_unreadable, item)  # its case reads as held by the other side alone
+        if not stored.rows:
+            raise PerflabError(f"{item}: the store holds no rows")
+        rows = [check_row(row, f"{item}, case {row['case_id']}") for row in stored.rows]
+        versions = {(r.get("version") or {}).get("key") for r in rows}
         if len(versions) > 1:
             raise PerflabError(f"{item}: holds rows of {len(versions)} versions (perflab ab or track): `perflab report {item}` "
                                "compares them")
-        if not stored.rows:
-            raise PerflabError(f"{item}: the store holds no rows")
-        return stored.rows
+        return rows
     return read_rows(path)
 
 
-def compare_results(a, b, threshold: float = 0.05):
+def compare_results(a, b, threshold: float = 0.05, on_unreadable=None):
     """Two stored runs compared case by case (``analysis.regressions.compare_rows``): ``a`` and ``b`` are stores
-    (sweep output directories, or their results.sqlite) or ``bench --out`` files (.csv or JSON lines)."""
+    (sweep output directories, or their results.sqlite) or ``bench --out`` files (.csv or JSON lines). A stored row that
+    cannot be decoded is left out and passed to ``on_unreadable(side, store.Unreadable)`` (a warning without it)."""
     from perflab.analysis.regressions import check_threshold, compare_rows
 
     check_threshold(threshold)
-    return compare_rows(load_results(a), load_results(b), threshold)
+    sides = [load_results(side, on_unreadable and (lambda item, side=side: on_unreadable(side, item))) for side in (a, b)]
+    return compare_rows(*sides, threshold)
 
 
 def version_experiment(spec=None, case_options: dict | None = None, root=None, repo=None, name: str = "ab"):

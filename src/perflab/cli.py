@@ -920,9 +920,10 @@ def compare(
     from perflab.report.explain_console import render_comparison
 
     if api.are_results(a, b):
-        result = api.compare_results(a, b, threshold=threshold)
+        result = api.compare_results(a, b, threshold=threshold, on_unreadable=lambda side, item: _warn_unreadable(side, [])(item))
         if as_json:
-            sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b))) + "\n")
+            # strict JSON: the rows' times were checked finite and in range, so no ratio or bound can be NaN or Infinity
+            sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b)), allow_nan=False) + "\n")
         else:
             from perflab.report.versions import render_comparison as render_results
 

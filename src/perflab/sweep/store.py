@@ -368,7 +368,7 @@ def _decode(text, shape: type = dict, wrong: str = "not as stored"):
         if isinstance(text, bytes):  # as the readers select it: not UTF-8 is damage too
             text = text.decode("utf-8")
         value = json.loads(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested past Python's limit
         size = f" of {len(text)} characters" if isinstance(text, str) else ""
         raise ValueError(f"malformed JSON{size}, cut short or damaged ({_short(exc)})") from None
     if not isinstance(value, dict):
