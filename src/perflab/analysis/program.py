@@ -127,7 +127,9 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
     report["accounting"] = {k: summary[k] for k in ("wall_us", "gpu_busy_us", "idle_us", "idle_by_cause_us", "accounting_ns", "kernels",
                                                     "kernels_per_step", "top_kernels", "categories_us", "step_accounting", "launch")}
     report["flops"] = flops.to_dict()
-    report["compiled"] = compiled_split(trace)
+    # a GPU's accounted trace holds no operators (trace.capture.Tracer: they slow the host): the pass with shapes has them
+    report["compiled"] = compiled_split(trace if trace.ops is not None and len(trace.ops) else shapes_trace) if (
+        trace.ops is not None and len(trace.ops)) or shapes_trace is not None else None
     report["traced_verdict"] = summary["launch"]["message"]
     median = timing.get("median_ms")
     # the GPU's time per step: all the traced steps' busy time over their number. A GPU-bound step's kernels run on past

@@ -79,6 +79,8 @@ def build_trace(raw: RawEvents, meta: dict[str, Any]) -> Trace:
     launch_range = _innermost_ranges(ranges, launches)
     kernels = _kernel_table(raw, names, launches, ranges, link, launch_range)
     steps = find_steps(ranges)
+    if not len(steps) and meta.get("step_markers") in ("boundary", "call"):
+        kernels, steps = steps_from_markers(kernels, meta["step_markers"])
     meta = dict(meta)
     meta["cpu_only"] = cpu_only
     meta.update(
@@ -342,6 +344,29 @@ def _dims_columns(dims: np.ndarray) -> tuple[pd.Categorical, pd.Categorical]:
         labels = [f"({k >> 32}, {(k >> 16) & 0xFFFF}, {k & 0xFFFF})" if k >= 0 else "" for k in uniques.tolist()]
         columns.append(pd.Categorical.from_codes(codes, categories=labels))
     return columns[0], columns[1]
+
+
+STEP_MARKER = re.compile(r"spin_kernel")  # torch.cuda._sleep's kernel: perflab's step marker in a CUDA-only trace
+
+
+def steps_from_markers(kernels: pd.DataFrame, kind: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """A CUDA-only trace has no CPU ranges, so perflab's tracer marks each step boundary with a one-cycle kernel of its
+    own (``torch.cuda._sleep(1)``) and says so in the trace's metadata. The steps are then cut at those kernels' launch
+    calls, on the host's timeline as ``ProfilerStep#n`` ranges are: ``boundary``, each marker to the next; ``call``,
+    markers in pairs (a step's start and end). The marker kernels are dropped from the table: they are not the
+    program's work."""
+    names = kernels["name"].astype(str)
+    marker = names.str.contains(STEP_MARKER.pattern, regex=True).to_numpy() & (kernels["launch_tid"].to_numpy() >= 0)
+    marks = kernels[marker].sort_values("launch_start_ns", kind="stable")
+    starts, tids = marks["launch_start_ns"].to_numpy(np.int64), marks["launch_tid"].to_numpy(np.int64)
+    if kind == "call":
+        pairs = [(starts[i], starts[i + 1], tids[i]) for i in range(0, len(starts) - 1, 2)]
+    else:
+        pairs = [(starts[i], starts[i + 1], tids[i]) for i in range(len(starts) - 1)]
+    steps = pd.DataFrame({"step": np.arange(len(pairs), dtype=np.int64), "name": [f"ProfilerStep#{i}" for i in range(len(pairs))],
+                          "start_ns": np.array([p[0] for p in pairs], dtype=np.int64), "end_ns": np.array([p[1] for p in pairs], dtype=np.int64),
+                          "tid": np.array([p[2] for p in pairs], dtype=np.int64)})
+    return kernels[~marker].reset_index(drop=True), steps
 
 
 def find_steps(ranges: pd.DataFrame) -> pd.DataFrame:

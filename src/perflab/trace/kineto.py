@@ -108,6 +108,7 @@ class _Head(msgspec.Struct):
     cuda_runtime_version: Any = None
     cuda_driver_version: Any = None
     distributedInfo: Any = None
+    perflab_step_markers: Any = None  # a CUDA-only trace of perflab's: its steps are marker kernels (trace.build)
 
 
 class _Tail(_Head):
@@ -326,6 +327,7 @@ def _meta(path: Path, head_fields: _Head | None, tail: _Head) -> dict[str, Any]:
         "cuda_runtime_version": first("cuda_runtime_version"),
         "cuda_driver_version": first("cuda_driver_version"),
         "distributed": first("distributedInfo"),
+        "step_markers": first("perflab_step_markers"),
     }
 
 
