@@ -35,7 +35,7 @@ def render_comparison(console, c) -> None:
     console.print(table)
 
     seed = c.seed_table()
-    t2 = Table(title="GPU time vs throughput (seed 000's table, per step)", header_style="bold")
+    t2 = Table(title="GPU time vs throughput (the token-reduction study's table, per step)", header_style="bold")
     for col in ("configuration", "GPU time ms", "kernels", "mean kernel µs", "wall ms", "GPU busy", "img/s"):
         t2.add_column(col, justify="left" if col == "configuration" else "right")
     for r in seed.to_dict(orient="records"):

@@ -216,7 +216,7 @@ def combined_table(comparison: Comparison, entries: list[dict], common: set[str]
         body.append([str(e["input_size"]), str(e["batch_size"]), tp_cell(e["base_row"]), tp_cell(e["var_row"]), speedup_cell(e),
                      delta_cell(e), _num(e["baseline_gflops"], ".2f"), _num(e["variant_gflops"], ".2f"), tokens_cell(e)]
                     + ([canary_pair_cell(e)] if canary else []) + [flags_cell(e, common)])
-    return ["#### All input sizes (seed 002 \"Hypothesis Validation\" shape)", md_table(headers, body)]
+    return ["#### All input sizes (the token-reduction study's \"Hypothesis Validation\" shape)", md_table(headers, body)]
 
 
 def group_key(comparison: Comparison, row: dict) -> tuple:
