@@ -661,13 +661,17 @@ def compare_items(a: str, b: str, per_side: dict, **common) -> list:
 def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None), by_module: bool = False):
     """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile
     (``by_module``: with module ranges, so the comparison says which modules changed; two traces that recorded
-    module ranges are compared module by module too)."""
+    module ranges are compared module by module too). ``batch_size``: items per step of a trace side, for its
+    throughput (a profiled Case's are its row's). Two traces are labelled by what tells them apart: the program and
+    arguments of the ``perflab run`` that wrote each (its run.json beside it), else the shortest path suffixes that
+    differ."""
     from pathlib import Path
 
-    from perflab.analysis.compare import compare_traces
+    from perflab.analysis.compare import compare_traces, side_labels
     from perflab.trace.load import load_trace
+    from perflab.workloads import item_of
 
-    traces, names, batches = [], [], list(batch_size)
+    traces, names, items, rows = [], [], list(batch_size), []
     for i, item in enumerate((a, b)):
         if isinstance(item, Case):
             result = profile_case(item, out_dir, steps=steps, by_module=by_module)
@@ -677,11 +681,16 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
                 raise PerflabError(f"{item.label()} could not be profiled ({result['row']['status']}: {result['row'].get('message')})")
             traces.append(result["report"].trace)
             names.append(item.label())
-            batches[i] = batches[i] or item.batch_size
+            rows.append(result["row"])
+            items[i] = items[i] or result["row"].get("items_per_step") or item.batch_size
         else:
             traces.append(load_trace(item))
-            names.append(Path(item).name)
-    return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(batches))
+            names.append(None)
+    if None in names:  # traces: by what tells them apart (run.json's program beside each, else their paths)
+        traced = side_labels([Path(str(x)) for x in (a, b)])
+        names = [name or traced[i] for i, name in enumerate(names)]
+    item = item_of(rows) if len(rows) == 2 else None  # img or token: what the throughput counts, both sides profiled alike
+    return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(items), item=item)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -21,40 +21,47 @@ def _signed_ms(ns: float) -> str:
 
 def render_comparison(console, c) -> None:
     a, b = c.labels
+    w = c.words  # a GPU trace's kernels and GPU time, or a CPU trace's operators
     table = Table(title=f"Per step: {b} − {a} (ms; exact decomposition)", header_style="bold")
     for col in ("term", a, b, "Δ"):
         table.add_column(col, justify="left" if col == "term" else "right")
     table.add_row("[bold]wall[/bold]", _ms(c.a.wall_ns), _ms(c.b.wall_ns), _signed_ms(c.delta_wall_ns))
     for cat, delta in sorted(c.delta_by_category.items(), key=lambda kv: -abs(kv[1])):
-        table.add_row(f"  GPU time: {cat}", _ms(c.a.category_ns.get(cat, 0.0)), _ms(c.b.category_ns.get(cat, 0.0)), _signed_ms(delta))
+        table.add_row(f"  {w.time}: {cat}", _ms(c.a.category_ns.get(cat, 0.0)), _ms(c.b.category_ns.get(cat, 0.0)), _signed_ms(delta))
     if c.a.overlap_ns or c.b.overlap_ns:
         table.add_row("  − overlap (streams / spill)", _ms(-c.a.overlap_ns), _ms(-c.b.overlap_ns), _signed_ms(-c.delta_overlap_ns))
     for cause, delta in c.delta_idle_by_cause.items():
-        table.add_row(f"  idle: {cause.replace('_', ' ')}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta))
+        if c.cpu_only and cause != "host_bound" and not (delta or c.a.idle_ns[cause]):
+            continue  # a CPU trace's operators launch themselves: no kernel gap
+        label = w.idle if cause == "host_bound" and c.cpu_only else f"idle: {cause.replace('_', ' ')}"
+        table.add_row(f"  {label}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta))
     table.add_row("closure (wall − Σ terms)", "", "", f"{c.closure_ns():.2g} ns")
     console.print(table)
 
-    seed = c.seed_table()
-    t2 = Table(title="GPU time vs throughput (the token-reduction study's table, per step)", header_style="bold")
-    for col in ("configuration", "GPU time ms", "kernels", "mean kernel µs", "wall ms", "GPU busy", "img/s"):
+    t2 = Table(title=f"{w.time[0].upper() + w.time[1:]} vs throughput (the token-reduction study's table, per step)", header_style="bold")
+    records = c.throughput_table().to_dict(orient="records")
+    known = [r["throughput_per_s"] is not None and not math.isnan(r["throughput_per_s"]) for r in records]
+    columns = ["configuration", "operators ms" if c.cpu_only else "GPU time ms", w.works, f"mean {w.work} µs", "wall ms",
+               "in operators" if c.cpu_only else "GPU busy"] + ([c.throughput_unit] if any(known) else [])  # traces: no items known
+    for col in columns:
         t2.add_column(col, justify="left" if col == "configuration" else "right")
-    for r in seed.to_dict(orient="records"):
-        tp = r["throughput_per_s"]
+    for r, has in zip(records, known):
+        tp = [f"{r['throughput_per_s']:.1f}" if has else "–"] if any(known) else []
         t2.add_row(r["configuration"], f"{r['gpu_time_ms_per_step']:.4f}", f"{r['kernels_per_step']:.0f}", f"{r['mean_kernel_us']:.2f}",
-                   f"{r['wall_ms_per_step']:.4f}", f"{r['gpu_busy_share']:.0%}", f"{tp:.1f}" if tp is not None and not math.isnan(tp) else "–")
+                   f"{r['wall_ms_per_step']:.4f}", f"{r['gpu_busy_share']:.0%}", *tp)
     console.print(t2)
 
-    for title, frame in (("kernels added per step", c.added_kernels), ("kernels removed per step", c.removed_kernels)):
+    for title, frame in ((f"{w.works} added per step", c.added_kernels), (f"{w.works} removed per step", c.removed_kernels)):
         if len(frame):
             t3 = Table(title=f"{title} ({b} vs {a})", header_style="bold")
-            for col in ("kernel", "Δ count", "Δ time µs"):
-                t3.add_column(col, justify="left" if col == "kernel" else "right", overflow="fold" if col == "kernel" else "ellipsis")
+            for col in (w.work, "Δ count", "Δ time µs"):
+                t3.add_column(col, justify="left" if col == w.work else "right", overflow="fold" if col == w.work else "ellipsis")
             for r in frame.head(10).to_dict(orient="records"):
                 t3.add_row(str(r["name"]), f"{r['delta_count']:+.0f}", f"{r['delta_time_ns'] / 1e3:+.2f}")
             console.print(t3)
     modules = c.extra.get("modules")
     if modules is not None and len(modules):
-        t4 = Table(title=f"modules that changed (inclusive GPU time per step, {b} vs {a})", header_style="bold")
+        t4 = Table(title=f"modules that changed (inclusive {w.time} per step, {b} vs {a})", header_style="bold")
         for col in ("pass", "module", f"{a} µs", f"{b} µs", "Δ µs", "ratio"):
             t4.add_column(col, justify="left" if col in ("pass", "module") else "right")
         for r in modules.to_dict(orient="records"):
