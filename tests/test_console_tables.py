@@ -275,3 +275,19 @@ def test_too_narrow_for_whole_words_the_columns_that_tell_rows_apart_keep_their_
     cells = [[c.strip() for c in line.split("│")[1:4]] for line in lines if line.startswith("│") and line.split("│")[1].strip()]
     # rich squeezed every column evenly, and the bs column (2 wide) to nothing: bs 1 and bs 64 could not be told apart
     assert [(bs, mode) for _, bs, mode in cells] == [(str(r["batch_size"]), r["mode"]) for r in rows]
+
+
+def test_a_warning_names_its_rows_as_the_table_does_not_by_a_number_the_table_never_shows():
+    """make demo's four rows (two models at two batch sizes): high_cv on one row named by its model and batch size,
+    the table's own cells, not "m4"."""
+    from perflab.report.console import table_names, warning_lines
+
+    labels = [f"{model} 224px bs{bs} fp32 eager" for model in ("deit_tiny_patch16_224", "topk_deit_tiny_patch16_224 kr0.1@3,6,9")
+              for bs in (1, 8)]
+    rows = [_row(label, [], []) for label in labels]
+    rows[3] = _row(labels[3], ["high_cv", "host_contention"], ["timing samples vary by CV 13%", "the timing thread waited"])
+    rows[0] = _row(labels[0], ["host_contention"], ["the timing thread waited"])
+    assert warning_lines(rows) == ["[yellow]warning[/yellow]: host_contention (deit_tiny_patch16_224 bs1, topk_deit_tiny_patch16_224 "
+                                   "kr0.1@3,6,9 bs8): the timing thread waited | high_cv (topk_deit_tiny_patch16_224 kr0.1@3,6,9 bs8): "
+                                   "timing samples vary by CV 13%"]
+    assert table_names([_row("a bs1", [], []), _row("a bs1", [], [])]) == {"a bs1": "a bs1"}

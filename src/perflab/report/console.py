@@ -159,7 +159,6 @@ def warning_lines(rows: list[dict]) -> list[str]:
     that failed) is said once where every row has it, else on its rows' lines. Expected absences (no power meter on a
     CPU) are no warnings."""
     from perflab.measure.checks import FLAG_SUMMARIES, NOISE_FLAGS
-    from perflab.report.fit import short_forms
 
     lines = [f"[red]{r['status']}[/red]: {escape(row_label(r))}: {escape(str(r.get('message')))}" for r in rows if r.get("status") != "ok"]
     ok = [r for r in rows if r.get("status") == "ok"]
@@ -178,7 +177,7 @@ def warning_lines(rows: list[dict]) -> list[str]:
     if len(ok) == 1:
         return lines + [f"[yellow]warning[/yellow]: {escape(row_label(ok[0]))}: "
                         + " | ".join([f"{flag}: {escape(h[0][1])}" for flag, h in hits.items()] + [escape(m) for m in unflagged])]
-    labels = short_forms([row_label(r) for r in ok], sep=" ")
+    labels = table_names(rows)
     shared, own = [], []
     for flag, found in hits.items():
         if len(found) == len(ok) or flag in NOISE_FLAGS:
@@ -194,6 +193,17 @@ def warning_lines(rows: list[dict]) -> list[str]:
         else:
             own += [f"[yellow]warning[/yellow]: {escape(row_label(r))}: {escape(message)}" for r in found]
     return lines + ([f"[yellow]warning[/yellow]: {' | '.join(shared)}"] if shared else []) + own
+
+
+def table_names(rows: list[dict]) -> dict[str, str]:
+    """Each row's name as the table shows it: the words of its label (model, shape, ``bs8``, dtype, mode) that not
+    every row shares, in order (``deit_tiny_patch16_224 bs8``); its whole label where that would not tell it apart."""
+    words = {label: label.split(" ") for label in dict.fromkeys(row_label(r) for r in rows)}
+    shared = set.intersection(*(set(w) for w in words.values())) if words else set()
+    names = {label: " ".join(w for w in ws if w not in shared) or label for label, ws in words.items()}
+    if len(set(names.values())) < len(names):
+        return {label: label for label in names}
+    return names
 
 
 def exempt_line(rows: Iterable[dict], limit: int = 6) -> str | None:
