@@ -96,7 +96,11 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
             return f"[red]{row['status']}[/red]: {escape(row.get('message') or '')}"
         return ", ".join(f for f in row.get("flags") or [] if f not in common) or ("–" if common else "[green]ok[/green]")
 
-    columns = [
+    from perflab.report.versions import version_cell, version_header
+
+    version = version_header(rows)  # rows of ab or track: which revision or interpreter each is
+    columns = ([Column(version, cells(lambda r: escape(version_cell(r.get("version")))), key=True, caption_as=f"{version} {{}}")]
+               if version else []) + [
         Column("model", cells(lambda r: escape(model_label(r))), key=True, short=True, caption_as="{}"),
         Column("size" if classify_only else "shape", cells(lambda r: escape(shape_label(r))), "right" if classify_only else "left", key=True, caption_as="{}"),
         Column("bs", cells(lambda r: str(r["batch_size"])), "right", key=True, caption_as="bs {}"),

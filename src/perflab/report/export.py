@@ -38,9 +38,11 @@ PERFLAB_COLUMNS = [
     "latency_ms_per_batch", "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m",
     "peak_mem_alloc_mb", "peak_mem_reserved_mb", "energy_j", "power_w", "host_canary_us", "flags", "message",
     "ci_level", "processes", "process_medians_ms", "host_held_ms", "device_ms",
+    "version_name", "revision", "commit", "interpreter",  # ab and track: the row's version (A, B or the revision as given)
 ]
 # Columns read back as text, and as whole numbers (read_rows); the others are numbers, or empty for none.
-TEXT_COLUMNS = {"run_name", "case_id", "status", "model", "method", "dtype", "mode", "attn", "device_name", "message", "ci_level"}
+TEXT_COLUMNS = {"run_name", "case_id", "status", "model", "method", "dtype", "mode", "attn", "device_name", "message", "ci_level",
+                "version_name", "revision", "commit", "interpreter"}
 INT_COLUMNS = {"input_size", "batch_size", "processes"}
 LIST_COLUMNS = {"keep_rate": float, "reduction_loc": int, "tokens": int, "flags": str, "process_medians_ms": float}
 
@@ -76,6 +78,10 @@ def perflab_values(row: dict) -> dict:
     for key in LIST_COLUMNS:
         v = row.get(key)
         values[key] = " ".join(map(str, v)) if v else ""
+    version = row.get("version") if isinstance(row.get("version"), dict) else None
+    if version is not None:  # a stored row of ab or track (a CSV read back holds these columns themselves)
+        values.update(version_name=version.get("name"), revision=version.get("revision"), commit=version.get("commit"),
+                      interpreter=version.get("python"))
     return values
 
 
