@@ -291,3 +291,21 @@ def test_a_warning_names_its_rows_as_the_table_does_not_by_a_number_the_table_ne
                                    "kr0.1@3,6,9 bs8): the timing thread waited | high_cv (topk_deit_tiny_patch16_224 kr0.1@3,6,9 bs8): "
                                    "timing samples vary by CV 13%"]
     assert table_names([_row("a bs1", [], []), _row("a bs1", [], [])]) == {"a bs1": "a bs1"}
+
+
+def test_host_us_is_explained_under_the_table_that_shows_it():
+    rows = recorded()
+    wide = " ".join(render(bench_table(rows), width=10_000).split())
+    assert "┃ host µs ┃" in wide
+    assert ("host µs: the host's speed around the case, a fixed CPU micro-workload (Python and tiny torch ops) timed before and after "
+            "the timed loop, µs a run (lower: a faster host), and its ratio to the median of its environment's rows") in wide
+    without = [{k: v for k, v in r.items() if k != "host_canary_us"} for r in rows]
+    assert "host µs" not in render(bench_table(without), width=10_000)  # rows before the canary: no column, no legend
+
+
+def test_gflops_of_a_tiny_decode_are_shown_with_significant_digits_not_as_zero():
+    from perflab.report.md import gflops
+
+    assert [gflops(v) for v in (35.14, 1.0, 0.000252, 0.0123, 0.5, None)] == ["35.14", "1.00", "0.000252", "0.0123", "0.5", "–"]
+    rows = [dict(r, gflops=0.000252) for r in recorded()[:1]]
+    assert "0.000252" in render(bench_table(rows), width=10_000)

@@ -7,7 +7,7 @@ from typing import Iterable
 from rich.markup import escape
 
 from perflab.report.fit import Column, FittedTable
-from perflab.report.md import ci_note, formula_cell
+from perflab.report.md import ci_note, formula_cell, gflops
 
 
 def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
@@ -109,7 +109,7 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         Column(("ms/batch" if classify_only else "ms/step") + (" (95% CI)" if full_ci else " (CI)"), cells(timing), "right"),
         Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms(r.get("latency_ms_per_sample"))), "right", drop=2),
         Column(f"{unit}/s", cells(lambda r: _fmt(throughput(r), ".1f")), "right"),
-        Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: _fmt(r.get("gflops"), ".2f")), "right", drop=5),
+        Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: gflops(r.get("gflops"))), "right", drop=5),
     ]
     if any_gpu:
         columns.append(Column("MFU (counted)", cells(lambda r: _fmt(r.get("mfu"), ".1%")), "right"))
@@ -129,7 +129,12 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         columns += [Column("node", cells(lambda r: escape(f"{r.get('node_host') or '–'}:{(r.get('node_id') or '')[:6]}")), key=True),
                     Column("GPU", cells(lambda r: escape(r.get("gpu_name") or "–")), key=True)]
     caption = [f"flags on every row: {', '.join(f for f in ok_rows[0]['flags'] if f in common)}"] if common else []
+    caption += [HOST_CAPTION] if any_canary else []
     return FittedTable(columns, title=title, caption=caption + ([] if full_ci else [CI_CAPTION]))
+
+
+HOST_CAPTION = ("host µs: the host's speed around the case, a fixed CPU micro-workload (Python and tiny torch ops) timed before and "
+                "after the timed loop, µs a run (lower: a faster host), and its ratio to the median of its environment's rows")
 
 
 CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run); from fewer, the coverage they guarantee "
@@ -274,9 +279,9 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
         note = ci_note(p.get("speedup_ci_coverage"), p.get("speedup_ci_range_of"))
         return f"{c[0]:.3f}–{c[1]:.3f}" + (f" {note}" if note else "")
 
-    def gflops(p):
+    def gflops_cell(p):
         b, v = p.get("baseline_gflops"), p.get("variant_gflops")
-        return "–" if b is None or v is None else (f"{b:.2f}" if round(b, 2) == round(v, 2) else f"{b:.2f} → {v:.2f}")
+        return "–" if b is None or v is None else (gflops(b) if gflops(b) == gflops(v) else f"{gflops(b)} → {gflops(v)}")
 
     columns = [Column("baseline", cells(lambda p: _compared_value(field, p["rows"][0])), key=True, short=True),
                Column("variant", cells(lambda p: _compared_value(field, p["rows"][1])), key=True, short=True)]
@@ -288,7 +293,7 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
                 Column("speedup", cells(speedup), "right")]
     if any_paired:
         columns.append(Column("paired 95% CI" if full_ci else "paired CI", cells(ci), "right"))
-    columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops), "right", drop=1),
+    columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops_cell), "right", drop=1),
                 Column("verdict", cells(verdict), wrap=True)]
     caption = []
     if any_paired:

@@ -30,7 +30,7 @@ from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_
 from perflab.report import plots
 from perflab.report.md import FAILED, escape as _escape, md_table
 from perflab.report.md import num as _num
-from perflab.report.md import formula_cell
+from perflab.report.md import formula_cell, gflops
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.experiment import Comparison, case_fields, default_comparisons
@@ -215,7 +215,7 @@ def combined_table(comparison: Comparison, entries: list[dict], common: set[str]
     body = []
     for e in sorted(entries, key=lambda e: (e["input_size"], e["batch_size"])):
         body.append([str(e["input_size"]), str(e["batch_size"]), tp_cell(e["base_row"]), tp_cell(e["var_row"]), speedup_cell(e),
-                     delta_cell(e), _num(e["baseline_gflops"], ".2f"), _num(e["variant_gflops"], ".2f"), tokens_cell(e)]
+                     delta_cell(e), gflops(e["baseline_gflops"]), gflops(e["variant_gflops"]), tokens_cell(e)]
                     + ([canary_pair_cell(e)] if canary else []) + [flags_cell(e, common)])
     return ["#### All input sizes (the token-reduction study's \"Hypothesis Validation\" shape)", md_table(headers, body)]
 
@@ -676,7 +676,7 @@ def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
         body.append(([_escape(version_cell(r.get("version")))] if version else []) + [
             _model_label(r), str(r.get("input_size")) if classify else shape_label(r), str(r.get("batch_size")), str(r.get("dtype")),
             str(r.get("mode")), "ok" if ok else status_cell(r), _ms_cell(r) if ok else "–", _num(r.get("latency_ms_per_sample"), ".4g"),
-            _num(r.get("throughput_per_s") if classify else r.get("items_per_s"), ".2f"), _num(r.get("gflops"), ".2f"),
+            _num(r.get("throughput_per_s") if classify else r.get("items_per_s"), ".2f"), gflops(r.get("gflops")),
             ("→".join(map(str, r["tokens"])) if r.get("tokens") else "–") if classify else _num(r.get("mfu"), ".1%"),
         ] + ([] if classify else [formula_cell(r)]) + [
             _num(r.get("cv"), ".1%"),
