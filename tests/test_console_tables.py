@@ -153,6 +153,8 @@ def test_two_samples_give_no_95_percent_label(monkeypatch):
     rows = json.loads(run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2",
                                    "--repeats", "2", "--warmup", "1", "--format", "json").stdout)
     assert rows["n_samples"] == 2 and rows["ci_level"] == "pooled" and rows["ci_coverage"] == 0.5
+    # the JSON's CI key names no level it does not have: ci_ms beside its level (ci95_ms, the same, kept one release)
+    assert rows["ci_ms"] == rows["ci95_ms"] == sorted(rows["samples_ms"])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -306,6 +308,7 @@ def test_host_us_is_explained_under_the_table_that_shows_it():
 def test_gflops_of_a_tiny_decode_are_shown_with_significant_digits_not_as_zero():
     from perflab.report.md import gflops
 
-    assert [gflops(v) for v in (35.14, 1.0, 0.000252, 0.0123, 0.5, None)] == ["35.14", "1.00", "0.000252", "0.0123", "0.5", "–"]
+    assert [gflops(v) for v in (35.14, 1.0, 0.829, 0.000252, 0.0123, 0.0, None)] == ["35.14", "1.00", "0.83", "0.00025", "0.012", "0",
+                                                                                     "–"]
     rows = [dict(r, gflops=0.000252) for r in recorded()[:1]]
-    assert "0.000252" in render(bench_table(rows), width=10_000)
+    assert "0.00025" in render(bench_table(rows), width=10_000)

@@ -908,6 +908,20 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
     return summary, revision_series(rows, [(v.key, v.name) for v in plan.versions], threshold)
 
 
+EXPLAIN_DTYPES = {"cuda": "bf16", "cpu": "fp32"}  # explain's dtype where none is given: a GPU's tensor-core dtype; the CPU's own
+
+
+def explain_dtype(device: str) -> tuple[str, str]:
+    """The dtype ``perflab explain`` uses on ``device`` when --dtype is not given (bf16 on a GPU, fp32 on the CPU), and
+    the line that says so."""
+    from perflab.runtime.device import resolve_device
+
+    where = resolve_device(device) if device.lower() == "auto" else ("cpu" if device.lower() == "cpu" else "cuda")
+    dtype = EXPLAIN_DTYPES[where]
+    return dtype, (f"dtype {dtype}: explain's default on the {'GPU' if where == 'cuda' else 'CPU'} (bf16 on a GPU, fp32 on the CPU; "
+                   f"--dtype to choose)")
+
+
 def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True,
             fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None, gpus: Sequence[int] | None = None):
     """Why ``case`` takes its time (and how it differs from ``vs``), per-pass floors, predictions for other modes

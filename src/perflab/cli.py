@@ -945,7 +945,8 @@ def explain(
     max_memory: Optional[str] = OPT_MAX_MEMORY,
     family: Optional[str] = OPT_FAMILY,
     attn: str = OPT_ATTN,
-    dtype: str = typer.Option("bf16", "--dtype"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, tf32, bf16 or fp16 (default: bf16 on a GPU, fp32 on the CPU; "
+                                        "the output says which)."),
     device: str = typer.Option("cuda", "--device"),
     modes: List[str] = typer.Option([], "--modes", help="Modes to predict and then measure (default: cudagraph and compile:reduce-overhead)."),
     fixes: List[str] = typer.Option([], "--fixes", help="Fixes to predict and then measure: optimizer:NAME, checkpoint, batch:N, a mode, "
@@ -986,6 +987,9 @@ def explain(
     from perflab.report.explain_console import render_explanation
 
     ranks = _ranks(parallel, gpus, world_size, device)
+    dtype_note = None
+    if dtype is None:
+        dtype, dtype_note = api.explain_dtype(device)
     cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
                            reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, optimizer=optimizer,
                            checkpoint_activations=checkpoint_activations, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats,
@@ -998,8 +1002,10 @@ def explain(
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
                              fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget, gpus=ranks.gpus)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+        sys.stdout.write(json.dumps(dict(result.to_dict(), dtype_note=dtype_note)) + "\n")
     else:
+        if dtype_note:
+            out.print(dtype_note, soft_wrap=True, markup=False)
         render_explanation(out, result)
     if markdown is not None:
         from perflab.report.explain_markdown import explanation_markdown

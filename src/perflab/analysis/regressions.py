@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 
 from perflab.errors import PerflabError
 from perflab.measure.canary import HOST_FLAGS  # host_drift, host_contention (torch-free: flags are judged on rows)
-from perflab.measure.stats import paired_ratio as stats_paired_ratio, paired_ratios, t975
+from perflab.measure.stats import ci_coverage_of, paired_ratio as stats_paired_ratio, paired_ratios, t975
 
 LEVEL = 0.95  # every CI here is a 95% interval (t975 quantiles)
 DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
@@ -337,6 +337,7 @@ class RevisionPoint:
     status: str
     median_ms: float | None = None
     ci_ms: list | None = None
+    ci_coverage: float | None = None  # what ci_ms may claim (0.95 from 5 units; from fewer, less)
     step: CaseChange | None = None  # against the previous point with an ok row; None for the first
 
     @property
@@ -375,7 +376,7 @@ def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: f
                 continue
             point = RevisionPoint(key, names[key], row.get("status") or "?")
             if point.status == "ok":
-                point.median_ms, point.ci_ms = row.get("median_ms"), _ci(row)
+                point.median_ms, point.ci_ms, point.ci_coverage = row.get("median_ms"), _ci(row), ci_coverage_of(row)
                 if previous is not None:
                     point.step = compare_case(previous, row, threshold)
                 previous = row

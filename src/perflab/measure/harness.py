@@ -441,8 +441,8 @@ def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
     """Set the row's figures that follow from its timing samples (median, spread, CIs, latency, throughput, FLOP/s,
     the GPU's busy share); the samples of several processes are merged this way too (``bench --processes``).
 
-    ``ci95_ms`` is the hierarchical CI (``measure.stats.hierarchical_ci``: across processes, else stretches of the
-    run), ``ci_level`` says which, ``ci_coverage`` what it may claim (0.95 from 5 units or more; from fewer, what their
+    ``ci_ms`` is the hierarchical CI (``measure.stats.hierarchical_ci``: across processes, else stretches of the
+    run; ``ci95_ms`` holds the same for one more release), ``ci_level`` says which, ``ci_coverage`` what it may claim (0.95 from 5 units or more; from fewer, what their
     ranks guarantee: ``measure.stats.order_coverage``); ``ci95_within_ms`` the order-statistics CI of the pooled
     blocks, as before."""
     summary = summarize(samples)
@@ -450,7 +450,7 @@ def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
     median = summary.median
     row.update(
         median_ms=median, p10_ms=summary.p10, p90_ms=summary.p90, mean_ms=summary.mean, cv=summary.cv,
-        ci95_ms=[ci.low, ci.high], ci_level=ci.level, ci_units=ci.n_units, ci_coverage=ci.coverage,
+        ci_ms=[ci.low, ci.high], ci95_ms=[ci.low, ci.high], ci_level=ci.level, ci_units=ci.n_units, ci_coverage=ci.coverage,
         ci95_within_ms=[summary.ci95_low, summary.ci95_high], ci95_coverage=summary.ci_coverage,
         latency_ms_per_batch=median, latency_ms_per_sample=median / row["batch_size"],
         throughput_per_s=row["batch_size"] * 1000.0 / median,
@@ -585,6 +585,7 @@ def base_row(case: Case, env: dict) -> dict:
         "p10_ms": None,
         "p90_ms": None,
         "cv": None,
+        "ci_ms": None,
         "ci95_ms": None,
         "latency_ms_per_batch": None,
         "latency_ms_per_sample": None,

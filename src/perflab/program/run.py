@@ -40,7 +40,8 @@ def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
     s = summarize(step_ms)
     ci = hierarchical_ci(step_ms)
     return {"steps": s.n, "median_ms": s.median, "mean_ms": s.mean, "p10_ms": s.p10, "p90_ms": s.p90, "cv": s.cv,
-            "ci95_ms": [ci.low, ci.high], "ci_level": ci.level, "ci_units": ci.n_units, "samples_ms": step_ms,
+            "ci_ms": [ci.low, ci.high], "ci_coverage": ci.coverage, "ci95_ms": [ci.low, ci.high], "ci_level": ci.level,
+            "ci_units": ci.n_units, "samples_ms": step_ms,
             "host_median_ms": float(summarize(host_ms).median) if host_ms else None}
 
 

@@ -38,6 +38,7 @@ PERFLAB_COLUMNS = [
     "latency_ms_per_batch", "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m",
     "peak_mem_alloc_mb", "peak_mem_reserved_mb", "energy_j", "power_w", "host_canary_us", "flags", "message",
     "ci_level", "processes", "process_medians_ms", "host_held_ms", "device_ms",
+    "ci_coverage",  # what the CI may claim: 0.95 from 5 units or more (ci95_low_ms/ci95_high_ms are named for one more release)
     "version_name", "revision", "commit", "interpreter",  # ab and track: the row's version (A, B or the revision as given)
 ]
 # Columns read back as text, and as whole numbers (read_rows); the others are numbers, or empty for none.

@@ -25,11 +25,11 @@ def num(value, spec: str) -> str:
 
 
 def gflops(value) -> str:
-    """GFLOPs in a table cell: two decimals from 1 up (35.14), else three significant digits (a tiny decode's 0.00123,
-    not 0.00); ``–`` for none."""
+    """GFLOPs in a table cell: two decimals from 0.1 up (35.14, 0.83), else two significant digits (a tiny decode's
+    0.00025, not 0.00); ``–`` for none."""
     if value is None or (isinstance(value, float) and value != value):
         return "–"
-    return f"{value:.2f}" if abs(value) >= 1 else f"{value:.3g}"
+    return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.2g}"
 
 
 def with_ci(value, ci, spec: str, unit: str = "", without: str = " (unpaired)") -> str:

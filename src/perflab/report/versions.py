@@ -152,7 +152,8 @@ def render_series(console, all_series, threshold: float) -> None:
 
 def series_dict(series) -> dict:
     return {"case_id": series.case_id, "label": series.label, "change_points": [p.name for p in series.change_points],
-            "points": [{"revision": p.name, "key": p.version, "status": p.status, "median_ms": p.median_ms, "ci95_ms": p.ci_ms,
+            "points": [{"revision": p.name, "key": p.version, "status": p.status, "median_ms": p.median_ms, "ci_ms": p.ci_ms,
+                        "ci_coverage": p.ci_coverage, "ci95_ms": p.ci_ms,
                         "step": p.step.to_dict() if p.step else None} for p in series.points]}
 
 
