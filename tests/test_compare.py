@@ -241,9 +241,16 @@ def test_traces_written_by_perflab_run_are_labelled_by_their_programs(tmp_path):
     for side, lr in (("a", "1e-3"), ("b", "3e-4")):
         (tmp_path / side).mkdir()
         shutil.copy(CPU_ONLY_TRACE, tmp_path / side / "trace.json.gz")
-        (tmp_path / side / "run.json").write_text(json.dumps({"program": f"train.py --lr {lr}", "steps_from": "optimizer steps"}))
+        (tmp_path / side / "run.json").write_text(json.dumps({"program": f"train.py --lr {lr}", "steps_from": "optimizer steps",
+                                                              "traced": {"trace_path": "elsewhere/trace.json.gz"}}))
     c = api.compare(tmp_path / "a" / "trace.json.gz", tmp_path / "b" / "trace.json.gz")
     assert c.labels == ("train.py --lr 1e-3", "train.py --lr 3e-4")
+    # the run.json itself names its side: its trace is the one beside it (the run started elsewhere)
+    assert api.compare(tmp_path / "a" / "run.json", tmp_path / "b" / "run.json").labels == ("train.py --lr 1e-3", "train.py --lr 3e-4")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "run.json").write_text(json.dumps({"program": "train.py", "traced": None}))
+    with pytest.raises(PerflabError, match="its run traced no step"):
+        api.compare(tmp_path / "a" / "run.json", tmp_path / "c" / "run.json")
     (tmp_path / "b" / "run.json").write_text(json.dumps({"program": "train.py --lr 1e-3"}))  # one program twice: their paths
     assert api.compare(tmp_path / "a" / "trace.json.gz", tmp_path / "b" / "trace.json.gz").labels == ("a/trace.json.gz", "b/trace.json.gz")
 

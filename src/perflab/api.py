@@ -658,6 +658,28 @@ def compare_items(a: str, b: str, per_side: dict, **common) -> list:
     return [Path(item) if is_trace_path(item) else case_of(item, i) for i, item in enumerate((a, b))]
 
 
+def run_trace(item):
+    """The trace a side names: a trace file as it is, or for ``perflab run``'s run.json the trace written beside it."""
+    import json
+    from pathlib import Path
+
+    from perflab.errors import PerflabError
+
+    path = Path(str(item))
+    if path.name != "run.json":
+        return path
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise PerflabError(f"{path}: cannot read it as perflab run's report ({getattr(exc, 'strerror', None) or exc})") from None
+    traced = report.get("traced") if isinstance(report, dict) else None
+    trace = traced.get("trace_path") if isinstance(traced, dict) else None
+    if not isinstance(trace, str) or not trace:
+        raise PerflabError(f"{path}: its run traced no step (perflab run --trace 0, or it ended first); compare needs a trace")
+    return path.parent / Path(trace).name  # beside it, wherever the run was started from
+
+
 def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None), by_module: bool = False):
     """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile
     (``by_module``: with module ranges, so the comparison says which modules changed; two traces that recorded
@@ -684,10 +706,10 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
             rows.append(result["row"])
             items[i] = items[i] or result["row"].get("items_per_step") or item.batch_size
         else:
-            traces.append(load_trace(item))
+            traces.append(load_trace(run_trace(item)))
             names.append(None)
     if None in names:  # traces: by what tells them apart (run.json's program beside each, else their paths)
-        traced = side_labels([Path(str(x)) for x in (a, b)])
+        traced = side_labels([run_trace(x) for x in (a, b)])
         names = [name or traced[i] for i, name in enumerate(names)]
     item = item_of(rows) if len(rows) == 2 else None  # img or token: what the throughput counts, both sides profiled alike
     return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(items), item=item)
