@@ -62,6 +62,13 @@ def test_no_report_or_output_text_names_a_study_by_its_notebook_number():
     assert not found, "\n".join(found)
 
 
+def test_no_report_or_output_text_names_an_issue_number():
+    """The project's history is the CHANGELOG's: "## Training on several GPUs (issue 27)" means nothing to a reader."""
+    found = [f"{path.relative_to(ROOT)}:{line}: {text[:80]!r}" for path in sorted((ROOT / "src/perflab").rglob("*.py"))
+             for line, text in _shown_strings(path) if re.search(r"(?i)\bissues? #?\d+", text)]
+    assert not found, "\n".join(found)
+
+
 def test_no_example_spec_names_a_study_by_its_notebook_number():
     """The report prints its spec, comments included."""
     specs = sorted((ROOT / "experiments").glob("*.yaml"))

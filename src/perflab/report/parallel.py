@@ -67,7 +67,7 @@ def sections(rows: list[dict]) -> list[str]:
     table = scaling_rows(rows)
     if not table:
         return []
-    return ["## Training on several GPUs (issue 27)",
+    return ["## Training on several GPUs",
             "Step = the slowest rank's median (CUDA events on every rank), timed alone; then the same case on one GPU is built on "
             "rank 0's GPU beside the ranks' model and the two are timed in interleaved blocks: step beside 1 GPU and 1 GPU are "
             "the medians of those blocks, and scaling efficiency = 1 GPU ÷ step over blocks of the same round (95% CI) (weak "
