@@ -198,7 +198,7 @@ def shown_version_line(stored) -> list[str]:
         return []
     last = run["versions"][-1]
     return [f"The tables below show the rows of {escape(version_cell(last))}, the last version; \"All cases\" lists every "
-            f"version's rows with its {version_header([{'version': last}])}."]
+            f"version's rows, each with its {version_header([{'version': last}])}."]
 
 
 def pairing_words(run: dict) -> str:
