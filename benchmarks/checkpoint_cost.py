@@ -72,7 +72,7 @@ def measure_size(model: str, mode: str, args) -> dict:
     explain_training.py times them); their memory passes (eager)."""
     from perflab import api
     from perflab.measure.memory import step_memory
-    from perflab.measure.stats import paired_ratio
+    from perflab.stats import paired_ratio
 
     common = dict(model=[model], workload=[args.workload], seq_len=[args.seq_len], batch_size=[args.batch_size], dtype=[args.dtype],
                   mode=[mode], device=args.device, warmup=args.warmup, min_time=args.min_time, layers=args.layers)
@@ -85,7 +85,7 @@ def measure_size(model: str, mode: str, args) -> dict:
     plain, ckpt = api.bench([plain_case, ckpt_case], interleave=not args.alone)
     out.update(plain=plain, checkpoint=ckpt)
     if plain.get("status") == "ok" and ckpt.get("status") == "ok":
-        out["paired"] = paired_ratio(ckpt, plain)  # checkpoint ÷ plain, blocks timed next to each other
+        out["paired"] = paired_ratio(plain, ckpt)  # checkpoint ÷ plain, blocks timed next to each other
     if mode == "eager":
         out["memory_pass"] = {"plain": step_memory(plain_case), "checkpoint": step_memory(ckpt_case)}
     return out

@@ -25,7 +25,7 @@ import torch
 
 from perflab.measure.ceilings import get_ceilings
 from perflab.measure.flops import count_flops
-from perflab.measure.stats import summarize
+from perflab.stats import summarize
 from perflab.measure.timing import estimate_step_s, plan_timing, time_step
 from perflab.runtime.modes import make_step
 from perflab.runtime.workload import step_context
@@ -79,7 +79,7 @@ def measure(case: Case, impl: str) -> dict:
     achieved = flops / (s.median / 1000) / 1e12
     del built, step, model
     torch.cuda.empty_cache()
-    return {"impl": impl, "workload": case.workload, "mode": case.mode, "median_ms": s.median, "ci95_ms": [s.ci95_low, s.ci95_high],
+    return {"impl": impl, "workload": case.workload, "mode": case.mode, "median_ms": s.median, "ci95_ms": [s.within_low, s.within_high],
             "params": params, "tflops": achieved, "mfu": achieved / peak, "peak_tflops": peak, "warmup_compile_s": compile_s,
             "flops_counted": flops, "flops_analytic": formula, "flops_counted_over_analytic": flops / formula,
             "mfu_analytic": formula / (s.median / 1000) / 1e12 / peak}

@@ -41,20 +41,32 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=15)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--trace", type=int, default=3)
+    parser.add_argument("--trace-warmup", type=int, default=3)
+    parser.add_argument("--gas", type=int, default=None, help="nanoGPT's --gradient_accumulation_steps (default: --nproc; nanoGPT "
+                        "divides it over the ranks)")
+    parser.add_argument("--no-shapes", action="store_true", help="perflab run --no-shapes: trace without operator shapes")
+    parser.add_argument("--nproc-list", default=None, help="perflab run --nproc 1,2: the program at each count, and the scaling")
     parser.add_argument("--iters", type=int, default=55)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     root = args.nanogpt.resolve()
     make_data(root)
     run_dir = args.out.with_suffix("").resolve()
-    overrides = ["--dataset=synthetic", "--batch_size=12", f"--gradient_accumulation_steps={args.nproc}", f"--max_iters={args.iters}",
+    overrides = ["--dataset=synthetic", "--batch_size=12", f"--gradient_accumulation_steps={args.gas or args.nproc}", f"--max_iters={args.iters}",
                  "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--compile=True", "--always_save_checkpoint=False",
                  "--out_dir=/tmp/nanogpt_out", "--decay_lr=False"]
+    nproc = ["--nproc", args.nproc_list] if args.nproc_list else (["--nproc", str(args.nproc)] if args.nproc > 1 else [])
     perflab = [sys.executable, "-m", "perflab", "run", "--skip", str(args.skip), "--steps", str(args.steps), "--trace", str(args.trace),
-               "--out", str(run_dir)] + (["--nproc", str(args.nproc)] if args.nproc > 1 else []) + ["--", "train.py", *overrides]
+               "--trace-warmup", str(args.trace_warmup), "--out", str(run_dir)] + nproc + (["--no-shapes"] if args.no_shapes else []) + [
+                   "--", "train.py", *overrides]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(perflab, cwd=root, env=env, capture_output=True, text=True)
     sys.stderr.write(done.stderr[-6000:])
+    if args.nproc_list:  # several runs: the scaling section is the result
+        scaling = json.loads((run_dir / "scaling.json").read_text())
+        args.out.write_text(json.dumps({"command": " ".join(perflab), "exit_code": done.returncode, "scaling": scaling}, indent=1, default=str))
+        print(json.dumps(scaling, indent=1, default=str)[-4000:])
+        return
     iters = {int(i): (float(t), float(m)) for i, t, m in ITER.findall(done.stdout)}
     report = json.loads((run_dir / "run.json").read_text())
     # perflab's timed step k (1-based, k = skip+1 .. skip+steps) ends at iteration k-1's optimizer step
@@ -72,11 +84,14 @@ def main() -> None:
         "perflab_flops_per_step": (report.get("flops") or {}).get("flops_per_step"), "flags": [f["flag"] for f in report.get("flags", [])],
         "verdict": report.get("verdict"), "compile": report.get("recorded", {}).get("compile_phases"),
         "limit_hits": report.get("recorded", {}).get("limit_hits"), "compiled": report.get("compiled"),
-        "communication": report.get("communication"), "ranks": report.get("ranks"),
+        "communication": report.get("communication"), "ranks": report.get("ranks"), "traced": report.get("traced"),
+        "traced_verdict": report.get("traced_verdict"), "floors": report.get("floors"),
     }
     args.out.write_text(json.dumps(summary, indent=1, default=str))
     print(json.dumps({k: summary[k] for k in ("perflab_step_ms", "nanogpt_iter_ms_median", "ratio_perflab_over_nanogpt", "nanogpt_mfu_pct_last",
-                                               "perflab_mfu", "perflab_peak_tflops", "flags", "exit_code")}, indent=1))
+                                               "perflab_mfu", "perflab_peak_tflops", "flags", "exit_code", "verdict")}, indent=1, default=str))
+    traced = summary["traced"] or {}
+    print("traced:", {k: traced.get(k) for k in ("step_ms", "step_ms_each", "warmup_step_ms", "inflation", "inflated")})
     print(done.stdout[-1500:])
 
 

@@ -23,7 +23,7 @@ def test_record_steps_writes_exactly_the_profiled_steps(tmp_path):
     path = tmp_path / "t.json.gz"
     record_steps(lambda: lin(x), path, "cpu", steps=3, warmup=1)
     names = annotations(path)
-    assert names.count("step") == 3
+    # one step-range name (torch's), the warm-up step not in the trace
     assert sorted(n for n in names if n.startswith("ProfilerStep")) == ["ProfilerStep#1", "ProfilerStep#2", "ProfilerStep#3"]
 
 
@@ -43,7 +43,7 @@ def test_step_profiler_records_the_loop_and_ignores_extra_steps(tmp_path):
             torch.randn(16, 16).sum()
             p.step()
     assert path.exists()
-    assert annotations(path).count("step") == 2
+    assert sorted(annotations(path)) == ["ProfilerStep#1", "ProfilerStep#2"]
     assert not hasattr(p, "analysis")  # capture hands back a trace; analysis is the API's part
 
 
@@ -56,7 +56,7 @@ def test_perflab_profile_composes_capture_and_analysis(tmp_path):
             torch.randn(16, 16).sum()
             p.step()
     assert p.trace_path == path and path.exists()
-    assert annotations(path).count("step") == 2
+    assert sorted(annotations(path)) == ["ProfilerStep#1", "ProfilerStep#2"]
     # no GPU: the trace is accounted over torch's operators, each step a window
     assert p.analysis.trace.cpu_only and len(p.analysis.steps) == 2
     assert set(p.analysis.kernels["kind"].astype(str)) == {"cpu_op"}

@@ -2,17 +2,23 @@
 
 import io
 import json
+import re
+import statistics
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
+from rich.cells import cell_len
 from rich.console import Console
+from rich.text import Text
 
 from cli_util import run_cli_here
+from perflab.report import fit
 from perflab.report.console import bench_table, comparison_tables, speedup_table
 from perflab.report.fit import short_forms
 from perflab.report.tables import comparisons
-from perflab.report.terminal import PIPED_WIDTH, TerminalConsole, terminal_width
+from perflab.report.terminal import PIPED_WIDTH, WIDE_WIDTH, TerminalConsole, terminal_width
 
 DATA = Path(__file__).parent / "data" / "reproduce" / "h100_demo_rows.jsonl"
 TINY_VISION = str(Path(__file__).parent / "data" / "models" / "tiny_vision.py") + ":PatchNet"
@@ -122,7 +128,7 @@ def test_bench_of_two_models_fits_columns_tells_them_apart_and_compares_them(mon
 
 
 def test_order_coverage_is_what_the_ranks_guarantee():
-    from perflab.measure.stats import order_coverage
+    from perflab.stats import order_coverage
 
     assert [order_coverage(1, n, range(1, n + 1)) for n in (2, 3, 4, 5)] == [0.5, 0.75, 0.875, 0.9375]
     assert order_coverage(2, 3, [1, 2, 3, 4]) == 6 / 16  # ranks 2..3 of 4: P(B = 2), B ~ Binomial(4, 1/2)
@@ -130,7 +136,7 @@ def test_order_coverage_is_what_the_ranks_guarantee():
 
 
 def test_hierarchical_ci_states_95_percent_from_five_units_only():
-    from perflab.measure.stats import hierarchical_ci
+    from perflab.stats import hierarchical_ci
 
     rng = np.random.default_rng(3)
     x = np.exp(rng.normal(0, 0.05, 20))
@@ -312,3 +318,211 @@ def test_gflops_of_a_tiny_decode_are_shown_with_significant_digits_not_as_zero()
                                                                                      "–"]
     rows = [dict(r, gflops=0.000252) for r in recorded()[:1]]
     assert "0.00025" in render(bench_table(rows), width=10_000)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Narrow terminals: no cell splits a number or a word, no line is wider than the terminal, and footers wrap
+
+BOX_DRAWING = re.compile("[\u2500-\u257f]")
+
+
+def printed(draw, columns: int, wide: bool = False) -> str:
+    """What ``draw(console)`` prints on stdout's console at ``COLUMNS=columns`` (``wide``: with --wide)."""
+    console = TerminalConsole(file=io.StringIO(), color_system=None)
+    console.configure(wide=wide, environ={"COLUMNS": str(columns)}, isatty=False)
+    draw(console)
+    return console.file.getvalue()
+
+
+def printed_words(text: str) -> set[str]:
+    return set(BOX_DRAWING.sub(" ", text).split())
+
+
+def assert_never_split(draw, widths=(60, 80, 100), longer_fold: int = WIDE_WIDTH) -> dict[int, str]:
+    """``draw(console)`` printed at each of ``widths``: no line is wider, and each number, ratio, CI (2.403–9.061) and
+    word is printed whole: every word printed is one printed at full width (--wide and COLUMNS=10000: no table narrowed,
+    no line wrapped), or one of the notes the tables' fitting wrote at this width (short forms, columns not shown).
+    A cell folded mid-number prints pieces ("(2.403–9.0", "61)") that are neither. Only a word longer than
+    ``longer_fold`` characters (a kernel's name) may fold. Returns the text at each width."""
+    whole = printed_words(printed(draw, WIDE_WIDTH, wide=True))
+    texts = {}
+    for width in widths:
+        notes = []
+
+        def fitted_and_noted(columns, at, fit_columns=fit.fit_columns):
+            shown, said = fit_columns(columns, at)
+            notes.extend(said)
+            return shown, said
+
+        with mock.patch.object(fit, "fit_columns", fitted_and_noted):
+            text = texts[width] = printed(draw, width)
+        wider = [line for line in text.splitlines() if cell_len(line) > width]
+        assert not wider, f"{len(wider)} line(s) wider than {width} columns:\n" + "\n".join(wider)
+        split = printed_words(text) - whole - printed_words(Text.from_markup("\n".join(notes)).plain)
+        split = {piece for piece in split if not any(piece in word for word in whole if len(word) > longer_fold)}
+        assert not split, f"split at {width} columns: {sorted(split)}\n{text}"
+    return texts
+
+
+def test_bench_paired_tables_keep_their_numbers_whole_and_the_gflops_at_80_columns():
+    rows = recorded()
+    tokens = [dict(r, family="lm", label=None, model=r["model"].replace("deit_base_patch16_224", "gpt_small"),
+                   case={"workload": "train_step", "seq_len": 512}) for r in rows]
+    for rows, unit, item in ((rows, "img", "img"), (tokens, "sample", "tok")):
+        tables = comparison_tables(rows)
+        texts = assert_never_split(lambda console: [console.print(t) for t in tables])
+        # the FLOP question's column stays at 80 columns in each table (models, batch sizes, modes); the throughputs go first
+        for table in tables:
+            shown = [c.header for c in fit.fit_columns(table.columns, 80)[0]]
+            assert f"GFLOPs/{unit}" in shown
+        model_rows = [line for line in texts[80].split("Paired comparison: batch size")[0].splitlines() if line.startswith("│")]
+        assert sum("35.13 →" in line for line in model_rows) == 4  # the base's FLOPs → the top-k model's, on each pair's row
+        batch_sizes = " ".join(texts[80].split("Paired comparison: batch size")[1].split("Paired comparison: mode")[0].split())
+        assert f"not shown at this width (--wide shows them): baseline {item}/s, variant {item}/s, paired CI speedup:" in batch_sizes
+
+
+def stored(case_id, processes, key, model="model.py:Net"):
+    """A stored row of one case at one version, measured in three processes."""
+    median = statistics.median(processes)
+    return {"case_id": case_id, "status": "ok", "model": model, "input_size": 32, "batch_size": int(case_id[-1]), "dtype": "fp32",
+            "mode": "eager", "median_ms": median, "ci95_ms": [min(processes), max(processes)], "process_medians_ms": list(processes),
+            "version": {"key": key, "session": key}}
+
+
+def version(name, revision, subject):
+    from perflab.sweep.versions import Version
+
+    return Version(name, "revision", f"{name}:commit:{revision}", "/home/me/.venv/bin/python", commit=revision * 40, subject=subject,
+                   revision=revision, env={"torch": "2.5.1+cu124", "cuda": "12.4", "driver": "550.54.15", "perflab": "0.4.0"})
+
+
+AB_A = [stored("c1", [2.39, 2.403, 2.41], "A"), stored("c2", [4.95, 5.0, 5.05], "A")]
+AB_B = [stored("c1", [9.0, 9.061, 9.2], "B"), stored("c2", [3.0, 5.1, 9.0], "B")]
+
+
+def test_compare_and_ab_at_60_80_and_100_columns_split_no_number_and_wrap_their_footers():
+    from perflab.analysis.regressions import compare_rows
+    from perflab.report.versions import render_comparison, render_versions
+
+    comparison = compare_rows(AB_A, AB_B, 0.05)
+    assert [c.verdict for c in comparison.changes] == ["slower", "inconclusive"]
+    texts = assert_never_split(lambda console: render_comparison(console, comparison, ("runs/a/results.jsonl", "runs/b/results.csv")))
+    at_80 = texts[80].splitlines()
+    cells = [[cell.strip() for cell in line.split("│")[1:-1]] for line in at_80 if line.startswith("│")]
+    assert [row[-2:] for row in cells if row[-1]] == [["3.785×", "slower"], ["1.033×", "inconclusive"]]
+    assert ["(3.673–3.899)", "(0.264–4.045)"] == [row[-2] for row in cells if row[-2].startswith("(")]  # the CIs whole, below
+    assert "not shown at this width (--wide shows them): CI over (n)" in texts[80]  # how each CI was taken: said below too
+    footer = texts[80].split("└")[1].splitlines()[2:]
+    assert footer[0].startswith("A: runs/a/results.jsonl; B: runs/b/results.csv. B/A above 1") and len(footer) >= 5
+    assert all(line.startswith("  ") for line in footer[1:4])  # the first note wrapped, its further lines indented
+    versions = [version("A", "c2", "the matmul as it was"), version("B", "c3", "doubled matmul")]
+    texts = assert_never_split(lambda console: (render_versions(console, versions),
+                                                render_comparison(console, comparison, tuple(v.label for v in versions))))
+    assert texts[60].startswith("A: revision c2 (c2c2c2c2c2: the matmul as it was) · torch\n  2.5.1+cu124 · CUDA 12.4")
+
+
+def test_track_series_and_its_footer_fit_60_80_and_100_columns():
+    from perflab.analysis.regressions import revision_series
+    from perflab.report.versions import render_series
+
+    rows = [stored("c1", p, k) for k, p in (("k1", [2.39, 2.403, 2.41]), ("k2", [2.4, 2.41, 2.42]), ("k3", [9.0, 9.061, 9.2]))]
+    series = revision_series(rows, [("k1", "c1"), ("k2", "c2"), ("k3", "c3")])
+    assert [p.step.verdict if p.step else None for p in series[0].points] == [None, "no change", "slower"]
+    texts = assert_never_split(lambda console: render_series(console, series, 0.05))
+    footer = texts[80].split("┘")[-1].strip("\n").splitlines()
+    assert footer[0].startswith("Each revision against the one before it") and len(footer) == 3 and footer[1].startswith("  its 95% CI")
+    assert "│ c2       │  2.41 (2.4–2.42) │             1.004× │ processes (3) │ no change │" in texts[80]
+
+
+def measured(ms, host_ms, gpu_ms, first_step_s=None, mfu=None):
+    return {"status": "ok", "median_ms": ms, "host_held_ms": host_ms, "device_ms": gpu_ms, "first_step_s": first_step_s,
+            "peak_mem_alloc_mb": 1843.2, "mfu": mfu}
+
+
+def test_explains_fixes_tables_split_no_number_or_word():
+    from types import SimpleNamespace
+
+    from perflab.analysis.fixes import Fix
+    from perflab.report.explain_console import _print_table, render_fixes
+    from perflab.report.explain_parallel import FIX_HEADER, FIX_TITLE, fix_rows
+
+    cudagraph = measured(8.0, 0.5, 7.8, first_step_s=3.2, mfu=0.412)
+    fixes = []
+    for name, changes, predicted, ms in (("optimizer:foreach", {"optimizer": "foreach"}, 8.61, 8.5),
+                                         ("optimizer:in_backward_stream", {"optimizer": "in_backward_stream"}, 7.92, 8.04),
+                                         ("checkpoint", {"checkpoint_activations": True}, 9.734, 9.0),
+                                         ("compile:reduce-overhead+optimizer:in_backward_stream",
+                                          {"mode": "compile:reduce-overhead", "optimizer": "in_backward_stream"}, None, 8.0)):
+        fx = Fix(name, changes, predicted, "the optimizer's bytes ÷ copy bandwidth", base="cudagraph", base_row=cudagraph,
+                 predicted_host_ms=0.5, predicted_gpu_ms=None if predicted is None else predicted - 0.2)
+        fx.measured = measured(ms, 0.52, ms - 0.2, first_step_s=40.0 if "compile" in name else 3.1, mfu=0.39)
+        fixes.append(fx)
+    case = SimpleNamespace(eager_row=measured(10.0, 4.0, 9.1, first_step_s=0.4, mfu=0.322), eager_ms=10.0, fix_results=fixes)
+    texts = assert_never_split(lambda console: render_fixes(console, case))
+    assert "optimizer:in_backward_stream" in texts[80] and "compile:reduce-overhead+optimizer:in_backward_stream" in texts[100]
+
+    # explain --parallel's: its "parallel after" column was folded into "paralle l" at 100 columns
+    def prediction(ms):
+        return SimpleNamespace(ms=ms, compute_ms=ms - 1.2, exposed_ms=1.2)
+
+    parallel = [SimpleNamespace(name=name, parallel=after, mode="eager", base_row={"median_ms": 12.31}, prediction=prediction(p),
+                                measured_ms=ms, measured={"status": "ok"}, error=p / ms - 1, throughput_gain=12.31 / ms,
+                                throughput_gain_ci95=(12.31 / ms - 0.021, 12.31 / ms + 0.019), measured_compute_ms=ms - 1.1,
+                                measured_exposed_ms=1.1)
+                for name, after, p, ms in (("ddp:bucket_cap_mb=100", "ddp:bucket_cap_mb=100", 11.9, 12.05),
+                                           ("ddp:grad_view=true", "ddp:bucket_cap_mb=100,grad_view=true", 11.6, 11.92),
+                                           ("fsdp:reshard=false", "fsdp:reshard=false", 13.2, 13.71))]
+    explained = SimpleNamespace(case=SimpleNamespace(parallel="ddp:bucket_cap_mb=100", mode="eager"), row={"median_ms": 12.31},
+                                step=SimpleNamespace(compute_ms=11.1, exposed_ms=1.21), fix_results=parallel)
+    texts = assert_never_split(lambda console: _print_table(console, FIX_TITLE, FIX_HEADER, fix_rows(explained)))
+    for width, text in texts.items():  # whole in its header, or named among the columns not shown
+        assert "┃ parallel after " in text or "parallel after" in " ".join(text.split("shows them):")[-1].split()), width
+    assert "│ 2 │ ddp:grad_view=true    │ eager │    12.310 │      11.600 │     11.920 │ -2.7% │         1.03× │" in texts[100]
+
+
+def test_compare_of_two_traces_splits_no_number_or_word():
+    from perflab.analysis.compare import compare_traces
+    from perflab.report.explain_console import render_comparison
+    from perflab.trace import load_trace
+
+    traces = Path(__file__).parent / "data" / "traces"
+    comparison = compare_traces(load_trace(traces / "eager_vit.json.gz"), load_trace(traces / "train_step.json.gz"),
+                                ("a/trace.json.gz", "b/trace.json.gz"))
+    texts = assert_never_split(lambda console: render_comparison(console, comparison), longer_fold=40)
+    assert "kernels added per step (b/trace.json.gz vs a/trace.json.gz)" in texts[80]
+    added = texts[80].split("kernels added per step")[1].split("kernels removed")[0]
+    sgemm = comparison.added_kernels.set_index("name").loc["sgemm_largek_lds64"]
+    assert [[cell.strip() for cell in line.split("│")[-3:-1]] for line in added.splitlines() if "sgemm_largek_lds64" in line] == [
+        [f"{sgemm['delta_count']:+.0f}", f"{sgemm['delta_time_ns'] / 1e3:+.2f}"]]  # the numbers keep their room beside a long name
+
+
+def test_compare_of_two_result_files_at_80_columns(tmp_path, monkeypatch):
+    from perflab import api
+    from perflab.report.export import write_rows
+    from perflab.report.versions import render_comparison
+
+    files = tmp_path / "a.jsonl", tmp_path / "b.csv"
+    for rows, path in zip((AB_A, AB_B), files):
+        write_rows([{k: v for k, v in row.items() if k != "version"} for row in rows], path)
+    monkeypatch.setenv("COLUMNS", "80")
+    result = run_cli_here("compare", *files)
+    assert result.returncode == 0, result.stderr
+    assert max(cell_len(line) for line in result.stdout.splitlines()) <= 80
+    comparison = api.compare_results(*files, threshold=0.05)
+    whole = printed(lambda console: render_comparison(console, comparison, tuple(map(str, files))), WIDE_WIDTH, wide=True)
+    dropped = "not shown at this width (--wide shows them): CI over (n)"
+    assert dropped in result.stdout and printed_words(result.stdout) - printed_words(whole) - printed_words(dropped) == set()
+    assert {"2.403", "9.061", "(9–9.2)", "inconclusive", "(4.95–5.05)"} <= printed_words(result.stdout)
+    footer = result.stdout.split("└")[1].splitlines()[2:]
+    assert footer[0].startswith("A: ") and footer[1].startswith("  ") and len(footer) >= 5  # the notes wrapped, not one 229-column line
+
+
+def test_the_module_tree_of_explain_and_analyze_splits_no_number_or_word():
+    import perflab
+    from perflab.report.trace_console import modules_table
+
+    report = perflab.analyze(Path(__file__).parent / "data" / "traces" / "by_module_lm_forward.json.gz")
+    texts = assert_never_split(lambda console: console.print(modules_table(report)))
+    # the tree's levels keep their indent, so a child is never wrapped or folded at its indent's expense
+    assert "│         │     attention_norm │        385.1 │   1.0% │       385.1 │      72 │" in texts[80]
+    assert "│     attention_norm │" in texts[60] and "not shown at this width (--wide shows them): class" in texts[80]

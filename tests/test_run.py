@@ -44,6 +44,7 @@ def program(tmp_path, source: str, name: str = "prog.py"):
 
 def run(tmp_path, prog, *args, **options):
     out = tmp_path / "out"
+    options.setdefault("trace_warmup", 1)
     code = api.run([str(prog), *map(str, args)], out_dir=out, **options)
     report = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else None
     return code, report
@@ -51,11 +52,16 @@ def run(tmp_path, prog, *args, **options):
 
 def test_a_training_loop_is_timed_by_its_optimizer_steps_and_its_trace_accounted_to_the_ns(tmp_path, capsys):
     prog = program(tmp_path, MLP)
-    code, report = run(tmp_path, prog, 12, skip=2, steps=6, trace=2)
+    code, report = run(tmp_path, prog, 14, skip=2, steps=6, trace=2)
     captured = capsys.readouterr()
     assert code == 0
-    assert "argv ['12'] name __main__" in captured.out and "trained" in captured.out  # the program's own, unchanged
-    assert report["recorded"]["steps_seen"] == 10 and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
+    assert "argv ['14'] name __main__" in captured.out and "trained" in captured.out  # the program's own, unchanged
+    # 2 skipped + 6 timed + 1 under the profiler thrown away + 2 traced + 2 with operator shapes (the FLOPs)
+    assert report["recorded"]["steps_seen"] == 13 and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
+    # each traced step (and the warm-up one) timed by the same clock as the untraced ones
+    assert len(report["traced"]["step_ms_each"]) == 2 and len(report["traced"]["warmup_step_ms"]) == 1
+    assert report["traced"]["step_ms"] == pytest.approx(sorted(report["traced"]["step_ms_each"])[0] / 2 + sorted(report["traced"]["step_ms_each"])[1] / 2)
+    assert report["traced"]["inflation"] == pytest.approx(report["traced"]["step_ms"] / report["timing"]["median_ms"])
     assert len(report["timing"]["samples_ms"]) == 6 and report["timing"]["median_ms"] > 0
     assert report["recorded"]["optimizers"] == ["SGD"] and report["device"] == "cpu"
     # FLOPs of a step from the traced operators' shapes, against the formula
@@ -76,13 +82,13 @@ def test_step_names_an_inference_function_and_each_call_is_a_step(tmp_path):
         def infer(x):
             return (x @ w).relu() @ w
         x = torch.randn(16, 128)
-        for i in range(9):
+        for i in range(11):
             infer(x)
             torch.randn(1000).sum()  # between calls: not part of a step
     """)
     code, report = run(tmp_path, prog, step="infer", skip=1, steps=5, trace=2)
     assert code == 0
-    assert report["recorded"]["steps_seen"] == 8 and report["timing"]["steps"] == 5
+    assert report["recorded"]["steps_seen"] == 11 and report["timing"]["steps"] == 5
     assert report["flops"]["flops_per_step"] == 2 * (2 * 16 * 128 * 128)
     assert report["steps_from"] == "each call of infer"
 
@@ -92,7 +98,7 @@ def test_step_range_names_a_record_function_range(tmp_path):
         import torch
         from torch.autograd.profiler import record_function
         w = torch.randn(64, 32)
-        for i in range(10):
+        for i in range(12):
             with record_function("BENCHMARK/decode"):
                 y = torch.randn(8, 64) @ w
             with record_function("other"):
@@ -100,7 +106,7 @@ def test_step_range_names_a_record_function_range(tmp_path):
     """)
     code, report = run(tmp_path, prog, step_range="BENCHMARK", skip=2, steps=4, trace=3)
     assert code == 0
-    assert report["recorded"]["steps_seen"] == 9 and report["traced"]["steps"] == 3
+    assert report["recorded"]["steps_seen"] == 12 and report["traced"]["steps"] == 3
     assert report["flops"]["flops_per_step"] == 2 * 8 * 64 * 32
 
 
@@ -179,7 +185,7 @@ def test_a_program_that_ends_early_exits_with_its_code_and_one_line(tmp_path, ca
     code, report = run(tmp_path, prog, skip=1, steps=5, trace=1)
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 3 and len(lines) == 1
-    assert "exited with code 3 after 3 step(s)" in lines[0] and "needs 7: 2 timed step(s)" in lines[0]
+    assert "exited with code 3 after 3 step(s)" in lines[0] and "needs 8: 2 timed step(s)" in lines[0]
     assert report["timing"]["steps"] == 2
 
 
@@ -243,7 +249,7 @@ def test_an_out_dir_that_cannot_take_the_report_is_one_line_before_the_program_r
 
 def test_the_command_line_keeps_the_programs_own_options_apart(tmp_path):
     prog = program(tmp_path, MLP)
-    done = run_cli("run", "--skip", "1", "--steps", "3", "--trace", "1", "--out", tmp_path / "o", "--", "python", prog, "6", "--lr", "3")
+    done = run_cli("run", "--skip", "1", "--steps", "3", "--trace-warmup", "1", "--trace", "1", "--out", tmp_path / "o", "--", "python", prog, "6", "--lr", "3")
     assert done.returncode == 0, done.stderr
     assert "argv ['6', '--lr', '3']" in done.stdout
     assert "perflab run:" in done.stderr and "verdict:" in done.stderr  # the report, on stderr beside the program's output
@@ -258,7 +264,7 @@ DDP = """
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for i in range(8):
+    for i in range(10):
         model(torch.randn(16, 128)).square().mean().backward()
         opt.step()
         opt.zero_grad()
@@ -269,7 +275,7 @@ DDP = """
 def test_two_gloo_ranks_under_torchrun_merge_their_traces_into_the_communication_section(tmp_path):
     prog = program(tmp_path, DDP)
     out = tmp_path / "ddp"
-    done = run_cli("run", "--nproc", "2", "--skip", "2", "--steps", "3", "--trace", "2", "--out", out, "--", prog, timeout=300)
+    done = run_cli("run", "--nproc", "2", "--skip", "2", "--steps", "3", "--trace-warmup", "1", "--trace", "2", "--out", out, "--", prog, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "run.json").read_text())
     comm = report["communication"]
@@ -281,6 +287,9 @@ def test_two_gloo_ranks_under_torchrun_merge_their_traces_into_the_communication
     for r in comm["ranks"]:  # exposed communication = waiting for the later rank + transfer
         assert r["exposed_ms"] == pytest.approx(r["waiting_ms"] + r["transfer_ms"], abs=1e-9)
         assert r["comm_ms"] == pytest.approx(r["exposed_ms"] + r["overlapped_ms"], abs=1e-9)
+        # over the rank's own step windows: a part of its steps, never more (a whole-trace window gave rank 1 28.6 ms
+        # exposed in a 3.8 ms step)
+        assert 0 <= r["waiting_ms"] <= r["exposed_ms"] <= r["traced_step_ms"] and r["busy_ms"] <= r["traced_step_ms"]
     # each rank's trace holds its own operators and gloo's collectives
     for rank in (0, 1):
         events = load_events(out / f"rank{rank}" / "trace.json.gz")

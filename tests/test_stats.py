@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from perflab.measure.checks import MIN_TIMED_ITERS, run_checks
-from perflab.measure.stats import median_ci_ranks, summarize
+from perflab.stats import median_ci_ranks, summarize
 from perflab.measure.timing import plan_timing
 
 
@@ -41,7 +41,7 @@ def test_summary_numbers():
     assert s.median == 3.5
     assert s.mean == pytest.approx(25 / 6)
     assert s.cv == pytest.approx(np.std([5, 1, 4, 2, 3, 10], ddof=1) / (25 / 6))
-    assert (s.ci95_low, s.ci95_high) == (1.0, 10.0)
+    assert (s.within_low, s.within_high) == (1.0, 10.0)
 
 
 def test_plan_with_exact_iters_splits_them_into_blocks():
@@ -93,3 +93,109 @@ def test_an_uneven_iters_is_kept_exactly(iters, repeats, sizes):
     plan = plan_timing(step_s=0.01, repeats=repeats, min_time=1.0, min_iters=50, iters=iters)
     assert plan.block_sizes == sizes
     assert plan.total_iters == sum(sizes) == iters
+
+
+# ---------------------------------------------------------------------------------------------------
+# One statistics module (perflab.stats): one summary for bench and run, one paired-ratio direction, the t-interval on
+# logarithms once
+
+
+def bench_row_timing(samples):
+    from perflab.measure.harness import timing_fields
+
+    return timing_fields({"batch_size": 1, "items_per_step": 1, "gflops_per_batch": 1.0}, samples)
+
+
+def test_a_run_of_3_steps_states_the_coverage_bench_states_for_3_samples_not_95_percent():
+    from perflab.program.run import timing_summary
+    from perflab.report.program import ci_label
+
+    steps = [10.0, 10.4, 10.1]
+    run, row = timing_summary(steps, []), bench_row_timing(steps)
+    # three stretches of one step: a t-interval over 3 units, which holds all three: what their ranks guarantee, 75%
+    assert run["ci_level"] == row["ci_level"] == "time" and run["ci_units"] == row["ci_units"] == 3
+    assert run["ci_coverage"] == row["ci_coverage"] == 0.75
+    assert run["ci95_ms"] == row["ci95_ms"] and run["median_ms"] == row["median_ms"] == 10.1
+    assert ci_label(run) == "≥75% CI over stretches of the run"
+    assert ci_label(timing_summary([10.0 + 0.1 * i for i in range(10)], [])) == "95% CI over stretches of the run"
+    assert ci_label(timing_summary([10.0, 10.4], [])) == "order-statistics interval (few stretches): min–max of 2"
+    # the keys run.json carried before, the CI under a name that claims no level (ci_ms) and its coverage beside them
+    assert set(run) == {"steps", "median_ms", "mean_ms", "p10_ms", "p90_ms", "cv", "ci_ms", "ci95_ms", "ci_level", "ci_units",
+                        "ci_coverage", "samples_ms", "host_median_ms"}
+    assert run["ci_ms"] == run["ci95_ms"]
+
+
+def test_the_timing_summary_is_one_typed_record_whose_dict_the_row_carries():
+    from perflab.stats import TimingSummary
+
+    s = summarize([5.0, 1.0, 4.0, 2.0, 3.0, 10.0])
+    assert isinstance(s, TimingSummary) and s.n == 6
+    assert (s.p10, s.p90) == (1.5, 7.5)  # linear between order statistics: 1 + 0.5 × (2 − 1), 5 + 0.5 × (10 − 5)
+    row = bench_row_timing([5.0, 1.0, 4.0, 2.0, 3.0, 10.0])
+    assert {k: row[k] for k in s.to_dict()} == s.to_dict()
+    assert row["ci95_within_ms"] == [1.0, 10.0] and row["n_samples"] == 6
+    with pytest.raises(Exception):
+        s.median = 0.0  # frozen
+
+
+def test_the_t_interval_on_logs_by_hand():
+    from perflab.stats import log_t_interval, welch_log_ratio
+
+    values = [1.0, 2.0, 4.0]  # logs: 0, ln 2, 2 ln 2; mean ln 2; sd ln 2; t(2) = 4.303
+    t = log_t_interval(values)
+    half = 4.303 * math.log(2) / math.sqrt(3)
+    assert (t.center, t.dof) == (pytest.approx(2.0), 2)
+    assert t.low == pytest.approx(2.0 * math.exp(-half)) and t.high == pytest.approx(2.0 * math.exp(half))
+    assert t.low == pytest.approx(0.3574, abs=1e-4) and t.high == pytest.approx(11.191, abs=1e-3)  # half-width 1.7220 on the logs
+    # Welch: A = (1, 2), B = (4, 8): log-means 0.5 ln 2 and 2.5 ln 2, each variance (ln 2)² / 2 over 2 values;
+    # se² = (ln 2)² / 2, equal variances and sizes: df = 2 → t(2)
+    w = welch_log_ratio([1.0, 2.0], [4.0, 8.0])
+    se = math.log(2) / math.sqrt(2)
+    assert (w.center, w.dof) == (pytest.approx(4.0), 2)
+    assert (w.low, w.high) == (pytest.approx(4.0 * math.exp(-4.303 * se)), pytest.approx(4.0 * math.exp(4.303 * se)))
+    with pytest.raises(ValueError):
+        log_t_interval([1.0, -2.0])
+
+
+def test_one_paired_ratio_reads_b_over_a_everywhere():
+    from perflab.analysis.regressions import one_round_blocks_ratio
+    from perflab.report.markdown import speedup_cell
+    from perflab.report.tables import pair
+    from perflab.stats import paired_ratio
+
+    rounds = list(range(20))
+    host = [1.0] * 10 + [2.0] * 10  # the host at half speed for the second half: it cancels in each pair
+    a = {"session": "s", "samples_ms": [2.0 * h for h in host], "sample_rounds": rounds, "sample_processes": [0] * 20}
+    b = {"session": "s", "samples_ms": [2.5 * h for h in host], "sample_rounds": rounds, "sample_processes": [0] * 20}
+    assert paired_ratio(a, b)["ratio"] == pytest.approx(1.25)  # B's time ÷ A's: above 1, B is slower
+    assert paired_ratio(b, a)["ratio"] == pytest.approx(0.8)
+    ratio = one_round_blocks_ratio(a, b)  # ab/track's verdicts read the same direction
+    assert ratio.ratio == pytest.approx(1.25) and ratio.basis == "blocks"
+    # the speedup of B over A is A's time ÷ B's, and markdown's CI is that paired ratio's, not one made of the medians' CIs
+    common = dict(input_size=224, batch_size=1, dtype="bf16", mode="eager", status="ok", gflops=1.0, median_ms=3.0,
+                  throughput_per_s=1000 / 3.0)
+    entry = pair(dict(a, model="m", ci95_ms=[2.0, 4.0], **common), dict(b, model="topk_m", ci95_ms=[2.5, 5.0], **common))
+    assert entry["speedup"] == pytest.approx(0.8)
+    assert speedup_cell(entry) == "0.800× [0.800–0.800]"  # from the medians' CI ends it read [0.400–1.600]
+    unpaired = pair(dict(a, model="m", session=None, ci95_ms=[2.0, 4.0], **common),
+                    dict(b, model="topk_m", session=None, ci95_ms=[2.5, 5.0], **common))
+    assert speedup_cell(unpaired) == "1.000× (unpaired)"
+
+
+def test_decode_takes_the_p90_per_token_time_by_the_one_percentile_rule():
+    from types import SimpleNamespace
+
+    from perflab.workloads.decode import Decode
+
+    built = SimpleNamespace(extra={})
+    offsets_ms = [1.0, 2.0, 3.0, 5.0, 8.0, 12.0]  # first token after 1 ms, then 1, 1, 2, 3, 4 ms a token
+
+    def step():
+        start = built.extra["events"][0]
+        built.extra["events"] += [start + ms / 1000.0 for ms in offsets_ms]
+
+    case = SimpleNamespace(workload="generate", mode="eager", device="cpu")
+    out = Decode().after_timing(case, built, step, {})
+    assert out["ttft_ms"] == pytest.approx(1.0)
+    # per-token times 1, 1, 2, 3, 4: p90 at rank 3.6, 3 + 0.6 × (4 − 3); the nearest rank read 4
+    assert out["tpot_p90_ms"] == pytest.approx(3.6)

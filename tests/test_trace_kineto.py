@@ -14,7 +14,7 @@ from reference_trace import CPU_ONLY_TRACE, KINETO_TRACES, summarize
 from perflab.errors import PerflabError
 from perflab.trace import KERNEL_COLUMNS, load_trace
 from perflab.trace.build import build_trace
-from perflab.trace.kineto import read_events, us_text_to_ns
+from perflab.trace.kineto import load_kineto, read_events, us_text_to_ns
 from perflab.trace.schema import check_kernel_table
 
 TRACE_IDS = [p.name.split(".")[0] for p in KINETO_TRACES]
@@ -392,3 +392,22 @@ def test_kernels_without_a_grid_load_with_the_grid_unknown(tmp_path):
     spaced = tmp_path / "spaced_grid.json"
     spaced.write_text(text.replace('"warps per SM"', '"warps per SM"  ').replace('",      "grid"', '",  "grid"'))
     assert (load_trace(spaced).kernels["grid"] != "").all()
+
+
+def test_operator_input_shapes_and_types_are_decoded_once_in_the_reader(tmp_path):
+    def op(name, ts, **args):
+        return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 1.0, "args": args}
+
+    path = tmp_path / "ops.json"
+    path.write_text(json.dumps({"traceEvents": [
+        op("aten::addmm", 1.0, **{"Input Dims": [[64], [8, 32], [32, 64], [], []], "Input type": ["float", "float", "float", "Scalar", "Scalar"]}),
+        op("aten::cat", 3.0, **{"Input Dims": [[[2, 3], [4, 3]], []], "Input type": ["TensorList", "Int"]}),
+        op("aten::empty", 5.0, **{"Input Dims": [], "Input type": []}),
+        op("aten::addmm", 7.0, **{"Input Dims": [[64], [8, 32], [32, 64], [], []]}),  # the same text as the first: one decoding
+        op("aten::zero_", 9.0, **{"Input Dims": "unreadable"}),
+        op("aten::ones", 11.0)]}))  # shapes not recorded
+    ops = load_kineto(path, ops=True).ops
+    shapes, types = ops["input_shapes"].tolist(), ops["input_types"].tolist()
+    assert shapes == [((64,), (8, 32), (32, 64), (), ()), (((2, 3), (4, 3)), ()), (), ((64,), (8, 32), (32, 64), (), ()), (), None]
+    assert types == [("float", "float", "float", "Scalar", "Scalar"), ("TensorList", "Int"), (), None, None, None]
+    assert shapes[0] is shapes[3]  # decoded once, shared (immutable)

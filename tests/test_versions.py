@@ -1,6 +1,7 @@
 """perflab ab, track and compare of stored runs (issue 40), on a temporary git repository holding a model file at three
 commits: c1, c2 (a comment changed) and c3 (the model's matmul done twice: the step's work nearly doubles). A fourth
-commit, c4, on a side branch, changes the spec's batch size (its case ids differ).
+commit, c4, on a side branch, changes the spec's batch size (its case ids differ); a fifth, c5, on another, renames the
+model's class (model.py:Net no longer loads there).
 
 The timings are CPU timings on a small shared machine, so the cases are sized for a clear signal: one 256-token
 512-wide matmul (134 MFLOP) against a 13 MFLOP patch embedding, one intra-op thread, the timing thread unpinned."""
@@ -64,6 +65,10 @@ def repo(tmp_path_factory):
     (path / "spec.yaml").write_text(SPEC.replace("BATCH", "2"))
     git(path, "commit", "-q", "-am", "c4")
     git(path, "tag", "c4")
+    git(path, "checkout", "-q", "-b", "renamed", "c3")  # c5: the model's class renamed, so model.py:Net no longer loads
+    (path / "model.py").write_text(C3.replace("class Net(", "class Network("))
+    git(path, "commit", "-q", "-am", "c5")
+    git(path, "tag", "c5")
     git(path, "checkout", "-q", "c3")
     return path
 
@@ -163,11 +168,26 @@ def test_an_a_a_ab_times_both_revisions_interleaved_in_one_process_a_round_and_f
         blocks = sorted((t, side, r) for side, row in (("A", a), ("B", b))
                         for t, q, r in zip(row["sample_started_s"], row["sample_processes"], row["sample_rounds"]) if q == p)
         assert len(blocks) == 2 * a["sample_processes"].count(p) and len(blocks) >= 8
+        firsts = []
         for k in range(0, len(blocks), 2):
             (_, s1, r1), (_, s2, r2) = blocks[k], blocks[k + 1]
             assert {s1, s2} == {"A", "B"} and r1 == r2 == k // 2, blocks
             orders.add(s1 + s2)
+            firsts.append(s1)
+        # balanced, not drawn: ABBA over the interleaved rounds (each side first in half of them), as each row records
+        assert firsts[:4] == (["A", "B", "B", "A"] if firsts[0] == "A" else ["B", "A", "A", "B"]), firsts
+        assert abs(firsts.count("A") - firsts.count("B")) == len(firsts) % 2, firsts
+        assert a["process_positions"][p] == [0 if s == "A" else 1 for s in firsts]
+        assert b["process_positions"][p] == [1 if s == "A" else 0 for s in firsts]
     assert orders == {"AB", "BA"}
+    assert [a["process_positions"][p][0] for p in range(3)] == [0, 1, 1]  # rounds start A, B, B (then A): ABBA by round too
+    order = json.loads(result.stdout)["order"]
+    assert order["A"]["pairings"] == order["B"]["pairings"] == len(a["samples_ms"])
+    assert order["A"]["first"] + order["B"]["first"] == len(a["samples_ms"]) and abs(order["A"]["first"] - order["B"]["first"]) <= 3
+    written = run_cli_here("report", out)
+    assert written.returncode == 0, written.stderr
+    assert f"Order: A first in {order['A']['first']} of its {len(a['samples_ms'])} pairing(s), B first in {order['B']['first']}" \
+        in (out / "report.md").read_text()
     ratio = case["ratio"]
     assert ratio["basis"] == "blocks" and ratio["units"] == 3
     assert ratio["ratio"] == pytest.approx(math.prod(block_ratios_by_round(a, b)) ** (1 / 3))
@@ -189,6 +209,7 @@ def test_pairing_processes_alternates_one_process_a_version_abba(repo, tmp_path)
     starts = sorted((t, side) for side in "AB" for t in by_side[side]["process_started_at"])
     assert [side for _, side in starts] == ["A", "B", "B", "A"]
     assert "process_pids" not in by_side["A"] and "process_sessions" not in by_side["B"]
+    assert by_side["A"]["process_positions"] == [[0], [1]] and by_side["B"]["process_positions"] == [[1], [0]]  # the order, stored
     assert case["ratio"]["basis"] == "paired" and case["ratio"]["units"] == 2
     a, b = by_side["A"]["process_medians_ms"], by_side["B"]["process_medians_ms"]
     assert case["ratio"]["ratio"] == pytest.approx(math.sqrt(b[0] / a[0] * b[1] / a[1]))
@@ -293,7 +314,8 @@ def test_compare_of_two_bench_out_files_gives_per_case_verdicts(repo, tmp_path):
         assert expected == ["slower", "slower"]
     table = run_cli_here("compare", *files)
     verdict_cells = [line.split("│")[-2].strip() for line in table.stdout.splitlines() if "model.py:Net" in line]
-    assert table.returncode == 0 and verdict_cells == expected and "does NOT cover between-process variance" in table.stdout
+    assert table.returncode == 0 and verdict_cells == expected
+    assert "does NOT cover between-process variance" in " ".join(table.stdout.split())  # a note wrapped to the width
 
 
 @pytest.fixture
@@ -333,4 +355,152 @@ def test_bad_versions_are_one_line_each_and_write_nothing(repo, tmp_path, no_tor
         assert result.returncode == 2 and len(lines) == 1, (args, result.stderr)
         assert lines[0].startswith("perflab: error: ") and fragment in lines[0], (fragment, lines[0])
         assert not out.exists()
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+QUICK = CASE[:CASE.index("--iters")] + ["--iters", "8", "--repeats", "4", "--warmup", "1", "--no-pin"]
+
+
+def test_a_version_whose_model_fails_to_load_stores_its_own_error_row_and_the_other_its_measured_one(repo, tmp_path):
+    """B's model file renames the class the reference names. With the family given (--family), nothing imports the model
+    before its worker does, so in a blocks round (one process holds both versions) B's load fails there: B's row is B's
+    error, A's is A's measurement (A timed without B), never A's row carrying B's message; the exit status is 1 (a case
+    at a version failed, not compared). (Without --family the plan imports each revision's model and refuses c5 first.)"""
+    out = tmp_path / "renamed"
+    result = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c5", *QUICK, "--family", "classify", "--rounds", "2", "--out", out,
+                          "--json")
+    assert result.returncode == 1, result.stderr
+    (case,) = json.loads(result.stdout)["cases"]
+    assert case["verdict"] == "not compared" and (case["status_a"], case["status_b"]) == ("ok", "error"), case
+    by_side = {r["version"]["name"]: r for r in stored(out)[0]}
+    a, b = by_side["A"], by_side["B"]
+    assert a["status"] == "ok" and not a.get("message") and a["median_ms"] > 0 and a["processes"] == 2
+    assert a["version"]["commit"] == sha(repo, "c2") and b["version"]["commit"] == sha(repo, "c5")
+    assert a["model_source"]["sha1"] == hashlib.sha1(git(repo, "show", "c2:model.py").encode() + b"\n").hexdigest()
+    assert b["status"] == "error" and "has no attribute 'Net'" in b["message"], b
+    last = [line for line in result.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("1 case(s) failed at a version") and "B: " in last and "has no attribute 'Net'" in last and last.endswith("exit status 1")
+
+
+def test_track_reuses_only_rows_measured_ok_and_stored_as_their_own_version(tmp_path):
+    """A store planted with what the earlier defect wrote: an error row under A's key, and under B's key a row whose
+    version is another's. Neither is reused: both are measured again and replace what is there; C's ok row is reused."""
+    from perflab.spec import Case
+    from perflab.sweep.store import Store
+    from perflab.sweep.versions import Version, make_bench_experiment, to_run
+
+    case = Case(model="model.py:Net", input_size=64, batch_size=1, device="cpu")
+    experiment = make_bench_experiment("track", "test", [case], tmp_path)
+    versions = [Version(name=n, kind="revision", key=f"commit:{n * 40}", python=sys.executable, commit=n * 40, env_key=f"env-{n}",
+                        experiment=experiment) for n in "abc"]
+    planted = {"a": dict(status="error", message="B's model failed", version={"key": versions[0].key}),
+               "b": dict(status="ok", median_ms=1.0, version={"key": versions[0].key}),
+               "c": dict(status="ok", median_ms=1.0, version={"key": versions[2].key})}
+    with Store.create(tmp_path / "store") as store:
+        for v in versions:
+            store.put(dict(planted[v.name], case_id=case.id), v.env_key)
+        todo, replace, reused = to_run(store, versions, reuse=True)
+        assert todo == replace == {(case.id, versions[0].key), (case.id, versions[1].key)} and reused == 1
+        todo, replace, reused = to_run(store, versions, reuse=False)  # ab: nothing reused
+        assert len(todo) == 3 and reused == 0
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 12345])
+def test_the_versions_order_is_balanced_each_first_half_the_rounds_and_a_linear_drift_cancels(seed):
+    from perflab.measure.interleave import interleaved_order
+    from perflab.sweep.versions import versions_order
+
+    for n_rounds in (2, 4, 6, 10):
+        for order in ("alternate", "random"):  # processes pairing: the versions' processes in each round
+            for c in range(3):
+                rounds = [versions_order(2, r, c, order, seed) for r in range(n_rounds)]
+                assert all(sorted(o) == [0, 1] for o in rounds)
+                assert [o[0] for o in rounds].count(0) == [o[0] for o in rounds].count(1) == n_rounds // 2, (order, rounds)
+                # a drift linear in time: each version's slots over every pair of rounds sum the same
+                for r in range(0, n_rounds, 2):
+                    slots = {v: 2 * k + rounds[k].index(v) for k in (r, r + 1) for v in (0, 1)}
+                    assert sum(2 * k + rounds[k].index(0) for k in (r, r + 1)) == sum(2 * k + rounds[k].index(1) for k in (r, r + 1)), slots
+        # blocks pairing: two cases at two versions in one process (groups: the case), each interleaved round balanced
+        order = interleaved_order([0, 0, 1, 1], n_rounds, seed, balanced=True)
+        for members in ((0, 1), (2, 3)):
+            firsts = [next(i for i in r if i in members) for r in order]
+            assert firsts.count(members[0]) == firsts.count(members[1]) == n_rounds // 2, order
+            assert all(r.index(members[1]) - r.index(members[0]) in (1, -1) for r in order)  # a case's versions adjacent
+    # three versions (track): over 2n rounds each is first equally often, and each pair of rounds cancels a linear drift
+    rounds = [versions_order(3, r, 0, "alternate", seed) for r in range(6)]
+    assert [o[0] for o in rounds].count(0) == [o[0] for o in rounds].count(1) == [o[0] for o in rounds].count(2) == 2
+    assert all(rounds[r].index(v) + rounds[r + 1].index(v) == 2 for r in (0, 2, 4) for v in range(3))
+
+
+def test_rounds_out_of_bounds_are_one_line_before_anything_is_built(repo, tmp_path):
+    from perflab.sweep.versions import MAX_ROUNDS
+
+    out = tmp_path / "never"
+    for args, fragment in (
+        (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--rounds", "1000000000"], "--rounds must be at least 2"),
+        (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--rounds", str(MAX_ROUNDS + 1)], f"and at most {MAX_ROUNDS}, got 101"),
+        (["track", "--repo", repo, "--revs", "c1", "c2", *CASE, "--rounds", "0"], "--rounds must be at least 1 and at most"),
+        (["track", "--repo", repo, "--revs", "c1", "c2", *CASE, "--rounds", "1000000000"], "got 1000000000"),
+        (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--order", "sideways"], "--order: expected alternate or random"),
+    ):
+        result = run_cli_here(*args, "--out", out, cwd=repo)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0], (args, result.stderr)
+        assert not out.exists()
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1  # no revision was checked out
+
+
+def plant_store(path, experiment: dict) -> bytes:
+    """A store with one run's record (``experiment``) and one row; its bytes, to see that nothing is written to it."""
+    from perflab.sweep.store import Store, store_path
+
+    with Store.create(path) as store:
+        store.begin_sweep(command="planted", spec_source="s", spec_text="", experiment=experiment, env_key="e", n_cases=1, n_skipped=0)
+        store.put({"case_id": "x", "status": "ok", "median_ms": 1.0}, "e")
+    return store_path(path).read_bytes()
+
+
+def test_ab_and_track_refuse_a_store_of_another_kind_of_run_and_write_nothing(repo, tmp_path):
+    from perflab.sweep.store import store_path
+
+    sweep_store, ab_store = tmp_path / "sweep", tmp_path / "ab"
+    stores = {sweep_store: plant_store(sweep_store, {"name": "smoke", "cases": []}),
+              ab_store: plant_store(ab_store, {"name": "ab", "kind": "ab", "versions": [{"name": "A"}, {"name": "B"}]})}
+    for args, out, fragment in (
+        (["ab", "--repo", repo, "--a", "c2", "--b", "c3"], sweep_store, "holds the results of a sweep, not of ab"),
+        (["track", "--repo", repo, "--revs", "c1", "c2"], sweep_store, "holds the results of a sweep, not of track"),
+        (["track", "--repo", repo, "--revs", "c1", "c2"], ab_store, "holds the results of an ab run, not of track"),
+    ):
+        result = run_cli_here(*args, *CASE, "--out", out, cwd=repo)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2 and len(lines) == 1 and fragment in lines[0] and "give" in lines[0], result.stderr
+    for out, before in stores.items():
+        assert store_path(out).read_bytes() == before and sorted(p.name for p in out.iterdir()) == ["results.sqlite"]
+
+
+def test_a_full_disk_while_ab_stores_is_one_line_naming_the_store_and_what_it_keeps(repo, tmp_path, monkeypatch):
+    """The store's row write fails as SQLite fails on a full disk, at B's row (A's is stored first): one line, exit 2,
+    naming the store and the row kept; the store holds A's row."""
+    import sqlite3
+
+    from perflab.sweep.store import Store, store_path
+
+    insert = Store._insert
+    calls = []
+
+    def full_after_one(self, *args, **kwargs):
+        calls.append(args[0].get("version", {}).get("name"))
+        if len(calls) > 1:
+            raise sqlite3.OperationalError("database or disk is full")
+        return insert(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "_insert", full_after_one)
+    out = tmp_path / "full"
+    result = run_cli_here("ab", "--repo", repo, "--a", "c1", "--b", "c2", *QUICK, "--rounds", "2", "--out", out, cwd=repo)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert lines[-1].startswith(f"perflab: error: {store_path(out)}: the disk is full (database or disk is full)"), lines
+    assert "the 1 row(s) of this run stored before it" in lines[-1] and "another --out" in lines[-1]
+    monkeypatch.setattr(Store, "_insert", insert)
+    assert [r["version"]["name"] for r in stored(out)[0]] == [calls[0]]
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1

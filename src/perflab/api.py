@@ -159,7 +159,7 @@ def bench(cases: Iterable[Case] | None = None, on_case: Callable[[int, Case, str
     ``interleave`` (default): the cases that fit on the device together are built and warmed first, then timed in
     blocks in a seeded random interleaved order (``measure.interleave``; the seed is the cases' ``seed``), so a slow
     stretch of the host falls on all of them, and a speedup is read from blocks paired in time
-    (``measure.stats.paired_ratio``, used by the speedup table). It costs memory (every case held at once) and a
+    (``stats.paired_ratio``, used by the speedup table). It costs memory (every case held at once) and a
     warm-up per case before any timing; ``interleave=False`` times each case alone right after its warm-up.
     ``processes``: spread each case's samples over this many processes (this one, then fresh ones); its CI is
     then taken across processes (``ci_level``). ``pin``: pin the timing thread to one core for warm-up and the
@@ -533,24 +533,32 @@ class ProfiledLoop:
 
 
 def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 3, step: str | None = None, step_range: str | None = None,
-        stop_after: bool = False, out_dir="perflab-run", nproc: int | None = None, render=None) -> int:
+        stop_after: bool = False, out_dir="perflab-run", nproc: int | Sequence[int] | None = None, render=None, trace_warmup: int = 3,
+        inflation_limit: float = 1.10, record_shapes: bool = True, render_scaling=None) -> int:
     """Run a program (``["train.py", "--lr", "3e-4"]``, ``["-m", "pkg.train"]``) unchanged in this process, time
-    ``steps`` of its steps after ``skip``, trace ``trace`` more, and report (``render(report)``; the report is also
+    ``steps`` of its steps after ``skip``, trace ``trace`` more after ``trace_warmup`` steps under the profiler that are
+    thrown away (its start-up), and report (``render(report)``; the report is also
     written to ``OUT/run.json``). Returns the program's exit code. ``nproc``: run it under torchrun with that many ranks
-    (each rank runs ``python -m perflab run``; rank 0 merges). Bad options raise PerflabError before the program runs."""
+    (each rank runs ``python -m perflab run``; rank 0 merges); a list of counts runs it at each (``OUT/nprocN/``) and
+    reports the scaling over the first (``OUT/scaling.json``; ``render_scaling(section)`` prints it). Bad options raise PerflabError before the program runs."""
     from perflab.program.boundaries import make_source
     from perflab.program.recorder import RunOptions
     from perflab.program.run import Run, check_options
     from perflab.program.script import parse_program
 
-    check_options(skip, steps, trace, step, step_range)
+    check_options(skip, steps, trace, step, step_range, trace_warmup=trace_warmup, inflation_limit=inflation_limit)
     make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
     program_ = parse_program(list(program))
     from perflab.paths import check_writable_file, make_out_dir
 
     out = make_out_dir(out_dir)  # a path that cannot take the report: one line, before the program runs
     check_writable_file(out / "run.json")
-    options = RunOptions(skip=skip, steps=steps, trace=trace, stop_after=stop_after, out_dir=out)
+    options = RunOptions(skip=skip, steps=steps, trace=trace, trace_warmup=trace_warmup, record_shapes=record_shapes,
+                         inflation_limit=inflation_limit, stop_after=stop_after, out_dir=out)
+    if isinstance(nproc, (list, tuple)):
+        from perflab.program.launch import torchrun_counts
+
+        return torchrun_counts(list(nproc), program, options, step=step, step_range=step_range, render=render_scaling)
     if nproc is not None:
         from perflab.program.launch import torchrun
 
@@ -743,7 +751,12 @@ def is_results_path(item) -> bool:
     if path.suffix == ".json":
         try:
             with open(path) as f:
-                first = json.loads(f.readline(1 << 20))  # a Kineto trace is one object, longer than this or without case_id
+                line = f.readline(1 << 20)
+            # a trace's JSON is the Kineto reader's to parse: a line that holds one (a one-line trace, which may carry any
+            # metadata key, case_id too; a bare event list) is no result row
+            if not line.lstrip().startswith("{") or '"traceEvents"' in line:
+                return False
+            first = json.loads(line)
             return isinstance(first, dict) and "case_id" in first
         except (OSError, ValueError, UnicodeDecodeError):
             return False
@@ -766,38 +779,44 @@ def are_results(a, b) -> bool:
     return held[0]
 
 
-def load_results(item) -> list[dict]:
-    """The result rows ``item`` names (``is_results_path``): a store's (its latest environment's) or a file's."""
+def load_results(item, on_unreadable=None) -> list[dict]:
+    """The result rows ``item`` names (``is_results_path``): a store's (its latest environment's) or a file's, each field
+    of each row of the type and range ``report.export.check_row`` holds it to (PerflabError naming the row otherwise).
+    A stored row that cannot be decoded is left out and passed to ``on_unreadable`` (a warning without it)."""
     from pathlib import Path
 
     from perflab.errors import PerflabError
-    from perflab.report.export import read_rows
+    from perflab.report.export import check_row, read_rows
 
     path = Path(str(item))
     if path.is_dir() or path.suffix in (".sqlite", ".db"):
-        from perflab.sweep.store import STORE_NAME, load_stored
+        from perflab.sweep.store import STORE_NAME, load_stored, report_unreadable
 
         if not path.is_dir() and path.name != STORE_NAME:  # the store is its directory's results.sqlite, nothing else
             raise PerflabError(f"{item}: a store is read as a directory's {STORE_NAME}; give the directory that holds it, "
                                f"with the file named {STORE_NAME}")
         stored = load_stored(path if path.is_dir() else path.parent)
-        versions = {(r.get("version") or {}).get("key") for r in stored.rows}
+        report_unreadable(stored.unreadable, on_unreadable, item)  # its case reads as held by the other side alone
+        if not stored.rows:
+            raise PerflabError(f"{item}: the store holds no rows")
+        rows = [check_row(row, f"{item}, case {row['case_id']}") for row in stored.rows]
+        versions = {(r.get("version") or {}).get("key") for r in rows}
         if len(versions) > 1:
             raise PerflabError(f"{item}: holds rows of {len(versions)} versions (perflab ab or track): `perflab report {item}` "
                                "compares them")
-        if not stored.rows:
-            raise PerflabError(f"{item}: the store holds no rows")
-        return stored.rows
+        return rows
     return read_rows(path)
 
 
-def compare_results(a, b, threshold: float = 0.05):
+def compare_results(a, b, threshold: float = 0.05, on_unreadable=None):
     """Two stored runs compared case by case (``analysis.regressions.compare_rows``): ``a`` and ``b`` are stores
-    (sweep output directories, or their results.sqlite) or ``bench --out`` files (.csv or JSON lines)."""
+    (sweep output directories, or their results.sqlite) or ``bench --out`` files (.csv or JSON lines). A stored row that
+    cannot be decoded is left out and passed to ``on_unreadable(side, store.Unreadable)`` (a warning without it)."""
     from perflab.analysis.regressions import check_threshold, compare_rows
 
     check_threshold(threshold)
-    return compare_rows(load_results(a), load_results(b), threshold)
+    sides = [load_results(side, on_unreadable and (lambda item, side=side: on_unreadable(side, item))) for side in (a, b)]
+    return compare_rows(*sides, threshold)
 
 
 def version_experiment(spec=None, case_options: dict | None = None, root=None, repo=None, name: str = "ab"):
@@ -853,11 +872,12 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
 
     from perflab.analysis.regressions import Comparison, check_threshold, compare_rows
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import check_pairing, default_pairing, plan_interpreters, plan_revisions, run_versions
+    from perflab.sweep.versions import (check_order, check_pairing, check_rounds, default_pairing, plan_interpreters, plan_revisions,
+                                        run_versions)
 
     check_threshold(threshold)
-    if rounds < 2:
-        raise PerflabError(f"--rounds must be at least 2 (a CI over rounds needs two), got {rounds}")
+    check_rounds(rounds, least=2)
+    check_order(order)
     by_revision = repo is not None or a is not None or b is not None
     by_python = python_a is not None or python_b is not None
     if by_revision == by_python or (by_revision and None in (repo, a, b)) or (by_python and None in (python_a, python_b)):
@@ -896,9 +916,11 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
 
     from perflab.analysis.regressions import check_threshold, revision_series
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import check_pairing, plan_revisions, repository, revision_range, run_versions
+    from perflab.sweep.versions import check_order, check_pairing, check_rounds, plan_revisions, repository, revision_range, run_versions
 
     check_threshold(threshold)
+    check_rounds(rounds)
+    check_order(order)
     check_pairing(pairing, False)
     if bool(revs) == bool(range_):
         raise PerflabError("give the revisions as --revs A B C ... or as --range A..B")

@@ -57,7 +57,7 @@ MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate",
 FORMATS = ("table", "csv", "json")
 _argv: list[str] | None = None  # the arguments main() was given (None: sys.argv's)
 _program: list[str] = []  # perflab run: the program's own command line (after "--", or from the script on)
-RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--out", "--step", "--step-range", "--nproc"}
+RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--trace-warmup", "--inflation-limit", "--out", "--step", "--step-range", "--nproc"}
 
 
 
@@ -494,10 +494,11 @@ def breakeven(
 
 OPT_VERSIONS_SPEC = typer.Option(None, "--spec", help="The cases as an experiment spec (instead of bench flags); a spec inside "
                                  "--repo is read from each revision's worktree.")
-OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round: alternate (A B, then B A, ...) "
-                                "or random (seeded by --order-seed); with --pairing blocks, the order their cases are built in "
-                                "(their blocks then run in a seeded random interleaved order).")
-OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random and of the blocks' interleaved order.")
+OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round, balanced: alternate (A B, B A, "
+                                "B A, A B, ...) or random (a pair of rounds' order drawn with --order-seed, reversed in the "
+                                "second); with --pairing blocks, the order a round's interleaved blocks start from (then A B, "
+                                "B A, ... block by block).")
+OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random and of the blocks' order of cases in a round.")
 OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else "
                                     "600); a blocks round's process gets this for each case at each version it holds.")
 OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")
@@ -515,8 +516,8 @@ def ab(
     python_a: Optional[str] = typer.Option(None, "--python-a", help="Version A: a Python interpreter (another environment) instead."),
     python_b: Optional[str] = typer.Option(None, "--python-b", help="Version B: a Python interpreter."),
     spec: Optional[Path] = OPT_VERSIONS_SPEC,
-    rounds: int = typer.Option(3, "--rounds", help="Rounds: each times every case at A and at B (blocks: in one process; processes: "
-                               "in two side by side)."),
+    rounds: int = typer.Option(3, "--rounds", help="Rounds, 2 to 100: each times every case at A and at B (blocks: in one process; "
+                               "processes: in two side by side)."),
     order: str = OPT_ROUNDS_ORDER,
     order_seed: int = OPT_ORDER_SEED,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="The store (default runs/ab/<date-time>)."),
@@ -536,7 +537,7 @@ def ab(
     import json
 
     from perflab import api
-    from perflab.report.versions import render_comparison, render_versions
+    from perflab.report.versions import first_counts, order_line, render_comparison, render_versions
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
@@ -545,14 +546,19 @@ def ab(
                                  command=command_line(_argv), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin,
                                  pairing=pairing)
     if as_json:
+        order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in summary.versions}
         sys.stdout.write(json.dumps(dict(comparison.to_dict(), versions=[v.info() for v in summary.versions],
-                                         store=str(summary.out_dir), rounds=summary.rounds, pairing=summary.pairing)) + "\n")
+                                         store=str(summary.out_dir), rounds=summary.rounds, pairing=summary.pairing, order=order)) + "\n")
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
-        out.print(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
+        order = order_line([(v.name, summary.rows_of(v)) for v in summary.versions])
+        if order:
+            out.say(order, markup=False)
+        out.say(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", markup=False)
     _versions_interrupted(summary, "run the command again (given --out, into another directory: ab does not add rows to a store "
                                    "that holds its versions)")
+    _versions_failed(summary)
 
 
 @app.command()
@@ -563,7 +569,7 @@ def track(
     rev_range: Optional[str] = typer.Option(None, "--range", help="A..B: A, then each commit after it up to B (first parents)."),
     out_dir: Path = typer.Option(..., "--out", help="The store; a revision's rows already there are reused."),
     spec: Optional[Path] = OPT_VERSIONS_SPEC,
-    rounds: int = typer.Option(1, "--rounds", help="Rounds: each times every case at every revision (blocks: in one process; "
+    rounds: int = typer.Option(1, "--rounds", help="Rounds, 1 to 100: each times every case at every revision (blocks: in one process; "
                                "processes: one after another); with 3 or more, neighbours' ratios have a CI over the rounds."),
     order: str = OPT_ROUNDS_ORDER,
     order_seed: int = OPT_ORDER_SEED,
@@ -596,15 +602,25 @@ def track(
                                      "pairing": summary.pairing}) + "\n")
     else:
         render_series(out, series, threshold)
-        out.print(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
-                  f"{summary.out_dir}", soft_wrap=True, markup=False)
+        out.say(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
+                f"{summary.out_dir}", markup=False)
     _versions_interrupted(summary, "run the command again: it reuses them")
+    _versions_failed(summary)
 
 
 def _versions_interrupted(summary, again: str) -> None:
     if summary.interrupted:
         err.print(f"interrupted: the cases whose rounds all ran are stored; {again}", soft_wrap=True, markup=False)
         raise typer.Exit(130)
+
+
+def _versions_failed(summary) -> None:
+    from perflab.report.versions import failures_line
+
+    line = failures_line(summary.failed())
+    if line:
+        err.print(line, soft_wrap=True, markup=False)
+        raise typer.Exit(1)
 
 
 def _ranks(parallel: Optional[str], gpus: Optional[str], world_size: Optional[int], device: str):
@@ -904,9 +920,10 @@ def compare(
     from perflab.report.explain_console import render_comparison
 
     if api.are_results(a, b):
-        result = api.compare_results(a, b, threshold=threshold)
+        result = api.compare_results(a, b, threshold=threshold, on_unreadable=lambda side, item: _warn_unreadable(side, [])(item))
         if as_json:
-            sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b))) + "\n")
+            # strict JSON: the rows' times were checked finite and in range, so no ratio or bound can be NaN or Infinity
+            sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b)), allow_nan=False) + "\n")
         else:
             from perflab.report.versions import render_comparison as render_results
 
@@ -1096,14 +1113,21 @@ if __name__ == "__main__":
 def run(
     skip: int = typer.Option(5, "--skip", help="Steps to let run first (warm-up, compilation), untimed."),
     steps: int = typer.Option(20, "--steps", help="Steps to time, untraced (CUDA events on the step's stream; the host clock on the CPU)."),
-    trace: int = typer.Option(3, "--trace", help="Steps to trace with torch.profiler after the timed ones (0: none)."),
+    trace: int = typer.Option(3, "--trace", help="Steps to trace with torch.profiler after the timed ones and the profiler's warm-up (0: none)."),
+    trace_warmup: int = typer.Option(3, "--trace-warmup", help="Steps run under the profiler before the traced ones and thrown away: "
+                                     "its start-up lands in them, not in the traced steps."),
+    inflation_limit: float = typer.Option(1.10, "--inflation-limit", help="Traced ÷ untraced step beyond which the run is flagged "
+                                          "trace_inflated: its traced accounting then describes the profiler, not the program."),
+    no_shapes: bool = typer.Option(False, "--no-shapes", help="Trace without operator shapes (cheaper; FLOPs, MFU and the compute floor "
+                                   "are then left out)."),
     step: Optional[str] = typer.Option(None, "--step", help="A step is each call of this function: QUALNAME or FILE:QUALNAME "
                                        "(decode_one_token, Model.forward). Default: every optimizer step."),
     step_range: Optional[str] = typer.Option(None, "--step-range", help="A step is each NVTX or record_function range whose name starts "
                                              "with this (e.g. BENCHMARK, the range the Llama decode testbench marks)."),
     stop_after: bool = typer.Option(False, "--stop-after", help="Stop the program after the traced steps (exit code 0)."),
     out_dir: Path = typer.Option(Path("perflab-run"), "--out", help="Directory for run.json and the trace(s)."),
-    nproc: Optional[int] = typer.Option(None, "--nproc", help="Run the program under torchrun with this many ranks (one per GPU)."),
+    nproc: Optional[str] = typer.Option(None, "--nproc", help="Run the program under torchrun with this many ranks (one per GPU); "
+                                        "a list (1,2) runs it at each count and reports the scaling over the first."),
 ):
     """Run your own program unchanged, time its steps, trace a few and explain them:
     perflab run [OPTIONS] -- SCRIPT [ARGS...] (or -- -m MODULE [ARGS...]; also python -m perflab run under torchrun).
@@ -1112,8 +1136,26 @@ def run(
     from perflab import api
 
     code = api.run(_program, skip=skip, steps=steps, trace=trace, step=step, step_range=step_range, stop_after=stop_after,
-                   out_dir=out_dir, nproc=nproc, render=_render_run)
+                   out_dir=out_dir, nproc=_rank_counts(nproc), render=_render_run, trace_warmup=trace_warmup, inflation_limit=inflation_limit,
+                   record_shapes=not no_shapes, render_scaling=_render_scaling)
     raise typer.Exit(code)
+
+
+def _rank_counts(text: str | None) -> int | list[int] | None:
+    """--nproc N (one run under torchrun) or N,M,... (a run at each count and the scaling)."""
+    if text is None:
+        return None
+    try:
+        counts = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise PerflabError(f"--nproc: expected a rank count or a list of them (2, or 1,2), got {text!r}") from None
+    return counts if "," in text else counts[0]
+
+
+def _render_scaling(section: dict) -> None:
+    from perflab.report.program import render_scaling
+
+    render_scaling(err, section)
 
 
 def _render_run(report: dict) -> None:

@@ -122,36 +122,47 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
 
 
 def account_rank_traces(paths: Sequence, device: str, steps: int) -> dict:
-    """The ranks' traces merged and accounted: ``accounts`` (per rank, exact, over the common window; where the ranks'
-    collectives line up, its exposed communication split into waiting for a later rank and transfer), ``waits_per_step``,
-    ``note`` and ``rank_passes``: per rank, per step, each pass's time (``ms``: its kernels' GPU time, or on the CPU its
-    range's wall time) and the GPU time of each kernel category outside communication (``category_ms``; none on the
-    CPU). A GPU rank's table is its kernels; a CPU rank's, its main thread's operators and gloo's collectives
-    (``trace.cpu_ranks``)."""
-    from perflab.analysis.ranks import account_ranks, collective_waits, exposed_waiting_ns, merge_ranks, waits_per_step
+    """The ranks' traces merged and accounted: ``accounts`` (per rank, exact, over that rank's step windows, the
+    ``ProfilerStep#n`` ranges, or the common window of a trace without them; where the ranks' collectives line up, its
+    exposed communication split into waiting for a later rank and transfer, over the same windows), ``waits_per_step``,
+    ``note``, ``step_ms`` (per rank, its mean step window, ms: what its per-step figures are held against) and
+    ``rank_passes``: per rank, per step, each pass's time (``ms``: its kernels' GPU time, or on the CPU its range's wall
+    time) and the GPU time of each kernel category outside communication (``category_ms``; none on the CPU). A GPU rank's
+    table is its kernels; a CPU rank's, its main thread's operators and gloo's collectives (``trace.cpu_ranks``)."""
+    from perflab.analysis.ranks import account_ranks, collective_waits, exposed_waiting_ns, merge_ranks, waits_per_step, within_windows
 
-    tables, passes = {}, []
+    tables, passes, windows = {}, [], {}
     for rank, path in enumerate(paths):
         if device == "cuda":
-            tables[rank], per_pass, categories = _gpu_rank(path, steps)
+            tables[rank], per_pass, categories, windows[rank] = _gpu_rank(path, steps)
         else:
             from perflab.trace.cpu_ranks import cpu_rank_activities
+            from perflab.trace.load import load_trace
 
             tables[rank], ranges = cpu_rank_activities(path)
+            windows[rank] = _step_windows(load_trace(path))
             durations = (ranges["end_ns"] - ranges["start_ns"]).groupby(ranges["name"]).sum() if len(ranges) else {}
             per_pass, categories = {name: float(ns) / steps / 1e6 for name, ns in dict(durations).items()}, {}
         passes.append({"rank": rank, "ms": per_pass, "category_ms": categories})
     note = None if device == "cuda" else ("a CPU run: compute is each rank's main thread inside torch's operators, communication gloo's "
                                          "collectives on their own threads")
     merged = merge_ranks(tables)
-    out = {"accounts": [a.to_dict() for a in account_ranks(merged)], "waits_per_step": [], "note": note, "rank_passes": passes}
+    by_window = all(windows.get(r) for r in tables)
+    if by_window:
+        merged = within_windows(merged, windows)
+        steps = min(len(w) for w in windows.values())
+    else:
+        windows = None
+    accounts = account_ranks(merged, windows=windows)
+    out = {"accounts": [a.to_dict() for a in accounts], "waits_per_step": [], "note": note, "rank_passes": passes, "steps": steps,
+           "step_ms": {a.rank: a.window_ns / max(len(windows[a.rank]), 1) / 1e6 for a in accounts} if windows else None}
     try:
         waits = collective_waits(merged)
         out["waits_per_step"] = waits_per_step(waits, steps)
     except ValueError as exc:
         out["note"] = (f"{note}; " if note else "") + f"no per-step waits: {exc}"
     else:  # exposed communication = waiting for a later rank + transfer no compute hides
-        waiting = exposed_waiting_ns(merged, waits)
+        waiting = exposed_waiting_ns(merged, waits, windows)
         for account in out["accounts"]:
             account["comm_exposed_waiting_ns"] = waiting.get(account["rank"], 0)
             account["comm_exposed_transfer_ns"] = account["comm_exposed_ns"] - account["comm_exposed_waiting_ns"]
@@ -169,4 +180,14 @@ def _gpu_rank(path, steps: int):
     per_pass = {name: t["gpu_ns"] / 1e6 for name, t in pass_timing(kernels, trace.ranges, steps).items()}
     compute = kernels[~kernels["name"].map(is_comm).astype(bool)]
     categories = {str(k): float(v) / steps / 1e6 for k, v in compute.groupby(compute["category"].astype(str))["dur_ns"].sum().items()}
-    return kernels, per_pass, categories
+    return kernels, per_pass, categories, _step_windows(trace)
+
+
+def _step_windows(trace) -> list[tuple[int, int]]:
+    """The trace's step windows as the accounting cuts them (``analysis.accounting.step_windows``); none without steps."""
+    from perflab.analysis.accounting import step_windows
+
+    if not len(trace.steps):
+        return []
+    found = step_windows(trace.kernels, trace.steps)
+    return list(zip(found["start_ns"].tolist(), found["end_ns"].tolist()))

@@ -72,7 +72,7 @@ def test_interleaved_cases_on_the_gpu_pair_hold_their_graphs_and_measure_host_an
     weight casts autocast cached during capture, so the cache must outlive each case's contexts (freeing it made
     the replay read freed memory: a segfault, seen on an H100); the held timing gives each step's GPU time."""
     from perflab import api
-    from perflab.measure.stats import paired_ratio
+    from perflab.stats import paired_ratio
 
     cases = api.make_cases(model=["deit_small_patch16_224", "topk_deit_small_patch16_224"], keep_rate=[0.1], reduction_loc=[3, 6, 9],
                            batch_size=[8], dtype=["bf16"], mode=["cudagraph", "eager"], device="cuda", min_time=0.3, repeats=10)
@@ -85,7 +85,7 @@ def test_interleaved_cases_on_the_gpu_pair_hold_their_graphs_and_measure_host_an
         assert row["device_ms"] == pytest.approx(row["median_ms"], rel=0.05)
         assert row["host_held_ms"] < 0.2 * row["device_ms"] and row["host_bound_frac"] < 0.5
         assert row["power_w"] and row["power_w"] > 50
-    pair = paired_ratio(graph[0], graph[1])
+    pair = paired_ratio(graph[1], graph[0])  # graph[0]'s time ÷ graph[1]'s
     assert pair["pairs"] == 10
     alone = api.bench([c for c in cases if c.mode == "cudagraph"], interleave=False)
     assert pair["ratio"] == pytest.approx(alone[0]["median_ms"] / alone[1]["median_ms"], rel=0.03)

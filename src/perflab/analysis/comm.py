@@ -141,16 +141,52 @@ def comm_ms(bus_bytes: float, calls: int, busbw_gb_s: float, latency_us: float) 
 def rank_comm_rows(accounts: list[dict], steps: int, rank_step_ms: dict, floor_ms: float | None) -> list[dict]:
     """Per rank, ms per step: its communication, exposed (and of it, waiting for a later rank and transfer, where the
     ranks' collectives lined up), overlapped, the overlap fraction, and measured ÷ the floor. ``accounts``: the merged
-    ranks' accounts (``analysis.ranks``, ns over ``steps`` profiled steps); ``rank_step_ms``: rank → its step."""
+    ranks' accounts (``analysis.ranks``, ns over ``steps`` profiled steps, each over the rank's own step windows);
+    ``rank_step_ms``: rank → its untraced step. ``traced_step_ms`` is the rank's mean step window: the per-step figures
+    are parts of it, and :func:`check_comm_rows` holds them to that."""
     rows = []
     for account in accounts:
         r = account["rank"]
         comm_ms = account["comm_ns"] / steps / 1e6
         waiting = account.get("comm_exposed_waiting_ns")
-        rows.append({"rank": r, "step_ms": rank_step_ms.get(r),
+        rows.append({"rank": r, "step_ms": rank_step_ms.get(r), "traced_step_ms": account["window_ns"] / steps / 1e6,
+                     "busy_ms": account["busy_ns"] / steps / 1e6,
                      "comm_ms": comm_ms, "exposed_ms": account["comm_exposed_ns"] / steps / 1e6,
                      "waiting_ms": waiting / steps / 1e6 if waiting is not None else None,
                      "transfer_ms": (account["comm_exposed_ns"] - waiting) / steps / 1e6 if waiting is not None else None,
                      "overlapped_ms": account["comm_overlapped_ns"] / steps / 1e6, "overlap_fraction": account["overlap_fraction"],
-                     "measured_over_floor": comm_ms / floor_ms if floor_ms else None})
+                     "measured_over_floor": comm_ms / floor_ms if floor_ms else None,
+                     "_ns": {k: account.get(k) for k in ("window_ns", "busy_ns", "comm_ns", "comm_exposed_ns", "comm_overlapped_ns",
+                                                         "comm_exposed_waiting_ns")}})
+    violations = check_comm_rows(rows)
+    if violations:
+        raise CommAccountingError("the communication accounting broke its identities (a bug in perflab, please report it): " + "; ".join(violations))
+    for row in rows:
+        del row["_ns"]
     return rows
+
+
+class CommAccountingError(ValueError):
+    """A per-rank communication figure broke an identity it must keep: perflab's bug, never printed as a result."""
+
+
+def check_comm_rows(rows: list[dict]) -> list[str]:
+    """The identities every rank's figures keep, to the ns over the same step windows: waiting ≤ exposed ≤ window,
+    comm = exposed + hidden, busy ≤ window. Each broken one, named."""
+    out = []
+    for row in rows:
+        ns = row.get("_ns") or {}
+        window, busy, comm = ns.get("window_ns"), ns.get("busy_ns"), ns.get("comm_ns")
+        exposed, hidden, waiting = ns.get("comm_exposed_ns"), ns.get("comm_overlapped_ns"), ns.get("comm_exposed_waiting_ns")
+        if None in (window, busy, comm, exposed, hidden):
+            out.append(f"rank {row['rank']}: figures missing")
+            continue
+        if waiting is not None and not 0 <= waiting <= exposed:
+            out.append(f"rank {row['rank']}: waiting {waiting} ns outside 0..exposed {exposed} ns")
+        if not 0 <= exposed <= window:
+            out.append(f"rank {row['rank']}: exposed {exposed} ns outside 0..its steps' {window} ns")
+        if comm != exposed + hidden:
+            out.append(f"rank {row['rank']}: communication {comm} ns ≠ exposed {exposed} + hidden {hidden} ns")
+        if not 0 <= busy <= window:
+            out.append(f"rank {row['rank']}: busy {busy} ns outside 0..its steps' {window} ns")
+    return out

@@ -123,13 +123,49 @@ def _ms(ns: float) -> str:
 
 
 SYNC_CALLS = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH")  # calls in which the host waits for the GPU
+# A launch call whose work started this long after the call returned found the GPU behind the host: its queue held
+# that much work already. Such a call that took long was blocked on a full launch queue (CUDA's queue holds about a
+# thousand launches), waiting for the GPU to free a slot, not issuing.
+BACKED_UP_NS = 100_000
+UNBLOCKED_CALL_NS = 10_000  # a launch call's own cost where no call of its API ran unblocked (a typical one's, profiled)
+
+
+def blocked_launch_ns(kernels: pd.DataFrame) -> pd.DataFrame:
+    """Per launch call that launched GPU work: ``launch_start_ns``, ``launch_end_ns`` and ``blocked_ns``, the part of the
+    call spent waiting on a full launch queue: for a call whose work started ``BACKED_UP_NS`` or more after it returned,
+    its duration beyond the median duration of its API's calls that found the GPU caught up (``UNBLOCKED_CALL_NS``
+    where none did); 0 for every other call."""
+    linked = (kernels["launch_tid"] >= 0).to_numpy()
+    if not linked.any():
+        return pd.DataFrame({"launch_start_ns": [], "launch_end_ns": [], "blocked_ns": []})
+    rows = kernels[linked]
+    key = (rows["launch_tid"].to_numpy().astype(np.int64) << 32) | (rows["correlation"].to_numpy().astype(np.int64) & 0xFFFFFFFF)
+    codes, uniques = pd.factorize(key)
+    first_start = np.full(len(uniques), np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_start, codes, rows["start_ns"].to_numpy(dtype=np.int64))
+    one = np.empty(len(uniques), dtype=np.int64)
+    one[codes] = np.arange(len(rows))
+    start = rows["launch_start_ns"].to_numpy(dtype=np.int64)[one]
+    end = rows["launch_end_ns"].to_numpy(dtype=np.int64)[one]
+    api = rows["launch_api"].astype(str).to_numpy()[one]
+    duration, backed_up = end - start, (first_start - end) >= BACKED_UP_NS
+    blocked = np.zeros(len(uniques), dtype=np.int64)
+    for name in np.unique(api[backed_up]).tolist():
+        mine = api == name
+        free = duration[mine & ~backed_up]
+        typical = int(np.median(free)) if len(free) else UNBLOCKED_CALL_NS
+        waited = mine & backed_up
+        blocked[waited] = np.clip(duration[waited] - typical, 0, None)
+    return pd.DataFrame({"launch_start_ns": start, "launch_end_ns": end, "blocked_ns": blocked})
 
 
 def host_issue_ms(trace, without_waits: bool = False) -> float:
     """Median over steps of the CPU time to issue one step in a trace: step start → end of its last
     launch call (profiled, so inflated; see measure.host for the untraced figure). ``without_waits``: less the time
-    the host spent inside synchronising calls in that stretch (a program's ``loss.item()`` each step waits for the
-    GPU there; that wait is the GPU's time, not the host's)."""
+    the host spent waiting for the GPU in that stretch: inside synchronising calls (a program's ``loss.item()`` each
+    step waits for the GPU there) and inside launch calls blocked on a full launch queue (``blocked_launch_ns``: a
+    GPU-bound step's host runs ahead until the queue fills, then every launch waits for a kernel to finish). That wait
+    is the GPU's time, not the host's."""
     from perflab.analysis.accounting import step_windows
     from perflab.analysis.compare import window_of_activities
 
@@ -138,11 +174,13 @@ def host_issue_ms(trace, without_waits: bool = False) -> float:
     window = window_of_activities(kernels, windows, whole_trace=len(trace.steps) == 0)
     launch_end = kernels["launch_end_ns"].to_numpy()
     starts = windows["start_ns"].to_numpy()
-    waits = None
+    waits = blocked = None
     if without_waits:
         calls = trace.launches
         is_wait = calls["name"].astype(str).str.contains(SYNC_CALLS.pattern, regex=True).to_numpy()
         waits = (calls["start_ns"].to_numpy()[is_wait], calls["end_ns"].to_numpy()[is_wait])
+        blocked = blocked_launch_ns(kernels)
+        blocked = blocked[blocked["blocked_ns"] > 0]
     issue = []
     for w in range(len(windows)):
         ends = launch_end[(window == w) & (launch_end >= 0)]
@@ -151,5 +189,7 @@ def host_issue_ms(trace, without_waits: bool = False) -> float:
             waited = 0
             if waits is not None:
                 waited = int(np.clip(np.minimum(waits[1], last) - np.maximum(waits[0], starts[w]), 0, None).sum())
-            issue.append(last - starts[w] - waited)
+                inside = (blocked["launch_start_ns"].to_numpy() >= starts[w]) & (blocked["launch_end_ns"].to_numpy() <= last)
+                waited += int(blocked["blocked_ns"].to_numpy()[inside].sum())
+            issue.append(max(last - starts[w] - waited, 0))
     return float(np.median(issue)) / 1e6 if issue else 0.0

@@ -20,7 +20,6 @@ custom op), named. No torch.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 
@@ -107,19 +106,9 @@ class OpFlops:
                 "shapes_recorded": self.shapes_recorded, "complete": self.complete, "known": self.known}
 
 
-def _dims(text: str) -> list | None:
-    if not text:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, list) else None
-
-
-def op_flops(name: str, dims: list | None) -> int | None:
-    """FLOPs of one call of operator ``name`` with input shapes ``dims``; None when it has no formula or its shapes do not
-    fit it."""
+def op_flops(name: str, dims: tuple | None) -> int | None:
+    """FLOPs of one call of operator ``name`` with input shapes ``dims`` (``Trace.ops``' ``input_shapes``: a shape per
+    input); None when it has no formula or its shapes do not fit it."""
     if not dims:
         return None
     try:
@@ -145,13 +134,10 @@ def op_flops(name: str, dims: list | None) -> int | None:
 DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8"}
 
 
-def input_dtype(types_text: str) -> str:
-    """The dtype of an operator's first tensor input, from the profiler's ``Input type`` (perflab's names: bf16, fp32)."""
-    try:
-        types = json.loads(types_text) if types_text else []
-    except ValueError:
-        types = []
-    first = next((t for t in types if t and t not in ("Scalar", "ScalarList", "TensorList", "GenericList")), "unknown")
+def input_dtype(types: tuple | None) -> str:
+    """The dtype of an operator's first tensor input, from the profiler's ``Input type`` (``Trace.ops``' ``input_types``;
+    perflab's names: bf16, fp32)."""
+    first = next((t for t in types or () if t and t not in ("Scalar", "ScalarList", "TensorList", "GenericList")), "unknown")
     return DTYPES.get(first, str(first))
 
 
@@ -169,8 +155,8 @@ def count_op_flops(ops: pd.DataFrame, window: tuple[int, int] | None = None, ste
     inside = np.ones(len(ops), dtype=bool) if window is None else (start >= window[0]) & (start < window[1])
     names = ops["name"].astype(str).to_numpy()
     parent = ops["parent"].to_numpy()
-    dims_text = ops["input_dims"].to_numpy()
-    types_text = ops["input_type"].to_numpy()
+    shapes = ops["input_shapes"].to_numpy()
+    types = ops["input_types"].to_numpy()
     by_dtype: dict[str, int] = {}
     counted = np.zeros(len(ops), dtype=bool)
     covered = np.zeros(len(ops), dtype=bool)  # an operator around it was counted
@@ -183,15 +169,15 @@ def count_op_flops(ops: pd.DataFrame, window: tuple[int, int] | None = None, ste
         if covered[i] or not inside[i]:
             continue
         name = names[i]
-        any_shapes = any_shapes or bool(dims_text[i])
+        any_shapes = any_shapes or shapes[i] is not None
         if has_formula(name):
-            flops = op_flops(name, _dims(dims_text[i]))
+            flops = op_flops(name, shapes[i])
             if flops is not None:
                 counted[i] = True
                 total += flops
                 calls += 1
                 by_op[name] = by_op.get(name, 0) + flops
-                dtype = input_dtype(types_text[i])
+                dtype = input_dtype(types[i])
                 by_dtype[dtype] = by_dtype.get(dtype, 0) + flops
                 continue
             uncounted[name] = uncounted.get(name, 0) + 1

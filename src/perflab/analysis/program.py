@@ -81,11 +81,31 @@ def _top_names(work, n: int) -> list[dict]:
     return [{"name": name, "ns": int(ns)} for name, ns in grouped.items()]
 
 
+GPU_BOUND_FILL = 0.85  # kernels filling this share of the untraced step: the GPU sets it, whatever the host does
+
+
+def traced_section(timing: dict, recorded: dict, window_ms: float | None, steps: int, trace, inflation_limit: float) -> dict:
+    """The traced steps beside the untraced ones: each traced step's time by the same clock as the timed steps (the
+    profiler's warm-up steps apart), their median ÷ the untraced median (the inflation) and whether it passes
+    ``inflation_limit``; without the clock's figures, the trace's own step windows."""
+    times = [float(x) for x in recorded.get("traced_step_ms") or []]
+    warmup = int(recorded.get("trace_warmup") or 0)
+    each = times[warmup:] if len(times) > warmup else []
+    traced_ms = float(np.median(each)) if each else window_ms
+    median = timing.get("median_ms")
+    inflation = traced_ms / median if traced_ms and median else None
+    return {"steps": steps, "step_ms": traced_ms, "step_ms_each": each, "warmup_step_ms": times[:warmup], "window_ms": window_ms,
+            "untraced_ms": median, "inflation": inflation, "inflation_limit": inflation_limit,
+            "inflated": bool(inflation is not None and inflation > inflation_limit), "trace_path": trace.meta.get("path"), "cpu_only": trace.cpu_only}
+
+
 def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None = None, model_bytes: dict | None = None,
-                   tf32: bool = False, top: int = 10) -> dict:
+                   tf32: bool = False, top: int = 10, inflation_limit: float = 1.10, shapes_trace=None) -> dict:
     """The report of one rank's run. ``timing``: the timed steps' summary (median_ms, ci95, ...); ``trace``: the traced
     steps' Trace (read with its operators), or None; ``ceilings``: the GPU's measured peaks (``perflab ceilings``), or
-    None (the CPU); ``model_bytes``: the modules' parameter and buffer bytes on the device."""
+    None (the CPU); ``model_bytes``: the modules' parameter and buffer bytes on the device; ``shapes_trace``: the
+    short pass recorded with operator shapes, the FLOPs' source (recording shapes slows a step, so the accounted trace
+    has none); without it the FLOPs are counted from ``trace`` (a trace from elsewhere, recorded with shapes)."""
     report = {"timing": timing, "device": recorded.get("device"), "traced": None, "accounting": None, "flops": None, "utilisation": None,
               "floors": None, "verdict": None, "compiled": None}
     if trace is None:
@@ -94,49 +114,131 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
     summary = analysed.to_dict()
     steps = analysed.accounting.steps
     n_steps = max(int(summary["steps"] or 0), 1)
-    traced_ms = float(np.median(steps["wall_ns"])) / 1e6 if len(steps) else None
+    window_ms = float(np.median(steps["wall_ns"])) / 1e6 if len(steps) else None
     window = (int(trace.steps["start_ns"].min()), int(steps["end_ns"].max())) if len(trace.steps) else None
-    flops = count_op_flops(trace.ops, window=window, steps=n_steps, kernels=trace.kernels)
-    median = timing.get("median_ms")
-    report["traced"] = {"steps": n_steps, "step_ms": traced_ms, "inflation": traced_ms / median if traced_ms and median else None,
-                        "trace_path": trace.meta.get("path"), "cpu_only": trace.cpu_only}
+    if shapes_trace is not None:
+        shaped = shapes_trace.steps
+        shape_window = (int(shaped["start_ns"].min()), int(shaped["end_ns"].max())) if len(shaped) else None
+        flops = count_op_flops(shapes_trace.ops, window=shape_window, steps=max(len(shaped), 1), kernels=shapes_trace.kernels)
+    else:
+        flops = count_op_flops(trace.ops, window=window, steps=n_steps, kernels=trace.kernels)
+    traced = traced_section(timing, recorded, window_ms, n_steps, trace, inflation_limit)
+    report["traced"] = traced
     report["accounting"] = {k: summary[k] for k in ("wall_us", "gpu_busy_us", "idle_us", "idle_by_cause_us", "accounting_ns", "kernels",
                                                     "kernels_per_step", "top_kernels", "categories_us", "step_accounting", "launch")}
     report["flops"] = flops.to_dict()
     report["compiled"] = compiled_split(trace)
-    report["verdict"] = summary["launch"]["message"]
-    if ceilings and median:
-        report.update(_floors(ceilings, flops, model_bytes, median, traced_ms, trace, steps, summary, tf32))
+    report["traced_verdict"] = summary["launch"]["message"]
+    median = timing.get("median_ms")
+    # the GPU's time per step: all the traced steps' busy time over their number. A GPU-bound step's kernels run on past
+    # the host's step boundary into the next window, so one window's busy time is not its step's; their sum is the steps'
+    busy_ms = float(steps["busy_ns"].sum()) / len(steps) / 1e6 if len(steps) else None
+    host_ms, host_source = _host_floor(trace, traced, timing)
+    evidence = {"step_ms": median, "busy_ms": busy_ms, "categories_ms": {c: us / 1e3 / n_steps for c, us in summary["categories_us"].items()},
+                "host_ms": host_ms, "host_source": host_source, "inflation": traced["inflation"],
+                "inflated": traced["inflated"], "cpu_only": trace.cpu_only, "cpu_verdict": summary["launch"] if trace.cpu_only else None}
+    if ceilings and median and not trace.cpu_only:
+        report.update(_floors(ceilings, flops, model_bytes, median, evidence, summary, tf32))
+    report["verdict_evidence"] = evidence
+    report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"))
     return report
 
 
-def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, traced_ms: float | None, trace, steps, summary, tf32: bool) -> dict:
+def _host_floor(trace, traced: dict, timing: dict) -> tuple[float | None, str | None]:
+    """The host's time to issue a step, less its waits for the GPU (synchronising calls, launches blocked on a full queue).
+    From the traced steps when they ran as the untraced ones did; when the profiler inflated them, from the host's own
+    clock over the untraced steps, less the waits the trace saw (an upper bound: a slower host waits less)."""
+    if trace.cpu_only:
+        return None, None
+    if not traced["inflated"]:
+        return host_issue_ms(trace, without_waits=True), "the traced steps' issue time, less the host's waits for the GPU"
+    host = timing.get("host_median_ms")
+    if host is None:
+        return None, None
+    waits = host_issue_ms(trace) - host_issue_ms(trace, without_waits=True)
+    return max(host - waits, 0.0), "the host's clock over the untraced steps, less the waits for the GPU the trace saw"
+
+
+def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, evidence: dict, summary, tf32: bool) -> dict:
+    """The floors of the untraced step: compute, memory and launch from what the step does; host from the traced host's
+    issue time at steady state less its waits for the GPU (left out, 0, when the traced steps were inflated)."""
     dtype = flops.dtype if flops.known else None  # no FLOPs seen: no dtype to hold them against
     if dtype == "fp32" and tf32:
         dtype = "tf32"
     peak = (ceilings.get("matmul_tflops") or {}).get(dtype) if dtype else None
     step_bytes = (model_bytes or {}).get("param_bytes", 0) + (model_bytes or {}).get("buffer_bytes", 0)
-    scale = median_ms / traced_ms if traced_ms else 1.0
     kernels_per_step = float(summary["kernels_per_step"] or 0.0)
-    busy_ms = float(np.median(steps["busy_ns"])) / 1e6 if len(steps) else None
     floors = compute_floors(measured_ms=median_ms, flops_per_step=flops.per_step if peak else 0.0, matmul_tflops=peak or 1.0,
                             bytes_per_step=step_bytes, copy_gbps=ceilings["copy_gbps"], kernels_per_step=kernels_per_step,
-                            kernel_interval_us=ceilings["graph_kernel_interval_us"], host_issue_ms=host_issue_ms(trace, without_waits=True) * scale,
-                            gpu_busy_ms=busy_ms * scale if busy_ms is not None else None)
+                            kernel_interval_us=ceilings["graph_kernel_interval_us"], host_issue_ms=evidence["host_ms"] or 0.0,
+                            gpu_busy_ms=evidence["busy_ms"])
     util = floors.utilisation()["measured"]
-    verdict = floors.verdict
-    if floors.kernels_set_the_step:
-        verdict = "kernel-bound: the host floor binds, but the GPU is busy longer than the host takes to issue the step"
-    binding = floors.by_name[floors.binding]
-    why = (f"the {floors.binding} floor, {binding:.3f} ms of the {median_ms:.3f} ms step, is the largest"
-           + ("" if flops.known else "; the compute floor is unknown (the FLOPs were not seen)"))
-    traced = f"under the profiler (steps ×{traced_ms / median_ms:.2f} as long): {summary['launch']['message']}" if traced_ms else summary["launch"]["message"]
+    floors_dict = floors.to_dict()
+    floors_dict["host_known"] = evidence["host_ms"] is not None
     return {"utilisation": {"mfu": util["mfu"] if peak and flops.known else None, "mbu": util["mbu"] if step_bytes else None, "dtype": dtype,
                             "peak_tflops": peak, "copy_gbps": ceilings["copy_gbps"], "bytes_per_step": step_bytes,
                             "bytes_source": "the parameters and buffers of the program's modules on the GPU, each read once",
                             "mfu_lower_bound": not flops.complete, "ceilings_measured_at": ceilings.get("measured_at")},
             "ceilings": {k: ceilings.get(k) for k in ("gpu", "matmul_tflops", "copy_gbps", "graph_kernel_interval_us", "measured_at")},
-            "floors": floors.to_dict(), "verdict": f"{verdict}: {why}", "traced_verdict": traced}
+            "floors": floors_dict}
+
+
+def _shares(categories_ms: dict, busy_ms: float, n: int = 3) -> str:
+    top = sorted(((c, ms) for c, ms in categories_ms.items() if c != "communication"), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{c} {ms / busy_ms:.0%}" for c, ms in top if busy_ms > 0)
+
+
+def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, exposed_comm_ms: float | None = None,
+                 traced_step_ms: float | None = None) -> dict:
+    """What limits the untraced step, from what it did, and the figures it rests on. A verdict never contradicts
+    them: kernels filling ``GPU_BOUND_FILL`` of the step make it GPU-bound (never launch-bound), and launch-bound needs
+    a host that, at steady state and less its waits for the GPU, takes longer to issue the step than its kernels run.
+
+    ``evidence``: step_ms (untraced median), busy_ms (the traced steps' GPU busy time, kernels and copies once, never
+    scaled), categories_ms (GPU time per category per step), host_ms (steady-state issue time less waits, None when
+    the traced steps were inflated), inflation, cpu_only and cpu_verdict (a CPU trace's operator verdict).
+    ``exposed_comm_ms``: under torchrun, the most exposed communication of a rank per traced step, and
+    ``traced_step_ms`` that rank's traced step: its share of the step windows it was counted over."""
+    step, busy = evidence.get("step_ms"), evidence.get("busy_ms")
+    fill = min(busy / step, 1.0) if step and busy is not None else None
+    out = {"kernel_fill": fill, "step_ms": step, "busy_ms": busy, "host_ms": evidence.get("host_ms"), "exposed_comm_ms": exposed_comm_ms}
+    if exposed_comm_ms is not None and traced_step_ms:
+        share = exposed_comm_ms / traced_step_ms  # both over the same step windows
+        compute = (busy or 0.0) / traced_step_ms if evidence.get("cpu_only") is False and busy is not None else None
+        if share >= 0.25 and (compute is None or share >= compute - share):
+            out["exposed_comm_share"] = share
+            return dict(out, verdict="communication-bound",
+                        message=f"communication-bound: communication that no compute hides fills {share:.0%} of each traced step "
+                                f"({exposed_comm_ms:.3f} of {traced_step_ms:.3f} ms, the slowest rank's; untraced step {step:.3f} ms)")
+    if evidence.get("cpu_only"):
+        cpu = evidence.get("cpu_verdict") or {}
+        return dict(out, verdict=cpu.get("verdict") or "unknown", message=cpu.get("message") or "no operators traced")
+    if fill is None:
+        return dict(out, verdict="unknown", message="no GPU work was traced")
+    mfu = (utilisation or {}).get("mfu")
+    mfu_text = f", MFU {mfu:.1%}" + (" (a lower bound)" if (utilisation or {}).get("mfu_lower_bound") else "") if mfu is not None else ""
+    if fill >= GPU_BOUND_FILL:
+        shares = _shares(evidence.get("categories_ms") or {}, busy)
+        return dict(out, verdict="GPU-bound",
+                    message=f"GPU-bound: kernels fill {fill:.0%} of the {step:.3f} ms step ({shares} of GPU time{mfu_text}): "
+                            "faster kernels or less work shorten it, fewer launches do not")
+    host = evidence.get("host_ms")
+    floor_name = (floors or {}).get("binding")
+    if host is not None and host >= busy and host >= 0.5 * step:
+        return dict(out, verdict="launch-bound",
+                    message=f"launch-bound: the host takes {host:.3f} ms to issue a step ({evidence.get('host_source')}) whose kernels keep the "
+                            f"GPU busy {busy:.3f} ms; the GPU idles {1 - fill:.0%} of the {step:.3f} ms step")
+    if floor_name == "launch" and floors.get("launch_ms", 0) >= busy * 0.5:
+        return dict(out, verdict="latency-bound small kernels",
+                    message=f"latency-bound small kernels: {floors['launch_ms']:.3f} ms of the step is the least the GPU takes to run its "
+                            f"kernels one after another; they fill {fill:.0%} of it")
+    if host is None:
+        return dict(out, verdict="undetermined",
+                    message=f"kernels fill {fill:.0%} of the {step:.3f} ms step; the traced steps ran ×{evidence.get('inflation') or 0:.2f} "
+                            "the untraced, so the host's issue time was not measured: raise --trace-warmup")
+    return dict(out, verdict="GPU idle, not launch-bound",
+                message=f"the GPU idles {1 - fill:.0%} of the {step:.3f} ms step but the host issues it in {host:.3f} ms: the idle time "
+                        "is the program waiting (synchronisation, data loading, communication), not launching")
 
 
 def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict, world_size: int, steps: int,
@@ -162,3 +264,50 @@ def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict,
         section["floor_note"] = "no DistributedDataParallel module found: the measured communication without a floor"
     section["ranks"] = rank_comm_rows(merged.get("accounts") or [], steps, rank_median_ms, floor)
     return section
+
+
+def scaling_section(reports: dict[int, dict]) -> dict:
+    """The program at several rank counts (``perflab run --nproc 1,2``): per count its step (the slowest rank's), the
+    work each rank does in a step (FLOPs from its traced operators: a program that splits its batch over the ranks,
+    as nanoGPT splits its gradient accumulation, does less per rank), the step the first count's would take at that
+    work (``expected_ms`` = first step × work ÷ first work, or the first step when FLOPs are unknown: the same work
+    per rank assumed, and said), the growth over it, and the scaling efficiency, expected ÷ measured: the ratio of two
+    printed figures. Each rank's exposed communication (its waiting included) is held against the growth: a rank
+    cannot lose more to communication than the step grew, beyond the run-to-run spread."""
+    counts = sorted(reports)
+    out = {"counts": counts, "rows": [], "base": counts[0] if counts else None, "note": None}
+    if not counts:
+        out["note"] = "no run wrote a report"
+        return out
+
+    def step_of(report: dict) -> float | None:
+        return report.get("step_ms") or (report.get("timing") or {}).get("median_ms")
+
+    def work_of(report: dict) -> float | None:
+        flops = report.get("flops") or {}
+        return flops.get("flops_per_step") if flops.get("known", True) and flops.get("flops_per_step") else None
+
+    base = reports[counts[0]]
+    base_ms, base_work = step_of(base), work_of(base)
+    assumed = False
+    for n in counts:
+        report = reports[n]
+        step, work = step_of(report), work_of(report)
+        ratio = work / base_work if work and base_work else None
+        if ratio is None:
+            assumed = True
+        expected = base_ms * (ratio if ratio is not None else 1.0) if base_ms else None
+        growth = step - expected if step is not None and expected is not None else None
+        ranks = [{"rank": r["rank"], "exposed_ms": r["exposed_ms"], "waiting_ms": r.get("waiting_ms"),
+                  "within_growth": bool(growth is not None and r["exposed_ms"] <= max(growth, 0.0) + EXPOSED_SLACK_MS)}
+                 for r in ((report.get("communication") or {}).get("ranks") or [])]
+        out["rows"].append({"nproc": n, "step_ms": step, "ci95_ms": (report.get("timing") or {}).get("ci95_ms"), "flops_per_rank_step": work,
+                            "work_ratio": ratio, "expected_ms": expected, "growth_ms": growth,
+                            "efficiency": expected / step if expected and step else None, "ranks": ranks,
+                            "verdict": (report.get("verdict") or {}).get("message") if isinstance(report.get("verdict"), dict) else report.get("verdict")})
+    if assumed:
+        out["note"] = "FLOPs per step unknown for some count: the same work per rank assumed there (weak scaling)"
+    return out
+
+
+EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication may pass the step's growth by this much

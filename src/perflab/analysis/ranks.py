@@ -133,8 +133,15 @@ class RankAccount:
         return d
 
 
-def account_rank(kernels: pd.DataFrame, rank: int = 0, window: tuple[int, int] | None = None) -> RankAccount:
-    """Exact busy/idle/communication split of one rank's kernels over ``window`` (default: first start to last end)."""
+def account_rank(kernels: pd.DataFrame, rank: int = 0, window: tuple[int, int] | None = None,
+                 windows: list[tuple[int, int]] | None = None) -> RankAccount:
+    """Exact busy/idle/communication split of one rank's kernels over ``window`` (default: first start to last end), or
+    summed over ``windows`` (the rank's step windows: what the rank did in its steps, not between or around them)."""
+    if windows is not None:
+        parts = [account_rank(kernels, rank, window=w) for w in windows]
+        return RankAccount(rank=int(rank), window_ns=sum(a.window_ns for a in parts), compute_only_ns=sum(a.compute_only_ns for a in parts),
+                           comm_overlapped_ns=sum(a.comm_overlapped_ns for a in parts), comm_exposed_ns=sum(a.comm_exposed_ns for a in parts),
+                           idle_ns=sum(a.idle_ns for a in parts))
     if window is None:
         window = (int(kernels["start_ns"].min()), int(kernels["end_ns"].max())) if len(kernels) else (0, 0)
     lo, hi = int(window[0]), int(window[1])
@@ -148,11 +155,28 @@ def account_rank(kernels: pd.DataFrame, rank: int = 0, window: tuple[int, int] |
                        comm_exposed_ns=communication - both, idle_ns=(hi - lo) - (compute + communication - both))
 
 
-def account_ranks(merged: pd.DataFrame, window: tuple[int, int] | None = None) -> list[RankAccount]:
-    """Every rank over one common window (default: the merged trace's first start to last end)."""
+def account_ranks(merged: pd.DataFrame, window: tuple[int, int] | None = None,
+                  windows: dict[int, list[tuple[int, int]]] | None = None) -> list[RankAccount]:
+    """Every rank over one common window (default: the merged trace's first start to last end), or each over its own
+    step ``windows`` (rank → [(start, end), ...])."""
+    if windows is not None:
+        return [account_rank(g, rank=int(r), windows=windows.get(int(r), [])) for r, g in merged.groupby("rank", sort=True)]
     if window is None and len(merged):
         window = (int(merged["start_ns"].min()), int(merged["end_ns"].max()))
     return [account_rank(g, rank=int(r), window=window) for r, g in merged.groupby("rank", sort=True)]
+
+
+def within_windows(merged: pd.DataFrame, windows: dict[int, list[tuple[int, int]]]) -> pd.DataFrame:
+    """The rows of each rank that start inside one of its windows: the activities of its steps (a collective is matched
+    across ranks by its order among these, so every rank's steps must be the same steps)."""
+    keep = np.zeros(len(merged), dtype=bool)
+    rank = merged["rank"].to_numpy()
+    start = merged["start_ns"].to_numpy(dtype=np.int64)
+    for r, spans in windows.items():
+        mine = rank == r
+        for lo, hi in spans:
+            keep |= mine & (start >= lo) & (start < hi)
+    return merged[keep].reset_index(drop=True)
 
 
 @dataclass(frozen=True)
@@ -213,9 +237,10 @@ def wait_summary(waits: list[Wait]) -> dict[str, dict[int, int]]:
     return {"last_to_arrive": last, "waited_ns": waited}
 
 
-def exposed_waiting_ns(merged: pd.DataFrame, waits: list[Wait]) -> dict[int, int]:
+def exposed_waiting_ns(merged: pd.DataFrame, waits: list[Wait], windows: dict[int, list[tuple[int, int]]] | None = None) -> dict[int, int]:
     """Per rank, the part of its exposed communication spent waiting for a later rank: time inside
-    [own arrival, last arrival) of a collective when its communication runs and no compute kernel does. Exact (ns)."""
+    [own arrival, last arrival) of a collective when its communication runs and no compute kernel does, within the
+    rank's step ``windows`` where given (so it is part of the exposed time counted over the same windows). Exact (ns)."""
     comm = merged[_comm_mask(merged)]
     out = {}
     for rank, kernels in merged.groupby("rank", sort=True):
@@ -227,7 +252,11 @@ def exposed_waiting_ns(merged: pd.DataFrame, waits: list[Wait]) -> dict[int, int
         waited = np.array([w.waits_ns.get(rank, 0) for w in waits], dtype=np.int64)
         keep = waited > 0
         spin = union_blocks(arrivals[keep], arrivals[keep] + waited[keep])[:2]
-        c, m = _compute_and_comm_blocks(kernels, int(kernels["start_ns"].min()), int(kernels["end_ns"].max()))
-        spinning = _intersect_blocks(m, spin)
-        out[rank] = int((spinning[1] - spinning[0]).sum()) - _intersection_ns(spinning, c)
+        spans = windows.get(rank, []) if windows is not None else [(int(kernels["start_ns"].min()), int(kernels["end_ns"].max()))]
+        total = 0
+        for lo, hi in spans:
+            c, m = _compute_and_comm_blocks(kernels, int(lo), int(hi))
+            spinning = _intersect_blocks(m, spin)
+            total += int((spinning[1] - spinning[0]).sum()) - _intersection_ns(spinning, c)
+        out[rank] = total
     return out

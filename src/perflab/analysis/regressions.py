@@ -10,7 +10,7 @@ The method (docs/regressions.md):
     one process a round, interleaved block by block (the rows' ``process_sessions`` agree). One ratio per round, the
     median of B's block ÷ A's block beside it; a Student-t interval on their logarithms, over the rounds. What the
     host does to a process falls on both sides and cancels; no round is left out for a host flag (both sides share
-    it). One round: that process's blocks (``measure.stats.paired_ratio``), said in the note.
+    it). One round: that process's blocks (``stats.paired_ratio``), said in the note.
   - ``paired``: both rows were measured by one ``perflab ab`` or ``perflab track`` run, round by round, each A
     process beside a B process in time (the rows' ``version.session`` agree). One ratio per round, B's process
     median ÷ A's; a Student-t interval on their logarithms, over the rounds. A slow stretch of the host that spans
@@ -42,10 +42,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 
 from perflab.errors import PerflabError
-from perflab.measure.canary import HOST_FLAGS  # host_drift, host_contention (torch-free: flags are judged on rows)
-from perflab.measure.stats import ci_coverage_of, paired_ratio as stats_paired_ratio, paired_ratios, t975
+from perflab.host_flags import HOST_FLAGS
+from perflab.stats import LEVEL, block_ratios, ci_coverage_of, log_t_interval, paired_ratio, welch_log_ratio
 
-LEVEL = 0.95  # every CI here is a 95% interval (t975 quantiles)
 DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
 BORDERLINE = 1.25  # host ÷ GPU time within this factor of 1: a step that a host this much faster or slower tips over
 Z975 = 1.959964
@@ -121,22 +120,14 @@ def process_round_ratios(a_medians, b_medians) -> list[float | None]:
     return [b / a if a and b and a > 0 and b > 0 else None for a, b in zip(a_medians, b_medians)]
 
 
-def paired_ratio(a_medians, b_medians) -> Ratio | None:
-    """The per-round ratios b/a of processes timed side by side (one pair a round), their geometric mean and a
-    Student-t 95% CI over the rounds; None with fewer than two rounds."""
-    return rounds_ratio(process_round_ratios(a_medians, b_medians), "paired", PAIRED_HOW)
-
-
 def rounds_ratio(ratios, basis: str, how: str) -> Ratio | None:
-    """The geometric mean of per-round ratios and a Student-t 95% CI on their logarithms over the rounds; None with
-    fewer than two, or where a round has none."""
+    """The geometric mean of per-round B/A ratios and the t-interval on their logarithms over the rounds
+    (``stats.log_t_interval``); None with fewer than two, or where a round has none."""
     if len(ratios) < 2 or any(r is None or not r > 0 for r in ratios):
         return None
-    logs = [math.log(r) for r in ratios]
-    n = len(logs)
-    mean = sum(logs) / n
-    half = t975(n - 1) * math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1)) / math.sqrt(n)
-    return Ratio(math.exp(mean), math.exp(mean - half), math.exp(mean + half), basis, n, f"95% CI over {n} rounds, {how}")
+    t = log_t_interval(ratios)
+    n = len(ratios)
+    return Ratio(t.center, t.low, t.high, basis, n, f"95% CI over {n} rounds, {how}")
 
 
 BLOCKS_HOW = "each round's B/A the median of its blocks' ratios, A's and B's cases timed interleaved in one process"
@@ -144,12 +135,12 @@ BLOCKS_HOW = "each round's B/A the median of its blocks' ratios, A's and B's cas
 
 def block_round_ratios(a: dict, b: dict) -> list[float | None] | None:
     """Per round (process) of a blocks-paired run, B's time ÷ A's: the median over that round's interleaved rounds of
-    B's block ÷ A's block (``measure.stats.paired_ratios``, the ratio of blocks timed next to each other). None unless
+    B's block ÷ A's block (``stats.block_ratios``, the ratio of blocks timed next to each other). None unless
     both rows were timed together, round by round, in one interleaved session per process (``process_sessions``)."""
     sa, sb = a.get("process_sessions"), b.get("process_sessions")
     if not sa or sa != sb or None in sa:
         return None
-    ratios, procs, _ = paired_ratios(b, a)
+    ratios, procs, _ = block_ratios(a, b)
     out = []
     for p in range(len(sa)):
         these = sorted(float(x) for x, q in zip(ratios, procs) if q == p)
@@ -159,24 +150,14 @@ def block_round_ratios(a: dict, b: dict) -> list[float | None] | None:
 
 def process_ratio(a_medians, b_medians) -> Ratio | None:
     """The ratio of the geometric means of two sides' process medians, with Welch's 95% t interval on their
-    logarithms; None unless each side has two or more processes."""
-    la = [math.log(v) for v in a_medians if v and v > 0]
-    lb = [math.log(v) for v in b_medians if v and v > 0]
-    na, nb = len(la), len(lb)
-    if na < 2 or nb < 2:
+    logarithms (``stats.welch_log_ratio``); None unless each side has two or more processes."""
+    la = [v for v in a_medians if v and v > 0]
+    lb = [v for v in b_medians if v and v > 0]
+    if len(la) < 2 or len(lb) < 2:
         return None
-    ma, mb = sum(la) / na, sum(lb) / nb
-    va = sum((x - ma) ** 2 for x in la) / (na - 1)
-    vb = sum((x - mb) ** 2 for x in lb) / (nb - 1)
-    se2 = va / na + vb / nb
-    if se2 > 0:
-        df = se2 ** 2 / ((va / na) ** 2 / (na - 1) + (vb / nb) ** 2 / (nb - 1))
-    else:
-        df = na + nb - 2
-    half = t975(max(1, int(math.floor(df)))) * math.sqrt(se2)
-    diff = mb - ma
-    return Ratio(math.exp(diff), math.exp(diff - half), math.exp(diff + half), "processes", min(na, nb),
-                 f"95% Welch CI over {na} vs {nb} processes (between-process variance in it; not paired in time)")
+    t = welch_log_ratio(la, lb)
+    return Ratio(t.center, t.low, t.high, "processes", min(len(la), len(lb)),
+                 f"95% Welch CI over {len(la)} vs {len(lb)} processes (between-process variance in it; not paired in time)")
 
 
 def within_run_ratio(a: dict, b: dict) -> Ratio | None:
@@ -224,8 +205,8 @@ def row_ratio(a: dict, b: dict) -> Ratio | None:
 
 def one_round_blocks_ratio(a: dict, b: dict) -> Ratio | None:
     """One round of a blocks-paired run: the median of B's block ÷ A's over its interleaved rounds, with the
-    hierarchical 95% CI of that one process's blocks (``measure.stats.paired_ratio``)."""
-    paired = stats_paired_ratio(b, a)
+    hierarchical 95% CI of that one process's blocks (``stats.paired_ratio``)."""
+    paired = paired_ratio(a, b)
     if paired is None:
         return None
     return Ratio(paired["ratio"], paired["ci95"][0], paired["ci95"][1], "blocks", 1,

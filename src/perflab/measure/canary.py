@@ -55,17 +55,16 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from perflab.host_flags import HOST_CONTENTION_FLAG, HOST_DRIFT_FLAG, HOST_FLAGS
+
 PY_LOOPS = 1000  # interpreter iterations per run
 TORCH_ITERS = 25  # × 4 tiny torch CPU ops per run
 REPEATS = 11  # timed runs; the median is reported
 
 CANARY_KEY = "host_canary_us"  # the row's field: median µs per canary run
 RATIO_KEY = "host_canary_ratio"  # set when rows are read: canary ÷ the median of its environment's rows
-HOST_DRIFT_FLAG = "host_drift"
 HOST_DRIFT_THRESHOLD = 0.15  # |canary ÷ median − 1| above this flags the row
 HOST_DRIFT_MIN_ROWS = 3  # fewer canaries in an environment give no reference (with 2, which one drifted?)
-HOST_CONTENTION_FLAG = "host_contention"  # the row's run-queue wait or VM steal over the loop (measure.sched)
-HOST_FLAGS = (HOST_DRIFT_FLAG, HOST_CONTENTION_FLAG)
 # GPU-bound exemption. host_bound_frac = the host's time to issue one step ÷ the GPU's time to run it, measured
 # apart. Below this the host runs ahead of the GPU: a host up to 1 / 0.5 = 2× slower, or held up for up to half
 # a step, still issues the next step before the GPU needs it, so the host flags do not apply.

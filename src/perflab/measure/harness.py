@@ -44,13 +44,13 @@ from perflab.measure.env import device_name, environment
 from perflab.measure.flops import FlopCache, FlopCount, count_flops_once, count_params, uncounted_check
 from perflab.measure.host import HeldTiming, held_timing, issue_s
 from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
-from perflab.measure.stats import hierarchical_ci, summarize
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
 from perflab.runtime.modes import compile_counters, compile_stats, make_step, record_autotune
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
+from perflab.stats import summarize
 from perflab.workloads.registry import implementation
 
 MB = 2**20
@@ -441,21 +441,18 @@ def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
     """Set the row's figures that follow from its timing samples (median, spread, CIs, latency, throughput, FLOP/s,
     the GPU's busy share); the samples of several processes are merged this way too (``bench --processes``).
 
-    ``ci_ms`` is the hierarchical CI (``measure.stats.hierarchical_ci``: across processes, else stretches of the
-    run; ``ci95_ms`` holds the same for one more release), ``ci_level`` says which, ``ci_coverage`` what it may claim (0.95 from 5 units or more; from fewer, what their
-    ranks guarantee: ``measure.stats.order_coverage``); ``ci95_within_ms`` the order-statistics CI of the pooled
-    blocks, as before."""
-    summary = summarize(samples)
-    ci = hierarchical_ci(samples, processes, rounds)
+    The timing fields are the summary's (``stats.TimingSummary``): ``ci_ms`` (and ``ci95_ms``, the same for one more
+    release) the hierarchical CI (across processes,
+    else stretches of the run), ``ci_level`` says which, ``ci_coverage`` what it may claim (0.95 from 5 units or more;
+    from fewer, what their ranks guarantee); ``ci95_within_ms`` the order-statistics CI of the pooled blocks."""
+    summary = summarize(samples, processes, rounds)
     median = summary.median
+    row.update(summary.to_dict())
     row.update(
-        median_ms=median, p10_ms=summary.p10, p90_ms=summary.p90, mean_ms=summary.mean, cv=summary.cv,
-        ci_ms=[ci.low, ci.high], ci95_ms=[ci.low, ci.high], ci_level=ci.level, ci_units=ci.n_units, ci_coverage=ci.coverage,
-        ci95_within_ms=[summary.ci95_low, summary.ci95_high], ci95_coverage=summary.ci_coverage,
+        ci95_within_ms=[summary.within_low, summary.within_high], ci95_coverage=summary.within_coverage, n_samples=summary.n,
         latency_ms_per_batch=median, latency_ms_per_sample=median / row["batch_size"],
         throughput_per_s=row["batch_size"] * 1000.0 / median,
         items_per_s=row["items_per_step"] * 1000.0 / median,
-        samples_ms=[float(v) for v in samples], n_samples=summary.n,
         achieved_tflops=row["gflops_per_batch"] * 1e9 / (median / 1000.0) / 1e12,
         gpu_busy_frac=min(1.0, row["device_ms"] / median) if row.get("device_ms") is not None else None,
     )
@@ -655,7 +652,7 @@ def can_interleave(case: Case) -> str | None:
 
 
 def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True, seed: int = 0, on_case=None,
-              groups=None, process_index: int = 0, scopes=None) -> list[dict]:
+              groups=None, process_index: int = 0, scopes=None, balanced: bool = False) -> list[dict]:
     """Measure several cases; with ``interleave`` (the default) those that can be held together are built and
     warmed first, then timed in blocks in a seeded random interleaved order (``measure.interleave``), so a slow
     stretch of the host falls on all of them and ratios of their blocks, paired in time, cancel it.
@@ -667,8 +664,9 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
     :func:`comparison_group`). ``on_case(index, case, stage)`` reports progress. ``process_index`` labels the
     samples (``bench --processes``). ``scopes``: per case, a reusable context manager (or None) entered around each
     piece of that case's own work (its build, each of its blocks, its row): ``references.ModelScope``, where
-    ``perflab ab``'s versions read their model references in worktrees of their own. Returns the rows in the cases'
-    order."""
+    ``perflab ab``'s versions read their model references in worktrees of their own. ``balanced``: a group's cases
+    take turns in a balanced order (``measure.interleave.balanced_order``, from their order in ``cases``) instead of a
+    drawn one. Returns the rows in the cases' order."""
     scope = _scope_of(scopes, len(cases))
     cases = [_in(scope(i), validate_case, c) for i, c in enumerate(cases)]
     stage_of = (lambda i: (lambda s: on_case(i, cases[i], s))) if on_case else (lambda i: None)
@@ -702,7 +700,7 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
             if pool:
                 indices = [entry[0] for entry in pool]
                 try:
-                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index, scope)
+                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index, scope, balanced)
                 except PerflabError:
                     raise
                 except Exception as exc:  # the session failed: each of its cases is a failed row, the run goes on
@@ -782,7 +780,7 @@ def _prepare_held(case: Case, stage, host) -> Prepared:
         return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0)
 
 
-def _time_pool(pool, groups, host, seed, stage_of, process_index, scope) -> list[dict]:
+def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balanced: bool = False) -> list[dict]:
     """Time a pool of prepared cases in interleaved rounds; their rows, in the pool's order."""
     import uuid
 
@@ -798,7 +796,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope) -> list
 
     device = prepared[0].case.device
     rounds = max(p.plan.n_blocks for p in prepared)
-    order = interleaved_order([groups[i] for i in indices], rounds, seed)
+    order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced)
     schedule = block_schedule(order, [p.plan.n_blocks for p in prepared], [p.plan.block_sizes for p in prepared])
     monitor = pool[0][3]
     stage = stage_of(indices[0]) or (lambda _: None)
@@ -899,7 +897,7 @@ def run_in_processes(cases, processes: int, *, host: HostOptions | None = None, 
                      on_case=None, groups=None) -> list[dict]:
     """Measure the cases in ``processes`` processes, one after another: this one, then fresh ones (spawned, so
     each builds, compiles and warms up from nothing). Each case's samples from all of them make one row, and its
-    CI is taken across the processes' medians (``measure.stats.hierarchical_ci``, ``ci_level: process`` from
+    CI is taken across the processes' medians (``stats.hierarchical_ci``, ``ci_level: process`` from
     three processes on): between-process variance, the part one process cannot see, is in the interval. Each
     process times its own seeded interleaved order. ``process_medians_ms`` keeps each process's median."""
     import concurrent.futures

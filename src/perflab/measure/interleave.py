@@ -4,8 +4,8 @@ A launch-bound eager step is as fast as the host that issues it, and a shared ho
 (docs/performance.md: the same eager case moved 2× between processes on an idle H100 host). Timed one after
 the other, two cases see different stretches of the host, and their ratio, the speedup a user asks about,
 moves with it. Timed in interleaved blocks, a slow stretch falls on both, so it cancels in the ratio of their
-blocks, paired in time (``measure.stats.paired_ratio``); and each case's samples are spread over the whole run,
-so its confidence interval sees the host's drift over the run (``measure.stats.hierarchical_ci``).
+blocks, paired in time (``stats.paired_ratio``); and each case's samples are spread over the whole run,
+so its confidence interval sees the host's drift over the run (``stats.hierarchical_ci``).
 
 The plan: every round, each case times one block of its steps; the order within a round is random (seeded)
 by **group** (cases compared with each other, such as a baseline and its variant at one point), and each
@@ -24,26 +24,45 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 
-def interleaved_order(groups: Sequence[Hashable], rounds: int, seed: int = 0) -> list[list[int]]:
+def interleaved_order(groups: Sequence[Hashable], rounds: int, seed: int = 0, balanced: bool = False) -> list[list[int]]:
     """For each of ``rounds`` rounds, the order in which the cases (indices into ``groups``) time one block each.
 
     ``groups[i]`` is case i's group: the groups come in a random order each round, each group's cases next to
-    each other in a random order. Seeded: the same arguments give the same order."""
+    each other in a random order. ``balanced``: each group's cases in the order ``balanced_order`` gives (from their
+    order in ``groups``), not drawn: each case first equally often, and a drift linear in time cancels by
+    construction, where a random draw can put one case first in 6 of 8 rounds. Seeded: the same arguments give the
+    same order."""
     rng = random.Random(seed)
     members: dict[Hashable, list[int]] = {}
     for index, group in enumerate(groups):
         members.setdefault(group, []).append(index)
     keys = list(members)
     order = []
-    for _ in range(rounds):
+    for r in range(rounds):
         rng.shuffle(keys)
         this_round = []
         for key in keys:
-            cases = list(members[key])
-            rng.shuffle(cases)
+            if balanced:
+                cases = balanced_order(members[key], r)
+            else:
+                cases = list(members[key])
+                rng.shuffle(cases)
             this_round += cases
         order.append(this_round)
     return order
+
+
+def balanced_order(items: Sequence, r: int) -> list:
+    """``items`` in round ``r`` of a balanced order: rotated by ``r // 2`` and reversed in odd rounds (two items: A B,
+    B A, B A, A B, ...). Each pair of rounds gives every item positions that sum to the same (i and n - 1 - i), so a
+    drift linear in time falls on each alike and cancels, and each item runs before each other one once; over 2n
+    rounds each item is first equally often (two items: once in every pair of rounds)."""
+    n = len(items)
+    if n == 0:
+        return []
+    shift = (r // 2) % n
+    rotated = list(items[shift:]) + list(items[:shift])
+    return rotated[::-1] if r % 2 else rotated
 
 
 @dataclass

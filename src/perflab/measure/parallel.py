@@ -70,7 +70,7 @@ def run_parallel_case(case: Case, gpus: list[int] | None = None, profile_dir=Non
     (after its own timing, profile and memory, which are of it alone) and timed with it in interleaved blocks
     (``measure.interleave``: a seeded random order per round, the same on every rank), so a slow stretch of a
     shared host falls on both; the row's ``paired``: each one's step over the rounds (the slowest rank's block in
-    each) and its ratio to this case's blocks of the same rounds, with a 95% CI (``measure.stats.paired_ratio``);
+    each) and its ratio to this case's blocks of the same rounds, with a 95% CI (``stats.paired_ratio``);
     ``together``: this case's own blocks in that session."""
     case = validate_case(case)
     if case.device == "cuda":
@@ -192,14 +192,14 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
 def efficiency_fields(case: Case, ranks: list[dict]) -> dict:
     """The one-device case against the data-parallel step, from their interleaved blocks: rank 0's one-device blocks,
     the slowest rank's data-parallel block of each round; the efficiency the median of their ratio per round."""
-    from perflab.measure.stats import paired_ratio
+    from perflab.stats import paired_ratio
 
     session = f"{case.id}:one-device"
     rounds = ranks[0]["dp_rounds"]
     dp = [max(r["dp_samples_ms"][b] for r in ranks) for b in range(len(rounds))]
     one = ranks[0]["one_samples_ms"]
-    ratio = paired_ratio({"samples_ms": one, "sample_rounds": ranks[0]["one_rounds"], "session": session},
-                         {"samples_ms": dp, "sample_rounds": rounds, "session": session})
+    ratio = paired_ratio({"samples_ms": dp, "sample_rounds": rounds, "session": session},  # one-device ms ÷ data-parallel ms
+                         {"samples_ms": one, "sample_rounds": ranks[0]["one_rounds"], "session": session})
     if ratio is None:  # no round held a block of each: the medians' ratio, without a CI
         ratio = {"ratio": statistics.median(one) / statistics.median(dp), "ci95": None, "pairs": 0}
     return {"single_gpu_ms": statistics.median(one), "single_gpu_samples_ms": one, "step_ms_beside_single": statistics.median(dp),
@@ -234,8 +234,8 @@ def together_rows(case: Case, ranks: list[dict]) -> tuple[dict, list[dict]]:
 
     A block's time is the slowest rank's (the ranks ran the same blocks, in the same rounds); a case's step is the
     median of its blocks; a paired case's ``ratio`` is the median over rounds of its block ÷ this case's block of
-    the same round, with the 95% CI over rounds (``measure.stats.paired_ratio``): above 1, this case is faster."""
-    from perflab.measure.stats import paired_ratio
+    the same round, with the 95% CI over rounds (``stats.paired_ratio``): above 1, this case is faster."""
+    from perflab.stats import paired_ratio
 
     world = len(ranks)
     session = f"{case.id}:together"
@@ -249,7 +249,7 @@ def together_rows(case: Case, ranks: list[dict]) -> tuple[dict, list[dict]]:
                      "items_per_step": items, "items_per_s": items * 1000.0 / step})
     together, paired = rows[0], rows[1:]
     for other in paired:
-        ratio = paired_ratio(other, together)
+        ratio = paired_ratio(together, other)
         if ratio is not None:
             other.update(ratio=ratio["ratio"], ratio_ci95=ratio["ci95"], ratio_pairs=ratio["pairs"])
     return together, paired
@@ -589,24 +589,23 @@ def _checksum(model) -> list[float]:
 
 
 def _profile(step, built, device: str, path: Path, steps: int) -> str:
-    """``steps`` steps under torch.profiler (CPU ops, and CUDA kernels on a GPU), their passes marked (forward,
-    backward, optimizer ranges), written as this rank's Kineto trace."""
-    from torch.profiler import ProfilerActivity, profile
+    """``steps`` steps under perflab's tracer (CPU ops, and CUDA kernels on a GPU) after one thrown away, each in its
+    ``ProfilerStep#n`` window, their passes marked (forward, backward, optimizer ranges), written as this rank's
+    Kineto trace."""
+    from perflab.trace.capture import Tracer
 
-    from perflab.trace.capture import quiet_profiler
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    tracer = Tracer(path, device, steps=steps, warmup=1, record_shapes=False)
     synchronize(device)
     built.set_annotate(model_ranges=False, passes=True)
     try:
-        with quiet_profiler(), profile(activities=activities) as prof:
-            for _ in range(steps):
-                step()
-                prof.step()
+        tracer.start()
+        for _ in range(tracer.warmup + steps):
+            step()
             synchronize(device)
+            tracer.step()
     finally:
+        tracer.stop()
         built.set_annotate(model_ranges=False, passes=False)
-    prof.export_chrome_trace(str(path))
     return str(path)
 
 

@@ -110,3 +110,37 @@ def _time_host(step: Callable[[], object], plan: TimingPlan) -> Timing:
         stamps[b + 1] = time.perf_counter()
     samples = np.diff(stamps) * 1000.0 / np.array(sizes)
     return Timing(samples, plan, stamps[-1] - t0)
+
+
+class StepClock:
+    """perflab's one step clock: ``stamp()`` at a step boundary, ``read(a, b)`` afterwards. On a GPU a stamp is a CUDA
+    event recorded on the stream current at the boundary (the step's stream: no synchronisation while stamping, one
+    when reading) together with the host clock; on the CPU the host clock alone. ``read`` gives (step ms, host ms):
+    on the CPU both are the host's."""
+
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+
+    def stamp(self) -> tuple:
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream())
+        return event, time.perf_counter_ns()
+
+    def read(self, a: tuple, b: tuple) -> tuple[float, float]:
+        host_ms = (b[1] - a[1]) / 1e6
+        if a[0] is None or b[0] is None:
+            return host_ms, host_ms
+        b[0].synchronize()
+        return float(a[0].elapsed_time(b[0])), host_ms
+
+    def read_marks(self, marks: list) -> tuple[list[float], list[float]]:
+        """Consecutive boundaries' stamps → each step's (step ms list, host ms list)."""
+        pairs = [self.read(a, b) for a, b in zip(marks, marks[1:])]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    def read_pairs(self, pairs: list) -> tuple[list[float], list[float]]:
+        """(start, end) stamps of each step → (step ms list, host ms list)."""
+        read = [self.read(a, b) for a, b in pairs]
+        return [p[0] for p in read], [p[1] for p in read]

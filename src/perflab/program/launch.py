@@ -10,7 +10,10 @@ from perflab.program.recorder import RunOptions
 
 
 def torchrun_command(nproc: int, program: list[str], options: RunOptions, step: str | None = None, step_range: str | None = None) -> list[str]:
-    args = ["--skip", str(options.skip), "--steps", str(options.steps), "--trace", str(options.trace), "--out", str(options.out_dir)]
+    args = ["--skip", str(options.skip), "--steps", str(options.steps), "--trace", str(options.trace), "--trace-warmup", str(options.trace_warmup),
+            "--inflation-limit", str(options.inflation_limit), "--out", str(options.out_dir)]
+    if not options.record_shapes:
+        args.append("--no-shapes")
     if step:
         args += ["--step", step]
     if step_range is not None:
@@ -26,3 +29,36 @@ def torchrun(nproc: int, program: list[str], options: RunOptions, step: str | No
     if nproc < 1:
         raise PerflabError(f"--nproc must be at least 1, got {nproc}")
     return subprocess.call(torchrun_command(nproc, program, options, step, step_range))
+
+
+def torchrun_counts(counts: list[int], program: list[str], options: RunOptions, step: str | None = None, step_range: str | None = None,
+                    render=None) -> int:
+    """The program under torchrun at each rank count in turn (``OUT/nprocN/``), then the scaling over the first count
+    (``analysis.program.scaling_section``), written to ``OUT/scaling.json`` and rendered. Returns the first non-zero exit
+    code of the runs (0 when all ended well)."""
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from perflab.analysis.program import scaling_section
+    from perflab.program.recorder import stderr, write_json
+
+    if not counts or any(n < 1 for n in counts) or len(set(counts)) != len(counts):
+        raise PerflabError(f"--nproc: give distinct rank counts of at least 1, e.g. 1,2 (got {','.join(map(str, counts))})")
+    out = Path(options.out_dir)
+    codes, reports = [], {}
+    for n in counts:
+        stderr(f"perflab: running the program on {n} rank(s) (torchrun), into {out / f'nproc{n}'}")
+        code = torchrun(n, program, replace(options, out_dir=out / f"nproc{n}"), step, step_range)
+        codes.append(code)
+        path = out / f"nproc{n}" / "run.json"
+        if path.exists():
+            try:
+                reports[n] = json.loads(path.read_text())
+            except ValueError:
+                stderr(f"perflab: {path} could not be read; {n} rank(s) left out of the scaling")
+    section = scaling_section(reports)
+    write_json(out / "scaling.json", section)
+    if render is not None:
+        render(section)
+    return next((c for c in codes if c), 0)

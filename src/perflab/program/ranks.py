@@ -130,8 +130,17 @@ def merge(report: dict, reports: dict[int, dict], device: str) -> dict:
     steps = (report.get("traced") or {}).get("steps") or 1
     if all(paths) and len(paths) == world:
         merged = account_rank_traces(paths, device, steps)
-        report["communication"] = communication_section(ddp=report.get("ddp"), sweep=report.get("all_reduce"), merged=merged,
-                                                        world_size=world, steps=steps, rank_median_ms=known, step_ms=report.get("step_ms"))
+        comm = communication_section(ddp=report.get("ddp"), sweep=report.get("all_reduce"), merged=merged, world_size=world,
+                                     steps=merged.get("steps") or steps, rank_median_ms=known, step_ms=report.get("step_ms"))
+        report["communication"] = comm
+        evidence = report.get("verdict_evidence")
+        if evidence and comm["ranks"]:
+            from perflab.analysis.program import step_verdict
+
+            most = max(comm["ranks"], key=lambda r: r["exposed_ms"] / r["traced_step_ms"] if r["traced_step_ms"] else 0.0)
+            evidence = dict(evidence, step_ms=report.get("step_ms") or evidence.get("step_ms"))
+            report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"), exposed_comm_ms=most["exposed_ms"],
+                                             traced_step_ms=most["traced_step_ms"])
     else:
         report["communication_note"] = "not every rank wrote a trace: no merged accounting"
     return report

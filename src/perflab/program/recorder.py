@@ -43,6 +43,10 @@ class RunOptions:
     skip: int = 5
     steps: int = 20
     trace: int = 3
+    trace_warmup: int = 3  # steps under the profiler before the traced ones, thrown away (its start-up lands in them)
+    record_shapes: bool = True  # a second, short pass with operator shapes after the traced steps (FLOPs are counted from it)
+    shapes_steps: int = 2
+    inflation_limit: float = 1.10  # traced ÷ untraced step beyond which the traced accounting describes the profiler
     stop_after: bool = False
     out_dir: Path = Path("perflab-run")
 
@@ -70,12 +74,15 @@ class Recorded:
     steps_seen: int = 0
     step_ms: list[float] = field(default_factory=list)  # the timed steps (CUDA events, or the host clock)
     host_step_ms: list[float] = field(default_factory=list)  # the same steps by the host clock
+    traced_step_ms: list[float] = field(default_factory=list)  # the steps under the profiler, its warm-up first, same clock
+    trace_warmup: int = 0  # how many of traced_step_ms are the profiler's warm-up (not in the trace)
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     peak_rss_bytes: int | None = None
     compile_phases: dict = field(default_factory=dict)  # skipped / timed / traced: compiler.delta of each
     limit_hits: list = field(default_factory=list)
     trace_path: str | None = None
+    shapes_trace_path: str | None = None  # the pass with operator shapes, for the FLOPs (recording shapes slows a step)
     traced_steps: int = 0
     trace_note: str | None = None  # why there is no trace, or what happened to it
     profiler_seconds: float | None = None  # stopping and writing the trace
@@ -94,12 +101,13 @@ class Recorder:
         self.rank = rank or Rank.from_env()
         self.data = Recorded()
         self.on_traced = on_traced  # called after the traced steps (the report); may raise StopProgram
-        self._cuda = False
-        self._events: list = []  # (start event or None, end event) per timed step; boundary: events in order
-        self._host: list[int] = []
+        self._clock = None  # measure.timing.StepClock, chosen at the first timed step
+        self._marks: dict[str, list] = {"timed": [], "traced": []}  # a boundary source's stamps, per phase
+        self._pairs: dict[str, list] = {"timed": [], "traced": []}  # a call source's (start, end) stamps, per phase
         self._call_start = None
-        self._prof = None
-        self._step_range = None
+        self._tracer = None  # trace.capture.Tracer while tracing
+        self._pass = "accounted"  # the traced phase's passes: accounted (no shapes), then shapes (for the FLOPs)
+        self._prof = None  # the tracer's torch profiler (the program's own profiler is told apart from it)
         self._counters: dict = {}
         self._script_profiler = False
         self._t0 = time.perf_counter()
@@ -129,44 +137,38 @@ class Recorder:
     def _timed_end(self) -> int:
         return self.options.skip + self.options.steps
 
-    @property
-    def _traced_end(self) -> int:
-        return self._timed_end + self.options.trace
-
     def _on_start(self) -> None:
         phase = self.data.phase
         if phase == "timed" and self.data.device is None:  # a "call" source's first timed step begins
             self._counters["timed"] = compiler.counters()
             self._choose_clock()
-        if phase == "timed" and self.source.kind == "call":
-            self._call_start = (self._record(), time.perf_counter_ns())
-        elif phase == "traced" and self._prof is not None:
-            self._open_step_range()
+        if self.source.kind == "call" and phase in ("timed", "traced") and self._clock is not None:
+            if phase == "traced" and self._tracer is not None:
+                self._internal(self._tracer.begin_step)
+            if phase == "timed" or self._pass == "accounted":
+                self._call_start = self._clock.stamp()
 
     def _on_end(self) -> None:
         self.data.steps_seen += 1
         n = self.data.steps_seen
         phase = self.data.phase
-        if phase == "timed":
+        if (phase == "timed" or phase == "traced" and self._pass == "accounted") and self._clock is not None:
             if self.source.kind == "call":
-                start = self._call_start
-                if start is not None:
-                    self._events.append((start[0], self._record()))
-                    self._host.append(time.perf_counter_ns() - start[1])
+                if self._call_start is not None:
+                    self._pairs[phase].append((self._call_start, self._clock.stamp()))
                 self._call_start = None
             else:
-                self._events.append((None, self._record()))
-                self._host.append(time.perf_counter_ns())
-        elif phase == "traced" and self._prof is not None:
-            self._close_step_range()
-            self.data.traced_steps += 1
+                self._marks[phase].append(self._clock.stamp())
         if phase == "skipped" and n == self.options.skip:
             self._enter_timed()
         elif phase == "timed" and n == self._timed_end:
             self._finish_timing()
             self._enter_traced()
-        elif phase == "traced" and n == self._traced_end:
-            self._finish_tracing()
+        elif phase == "traced":
+            if self._tracer is not None:
+                self._step_tracer()
+            else:  # perflab's trace gave way to the program's own profiler
+                self._finish_tracing()
 
     def _enter_timed(self) -> None:
         self.data.phase = "timed"
@@ -177,53 +179,39 @@ class Recorder:
             return
         self._counters["timed"] = compiler.counters()
         self._choose_clock()
-        self._events.append((None, self._record()))  # a boundary source's timed steps begin at this boundary
-        self._host.append(time.perf_counter_ns())
+        self._marks["timed"].append(self._clock.stamp())  # a boundary source's timed steps begin at this boundary
 
     def _choose_clock(self) -> None:
         """CUDA events where the program has started CUDA by its first timed step, else the host clock."""
         import torch
 
-        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self.data.device = "cuda" if self._cuda else "cpu"
-        if self._cuda:
+        from perflab.measure.timing import StepClock
+
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._clock = StepClock(cuda)
+        self.data.device = "cuda" if cuda else "cpu"
+        if cuda:
             torch.cuda.reset_peak_memory_stats()
-
-    def _record(self):
-        if not self._cuda:
-            return None
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record(torch.cuda.current_stream())
-        return event
 
     def _finish_timing(self) -> None:
         self._read_timing()
         self._counters["traced"] = compiler.counters()
-        if self._cuda:
+        if self._clock is not None and self._clock.cuda:
             import torch
 
             self.data.peak_allocated_bytes = int(torch.cuda.max_memory_allocated())
             self.data.peak_reserved_bytes = int(torch.cuda.max_memory_reserved())
 
+    def _read(self, phase: str) -> tuple[list[float], list[float]]:
+        if self._clock is None:
+            return [], []
+        if self.source.kind == "boundary":
+            return self._clock.read_marks(self._marks[phase])
+        return self._clock.read_pairs(self._pairs[phase])
+
     def _read_timing(self) -> None:
         """The timed steps' times from what was recorded so far (also for a run cut short)."""
-        events, host = self._events, self._host
-        if self.source.kind == "boundary":
-            host_ms = [(b - a) / 1e6 for a, b in zip(host, host[1:])]
-            if self._cuda and len(events) > 1:
-                events[-1][1].synchronize()
-                step_ms = [a[1].elapsed_time(b[1]) for a, b in zip(events, events[1:])]
-            else:
-                step_ms = host_ms
-        else:
-            host_ms = [h / 1e6 for h in host]
-            if self._cuda and events:
-                events[-1][1].synchronize()
-                step_ms = [start.elapsed_time(end) for start, end in events]
-            else:
-                step_ms = host_ms
+        step_ms, host_ms = self._read("timed")
         self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
 
     def _enter_traced(self) -> None:
@@ -237,68 +225,85 @@ class Recorder:
             self._script_profiler = True
             self._finish_tracing()
             return
-        import torch
-        from torch.profiler import ProfilerActivity
+        from perflab.trace.capture import Tracer
 
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
         self._sync()
-        from perflab.trace.capture import quiet_profiler
+        # the accounted pass records no shapes: recording them made nanoGPT's traced steps ×1.34 the untraced (none: ×0.99)
+        self._tracer = Tracer(self.rank_dir() / "trace.json.gz", self.data.device or "cpu", steps=self.options.trace,
+                              warmup=self.options.trace_warmup, record_shapes=False, own_step_ranges=self.source.kind == "call")
+        self.data.trace_warmup = self.options.trace_warmup
+        self._tracer.start()
+        self._prof = self._tracer.profiler
+        if self.source.kind == "boundary":
+            self._marks["traced"].append(self._clock.stamp())  # the traced steps begin at this boundary, as the timed did
 
-        self._prof = torch.profiler.profile(activities=activities, record_shapes=True)
-        with quiet_profiler():  # libkineto's stage lines kept off the program's stderr
-            self._prof.start()  # (a boundary source opens the first step's range from on_start, right after this boundary)
-
-    def _open_step_range(self) -> None:
-        from torch.autograd.profiler import record_function
-
+    def _internal(self, call) -> None:
+        """Run ``call`` with a range source told to ignore the ranges perflab opens itself."""
         internal = getattr(self.source, "internal", None)
         if internal is not None:
             self.source.internal = True
-        self._step_range = record_function(f"ProfilerStep#{self.data.traced_steps}")
-        self._step_range.__enter__()
-        if internal is not None:
-            self.source.internal = False
+        try:
+            call()
+        finally:
+            if internal is not None:
+                self.source.internal = False
 
-    def _close_step_range(self) -> None:
-        if self._step_range is not None:
-            self._step_range.__exit__(None, None, None)
-            self._step_range = None
+    def _step_tracer(self) -> None:
+        tracer = self._tracer
+        t0 = time.perf_counter()
+        last = tracer.boundaries + 1 >= tracer.warmup + tracer.steps
+        try:
+            if self.source.kind == "call":
+                self._internal(tracer.end_step)
+            else:
+                if last:
+                    self._sync()  # the last traced step's GPU work is inside the trace
+                tracer.step()
+        except Exception as exc:  # a trace that cannot be written (a full disk) must not end the user's program
+            tracer.stop()
+            self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
+        if tracer.active:
+            return
+        if self._pass == "accounted":
+            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
+            if tracer.written:
+                self.data.trace_path = str(tracer.trace_path)
+                self.data.traced_steps = tracer.steps
+                self.data.profiler_seconds = time.perf_counter() - t0
+                if self.options.record_shapes:
+                    self._start_shapes_pass()
+                    return
+        elif tracer.written:
+            self.data.shapes_trace_path = str(tracer.trace_path)
+        self._finish_tracing()
+
+    def _start_shapes_pass(self) -> None:
+        """A second, short pass with operator shapes, for the FLOPs only: its steps are not accounted or timed."""
+        from perflab.trace.capture import Tracer
+
+        self._pass = "shapes"
+        self._sync()
+        # no warm-up: what the profiler's start costs these steps does not matter, only their operators' shapes do
+        self._tracer = Tracer(self.rank_dir() / "shapes.json.gz", self.data.device or "cpu", steps=self.options.shapes_steps, warmup=0,
+                              record_shapes=True, own_step_ranges=self.source.kind == "call")
+        self._tracer.start()
+        self._prof = self._tracer.profiler
 
     def _sync(self) -> None:
-        if self._cuda:
+        if self._clock is not None and self._clock.cuda:
             import torch
 
             torch.cuda.synchronize()
 
     def _finish_tracing(self) -> None:
         self._counters["after"] = compiler.counters()
-        if self._prof is not None:
-            try:
-                self._stop_profiler()
-            except Exception as exc:  # a trace that cannot be written (a full disk) must not end the user's program
-                self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
+        self._tracer, self._prof = None, None
+        if self._pass == "accounted":
+            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
         self.data.phase = "done"
         self.remove()  # the program runs on untouched
         if self.on_traced is not None:
             self.on_traced(self)  # may raise StopProgram (--stop-after)
-
-    def _stop_profiler(self) -> None:
-        t0 = time.perf_counter()
-        if self.source.kind == "boundary":
-            self._close_step_range()
-        self._sync()
-        prof, self._prof = self._prof, None
-        from perflab.trace.capture import quiet_profiler
-
-        with warnings.catch_warnings(), quiet_profiler():  # torch's "Profiler clears events at the end of each cycle": not ours
-            warnings.simplefilter("ignore")
-            prof.stop()
-        out = self.rank_dir()
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / "trace.json.gz"
-        prof.export_chrome_trace(str(path))
-        self.data.trace_path = str(path)
-        self.data.profiler_seconds = time.perf_counter() - t0
 
     # --- the program's own profiler ------------------------------------------------------------------
 
@@ -314,9 +319,9 @@ class Recorder:
         def start_wrapper(prof_self, *args, **kwargs):
             if prof_self is not recorder._prof:
                 recorder._script_profiler = True
-                if recorder._prof is not None:  # ours gives way
-                    recorder._prof.stop()
-                    recorder._prof, recorder._step_range = None, None
+                if recorder._tracer is not None:  # ours gives way
+                    recorder._tracer.stop()
+                    recorder._tracer, recorder._prof = None, None
                     recorder.data.trace_note = ("the program started torch.profiler itself while perflab traced; perflab's trace was "
                                                 "dropped (one profiler at a time): analyse the program's own trace with perflab analyze")
             return start(prof_self, *args, **kwargs)
@@ -339,7 +344,7 @@ class Recorder:
     def finish(self) -> Recorded:
         """What was measured up to now (at the end of the traced steps, or when the program ended first)."""
         data = self.data
-        if data.phase == "timed" and self._events:
+        if data.phase == "timed":
             self._read_timing()
         phases = [("start", "timed", "skipped"), ("timed", "traced", "timed"), ("traced", "after", "traced")]
         now = compiler.counters()
@@ -350,10 +355,14 @@ class Recorder:
         data.optimizers = list(getattr(self.source, "optimizers", []))
         data.peak_rss_bytes = _peak_rss()
         data.wall_s = time.perf_counter() - self._t0
-        if self._prof is not None:  # cut short while tracing: keep what was recorded
-            self._prof.stop()
-            self._prof = None
-            data.trace_note = "the program ended while perflab traced; the partial trace was not written"
+        if self._tracer is not None:  # cut short while tracing: the steps that were traced are not the ones asked for
+            self._tracer.stop()
+            self._tracer, self._prof = None, None
+            if self._pass == "accounted":
+                data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
+                data.trace_note = "the program ended while perflab traced; the partial trace was not written"
+            else:
+                data.trace_note = "the program ended during the pass with operator shapes: FLOPs left out"
         return data
 
 

@@ -31,18 +31,15 @@ class RunResult:
 
 
 def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
-    """Median and a 95% CI of the timed steps over stretches of the run (``measure.stats.hierarchical_ci``: five
-    stretches of consecutive steps; fewer than three stretches give the order-statistics interval, labelled so)."""
-    from perflab.measure.stats import hierarchical_ci, summarize
+    """The timed steps' summary (``stats.TimingSummary``, as a bench row's): the median and its CI over stretches of
+    the run (five stretches of consecutive steps; fewer than three give the order-statistics interval, labelled so),
+    with the coverage that CI may claim."""
+    from perflab.stats import summarize
 
     if not step_ms:
         return {"steps": 0}
-    s = summarize(step_ms)
-    ci = hierarchical_ci(step_ms)
-    return {"steps": s.n, "median_ms": s.median, "mean_ms": s.mean, "p10_ms": s.p10, "p90_ms": s.p90, "cv": s.cv,
-            "ci_ms": [ci.low, ci.high], "ci_coverage": ci.coverage, "ci95_ms": [ci.low, ci.high], "ci_level": ci.level,
-            "ci_units": ci.n_units, "samples_ms": step_ms,
-            "host_median_ms": float(summarize(host_ms).median) if host_ms else None}
+    return {"steps": len(step_ms), **summarize(step_ms).to_dict(),
+            "host_median_ms": summarize(host_ms).median if host_ms else None}
 
 
 def run_checks(recorded: dict, report: dict) -> list[dict]:
@@ -63,6 +60,11 @@ def run_checks(recorded: dict, report: dict) -> list[dict]:
     for hit in recorded.get("limit_hits") or []:
         checks.append(Check("fell_back_to_eager", f"{hit['function']} ({hit['where']}) hit dynamo's {hit['limit']} ({hit['value']}) at step "
                                                   f"{hit['step']}: from then on it runs eagerly (last guard that failed: {hit['last_reason'] or 'not said'})"))
+    traced = report.get("traced") or {}
+    if traced.get("inflated"):
+        checks.append(Check("trace_inflated", f"the traced steps took ×{traced['inflation']:.2f} the untraced ones (limit ×{traced['inflation_limit']:.2f}): "
+                                              "their accounting describes the profiler as much as the program; the verdict rests on the untraced "
+                                              "step and the kernels' own time, and the host's issue time is left out (raise --trace-warmup)"))
     timing = report.get("timing") or {}
     if timing.get("steps"):
         checks.append(cv_check(timing["cv"]))
@@ -101,8 +103,8 @@ class Run:
             outcome = run_program(self.program, stop=StopProgram)
         finally:
             recorder.remove()
-        if not self.written:  # the program ended before the traced steps did
-            self._write(recorder, ended_early=True, outcome=outcome)
+        if not self.written:  # the program ended before the traced steps did (or during the pass with shapes: reported in full)
+            self._write(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
         print_program_traceback(outcome, self.program)
         if self.report is None or self.report.get("partial"):
             stderr(self._early_line(recorder, outcome, time.perf_counter() - t0))
@@ -130,7 +132,7 @@ class Run:
                 stderr(f"perflab: the traced steps could not be analysed ({report['report_error']}); the timed steps are in "
                        f"{Path(self.options.out_dir) / 'run.json'}")
         report.update(program=self.program.label, steps_from=self.source.description, options=dict(asdict(self.options), out_dir=str(self.options.out_dir)),
-                      recorded={k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms")}, partial=ended_early,
+                      recorded={k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms", "traced_step_ms")}, partial=ended_early,
                       rank=self.rank.rank, world_size=self.rank.world_size)
         report["flags"] = run_checks(recorded, report)
         if outcome is not None:
@@ -148,18 +150,21 @@ class Run:
     def _report(self, recorded: dict, timing: dict) -> dict:
         from perflab.analysis.program import program_report
 
-        trace, ceilings, model, tf32 = None, None, None, False
+        trace, shapes, ceilings, model, tf32 = None, None, None, None, False
         if recorded.get("trace_path"):
             from perflab.trace.kineto import load_kineto
 
             trace = load_kineto(recorded["trace_path"], ops=True)
+            if recorded.get("shapes_trace_path"):
+                shapes = load_kineto(recorded["shapes_trace_path"], ops=True)
         if recorded.get("device") == "cuda":
             import torch
 
             tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
             model = module_bytes("cuda")
             ceilings = _ceilings(self.rank)
-        report = program_report(timing=timing, trace=trace, recorded=recorded, ceilings=ceilings, model_bytes=model, tf32=tf32)
+        report = program_report(timing=timing, trace=trace, recorded=recorded, ceilings=ceilings, model_bytes=model, tf32=tf32,
+                                inflation_limit=self.options.inflation_limit, shapes_trace=shapes)
         report["model_bytes"] = model
         report["ceilings_note"] = None if ceilings or recorded.get("device") != "cuda" else "no measured peaks: MFU, MBU and floors left out"
         return report
@@ -175,12 +180,14 @@ class Run:
         how = self._how(outcome)
         if seen == 0 and data.phase != "done":
             return f"perflab: {NO_STEPS}; the program {how} after {seconds:.1f} s"
-        need = self.options.skip + self.options.steps + self.options.trace
+        o = self.options
+        need = o.skip + o.steps + (o.trace_warmup + o.trace if o.trace else 0)
         how = f"{how} after {seen} step(s)"
         timed = len(data.step_ms)
         measured = f"{timed} timed step(s)" + (", traced" if data.trace_path else "")
-        return (f"perflab: the program {how} ({self.source.description}); --skip {self.options.skip} + --steps "
-                f"{self.options.steps} + --trace {self.options.trace} needs {need}: {measured} written to {where}")
+        traced = f" + --trace-warmup {o.trace_warmup} + --trace {o.trace}" if o.trace else " + --trace 0"
+        return (f"perflab: the program {how} ({self.source.description}); --skip {o.skip} + --steps {o.steps}{traced} needs {need}: "
+                f"{measured} written to {where}")
 
 
 def _ceilings(rank: Rank) -> dict | None:
@@ -194,10 +201,13 @@ def _ceilings(rank: Rank) -> dict | None:
         return None
 
 
-def check_options(skip: int, steps: int, trace: int, step: str | None = None, step_range: str | None = None) -> None:
-    for name, value, least in (("--skip", skip, 0), ("--steps", steps, 1), ("--trace", trace, 0)):
+def check_options(skip: int, steps: int, trace: int, step: str | None = None, step_range: str | None = None, trace_warmup: int = 3,
+                  inflation_limit: float = 1.10) -> None:
+    for name, value, least in (("--skip", skip, 0), ("--steps", steps, 1), ("--trace", trace, 0), ("--trace-warmup", trace_warmup, 0)):
         if value < least:
             raise PerflabError(f"{name} must be at least {least}, got {value}")
+    if not (inflation_limit > 1.0 and inflation_limit < 100):
+        raise PerflabError(f"--inflation-limit must be a ratio above 1 (1.10: traced steps 10% longer), got {inflation_limit}")
     if skip == 0 and not step and step_range is None:
         raise PerflabError("--skip 0 needs --step or --step-range: an optimizer step's first step begins with the program itself "
                            "(imports, building the model)")

@@ -142,7 +142,7 @@ CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run)
 
 
 def row_ci_note(row: dict) -> str:
-    from perflab.measure.stats import ci_coverage_of, range_of
+    from perflab.stats import ci_coverage_of, range_of
 
     ci = row.get("ci95_ms")
     if not ci:
@@ -288,12 +288,14 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
     columns += (point("model", "model", model_label) + point("shape", "size" if unit == "img" else "shape", shape_label)
                 + point("batch size", "bs", lambda r: str(r["batch_size"]), "bs {}", "right") + point("dtype", "dtype", lambda r: r["dtype"])
                 + point("mode", "mode", lambda r: r["mode"]))
-    columns += [Column(f"baseline {unit}/s", cells(lambda p: _fmt(p["baseline_items_per_s"], ".1f")), "right", drop=2),
+    # Narrow, the throughputs go first (the speedup is their ratio), then the CI (the verdict says whether it holds 1),
+    # and the FLOPs last: what a reduction of tokens or a batch size changes in the work is this table's other question.
+    columns += [Column(f"baseline {unit}/s", cells(lambda p: _fmt(p["baseline_items_per_s"], ".1f")), "right", drop=1),
                 Column(f"variant {unit}/s", cells(lambda p: _fmt(p["variant_items_per_s"], ".1f")), "right", drop=2),
                 Column("speedup", cells(speedup), "right")]
     if any_paired:
-        columns.append(Column("paired 95% CI" if full_ci else "paired CI", cells(ci), "right"))
-    columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops_cell), "right", drop=1),
+        columns.append(Column("paired 95% CI" if full_ci else "paired CI", cells(ci), "right", wrap=True, drop=3))
+    columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops_cell), "right", wrap=True, drop=4),
                 Column("verdict", cells(verdict), wrap=True)]
     caption = []
     if any_paired:

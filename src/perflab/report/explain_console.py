@@ -6,9 +6,12 @@ import math
 
 from rich.table import Table
 
+from perflab.report.explain_parallel import COLLECTIVE_HEADER, RANK_HEADER
+from perflab.report.explain_parallel import FIX_HEADER as PARALLEL_FIX_HEADER
 from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, FLOORS_TITLE, MODE_HEADER, MODES_TITLE,
                                          PASS_HEADER, PASS_TITLE, batch_rows, compile_lines, fix_model_lines, fix_rows, floor_rows, floor_verdict,
                                          flops_line, mode_rows, pass_rows, profile_lines, ranked_line, step_floor_lines)
+from perflab.report.fit import text_table
 
 
 def _ms(ns: float) -> str:
@@ -22,53 +25,45 @@ def _signed_ms(ns: float) -> str:
 def render_comparison(console, c) -> None:
     a, b = c.labels
     w = c.words  # a GPU trace's kernels and GPU time, or a CPU trace's operators
-    table = Table(title=f"Per step: {b} − {a} (ms; exact decomposition)", header_style="bold")
-    for col in ("term", a, b, "Δ"):
-        table.add_column(col, justify="left" if col == "term" else "right")
-    table.add_row("[bold]wall[/bold]", _ms(c.a.wall_ns), _ms(c.b.wall_ns), _signed_ms(c.delta_wall_ns))
+    header = ("term", a, b, "Δ")
+    rows = [["wall", _ms(c.a.wall_ns), _ms(c.b.wall_ns), _signed_ms(c.delta_wall_ns)]]
     for cat, delta in sorted(c.delta_by_category.items(), key=lambda kv: -abs(kv[1])):
-        table.add_row(f"  {w.time}: {cat}", _ms(c.a.category_ns.get(cat, 0.0)), _ms(c.b.category_ns.get(cat, 0.0)), _signed_ms(delta))
+        rows.append([f"  {w.time}: {cat}", _ms(c.a.category_ns.get(cat, 0.0)), _ms(c.b.category_ns.get(cat, 0.0)), _signed_ms(delta)])
     if c.a.overlap_ns or c.b.overlap_ns:
-        table.add_row("  − overlap (streams / spill)", _ms(-c.a.overlap_ns), _ms(-c.b.overlap_ns), _signed_ms(-c.delta_overlap_ns))
+        rows.append(["  − overlap (streams / spill)", _ms(-c.a.overlap_ns), _ms(-c.b.overlap_ns), _signed_ms(-c.delta_overlap_ns)])
     for cause, delta in c.delta_idle_by_cause.items():
         if c.cpu_only and cause != "host_bound" and not (delta or c.a.idle_ns[cause]):
             continue  # a CPU trace's operators launch themselves: no kernel gap
         label = w.idle if cause == "host_bound" and c.cpu_only else f"idle: {cause.replace('_', ' ')}"
-        table.add_row(f"  {label}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta))
-    table.add_row("closure (wall − Σ terms)", "", "", f"{c.closure_ns():.2g} ns")
+        rows.append([f"  {label}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta)])
+    rows.append(["closure (wall − Σ terms)", "", "", f"{c.closure_ns():.2g} ns"])
+    table = text_table(list(header), rows, f"Per step: {b} − {a} (ms; exact decomposition)", ["term"], _drop_order(header, 1, 2))
+    table.columns[0].cells[0] = "[bold]wall[/bold]"  # the total, above the terms that make it up
     console.print(table)
 
-    t2 = Table(title=f"{w.time[0].upper() + w.time[1:]} vs throughput (the token-reduction study's table, per step)", header_style="bold")
     records = c.throughput_table().to_dict(orient="records")
     known = [r["throughput_per_s"] is not None and not math.isnan(r["throughput_per_s"]) for r in records]
-    columns = ["configuration", "operators ms" if c.cpu_only else "GPU time ms", w.works, f"mean {w.work} µs", "wall ms",
-               "in operators" if c.cpu_only else "GPU busy"] + ([c.throughput_unit] if any(known) else [])  # traces: no items known
-    for col in columns:
-        t2.add_column(col, justify="left" if col == "configuration" else "right")
+    header = ("configuration", "operators ms" if c.cpu_only else "GPU time ms", w.works, f"mean {w.work} µs", "wall ms",
+              "in operators" if c.cpu_only else "GPU busy") + ((c.throughput_unit,) if any(known) else ())  # traces: no items known
+    rows = []
     for r, has in zip(records, known):
         tp = [f"{r['throughput_per_s']:.1f}" if has else "–"] if any(known) else []
-        t2.add_row(r["configuration"], f"{r['gpu_time_ms_per_step']:.4f}", f"{r['kernels_per_step']:.0f}", f"{r['mean_kernel_us']:.2f}",
-                   f"{r['wall_ms_per_step']:.4f}", f"{r['gpu_busy_share']:.0%}", *tp)
-    console.print(t2)
+        rows.append([r["configuration"], f"{r['gpu_time_ms_per_step']:.4f}", f"{r['kernels_per_step']:.0f}", f"{r['mean_kernel_us']:.2f}",
+                     f"{r['wall_ms_per_step']:.4f}", f"{r['gpu_busy_share']:.0%}", *tp])
+    title = f"{w.time[0].upper() + w.time[1:]} vs throughput (the token-reduction study's table, per step)"
+    console.print(text_table(list(header), rows, title, ["configuration"], _drop_order(header, 3, 2, *([6] if any(known) else []))))
 
     for title, frame in ((f"{w.works} added per step", c.added_kernels), (f"{w.works} removed per step", c.removed_kernels)):
         if len(frame):
-            t3 = Table(title=f"{title} ({b} vs {a})", header_style="bold")
-            for col in (w.work, "Δ count", "Δ time µs"):
-                t3.add_column(col, justify="left" if col == w.work else "right", overflow="fold" if col == w.work else "ellipsis")
-            for r in frame.head(10).to_dict(orient="records"):
-                t3.add_row(str(r["name"]), f"{r['delta_count']:+.0f}", f"{r['delta_time_ns'] / 1e3:+.2f}")
-            console.print(t3)
+            rows = [[str(r["name"]), f"{r['delta_count']:+.0f}", f"{r['delta_time_ns'] / 1e3:+.2f}"] for r in frame.head(10).to_dict(orient="records")]
+            console.print(text_table([w.work, "Δ count", "Δ time µs"], rows, f"{title} ({b} vs {a})", [w.work], folds=True))
     modules = c.extra.get("modules")
     if modules is not None and len(modules):
-        t4 = Table(title=f"modules that changed (inclusive {w.time} per step, {b} vs {a})", header_style="bold")
-        for col in ("pass", "module", f"{a} µs", f"{b} µs", "Δ µs", "ratio"):
-            t4.add_column(col, justify="left" if col in ("pass", "module") else "right")
-        for r in modules.to_dict(orient="records"):
-            ratio = r["ratio"]
-            t4.add_row(r["pass"], r["module"], f"{r['a_ns'] / 1e3:.2f}", f"{r['b_ns'] / 1e3:.2f}", f"{r['delta_ns'] / 1e3:+.2f}",
-                       f"{ratio:.2f}×" if ratio == ratio else "new")
-        console.print(t4)
+        header = ("pass", "module", f"{a} µs", f"{b} µs", "Δ µs", "ratio")
+        rows = [[r["pass"], r["module"], f"{r['a_ns'] / 1e3:.2f}", f"{r['b_ns'] / 1e3:.2f}", f"{r['delta_ns'] / 1e3:+.2f}",
+                 f"{r['ratio']:.2f}×" if r["ratio"] == r["ratio"] else "new"] for r in modules.to_dict(orient="records")]
+        console.print(text_table(list(header), rows, f"modules that changed (inclusive {w.time} per step, {b} vs {a})", ["pass", "module"],
+                                 _drop_order(header, 2, 3)))
     console.print(f"[bold]Verdict:[/bold] {c.verdict}")
 
 
@@ -127,13 +122,26 @@ def _plain(line: str) -> str:
     return "".join(f"[bold]{p}[/bold]" if i % 2 else p for i, p in enumerate(parts))
 
 
+def _drop_order(header: list[str], *indices: int) -> tuple[str, ...]:
+    return tuple(header[i] for i in indices)
+
+
+# Where a table is too wide, the columns given up first, in order (by place, so a header's wording may change): what
+# can be worked out from the columns kept or is said below the table, before what tells rows apart and the measured answer.
+DROPS = {tuple(FIX_HEADER): _drop_order(FIX_HEADER, 10, 11, 12, 5, 8, 9, 6),
+         tuple(MODE_HEADER): _drop_order(MODE_HEADER, 6, 3, 5),
+         tuple(PASS_HEADER): _drop_order(PASS_HEADER, 2, 3, 4, 1, 7, 8, 6, 5),
+         tuple(BATCH_HEADER): _drop_order(BATCH_HEADER, 4, 1),
+         tuple(PARALLEL_FIX_HEADER): _drop_order(PARALLEL_FIX_HEADER, 9, 10, 7, 4, 3, 2),
+         tuple(RANK_HEADER): _drop_order(RANK_HEADER, 8, 5, 4, 7),
+         tuple(COLLECTIVE_HEADER): _drop_order(COLLECTIVE_HEADER, 5, 2)}
+LEFT = ("fix", "on", "binding", "mode", "parallel after", "collective")
+
+
 def _print_table(console, title: str, header: list[str], rows: list[list[str]]) -> None:
-    t = Table(title=title, header_style="bold")
-    for i, col in enumerate(header):
-        t.add_column(col, justify="left" if i == 0 and col != "#" or col in ("fix", "on", "binding") else "right")
-    for r in rows:
-        t.add_row(*[c.replace("`", "") for c in r])
-    console.print(t)
+    left = [col for i, col in enumerate(header) if i == 0 and col != "#" or col in LEFT]
+    console.print(text_table(header, [[c.replace("`", "") for c in r] for r in rows], title, left, DROPS.get(tuple(header), ()),
+                             numbered=["fix"]))
 
 
 def render_ncu(console, table, label: str) -> None:

@@ -134,17 +134,18 @@ def parallel_markdown(e, device: str = "") -> str:
 
 
 def render_parallel(console, e, table, plain) -> None:
-    """The console's rendering: ``table(console, title, header, rows)`` and ``plain(markdown line)`` from explain_console."""
+    """The console's rendering: ``table(console, title, header, rows)`` and ``plain(markdown line)`` from explain_console;
+    the sentences wrap to the width, as the tables fit it."""
     console.rule(f"{e.case.label()} ({where(e)})")
     for line in summary_lines(e):
-        console.print(plain(line), soft_wrap=True)
+        console.print(plain(line))
     table(console, "Communication per step (analysis.comm: nccl-tests' bus bytes)", COLLECTIVE_HEADER, collective_rows(e))
     table(console, RANK_TITLE, RANK_HEADER, rank_rows(e))
     for line in rank_note(e):
-        console.print(line, markup=False, soft_wrap=True)
+        console.print(line, markup=False)
     if e.fix_results:
         table(console, FIX_TITLE, FIX_HEADER, fix_rows(e))
         for line in fix_model_lines(e):
-            console.print("  " + plain(line), soft_wrap=True)
+            console.print("  " + plain(line))
     for line in compile_lines(e):
-        console.print(plain(line), soft_wrap=True)
+        console.print(plain(line))

@@ -4,8 +4,10 @@ A ``FittedTable`` is a rich renderable: it is laid out when printed, for the wid
 every column is shown whole (``perflab --wide`` prints at that width). Narrower, it gives up, in this order, until the
 table fits: columns with nothing in them; key columns (those that tell rows apart) holding one value for every row,
 said once in the caption instead; long key values (model names), replaced by short unique forms with a legend; whole
-lines in the columns that may wrap (flags); and last the columns marked droppable, in their order, named in the
-caption. Only then would rich squeeze what is left, and even then it folds a cell onto a second line rather than cut it.
+lines in the columns that may wrap (flags); and then the columns marked droppable, in their order, named in the
+caption. Where even that leaves the table too wide, the long key values are numbered instead (``m1``, ``m2``, with the
+legend), which may spare some of the dropped columns. Only then would rich squeeze what is left, and even then it folds a
+cell onto a second line rather than cut it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Column:
     justify: str = "left"
     key: bool = False  # tells rows apart: never cut; said in the caption when every row holds the same value
     short: bool = False  # a key whose long values may take short unique forms, with a legend (model names)
+    numbered: bool = False  # names that take no short form but may be numbered (m1, m2, ...), with a legend, as a last resort
     wrap: bool = False  # may wrap onto several lines (at spaces) to fit
     drop: int = 0  # 0: always shown; else dropped when narrow, lowest first
     caption_as: str | None = None  # how a value every row shares reads in the caption: "bs {}"; default "{header} {}"
@@ -66,12 +69,32 @@ class FittedTable:
         return table
 
 
+def text_table(header: list[str], rows: list[list[str]], title: str | None = None, left: Iterable[str] = (),
+               drop: Iterable[str] = (), caption: Iterable[str] = (), numbered: Iterable[str] = (),
+               folds: bool = False) -> FittedTable:
+    """A ``FittedTable`` of plain-text cells (not markup): the first column tells the rows apart; every column wraps at
+    its spaces, never within a number or word; ``left``: the headers of the columns justified left (others right);
+    ``drop``: headers, in the order their columns are given up where the table is too wide; ``numbered``: headers of
+    the columns of names that may be numbered, with a legend, where nothing else makes the table fit; ``folds``: the
+    first column holds names too long for any terminal (kernels'), folded within a name where the others need the room."""
+    left, order, numbered = set(left), list(drop), set(numbered)
+    cells = [[escape(str(row[i])) for row in rows] for i in range(len(header))]
+    columns = [Column(escape(name), cells[i], "left" if name in left else "right", key=i == 0 and not folds, wrap=True,
+                      numbered=name in numbered, drop=order.index(name) + 1 if name in order else 0) for i, name in enumerate(header)]
+    return FittedTable(columns, title=title, caption=[escape(line) for line in caption])
+
+
 def _line_width(text: str) -> int:
     return max((Text(line).cell_len for line in text.split("\n")), default=0)
 
 
 def _word_width(text: str) -> int:
-    return max((Text(word).cell_len for word in text.split()), default=0)
+    """The widest word, an indented line's first word with its indent (a tree's levels)."""
+    widths = [Text(word).cell_len for word in text.split()]
+    for line in text.split("\n"):
+        if line.strip():
+            widths.append(Text(line[:len(line) - len(line.lstrip())] + line.split()[0]).cell_len)
+    return max(widths, default=0)
 
 
 def natural_width(col: Column) -> int:
@@ -108,12 +131,20 @@ def column_widths(columns: list[Column], width: int) -> list[int | None]:
         extra = max(0, min(room, natural[i] - widths[i]))
         widths[i] += extra
         room -= extra
-    wrapping = [i for i, c in enumerate(columns) if c.wrap]
-    lacking = sum(natural[i] - widths[i] for i in wrapping)
-    if room > 0 and lacking > 0:
-        shares = {i: room * (natural[i] - widths[i]) // lacking for i in wrapping}
-        for i in wrapping:
-            widths[i] += shares[i]
+    # the wrapping columns share the rest equally, a column that needs less than its share taking only that (its
+    # cells back on one line) and leaving the remainder to the others
+    pending = [i for i, c in enumerate(columns) if c.wrap and natural[i] > widths[i]]
+    while room > 0 and pending:
+        share = room // len(pending)
+        whole = [i for i in pending if natural[i] - widths[i] <= share]
+        if not whole:  # each takes its share, and the first ones a column more each until none is left
+            for n, i in enumerate(pending):
+                widths[i] += share + (n < room % len(pending))
+            break
+        for i in whole:
+            room -= natural[i] - widths[i]
+            widths[i] = natural[i]
+        pending = [i for i in pending if i not in whole]
     return widths
 
 
@@ -130,9 +161,19 @@ def _narrowed(widths: list[int], floors: list[int], excess: int) -> list[int]:
 
 
 def fit_columns(columns: list[Column], width: int) -> tuple[list[Column], list[str]]:
-    """The columns to show at ``width`` and the caption lines that say what was moved out of them."""
+    """The columns to show at ``width`` and the caption lines that say what was moved out of them: with short forms of
+    the long key values that read as names, or, where the table cannot fit with those, numbered ones."""
     if not columns or table_width(natural_width(c) for c in columns) <= width:
         return columns, []
+    fitted, notes = _fit_columns(columns, width, numbered=False)
+    if table_width(min_width(c) for c in fitted) > width and any(c.short or c.numbered for c in fitted):
+        numbered, numbered_notes = _fit_columns(columns, width, numbered=True)
+        if table_width(min_width(c) for c in numbered) < table_width(min_width(c) for c in fitted) or len(numbered) > len(fitted):
+            return numbered, numbered_notes
+    return fitted, notes
+
+
+def _fit_columns(columns: list[Column], width: int, numbered: bool) -> tuple[list[Column], list[str]]:
     notes: list[str] = []
     n_rows = len(columns[0].cells)
     columns = [c for c in columns if any(p.strip() not in EMPTY for p in c.plain())] or columns[:1]
@@ -147,19 +188,30 @@ def fit_columns(columns: list[Column], width: int) -> tuple[list[Column], list[s
             columns = [c for c in columns if not any(c is s for s in shared)]
     if table_width(natural_width(c) for c in columns) > width:
         # every short column together (a baseline and a variant column hold the same kind of name)
-        long = [c for c in columns if c.short] if any(c.short and natural_width(c) > SHORT_OVER for c in columns) else []
-        forms = short_forms([v for c in long for v in c.plain()])
+        long = [c for c in columns if c.short or numbered and c.numbered]
+        long = long if any(natural_width(c) > SHORT_OVER for c in long) else []
+        names = [v for c in long for v in c.plain()]
+        forms = numbered_forms(names) if numbered else short_forms(names)
+        if not numbered and forms == numbered_forms(names):
+            forms = {}  # names with no short form that reads: numbered only where nothing else makes the table fit
         legend = [escape(f"{forms[name]} = {name}") for name in forms if forms[name] != name]
         if legend:  # the forms are plain text (of the cells' markup), made markup again
             columns = [replace(c, cells=[escape(forms[p]) for p in c.plain()]) if c in long else c for c in columns]
             notes.append("; ".join(legend))
     if table_width(min_width(c) for c in columns) > width:
-        dropped = []
+        every, dropped = columns, []
         for col in sorted((c for c in columns if c.drop), key=lambda c: c.drop):
             columns = [c for c in columns if c is not col]
-            dropped.append(col.header.replace("\n", " "))
+            dropped.append(col)
             if table_width(min_width(c) for c in columns) <= width:
                 break
+        if table_width(min_width(c) for c in columns) <= width:
+            # a column dropped before the one that made room comes back where it fits again (the most needed first)
+            for col in reversed(dropped[:-1]):
+                back = [c for c in every if any(c is k for k in columns) or c is col]
+                if table_width(min_width(c) for c in back) <= width:
+                    columns = back
+        dropped = [c.header.replace("\n", " ") for c in dropped if not any(c is k for k in columns)]
         if dropped:
             notes.append(f"not shown at this width (--wide shows them): {', '.join(dropped)}")
     return columns, notes
@@ -182,8 +234,13 @@ def short_forms(names: list[str], sep: str = "_") -> dict[str, str]:
         form = sep.join(own) if own else words[name][0]
         forms[name] = form if len(form) <= SHORT_FORM_MAX else own[-1]
     if len(set(forms.values())) < len(distinct) or any(len(forms[n]) >= len(n) for n in distinct):
-        forms = {n: f"m{i + 1}" for i, n in enumerate(distinct)}
+        forms = numbered_forms(distinct)
     return forms
+
+
+def numbered_forms(names: list[str]) -> dict[str, str]:
+    """``m1``, ``m2``, ... for each distinct name, in order."""
+    return {n: f"m{i + 1}" for i, n in enumerate(dict.fromkeys(names))}
 
 
 def _reference_name(name: str) -> str:

@@ -30,7 +30,7 @@ from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_
 from perflab.report import plots
 from perflab.report.md import FAILED, escape as _escape, md_table
 from perflab.report.md import num as _num
-from perflab.report.md import formula_cell, gflops
+from perflab.report.md import ci_note, formula_cell, gflops
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.experiment import Comparison, case_fields, default_comparisons
@@ -244,19 +244,20 @@ def throughput_ci(row: dict) -> tuple[float | None, float | None]:
 
 
 def speedup_ci(entry: dict) -> tuple[float | None, float | None]:
-    """From the CI ends of both medians (conservative: each end pairs the extremes)."""
-    b, v = entry["baseline_ci95_ms"], entry["variant_ci95_ms"]
-    if not b or not v or None in b or None in v or min(v) <= 0:
-        return None, None
-    return b[0] / v[1], b[1] / v[0]
+    """The speedup's CI where the two cases were timed together (``stats.paired_ratio``, through ``tables.pair``);
+    none where they were not: two medians taken apart have no paired interval."""
+    ci = entry.get("speedup_ci95")
+    return (ci[0], ci[1]) if ci else (None, None)
 
 
 def speedup_cell(entry: dict) -> str:
     if entry["speedup"] is None:
         return "–"
     lo, hi = speedup_ci(entry)
-    ci = f" [{lo:.3f}–{hi:.3f}]" if lo is not None else ""
-    return f"{entry['speedup']:.3f}×{ci}"
+    if lo is None:
+        return f"{entry['speedup']:.3f}× (unpaired)"
+    note = ci_note(entry.get("speedup_ci_coverage"), entry.get("speedup_ci_range_of"))
+    return f"{entry['speedup']:.3f}× [{lo:.3f}–{hi:.3f}]" + (f" {note}" if note else "")
 
 
 def delta_cell(entry: dict) -> str:
@@ -451,9 +452,9 @@ def _ms_triple(row) -> tuple:
 
 
 def _short_ci_line(rows) -> str | None:
-    """Where some rows' CIs come from fewer than 5 units (``measure.stats.HierarchicalCI.coverage``), how many and what
+    """Where some rows' CIs come from fewer than 5 units (``stats.HierarchicalCI.coverage``), how many and what
     they cover; None where every CI is a 95% one."""
-    from perflab.measure.stats import ci_coverage_of
+    from perflab.stats import ci_coverage_of
 
     coverages = [c for c in (ci_coverage_of(r) for r in rows if r.get("status") == "ok") if c is not None and c < 0.95]
     if not coverages:

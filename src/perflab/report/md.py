@@ -41,7 +41,7 @@ def with_ci(value, ci, spec: str, unit: str = "", without: str = " (unpaired)") 
 
 
 def ci_note(coverage: float | None, range_of: int | None) -> str:
-    """What a CI of less than 95% coverage states instead (``measure.stats.HierarchicalCI.coverage``): ``min–max of 2``
+    """What a CI of less than 95% coverage states instead (``stats.HierarchicalCI.coverage``): ``min–max of 2``
     where it is the range of its values, else ``≥87.5%`` (a bound, so never rounded up); empty for a 95% CI."""
     if coverage is None or coverage >= 0.95:
         return ""

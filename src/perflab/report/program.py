@@ -23,6 +23,17 @@ def render_run(console: Console, report: dict) -> None:
         console.print(line, markup=False, highlight=False)
 
 
+def ci_label(timing: dict) -> str:
+    """What the step-time CI is and the coverage it may claim, as bench's rows say it: ``95% CI over stretches of the
+    run``; from 3 steps ``≥75% CI over ...``; from 1 or 2 the order statistics, ``min–max of 2``."""
+    from perflab.report.console import row_ci_note
+
+    claim = row_ci_note(timing) or "95%"
+    if timing.get("ci_level") == "pooled":
+        return f"order-statistics interval (few stretches): {claim}"
+    return f"{claim} CI over stretches of the run" if timing.get("ci_level") == "time" else f"{claim} CI"
+
+
 def run_tables(report: dict) -> list[Table]:
     tables = [timing_table(report)]
     if report.get("accounting"):
@@ -46,15 +57,18 @@ def timing_table(report: dict) -> Table:
     table.add_row("steps seen / timed / traced", f"{recorded.get('steps_seen', 0)} / {timing.get('steps', 0)} / {(report.get('traced') or {}).get('steps', 0)}")
     if timing.get("steps"):
         ci = timing.get("ci95_ms") or [None, None]
-        level = {"time": "95% CI over stretches of the run", "pooled": "order-statistics interval (few stretches)"}.get(timing.get("ci_level"), "95% CI")
         table.add_row(f"step, median ms ({clock})", _ms(timing.get("median_ms")))
-        table.add_row(level, f"{_ms(ci[0])}–{_ms(ci[1])}")
+        table.add_row(ci_label(timing), f"{_ms(ci[0])}–{_ms(ci[1])}")
         table.add_row("p10–p90 ms, CV", f"{_ms(timing.get('p10_ms'))}–{_ms(timing.get('p90_ms'))}, {_pct(timing.get('cv'))}")
         if device == "cuda" and timing.get("host_median_ms") is not None:
             table.add_row("host clock, median ms", _ms(timing["host_median_ms"]))
     traced = report.get("traced") or {}
     if traced.get("step_ms"):
-        table.add_row("traced step, median ms (profiler inflation)", f"{_ms(traced['step_ms'])} (×{traced.get('inflation') or 0:.2f})")
+        table.add_row("traced step, median ms (÷ untraced)", f"{_ms(traced['step_ms'])} (×{traced.get('inflation') or 0:.2f})")
+        if traced.get("step_ms_each"):
+            table.add_row("traced steps, each ms", ", ".join(_ms(x) for x in traced["step_ms_each"]))
+        if traced.get("warmup_step_ms"):
+            table.add_row("profiler warm-up steps, thrown away, ms", ", ".join(_ms(x) for x in traced["warmup_step_ms"]))
     memory = recorded.get("peak_allocated_bytes")
     if memory is not None:
         table.add_row("memory peak while timed: allocated / reserved", f"{memory / 2**30:.2f} / {recorded.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB")
@@ -154,14 +168,15 @@ def communication_table(report: dict) -> Table:
         title += (f": all-reduce of {comm['bus_bytes'] / 1e6:.1f} MB bus bytes in {comm['calls']} bucket(s), busbw {comm['busbw_gbps']:.1f} GB/s "
                   f"→ floor {floor:.3f} ms")
     table = Table(title=title + " (ms per step)")
-    for column in ("rank", "step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor"):
+    for column in ("rank", "step", "traced step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor"):
         table.add_column(column, justify="right")
     slowest = report.get("slowest_rank")
     for r in comm["ranks"]:
-        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", _ms(r.get("step_ms")), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
+        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", _ms(r.get("step_ms")), _ms(r.get("traced_step_ms")), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
                       _ms(r.get("waiting_ms")), _ms(r.get("transfer_ms")), _ms(r["overlapped_ms"]), _pct(r.get("overlap_fraction")),
                       f"{r['measured_over_floor']:.2f}" if r.get("measured_over_floor") else "–")
-    notes = [n for n in ("* the slowest rank; waiting: for a later rank; hidden: under compute", comm.get("busbw_source"), comm.get("floor_note"),
+    notes = [n for n in ("* the slowest rank; step: untraced; traced step: the windows the rest is counted over, of which each is a part; "
+                         "waiting: for a later rank; hidden: under compute", comm.get("busbw_source"), comm.get("floor_note"),
                          comm.get("note")) if n]
     if notes:
         table.caption = "; ".join(notes)
@@ -170,10 +185,12 @@ def communication_table(report: dict) -> Table:
 
 def run_lines(report: dict) -> list[str]:
     lines = compiler_lines(report)
-    if report.get("verdict"):
-        lines.append(f"verdict: {report['verdict']}")
+    verdict = report.get("verdict")
+    if verdict:
+        lines.append(f"verdict: {verdict['message'] if isinstance(verdict, dict) else verdict}")
     if report.get("traced_verdict"):
-        lines.append(f"traced steps: {report['traced_verdict']}")
+        inflated = (report.get("traced") or {}).get("inflated")
+        lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {report['traced_verdict']}")
     for flag in report.get("flags") or []:
         lines.append(f"{flag['flag']}: {flag['message']}")
     note = (report.get("recorded") or {}).get("trace_note")
@@ -184,3 +201,20 @@ def run_lines(report: dict) -> list[str]:
     options = report.get("options") or {}
     lines.append(f"written: {options.get('out_dir', 'perflab-run')}/run.json" + (f" and {report['traced']['trace_path']}" if (report.get("traced") or {}).get("trace_path") else ""))
     return lines
+
+
+def render_scaling(console: Console, section: dict) -> None:
+    """``perflab run --nproc 1,2``'s scaling table: per rank count the step, the work per rank, the step expected at that
+    work from the first count's, the growth and the efficiency (expected ÷ step), and each rank's exposed communication."""
+    base = section.get("base")
+    table = Table(title=f"scaling over {base} rank(s) (ms per step; efficiency = expected ÷ step)")
+    for column in ("ranks", "step", "work per rank", "expected", "growth", "efficiency", "exposed comm by rank"):
+        table.add_column(column, justify="right")
+    for row in section.get("rows") or []:
+        exposed = ", ".join(f"r{r['rank']} {_ms(r['exposed_ms'])}{'' if r['within_growth'] else ' (> growth)'}" for r in row["ranks"]) or "–"
+        work = f"×{row['work_ratio']:.2f}" if row.get("work_ratio") is not None else "–"
+        table.add_row(str(row["nproc"]), _ms(row["step_ms"]), work, _ms(row["expected_ms"]), _ms(row["growth_ms"]),
+                      f"{row['efficiency']:.3f}" if row.get("efficiency") else "–", exposed)
+    if section.get("note"):
+        table.caption = section["note"]
+    console.print(table)

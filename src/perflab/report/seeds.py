@@ -7,15 +7,15 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
 PATH = Path(__file__).with_name("study_figures.yaml")
 PASSES_B = ("inference forward", "training forward", "training backward")  # the columns of seed 003's table (b)
 
 
 @lru_cache(maxsize=1)
 def figures() -> dict:
-    return yaml.safe_load(PATH.read_text())
+    from perflab.yaml_files import read_yaml
+
+    return read_yaml(PATH, "figures file")[0]
 
 
 def seed003() -> dict:

@@ -122,11 +122,11 @@ def pair(base: dict, variant: dict) -> dict:
         "significant": None,
     }
     if ok:
-        from perflab.measure.stats import paired_ratio
+        from perflab.stats import paired_ratio
 
         unpaired = variant["throughput_per_s"] / base["throughput_per_s"]
         entry["speedup_unpaired"] = unpaired
-        paired = paired_ratio(base, variant)  # baseline ms ÷ variant ms over blocks timed next to each other
+        paired = paired_ratio(variant, base)  # baseline ms ÷ variant ms over blocks timed next to each other
         if paired is not None:
             # Timed together: the speedup and its CI come from the pairs, where a slow stretch of the host cancels.
             # Per item: a step of a larger batch does more (batch sizes compared), so the step ratio is scaled by it.

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from perflab.analysis.accounting import IDLE_CAUSES
 from perflab.analysis.trace_report import TraceReport
+from perflab.report.fit import text_table
 
 MAX_STEP_ROWS = 20
 MAX_RANGE_ROWS = 25
@@ -73,11 +74,11 @@ def trace_tables(report: TraceReport) -> list[Table]:
 MODULE_DEPTH = 3  # tree levels shown on the console (--json and CSV have every module)
 
 
-def modules_table(report: TraceReport, max_depth: int = MODULE_DEPTH) -> Table:
+def modules_table(report: TraceReport, max_depth: int = MODULE_DEPTH):
     return module_tree_table(report.modules, report.module_note, max_depth, terms_of(report))
 
 
-def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEPTH, terms: Terms = GPU_TERMS) -> Table:
+def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEPTH, terms: Terms = GPU_TERMS):
     """The module tree: GPU time per step by the innermost module that launched it, inclusive and exclusive,
     forward and backward apart; the unattributed rest closes each pass. Each pass is named once, a module by its last
     name indented under its parent, and numbered siblings of one class (a model's layers) are folded into one row
@@ -86,25 +87,23 @@ def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEP
 
     steps = tree.attrs.get("steps", 1)
     folded = fold_repeats(tree)
-    table = Table(title=f"{terms.time} by module (µs per step; tree to depth {max_depth}; shares of each pass's {terms.work} time)")
-    for column in ("pass", "module", "class", "inclusive µs", "share", "exclusive µs", terms.works):
-        table.add_column(column, justify="left" if column in ("pass", "module", "class") else "right")
-    last_pass = None
+    header = ["pass", "module", "class", "inclusive µs", "share", "exclusive µs", terms.works]
+    rows, last_pass = [], None
     for row in folded.itertuples(index=False):
         if row.depth > max_depth:
             continue
         name = row.module.rsplit(".", 1)[-1]
         label = row.module if row.depth == 0 else "  " * (row.depth - 1) + name + (f" (×{row.instances})" if "–" in name else "")
-        table.add_row(row[0] if row[0] != last_pass else "", label, row[2], _us(row.inclusive_ns / steps), f"{100 * row.share_inclusive:.1f}%",
-                      _us(row.exclusive_ns / steps), f"{row.kernels_inclusive / steps:g}")
+        rows.append([row[0] if row[0] != last_pass else "", label, row[2], _us(row.inclusive_ns / steps), f"{100 * row.share_inclusive:.1f}%",
+                     _us(row.exclusive_ns / steps), f"{row.kernels_inclusive / steps:g}"])
         last_pass = row[0]
     captions = [note] if note else []
     if (folded["instances"] > 1).any():
         captions.append("a–b (×n): n numbered modules of one class (a model's layers) in one row, their times summed; "
                         "below it, their children, summed alike (--json and --csv give each module)")
-    if captions:
-        table.caption = "\n".join(captions)
-    return table
+    # narrow, the class goes first (the module's name says most of it), then the exclusive times and the kernel counts
+    return text_table(header, rows, f"{terms.time} by module (µs per step; tree to depth {max_depth}; shares of each pass's {terms.work} time)",
+                      ["pass", "module", "class"], [header[2], header[5], header[6]], captions)
 
 
 def summary_table(report: TraceReport) -> Table:

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.table import Table
-
 from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, compare_rows, revision_series
+from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
 
 BASIS_WORDS = {
@@ -63,17 +62,18 @@ def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str
     return lines
 
 
+# Narrow, a table of versions gives up how each CI was taken first (the notes under it say it too), then the sides' own
+# times; the ratio with its CI and the verdict stay.
+COMPARISON_DROPS = [COMPARISON_HEADERS[4], COMPARISON_HEADERS[1], COMPARISON_HEADERS[2]]
+LEFT = ("case", "revision", "verdict", "CI over (n)")
+
+
 def render_comparison(console, comparison: Comparison, names: tuple[str, str]) -> None:
     if not comparison.changes:  # an interrupted ab: no case finished its rounds
         return
-    table = Table(title="Stored runs compared, case by case", header_style="bold")
-    for header in COMPARISON_HEADERS:
-        table.add_column(header, justify="left" if header in ("case", "verdict", "CI over (n)") else "right")
-    for cells in comparison_rows(comparison):
-        table.add_row(*cells)
-    console.print(table)
+    console.print(text_table(COMPARISON_HEADERS, comparison_rows(comparison), "Stored runs compared, case by case", LEFT, COMPARISON_DROPS))
     for line in comparison_notes(comparison, names):
-        console.print(line, soft_wrap=True, markup=False)
+        console.say(line, markup=False)
 
 
 def version_what(info: dict) -> str:
@@ -111,9 +111,36 @@ def version_line(info: dict) -> str:
     return f"{info.get('name')}: {what} · {env}"
 
 
+def failures_line(failed) -> str | None:
+    """One line for the cases that failed at a version (``VersionsSummary.failed()``: (version, row) pairs), or None."""
+    if not failed:
+        return None
+    shown = "; ".join(f"{v.name}: {row.get('label') or row.get('case_id')}: {row.get('status')}: {row.get('message')}" for v, row in failed[:3])
+    more = f"; and {len(failed) - 3} more" if len(failed) > 3 else ""
+    return (f"{len(failed)} case(s) failed at a version, stored as that version's {'row' if len(failed) == 1 else 'rows'} and not "
+            f"compared ({shown}{more}); exit status 1")
+
+
+def first_counts(rows: list[dict]) -> tuple[int, int]:
+    """(pairings in which the rows' version went first, pairings), over the rounds' places its rows keep
+    (``process_positions``: per round, its place in each pairing of that round, 0 first)."""
+    places = [p for row in rows for per_round in row.get("process_positions") or [] for p in per_round or []]
+    return sum(1 for p in places if p == 0), len(places)
+
+
+def order_line(named_rows: list[tuple[str, list[dict]]]) -> str | None:
+    """How often each version went first in the rounds' pairings (the order is balanced: an A/A cannot read faster or
+    slower by order), or None where the rows keep no places."""
+    counts = [(name, *first_counts(rows)) for name, rows in named_rows]
+    if not any(n for _, _, n in counts):
+        return None
+    return "Order: " + ", ".join(f"{name} first in {first} of its {n} pairing(s)" for name, first, n in counts) + \
+        " (the versions take turns, each order then its reverse, so a drift linear in time cancels)."
+
+
 def render_versions(console, versions) -> None:
     for v in versions:
-        console.print(version_line(v.info()), soft_wrap=True, markup=False)
+        console.say(version_line(v.info()), markup=False)
 
 
 def step_cells(point) -> list[str]:
@@ -124,6 +151,7 @@ def step_cells(point) -> list[str]:
 
 
 SERIES_HEADERS = ["revision", "ms (95% CI)", f"vs previous ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
+SERIES_DROPS = [SERIES_HEADERS[3], SERIES_HEADERS[1]]
 
 
 def series_rows(series) -> list[list[str]]:
@@ -139,15 +167,9 @@ def change_line(series) -> str:
 
 def render_series(console, all_series, threshold: float) -> None:
     for series in all_series:
-        table = Table(title=f"{series.label}: {change_line(series)}", header_style="bold")
-        for header in SERIES_HEADERS:
-            table.add_column(header, justify="left" if header in ("revision", "verdict", "CI over (n)") else "right")
-        for cells in series_rows(series):
-            table.add_row(*cells)
-        console.print(table)
-    console.print(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
-                  f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).",
-                  soft_wrap=True, markup=False)
+        console.print(text_table(SERIES_HEADERS, series_rows(series), f"{series.label}: {change_line(series)}", LEFT, SERIES_DROPS))
+    console.say(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
+                f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).", markup=False)
 
 
 def series_dict(series) -> dict:
@@ -223,9 +245,10 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         if not a or not b:
             return ["## A/B", "\n".join(lines), "No rows of both versions are stored (the run was interrupted)."]
         comparison = compare_rows(a, b, threshold)
+        order = order_line([(v["name"], by_key[v["key"]]) for v in versions[:2]])
         return ["## A/B", f"{run.get('rounds')} rounds, {pairing_words(run)}.", "\n".join(lines),
                 md_table(COMPARISON_HEADERS, comparison_rows(comparison)),
-                " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])))]
+                " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])) + ([order] if order else []))]
     order = [(v["key"], v["name"]) for v in versions]
     parts = ["## By revision",
              f"Each case at {len(versions)} revisions, oldest first ({run.get('rounds')} round(s), {pairing_words(run)}). Each "

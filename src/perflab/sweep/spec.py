@@ -1,6 +1,6 @@
 """Experiment specs: a YAML file → validated cases, named comparisons and break-even analyses.
 
-A spec (loaded with ``yaml.safe_load``; nothing in it runs as code)::
+A spec (loaded with ``perflab.yaml_files.read_yaml``, safe tags only; nothing in it runs as code)::
 
     name: token_reduction                 # optional; the report's title
     description: ...                      # optional
@@ -56,6 +56,7 @@ from perflab.errors import PerflabError, show
 from perflab.spec import Case, expand_grid, validate_case
 from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison, Experiment,  # noqa: F401 (re-exported)
                                      case_fields, default_comparisons)
+from perflab.yaml_files import read_yaml
 
 DEFAULT_MAX_CASES = 10_000
 
@@ -75,31 +76,7 @@ def load_experiment(path, max_cases: int | None = None) -> Experiment:
 def read_spec(path) -> tuple[Any, str]:
     """A spec file's YAML as plain data, and its text. A key given twice in one mapping is an error naming its path
     (YAML's loaders keep the last silently: two ``grid:`` keys would run the second alone)."""
-    import yaml
-
-    source = str(path)
-    try:
-        text = Path(path).read_text()
-    except FileNotFoundError:
-        raise PerflabError(f"{source}: no such spec file") from None
-    except OSError as exc:
-        raise PerflabError(f"{source}: cannot read the spec ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise PerflabError(f"{source}: not a text file (a spec is UTF-8 YAML)") from None
-    loader = yaml.SafeLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is not None:
-            _refuse_duplicate_keys(source, node)
-        return (loader.construct_document(node) if node is not None else None), text
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise PerflabError(f"{source}: YAML syntax error{where}: {exc.problem or exc.context}") from None
-    except yaml.YAMLError as exc:
-        raise PerflabError(f"{source}: YAML error: {' '.join(str(exc).split())}") from None
-    finally:
-        loader.dispose()
+    return read_yaml(path, "spec file", on_node=_refuse_duplicate_keys)
 
 
 def _refuse_duplicate_keys(source: str, root) -> None:

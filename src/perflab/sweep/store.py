@@ -17,6 +17,7 @@ present each time they are read, never stored, so ``Store.rows`` returns the row
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import sqlite3
@@ -367,7 +368,7 @@ def _decode(text, shape: type = dict, wrong: str = "not as stored"):
         if isinstance(text, bytes):  # as the readers select it: not UTF-8 is damage too
             text = text.decode("utf-8")
         value = json.loads(text)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: arrays or objects nested past Python's limit
         size = f" of {len(text)} characters" if isinstance(text, str) else ""
         raise ValueError(f"malformed JSON{size}, cut short or damaged ({_short(exc)})") from None
     if not isinstance(value, dict):
@@ -505,6 +506,32 @@ def unstorable_row(row: dict, exc: Exception) -> dict:
     kept.update(case_id=str(row.get("case_id")), status="error",
                 message=f"this row could not be stored as measured ({reason}){nulled}; it was {was}")
     return kept
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` says the disk (or the store's quota) is full: SQLite's SQLITE_FULL ("database or disk is full"),
+    or an OSError ENOSPC or EDQUOT from a file written beside the store."""
+    if isinstance(exc, sqlite3.OperationalError):
+        name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
+        return name == "SQLITE_FULL" or (not name and "database or disk is full" in str(exc))
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+RUN_KINDS = ("sweep", "ab", "track")
+
+
+def run_kinds(store: Store) -> set[str]:
+    """The kinds of run that wrote ``store``: "sweep", "ab" or "track", by its sweep records; by its rows where no
+    record says (a row without ``version`` is a sweep's). A record or row that names no kind perflab knows (one that
+    cannot be read, a versions run from before the kind was recorded) says nothing."""
+    kinds = set()
+    for record in store.sweeps():
+        experiment = record.get("experiment") or {}
+        if experiment:
+            kinds.add(experiment.get("kind") if experiment.get("versions") else "sweep")
+    if not kinds - {None}:
+        kinds = {(row.get("version") or {}).get("kind_of_run") if row.get("version") else "sweep" for row in store.rows()}
+    return {k for k in kinds if k in RUN_KINDS}
 
 
 def status_counts(rows: Iterable[dict]) -> dict[str, int]:

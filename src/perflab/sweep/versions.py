@@ -11,12 +11,13 @@ Each of ``rounds`` rounds times each case once at every version, paired one of t
 - ``blocks`` (revisions): the round is one fresh worker process (``sweep.worker --together``) that builds every case
   at every version, each in its version's ``references.ModelScope`` (its worktree; its modules kept apart), and times
   them interleaved block by block (``measure.harness.run_cases``), a case's versions one group, adjacent in each
-  interleaved round. What the host does to the process, or to a stretch of it, falls on every version alike, and a
-  round's B/A is the median of its block ratios (``analysis.regressions.block_round_ratios``).
-- ``processes``: each case at each version a process of its own, one after another (``alternate``: in order in even
-  rounds, reversed in odd ones, ABBA...; ``random``: a seeded shuffle each round and case). Each A process has a B
+  interleaved round and taking turns to go first (``measure.interleave.balanced_order``). What the host does to the
+  process, or to a stretch of it, falls on every version alike, and a round's B/A is the median of its block ratios
+  (``analysis.regressions.block_round_ratios``).
+- ``processes``: each case at each version a process of its own, one after another, in a balanced order
+  (``versions_order``: ABBA, or a seeded shuffle per pair of rounds reversed in the second). Each A process has a B
   process beside it in time, and the ratio of a round's two medians cancels a slow stretch of the host that spans
-  both, not what differs between the processes (``analysis.regressions.paired_ratio``). Interpreters pair only so.
+  both, not what differs between the processes (``analysis.regressions.row_ratio``). Interpreters pair only so.
 
 A case's rounds at one version are merged into one row (``measure.harness.merge_processes``: its CI across the
 processes), stored once its last round has run; ``version.session`` marks the rows one run timed together.
@@ -33,6 +34,7 @@ import json
 import os
 import random
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from perflab.errors import PerflabError
+from perflab.errors import PerflabError, show
 from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
@@ -331,24 +333,44 @@ class VersionsSummary:
     def rows_of(self, version: Version) -> list[dict]:
         return [self.rows[(c.id, version.key)] for c in self.cases if (c.id, version.key) in self.rows]
 
+    def failed(self) -> list[tuple[Version, dict]]:
+        """(version, row) of each case at a version whose row is not ok (its own failure, stored as its version's)."""
+        return [(v, row) for v in self.versions for row in self.rows_of(v) if row.get("status") != "ok"]
 
-def round_order(n_versions: int, rounds: int, n_cases: int, order: str, seed: int) -> list[list[list[int]]]:
-    """For each round and case, the order its versions' processes run in: ``alternate`` (0..n-1 in even rounds, reversed
-    in odd ones) or ``random`` (a shuffle seeded by ``seed``, the round and the case)."""
+
+# Each round is a process per case at each version (processes) or one holding them all (blocks): seconds to minutes
+# each, and the CI over rounds narrows as 1/sqrt(N), as bench's --processes (api.MAX_PROCESSES) is bounded for.
+MAX_ROUNDS = 100
+
+
+def check_rounds(rounds, least: int = 1) -> None:
+    """PerflabError unless ``rounds`` is a whole number from ``least`` to ``MAX_ROUNDS`` (checked before anything is
+    built: a run's rounds are never listed up front, but a run of 10^9 rounds would not end)."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not least <= rounds <= MAX_ROUNDS:
+        why = " (a CI over rounds needs two)" if least == 2 else ""
+        raise PerflabError(f"--rounds must be at least {least}{why} and at most {MAX_ROUNDS}, got {show(rounds)} (each round builds "
+                           f"and times every case at every version afresh, in new processes; the CI over rounds narrows as 1/√N)")
+
+
+def check_order(order: str) -> None:
     if order not in ORDERS:
         raise PerflabError(f"--order: expected alternate or random, got {order!r}")
-    plan = []
-    for r in range(rounds):
-        per_case = []
-        for c in range(n_cases):
-            indices = list(range(n_versions))
-            if order == "random":
-                random.Random(f"{seed}:{r}:{c}").shuffle(indices)
-            elif r % 2:
-                indices.reverse()
-            per_case.append(indices)
-        plan.append(per_case)
-    return plan
+
+
+def versions_order(n_versions: int, r: int, c: int, order: str, seed: int) -> list[int]:
+    """Round ``r``'s order of case ``c``'s versions (indices), balanced over the rounds so that an A/A cannot come out
+    faster or slower by order: ``alternate``, ``measure.interleave.balanced_order`` (A B, B A, B A, A B, ...);
+    ``random``, a shuffle seeded by ``seed``, the pair of rounds and the case, reversed in the pair's second round
+    (two versions: each first once in every pair of rounds; any number: each runs before each other one once, and a
+    linear drift cancels). Worked out per round, so no schedule of all the rounds is held."""
+    from perflab.measure.interleave import balanced_order
+
+    check_order(order)
+    if order == "alternate":
+        return balanced_order(range(n_versions), r)
+    indices = list(range(n_versions))
+    random.Random(f"{seed}:{r // 2}:{c}").shuffle(indices)
+    return indices[::-1] if r % 2 else indices
 
 
 def default_pairing(plan: Plan) -> str:
@@ -383,116 +405,186 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     """Run every case at every version, ``rounds`` times, into ``out_dir``'s store. ``pairing``: ``processes`` (each
     case at each version a process of its own, the versions' processes one after another) or ``blocks`` (each round
     one process that builds every case at every version and times them together, interleaved block by block, a
-    case's versions adjacent in each of its rounds). ``reuse``: (case, version) rows already stored are kept and not
-    run again (track); else a store holding any of them is refused (ab: rows timed together are not mixed with older
-    ones). ``on_event(kind, **info)``: "start" (total processes), "process_start" (case, version, round; blocks:
-    version None, the round's first case), "process_done" (the same, with its row; blocks: once a round, the row
-    None), "finish" (summary). ``record``: more to keep in the run's sweep record (the threshold its report judges
-    by)."""
-    from perflab.measure.harness import merge_processes
+    case's versions adjacent in each of its rounds). The versions' order in each round is balanced
+    (``versions_order``), and each row keeps the places its version took (``process_positions``). ``reuse``: (case,
+    version) rows already stored and measured ok are kept and not run again (track; a failed row is run again and
+    replaced); else a store holding any of them is refused (ab: rows timed together are not mixed with older ones). A
+    store of another kind of run (a sweep's, or track's for ab) is refused. ``on_event(kind, **info)``: "start" (total
+    processes), "process_start" (case, version, round; blocks: version None, the round's first case), "process_done"
+    (the same, with its row; blocks: once a round, the row None, and its ``rows`` with their ``row_versions``),
+    "finish" (summary). ``record``: more to keep in the
+    run's sweep record (the threshold its report judges by). A full disk is one PerflabError naming the store and
+    what it keeps."""
     from perflab.sweep.launcher import choose_launcher
-    from perflab.sweep.runner import (Forks, _one_sweep_at_a_time, _sigterm_as_interrupt, _slots, case_timeout, run_case_in_subprocess,
-                                      worker_args)
-    from perflab.sweep.store import Store, store_path
+    from perflab.sweep.runner import _one_sweep_at_a_time, _slots, case_timeout
+    from perflab.sweep.store import Store, disk_full, run_kinds, store_path
 
     emit = on_event or (lambda kind, **info: None)
     out_dir = Path(out_dir)
-    if rounds < 1:
-        raise PerflabError(f"--rounds must be at least 1, got {rounds}")
+    check_rounds(rounds)
+    check_order(order)
     check_pairing(pairing, any(v.kind == "python" for v in plan.versions), plan.cases)
-    schedule = round_order(len(plan.versions), rounds, len(plan.cases), order, seed)
     experiment = plan.versions[0].experiment
     _slots(experiment, None, 1)  # CUDA cases where CUDA is not: one line now, not an error row a process
     timeout_s = case_timeout(experiment, timeout_s)
     launcher = choose_launcher(launcher)
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
         with Store.open(out_dir) as store:
+            other = sorted(run_kinds(store) - {kind})
             stored = sum(len(store.statuses(v.env_key)) for v in plan.versions)
+        if other:
+            raise PerflabError(f"{out_dir} holds the results of {' and '.join(_KIND_WORDS.get(k, k) for k in other)}, not of {kind}: a store "
+                               f"holds one kind of run (its report and compare read one); give {kind} another --out")
         if stored and not reuse:
             raise PerflabError(f"{out_dir} already holds {stored} row(s) of these versions; give another --out")
     session = uuid.uuid4().hex[:12]
     summary = VersionsSummary(out_dir, session, plan.versions, plan.cases, rounds, pairing)
-    with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
-        todo = set()
-        for v in plan.versions:
-            statuses = store.statuses(v.env_key)
-            for case in v.experiment.cases:
-                if case.id in statuses:
-                    summary.reused += 1
-                else:
-                    todo.add((case.id, v.key))
-            store.put_environment(v.env_key, v.env)
-        spec = dict(experiment.to_json(), versions=[v.info() for v in plan.versions], kind=kind, rounds=rounds, order=order,
-                    seed=seed, session=session, pairing=pairing, **(record or {}))
-        sweep_id = store.begin_sweep(command=command, spec_source=experiment.source, spec_text=experiment.text, experiment=spec,
-                                     env_key=",".join(v.env_key for v in plan.versions),
-                                     n_cases=len(plan.cases) * len(plan.versions), n_skipped=summary.reused)
-        blocks = pairing == "blocks"
-        per_round = sum(1 for c in plan.cases for v in plan.versions if (c.id, v.key) in todo)
-        emit("start", total=(min(per_round, 1) if blocks else per_round) * rounds, reused=summary.reused, versions=plan.versions,
-             rounds=rounds)
-        forks: dict[str, Forks] = {}
-        runs: dict[tuple[str, str], list] = {}  # (case id, version key) → (start time, index into processes) per round
-        processes: list[dict] = []  # every process's row of this run, in the order they ran (blocks: a row per case per version)
-
-        def fork_of(v: Version):
-            return forks.setdefault(v.python, Forks(str(out_dir), python=v.python, env=v.worker_env or None)) if launcher == "fork" else None
-
-        def done(c: int, vi: int, r: int, started: float, row: dict) -> None:
-            v = plan.versions[vi]
-            case, vcase = plan.cases[c], v.experiment.cases[c]
-            runs.setdefault((case.id, v.key), []).append((started, len(processes)))
-            processes.append(row)
-            if r == rounds - 1:
-                merged = _merge(vcase, runs.pop((case.id, v.key)), processes, merge_processes)
-                merged["version"] = dict(v.info(), session=session, rounds=rounds, order=order, position=vi, kind_of_run=kind,
-                                         pairing=pairing)
-                store.put(merged, v.env_key, sweep_id=sweep_id, worker="w0")
-                summary.rows[(case.id, v.key)] = merged
-                summary.stored += 1
-
-        outcome = "interrupted"
-        try:
-            with _sigterm_as_interrupt():
-                for r in range(rounds):
-                    jobs = [(c, vi) for c, case in enumerate(plan.cases) for vi in schedule[r][c] if (case.id, plan.versions[vi].key) in todo]
-                    if blocks and jobs:
-                        emit("process_start", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r)
-                        started = time.time()
-                        rows = _run_together(plan, jobs, r, out_dir, timeout_s * len(jobs), seed, fork_of(plan.versions[0]),
-                                             worker_args(plan.versions[0].experiment, out_dir), run_case_in_subprocess)
-                        summary.done += 1
-                        for (c, vi), row in zip(jobs, rows):
-                            done(c, vi, r, started, row)
-                        emit("process_done", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r,
-                             row=None, rows=rows)
-                        continue
-                    for c, vi in jobs:
-                        v = plan.versions[vi]
-                        vcase = v.experiment.cases[c]
-                        emit("process_start", case=vcase, version=v, round=r)
-                        args = worker_args(v.experiment, out_dir) + ["--flops-cache", str((out_dir / "flops" / v.env_key).resolve())]
-                        started = time.time()
-                        row, _ = run_case_in_subprocess(vcase, out_dir, timeout_s, dict(v.env, device=vcase.device), extra_args=args,
-                                                        forks=fork_of(v), python=v.python, worker_env=_worker_env(v),
-                                                        tag=f"-{v.slug}-r{r}")
-                        summary.done += 1
-                        done(c, vi, r, started, row)
-                        emit("process_done", case=vcase, version=v, round=r, row=row)
-            outcome = "complete"
-        except KeyboardInterrupt:
-            summary.interrupted = True
-        finally:
-            emit("finish", summary=summary)
-            for fork in forks.values():
-                fork.close()
-            store.end_sweep(sweep_id, outcome, summary.stored)
-            with contextlib.suppress(OSError):
-                (out_dir / "tmp").rmdir()
-        for v in plan.versions:  # the rows this run reused, read back for the comparison
-            for row in store.rows(v.env_key):
-                summary.rows.setdefault((row["case_id"], v.key), row)
+    try:
+        with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
+            _run_rounds(plan, store, summary, out_dir, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=reuse,
+                        command=command, kind=kind, emit=emit, launcher=launcher, record=record, pairing=pairing)
+    except (sqlite3.OperationalError, OSError) as exc:
+        if not disk_full(exc):
+            raise
+        again = ("run ab again with another --out (ab does not add rows to a store that holds its versions)" if kind == "ab" else
+                 f"run {kind} again: it reuses the rows stored")
+        raise PerflabError(f"{store_path(out_dir)}: the disk is full ({exc}); the store keeps the rows it held before and the "
+                           f"{summary.stored} row(s) of this run stored before it (each committed when its case's last round "
+                           f"ended; what was in flight is not stored). Free space, then {again}") from None
     return summary
+
+
+_KIND_WORDS = {"sweep": "a sweep", "ab": "an ab run", "track": "a track run"}
+
+
+def reusable(row: dict, version: Version) -> bool:
+    """Whether a stored row may stand for ``version`` in a later run: measured ok, and stored as this version's."""
+    return row.get("status") == "ok" and (row.get("version") or {}).get("key") == version.key
+
+
+def to_run(store, versions: list[Version], reuse: bool) -> tuple[set, set, int]:
+    """(the (case id, version key) pairs to run, those of them whose stored row the new one replaces, how many stored
+    rows are reused). ``reuse``: a stored row that is ``reusable`` is kept; any other (a failed row, or one stored under
+    this version's key that is not its own) is measured again and replaced."""
+    todo, replace, reused = set(), set(), 0
+    for v in versions:
+        present = store.statuses(v.env_key)
+        kept = {row["case_id"]: row for row in store.rows(v.env_key)} if reuse else {}
+        for case in v.experiment.cases:
+            if case.id in kept and reusable(kept[case.id], v):
+                reused += 1
+                continue
+            todo.add((case.id, v.key))
+            if case.id in present:
+                replace.add((case.id, v.key))
+    return todo, replace, reused
+
+
+def _run_rounds(plan: Plan, store, summary: VersionsSummary, out_dir: Path, *, rounds: int, order: str, seed: int, timeout_s: float,
+                reuse: bool, command: str, kind: str, emit, launcher: str, record: dict | None, pairing: str) -> None:
+    """``run_versions``' rounds, into the open ``store``."""
+    from perflab.measure.harness import merge_processes
+    from perflab.sweep.runner import Forks, _sigterm_as_interrupt, run_case_in_subprocess, worker_args
+
+    experiment = plan.versions[0].experiment
+    session = summary.session
+    todo, replace, summary.reused = to_run(store, plan.versions, reuse)
+    for v in plan.versions:
+        store.put_environment(v.env_key, v.env)
+    spec = dict(experiment.to_json(), versions=[v.info() for v in plan.versions], kind=kind, rounds=rounds, order=order,
+                seed=seed, session=session, pairing=pairing, **(record or {}))
+    sweep_id = store.begin_sweep(command=command, spec_source=experiment.source, spec_text=experiment.text, experiment=spec,
+                                 env_key=",".join(v.env_key for v in plan.versions),
+                                 n_cases=len(plan.cases) * len(plan.versions), n_skipped=summary.reused)
+    blocks = pairing == "blocks"
+    per_round = sum(1 for c in plan.cases for v in plan.versions if (c.id, v.key) in todo)
+    emit("start", total=(min(per_round, 1) if blocks else per_round) * rounds, reused=summary.reused, versions=plan.versions,
+         rounds=rounds)
+    forks: dict = {}
+    runs: dict[tuple[str, str], list] = {}  # (case id, version key) → (start time, index into processes, places) per round
+    processes: list[dict] = []  # every process's row of this run, in the order they ran (blocks: a row per case per version)
+
+    def fork_of(v: Version):
+        return forks.setdefault(v.python, Forks(str(out_dir), python=v.python, env=v.worker_env or None)) if launcher == "fork" else None
+
+    def done(c: int, vi: int, r: int, started: float, row: dict, places: list[int] | None) -> None:
+        v = plan.versions[vi]
+        case, vcase = plan.cases[c], v.experiment.cases[c]
+        runs.setdefault((case.id, v.key), []).append((started, len(processes), places))
+        processes.append(row)
+        if r == rounds - 1:
+            merged = _merge(vcase, runs.pop((case.id, v.key)), processes, merge_processes)
+            merged["version"] = dict(v.info(), session=session, rounds=rounds, order=order, position=vi, kind_of_run=kind,
+                                     pairing=pairing)
+            store.put(merged, v.env_key, sweep_id=sweep_id, worker="w0", replace=(case.id, v.key) in replace)
+            summary.rows[(case.id, v.key)] = merged
+            summary.stored += 1
+
+    outcome = "interrupted"
+    try:
+        with _sigterm_as_interrupt():
+            for r in range(rounds):
+                jobs = [(c, vi) for c, case in enumerate(plan.cases)
+                        for vi in versions_order(len(plan.versions), r, c, order, seed) if (case.id, plan.versions[vi].key) in todo]
+                if blocks and jobs:
+                    emit("process_start", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r)
+                    started = time.time()
+                    rows = _run_together(plan, jobs, r, out_dir, timeout_s * len(jobs), seed, fork_of(plan.versions[0]),
+                                         worker_args(plan.versions[0].experiment, out_dir), run_case_in_subprocess)
+                    summary.done += 1
+                    places = block_places(rows, [c for c, _ in jobs])
+                    for (c, vi), row, these in zip(jobs, rows, places):
+                        done(c, vi, r, started, row, these)
+                    emit("process_done", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r,
+                         row=None, rows=rows, row_versions=[plan.versions[vi] for _, vi in jobs])
+                    continue
+                for c, vi in jobs:
+                    v = plan.versions[vi]
+                    vcase = v.experiment.cases[c]
+                    emit("process_start", case=vcase, version=v, round=r)
+                    args = worker_args(v.experiment, out_dir) + ["--flops-cache", str((out_dir / "flops" / v.env_key).resolve())]
+                    started = time.time()
+                    row, _ = run_case_in_subprocess(vcase, out_dir, timeout_s, dict(v.env, device=vcase.device), extra_args=args,
+                                                    forks=fork_of(v), python=v.python, worker_env=_worker_env(v),
+                                                    tag=f"-{v.slug}-r{r}")
+                    summary.done += 1
+                    done(c, vi, r, started, row, [[w for cc, w in jobs if cc == c].index(vi)])
+                    emit("process_done", case=vcase, version=v, round=r, row=row)
+        outcome = "complete"
+    except KeyboardInterrupt:
+        summary.interrupted = True
+    except BaseException:
+        outcome = "failed"
+        raise
+    finally:
+        emit("finish", summary=summary)
+        for fork in forks.values():
+            fork.close()
+        # a run that failed on a full disk may not record its end either: its own error is the one to tell
+        with contextlib.suppress(sqlite3.OperationalError) if outcome == "failed" else contextlib.nullcontext():
+            store.end_sweep(sweep_id, outcome, summary.stored)
+        with contextlib.suppress(OSError):
+            (out_dir / "tmp").rmdir()
+    for v in plan.versions:  # the rows this run reused, read back for the comparison
+        for row in store.rows(v.env_key):
+            if (row.get("version") or {}).get("key") == v.key:
+                summary.rows.setdefault((row["case_id"], v.key), row)
+
+
+def block_places(rows: list[dict], groups: list) -> list[list[int] | None]:
+    """For each row of a blocks round (``groups``: each row's case), the place its block took beside the other versions'
+    blocks of its case in each interleaved round it timed, in its samples' order (0: first), read from when each block
+    began (``sample_started_s``, comparable within one interleaved session); None for a row without timed blocks."""
+    began: dict[tuple, list[tuple[float, int]]] = {}
+    for k, row in enumerate(rows):
+        for t, j in zip(row.get("sample_started_s") or [], row.get("sample_rounds") or []):
+            began.setdefault((groups[k], row.get("session"), j), []).append((t, k))
+    place = {}
+    for key, blocks in began.items():
+        for p, (_, k) in enumerate(sorted(blocks)):
+            place[(k, key[2])] = p
+    return [[place[(k, j)] for j in row["sample_rounds"]] if row.get("sample_started_s") and row.get("sample_rounds") else None
+            for k, row in enumerate(rows)]
 
 
 def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path, timeout_s: float, seed: int, fork, args: list[str],
@@ -534,12 +626,12 @@ def _worker_env(version: Version) -> dict:
     return dict(version.worker_env) if version.kind == "python" else sweep_env("w0", 1)
 
 
-def _merge(case: Case, runs: list[tuple[float, int]], processes: list[dict], merge_processes) -> dict:
+def _merge(case: Case, runs: list[tuple[float, int, list[int] | None]], processes: list[dict], merge_processes) -> dict:
     """One row from a case's processes at one version (rounds in order, indices into ``processes``, every process of the
     run so far): merged as ``bench --processes`` merges, with each round's host flags (``process_flags``)."""
     from perflab.measure.canary import CANARY_KEY, mark_host_flags
 
-    rows = [processes[i] for _, i in runs]
+    rows = [processes[i] for _, i, _ in runs]
     if len(rows) == 1:
         merged = dict(rows[0])
         if merged.get("status") == "ok":
@@ -547,11 +639,14 @@ def _merge(case: Case, runs: list[tuple[float, int]], processes: list[dict], mer
             merged["processes"] = 1
     else:
         merged = merge_processes([case], [[row] for row in rows], read_peaks=False)[0]
-    merged["process_started_at"] = [t for t, _ in runs]
+    merged["process_started_at"] = [t for t, _, _ in runs]
+    # the order used: per round, the place this version took among its case's versions in each of the round's pairings
+    # (processes: its process's place in the round; blocks: its block's in each interleaved round); 0 is first
+    merged["process_positions"] = [places for _, _, places in runs]
     # Each round's host flags, for the pairs: host_contention (its own wait for a CPU) and host_drift (its canary against
     # the median canary of every process of this run, whatever its case and version: the canary runs the same code)
     judged = mark_host_flags(processes, group=lambda row: "run")
-    merged["process_flags"] = [list(judged[i].get("flags") or []) for _, i in runs]
+    merged["process_flags"] = [list(judged[i].get("flags") or []) for _, i, _ in runs]
     merged["process_canary_us"] = [row.get(CANARY_KEY) for row in rows]
     if any(row.get("worker_pid") for row in rows):  # blocks: the process and the interleaved session each round's blocks ran in
         merged["process_pids"] = [row.get("worker_pid") for row in rows]
@@ -595,13 +690,14 @@ class VersionsProgress:
         what = f"{version.name}: {case.label()}" if version is not None else "every version's cases, interleaved"
         self.progress.update(self.task, description=escape(f"round {round + 1}, {what}"[:120]))
 
-    def _process_done(self, case, version, round, row, rows=None):
+    def _process_done(self, case, version, round, row, rows=None, row_versions=None):
         from rich.markup import escape
 
         self.progress.advance(self.task)
-        for row in [row] if rows is None else rows:
+        rows = [row] if rows is None else rows
+        for row, of in zip(rows, row_versions or [version] * len(rows)):
             if row.get("status") != "ok":
-                who = f"{version.name} " if version is not None else ""
+                who = f"{of.name} " if of is not None else ""
                 self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(who)}round {round + 1}: "
                                             f"{escape(str(row.get('label') or case.label()))}: {escape(str(row.get('message')))}", soft_wrap=True)
 

@@ -109,9 +109,14 @@ def _passes(case, row: dict, args, tag: str = "") -> None:
 def _run_together(entries: list[dict], args) -> list[dict]:
     """Several cases timed together in this process (``perflab ab``'s blocks pairing): each entry is a case with the
     directory its model references are read in (``model_root``: its version's worktree) and a ``group`` (the cases
-    compared, the versions of one case: adjacent in every round of the interleaved order). Each case is built in its
-    own ``ModelScope``, so two revisions of one model file import side by side; a built-in model is built once per
-    entry. Returns their rows in the entries' order, each with this process's id (``worker_pid``)."""
+    compared, the versions of one case: adjacent in every round of the interleaved order, their order balanced over
+    the rounds). Each case is built in its own ``ModelScope``, so two revisions of one model file import side by side;
+    a built-in model is built once per entry. Returns their rows in the entries' order, each with this process's id
+    (``worker_pid``).
+
+    A case whose own input fails here (its model does not import or build at its version, a field only this process
+    can check) gets its own failed row, and the others are timed without it: one version's broken model must not stand
+    in for another's row. A failure no one case raised (a lost CUDA context, a crash of the session) fails every row."""
     from perflab.errors import CudaContextLost, ModelLoadError, PerflabError
     from perflab.measure.harness import run_cases
     from perflab.measure.pinning import HostOptions
@@ -119,22 +124,73 @@ def _run_together(entries: list[dict], args) -> list[dict]:
     from perflab.spec import Case
 
     cases = [Case.from_dict(e["case"]) for e in entries]
-    scopes = [ModelScope(e["model_root"]) if e.get("model_root") else None for e in entries]
-    try:
-        rows = run_cases(cases, host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index), seed=args.seed,
-                         groups=[e["group"] for e in entries], scopes=scopes, on_case=lambda i, case, stage: _log_stage(stage))
-        for k, (case, row) in enumerate(zip(cases, rows)):
-            with scopes[k] or contextlib.nullcontext():
-                _passes(case, row, args, tag=f"-{k}")
-    except PerflabError as exc:  # input only this process could see, or a lost CUDA context: every case's row says so
-        status = "error" if isinstance(exc, (ModelLoadError, CudaContextLost)) else "invalid"
-        rows = [_failed_row(c, status, str(exc)) for c in cases]
-    except Exception as exc:
-        traceback.print_exc()
-        rows = [_failed_row(c, "error", f"{type(exc).__name__}: {first_line(exc)}") for c in cases]
+    scopes = [_CaseScope(k, ModelScope(e["model_root"]) if e.get("model_root") else None) for k, e in enumerate(entries)]
+    rows: list[dict | None] = [None] * len(cases)
+    remaining = list(range(len(cases)))
+    while remaining:
+        try:
+            timed = run_cases([cases[k] for k in remaining], host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index),
+                              seed=args.seed, groups=[entries[k]["group"] for k in remaining], scopes=[scopes[k] for k in remaining],
+                              on_case=lambda i, case, stage: _log_stage(stage), balanced=True)
+            for k, row in zip(remaining, timed):
+                with scopes[k]:
+                    _passes(cases[k], row, args, tag=f"-{k}")
+                rows[k] = row
+            break
+        except PerflabError as exc:  # input only this process could see, or a lost CUDA context
+            status = "error" if isinstance(exc, (ModelLoadError, CudaContextLost)) else "invalid"
+            culprit = getattr(exc, _CASE_ATTR, None)
+            if isinstance(exc, CudaContextLost) or culprit not in remaining:  # no one case's: every row says so
+                for k in remaining:
+                    rows[k] = _failed_row(cases[k], status, str(exc))
+                break
+            _log_stage(f"case {culprit} failed ({first_line(exc)}); timing the others without it")
+            rows[culprit] = _failed_row(cases[culprit], status, str(exc))
+            remaining.remove(culprit)
+            _release_built()
+        except Exception as exc:
+            traceback.print_exc()
+            for k in remaining:
+                rows[k] = _failed_row(cases[k], "error", f"{type(exc).__name__}: {first_line(exc)}")
+            break
     for row in rows:
         row["worker_pid"] = os.getpid()
     return rows
+
+
+def _release_built() -> None:
+    """What the failed attempt built (its models, held in reference cycles) freed before the others are built again."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+_CASE_ATTR = "perflab_together_case"  # the index of the together entry whose own work raised a PerflabError
+
+
+class _CaseScope:
+    """Entry ``index``'s scope (its ``ModelScope``, or none), reusable as ``run_cases`` enters it around each piece of
+    that case's own work: a PerflabError raised inside it is marked as this entry's (the innermost scope marks it)."""
+
+    def __init__(self, index: int, scope):
+        self.index = index
+        self.scope = scope
+
+    def __enter__(self):
+        if self.scope is not None:
+            self.scope.__enter__()
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        from perflab.errors import PerflabError
+
+        if isinstance(exc, PerflabError) and not hasattr(exc, _CASE_ATTR):
+            setattr(exc, _CASE_ATTR, self.index)
+        return self.scope.__exit__(kind, exc, tb) if self.scope is not None else False
 
 
 def cost_split(stages: list[tuple[str, float]], started: float, ended: float, age_at_start: float | None) -> dict:

@@ -3,12 +3,13 @@
 Profiling is a separate pass from timing: the timed numbers come from the harness with no profiler, and
 the profiled pass reports how much the profiler inflated the step (traced step time ÷ untraced median).
 
-In a profiled pass each step runs inside a ``step`` annotation and ends with a device synchronisation, so
+Every trace is recorded by one :class:`Tracer`: warm-up steps thrown away, then each recorded step in torch's
+``ProfilerStep#n`` range. In a profiled pass each step ends with a device synchronisation, so
 that each step window holds its own GPU work (the windows tile the timeline). In eager mode the model's
 stages are annotated too (``block3.attn``, ``block3.reduce``, ``block3.mlp``, ...; a GPT's ``attn.scores``,
 ``attn.softmax``, ``attn.final_matmul``); compiled and graph modes run without them (annotations would break
 the graph). A training step marks its passes ``forward``, ``backward`` and ``optimizer`` in eager and compiled
-modes (outside the compiled model); in a CUDA graph every kernel falls in ``step``.
+modes (outside the compiled model); in a CUDA graph every kernel falls in the step's range.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -69,28 +71,127 @@ def _activities(device: str) -> list:
     return acts
 
 
+class Tracer:
+    """perflab's one torch.profiler session: ``warmup`` steps recorded and thrown away, then ``steps`` steps recorded,
+    each in torch's own ``ProfilerStep#n`` range (the trace's step windows), then stopped and written to ``trace_path``.
+
+    The warm-up exists because a profiler's first steps are not the program's: CUPTI's and Kineto's start-up land in
+    them (on nanoGPT's 105 ms step, the first three profiled iterations took 1250, 311 and 197 ms), which is why
+    ``torch.profiler.schedule`` has a warm-up. Call :meth:`start` at a step boundary, :meth:`step` at every following
+    boundary (it returns True once the recorded steps are written), and :meth:`stop` to end early or after.
+    libkineto's stage lines are kept off the program's stderr around each of the profiler's own calls."""
+
+    def __init__(self, trace_path, device: str, steps: int, warmup: int = 1, record_shapes: bool = True, with_stack: bool = False,
+                 own_step_ranges: bool = False):
+        if steps < 1:
+            raise PerflabError(f"steps to trace must be at least 1, got {steps}")
+        if warmup < 0:
+            raise PerflabError(f"profiler warm-up steps must be at least 0, got {warmup}")
+        self.trace_path = Path(trace_path)
+        self.device, self.steps, self.warmup = device, steps, warmup
+        self.record_shapes, self.with_stack = record_shapes, with_stack
+        # own_step_ranges: a step is one call (``begin_step`` .. ``end_step``), not boundary to boundary, so the tracer
+        # opens each recorded step's ProfilerStep#n range itself instead of torch opening one at every boundary
+        self.own_step_ranges = own_step_ranges
+        self.boundaries = 0  # steps ended since start()
+        self.written = False
+        self._discard = False  # stopped before the recorded steps ended: what torch hands over is not written
+        self._prof = None
+        self._range = None
+
+    @property
+    def profiler(self):
+        return self._prof
+
+    @property
+    def active(self) -> bool:
+        """Between start() and the end of the recorded steps (or stop())."""
+        return self._prof is not None
+
+    @property
+    def recording(self) -> bool:
+        """The step now running is one of the recorded ones (not the warm-up)."""
+        return self.active and self.warmup <= self.boundaries < self.warmup + self.steps
+
+    def owns(self, prof) -> bool:
+        return prof is not None and prof is self._prof
+
+    def start(self) -> None:
+        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        # repeat=1: after the recorded steps the profiler stops; a repeating schedule would start a new cycle and
+        # export only that cycle's few events
+        with warnings.catch_warnings():  # torch warns of a schedule without warm-up: the shapes pass wants none
+            warnings.simplefilter("ignore")
+            sched = schedule(wait=0, warmup=self.warmup, active=self.steps, repeat=1)
+        self._prof = torch.profiler.profile(activities=_activities(self.device), record_shapes=self.record_shapes, with_stack=self.with_stack,
+                                            schedule=sched, on_trace_ready=self._export)
+        if self.own_step_ranges:
+            self._prof.record_steps = False  # the schedule without torch's boundary-to-boundary step ranges
+        with quiet_profiler():
+            self._prof.start()
+
+    def begin_step(self) -> None:
+        """A call source's step begins: a recorded step opens its ``ProfilerStep#n`` range."""
+        if self._prof is not None and self.recording and self._range is None:
+            self._range = record_function(f"ProfilerStep#{self.boundaries}")
+            self._range.__enter__()
+
+    def end_step(self) -> bool:
+        """A call source's step ends: its range closed, then as :meth:`step`."""
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+        return self.step()
+
+    def _export(self, prof) -> None:
+        if self._discard:
+            return
+        prof.export_chrome_trace(str(self.trace_path))
+        self.written = True
+
+    def step(self) -> bool:
+        """A step boundary: the step that ran is closed and the next opened; True once the recorded steps are written
+        (the profiler is then stopped)."""
+        if self._prof is None:
+            return self.written
+        self.boundaries += 1
+        with warnings.catch_warnings(), quiet_profiler():  # torch's "Profiler clears events at the end of each cycle": not ours
+            warnings.simplefilter("ignore")
+            self._prof.step()
+        if self.boundaries >= self.warmup + self.steps:
+            self.stop()
+        return self.written
+
+    def stop(self) -> None:
+        """Stop now (idempotent). Steps recorded but not yet written are dropped: a partial trace is not a trace."""
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+        self._discard = self.boundaries < self.warmup + self.steps
+        with warnings.catch_warnings(), quiet_profiler():
+            warnings.simplefilter("ignore")
+            prof.stop()
+
+
 def record_steps(step: Callable[[], object], trace_path: Path, device: str, steps: int = 5, warmup: int = 1) -> CaptureResult:
-    """Run ``warmup`` + ``steps`` calls of ``step`` under torch.profiler and write the active window."""
-    trace_path = Path(trace_path)
-    trace_path.parent.mkdir(parents=True, exist_ok=True)
+    """Run ``warmup`` + ``steps`` calls of ``step`` under the tracer and write the recorded ones; each step ends with
+    a device synchronisation, so that each step window holds its own GPU work (the windows tile the timeline)."""
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    # repeat=1: after the active window the profiler stops; a repeating schedule would start a new cycle
-    # and export only that cycle's few events.
-    sched = schedule(wait=0, warmup=warmup, active=steps, repeat=1)
-    with quiet_profiler(), torch.profiler.profile(
-        activities=_activities(device),
-        record_shapes=True,
-        schedule=sched,
-        on_trace_ready=lambda prof: prof.export_chrome_trace(str(trace_path)),
-    ) as prof:
+    tracer = Tracer(trace_path, device, steps=steps, warmup=warmup)
+    tracer.start()
+    try:
         for _ in range(warmup + steps):
-            with record_function("step"):
-                step()
-                sync()
-            prof.step()
-    if not trace_path.exists():
+            step()
+            sync()
+            tracer.step()
+    finally:
+        tracer.stop()
+    if not tracer.written or not tracer.trace_path.exists():
         raise PerflabError(f"the profiler wrote no trace to {trace_path}")
-    return CaptureResult(trace_path, steps, device)
+    return CaptureResult(tracer.trace_path, steps, device)
 
 
 def profile_case(case, trace_path: Path, steps: int = 5, by_module: bool = False) -> CaptureResult:
@@ -135,42 +236,22 @@ class StepProfiler:
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.trace_path = Path(out) if out else Path("perflab-profile.json.gz")
         self._count = 0
-        self._prof = None
-        self._stack = contextlib.ExitStack()
+        self._tracer = Tracer(self.trace_path, "cuda" if self.cuda else "cpu", steps=steps, warmup=warmup)
 
     def __enter__(self) -> "StepProfiler":
-        device = "cuda" if self.cuda else "cpu"
-        sched = schedule(wait=0, warmup=self.warmup, active=self.steps, repeat=1)
-        self._prof = torch.profiler.profile(
-            activities=_activities(device), record_shapes=True, schedule=sched,
-            on_trace_ready=lambda prof: prof.export_chrome_trace(str(self.trace_path)),
-        )
-        with quiet_profiler():  # around the profiler's own calls only: the user's loop keeps its stderr
-            self._stack.enter_context(self._prof)
-        self._open_step()
+        self._tracer.start()
         return self
-
-    def _open_step(self) -> None:
-        self._range = record_function("step")
-        self._range.__enter__()
 
     def step(self) -> None:
         if self._count >= self.warmup + self.steps:
             return
         if self.sync and self.cuda:
             torch.cuda.synchronize()
-        self._range.__exit__(None, None, None)
         self._count += 1
-        with quiet_profiler():
-            self._prof.step()
-        if self._count < self.warmup + self.steps:
-            self._open_step()
+        self._tracer.step()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self._count < self.warmup + self.steps:
-            self._range.__exit__(None, None, None)
-        with quiet_profiler():
-            self._stack.close()
+        self._tracer.stop()
         if exc_type is None:
             if self._count < self.warmup + self.steps:
                 raise PerflabError(
@@ -178,4 +259,3 @@ class StepProfiler:
                     "call p.step() once per step, or lower steps/warmup"
                 )
         return False
-

@@ -6,46 +6,48 @@ the thread that runs the step), and gloo runs each collective on a thread of its
 ``gloo:broadcast``, ... range). So compute = the main thread's operators, communication = gloo's ranges; the
 main thread waiting for a bucket (DDP's end of backward) is in no operator, and the communication it waits on is
 exposed. The pass ranges (``forward``, ``backward``, ``optimizer``: perflab's lm step marks them in a profiled
-pass) come back apart. Times are exact: the JSON's µs decimals are read as decimals, ns rounded half to even
-(``trace.kineto.us_text_to_ns``, as the kernel reader converts them).
+pass) come back apart. The trace is read by ``trace.kineto.load_kineto`` with its operators (``Trace.ops``: every
+thread's, with its tid; ``Trace.ranges``: the ``user_annotation`` ranges), so times are the reader's exact ns.
 
 Never imports torch.
 """
 
 from __future__ import annotations
 
-import collections
-import gzip
-import json
-from decimal import Decimal
-from pathlib import Path
-
+import numpy as np
 import pandas as pd
 
-from perflab.trace.kineto import us_text_to_ns
+from perflab.trace.kineto import load_kineto
 
 PASS_NAMES = ("forward", "backward", "optimizer")
 COLUMNS = ["name", "start_ns", "end_ns", "comm"]
 
 
 def cpu_rank_activities(path) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(activities: the main thread's operators and gloo's collectives, with ``comm``; the main thread's pass ranges)."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        events = json.load(f, parse_float=Decimal)["traceEvents"]
-    spans = [e for e in events if e.get("ph") == "X" and "ts" in e and "dur" in e]
-    ops = collections.Counter(e.get("tid") for e in spans if e.get("cat") == "cpu_op")
-    main = max(ops, key=ops.get) if ops else None  # the thread that ran the step: most operators
-    rows, passes = [], []
-    for e in spans:
-        name, start = str(e.get("name", "")), us_text_to_ns(e["ts"], path)
-        end = start + us_text_to_ns(e["dur"], path)
-        if e.get("cat") == "cpu_op" and e.get("tid") == main:
-            rows.append((name, start, end, False))
-        elif e.get("cat") == "user_annotation" and name.startswith("gloo:"):
-            rows.append((name, start, end, True))
-        elif e.get("cat") == "user_annotation" and name in PASS_NAMES and e.get("tid") == main:
-            passes.append((name, start, end))
-    table = pd.DataFrame(rows, columns=COLUMNS).astype({"start_ns": "int64", "end_ns": "int64", "comm": bool})
-    return table.sort_values("start_ns", kind="stable").reset_index(drop=True), pd.DataFrame(passes, columns=["name", "start_ns", "end_ns"])
+    """(activities: the main thread's operators and gloo's collectives, with ``comm``, by start (at one start: operators
+    before collectives, each in the trace's order); the main thread's pass ranges)."""
+    trace = load_kineto(path, ops=True)
+    ops, ranges = trace.ops, trace.ranges
+    main = _main_thread(ops["tid"].to_numpy())
+    range_names = ranges["name"].astype(str)
+    compute = ops[ops["tid"].to_numpy() == main]
+    comm = ranges[range_names.str.startswith("gloo:").to_numpy()]
+    passes = ranges[(range_names.isin(PASS_NAMES) & (ranges["tid"] == main)).to_numpy()]
+    table = pd.DataFrame({
+        "name": np.concatenate([compute["name"].astype(str).to_numpy(object), comm["name"].astype(str).to_numpy(object)]),
+        "start_ns": np.concatenate([compute["start_ns"].to_numpy(), comm["start_ns"].to_numpy()]),
+        "end_ns": np.concatenate([compute["end_ns"].to_numpy(), comm["end_ns"].to_numpy()]),
+        "comm": np.repeat([False, True], [len(compute), len(comm)]),
+    }, columns=COLUMNS).astype({"start_ns": "int64", "end_ns": "int64", "comm": bool})
+    passes = pd.DataFrame({"name": passes["name"].astype(str).to_numpy(object), "start_ns": passes["start_ns"].to_numpy(),
+                           "end_ns": passes["end_ns"].to_numpy()})
+    return table.sort_values("start_ns", kind="stable").reset_index(drop=True), passes
+
+
+def _main_thread(tids: np.ndarray) -> int | None:
+    """The thread that ran the step: the one with the most operators (the first met, of equals)."""
+    if not len(tids):
+        return None
+    values, first, counts = np.unique(tids, return_index=True, return_counts=True)
+    busiest = np.flatnonzero(counts == counts.max())
+    return int(values[busiest[np.argmin(first[busiest])]])

@@ -7,7 +7,10 @@ cuLaunchKernel(Ex), used by Triton and by cuBLAS's nvjet GEMMs on Hopper), and t
 and are skipped; so are python_function, flow and metadata events. torch's operators (``cpu_op``, with their
 ``Input Dims`` and ``Input type`` as recorded with ``record_shapes``) are read when asked (``ops=True``): a
 trace with no GPU activity is then accounted over its CPU operators (``trace.build``), a user's program's
-FLOPs are counted from its operators' shapes, and compiled regions are told from eager ones.
+FLOPs are counted from its operators' shapes, compiled regions are told from eager ones, and a CPU rank's
+compute and gloo collectives are read (``trace.cpu_ranks``). Each operator's ``Input Dims`` and ``Input
+type`` are decoded here, once per distinct text (``_Arguments``): the ``input_shapes`` and ``input_types``
+columns hold nested tuples, so nothing downstream parses JSON.
 
 **One reader, any layout.** The JSON is parsed by msgspec (typed decoding into Structs that name only
 the fields needed; every other key is skipped in C), so whitespace, key order, escapes, compact or
@@ -118,6 +121,7 @@ _GET_CAT, _GET_PH, _GET_NAME, _GET_ARGS = attrgetter("cat"), attrgetter("ph"), a
 _GET_PID, _GET_TID, _GET_TS, _GET_DUR = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("dur")
 _GET_CORRELATION, _GET_DEVICE, _GET_STREAM = attrgetter("correlation"), attrgetter("device"), attrgetter("stream")
 _GET_GRID, _GET_BLOCK = attrgetter("grid"), attrgetter("block")
+_GET_INPUT_DIMS, _GET_INPUT_TYPE = attrgetter("input_dims"), attrgetter("input_type")
 _NOT_DIGITS = bytes(c if 48 <= c <= 57 else 32 for c in range(256))
 
 
@@ -328,7 +332,7 @@ def _meta(path: Path, head_fields: _Head | None, tail: _Head) -> dict[str, Any]:
 GPU_KEYS = ("name", "kind", "process", "device", "stream", "start_ns", "dur_ns", "correlation", "dims")
 API_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "correlation")
 RANGE_KEYS = ("name", "process", "tid", "start_ns", "dur_ns")
-OP_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "input_dims", "input_type")
+OP_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "input_shapes", "input_types")
 
 
 class _Reader:
@@ -342,6 +346,7 @@ class _Reader:
         self.names = _NameTable()
         self.text_ids: dict[str, int] = {}
         self.dims: dict[bytes, list[int]] = {}
+        self.arguments = _Arguments()
         self.gpu: list[dict] = []
         self.api: list[dict] = []
         self.ranges: list[dict] = []
@@ -447,9 +452,10 @@ class _Reader:
         rows = np.flatnonzero(kind == OP_EVENT)
         if len(rows):
             op_args = [args[i] for i in rows.tolist()]
+            decoded = self.arguments.__getitem__
             self.ops.append({"name": name[rows], "process": pid[rows], "tid": tid[rows], "start_ns": start[rows], "dur_ns": dur[rows],
-                             "input_dims": np.array([bytes(a.input_dims) for a in op_args], dtype=object),
-                             "input_type": np.array([bytes(a.input_type) for a in op_args], dtype=object)})
+                             "input_shapes": np.fromiter(map(decoded, map(bytes, map(_GET_INPUT_DIMS, op_args))), object, len(rows)),
+                             "input_types": np.fromiter(map(decoded, map(bytes, map(_GET_INPUT_TYPE, op_args))), object, len(rows))})
 
     def _name_codes(self, events: list[_Event]) -> np.ndarray:
         raws = list(map(bytes, map(_GET_NAME, events)))
@@ -564,6 +570,27 @@ class _NameTable(dict):
         return code
 
 
+class _Arguments(dict):
+    """An operator's ``Input Dims`` or ``Input type`` (raw JSON text) decoded once per distinct text: a JSON array as
+    nested tuples (``[[8, 64], [64, 64], []]`` → ``((8, 64), (64, 64), ())``; immutable, so rows share them), None
+    where the event has no such key (shapes not recorded), () where its value is not an array."""
+
+    def __missing__(self, raw: bytes) -> tuple | None:
+        value = None
+        if raw:
+            try:
+                value = _as_tuples(msgspec.json.decode(raw))
+            except msgspec.DecodeError:  # (not reached: the raw text was decoded as part of the document)
+                pass
+            value = value if isinstance(value, tuple) else ()
+        self[raw] = value
+        return value
+
+
+def _as_tuples(value: Any) -> Any:
+    return tuple(map(_as_tuples, value)) if isinstance(value, list) else value
+
+
 def _cuts(buf: bytearray):
     """Candidate cuts ("}, {" between two events), the last first."""
     window = 1 << 16
@@ -584,7 +611,7 @@ def _cut_was_not_between_events(exc: msgspec.DecodeError) -> bool:
 
 def _concat(blocks: list[dict], keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     if not blocks:
-        empty = {"dims": np.zeros((0, 6), dtype=np.int64), "input_dims": np.zeros(0, dtype=object), "input_type": np.zeros(0, dtype=object)}
+        empty = {"dims": np.zeros((0, 6), dtype=np.int64), "input_shapes": np.zeros(0, dtype=object), "input_types": np.zeros(0, dtype=object)}
         return {k: empty.get(k, np.zeros(0, dtype=np.int64)) for k in keys}
     return {k: np.concatenate([b[k] for b in blocks]) for k in keys}
 

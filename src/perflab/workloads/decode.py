@@ -23,6 +23,7 @@ import torch
 from torch.profiler import record_function
 
 from perflab.errors import PerflabError
+from perflab.stats import percentile
 from perflab.workloads.base import Built, Implementation, config_overrides
 
 DEFAULT_BATCH_FACTORS = (2, 4, 8, 16)  # explain's batch fix: these multiples of the case's batch
@@ -210,7 +211,7 @@ class Decode(Implementation):
         return {
             "ttft_ms": times[0],
             "tpot_ms": statistics.fmean(per_token) if per_token else None,
-            "tpot_p90_ms": _p90(per_token) if per_token else None,
+            "tpot_p90_ms": percentile(per_token, 90) if per_token else None,
         }
 
     def analytic(self, case) -> dict:
@@ -423,9 +424,3 @@ def _event():
     import time
 
     return time.perf_counter()
-
-
-def _p90(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(0.9 * (len(ordered) - 1))))]
-

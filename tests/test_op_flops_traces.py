@@ -1,0 +1,47 @@
+"""FLOPs counted from the recorded operators (analysis.op_flops) on every committed Kineto trace: the whole trace and its
+steps' window, pinned as they were counted when op_flops parsed each operator's ``Input Dims`` text itself."""
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from perflab.analysis.op_flops import count_op_flops
+from perflab.trace.kineto import load_kineto
+
+DATA = Path(__file__).parent / "data"
+# (FLOPs over the whole trace, counted calls, FLOPs inside the steps' window, the dtype most FLOPs ran in, a digest of
+# both counts' every field: per operator and dtype, the uncounted operators, the heavy kernels' time)
+COUNTED = {
+    "cpu_only.json.gz": (0, 0, 0, None, "c48a2d8382a77867"),
+    "ranks_cpu/ddp_gloo_rank0.json.gz": (0, 0, 0, None, "47f0a808b93646b1"),
+    "ranks_cpu/ddp_gloo_rank1.json.gz": (0, 0, 0, None, "47f0a808b93646b1"),
+    "run/nanogpt_ddp_rank0_h100.json.gz": (32201785737216, 513, 32201785737216, "bf16", "9dd0c670346260f9"),
+    "run/nanogpt_ddp_rank1_h100.json.gz": (32201785737216, 513, 32201785737216, "bf16", "665ae86966b6de01"),
+    "run/nanogpt_h100.json.gz": (32201785737216, 513, 32201785737216, "bf16", "e2967040d44252df"),
+    "traces/by_module_lm_forward.json.gz": (3435738955776, 255, 3435738955776, "fp32", "fcd83df4b6b91070"),
+    "traces/compile_block.json.gz": (2516582400, 15, 2516582400, "fp32", "545e363af397c88f"),
+    "traces/cudagraph_vit.json.gz": (0, 0, 0, None, "7a163f32f0c1952a"),
+    "traces/decode_cudagraph.json.gz": (0, 0, 0, None, "63213dae6687e856"),
+    "traces/eager_vit.json.gz": (3560739840, 192, 3560739840, "bf16", "f7237b49120d5c96"),
+    "traces/lm_train_step_compile.json.gz": (29553065984, 74, 29553065984, "bf16", "4b5d4b28aba188af"),
+    "traces/lm_train_step_explicit.json.gz": (29418848256, 90, 29418848256, "bf16", "b8b79c3c0b9f261a"),
+    "traces/reduce_overhead.json.gz": (0, 0, 0, None, "309ed3e2e8ceb1a3"),
+    "traces/train_step.json.gz": (414449664, 15, 414449664, "fp32", "63a5b1db60b59cf0"),
+    "traces/two_streams.json.gz": (274877906944, 16, 274877906944, "fp32", "d58e2344809b623f"),
+}
+
+
+def test_every_committed_trace_is_pinned():
+    assert sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*.json.gz")) == sorted(COUNTED)
+
+
+@pytest.mark.parametrize("name", sorted(COUNTED))
+def test_the_flops_of_every_committed_trace_are_unchanged(name):
+    trace = load_kineto(DATA / name, ops=True)
+    whole = count_op_flops(trace.ops, kernels=trace.kernels)
+    window = (int(trace.steps["start_ns"].min()), int(trace.steps["end_ns"].max()) + 1) if len(trace.steps) else None
+    steps = count_op_flops(trace.ops, window=window, steps=max(len(trace.steps), 1), kernels=trace.kernels)
+    digest = hashlib.sha256(json.dumps([whole.to_dict(), steps.to_dict()], sort_keys=True).encode()).hexdigest()[:16]
+    assert (whole.flops, whole.counted_calls, steps.flops, whole.dtype, digest) == COUNTED[name]
