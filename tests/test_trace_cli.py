@@ -134,4 +134,5 @@ def test_a_cpu_only_trace_is_said_in_cpu_terms():
     assert f"CPU operators (torch's top-level, per thread) │ {ref['busy_ns'] / 1000:,.1f}" in text
     assert "between operators (the interpreter)" in text and "operator time, summed over 6 operators" in text
     assert "Top 3 operators by total time (share of all operator time)" in text and "Operator time by category" in text
-    assert "wall = operators + between operators + other" in text
+    assert "wall = operators + between operators, exact to the ns" in text  # no other idle in a CPU trace: no column for it
+    assert "ops: operators (torch's top-level, per thread)" in text

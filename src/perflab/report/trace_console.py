@@ -171,20 +171,24 @@ def steps_table(report: TraceReport) -> Table:
     steps = report.steps
     terms = terms_of(report)
     title = "per step" if report.accounting.has_step_annotations else "whole trace (no step annotations)"
-    parts = "operators + between operators + other" if terms.cpu_only else "busy + host-bound + kernel gap + other"
+    # a CPU trace's operators launch themselves: its idle is the time between them, and "other" only where there is any
+    other = not terms.cpu_only or bool((steps["kernel_gap_ns"] + steps["other_ns"]).any())
+    parts = f"operators + between operators{' + other' if other else ''}" if terms.cpu_only else "busy + host-bound + kernel gap + other"
     table = Table(title=f"Accounting {title} (µs): wall = {parts}, exact to the ns", header_style="bold")
     device = _device_column(report, table)
-    columns = (("step", "wall µs", terms.busy_column, "between µs", "other µs", "operators %", "operators") if terms.cpu_only else
-               ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"))
+    columns = ((("step", "wall µs", terms.busy_column, "between µs") + (("other µs",) if other else ()) + ("in ops %", "ops"))
+               if terms.cpu_only else ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"))
     for column in columns:
         table.add_column(column, justify="right")
+    if terms.cpu_only:
+        table.caption = "ops: operators (torch's top-level, per thread); in ops %: their share of the step's wall"
     for row in steps.head(MAX_STEP_ROWS).itertuples(index=False):
-        idle = ([_us(row.host_bound_ns), _us(row.kernel_gap_ns + row.other_ns)] if terms.cpu_only else
+        idle = ([_us(row.host_bound_ns)] + ([_us(row.kernel_gap_ns + row.other_ns)] if other else []) if terms.cpu_only else
                 [_us(row.host_bound_ns), _us(row.kernel_gap_ns), _us(row.other_ns)])
         table.add_row(*_cells(device, row, str(row.name), _us(row.wall_ns), _us(row.busy_ns), *idle, _pct(row.busy_ns, row.wall_ns),
                               f"{row.kernels:,}"))
     if len(steps) > MAX_STEP_ROWS:
-        table.caption = f"{len(steps) - MAX_STEP_ROWS} more steps in --json / --csv"
+        table.caption = "; ".join(filter(None, [table.caption, f"{len(steps) - MAX_STEP_ROWS} more steps in --json / --csv"]))
     return table
 
 
@@ -225,8 +229,8 @@ def ranges_table(report: TraceReport) -> Table:
     where = "innermost range of each operator" if terms.cpu_only else "innermost range of each launch"
     table = Table(title=f"{terms.time} per CPU range ({where})", header_style="bold")
     device = _device_column(report, table)
-    time, projected = ("operators µs", "projected µs") if terms.cpu_only else ("GPU µs", "GPU projected µs")
-    for column, justify in (("range", "left"), (terms.works, "right"), (time, "right"), ("GEMM %", "right"),
+    count, time, projected = ("ops", "ops µs", "projected µs") if terms.cpu_only else ("kernels", "GPU µs", "GPU projected µs")
+    for column, justify in (("range", "left"), (count, "right"), (time, "right"), ("GEMM %", "right"),
                             ("instances", "right"), ("CPU wall µs", "right"), (projected, "right")):
         table.add_column(column, justify=justify)
     for row in ranges.head(MAX_RANGE_ROWS).itertuples(index=False):
