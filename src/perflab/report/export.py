@@ -200,6 +200,8 @@ _FIELDS: dict[str, tuple[object, str]] = {
                                                  "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power")},
     **{key: (_Count, "a whole number, 1 or more") for key in INT_COLUMNS},
     "ci95_ms": (tuple[Optional[_Time], Optional[_Time]], f"[low, high] in ms, each {_TIME_RANGE}"),
+    "ci_ms": (tuple[Optional[_Time], Optional[_Time]], f"[low, high] in ms, each {_TIME_RANGE}"),  # ci95_ms's new name
+    "ci_coverage": (_Rate, "a coverage above 0 and at most 1"),
     "samples_ms": (list[_Time], f"a list of times in ms, each {_TIME_RANGE}"),
     "process_medians_ms": (list[Optional[_Time]], f"a list of process medians in ms, each {_TIME_RANGE} or null"),
     "keep_rate": (list[_Rate], "a list of keep rates, each above 0 and at most 1"),
