@@ -62,6 +62,8 @@ def test_oom_case_is_a_row_and_the_rest_run():
     "args,fragments",
     [
         (["--model", "deit_bse_patch16_224"], ["unknown model 'deit_bse_patch16_224'", "did you mean deit_base_patch16_224"]),
+        (["--model", "nope"], ["unknown model 'nope'; known models: image deit_tiny_patch16_224", "language gpt_small", "decode llama2_7b",
+                               "llama3_8b", "hf:DIR"]),  # every family's, not the image models' alone
         (["--model", "topk_deit_base_patch16_224", "--keep-rate", "0", "--reduction-loc", "3"], ["keep rate 0 is outside (0, 1]"]),
         (["--model", "topk_deit_base_patch16_224", "--keep-rate", "1.5", "--reduction-loc", "3"], ["keep rate 1.5 is outside (0, 1]"]),
         (["--model", "topk_deit_base_patch16_224", "--keep-rate", "0.1", "--reduction-loc", "3", "12"], ["reduction location 12 is beyond the depth"]),
@@ -77,7 +79,7 @@ def test_oom_case_is_a_row_and_the_rest_run():
         (["--modle", "x"], ["No such option"]),
         ([], ["--model"]),
     ],
-    ids=["unknown-model", "keep-rate-0", "keep-rate-1.5", "loc-beyond-depth", "size-not-divisible", "no-cuda", "bad-dtype",
+    ids=["unknown-model", "unknown-model-far", "keep-rate-0", "keep-rate-1.5", "loc-beyond-depth", "size-not-divisible", "no-cuda", "bad-dtype",
          "bad-mode", "cudagraph-on-cpu", "bad-format", "non-integer", "missing-keep-rate", "keep-rate-on-baseline", "bad-flag", "no-model"],
 )
 def test_bad_input_gives_one_line_and_exit_2(args, fragments):

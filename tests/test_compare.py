@@ -186,3 +186,78 @@ def test_compare_takes_a_batch_size_per_side():
     from perflab.cli import expand_multi_value_options
 
     assert expand_multi_value_options(["--batch-size", "1", "64"]) == ["--batch-size", "1", "--batch-size", "64"]
+
+
+# CPU-only traces (torch.profiler on the CPU, as perflab run and profile record there): operators, not kernels
+
+CPU_ONLY_TRACE = Path(__file__).parent / "data" / "cpu_only.json.gz"
+
+
+def _cpu_trace_with_a_slower_first_matmul(path: Path, extra_us: float) -> None:
+    """The CPU-only trace with its first step's matmul (and mm) ``extra_us`` longer, everything after it later by as much."""
+    import gzip
+    import json
+
+    data = json.load(gzip.open(CPU_ONLY_TRACE))
+    events = [e for e in data["traceEvents"] if e.get("ph") == "X"]
+    first_matmul = min(e["ts"] for e in events if e["name"] == "aten::matmul")
+    for e in events:
+        if e["name"] in ("aten::matmul", "aten::mm") and e["ts"] < first_matmul + 100:
+            e["dur"] += extra_us
+        elif e["ts"] > first_matmul + 100:
+            e["ts"] += extra_us
+        elif e.get("cat") == "user_annotation" or e["name"].startswith("PyTorch Profiler"):  # the first step and the window
+            e["dur"] += extra_us
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        json.dump(data, f)
+
+
+def test_two_cpu_traces_are_compared_in_cpu_terms_and_told_apart_by_their_directories(tmp_path):
+    import shutil
+
+    from cli_util import run_cli_here
+
+    (tmp_path / "a").mkdir()
+    shutil.copy(CPU_ONLY_TRACE, tmp_path / "a" / "trace.json.gz")
+    _cpu_trace_with_a_slower_first_matmul(tmp_path / "b" / "trace.json.gz", 5000.0)  # 5 ms more in one of 2 steps
+    done = run_cli_here("compare", "a/trace.json.gz", "b/trace.json.gz", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    # the same two steps, B's first matmul 5 ms longer: 2.5 ms per step more, all of it in operators
+    assert "Verdict: b/trace.json.gz is 2.5 ms per step slower than a/trace.json.gz: operator time +2.5 ms (gemm +2.5 ms)" in text
+    assert text.endswith("time between operators +0 ms, 0 more operators per step: operator-bound.")
+    for gpu_word in ("GPU", "kernel", "img/s", "launch"):
+        assert gpu_word not in text, gpu_word
+    assert "operator time: gemm" in text and "time between operators" in text
+
+
+def test_traces_written_by_perflab_run_are_labelled_by_their_programs(tmp_path):
+    import json
+    import shutil
+
+    from perflab import api
+
+    for side, lr in (("a", "1e-3"), ("b", "3e-4")):
+        (tmp_path / side).mkdir()
+        shutil.copy(CPU_ONLY_TRACE, tmp_path / side / "trace.json.gz")
+        (tmp_path / side / "run.json").write_text(json.dumps({"program": f"train.py --lr {lr}", "steps_from": "optimizer steps",
+                                                              "traced": {"trace_path": "elsewhere/trace.json.gz"}}))
+    c = api.compare(tmp_path / "a" / "trace.json.gz", tmp_path / "b" / "trace.json.gz")
+    assert c.labels == ("train.py --lr 1e-3", "train.py --lr 3e-4")
+    # the run.json itself names its side: its trace is the one beside it (the run started elsewhere)
+    assert api.compare(tmp_path / "a" / "run.json", tmp_path / "b" / "run.json").labels == ("train.py --lr 1e-3", "train.py --lr 3e-4")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "run.json").write_text(json.dumps({"program": "train.py", "traced": None}))
+    with pytest.raises(PerflabError, match="its run traced no step"):
+        api.compare(tmp_path / "a" / "run.json", tmp_path / "c" / "run.json")
+    (tmp_path / "b" / "run.json").write_text(json.dumps({"program": "train.py --lr 1e-3"}))  # one program twice: their paths
+    assert api.compare(tmp_path / "a" / "trace.json.gz", tmp_path / "b" / "trace.json.gz").labels == ("a/trace.json.gz", "b/trace.json.gz")
+
+
+def test_path_suffixes_are_the_shortest_that_differ(tmp_path):
+    from perflab.analysis.compare import path_suffixes
+
+    assert path_suffixes([tmp_path / "x/a/t.json.gz", tmp_path / "y/a/t.json.gz"]) == ["x/a/t.json.gz", "y/a/t.json.gz"]
+    assert path_suffixes([tmp_path / "a.json.gz", tmp_path / "b.json.gz"]) == ["a.json.gz", "b.json.gz"]
+    assert path_suffixes([tmp_path / "t.json.gz", tmp_path / "t.json.gz"]) == ["t.json.gz (A)", "t.json.gz (B)"]

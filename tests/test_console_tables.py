@@ -159,6 +159,8 @@ def test_two_samples_give_no_95_percent_label(monkeypatch):
     rows = json.loads(run_cli_here("bench", "--model", "test:tiny", "--input-size", "32", "--device", "cpu", "--iters", "2",
                                    "--repeats", "2", "--warmup", "1", "--format", "json").stdout)
     assert rows["n_samples"] == 2 and rows["ci_level"] == "pooled" and rows["ci_coverage"] == 0.5
+    # the JSON's CI key names no level it does not have: ci_ms beside its level (ci95_ms, the same, kept one release)
+    assert rows["ci_ms"] == rows["ci95_ms"] == sorted(rows["samples_ms"])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -281,6 +283,41 @@ def test_too_narrow_for_whole_words_the_columns_that_tell_rows_apart_keep_their_
     cells = [[c.strip() for c in line.split("│")[1:4]] for line in lines if line.startswith("│") and line.split("│")[1].strip()]
     # rich squeezed every column evenly, and the bs column (2 wide) to nothing: bs 1 and bs 64 could not be told apart
     assert [(bs, mode) for _, bs, mode in cells] == [(str(r["batch_size"]), r["mode"]) for r in rows]
+
+
+def test_a_warning_names_its_rows_as_the_table_does_not_by_a_number_the_table_never_shows():
+    """make demo's four rows (two models at two batch sizes): high_cv on one row named by its model and batch size,
+    the table's own cells, not "m4"."""
+    from perflab.report.console import table_names, warning_lines
+
+    labels = [f"{model} 224px bs{bs} fp32 eager" for model in ("deit_tiny_patch16_224", "topk_deit_tiny_patch16_224 kr0.1@3,6,9")
+              for bs in (1, 8)]
+    rows = [_row(label, [], []) for label in labels]
+    rows[3] = _row(labels[3], ["high_cv", "host_contention"], ["timing samples vary by CV 13%", "the timing thread waited"])
+    rows[0] = _row(labels[0], ["host_contention"], ["the timing thread waited"])
+    assert warning_lines(rows) == ["[yellow]warning[/yellow]: host_contention (deit_tiny_patch16_224 bs1, topk_deit_tiny_patch16_224 "
+                                   "kr0.1@3,6,9 bs8): the timing thread waited | high_cv (topk_deit_tiny_patch16_224 kr0.1@3,6,9 bs8): "
+                                   "timing samples vary by CV 13%"]
+    assert table_names([_row("a bs1", [], []), _row("a bs1", [], [])]) == {"a bs1": "a bs1"}
+
+
+def test_host_us_is_explained_under_the_table_that_shows_it():
+    rows = recorded()
+    wide = " ".join(render(bench_table(rows), width=10_000).split())
+    assert "┃ host µs ┃" in wide
+    assert ("host µs: the host's speed around the case, a fixed CPU micro-workload (Python and tiny torch ops) timed before and after "
+            "the timed loop, µs a run (lower: a faster host), and its ratio to the median of its environment's rows") in wide
+    without = [{k: v for k, v in r.items() if k != "host_canary_us"} for r in rows]
+    assert "host µs" not in render(bench_table(without), width=10_000)  # rows before the canary: no column, no legend
+
+
+def test_gflops_of_a_tiny_decode_are_shown_with_significant_digits_not_as_zero():
+    from perflab.report.md import gflops
+
+    assert [gflops(v) for v in (35.14, 1.0, 0.829, 0.000252, 0.0123, 0.0, None)] == ["35.14", "1.00", "0.83", "0.00025", "0.012", "0",
+                                                                                     "–"]
+    rows = [dict(r, gflops=0.000252) for r in recorded()[:1]]
+    assert "0.00025" in render(bench_table(rows), width=10_000)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -164,3 +164,29 @@ def test_many_buckets_are_summarised_in_the_text_and_few_are_listed():
     assert bucket_text([131328, 164352]) == "0.125, 0.157 MiB"
     many = [int(48.828 * MIB)] + [25 * MIB] * 143 + [int(25.005 * MIB), int(48.833 * MIB)]  # gpt_large's 146 on two H200s
     assert bucket_text(many) == "146 buckets, the first 48.828 MiB, then 25.000–25.005 MiB, the last 48.833 MiB"
+
+
+def test_explain_on_the_cpu_defaults_to_fp32_and_says_which_dtype_it_used(monkeypatch):
+    """explain --parallel on the CPU (gloo) without --dtype: fp32, not a GPU's bf16 autocast, and the output says so."""
+    import json
+
+    from cli_util import run_cli_here
+    from perflab import api
+
+    seen = []
+
+    class Explained:
+        def to_dict(self):
+            return {"cases": [c.to_dict() for c in seen]}
+
+    monkeypatch.setattr(api, "explain", lambda case, other, **kw: seen.append(case) or Explained())
+    done = run_cli_here("explain", "gpt_small", "--workload", "train_step", "--parallel", "ddp", "--world-size", "2", "--device", "cpu",
+                        "--json")
+    assert done.returncode == 0, done.stderr
+    assert [c.dtype for c in seen] == ["fp32"]
+    assert json.loads(done.stdout)["dtype_note"] == "dtype fp32: explain's default on the CPU (bf16 on a GPU, fp32 on the CPU; --dtype to choose)"
+    assert api.explain_dtype("cuda")[0] == "bf16"
+    seen.clear()
+    assert run_cli_here("explain", "gpt_small", "--workload", "train_step", "--parallel", "ddp", "--world-size", "2", "--device", "cpu",
+                        "--dtype", "bf16", "--json").returncode == 0
+    assert [c.dtype for c in seen] == ["bf16"]  # a dtype given is the dtype used

@@ -179,12 +179,12 @@ def test_no_table_cell_over_120_characters_and_every_short_name_in_the_legend(na
 
 
 # ---------------------------------------------------------------------------------------------------
-# The seeds' own figures beside perflab's (src/perflab/report/seed_figures.yaml), the OOM cells against measured
+# The seeds' own figures beside perflab's (src/perflab/report/study_figures.yaml), the OOM cells against measured
 # peaks, and the summary each report opens with: every number recomputed here from the YAML and the stored rows.
 
 import yaml  # noqa: E402
 
-SEEDS = yaml.safe_load((ROOT / "src/perflab/report/seed_figures.yaml").read_text())
+SEEDS = yaml.safe_load((ROOT / "src/perflab/report/study_figures.yaml").read_text())
 S3, S4 = SEEDS["seed_003"], SEEDS["seed_004"]
 SEQS = S3["seq_lens"]
 GIB = 1024.0
@@ -215,7 +215,7 @@ def _summary(text: str) -> str:
 
 
 def test_seed_figures_file_holds_seed_003s_tables_and_seed_004s_finding_with_their_source():
-    header = (ROOT / "src/perflab/report/seed_figures.yaml").read_text().split("\nseed_003:")[0]
+    header = (ROOT / "src/perflab/report/study_figures.yaml").read_text().split("\nseed_003:")[0]
     for said in ("003_18256eef5f48fccf.txt", "004_9e1221ff29d61495.txt", "nsys", "batch size", "GPU", "RTX 3060", "RTX 4090"):
         assert said in header
     assert SEQS == [128, 256, 512, 1024] and list(S3["forward_ms"]) == ["gpt_small", "gpt_medium", "gpt_large", "gpt_xl", "gpt_2.7b"]
@@ -261,9 +261,9 @@ def test_lm_report_puts_seed_003s_tables_a_b_d_e_beside_perflabs_values(lm):
     committed = _lm_committed()
     assert committed == text
     by = _seed_group_rows(rows)
-    section = text[text.index("### Seed 003's figures beside perflab's (fp32, explicit attention, eager, batch 4, NVIDIA H100 80GB HBM3)"):]
+    section = text[text.index("### The GPT size study's figures beside perflab's (fp32, explicit attention, eager, batch 4, NVIDIA H100 80GB HBM3)"):]
     # (a): the seed's nsys range, perflab's median, and their ratio
-    a = {(r[0], r[1]): r[2:] for r in _table(section, "#### (a) Forward time (ms): seed vs perflab")}
+    a = {(r[0], r[1]): r[2:] for r in _table(section, "#### (a) Forward time (ms): study vs perflab")}
     assert len(a) == 20
     ratios = []
     for m, values in S3["forward_ms"].items():
@@ -282,7 +282,7 @@ def test_lm_report_puts_seed_003s_tables_a_b_d_e_beside_perflabs_values(lm):
     assert "NVTX ranges under the profiler" in differs and "untraced medians" in differs
     assert f"{min(ratios):.1f}–{max(ratios):.1f}×" in differs and f"Over the {len(ratios)} cells" in differs
     # (b): the top kernel's share of each pass (perflab: the forward row's forward; the forward + backward row's two passes)
-    b = {(r[0], r[1]): r[2:] for r in _table(section, "#### (b) Top kernel's share of each pass: seed vs perflab")}
+    b = {(r[0], r[1]): r[2:] for r in _table(section, "#### (b) Top kernel's share of each pass: study vs perflab")}
     n = 0
     for m, per_seq in S3["top_kernel_share_pct"].items():
         for s, seed in zip(SEQS, per_seq):
@@ -296,7 +296,7 @@ def test_lm_report_puts_seed_003s_tables_a_b_d_e_beside_perflabs_values(lm):
                     n += 1
     assert n >= 24
     # (d): GEMM fraction, inference and training (forward + backward), and the mean difference the line states
-    d = {(r[0], r[1]): r[2:] for r in _table(section, "#### (d) GEMM fraction: seed vs perflab")}
+    d = {(r[0], r[1]): r[2:] for r in _table(section, "#### (d) GEMM fraction: study vs perflab")}
     deltas = {"inference": [], "training": []}
     for m, per_seq in S3["gemm_fraction_pct"].items():
         for s, seed in zip(SEQS, per_seq):
@@ -313,7 +313,7 @@ def test_lm_report_puts_seed_003s_tables_a_b_d_e_beside_perflabs_values(lm):
     for kind, values in deltas.items():
         assert f"{kind} {sum(values) / len(values):+.1f} points on average over {len(values)} cells" in differs
     # (e): softmax and matmul ms per step and their ratio, against the seed's
-    e = {(r[0], r[1]): r[2:] for r in _table(section, "#### (e) Softmax vs matmul inside attention: seed vs perflab")}
+    e = {(r[0], r[1]): r[2:] for r in _table(section, "#### (e) Softmax vs matmul inside attention: study vs perflab")}
     for m in S3["softmax_ms"]:
         for i, s in enumerate(SEQS):
             cells = e[(m, f"seq{s}")]
@@ -346,9 +346,9 @@ def _predict(row, cap):
 def test_lm_report_lists_the_seeds_oom_cells_with_perflabs_peaks_and_the_capacities_that_reproduce_them(lm):
     text, rows, _ = lm
     by = _seed_group_rows(rows)
-    section = text[text.index("#### Seed 003's OOM cells against perflab's measured memory"):]
+    section = text[text.index("#### The GPT size study's OOM cells against perflab's measured memory"):]
     assert "derived from measured peaks, not run capped" in section
-    listed = {(r[0], r[1]): r[2:] for r in _table(section, "#### Seed 003's OOM cells")}
+    listed = {(r[0], r[1]): r[2:] for r in _table(section, "#### The GPT size study's OOM cells")}
     seed_marks = {}
     for m in S3["forward_ms"]:
         for i, s in enumerate(SEQS):
@@ -375,7 +375,7 @@ def test_lm_report_lists_the_seeds_oom_cells_with_perflabs_peaks_and_the_capacit
                 else:
                     mismatch += 1
         counts[cap] = (match, mismatch, unknown)
-    table = {r[0]: r[1:] for r in _table(section, "Every cell the seed has a mark for")}
+    table = {r[0]: r[1:] for r in _table(section, "Every cell the study has a mark for")}
     for cap, (match, mismatch, unknown) in counts.items():
         assert table[f"{cap} GiB"] == [f"{match} of {match + mismatch}", str(mismatch), str(unknown)]
     # the cell the stored rows decide: gpt_medium seq1024 training peaks between 16 and 24 GiB, so 12 and 16 GiB OOM as the seed did
@@ -418,9 +418,9 @@ def _decode_by(rows):
 def test_decode_report_puts_seed_004s_eager_vs_compiled_beside_every_measured_mode(decode):
     text, rows = decode
     assert (ROOT / "docs/reports/decode/report.md").read_text() == text
-    section = text[text.index("### Seed 004's eager-vs-compiled finding beside perflab's modes"):]
+    section = text[text.index("### The Llama decode testbench's eager-vs-compiled finding beside perflab's modes"):]
     body = _table(section, "#### One decode step of one layer: eager against compiled (ms)")
-    seed_rows = [r for r in body if r[0] == "seed 004"]
+    seed_rows = [r for r in body if r[0] == "the testbench"]
     assert [r[1:] for r in seed_rows] == [[f"{s['gpu']}, one layer", f"{s['eager']:.2f}", f"{s['compiled']:.2f} (compiled)",
                                            f"{s['compiled'] / s['eager']:.2f}", "eager"] for s in S4["eager_vs_compiled_ms"]]
     by = _decode_by(rows)
@@ -448,7 +448,7 @@ def test_decode_report_opens_with_a_summary_whose_numbers_come_from_the_rows(dec
     summary = _summary(text)
     assert text.index("## Summary") < text.index("\n|")
     by = _decode_by(rows)
-    for bench, what in ((False, "llama3_8b, context 512, batch 1"), (True, "llama3_8b one layer (the seed testbench), context 512, batch 1")):
+    for bench, what in ((False, "llama3_8b, context 512, batch 1"), (True, "llama3_8b one layer (as the Llama decode testbench), context 512, batch 1")):
         modes = {m: r for (b, c, n, m), r in by.items() if b == bench and c == 512 and n == 1}
         best_mode, best = min(modes.items(), key=lambda kv: kv[1]["median_ms"])
         eager = modes["eager"]["median_ms"]
@@ -456,7 +456,7 @@ def test_decode_report_opens_with_a_summary_whose_numbers_come_from_the_rows(dec
                 f"{eager / best['median_ms']:.2f}× faster than eager ({eager:.3f} ms)") in summary
     compile_speedup = by[(True, 512, 1, "eager")]["median_ms"] / by[(True, 512, 1, "compile")]["median_ms"]
     assert f"plain compile {compile_speedup:.2f}× faster than eager" in summary
-    assert "Seed 004 found compiled slower than eager (RTX 3060 12GB 3.57 against 3.05 ms; RTX 4090 24GB 2.63 against 2.53 ms)" in summary
+    assert "The Llama decode testbench found compiled slower than eager (RTX 3060 12GB 3.57 against 3.05 ms; RTX 4090 24GB 2.63 against 2.53 ms)" in summary
     pairs = [r["median_ms"] / by[(b, c, n, "eager")]["median_ms"] for (b, c, n, m), r in by.items() if m != "eager" and (b, c, n, "eager") in by]
     assert f"here {sum(p < 1 for p in pairs)} of {len(pairs)} (cell, mode) pairs run faster than eager" in summary
 
@@ -482,9 +482,9 @@ def test_capped_rows_are_measured_cells_of_their_own_and_an_oom_on_the_full_gpu_
     large["case"]["seq_len"] = 512
     rows = [r for r in rows if not (r["model"] == "gpt_2.7b" and r["case"]["seq_len"] == 512)]
     parts = "\n\n".join(lm_report.seed_sections(rows + [large], [capped]))
-    listed = {(r[0], r[1]): r[2:] for r in _table(parts, "#### Seed 003's OOM cells against")}
+    listed = {(r[0], r[1]): r[2:] for r in _table(parts, "#### The GPT size study's OOM cells against")}
     assert listed[("gpt_2.7b", "seq512")][2] == "OOM" and listed[("gpt_2.7b", "seq512")][3:] == ["? / OOM ✓"] * 3
-    cap = _table(parts, "#### Seed 003's OOM cells run capped")
+    cap = _table(parts, "#### The GPT size study's OOM cells run capped")
     assert cap == [["gpt_medium", "seq1024", "training", "OOM", "OOM ✓ / OOM", "16", "16", "–"]]
     assert lm_report.predict(base, 24) == "fits" and lm_report.predict(base, 16) == "OOM"
     assert base["peak_mem_alloc_mb"] / GIB > 16
@@ -515,7 +515,7 @@ def test_the_capped_section_puts_each_run_beside_its_derived_verdict_and_says_wh
     capped = [_capped(med, 16, "oom"), _capped(med, 24, "oom"), dict(_capped(med, 12, "missing"), message="not run yet"),
               _capped(big, 16, "ok", 15.25), _capped(fwd, 12, "ok", 2.0)]
     parts = "\n\n".join(lm_report.seed_sections(rows, capped))
-    table = {(r[0], r[1], r[2]): r[3:] for r in _table(parts, "#### Seed 003's OOM cells run capped")}
+    table = {(r[0], r[1], r[2]): r[3:] for r in _table(parts, "#### The GPT size study's OOM cells run capped")}
     assert set(table) == {("gpt_medium", "seq1024", "training"), ("gpt_large", "seq512", "training"), ("gpt_medium", "seq1024", "inference")}
     # gpt_medium training: 12 not run; 16 OOM as derived; 24 OOM where the peak says it fits: the cap bounds reserved memory
     why = (f"24: cap bounds reserved memory, {reserved:.2f} GiB uncapped (peak {med_peak:.2f})" if reserved > 24
@@ -526,9 +526,9 @@ def test_the_capped_section_puts_each_run_beside_its_derived_verdict_and_says_wh
         "OOM", "–", "ran ✗ / OOM", "–", "none", "12, 16", f"16: ran, peak 15.25 GiB capped vs {big_peak:.2f} uncapped"]
     # the seed's inference OOM at seq 1024 fits in 12 GiB, run and derived alike
     assert table[("gpt_medium", "seq1024", "inference")] == ["OOM", "ran ✗ / fits", "–", "–", "none", "none", "–"]
-    verdict = _line_after(parts, "#### Seed 003's OOM cells run capped", "Run capped")
-    assert verdict == ("Run capped, cells as the seed per capacity: 12 GiB 0 of 1, 16 GiB 1 of 2, 24 GiB 1 of 1; 24 GiB reproduces "
-                       "the seed's pattern on every cell run. The capped runs agree with the verdict derived from the uncapped "
+    verdict = _line_after(parts, "#### The GPT size study's OOM cells run capped", "Run capped")
+    assert verdict == ("Run capped, cells as the study per capacity: 12 GiB 0 of 1, 16 GiB 1 of 2, 24 GiB 1 of 1; 24 GiB reproduces "
+                       "the study's pattern on every cell run. The capped runs agree with the verdict derived from the uncapped "
                        "peaks in 2 of 4 (cell, capacity) pairs.")  # gpt_medium training at 16 and inference at 12 agree
     assert max(map(len, _table_cells(parts))) <= 120
 

@@ -148,7 +148,7 @@ def test_the_lm_reports_parallel_section_gives_the_efficiency_with_its_ci(ddp_ro
 
     text = "\n".join(sections([ddp_row, {"case": {"parallel": None}}]))
     low, high = ddp_row["scaling_efficiency_ci95"]
-    assert text.startswith("## Training on several GPUs (issue 27)") and "timed in interleaved blocks" in text
+    assert text.startswith("## Training on several GPUs\n") and "timed in interleaved blocks" in text
     line = next(l for l in text.splitlines() if l.startswith("| gpt_small |"))
     assert f"| {ddp_row['scaling_efficiency']:.3f} ({low:.3f}–{high:.3f}) |" in line and f"| {ddp_row['step_ms_beside_single']:.2f} | {ddp_row['single_gpu_ms']:.2f} |" in line
 

@@ -234,3 +234,20 @@ def test_an_interrupted_ab_says_to_rerun_into_another_store_and_an_interrupted_t
     assert ab.stderr.strip().endswith("stored; run the command again (given --out, into another directory: ab does not add rows to a "
                                       "store that holds its versions)")
     assert track.stderr.strip().endswith("stored; run the command again: it reuses them")
+
+
+def test_every_json_ci_names_its_level_beside_the_old_key():
+    """ci95_ms stays one release; ci_ms and ci_coverage say what the interval may claim (run.json's timing, track's points)."""
+    from perflab.analysis.regressions import revision_series
+    from perflab.program.run import timing_summary
+    from perflab.report.versions import series_dict
+
+    two = timing_summary([2.0, 1.0], [])
+    assert two["ci_ms"] == two["ci95_ms"] == [1.0, 2.0] and two["ci_coverage"] == 0.5  # min–max of 2 samples: 50%
+    many = timing_summary([1.0 + i / 100 for i in range(40)], [])
+    assert many["ci_ms"] == many["ci95_ms"] and many["ci_coverage"] == 0.95
+    rows = [{"case_id": "c", "label": "m", "status": "ok", "median_ms": 1.5, "ci95_ms": [1.0, 2.0], "samples_ms": [1.0, 2.0],
+             "version": {"key": "k1"}}]
+    (series,) = revision_series(rows, [("k1", "c1")], 0.05)
+    (point,) = series_dict(series)["points"]
+    assert point["ci_ms"] == point["ci95_ms"] == [1.0, 2.0] and point["ci_coverage"] == 0.5

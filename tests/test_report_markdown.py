@@ -199,3 +199,45 @@ def test_one_flop_count_per_row_and_the_formulas_beside_it():
     assert formula_cell(row) == "39.7% (×1.0078)"
     assert formula_cell({"mfu": 0.4, "gflops_per_batch": 1.0}) == "–"  # no formula: nothing beside it
     assert flops_ratio({"flops_counted_over_analytic": 1.5, "gflops_per_batch": 1.0, "flops_analytic": 1e9}) == 1.5
+
+
+def _track_store(tmp_path):
+    """A track store of one case at two revisions (c2, then c3 at 1.5x the time), as perflab track records it."""
+    row = synthetic_row(BASE, 224, 8, 150.0)
+    case = Case.from_dict(row["case"])
+    versions = [{"name": rev, "kind": "revision", "key": f"commit:{sha}", "python": "/venv/bin/python", "revision": rev,
+                 "commit": sha, "subject": f"{rev}'s change", "torch": "2.9.0", "cuda": "12.8", "driver": "999.1", "perflab": "0.3"}
+                for rev, sha in (("c2", "a3d3cc65ea" + "0" * 30), ("c3", "b4e4dd76fb" + "1" * 30))]
+    experiment = Experiment("track", "track", "", None, 600.0, (case,), ())
+    with Store.create(tmp_path) as store:
+        store.begin_sweep(command="perflab track", spec_source="track", spec_text="", env_key="e:c2,e:c3", n_cases=2, n_skipped=0,
+                          experiment=dict(experiment.to_json(), versions=versions, kind="track", rounds=1, order="alternate",
+                                          threshold=0.05, pairing="blocks"))
+        for scale, version in zip((1.0, 1.5), versions):
+            stored = {k: ([x * scale for x in v] if k in ("ci95_ms", "samples_ms") else v * scale if k in ("median_ms", "latency_ms_per_batch", "latency_ms_per_sample") else v)
+                      for k, v in row.items()}
+            key = f"e:{version['revision']}"
+            store.put_environment(key, {"gpu_name": "NVIDIA Test GPU", "torch": "2.9.0"})
+            store.put(dict(stored, version=version, throughput_per_s=150.0 / scale), key)
+    return tmp_path
+
+
+def test_results_and_the_report_of_a_track_store_show_each_rows_revision(tmp_path):
+    from perflab.report.export import read_rows
+
+    out = _track_store(tmp_path)
+    table = run_cli_here("results", out)
+    assert table.returncode == 0, table.stderr
+    lines = [line for line in table.stdout.splitlines() if line.startswith("│ c")]
+    assert "┃ revision" in table.stdout and len(lines) == 2
+    assert "c2 (a3d3cc65ea)" in lines[0] and "53.33" in lines[0] and "c3 (b4e4dd76fb)" in lines[1] and "80.00" in lines[1]
+    csv_text = run_cli_here("results", out, "--format", "csv").stdout
+    (tmp_path / "rows.csv").write_text(csv_text)
+    back = read_rows(tmp_path / "rows.csv")
+    assert [(r["revision"], r["commit"][:10], r["median_ms"]) for r in back] == [("c2", "a3d3cc65ea", pytest.approx(53.333, abs=1e-3)),
+                                                                                ("c3", "b4e4dd76fb", pytest.approx(80.0))]
+    text = write_report(out).read_text()
+    assert "The tables below show the rows of c3 (b4e4dd76fb), the last version" in text
+    cases = table_after(text, "## All cases")
+    assert text.split("## All cases")[1].split("\n")[2].startswith("| Revision | Model |")
+    assert [(r[0], r[7].split(" ")[0]) for r in cases] == [("c2 (a3d3cc65ea)", "53.333"), ("c3 (b4e4dd76fb)", "80.000")]

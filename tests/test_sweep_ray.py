@@ -26,7 +26,7 @@ from sweep_util import SMOKE, live_workers, stored_count, wait_for  # noqa: E402
 
 FAST = {"device": "cpu", "input_size": 32, "warmup": 1, "iters": 5, "repeats": 5}
 SLOW = dict(FAST, model="test:slow", iters=10)  # about 0.5 s of 50 ms steps, after the worker's start
-TIMING_KEYS = {"median_ms", "p10_ms", "p90_ms", "cv", "ci95_ms", "latency_ms_per_batch", "latency_ms_per_sample",
+TIMING_KEYS = {"median_ms", "p10_ms", "p90_ms", "cv", "ci_ms", "ci95_ms", "latency_ms_per_batch", "latency_ms_per_sample",
                "throughput_per_s", "samples_ms", "timed_s", "flags", "warnings", "energy_j", "power_w", "mean_ms", "std_ms",
                "min_ms", "max_ms", "peak_mem_alloc_mb", "peak_mem_reserved_mb", "node_id", "node_host", "gpu_name", "reruns",
                "items_per_s", "tokens_per_s", "mfu", "mfu_datasheet", "mbu", "mbu_datasheet", "memory_breakdown_mb",

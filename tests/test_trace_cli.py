@@ -119,3 +119,20 @@ def test_bad_input_gives_one_line_and_exit_2(tmp_path, case):
 def test_bad_flags_give_exit_2():
     done = run_analyze(NSYS_FIXTURE, "--top", "0")
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "--top" in done.stderr
+
+
+def test_a_cpu_only_trace_is_said_in_cpu_terms():
+    """A CPU trace's work is torch's operators (as perflab run says it): no GPU busy, no kernels, no empty CUDA API row."""
+    from cli_util import run_cli_here
+
+    done = run_cli_here("analyze", CPU_ONLY_TRACE)
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    for gpu_word in ("GPU", "CUDA", "kernel", "launch →"):
+        assert gpu_word not in text, gpu_word
+    ref = summarize(CPU_ONLY_TRACE)
+    assert f"CPU operators (torch's top-level, per thread) │ {ref['busy_ns'] / 1000:,.1f}" in text
+    assert "between operators (the interpreter)" in text and "operator time, summed over 6 operators" in text
+    assert "Top 3 operators by total time (share of all operator time)" in text and "Operator time by category" in text
+    assert "wall = operators + between operators, exact to the ns" in text  # no other idle in a CPU trace: no column for it
+    assert "ops: operators (torch's top-level, per thread)" in text

@@ -666,16 +666,42 @@ def compare_items(a: str, b: str, per_side: dict, **common) -> list:
     return [Path(item) if is_trace_path(item) else case_of(item, i) for i, item in enumerate((a, b))]
 
 
+def run_trace(item):
+    """The trace a side names: a trace file as it is, or for ``perflab run``'s run.json the trace written beside it."""
+    import json
+    from pathlib import Path
+
+    from perflab.errors import PerflabError
+
+    path = Path(str(item))
+    if path.name != "run.json":
+        return path
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise PerflabError(f"{path}: cannot read it as perflab run's report ({getattr(exc, 'strerror', None) or exc})") from None
+    traced = report.get("traced") if isinstance(report, dict) else None
+    trace = traced.get("trace_path") if isinstance(traced, dict) else None
+    if not isinstance(trace, str) or not trace:
+        raise PerflabError(f"{path}: its run traced no step (perflab run --trace 0, or it ended first); compare needs a trace")
+    return path.parent / Path(trace).name  # beside it, wherever the run was started from
+
+
 def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None), by_module: bool = False):
     """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile
     (``by_module``: with module ranges, so the comparison says which modules changed; two traces that recorded
-    module ranges are compared module by module too)."""
+    module ranges are compared module by module too). ``batch_size``: items per step of a trace side, for its
+    throughput (a profiled Case's are its row's). Two traces are labelled by what tells them apart: the program and
+    arguments of the ``perflab run`` that wrote each (its run.json beside it), else the shortest path suffixes that
+    differ."""
     from pathlib import Path
 
-    from perflab.analysis.compare import compare_traces
+    from perflab.analysis.compare import compare_traces, side_labels
     from perflab.trace.load import load_trace
+    from perflab.workloads import item_of
 
-    traces, names, batches = [], [], list(batch_size)
+    traces, names, items, rows = [], [], list(batch_size), []
     for i, item in enumerate((a, b)):
         if isinstance(item, Case):
             result = profile_case(item, out_dir, steps=steps, by_module=by_module)
@@ -685,11 +711,16 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
                 raise PerflabError(f"{item.label()} could not be profiled ({result['row']['status']}: {result['row'].get('message')})")
             traces.append(result["report"].trace)
             names.append(item.label())
-            batches[i] = batches[i] or item.batch_size
+            rows.append(result["row"])
+            items[i] = items[i] or result["row"].get("items_per_step") or item.batch_size
         else:
-            traces.append(load_trace(item))
-            names.append(Path(item).name)
-    return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(batches))
+            traces.append(load_trace(run_trace(item)))
+            names.append(None)
+    if None in names:  # traces: by what tells them apart (run.json's program beside each, else their paths)
+        traced = side_labels([run_trace(x) for x in (a, b)])
+        names = [name or traced[i] for i, name in enumerate(names)]
+    item = item_of(rows) if len(rows) == 2 else None  # img or token: what the throughput counts, both sides profiled alike
+    return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(items), item=item)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -919,6 +950,20 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
         plan.close()
     rows = [row for v in plan.versions for row in summary.rows_of(v)]
     return summary, revision_series(rows, [(v.key, v.name) for v in plan.versions], threshold)
+
+
+EXPLAIN_DTYPES = {"cuda": "bf16", "cpu": "fp32"}  # explain's dtype where none is given: a GPU's tensor-core dtype; the CPU's own
+
+
+def explain_dtype(device: str) -> tuple[str, str]:
+    """The dtype ``perflab explain`` uses on ``device`` when --dtype is not given (bf16 on a GPU, fp32 on the CPU), and
+    the line that says so."""
+    from perflab.runtime.device import resolve_device
+
+    where = resolve_device(device) if device.lower() == "auto" else ("cpu" if device.lower() == "cpu" else "cuda")
+    dtype = EXPLAIN_DTYPES[where]
+    return dtype, (f"dtype {dtype}: explain's default on the {'GPU' if where == 'cuda' else 'CPU'} (bf16 on a GPU, fp32 on the CPU; "
+                   f"--dtype to choose)")
 
 
 def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True,

@@ -71,7 +71,7 @@ OPT_PROMPT_LEN = typer.Option([], "--prompt-len", help="Decode: prompt tokens of
 OPT_CONTEXT_LEN = typer.Option([], "--context-len", help="Decode: the cache position of the timed decode step (default 512).")
 OPT_NEW_TOKENS = typer.Option([], "--new-tokens", help="Decode: tokens to generate after the prefill (generate).")
 OPT_LAYERS = typer.Option(None, "--layers", help="Language models and decode: run this many layers.")
-OPT_LAYERS_ONLY = typer.Option(False, "--layers-only", help="Decode: the layers alone, without embedding and head (seed 004's testbench).")
+OPT_LAYERS_ONLY = typer.Option(False, "--layers-only", help="Decode: the layers alone, without embedding and head (the Llama decode testbench's one layer).")
 OPT_MODEL_ARG = typer.Option([], "--model-arg", help="Override a dimension of the named config, e.g. d_ff=2048, or pass a keyword "
                              "argument to your own model's factory (repeatable; ints, floats or strings).")
 OPT_FAMILY = typer.Option(None, "--family", help="classify, lm or decode: which inputs your own model takes, where perflab cannot "
@@ -88,7 +88,7 @@ OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work to ai
 OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time).")
 OPT_REPEATS = typer.Option(20, "--repeats", help="Number of timing samples the timed iterations are split into.")
 OPT_DEVICE = typer.Option("auto", "--device", help="auto, cuda or cpu.")
-OPT_SEED = typer.Option(0, "--seed", help="Seed for weights and inputs.")
+OPT_SEED = typer.Option(0, "--seed", help="Random seed for weights and inputs.")
 OPT_OPTIMIZER = typer.Option(None, "--optimizer", help="Language models, train_step: AdamW fused, foreach, in_backward (per parameter, from "
                              "its gradient's hook) or in_backward_stream (the same on a side CUDA stream). Default: fused on GPU, for-loop on CPU.")
 OPT_CHECKPOINT = typer.Option(False, "--checkpoint-activations", help="Language models, forward_backward and train_step: recompute each "
@@ -362,7 +362,7 @@ def sweep(
 @app.command()
 def results(
     out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
-    fmt: str = typer.Option("table", "--format", help="table, csv (seed columns first) or json (one object per case per line)."),
+    fmt: str = typer.Option("table", "--format", help="table, csv (the token-reduction study's speed_test.py columns first) or json (one object per case per line)."),
 ):
     """Print the rows stored by a sweep."""
     from perflab import api
@@ -430,7 +430,7 @@ def report(
     spec: Optional[Path] = typer.Option(None, "--spec", help="The experiment whose cases to count and mark 'not run' "
                                         "(default: the store's latest sweep's, which is a subset if that sweep ran one)."),
 ):
-    """Write OUT/report.md: seed-shaped tables with CIs and flags, plots (PNG) beside it, environment, spec."""
+    """Write OUT/report.md: the studies' tables (token reduction, GPT sizes, Llama decode) with CIs and flags, plots (PNG) beside it, environment, spec."""
     from perflab import api
 
     unreadable = []
@@ -962,7 +962,8 @@ def explain(
     max_memory: Optional[str] = OPT_MAX_MEMORY,
     family: Optional[str] = OPT_FAMILY,
     attn: str = OPT_ATTN,
-    dtype: str = typer.Option("bf16", "--dtype"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, tf32, bf16 or fp16 (default: bf16 on a GPU, fp32 on the CPU; "
+                                        "the output says which)."),
     device: str = typer.Option("cuda", "--device"),
     modes: List[str] = typer.Option([], "--modes", help="Modes to predict and then measure (default: cudagraph and compile:reduce-overhead)."),
     fixes: List[str] = typer.Option([], "--fixes", help="Fixes to predict and then measure: optimizer:NAME, checkpoint, batch:N, a mode, "
@@ -1003,6 +1004,9 @@ def explain(
     from perflab.report.explain_console import render_explanation
 
     ranks = _ranks(parallel, gpus, world_size, device)
+    dtype_note = None
+    if dtype is None:
+        dtype, dtype_note = api.explain_dtype(device)
     cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
                            reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, optimizer=optimizer,
                            checkpoint_activations=checkpoint_activations, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats,
@@ -1015,8 +1019,10 @@ def explain(
         result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
                              fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget, gpus=ranks.gpus)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict()) + "\n")
+        sys.stdout.write(json.dumps(dict(result.to_dict(), dtype_note=dtype_note)) + "\n")
     else:
+        if dtype_note:
+            out.print(dtype_note, soft_wrap=True, markup=False)
         render_explanation(out, result)
     if markdown is not None:
         from perflab.report.explain_markdown import explanation_markdown
@@ -1117,7 +1123,7 @@ def run(
     step: Optional[str] = typer.Option(None, "--step", help="A step is each call of this function: QUALNAME or FILE:QUALNAME "
                                        "(decode_one_token, Model.forward). Default: every optimizer step."),
     step_range: Optional[str] = typer.Option(None, "--step-range", help="A step is each NVTX or record_function range whose name starts "
-                                             "with this (seed 004's BENCHMARK)."),
+                                             "with this (e.g. BENCHMARK, the range the Llama decode testbench marks)."),
     stop_after: bool = typer.Option(False, "--stop-after", help="Stop the program after the traced steps (exit code 0)."),
     out_dir: Path = typer.Option(Path("perflab-run"), "--out", help="Directory for run.json and the trace(s)."),
     nproc: Optional[str] = typer.Option(None, "--nproc", help="Run the program under torchrun with this many ranks (one per GPU); "

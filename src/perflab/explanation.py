@@ -470,7 +470,11 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     comparison = None
     if vs is not None:
         base, variant = explained[1], explained[0]
-        comparison = compare_traces(base.trace, variant.trace, (vs.label(), case.label()), (vs.batch_size, case.batch_size))
+        from perflab.workloads import item_of
+
+        rows = [base.eager_row, variant.eager_row]
+        comparison = compare_traces(base.trace, variant.trace, (vs.label(), case.label()),
+                                    tuple(r.get("items_per_step") or c.batch_size for r, c in zip(rows, (vs, case))), item=item_of(rows))
     return Explanation(explained, comparison, ceilings)
 
 

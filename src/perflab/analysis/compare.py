@@ -14,11 +14,16 @@ window, so per-step means of A and B give
 
 exactly (to float rounding of the means, far below a nanosecond). Steps are matched by position: the first
 min(steps of A, steps of B) windows of each.
+
+Two CPU-only traces (``Trace.cpu_only``: the work is torch's top-level operators) are compared in the same identity,
+and said in CPU terms: operators and their time, the time between operators (the interpreter's), never kernels, GPU
+time or "GPU-bound".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -66,17 +71,28 @@ class Comparison:
     added_kernels: pd.DataFrame
     removed_kernels: pd.DataFrame
     verdict: str
-    batch_size: tuple[int | None, int | None] = (None, None)
+    items_per_step: tuple[int | None, int | None] = (None, None)  # what each side's throughput counts per step
+    item: str | None = None  # what those items are ("img", "token"); None: unknown or not the same on both sides
+    cpu_only: bool = False  # both traces are CPU-only: operators are the work
     extra: dict = field(default_factory=dict)
 
     def closure_ns(self) -> float:
         parts = sum(self.delta_by_category.values()) - self.delta_overlap_ns + sum(self.delta_idle_by_cause.values())
         return self.delta_wall_ns - parts
 
-    def seed_table(self) -> pd.DataFrame:
-        """Seed 000's "GPU time vs throughput" table, in per-step units."""
+    @property
+    def words(self) -> "Words":
+        return CPU_WORDS if self.cpu_only else GPU_WORDS
+
+    @property
+    def throughput_unit(self) -> str:
+        return f"{self.item or 'items'}/s"
+
+    def throughput_table(self) -> pd.DataFrame:
+        """The token-reduction study's "GPU time vs throughput" table, in per-step units (a CPU trace's operators in the
+        kernels' columns)."""
         rows = []
-        for label, p, batch in zip(self.labels, (self.a, self.b), self.batch_size):
+        for label, p, batch in zip(self.labels, (self.a, self.b), self.items_per_step):
             rows.append({
                 "configuration": label,
                 "gpu_time_ms_per_step": p.kernel_time_ns / 1e6,
@@ -105,7 +121,9 @@ class Comparison:
             "added_kernels": _records(self.added_kernels),
             "removed_kernels": _records(self.removed_kernels),
             "verdict": self.verdict,
-            "table": _records(self.seed_table()),
+            "table": _records(self.throughput_table()),
+            "throughput_unit": self.throughput_unit,
+            "cpu_only": self.cpu_only,
             "modules": _records(self.extra["modules"]) if "modules" in self.extra else None,
         }
 
@@ -154,7 +172,8 @@ def window_of_activities(kernels: pd.DataFrame, windows: pd.DataFrame, whole_tra
     return np.where(inside, window, -1)
 
 
-def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), batch_size: tuple[int | None, int | None] = (None, None)) -> Comparison:
+def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), items_per_step: tuple[int | None, int | None] = (None, None),
+                   item: str | None = None) -> Comparison:
     for label, trace in zip(labels, (a, b)):
         devices = devices_of(trace.kernels)
         if len(devices) > 1:  # its steps are per device: one device's steps against the other trace's would not close
@@ -168,7 +187,7 @@ def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), bat
         )
     steps = min(_step_count(a), _step_count(b))
     pa, pb = step_profile(a, steps), step_profile(b, steps)
-    comparison = compare_profiles(pa, pb, labels, batch_size)
+    comparison = compare_profiles(pa, pb, labels, items_per_step, item=item, cpu_only=a.cpu_only and b.cpu_only)
     if has_module_ranges(a.ranges) and has_module_ranges(b.ranges):
         # which modules changed: inclusive GPU time per step, each run averaged over its recorded steps
         trees = [module_tree(t.kernels, t.ranges, _step_count(t)) for t in (a, b)]
@@ -176,11 +195,46 @@ def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), bat
     return comparison
 
 
+def side_labels(paths) -> list[str]:
+    """Two files' labels by what tells them apart: the program and arguments of the ``perflab run`` that wrote each
+    (``program`` of the run.json beside it) where both have one and they differ, else the shortest path suffixes that
+    differ (``a/trace.json.gz`` and ``b/trace.json.gz``, not ``trace.json.gz`` twice)."""
+    programs = [_run_program(Path(p).parent / "run.json") for p in paths]
+    if all(programs) and len(set(programs)) == len(programs):
+        return programs
+    return path_suffixes(paths)
+
+
+def path_suffixes(paths) -> list[str]:
+    """The shortest trailing parts of each path (resolved) that differ between them; a path given twice is marked
+    (A) and (B)."""
+    parts = [Path(p).resolve().parts for p in paths]
+    longest = max(len(p) for p in parts)
+    for k in range(1, longest + 1):
+        tails = [str(Path(*p[-k:])) for p in parts]
+        if len(set(tails)) == len(tails):
+            return tails
+    return [f"{Path(paths[i]).name} ({'AB'[i] if i < 2 else i})" for i in range(len(paths))]
+
+
+def _run_program(path: Path) -> str | None:
+    """The program line a run.json records (``perflab run``'s ``program``), or None: no such file, or not run's."""
+    import json
+
+    try:
+        with open(path) as f:
+            program = json.load(f).get("program")
+    except (OSError, ValueError, AttributeError, RecursionError):
+        return None
+    return program if isinstance(program, str) and program.strip() else None
+
+
 def _step_count(trace: Trace) -> int:
     return max(len(trace.steps), 1)
 
 
-def compare_profiles(pa: StepProfile, pb: StepProfile, labels=("A", "B"), batch_size=(None, None)) -> Comparison:
+def compare_profiles(pa: StepProfile, pb: StepProfile, labels=("A", "B"), items_per_step=(None, None), item: str | None = None,
+                     cpu_only: bool = False) -> Comparison:
     categories = sorted(set(pa.category_ns) | set(pb.category_ns))
     delta_cat = {c: pb.category_ns.get(c, 0.0) - pa.category_ns.get(c, 0.0) for c in categories}
     delta_idle = {cause: pb.idle_ns[cause] - pa.idle_ns[cause] for cause in IDLE_CAUSES}
@@ -197,15 +251,35 @@ def compare_profiles(pa: StepProfile, pb: StepProfile, labels=("A", "B"), batch_
     comparison = Comparison(
         a=pa, b=pb, labels=tuple(labels), delta_wall_ns=pb.wall_ns - pa.wall_ns, delta_by_category=delta_cat,
         delta_overlap_ns=pb.overlap_ns - pa.overlap_ns, delta_idle_by_cause=delta_idle, added_kernels=added,
-        removed_kernels=removed, verdict="", batch_size=tuple(batch_size),
+        removed_kernels=removed, verdict="", items_per_step=tuple(items_per_step), item=item, cpu_only=cpu_only,
     )
     comparison.verdict = verdict(comparison)
     return comparison
 
 
+@dataclass(frozen=True)
+class Words:
+    """How a comparison names its terms: a GPU trace's kernels, or a CPU-only trace's operators."""
+
+    work: str  # the unit of work
+    works: str
+    time: str  # the work's time
+    idle: str  # host-bound idle
+    bound_by_host: str  # the verdict when host time grows more than the work's
+    bound_by_work: str
+    both_by_host: str  # both steps spend more time waiting on the host than working
+
+
+GPU_WORDS = Words("kernel", "kernels", "GPU time", "host-bound idle", "launch-bound", "GPU-bound",
+                  "Both are launch-bound (host-bound idle exceeds GPU busy time)")
+CPU_WORDS = Words("operator", "operators", "operator time", "time between operators", "interpreter-bound", "operator-bound",
+                  "Both are interpreter-bound (the time between operators exceeds the time in them)")
+
+
 def verdict(c: Comparison) -> str:
     """One sentence, in numbers, of why B's step is longer or shorter than A's."""
     a_label, b_label = c.labels
+    w = c.words
     ms = lambda ns: f"{abs(ns) / 1e6:.3g} ms"  # noqa: E731
     d_busy = c.b.busy_ns - c.a.busy_ns
     d_host = c.delta_idle_by_cause["host_bound"]
@@ -215,19 +289,21 @@ def verdict(c: Comparison) -> str:
     costs = [(k, v) for k, v in reversed(movers) if v > 0][:2]
     saved = ", ".join(f"{k} −{ms(v)}" for k, v in savings)
     added = ", ".join(f"{k} +{ms(v)}" for k, v in costs)
-    launches = f"{abs(d_kernels):.0f} {'more' if d_kernels >= 0 else 'fewer'} kernels per step"
+    launches = f"{abs(d_kernels):.0f} {'more' if d_kernels >= 0 else 'fewer'} {w.works} per step"
     direction = "slower" if c.delta_wall_ns > 0 else "faster"
     head = f"{b_label} is {ms(c.delta_wall_ns)} per step {direction} than {a_label}"
     if both_launch_bound(c):
         return f"{head}. {_launch_bound_reason(c, d_busy, saved, launches)}"
     if c.delta_wall_ns > 0 and d_busy < 0 and d_host > 0:
-        return (f"{head}: it saves {ms(d_busy)} of GPU time ({saved}) but adds {ms(d_host)} of host-bound idle "
-                f"with {launches}: launch-bound (the GPU waits for the CPU).")
+        waits = "the interpreter's time between operators" if c.cpu_only else "the GPU waits for the CPU"
+        return (f"{head}: it saves {ms(d_busy)} of {w.time} ({saved}) but adds {ms(d_host)} of {w.idle} "
+                f"with {launches}: {w.bound_by_host} ({waits}).")
     if c.delta_wall_ns > 0:
-        cause = "launch-bound" if d_host > d_busy else "GPU-bound"
-        return f"{head}: GPU time {'+' if d_busy >= 0 else '−'}{ms(d_busy)} ({added or saved}), host-bound idle {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}: {cause}."
-    gpu = f"it saves {ms(d_busy)} of GPU time ({saved})" if d_busy < 0 else f"its GPU time grows by {ms(d_busy)} ({added})"
-    return f"{head}: {gpu}; host-bound idle {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}."
+        cause = w.bound_by_host if d_host > d_busy else w.bound_by_work
+        return (f"{head}: {w.time} {'+' if d_busy >= 0 else '−'}{ms(d_busy)} ({added or saved}), {w.idle} "
+                f"{'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}: {cause}.")
+    work = f"it saves {ms(d_busy)} of {w.time} ({saved})" if d_busy < 0 else f"its {w.time} grows by {ms(d_busy)} ({added})"
+    return f"{head}: {work}; {w.idle} {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}."
 
 
 def both_launch_bound(c: Comparison) -> bool:
@@ -244,12 +320,14 @@ def _launch_bound_reason(c: Comparison, d_busy: float, saved: str, launches: str
     per_launch_a = c.a.wall_ns / c.a.kernels if c.a.kernels else 0.0
     per_launch_b = c.b.wall_ns / c.b.kernels if c.b.kernels else 0.0
     extra = (c.b.kernels - c.a.kernels) * per_launch_a
-    text = (f"Both are launch-bound (host-bound idle exceeds GPU busy time). GPU time {'−' if d_busy < 0 else '+'}{abs(d_busy) / 1e6:.3g} ms"
-            f"{f' ({saved})' if d_busy < 0 and saved else ''}, {launches}; at {c.labels[0]}'s wall time per kernel ({per_launch_a / 1e3:.1f} µs), "
+    w = c.words
+    text = (f"{w.both_by_host}. {w.time[0].upper() + w.time[1:]} {'−' if d_busy < 0 else '+'}{abs(d_busy) / 1e6:.3g} ms"
+            f"{f' ({saved})' if d_busy < 0 and saved else ''}, {launches}; at {c.labels[0]}'s wall time per {w.work} ({per_launch_a / 1e3:.1f} µs), "
             f"that is {'+' if extra >= 0 else '−'}{abs(extra) / 1e6:.3g} ms of host time per step")
     drift = per_launch_b / per_launch_a - 1 if per_launch_a else 0.0
     if abs(drift) > 0.1:
-        text += f" (the wall time per kernel differed by {drift:+.0%} between the two runs: host speed drifted, so compare kernels, not wall time)"
+        text += (f" (the wall time per {w.work} differed by {drift:+.0%} between the two runs: host speed drifted, so compare "
+                 f"{w.works}, not wall time)")
     return text + "."
 
 

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 
 from perflab.errors import PerflabError
 from perflab.host_flags import HOST_FLAGS
-from perflab.stats import LEVEL, block_ratios, log_t_interval, paired_ratio, welch_log_ratio
+from perflab.stats import LEVEL, block_ratios, ci_coverage_of, log_t_interval, paired_ratio, welch_log_ratio
 
 DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
 BORDERLINE = 1.25  # host ÷ GPU time within this factor of 1: a step that a host this much faster or slower tips over
@@ -318,6 +318,7 @@ class RevisionPoint:
     status: str
     median_ms: float | None = None
     ci_ms: list | None = None
+    ci_coverage: float | None = None  # what ci_ms may claim (0.95 from 5 units; from fewer, less)
     step: CaseChange | None = None  # against the previous point with an ok row; None for the first
 
     @property
@@ -356,7 +357,7 @@ def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: f
                 continue
             point = RevisionPoint(key, names[key], row.get("status") or "?")
             if point.status == "ok":
-                point.median_ms, point.ci_ms = row.get("median_ms"), _ci(row)
+                point.median_ms, point.ci_ms, point.ci_coverage = row.get("median_ms"), _ci(row), ci_coverage_of(row)
                 if previous is not None:
                     point.step = compare_case(previous, row, threshold)
                 previous = row

@@ -441,7 +441,8 @@ def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
     """Set the row's figures that follow from its timing samples (median, spread, CIs, latency, throughput, FLOP/s,
     the GPU's busy share); the samples of several processes are merged this way too (``bench --processes``).
 
-    The timing fields are the summary's (``stats.TimingSummary``): ``ci95_ms`` the hierarchical CI (across processes,
+    The timing fields are the summary's (``stats.TimingSummary``): ``ci_ms`` (and ``ci95_ms``, the same for one more
+    release) the hierarchical CI (across processes,
     else stretches of the run), ``ci_level`` says which, ``ci_coverage`` what it may claim (0.95 from 5 units or more;
     from fewer, what their ranks guarantee); ``ci95_within_ms`` the order-statistics CI of the pooled blocks."""
     summary = summarize(samples, processes, rounds)
@@ -581,6 +582,7 @@ def base_row(case: Case, env: dict) -> dict:
         "p10_ms": None,
         "p90_ms": None,
         "cv": None,
+        "ci_ms": None,
         "ci95_ms": None,
         "latency_ms_per_batch": None,
         "latency_ms_per_sample": None,

@@ -76,8 +76,18 @@ def parse_model_name(name: str) -> ModelName:
     if method in METHODS and base in vit_configs:
         return ModelName(name, "vit", base, method)
     close = difflib.get_close_matches(name, model_names(), n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; known models: {', '.join(vit_configs)} (prefix topk_ or evit_ for token reduction), or timm:<name>"
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; {known_models()}"
     raise PerflabError(f"unknown model {name!r}{hint}")
+
+
+def known_models() -> str:
+    """Every family's models in one line, for an unknown name (``perflab models`` gives them with their dimensions)."""
+    from perflab.models.llama import llama_configs
+    from perflab.models.lm import lm_configs
+
+    return (f"known models: image {', '.join(vit_configs)} (prefix topk_ or evit_ for token reduction) or timm:<name>; "
+            f"language {', '.join(lm_configs)}; decode {', '.join(llama_configs)}; or your own, file.py:NAME, package.module:NAME or "
+            "hf:DIR (perflab models lists them all)")
 
 
 def vit_config_for(name: ModelName, input_size: int, keep_rate: tuple[float, ...], reduction_loc: tuple[int, ...], attn: str) -> ViTConfig:

@@ -115,7 +115,9 @@ def merge(report: dict, reports: dict[int, dict], device: str) -> dict:
     world = report["world_size"]
     missing = sorted(set(range(world)) - set(reports))
     medians = {r: (rep.get("timing") or {}).get("median_ms") for r, rep in reports.items()}
-    report["ranks"] = [{"rank": r, "median_ms": medians[r], "ci95_ms": (reports[r].get("timing") or {}).get("ci95_ms"),
+    report["ranks"] = [{"rank": r, "median_ms": medians[r], "ci_ms": (reports[r].get("timing") or {}).get("ci95_ms"),
+                        "ci_coverage": (reports[r].get("timing") or {}).get("ci_coverage"),
+                        "ci95_ms": (reports[r].get("timing") or {}).get("ci95_ms"),
                         "steps_seen": (reports[r].get("recorded") or {}).get("steps_seen"), "flags": [f["flag"] for f in reports[r].get("flags") or []]}
                        for r in sorted(reports)]
     known = {r: m for r, m in medians.items() if m}

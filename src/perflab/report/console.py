@@ -7,7 +7,7 @@ from typing import Iterable
 from rich.markup import escape
 
 from perflab.report.fit import Column, FittedTable
-from perflab.report.md import ci_note, formula_cell
+from perflab.report.md import ci_note, formula_cell, gflops
 
 
 def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
@@ -96,7 +96,11 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
             return f"[red]{row['status']}[/red]: {escape(row.get('message') or '')}"
         return ", ".join(f for f in row.get("flags") or [] if f not in common) or ("–" if common else "[green]ok[/green]")
 
-    columns = [
+    from perflab.report.versions import version_cell, version_header
+
+    version = version_header(rows)  # rows of ab or track: which revision or interpreter each is
+    columns = ([Column(version, cells(lambda r: escape(version_cell(r.get("version")))), key=True, caption_as=f"{version} {{}}")]
+               if version else []) + [
         Column("model", cells(lambda r: escape(model_label(r))), key=True, short=True, caption_as="{}"),
         Column("size" if classify_only else "shape", cells(lambda r: escape(shape_label(r))), "right" if classify_only else "left", key=True, caption_as="{}"),
         Column("bs", cells(lambda r: str(r["batch_size"])), "right", key=True, caption_as="bs {}"),
@@ -105,7 +109,7 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         Column(("ms/batch" if classify_only else "ms/step") + (" (95% CI)" if full_ci else " (CI)"), cells(timing), "right"),
         Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms(r.get("latency_ms_per_sample"))), "right", drop=2),
         Column(f"{unit}/s", cells(lambda r: _fmt(throughput(r), ".1f")), "right"),
-        Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: _fmt(r.get("gflops"), ".2f")), "right", drop=5),
+        Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: gflops(r.get("gflops"))), "right", drop=5),
     ]
     if any_gpu:
         columns.append(Column("MFU (counted)", cells(lambda r: _fmt(r.get("mfu"), ".1%")), "right"))
@@ -125,7 +129,12 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         columns += [Column("node", cells(lambda r: escape(f"{r.get('node_host') or '–'}:{(r.get('node_id') or '')[:6]}")), key=True),
                     Column("GPU", cells(lambda r: escape(r.get("gpu_name") or "–")), key=True)]
     caption = [f"flags on every row: {', '.join(f for f in ok_rows[0]['flags'] if f in common)}"] if common else []
+    caption += [HOST_CAPTION] if any_canary else []
     return FittedTable(columns, title=title, caption=caption + ([] if full_ci else [CI_CAPTION]))
+
+
+HOST_CAPTION = ("host µs: the host's speed around the case, a fixed CPU micro-workload (Python and tiny torch ops) timed before and "
+                "after the timed loop, µs a run (lower: a faster host), and its ratio to the median of its environment's rows")
 
 
 CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run); from fewer, the coverage they guarantee "
@@ -159,7 +168,6 @@ def warning_lines(rows: list[dict]) -> list[str]:
     that failed) is said once where every row has it, else on its rows' lines. Expected absences (no power meter on a
     CPU) are no warnings."""
     from perflab.measure.checks import FLAG_SUMMARIES, NOISE_FLAGS
-    from perflab.report.fit import short_forms
 
     lines = [f"[red]{r['status']}[/red]: {escape(row_label(r))}: {escape(str(r.get('message')))}" for r in rows if r.get("status") != "ok"]
     ok = [r for r in rows if r.get("status") == "ok"]
@@ -178,7 +186,7 @@ def warning_lines(rows: list[dict]) -> list[str]:
     if len(ok) == 1:
         return lines + [f"[yellow]warning[/yellow]: {escape(row_label(ok[0]))}: "
                         + " | ".join([f"{flag}: {escape(h[0][1])}" for flag, h in hits.items()] + [escape(m) for m in unflagged])]
-    labels = short_forms([row_label(r) for r in ok], sep=" ")
+    labels = table_names(rows)
     shared, own = [], []
     for flag, found in hits.items():
         if len(found) == len(ok) or flag in NOISE_FLAGS:
@@ -194,6 +202,17 @@ def warning_lines(rows: list[dict]) -> list[str]:
         else:
             own += [f"[yellow]warning[/yellow]: {escape(row_label(r))}: {escape(message)}" for r in found]
     return lines + ([f"[yellow]warning[/yellow]: {' | '.join(shared)}"] if shared else []) + own
+
+
+def table_names(rows: list[dict]) -> dict[str, str]:
+    """Each row's name as the table shows it: the words of its label (model, shape, ``bs8``, dtype, mode) that not
+    every row shares, in order (``deit_tiny_patch16_224 bs8``); its whole label where that would not tell it apart."""
+    words = {label: label.split(" ") for label in dict.fromkeys(row_label(r) for r in rows)}
+    shared = set.intersection(*(set(w) for w in words.values())) if words else set()
+    names = {label: " ".join(w for w in ws if w not in shared) or label for label, ws in words.items()}
+    if len(set(names.values())) < len(names):
+        return {label: label for label in names}
+    return names
 
 
 def exempt_line(rows: Iterable[dict], limit: int = 6) -> str | None:
@@ -260,9 +279,9 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
         note = ci_note(p.get("speedup_ci_coverage"), p.get("speedup_ci_range_of"))
         return f"{c[0]:.3f}–{c[1]:.3f}" + (f" {note}" if note else "")
 
-    def gflops(p):
+    def gflops_cell(p):
         b, v = p.get("baseline_gflops"), p.get("variant_gflops")
-        return "–" if b is None or v is None else (f"{b:.2f}" if round(b, 2) == round(v, 2) else f"{b:.2f} → {v:.2f}")
+        return "–" if b is None or v is None else (gflops(b) if gflops(b) == gflops(v) else f"{gflops(b)} → {gflops(v)}")
 
     columns = [Column("baseline", cells(lambda p: _compared_value(field, p["rows"][0])), key=True, short=True),
                Column("variant", cells(lambda p: _compared_value(field, p["rows"][1])), key=True, short=True)]
@@ -276,7 +295,7 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
                 Column("speedup", cells(speedup), "right")]
     if any_paired:
         columns.append(Column("paired 95% CI" if full_ci else "paired CI", cells(ci), "right", wrap=True, drop=3))
-    columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops), "right", wrap=True, drop=4),
+    columns += [Column(f"GFLOPs/{unit}" if unit == "img" else "GFLOPs/sample", cells(gflops_cell), "right", wrap=True, drop=4),
                 Column("verdict", cells(verdict), wrap=True)]
     caption = []
     if any_paired:

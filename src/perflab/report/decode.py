@@ -2,7 +2,7 @@
 tokens/s, memory-bandwidth utilisation (MBU: the bytes a step must move ÷ its time ÷ the GPU's measured copy
 bandwidth; and ÷ the datasheet bandwidth) with a plot of MBU against batch size, the ncu DRAM throughput of
 each mode's top kernels where a sweep stored them, and generation latencies (time to first token, time per
-output token); seed 004's eager-vs-compiled times (``seed_figures.yaml``) beside every mode measured, with a plot of
+output token); seed 004's eager-vs-compiled times (``study_figures.yaml``) beside every mode measured, with a plot of
 each mode's time ÷ eager's; and ``summary``, the sentences the report opens with, computed from the rows. Kernel names are the short names of ``analysis.names`` (the report's legend gives the full ones).
 Torch-free."""
 
@@ -37,7 +37,7 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
 
     names = names if names is not None else KernelNames()
 
-    parts = ["## Decode (seed 004)",
+    parts = ["## Decode (the Llama decode testbench)",
              "Decode: one new token per sequence against a KV cache holding the context. Times are untraced medians with their 95% CI. "
              "Bytes per step = every weight read once (the embedding table only for the batch's rows) + the KV cache read at that "
              "context + the new token's K and V written. MBU = bytes per step ÷ step time ÷ the copy bandwidth measured on this GPU "
@@ -142,7 +142,7 @@ def _gbps(value) -> str:
 
 
 def _decode_cells(rows: list[dict]) -> dict[tuple, dict]:
-    """(testbench?, context, batch, mode) → row, for the decode-step rows (the seed timed one decode step)."""
+    """(testbench?, context, batch, mode) → row, for the decode-step rows (the testbench timed one decode step)."""
     out = {}
     for r in rows:
         c = r.get("case") or r
@@ -168,16 +168,16 @@ def _mode_index(mode) -> int:
 
 
 def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
-    """Seed 004's eager and compiled times (seed_figures.yaml) beside perflab's one-layer testbench in every mode, the
+    """Seed 004's eager and compiled times (study_figures.yaml) beside perflab's one-layer testbench in every mode, the
     ncu DRAM figures of both, and a plot of step time per mode."""
 
     fig = seeds.seed004()
     gpu = gpu_name(rows)
-    parts = ["### Seed 004's eager-vs-compiled finding beside perflab's modes",
-             f"The seed's figures are copied from seed 004's text into `src/perflab/report/seed_figures.yaml`: {fig['measured']}, on two "
+    parts = ["### The Llama decode testbench's eager-vs-compiled finding beside perflab's modes",
+             f"The testbench's figures are copied from its write-up into `src/perflab/report/study_figures.yaml`: {fig['measured']}, on two "
              f"GPUs; \"compiled\" is {fig['compiled_mode']}. perflab's are this report's decode-step rows on {gpu}: untraced medians of "
              f"one decode step, every mode measured."]
-    body = [["seed 004", f"{s['gpu']}, one layer", f"{s['eager']:.2f}", f"{s['compiled']:.2f} (compiled)", f"{s['compiled'] / s['eager']:.2f}",
+    body = [["the testbench", f"{s['gpu']}, one layer", f"{s['eager']:.2f}", f"{s['compiled']:.2f} (compiled)", f"{s['compiled'] / s['eager']:.2f}",
              "eager" if s["compiled"] > s["eager"] else "compiled"] for s in fig["eager_vs_compiled_ms"]]
     cells = _decode_cells(rows)
     for (bench, model, ctx, batch), mode, ratio in compiled_vs_eager(rows, testbench_only=True):
@@ -189,7 +189,7 @@ def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
     every = compiled_vs_eager(rows)
     slower = [(k, m, r) for k, m, r in every if r > 1]
     seed_ratios = [s["compiled"] / s["eager"] for s in fig["eager_vs_compiled_ms"]]
-    line = (f"What differs: the seed timed one NVTX range under nsys after 20 warmup runs ({'; '.join(s['gpu'] for s in fig['eager_vs_compiled_ms'])}, "
+    line = (f"What differs: the testbench timed one NVTX range under nsys after 20 warmup runs ({'; '.join(s['gpu'] for s in fig['eager_vs_compiled_ms'])}, "
             f"PyTorch 2.8, a layer without RoPE or GQA), and found compiled {span(seed_ratios)}× eager's time; perflab times the "
             f"median of many untraced steps (torch {_torch(rows)}) of a Llama-3-8B layer with RoPE and GQA")
     if every:
@@ -207,7 +207,7 @@ def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
                 measured.setdefault(k["library"], []).append(k["dram_pct"])
     if measured:
         ours = "; ".join(f"{lib} {span(v, '.1f')}% over {len(v)}" for lib, v in sorted(measured.items()))
-        parts.append(f"ncu, DRAM throughput of the memory-bound top kernels: the seed's Triton GEMMs {triton[0]}–{triton[1]}% against "
+        parts.append(f"ncu, DRAM throughput of the memory-bound top kernels: the testbench's Triton GEMMs {triton[0]}–{triton[1]}% against "
                      f"~{cublas}% for cuBLAS (RTX 4090); perflab's ({gpu}, the ncu pass's top kernels of every mode): {ours} kernels.")
     panels: dict[str, dict] = {}
     for (bench, model, ctx, batch), mode, ratio in every:
@@ -215,8 +215,8 @@ def seed_section(rows: list[dict], plot_dir: Path) -> list[str]:
         panels.setdefault(title, {}).setdefault(mode, []).append((f"bs{batch}", ratio))
     if panels:
         panels = {t: dict(sorted(p.items(), key=lambda kv: _mode_index(kv[0]))) for t, p in sorted(panels.items())}
-        panels["seed 004: one layer, one nsys range"] = {"compiled (seed)": [(s["gpu"], s["compiled"] / s["eager"]) for s in fig["eager_vs_compiled_ms"]]}
-        colors = {m: f"C{i + 1}" for i, m in enumerate(MODE_ORDER[1:])} | {"compiled (seed)": "C7"}
+        panels["the testbench: one layer, one nsys range"] = {"compiled (testbench)": [(s["gpu"], s["compiled"] / s["eager"]) for s in fig["eager_vs_compiled_ms"]]}
+        colors = {m: f"C{i + 1}" for i, m in enumerate(MODE_ORDER[1:])} | {"compiled (testbench)": "C7"}
         path = plots.grouped_bars(panels, plot_dir / "decode_eager_vs_compiled.png",
                                   f"Decode step time of each mode ÷ eager's (below 1: faster than eager; perflab on {gpu})",
                                   "mode's time ÷ eager's time", hline=1.0, colors=colors)
@@ -243,7 +243,7 @@ def summary(rows: list[dict]) -> list[str]:
         model, ctx, batch = keys[0]
         modes = {mode: cells[(bench, model, ctx, batch, mode)] for mode in MODE_ORDER if ok(cells.get((bench, model, ctx, batch, mode)))}
         best_mode, best = min(modes.items(), key=lambda kv: kv[1]["median_ms"])
-        what = f"{model}{' one layer (the seed testbench)' if bench else ''}, context {ctx}, batch {batch}"
+        what = f"{model}{' one layer (as the Llama decode testbench)' if bench else ''}, context {ctx}, batch {batch}"
         sentence = f"{what}: fastest {best_mode} {best['median_ms']:.3f} ms per step"
         if best.get("mbu") is not None:
             sentence += f" ({100 * best['mbu']:.1f}% MBU)"
@@ -268,6 +268,6 @@ def summary(rows: list[dict]) -> list[str]:
     seed = "; ".join(f"{s['gpu']} {s['compiled']:.2f} against {s['eager']:.2f} ms" for s in fig["eager_vs_compiled_ms"])
     if every:
         slower = sum(r > 1 for _, _, r in every)
-        out.append(f"Seed 004 found compiled slower than eager ({seed}); here {len(every) - slower} of {len(every)} (cell, mode) pairs "
+        out.append(f"The Llama decode testbench found compiled slower than eager ({seed}); here {len(every) - slower} of {len(every)} (cell, mode) pairs "
                    f"run faster than eager, the mode taking {span([r for _, _, r in every])}× eager's time.")
     return out

@@ -24,39 +24,45 @@ def _signed_ms(ns: float) -> str:
 
 def render_comparison(console, c) -> None:
     a, b = c.labels
+    w = c.words  # a GPU trace's kernels and GPU time, or a CPU trace's operators
     header = ("term", a, b, "Δ")
     rows = [["wall", _ms(c.a.wall_ns), _ms(c.b.wall_ns), _signed_ms(c.delta_wall_ns)]]
     for cat, delta in sorted(c.delta_by_category.items(), key=lambda kv: -abs(kv[1])):
-        rows.append([f"  GPU time: {cat}", _ms(c.a.category_ns.get(cat, 0.0)), _ms(c.b.category_ns.get(cat, 0.0)), _signed_ms(delta)])
+        rows.append([f"  {w.time}: {cat}", _ms(c.a.category_ns.get(cat, 0.0)), _ms(c.b.category_ns.get(cat, 0.0)), _signed_ms(delta)])
     if c.a.overlap_ns or c.b.overlap_ns:
         rows.append(["  − overlap (streams / spill)", _ms(-c.a.overlap_ns), _ms(-c.b.overlap_ns), _signed_ms(-c.delta_overlap_ns)])
     for cause, delta in c.delta_idle_by_cause.items():
-        rows.append([f"  idle: {cause.replace('_', ' ')}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta)])
+        if c.cpu_only and cause != "host_bound" and not (delta or c.a.idle_ns[cause]):
+            continue  # a CPU trace's operators launch themselves: no kernel gap
+        label = w.idle if cause == "host_bound" and c.cpu_only else f"idle: {cause.replace('_', ' ')}"
+        rows.append([f"  {label}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta)])
     rows.append(["closure (wall − Σ terms)", "", "", f"{c.closure_ns():.2g} ns"])
     table = text_table(list(header), rows, f"Per step: {b} − {a} (ms; exact decomposition)", ["term"], _drop_order(header, 1, 2))
     table.columns[0].cells[0] = "[bold]wall[/bold]"  # the total, above the terms that make it up
     console.print(table)
 
-    seed = c.seed_table()
-    header = ("configuration", "GPU time ms", "kernels", "mean kernel µs", "wall ms", "GPU busy", "img/s")
+    records = c.throughput_table().to_dict(orient="records")
+    known = [r["throughput_per_s"] is not None and not math.isnan(r["throughput_per_s"]) for r in records]
+    header = ("configuration", "operators ms" if c.cpu_only else "GPU time ms", w.works, f"mean {w.work} µs", "wall ms",
+              "in operators" if c.cpu_only else "GPU busy") + ((c.throughput_unit,) if any(known) else ())  # traces: no items known
     rows = []
-    for r in seed.to_dict(orient="records"):
-        tp = r["throughput_per_s"]
+    for r, has in zip(records, known):
+        tp = [f"{r['throughput_per_s']:.1f}" if has else "–"] if any(known) else []
         rows.append([r["configuration"], f"{r['gpu_time_ms_per_step']:.4f}", f"{r['kernels_per_step']:.0f}", f"{r['mean_kernel_us']:.2f}",
-                     f"{r['wall_ms_per_step']:.4f}", f"{r['gpu_busy_share']:.0%}", f"{tp:.1f}" if tp is not None and not math.isnan(tp) else "–"])
-    console.print(text_table(list(header), rows, "GPU time vs throughput (seed 000's table, per step)", ["configuration"],
-                             _drop_order(header, 3, 2, 6)))
+                     f"{r['wall_ms_per_step']:.4f}", f"{r['gpu_busy_share']:.0%}", *tp])
+    title = f"{w.time[0].upper() + w.time[1:]} vs throughput (the token-reduction study's table, per step)"
+    console.print(text_table(list(header), rows, title, ["configuration"], _drop_order(header, 3, 2, *([6] if any(known) else []))))
 
-    for title, frame in (("kernels added per step", c.added_kernels), ("kernels removed per step", c.removed_kernels)):
+    for title, frame in ((f"{w.works} added per step", c.added_kernels), (f"{w.works} removed per step", c.removed_kernels)):
         if len(frame):
             rows = [[str(r["name"]), f"{r['delta_count']:+.0f}", f"{r['delta_time_ns'] / 1e3:+.2f}"] for r in frame.head(10).to_dict(orient="records")]
-            console.print(text_table(["kernel", "Δ count", "Δ time µs"], rows, f"{title} ({b} vs {a})", ["kernel"], folds=True))
+            console.print(text_table([w.work, "Δ count", "Δ time µs"], rows, f"{title} ({b} vs {a})", [w.work], folds=True))
     modules = c.extra.get("modules")
     if modules is not None and len(modules):
         header = ("pass", "module", f"{a} µs", f"{b} µs", "Δ µs", "ratio")
         rows = [[r["pass"], r["module"], f"{r['a_ns'] / 1e3:.2f}", f"{r['b_ns'] / 1e3:.2f}", f"{r['delta_ns'] / 1e3:+.2f}",
                  f"{r['ratio']:.2f}×" if r["ratio"] == r["ratio"] else "new"] for r in modules.to_dict(orient="records")]
-        console.print(text_table(list(header), rows, f"modules that changed (inclusive GPU time per step, {b} vs {a})", ["pass", "module"],
+        console.print(text_table(list(header), rows, f"modules that changed (inclusive {w.time} per step, {b} vs {a})", ["pass", "module"],
                                  _drop_order(header, 2, 3)))
     console.print(f"[bold]Verdict:[/bold] {c.verdict}")
 

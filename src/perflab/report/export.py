@@ -41,9 +41,12 @@ PERFLAB_COLUMNS = [
     "latency_ms_per_batch", "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m",
     "peak_mem_alloc_mb", "peak_mem_reserved_mb", "energy_j", "power_w", "host_canary_us", "flags", "message",
     "ci_level", "processes", "process_medians_ms", "host_held_ms", "device_ms",
+    "ci_coverage",  # what the CI may claim: 0.95 from 5 units or more (ci95_low_ms/ci95_high_ms are named for one more release)
+    "version_name", "revision", "commit", "interpreter",  # ab and track: the row's version (A, B or the revision as given)
 ]
 # Columns read back as text, and as whole numbers (read_rows); the others are numbers, or empty for none.
-TEXT_COLUMNS = {"run_name", "case_id", "status", "model", "method", "dtype", "mode", "attn", "device_name", "message", "ci_level"}
+TEXT_COLUMNS = {"run_name", "case_id", "status", "model", "method", "dtype", "mode", "attn", "device_name", "message", "ci_level",
+                "version_name", "revision", "commit", "interpreter"}
 INT_COLUMNS = {"input_size", "batch_size", "processes"}
 LIST_COLUMNS = {"keep_rate": float, "reduction_loc": int, "tokens": int, "flags": str, "process_medians_ms": float}
 
@@ -79,6 +82,10 @@ def perflab_values(row: dict) -> dict:
     for key in LIST_COLUMNS:
         v = row.get(key)
         values[key] = " ".join(map(str, v)) if v else ""
+    version = row.get("version") if isinstance(row.get("version"), dict) else None
+    if version is not None:  # a stored row of ab or track (a CSV read back holds these columns themselves)
+        values.update(version_name=version.get("name"), revision=version.get("revision"), commit=version.get("commit"),
+                      interpreter=version.get("python"))
     return values
 
 
@@ -193,6 +200,8 @@ _FIELDS: dict[str, tuple[object, str]] = {
                                                  "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power")},
     **{key: (_Count, "a whole number, 1 or more") for key in INT_COLUMNS},
     "ci95_ms": (tuple[Optional[_Time], Optional[_Time]], f"[low, high] in ms, each {_TIME_RANGE}"),
+    "ci_ms": (tuple[Optional[_Time], Optional[_Time]], f"[low, high] in ms, each {_TIME_RANGE}"),  # ci95_ms's new name
+    "ci_coverage": (_Rate, "a coverage above 0 and at most 1"),
     "samples_ms": (list[_Time], f"a list of times in ms, each {_TIME_RANGE}"),
     "process_medians_ms": (list[Optional[_Time]], f"a list of process medians in ms, each {_TIME_RANGE} or null"),
     "keep_rate": (list[_Rate], "a list of keep rates, each above 0 and at most 1"),

@@ -11,8 +11,8 @@ Per group of rows that share dtype, attention, mode and batch size:
   and against the datasheet, and beside it MFU by the formula's FLOPs with the ratio counted ÷ formula; peak memory with its
   breakdown; the profiler's inflation (timings are untraced; (b)–(e) come from a separate profiled pass).
 
-Then seed 003's own figures (``seed_figures.yaml``: (a), (b)'s shares, (d), (e)) beside perflab's value of each cell of
-the group run as the seed ran it (fp32, explicit attention, eager), with one line on what differs; the seed's OOM
+Then seed 003's own figures (``study_figures.yaml``: (a), (b)'s shares, (d), (e)) beside perflab's value of each cell of
+the group run as the study ran it (fp32, explicit attention, eager), with one line on what differs; the study's OOM
 cells against perflab's measured peaks at 12, 16 and 24 GiB (derived from the peaks, or measured where rows ran with
 ``max_memory``); plots of forward time, GEMM fraction and softmax ÷ matmul time against sequence length; and
 ``summary``, the sentences the report opens with, computed from the rows.
@@ -39,7 +39,7 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
 
     names = names if names is not None else KernelNames()
 
-    parts = ["## Language models (seed 003)",
+    parts = ["## Language models (the GPT size study)",
              "Step times are untraced medians with their 95% CI; the kernel tables come from a separate profiled pass of the same case "
              "(the profiler's inflation is listed last). GEMM fraction = GEMM kernel time ÷ the pass's kernel time. A failed cell says "
              "OOM, ERROR or TIMEOUT; \"not run\" marks a case of the spec without a stored row."]
@@ -362,24 +362,24 @@ def forward_ratios(cells: dict) -> list[tuple[str, int, float]]:
 
 def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[str]:
     """Seed 003's tables (a), (b)'s shares, (d) and (e), each beside perflab's value of the same cell with one line
-    on what differs, then the seed's OOM cells against perflab's measured peaks at 12, 16 and 24 GiB."""
+    on what differs, then the study's OOM cells against perflab's measured peaks at 12, 16 and 24 GiB."""
 
     groups = _groups(rows)
     key = _seed_group_key(groups)
     fig = seeds.seed003()
-    title = "### Seed 003's figures beside perflab's"
+    title = "### The GPT size study's figures beside perflab's"
     if key is None:
-        return [title, "No group of stored rows runs as the seed ran (fp32, explicit attention, eager), so there is nothing to put beside "
-                       "the seed's figures (src/perflab/report/seed_figures.yaml)."]
+        return [title, "No group of stored rows runs as the study ran (fp32, explicit attention, eager), so there is nothing to put beside "
+                       "the study's figures (src/perflab/report/study_figures.yaml)."]
     group = groups[key]
     cells, gpu = _cells(group), gpu_name(group)
     dtype, attn, mode, batch, device = key
     seqs, models = fig["seq_lens"], list(fig["forward_ms"])
     seq_cols = lambda m, s: [m, f"seq{s}"]  # noqa: E731
     parts = [f"{title} ({dtype}, {attn} attention, {mode}, batch {batch}, {gpu})",
-             f"The seed's figures are copied from seed 003's text into `src/perflab/report/seed_figures.yaml` (its source and what it "
+             f"The study's figures are copied from its write-up into `src/perflab/report/study_figures.yaml` (its source and what it "
              f"measured are in the file's header): NVTX ranges under nsys, tables (b) and (e) from one iteration (the 6th), at a batch size "
-             f"and on a GPU the seed does not state. perflab's are this report's rows ({gpu}, batch {batch}): untraced medians for times, "
+             f"and on a GPU the study does not state. perflab's are this report's rows ({gpu}, batch {batch}): untraced medians for times, "
              f"a separate torch.profiler pass for kernel shares. \"not run\" marks a case of the spec without a stored row."]
 
     body = []
@@ -389,12 +389,12 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
             ratio = f"{seed / row['median_ms']:.1f}×" if seeds.is_number(seed) and ok(row) else "–"
             body.append(seq_cols(m, s) + [_seed_fmt(seed, ".2f"), _time_cell(row) if row is not None else "–", ratio])
     ratios = [r for _, _, r in forward_ratios(cells)]
-    differs = ("What differs: the seed's times are NVTX ranges under the profiler, at its batch size on its GPU; perflab's are "
+    differs = ("What differs: the study's times are NVTX ranges under the profiler, at its batch size on its GPU; perflab's are "
                f"untraced medians at batch {batch} on {gpu}")
-    differs += (f". Over the {len(ratios)} cells both measured the seed's time is {span(ratios, '.1f', '×')} perflab's."
+    differs += (f". Over the {len(ratios)} cells both measured the study's time is {span(ratios, '.1f', '×')} perflab's."
                 if ratios else "; no cell has both yet.")
-    parts += ["#### (a) Forward time (ms): seed vs perflab",
-              md_table(["Model", "Seq len", "Seed (nsys range)", "perflab (median [95% CI])", "Seed ÷ perflab"], body), differs]
+    parts += ["#### (a) Forward time (ms): study vs perflab",
+              md_table(["Model", "Seq len", "Study (nsys range)", "perflab (median [95% CI])", "Study ÷ perflab"], body), differs]
 
     body, seed_shares, perflab_shares = [], [], []
     for m in models:
@@ -409,12 +409,12 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
                     seed_shares.append(seed), perflab_shares.append(100 * p["top_kernel_share"])
             body.append(line)
     differs = ("What differs: both are the top kernel's share of its pass's kernel time (training = the forward and backward of a "
-               "forward + backward step); the seed's from iteration 6 under nsys on its GPU, perflab's from its profile pass on "
+               "forward + backward step); the study's from iteration 6 under nsys on its GPU, perflab's from its profile pass on "
                f"{gpu}, whose cuBLAS picks other fp32 GEMM kernels (names in table (b) above)")
-    differs += (f": over {len(seed_shares)} cells the seed's shares are {span(seed_shares, '.1f', '%')}, perflab's "
+    differs += (f": over {len(seed_shares)} cells the study's shares are {span(seed_shares, '.1f', '%')}, perflab's "
                 f"{span(perflab_shares, '.1f', '%')}." if seed_shares else ".")
-    headers = ["Model", "Seq len"] + [f"{p.capitalize()}: {who}" for p in seeds.PASSES_B for who in ("seed", "perflab")]
-    parts += ["#### (b) Top kernel's share of each pass: seed vs perflab", md_table(headers, body), differs]
+    headers = ["Model", "Seq len"] + [f"{p.capitalize()}: {who}" for p in seeds.PASSES_B for who in ("study", "perflab")]
+    parts += ["#### (b) Top kernel's share of each pass: study vs perflab", md_table(headers, body), differs]
 
     body, deltas = [], {"inference": [], "training": []}
     for m in models:
@@ -430,13 +430,13 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
                 if seeds.is_number(seed) and value is not None:
                     deltas[kind].append(value - seed)
             body.append(line)
-    differs = ("What differs: the same definition (GEMM kernel time ÷ the pass's kernel time), the seed's under nsys on its GPU, "
+    differs = ("What differs: the same definition (GEMM kernel time ÷ the pass's kernel time), the study's under nsys on its GPU, "
                f"perflab's from its profile pass on {gpu}")
     said = [f"{kind} {sum(d) / len(d):+.1f} points on average over {len(d)} cells (from {min(d):+.1f} to {max(d):+.1f})"
             for kind, d in deltas.items() if d]
-    differs += (": perflab − seed, " + "; ".join(said) + "." if said else ".")
-    parts += ["#### (d) GEMM fraction: seed vs perflab",
-              md_table(["Model", "Seq len", "Inference: seed", "Inference: perflab", "Training: seed", "Training: perflab"], body), differs]
+    differs += (": perflab − study, " + "; ".join(said) + "." if said else ".")
+    parts += ["#### (d) GEMM fraction: study vs perflab",
+              md_table(["Model", "Seq len", "Inference: study", "Inference: perflab", "Training: study", "Training: perflab"], body), differs]
 
     body, seed_ratio, perflab_ratio = [], [], []
     for m in models:
@@ -452,13 +452,13 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
                 if suffix and seeds.is_number(seed) and value is not None:
                     seed_ratio.append(seed), perflab_ratio.append(value)
             body.append(line)
-    differs = ("What differs: the seed's softmax and matmul times are NVTX range durations of iteration 6 under nsys (not kernel "
+    differs = ("What differs: the study's softmax and matmul times are NVTX range durations of iteration 6 under nsys (not kernel "
                "time); perflab's are the GPU kernel time launched inside the attn.softmax and the two attention-matmul ranges per step")
-    differs += (f": over {len(seed_ratio)} cells the seed's ratio is {span(seed_ratio, '.1f', '%')}, perflab's "
+    differs += (f": over {len(seed_ratio)} cells the study's ratio is {span(seed_ratio, '.1f', '%')}, perflab's "
                 f"{span(perflab_ratio, '.1f', '%')}, against a FLOP ratio of 5 : 4·head_dim (1.95% at head_dim 64)." if seed_ratio else ".")
-    headers = ["Model", "Seq len", "Softmax ms: seed", "Softmax ms: perflab", "Matmul ms: seed", "Matmul ms: perflab",
-               "Ratio: seed", "Ratio: perflab"]
-    parts += ["#### (e) Softmax vs matmul inside attention: seed vs perflab", md_table(headers, body), differs]
+    headers = ["Model", "Seq len", "Softmax ms: study", "Softmax ms: perflab", "Matmul ms: study", "Matmul ms: perflab",
+               "Ratio: study", "Ratio: perflab"]
+    parts += ["#### (e) Softmax vs matmul inside attention: study vs perflab", md_table(headers, body), differs]
     parts += oom_section(cells, group, capped or [])
     return parts
 
@@ -489,7 +489,7 @@ def predict(row, capacity_gib: float) -> str | None:
 
 def oom_pattern(cells: dict, inference_workload: str = "forward") -> dict[int, dict]:
     """Per capacity: {"match": [...], "mismatch": [...], "unknown": [...]} of (model, seq, "inference"|"training"),
-    the seed's OOM mark (tables (a) and (d)) against the prediction from perflab's peak of the same cell
+    the study's OOM mark (tables (a) and (d)) against the prediction from perflab's peak of the same cell
     (inference: the ``inference_workload`` row; training: forward + backward)."""
     fig = seeds.seed003()
     out = {}
@@ -536,22 +536,22 @@ def oom_section(cells: dict, group: list[dict], capped: list[dict]) -> list[str]
     ran = [(m, s, k) for m in fig["forward_ms"] for s in fig["seq_lens"] for k, v in seeds.seed_oom(m, s).items()
            if v and ok(cells.get(("forward", m, s)) if k == "inference" else _training_row(cells, m, s))]
     full_text = f", {full:.0f} GB" if full else ""
-    parts = ["#### Seed 003's OOM cells against perflab's measured memory",
-             f"The seed printed OOM for {n_seed_oom} (model, sequence length, inference or training) cells; perflab ran {len(ran)} of them "
-             f"to completion on {gpu}{full_text}. Which card would OOM where the seed did? The capacity columns are **derived from "
+    parts = ["#### The GPT size study's OOM cells against perflab's measured memory",
+             f"The study printed OOM for {n_seed_oom} (model, sequence length, inference or training) cells; perflab ran {len(ran)} of them "
+             f"to completion on {gpu}{full_text}. Which card would OOM where the study did? The capacity columns are **derived from "
              f"measured peaks, not run capped**: each cell's stored `peak_mem_alloc_mb` (the allocator's peak; uncapped rows of this "
              f"report) against 12, 16 and 24 GiB; \"tight\" is within {TIGHT_GIB} GiB of the capacity, which a real card's CUDA context "
-             f"may take; \"?\" has no perflab peak. ✓: as the seed (OOM where it printed OOM, fits where it ran); ✗: not as the seed. "
+             f"may take; \"?\" has no perflab peak. ✓: as the study (OOM where it printed OOM, fits where it ran); ✗: not as the study. "
              f"Each cell reads inference / training (forward + backward).",
-             md_table(["Model", "Seq len", "Seed: inference / training", "perflab forward: peak GiB",
+             md_table(["Model", "Seq len", "Study: inference / training", "perflab forward: peak GiB",
                        "perflab fwd + bwd: peak GiB"] + [f"{c} GiB" for c in CAPACITIES_GIB], body)]
     body = []
     for cap in CAPACITIES_GIB:
         p = pattern[cap]
         known = len(p["match"]) + len(p["mismatch"])
         body.append([f"{cap} GiB", f"{len(p['match'])} of {known}", str(len(p["mismatch"])), str(len(p["unknown"]))])
-    parts += ["Every cell the seed has a mark for (OOM or a figure), per capacity:",
-              md_table(["Capacity", "Cells as the seed", "Cells not as the seed", "Cells without a perflab peak"], body)]
+    parts += ["Every cell the study has a mark for (OOM or a figure), per capacity:",
+              md_table(["Capacity", "Cells as the study", "Cells not as the study", "Cells without a perflab peak"], body)]
     parts.append(_oom_verdict(pattern, cells))
     parts += capped_section(cells, capped)
     return parts
@@ -591,7 +591,7 @@ def why_differ(cap: float, run: str, uncapped: dict | None, capped: dict) -> str
 
 def capped_tally(cells: dict, capped: list[dict]):
     """Seed 003's cells run under ``--max-memory``: ``(caps, body, matched, agree)``, the section's table rows,
-    per capacity [cells as the seed, cells run], and [(cell, capacity) pairs where the run and the verdict derived
+    per capacity [cells as the study, cells run], and [(cell, capacity) pairs where the run and the verdict derived
     from the uncapped peak agree, pairs with both]; None when no capped row is of these cells' dtype."""
     if not capped:
         return None
@@ -637,13 +637,13 @@ def capped_tally(cells: dict, capped: list[dict]):
 
 
 def _capped_counts(caps, matched: dict) -> list[str]:
-    """Per capacity run, "12 GiB 32 of 40": the cells run capped that gave the seed's mark, of those run."""
+    """Per capacity run, "12 GiB 32 of 40": the cells run capped that gave the study's mark, of those run."""
     return [f"{c:g} GiB {matched[c][0]} of {matched[c][1]}" for c in caps if matched[c][1]]
 
 
 def capped_section(cells: dict, capped: list[dict]) -> list[str]:
-    """Seed 003's cells run under ``--max-memory`` at each capacity: per cell, the run's OOM-or-ran against the seed's
-    mark and beside the verdict derived from the uncapped peak, the capacities that reproduce the seed (run; derived),
+    """Seed 003's cells run under ``--max-memory`` at each capacity: per cell, the run's OOM-or-ran against the study's
+    mark and beside the verdict derived from the uncapped peak, the capacities that reproduce the study (run; derived),
     and where run and derived disagree, why, in one line."""
     tally = capped_tally(cells, capped)
     if tally is None:
@@ -651,18 +651,18 @@ def capped_section(cells: dict, capped: list[dict]) -> list[str]:
     caps, body, matched, agree = tally
     verdict = _capped_counts(caps, matched)
     exact = [f"{c:g} GiB" for c in caps if matched[c][1] and matched[c][0] == matched[c][1]]
-    text = ("Run capped, cells as the seed per capacity: " + ", ".join(verdict) + "; "
-            + (f"{' and '.join(exact)} reproduce{'s' if len(exact) == 1 else ''} the seed's pattern on every cell run." if exact
-               else "no capacity reproduces the seed's pattern on every cell run.")) if verdict else "No capped case has run yet."
+    text = ("Run capped, cells as the study per capacity: " + ", ".join(verdict) + "; "
+            + (f"{' and '.join(exact)} reproduce{'s' if len(exact) == 1 else ''} the study's pattern on every cell run." if exact
+               else "no capacity reproduces the study's pattern on every cell run.")) if verdict else "No capped case has run yet."
     if agree[1]:
         text += f" The capped runs agree with the verdict derived from the uncapped peaks in {agree[0]} of {agree[1]} (cell, capacity) pairs."
-    return ["#### Seed 003's OOM cells run capped (`--max-memory`)",
+    return ["#### The GPT size study's OOM cells run capped (`--max-memory`)",
             "The same cells, run under `--max-memory` (the allocator may reserve at most the cap: "
             "`torch.cuda.set_per_process_memory_fraction`), measured rather than derived. Each capacity's cell reads "
-            "run / derived: the capped run's OOM or ran (✓ as the seed, ✗ not), then the verdict derived from the uncapped "
+            "run / derived: the capped run's OOM or ran (✓ as the study, ✗ not), then the verdict derived from the uncapped "
             "peak above. \"Why\" gives, where run and derived disagree, the reason in one line (capacity first).",
-            md_table(["Model", "Seq len", "Cell", "Seed"] + [f"{c:g} GiB: run / derived" for c in caps]
-                     + ["As the seed (run)", "As the seed (derived)", "Why run ≠ derived"], body),
+            md_table(["Model", "Seq len", "Cell", "Study"] + [f"{c:g} GiB: run / derived" for c in caps]
+                     + ["As the study (run)", "As the study (derived)", "Why run ≠ derived"], body),
             text]
 
 
@@ -681,30 +681,30 @@ def _oom_verdict(pattern: dict, cells: dict) -> str:
     best = max(CAPACITIES_GIB, key=lambda c: (len(pattern[c]["match"]) - len(pattern[c]["mismatch"]), -c))
     known = {c: len(pattern[c]["match"]) + len(pattern[c]["mismatch"]) for c in CAPACITIES_GIB}
     if not known[best]:
-        return "No cell of the seed has a perflab peak yet, so no capacity can be tested against its pattern."
+        return "No cell of the study has a perflab peak yet, so no capacity can be tested against its pattern."
     exact = [c for c in CAPACITIES_GIB if not pattern[c]["mismatch"]]
     unknown = len(pattern[best]["unknown"])
-    rest = f"; {unknown} of the seed's cells have no perflab peak yet" if unknown else ""
+    rest = f"; {unknown} of the study's cells have no perflab peak yet" if unknown else ""
     if exact:
         text = (f"Derived from measured peaks: {' and '.join(f'{c} GiB' for c in exact)} reproduce{'s' if len(exact) == 1 else ''} "
-                f"the seed's pattern on all {known[exact[0]]} cells perflab measured{rest}.")
+                f"the study's pattern on all {known[exact[0]]} cells perflab measured{rest}.")
     else:
         score = lambda c: len(pattern[c]["match"]) - len(pattern[c]["mismatch"])  # noqa: E731
         closest = [c for c in CAPACITIES_GIB if score(c) == score(best)]
-        text = (f"Derived from measured peaks: no capacity reproduces the seed's pattern; {' and '.join(f'{c} GiB' for c in closest)} "
+        text = (f"Derived from measured peaks: no capacity reproduces the study's pattern; {' and '.join(f'{c} GiB' for c in closest)} "
                 f"come{'s' if len(closest) == 1 else ''} closest, {len(pattern[best]['match'])} of {known[best]} cells{rest}.")
     for cap in CAPACITIES_GIB:
         if pattern[cap]["mismatch"]:
-            text += f" Not as the seed at {cap} GiB: {_cells_text(pattern[cap]['mismatch'])}."
+            text += f" Not as the study at {cap} GiB: {_cells_text(pattern[cap]['mismatch'])}."
     alt = oom_pattern(cells, inference_workload="train_forward")
     alt_text = ", ".join(f"{c} GiB {len(alt[c]['match'])} of {len(alt[c]['match']) + len(alt[c]['mismatch'])}" for c in CAPACITIES_GIB)
-    return (text + f" If the seed's forward kept autograd on (no `torch.no_grad`; perflab's `train_forward` peak in place of "
-            f"`forward`'s), the cells as the seed would be: {alt_text}.")
+    return (text + f" If the study's forward kept autograd on (no `torch.no_grad`; perflab's `train_forward` peak in place of "
+            f"`forward`'s), the cells as the study would be: {alt_text}.")
 
 
 def _kernel_plot(cells, sizes, seqs, heading: str, plot_dir: Path, with_seed: bool) -> list[str]:
     """GEMM fraction (inference; training) and softmax ÷ matmul time against sequence length per model, from the rows'
-    profile data; in the seed's group its figures too, dotted."""
+    profile data; in the study's group its figures too, dotted."""
     inference, training, ratio, styles = {}, {}, {}, {}
     for i, m in enumerate(sizes):
         color = f"C{i % 10}"
@@ -717,7 +717,7 @@ def _kernel_plot(cells, sizes, seqs, heading: str, plot_dir: Path, with_seed: bo
                 series[m] = points
         styles[m] = {"color": color}
         if with_seed:
-            label = f"seed {m}"
+            label = f"study {m}"
             styles[label] = {"color": color, "ls": ":", "marker": "x"}
             for series, table, index in ((inference, "gemm_fraction_pct", 0), (training, "gemm_fraction_pct", 1),
                                          (ratio, "softmax_to_matmul_pct", None)):
@@ -730,7 +730,7 @@ def _kernel_plot(cells, sizes, seqs, heading: str, plot_dir: Path, with_seed: bo
               "GEMM fraction, training (fwd + bwd)": ("GEMM time / kernel time (%)", training, styles),
               "softmax / matmul time in attention": ("softmax time / matmul time (%)", ratio, styles)}
     panels = {k: v for k, v in panels.items() if v[1]}
-    seed_note = "; seed 003 dotted" if with_seed else ""
+    seed_note = "; the GPT size study dotted" if with_seed else ""
     path = plots.panels_vs_length(panels, plot_dir / f"lm_kernels_{_slug(heading)}.png", f"Kernel mix vs sequence length ({heading}{seed_note})")
     return [f"![GEMM fraction and softmax/matmul time vs sequence length]({path.name})"]
 
@@ -799,7 +799,7 @@ def summary(rows: list[dict]) -> list[str]:
         fig = seeds.seed003()
         oom_cells = [(m, s, k) for m in fig["forward_ms"] for s in fig["seq_lens"] for k, v in seeds.seed_oom(m, s).items() if v]
         ran = [c for c in oom_cells if ok(cells.get(("forward", c[0], c[1])) if c[2] == "inference" else _training_row(cells, c[0], c[1]))]
-        sentence = "Against seed 003: "
+        sentence = "Against the GPT size study: "
         if ratios:
             sentence += (f"its nsys-range forward times are {span(ratios, '.1f', '×')} perflab's untraced medians over the "
                          f"{len(ratios)} cells both measured; ")
@@ -807,7 +807,7 @@ def summary(rows: list[dict]) -> list[str]:
         known = {len(pattern[c]["match"]) + len(pattern[c]["mismatch"]) for c in CAPACITIES_GIB}
         if known != {0}:
             sentence += (f"; from the measured peaks (derived, not run capped) a {', '.join(str(c) for c in CAPACITIES_GIB[:-1])} or "
-                         f"{CAPACITIES_GIB[-1]} GiB card matches the seed's OOM-or-ran mark in "
+                         f"{CAPACITIES_GIB[-1]} GiB card matches the study's OOM-or-ran mark in "
                          f"{', '.join(str(len(pattern[c]['match'])) for c in CAPACITIES_GIB[:-1])} and {len(pattern[CAPACITIES_GIB[-1]]['match'])} "
                          f"of the {max(known)} cells perflab measured")
         tally = capped_tally(cells, [r for r in rows if _case(r).get("max_memory")])

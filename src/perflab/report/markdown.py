@@ -30,7 +30,7 @@ from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_
 from perflab.report import plots
 from perflab.report.md import FAILED, escape as _escape, md_table
 from perflab.report.md import num as _num
-from perflab.report.md import ci_note, formula_cell
+from perflab.report.md import ci_note, formula_cell, gflops
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.experiment import Comparison, case_fields, default_comparisons
@@ -62,7 +62,7 @@ def write_report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None) 
 
 
 def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
-    from perflab.report.versions import latest_version_rows, versions_sections
+    from perflab.report.versions import every_version_rows, latest_version_rows, shown_version_line, versions_sections
 
     unreadable = getattr(stored, "unreadable", [])
     missing = with_missing(stored.rows, stored.experiment, unreadable=[u.key for u in unreadable if u.what == "row"])
@@ -73,6 +73,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     parts = [_header(stored, common, family_summary(rows))]
     parts += _status_section(rows, unreadable)
     parts += versions_sections(stored, plot_dir)
+    parts += shown_version_line(stored)
     parts += cost_section(stored.rows)
     parts += autotune_section(getattr(stored, "all_rows", stored.rows))
     for comparison in comparisons:
@@ -85,7 +86,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     parts += cross_gpu_section(getattr(stored, "all_rows", stored.rows), md_table, _row_label)
     parts += _environment_section(stored)
     parts += _provenance_section(stored)
-    parts += _all_rows_section(rows, common)
+    parts += _all_rows_section(every_version_rows(stored, missing), common)  # a store of versions: each row with its version
     return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
 
 
@@ -214,9 +215,9 @@ def combined_table(comparison: Comparison, entries: list[dict], common: set[str]
     body = []
     for e in sorted(entries, key=lambda e: (e["input_size"], e["batch_size"])):
         body.append([str(e["input_size"]), str(e["batch_size"]), tp_cell(e["base_row"]), tp_cell(e["var_row"]), speedup_cell(e),
-                     delta_cell(e), _num(e["baseline_gflops"], ".2f"), _num(e["variant_gflops"], ".2f"), tokens_cell(e)]
+                     delta_cell(e), gflops(e["baseline_gflops"]), gflops(e["variant_gflops"]), tokens_cell(e)]
                     + ([canary_pair_cell(e)] if canary else []) + [flags_cell(e, common)])
-    return ["#### All input sizes (seed 002 \"Hypothesis Validation\" shape)", md_table(headers, body)]
+    return ["#### All input sizes (the token-reduction study's \"Hypothesis Validation\" shape)", md_table(headers, body)]
 
 
 def group_key(comparison: Comparison, row: dict) -> tuple:
@@ -658,9 +659,11 @@ def _provenance_section(stored) -> list[str]:
 
 def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
     from perflab.report.console import shape_label
+    from perflab.report.versions import version_cell, version_header
 
-    classify = item_of(rows) == "img"  # image models' rows alone: the seeds' image columns
-    headers = ["Model", "Size" if classify else "Shape", "BS", "dtype", "mode", "Status", "ms/batch [95% CI]" if classify else "ms/step [95% CI]",
+    classify = item_of(rows) == "img"  # image models' rows alone: the token-reduction study's image columns
+    version = version_header(rows)  # ab and track: each row's revision or interpreter
+    headers = ([version.capitalize()] if version else []) + ["Model", "Size" if classify else "Shape", "BS", "dtype", "mode", "Status", "ms/batch [95% CI]" if classify else "ms/step [95% CI]",
                "ms/img" if classify else "ms/sample", "img/s" if classify else "items/s", "GFLOPs/img" if classify else "GFLOPs/sample",
                "Tokens" if classify else "MFU (counted FLOPs)"] + ([] if classify else ["MFU by the formula (×counted ÷ formula)"]) + ["CV"]
     canary = any(r.get(CANARY_KEY) is not None for r in rows)
@@ -671,10 +674,10 @@ def _all_rows_section(rows: list[dict], common: set[str]) -> list[str]:
         ok = r.get("status") == "ok"
         flags = [f for f in (r.get("flags") or []) if f not in common]
         note = ", ".join(flags) if ok else _escape(short_message(r.get("message") or ""))
-        body.append([
+        body.append(([_escape(version_cell(r.get("version")))] if version else []) + [
             _model_label(r), str(r.get("input_size")) if classify else shape_label(r), str(r.get("batch_size")), str(r.get("dtype")),
             str(r.get("mode")), "ok" if ok else status_cell(r), _ms_cell(r) if ok else "–", _num(r.get("latency_ms_per_sample"), ".4g"),
-            _num(r.get("throughput_per_s") if classify else r.get("items_per_s"), ".2f"), _num(r.get("gflops"), ".2f"),
+            _num(r.get("throughput_per_s") if classify else r.get("items_per_s"), ".2f"), gflops(r.get("gflops")),
             ("→".join(map(str, r["tokens"])) if r.get("tokens") else "–") if classify else _num(r.get("mfu"), ".1%"),
         ] + ([] if classify else [formula_cell(r)]) + [
             _num(r.get("cv"), ".1%"),

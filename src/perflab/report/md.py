@@ -24,6 +24,14 @@ def num(value, spec: str) -> str:
     return "–" if value is None or (isinstance(value, float) and value != value) else format(value, spec)
 
 
+def gflops(value) -> str:
+    """GFLOPs in a table cell: two decimals from 0.1 up (35.14, 0.83), else two significant digits (a tiny decode's
+    0.00025, not 0.00); ``–`` for none."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "–"
+    return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.2g}"
+
+
 def with_ci(value, ci, spec: str, unit: str = "", without: str = " (unpaired)") -> str:
     """A paired figure with its 95% CI, ``1.08× (1.02–1.10)``; ``without`` where it has none (timed unpaired); ``–``
     for no figure."""

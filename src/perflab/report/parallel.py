@@ -26,7 +26,8 @@ def scaling_rows(rows: list[dict]) -> list[dict]:
         out.append({
             "model": row.get("model"), "seq_len": case.get("seq_len"), "dtype": case.get("dtype"), "mode": case.get("mode"),
             "parallel": case.get("parallel"), "world_size": case.get("world_size"), "status": row.get("status"),
-            "step_ms": row.get("step_ms") if measured else None, "ci95_ms": row.get("ci95_ms") if measured else None,
+            "step_ms": row.get("step_ms") if measured else None, "ci_ms": row.get("ci95_ms") if measured else None,
+            "ci_coverage": row.get("ci_coverage") if measured else None, "ci95_ms": row.get("ci95_ms") if measured else None,
             "single_gpu_ms": row.get("single_gpu_ms"), "step_ms_beside_single": row.get("step_ms_beside_single"), "scaling_efficiency": row.get("scaling_efficiency"),
             "scaling_efficiency_ci95": row.get("scaling_efficiency_ci95"), "slowest_rank": row.get("slowest_rank"), "rank_spread": row.get("rank_spread"),
             "comm_mib": row["comm_bus_bytes"] / MB if row.get("comm_bus_bytes") is not None else None,
@@ -66,7 +67,7 @@ def sections(rows: list[dict]) -> list[str]:
     table = scaling_rows(rows)
     if not table:
         return []
-    return ["## Training on several GPUs (issue 27)",
+    return ["## Training on several GPUs",
             "Step = the slowest rank's median (CUDA events on every rank), timed alone; then the same case on one GPU is built on "
             "rank 0's GPU beside the ranks' model and the two are timed in interleaved blocks: step beside 1 GPU and 1 GPU are "
             "the medians of those blocks, and scaling efficiency = 1 GPU ÷ step over blocks of the same round (95% CI) (weak "

@@ -1,4 +1,4 @@
-"""The seeds' own figures (``seed_figures.yaml`` beside this file, copied from the seed texts with their source),
+"""The seeds' own figures (``study_figures.yaml`` beside this file, copied from the seed texts with their source),
 for the lm report (seed 003's tables (a), (b)'s shares, (d), (e) and its OOM cells) and the decode report (seed
 004's eager-vs-compiled finding). Values are numbers, "OOM" or "N/A" as the seed printed them. Torch-free."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-PATH = Path(__file__).with_name("seed_figures.yaml")
+PATH = Path(__file__).with_name("study_figures.yaml")
 PASSES_B = ("inference forward", "training forward", "training backward")  # the columns of seed 003's table (b)
 
 

@@ -1,6 +1,12 @@
-"""Rich tables for ``perflab analyze``: accounting, per-step accounting, top kernels, categories, ranges, launches."""
+"""Rich tables for ``perflab analyze``: accounting, per-step accounting, top kernels, categories, ranges, launches.
+
+A CPU-only trace (``Trace.cpu_only``: its work is torch's top-level operators, each launched as it starts) is said in
+CPU terms, as ``perflab run`` says it: operators and CPU time, the time between operators (the interpreter's), and no
+CUDA API table (it would hold one empty row)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from rich.console import Console
 from rich.table import Table
@@ -14,12 +20,37 @@ MAX_RANGE_ROWS = 25
 NAME_WIDTH = 70  # range names; kernel names are short already (analysis.names: at most 120 characters, unique per table)
 
 
+@dataclass(frozen=True)
+class Terms:
+    """The words of a trace's tables: a GPU trace's kernels and GPU time, or a CPU-only trace's operators."""
+
+    work: str  # one unit of work
+    works: str
+    time: str  # the work's time, in a title
+    busy: str  # the accounting row of the work's union
+    host_bound: str  # the accounting row of host-bound idle
+    cpu_only: bool
+
+    @property
+    def busy_column(self) -> str:
+        return "operators µs" if self.cpu_only else "busy µs"
+
+
+GPU_TERMS = Terms("kernel", "kernels", "GPU time", "GPU busy (union of streams)", "idle: host bound", False)
+CPU_TERMS = Terms("operator", "operators", "Operator time", "CPU operators (torch's top-level, per thread)",
+                  "between operators (the interpreter)", True)
+
+
+def terms_of(report: TraceReport) -> Terms:
+    return CPU_TERMS if report.trace.cpu_only else GPU_TERMS
+
+
 def render_trace_report(console: Console, report: TraceReport) -> None:
     for table in trace_tables(report):
         console.print(table)
     console.print(report.verdict.message, markup=False, highlight=False)
     meta = report.trace.meta
-    if meta.get("unlinked"):
+    if meta.get("unlinked") and not report.trace.cpu_only:
         console.print(f"{meta['unlinked']} GPU activities have no launch call in the trace (launch_api \"\")", markup=False)
 
 
@@ -33,7 +64,8 @@ def trace_tables(report: TraceReport) -> list[Table]:
     tables.append(categories_table(report))
     if len(report.ranges) and not (len(report.ranges) == 1 and report.ranges["range"].iloc[0] == "(no range)"):
         tables.append(ranges_table(report))
-    tables.append(launch_table(report))
+    if not report.trace.cpu_only:  # a CPU trace calls no CUDA API: the table would be one empty row
+        tables.append(launch_table(report))
     if report.modules is not None:
         tables.append(modules_table(report))
     return tables
@@ -43,10 +75,10 @@ MODULE_DEPTH = 3  # tree levels shown on the console (--json and CSV have every 
 
 
 def modules_table(report: TraceReport, max_depth: int = MODULE_DEPTH):
-    return module_tree_table(report.modules, report.module_note, max_depth)
+    return module_tree_table(report.modules, report.module_note, max_depth, terms_of(report))
 
 
-def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEPTH):
+def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEPTH, terms: Terms = GPU_TERMS):
     """The module tree: GPU time per step by the innermost module that launched it, inclusive and exclusive,
     forward and backward apart; the unattributed rest closes each pass. Each pass is named once, a module by its last
     name indented under its parent, and numbered siblings of one class (a model's layers) are folded into one row
@@ -55,7 +87,7 @@ def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEP
 
     steps = tree.attrs.get("steps", 1)
     folded = fold_repeats(tree)
-    header = ["pass", "module", "class", "inclusive µs", "share", "exclusive µs", "kernels"]
+    header = ["pass", "module", "class", "inclusive µs", "share", "exclusive µs", terms.works]
     rows, last_pass = [], None
     for row in folded.itertuples(index=False):
         if row.depth > max_depth:
@@ -70,7 +102,7 @@ def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEP
         captions.append("a–b (×n): n numbered modules of one class (a model's layers) in one row, their times summed; "
                         "below it, their children, summed alike (--json and --csv give each module)")
     # narrow, the class goes first (the module's name says most of it), then the exclusive times and the kernel counts
-    return text_table(header, rows, f"GPU time by module (µs per step; tree to depth {max_depth}; shares of each pass's kernel time)",
+    return text_table(header, rows, f"{terms.time} by module (µs per step; tree to depth {max_depth}; shares of each pass's {terms.work} time)",
                       ["pass", "module", "class"], [header[2], header[5], header[6]], captions)
 
 
@@ -80,24 +112,29 @@ def summary_table(report: TraceReport) -> Table:
     whole = report.trace_accounting
     stats = report.kernel_stats
     meta = report.trace.meta
+    terms = terms_of(report)
     table = Table(title=f"{meta.get('path')} ({meta.get('format')}): where the time goes (µs, exact to the ns)", header_style="bold")
     table.add_column("whole trace", justify="left")
     table.add_column("µs", justify="right")
     table.add_column("% of wall", justify="right")
     wall = whole["wall_ns"]
     table.add_row("wall (trace window)", _us(wall), "100.0%")
-    table.add_row("GPU busy (union of streams)", _us(whole["busy_ns"]), _pct(whole["busy_ns"], wall))
+    table.add_row(terms.busy, _us(whole["busy_ns"]), _pct(whole["busy_ns"], wall))
     for cause in IDLE_CAUSES:
-        table.add_row(f"idle: {cause.replace('_', ' ')}", _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
-    table.add_row(f"kernel time, summed over {stats.kernels:,} kernels", _us(stats.kernel_time_ns), "")
-    table.add_row("kernel time, mean", _us(stats.mean_ns), "")
-    table.add_row("kernel time, median", _us(stats.median_ns), "")
+        if cause == "host_bound":
+            table.add_row(terms.host_bound, _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
+        elif whole[f"{cause}_ns"] or not terms.cpu_only:  # a CPU trace's operators launch themselves: no kernel gap
+            table.add_row(f"idle: {cause.replace('_', ' ')}", _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
+    table.add_row(f"{terms.work} time, summed over {stats.kernels:,} {terms.works}", _us(stats.kernel_time_ns), "")
+    table.add_row(f"{terms.work} time, mean", _us(stats.mean_ns), "")
+    table.add_row(f"{terms.work} time, median", _us(stats.median_ns), "")
     delay = report.launch_delay
-    if delay["launches"]:
+    if delay["launches"] and not terms.cpu_only:
         table.add_row("launch → start delay, median", _us(delay["median_ns"]), "")
         table.add_row("launch → start delay, p90", _us(delay["p90_ns"]), "")
-    caption = [f"GEMM: {report.gemm_fraction:.1%} of GPU busy; kernels under 5 µs: {stats.short_share:.0%} of kernels, "
-               f"{stats.short_time_share:.0%} of kernel time"]
+    busy = "operator time" if terms.cpu_only else "GPU busy"
+    caption = [f"GEMM: {report.gemm_fraction:.1%} of {busy}; {terms.works} under 5 µs: {stats.short_share:.0%} of {terms.works}, "
+               f"{stats.short_time_share:.0%} of {terms.work} time"]
     if stats.memcpy or stats.memset:
         caption.append(f"memcpy {stats.memcpy:,}, memset {stats.memset:,}")
     table.caption = "; ".join(caption)
@@ -132,21 +169,32 @@ def devices_table(report: TraceReport) -> Table:
 
 def steps_table(report: TraceReport) -> Table:
     steps = report.steps
+    terms = terms_of(report)
     title = "per step" if report.accounting.has_step_annotations else "whole trace (no step annotations)"
-    table = Table(title=f"Accounting {title} (µs): wall = busy + host-bound + kernel gap + other, exact to the ns", header_style="bold")
+    # a CPU trace's operators launch themselves: its idle is the time between them, and "other" only where there is any
+    other = not terms.cpu_only or bool((steps["kernel_gap_ns"] + steps["other_ns"]).any())
+    parts = f"operators + between operators{' + other' if other else ''}" if terms.cpu_only else "busy + host-bound + kernel gap + other"
+    table = Table(title=f"Accounting {title} (µs): wall = {parts}, exact to the ns", header_style="bold")
     device = _device_column(report, table)
-    for column in ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"):
+    columns = ((("step", "wall µs", terms.busy_column, "between µs") + (("other µs",) if other else ()) + ("in ops %", "ops"))
+               if terms.cpu_only else ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"))
+    for column in columns:
         table.add_column(column, justify="right")
+    if terms.cpu_only:
+        table.caption = "ops: operators (torch's top-level, per thread); in ops %: their share of the step's wall"
     for row in steps.head(MAX_STEP_ROWS).itertuples(index=False):
-        table.add_row(*_cells(device, row, str(row.name), _us(row.wall_ns), _us(row.busy_ns), _us(row.host_bound_ns), _us(row.kernel_gap_ns),
-                              _us(row.other_ns), _pct(row.busy_ns, row.wall_ns), f"{row.kernels:,}"))
+        idle = ([_us(row.host_bound_ns)] + ([_us(row.kernel_gap_ns + row.other_ns)] if other else []) if terms.cpu_only else
+                [_us(row.host_bound_ns), _us(row.kernel_gap_ns), _us(row.other_ns)])
+        table.add_row(*_cells(device, row, str(row.name), _us(row.wall_ns), _us(row.busy_ns), *idle, _pct(row.busy_ns, row.wall_ns),
+                              f"{row.kernels:,}"))
     if len(steps) > MAX_STEP_ROWS:
-        table.caption = f"{len(steps) - MAX_STEP_ROWS} more steps in --json / --csv"
+        table.caption = "; ".join(filter(None, [table.caption, f"{len(steps) - MAX_STEP_ROWS} more steps in --json / --csv"]))
     return table
 
 
 def top_kernels_table(report: TraceReport) -> Table:
-    return _top_table(report, report.top_kernels, "kernels", "kernel")
+    terms = terms_of(report)
+    return _top_table(report, report.top_kernels, terms.works, terms.work)
 
 
 def top_memory_ops_table(report: TraceReport) -> Table:
@@ -154,7 +202,8 @@ def top_memory_ops_table(report: TraceReport) -> Table:
 
 
 def _top_table(report: TraceReport, rows, what: str, label: str) -> Table:
-    table = Table(title=f"Top {rows['full_name'].nunique()} {what} by total time (share of all GPU activity time)", header_style="bold",
+    whole = "operator time" if report.trace.cpu_only else "GPU activity time"
+    table = Table(title=f"Top {rows['full_name'].nunique()} {what} by total time (share of all {whole})", header_style="bold",
                   caption="kernel names shortened by one rule (README); --json gives each full_name" if label == "kernel" else None)
     device = _device_column(report, table)
     for column, justify in ((label, "left"), ("category", "left"), ("count", "right"), ("total µs", "right"), ("mean µs", "right"), ("share", "right")):
@@ -165,7 +214,7 @@ def _top_table(report: TraceReport, rows, what: str, label: str) -> Table:
 
 
 def categories_table(report: TraceReport) -> Table:
-    table = Table(title="GPU time by category", header_style="bold")
+    table = Table(title=f"{terms_of(report).time} by category", header_style="bold")
     device = _device_column(report, table)
     for column, justify in (("category", "left"), ("count", "right"), ("time µs", "right"), ("share", "right"), ("busy µs", "right")):
         table.add_column(column, justify=justify)
@@ -176,10 +225,13 @@ def categories_table(report: TraceReport) -> Table:
 
 def ranges_table(report: TraceReport) -> Table:
     ranges = report.ranges[report.ranges["kernels"] > 0]
-    table = Table(title="GPU time per CPU range (innermost range of each launch)", header_style="bold")
+    terms = terms_of(report)
+    where = "innermost range of each operator" if terms.cpu_only else "innermost range of each launch"
+    table = Table(title=f"{terms.time} per CPU range ({where})", header_style="bold")
     device = _device_column(report, table)
-    for column, justify in (("range", "left"), ("kernels", "right"), ("GPU µs", "right"), ("GEMM %", "right"),
-                            ("instances", "right"), ("CPU wall µs", "right"), ("GPU projected µs", "right")):
+    count, time, projected = ("ops", "ops µs", "projected µs") if terms.cpu_only else ("kernels", "GPU µs", "GPU projected µs")
+    for column, justify in (("range", "left"), (count, "right"), (time, "right"), ("GEMM %", "right"),
+                            ("instances", "right"), ("CPU wall µs", "right"), (projected, "right")):
         table.add_column(column, justify=justify)
     for row in ranges.head(MAX_RANGE_ROWS).itertuples(index=False):
         table.add_row(*_cells(device, row, _clip(row.range), f"{row.kernels:,}", _us(row.gpu_time_ns), f"{row.gemm_fraction:.0%}",

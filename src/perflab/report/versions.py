@@ -83,6 +83,26 @@ def version_what(info: dict) -> str:
     return f"interpreter {info.get('python')}"
 
 
+def version_cell(info: dict | None) -> str:
+    """A row's version in a table cell: ``c2 (a3d3cc65ea)`` (track), ``A: c2 (a3d3cc65ea)`` or ``B: /venv/bin/python``
+    (ab); "–" for a row of no version."""
+    if not isinstance(info, dict):
+        return "–"
+    if info.get("kind") == "revision":
+        what = f"{info.get('revision')} ({(info.get('commit') or '')[:10]})"
+        return what if info.get("name") in (None, info.get("revision")) else f"{info.get('name')}: {what}"
+    return f"{info.get('name')}: {info.get('python')}" if info.get("name") else str(info.get("python"))
+
+
+def version_header(rows) -> str | None:
+    """The header of a version column for these rows: revision, interpreter or version (both kinds); None where no row
+    has a version (a sweep's or bench's rows)."""
+    kinds = {(r.get("version") or {}).get("kind") for r in rows if isinstance(r.get("version"), dict)}
+    if not kinds:
+        return None
+    return {frozenset({"revision"}): "revision", frozenset({"python"}): "interpreter"}.get(frozenset(kinds), "version")
+
+
 def version_line(info: dict) -> str:
     """One version in words: what it is, and the environment it ran in."""
     what = version_what(info)
@@ -154,7 +174,8 @@ def render_series(console, all_series, threshold: float) -> None:
 
 def series_dict(series) -> dict:
     return {"case_id": series.case_id, "label": series.label, "change_points": [p.name for p in series.change_points],
-            "points": [{"revision": p.name, "key": p.version, "status": p.status, "median_ms": p.median_ms, "ci95_ms": p.ci_ms,
+            "points": [{"revision": p.name, "key": p.version, "status": p.status, "median_ms": p.median_ms, "ci_ms": p.ci_ms,
+                        "ci_coverage": p.ci_coverage, "ci95_ms": p.ci_ms,
                         "step": p.step.to_dict() if p.step else None} for p in series.points]}
 
 
@@ -178,6 +199,28 @@ def latest_version_rows(stored, rows: list[dict]) -> list[dict]:
         return rows
     last = run["versions"][-1]["key"]
     return [r for r in rows if (r.get("version") or {}).get("key") == last or r.get("status") == "missing"]
+
+
+def every_version_rows(stored, rows: list[dict]) -> list[dict]:
+    """A store of versions' rows of every version, in the run's order of versions (each version's in stored order);
+    another store's rows as they are."""
+    run = versions_run(stored)
+    if run is None:
+        return rows
+    order = {v["key"]: i for i, v in enumerate(run["versions"])}
+    last = len(order) - 1  # a case not run yet belongs with the version the other tables show
+    place = lambda r: order.get((r.get("version") or {}).get("key"), last)  # noqa: E731
+    return sorted(rows, key=place)
+
+
+def shown_version_line(stored) -> list[str]:
+    """For a store of versions: one line saying whose rows the report's other tables show (the last version's)."""
+    run = versions_run(stored)
+    if run is None:
+        return []
+    last = run["versions"][-1]
+    return [f"The tables below show the rows of {escape(version_cell(last))}, the last version; \"All cases\" lists every "
+            f"version's rows, each with its {version_header([{'version': last}])}."]
 
 
 def pairing_words(run: dict) -> str:
