@@ -20,7 +20,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from pathlib import Path
 
 from perflab.program import compiler
 from perflab.program.boundaries import StepSource
+from perflab.program.guard import Guard, ProfilerWatch, say
 
 
 class StopProgram(SystemExit):
@@ -95,8 +95,9 @@ class Recorded:
 
 
 class Recorder:
-    def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None):
+    def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None, guard: Guard | None = None):
         self.source = source
+        self.guard = guard or Guard()
         self.options = options
         self.rank = rank or Rank.from_env()
         self.data = Recorded()
@@ -112,7 +113,7 @@ class Recorder:
         self._script_profiler = False
         self._t0 = time.perf_counter()
         self.watch = compiler.LimitWatch(step_of=lambda: self.data.steps_seen + 1)
-        self._saved_start = None
+        self._profiler_watch: ProfilerWatch | None = None
 
     # --- installation ------------------------------------------------------------------------------
 
@@ -309,31 +310,37 @@ class Recorder:
 
     def _watch_script_profiler(self) -> None:
         """If the program starts torch.profiler itself while perflab's records, perflab's stops first (one profiler at a
-        time) and says so; if it started one before, perflab does not trace."""
-        from torch.profiler import profiler as kineto_profiler
-
+        time) and says so; if it started one before, perflab does not trace (``guard.ProfilerWatch``: whichever way the
+        program starts it)."""
         recorder = self
-        start = kineto_profiler._KinetoProfile.start
-        self._saved_start = start
 
-        def start_wrapper(prof_self, *args, **kwargs):
-            if prof_self is not recorder._prof:
-                recorder._script_profiler = True
-                if recorder._tracer is not None:  # ours gives way
-                    recorder._tracer.stop()
-                    recorder._tracer, recorder._prof = None, None
-                    recorder.data.trace_note = ("the program started torch.profiler itself while perflab traced; perflab's trace was "
-                                                "dropped (one profiler at a time): analyse the program's own trace with perflab analyze")
-            return start(prof_self, *args, **kwargs)
+        def is_ours(autograd_profile) -> bool:
+            # the tracer's torch profiler prepares its autograd profile at its start and at its schedule's warm-up,
+            # before recorder._prof is set
+            tracer = recorder._tracer
+            prof = tracer.profiler if tracer is not None else None
+            return prof is not None and getattr(prof, "profiler", None) is autograd_profile
 
-        kineto_profiler._KinetoProfile.start = start_wrapper
+        def give_way() -> None:
+            recorder._script_profiler = True
+            if recorder._tracer is None:
+                return
+            recorder._tracer.stop()
+            recorder._tracer, recorder._prof = None, None
+            if recorder._pass == "shapes":
+                recorder.data.trace_note = ("the program started torch.profiler itself during perflab's pass with operator shapes; that "
+                                            "pass was dropped (one profiler at a time): FLOPs left out")
+            else:
+                recorder.data.trace_note = ("the program started torch.profiler itself while perflab traced; perflab's trace was "
+                                            "dropped (one profiler at a time): analyse the program's own trace with perflab analyze")
+
+        self._profiler_watch = ProfilerWatch(is_ours, give_way, self.guard)
+        self._profiler_watch.install()
 
     def _unwatch_script_profiler(self) -> None:
-        if self._saved_start is not None:
-            from torch.profiler import profiler as kineto_profiler
-
-            kineto_profiler._KinetoProfile.start = self._saved_start
-            self._saved_start = None
+        if self._profiler_watch is not None:
+            self._profiler_watch.remove()
+            self._profiler_watch = None
 
     # --- what was measured ---------------------------------------------------------------------------
 
@@ -431,4 +438,4 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    say(text)
