@@ -231,3 +231,22 @@ def test_a_step_range_that_never_matched_names_the_ranges_seen(tmp_path, capsys)
     assert code == 0
     assert line.startswith("perflab: --step-range BENCH never matched a range; the ranges opened: 'decode'; no torch optimizer stepped; "
                            "the program exited with code 0")
+
+
+def test_a_compiled_step_function_gets_its_report_not_dynamo_tracing_perflab(tmp_path, capsys):
+    # the hook runs at the compiled function's return, where dynamo would trace perflab's own report code as the
+    # program's (and fail in numpy)
+    prog = program(tmp_path, """
+        import torch
+        @torch.compile(backend="eager")
+        def decode_step(x):
+            return torch.tanh(x @ x)
+        x = torch.randn(8, 8)
+        for i in range(10):
+            decode_step(x)
+        print("last line")
+    """)
+    code, report = run(tmp_path, prog, step="decode_step", skip=2, steps=4, trace=1)
+    captured = capsys.readouterr()
+    assert code == 0 and captured.out.endswith("last line\n") and "perflab" not in captured.err
+    assert not report["partial"] and report["timing"]["steps"] == 4 and report["traced"]["steps"] == 1

@@ -47,6 +47,7 @@ class StepSource:
         self._optimizer_handle = None
         self._attached = False
         self._pid = os.getpid()
+        self._disabled: dict = {}  # each hook, wrapped for dynamo to skip
 
     def install(self) -> None:
         """Arm the source: from here its steps call ``on_start``/``on_end``, in this process only (a forked child's
@@ -93,10 +94,22 @@ class StepSource:
         """perflab's own failure inside a hook stops its recording there and is said after the program; it is never
         raised into the program (``StopProgram``, Ctrl-C and SIGTERM, not ``Exception``s, pass)."""
         try:
+            if "torch._dynamo" in sys.modules:
+                hook = self._outside_dynamo(hook)
             hook()
         except Exception as exc:
             self._attached = False
             self.failure = f"{type(exc).__name__}: {exc}"
+
+    def _outside_dynamo(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """The hook as code dynamo skips: called from inside a compiled function (at its return, in a range it opens),
+        dynamo would otherwise trace perflab's own code as part of the program's."""
+        wrapped = self._disabled.get(hook)
+        if wrapped is None:
+            import torch._dynamo
+
+            wrapped = self._disabled[hook] = torch._dynamo.disable(hook, recursive=True)
+        return wrapped
 
     def _count_optimizer_steps(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook

@@ -122,6 +122,8 @@ class Recorder:
         self.source.on_end = self._on_end
         self.source.install()
         self.watch.install()
+        compiler.prepare()
+        import perflab.measure.timing  # noqa: F401  (the clock's module: imported now, not inside the first timed step)
         self._counters["start"] = compiler.counters()
         self._watch_script_profiler()
         if self.options.skip == 0:  # the timed phase begins with the first step (checked: a "call" source's)
@@ -140,9 +142,10 @@ class Recorder:
 
     def _on_start(self) -> None:
         phase = self.data.phase
-        if phase == "timed" and self.data.device is None:  # a "call" source's first timed step begins
-            self._counters["timed"] = compiler.counters()
-            self._choose_clock()
+        if phase == "timed" and "timed" not in self._counters:  # a "call" source's first timed step begins
+            self._counters["timed"] = compiler.counters()  # (a few µs: compiler.prepare ran at install)
+            if self._clock is None:  # --skip 0: no step before this one to choose the clock in
+                self._choose_clock()
         if self.source.kind == "call" and phase in ("timed", "traced") and self._clock is not None:
             if phase == "traced" and self._tracer is not None:
                 self._internal(self._tracer.begin_step)
@@ -175,8 +178,11 @@ class Recorder:
         self.data.phase = "timed"
         if self.source.kind == "call":
             # the phase begins with its first step: what runs between calls (a warm-up loop before the first range,
-            # compilation there) is not the timed steps'; the clock is chosen then too (the program may not have
-            # started CUDA yet when --skip is 0)
+            # compilation there) is not the timed steps', so dynamo's counters are taken when it begins. The clock is
+            # chosen here, at the end of the last skipped call, out of the first timed one (with --skip 0, at the
+            # first timed call's start: the program may not have started CUDA before it)
+            if self.options.skip > 0:
+                self._choose_clock()
             return
         self._counters["timed"] = compiler.counters()
         self._choose_clock()
