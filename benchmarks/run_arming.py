@@ -19,7 +19,8 @@ PROGRAM = Path(__file__).resolve().parent / "programs" / "host_timed_calls.py"
 MODES = {"alone": None, "--step": ["--step", "decode_step"], "--step-range": ["--step-range", "BENCH"]}
 
 
-def excess_ms(mode: str, skip: int, compiled: bool, out: Path) -> float:
+def excess_ms(mode: str, skip: int, compiled: bool, out: Path) -> float | None:
+    """The program's own time of call ``skip`` less the median of the ten after it; None where the run failed."""
     program = [str(PROGRAM), "--calls", str(skip + 30), "--range", "BENCH"] + (["--compiled"] if compiled else [])
     options = MODES[mode]
     if options is None:
@@ -27,7 +28,9 @@ def excess_ms(mode: str, skip: int, compiled: bool, out: Path) -> float:
     else:
         command = [sys.executable, "-m", "perflab", "run", *options, "--skip", str(skip), "--steps", "20", "--trace", "0",
                    "--out", str(out), "--", *program]
-    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
     times = json.loads(done.stdout.strip().splitlines()[-1])
     return times[skip] - statistics.median(times[skip + 1:skip + 11])
 
@@ -44,8 +47,13 @@ def main() -> None:
             for mode in MODES:
                 found[mode].append(excess_ms(mode, args.skip, args.compiled, Path(tmp) / "out"))
     for mode, values in found.items():
+        failed = values.count(None)
+        values = [v for v in values if v is not None]
+        if not values:
+            print(f"{mode:13} every run failed ({failed})")
+            continue
         print(f"{mode:13} first timed call's excess: median {statistics.median(values):7.3f} ms  "
-              f"(range {min(values):.3f} to {max(values):.3f}, {len(values)} processes)")
+              f"(range {min(values):.3f} to {max(values):.3f}, {len(values)} processes" + (f", {failed} failed" if failed else "") + ")")
 
 
 if __name__ == "__main__":

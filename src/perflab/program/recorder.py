@@ -9,7 +9,8 @@
 - traced (``--trace M``): torch.profiler with shapes recorded, started at a boundary after one synchronisation and
   stopped after M steps with another; each step in a ``ProfilerStep#n`` range (the trace's step windows). The
   profiler makes these steps slower: they are reported as traced, beside the untraced ones.
-- then the program runs on untouched (the hooks removed), or stops (``--stop-after``).
+- then the program runs on untouched (the recorder's hooks detached; the source counts on where that is free), or
+  stops (``--stop-after``).
 
 dynamo's counters are taken at each phase's boundaries (``program.compiler``), so a frame compiled while timed is
 seen, and a frame that hit the recompile limit is named with the step it happened in.
