@@ -70,9 +70,6 @@ class StepSource:
             self._optimizer_handle.remove()
             self._optimizer_handle = None
 
-    # kept for callers that remove a source at the end of its phases
-    remove = detach
-
     def _install(self) -> None:
         raise NotImplementedError
 

@@ -131,7 +131,7 @@ class Recorder:
             self._enter_timed()
 
     def remove(self) -> None:
-        self.source.remove()
+        self.source.detach()
         self.watch.remove()
         self._unwatch_script_profiler()
 
