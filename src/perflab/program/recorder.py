@@ -440,8 +440,12 @@ def module_bytes(device_type: str) -> dict:
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=str))
+        tmp.replace(path)
+    except OSError:  # a full disk: no half-written file left beside the report
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def stderr(text: str) -> None:
