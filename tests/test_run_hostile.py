@@ -98,6 +98,31 @@ def test_a_forked_child_neither_reports_nor_writes(tmp_path, capsys):
     assert report["partial"] and report["recorded"]["steps_seen"] == 3 and report["timing"]["steps"] == 1
 
 
+def test_hogwild_workers_neither_report_nor_write(tmp_path, capsys):
+    # torch.multiprocessing's Hogwild: two forked workers train the shared model through every phase of perflab's,
+    # then the parent trains 3 steps of its own
+    prog = program(tmp_path, """
+        import os, torch, torch.multiprocessing as mp
+        torch.set_num_threads(1)
+        def train(model, steps):
+            opt = torch.optim.SGD(model.parameters(), lr=0.01)
+            for i in range(steps):
+                model(torch.randn(4, 8)).sum().backward(); opt.step(); opt.zero_grad()
+        if __name__ == "__main__":
+            model = torch.nn.Linear(8, 8); model.share_memory()
+            workers = [mp.get_context("fork").Process(target=train, args=(model, 12)) for _ in range(2)]
+            for w in workers: w.start()
+            for w in workers: w.join()
+            train(model, 3)
+            print("exit codes", [w.exitcode for w in workers])
+    """)
+    rendered = tmp_path / "rendered"
+    code, report = run(tmp_path, prog, skip=2, steps=4, trace=1, render=lambda report: rendered.write_text(str(os.getpid())))
+    assert code == 0 and "exit codes [0, 0]" in capsys.readouterr().out
+    assert not rendered.exists() and not (tmp_path / "out" / "trace.json.gz").exists()
+    assert report["partial"] and report["recorded"]["steps_seen"] == 3
+
+
 def test_a_program_that_changes_directory_gets_its_run_json_where_the_run_began(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "elsewhere").mkdir()

@@ -96,13 +96,12 @@ class Guard:
 
 class ProfilerWatch:
     """Calls ``give_way()`` before any torch.profiler other than perflab's own (``is_ours(autograd_profile)``) prepares
-    its trace, in the process perflab started; ``started`` says a program's profiler was seen."""
+    its trace, in the process perflab started."""
 
     def __init__(self, is_ours: Callable[[object], bool], give_way: Callable[[], None], guard: Guard):
         self.is_ours = is_ours
         self.give_way = give_way
         self.guard = guard
-        self.started = False
         self._saved = None
 
     def install(self) -> None:
@@ -114,7 +113,6 @@ class ProfilerWatch:
 
         def prepare_trace(prof_self, *args, **kwargs):
             if watch.guard.owner and not watch.is_ours(prof_self):
-                watch.started = True
                 watch.guard.call("perflab's trace could not give way to the program's profiler", watch.give_way)
             return prepare(prof_self, *args, **kwargs)
 
