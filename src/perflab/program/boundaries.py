@@ -126,6 +126,7 @@ class StepSource:
         return f"{self.optimizer_steps} optimizer step(s) were seen ({', '.join(self.optimizer_names)}): without --step/--step-range they are the steps"
 
     def never_matched(self) -> str:
+        """One line for a run in which no step was seen: what the program did instead."""
         raise NotImplementedError
 
 
@@ -161,6 +162,10 @@ class OptimizerSteps(StepSource):
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+    def never_matched(self) -> str:
+        return ("no step boundary was seen: the program stepped no torch optimizer; name its step function with --step QUALNAME "
+                "(or FILE:QUALNAME), or an NVTX / record_function range with --step-range NAME")
 
 
 def parse_step_function(text: str) -> tuple[str | None, str]:

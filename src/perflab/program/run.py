@@ -17,14 +17,12 @@ from pathlib import Path
 
 from perflab.errors import PerflabError
 from perflab.measure.checks import Check
-from perflab.program.boundaries import OptimizerSteps, StepSource, make_source
+from perflab.program.boundaries import StepSource, make_source
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
 from perflab.program.script import Program, print_program_traceback, run_program
 
 MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
-NO_STEPS = ("no step boundary was seen: the program stepped no torch optimizer; name its step function with --step QUALNAME "
-            "(or FILE:QUALNAME), or an NVTX / record_function range with --step-range NAME")
 
 
 @dataclass
@@ -228,8 +226,7 @@ class Run:
         where = Path(self.options.out_dir) / "run.json" if self.written else "nothing (run.json could not be written)"
         how = self._how(outcome)
         if seen == 0 and data.phase != "done":
-            never = NO_STEPS if isinstance(self.source, OptimizerSteps) else self.source.never_matched()
-            return f"perflab: {never}; the program {how} after {seconds:.1f} s"
+            return f"perflab: {self.source.never_matched()}; the program {how} after {seconds:.1f} s"
         o = self.options
         need = o.skip + o.steps + (o.trace_warmup + o.trace if o.trace else 0)
         how = f"{how} after {seen} step(s)"
