@@ -124,8 +124,8 @@ class Run:
         if self.report is None or self.report.get("partial"):
             say(self._early_line(recorder, outcome, time.perf_counter() - t0))
         elif outcome.exception is not None and self.rank.rank == 0:
-            say(f"perflab: the program {self._how(outcome)} {self._at_step()}, after perflab's report of its steps "
-                f"was written to {Path(self.options.out_dir) / 'run.json'}")
+            where = f"was written to {Path(self.options.out_dir) / 'run.json'}" if self.written else "was made (it could not be written: below)"
+            say(f"perflab: the program {self._how(outcome)} {self._at_step()}, after perflab's report of its steps {where}")
         for note in self._notes():
             say(f"perflab: {note}")
         return RunResult(outcome.code, self.report, Path(self.options.out_dir))
