@@ -12,10 +12,18 @@ Each source calls ``on_start()`` when a step begins and ``on_end()`` when it end
   older Pythons through ``sys.setprofile``, which costs a little on every Python call.
 - ``RangeSteps`` (``--step-range NAME``): an NVTX range (``torch.cuda.nvtx.range_push``/``range_pop``/``range``/
   ``range_start``/``range_end``) or a ``record_function`` range whose name starts with NAME is one step.
+
+Only the process that installed a source records (a forked child's steps are its own); a hook of perflab's that fails
+stops the recording and is said after the program, never raised into it. After the recorder is done the source keeps
+counting the program's steps where that costs nothing (an optimizer hook, ``sys.monitoring``, the wrapped range
+functions), so messages give the program's own step numbers. With ``--step`` or ``--step-range``, the optimizer steps are
+counted too: a name that never matched is told what the program did instead.
 """
 
 from __future__ import annotations
 
+import difflib
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -30,17 +38,96 @@ class StepSource:
     def __init__(self):
         self.on_start: Callable[[], None] = lambda: None
         self.on_end: Callable[[], None] = lambda: None
-        self.seen = 0  # steps ended
+        self.seen = 0  # steps ended: the program's own step numbers, also after the recorder detached where counting is free
+        self.counting_after = True  # does ``seen`` go on counting after ``detach``?
+        self.failure: str | None = None  # perflab's own hook failed: it stopped recording there, the program went on
+        self.gave_way: str | None = None  # the program took over what this source relies on
+        self.optimizer_steps = 0  # every optimizer's steps, for the line that says what happened when no step matched
+        self.optimizer_names: list[str] = []
+        self._optimizer_handle = None
+        self._attached = False
+        self._pid = os.getpid()
+        self._disabled: dict = {}  # each hook, wrapped for dynamo to skip
 
     def install(self) -> None:
+        """Arm the source: from here its steps call ``on_start``/``on_end``, in this process only (a forked child's
+        steps are not the run's)."""
+        self._pid = os.getpid()
+        self._attached = True
+        self._install()
+
+    def detach(self) -> None:
+        """Stop calling the recorder; where counting costs nothing, go on counting the program's steps."""
+        self._attached = False
+        if not self.counting_after:
+            self.close()
+
+    def close(self) -> None:
+        """Everything off: the program runs untouched."""
+        self._attached = False
+        self._remove()
+        if self._optimizer_handle is not None:
+            self._optimizer_handle.remove()
+            self._optimizer_handle = None
+
+    def _install(self) -> None:
         raise NotImplementedError
 
-    def remove(self) -> None:
+    def _remove(self) -> None:
         raise NotImplementedError
+
+    def _began(self) -> None:
+        if self._attached and os.getpid() == self._pid:
+            self._guarded(self.on_start)
 
     def _ended(self) -> None:
+        if os.getpid() != self._pid:
+            return
         self.seen += 1
-        self.on_end()
+        if self._attached:
+            self._guarded(self.on_end)
+
+    def _guarded(self, hook: Callable[[], None]) -> None:
+        """perflab's own failure inside a hook stops its recording there and is said after the program; it is never
+        raised into the program (``StopProgram``, Ctrl-C and SIGTERM, not ``Exception``s, pass)."""
+        try:
+            if "torch._dynamo" in sys.modules:
+                hook = self._outside_dynamo(hook)
+            hook()
+        except Exception as exc:
+            self._attached = False
+            self.failure = f"{type(exc).__name__}: {exc}"
+
+    def _outside_dynamo(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """The hook as code dynamo skips: called from inside a compiled function (at its return, in a range it opens),
+        dynamo would otherwise trace perflab's own code as part of the program's."""
+        wrapped = self._disabled.get(hook)
+        if wrapped is None:
+            import torch._dynamo
+
+            wrapped = self._disabled[hook] = torch._dynamo.disable(hook, recursive=True)
+        return wrapped
+
+    def _count_optimizer_steps(self) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        def count(optimizer, args, kwargs):
+            self.optimizer_steps += 1
+            name = type(optimizer).__name__
+            if name not in self.optimizer_names:
+                self.optimizer_names.append(name)
+
+        self._optimizer_handle = register_optimizer_step_post_hook(count)
+
+    def what_happened(self) -> str:
+        """For a program whose steps never matched: what it did instead."""
+        if not self.optimizer_steps:
+            return "no torch optimizer stepped"
+        return f"{self.optimizer_steps} optimizer step(s) were seen ({', '.join(self.optimizer_names)}): without --step/--step-range they are the steps"
+
+    def never_matched(self) -> str:
+        """One line for a run in which no step was seen: what the program did instead."""
+        raise NotImplementedError
 
 
 class OptimizerSteps(StepSource):
@@ -53,7 +140,7 @@ class OptimizerSteps(StepSource):
         self.optimizers: list[str] = []  # the classes of the optimizers seen stepping
         self._first_id: int | None = None
 
-    def install(self) -> None:
+    def _install(self) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
         self._handle = register_optimizer_step_post_hook(self._hook)
@@ -69,12 +156,16 @@ class OptimizerSteps(StepSource):
         if not self.optimizers:
             self.optimizers.append(type(optimizer).__name__)
         self._ended()
-        self.on_start()
+        self._began()
 
-    def remove(self) -> None:
+    def _remove(self) -> None:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+    def never_matched(self) -> str:
+        return ("no step boundary was seen: the program stepped no torch optimizer; name its step function with --step QUALNAME "
+                "(or FILE:QUALNAME), or an NVTX / record_function range with --step-range NAME")
 
 
 def parse_step_function(text: str) -> tuple[str | None, str]:
@@ -97,6 +188,8 @@ class FunctionSteps(StepSource):
         self._depth = 0
         self._tool = None
         self._old_profile = None
+        self._real = None
+        self._called: set = set()
 
     def matches(self, code) -> bool:
         if getattr(code, "co_qualname", code.co_name) != self.qualname and code.co_name != self.qualname:
@@ -107,7 +200,7 @@ class FunctionSteps(StepSource):
     def _begin(self) -> None:
         self._depth += 1
         if self._depth == 1:
-            self.on_start()
+            self._began()
 
     def _finish(self) -> None:
         if self._depth == 0:
@@ -116,15 +209,20 @@ class FunctionSteps(StepSource):
         if self._depth == 0:
             self._ended()
 
-    def install(self) -> None:
+    def _install(self) -> None:
+        self._called = set()  # code objects of the functions called (for the line when none matched)
+        self._count_optimizer_steps()
         monitoring = getattr(sys, "monitoring", None)
         if monitoring is not None:
             self._install_monitoring(monitoring)
         else:
+            self.counting_after = False  # sys.setprofile costs on every call: off once the recorder is done
             self._install_profile()
 
     def _install_monitoring(self, monitoring) -> None:
-        for tool in (monitoring.PROFILER_ID, monitoring.OPTIMIZER_ID, 4, 3):
+        # the ids no tool claims first: a program's own profiler or optimizer tool (PROFILER_ID, OPTIMIZER_ID) finds its
+        # id free
+        for tool in (4, 3, monitoring.OPTIMIZER_ID, monitoring.PROFILER_ID):
             if monitoring.get_tool(tool) is None:
                 self._tool = tool
                 break
@@ -133,9 +231,11 @@ class FunctionSteps(StepSource):
         monitoring.use_tool_id(self._tool, "perflab")
         events = monitoring.events
         disable = monitoring.DISABLE
+        called = self._called
 
         def start(code, offset):
             if not self.matches(code):
+                called.add(code)
                 return disable
             self._begin()
 
@@ -149,19 +249,41 @@ class FunctionSteps(StepSource):
         monitoring.set_events(self._tool, events.PY_START | events.PY_RETURN)
 
     def _install_profile(self) -> None:
-        self._old_profile = sys.getprofile()
-        matches, begin, finish = self.matches, self._begin, self._finish
+        """perflab's profile function, with the program's own beside it: a program that calls ``sys.setprofile`` has
+        its function called first on every event (``sys.getprofile`` gives it back), and perflab's steps go on being
+        found. A profiler that replaces it from C (``cProfile``) is seen at the end: perflab says it gave way."""
+        real_set, real_get = sys.setprofile, sys.getprofile
+        self._old_profile = real_get()
+        matches, begin, finish, called = self.matches, self._begin, self._finish, self._called
+        programs: list = [None]  # the program's own profile function
 
         def profile(frame, event, arg):
+            own = programs[0]
+            if own is not None:
+                own(frame, event, arg)
             if event == "call":
-                if matches(frame.f_code):
+                code = frame.f_code
+                if matches(code):
                     begin()
+                else:
+                    called.add(code)
             elif event == "return" and matches(frame.f_code):
                 finish()
 
-        sys.setprofile(profile)
+        def setprofile(function):
+            programs[0] = function
+            if real_get() is not profile:  # a C profiler had replaced perflab's: the program's own function alone
+                real_set(function)
 
-    def remove(self) -> None:
+        def getprofile():
+            current = real_get()
+            return programs[0] if current is profile else current
+
+        real_set(profile)
+        self._profile, self._real = profile, (real_set, real_get)
+        sys.setprofile, sys.getprofile = setprofile, getprofile
+
+    def _remove(self) -> None:
         monitoring = getattr(sys, "monitoring", None)
         if self._tool is not None and monitoring is not None:
             monitoring.set_events(self._tool, 0)
@@ -169,8 +291,39 @@ class FunctionSteps(StepSource):
             monitoring.register_callback(self._tool, monitoring.events.PY_RETURN, None)
             monitoring.free_tool_id(self._tool)
             self._tool = None
-        elif monitoring is None:
-            sys.setprofile(self._old_profile)
+        elif self._real is not None:
+            real_set, real_get = self._real
+            program_function = sys.getprofile()
+            sys.setprofile, sys.getprofile = real_set, real_get
+            if real_get() is self._profile:
+                real_set(program_function if program_function is not None else self._old_profile)
+            else:
+                self.gave_way = (f"the program replaced perflab's sys.setprofile function (a profiler or debugger of its own, such as "
+                                 f"cProfile) after step {self.seen}: later calls of {self.qualname} were not seen (Python < 3.12 finds "
+                                 "--step through sys.setprofile; on 3.12+ through sys.monitoring, which leaves it alone)")
+            self._real = None
+
+    def never_matched(self) -> str:
+        """No call matched: the functions of the program's own files that it called (closest names first), and its
+        optimizer steps."""
+        own = sorted({getattr(c, "co_qualname", c.co_name) for c in self._called if _programs_code(c) and not c.co_name.startswith("<")})
+        close = difflib.get_close_matches(self.qualname, own, n=3, cutoff=0.5)
+        listed = close + [n for n in own if n not in close]
+        if listed:
+            called = ", ".join(listed[:8]) + (f" and {len(listed) - 8} more" if len(listed) > 8 else "")
+            functions = f"the program's own functions called: {called}"
+        else:
+            functions = "no function of the program's own files was called"
+        return f"--step {self.qualname if self.file is None else f'{self.file}:{self.qualname}'} never matched a call; {functions}; {self.what_happened()}"
+
+
+def _programs_code(code) -> bool:
+    """Is this code object's file the program's (not Python's, an installed package's or perflab's)?"""
+    name = code.co_filename
+    if name.startswith("<") or "site-packages" in name or "dist-packages" in name:
+        return False
+    here = str(Path(__file__).resolve().parents[1])
+    return not name.startswith((sys.base_prefix, sys.prefix, here))
 
 
 class RangeSteps(StepSource):
@@ -187,13 +340,16 @@ class RangeSteps(StepSource):
         self._saved: dict = {}
         self._inside = 0
         self.internal = False  # set while perflab opens its own ranges
+        self.ranges: list[str] = []  # the other ranges' names, the first 20 (for the line when none matched)
 
     def _open(self, name) -> bool:
         is_step = not self.internal and isinstance(name, str) and name.startswith(self.prefix)
         if is_step:
             self._inside += 1
             if self._inside == 1:
-                self.on_start()
+                self._began()
+        elif not self.internal and isinstance(name, str) and len(self.ranges) < 20 and name not in self.ranges:
+            self.ranges.append(name)
         return is_step
 
     def _close(self) -> None:
@@ -201,10 +357,11 @@ class RangeSteps(StepSource):
         if self._inside == 0:
             self._ended()
 
-    def install(self) -> None:
+    def _install(self) -> None:
         import torch.cuda.nvtx as nvtx
         from torch.autograd import profiler
 
+        self._count_optimizer_steps()
         source = self
         push, pop, start, end = nvtx.range_push, nvtx.range_pop, nvtx.range_start, nvtx.range_end
         enter, leave = profiler.record_function.__enter__, profiler.record_function.__exit__
@@ -248,7 +405,14 @@ class RangeSteps(StepSource):
         nvtx.range_push, nvtx.range_pop, nvtx.range_start, nvtx.range_end = range_push, range_pop, range_start, range_end
         profiler.record_function.__enter__, profiler.record_function.__exit__ = rf_enter, rf_exit
 
-    def remove(self) -> None:
+    def never_matched(self) -> str:
+        if self.ranges:
+            ranges = "the ranges opened: " + ", ".join(repr(r) for r in self.ranges) + (" and more" if len(self.ranges) == 20 else "")
+        else:
+            ranges = "the program opened no NVTX or record_function range"
+        return f"--step-range {self.prefix} never matched a range; {ranges}; {self.what_happened()}"
+
+    def _remove(self) -> None:
         if not self._saved:
             return
         import torch.cuda.nvtx as nvtx

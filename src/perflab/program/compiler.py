@@ -26,6 +26,12 @@ def dynamo_loaded() -> bool:
     return "torch._dynamo" in sys.modules
 
 
+def prepare() -> None:
+    """Import what ``counters()`` reads once dynamo is loaded, before the program runs: a program that compiles would
+    otherwise pay the import (about 0.1 s) inside the first step perflab times."""
+    import perflab.runtime.modes  # noqa: F401
+
+
 def counters() -> dict:
     """dynamo's counters now (``runtime.modes.compile_counters``: frames, graphs, backend graphs, graph breaks by
     reason), with the frames it compiled successfully and its guard failures per code object; {} when dynamo was never

@@ -9,7 +9,8 @@
 - traced (``--trace M``): torch.profiler with shapes recorded, started at a boundary after one synchronisation and
   stopped after M steps with another; each step in a ``ProfilerStep#n`` range (the trace's step windows). The
   profiler makes these steps slower: they are reported as traced, beside the untraced ones.
-- then the program runs on untouched (the hooks removed), or stops (``--stop-after``).
+- then the program runs on untouched (the recorder's hooks detached; the source counts on where that is free), or
+  stops (``--stop-after``).
 
 dynamo's counters are taken at each phase's boundaries (``program.compiler``), so a frame compiled while timed is
 seen, and a frame that hit the recompile limit is named with the step it happened in.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -28,6 +28,7 @@ from pathlib import Path
 
 from perflab.program import compiler
 from perflab.program.boundaries import StepSource
+from perflab.program.guard import Guard, ProfilerWatch, say
 
 
 class StopProgram(SystemExit):
@@ -95,8 +96,9 @@ class Recorded:
 
 
 class Recorder:
-    def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None):
+    def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None, guard: Guard | None = None):
         self.source = source
+        self.guard = guard or Guard()
         self.options = options
         self.rank = rank or Rank.from_env()
         self.data = Recorded()
@@ -112,7 +114,7 @@ class Recorder:
         self._script_profiler = False
         self._t0 = time.perf_counter()
         self.watch = compiler.LimitWatch(step_of=lambda: self.data.steps_seen + 1)
-        self._saved_start = None
+        self._profiler_watch: ProfilerWatch | None = None
 
     # --- installation ------------------------------------------------------------------------------
 
@@ -121,13 +123,15 @@ class Recorder:
         self.source.on_end = self._on_end
         self.source.install()
         self.watch.install()
+        compiler.prepare()
+        import perflab.measure.timing  # noqa: F401  (the clock's module: imported now, not inside the first timed step)
         self._counters["start"] = compiler.counters()
         self._watch_script_profiler()
         if self.options.skip == 0:  # the timed phase begins with the first step (checked: a "call" source's)
             self._enter_timed()
 
     def remove(self) -> None:
-        self.source.remove()
+        self.source.detach()
         self.watch.remove()
         self._unwatch_script_profiler()
 
@@ -139,9 +143,10 @@ class Recorder:
 
     def _on_start(self) -> None:
         phase = self.data.phase
-        if phase == "timed" and self.data.device is None:  # a "call" source's first timed step begins
-            self._counters["timed"] = compiler.counters()
-            self._choose_clock()
+        if phase == "timed" and "timed" not in self._counters:  # a "call" source's first timed step begins
+            self._counters["timed"] = compiler.counters()  # (a few µs: compiler.prepare ran at install)
+            if self._clock is None:  # --skip 0: no step before this one to choose the clock in
+                self._choose_clock()
         if self.source.kind == "call" and phase in ("timed", "traced") and self._clock is not None:
             if phase == "traced" and self._tracer is not None:
                 self._internal(self._tracer.begin_step)
@@ -174,8 +179,11 @@ class Recorder:
         self.data.phase = "timed"
         if self.source.kind == "call":
             # the phase begins with its first step: what runs between calls (a warm-up loop before the first range,
-            # compilation there) is not the timed steps'; the clock is chosen then too (the program may not have
-            # started CUDA yet when --skip is 0)
+            # compilation there) is not the timed steps', so dynamo's counters are taken when it begins. The clock is
+            # chosen here, at the end of the last skipped call, out of the first timed one (with --skip 0, at the
+            # first timed call's start: the program may not have started CUDA before it)
+            if self.options.skip > 0:
+                self._choose_clock()
             return
         self._counters["timed"] = compiler.counters()
         self._choose_clock()
@@ -308,31 +316,37 @@ class Recorder:
 
     def _watch_script_profiler(self) -> None:
         """If the program starts torch.profiler itself while perflab's records, perflab's stops first (one profiler at a
-        time) and says so; if it started one before, perflab does not trace."""
-        from torch.profiler import profiler as kineto_profiler
-
+        time) and says so; if it started one before, perflab does not trace (``guard.ProfilerWatch``: whichever way the
+        program starts it)."""
         recorder = self
-        start = kineto_profiler._KinetoProfile.start
-        self._saved_start = start
 
-        def start_wrapper(prof_self, *args, **kwargs):
-            if prof_self is not recorder._prof:
-                recorder._script_profiler = True
-                if recorder._tracer is not None:  # ours gives way
-                    recorder._tracer.stop()
-                    recorder._tracer, recorder._prof = None, None
-                    recorder.data.trace_note = ("the program started torch.profiler itself while perflab traced; perflab's trace was "
-                                                "dropped (one profiler at a time): analyse the program's own trace with perflab analyze")
-            return start(prof_self, *args, **kwargs)
+        def is_ours(autograd_profile) -> bool:
+            # the tracer's torch profiler prepares its autograd profile at its start and at its schedule's warm-up,
+            # before recorder._prof is set
+            tracer = recorder._tracer
+            prof = tracer.profiler if tracer is not None else None
+            return prof is not None and getattr(prof, "profiler", None) is autograd_profile
 
-        kineto_profiler._KinetoProfile.start = start_wrapper
+        def give_way() -> None:
+            recorder._script_profiler = True
+            if recorder._tracer is None:
+                return
+            recorder._tracer.stop()
+            recorder._tracer, recorder._prof = None, None
+            if recorder._pass == "shapes":
+                recorder.data.trace_note = ("the program started torch.profiler itself during perflab's pass with operator shapes; that "
+                                            "pass was dropped (one profiler at a time): FLOPs left out")
+            else:
+                recorder.data.trace_note = ("the program started torch.profiler itself while perflab traced; perflab's trace was "
+                                            "dropped (one profiler at a time): analyse the program's own trace with perflab analyze")
+
+        self._profiler_watch = ProfilerWatch(is_ours, give_way, self.guard)
+        self._profiler_watch.install()
 
     def _unwatch_script_profiler(self) -> None:
-        if self._saved_start is not None:
-            from torch.profiler import profiler as kineto_profiler
-
-            kineto_profiler._KinetoProfile.start = self._saved_start
-            self._saved_start = None
+        if self._profiler_watch is not None:
+            self._profiler_watch.remove()
+            self._profiler_watch = None
 
     # --- what was measured ---------------------------------------------------------------------------
 
@@ -425,9 +439,13 @@ def module_bytes(device_type: str) -> dict:
 def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    tmp.replace(path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=str))
+        tmp.replace(path)
+    except OSError:  # a full disk: no half-written file left beside the report
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def stderr(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    say(text)

@@ -2,25 +2,27 @@
 
 The report is made at the end of the traced steps, while the program is still running (it runs on afterwards, or stops
 with ``--stop-after``), so a long training job gives its answer minutes in, not at its end. Whatever ends the program
-first (its end, an exception, sys.exit, Ctrl-C), what was measured up to then is written to ``OUT/run.json`` and one
-line says how far it got.
+first (its end, an exception, sys.exit, Ctrl-C, SIGTERM), what was measured up to then is written to ``OUT/run.json``
+and one line says how far it got. ``OUT`` is resolved when the run begins (a program that changes directory does not
+move it); only the process perflab started writes or reports (``program.guard``); perflab's own failures (a disk that
+is full, a stderr the program closed) are said after the program, never raised inside it.
 """
 
 from __future__ import annotations
 
+import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from perflab.errors import PerflabError
 from perflab.measure.checks import Check
 from perflab.program.boundaries import StepSource, make_source
+from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
 from perflab.program.script import Program, print_program_traceback, run_program
 
 MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
-NO_STEPS = ("no step boundary was seen: the program stepped no torch optimizer; name its step function with --step QUALNAME "
-            "(or FILE:QUALNAME), or an NVTX / record_function range with --step-range NAME")
 
 
 @dataclass
@@ -88,33 +90,68 @@ def run_checks(recorded: dict, report: dict) -> list[dict]:
 class Run:
     def __init__(self, program: Program, options: RunOptions, step: str | None = None, step_range: str | None = None, render=None):
         self.program = program
-        self.options = options
+        self.options = replace(options, out_dir=Path(os.path.abspath(options.out_dir)))  # where the run began, whatever the program's cwd
+        self.guard = Guard()
         self.source: StepSource = make_source(step, step_range)
         self.rank = Rank.from_env()
         self.render = render  # render(report) -> None: the console report (rank 0)
         self.report: dict | None = None
         self.written = False
+        self.write_failed = False
 
     def __call__(self) -> RunResult:
-        recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced)
+        guard = self.guard
+        recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced, guard=guard)
         recorder.install()
+        guard.catch_sigterm()
         t0 = time.perf_counter()
         try:
             outcome = run_program(self.program, stop=StopProgram)
         finally:
+            guard.release_sigterm()
             recorder.remove()
-        if not self.written:  # the program ended before the traced steps did (or during the pass with shapes: reported in full)
-            self._write(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
+            self.source.close()
+        if not guard.owner:  # a forked child that ran on through perflab: its end is its own, it reports nothing
+            print_program_traceback(outcome, self.program)
+            return RunResult(outcome.code, None, Path(self.options.out_dir))
+        if not self.written and not self.write_failed:  # the program ended before the traced steps did (or during the pass with shapes: reported in full)
+            try:
+                self._write(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
+            except Exception as exc:
+                guard.failed(f"run.json could not be written to {self.options.out_dir}", exc)
+                self.write_failed = True
         print_program_traceback(outcome, self.program)
         if self.report is None or self.report.get("partial"):
-            stderr(self._early_line(recorder, outcome, time.perf_counter() - t0))
+            say(self._early_line(recorder, outcome, time.perf_counter() - t0))
         elif outcome.exception is not None and self.rank.rank == 0:
-            stderr(f"perflab: the program {self._how(outcome)} at step {recorder.data.steps_seen + 1}, after perflab's report of its steps "
-                   f"was written to {Path(self.options.out_dir) / 'run.json'}")
+            where = f"was written to {Path(self.options.out_dir) / 'run.json'}" if self.written else "was made (it could not be written: below)"
+            say(f"perflab: the program {self._how(outcome)} {self._at_step()}, after perflab's report of its steps {where}")
+        for note in self._notes():
+            say(f"perflab: {note}")
         return RunResult(outcome.code, self.report, Path(self.options.out_dir))
 
+    def _at_step(self) -> str:
+        """The step the program was in, by its own count (the source counts on after the report where that is free)."""
+        if self.source.counting_after:
+            return f"at step {self.source.seen + 1}"
+        return f"after step {self.source.seen}"
+
+    def _notes(self) -> list[str]:
+        """perflab's own failures and where it gave way, said after the program."""
+        notes = list(self.guard.failures)
+        if self.source.failure:
+            notes.append(f"perflab stopped recording after step {self.source.seen}: its own step hook failed ({self.source.failure}); "
+                         "the program ran on")
+        if self.source.gave_way:
+            notes.append(self.source.gave_way)
+        return notes
+
     def _on_traced(self, recorder: Recorder) -> None:
-        self._write(recorder, ended_early=False)
+        try:
+            self._write(recorder, ended_early=False)
+        except Exception as exc:  # a full disk, a failing analysis: said after the program, which runs on
+            self.guard.failed(f"run.json could not be written to {self.options.out_dir}", exc)
+            self.write_failed = True
         if self.options.stop_after:
             raise StopProgram()
 
@@ -137,14 +174,22 @@ class Run:
         report["flags"] = run_checks(recorded, report)
         if outcome is not None:
             report["exit_code"] = outcome.code
-            report["ended_by"] = "interrupt" if outcome.interrupted else ("exception" if outcome.exception else "exit")
+            report["ended_by"] = ("sigterm" if outcome.terminated else "interrupt" if outcome.interrupted
+                                  else "exception" if outcome.exception else "exit")
+            notes = self._notes()
+            if notes:
+                report["perflab_notes"] = notes
         if self.rank.distributed:
             report = ranks.gather(report, recorder, self.options, self.rank, ended_early)
         self.report = report
         if self.rank.rank == 0:
             write_json(Path(self.options.out_dir) / "run.json", report)
+            self.written = True
             if not ended_early and self.render is not None:
-                self.render(report)
+                try:
+                    self.render(report)
+                except Exception as exc:  # the program closed stderr: the report is in run.json
+                    self.guard.failed(f"the report could not be printed; it is in {Path(self.options.out_dir) / 'run.json'}", exc)
         self.written = True
 
     def _report(self, recorded: dict, timing: dict) -> dict:
@@ -171,15 +216,17 @@ class Run:
 
     @staticmethod
     def _how(outcome) -> str:
+        if outcome.terminated:
+            return "was terminated (SIGTERM)"
         return "was interrupted" if outcome.interrupted else ("raised an exception" if outcome.exception else f"exited with code {outcome.code}")
 
     def _early_line(self, recorder: Recorder, outcome, seconds: float) -> str:
         data = recorder.data
-        seen = data.steps_seen
-        where = Path(self.options.out_dir) / "run.json"
+        seen = self.source.seen
+        where = Path(self.options.out_dir) / "run.json" if self.written else "nothing (run.json could not be written)"
         how = self._how(outcome)
         if seen == 0 and data.phase != "done":
-            return f"perflab: {NO_STEPS}; the program {how} after {seconds:.1f} s"
+            return f"perflab: {self.source.never_matched()}; the program {how} after {seconds:.1f} s"
         o = self.options
         need = o.skip + o.steps + (o.trace_warmup + o.trace if o.trace else 0)
         how = f"{how} after {seen} step(s)"
