@@ -501,7 +501,9 @@ def test_compare_of_two_result_files_at_80_columns(tmp_path, monkeypatch):
     from perflab.report.export import write_rows
     from perflab.report.versions import render_comparison
 
-    files = tmp_path / "a.jsonl", tmp_path / "b.csv"
+    # relative names: a long temporary path (pytest-xdist's) would wrap in the notes whatever the table does
+    monkeypatch.chdir(tmp_path)
+    files = Path("a.jsonl"), Path("b.csv")
     for rows, path in zip((AB_A, AB_B), files):
         write_rows([{k: v for k, v in row.items() if k != "version"} for row in rows], path)
     monkeypatch.setenv("COLUMNS", "80")

@@ -38,6 +38,11 @@ def test_a_cuda_training_loop_is_timed_with_events_and_explained(tmp_path):
     assert 0 < util["mfu"] < 1 and util["peak_tflops"] > 100 and util["bytes_per_step"] == 4 * (2 * 1024 * 4096 + 4096 + 1024)
     assert report["floors"]["binding"] in ("compute", "memory", "launch", "host")
     assert report["recorded"]["peak_allocated_bytes"] > 0
+    # the traced steps timed by the same clock, and a verdict that agrees with the kernel fill it prints
+    traced, verdict = report["traced"], report["verdict"]
+    assert len(traced["step_ms_each"]) == 3 and traced["inflation"] == traced["step_ms"] / report["timing"]["median_ms"]
+    assert 0 < verdict["kernel_fill"] <= 1 and (verdict["verdict"] == "GPU-bound") == (verdict["kernel_fill"] >= 0.85)
+    assert verdict["verdict"] != "launch-bound" or verdict["kernel_fill"] < 0.85
 
 
 def test_a_compiled_step_is_attributed_to_its_compiled_regions(tmp_path):
