@@ -66,6 +66,12 @@ def test_the_floor_and_each_rank_against_it(explained):
     # two pairs of blocks (--repeats 2): their range, which holds the median half the time, is no 95% CI and is not called one
     assert data["row"]["scaling_efficiency_ci_coverage"] == 0.5 and data["row"]["scaling_efficiency_ci_range_of"] == 2
     assert f"scaling efficiency {c['scaling_efficiency']:.3f} (CI (min–max of 2) {low:.3f}–{high:.3f}, from blocks interleaved" in md
+    # the efficiency comes with the two figures it is the ratio of, each printed (not the slowest rank's own median)
+    row = data["row"]
+    assert f"which ran {row['single_gpu_ms']:.3f} ms and {row['step_ms_beside_single']:.3f} ms (medians) in the same rounds" in md
+    one, beside = row["beside_single"]["one_samples_ms"], row["beside_single"]["dp_samples_ms"]
+    ratios = sorted(a / b for a, b in zip(one, beside))
+    assert ratios[0] <= c["scaling_efficiency"] <= ratios[-1]
 
 
 def test_the_fsdp_fix_predicted_then_measured(explained):

@@ -232,7 +232,8 @@ def communication_section(case: Case, row: dict, profile: dict, sweep: dict) -> 
             "message_bytes": message, "busbw_gbps": busbw, "busbw_size_bytes": swept_size(sweep, message)["bytes"], "busbw_source": sweep.get("source"),
             "sweep": sweep, "latency_us": latency, "floor_ms": floor, "modelled_ms": floor + comm.calls * latency / 1e3,
             "step_ms": row["median_ms"], "floor_fraction": floor / row["median_ms"], "slowest_rank": row["slowest_rank"], "ranks": ranks,
-            "single_ms": row.get("single_gpu_ms"), "scaling_efficiency": row.get("scaling_efficiency"),
+            "single_ms": row.get("single_gpu_ms"), "step_beside_single_ms": row.get("step_ms_beside_single"),
+            "scaling_efficiency": row.get("scaling_efficiency"),
             "scaling_efficiency_ci95": row.get("scaling_efficiency_ci95"), "steps_profiled": steps,
             "not_in_floor": "DDP's broadcast of the module's buffers each forward (broadcast_buffers) is communication too, timed with it, "
                             "but not in the floor" if mode == "ddp" else None}

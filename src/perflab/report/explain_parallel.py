@@ -58,8 +58,13 @@ def summary_lines(e) -> list[str]:
     note = ci_note(row.get("scaling_efficiency_ci_coverage"), row.get("scaling_efficiency_ci_range_of"))
     label = f"CI ({note})" if note else "95% CI"
     paired = (f" ({label} {ci[0]:.3f}–{ci[1]:.3f}, from blocks interleaved with the ranks' step)" if ci else " (timed alone, after the ranks)")
-    scaling = (f"; the same case on {one} {c['single_ms']:.3f} ms, scaling efficiency {c['scaling_efficiency']:.3f}{paired} (weak scaling: the "
-               "batch is per rank)") if c.get("single_ms") else ""
+    # the efficiency is read from the blocks timed together, not from the slowest rank's own median above: the figures
+    # it is the ratio of are printed beside it (the ranks' step in the one-device case's rounds, and that case's)
+    beside = c.get("step_beside_single_ms")
+    of = (f" = the median over the rounds of {one}'s block ÷ the ranks' slowest block, which ran {c['single_ms']:.3f} ms and "
+          f"{beside:.3f} ms (medians) in the same rounds") if beside else ""
+    scaling = (f"; the same case on {one} {c['single_ms']:.3f} ms, scaling efficiency {c['scaling_efficiency']:.3f}{paired}{of} (weak "
+               "scaling: the batch is per rank)") if c.get("single_ms") else ""
     buckets = f" DDP's buckets as it rebuilt them: {bucket_text(c['buckets'])}." if c.get("buckets") else ""
     return [f"Step: the slowest rank's (rank {c['slowest_rank']}) untraced median **{row['median_ms']:.3f} ms** on {where(e)}{scaling}.",
             f"Bytes per step: {c['bus_bytes'] / MIB:.3f} MiB on the bus per rank ({c['mode']}, {c['calls']} collective call{'s' if c['calls'] != 1 else ''}; {c['dtype_note']})."
