@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from perflab.measure.timing import StepClock
+
 CACHE_VERSION = 2
 
 
@@ -49,14 +51,14 @@ def _time_cuda(fn, repeats: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    clock = StepClock(cuda=True)
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start = clock.stamp()
         fn()
-        end.record()
+        end = clock.stamp()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1000.0)
+        times.append(clock.read(start, end)[0] / 1000.0)
     return statistics.median(times)
 
 
@@ -204,6 +206,7 @@ def all_reduce_rank(rank: int, world_size: int, device_index, sizes: list[int], 
     import torch.distributed as dist
 
     device = torch.device("cuda", device_index) if device_index is not None else torch.device("cpu")
+    clock = StepClock(cuda=device.type == "cuda")
     out = []
     for size in sizes:
         x = torch.ones(size // 4, dtype=torch.float32, device=device)
@@ -211,19 +214,12 @@ def all_reduce_rank(rank: int, world_size: int, device_index, sizes: list[int], 
             dist.all_reduce(x)
         _sync(device)
         dist.barrier()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            end.record()
-            torch.cuda.synchronize()
-            seconds = start.elapsed_time(end) / 1e3 / iters
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            seconds = (time.perf_counter() - t0) / iters
+        start = clock.stamp()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        end = clock.stamp()
+        _sync(device)
+        seconds = clock.read(start, end)[0] / 1e3 / iters
         slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         out.append(float(slowest.item()))
