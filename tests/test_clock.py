@@ -1,4 +1,4 @@
-"""perflab's one step clock (measure.timing.StepClock), and that nothing in src/ builds another."""
+"""perflab's one step clock (measure.timing.StepClock) and the one tracer, and that nothing in src/ builds another."""
 
 import re
 import time
@@ -46,7 +46,27 @@ def test_time_step_on_the_cpu_gives_each_blocks_host_ms_per_step(monkeypatch):
     assert got.timed_s == pytest.approx(7 * 1.5e-3)
 
 
-@pytest.mark.parametrize("pattern, home", [(r"cuda\.Event\(", "measure/timing.py")])
+def test_a_tracer_without_a_path_hands_torchs_summary_to_on_ready_and_writes_nothing(tmp_path, monkeypatch):
+    import torch
+
+    from perflab.trace.capture import Tracer
+
+    monkeypatch.chdir(tmp_path)
+    averages = []
+    tracer = Tracer(None, "cpu", steps=1, warmup=0, on_ready=lambda prof: averages.extend(prof.key_averages()))
+    tracer.start()
+    try:
+        torch.ones(4).mul_(3)
+        assert tracer.step()
+    finally:
+        tracer.stop()
+    assert tracer.written
+    assert any(e.key == "aten::mul_" and e.count == 1 for e in averages)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("pattern, home", [(r"cuda\.Event\(", "measure/timing.py"),
+                                           (r"profiler\.profile\(|\bprofile\(activities", "trace/capture.py")])
 def test_cuda_events_and_profiler_sessions_are_built_in_one_module_each(pattern, home):
     found = sorted({str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if re.search(pattern, p.read_text())})
     assert found == [home]

@@ -85,7 +85,8 @@ def copy_gbps(nbytes: int = 2**30, repeats: int = 10) -> float:
 def graph_kernel_interval_us(kernels: int = 2000) -> tuple[float, float]:
     """(start-to-start interval, gap between consecutive kernels), µs, for tiny kernels in a CUDA graph."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+
+    from perflab.trace.capture import Tracer
 
     x = torch.zeros(1, device="cuda")
     side = torch.cuda.Stream()
@@ -98,10 +99,15 @@ def graph_kernel_interval_us(kernels: int = 2000) -> tuple[float, float]:
         for _ in range(kernels):
             x.add_(1)
     interval = _time_cuda(graph.replay, repeats=5) / kernels * 1e6
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    averages = []  # torch's per-kernel summary of one replay, kernels only (no trace is written)
+    tracer = Tracer(None, "cuda", steps=1, warmup=0, cpu_ops=False, on_ready=lambda prof: averages.extend(prof.key_averages()))
+    tracer.start()
+    try:
         graph.replay()
-        torch.cuda.synchronize()
-    gpu_events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.count >= kernels // 2]
+        tracer.step(before_stop=torch.cuda.synchronize)
+    finally:
+        tracer.stop()
+    gpu_events = [e for e in averages if e.device_type == DeviceType.CUDA and e.count >= kernels // 2]
     duration = max(gpu_events, key=lambda e: e.count).device_time if gpu_events else 0.0
     return interval, max(interval - duration, 0.0)
 
