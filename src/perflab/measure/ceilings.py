@@ -54,6 +54,7 @@ def _time_cuda(fn, repeats: int, warmup: int = 2) -> float:
     clock = StepClock(cuda=True)
     times = []
     for _ in range(repeats):
+        clock.reserve(2)
         start = clock.stamp()
         fn()
         end = clock.stamp()
@@ -219,6 +220,7 @@ def all_reduce_rank(rank: int, world_size: int, device_index, sizes: list[int], 
         for _ in range(warmup):
             dist.all_reduce(x)
         _sync(device)
+        clock.reserve(2)
         dist.barrier()
         start = clock.stamp()
         for _ in range(iters):

@@ -60,6 +60,7 @@ def _sleep_rate() -> float:
 
         cycles = 20_000_000
         clock = StepClock(cuda=True)
+        clock.reserve(2)
         torch.cuda._sleep(1_000_000)  # the clocks come up
         start = clock.stamp()
         torch.cuda._sleep(cycles)
@@ -153,6 +154,7 @@ def held_round(step: Callable[[], object], device: str, issue_estimate_s: float,
     n = steps
     for n, sleep_s in held_plan(steps, issue_estimate_s, first_sleep_s):
         torch.cuda.synchronize()
+        clock.reserve(2)
         torch.cuda._sleep(int(sleep_s * rate))
         start = clock.stamp()
         for _ in range(n):

@@ -129,6 +129,7 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                     alloc0 = torch.cuda.memory_allocated()
+                clock.reserve(2)
                 load0 = sched.sample()
                 start = clock.stamp()
                 for _ in range(n):

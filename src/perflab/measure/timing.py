@@ -81,6 +81,7 @@ def time_step(step: Callable[[], object], plan: TimingPlan, device: str) -> Timi
     """One continuous loop of the plan's blocks, a :class:`StepClock` stamp before the first step and after each block
     (CUDA events on the GPU, the host clock on the CPU), read after one synchronisation at the end."""
     clock = StepClock(device == "cuda")
+    clock.reserve(plan.n_blocks + 1)
     sizes = plan.block_sizes
     synchronize(device)
     t0 = time.perf_counter()
@@ -103,6 +104,13 @@ class StepClock:
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
+        self._made: list = []  # events made ahead by reserve(), taken by the next stamps
+
+    def reserve(self, stamps: int) -> None:
+        """Make the events of the next ``stamps`` stamps now, before a timed stretch, so that a stamp inside it only
+        records one (as a loop over events made beforehand does): a launch-bound GPU waits on the host between steps."""
+        if self.cuda:
+            self._made += [self._event() for _ in range(stamps)]
 
     def stamp(self, on_device: bool = True) -> tuple:
         """(the CUDA event recorded now on the current stream, or None; the host clock in ns, read after the event is
@@ -110,9 +118,13 @@ class StepClock:
         steps the GPU has not run yet), which records nothing on the stream."""
         event = None
         if self.cuda and on_device:
-            event = torch.cuda.Event(enable_timing=True)
+            event = self._made.pop() if self._made else self._event()
             event.record(torch.cuda.current_stream())
         return event, time.perf_counter_ns()
+
+    @staticmethod
+    def _event():
+        return torch.cuda.Event(enable_timing=True)
 
     def read(self, a: tuple, b: tuple) -> tuple[float, float]:
         """(ms from ``a`` to ``b`` on the GPU, ms on the host); where either stamp has no event, the host's twice.
