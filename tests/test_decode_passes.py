@@ -33,3 +33,16 @@ def test_generate_marks_prefill_and_each_decode_step_when_annotating():
         make_step(built, "eager")()
     names = [e.name for e in prof.events() if e.name in ("prefill", "decode")]
     assert names.count("prefill") == 1 and names.count("decode") == 3
+
+
+def test_a_cpu_generate_case_times_its_tokens_on_the_host_clock_even_where_cuda_is_up(monkeypatch):
+    """The clock follows the case's device, not whether something else started CUDA in the process (a sweep's GPU case
+    before this one): CUDA events there timed the GPU's idle stream and could not be read as host times."""
+    case = validate_case(Case(**TINY, workload="generate", prompt_len=8, new_tokens=4, warmup=0))
+    built = build(case)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with step_context(case, built):
+        out = Decode().after_timing(case, built, make_step(built, "eager"), {})
+    assert out["ttft_ms"] > 0 and out["tpot_ms"] > 0 and out["tpot_p90_ms"] > 0
+    assert built.extra["token_stamps"] is None

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from perflab.measure.timing import StepClock
+
 CACHE_VERSION = 2
 
 
@@ -49,14 +51,15 @@ def _time_cuda(fn, repeats: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
+    clock = StepClock(cuda=True)
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        clock.reserve(2)
+        start = clock.stamp()
         fn()
-        end.record()
+        end = clock.stamp()
         torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1000.0)
+        times.append(clock.read(start, end)[0] / 1000.0)
     return statistics.median(times)
 
 
@@ -83,7 +86,8 @@ def copy_gbps(nbytes: int = 2**30, repeats: int = 10) -> float:
 def graph_kernel_interval_us(kernels: int = 2000) -> tuple[float, float]:
     """(start-to-start interval, gap between consecutive kernels), µs, for tiny kernels in a CUDA graph."""
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
+
+    from perflab.trace.capture import Tracer
 
     x = torch.zeros(1, device="cuda")
     side = torch.cuda.Stream()
@@ -96,10 +100,15 @@ def graph_kernel_interval_us(kernels: int = 2000) -> tuple[float, float]:
         for _ in range(kernels):
             x.add_(1)
     interval = _time_cuda(graph.replay, repeats=5) / kernels * 1e6
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    averages = []  # torch's per-kernel summary of one replay, kernels only (no trace is written)
+    tracer = Tracer(None, "cuda", steps=1, warmup=0, cpu_ops=False, on_ready=lambda prof: averages.extend(prof.key_averages()))
+    tracer.start()
+    try:
         graph.replay()
-        torch.cuda.synchronize()
-    gpu_events = [e for e in prof.key_averages() if e.device_type == DeviceType.CUDA and e.count >= kernels // 2]
+        tracer.step(before_stop=torch.cuda.synchronize)
+    finally:
+        tracer.stop()
+    gpu_events = [e for e in averages if e.device_type == DeviceType.CUDA and e.count >= kernels // 2]
     duration = max(gpu_events, key=lambda e: e.count).device_time if gpu_events else 0.0
     return interval, max(interval - duration, 0.0)
 
@@ -204,26 +213,21 @@ def all_reduce_rank(rank: int, world_size: int, device_index, sizes: list[int], 
     import torch.distributed as dist
 
     device = torch.device("cuda", device_index) if device_index is not None else torch.device("cpu")
+    clock = StepClock(cuda=device.type == "cuda")
     out = []
     for size in sizes:
         x = torch.ones(size // 4, dtype=torch.float32, device=device)
         for _ in range(warmup):
             dist.all_reduce(x)
         _sync(device)
+        clock.reserve(2)
         dist.barrier()
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            end.record()
-            torch.cuda.synchronize()
-            seconds = start.elapsed_time(end) / 1e3 / iters
-        else:
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(x)
-            seconds = (time.perf_counter() - t0) / iters
+        start = clock.stamp()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        end = clock.stamp()
+        _sync(device)
+        seconds = clock.read(start, end)[0] / 1e3 / iters
         slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
         out.append(float(slowest.item()))

@@ -56,14 +56,16 @@ def _sleep_rate() -> float:
     if _SLEEP_CYCLES_PER_S is None:
         import torch
 
+        from perflab.measure.timing import StepClock
+
         cycles = 20_000_000
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        clock = StepClock(cuda=True)
+        clock.reserve(2)
         torch.cuda._sleep(1_000_000)  # the clocks come up
-        start.record()
+        start = clock.stamp()
         torch.cuda._sleep(cycles)
-        end.record()
-        end.synchronize()
-        _SLEEP_CYCLES_PER_S = cycles / (start.elapsed_time(end) / 1000.0)
+        end = clock.stamp()
+        _SLEEP_CYCLES_PER_S = cycles / (clock.read(start, end)[0] / 1000.0)
     return _SLEEP_CYCLES_PER_S
 
 
@@ -143,23 +145,25 @@ def held_round(step: Callable[[], object], device: str, issue_estimate_s: float,
     """
     import torch
 
+    from perflab.measure.timing import StepClock
+
     if device != "cuda":
         return HeldTiming(None, None, steps, "no GPU")
     rate = _sleep_rate()
+    clock = StepClock(cuda=True)
     n = steps
     for n, sleep_s in held_plan(steps, issue_estimate_s, first_sleep_s):
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        clock.reserve(2)
         torch.cuda._sleep(int(sleep_s * rate))
-        start.record()
-        t0 = time.perf_counter()
+        start = clock.stamp()
         for _ in range(n):
             step()
-        host = (time.perf_counter() - t0) / n
-        reached = start.query()  # True: the sleep was over before the last step was issued
-        end.record()
-        end.synchronize()
+        issued = clock.stamp(on_device=False)
+        reached = clock.reached(start)  # True: the sleep was over before the last step was issued
+        end = clock.stamp()
+        device_ms, _ = clock.read(start, end)
         if not reached:
-            return HeldTiming(start.elapsed_time(end) / 1000.0 / n, host, n, sleep_s=sleep_s)
+            return HeldTiming(device_ms / 1000.0 / n, clock.read(start, issued)[1] / 1000.0 / n, n, sleep_s=sleep_s)
     return HeldTiming(None, None, n, "the host waited for the GPU while issuing one step: the step synchronises with the GPU "
                                      "(.item(), a data-dependent shape) or holds more launches than the launch queue")

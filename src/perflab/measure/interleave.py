@@ -104,15 +104,18 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
     """Run ``schedule``: per round (the host canary first, if given), each listed case times its block of steps.
 
     ``enter(i)`` returns the context manager case i's steps run in (its grad mode and precision), entered around
-    each of its blocks. On CUDA each block is bracketed by events and synchronised at its end, so a block's
-    time and memory are its own; the start event is recorded after the context is entered, so switching
-    cases costs no timed time. On the CPU, perf_counter. ``read_gpu(since)``: called as each block ends, after its
+    each of its blocks. Each block is bracketed by ``measure.timing.StepClock`` stamps (CUDA events on the GPU, the
+    host clock on the CPU) and synchronised at its end, so a block's time and memory are its own; the start stamp is
+    taken after the context is entered, so switching cases costs no timed time. ``read_gpu(since)``: called as each block ends, after its
     timing (``measure.energy``'s ``block_reading``), for what the GPU's clocks did during that block alone."""
     import torch
 
     from perflab.measure import sched
+    from perflab.measure.timing import StepClock
+    from perflab.runtime.device import synchronize
 
     cuda = device == "cuda"
+    clock = StepClock(cuda)
     blocks: list[list[BlockRecord]] = [[] for _ in steps]
     canaries: list[float | None] = []
     session0 = time.perf_counter()
@@ -126,20 +129,16 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                     alloc0 = torch.cuda.memory_allocated()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                clock.reserve(2)
                 load0 = sched.sample()
-                t0 = time.perf_counter()
-                if cuda:
-                    start.record()
+                start = clock.stamp()
                 for _ in range(n):
                     step()
-                if cuda:
-                    end.record()
-                    torch.cuda.synchronize()
-                t1 = time.perf_counter()
+                end = clock.stamp()
+                synchronize(device)
                 load1 = sched.sample()
-                ms = start.elapsed_time(end) / n if cuda else (t1 - t0) * 1000.0 / n
-                record = BlockRecord(r, ms, n, load=(load0, load1), started_s=t0 - session0)
+                t0 = start[1] / 1e9  # perf_counter's clock, in its seconds
+                record = BlockRecord(r, clock.read(start, end)[0] / n, n, load=(load0, load1), started_s=t0 - session0)
                 if cuda:
                     record.transient_bytes = torch.cuda.max_memory_allocated() - alloc0
                 if read_gpu is not None:

@@ -78,62 +78,67 @@ def plan_timing(step_s: float, repeats: int, min_time: float, min_iters: int, it
 
 
 def time_step(step: Callable[[], object], plan: TimingPlan, device: str) -> Timing:
-    if device == "cuda":
-        return _time_cuda(step, plan)
-    return _time_host(step, plan)
-
-
-def _time_cuda(step: Callable[[], object], plan: TimingPlan) -> Timing:
-    events = [torch.cuda.Event(enable_timing=True) for _ in range(plan.n_blocks + 1)]
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    """One continuous loop of the plan's blocks, a :class:`StepClock` stamp before the first step and after each block
+    (CUDA events on the GPU, the host clock on the CPU), read after one synchronisation at the end."""
+    clock = StepClock(device == "cuda")
+    clock.reserve(plan.n_blocks + 1)
     sizes = plan.block_sizes
-    events[0].record()
+    synchronize(device)
+    t0 = time.perf_counter()
+    marks = [clock.stamp()]
     for b in range(plan.n_blocks):
         for _ in range(sizes[b]):
             step()
-        events[b + 1].record()
-    torch.cuda.synchronize()
+        marks.append(clock.stamp())
+    synchronize(device)
     wall_s = time.perf_counter() - t0
-    samples = np.array([events[i].elapsed_time(events[i + 1]) / sizes[i] for i in range(plan.n_blocks)])
-    return Timing(samples, plan, wall_s)
-
-
-def _time_host(step: Callable[[], object], plan: TimingPlan) -> Timing:
-    sizes = plan.block_sizes
-    stamps = np.empty(plan.n_blocks + 1)
-    t0 = time.perf_counter()
-    stamps[0] = t0
-    for b in range(plan.n_blocks):
-        for _ in range(sizes[b]):
-            step()
-        stamps[b + 1] = time.perf_counter()
-    samples = np.diff(stamps) * 1000.0 / np.array(sizes)
-    return Timing(samples, plan, stamps[-1] - t0)
+    block_ms, _ = clock.read_marks(marks)
+    return Timing(np.array(block_ms) / np.array(sizes), plan, wall_s)
 
 
 class StepClock:
     """perflab's one step clock: ``stamp()`` at a step boundary, ``read(a, b)`` afterwards. On a GPU a stamp is a CUDA
     event recorded on the stream current at the boundary (the step's stream: no synchronisation while stamping, one
     when reading) together with the host clock; on the CPU the host clock alone. ``read`` gives (step ms, host ms):
-    on the CPU both are the host's."""
+    on the CPU both are the host's. Every CUDA event perflab times with is made here."""
 
     def __init__(self, cuda: bool):
         self.cuda = cuda
+        self._made: list = []  # events made ahead by reserve(), taken by the next stamps
 
-    def stamp(self) -> tuple:
-        event = None
+    def reserve(self, stamps: int) -> None:
+        """Make the events of the next ``stamps`` stamps now, before a timed stretch, so that a stamp inside it only
+        records one (as a loop over events made beforehand does): a launch-bound GPU waits on the host between steps."""
         if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
+            self._made += [self._event() for _ in range(stamps)]
+
+    def stamp(self, on_device: bool = True) -> tuple:
+        """(the CUDA event recorded now on the current stream, or None; the host clock in ns, read after the event is
+        recorded). ``on_device=False``: the host clock alone, for a boundary only the host passes (the end of issuing
+        steps the GPU has not run yet), which records nothing on the stream."""
+        event = None
+        if self.cuda and on_device:
+            event = self._made.pop() if self._made else self._event()
             event.record(torch.cuda.current_stream())
         return event, time.perf_counter_ns()
 
+    @staticmethod
+    def _event():
+        return torch.cuda.Event(enable_timing=True)
+
     def read(self, a: tuple, b: tuple) -> tuple[float, float]:
+        """(ms from ``a`` to ``b`` on the GPU, ms on the host); where either stamp has no event, the host's twice.
+        Waits for ``b``'s event: the one synchronisation a timed stretch needs, after it."""
         host_ms = (b[1] - a[1]) / 1e6
         if a[0] is None or b[0] is None:
             return host_ms, host_ms
         b[0].synchronize()
         return float(a[0].elapsed_time(b[0])), host_ms
+
+    @staticmethod
+    def reached(stamp: tuple) -> bool:
+        """Whether the GPU has run past this stamp's event, without waiting; a host-only stamp is passed when taken."""
+        return stamp[0] is None or bool(stamp[0].query())
 
     def read_marks(self, marks: list) -> tuple[list[float], list[float]]:
         """Consecutive boundaries' stamps → each step's (step ms list, host ms list)."""

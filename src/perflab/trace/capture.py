@@ -79,15 +79,20 @@ class Tracer:
     them (on nanoGPT's 105 ms step, the first three profiled iterations took 1250, 311 and 197 ms), which is why
     ``torch.profiler.schedule`` has a warm-up. Call :meth:`start` at a step boundary, :meth:`step` at every following
     boundary (it returns True once the recorded steps are written), and :meth:`stop` to end early or after.
-    libkineto's stage lines are kept off the program's stderr around each of the profiler's own calls."""
+    libkineto's stage lines are kept off the program's stderr around each of the profiler's own calls.
+
+    ``on_ready(prof)``: called with torch's profiler once the recorded steps are in, before they are written and
+    freed, for a caller that reads torch's own summary (``prof.key_averages()``); with ``trace_path`` None nothing
+    is written and the steps count as written once ``on_ready`` has them."""
 
     def __init__(self, trace_path, device: str, steps: int, warmup: int = 1, record_shapes: bool = True, with_stack: bool = False,
-                 own_step_ranges: bool = False, cpu_ops: bool = True):
+                 own_step_ranges: bool = False, cpu_ops: bool = True, on_ready: Callable[[object], None] | None = None):
         if steps < 1:
             raise PerflabError(f"steps to trace must be at least 1, got {steps}")
         if warmup < 0:
             raise PerflabError(f"profiler warm-up steps must be at least 0, got {warmup}")
-        self.trace_path = Path(trace_path)
+        self.trace_path = Path(trace_path) if trace_path is not None else None
+        self.on_ready = on_ready
         self.device, self.steps, self.warmup = device, steps, warmup
         self.record_shapes, self.with_stack = record_shapes, with_stack
         # own_step_ranges: a step is one call (``begin_step`` .. ``end_step``), not boundary to boundary, so the tracer
@@ -123,7 +128,8 @@ class Tracer:
         return prof is not None and prof is self._prof
 
     def start(self) -> None:
-        self.trace_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.trace_path is not None:
+            self.trace_path.parent.mkdir(parents=True, exist_ok=True)
         # repeat=1: after the recorded steps the profiler stops; a repeating schedule would start a new cycle and
         # export only that cycle's few events
         with warnings.catch_warnings():  # torch warns of a schedule without warm-up: the shapes pass wants none
@@ -166,7 +172,10 @@ class Tracer:
     def _export(self, prof) -> None:
         if self._discard:
             return
-        prof.export_chrome_trace(str(self.trace_path))
+        if self.on_ready is not None:
+            self.on_ready(prof)
+        if self.trace_path is not None:
+            prof.export_chrome_trace(str(self.trace_path))
         self.written = True
 
     def step(self, before_stop=None, mark: bool = True) -> bool:

@@ -136,7 +136,7 @@ class Decode(Implementation):
         batch, length = case.batch_size, cache_len(case)
         generator = torch.Generator().manual_seed(case.seed + 1)
         tokens = (lambda n, tokens=tokens: tokens(n, generator))
-        extra = dict(extra, cache_len=length, events=None)
+        extra = dict(extra, cache_len=length, token_clock=None, token_stamps=None)
         if case.workload == "decode":
             x, pos = tokens(1), torch.tensor([case.context_len], device=case.device)
             make_step = lambda m: (lambda: m(x, pos))
@@ -152,20 +152,20 @@ class Decode(Implementation):
 
             def make_step(m):
                 def generate():
-                    events = extra["events"]
+                    stamps = extra["token_stamps"]  # a list while after_timing times the tokens
                     with phase("prefill"):
                         logits = m(prompt, prefill_pos)
                         token = logits[:, -1:].argmax(dim=-1)
                     out = [token]
-                    if events is not None:
-                        events.append(_event())
+                    if stamps is not None:
+                        stamps.append(extra["token_clock"].stamp())
                     for pos in decode_pos:
                         with phase("decode"):
                             logits = m(token, pos)
                             token = logits[:, -1:].argmax(dim=-1)
                         out.append(token)
-                        if events is not None:
-                            events.append(_event())
+                        if stamps is not None:
+                            stamps.append(extra["token_clock"].stamp())
                     return torch.cat(out, dim=1)
 
                 return generate
@@ -185,7 +185,8 @@ class Decode(Implementation):
 
     def after_timing(self, case, built: Built, step, row: dict) -> dict:
         """generate: time to first token, and the mean and p90 time per output token, from one more generation
-        with CUDA events after the prefill and after each decode step (perf_counter on the CPU). A CUDA graph
+        with ``measure.timing.StepClock`` stamps after the prefill and after each decode step (CUDA events on a GPU
+        case, the host clock on a CPU one, whatever else has started CUDA in the process). A CUDA graph
         replays the whole generation at once, so it has no per-token times.
 
         For a user's decoder, the decode step's bytes come from the built model by the rule of
@@ -196,17 +197,15 @@ class Decode(Implementation):
             return {}
         if case.mode == "cudagraph":
             return {"ttft_ms": None, "tpot_ms": None, "tpot_p90_ms": None}
-        start = _event()
-        built.extra["events"] = [start]
+        from perflab.measure.timing import StepClock
+
+        clock = StepClock(cuda=case.device == "cuda")
+        built.extra["token_clock"], built.extra["token_stamps"] = clock, [clock.stamp()]
         try:
             step()
         finally:
-            events, built.extra["events"] = built.extra["events"], None
-        if torch.cuda.is_available() and case.device == "cuda":
-            torch.cuda.synchronize()
-            times = [a.elapsed_time(b) for a, b in zip(events, events[1:])]
-        else:
-            times = [(b - a) * 1000.0 for a, b in zip(events, events[1:])]
+            stamps, built.extra["token_stamps"] = built.extra["token_stamps"], None
+        times, _ = clock.read_marks(stamps)
         per_token = times[1:]
         return {
             "ttft_ms": times[0],
@@ -414,13 +413,3 @@ def reference_decoder(case, dtype):
         return torch.randint(0, vocab, (batch, n), generator=generator).to(case.device)
 
     return model, tokens, {"config": None, "vocab_size": vocab, "reference": True}
-
-
-def _event():
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-    import time
-
-    return time.perf_counter()
