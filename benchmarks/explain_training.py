@@ -29,7 +29,7 @@ from pathlib import Path
 from perflab import api
 from perflab.analysis.fixes import Fix
 from perflab.errors import PerflabError
-from perflab.explanation import FIXES_ON, best_mode, case_fixes, explain, parse_fix, plan_fixes, predict_fix
+from perflab.diagnosis.explanation import FIXES_ON, best_mode, case_fixes, explain, parse_fix, plan_fixes, predict_fix
 from perflab.report.explain_markdown import explanation_markdown
 from perflab.spec import validate_case
 

@@ -33,7 +33,7 @@ def test_a_missing_inductor_option_is_one_line(monkeypatch):
 
 
 def test_the_bounded_mode_is_a_mode_and_a_fix():
-    from perflab.explanation import parse_fix
+    from perflab.diagnosis.explanation import parse_fix
 
     assert validate_case(Case("gpt_small", workload="train_step", device="cpu", mode="compile:max-autotune-gemm")).mode == "compile:max-autotune-gemm"
     assert parse_fix("compile:max-autotune-gemm") == {"mode": "compile:max-autotune-gemm"}
@@ -60,7 +60,7 @@ def test_a_child_that_finishes_reports_its_compile_time():
 
 
 def test_run_within_budget_times_only_the_cases_that_compiled_in_time():
-    from perflab.explanation import run_within_budget
+    from perflab.diagnosis.explanation import run_within_budget
 
     eager = validate_case(Case("gpt_small", workload="train_step", device="cpu"))
     fast = validate_case(Case("gpt_small", workload="train_step", device="cpu", mode="compile:reduce-overhead"))
@@ -91,7 +91,7 @@ def test_run_within_budget_times_only_the_cases_that_compiled_in_time():
 
 
 def test_compile_budget_must_be_positive():
-    from perflab.explanation import explain
+    from perflab.diagnosis.explanation import explain
 
     with pytest.raises(PerflabError, match="--compile-budget must be a positive number of seconds"):
         explain(validate_case(Case("gpt_small", workload="train_step", device="cpu")), None, "unused", compile_budget_s=0)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from perflab.analysis.launch import host_issue_ms
-from perflab.explanation import min_bytes, predict_modes
+from perflab.diagnosis.explanation import min_bytes, predict_modes
 from perflab.spec import Case, validate_case
 from perflab.trace import load_trace
 
@@ -92,7 +92,7 @@ def fake_row(c):
 
 
 def run_explain(monkeypatch, fixes, fixes_on="best", modes=("cudagraph",)):
-    import perflab.explanation as ex
+    import perflab.diagnosis.explanation as ex
 
     case = validate_case(Case(**LM_CASE))
     trace = load_trace(TRACES / "lm_train_step_explicit.json.gz")
@@ -117,7 +117,7 @@ def test_explain_case_per_pass_floors_and_fixes_on_the_best_mode_with_a_real_tra
 
     from rich.console import Console
 
-    import perflab.explanation as ex
+    import perflab.diagnosis.explanation as ex
     from perflab.analysis.fixes import ADAMW_BYTES_PER_PARAM
     from perflab.report.explain_console import render_explanation
 
@@ -227,7 +227,7 @@ def test_a_fix_the_best_mode_refuses_is_measured_on_eager_and_says_so(monkeypatc
     ckpt = next(fx for fx in ce.fix_results if fx.name == "checkpoint")
     assert ckpt.base == "eager" and "eager only on cudagraph: checkpoint cannot be captured" in ckpt.eager_only
     from perflab.report.explain_markdown import explanation_markdown
-    import perflab.explanation as ex
+    import perflab.diagnosis.explanation as ex
 
     assert "| `checkpoint` | eager only (eager only on cudagraph: checkpoint cannot be captured" in explanation_markdown(
         ex.Explanation([ce], None, CEILINGS))
@@ -251,7 +251,7 @@ def test_a_missed_prediction_names_the_term_that_missed():
     ("cudagraph+optimizer:in_backward", {"mode": "cudagraph", "optimizer": "in_backward"}),
 ])
 def test_fix_specs(spec, changes):
-    from perflab.explanation import parse_fix
+    from perflab.diagnosis.explanation import parse_fix
 
     assert parse_fix(spec) == changes
 
@@ -259,14 +259,14 @@ def test_fix_specs(spec, changes):
 @pytest.mark.parametrize("spec", ["speedup", "batch:0", "batch:x", "optimizer:", "compile:fast"])
 def test_bad_fix_specs_are_one_line_errors(spec):
     from perflab.errors import PerflabError
-    from perflab.explanation import parse_fix
+    from perflab.diagnosis.explanation import parse_fix
 
     with pytest.raises(PerflabError, match="unknown fix"):
         parse_fix(spec)
 
 
 def test_default_fixes_per_family():
-    from perflab.explanation import case_fixes, default_fixes
+    from perflab.diagnosis.explanation import case_fixes, default_fixes
 
     decode = validate_case(Case("llama3_8b", workload="decode", batch_size=2, dtype="bf16", device="cuda"))
     assert default_fixes(decode) == ["batch:4", "batch:8", "batch:16", "batch:32"]
@@ -282,7 +282,7 @@ def test_explain_by_module_records_module_ranges_and_keeps_the_tree(monkeypatch)
 
     from rich.console import Console
 
-    import perflab.explanation as ex
+    import perflab.diagnosis.explanation as ex
     from perflab.report.explain_console import render_explanation
 
     case = validate_case(Case(model="gpt_small", seq_len=1024, batch_size=4, attn="explicit", mode="eager", device="cuda"))

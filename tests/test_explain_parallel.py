@@ -137,9 +137,9 @@ def test_gpu_rank_traces_passes_and_glue_read_on_the_cpu():
     from pathlib import Path
 
     from perflab.analysis.ranks import is_comm
-    from perflab.explanation import GLUE_CATEGORIES
-    from perflab.explain_parallel import comm_step
-    from perflab.profiling import account_rank_traces
+    from perflab.diagnosis.explanation import GLUE_CATEGORIES
+    from perflab.diagnosis.explain_parallel import comm_step
+    from perflab.diagnosis.profiling import account_rank_traces
     from perflab.spec import Case
     from perflab.trace import load_trace
 

@@ -48,7 +48,7 @@ def test_the_host_floor_leaves_out_the_programs_own_waits(one_gpu):
 
 
 def test_two_ddp_ranks_merge_into_the_communication_section_against_the_floor():
-    from perflab.profiling import account_rank_traces
+    from perflab.diagnosis.profiling import account_rank_traces
 
     recorded = json.loads((DATA / "nanogpt_ddp_h100.json").read_text())
     merged = account_rank_traces([str(p) for p in RANKS], "cuda", 3)

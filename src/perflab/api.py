@@ -575,7 +575,7 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     ``host_contention`` (one row: no ``host_drift``); ``pin``: as for :func:`bench`. ``by_module``: the profiled
     pass also records module ranges, and ``report.modules`` is the module tree (eager mode).
     """
-    from perflab.profiling import profile_case as run
+    from perflab.diagnosis.profiling import profile_case as run
 
     return run(case, out_dir, steps=steps, top=top, pin=pin, by_module=by_module)
 
@@ -587,7 +587,7 @@ def ncu(case: Case, top: int = 10, out_dir="perflab-traces", per_config: int = 0
     launches of its configuration; 0 (the default) profiles every launch. Returns (joined DataFrame, profile result).
     Raises PerflabError when ncu is absent.
     """
-    from perflab.profiling import ncu_case
+    from perflab.diagnosis.profiling import ncu_case
 
     return ncu_case(case, top=top, out_dir=out_dir, per_config=per_config)
 
@@ -600,7 +600,7 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
     Returns ``{"row", "trace_paths", "accounts", "waits_per_step", "note", "steps", "rank_passes"}``. On the CPU (gloo)
     a rank's compute is its main thread inside torch's operators and its communication gloo's collectives, and
     ``note`` says so (``trace.cpu_ranks``)."""
-    from perflab.profiling import profile_parallel as run
+    from perflab.diagnosis.profiling import profile_parallel as run
 
     return run(case, out_dir, steps=steps, gpus=gpus)
 
@@ -974,13 +974,13 @@ def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps:
     time limit on each compiled case's compile (``perflab.runtime.compile_budget``).
 
     A data-parallel case (``case.parallel``, a train_step; ``gpus``: its ranks' GPUs, None on the CPU) returns a
-    ``perflab.explain_parallel.ParallelExplanation``: its communication against its floor and the communication
+    ``perflab.diagnosis.explain_parallel.ParallelExplanation``: its communication against its floor and the communication
     fixes (``ddp:OPTION=VALUE``, ``fsdp``, ``compile``) predicted, then measured."""
-    from perflab.explanation import PREDICTED_MODES
-    from perflab.explanation import explain as run
+    from perflab.diagnosis.explanation import PREDICTED_MODES
+    from perflab.diagnosis.explanation import explain as run
 
     if case.parallel:
-        from perflab.explain_parallel import check_parallel_explain, explain_parallel
+        from perflab.diagnosis.explain_parallel import check_parallel_explain, explain_parallel
 
         check_parallel_explain(case, vs, by_module, fixes_on, compile_budget_s, modes)
         return explain_parallel(case, out_dir, steps=steps, gpus=gpus, fixes=fixes, on_stage=on_stage or (lambda s: None))

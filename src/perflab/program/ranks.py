@@ -9,7 +9,7 @@ At the end of the traced steps every rank, at the same step boundary:
    one swept now on the program's own default process group (every rank is at the same boundary, so the collectives
    line up; on the GPU up to 256 MiB, on the CPU gloo's small sizes), kept in the cache for the next run;
 3. writes its report (``OUT/rankR/rank.json``); rank 0 waits for every rank's (up to ``WAIT_S``), merges the traces
-   (``profiling.account_rank_traces``: per rank its communication, exposed communication split into waiting for a
+   (``diagnosis.profiling.account_rank_traces``: per rank its communication, exposed communication split into waiting for a
    later rank and transfer, overlap) and adds the communication section and the slowest rank.
 """
 
@@ -110,7 +110,7 @@ def _wait_for_ranks(out: Path, world: int) -> dict[int, dict]:
 
 def merge(report: dict, reports: dict[int, dict], device: str) -> dict:
     from perflab.analysis.program import communication_section
-    from perflab.profiling import account_rank_traces
+    from perflab.diagnosis.profiling import account_rank_traces
 
     world = report["world_size"]
     missing = sorted(set(range(world)) - set(reports))

@@ -65,7 +65,7 @@ PRELOAD = (
     "perflab.models.lm",
     "perflab.models.llama",
     "perflab.models.vit",
-    "perflab.profiling",
+    "perflab.diagnosis.profiling",
     "perflab.trace.capture",
 )
 

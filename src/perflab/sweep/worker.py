@@ -217,7 +217,7 @@ def cost_split(stages: list[tuple[str, float]], started: float, ended: float, ag
 
 def _profile(case, row: dict, trace_dir: Path, steps: int, tag: str = "") -> dict:
     """The case's profile pass, summarised for the row; a failure of the pass is recorded, and the timing kept."""
-    from perflab.profiling import profile_summary
+    from perflab.diagnosis.profiling import profile_summary
     from perflab.trace.capture import profile_case
 
     try:
@@ -239,7 +239,7 @@ def _matches(case, where: dict) -> bool:
 def _ncu(case, trace_dir: Path, top: int) -> dict:
     """Nsight Compute on the case's top kernels, summarised for the row; without ncu, or when it fails, the
     reason is recorded and the timing kept."""
-    from perflab.profiling import ncu_case
+    from perflab.diagnosis.profiling import ncu_case
     from perflab.errors import PerflabError
     from perflab.trace.ncu import ncu_summary
 

@@ -30,7 +30,7 @@ For each case (and the ``--vs`` case):
    max(host, GPU)), then measured; a fix the base refuses is measured on eager and says so; "+" combines
    fixes (``compile:reduce-overhead+optimizer:in_backward_stream``: measured only, as given);
 8. everything ranked by measured gain over eager.
-A data-parallel case (``--parallel``) is explained by ``perflab.explain_parallel``: its communication against its
+A data-parallel case (``--parallel``) is explained by ``perflab.diagnosis.explain_parallel``: its communication against its
 floor, and the communication fixes predicted, then measured.
 With ``--vs``, the two eager traces are compared with the exact decomposition (perflab.analysis.compare).
 """

@@ -35,7 +35,7 @@ from pathlib import Path
 from perflab.analysis.comm import MIB, busbw_at, call_latency_us, ddp_bytes, fsdp_bytes, rank_comm_rows, swept_size
 from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, fix_step_ms, predict_comm_fix
 from perflab.errors import PerflabError
-from perflab.explanation import GLUE_CATEGORIES
+from perflab.diagnosis.explanation import GLUE_CATEGORIES
 from perflab.spec import Case, merge_parallel, parse_parallel
 
 # gloo on the CPU: the sizes the ranks sweep in the base's launch (small ones for the per-call latency)
@@ -74,7 +74,7 @@ def default_parallel_fixes(case: Case) -> list[str]:
 
 def plan_parallel_fixes(case: Case, fixes) -> list[tuple[str, Case]]:
     """(spec, the case after it) per fix, each validated: PerflabError (one line) before anything is measured."""
-    from perflab.explanation import parse_fix
+    from perflab.diagnosis.explanation import parse_fix
     from perflab.spec import validate_case
 
     out = []
@@ -122,7 +122,7 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
         sweep = dict(get_all_reduce(list(gpus)), source=f"perflab ceilings' all-reduce sweep of GPUs {','.join(map(str, gpus))}, cached in {cache_path()}")
     else:
         sizes = CPU_ALL_REDUCE_SIZES
-    from perflab.profiling import profile_parallel
+    from perflab.diagnosis.profiling import profile_parallel
 
     on_stage(f"{case.label()}: timing on {case.world_size} ranks (and on one device), profiling {steps} steps on each")
     result = profile_parallel(case, out_dir / "base", steps=steps, gpus=gpus, all_reduce_sizes=sizes, explain=True)
