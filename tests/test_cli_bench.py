@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cli_util import assert_one_line_error, run_cli_here
-from perflab.cli import expand_multi_value_options
+from perflab.cli_argv import expand_multi_value_options
 
 
 def test_must_show_deit_base_gmacs_on_the_cpu():

@@ -1,7 +1,9 @@
 """The perflab command line: parse flags, call the API, render. No logic of its own.
 
 Options that take several values accept them space-separated (``--batch-size 1 8 64``) or repeated
-(``--batch-size 1 --batch-size 8``). Bad input prints one line on stderr and exits with status 2.
+(``--batch-size 1 --batch-size 8``): ``cli_argv`` reads the words before the parser. The flags that several commands
+share, the case-flag group first, are declared once in ``cli_flags``. Bad input prints one line on stderr and exits with
+status 2.
 """
 
 from __future__ import annotations
@@ -13,6 +15,12 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from perflab import cli_argv
+from perflab.cli_argv import CommandLine
+from perflab.cli_flags import (BUILD, FAMILY_SHAPES, GPU_DEVICE, ONE_BATCH_SIZE, ONE_INPUT_SIZE, OPT_INDUCTOR_CACHE, OPT_NO_INTERLEAVE,
+                               OPT_NO_PIN, OPT_ORDER_SEED, OPT_PARALLEL, OPT_PROCESSES, OPT_RANK_GPUS, OPT_ROUNDS_ORDER, OPT_STEPS,
+                               OPT_THRESHOLD, OPT_TRACE_DIR, OPT_VERSIONS_LAUNCHER, OPT_VERSIONS_MODEL, OPT_VERSIONS_SPEC,
+                               OPT_VERSIONS_TIMEOUT, OPT_WORLD_SIZE, PAIRING_HELP, TIMING, CaseFlags, case_flags)
 from perflab.errors import PerflabError
 from perflab.paths import check_writable_file, write_failed
 from perflab.report.terminal import TerminalConsole
@@ -50,134 +58,15 @@ def _global_options(
     """perflab: how fast is this transformer workload, where does the time go, and why."""
 
 
-# Options that take one or more values after a single flag (expanded to repeated flags before parsing).
-MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes",
-                       "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg", "--fixes", "--revs"}
-
 FORMATS = ("table", "csv", "json")
-_argv: list[str] | None = None  # the arguments main() was given (None: sys.argv's)
-_program: list[str] = []  # perflab run: the program's own command line (after "--", or from the script on)
-RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--trace-warmup", "--inflation-limit", "--out", "--step", "--step-range", "--nproc"}
-
-
-
-# Options that describe cases, shared by bench, profile, compare, explain and ncu.
-OPT_INPUT_SIZE = typer.Option([], "--input-size", help="Image models: input resolution(s), pixels (default 224).")
-OPT_BATCH_SIZE = typer.Option([], "--batch-size", help="Batch size(s) (default: 1 for image models and decode, 4 for language models).")
-OPT_WORKLOAD = typer.Option([], "--workload", help="What one timed step runs: forward (image models); forward, train_forward, "
-                            "forward_backward, train_step (gpt_*); decode, prefill, generate (llama*).")
-OPT_SEQ_LEN = typer.Option([], "--seq-len", help="Language models: tokens per sequence (default 128).")
-OPT_PROMPT_LEN = typer.Option([], "--prompt-len", help="Decode: prompt tokens of prefill and generate.")
-OPT_CONTEXT_LEN = typer.Option([], "--context-len", help="Decode: the cache position of the timed decode step (default 512).")
-OPT_NEW_TOKENS = typer.Option([], "--new-tokens", help="Decode: tokens to generate after the prefill (generate).")
-OPT_LAYERS = typer.Option(None, "--layers", help="Language models and decode: run this many layers.")
-OPT_LAYERS_ONLY = typer.Option(False, "--layers-only", help="Decode: the layers alone, without embedding and head (the Llama decode testbench's one layer).")
-OPT_MODEL_ARG = typer.Option([], "--model-arg", help="Override a dimension of the named config, e.g. d_ff=2048, or pass a keyword "
-                             "argument to your own model's factory (repeatable; ints, floats or strings).")
-OPT_FAMILY = typer.Option(None, "--family", help="classify, lm or decode: which inputs your own model takes, where perflab cannot "
-                          "tell from the reference.")
-OPT_MAX_MEMORY = typer.Option(None, "--max-memory", help="Cap the CUDA allocator, e.g. 24GiB: would it fit on a smaller GPU? Past it: an oom row.")
-OPT_KEEP_RATE = typer.Option([], "--keep-rate", help="Keep rate, one value or one per reduction location (token-reducing models only).")
-OPT_REDUCTION_LOC = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens.")
-OPT_ATTN = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit.")
-OPT_DTYPE = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).")
-OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune, compile:max-autotune-gemm "
-                        "(max-autotune of the matmuls only) or cudagraph.")
-OPT_WARMUP = typer.Option(10, "--warmup", help="Untimed iterations before timing.")
-OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this).")
-OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time).")
-OPT_REPEATS = typer.Option(20, "--repeats", help="Number of timing samples the timed iterations are split into.")
-OPT_DEVICE = typer.Option("auto", "--device", help="auto, cuda or cpu.")
-OPT_SEED = typer.Option(0, "--seed", help="Random seed for weights and inputs.")
-OPT_OPTIMIZER = typer.Option(None, "--optimizer", help="Language models, train_step: AdamW fused, foreach, in_backward (per parameter, from "
-                             "its gradient's hook) or in_backward_stream (the same on a side CUDA stream). Default: fused on GPU, for-loop on CPU.")
-OPT_CHECKPOINT = typer.Option(False, "--checkpoint-activations", help="Language models, forward_backward and train_step: recompute each "
-                              "block's activations in the backward (less memory, one more forward).")
-OPT_STEPS = typer.Option(5, "--steps", help="Steps to record in the profiled pass (after one warm-up step).")
-OPT_TRACE_DIR = typer.Option(Path("perflab-traces"), "--out", help="Directory for the traces it records.")
-OPT_NO_PIN = typer.Option(False, "--no-pin", help="Time with the timing thread unpinned (default: pinned to one core for "
-                          "warm-up and the timed loop, where the OS allows; not part of case ids).")
-OPT_NO_INTERLEAVE = typer.Option(False, "--no-interleave", help="Time each case alone, right after its warm-up (default: build and "
-                                 "warm every case that fits, then time them in seeded random interleaved blocks).")
-OPT_PARALLEL = typer.Option(None, "--parallel", help="Train on several ranks, one process each: ddp or fsdp, options after a colon "
-                            "(ddp:bucket_cap_mb=100,grad_view=true,no_sync=4; fsdp:reshard=false). The batch is per rank.")
-OPT_RANK_GPUS = typer.Option(None, "--gpus", help="With --parallel: the GPUs of the ranks, e.g. 0,1 (one rank each).")
-OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the number of ranks (default: one per --gpus; "
-                              "on the CPU, gloo processes).")
-OPT_INDUCTOR_CACHE = typer.Option(None, "--inductor-cache", help="A directory for inductor's caches (FX graphs, autotuning "
-                                  "choices), shared by every process this run starts: max-autotune then takes the kernels the first "
-                                  "process chose instead of tuning afresh (default: inductor's, /tmp/torchinductor_$USER, one host's).")
-OPT_THRESHOLD = typer.Option(0.05, "--threshold", help="Stored results: a ratio beyond 1 ± this fraction, with a CI that excludes 1, "
-                             "is faster or slower (default 0.05, asv's); a CI inside it is no change.")
-OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes, 1 to 100 (this one, then fresh ones); "
-                             "the CI then covers between-process variance.")
-
-
-def _bench_flags(
-    model: List[str] = typer.Option([], "--model", help="The cases as bench's flags (instead of --spec): model name(s) or your own, "
-                                    "path/file.py:NAME (relative: read in each revision's worktree), package.module:NAME, hf:DIR."),
-    input_size: List[int] = OPT_INPUT_SIZE,
-    batch_size: List[int] = OPT_BATCH_SIZE,
-    keep_rate: List[float] = OPT_KEEP_RATE,
-    reduction_loc: List[int] = OPT_REDUCTION_LOC,
-    workload: List[str] = OPT_WORKLOAD,
-    seq_len: List[int] = OPT_SEQ_LEN,
-    prompt_len: List[int] = OPT_PROMPT_LEN,
-    context_len: List[int] = OPT_CONTEXT_LEN,
-    new_tokens: List[int] = OPT_NEW_TOKENS,
-    layers: Optional[int] = OPT_LAYERS,
-    layers_only: bool = OPT_LAYERS_ONLY,
-    model_arg: List[str] = OPT_MODEL_ARG,
-    max_memory: Optional[str] = OPT_MAX_MEMORY,
-    family: Optional[str] = OPT_FAMILY,
-    attn: str = OPT_ATTN,
-    dtype: List[str] = OPT_DTYPE,
-    mode: List[str] = OPT_MODE,
-    warmup: int = OPT_WARMUP,
-    min_time: float = OPT_MIN_TIME,
-    iters: Optional[int] = OPT_ITERS,
-    repeats: int = OPT_REPEATS,
-    device: str = OPT_DEVICE,
-    seed: int = OPT_SEED,
-    optimizer: Optional[str] = OPT_OPTIMIZER,
-    checkpoint_activations: bool = OPT_CHECKPOINT,
-) -> dict:
-    """bench's case flags, as the keyword arguments of ``api.make_cases`` (its signature lends bench, ab and track the flags)."""
-    return dict(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn,
-                dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed,
-                optimizer=optimizer, checkpoint_activations=checkpoint_activations,
-                **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
-
-
-def _with_bench_flags(model_option=None):
-    """A command that takes bench's case flags (``_bench_flags``' parameters, before its own) and gets them as one dict,
-    ``flags``; ``model_option``: its own --model (bench's is required)."""
-    import functools
-    import inspect
-
-    extra = dict(inspect.signature(_bench_flags, eval_str=True).parameters)
-    if model_option is not None:
-        extra["model"] = extra["model"].replace(default=model_option)
-
-    def decorate(command):
-        own = [p for p in inspect.signature(command, eval_str=True).parameters.values() if p.name != "flags"]
-
-        @functools.wraps(command)
-        def wrapper(**kwargs):
-            flags = {name: kwargs.pop(name) for name in extra}
-            return command(flags=_bench_flags(**flags), **kwargs)
-
-        wrapper.__signature__ = inspect.Signature(list(extra.values()) + own)
-        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
-        return wrapper
-
-    return decorate
 
 
 @app.command()
-@_with_bench_flags(typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>, "
-                                                "gpt_*, llama*, or your own: path/file.py:NAME, package.module:NAME, hf:DIR."))
+@case_flags()
 def bench(
+    model: List[str] = typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>, "
+                                    "gpt_*, llama*, or your own: path/file.py:NAME, package.module:NAME, hf:DIR."),
+    flags: CaseFlags = None,
     fmt: str = typer.Option("table", "--format", help="table, csv or json (one object per case per line)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the rows to this file (.csv, else JSON lines)."),
     memory_snapshot: Optional[Path] = typer.Option(None, "--memory-snapshot", help="GPU: write the CUDA memory history (a pickle "
@@ -189,7 +78,6 @@ def bench(
     gpus: Optional[str] = OPT_RANK_GPUS,
     world_size: Optional[int] = OPT_WORLD_SIZE,
     inductor_cache: Optional[Path] = OPT_INDUCTOR_CACHE,
-    flags: dict = None,
 ):
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
@@ -201,7 +89,7 @@ def bench(
     if out_file is not None:
         check_writable_file(out_file)
     ranks = _ranks(parallel, gpus, world_size, flags["device"])
-    cases = list(dict.fromkeys(api.make_cases(**flags, **ranks.case_options())))  # --model X X: one case (rows alike otherwise)
+    cases = list(dict.fromkeys(api.make_cases(**flags.options(model=model), **ranks.case_options())))  # --model X X: one case (rows alike otherwise)
     if memory_snapshot is not None:
         check_writable_file(memory_snapshot)
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
@@ -254,27 +142,6 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
         raise lost
 
 
-def _one(value) -> list:
-    return [] if value is None else [value]
-
-
-def _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family=None) -> dict:
-    """The workload-family options of a command, as api.make_cases takes them. --model-arg values are ints, floats
-    or (anything else) strings."""
-    args = {}
-    for item in model_arg:
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise PerflabError(f"--model-arg: expected NAME=VALUE such as d_ff=2048, got {item!r}")
-        value = value.strip()
-        try:
-            args[key.strip()] = int(value) if value.lstrip("-").isdigit() else float(value)
-        except ValueError:
-            args[key.strip()] = value
-    return dict(workload=workload, seq_len=seq_len, prompt_len=prompt_len, context_len=context_len, new_tokens=new_tokens,
-                layers=layers, layers_only=layers_only, model_args=args, max_memory=max_memory, family=family)
-
-
 def _rows_or_lost(run):
     """(rows, None), or where a case lost the CUDA context (rows measured until then, the CudaContextLost to raise
     once they are printed and stored)."""
@@ -324,6 +191,7 @@ def _print_warnings(rows):
 
 @app.command()
 def sweep(
+    ctx: typer.Context,
     spec: Path = typer.Argument(..., help="Experiment spec (YAML): grid, cases, comparisons, breakeven."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: the spec's out:, else runs/<name>)."),
     resume: bool = typer.Option(False, "--resume", help="Skip the cases already stored for this environment."),
@@ -354,7 +222,7 @@ def sweep(
     if engine == "ray":
         from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
-                        timeout_s=timeout, command=command_line(_argv), on_event=RichProgress(err), engine=engine, address=address,
+                        timeout_s=timeout, command=command_line(cli_argv.of(ctx).typed), on_event=RichProgress(err), engine=engine, address=address,
                         pin=not no_pin, launcher=launcher, inductor_cache=inductor_cache)
     _print_sweep_summary(summary)
 
@@ -448,21 +316,19 @@ def _warn_unreadable(out_dir, seen: list):
 
 
 @app.command()
+@case_flags(leave_out=("input_size", *FAMILY_SHAPES, *BUILD),
+            batch_size=(List[int], typer.Option([1], "--batch-size", help="Batch size(s); one analysis each.")),
+            keep_rate=(List[float], typer.Option([], "--keep-rate", help="Keep rate(s) of the variant.")),
+            reduction_loc=(List[int], typer.Option([], "--reduction-loc", help="Blocks (0-based) where the variant reduces tokens.")),
+            dtype=(List[str], typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16; one analysis each.")),
+            mode=(List[str], typer.Option(["eager"], "--mode", help="Execution mode(s); one analysis each.")),
+            repeats=(int, typer.Option(20, "--repeats", help="Timing samples per case (the bootstrap resamples them).")))
 def breakeven(
+    ctx: typer.Context,
     model: List[str] = typer.Option(..., "--model", help="Baseline model, e.g. deit_base_patch16_224."),
     variant: str = typer.Option(..., "--variant", help="Variant model, e.g. topk_deit_base_patch16_224."),
     input_sizes: str = typer.Option("160:640:32", "--input-sizes", help="start:stop:step (stop included) or a comma list."),
-    batch_size: List[int] = typer.Option([1], "--batch-size", help="Batch size(s); one analysis each."),
-    keep_rate: List[float] = typer.Option([], "--keep-rate", help="Keep rate(s) of the variant."),
-    reduction_loc: List[int] = typer.Option([], "--reduction-loc", help="Blocks (0-based) where the variant reduces tokens."),
-    attn: str = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit."),
-    dtype: List[str] = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16; one analysis each."),
-    mode: List[str] = typer.Option(["eager"], "--mode", help="Execution mode(s); one analysis each."),
-    device: str = typer.Option("auto", "--device", help="auto, cuda or cpu."),
-    warmup: int = typer.Option(10, "--warmup", help="Untimed iterations before timing."),
-    min_time: float = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this)."),
-    iters: Optional[int] = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time)."),
-    repeats: int = typer.Option(20, "--repeats", help="Timing samples per case (the bootstrap resamples them)."),
+    flags: CaseFlags = None,
     out_dir: Path = typer.Option(Path("runs/breakeven"), "--out", help="Output directory (store, report, plots)."),
     resume: bool = typer.Option(False, "--resume", help="Skip the cases already stored for this environment."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPUs to use, e.g. 0,1: one worker per GPU."),
@@ -477,12 +343,9 @@ def breakeven(
     if len(model) != 1:
         raise PerflabError(f"--model: give one baseline model, got {len(model)}")
     api.check_bootstrap(n_boot)  # before the sweep, not after it
-    experiment = api.breakeven_experiment(
-        model[0], variant, input_sizes, batch_size=batch_size, dtype=dtype, mode=mode, device=device, keep_rate=keep_rate,
-        reduction_loc=reduction_loc, attn=attn, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, timeout_s=timeout,
-    )
+    experiment = api.breakeven_experiment(model[0], variant, input_sizes, **flags.options(), timeout_s=timeout)
     summary = api.sweep(experiment, out_dir, resume=resume, gpus=_parse_gpus(gpus), timeout_s=timeout,
-                        command=command_line(_argv), on_event=RichProgress(err))
+                        command=command_line(cli_argv.of(ctx).typed), on_event=RichProgress(err))
     _print_sweep_summary(summary)
     if summary.interrupted:
         return
@@ -492,24 +355,12 @@ def breakeven(
     out.print(f"wrote {api.report(out_dir, n_boot=n_boot)}", soft_wrap=True, markup=False)
 
 
-OPT_VERSIONS_SPEC = typer.Option(None, "--spec", help="The cases as an experiment spec (instead of bench flags); a spec inside "
-                                 "--repo is read from each revision's worktree.")
-OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round, balanced: alternate (A B, B A, "
-                                "B A, A B, ...) or random (a pair of rounds' order drawn with --order-seed, reversed in the "
-                                "second); with --pairing blocks, the order a round's interleaved blocks start from (then A B, "
-                                "B A, ... block by block).")
-OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random and of the blocks' order of cases in a round.")
-OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else "
-                                    "600); a blocks round's process gets this for each case at each version it holds.")
-OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")
-PAIRING_HELP = ("blocks: each round is one process that builds every version's cases and times them interleaved, block by block "
-                "(a process's own speed cancels in the ratio); processes: each case at each version a process of its own, the "
-                "versions' processes alternated (--order)")
-
-
 @app.command()
-@_with_bench_flags()
+@case_flags()
 def ab(
+    ctx: typer.Context,
+    model: List[str] = OPT_VERSIONS_MODEL,
+    flags: CaseFlags = None,
     repo: Optional[Path] = typer.Option(None, "--repo", help="The git repository (a directory in it) whose revisions --a and --b are."),
     a: Optional[str] = typer.Option(None, "--a", help="Version A: a revision of --repo (a commit, branch or tag)."),
     b: Optional[str] = typer.Option(None, "--b", help="Version B: a revision of --repo."),
@@ -529,7 +380,6 @@ def ab(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     no_pin: bool = OPT_NO_PIN,
     launcher: Optional[str] = OPT_VERSIONS_LAUNCHER,
-    flags: dict = None,
 ):
     """A/B two versions of the code (git revisions) or of the environment (interpreters) on the same cases: B's time ÷
     A's is paired per round (revisions: timed interleaved in one process; interpreters: their processes side by side),
@@ -541,9 +391,9 @@ def ab(
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
-    summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, spec=spec, case_options=flags,
+    summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, spec=spec, case_options=flags.options(model=model),
                                  rounds=rounds, order=order, seed=order_seed, out=out_dir, timeout_s=timeout, threshold=threshold,
-                                 command=command_line(_argv), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin,
+                                 command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin,
                                  pairing=pairing)
     if as_json:
         order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in summary.versions}
@@ -562,8 +412,11 @@ def ab(
 
 
 @app.command()
-@_with_bench_flags()
+@case_flags()
 def track(
+    ctx: typer.Context,
+    model: List[str] = OPT_VERSIONS_MODEL,
+    flags: CaseFlags = None,
     repo: Path = typer.Option(..., "--repo", help="The git repository (a directory in it) whose revisions to run."),
     revs: List[str] = typer.Option([], "--revs", help="Revisions, oldest first (space-separated or repeated)."),
     rev_range: Optional[str] = typer.Option(None, "--range", help="A..B: A, then each commit after it up to B (first parents)."),
@@ -580,7 +433,6 @@ def track(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     no_pin: bool = OPT_NO_PIN,
     launcher: Optional[str] = OPT_VERSIONS_LAUNCHER,
-    flags: dict = None,
 ):
     """Run the same cases at each of a list of revisions into one store, and find the revisions where a case got
     faster or slower (each against the one before it); perflab report OUT plots them."""
@@ -591,8 +443,8 @@ def track(
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
-    summary, series = api.track(repo=repo, revs=revs, range_=rev_range, spec=spec, case_options=flags, out=out_dir, rounds=rounds,
-                                order=order, seed=order_seed, timeout_s=timeout, threshold=threshold, command=command_line(_argv),
+    summary, series = api.track(repo=repo, revs=revs, range_=rev_range, spec=spec, case_options=flags.options(model=model), out=out_dir, rounds=rounds,
+                                order=order, seed=order_seed, timeout_s=timeout, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
                                 on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin, pairing=pairing)
     if as_json:
         from perflab.report.versions import series_dict
@@ -648,82 +500,12 @@ def _print_sweep_summary(summary) -> None:
     out.print(f"report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
 
 
-def expand_multi_value_options(argv: list[str], names=MULTI_VALUE_OPTIONS) -> list[str]:
-    """``--opt a b c`` → ``--opt a --opt b --opt c`` for the options that take several values."""
-    result: list[str] = []
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        name, eq, value = token.partition("=")
-        if name in names:
-            values = [value] if eq else []
-            j = i + 1
-            while j < len(argv) and not _is_flag(argv[j]):
-                values.append(argv[j])
-                j += 1
-            if not values:
-                result.append(token)  # let the parser report the missing value
-            for v in values:
-                result += [name, v]
-            i = j
-            continue
-        result.append(token)
-        if token == "--":
-            result += argv[i + 1 :]
-            break
-        i += 1
-    return result
-
-
-def take_flag(argv: list[str], flag: str) -> tuple[list[str], bool]:
-    """``argv`` without ``flag`` (before any ``--``), and whether it was there: a global flag, taken wherever it stands."""
-    end = argv.index("--") if "--" in argv else len(argv)
-    kept = [token for token in argv[:end] if token != flag]
-    return kept + argv[end:], len(kept) < end
-
-
-def _is_flag(token: str) -> bool:
-    if not token.startswith("-") or token == "-":
-        return False
-    try:  # negative numbers are values, not flags
-        float(token)
-        return False
-    except ValueError:
-        return True
-
-
-def split_program(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``run [OPTIONS] -- SCRIPT [ARGS]`` (or ``run [OPTIONS] SCRIPT [ARGS]``): (perflab's arguments, the program's),
-    so that the program's own options never reach perflab's parser."""
-    if not argv or argv[0] != "run":
-        return argv, []
-    i = 1
-    while i < len(argv):
-        token = argv[i]
-        if token == "--":
-            return argv[:i], argv[i + 1:]
-        if token in RUN_VALUE_OPTIONS:
-            i += 2
-            continue
-        if token.startswith("-"):
-            i += 1
-            continue
-        return argv[:i], argv[i:]
-    return argv, []
-
-
 def main(argv: list[str] | None = None) -> None:
-    global _argv, _program
-    _argv = list(sys.argv[1:] if argv is None else argv)  # as typed: a sweep records its command line
-    args = list(_argv)
-    wide = bool(args) and args[0] == "--wide"  # a global flag before the command (perflab --wide run ...)
-    perflab_args, _program = split_program(args[1:] if wide else args)
-    argv = expand_multi_value_options(perflab_args) if not _program else perflab_args
-    argv, wide_later = take_flag(argv, "--wide")  # or anywhere among perflab's own arguments (never the program's)
-    out.configure(wide=wide or wide_later)
-    err.configure(wide=wide or wide_later)
+    command = CommandLine.read(sys.argv[1:] if argv is None else argv)
+    out.configure(wide=command.wide)
+    err.configure(wide=command.wide)
     try:
-        status = app(args=argv, prog_name="perflab", standalone_mode=False)
+        status = app(args=command.parsed, prog_name="perflab", standalone_mode=False, obj=command)
     except PerflabError as exc:
         _fail(str(exc), exc.exit_code)
     except click_exceptions.NoArgsIsHelpError if hasattr(click_exceptions, "NoArgsIsHelpError") else () as exc:
@@ -746,6 +528,7 @@ def entry() -> None:
     interpreter's teardown (a library's atexit handler, a thread it left) keeps the process alive a minute after the
     command finished, the process ends with the command's status and says where it was stuck (``runtime.exit_watch``)."""
     code = 1
+    program = CommandLine.read(sys.argv[1:]).program
     try:
         main()
         code = 0
@@ -754,7 +537,7 @@ def entry() -> None:
         raise
     finally:
         # perflab run: the teardown is the user's program's (its non-daemon threads are its own to keep), not perflab's
-        if not _program:
+        if not program:
             from perflab.runtime.exit_watch import arm
 
             arm(code)
@@ -763,7 +546,6 @@ def entry() -> None:
 def _fail(message: str, code: int) -> None:
     print(f"perflab: error: {message}", file=sys.stderr)
     sys.exit(code)
-
 
 
 @app.command()
@@ -795,31 +577,10 @@ def analyze(
 
 
 @app.command()
+@case_flags(leave_out=("iters", "repeats"))
 def profile(
     model: List[str] = typer.Option(..., "--model", help="Model name(s), as for bench."),
-    input_size: List[int] = OPT_INPUT_SIZE,
-    batch_size: List[int] = OPT_BATCH_SIZE,
-    keep_rate: List[float] = OPT_KEEP_RATE,
-    reduction_loc: List[int] = OPT_REDUCTION_LOC,
-    workload: List[str] = OPT_WORKLOAD,
-    seq_len: List[int] = OPT_SEQ_LEN,
-    prompt_len: List[int] = OPT_PROMPT_LEN,
-    context_len: List[int] = OPT_CONTEXT_LEN,
-    new_tokens: List[int] = OPT_NEW_TOKENS,
-    layers: Optional[int] = OPT_LAYERS,
-    layers_only: bool = OPT_LAYERS_ONLY,
-    model_arg: List[str] = OPT_MODEL_ARG,
-    max_memory: Optional[str] = OPT_MAX_MEMORY,
-    family: Optional[str] = OPT_FAMILY,
-    attn: str = OPT_ATTN,
-    dtype: List[str] = OPT_DTYPE,
-    mode: List[str] = OPT_MODE,
-    warmup: int = OPT_WARMUP,
-    min_time: float = OPT_MIN_TIME,
-    device: str = OPT_DEVICE,
-    seed: int = OPT_SEED,
-    optimizer: Optional[str] = OPT_OPTIMIZER,
-    checkpoint_activations: bool = OPT_CHECKPOINT,
+    flags: CaseFlags = None,
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     top: int = typer.Option(10, "--top", help="How many kernels to list."),
@@ -840,11 +601,8 @@ def profile(
 
     if steps < 1:
         raise PerflabError(f"--steps must be at least 1, got {steps}")
-    ranks = _ranks(parallel, gpus, world_size, device)
-    cases = api.make_cases(model=model, input_size=input_size, batch_size=batch_size, keep_rate=keep_rate, reduction_loc=reduction_loc,
-                           attn=attn, dtype=dtype, mode=mode, device=device, warmup=warmup, min_time=min_time, seed=seed,
-                           optimizer=optimizer, checkpoint_activations=checkpoint_activations, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
-                           **ranks.case_options())
+    ranks = _ranks(parallel, gpus, world_size, flags["device"])
+    cases = api.make_cases(**flags.options(model=model), **ranks.case_options())
     if ranks.parallel:
         for case in cases:
             with err.status(_text(f"{case.label()}: timing on {case.world_size} ranks, then profiling {steps} steps on each")):
@@ -878,27 +636,14 @@ def profile(
 
 
 @app.command()
+@case_flags(leave_out=(*TIMING, *BUILD), input_size=ONE_INPUT_SIZE,
+            batch_size=(List[int], typer.Option([], "--batch-size", help="Batch size (default: the family's); one for both, or two: A's then B's.")),
+            dtype=(List[str], typer.Option(["fp32"], "--dtype", help="One for both, or two: A's then B's.")),
+            mode=(List[str], typer.Option(["eager"], "--mode", help="One for both, or two: A's then B's (--mode eager --mode compile).")))
 def compare(
     a: str = typer.Argument(..., help="A trace (.json/.json.gz/.sqlite), or a model name to profile with the options below."),
     b: str = typer.Argument(..., help="The same for B."),
-    input_size: Optional[int] = typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."),
-    batch_size: List[int] = typer.Option([], "--batch-size", help="Batch size (default: the family's); one for both, or two: A's then B's."),
-    keep_rate: List[float] = OPT_KEEP_RATE,
-    reduction_loc: List[int] = OPT_REDUCTION_LOC,
-    workload: List[str] = OPT_WORKLOAD,
-    seq_len: List[int] = OPT_SEQ_LEN,
-    prompt_len: List[int] = OPT_PROMPT_LEN,
-    context_len: List[int] = OPT_CONTEXT_LEN,
-    new_tokens: List[int] = OPT_NEW_TOKENS,
-    layers: Optional[int] = OPT_LAYERS,
-    layers_only: bool = OPT_LAYERS_ONLY,
-    model_arg: List[str] = OPT_MODEL_ARG,
-    max_memory: Optional[str] = OPT_MAX_MEMORY,
-    family: Optional[str] = OPT_FAMILY,
-    attn: str = OPT_ATTN,
-    dtype: List[str] = typer.Option(["fp32"], "--dtype", help="One for both, or two: A's then B's."),
-    mode: List[str] = typer.Option(["eager"], "--mode", help="One for both, or two: A's then B's (--mode eager --mode compile)."),
-    device: str = OPT_DEVICE,
+    flags: CaseFlags = None,
     steps: int = OPT_STEPS,
     out_dir: Path = OPT_TRACE_DIR,
     by_module: bool = typer.Option(False, "--by-module", help="Profile the cases with module ranges and say which modules changed (eager)."),
@@ -929,12 +674,11 @@ def compare(
 
             render_results(out, result, (str(a), str(b)))
         return
-    shape = _shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family)
-    per_side = {key: shape.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens")}
-    if batch_size:
-        per_side["batch_size"] = batch_size
-    items = api.compare_items(a, b, per_side=dict(per_side, dtype=dtype, mode=mode), input_size=_one(input_size),
-                              keep_rate=keep_rate, reduction_loc=reduction_loc, attn=attn, device=device, **shape)
+    common = flags.options()
+    per_side = {key: common.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens", "batch_size", "dtype", "mode")}
+    if not per_side["batch_size"]:
+        del per_side["batch_size"]  # the family's
+    items = api.compare_items(a, b, per_side=per_side, **common)
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module)
     if as_json:
@@ -944,27 +688,13 @@ def compare(
 
 
 @app.command()
+@case_flags(leave_out=("mode", "seed"), input_size=ONE_INPUT_SIZE, batch_size=ONE_BATCH_SIZE, device=GPU_DEVICE,
+            dtype=(Optional[str], typer.Option(None, "--dtype", help="fp32, tf32, bf16 or fp16 (default: bf16 on a GPU, fp32 on the CPU; "
+                                               "the output says which).")))
 def explain(
     model: str = typer.Argument(..., help="The model to explain (topk_deit_base_patch16_224, ...)."),
     vs: Optional[str] = typer.Option(None, "--vs", help="A second model to compare with at the same settings (e.g. the baseline)."),
-    input_size: Optional[int] = typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size (default: the family's)."),
-    keep_rate: List[float] = OPT_KEEP_RATE,
-    reduction_loc: List[int] = OPT_REDUCTION_LOC,
-    workload: List[str] = OPT_WORKLOAD,
-    seq_len: List[int] = OPT_SEQ_LEN,
-    prompt_len: List[int] = OPT_PROMPT_LEN,
-    context_len: List[int] = OPT_CONTEXT_LEN,
-    new_tokens: List[int] = OPT_NEW_TOKENS,
-    layers: Optional[int] = OPT_LAYERS,
-    layers_only: bool = OPT_LAYERS_ONLY,
-    model_arg: List[str] = OPT_MODEL_ARG,
-    max_memory: Optional[str] = OPT_MAX_MEMORY,
-    family: Optional[str] = OPT_FAMILY,
-    attn: str = OPT_ATTN,
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, tf32, bf16 or fp16 (default: bf16 on a GPU, fp32 on the CPU; "
-                                        "the output says which)."),
-    device: str = typer.Option("cuda", "--device"),
+    flags: CaseFlags = None,
     modes: List[str] = typer.Option([], "--modes", help="Modes to predict and then measure (default: cudagraph and compile:reduce-overhead)."),
     fixes: List[str] = typer.Option([], "--fixes", help="Fixes to predict and then measure: optimizer:NAME, checkpoint, batch:N, a mode, "
                                     "or several joined by + (measured only); 'none' for none. Default: the family's (lm train_step: the "
@@ -973,13 +703,7 @@ def explain(
                                     "grad_view=true, no_sync=4, fsdp)."),
     fixes_on: str = typer.Option("best", "--fixes-on", help="What the fixes are applied on: best (the fastest of eager and the modes, "
                                  "measured first; the fixes then timed with it), eager, or a mode."),
-    optimizer: Optional[str] = OPT_OPTIMIZER,
-    checkpoint_activations: bool = OPT_CHECKPOINT,
     steps: int = OPT_STEPS,
-    warmup: int = OPT_WARMUP,
-    min_time: float = OPT_MIN_TIME,
-    iters: Optional[int] = OPT_ITERS,
-    repeats: int = OPT_REPEATS,
     compile_budget: Optional[float] = typer.Option(None, "--compile-budget", help="Seconds each compiled case may take to compile: it "
                                                    "compiles first in a child process within them (filling inductor's caches), or is a "
                                                    "timeout row."),
@@ -1003,15 +727,11 @@ def explain(
     from perflab import api
     from perflab.report.explain_console import render_explanation
 
-    ranks = _ranks(parallel, gpus, world_size, device)
-    dtype_note = None
+    ranks = _ranks(parallel, gpus, world_size, flags["device"])
+    dtype, dtype_note = flags["dtype"], None
     if dtype is None:
-        dtype, dtype_note = api.explain_dtype(device)
-    cases = api.make_cases(model=[model] + ([vs] if vs else []), input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate,
-                           reduction_loc=reduction_loc, attn=attn, dtype=[dtype], mode=["eager"], device=device, optimizer=optimizer,
-                           checkpoint_activations=checkpoint_activations, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats,
-                           **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family),
-                           **ranks.case_options())
+        dtype, dtype_note = api.explain_dtype(flags["device"])
+    cases = api.make_cases(**flags.options(model=[model] + ([vs] if vs else []), dtype=[dtype], mode=["eager"]), **ranks.case_options())
     case, other = cases[0], (cases[1] if vs else None)
     if markdown is not None:
         check_writable_file(markdown)
@@ -1057,27 +777,12 @@ def ceilings(
 
 
 @app.command()
+@case_flags(leave_out=(*TIMING, *BUILD), input_size=ONE_INPUT_SIZE, batch_size=ONE_BATCH_SIZE, device=GPU_DEVICE,
+            dtype=(str, typer.Option("bf16", "--dtype")), mode=(str, typer.Option("eager", "--mode")))
 def ncu(
     model: str = typer.Argument(..., help="The model whose top kernels to read counters for."),
     top: int = typer.Option(10, "--top", help="How many of the top kernels (by time in a profile pass)."),
-    input_size: Optional[int] = typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Batch size (default: the family's)."),
-    keep_rate: List[float] = OPT_KEEP_RATE,
-    reduction_loc: List[int] = OPT_REDUCTION_LOC,
-    workload: List[str] = OPT_WORKLOAD,
-    seq_len: List[int] = OPT_SEQ_LEN,
-    prompt_len: List[int] = OPT_PROMPT_LEN,
-    context_len: List[int] = OPT_CONTEXT_LEN,
-    new_tokens: List[int] = OPT_NEW_TOKENS,
-    layers: Optional[int] = OPT_LAYERS,
-    layers_only: bool = OPT_LAYERS_ONLY,
-    model_arg: List[str] = OPT_MODEL_ARG,
-    max_memory: Optional[str] = OPT_MAX_MEMORY,
-    family: Optional[str] = OPT_FAMILY,
-    attn: str = OPT_ATTN,
-    dtype: str = typer.Option("bf16", "--dtype"),
-    mode: str = typer.Option("eager", "--mode"),
-    device: str = typer.Option("cuda", "--device"),
+    flags: CaseFlags = None,
     out_dir: Path = OPT_TRACE_DIR,
     as_json: bool = typer.Option(False, "--json", help="Print the table as JSON records."),
     per_config: int = typer.Option(0, "--per-config", help="Launches profiled per launch configuration (kernel, grid, block), "
@@ -1095,8 +800,7 @@ def ncu(
     if per_config < 0:
         raise PerflabError(f"--per-config must be 0 (every launch) or more, got {per_config}")
     find_ncu()
-    (case,) = api.make_cases(model=[model], input_size=_one(input_size), batch_size=_one(batch_size), keep_rate=keep_rate, reduction_loc=reduction_loc,
-                             attn=attn, dtype=[dtype], mode=[mode], device=device, **_shape(workload, seq_len, prompt_len, context_len, new_tokens, layers, layers_only, model_arg, max_memory, family))
+    (case,) = api.make_cases(**flags.options(model=[model]))
     with err.status(_text(f"{case.label()}: profiling, then running ncu on the top {top} kernels")):
         table, _ = api.ncu(case, top=top, out_dir=out_dir, per_config=per_config)
     if as_json:
@@ -1111,6 +815,7 @@ if __name__ == "__main__":
 
 @app.command(context_settings={"allow_interspersed_args": False})
 def run(
+    ctx: typer.Context,
     skip: int = typer.Option(5, "--skip", help="Steps to let run first (warm-up, compilation), untimed."),
     steps: int = typer.Option(20, "--steps", help="Steps to time, untraced (CUDA events on the step's stream; the host clock on the CPU)."),
     trace: int = typer.Option(3, "--trace", help="Steps to trace with torch.profiler after the timed ones and the profiler's warm-up (0: none)."),
@@ -1135,7 +840,7 @@ def run(
     The program keeps its __main__, sys.argv, output and exit code; perflab's report goes to stderr and OUT/run.json."""
     from perflab import api
 
-    code = api.run(_program, skip=skip, steps=steps, trace=trace, step=step, step_range=step_range, stop_after=stop_after,
+    code = api.run(cli_argv.of(ctx).program, skip=skip, steps=steps, trace=trace, step=step, step_range=step_range, stop_after=stop_after,
                    out_dir=out_dir, nproc=_rank_counts(nproc), render=_render_run, trace_warmup=trace_warmup, inflation_limit=inflation_limit,
                    record_shapes=not no_shapes, render_scaling=_render_scaling)
     raise typer.Exit(code)

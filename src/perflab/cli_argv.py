@@ -1,0 +1,110 @@
+"""The command line's words before the parser sees them: what was typed, perflab's own arguments and, for
+``perflab run``, the program's.
+
+- Options that take several values accept them space-separated (``--batch-size 1 8 64``): they are expanded to
+  repeated flags (``--batch-size 1 --batch-size 8 ...``), which is what the parser takes.
+- ``perflab run [OPTIONS] -- SCRIPT [ARGS]`` (or ``run [OPTIONS] SCRIPT [ARGS]``): the program's words are split off
+  first, so that its own options never reach perflab's parser, nor the expansion above.
+- ``--wide`` is global: before the command, or anywhere among perflab's own arguments (never the program's).
+
+``cli.main`` reads the words once into a ``CommandLine`` and hands it to the commands as the parser's context
+object (``of(ctx)``): a sweep records the words as typed, ``run`` takes the program's.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+# Options that take one or more values after a single flag (expanded to repeated flags before parsing).
+MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes",
+                       "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg", "--fixes", "--revs"}
+# perflab run's options that take a value: the word after each is that value, not the program
+RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--trace-warmup", "--inflation-limit", "--out", "--step", "--step-range", "--nproc"}
+
+
+@dataclass(frozen=True)
+class CommandLine:
+    typed: list[str]  # the words as typed, after the program's name (a sweep records its command line)
+    parsed: list[str]  # perflab's own words, as the parser takes them: several values expanded, --wide taken out
+    program: list[str]  # perflab run: the program's own command line (after "--", or from the script on); else empty
+    wide: bool  # --wide was given: tables are printed whole
+
+    @classmethod
+    def read(cls, argv: list[str]) -> CommandLine:
+        typed = list(argv)
+        wide_first = bool(typed) and typed[0] == "--wide"  # a global flag before the command (perflab --wide run ...)
+        own, program = split_program(typed[1:] if wide_first else typed)
+        parsed = expand_multi_value_options(own) if not program else own
+        parsed, wide_later = take_flag(parsed, "--wide")
+        return cls(typed, parsed, program, wide_first or wide_later)
+
+
+def of(ctx) -> CommandLine:
+    """The command line a command was given: the one ``cli.main`` read, else (the app called some other way) sys.argv's."""
+    given = getattr(ctx, "obj", None)
+    return given if isinstance(given, CommandLine) else CommandLine.read(sys.argv[1:])
+
+
+def expand_multi_value_options(argv: list[str], names=MULTI_VALUE_OPTIONS) -> list[str]:
+    """``--opt a b c`` → ``--opt a --opt b --opt c`` for the options that take several values."""
+    result: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        name, eq, value = token.partition("=")
+        if name in names:
+            values = [value] if eq else []
+            j = i + 1
+            while j < len(argv) and not _is_flag(argv[j]):
+                values.append(argv[j])
+                j += 1
+            if not values:
+                result.append(token)  # let the parser report the missing value
+            for v in values:
+                result += [name, v]
+            i = j
+            continue
+        result.append(token)
+        if token == "--":
+            result += argv[i + 1 :]
+            break
+        i += 1
+    return result
+
+
+def take_flag(argv: list[str], flag: str) -> tuple[list[str], bool]:
+    """``argv`` without ``flag`` (before any ``--``), and whether it was there: a global flag, taken wherever it stands."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [token for token in argv[:end] if token != flag]
+    return kept + argv[end:], len(kept) < end
+
+
+def _is_flag(token: str) -> bool:
+    if not token.startswith("-") or token == "-":
+        return False
+    try:  # negative numbers are values, not flags
+        float(token)
+        return False
+    except ValueError:
+        return True
+
+
+def split_program(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``run [OPTIONS] -- SCRIPT [ARGS]`` (or ``run [OPTIONS] SCRIPT [ARGS]``): (perflab's arguments, the program's),
+    so that the program's own options never reach perflab's parser."""
+    if not argv or argv[0] != "run":
+        return argv, []
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            return argv[:i], argv[i + 1:]
+        if token in RUN_VALUE_OPTIONS:
+            i += 2
+            continue
+        if token.startswith("-"):
+            i += 1
+            continue
+        return argv[:i], argv[i:]
+    return argv, []

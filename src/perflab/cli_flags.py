@@ -1,0 +1,174 @@
+"""The command line's flags, declared once and shared by the commands (as asv's ``common_args``).
+
+``case_flags``: the case-flag group, what describes a case (its shapes, precision, mode, device, timing, build), which
+every command that takes a case takes: bench, ab, track, profile, compare, explain, ncu and breakeven. A command leaves
+out what it has no use for and swaps in a variant where it takes one value instead of several (explain's one case); it
+gets the group's values as one ``CaseFlags``, which turns them into ``api.make_cases``' keyword arguments. Below the
+group: single flags that several commands share, and ab's and track's.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from perflab.errors import PerflabError
+
+# The case-flag group, in the order --help lists it. (annotation, option) each.
+OPT_INPUT_SIZE = typer.Option([], "--input-size", help="Image models: input resolution(s), pixels (default 224).")
+OPT_BATCH_SIZE = typer.Option([], "--batch-size", help="Batch size(s) (default: 1 for image models and decode, 4 for language models).")
+OPT_KEEP_RATE = typer.Option([], "--keep-rate", help="Keep rate, one value or one per reduction location (token-reducing models only).")
+OPT_REDUCTION_LOC = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens.")
+OPT_WORKLOAD = typer.Option([], "--workload", help="What one timed step runs: forward (image models); forward, train_forward, "
+                            "forward_backward, train_step (gpt_*); decode, prefill, generate (llama*).")
+OPT_SEQ_LEN = typer.Option([], "--seq-len", help="Language models: tokens per sequence (default 128).")
+OPT_PROMPT_LEN = typer.Option([], "--prompt-len", help="Decode: prompt tokens of prefill and generate.")
+OPT_CONTEXT_LEN = typer.Option([], "--context-len", help="Decode: the cache position of the timed decode step (default 512).")
+OPT_NEW_TOKENS = typer.Option([], "--new-tokens", help="Decode: tokens to generate after the prefill (generate).")
+OPT_LAYERS = typer.Option(None, "--layers", help="Language models and decode: run this many layers.")
+OPT_LAYERS_ONLY = typer.Option(False, "--layers-only", help="Decode: the layers alone, without embedding and head (the Llama decode testbench's one layer).")
+OPT_MODEL_ARG = typer.Option([], "--model-arg", help="Override a dimension of the named config, e.g. d_ff=2048, or pass a keyword "
+                             "argument to your own model's factory (repeatable; ints, floats or strings).")
+OPT_MAX_MEMORY = typer.Option(None, "--max-memory", help="Cap the CUDA allocator, e.g. 24GiB: would it fit on a smaller GPU? Past it: an oom row.")
+OPT_FAMILY = typer.Option(None, "--family", help="classify, lm or decode: which inputs your own model takes, where perflab cannot "
+                          "tell from the reference.")
+OPT_ATTN = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit.")
+OPT_DTYPE = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).")
+OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune, compile:max-autotune-gemm "
+                        "(max-autotune of the matmuls only) or cudagraph.")
+OPT_DEVICE = typer.Option("auto", "--device", help="auto, cuda or cpu.")
+OPT_WARMUP = typer.Option(10, "--warmup", help="Untimed iterations before timing.")
+OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this).")
+OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time).")
+OPT_REPEATS = typer.Option(20, "--repeats", help="Number of timing samples the timed iterations are split into.")
+OPT_SEED = typer.Option(0, "--seed", help="Random seed for weights and inputs.")
+OPT_OPTIMIZER = typer.Option(None, "--optimizer", help="Language models, train_step: AdamW fused, foreach, in_backward (per parameter, from "
+                             "its gradient's hook) or in_backward_stream (the same on a side CUDA stream). Default: fused on GPU, for-loop on CPU.")
+OPT_CHECKPOINT = typer.Option(False, "--checkpoint-activations", help="Language models, forward_backward and train_step: recompute each "
+                              "block's activations in the backward (less memory, one more forward).")
+
+CASE_FLAGS = {
+    "input_size": (List[int], OPT_INPUT_SIZE), "batch_size": (List[int], OPT_BATCH_SIZE), "keep_rate": (List[float], OPT_KEEP_RATE),
+    "reduction_loc": (List[int], OPT_REDUCTION_LOC), "workload": (List[str], OPT_WORKLOAD), "seq_len": (List[int], OPT_SEQ_LEN),
+    "prompt_len": (List[int], OPT_PROMPT_LEN), "context_len": (List[int], OPT_CONTEXT_LEN), "new_tokens": (List[int], OPT_NEW_TOKENS),
+    "layers": (Optional[int], OPT_LAYERS), "layers_only": (bool, OPT_LAYERS_ONLY), "model_arg": (List[str], OPT_MODEL_ARG),
+    "max_memory": (Optional[str], OPT_MAX_MEMORY), "family": (Optional[str], OPT_FAMILY), "attn": (str, OPT_ATTN),
+    "dtype": (List[str], OPT_DTYPE), "mode": (List[str], OPT_MODE), "device": (str, OPT_DEVICE),
+    "warmup": (int, OPT_WARMUP), "min_time": (float, OPT_MIN_TIME), "iters": (Optional[int], OPT_ITERS), "repeats": (int, OPT_REPEATS),
+    "seed": (int, OPT_SEED), "optimizer": (Optional[str], OPT_OPTIMIZER), "checkpoint_activations": (bool, OPT_CHECKPOINT),
+}
+# Parts of the group that a command may leave out.
+FAMILY_SHAPES = ("workload", "seq_len", "prompt_len", "context_len", "new_tokens", "layers", "layers_only", "model_arg", "max_memory", "family")
+TIMING = ("warmup", "min_time", "iters", "repeats")
+BUILD = ("seed", "optimizer", "checkpoint_activations")
+# make_cases takes these as lists: a command's one-value variant (explain's --batch-size N) is handed on as [N], or [] when not given
+LIST_VALUED = ("input_size", "batch_size", "keep_rate", "reduction_loc", "workload", "seq_len", "prompt_len", "context_len",
+               "new_tokens", "dtype", "mode")
+
+# One-value variants, for the commands that take one case (explain, ncu) or one per side (compare).
+ONE_INPUT_SIZE = (Optional[int], typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."))
+ONE_BATCH_SIZE = (Optional[int], typer.Option(None, "--batch-size", help="Batch size (default: the family's)."))
+GPU_DEVICE = (str, typer.Option("cuda", "--device"))
+
+
+class CaseFlags:
+    """The case-flag group's values, as a command was given them."""
+
+    def __init__(self, values: dict):
+        self.values = values
+
+    def __getitem__(self, name: str):
+        return self.values[name]
+
+    def options(self, **given) -> dict:
+        """``api.make_cases``' keyword arguments (one-value flags as lists, --model-arg's NAME=VALUE read), then ``given``.
+        Called where the command reads its cases, so that a mistake in them is said where it was before them."""
+        options = {name: (value if isinstance(value, list) else [] if value is None else [value]) if name in LIST_VALUED else value
+                   for name, value in self.values.items()}
+        if "model_arg" in options:
+            options["model_args"] = model_args(options.pop("model_arg"))
+        return options | given
+
+
+def model_args(items: list[str]) -> dict:
+    """--model-arg NAME=VALUE, as make_cases' ``model_args``: ints, floats or (anything else) strings."""
+    args = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise PerflabError(f"--model-arg: expected NAME=VALUE such as d_ff=2048, got {item!r}")
+        value = value.strip()
+        try:
+            args[key.strip()] = int(value) if value.lstrip("-").isdigit() else float(value)
+        except ValueError:
+            args[key.strip()] = value
+    return args
+
+
+def case_flags(leave_out=(), **variants):
+    """A command that takes the case-flag group, where its ``case`` parameter stands, and gets the values as
+    ``case: CaseFlags``. ``leave_out``: flags of the group it does not take; ``variants``: NAME=(annotation, option) for a
+    flag it takes in another form (one value, another default)."""
+    unknown = (set(leave_out) | set(variants)) - set(CASE_FLAGS)
+    if unknown:
+        raise ValueError(f"not flags of the case group: {sorted(unknown)}")
+    group = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
+             for name, (annotation, option) in ((name, variants.get(name, flag)) for name, flag in CASE_FLAGS.items())
+             if name not in leave_out]
+
+    def decorate(command):
+        params = list(inspect.signature(command, eval_str=True).parameters.values())
+        at = [p.name for p in params].index("flags")
+        own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+
+        @functools.wraps(command)
+        def wrapper(**kwargs):
+            return command(flags=CaseFlags({p.name: kwargs.pop(p.name) for p in group}), **kwargs)
+
+        wrapper.__signature__ = inspect.Signature(own[:at] + group + own[at + 1:])
+        wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
+        return wrapper
+
+    return decorate
+
+
+# Single flags that several commands share.
+OPT_STEPS = typer.Option(5, "--steps", help="Steps to record in the profiled pass (after one warm-up step).")
+OPT_TRACE_DIR = typer.Option(Path("perflab-traces"), "--out", help="Directory for the traces it records.")
+OPT_NO_PIN = typer.Option(False, "--no-pin", help="Time with the timing thread unpinned (default: pinned to one core for "
+                          "warm-up and the timed loop, where the OS allows; not part of case ids).")
+OPT_NO_INTERLEAVE = typer.Option(False, "--no-interleave", help="Time each case alone, right after its warm-up (default: build and "
+                                 "warm every case that fits, then time them in seeded random interleaved blocks).")
+OPT_PARALLEL = typer.Option(None, "--parallel", help="Train on several ranks, one process each: ddp or fsdp, options after a colon "
+                            "(ddp:bucket_cap_mb=100,grad_view=true,no_sync=4; fsdp:reshard=false). The batch is per rank.")
+OPT_RANK_GPUS = typer.Option(None, "--gpus", help="With --parallel: the GPUs of the ranks, e.g. 0,1 (one rank each).")
+OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the number of ranks (default: one per --gpus; "
+                              "on the CPU, gloo processes).")
+OPT_INDUCTOR_CACHE = typer.Option(None, "--inductor-cache", help="A directory for inductor's caches (FX graphs, autotuning "
+                                  "choices), shared by every process this run starts: max-autotune then takes the kernels the first "
+                                  "process chose instead of tuning afresh (default: inductor's, /tmp/torchinductor_$USER, one host's).")
+OPT_THRESHOLD = typer.Option(0.05, "--threshold", help="Stored results: a ratio beyond 1 ± this fraction, with a CI that excludes 1, "
+                             "is faster or slower (default 0.05, asv's); a CI inside it is no change.")
+OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes, 1 to 100 (this one, then fresh ones); "
+                             "the CI then covers between-process variance.")
+
+# ab and track: the versions' flags.
+OPT_VERSIONS_MODEL = typer.Option([], "--model", help="The cases as bench's flags (instead of --spec): model name(s) or your own, "
+                                  "path/file.py:NAME (relative: read in each revision's worktree), package.module:NAME, hf:DIR.")
+OPT_VERSIONS_SPEC = typer.Option(None, "--spec", help="The cases as an experiment spec (instead of bench flags); a spec inside "
+                                 "--repo is read from each revision's worktree.")
+OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round, balanced: alternate (A B, B A, "
+                                "B A, A B, ...) or random (a pair of rounds' order drawn with --order-seed, reversed in the "
+                                "second); with --pairing blocks, the order a round's interleaved blocks start from (then A B, "
+                                "B A, ... block by block).")
+OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random and of the blocks' order of cases in a round.")
+OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else "
+                                    "600); a blocks round's process gets this for each case at each version it holds.")
+OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")
+PAIRING_HELP = ("blocks: each round is one process that builds every version's cases and times them interleaved, block by block "
+                "(a process's own speed cancels in the ratio); processes: each case at each version a process of its own, the "
+                "versions' processes alternated (--order)")
