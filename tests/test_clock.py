@@ -1,4 +1,4 @@
-"""perflab's one step clock (measure.timing.StepClock) and the one tracer, and that nothing in src/ builds another."""
+"""perflab's one step clock (perflab.clock.StepClock) and the one tracer, and that nothing in src/ builds another."""
 
 import re
 import time
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from perflab.clock import StepClock
 from perflab.measure import timing
-from perflab.measure.timing import StepClock, TimingPlan
+from perflab.measure.timing import TimingPlan
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "perflab"
 
@@ -66,7 +67,7 @@ def test_a_tracer_without_a_path_hands_torchs_summary_to_on_ready_and_writes_not
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("pattern, home", [(r"cuda\.Event\(", "measure/timing.py"),
+@pytest.mark.parametrize("pattern, home", [(r"cuda\.Event\(", "clock.py"),
                                            (r"profiler\.profile\(|\bprofile\(activities", "trace/capture.py")])
 def test_cuda_events_and_profiler_sessions_are_built_in_one_module_each(pattern, home):
     found = sorted({str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if re.search(pattern, p.read_text())})

@@ -190,7 +190,7 @@ def test_decode_takes_the_p90_per_token_time_by_the_one_percentile_rule():
     built = SimpleNamespace(extra={})
     offsets_ms = [1.0, 2.0, 3.0, 5.0, 8.0, 12.0]  # first token after 1 ms, then 1, 1, 2, 3, 4 ms a token
 
-    def step():  # the host stamps measure.timing.StepClock takes on the CPU, at these offsets
+    def step():  # the host stamps perflab.clock.StepClock takes on the CPU, at these offsets
         start = built.extra["token_stamps"][0]
         built.extra["token_stamps"] += [(None, start[1] + round(ms * 1e6)) for ms in offsets_ms]
 

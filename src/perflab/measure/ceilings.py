@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from perflab.measure.timing import StepClock
+from perflab.clock import StepClock
 
 CACHE_VERSION = 2
 

@@ -56,7 +56,7 @@ def _sleep_rate() -> float:
     if _SLEEP_CYCLES_PER_S is None:
         import torch
 
-        from perflab.measure.timing import StepClock
+        from perflab.clock import StepClock
 
         cycles = 20_000_000
         clock = StepClock(cuda=True)
@@ -145,7 +145,7 @@ def held_round(step: Callable[[], object], device: str, issue_estimate_s: float,
     """
     import torch
 
-    from perflab.measure.timing import StepClock
+    from perflab.clock import StepClock
 
     if device != "cuda":
         return HeldTiming(None, None, steps, "no GPU")

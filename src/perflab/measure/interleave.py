@@ -104,14 +104,14 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
     """Run ``schedule``: per round (the host canary first, if given), each listed case times its block of steps.
 
     ``enter(i)`` returns the context manager case i's steps run in (its grad mode and precision), entered around
-    each of its blocks. Each block is bracketed by ``measure.timing.StepClock`` stamps (CUDA events on the GPU, the
+    each of its blocks. Each block is bracketed by ``perflab.clock.StepClock`` stamps (CUDA events on the GPU, the
     host clock on the CPU) and synchronised at its end, so a block's time and memory are its own; the start stamp is
     taken after the context is entered, so switching cases costs no timed time. ``read_gpu(since)``: called as each block ends, after its
     timing (``measure.energy``'s ``block_reading``), for what the GPU's clocks did during that block alone."""
     import torch
 
     from perflab.measure import sched
-    from perflab.measure.timing import StepClock
+    from perflab.clock import StepClock
     from perflab.runtime.device import synchronize
 
     cuda = device == "cuda"

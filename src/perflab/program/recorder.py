@@ -103,7 +103,7 @@ class Recorder:
         self.rank = rank or Rank.from_env()
         self.data = Recorded()
         self.on_traced = on_traced  # called after the traced steps (the report); may raise StopProgram
-        self._clock = None  # measure.timing.StepClock, chosen at the first timed step
+        self._clock = None  # perflab.clock.StepClock, chosen at the first timed step
         self._marks: dict[str, list] = {"timed": [], "traced": []}  # a boundary source's stamps, per phase
         self._pairs: dict[str, list] = {"timed": [], "traced": []}  # a call source's (start, end) stamps, per phase
         self._call_start = None
@@ -193,7 +193,7 @@ class Recorder:
         """CUDA events where the program has started CUDA by its first timed step, else the host clock."""
         import torch
 
-        from perflab.measure.timing import StepClock
+        from perflab.clock import StepClock
 
         cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._clock = StepClock(cuda)

@@ -185,7 +185,7 @@ class Decode(Implementation):
 
     def after_timing(self, case, built: Built, step, row: dict) -> dict:
         """generate: time to first token, and the mean and p90 time per output token, from one more generation
-        with ``measure.timing.StepClock`` stamps after the prefill and after each decode step (CUDA events on a GPU
+        with ``perflab.clock.StepClock`` stamps after the prefill and after each decode step (CUDA events on a GPU
         case, the host clock on a CPU one, whatever else has started CUDA in the process). A CUDA graph
         replays the whole generation at once, so it has no per-token times.
 
@@ -197,7 +197,7 @@ class Decode(Implementation):
             return {}
         if case.mode == "cudagraph":
             return {"ttft_ms": None, "tpot_ms": None, "tpot_p90_ms": None}
-        from perflab.measure.timing import StepClock
+        from perflab.clock import StepClock
 
         clock = StepClock(cuda=case.device == "cuda")
         built.extra["token_clock"], built.extra["token_stamps"] = clock, [clock.stamp()]
