@@ -66,3 +66,24 @@ def test_two_ddp_ranks_merge_into_the_communication_section_against_the_floor():
     assert [{k: r[k] for k in old} for r, old in zip(section["ranks"], recorded["communication"]["ranks"])] == recorded["communication"]["ranks"]
     for rank in section["ranks"]:  # parts of the rank's own steps
         assert 0 <= rank["waiting_ms"] <= rank["exposed_ms"] <= rank["traced_step_ms"] and rank["busy_ms"] <= rank["traced_step_ms"]
+
+
+def test_run_and_explain_parallel_read_one_ddp_floor_from_the_same_step():
+    from perflab.diagnosis import explain_parallel
+    from perflab.spec import Case
+
+    recorded = json.loads((DATA / "nanogpt_ddp_h100.json").read_text())
+    ddp, sweep = recorded["ddp"], recorded["all_reduce"]
+    run = communication_section(ddp=ddp, sweep=sweep, merged={}, world_size=2, steps=3, rank_median_ms={}, step_ms=recorded["step_ms"])
+    row = {"grad_bytes": ddp["grad_bytes"], "param_bytes": ddp["param_bytes"], "ddp_buckets": ddp["ddp_buckets"], "rank_median_ms": [],
+           "median_ms": recorded["step_ms"], "slowest_rank": 0}
+    explained = explain_parallel.communication_section(Case(model="gpt_small", workload="train_step", device="cuda", parallel="ddp", world_size=2),
+                                                       row, {"accounts": [], "steps": 3}, sweep)
+    fields = ("bus_bytes", "calls", "message_bytes", "busbw_gbps", "busbw_size_bytes", "busbw_source", "latency_us", "floor_ms", "floor_fraction")
+    assert {k: run[k] for k in fields} == {k: explained[k] for k in fields}
+    # by hand: 14 buckets share 474.4 MiB, 33.9 MiB a call, nearest the swept 64 MiB on a log scale (not 16 MiB)
+    assert run["calls"] == 14 and run["message_bytes"] == ddp["grad_bytes"] / 14
+    assert run["busbw_size_bytes"] == 64 << 20
+    size = next(s for s in sweep["sizes"] if s["bytes"] == 64 << 20)
+    assert run["floor_ms"] == pytest.approx(2 * (2 - 1) / 2 * ddp["grad_bytes"] / (size["busbw_gbps"] * 1e9) * 1e3)
+    assert explained["modelled_ms"] == pytest.approx(run["floor_ms"] + 14 * run["latency_us"] / 1e3)

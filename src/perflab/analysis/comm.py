@@ -22,7 +22,7 @@ bandwidth (``comm_ms``); the latency is the intercept of the sweep's two smalles
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 MIB = 1 << 20
 
@@ -129,6 +129,45 @@ def call_latency_us(sweep: dict) -> float:
     (s1, t1), (s2, t2) = ((r["bytes"], r["time_us"]) for r in rows[:2])
     alpha = t1 - s1 * (t2 - t1) / (s2 - s1)
     return min(max(alpha, 0.0), t1, t2)
+
+
+@dataclass(frozen=True)
+class CommFloor:
+    """A step's collectives against the swept bus bandwidth: their bytes and calls, one call's message, the bus
+    bandwidth at the swept size nearest that message and where the sweep came from, the per-call latency, and the
+    floor (bus bytes ÷ busbw, ms per step)."""
+
+    bus_bytes: int
+    calls: int
+    message_bytes: float
+    busbw_gbps: float
+    busbw_size_bytes: int
+    busbw_source: str | None
+    latency_us: float
+    floor_ms: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def modelled_ms(self) -> float:
+        """The floor plus each call's latency, ms per step (``comm_ms``)."""
+        return self.floor_ms + self.calls * self.latency_us / 1e3
+
+
+def comm_floor(comm: CommBytes, message_bytes: float, sweep: dict) -> CommFloor:
+    """``comm``'s floor at the bus bandwidth ``sweep`` measured at the size nearest one call's ``message_bytes``."""
+    row = swept_size(sweep, message_bytes)
+    return CommFloor(bus_bytes=comm.bus_bytes, calls=comm.calls, message_bytes=message_bytes, busbw_gbps=row["busbw_gbps"],
+                     busbw_size_bytes=row["bytes"], busbw_source=sweep.get("source"), latency_us=call_latency_us(sweep),
+                     floor_ms=comm.floor_ms(row["busbw_gbps"]))
+
+
+def ddp_floor(grad_bytes: int, world_size: int, bucket_cap_mb: float, sweep: dict, buckets: list[int] | None = None) -> CommFloor:
+    """A DDP step's floor: every gradient all-reduced once (``ddp_bytes``), one call's message the gradients' bytes
+    shared over the calls (a bucket's mean size)."""
+    comm = ddp_bytes(grad_bytes, world_size, bucket_cap_mb, buckets=buckets)
+    return comm_floor(comm, grad_bytes / max(comm.calls, 1), sweep)
 
 
 def comm_ms(bus_bytes: float, calls: int, busbw_gb_s: float, latency_us: float) -> float:

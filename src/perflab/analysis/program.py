@@ -258,18 +258,14 @@ def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict,
     (2(N−1)/N × the gradients' bytes, in DDP's buckets), the bus bandwidth at a bucket's size from the sweep, the floor
     (bus bytes ÷ busbw), and per rank its measured, exposed (waiting for a later rank + transfer) and overlapped
     communication per step, the overlap fraction and measured ÷ floor."""
-    from perflab.analysis.comm import busbw_at, call_latency_us, ddp_bytes, rank_comm_rows, swept_size
+    from perflab.analysis.comm import ddp_floor, rank_comm_rows
 
     section = {"world_size": world_size, "steps_profiled": steps, "note": merged.get("note"), "floor_ms": None, "ranks": []}
     floor = None
     if ddp and sweep and sweep.get("sizes"):
-        comm = ddp_bytes(ddp["grad_bytes"], world_size, ddp["bucket_cap_mb"], buckets=ddp.get("ddp_buckets"))
-        message = ddp["grad_bytes"] / max(comm.calls, 1)
-        busbw = busbw_at(sweep, message)
-        floor = comm.floor_ms(busbw)
-        section.update(mode="ddp", grad_bytes=ddp["grad_bytes"], bus_bytes=comm.bus_bytes, calls=comm.calls, buckets=ddp.get("ddp_buckets"),
-                       message_bytes=message, busbw_gbps=busbw, busbw_size_bytes=swept_size(sweep, message)["bytes"],
-                       busbw_source=sweep.get("source"), latency_us=call_latency_us(sweep), floor_ms=floor,
+        step_floor = ddp_floor(ddp["grad_bytes"], world_size, ddp["bucket_cap_mb"], sweep, buckets=ddp.get("ddp_buckets"))
+        floor = step_floor.floor_ms
+        section.update(mode="ddp", grad_bytes=ddp["grad_bytes"], buckets=ddp.get("ddp_buckets"), **step_floor.to_dict(),
                        floor_fraction=floor / step_ms if step_ms else None)
     elif not ddp:
         section["floor_note"] = "no DistributedDataParallel module found: the measured communication without a floor"

@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from perflab.analysis.comm import MIB, busbw_at, call_latency_us, ddp_bytes, fsdp_bytes, rank_comm_rows, swept_size
+from perflab.analysis.comm import MIB, call_latency_us, comm_floor, ddp_floor, fsdp_bytes, rank_comm_rows
 from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, fix_step_ms, predict_comm_fix
 from perflab.errors import PerflabError
 from perflab.diagnosis.explanation import GLUE_CATEGORIES
@@ -208,29 +208,25 @@ def communication_section(case: Case, row: dict, profile: dict, sweep: dict) -> 
     mode, options = parse_parallel(case.parallel)
     n, grad, params = case.world_size, row["grad_bytes"], row["param_bytes"]
     if mode == "ddp":
-        comm = ddp_bytes(grad, n, options["bucket_cap_mb"], buckets=row.get("ddp_buckets"))
-        message = grad / max(comm.calls, 1)
-        collectives = [{"collective": "all_reduce", "payload_bytes": grad, "bus_bytes": comm.bus_bytes, "calls": comm.calls,
-                        "message_bytes": message, "bus_factor": "2(N−1)/N"}]
+        step_floor = ddp_floor(grad, n, options["bucket_cap_mb"], sweep, buckets=row.get("ddp_buckets"))
+        collectives = [{"collective": "all_reduce", "payload_bytes": grad, "bus_bytes": step_floor.bus_bytes, "calls": step_floor.calls,
+                        "message_bytes": step_floor.message_bytes, "bus_factor": "2(N−1)/N"}]
     else:
         units = row.get("fsdp_units") or 1
         comm = fsdp_bytes(params, grad, n, reshard_after_forward=options["reshard"], units=units)
-        message = params / units
+        step_floor = comm_floor(comm, params / units, sweep)
         gathers = comm.collectives["all_gather"]
         collectives = [{"collective": "all_gather", "payload_bytes": gathers, "bus_bytes": -(-gathers * (n - 1) // n),
-                        "calls": (comm.calls // units - 1) * units, "message_bytes": message, "bus_factor": "(N−1)/N"},
+                        "calls": (comm.calls // units - 1) * units, "message_bytes": step_floor.message_bytes, "bus_factor": "(N−1)/N"},
                        {"collective": "reduce_scatter", "payload_bytes": grad, "bus_bytes": -(-grad * (n - 1) // n), "calls": units,
                         "message_bytes": grad / units, "bus_factor": "(N−1)/N"}]
-    busbw = busbw_at(sweep, message)
-    latency = call_latency_us(sweep)
-    floor = comm.floor_ms(busbw)
+    floor = step_floor.floor_ms
     steps = profile.get("steps") or 1
     ranks = rank_comm_rows(profile.get("accounts") or [], steps, dict(enumerate(row["rank_median_ms"])), floor if floor > 0 else None)
     return {"mode": mode, "options": options, "world_size": n, "grad_bytes": grad, "param_bytes": params,
             "dtype_note": "gradients and parameters in the dtype they have (the parameters' dtype: fp32 under autocast)",
-            "collectives": collectives, "bus_bytes": comm.bus_bytes, "calls": comm.calls, "buckets": row.get("ddp_buckets"),
-            "message_bytes": message, "busbw_gbps": busbw, "busbw_size_bytes": swept_size(sweep, message)["bytes"], "busbw_source": sweep.get("source"),
-            "sweep": sweep, "latency_us": latency, "floor_ms": floor, "modelled_ms": floor + comm.calls * latency / 1e3,
+            "collectives": collectives, "buckets": row.get("ddp_buckets"), **step_floor.to_dict(), "sweep": sweep,
+            "modelled_ms": step_floor.modelled_ms,
             "step_ms": row["median_ms"], "floor_fraction": floor / row["median_ms"], "slowest_rank": row["slowest_rank"], "ranks": ranks,
             "single_ms": row.get("single_gpu_ms"), "step_beside_single_ms": row.get("step_ms_beside_single"),
             "scaling_efficiency": row.get("scaling_efficiency"),

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from perflab.analysis.comm import ddp_bytes, fsdp_bytes
+from perflab.analysis.comm import comm_floor, ddp_bytes, fsdp_bytes
 from perflab.measure.checks import MIN_TIMED_ITERS, Check, compile_checks, run_checks
 from perflab.measure.env import environment
 from perflab.measure.harness import MB, base_row, failed_row, memory_peaks, output_is_finite, timing_fields
@@ -167,11 +167,10 @@ def parallel_row(case: Case, ranks: list[dict], gpus: list[int] | None) -> dict:
     sweep = first.get("all_reduce")
     if sweep:  # the floor: bus bytes at the bus bandwidth measured for messages of this step's size
         row["all_reduce"] = sweep
-        from perflab.analysis.comm import busbw_at
-
         message = grad_bytes / max(comm.calls, 1) if mode == "ddp" else param_bytes / max(first["fsdp_units"], 1)  # one collective's payload
-        row["busbw_gbps"] = busbw_at(sweep, message)
-        row["comm_floor_ms"] = comm.floor_ms(row["busbw_gbps"])
+        floor = comm_floor(comm, message, sweep)
+        row["busbw_gbps"] = floor.busbw_gbps
+        row["comm_floor_ms"] = floor.floor_ms
         row["comm_floor_frac"] = row["comm_floor_ms"] / row["step_ms"]
     elif case.device == "cuda":
         row["comm_floor_note"] = f"no all-reduce bandwidth measured for {world} GPUs here: run perflab ceilings --gpus 0,1 first"
