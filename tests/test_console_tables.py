@@ -528,3 +528,35 @@ def test_the_module_tree_of_explain_and_analyze_splits_no_number_or_word():
     # the tree's levels keep their indent, so a child is never wrapped or folded at its indent's expense
     assert "│         │     attention_norm │        385.1 │   1.0% │       385.1 │      72 │" in texts[80]
     assert "│     attention_norm │" in texts[60] and "not shown at this width (--wide shows them): class" in texts[80]
+
+
+def _cells(text: str) -> list[tuple[str, ...]]:
+    return [tuple(c.strip() for c in line.strip()[1:-1].split("│")) for line in text.splitlines() if line.startswith("│")]
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_run_draws_the_traced_steps_accounting_and_top_kernels_with_analyzes_drawers(kind):
+    """perflab run's tables of its traced steps are analyze's: the same rows, cell for cell, CPU words on a CPU trace."""
+    from perflab.analysis.program import program_report
+    from perflab.analysis.trace_report import analyze_trace
+    from perflab.report.program import run_tables
+    from perflab.report.trace_console import summary_table, top_kernels_table
+    from perflab.trace.kineto import load_kineto
+
+    data = Path(__file__).parent / "data"
+    if kind == "cpu":
+        trace = load_kineto(data / "cpu_only.json.gz", ops=True)
+        report = program_report(timing={"median_ms": 1.0}, trace=trace, recorded={"device": "cpu"})
+    else:  # a run.json perflab run wrote on an H200, beside its trace
+        trace = load_kineto(data / "run" / "nanogpt_cuda_only_h200.json.gz")
+        report = json.loads((data / "run" / "nanogpt_cuda_only_h200_run.json").read_text())
+    analyzed = analyze_trace(trace, top=10)
+    run_text = render(*run_tables(report), width=400)
+    summary, top = render(summary_table(analyzed), width=400), render(top_kernels_table(analyzed), width=400)
+    run_rows = _cells(run_text)
+    accounting = [row for row in _cells(summary) if row[2]]  # wall, the work's union and the idle causes (the rest has no share)
+    assert len(accounting) == (3 if kind == "cpu" else 5) and all(row in run_rows for row in accounting)
+    assert _cells(top) and all(row in run_rows for row in _cells(top))
+    work = "operators" if kind == "cpu" else "kernels"
+    assert f"Top {len(_cells(top))} {work} by total time" in run_text
+    assert ("CPU operators (torch's top-level, per thread)" in run_text) == (kind == "cpu")

@@ -100,8 +100,8 @@ class TraceReport:
             "median_kernel_us": _us(stats.median_ns),
             "short_kernel_share": stats.short_share,
             "short_kernel_time_share": stats.short_time_share,
-            "top_kernels": _top_records(self.top_kernels),
-            "top_memory_ops": _top_records(self.top_memory_ops),
+            "top_kernels": top_records(self.top_kernels),
+            "top_memory_ops": top_records(self.top_memory_ops),
             "categories_us": {c: _us(t) for c, t in self.categories.groupby("category", sort=False)["time_ns"].sum().items()},
             "categories_by_device": [
                 {"device": int(r.device), "category": r.category, "count": int(r.count), "time_us": _us(r.time_ns), "busy_us": _us(r.busy_ns)}
@@ -218,7 +218,9 @@ def _annotated_steps(trace: Trace) -> int:
     return max(len(trace.steps), 1)
 
 
-def _top_records(table: pd.DataFrame) -> list[dict[str, Any]]:
+def top_records(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """A top-kernels (or memory operations) table as JSON records, µs: what run.json and ``analyze --json`` hold and the
+    console's top table draws (``report.trace_console.top_table``)."""
     return [
         {"device": int(r.device), "name": r.name, "full_name": r.full_name, "category": r.category, "total_us": _us(r.total_ns),
          "count": int(r.count), "share": float(r.share)}

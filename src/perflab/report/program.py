@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-IDLE = ("host_bound", "kernel_gap", "other")
+from perflab.report.trace_console import CPU_TERMS, GPU_TERMS, accounting_table, top_table
 
 
 def _ms(value, digits: int = 3) -> str:
@@ -36,8 +36,12 @@ def ci_label(timing: dict) -> str:
 
 def run_tables(report: dict) -> list[Table]:
     tables = [timing_table(report)]
-    if report.get("accounting"):
-        tables += [accounting_table(report), top_table(report)]
+    acc = report.get("accounting")
+    if acc:
+        terms = CPU_TERMS if (report.get("traced") or {}).get("cpu_only") else GPU_TERMS
+        top = acc["top_kernels"]
+        tables += [accounting_table(acc["accounting_ns"], terms, "the traced steps: where the time goes (µs, exact to the ns)"),
+                   top_table(top, terms, with_device=len({r["device"] for r in top}) > 1)]
     compiler = compiler_table(report)
     if compiler is not None:
         tables.append(compiler)
@@ -87,35 +91,6 @@ def timing_table(report: dict) -> Table:
         else:
             table.add_row("MFU", "– (FLOPs unknown)")
         table.add_row(f"MBU ({util['bytes_per_step'] / 1e9:.3g} GB of weights and buffers, copy {util['copy_gbps']:.0f} GB/s)", _pct(util.get("mbu")))
-    return table
-
-
-def accounting_table(report: dict) -> Table:
-    acc = report["accounting"]
-    cpu = (report.get("traced") or {}).get("cpu_only")
-    work = "CPU operators" if cpu else "GPU busy (union of streams)"
-    table = Table(title=f"the traced steps, accounted (µs; {'torch operators as the work' if cpu else 'exact, per the trace'})")
-    table.add_column("", justify="left")
-    table.add_column("µs", justify="right")
-    table.add_column("share", justify="right")
-    wall = acc["wall_us"] or 0
-    table.add_row("wall (traced window)", f"{wall:,.1f}", "100.0%")
-    table.add_row(work, f"{acc['gpu_busy_us']:,.1f}", _pct(acc["gpu_busy_us"] / wall if wall else None))
-    for cause in IDLE:
-        label = "between operators (the interpreter)" if cpu and cause == "host_bound" else f"idle: {cause.replace('_', ' ')}"
-        value = acc["idle_by_cause_us"][cause]
-        table.add_row(label, f"{value:,.1f}", _pct(value / wall if wall else None))
-    return table
-
-
-def top_table(report: dict) -> Table:
-    acc = report["accounting"]
-    cpu = (report.get("traced") or {}).get("cpu_only")
-    table = Table(title="top operators (CPU)" if cpu else "top kernels")
-    for column in ("name", "category", "count", "total µs", "share"):
-        table.add_column(column, justify="left" if column in ("name", "category") else "right", overflow="fold")
-    for row in acc["top_kernels"][:10]:
-        table.add_row(row["name"], row["category"], str(row["count"]), f"{row['total_us']:,.1f}", _pct(row["share"]))
     return table
 
 

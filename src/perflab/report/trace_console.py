@@ -1,4 +1,6 @@
 """Rich tables for ``perflab analyze``: accounting, per-step accounting, top kernels, categories, ranges, launches.
+``perflab run`` draws its traced steps' accounting and top kernels with the same two drawers (``accounting_table``,
+``top_table``), from run.json.
 
 A CPU-only trace (``Trace.cpu_only``: its work is torch's top-level operators, each launched as it starts) is said in
 CPU terms, as ``perflab run`` says it: operators and CPU time, the time between operators (the interpreter's), and no
@@ -12,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perflab.analysis.accounting import IDLE_CAUSES
-from perflab.analysis.trace_report import TraceReport
+from perflab.analysis.trace_report import TraceReport, top_records
 from perflab.report.fit import text_table
 
 MAX_STEP_ROWS = 20
@@ -106,14 +108,11 @@ def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEP
                       ["pass", "module", "class"], [header[2], header[5], header[6]], captions)
 
 
-def summary_table(report: TraceReport) -> Table:
-    """Where the trace window's time goes, in µs and as a share of the wall (one unit a column, a header naming it);
-    the counts and fractions that are no times go in its caption."""
-    whole = report.trace_accounting
-    stats = report.kernel_stats
-    meta = report.trace.meta
-    terms = terms_of(report)
-    table = Table(title=f"{meta.get('path')} ({meta.get('format')}): where the time goes (µs, exact to the ns)", header_style="bold")
+def accounting_table(whole, terms: Terms, title: str) -> Table:
+    """Where a trace window's time goes, in µs and as a share of the wall, exact to the ns: the wall, the work's union
+    and each idle cause. ``whole``: the window's accounting in ns (``wall_ns``, ``busy_ns`` and each cause's
+    ``host_bound_ns`` ...: ``analysis.accounting``'s trace row, or run.json's ``accounting_ns``)."""
+    table = Table(title=title, header_style="bold")
     table.add_column("whole trace", justify="left")
     table.add_column("µs", justify="right")
     table.add_column("% of wall", justify="right")
@@ -125,6 +124,16 @@ def summary_table(report: TraceReport) -> Table:
             table.add_row(terms.host_bound, _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
         elif whole[f"{cause}_ns"] or not terms.cpu_only:  # a CPU trace's operators launch themselves: no kernel gap
             table.add_row(f"idle: {cause.replace('_', ' ')}", _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
+    return table
+
+
+def summary_table(report: TraceReport) -> Table:
+    """Where the trace window's time goes (``accounting_table``), with the work's counts and times below; the counts and
+    fractions that are no times go in its caption."""
+    stats = report.kernel_stats
+    meta = report.trace.meta
+    terms = terms_of(report)
+    table = accounting_table(report.trace_accounting, terms, f"{meta.get('path')} ({meta.get('format')}): where the time goes (µs, exact to the ns)")
     table.add_row(f"{terms.work} time, summed over {stats.kernels:,} {terms.works}", _us(stats.kernel_time_ns), "")
     table.add_row(f"{terms.work} time, mean", _us(stats.mean_ns), "")
     table.add_row(f"{terms.work} time, median", _us(stats.median_ns), "")
@@ -202,14 +211,24 @@ def top_memory_ops_table(report: TraceReport) -> Table:
 
 
 def _top_table(report: TraceReport, rows, what: str, label: str) -> Table:
-    whole = "operator time" if report.trace.cpu_only else "GPU activity time"
-    table = Table(title=f"Top {rows['full_name'].nunique()} {what} by total time (share of all {whole})", header_style="bold",
+    return top_table(top_records(rows), terms_of(report), what=what, label=label, with_device=_several_devices(report))
+
+
+def top_table(records: list[dict], terms: Terms, *, what: str | None = None, label: str | None = None, with_device: bool = False) -> Table:
+    """The top kernels (a CPU trace's operators), or memory operations, by total time: ``records`` as
+    ``analysis.trace_report.top_records`` gives them (µs; run.json's ``top_kernels``); the mean is total ÷ count, as
+    ``analysis.kernels.top_kernels`` has it."""
+    what, label = what or terms.works, label or terms.work
+    whole = "operator time" if terms.cpu_only else "GPU activity time"
+    table = Table(title=f"Top {len({r['full_name'] for r in records})} {what} by total time (share of all {whole})", header_style="bold",
                   caption="kernel names shortened by one rule (README); --json gives each full_name" if label == "kernel" else None)
-    device = _device_column(report, table)
+    if with_device:
+        table.add_column("device", justify="right")
     for column, justify in ((label, "left"), ("category", "left"), ("count", "right"), ("total µs", "right"), ("mean µs", "right"), ("share", "right")):
         table.add_column(column, justify=justify, overflow="fold" if column == label else "ellipsis")
-    for row in rows.itertuples(index=False):
-        table.add_row(*_cells(device, row, row.name, row.category, f"{row.count:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.share:.1%}"))
+    for r in records:
+        cells = [r["name"], r["category"], f"{r['count']:,}", _in_us(r["total_us"]), _in_us(r["total_us"] / max(r["count"], 1)), f"{r['share']:.1%}"]
+        table.add_row(*([str(r["device"])] if with_device else []), *cells)
     return table
 
 
@@ -253,9 +272,13 @@ def launch_table(report: TraceReport) -> Table:
 
 
 def _us(ns) -> str:
-    if ns is None or ns != ns:  # NaN
+    return _in_us(None if ns is None else ns / 1000)
+
+
+def _in_us(us) -> str:
+    if us is None or us != us:  # NaN
         return "–"
-    return f"{ns / 1000:,.1f}"
+    return f"{us:,.1f}"
 
 
 def _pct(part, whole) -> str:
