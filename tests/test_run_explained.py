@@ -154,3 +154,31 @@ def test_a_compiled_cpu_training_steps_backward_counts_as_compiled(tmp_path):
     # work); what runs eagerly is SGD's update, outside the compiled model
     assert compiled["compiled_share"] > 0.5, compiled
     assert all("CompiledFunction" not in t["name"] for t in compiled["eager_top"]), compiled["eager_top"]
+
+
+def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absence():
+    from perflab.program.report import RunReport, build_run_report
+    from perflab.program.script import Outcome
+
+    # a run.json written on the GPU reads back into the record and out again unchanged, key order included
+    written = json.loads(H200_RUN.read_text())
+    assert json.dumps(RunReport.from_dict(written).to_dict()) == json.dumps(written)
+    trace = load_kineto(DATA / "cpu_only.json.gz", ops=True)
+    timing = {"median_ms": 10.0, "steps": 20, "cv": 0.01}
+    recorded = {"device": "cpu", "step_ms": [10.0] * 20, "host_step_ms": [], "traced_step_ms": [10.0, 15.0, 15.0, 15.0], "trace_warmup": 1,
+                "steps_seen": 30}
+    analysis = dict(program_report(timing=timing, trace=trace, recorded=recorded), model_bytes=None, ceilings_note=None)
+    run = dict(timing=timing, device="cpu", program="prog.py", steps_from="optimizer steps", options={"steps": 20}, recorded=recorded,
+               rank=0, world_size=1)
+    whole = build_run_report(analysis=analysis, report_error=None, partial=False, **run).to_dict()
+    assert list(whole)[-9:] == ["ceilings_note", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags"]
+    assert "exit_code" not in whole and "report_error" not in whole
+    assert whole["utilisation"] is None and whole["model_bytes"] is None  # null: looked for, none on the CPU
+    assert whole["recorded"] == {"trace_warmup": 1, "steps_seen": 30, "device": "cpu"}  # the step times are in timing and traced
+    assert [f["flag"] for f in whole["flags"]] == ["trace_inflated", "flops_incomplete"]  # the flags read the record's own sections
+    early = build_run_report(analysis=None, report_error=None, partial=True, outcome=Outcome(3), notes=["disk full"], **run).to_dict()
+    assert list(early) == ["timing", "device", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags",
+                           "exit_code", "ended_by", "perflab_notes"]
+    assert (early["exit_code"], early["ended_by"], early["perflab_notes"]) == (3, "exit", ["disk full"])
+    failed = build_run_report(analysis=None, report_error="ValueError: bad trace", partial=False, outcome=Outcome(130, interrupted=True), **run)
+    assert list(failed.to_dict())[:3] == ["timing", "device", "report_error"] and failed.ended_by == "interrupt"

@@ -20,6 +20,7 @@ from perflab.measure.checks import Check
 from perflab.program.boundaries import StepSource, make_source
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
+from perflab.program.report import build_run_report
 from perflab.program.script import Program, print_program_traceback, run_program
 
 MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
@@ -160,39 +161,35 @@ class Run:
 
         recorded = recorder.finish().to_dict()
         timing = timing_summary(recorded["step_ms"], recorded["host_step_ms"])
-        report = {"timing": timing, "device": recorded.get("device")}
+        analysis, error = None, None
         if not ended_early:
             try:
-                report = self._report(recorded, timing)
+                analysis = self._report(recorded, timing)
             except Exception as exc:  # perflab's own failure must not end the user's program: the timing is kept
-                report["report_error"] = f"{type(exc).__name__}: {exc}"
-                stderr(f"perflab: the traced steps could not be analysed ({report['report_error']}); the timed steps are in "
+                error = f"{type(exc).__name__}: {exc}"
+                stderr(f"perflab: the traced steps could not be analysed ({error}); the timed steps are in "
                        f"{Path(self.options.out_dir) / 'run.json'}")
-        report.update(program=self.program.label, steps_from=self.source.description, options=dict(asdict(self.options), out_dir=str(self.options.out_dir)),
-                      recorded={k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms", "traced_step_ms")}, partial=ended_early,
-                      rank=self.rank.rank, world_size=self.rank.world_size)
-        report["flags"] = run_checks(recorded, report)
-        if outcome is not None:
-            report["exit_code"] = outcome.code
-            report["ended_by"] = ("sigterm" if outcome.terminated else "interrupt" if outcome.interrupted
-                                  else "exception" if outcome.exception else "exit")
-            notes = self._notes()
-            if notes:
-                report["perflab_notes"] = notes
+        report = build_run_report(timing=timing, device=recorded.get("device"), analysis=analysis, report_error=error,
+                                  program=self.program.label, steps_from=self.source.description,
+                                  options=dict(asdict(self.options), out_dir=str(self.options.out_dir)), recorded=recorded,
+                                  partial=ended_early, rank=self.rank.rank, world_size=self.rank.world_size, outcome=outcome,
+                                  notes=self._notes() if outcome is not None else None)
         if self.rank.distributed:
-            report = ranks.gather(report, recorder, self.options, self.rank, ended_early)
-        self.report = report
+            ranks.gather(report, recorder, self.options, self.rank, ended_early)
+        self.report = report.to_dict()
         if self.rank.rank == 0:
-            write_json(Path(self.options.out_dir) / "run.json", report)
+            write_json(Path(self.options.out_dir) / "run.json", self.report)
             self.written = True
             if not ended_early and self.render is not None:
                 try:
-                    self.render(report)
+                    self.render(self.report)
                 except Exception as exc:  # the program closed stderr: the report is in run.json
                     self.guard.failed(f"the report could not be printed; it is in {Path(self.options.out_dir) / 'run.json'}", exc)
         self.written = True
 
     def _report(self, recorded: dict, timing: dict) -> dict:
+        """The traced steps' analysis, with the modules' bytes and the peaks' note beside it (``build_run_report``'s
+        ``analysis``)."""
         from perflab.analysis.program import program_report
 
         trace, shapes, ceilings, model, tf32 = None, None, None, None, False
