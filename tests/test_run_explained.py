@@ -182,3 +182,22 @@ def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absenc
     assert (early["exit_code"], early["ended_by"], early["perflab_notes"]) == (3, "exit", ["disk full"])
     failed = build_run_report(analysis=None, report_error="ValueError: bad trace", partial=False, outcome=Outcome(130, interrupted=True), **run)
     assert list(failed.to_dict())[:3] == ["timing", "device", "report_error"] and failed.ended_by == "interrupt"
+
+
+def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothing(capsys):
+    from perflab.program.ranks import merge
+    from perflab.program.report import RunReport
+
+    def rank(r, median, flags=()):
+        return RunReport(timing={"median_ms": median, "ci95_ms": [median - 1, median + 1], "ci_coverage": 0.95}, device="cpu", rank=r,
+                         world_size=3, recorded={"steps_seen": 12, "trace_path": None}, flags=[{"flag": f, "message": ""} for f in flags])
+
+    report = rank(0, 10.0)
+    merge(report, {0: report, 2: RunReport.from_dict(rank(2, 12.5, ["high_cv"]).to_dict() | {"key_of_another_version": 1})}, "cpu")
+    written = report.to_dict()
+    assert list(written)[-5:] == ["ranks", "slowest_rank", "step_ms", "ranks_missing", "communication_note"]
+    assert (written["slowest_rank"], written["step_ms"], written["ranks_missing"]) == (2, 12.5, [1])
+    assert written["ranks"][1] == {"rank": 2, "median_ms": 12.5, "ci_ms": [11.5, 13.5], "ci_coverage": 0.95, "ci95_ms": [11.5, 13.5],
+                                   "steps_seen": 12, "flags": ["high_cv"]}
+    assert "communication" not in written and written["communication_note"] == "not every rank wrote a trace: no merged accounting"
+    assert "rank(s) [1] wrote no report" in capsys.readouterr().err

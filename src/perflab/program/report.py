@@ -105,7 +105,7 @@ def build_run_report(*, timing: dict, device: str | None, analysis: dict | None,
     report.program, report.steps_from, report.options = program, steps_from, options
     report.recorded = {k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms", "traced_step_ms")}
     report.partial, report.rank, report.world_size = partial, rank, world_size
-    report.flags = run_checks(recorded, report.to_dict())
+    report.flags = run_checks(recorded, report)
     if outcome is not None:
         report.exit_code = outcome.code
         report.ended_by = ("sigterm" if outcome.terminated else "interrupt" if outcome.interrupted

@@ -20,7 +20,7 @@ from perflab.measure.checks import Check
 from perflab.program.boundaries import StepSource, make_source
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
-from perflab.program.report import build_run_report
+from perflab.program.report import RunReport, build_run_report
 from perflab.program.script import Program, print_program_traceback, run_program
 
 MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
@@ -45,9 +45,10 @@ def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
             "host_median_ms": summarize(host_ms).median if host_ms else None}
 
 
-def run_checks(recorded: dict, report: dict) -> list[dict]:
+def run_checks(recorded: dict, report: RunReport | dict) -> list[dict]:
     """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
-    eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work."""
+    eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work.
+    ``report``: the record being built, or ``program_report``'s dict (only ``get`` is read)."""
     from perflab.measure.checks import compile_checks, cv_check
 
     phases = recorded.get("compile_phases") or {}
