@@ -29,7 +29,7 @@ MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
 @dataclass
 class RunResult:
     exit_code: int
-    report: dict | None
+    report: RunReport | None  # None: no report was made (a forked child, or perflab failed before it)
     out_dir: Path
 
 
@@ -97,7 +97,7 @@ class Run:
         self.source: StepSource = make_source(step, step_range)
         self.rank = Rank.from_env()
         self.render = render  # render(report) -> None: the console report (rank 0)
-        self.report: dict | None = None
+        self.report: RunReport | None = None
         self.written = False
         self.write_failed = False
 
@@ -123,7 +123,7 @@ class Run:
                 guard.failed(f"run.json could not be written to {self.options.out_dir}", exc)
                 self.write_failed = True
         print_program_traceback(outcome, self.program)
-        if self.report is None or self.report.get("partial"):
+        if self.report is None or self.report.partial:
             say(self._early_line(recorder, outcome, time.perf_counter() - t0))
         elif outcome.exception is not None and self.rank.rank == 0:
             where = f"was written to {Path(self.options.out_dir) / 'run.json'}" if self.written else "was made (it could not be written: below)"
@@ -177,13 +177,14 @@ class Run:
                                   notes=self._notes() if outcome is not None else None)
         if self.rank.distributed:
             ranks.gather(report, recorder, self.options, self.rank, ended_early)
-        self.report = report.to_dict()
+        self.report = report
         if self.rank.rank == 0:
-            write_json(Path(self.options.out_dir) / "run.json", self.report)
+            written = report.to_dict()
+            write_json(Path(self.options.out_dir) / "run.json", written)
             self.written = True
             if not ended_early and self.render is not None:
                 try:
-                    self.render(self.report)
+                    self.render(written)
                 except Exception as exc:  # the program closed stderr: the report is in run.json
                     self.guard.failed(f"the report could not be printed; it is in {Path(self.options.out_dir) / 'run.json'}", exc)
         self.written = True
