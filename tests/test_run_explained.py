@@ -16,7 +16,7 @@ import pytest
 from perflab.analysis.comm import CommAccountingError, check_comm_rows, rank_comm_rows
 from perflab.analysis.launch import blocked_launch_ns, host_issue_ms
 from perflab.analysis.program import GPU_BOUND_FILL, program_report, scaling_section, step_verdict
-from perflab.program.run import run_checks
+from perflab.program.report import run_checks
 from perflab.trace.build import steps_from_markers
 from perflab.trace.kineto import load_kineto
 

@@ -2,8 +2,8 @@
 
 Its pieces come from three places: the timed steps and what the recorder saw (``program.run``), the analysis of the
 traced steps (``analysis.program.program_report``, which stays torch-free and so hands over a plain dict), and under
-torchrun the ranks' merge (``program.ranks``). They are put together here, by ``build_run_report``, and written
-through ``RunReport.to_dict``.
+torchrun the ranks' merge (``program.ranks``). They are put together here, by ``build_run_report``, which adds the
+validity flags (``run_checks``), and written through ``RunReport.to_dict``.
 
 A key run.json leaves out is not the same as one it holds as null: the traced-steps section is absent when the
 program ended before the traced steps and null when nothing was traced, ``exit_code`` is written only when the
@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from perflab.measure.checks import Check
+
 
 class _Absent:
     """A field run.json leaves out (``None`` is written as null)."""
@@ -24,6 +26,7 @@ class _Absent:
 
 
 ABSENT: Any = _Absent()
+MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
 
 
 @dataclass
@@ -56,7 +59,7 @@ class RunReport:
     partial: bool | None = ABSENT  # the program ended before the traced steps did
     rank: int | None = ABSENT
     world_size: int | None = ABSENT
-    flags: list[dict] | None = ABSENT  # the validity flags (``program.run.run_checks``)
+    flags: list[dict] | None = ABSENT  # the validity flags (``run_checks``)
     # the program's end: known only when run.json is written after it
     exit_code: int | None = ABSENT
     ended_by: str | None = ABSENT  # exit, exception, interrupt or sigterm
@@ -94,8 +97,6 @@ def build_run_report(*, timing: dict, device: str | None, analysis: dict | None,
     the analysis failed: ``report_error``); ``recorded``: the recorder's dict, its step times included (the flags
     read them); ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own
     failures so far."""
-    from perflab.program.run import run_checks
-
     if analysis is not None:
         report = RunReport(**analysis)
     else:
@@ -113,3 +114,47 @@ def build_run_report(*, timing: dict, device: str | None, analysis: dict | None,
         if notes:
             report.perflab_notes = notes
     return report
+
+
+def run_checks(recorded: dict, report: RunReport | dict) -> list[dict]:
+    """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
+    eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work.
+    ``report``: the record being built, or ``program_report``'s dict (only ``get`` is read)."""
+    from perflab.measure.checks import compile_checks, cv_check
+
+    phases = recorded.get("compile_phases") or {}
+    compiled = [phases[p] for p in ("skipped", "timed") if phases.get(p)]
+    reasons: dict[str, int] = {}
+    for phase in compiled:
+        for r in phase.get("break_reasons") or []:
+            reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["count"]
+    stats = {"frames_compiled_while_timed": (phases.get("timed") or {}).get("frames", 0),
+             "graph_breaks": sum(p["graph_breaks"] for p in compiled), "graphs": sum(p["graphs"] for p in compiled),
+             "break_reasons": [{"reason": r, "count": n} for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]]}
+    checks = compile_checks(stats)
+    for hit in recorded.get("limit_hits") or []:
+        checks.append(Check("fell_back_to_eager", f"{hit['function']} ({hit['where']}) hit dynamo's {hit['limit']} ({hit['value']}) at step "
+                                                  f"{hit['step']}: from then on it runs eagerly (last guard that failed: {hit['last_reason'] or 'not said'})"))
+    traced = report.get("traced") or {}
+    if traced.get("inflated"):
+        checks.append(Check("trace_inflated", f"the traced steps took ×{traced['inflation']:.2f} the untraced ones (limit ×{traced['inflation_limit']:.2f}): "
+                                              "their accounting describes the profiler as much as the program; the verdict rests on the untraced "
+                                              "step and the kernels' own time, and the host's issue time is left out (raise --trace-warmup)"))
+    timing = report.get("timing") or {}
+    if timing.get("steps"):
+        checks.append(cv_check(timing["cv"]))
+        if timing["steps"] < MIN_STEPS:
+            checks.append(Check("few_steps", f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"))
+    flops = report.get("flops")
+    if flops and not flops["complete"]:
+        why = []
+        if not flops["shapes_recorded"]:
+            why.append("no operator shapes were recorded")
+        if flops["uncounted_ops"]:
+            why.append("operators with no FLOP formula: " + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
+        if flops["uncounted_heavy_share"]:
+            why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "
+                       "operator (a Triton template, a CUDA graph replay)")
+        lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
+        checks.append(Check("flops_incomplete", lead + "; ".join(why)))
+    return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]

@@ -16,15 +16,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from perflab.errors import PerflabError
-from perflab.measure.checks import Check
 from perflab.program.boundaries import StepSource, make_source
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
 from perflab.program.report import RunReport, build_run_report
 from perflab.program.script import Program, print_program_traceback, run_program
-
-MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
-
 
 @dataclass
 class RunResult:
@@ -43,50 +39,6 @@ def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
         return {"steps": 0}
     return {"steps": len(step_ms), **summarize(step_ms).to_dict(),
             "host_median_ms": summarize(host_ms).median if host_ms else None}
-
-
-def run_checks(recorded: dict, report: RunReport | dict) -> list[dict]:
-    """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
-    eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work.
-    ``report``: the record being built, or ``program_report``'s dict (only ``get`` is read)."""
-    from perflab.measure.checks import compile_checks, cv_check
-
-    phases = recorded.get("compile_phases") or {}
-    compiled = [phases[p] for p in ("skipped", "timed") if phases.get(p)]
-    reasons: dict[str, int] = {}
-    for phase in compiled:
-        for r in phase.get("break_reasons") or []:
-            reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["count"]
-    stats = {"frames_compiled_while_timed": (phases.get("timed") or {}).get("frames", 0),
-             "graph_breaks": sum(p["graph_breaks"] for p in compiled), "graphs": sum(p["graphs"] for p in compiled),
-             "break_reasons": [{"reason": r, "count": n} for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]]}
-    checks = compile_checks(stats)
-    for hit in recorded.get("limit_hits") or []:
-        checks.append(Check("fell_back_to_eager", f"{hit['function']} ({hit['where']}) hit dynamo's {hit['limit']} ({hit['value']}) at step "
-                                                  f"{hit['step']}: from then on it runs eagerly (last guard that failed: {hit['last_reason'] or 'not said'})"))
-    traced = report.get("traced") or {}
-    if traced.get("inflated"):
-        checks.append(Check("trace_inflated", f"the traced steps took ×{traced['inflation']:.2f} the untraced ones (limit ×{traced['inflation_limit']:.2f}): "
-                                              "their accounting describes the profiler as much as the program; the verdict rests on the untraced "
-                                              "step and the kernels' own time, and the host's issue time is left out (raise --trace-warmup)"))
-    timing = report.get("timing") or {}
-    if timing.get("steps"):
-        checks.append(cv_check(timing["cv"]))
-        if timing["steps"] < MIN_STEPS:
-            checks.append(Check("few_steps", f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"))
-    flops = report.get("flops")
-    if flops and not flops["complete"]:
-        why = []
-        if not flops["shapes_recorded"]:
-            why.append("no operator shapes were recorded")
-        if flops["uncounted_ops"]:
-            why.append("operators with no FLOP formula: " + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
-        if flops["uncounted_heavy_share"]:
-            why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "
-                       "operator (a Triton template, a CUDA graph replay)")
-        lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
-        checks.append(Check("flops_incomplete", lead + "; ".join(why)))
-    return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]
 
 
 class Run:
