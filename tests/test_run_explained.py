@@ -201,3 +201,25 @@ def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothi
                                    "steps_seen": 12, "flags": ["high_cv"]}
     assert "communication" not in written and written["communication_note"] == "not every rank wrote a trace: no merged accounting"
     assert "rank(s) [1] wrote no report" in capsys.readouterr().err
+
+
+def test_each_rank_writes_its_record_with_ddp_null_when_none_was_found_and_rank_zero_merges(tmp_path):
+    from perflab.program.ranks import gather
+    from perflab.program.recorder import Rank, RunOptions
+    from perflab.program.report import RunReport
+
+    def record(r):
+        return RunReport(timing={"median_ms": 10.0 + r}, device="cpu", rank=r, world_size=2, recorded={"steps_seen": 9}, flags=[])
+
+    (tmp_path / "rank1").mkdir()
+    (tmp_path / "rank1" / "rank.json").write_text(json.dumps(record(1).to_dict()))
+    report = record(0)
+    gather(report, None, RunOptions(out_dir=tmp_path), Rank(0, 2), ended_early=False)
+    mine = json.loads((tmp_path / "rank0" / "rank.json").read_text())
+    # looked for and not there (no DDP module, no process group): null, never left out
+    assert list(mine)[-2:] == ["ddp", "all_reduce"] and mine["ddp"] is None and mine["all_reduce"] is None
+    assert list(report.to_dict())[-4:] == ["ranks", "slowest_rank", "step_ms", "communication_note"]
+    assert (report.slowest_rank, report.step_ms, [r["median_ms"] for r in report.ranks]) == (1, 11.0, [10.0, 11.0])
+    early = record(1)
+    gather(early, None, RunOptions(out_dir=tmp_path / "early"), Rank(1, 2), ended_early=True)
+    assert list(json.loads((tmp_path / "early" / "rank1" / "rank.json").read_text())) == list(record(1).to_dict())
