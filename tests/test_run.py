@@ -34,6 +34,13 @@ print("trained")
 # forward 2·32·64·96 + 2·32·96·10; backward: the first layer's weight gradient (x needs none), the second's input and
 # weight gradients
 MLP_FLOPS = 2 * 32 * 64 * 96 + 2 * 32 * 96 * 10 + 2 * 32 * 64 * 96 + 2 * (2 * 32 * 96 * 10)
+# run.json's keys, in order, captured from perflab run on the CPU (a whole run, and a program that ended before the
+# traced steps): tools read these names, so the typed record (program.report.RunReport) must write exactly them
+RUN_KEYS = ["timing", "device", "traced", "accounting", "flops", "utilisation", "floors", "verdict", "compiled", "traced_verdict",
+            "verdict_evidence", "model_bytes", "ceilings_note", "program", "steps_from", "options", "recorded", "partial", "rank",
+            "world_size", "flags"]
+EARLY_KEYS = ["timing", "device", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags",
+              "exit_code", "ended_by"]
 
 
 def program(tmp_path, source: str, name: str = "prog.py"):
@@ -73,6 +80,9 @@ def test_a_training_loop_is_timed_by_its_optimizer_steps_and_its_trace_accounted
     assert (acc["wall_ns"], acc["busy_ns"]) == (reference["wall_ns"], reference["busy_ns"])
     assert reference["steps"] == 2
     assert not [f for f in report["flags"] if f["flag"] in ("fell_back_to_eager", "compiled_while_timed")]
+    # the same keys as ever, null where nothing was measured (no GPU: no peaks, no bytes) and never left out
+    assert list(report) == RUN_KEYS
+    assert [k for k in ("utilisation", "floors", "model_bytes", "ceilings_note") if report[k] is not None] == []
 
 
 def test_step_names_an_inference_function_and_each_call_is_a_step(tmp_path):
@@ -171,6 +181,7 @@ def test_the_programs_exit_code_and_traceback_are_its_own_and_what_was_measured_
     assert 'File "' + str(prog.resolve()) + '", line 9, in <module>' in err and "ValueError: bad batch 5" in err
     assert "perflab/program" not in err.split("Traceback")[1]  # perflab's own frames are left out
     assert report["partial"] and report["ended_by"] == "exception" and report["timing"]["steps"] == 4
+    assert list(report) == EARLY_KEYS and report["exit_code"] == 1  # no traced steps: their keys absent, not null
     assert err.strip().splitlines()[-1].startswith("perflab: the program raised an exception after 6 step(s)")
 
 
@@ -279,6 +290,7 @@ def test_two_gloo_ranks_under_torchrun_merge_their_traces_into_the_communication
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "run.json").read_text())
     comm = report["communication"]
+    assert list(report) == RUN_KEYS + ["ddp", "all_reduce", "ranks", "slowest_rank", "step_ms", "communication"]
     grad_bytes = 4 * (128 * 256 + 256 + 256 * 128 + 128)
     assert report["ddp"]["grad_bytes"] == grad_bytes
     assert comm["bus_bytes"] == grad_bytes  # 2(N−1)/N × the gradients, N = 2

@@ -16,7 +16,7 @@ import pytest
 from perflab.analysis.comm import CommAccountingError, check_comm_rows, rank_comm_rows
 from perflab.analysis.launch import blocked_launch_ns, host_issue_ms
 from perflab.analysis.program import GPU_BOUND_FILL, program_report, scaling_section, step_verdict
-from perflab.program.run import run_checks
+from perflab.program.report import run_checks
 from perflab.trace.build import steps_from_markers
 from perflab.trace.kineto import load_kineto
 
@@ -154,3 +154,72 @@ def test_a_compiled_cpu_training_steps_backward_counts_as_compiled(tmp_path):
     # work); what runs eagerly is SGD's update, outside the compiled model
     assert compiled["compiled_share"] > 0.5, compiled
     assert all("CompiledFunction" not in t["name"] for t in compiled["eager_top"]), compiled["eager_top"]
+
+
+def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absence():
+    from perflab.program.report import RunReport, build_run_report
+    from perflab.program.script import Outcome
+
+    # a run.json written on the GPU reads back into the record and out again unchanged, key order included
+    written = json.loads(H200_RUN.read_text())
+    assert json.dumps(RunReport.from_dict(written).to_dict()) == json.dumps(written)
+    trace = load_kineto(DATA / "cpu_only.json.gz", ops=True)
+    timing = {"median_ms": 10.0, "steps": 20, "cv": 0.01}
+    recorded = {"device": "cpu", "step_ms": [10.0] * 20, "host_step_ms": [], "traced_step_ms": [10.0, 15.0, 15.0, 15.0], "trace_warmup": 1,
+                "steps_seen": 30}
+    analysis = dict(program_report(timing=timing, trace=trace, recorded=recorded), model_bytes=None, ceilings_note=None)
+    run = dict(timing=timing, device="cpu", program="prog.py", steps_from="optimizer steps", options={"steps": 20}, recorded=recorded,
+               rank=0, world_size=1)
+    whole = build_run_report(analysis=analysis, report_error=None, partial=False, **run).to_dict()
+    assert list(whole)[-9:] == ["ceilings_note", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags"]
+    assert "exit_code" not in whole and "report_error" not in whole
+    assert whole["utilisation"] is None and whole["model_bytes"] is None  # null: looked for, none on the CPU
+    assert whole["recorded"] == {"trace_warmup": 1, "steps_seen": 30, "device": "cpu"}  # the step times are in timing and traced
+    assert [f["flag"] for f in whole["flags"]] == ["trace_inflated", "flops_incomplete"]  # the flags read the record's own sections
+    early = build_run_report(analysis=None, report_error=None, partial=True, outcome=Outcome(3), notes=["disk full"], **run).to_dict()
+    assert list(early) == ["timing", "device", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags",
+                           "exit_code", "ended_by", "perflab_notes"]
+    assert (early["exit_code"], early["ended_by"], early["perflab_notes"]) == (3, "exit", ["disk full"])
+    failed = build_run_report(analysis=None, report_error="ValueError: bad trace", partial=False, outcome=Outcome(130, interrupted=True), **run)
+    assert list(failed.to_dict())[:3] == ["timing", "device", "report_error"] and failed.ended_by == "interrupt"
+
+
+def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothing(capsys):
+    from perflab.program.ranks import merge
+    from perflab.program.report import RunReport
+
+    def rank(r, median, flags=()):
+        return RunReport(timing={"median_ms": median, "ci95_ms": [median - 1, median + 1], "ci_coverage": 0.95}, device="cpu", rank=r,
+                         world_size=3, recorded={"steps_seen": 12, "trace_path": None}, flags=[{"flag": f, "message": ""} for f in flags])
+
+    report = rank(0, 10.0)
+    merge(report, {0: report, 2: RunReport.from_dict(rank(2, 12.5, ["high_cv"]).to_dict() | {"key_of_another_version": 1})}, "cpu")
+    written = report.to_dict()
+    assert list(written)[-5:] == ["ranks", "slowest_rank", "step_ms", "ranks_missing", "communication_note"]
+    assert (written["slowest_rank"], written["step_ms"], written["ranks_missing"]) == (2, 12.5, [1])
+    assert written["ranks"][1] == {"rank": 2, "median_ms": 12.5, "ci_ms": [11.5, 13.5], "ci_coverage": 0.95, "ci95_ms": [11.5, 13.5],
+                                   "steps_seen": 12, "flags": ["high_cv"]}
+    assert "communication" not in written and written["communication_note"] == "not every rank wrote a trace: no merged accounting"
+    assert "rank(s) [1] wrote no report" in capsys.readouterr().err
+
+
+def test_each_rank_writes_its_record_with_ddp_null_when_none_was_found_and_rank_zero_merges(tmp_path):
+    from perflab.program.ranks import gather
+    from perflab.program.recorder import Rank, RunOptions
+    from perflab.program.report import RunReport
+
+    def record(r):
+        return RunReport(timing={"median_ms": 10.0 + r}, device="cpu", rank=r, world_size=2, recorded={"steps_seen": 9}, flags=[])
+
+    (tmp_path / "rank1").mkdir()
+    (tmp_path / "rank1" / "rank.json").write_text(json.dumps(record(1).to_dict()))
+    report = record(0)
+    gather(report, None, RunOptions(out_dir=tmp_path), Rank(0, 2), ended_early=False)
+    mine = json.loads((tmp_path / "rank0" / "rank.json").read_text())
+    # looked for and not there (no DDP module, no process group): null, never left out
+    assert list(mine)[-2:] == ["ddp", "all_reduce"] and mine["ddp"] is None and mine["all_reduce"] is None
+    assert list(report.to_dict())[-4:] == ["ranks", "slowest_rank", "step_ms", "communication_note"]
+    assert (report.slowest_rank, report.step_ms, [r["median_ms"] for r in report.ranks]) == (1, 11.0, [10.0, 11.0])
+    early = record(1)
+    gather(early, None, RunOptions(out_dir=tmp_path / "early"), Rank(1, 2), ended_early=True)
+    assert list(json.loads((tmp_path / "early" / "rank1" / "rank.json").read_text())) == list(record(1).to_dict())

@@ -10,7 +10,9 @@
 - ``compiler``: dynamo's own counters over each phase: frames compiled and recompiled with the guard that failed,
   frames that hit the recompile limit (and ran eagerly from then on), graph breaks and graphs.
 - ``ranks``: under torchrun every rank records; rank 0 merges the traces and gives the communication section.
+- ``report``: the report (run.json) as one typed record, ``RunReport``, built by ``build_run_report`` from the
+  pieces the others hand it; ``to_dict`` is run.json.
 
-It hands measure/, trace/ and analysis/ what they already take; the figures are put together by
+It hands measure/, trace/ and analysis/ what they already take; the traced steps' figures are computed by
 ``analysis.program`` (no torch) and rendered by ``report.program``.
 """

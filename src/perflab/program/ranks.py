@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 
 from perflab.program.recorder import Rank, Recorder, RunOptions, instances_alive, stderr, write_json
+from perflab.program.report import RunReport
 
 WAIT_S = 300.0
 GPU_SWEEP_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB: beside a model already in memory
@@ -75,21 +76,21 @@ def _sizes(sizes) -> str:
     return ", ".join(f"{s / 2**20:g} MiB" if s >= 2**20 else f"{s / 1024:g} KiB" for s in sizes)
 
 
-def gather(report: dict, recorder: Recorder, options: RunOptions, rank: Rank, ended_early: bool) -> dict:
-    """This rank's report written; on rank 0 the ranks' reports merged (after the traced steps)."""
+def gather(report: RunReport, recorder: Recorder, options: RunOptions, rank: Rank, ended_early: bool) -> None:
+    """This rank's report written; on rank 0 the ranks' reports merged into it (after the traced steps)."""
     out = Path(options.out_dir)
-    device = report.get("device") or "cpu"
+    device = report.device or "cpu"
     if not ended_early:
         try:
-            report["ddp"] = ddp_info()
-            report["all_reduce"] = all_reduce_bandwidth(device, rank.world_size)
+            report.ddp = ddp_info()
+            report.all_reduce = all_reduce_bandwidth(device, rank.world_size)
         except Exception as exc:  # the communication section is lost, the rest of the report is not
-            report["communication_note"] = f"no all-reduce floor: {type(exc).__name__}: {exc}"
-    write_json(out / f"rank{rank.rank}" / "rank.json", report)
+            report.communication_note = f"no all-reduce floor: {type(exc).__name__}: {exc}"
+    write_json(out / f"rank{rank.rank}" / "rank.json", report.to_dict())
     if rank.rank != 0 or ended_early:
-        return report
+        return
     reports = _wait_for_ranks(out, rank.world_size)
-    return merge(report, reports, device)
+    merge(report, {r: RunReport.from_dict(rep) for r, rep in reports.items()}, device)
 
 
 def _wait_for_ranks(out: Path, world: int) -> dict[int, dict]:
@@ -108,39 +109,40 @@ def _wait_for_ranks(out: Path, world: int) -> dict[int, dict]:
         time.sleep(0.1)
 
 
-def merge(report: dict, reports: dict[int, dict], device: str) -> dict:
+def merge(report: RunReport, reports: dict[int, RunReport], device: str) -> None:
+    """Rank 0's report with the ranks' merged into it: each rank's step and flags, the slowest rank, and from their
+    traces the communication section (and the verdict held against the most exposed communication)."""
     from perflab.analysis.program import communication_section
     from perflab.diagnosis.profiling import account_rank_traces
 
-    world = report["world_size"]
+    world = report.world_size
     missing = sorted(set(range(world)) - set(reports))
-    medians = {r: (rep.get("timing") or {}).get("median_ms") for r, rep in reports.items()}
-    report["ranks"] = [{"rank": r, "median_ms": medians[r], "ci_ms": (reports[r].get("timing") or {}).get("ci95_ms"),
-                        "ci_coverage": (reports[r].get("timing") or {}).get("ci_coverage"),
-                        "ci95_ms": (reports[r].get("timing") or {}).get("ci95_ms"),
-                        "steps_seen": (reports[r].get("recorded") or {}).get("steps_seen"), "flags": [f["flag"] for f in reports[r].get("flags") or []]}
-                       for r in sorted(reports)]
+    timings = {r: rep.get("timing") or {} for r, rep in reports.items()}
+    medians = {r: timing.get("median_ms") for r, timing in timings.items()}
+    report.ranks = [{"rank": r, "median_ms": medians[r], "ci_ms": timings[r].get("ci95_ms"), "ci_coverage": timings[r].get("ci_coverage"),
+                     "ci95_ms": timings[r].get("ci95_ms"), "steps_seen": (reports[r].get("recorded") or {}).get("steps_seen"),
+                     "flags": [f["flag"] for f in reports[r].get("flags") or []]}
+                    for r in sorted(reports)]
     known = {r: m for r, m in medians.items() if m}
-    report["slowest_rank"] = max(known, key=known.get) if known else None
-    report["step_ms"] = known[report["slowest_rank"]] if known else None
+    report.slowest_rank = max(known, key=known.get) if known else None
+    report.step_ms = known[report.slowest_rank] if known else None
     if missing:
-        report["ranks_missing"] = missing
+        report.ranks_missing = missing
         stderr(f"perflab: rank(s) {missing} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
     paths = [(reports[r].get("recorded") or {}).get("trace_path") for r in sorted(reports)]
     steps = (report.get("traced") or {}).get("steps") or 1
     if all(paths) and len(paths) == world:
         merged = account_rank_traces(paths, device, steps)
         comm = communication_section(ddp=report.get("ddp"), sweep=report.get("all_reduce"), merged=merged, world_size=world,
-                                     steps=merged.get("steps") or steps, rank_median_ms=known, step_ms=report.get("step_ms"))
-        report["communication"] = comm
+                                     steps=merged.get("steps") or steps, rank_median_ms=known, step_ms=report.step_ms)
+        report.communication = comm
         evidence = report.get("verdict_evidence")
         if evidence and comm["ranks"]:
             from perflab.analysis.program import step_verdict
 
             most = max(comm["ranks"], key=lambda r: r["exposed_ms"] / r["traced_step_ms"] if r["traced_step_ms"] else 0.0)
-            evidence = dict(evidence, step_ms=report.get("step_ms") or evidence.get("step_ms"))
-            report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"), exposed_comm_ms=most["exposed_ms"],
-                                             traced_step_ms=most["traced_step_ms"])
+            evidence = dict(evidence, step_ms=report.step_ms or evidence.get("step_ms"))
+            report.verdict = step_verdict(evidence, report.get("floors"), report.get("utilisation"), exposed_comm_ms=most["exposed_ms"],
+                                          traced_step_ms=most["traced_step_ms"])
     else:
-        report["communication_note"] = "not every rank wrote a trace: no merged accounting"
-    return report
+        report.communication_note = "not every rank wrote a trace: no merged accounting"

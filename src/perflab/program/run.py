@@ -16,19 +16,16 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from perflab.errors import PerflabError
-from perflab.measure.checks import Check
 from perflab.program.boundaries import StepSource, make_source
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
+from perflab.program.report import RunReport, build_run_report
 from perflab.program.script import Program, print_program_traceback, run_program
-
-MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
-
 
 @dataclass
 class RunResult:
     exit_code: int
-    report: dict | None
+    report: RunReport | None  # None: no report was made (a forked child, or perflab failed before it)
     out_dir: Path
 
 
@@ -44,49 +41,6 @@ def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
             "host_median_ms": summarize(host_ms).median if host_ms else None}
 
 
-def run_checks(recorded: dict, report: dict) -> list[dict]:
-    """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
-    eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work."""
-    from perflab.measure.checks import compile_checks, cv_check
-
-    phases = recorded.get("compile_phases") or {}
-    compiled = [phases[p] for p in ("skipped", "timed") if phases.get(p)]
-    reasons: dict[str, int] = {}
-    for phase in compiled:
-        for r in phase.get("break_reasons") or []:
-            reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["count"]
-    stats = {"frames_compiled_while_timed": (phases.get("timed") or {}).get("frames", 0),
-             "graph_breaks": sum(p["graph_breaks"] for p in compiled), "graphs": sum(p["graphs"] for p in compiled),
-             "break_reasons": [{"reason": r, "count": n} for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]]}
-    checks = compile_checks(stats)
-    for hit in recorded.get("limit_hits") or []:
-        checks.append(Check("fell_back_to_eager", f"{hit['function']} ({hit['where']}) hit dynamo's {hit['limit']} ({hit['value']}) at step "
-                                                  f"{hit['step']}: from then on it runs eagerly (last guard that failed: {hit['last_reason'] or 'not said'})"))
-    traced = report.get("traced") or {}
-    if traced.get("inflated"):
-        checks.append(Check("trace_inflated", f"the traced steps took ×{traced['inflation']:.2f} the untraced ones (limit ×{traced['inflation_limit']:.2f}): "
-                                              "their accounting describes the profiler as much as the program; the verdict rests on the untraced "
-                                              "step and the kernels' own time, and the host's issue time is left out (raise --trace-warmup)"))
-    timing = report.get("timing") or {}
-    if timing.get("steps"):
-        checks.append(cv_check(timing["cv"]))
-        if timing["steps"] < MIN_STEPS:
-            checks.append(Check("few_steps", f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"))
-    flops = report.get("flops")
-    if flops and not flops["complete"]:
-        why = []
-        if not flops["shapes_recorded"]:
-            why.append("no operator shapes were recorded")
-        if flops["uncounted_ops"]:
-            why.append("operators with no FLOP formula: " + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
-        if flops["uncounted_heavy_share"]:
-            why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "
-                       "operator (a Triton template, a CUDA graph replay)")
-        lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
-        checks.append(Check("flops_incomplete", lead + "; ".join(why)))
-    return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]
-
-
 class Run:
     def __init__(self, program: Program, options: RunOptions, step: str | None = None, step_range: str | None = None, render=None):
         self.program = program
@@ -95,7 +49,7 @@ class Run:
         self.source: StepSource = make_source(step, step_range)
         self.rank = Rank.from_env()
         self.render = render  # render(report) -> None: the console report (rank 0)
-        self.report: dict | None = None
+        self.report: RunReport | None = None
         self.written = False
         self.write_failed = False
 
@@ -121,7 +75,7 @@ class Run:
                 guard.failed(f"run.json could not be written to {self.options.out_dir}", exc)
                 self.write_failed = True
         print_program_traceback(outcome, self.program)
-        if self.report is None or self.report.get("partial"):
+        if self.report is None or self.report.partial:
             say(self._early_line(recorder, outcome, time.perf_counter() - t0))
         elif outcome.exception is not None and self.rank.rank == 0:
             where = f"was written to {Path(self.options.out_dir) / 'run.json'}" if self.written else "was made (it could not be written: below)"
@@ -160,39 +114,36 @@ class Run:
 
         recorded = recorder.finish().to_dict()
         timing = timing_summary(recorded["step_ms"], recorded["host_step_ms"])
-        report = {"timing": timing, "device": recorded.get("device")}
+        analysis, error = None, None
         if not ended_early:
             try:
-                report = self._report(recorded, timing)
+                analysis = self._report(recorded, timing)
             except Exception as exc:  # perflab's own failure must not end the user's program: the timing is kept
-                report["report_error"] = f"{type(exc).__name__}: {exc}"
-                stderr(f"perflab: the traced steps could not be analysed ({report['report_error']}); the timed steps are in "
+                error = f"{type(exc).__name__}: {exc}"
+                stderr(f"perflab: the traced steps could not be analysed ({error}); the timed steps are in "
                        f"{Path(self.options.out_dir) / 'run.json'}")
-        report.update(program=self.program.label, steps_from=self.source.description, options=dict(asdict(self.options), out_dir=str(self.options.out_dir)),
-                      recorded={k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms", "traced_step_ms")}, partial=ended_early,
-                      rank=self.rank.rank, world_size=self.rank.world_size)
-        report["flags"] = run_checks(recorded, report)
-        if outcome is not None:
-            report["exit_code"] = outcome.code
-            report["ended_by"] = ("sigterm" if outcome.terminated else "interrupt" if outcome.interrupted
-                                  else "exception" if outcome.exception else "exit")
-            notes = self._notes()
-            if notes:
-                report["perflab_notes"] = notes
+        report = build_run_report(timing=timing, device=recorded.get("device"), analysis=analysis, report_error=error,
+                                  program=self.program.label, steps_from=self.source.description,
+                                  options=dict(asdict(self.options), out_dir=str(self.options.out_dir)), recorded=recorded,
+                                  partial=ended_early, rank=self.rank.rank, world_size=self.rank.world_size, outcome=outcome,
+                                  notes=self._notes() if outcome is not None else None)
         if self.rank.distributed:
-            report = ranks.gather(report, recorder, self.options, self.rank, ended_early)
+            ranks.gather(report, recorder, self.options, self.rank, ended_early)
         self.report = report
         if self.rank.rank == 0:
-            write_json(Path(self.options.out_dir) / "run.json", report)
+            written = report.to_dict()
+            write_json(Path(self.options.out_dir) / "run.json", written)
             self.written = True
             if not ended_early and self.render is not None:
                 try:
-                    self.render(report)
+                    self.render(written)
                 except Exception as exc:  # the program closed stderr: the report is in run.json
                     self.guard.failed(f"the report could not be printed; it is in {Path(self.options.out_dir) / 'run.json'}", exc)
         self.written = True
 
     def _report(self, recorded: dict, timing: dict) -> dict:
+        """The traced steps' analysis, with the modules' bytes and the peaks' note beside it (``build_run_report``'s
+        ``analysis``)."""
         from perflab.analysis.program import program_report
 
         trace, shapes, ceilings, model, tf32 = None, None, None, None, False

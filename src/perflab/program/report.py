@@ -1,0 +1,160 @@
+"""``perflab run``'s report (``OUT/run.json``, and each rank's ``rankR/rank.json`` under torchrun) as one typed record.
+
+Its pieces come from three places: the timed steps and what the recorder saw (``program.run``), the analysis of the
+traced steps (``analysis.program.program_report``, which stays torch-free and so hands over a plain dict), and under
+torchrun the ranks' merge (``program.ranks``). They are put together here, by ``build_run_report``, which adds the
+validity flags (``run_checks``), and written through ``RunReport.to_dict``.
+
+A key run.json leaves out is not the same as one it holds as null: the traced-steps section is absent when the
+program ended before the traced steps and null when nothing was traced, ``exit_code`` is written only when the
+program's end is known. A field left at ``ABSENT`` is left out of the dict; ``None`` is written as null.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from perflab.measure.checks import Check
+
+
+class _Absent:
+    """A field run.json leaves out (``None`` is written as null)."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+
+ABSENT: Any = _Absent()
+MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
+
+
+@dataclass
+class RunReport:
+    """One rank's report of a ``perflab run``, and on rank 0 under torchrun the ranks merged. ``to_dict`` is run.json;
+    the fields are in run.json's key order."""
+
+    # the timed steps' summary (``program.run.timing_summary``) and the device the steps ran on
+    timing: dict
+    device: str | None
+    # the traced steps' analysis (``analysis.program.program_report``): absent when the program ended before them
+    traced: dict | None = ABSENT
+    accounting: dict | None = ABSENT
+    flops: dict | None = ABSENT
+    utilisation: dict | None = ABSENT
+    floors: dict | None = ABSENT
+    verdict: dict | None = ABSENT
+    compiled: dict | None = ABSENT
+    traced_verdict: str | None = ABSENT  # present when a trace was read
+    ceilings: dict | None = ABSENT  # the GPU's measured peaks the floors were held against
+    verdict_evidence: dict | None = ABSENT  # present when a trace was read
+    model_bytes: dict | None = ABSENT  # the modules' parameter and buffer bytes on the GPU
+    ceilings_note: str | None = ABSENT
+    report_error: str | None = ABSENT  # perflab's own failure to analyse the traced steps
+    # the run itself
+    program: str | None = ABSENT
+    steps_from: str | None = ABSENT
+    options: dict | None = ABSENT
+    recorded: dict | None = ABSENT  # what the recorder saw, less the step times (in timing and traced)
+    partial: bool | None = ABSENT  # the program ended before the traced steps did
+    rank: int | None = ABSENT
+    world_size: int | None = ABSENT
+    flags: list[dict] | None = ABSENT  # the validity flags (``run_checks``)
+    # the program's end: known only when run.json is written after it
+    exit_code: int | None = ABSENT
+    ended_by: str | None = ABSENT  # exit, exception, interrupt or sigterm
+    perflab_notes: list[str] | None = ABSENT  # perflab's own failures, said after the program
+    # under torchrun (``program.ranks``): this rank's DDP layout and the all-reduce sweep; on rank 0 the merge
+    ddp: dict | None = ABSENT
+    all_reduce: dict | None = ABSENT
+    ranks: list[dict] | None = ABSENT
+    slowest_rank: int | None = ABSENT
+    step_ms: float | None = ABSENT  # the slowest rank's median step
+    ranks_missing: list[int] | None = ABSENT
+    communication: dict | None = ABSENT
+    communication_note: str | None = ABSENT
+
+    def to_dict(self) -> dict:
+        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not ABSENT}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RunReport:
+        """A report read back (another rank's rank.json); keys it does not know are left out."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{"timing": None, "device": None, **{k: v for k, v in data.items() if k in known}})
+
+    def get(self, name: str, default=None):
+        """A field's value, ``default`` where it is absent."""
+        value = getattr(self, name)
+        return default if value is ABSENT else value
+
+
+def build_run_report(*, timing: dict, device: str | None, analysis: dict | None, report_error: str | None, program: str,
+                     steps_from: str, options: dict, recorded: dict, partial: bool, rank: int, world_size: int,
+                     outcome=None, notes: list[str] | None = None) -> RunReport:
+    """The report of one rank's run, from its pieces. ``analysis``: ``program_report``'s dict with ``model_bytes`` and
+    ``ceilings_note`` beside it, or None when the traced steps were not analysed (the program ended before them, or
+    the analysis failed: ``report_error``); ``recorded``: the recorder's dict, its step times included (the flags
+    read them); ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own
+    failures so far."""
+    if analysis is not None:
+        report = RunReport(**analysis)
+    else:
+        report = RunReport(timing=timing, device=device)
+        if report_error is not None:
+            report.report_error = report_error
+    report.program, report.steps_from, report.options = program, steps_from, options
+    report.recorded = {k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms", "traced_step_ms")}
+    report.partial, report.rank, report.world_size = partial, rank, world_size
+    report.flags = run_checks(recorded, report)
+    if outcome is not None:
+        report.exit_code = outcome.code
+        report.ended_by = ("sigterm" if outcome.terminated else "interrupt" if outcome.interrupted
+                           else "exception" if outcome.exception else "exit")
+        if notes:
+            report.perflab_notes = notes
+    return report
+
+
+def run_checks(recorded: dict, report: RunReport | dict) -> list[dict]:
+    """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
+    eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work.
+    ``report``: the record being built, or ``program_report``'s dict (only ``get`` is read)."""
+    from perflab.measure.checks import compile_checks, cv_check
+
+    phases = recorded.get("compile_phases") or {}
+    compiled = [phases[p] for p in ("skipped", "timed") if phases.get(p)]
+    reasons: dict[str, int] = {}
+    for phase in compiled:
+        for r in phase.get("break_reasons") or []:
+            reasons[r["reason"]] = reasons.get(r["reason"], 0) + r["count"]
+    stats = {"frames_compiled_while_timed": (phases.get("timed") or {}).get("frames", 0),
+             "graph_breaks": sum(p["graph_breaks"] for p in compiled), "graphs": sum(p["graphs"] for p in compiled),
+             "break_reasons": [{"reason": r, "count": n} for r, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3]]}
+    checks = compile_checks(stats)
+    for hit in recorded.get("limit_hits") or []:
+        checks.append(Check("fell_back_to_eager", f"{hit['function']} ({hit['where']}) hit dynamo's {hit['limit']} ({hit['value']}) at step "
+                                                  f"{hit['step']}: from then on it runs eagerly (last guard that failed: {hit['last_reason'] or 'not said'})"))
+    traced = report.get("traced") or {}
+    if traced.get("inflated"):
+        checks.append(Check("trace_inflated", f"the traced steps took ×{traced['inflation']:.2f} the untraced ones (limit ×{traced['inflation_limit']:.2f}): "
+                                              "their accounting describes the profiler as much as the program; the verdict rests on the untraced "
+                                              "step and the kernels' own time, and the host's issue time is left out (raise --trace-warmup)"))
+    timing = report.get("timing") or {}
+    if timing.get("steps"):
+        checks.append(cv_check(timing["cv"]))
+        if timing["steps"] < MIN_STEPS:
+            checks.append(Check("few_steps", f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"))
+    flops = report.get("flops")
+    if flops and not flops["complete"]:
+        why = []
+        if not flops["shapes_recorded"]:
+            why.append("no operator shapes were recorded")
+        if flops["uncounted_ops"]:
+            why.append("operators with no FLOP formula: " + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
+        if flops["uncounted_heavy_share"]:
+            why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "
+                       "operator (a Triton template, a CUDA graph replay)")
+        lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
+        checks.append(Check("flops_incomplete", lead + "; ".join(why)))
+    return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]
