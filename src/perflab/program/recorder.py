@@ -236,11 +236,12 @@ class Recorder:
         from perflab.trace.capture import Tracer
 
         self._sync()
-        # the accounted pass records no shapes: recording them made nanoGPT's traced steps ×1.34 the untraced (none: ×0.99)
-        # and on a GPU none of torch's operators either (CUDA only: trace.capture.Tracer says what that costs)
+        # on a GPU the accounted pass records no shapes, nor any of torch's operators (CUDA only: trace.capture.Tracer says
+        # what they cost: nanoGPT's traced steps ×1.17–1.34 with them); the pass with shapes follows. On the CPU the
+        # operators are the work: one pass records them, with their shapes
         self._tracer = Tracer(self.rank_dir() / "trace.json.gz", self.data.device or "cpu", steps=self.options.trace,
-                              warmup=self.options.trace_warmup, record_shapes=False, own_step_ranges=self.source.kind == "call",
-                              cpu_ops=False)
+                              warmup=self.options.trace_warmup, record_shapes=self.options.record_shapes and not self._on_gpu,
+                              own_step_ranges=self.source.kind == "call", cpu_ops=False)
         self.data.trace_warmup = self.options.trace_warmup
         self._tracer.start()
         self._prof = self._tracer.profiler
@@ -277,7 +278,9 @@ class Recorder:
                 self.data.trace_path = str(tracer.trace_path)
                 self.data.traced_steps = tracer.steps
                 self.data.profiler_seconds = time.perf_counter() - t0
-                if self.options.record_shapes:
+                # on the CPU the operators are the accounted work and were recorded with their shapes already; a second
+                # session there, beside gloo's threads, crashed a DDP rank at its exit in 1 of about 10 runs
+                if self.options.record_shapes and self._on_gpu:
                     self._start_shapes_pass()
                     return
         elif tracer.written:
@@ -295,6 +298,10 @@ class Recorder:
                               record_shapes=True, own_step_ranges=self.source.kind == "call")
         self._tracer.start()
         self._prof = self._tracer.profiler
+
+    @property
+    def _on_gpu(self) -> bool:
+        return self._clock is not None and self._clock.cuda
 
     def _sync(self) -> None:
         if self._clock is not None and self._clock.cuda:
