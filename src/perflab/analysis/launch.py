@@ -54,7 +54,7 @@ def launch_api_stats(launches: pd.DataFrame, kernels: pd.DataFrame, delays: pd.D
 
 
 def launch_delays(kernels: pd.DataFrame) -> pd.DataFrame:
-    """One row per launch call that launched GPU work: api, launch_end_ns, first_start_ns, delay_ns."""
+    """One row per launch call that launched GPU work: api, launch_start_ns, launch_end_ns, first_start_ns, delay_ns."""
     linked = (kernels["launch_tid"] >= 0).to_numpy()
     tid = kernels["launch_tid"].to_numpy()[linked]
     correlation = kernels["correlation"].to_numpy()[linked]
@@ -70,6 +70,7 @@ def launch_delays(kernels: pd.DataFrame) -> pd.DataFrame:
     api = kernels["launch_api"]
     return pd.DataFrame({
         "api": pd.Categorical.from_codes(api.cat.codes.to_numpy()[rows], categories=[str(c) for c in api.cat.categories]),
+        "launch_start_ns": kernels["launch_start_ns"].to_numpy()[rows],
         "launch_end_ns": launch_end,
         "first_start_ns": start,
         "delay_ns": start - launch_end,
@@ -131,32 +132,23 @@ UNBLOCKED_CALL_NS = 10_000  # a launch call's own cost where no call of its API 
 
 
 def blocked_launch_ns(kernels: pd.DataFrame) -> pd.DataFrame:
-    """Per launch call that launched GPU work: ``launch_start_ns``, ``launch_end_ns`` and ``blocked_ns``, the part of the
-    call spent waiting on a full launch queue: for a call whose work started ``BACKED_UP_NS`` or more after it returned,
-    its duration beyond the median duration of its API's calls that found the GPU caught up (``UNBLOCKED_CALL_NS``
-    where none did); 0 for every other call."""
-    linked = (kernels["launch_tid"] >= 0).to_numpy()
-    if not linked.any():
-        return pd.DataFrame({"launch_start_ns": [], "launch_end_ns": [], "blocked_ns": []})
-    rows = kernels[linked]
-    key = (rows["launch_tid"].to_numpy().astype(np.int64) << 32) | (rows["correlation"].to_numpy().astype(np.int64) & 0xFFFFFFFF)
-    codes, uniques = pd.factorize(key)
-    first_start = np.full(len(uniques), np.iinfo(np.int64).max, dtype=np.int64)
-    np.minimum.at(first_start, codes, rows["start_ns"].to_numpy(dtype=np.int64))
-    one = np.empty(len(uniques), dtype=np.int64)
-    one[codes] = np.arange(len(rows))
-    start = rows["launch_start_ns"].to_numpy(dtype=np.int64)[one]
-    end = rows["launch_end_ns"].to_numpy(dtype=np.int64)[one]
-    api = rows["launch_api"].astype(str).to_numpy()[one]
-    duration, backed_up = end - start, (first_start - end) >= BACKED_UP_NS
-    blocked = np.zeros(len(uniques), dtype=np.int64)
+    """Per launch call that launched GPU work (``launch_delays``' rows): ``launch_start_ns``, ``launch_end_ns`` and
+    ``blocked_ns``, the part of the call spent waiting on a full launch queue: for a call whose work started
+    ``BACKED_UP_NS`` or more after it returned, its duration beyond the median duration of its API's calls that found the
+    GPU caught up (``UNBLOCKED_CALL_NS`` where none did); 0 for every other call."""
+    calls = launch_delays(kernels)
+    api = calls["api"].astype(str).to_numpy()
+    duration = (calls["launch_end_ns"] - calls["launch_start_ns"]).to_numpy()
+    backed_up = (calls["delay_ns"] >= BACKED_UP_NS).to_numpy()
+    blocked = np.zeros(len(calls), dtype=np.int64)
     for name in np.unique(api[backed_up]).tolist():
         mine = api == name
         free = duration[mine & ~backed_up]
         typical = int(np.median(free)) if len(free) else UNBLOCKED_CALL_NS
         waited = mine & backed_up
         blocked[waited] = np.clip(duration[waited] - typical, 0, None)
-    return pd.DataFrame({"launch_start_ns": start, "launch_end_ns": end, "blocked_ns": blocked})
+    return pd.DataFrame({"launch_start_ns": calls["launch_start_ns"].to_numpy(), "launch_end_ns": calls["launch_end_ns"].to_numpy(),
+                         "blocked_ns": blocked})
 
 
 def host_issue_ms(trace, without_waits: bool = False) -> float:

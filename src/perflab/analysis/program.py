@@ -130,8 +130,8 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
                                                     "kernels_per_step", "top_kernels", "categories_us", "step_accounting", "launch")}
     report["flops"] = flops.to_dict()
     # a GPU's accounted trace holds no operators (trace.capture.Tracer: they slow the host): the pass with shapes has them
-    report["compiled"] = compiled_split(trace if trace.ops is not None and len(trace.ops) else shapes_trace) if (
-        trace.ops is not None and len(trace.ops)) or shapes_trace is not None else None
+    with_ops = trace if trace.ops is not None and len(trace.ops) else shapes_trace
+    report["compiled"] = compiled_split(with_ops) if with_ops is not None else None
     report["traced_verdict"] = summary["launch"]["message"]
     median = timing.get("median_ms")
     # the GPU's time per step: all the traced steps' busy time over their number. A GPU-bound step's kernels run on past
@@ -273,6 +273,9 @@ def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict,
     return section
 
 
+EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication may pass the step's growth by this much
+
+
 def scaling_section(reports: dict[int, dict]) -> dict:
     """The program at several rank counts (``perflab run --nproc 1,2``): per count its step (the slowest rank's), the
     work each rank does in a step (FLOPs from its traced operators: a program that splits its batch over the ranks,
@@ -316,5 +319,3 @@ def scaling_section(reports: dict[int, dict]) -> dict:
         out["note"] = "FLOPs per step unknown for some count: the same work per rank assumed there (weak scaling)"
     return out
 
-
-EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication may pass the step's growth by this much

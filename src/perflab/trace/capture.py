@@ -75,17 +75,18 @@ class Tracer:
     """perflab's one torch.profiler session: ``warmup`` steps recorded and thrown away, then ``steps`` steps recorded,
     each in torch's own ``ProfilerStep#n`` range (the trace's step windows), then stopped and written to ``trace_path``.
 
-    The warm-up exists because a profiler's first steps are not the program's: CUPTI's and Kineto's start-up land in
-    them (on nanoGPT's 105 ms step, the first three profiled iterations took 1250, 311 and 197 ms), which is why
-    ``torch.profiler.schedule`` has a warm-up. Call :meth:`start` at a step boundary, :meth:`step` at every following
-    boundary (it returns True once the recorded steps are written), and :meth:`stop` to end early or after.
+    The warm-up exists because a profiler's start-up (CUPTI's, Kineto's) is not the program's: it runs at the boundary
+    where ``start`` is called and in the steps after it, which ``torch.profiler.schedule`` prepares but does not record
+    (on an H200, nanoGPT's own clock read 1472 ms for the iteration holding the start, ~103 ms for the warm-up steps).
+    Call :meth:`start` at a step boundary, :meth:`step` at every following boundary (it returns True once the
+    recorded steps are written), and :meth:`stop` to end early or after.
     libkineto's stage lines are kept off the program's stderr around each of the profiler's own calls.
 
     ``on_ready(prof)``: called with torch's profiler once the recorded steps are in, before they are written and
     freed, for a caller that reads torch's own summary (``prof.key_averages()``); with ``trace_path`` None nothing
     is written and the steps count as written once ``on_ready`` has them."""
 
-    def __init__(self, trace_path, device: str, steps: int, warmup: int = 1, record_shapes: bool = True, with_stack: bool = False,
+    def __init__(self, trace_path, device: str, steps: int, warmup: int = 1, record_shapes: bool = True,
                  own_step_ranges: bool = False, cpu_ops: bool = True, on_ready: Callable[[object], None] | None = None):
         if steps < 1:
             raise PerflabError(f"steps to trace must be at least 1, got {steps}")
@@ -94,13 +95,13 @@ class Tracer:
         self.trace_path = Path(trace_path) if trace_path is not None else None
         self.on_ready = on_ready
         self.device, self.steps, self.warmup = device, steps, warmup
-        self.record_shapes, self.with_stack = record_shapes, with_stack
+        self.record_shapes = record_shapes
         # own_step_ranges: a step is one call (``begin_step`` .. ``end_step``), not boundary to boundary, so the tracer
         # opens each recorded step's ProfilerStep#n range itself instead of torch opening one at every boundary
         self.own_step_ranges = own_step_ranges
         # cpu_ops False (a GPU only): kernels, memory operations and CUDA's API calls, without torch's operators or
         # any CPU range: recording operators slows the host of a program whose host keeps just ahead of its GPU
-        # (nanoGPT's traced steps ×1.17–1.26; CUDA only: ×1.02). Each step boundary is then marked by a one-cycle
+        # (nanoGPT's traced steps ×0.99–1.34 with them, on an H200; CUDA only: ×1.006–1.017). Each step boundary is then marked by a one-cycle
         # kernel of perflab's own, which trace.build cuts the steps at and drops
         self.cpu_ops = cpu_ops or device != "cuda"
         self.markers = None if self.cpu_ops else ("call" if own_step_ranges else "boundary")
@@ -124,9 +125,6 @@ class Tracer:
         """The step now running is one of the recorded ones (not the warm-up)."""
         return self.active and self.warmup <= self.boundaries < self.warmup + self.steps
 
-    def owns(self, prof) -> bool:
-        return prof is not None and prof is self._prof
-
     def start(self) -> None:
         if self.trace_path is not None:
             self.trace_path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +134,7 @@ class Tracer:
             warnings.simplefilter("ignore")
             sched = schedule(wait=0, warmup=self.warmup, active=self.steps, repeat=1)
         activities = _activities(self.device) if self.cpu_ops else [ProfilerActivity.CUDA]
-        self._prof = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes and self.cpu_ops, with_stack=self.with_stack,
+        self._prof = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes and self.cpu_ops,
                                             schedule=sched, on_trace_ready=self._export)
         if self.own_step_ranges or self.markers:
             self._prof.record_steps = False  # the schedule without torch's boundary-to-boundary step ranges
