@@ -54,6 +54,8 @@ def test_a_step_whose_kernels_fill_it_is_never_launch_bound_and_a_launch_bound_l
     gpu_bound = {"step_ms": 105.0, "busy_ms": 99.0, "host_ms": 104.0, "categories_ms": {"gemm": 60.0, "elementwise": 39.0}, "cpu_only": False}
     verdict = step_verdict(gpu_bound, None, {"mfu": 0.54})
     assert verdict["verdict"] == "GPU-bound" and "94%" in verdict["message"] and "MFU 54.0%" in verdict["message"]
+    # the fill is the ratio of the two figures the sentence prints: 99.000 ÷ 105.000
+    assert "94% of the 105.000 ms step (99.000 ms of GPU work a step" in verdict["message"]
     decode = {"step_ms": 2.3, "busy_ms": 0.71, "host_ms": 2.27, "categories_ms": {}, "cpu_only": False, "host_source": "the traced steps"}
     assert step_verdict(decode, None, None)["verdict"] == "launch-bound"
     # a host figure that is only an upper bound (the traced steps inflated) decides nothing while kernels fill most

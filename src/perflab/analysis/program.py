@@ -224,7 +224,8 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
     if fill >= GPU_BOUND_FILL:
         shares = _shares(evidence.get("categories_ms") or {}, busy)
         return dict(out, verdict="GPU-bound",
-                    message=f"GPU-bound: kernels fill {fill:.0%} of the {step:.3f} ms step ({shares} of GPU time{mfu_text}): "
+                    message=f"GPU-bound: kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step; {shares} of "
+                            f"GPU time{mfu_text}): "
                             "faster kernels or less work shorten it, fewer launches do not")
     host = evidence.get("host_ms")
     floor_name = (floors or {}).get("binding")
@@ -232,7 +233,8 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
         # the host's clock over the untraced steps bounds its issue time from above only: it cannot tell a host that
         # issues slowly from one that waits, while the kernels fill most of the step
         return dict(out, verdict="undetermined",
-                    message=f"kernels fill {fill:.0%} of the {step:.3f} ms step; the traced steps ran ×{evidence.get('inflation') or 0:.2f} the "
+                    message=f"kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step); the traced steps ran "
+                            f"×{evidence.get('inflation') or 0:.2f} the "
                             f"untraced, and the host's own clock ({host:.3f} ms a step, its waits included) only bounds its issue time: "
                             "raise --trace-warmup, or trace fewer things")
     if host is not None and host >= busy and host >= 0.5 * step:
@@ -245,7 +247,8 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
                             f"kernels one after another; they fill {fill:.0%} of it")
     if host is None:
         return dict(out, verdict="undetermined",
-                    message=f"kernels fill {fill:.0%} of the {step:.3f} ms step; the traced steps ran ×{evidence.get('inflation') or 0:.2f} "
+                    message=f"kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step); the traced steps ran "
+                            f"×{evidence.get('inflation') or 0:.2f} "
                             "the untraced, so the host's issue time was not measured: raise --trace-warmup")
     return dict(out, verdict="GPU idle, not launch-bound",
                 message=f"the GPU idles {1 - fill:.0%} of the {step:.3f} ms step but the host issues it in {host:.3f} ms: the idle time "
