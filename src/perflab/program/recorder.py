@@ -109,7 +109,6 @@ class Recorder:
         self._call_start = None
         self._tracer = None  # trace.capture.Tracer while tracing
         self._pass = "accounted"  # the traced phase's passes: accounted (no shapes), then shapes (for the FLOPs)
-        self._prof = None  # the tracer's torch profiler (the program's own profiler is told apart from it)
         self._counters: dict = {}
         self._script_profiler = False
         self._t0 = time.perf_counter()
@@ -244,7 +243,6 @@ class Recorder:
                               own_step_ranges=self.source.kind == "call", cpu_ops=False)
         self.data.trace_warmup = self.options.trace_warmup
         self._tracer.start()
-        self._prof = self._tracer.profiler
         if self.source.kind == "boundary":
             self._marks["traced"].append(self._clock.stamp())  # the traced steps begin at this boundary, as the timed did
 
@@ -297,7 +295,6 @@ class Recorder:
         self._tracer = Tracer(self.rank_dir() / "shapes.json.gz", self.data.device or "cpu", steps=self.options.shapes_steps, warmup=0,
                               record_shapes=True, own_step_ranges=self.source.kind == "call")
         self._tracer.start()
-        self._prof = self._tracer.profiler
 
     @property
     def _on_gpu(self) -> bool:
@@ -311,7 +308,7 @@ class Recorder:
 
     def _finish_tracing(self) -> None:
         self._counters["after"] = compiler.counters()
-        self._tracer, self._prof = None, None
+        self._tracer = None
         if self._pass == "accounted":
             self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
         self.data.phase = "done"
@@ -329,7 +326,7 @@ class Recorder:
 
         def is_ours(autograd_profile) -> bool:
             # the tracer's torch profiler prepares its autograd profile at its start and at its schedule's warm-up,
-            # before recorder._prof is set
+            # before the tracer's start returns
             tracer = recorder._tracer
             prof = tracer.profiler if tracer is not None else None
             return prof is not None and getattr(prof, "profiler", None) is autograd_profile
@@ -339,7 +336,7 @@ class Recorder:
             if recorder._tracer is None:
                 return
             recorder._tracer.stop()
-            recorder._tracer, recorder._prof = None, None
+            recorder._tracer = None
             if recorder._pass == "shapes":
                 recorder.data.trace_note = ("the program started torch.profiler itself during perflab's pass with operator shapes; that "
                                             "pass was dropped (one profiler at a time): FLOPs left out")
@@ -377,7 +374,7 @@ class Recorder:
         data.wall_s = time.perf_counter() - self._t0
         if self._tracer is not None:  # cut short while tracing: the steps that were traced are not the ones asked for
             self._tracer.stop()
-            self._tracer, self._prof = None, None
+            self._tracer = None
             if self._pass == "accounted":
                 data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
                 data.trace_note = "the program ended while perflab traced; the partial trace was not written"
