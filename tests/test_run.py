@@ -242,6 +242,8 @@ def test_a_program_running_torch_profiler_itself_is_timed_and_left_to_trace(tmp_
 @pytest.mark.parametrize("options, fragment", [
     ({"step": "not a name"}, "qualified name"),
     ({"step": "f", "step_range": "R"}, "not both"),
+    ({"step": ""}, "--step '': give a function's qualified name"),
+    ({"step": "", "step_range": "R"}, "not both"),
     ({"steps": 0}, "--steps must be at least 1"),
 ])
 def test_bad_options_are_one_line_before_the_program_runs(tmp_path, options, fragment):

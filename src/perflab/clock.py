@@ -54,10 +54,9 @@ class StepClock:
 
     def read_marks(self, marks: list) -> tuple[list[float], list[float]]:
         """Consecutive boundaries' stamps → each step's (step ms list, host ms list)."""
-        pairs = [self.read(a, b) for a, b in zip(marks, marks[1:])]
-        return [p[0] for p in pairs], [p[1] for p in pairs]
+        return self.read_pairs(zip(marks, marks[1:]))
 
-    def read_pairs(self, pairs: list) -> tuple[list[float], list[float]]:
+    def read_pairs(self, pairs) -> tuple[list[float], list[float]]:
         """(start, end) stamps of each step → (step ms list, host ms list)."""
         read = [self.read(a, b) for a, b in pairs]
         return [p[0] for p in read], [p[1] for p in read]

@@ -174,7 +174,7 @@ def parse_step_function(text: str) -> tuple[str | None, str]:
     if not sep:
         file, qualname = None, text
     if not qualname or not all(part.isidentifier() or part == "<locals>" for part in qualname.split(".")):
-        raise PerflabError(f"--step {text}: give a function's qualified name (decode_one_token, Model.forward) or FILE:QUALNAME")
+        raise PerflabError(f"--step {text!r}: give a function's qualified name (decode_one_token, Model.forward) or FILE:QUALNAME")
     return (file or None), qualname
 
 
@@ -425,9 +425,9 @@ class RangeSteps(StepSource):
 
 
 def make_source(step: str | None, step_range: str | None) -> StepSource:
-    if step and step_range:
+    if step is not None and step_range is not None:
         raise PerflabError("give one of --step and --step-range, not both")
-    if step:
+    if step is not None:  # an empty --step is a mistake, not the default steps
         return FunctionSteps(step)
     if step_range is not None:
         return RangeSteps(step_range)

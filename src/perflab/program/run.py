@@ -69,11 +69,7 @@ class Run:
             print_program_traceback(outcome, self.program)
             return RunResult(outcome.code, None, Path(self.options.out_dir))
         if not self.written and not self.write_failed:  # the program ended before the traced steps did (or during the pass with shapes: reported in full)
-            try:
-                self._write(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
-            except Exception as exc:
-                guard.failed(f"run.json could not be written to {self.options.out_dir}", exc)
-                self.write_failed = True
+            self._write_kept(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
         print_program_traceback(outcome, self.program)
         if self.report is None or self.report.partial:
             say(self._early_line(recorder, outcome, time.perf_counter() - t0))
@@ -101,13 +97,15 @@ class Run:
         return notes
 
     def _on_traced(self, recorder: Recorder) -> None:
-        try:
-            self._write(recorder, ended_early=False)
-        except Exception as exc:  # a full disk, a failing analysis: said after the program, which runs on
-            self.guard.failed(f"run.json could not be written to {self.options.out_dir}", exc)
-            self.write_failed = True
+        self._write_kept(recorder, ended_early=False)
         if self.options.stop_after:
             raise StopProgram()
+
+    def _write_kept(self, recorder: Recorder, ended_early: bool, outcome=None) -> None:
+        """``_write``; its failure (a full disk, a failing analysis) is said after the program, which runs on."""
+        if not self.guard.call(f"run.json could not be written to {self.options.out_dir}",
+                               lambda: self._write(recorder, ended_early, outcome)):
+            self.write_failed = True
 
     def _write(self, recorder: Recorder, ended_early: bool, outcome=None) -> None:
         from perflab.program import ranks
@@ -133,7 +131,6 @@ class Run:
         if self.rank.rank == 0:
             written = report.to_dict()
             write_json(Path(self.options.out_dir) / "run.json", written)
-            self.written = True
             if not ended_early and self.render is not None:
                 try:
                     self.render(written)
