@@ -674,11 +674,7 @@ def compare(
 
             render_results(out, result, (str(a), str(b)))
         return
-    common = flags.options()
-    per_side = {key: common.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens", "batch_size", "dtype", "mode")}
-    if not per_side["batch_size"]:
-        del per_side["batch_size"]  # the family's
-    items = api.compare_items(a, b, per_side=per_side, **common)
+    items = api.compare_items(a, b, **flags.options())
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module)
     if as_json:
