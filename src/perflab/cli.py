@@ -387,7 +387,7 @@ def ab(
     import json
 
     from perflab import api
-    from perflab.report.versions import first_counts, order_line, render_comparison, render_versions
+    from perflab.report.versions import ab_document, order_line, render_comparison, render_versions
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
@@ -396,9 +396,7 @@ def ab(
                                  command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin,
                                  pairing=pairing)
     if as_json:
-        order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in summary.versions}
-        sys.stdout.write(json.dumps(dict(comparison.to_dict(), versions=[v.info() for v in summary.versions],
-                                         store=str(summary.out_dir), rounds=summary.rounds, pairing=summary.pairing, order=order)) + "\n")
+        sys.stdout.write(json.dumps(ab_document(summary, comparison)) + "\n")
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
@@ -447,11 +445,9 @@ def track(
                                 order=order, seed=order_seed, timeout_s=timeout, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
                                 on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin, pairing=pairing)
     if as_json:
-        from perflab.report.versions import series_dict
+        from perflab.report.versions import track_document
 
-        sys.stdout.write(json.dumps({"versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
-                                     "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold,
-                                     "pairing": summary.pairing}) + "\n")
+        sys.stdout.write(json.dumps(track_document(summary, series, threshold)) + "\n")
     else:
         render_series(out, series, threshold)
         out.say(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
