@@ -311,8 +311,12 @@ def _warn_unreadable(out_dir, seen: list):
     """A callback for the store's unreadable records: one warning line each on stderr, kept in ``seen``."""
     def warn(item):
         seen.append(item)
-        err.print(f"warning: {out_dir}: {item.line()}", markup=False, soft_wrap=True)  # one line each, to grep
+        _say_unreadable(out_dir, item)
     return warn
+
+
+def _say_unreadable(out_dir, item) -> None:
+    err.print(f"warning: {out_dir}: {item.line()}", markup=False, soft_wrap=True)  # one line each, to grep
 
 
 @app.command()
@@ -661,7 +665,7 @@ def compare(
     from perflab.report.explain_console import render_comparison
 
     if api.are_results(a, b):
-        result = api.compare_results(a, b, threshold=threshold, on_unreadable=lambda side, item: _warn_unreadable(side, [])(item))
+        result = api.compare_results(a, b, threshold=threshold, on_unreadable=_say_unreadable)
         if as_json:
             # strict JSON: the rows' times were checked finite and in range, so no ratio or bound can be NaN or Infinity
             sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b)), allow_nan=False) + "\n")
