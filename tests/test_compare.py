@@ -180,8 +180,8 @@ def test_compare_takes_a_batch_size_per_side():
     """perflab compare llama3_8b llama3_8b --batch-size 1 --batch-size 64: A at batch 1, B at 64 (issue 25's decode)."""
     from perflab import api
 
-    a, b = api.compare_items("llama3_8b", "llama3_8b", per_side={"batch_size": [1, 64], "workload": ["decode"], "context_len": [512],
-                                                                    "mode": ["compile:reduce-overhead"], "dtype": ["bf16"]}, device="cpu")
+    a, b = api.compare_items("llama3_8b", "llama3_8b", batch_size=[1, 64], workload=["decode"], context_len=[512],
+                             mode=["compile:reduce-overhead"], dtype=["bf16"], device="cpu")
     assert (a.batch_size, b.batch_size) == (1, 64) and a.mode == b.mode == "compile:reduce-overhead" and a.context_len == 512
     from perflab.cli_argv import expand_multi_value_options
 

@@ -158,20 +158,31 @@ def _lines(*rows) -> str:
 TIMES = "a number from 1e-09 to 1e+10"
 VERSION_WORDS = "a mapping whose key and session are text on one line, without control characters"
 
+
+def _raw_jsonl(extra: str, message: str, id: str):
+    """A JSON line of an ok row of c1 with ``extra`` after its median: raw text, for what ``json.dumps`` will not write."""
+    return pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, ' + extra + "}\n", message, id=id)
+
+
+def _csv(columns: str, row: str, message: str, id: str):
+    """A CSV file of one row under the header ``case_id,status,median_ms`` and ``columns``."""
+    return pytest.param("b.csv", f"case_id,status,median_ms{columns}\n{row}\n", message, id=id)
+
+
 # (file name, its text, the line compare gives for it as B, with FILE for its path)
 HOSTILE_RESULTS = [
     pytest.param("b.jsonl", _lines(_row(median=-1.0, ci95_ms=[-1.01, -0.99])),
                  f"FILE, line 1: median_ms: -1.0: expected a time in ms, {TIMES}", id="negative-median"),
     pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": NaN, "ci95_ms": [1.0, 2.0]}\n',
                  f"FILE, line 1: median_ms: nan: expected a time in ms, {TIMES}", id="nan-median"),
-    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "ci95_ms": [1.0, Infinity]}\n',
-                 f"FILE, line 1: ci95_ms[1]: inf: expected [low, high] in ms, each {TIMES}", id="infinite-ci"),
+    _raw_jsonl('"ci95_ms": [1.0, Infinity]',
+               f"FILE, line 1: ci95_ms[1]: inf: expected [low, high] in ms, each {TIMES}", id="infinite-ci"),
     pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 1e999}\n',
                  f"FILE, line 1: median_ms: inf: expected a time in ms, {TIMES}", id="overflowing-median"),
     pytest.param("b.jsonl", _lines(_row(median=1e308, ci95_ms=[0.99e308, 1e308])),
                  f"FILE, line 1: median_ms: 1e+308: expected a time in ms, {TIMES}", id="huge-median"),
-    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "gpu_busy_frac": -Infinity}\n',
-                 "FILE, line 1: holds -Infinity, which JSON does not allow (a result row's numbers are finite)", id="infinity-elsewhere"),
+    _raw_jsonl('"gpu_busy_frac": -Infinity',
+               "FILE, line 1: holds -Infinity, which JSON does not allow (a result row's numbers are finite)", id="infinity-elsewhere"),
     pytest.param("b.jsonl", _lines(_row(ci95_ms=[3.0, 1.0])),
                  "FILE, line 1: ci95_ms: [3.0, 1.0]: expected [low, high], low at most high", id="ci-low-above-high"),
     pytest.param("b.jsonl", _lines(_row(process_flags=5, process_medians_ms=[2.0, 2.1], version={"session": "s"})),
@@ -187,28 +198,28 @@ HOSTILE_RESULTS = [
                  id="batch-size-0"),
     pytest.param("b.jsonl", '{"case_id": "c1", "x": ' + "[" * 100_000 + "]" * 100_000 + "}\n",
                  "FILE, line 1: JSON nested 100001 deep; a result row nests at most 32 deep", id="json-nested-100000-deep"),
-    pytest.param("b.csv", "case_id,status,median_ms,message\nc1,ok,2.0," + "x" * (128 * 1024 + 1) + "\n",
-                 "FILE, line 2: a cell longer than 128 KiB; expected the rows bench --out writes", id="csv-cell-over-128-KiB"),
-    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "model": "m\\u001b[31m\\ud800"}\n',
-                 "FILE, line 1: model: 'm\\x1b[31m\\ud800': expected text on one line, without control characters",
-                 id="terminal-escape-and-lone-surrogate"),
-    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "version": {"\\ud800": 1}}\n',
-                 f'FILE, line 1: version: {{"\\ud800": 1}}: expected {VERSION_WORDS}', id="lone-surrogate-key"),
-    pytest.param("b.jsonl", '{"case_id": "c1", "status": "ok", "median_ms": 2.0, "\\udc00": 1}\n',
-                 "FILE, line 1: not a perflab result row ('utf-8' codec can't encode character '\\udc00' in position 0: surrogates "
-                 "not allowed)", id="lone-surrogate-top-level-key"),
+    _csv(",message", "c1,ok,2.0," + "x" * (128 * 1024 + 1),
+         "FILE, line 2: a cell longer than 128 KiB; expected the rows bench --out writes", id="csv-cell-over-128-KiB"),
+    _raw_jsonl('"model": "m\\u001b[31m\\ud800"',
+               "FILE, line 1: model: 'm\\x1b[31m\\ud800': expected text on one line, without control characters",
+               id="terminal-escape-and-lone-surrogate"),
+    _raw_jsonl('"version": {"\\ud800": 1}',
+               f'FILE, line 1: version: {{"\\ud800": 1}}: expected {VERSION_WORDS}', id="lone-surrogate-key"),
+    _raw_jsonl('"\\udc00": 1',
+               "FILE, line 1: not a perflab result row ('utf-8' codec can't encode character '\\udc00' in position 0: surrogates "
+               "not allowed)", id="lone-surrogate-top-level-key"),
     pytest.param("b.jsonl", _lines(_row(case={"model": ["m"]})), 'FILE, line 1: case.model: ["m"]: expected a mapping whose model is '
                  "text on one line, without control characters", id="case-model-a-list"),
-    pytest.param("b.csv", 'case_id,status,median_ms\n"c1\nc2",ok,2.0\n',
-                 "FILE, line 2: case_id: 'c1\\nc2': expected non-empty text on one line, without control characters",
-                 id="csv-case-id-over-two-lines"),
-    pytest.param("b.csv", "case_id,status,median_ms,ci95_low_ms,ci95_high_ms\nc1,ok,nan,1.0,2.0\n",
-                 f"FILE, line 2: median_ms: nan: expected a time in ms, {TIMES}", id="csv-nan-median"),
-    pytest.param("b.csv", "case_id,status,median_ms,ci95_low_ms,ci95_high_ms\nc1,ok,2.0,1e-308,inf\n",
-                 f"FILE, line 2: ci95_ms[0]: 1e-308: expected [low, high] in ms, each {TIMES}", id="csv-tiny-ci"),
-    pytest.param("b.csv", "case_id,status,median_ms,process_medians_ms\nc1,ok,2.0,2.0 -2.0\n",
-                 f"FILE, line 2: process_medians_ms[1]: -2.0: expected a list of process medians in ms, each {TIMES} or null",
-                 id="csv-negative-process-median"),
+    _csv('', '"c1\nc2",ok,2.0',
+         "FILE, line 2: case_id: 'c1\\nc2': expected non-empty text on one line, without control characters",
+         id="csv-case-id-over-two-lines"),
+    _csv(",ci95_low_ms,ci95_high_ms", "c1,ok,nan,1.0,2.0",
+         f"FILE, line 2: median_ms: nan: expected a time in ms, {TIMES}", id="csv-nan-median"),
+    _csv(",ci95_low_ms,ci95_high_ms", "c1,ok,2.0,1e-308,inf",
+         f"FILE, line 2: ci95_ms[0]: 1e-308: expected [low, high] in ms, each {TIMES}", id="csv-tiny-ci"),
+    _csv(",process_medians_ms", "c1,ok,2.0,2.0 -2.0",
+         f"FILE, line 2: process_medians_ms[1]: -2.0: expected a list of process medians in ms, each {TIMES} or null",
+         id="csv-negative-process-median"),
 ]
 
 

@@ -642,16 +642,22 @@ def is_trace_path(item) -> bool:
     return Path(text).exists() or "/" in text or text.endswith((".json", ".gz", ".sqlite", ".db"))
 
 
-def compare_items(a: str, b: str, per_side: dict, **common) -> list:
+# make_cases options that compare takes per side: one value (both sides) or two (A's, then B's)
+COMPARE_PER_SIDE = ("workload", "seq_len", "prompt_len", "context_len", "new_tokens", "batch_size", "dtype", "mode")
+
+
+def compare_items(a: str, b: str, **options) -> list:
     """The two sides of a comparison: a trace path stays a Path; a model name becomes a Case.
 
-    ``per_side``: make_cases options (dtype, mode, workload, ...) given as a list of one value (both sides)
-    or two (A's, then B's). ``common``: the other make_cases options. Both names go into one make_cases call
-    per side, so keep_rate/reduction_loc reach the token-reducing one only, as in bench."""
+    ``options``: make_cases options; those of ``COMPARE_PER_SIDE`` are lists of one value (both sides) or two (A's,
+    then B's). Both names go into one make_cases call per side, so keep_rate/reduction_loc reach the token-reducing
+    one only, as in bench."""
     from pathlib import Path
 
     from perflab.errors import PerflabError
 
+    per_side = {key: options.pop(key) for key in COMPARE_PER_SIDE if key in options}
+    common = options
     for option, values in per_side.items():
         if len(values) > 2:
             raise PerflabError(f"--{option.replace('_', '-')}: give one value (both sides) or two (A's, then B's), got {len(values)}")

@@ -311,8 +311,12 @@ def _warn_unreadable(out_dir, seen: list):
     """A callback for the store's unreadable records: one warning line each on stderr, kept in ``seen``."""
     def warn(item):
         seen.append(item)
-        err.print(f"warning: {out_dir}: {item.line()}", markup=False, soft_wrap=True)  # one line each, to grep
+        _say_unreadable(out_dir, item)
     return warn
+
+
+def _say_unreadable(out_dir, item) -> None:
+    err.print(f"warning: {out_dir}: {item.line()}", markup=False, soft_wrap=True)  # one line each, to grep
 
 
 @app.command()
@@ -387,7 +391,7 @@ def ab(
     import json
 
     from perflab import api
-    from perflab.report.versions import first_counts, order_line, render_comparison, render_versions
+    from perflab.report.versions import ab_document, order_line, render_comparison, render_versions
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
@@ -396,9 +400,7 @@ def ab(
                                  command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin,
                                  pairing=pairing)
     if as_json:
-        order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in summary.versions}
-        sys.stdout.write(json.dumps(dict(comparison.to_dict(), versions=[v.info() for v in summary.versions],
-                                         store=str(summary.out_dir), rounds=summary.rounds, pairing=summary.pairing, order=order)) + "\n")
+        sys.stdout.write(json.dumps(ab_document(summary, comparison)) + "\n")
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
@@ -447,11 +449,9 @@ def track(
                                 order=order, seed=order_seed, timeout_s=timeout, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
                                 on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin, pairing=pairing)
     if as_json:
-        from perflab.report.versions import series_dict
+        from perflab.report.versions import track_document
 
-        sys.stdout.write(json.dumps({"versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
-                                     "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold,
-                                     "pairing": summary.pairing}) + "\n")
+        sys.stdout.write(json.dumps(track_document(summary, series, threshold)) + "\n")
     else:
         render_series(out, series, threshold)
         out.say(f"{summary.stored} row(s) stored now, {summary.reused} reused; store: {summary.out_dir}; report: perflab report "
@@ -665,7 +665,7 @@ def compare(
     from perflab.report.explain_console import render_comparison
 
     if api.are_results(a, b):
-        result = api.compare_results(a, b, threshold=threshold, on_unreadable=lambda side, item: _warn_unreadable(side, [])(item))
+        result = api.compare_results(a, b, threshold=threshold, on_unreadable=_say_unreadable)
         if as_json:
             # strict JSON: the rows' times were checked finite and in range, so no ratio or bound can be NaN or Infinity
             sys.stdout.write(json.dumps(dict(result.to_dict(), a=str(a), b=str(b)), allow_nan=False) + "\n")
@@ -674,11 +674,7 @@ def compare(
 
             render_results(out, result, (str(a), str(b)))
         return
-    common = flags.options()
-    per_side = {key: common.pop(key) for key in ("workload", "seq_len", "prompt_len", "context_len", "new_tokens", "batch_size", "dtype", "mode")}
-    if not per_side["batch_size"]:
-        del per_side["batch_size"]  # the family's
-    items = api.compare_items(a, b, per_side=per_side, **common)
+    items = api.compare_items(a, b, **flags.options())
     with err.status("comparing"):
         comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module)
     if as_json:

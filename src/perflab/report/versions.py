@@ -128,6 +128,19 @@ def first_counts(rows: list[dict]) -> tuple[int, int]:
     return sum(1 for p in places if p == 0), len(places)
 
 
+def ab_document(summary, comparison) -> dict:
+    """``perflab ab --json``'s object: the comparison, the versions, the store and how often each version went first."""
+    order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in summary.versions}
+    return dict(comparison.to_dict(), versions=[v.info() for v in summary.versions], store=str(summary.out_dir),
+                rounds=summary.rounds, pairing=summary.pairing, order=order)
+
+
+def track_document(summary, series, threshold: float) -> dict:
+    """``perflab track --json``'s object: the versions, each case's series, the store and the threshold judged by."""
+    return {"versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
+            "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold, "pairing": summary.pairing}
+
+
 def order_line(named_rows: list[tuple[str, list[dict]]]) -> str | None:
     """How often each version went first in the rounds' pairings (the order is balanced: an A/A cannot read faster or
     slower by order), or None where the rows keep no places."""
