@@ -18,9 +18,8 @@ from rich.console import Console
 from perflab import cli_argv
 from perflab.cli_argv import CommandLine
 from perflab.cli_flags import (BUILD, FAMILY_SHAPES, GPU_DEVICE, ONE_BATCH_SIZE, ONE_INPUT_SIZE, OPT_INDUCTOR_CACHE, OPT_NO_INTERLEAVE,
-                               OPT_NO_PIN, OPT_ORDER_SEED, OPT_PARALLEL, OPT_PROCESSES, OPT_RANK_GPUS, OPT_ROUNDS_ORDER, OPT_STEPS,
-                               OPT_THRESHOLD, OPT_TRACE_DIR, OPT_VERSIONS_LAUNCHER, OPT_VERSIONS_MODEL, OPT_VERSIONS_SPEC,
-                               OPT_VERSIONS_TIMEOUT, OPT_WORLD_SIZE, PAIRING_HELP, TIMING, CaseFlags, case_flags)
+                               OPT_NO_PIN, OPT_PARALLEL, OPT_PROCESSES, OPT_RANK_GPUS, OPT_STEPS, OPT_THRESHOLD, OPT_TRACE_DIR,
+                               OPT_WORLD_SIZE, PAIRING_HELP, TIMING, CaseFlags, VersionsFlags, case_flags, versions_flags)
 from perflab.errors import PerflabError
 from perflab.paths import check_writable_file, write_failed
 from perflab.report.terminal import TerminalConsole
@@ -360,30 +359,23 @@ def breakeven(
 
 
 @app.command()
-@case_flags()
+@versions_flags()
 def ab(
     ctx: typer.Context,
-    model: List[str] = OPT_VERSIONS_MODEL,
-    flags: CaseFlags = None,
+    versions: VersionsFlags = None,
     repo: Optional[Path] = typer.Option(None, "--repo", help="The git repository (a directory in it) whose revisions --a and --b are."),
     a: Optional[str] = typer.Option(None, "--a", help="Version A: a revision of --repo (a commit, branch or tag)."),
     b: Optional[str] = typer.Option(None, "--b", help="Version B: a revision of --repo."),
     python_a: Optional[str] = typer.Option(None, "--python-a", help="Version A: a Python interpreter (another environment) instead."),
     python_b: Optional[str] = typer.Option(None, "--python-b", help="Version B: a Python interpreter."),
-    spec: Optional[Path] = OPT_VERSIONS_SPEC,
     rounds: int = typer.Option(3, "--rounds", help="Rounds, 2 to 100: each times every case at A and at B (blocks: in one process; "
                                "processes: in two side by side)."),
-    order: str = OPT_ROUNDS_ORDER,
-    order_seed: int = OPT_ORDER_SEED,
     out_dir: Optional[Path] = typer.Option(None, "--out", help="The store (default runs/ab/<date-time>)."),
     pairing: Optional[str] = typer.Option(None, "--pairing", help=f"How A and B are paired in each round. {PAIRING_HELP}. Default: "
                                           "blocks for --repo; interpreters (--python-a/--python-b) can only pair processes."),
-    timeout: Optional[float] = OPT_VERSIONS_TIMEOUT,
     threshold: float = typer.Option(0.05, "--threshold", help="A ratio beyond 1 ± this fraction, its CI excluding 1, is faster or "
                                     "slower (default 0.05); a CI inside it is no change."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    no_pin: bool = OPT_NO_PIN,
-    launcher: Optional[str] = OPT_VERSIONS_LAUNCHER,
 ):
     """A/B two versions of the code (git revisions) or of the environment (interpreters) on the same cases: B's time ÷
     A's is paired per round (revisions: timed interleaved in one process; interpreters: their processes side by side),
@@ -395,10 +387,9 @@ def ab(
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
-    summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, spec=spec, case_options=flags.options(model=model),
-                                 rounds=rounds, order=order, seed=order_seed, out=out_dir, timeout_s=timeout, threshold=threshold,
-                                 command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin,
-                                 pairing=pairing)
+    summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, **versions.options(), rounds=rounds,
+                                 out=out_dir, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
+                                 on_event=VersionsProgress(err), pairing=pairing)
     if as_json:
         sys.stdout.write(json.dumps(ab_document(summary, comparison)) + "\n")
     else:
@@ -414,27 +405,20 @@ def ab(
 
 
 @app.command()
-@case_flags()
+@versions_flags()
 def track(
     ctx: typer.Context,
-    model: List[str] = OPT_VERSIONS_MODEL,
-    flags: CaseFlags = None,
+    versions: VersionsFlags = None,
     repo: Path = typer.Option(..., "--repo", help="The git repository (a directory in it) whose revisions to run."),
     revs: List[str] = typer.Option([], "--revs", help="Revisions, oldest first (space-separated or repeated)."),
     rev_range: Optional[str] = typer.Option(None, "--range", help="A..B: A, then each commit after it up to B (first parents)."),
     out_dir: Path = typer.Option(..., "--out", help="The store; a revision's rows already there are reused."),
-    spec: Optional[Path] = OPT_VERSIONS_SPEC,
     rounds: int = typer.Option(1, "--rounds", help="Rounds, 1 to 100: each times every case at every revision (blocks: in one process; "
                                "processes: one after another); with 3 or more, neighbours' ratios have a CI over the rounds."),
-    order: str = OPT_ROUNDS_ORDER,
-    order_seed: int = OPT_ORDER_SEED,
     pairing: str = typer.Option("blocks", "--pairing", help=f"How the revisions are paired in each round. {PAIRING_HELP}."),
-    timeout: Optional[float] = OPT_VERSIONS_TIMEOUT,
     threshold: float = typer.Option(0.05, "--threshold", help="A step between neighbouring revisions beyond 1 ± this fraction, its "
                                     "CI excluding 1, is a change point (default 0.05)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    no_pin: bool = OPT_NO_PIN,
-    launcher: Optional[str] = OPT_VERSIONS_LAUNCHER,
 ):
     """Run the same cases at each of a list of revisions into one store, and find the revisions where a case got
     faster or slower (each against the one before it); perflab report OUT plots them."""
@@ -445,9 +429,8 @@ def track(
     from perflab.sweep.runner import command_line
     from perflab.sweep.versions import VersionsProgress
 
-    summary, series = api.track(repo=repo, revs=revs, range_=rev_range, spec=spec, case_options=flags.options(model=model), out=out_dir, rounds=rounds,
-                                order=order, seed=order_seed, timeout_s=timeout, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
-                                on_event=VersionsProgress(err), launcher=launcher, pin=not no_pin, pairing=pairing)
+    summary, series = api.track(repo=repo, revs=revs, range_=rev_range, **versions.options(), out=out_dir, rounds=rounds, threshold=threshold,
+                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing)
     if as_json:
         from perflab.report.versions import track_document
 

@@ -4,7 +4,8 @@
 every command that takes a case takes: bench, ab, track, profile, compare, explain, ncu and breakeven. A command leaves
 out what it has no use for and swaps in a variant where it takes one value instead of several (explain's one case); it
 gets the group's values as one ``CaseFlags``, which turns them into ``api.make_cases``' keyword arguments. Below the
-group: single flags that several commands share, and ab's and track's.
+group: single flags that several commands share, and ab's and track's (``versions_flags``: the case-flag group with
+--model, --spec and how the rounds run, as one ``VersionsFlags``).
 """
 
 from __future__ import annotations
@@ -110,24 +111,46 @@ def model_args(items: list[str]) -> dict:
 
 
 def case_flags(leave_out=(), **variants):
-    """A command that takes the case-flag group, where its ``case`` parameter stands, and gets the values as
-    ``case: CaseFlags``. ``leave_out``: flags of the group it does not take; ``variants``: NAME=(annotation, option) for a
+    """A command that takes the case-flag group, where its ``flags`` parameter stands, and gets the values as
+    ``flags: CaseFlags``. ``leave_out``: flags of the group it does not take; ``variants``: NAME=(annotation, option) for a
     flag it takes in another form (one value, another default)."""
+    return _flag_group("flags", _case_group(leave_out, variants), CaseFlags)
+
+
+def versions_flags():
+    """ab and track: their cases (--model with the case-flag group, or --spec) and how their rounds run, where the
+    command's ``versions`` parameter stands, as ``versions: VersionsFlags``."""
+    case = _case_group()
+    own = _parameters(VERSIONS_FLAGS)
+    return _flag_group("versions", own[:1] + case + own[1:],
+                       lambda values: VersionsFlags({p.name: values[p.name] for p in own}, CaseFlags({p.name: values[p.name] for p in case})))
+
+
+def _case_group(leave_out=(), variants=None) -> list[inspect.Parameter]:
+    variants = variants or {}
     unknown = (set(leave_out) | set(variants)) - set(CASE_FLAGS)
     if unknown:
         raise ValueError(f"not flags of the case group: {sorted(unknown)}")
-    group = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
-             for name, (annotation, option) in ((name, variants.get(name, flag)) for name, flag in CASE_FLAGS.items())
-             if name not in leave_out]
+    return _parameters({name: variants.get(name, flag) for name, flag in CASE_FLAGS.items() if name not in leave_out})
+
+
+def _parameters(flags: dict) -> list[inspect.Parameter]:
+    return [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
+            for name, (annotation, option) in flags.items()]
+
+
+def _flag_group(param: str, group: list[inspect.Parameter], make):
+    """Decorates a command: the flags ``group`` stand where its parameter ``param`` stands, and it is called with
+    ``param=make({name: value})`` of them."""
 
     def decorate(command):
         params = list(inspect.signature(command, eval_str=True).parameters.values())
-        at = [p.name for p in params].index("flags")
+        at = [p.name for p in params].index(param)
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
 
         @functools.wraps(command)
         def wrapper(**kwargs):
-            return command(flags=CaseFlags({p.name: kwargs.pop(p.name) for p in group}), **kwargs)
+            return command(**{param: make({p.name: kwargs.pop(p.name) for p in group})}, **kwargs)
 
         wrapper.__signature__ = inspect.Signature(own[:at] + group + own[at + 1:])
         wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
@@ -172,3 +195,23 @@ OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: on
 PAIRING_HELP = ("blocks: each round is one process that builds every version's cases and times them interleaved, block by block "
                 "(a process's own speed cancels in the ratio); processes: each case at each version a process of its own, the "
                 "versions' processes alternated (--order)")
+# In --help order, --model first and the case-flag group after it.
+VERSIONS_FLAGS = {
+    "model": (List[str], OPT_VERSIONS_MODEL), "spec": (Optional[Path], OPT_VERSIONS_SPEC), "order": (str, OPT_ROUNDS_ORDER),
+    "order_seed": (int, OPT_ORDER_SEED), "timeout": (Optional[float], OPT_VERSIONS_TIMEOUT), "no_pin": (bool, OPT_NO_PIN),
+    "launcher": (Optional[str], OPT_VERSIONS_LAUNCHER),
+}
+
+
+class VersionsFlags:
+    """ab's and track's shared flags' values, as a command was given them."""
+
+    def __init__(self, values: dict, case: CaseFlags):
+        self.values = values
+        self.case = case
+
+    def options(self) -> dict:
+        """``api.ab``'s and ``api.track``'s keyword arguments for the cases and how the rounds run them."""
+        v = self.values
+        return dict(spec=v["spec"], case_options=self.case.options(model=v["model"]), order=v["order"], seed=v["order_seed"],
+                    timeout_s=v["timeout"], launcher=v["launcher"], pin=not v["no_pin"])
