@@ -171,46 +171,34 @@ def _split_template(text: str) -> tuple[str, str | None]:
     return (text[:i], text[i + 1:-1]) if i >= 0 else (text, None)
 
 
+def _top_level(text: str, sep: str, openers: str = "<({", closers: str = ">)}"):
+    """The indices of ``sep`` in ``text`` outside every bracket of ``openers``/``closers``."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch in openers:
+            depth += 1
+        elif ch in closers:
+            depth -= 1
+        elif ch == sep and depth == 0:
+            yield i
+
+
 def _last_word(text: str) -> str:
     """The last top-level whitespace-separated word: the name after any return type."""
-    depth, start = 0, 0
-    for i, ch in enumerate(text):
-        if ch in "<({":
-            depth += 1
-        elif ch in ">)}":
-            depth -= 1
-        elif ch == " " and depth == 0:
-            start = i + 1
-    return text[start:].strip()
+    spaces = list(_top_level(text, " "))
+    return text[spaces[-1] + 1 if spaces else 0:].strip()
 
 
 def _split_args(text: str | None) -> list[str]:
     if not text:
         return []
-    out, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "<({":
-            depth += 1
-        elif ch in ">)}":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            out.append(text[start:i].strip())
-            start = i + 1
-    out.append(text[start:].strip())
-    return [a for a in out if a]
+    cuts = [-1, *_top_level(text, ","), len(text)]
+    return [a for a in (text[i + 1:j].strip() for i, j in zip(cuts, cuts[1:])) if a]
 
 
 def _first_paren(text: str) -> int:
     """Index of the first ``(`` outside template brackets, -1 if none."""
-    depth = 0
-    for i, ch in enumerate(text):
-        if ch == "<":
-            depth += 1
-        elif ch == ">":
-            depth -= 1
-        elif ch == "(" and depth == 0:
-            return i
-    return -1
+    return next(_top_level(text, "(", "<", ">"), -1)
 
 
 def _functors(arg: str) -> list[str]:
