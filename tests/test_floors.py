@@ -33,6 +33,16 @@ def test_verdict_names_the_largest_floor(kw, verdict):
     assert compute_floors(measured_ms=1.0, **CEIL, **kw).verdict == verdict
 
 
+def test_the_floor_table_lists_each_limit_with_measured_over_floor_and_marks_the_binding_one():
+    from perflab.report.explain_rows import floor_rows
+
+    f = compute_floors(measured_ms=2.0, flops_per_step=1e12, bytes_per_step=1e9, kernels_per_step=100, host_issue_ms=1.5,
+                       matmul_tflops=100.0, copy_gbps=1000.0, kernel_interval_us=3.0)
+    assert [row[1:] for row in floor_rows(f)] == [["10.0000", "0.20×"], ["1.0000", "2.00×"], ["0.3000", "6.67×"], ["1.5000", "1.33×"]]
+    assert [row[0].split()[0] for row in floor_rows(f)] == ["compute", "memory", "launch", "host"]
+    assert floor_rows(f)[0][0].endswith("◀ binding") and f.by_limit == {"compute": 10.0, "memory": 1.0, "launch": 0.3, "host": 1.5}
+
+
 def test_vit_min_bytes_counts_weights_residual_stream_input_and_output():
     total = vit_min_bytes(params=10, weight_bytes=2, batch=2, tokens_per_block=[5, 3], dim=4, act_bytes=4, input_elems=100, output_elems=7)
     assert total == 10 * 2 + (2 * 2 * 5 * 4 * 4 + 2 * 2 * 3 * 4 * 4) + 4 * 107

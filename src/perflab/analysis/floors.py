@@ -33,8 +33,29 @@ VERDICTS = {
 }
 
 
-class FloorSet:
-    """The four floors by name, the binding one (the largest) and its verdict: shared by a step's and a pass's floors."""
+LIMITS = ("compute", "memory", "launch", "host")
+
+
+class Bound:
+    """ms per limit (``by_limit``), the limit that binds (the one with the most ms) and its verdict: a step's floors, a
+    pass's, and a step of passes (where a limit holds the binding floors of the passes it binds)."""
+
+    @property
+    def by_limit(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    @property
+    def binding(self) -> str:
+        ms = self.by_limit
+        return max(ms, key=ms.get)
+
+    @property
+    def verdict(self) -> str:
+        return VERDICTS[self.binding]
+
+
+class FloorSet(Bound):
+    """The four floors by limit: shared by a step's and a pass's floors."""
 
     compute_ms: float
     memory_ms: float
@@ -42,17 +63,8 @@ class FloorSet:
     host_ms: float
 
     @property
-    def by_name(self) -> dict[str, float]:
+    def by_limit(self) -> dict[str, float]:
         return {"compute": self.compute_ms, "memory": self.memory_ms, "launch": self.launch_ms, "host": self.host_ms}
-
-    @property
-    def binding(self) -> str:
-        floors = self.by_name
-        return max(floors, key=floors.get)
-
-    @property
-    def verdict(self) -> str:
-        return VERDICTS[self.binding]
 
 
 @dataclass(frozen=True)
@@ -72,12 +84,12 @@ class Floors(FloorSet):
         return self.binding == "host" and self.gpu_busy_ms is not None and self.gpu_busy_ms >= self.host_ms
 
     def ratios(self) -> dict[str, float]:
-        return {name: (self.measured_ms / ms if ms > 0 else float("inf")) for name, ms in self.by_name.items()}
+        return {name: (self.measured_ms / ms if ms > 0 else float("inf")) for name, ms in self.by_limit.items()}
 
     def utilisation(self) -> dict[str, dict[str, float | None]]:
         """MFU and MBU of the measured step (compute floor ÷ measured = FLOPs ÷ time ÷ peak; memory likewise) and
         the ceiling: the same at the binding floor, the best these floors allow."""
-        top = self.by_name[self.binding]
+        top = self.by_limit[self.binding]
         measured = {"mfu": self.compute_ms / self.measured_ms, "mbu": self.memory_ms / self.measured_ms} if self.measured_ms > 0 else {"mfu": None, "mbu": None}
         ceiling = {"mfu": self.compute_ms / top, "mbu": self.memory_ms / top} if top > 0 else {"mfu": None, "mbu": None}
         return {"measured": measured, "ceiling": ceiling}
@@ -144,8 +156,6 @@ def counted_pass_costs(costs: dict[str, dict], counted_flops: float | None) -> d
 
 # ---- per-pass floors (a training step's forward, backward and optimizer; generate's prefill and decode) ----
 
-LIMITS = ("compute", "memory", "launch", "host")
-
 
 @dataclass(frozen=True)
 class PassFloor(FloorSet):
@@ -165,7 +175,7 @@ class PassFloor(FloorSet):
 
     @property
     def floor_ms(self) -> float:
-        return self.by_name[self.binding]
+        return self.by_limit[self.binding]
 
 
     @property
@@ -182,7 +192,7 @@ class PassFloor(FloorSet):
 
 
 @dataclass(frozen=True)
-class StepFloors:
+class StepFloors(Bound):
     """A step as a sequence of passes: its floor is the sum of the passes' binding floors (a pass cannot start
     before the one it depends on is done, and each is held up by its own worst limit)."""
 
@@ -215,16 +225,6 @@ class StepFloors:
         for p in self.passes:
             out[p.binding] += p.floor_ms
         return out
-
-    @property
-    def binding(self) -> str:
-        """The limit that holds the largest share of the step's floor."""
-        shares = self.by_limit
-        return max(shares, key=shares.get)
-
-    @property
-    def verdict(self) -> str:
-        return VERDICTS[self.binding]
 
     def utilisation(self, ms: float) -> dict[str, float | None]:
         """MFU (FLOPs ÷ ms ÷ the measured peak) and MBU (least bytes ÷ ms ÷ the copy bandwidth) of a step of ``ms``."""

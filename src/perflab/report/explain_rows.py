@@ -37,7 +37,7 @@ def floor_rows(f) -> list[list[str]]:
     """The whole step's four floors, the binding one marked, and the measured step over each."""
     ratios = f.ratios()
     return [[FLOOR_LABELS[name] + (" ◀ binding" if name == f.binding else ""), f"{ms:.4f}", f"{ratios[name]:.2f}×"]
-            for name, ms in f.by_name.items()]
+            for name, ms in f.by_limit.items()]
 
 
 def floor_verdict(f) -> str:
