@@ -173,6 +173,9 @@ def test_report_bundles_everything(nsys):
     assert len(summary["top_kernels"]) == 2 and summary["top_kernels"][0]["count"] == 1
     assert summary["categories_us"]["gemm"] == 2.5
     assert summary["gemm_fraction"] == pytest.approx(2500 / 8100)
+    # the report's views read the trace and its accounting themselves
+    assert report.kernels is nsys.kernels and report.steps is report.accounting.steps and report.devices is report.accounting.devices
+    assert report.trace_accounting["wall_ns"] == 21_000 and report.trace_accounting["busy_ns"] == 8_100
     assert summary["steps"] == 1 and summary["kernels_per_step"] == 7
     assert summary["launch"]["verdict"] in ("launch-bound", "partly launch-bound", "not launch-bound")
     assert isinstance(report.to_json(), str)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -58,21 +59,11 @@ class TraceReport:
     modules: pd.DataFrame | None = None  # the module tree (analysis.modules), when the trace recorded module ranges
     module_note: str | None = None  # why part of the module attribution is missing (set by the capture)
 
-    @property
-    def kernels(self) -> pd.DataFrame:
-        return self.trace.kernels
-
-    @property
-    def steps(self) -> pd.DataFrame:
-        return self.accounting.steps
-
-    @property
-    def trace_accounting(self) -> pd.Series:
-        return self.accounting.trace
-
-    @property
-    def devices(self) -> pd.DataFrame:
-        return self.accounting.devices
+    # Read-only views of what the trace and its accounting hold (the module docstring lists them).
+    kernels = property(attrgetter("trace.kernels"), doc="The KernelTable (a DataFrame).")
+    steps = property(attrgetter("accounting.steps"), doc="Per-step accounting (a DataFrame).")
+    trace_accounting = property(attrgetter("accounting.trace"), doc="The whole trace's accounting, summed over devices (a Series).")
+    devices = property(attrgetter("accounting.devices"), doc="Whole-trace accounting per device (a DataFrame).")
 
     def to_dict(self) -> dict[str, Any]:
         whole = self.accounting.trace
