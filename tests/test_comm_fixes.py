@@ -93,3 +93,7 @@ def test_a_fix_error_its_missed_term_and_its_throughput():
     assert d["measured_compute_ms"] == 100.0 and d["predicted_ms"] == pytest.approx(100.09) and d["missed_term"] == fix.missed_term
     close = ParallelFix("x", "ddp", "eager", p, {"status": "ok", "median_ms": 101.0}, measured_exposed_ms=20.0)
     assert close.missed_term is None  # within 15%
+    assert list(d)[3:6] == ["predicted_ms", "predicted_compute_ms", "predicted_exposed_ms"] and d["model"] == p.model
+    failed = ParallelFix("x", "ddp", "eager", p, {"status": "error"})
+    unpredicted = ParallelFix("x", "ddp", "eager", predict_comm_fix(CommStep(**DDP), None, None, compile_mode=True), {"status": "ok", "median_ms": 99.0})
+    assert failed.error is None and unpredicted.error is None  # nothing measured, nothing predicted: no error to state

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from perflab.analysis.comm import MIB, busbw_at, comm_ms, ddp_buckets, ddp_bytes, fsdp_bytes
-from perflab.analysis.fixes import MISS, worst_term
+from perflab.analysis.fixes import MISS, StepPrediction, prediction_error, worst_term
 
 NO_SWEEP = "measured only: no all-reduce sweep (bus bandwidth and per-call latency) to predict from"
 
@@ -76,9 +76,9 @@ class CommStep:
 
 
 @dataclass(frozen=True)
-class CommPrediction:
-    ms: float | None
-    model: str
+class CommPrediction(StepPrediction):
+    """The compute and exposed communication a communication fix's prediction holds (T' = C' + E')."""
+
     compute_ms: float | None = None
     exposed_ms: float | None = None
 
@@ -221,10 +221,7 @@ class ParallelFix:
 
     @property
     def error(self) -> float | None:
-        """predicted ÷ measured − 1."""
-        if self.prediction.ms is None or not self.measured_ms:
-            return None
-        return self.prediction.ms / self.measured_ms - 1
+        return prediction_error(self.prediction.ms, self.measured_ms)
 
     @property
     def throughput_gain(self) -> float | None:

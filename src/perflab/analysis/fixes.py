@@ -113,11 +113,26 @@ def step_times_of_row(row: dict, source: str) -> StepTimes | None:
 
 
 @dataclass(frozen=True)
-class Prediction:
-    """A fix's predicted step (ms), and the host and GPU times per step it predicts (None: GPU-only model)."""
+class StepPrediction:
+    """A fix's predicted step, ms (None: measured only), and the model that gave it, in words; each kind of fix adds
+    the terms its model splits the step into (``Prediction``: host and GPU; ``comm_fixes.CommPrediction``: compute and
+    exposed communication)."""
 
     ms: float | None
     model: str
+
+
+def prediction_error(predicted_ms: float | None, measured_ms: float | None) -> float | None:
+    """predicted ÷ measured − 1; None without either."""
+    if predicted_ms is None or not measured_ms:
+        return None
+    return predicted_ms / measured_ms - 1
+
+
+@dataclass(frozen=True)
+class Prediction(StepPrediction):
+    """The host and GPU times per step a fix's prediction holds (None: GPU-only model), and the base's."""
+
     host_ms: float | None = None
     gpu_ms: float | None = None
     base_host_ms: float | None = None
@@ -224,10 +239,7 @@ class Fix:
 
     @property
     def error(self) -> float | None:
-        """predicted ÷ measured − 1."""
-        if self.predicted_ms is None or not self.measured_ms:
-            return None
-        return self.predicted_ms / self.measured_ms - 1
+        return prediction_error(self.predicted_ms, self.measured_ms)
 
     @property
     def missed_term(self) -> str | None:
