@@ -241,3 +241,12 @@ def test_results_and_the_report_of_a_track_store_show_each_rows_revision(tmp_pat
     cases = table_after(text, "## All cases")
     assert text.split("## All cases")[1].split("\n")[2].startswith("| Revision | Model |")
     assert [(r[0], r[7].split(" ")[0]) for r in cases] == [("c2 (a3d3cc65ea)", "53.333"), ("c3 (b4e4dd76fb)", "80.000")]
+
+
+def test_a_table_cell_with_any_line_break_stays_on_its_row():
+    """A failed case's message may carry \\r\\n or a Unicode line separator: each row of the table is one line, whichever
+    reads it (explain's markdown once split the table with str.splitlines, which breaks at every one of them)."""
+    from perflab.report.md import md_table
+
+    table = md_table(["mode", "measured"], [["compile", "error: inductor\r\nfailed"], ["cudagraph", "oom: a\u2028b\x0cc"]])
+    assert table.splitlines() == ["| mode | measured |", "|---|---|", "| compile | error: inductor failed |", "| cudagraph | oom: a b c |"]

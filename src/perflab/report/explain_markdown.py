@@ -9,25 +9,21 @@ from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, 
 from perflab.report.md import md_table
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return md_table(header, rows).splitlines()
-
-
 def case_markdown(ce, device: str = "") -> str:
     out = [f"### {ce.case.label()}" + (f" ({device})" if device else ""), ""]
     out += [" ".join(profile_lines(ce)), ""]
-    out += _table(FLOOR_HEADER, floor_rows(ce.floors)) + ["", floor_verdict(ce.floors), ""]
+    out += [md_table(FLOOR_HEADER, floor_rows(ce.floors)), "", floor_verdict(ce.floors), ""]
     sf = ce.step_floors
     if sf is not None:
-        out += _table(PASS_HEADER, pass_rows(sf)) + ["", " ".join(step_floor_lines(sf)), ""]
+        out += [md_table(PASS_HEADER, pass_rows(sf)), "", " ".join(step_floor_lines(sf)), ""]
     out += [flops_line(ce.eager_row) + ".", ""]
     if ce.measured:
-        out += _table(MODE_HEADER, mode_rows(ce)) + [""]
+        out += [md_table(MODE_HEADER, mode_rows(ce)), ""]
     if ce.fix_results:
-        out += [f"{FIXES_TITLE}:", ""] + _table(FIX_HEADER, fix_rows(ce)) + [""] + fix_model_lines(ce) + [""]
+        out += [f"{FIXES_TITLE}:", "", md_table(FIX_HEADER, fix_rows(ce)), ""] + fix_model_lines(ce) + [""]
         batches = batch_rows(ce)
         if batches:
-            out += _table(BATCH_HEADER, batches) + [""]
+            out += [md_table(BATCH_HEADER, batches), ""]
     compiled = compile_lines(ce)
     if compiled:
         out += [" ".join(compiled), ""]

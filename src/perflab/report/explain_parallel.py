@@ -130,10 +130,10 @@ def compile_lines(e) -> list[str]:
 
 def parallel_markdown(e, device: str = "") -> str:
     out = [f"### {e.case.label()} ({device or where(e)})", "", " ".join(summary_lines(e)), ""]
-    out += md_table(COLLECTIVE_HEADER, collective_rows(e)).splitlines() + [""]
-    out += [f"{RANK_TITLE}:", ""] + md_table(RANK_HEADER, rank_rows(e)).splitlines() + [""] + rank_note(e) + [""]
+    out += [md_table(COLLECTIVE_HEADER, collective_rows(e)), ""]
+    out += [f"{RANK_TITLE}:", "", md_table(RANK_HEADER, rank_rows(e)), ""] + rank_note(e) + [""]
     if e.fix_results:
-        out += [f"{FIX_TITLE}:", ""] + md_table(FIX_HEADER, fix_rows(e)).splitlines() + [""] + fix_model_lines(e) + [""]
+        out += [f"{FIX_TITLE}:", "", md_table(FIX_HEADER, fix_rows(e)), ""] + fix_model_lines(e) + [""]
     compiled = compile_lines(e)
     return "\n".join(out + (compiled + [""] if compiled else []))
 

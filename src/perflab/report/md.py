@@ -4,6 +4,8 @@ report module, so the family reports and the report that gathers them (markdown)
 
 from __future__ import annotations
 
+import re
+
 from perflab.sweep.store import status_counts
 
 FAILED = {"oom": "OOM", "error": "ERROR", "timeout": "TIMEOUT", "invalid": "INVALID", "missing": "not run"}
@@ -15,8 +17,12 @@ def md_table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+# Every line break str.splitlines knows (\r\n as one): a cell keeps its row on one line for any reader.
+_LINE_BREAK = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+
+
 def escape(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return _LINE_BREAK.sub(" ", str(text).replace("|", "\\|"))
 
 
 def num(value, spec: str) -> str:
