@@ -98,3 +98,30 @@ def test_ab_and_track_hand_the_api_their_shared_flags_alike(monkeypatch, tmp_pat
         kw = seen[name]
         assert (kw["spec"], kw["order"], kw["seed"], kw["timeout_s"], kw["launcher"], kw["pin"]) == (None, "random", 7, 30.0, "exec", False), name
         assert (kw["case_options"]["model"], kw["case_options"]["batch_size"], kw["case_options"]["dtype"]) == (["m.py:M"], [2], ["fp32"]), name
+
+
+def test_a_number_flags_values_end_at_the_first_word_that_is_no_number_so_compares_models_stay_its_arguments(monkeypatch):
+    """perflab compare --batch-size 1 64 MODEL MODEL: A and B are the models, --batch-size 1 for A and 64 for B."""
+    from cli_util import run_cli_here
+    from perflab import api
+
+    seen = {}
+
+    def items(a, b, **options):
+        seen.update(a=a, b=b, batch_size=options["batch_size"])
+        raise PerflabError("stop here")
+
+    monkeypatch.setattr(api, "compare_items", items)
+    r = run_cli_here("compare", "--batch-size", "1", "64", "gpt_tiny", "gpt_tiny", "--device", "cpu")
+    assert r.stderr.strip() == "perflab: error: stop here"
+    assert seen == dict(a="gpt_tiny", b="gpt_tiny", batch_size=[1, 64])
+    assert CommandLine.read(["bench", "--keep-rate", "0.5", "-1e-1", "x", "--batch-size", "x"]).parsed == [
+        "bench", "--keep-rate", "0.5", "--keep-rate", "-1e-1", "x", "--batch-size", "x"]  # the first word is always a value
+
+
+def test_a_flag_of_several_values_that_took_the_commands_argument_says_so_in_one_line():
+    from cli_util import assert_one_line_error, run_cli_here
+
+    r = run_cli_here("explain", "--dtype", "bf16", "fp16", "gpt_tiny")
+    assert_one_line_error(r, "Missing argument 'model'.", "--dtype took bf16 fp16 gpt_tiny as its values",
+                          "give the arguments before the flag")

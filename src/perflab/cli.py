@@ -494,6 +494,9 @@ def main(argv: list[str] | None = None) -> None:
     except click_exceptions.NoArgsIsHelpError if hasattr(click_exceptions, "NoArgsIsHelpError") else () as exc:
         out.print(exc.format_message(), markup=False, soft_wrap=True)  # `perflab` alone: the help (click prints it in standalone mode only)
         sys.exit(0)
+    except click_exceptions.MissingParameter as exc:
+        took = cli_argv.took_the_arguments(command) if getattr(exc.param, "param_type_name", None) == "argument" else ""
+        _fail(exc.format_message().replace("\n", " ") + (f" {took}" if took else ""), 2)
     except click_exceptions.ClickException as exc:
         _fail(exc.format_message().replace("\n", " "), 2)
     except typer.Exit as exc:

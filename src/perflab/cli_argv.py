@@ -2,7 +2,8 @@
 ``perflab run``, the program's.
 
 - Options that take several values accept them space-separated (``--batch-size 1 8 64``): they are expanded to
-  repeated flags (``--batch-size 1 --batch-size 8 ...``), which is what the parser takes.
+  repeated flags (``--batch-size 1 --batch-size 8 ...``), which is what the parser takes. The values run to the next
+  flag; a number option's also end at a word that is no number (``compare --batch-size 1 64 A B``).
 - ``perflab run [OPTIONS] -- SCRIPT [ARGS]`` (or ``run [OPTIONS] SCRIPT [ARGS]``): the program's words are split off
   first, so that its own options never reach perflab's parser, nor the expansion above.
 - ``--wide`` is global: before the command, or anywhere among perflab's own arguments (never the program's).
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 # Options that take one or more values after a single flag (expanded to repeated flags before parsing).
 MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--dtype", "--mode", "--modes",
                        "--workload", "--seq-len", "--prompt-len", "--context-len", "--new-tokens", "--model-arg", "--fixes", "--revs"}
+# Of those, the ones whose values are numbers: a word that is no number ends their values.
+NUMBER_OPTIONS = {"--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--seq-len", "--prompt-len", "--context-len", "--new-tokens"}
 # perflab run's options that take a value: the word after each is that value, not the program
 RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--trace-warmup", "--inflation-limit", "--out", "--step", "--step-range", "--nproc"}
 
@@ -52,18 +55,13 @@ def expand_multi_value_options(argv: list[str], names=MULTI_VALUE_OPTIONS) -> li
     i = 0
     while i < len(argv):
         token = argv[i]
-        name, eq, value = token.partition("=")
+        name = token.partition("=")[0]
         if name in names:
-            values = [value] if eq else []
-            j = i + 1
-            while j < len(argv) and not _is_flag(argv[j]):
-                values.append(argv[j])
-                j += 1
+            values, i = _values(argv, i)
             if not values:
                 result.append(token)  # let the parser report the missing value
             for v in values:
                 result += [name, v]
-            i = j
             continue
         result.append(token)
         if token == "--":
@@ -71,6 +69,41 @@ def expand_multi_value_options(argv: list[str], names=MULTI_VALUE_OPTIONS) -> li
             break
         i += 1
     return result
+
+
+def several_values(argv: list[str], names=MULTI_VALUE_OPTIONS) -> list[tuple[str, list[str]]]:
+    """(flag, its values) for each flag of ``names`` in ``argv`` (before any ``--``) that took more than one word."""
+    runs, i = [], 0
+    while i < len(argv) and argv[i] != "--":
+        if argv[i].partition("=")[0] in names:
+            name = argv[i].partition("=")[0]
+            values, i = _values(argv, i)
+            if len(values) > 1:
+                runs.append((name, values))
+        else:
+            i += 1
+    return runs
+
+
+def took_the_arguments(command: CommandLine) -> str:
+    """Where a command's argument is missing: the flags of several values that may have taken it, in words ('' if none)."""
+    runs = several_values(split_program(command.typed)[0])
+    if not runs:
+        return ""
+    took = "; ".join(f"{name} took {' '.join(values)} as its values" for name, values in runs)
+    return f"{took} (every word after such a flag, up to the next flag, is one of its values): give the arguments before the flag"
+
+
+def _values(argv: list[str], i: int) -> tuple[list[str], int]:
+    """The values of the flag at ``argv[i]`` (``--opt=a`` or ``--opt a b``), and where the words after them start. A
+    number flag's values end at the first word after its first that is no number (compare's A and B after them)."""
+    name, eq, value = argv[i].partition("=")
+    values = [value] if eq else []
+    j = i + 1
+    while j < len(argv) and not _is_flag(argv[j]) and not (values and name in NUMBER_OPTIONS and not _is_number(argv[j])):
+        values.append(argv[j])
+        j += 1
+    return values, j
 
 
 def take_flag(argv: list[str], flag: str) -> tuple[list[str], bool]:
@@ -81,13 +114,15 @@ def take_flag(argv: list[str], flag: str) -> tuple[list[str], bool]:
 
 
 def _is_flag(token: str) -> bool:
-    if not token.startswith("-") or token == "-":
-        return False
-    try:  # negative numbers are values, not flags
+    return token.startswith("-") and token != "-" and not _is_number(token)  # negative numbers are values, not flags
+
+
+def _is_number(token: str) -> bool:
+    try:
         float(token)
-        return False
-    except ValueError:
         return True
+    except ValueError:
+        return False
 
 
 def split_program(argv: list[str]) -> tuple[list[str], list[str]]:
