@@ -275,3 +275,27 @@ def test_a_compiled_step_function_gets_its_report_not_dynamo_tracing_perflab(tmp
     captured = capsys.readouterr()
     assert code == 0 and captured.out.endswith("last line\n") and "perflab" not in captured.err
     assert not report["partial"] and report["timing"]["steps"] == 4 and report["traced"]["steps"] == 1
+
+
+def test_a_step_source_records_only_in_its_guards_process():
+    """The run's Guard says which process is perflab's (Guard.owner); a step in any other (a forked child) is not the run's."""
+    from perflab.program.boundaries import StepSource
+    from perflab.program.guard import Guard
+
+    class Steps(StepSource):
+        def _install(self):
+            pass
+
+        def _remove(self):
+            pass
+
+    ours, child = Guard(), Guard()
+    child.pid = os.getpid() + 1  # as a forked child sees the guard of the process that started the run
+    recorded = []
+    for guard in (ours, child, None):
+        source = Steps()
+        source.on_start, source.on_end = lambda: recorded.append("start"), lambda: recorded.append("end")
+        source.install(guard)
+        source._began(), source._ended(), source._ended()
+        recorded.append(source.seen)
+    assert recorded == ["start", "end", "end", 2, 0, "start", "end", "end", 2]

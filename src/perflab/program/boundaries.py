@@ -13,7 +13,7 @@ Each source calls ``on_start()`` when a step begins and ``on_end()`` when it end
 - ``RangeSteps`` (``--step-range NAME``): an NVTX range (``torch.cuda.nvtx.range_push``/``range_pop``/``range``/
   ``range_start``/``range_end``) or a ``record_function`` range whose name starts with NAME is one step.
 
-Only the process that installed a source records (a forked child's steps are its own); a hook of perflab's that fails
+Only the process that installed a source records (``guard.Guard.owner``: a forked child's steps are its own); a hook of perflab's that fails
 stops the recording and is said after the program, never raised into it. After the recorder is done the source keeps
 counting the program's steps where that costs nothing (an optimizer hook, ``sys.monitoring``, the wrapped range
 functions), so messages give the program's own step numbers. With ``--step`` or ``--step-range``, the optimizer steps are
@@ -23,12 +23,12 @@ counted too: a name that never matched is told what the program did instead.
 from __future__ import annotations
 
 import difflib
-import os
 import sys
 from pathlib import Path
 from typing import Callable
 
 from perflab.errors import PerflabError
+from perflab.program.guard import Guard
 
 
 class StepSource:
@@ -46,13 +46,13 @@ class StepSource:
         self.optimizer_names: list[str] = []
         self._optimizer_handle = None
         self._attached = False
-        self._pid = os.getpid()
+        self._guard = Guard()  # its owner: the process whose steps are the run's
         self._disabled: dict = {}  # each hook, wrapped for dynamo to skip
 
-    def install(self) -> None:
-        """Arm the source: from here its steps call ``on_start``/``on_end``, in this process only (a forked child's
-        steps are not the run's)."""
-        self._pid = os.getpid()
+    def install(self, guard: Guard | None = None) -> None:
+        """Arm the source: from here its steps call ``on_start``/``on_end``, in ``guard``'s process only (default: this
+        one; a forked child's steps are not the run's)."""
+        self._guard = guard or Guard()
         self._attached = True
         self._install()
 
@@ -77,11 +77,11 @@ class StepSource:
         raise NotImplementedError
 
     def _began(self) -> None:
-        if self._attached and os.getpid() == self._pid:
+        if self._attached and self._guard.owner:
             self._guarded(self.on_start)
 
     def _ended(self) -> None:
-        if os.getpid() != self._pid:
+        if not self._guard.owner:
             return
         self.seen += 1
         if self._attached:
