@@ -340,3 +340,46 @@ def test_held_timing_takes_the_median_of_its_rounds_so_one_preempted_round_is_no
     # on the CPU: no GPU time
     monkeypatch.undo()
     assert host.held_timing(lambda: None, "cpu", 1e-4) == host.HeldTiming(None, None, 3, "no GPU")
+
+
+def test_a_mode_far_from_its_prediction_says_why_from_its_held_timing():
+    """A mode's prediction models the GPU alone; its held timing says which part missed (figures: deit_tiny bs1 bf16 on
+    an H200, docs/performance.md)."""
+    from perflab.diagnosis.explanation import mode_miss
+
+    ro = {"status": "ok", "median_ms": 0.494, "host_held_ms": 0.278, "device_ms": 0.491}
+    why = mode_miss("compile:reduce-overhead", 0.377, ro, graph_ms=0.520, glue_ms=0.290)
+    assert why == ("predicted 0.377 ms, measured 0.494 (-23.7%): the GPU term: predicted 0.377, measured 0.491 ms a step "
+                   "(host 0.278 ms); fusion removed 10% of the 0.290 ms the glue kernels take as a graph (the CUDA-graph "
+                   "prediction 0.520 ms less the measured GPU time), the model removes 50%")
+    slow_host = {"status": "ok", "median_ms": 0.709, "host_held_ms": 0.702, "device_ms": 0.488}
+    assert mode_miss("compile:reduce-overhead", 0.377, slow_host).startswith(
+        "predicted 0.377 ms, measured 0.709 (-46.8%): host-bound: issuing a step takes the host 0.702 ms, its GPU time is 0.488 ms")
+    assert "dynamo's guards" in mode_miss("compile:reduce-overhead", 0.377, slow_host)
+    assert "dynamo" not in mode_miss("cudagraph", 0.377, slow_host)
+    assert mode_miss("cudagraph", 0.50, {"status": "ok", "median_ms": 0.532, "host_held_ms": 0.034, "device_ms": 0.531}) is None  # −6%
+    assert mode_miss("cudagraph", 0.30, {"status": "ok", "median_ms": 0.532}).endswith("which part missed is not known")
+    assert mode_miss("cudagraph", 0.30, {"status": "error", "message": "x"}) is None
+
+
+def test_the_glue_time_is_the_graph_time_of_the_glue_kernels(eager):
+    from perflab.diagnosis.explanation import glue_graph_ms
+
+    _, per_step = steps_by_hand(eager)
+    interval, gap = 1.5, 0.4
+    glue = {"elementwise", "copy", "norm", "softmax", "reduction", "triton_fused", "memset"}
+    by_hand = np.mean([np.maximum(s["dur_ns"].to_numpy() + gap * 1e3, interval * 1e3)[s["category"].astype(str).isin(glue).to_numpy()].sum()
+                       for s in per_step]) / 1e6
+    assert glue_graph_ms(eager, interval, gap) == pytest.approx(by_hand, rel=1e-12)
+    assert 0 < by_hand < predict_modes(eager, interval, gap)["cudagraph"]
+
+
+def test_the_report_says_why_a_mode_missed(monkeypatch):
+    from perflab.report.explain_markdown import explanation_markdown
+    import perflab.diagnosis.explanation as ex
+
+    ce, _, _ = run_explain(monkeypatch, [])
+    ce.predictions_ms["cudagraph"] = 5.0  # measured 8.0 ms: host 0.5, GPU 7.8
+    md = explanation_markdown(ex.Explanation([ce], None, CEILINGS))
+    assert "- cudagraph: predicted 5.000 ms, measured 8.000 (-37.5%): the GPU term: predicted 5.000, measured 7.800 ms a step (host 0.500 ms)" in md
+    assert ce.to_dict()["mode_misses"] == {"cudagraph": ce.mode_misses()["cudagraph"]}

@@ -15,6 +15,12 @@ For each case (and the ``--vs`` case):
      unchanged, the memory-bound "glue" kernels (elementwise, copy, norm, softmax, reduction,
      triton_fused, memset) assumed fused two into one (half the kernels, half their time). A heuristic;
      the table shows its error.
+   Both model the GPU alone. A mode measured more than 15% from its prediction says why, from its own held timing
+   (the host's issue time and the GPU's time per step, each measured with the other out of the way): a step whose
+   host issue outlasts its GPU time is host-bound (a compiled graph's call runs dynamo's guards, AOT autograd's
+   wrappers and the CUDA-graph tree's checks in Python, 0.1–0.3 ms a call on an H200 host), else the GPU term missed,
+   and for compile:reduce-overhead the share of the glue kernels' time fusion actually removed is given against the
+   model's half (``mode_miss``);
 5. those modes measured with the untraced harness, prediction against measurement, with the seconds to
    their first step (compile or capture time) as a cost;
 6. per-pass floors, for steps of several passes (a training step's forward, backward and optimizer;
@@ -44,8 +50,8 @@ import numpy as np
 
 from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile, window_of_activities
 from perflab.analysis.accounting import step_windows
-from perflab.analysis.fixes import (Fix, Prediction, StepTimes, batch_delta, checkpoint_delta, optimizer_delta, predict, step_times_of_passes,
-                                   step_times_of_row)
+from perflab.analysis.fixes import (MISS, Fix, Prediction, StepTimes, batch_delta, checkpoint_delta, measured_host_ms, optimizer_delta, predict,
+                                   prediction_error, step_times_of_passes, step_times_of_row)
 from perflab.analysis.floors import Floors, StepFloors, compute_floors, pass_floors
 from perflab.analysis.launch import host_issue_ms
 from perflab.analysis.passes import pass_timing
@@ -73,6 +79,7 @@ class CaseExplanation:
     host_issue_ms: float  # untraced
     traced_host_issue_ms: float
     predictions_ms: dict[str, float]
+    glue_ms: float | None = None  # the glue kernels' time per step replayed as a graph, before fusion
     measured: dict[str, dict] = field(default_factory=dict)  # mode -> result row
     timing: dict = field(default_factory=dict)  # per pass of the profiled step (analysis.passes.pass_timing)
     step_floors: StepFloors | None = None  # per-pass floors, for steps of several passes
@@ -98,6 +105,15 @@ class CaseExplanation:
             out.append(dict(common, measured_ms=row["median_ms"], speedup=self.eager_ms / row["median_ms"], predicted_ms=predicted, status="ok"))
         return sorted(out, key=lambda f: -(f["speedup"] or 0))
 
+    def mode_misses(self) -> dict[str, str]:
+        """Each measured mode whose prediction missed by more than 15%, with the reason (``mode_miss``)."""
+        out = {}
+        for mode, row in self.measured.items():
+            reason = mode_miss(mode, self.predictions_ms.get(mode), row, self.predictions_ms.get("cudagraph"), self.glue_ms)
+            if reason:
+                out[mode] = reason
+        return out
+
     def to_dict(self) -> dict:
         return {
             "case": self.case.to_dict(),
@@ -120,6 +136,8 @@ class CaseExplanation:
             "floors": self.floors.to_dict(),
             "predictions_ms": self.predictions_ms,
             "measured_ms": {m: r.get("median_ms") for m, r in self.measured.items()},
+            "glue_ms": self.glue_ms,
+            "mode_misses": self.mode_misses(),
             "first_step_s": {"eager": self.eager_row.get("first_step_s"), **{m: r.get("first_step_s") for m, r in self.measured.items()}},
             "mfu": self.eager_row.get("mfu"),
             "mbu": self.eager_row.get("mbu"),
@@ -149,6 +167,42 @@ def predict_modes(trace, interval_us: float, gap_us: float) -> dict[str, float]:
     acts, n_steps = _step_activities(trace)
     graph, fused = _graph_models(acts, interval_us * 1e3, gap_us * 1e3)
     return {"cudagraph": graph / n_steps / 1e6, "compile:reduce-overhead": fused / n_steps / 1e6}
+
+
+def glue_graph_ms(trace, interval_us: float, gap_us: float) -> float:
+    """The glue kernels' ms per step replayed as a graph, before fusion: the part the reduce-overhead model halves."""
+    acts, n_steps = _step_activities(trace)
+    glue = acts[acts["category"].astype(str).isin(GLUE_CATEGORIES)]
+    return _graph_models(glue, interval_us * 1e3, gap_us * 1e3)[0] / n_steps / 1e6
+
+
+def mode_miss(mode: str, predicted_ms: float | None, row: dict, graph_ms: float | None = None, glue_ms: float | None = None) -> str | None:
+    """Why a mode's measured step is more than ``MISS`` from its prediction, from the mode's held timing; None within it.
+
+    The predictions model the GPU alone, so the measured host issue time (``host_held_ms``) and GPU time (``device_ms``)
+    say which part missed: a host that takes longer to issue a step than the GPU takes to run it made the step
+    host-bound; else the GPU's time is set beside its prediction, and for compile:reduce-overhead the glue time fusion
+    removed (the CUDA-graph prediction ``graph_ms`` less the measured GPU time) beside the ``glue_ms`` it was taken from.
+    """
+    measured = row.get("median_ms") if row.get("status") == "ok" else None
+    error = prediction_error(predicted_ms, measured)
+    if error is None or abs(error) <= MISS:
+        return None
+    host, gpu = measured_host_ms(row), row.get("device_ms")
+    head = f"predicted {predicted_ms:.3f} ms, measured {measured:.3f} ({error:+.1%})"
+    if host is None or gpu is None:
+        return f"{head}: no held timing split its host and GPU times, so which part missed is not known"
+    if host > gpu:
+        calls = " (a compiled call runs dynamo's guards, AOT autograd's wrappers and the CUDA-graph tree's checks in Python)" \
+            if mode.startswith("compile") else ""
+        return (f"{head}: host-bound: issuing a step takes the host {host:.3f} ms, its GPU time is {gpu:.3f} ms; the model "
+                f"counts the GPU alone{calls}")
+    why = f"{head}: the GPU term: predicted {predicted_ms:.3f}, measured {gpu:.3f} ms a step (host {host:.3f} ms)"
+    if mode == "compile:reduce-overhead" and graph_ms and glue_ms:
+        removed = (graph_ms - gpu) / glue_ms
+        why += (f"; fusion removed {removed:.0%} of the {glue_ms:.3f} ms the glue kernels take as a graph "
+                f"(the CUDA-graph prediction {graph_ms:.3f} ms less the measured GPU time), the model removes 50%")
+    return why
 
 
 def compiled_pass_ms(trace, name: str, interval_us: float, gap_us: float) -> float | None:
@@ -384,7 +438,7 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     explanation = CaseExplanation(
         case=case, eager_row=row, trace_path=trace_path, profile=prof, traced_step_ms=traced_ms,
         inflation=traced_ms / row["median_ms"], floors=floors, host_issue_ms=issue_ms, traced_host_issue_ms=host_issue_ms(trace),
-        predictions_ms=predict_modes(trace, interval, gap),
+        predictions_ms=predict_modes(trace, interval, gap), glue_ms=glue_graph_ms(trace, interval, gap),
     )
     explanation.trace = trace
     explanation.timing = pass_timing(trace.kernels, trace.ranges, len(trace.steps))

@@ -10,7 +10,7 @@ from perflab.report.explain_parallel import COLLECTIVE_HEADER, RANK_HEADER
 from perflab.report.explain_parallel import FIX_HEADER as PARALLEL_FIX_HEADER
 from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, FLOORS_TITLE, MODE_HEADER, MODES_TITLE,
                                          PASS_HEADER, PASS_TITLE, batch_rows, compile_lines, fix_model_lines, fix_rows, floor_rows, floor_verdict,
-                                         flops_line, mode_rows, pass_rows, profile_lines, ranked_line, step_floor_lines)
+                                         flops_line, mode_miss_lines, mode_rows, pass_rows, profile_lines, ranked_line, step_floor_lines)
 from perflab.report.fit import text_table
 
 
@@ -83,6 +83,8 @@ def render_explanation(console, e) -> None:
             render_pass_floors(console, ce.step_floors)
         console.print(flops_line(ce.eager_row))
         _print_table(console, MODES_TITLE, MODE_HEADER, mode_rows(ce))
+        for line in mode_miss_lines(ce):
+            console.print(_plain(line))
         if ce.fix_results:
             render_fixes(console, ce)
         for line in compile_lines(ce):

@@ -4,7 +4,7 @@ tables as the console, for docs/performance.md. Torch-free."""
 from __future__ import annotations
 
 from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, MODE_HEADER, PASS_HEADER, batch_rows, compile_lines,
-                                         fix_model_lines, fix_rows, floor_rows, floor_verdict, flops_line, mode_rows, pass_rows,
+                                         fix_model_lines, fix_rows, floor_rows, floor_verdict, flops_line, mode_miss_lines, mode_rows, pass_rows,
                                          profile_lines, ranked_line, step_floor_lines)
 from perflab.report.md import md_table
 
@@ -19,6 +19,9 @@ def case_markdown(ce, device: str = "") -> str:
     out += [flops_line(ce.eager_row) + ".", ""]
     if ce.measured:
         out += [md_table(MODE_HEADER, mode_rows(ce)), ""]
+        misses = mode_miss_lines(ce)
+        if misses:
+            out += [f"- {line}" for line in misses] + [""]
     if ce.fix_results:
         out += [f"{FIXES_TITLE}:", "", md_table(FIX_HEADER, fix_rows(ce)), ""] + fix_model_lines(ce) + [""]
         batches = batch_rows(ce)

@@ -97,6 +97,11 @@ def mode_rows(ce) -> list[list[str]]:
     return rows
 
 
+def mode_miss_lines(ce) -> list[str]:
+    """Each mode whose prediction missed by more than 15%, with why (``CaseExplanation.mode_misses``)."""
+    return [f"{mode}: {reason}" for mode, reason in ce.mode_misses().items()]
+
+
 def fix_rows(ce) -> list[list[str]]:
     """One row per base (eager, and each mode a fix was applied on, as timed with its fixes), then one per fix."""
     from perflab.analysis.fixes import measured_host_ms
