@@ -102,9 +102,11 @@ def test_a_resumed_grid_stores_its_experiment_once(tmp_path):
 
 
 def test_the_store_reads_a_row_by_the_fields_the_row_declares():
-    """One definition of a result row (measure.row): the store's view (``StoredRow``: types, not ranges) reads fields
-    that ``FIELDS`` describes, and a row the builder makes is read back by the store and passes ``check_row``."""
-    from perflab.measure.row import FIELDS, StoredRow, check_row, failed_row
+    """One definition of a result row (measure.row, beside its builder, the harness): the store's view (``StoredRow``:
+    types, not ranges) reads fields that ``FIELDS`` describes, and a row the builder makes is read back by the store and
+    passes ``check_row``."""
+    from perflab.measure.harness import failed_row
+    from perflab.measure.row import FIELDS, StoredRow, check_row
     from perflab.spec import Case
     from perflab.sweep.store import decode_row
 

@@ -35,3 +35,7 @@ def environment(device: str, monitor_info: dict | None = None) -> dict:
         env["gpu_name"] = None
     env.update(monitor_info or {})
     return env
+
+
+def device_name(env: dict) -> str:
+    return env.get("gpu_name") or f"CPU ({env.get('cpu')}, {env.get('cpu_threads')} threads)"

@@ -40,12 +40,12 @@ from perflab.measure import sched
 from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, host_canary
 from perflab.measure.checks import MIN_TIMED_ITERS, autotune_check, compile_checks, run_checks
 from perflab.measure.energy import THROTTLE_REASONS, case_view, open_monitor, slowed
-from perflab.measure.env import environment
+from perflab.measure.env import device_name, environment
 from perflab.measure.flops import FlopCache, FlopCount, count_flops_once, count_params, uncounted_check
 from perflab.measure.host import HeldTiming, held_timing, issue_s
 from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
-from perflab.measure.row import base_row, failed_row, timing_fields
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
+from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
 from perflab.runtime.modes import compile_counters, compile_stats, make_step, record_autotune
 from perflab.runtime.workload import build, memory_cap, step_context
@@ -437,6 +437,33 @@ def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) ->
     return row
 
 
+def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
+    """Set the row's figures that follow from its timing samples (median, spread, CIs, latency, throughput, FLOP/s,
+    the GPU's busy share); the samples of several processes are merged this way too (``bench --processes``).
+
+    The timing fields are the summary's (``stats.TimingSummary``): ``ci_ms`` (and ``ci95_ms``, the same for one more
+    release) the hierarchical CI (across processes,
+    else stretches of the run), ``ci_level`` says which, ``ci_coverage`` what it may claim (0.95 from 5 units or more;
+    from fewer, what their ranks guarantee); ``ci95_within_ms`` the order-statistics CI of the pooled blocks."""
+    summary = summarize(samples, processes, rounds)
+    median = summary.median
+    row.update(summary.to_dict())
+    row.update(
+        ci95_within_ms=[summary.within_low, summary.within_high], ci95_coverage=summary.within_coverage, n_samples=summary.n,
+        latency_ms_per_batch=median, latency_ms_per_sample=median / row["batch_size"],
+        throughput_per_s=row["batch_size"] * 1000.0 / median,
+        items_per_s=row["items_per_step"] * 1000.0 / median,
+        achieved_tflops=row["gflops_per_batch"] * 1e9 / (median / 1000.0) / 1e12,
+        gpu_busy_frac=min(1.0, row["device_ms"] / median) if row.get("device_ms") is not None else None,
+    )
+    if rounds is not None:
+        row["sample_rounds"] = [int(r) for r in rounds]
+        row["sample_processes"] = [int(p) for p in (processes if processes is not None else [0] * len(samples))]
+    if "tokens_per_s" in row:
+        row["tokens_per_s"] = row["items_per_s"]
+    return row
+
+
 def host_bound(prepared: Prepared) -> dict:
     """``host_bound_frac``: the host's time to issue a step ÷ the GPU's time to run it, each measured with the other
     out of the way (``measure.host.held_timing``); under 0.5 a host up to twice as slow still keeps the GPU fed, so
@@ -525,9 +552,73 @@ def utilisation(case: Case, row: dict, peaks: dict | None = None) -> dict:
     return out
 
 
+def base_row(case: Case, env: dict) -> dict:
+    """The keys every row has, whatever its status."""
+    return {
+        "case_id": case.id,
+        "case": case.to_dict(),
+        "status": None,
+        "message": None,
+        "model": case.model,
+        "family": case.family,
+        "workload": case.workload,
+        "label": case.label(),
+        "method": case.method,
+        "keep_rate": list(case.keep_rate),
+        "reduction_loc": list(case.reduction_loc),
+        "tokens": None,
+        "input_size": case.input_size,
+        "seq_len": case.seq_len,
+        "prompt_len": case.prompt_len,
+        "context_len": case.context_len,
+        "new_tokens": case.new_tokens,
+        "batch_size": case.batch_size,
+        "dtype": case.dtype,
+        "mode": case.mode,
+        "attn": case.attn,
+        "device": case.device,
+        "device_name": device_name(env),
+        "median_ms": None,
+        "p10_ms": None,
+        "p90_ms": None,
+        "cv": None,
+        "ci_ms": None,
+        "ci95_ms": None,
+        "latency_ms_per_batch": None,
+        "latency_ms_per_sample": None,
+        "throughput_per_s": None,
+        "gflops": None,
+        "gmacs": None,
+        "params_m": None,
+        "peak_mem_alloc_mb": None,
+        "peak_mem_reserved_mb": None,
+        "energy_j": None,
+        "power_w": None,
+        CANARY_KEY: None,  # µs per host canary run (measure.canary); None where no canary was taken
+        "flags": [],
+        "warnings": [],
+        "env": env,
+    }
+
+
+def failed_row(case: Case, status: str, message: str, env: dict, detail: str | None = None) -> dict:
+    row = base_row(case, env)
+    row.update(status=status, message=message, tokens=_safe_tokens(case))
+    if detail:
+        row["detail"] = detail
+    return row
+
+
 def _safe_canary_us() -> float | None:
     try:
         return host_canary().median_us
+    except Exception:
+        return None
+
+
+def _safe_tokens(case: Case):
+    try:
+        return expected_tokens(case)
     except Exception:
         return None
 

@@ -45,8 +45,7 @@ import torch
 from perflab.analysis.comm import comm_floor, ddp_bytes, fsdp_bytes
 from perflab.measure.checks import MIN_TIMED_ITERS, Check, compile_checks, run_checks
 from perflab.measure.env import environment
-from perflab.measure.harness import MB, memory_peaks, output_is_finite
-from perflab.measure.row import base_row, failed_row, timing_fields
+from perflab.measure.harness import MB, base_row, failed_row, memory_peaks, output_is_finite, timing_fields
 from perflab.measure.timing import estimate_step_s, plan_timing, time_step
 from perflab.runtime.device import synchronize
 from perflab.runtime.modes import allow_recompiles, compile_kwargs

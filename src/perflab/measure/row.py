@@ -1,13 +1,13 @@
-"""The result row: what a case's measurement gives, the keys it has, and what each field its readers rely on holds.
+"""The result row's type: what each field of a row holds, as the readers of rows take it.
 
-A row is a dict, as JSON lines, CSV and the results store keep it. ``base_row`` gives the keys every row has,
-``failed_row`` a case that could not be measured, ``timing_fields`` the figures its timing samples give; the harness
-adds a measured case's own (``measure.harness.ok_row``). ``FIELDS`` says, field by field, what a row read back holds:
-its type, its range and, in words, what a reader is told when it holds something else. ``check_row`` holds a row to
-it (``report.export.read_rows`` for a file of ``bench --out``, ``api.compare`` for a store's rows); ``StoredRow`` is
-the store's view of the same fields, their types without their ranges: a stored row is read as it was stored.
+The harness builds a row (``measure.harness``: ``base_row`` the keys every row has, ``ok_row`` a measured case's,
+``failed_row`` one that could not be measured); a row is a dict, as JSON lines, CSV and the results store keep it.
+``FIELDS`` says, field by field, what a row read back holds: its type, its range and, in words, what a reader is told
+when it holds something else. ``check_row`` holds a row to it (``report.export.read_rows`` for a file of
+``bench --out``, ``api.compare`` for a store's rows); ``StoredRow`` is the store's view of the same fields, their
+types without their ranges (``sweep.store.decode_row``: a stored row is read as it was stored).
 
-Torch-free: the store and the report import it.
+Torch-free, and below the store and the report, which import it; the harness, which imports torch, stays out of them.
 """
 
 from __future__ import annotations
@@ -20,113 +20,9 @@ from typing import Annotated, Optional
 import msgspec
 
 from perflab.errors import PerflabError, show
-from perflab.measure.canary import CANARY_KEY
-from perflab.spec import Case
 
-
-def base_row(case: Case, env: dict) -> dict:
-    """The keys every row has, whatever its status."""
-    return {
-        "case_id": case.id,
-        "case": case.to_dict(),
-        "status": None,
-        "message": None,
-        "model": case.model,
-        "family": case.family,
-        "workload": case.workload,
-        "label": case.label(),
-        "method": case.method,
-        "keep_rate": list(case.keep_rate),
-        "reduction_loc": list(case.reduction_loc),
-        "tokens": None,
-        "input_size": case.input_size,
-        "seq_len": case.seq_len,
-        "prompt_len": case.prompt_len,
-        "context_len": case.context_len,
-        "new_tokens": case.new_tokens,
-        "batch_size": case.batch_size,
-        "dtype": case.dtype,
-        "mode": case.mode,
-        "attn": case.attn,
-        "device": case.device,
-        "device_name": device_name(env),
-        "median_ms": None,
-        "p10_ms": None,
-        "p90_ms": None,
-        "cv": None,
-        "ci_ms": None,
-        "ci95_ms": None,
-        "latency_ms_per_batch": None,
-        "latency_ms_per_sample": None,
-        "throughput_per_s": None,
-        "gflops": None,
-        "gmacs": None,
-        "params_m": None,
-        "peak_mem_alloc_mb": None,
-        "peak_mem_reserved_mb": None,
-        "energy_j": None,
-        "power_w": None,
-        CANARY_KEY: None,  # µs per host canary run (measure.canary); None where no canary was taken
-        "flags": [],
-        "warnings": [],
-        "env": env,
-    }
-
-
-def failed_row(case: Case, status: str, message: str, env: dict, detail: str | None = None) -> dict:
-    row = base_row(case, env)
-    row.update(status=status, message=message, tokens=_safe_tokens(case))
-    if detail:
-        row["detail"] = detail
-    return row
-
-
-def device_name(env: dict) -> str:
-    return env.get("gpu_name") or f"CPU ({env.get('cpu')}, {env.get('cpu_threads')} threads)"
-
-
-def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
-    """Set the row's figures that follow from its timing samples (median, spread, CIs, latency, throughput, FLOP/s,
-    the GPU's busy share); the samples of several processes are merged this way too (``bench --processes``).
-
-    The timing fields are the summary's (``stats.TimingSummary``): ``ci_ms`` (and ``ci95_ms``, the same for one more
-    release) the hierarchical CI (across processes,
-    else stretches of the run), ``ci_level`` says which, ``ci_coverage`` what it may claim (0.95 from 5 units or more;
-    from fewer, what their ranks guarantee); ``ci95_within_ms`` the order-statistics CI of the pooled blocks."""
-    from perflab.stats import summarize  # numpy: not for the readers of rows
-
-    summary = summarize(samples, processes, rounds)
-    median = summary.median
-    row.update(summary.to_dict())
-    row.update(
-        ci95_within_ms=[summary.within_low, summary.within_high], ci95_coverage=summary.within_coverage, n_samples=summary.n,
-        latency_ms_per_batch=median, latency_ms_per_sample=median / row["batch_size"],
-        throughput_per_s=row["batch_size"] * 1000.0 / median,
-        items_per_s=row["items_per_step"] * 1000.0 / median,
-        achieved_tflops=row["gflops_per_batch"] * 1e9 / (median / 1000.0) / 1e12,
-        gpu_busy_frac=min(1.0, row["device_ms"] / median) if row.get("device_ms") is not None else None,
-    )
-    if rounds is not None:
-        row["sample_rounds"] = [int(r) for r in rounds]
-        row["sample_processes"] = [int(p) for p in (processes if processes is not None else [0] * len(samples))]
-    if "tokens_per_s" in row:
-        row["tokens_per_s"] = row["items_per_s"]
-    return row
-
-
-def _safe_tokens(case: Case):
-    try:
-        from perflab.models.registry import expected_tokens  # torch: not for the readers of rows
-
-        return expected_tokens(case)
-    except Exception:
-        return None
-
-
-# ---------------------------------------------------------------------------------------------------
-# What each field holds, as the readers of rows (compare, the regressions' ratios, the report) take it. A row is a
-# measurement: its times are finite, positive and within what a timer can read, so a ratio of two of them is finite.
-
+# A row is a measurement: its times are finite, positive and within what a timer can read, so a ratio of two of them is
+# finite.
 MIN_MS, MAX_MS = 1e-9, 1e10  # a picosecond; about 116 days
 _Time = Annotated[float, msgspec.Meta(ge=MIN_MS, le=MAX_MS)]
 _Amount = Annotated[float, msgspec.Meta(ge=0.0, le=sys.float_info.max)]

@@ -261,7 +261,7 @@ def write_result(row: dict, path: Path) -> None:
 
 
 def _failed_row(case, status: str, message: str) -> dict:
-    from perflab.measure.row import failed_row
+    from perflab.measure.harness import failed_row
 
     return failed_row(case, status, message, env={"device": case.device})
 
