@@ -47,7 +47,7 @@ from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
-from perflab.runtime.modes import compile_counters, compile_stats, make_step, record_autotune
+from perflab.runtime.modes import compile_counters, compile_stats, compiled_while_timed, make_step, record_autotune
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
 from perflab.stats import summarize
@@ -244,17 +244,6 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
         prepared.alloc0 = alloc0
         prepared.resident_bytes = torch.cuda.memory_allocated() - alloc0
     return prepared
-
-
-def compiled_while_timed(prepared: list[Prepared], since: dict | None = None) -> None:
-    """Each compiled case's ``frames_compiled_while_timed``: frames dynamo compiled from ``since`` (the counters when the
-    timed loop began; default: when the case was warm) to now. Cases timed together share one count, the session's."""
-    compiled = [p for p in prepared if p.compile_stats is not None]
-    if not compiled:
-        return
-    now = compile_counters()
-    for p in compiled:
-        p.compile_stats["frames_compiled_while_timed"] = compile_stats(since or p.compile_after, now)["frames"]
 
 
 def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None, flop_cache=None) -> dict:
@@ -774,8 +763,6 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
 
     device = prepared[0].case.device
     rounds = max(p.plan.n_blocks for p in prepared)
-    order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced)
-    schedule = block_schedule(order, [p.plan.n_blocks for p in prepared], [p.plan.block_sizes for p in prepared])
     monitor = pool[0][3]
     stage = stage_of(indices[0]) or (lambda _: None)
 
@@ -783,6 +770,8 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
         stage(f"timing {len(pool)} cases together, round {r + 1}/{rounds}")
 
     with timing_thread(device, host) as thread:
+        order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced)
+        schedule = block_schedule(order, [p.plan.n_blocks for p in prepared], [p.plan.block_sizes for p in prepared])
         gc.collect()
         gc_was_enabled = gc.isenabled()
         gc.disable()
