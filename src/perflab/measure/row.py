@@ -3,8 +3,8 @@
 The harness builds a row (``measure.harness``: ``base_row`` the keys every row has, ``ok_row`` a measured case's,
 ``failed_row`` one that could not be measured); a row is a dict, as JSON lines, CSV and the results store keep it.
 ``FIELDS`` says, field by field, what a row read back holds: its type, its range and, in words, what a reader is told
-when it holds something else. ``check_row`` holds a row to it (``report.export.read_rows`` for a file of
-``bench --out``, ``api.compare`` for a store's rows); ``StoredRow`` is the store's view of the same fields, their
+when it holds something else; ``ResultRow`` is that type, a msgspec Struct. ``check_row`` holds a row to it
+(``report.export.read_rows`` for a file of ``bench --out``, ``api.compare`` for a store's rows); ``StoredRow`` is the store's view of the same fields, their
 types without their ranges (``sweep.store.decode_row``: a stored row is read as it was stored).
 
 Torch-free, and below the store and the report, which import it; the harness, which imports torch, stays out of them.
@@ -12,7 +12,6 @@ Torch-free, and below the store and the report, which import it; the harness, wh
 
 from __future__ import annotations
 
-import functools
 import re
 import sys
 from typing import Annotated, Optional
@@ -83,20 +82,19 @@ FIELDS: dict[str, tuple[object, str]] = {
 }
 
 
-@functools.cache
-def result_row() -> type[msgspec.Struct]:
-    """``ResultRow``: the fields of ``FIELDS`` with their types and ranges, each optional but ``case_id``. A row whose
-    values have other types (a median that is text) or lie out of range (a negative or infinite time) is refused at
-    once, not met later as a traceback or a false verdict in whatever reads it."""
-    fields = [(key, Optional[kind], None) for key, (kind, _) in FIELDS.items() if key != "case_id"]
-    return msgspec.defstruct("ResultRow", [("case_id", FIELDS["case_id"][0])] + fields)
+# The fields of ``FIELDS`` with their types and ranges, each optional but ``case_id``. A row whose values have other
+# types (a median that is text) or lie out of range (a negative or infinite time) is refused at once (``check_row``),
+# not met later as a traceback or a false verdict in whatever reads it.
+ResultRow = msgspec.defstruct("ResultRow", [("case_id", FIELDS["case_id"][0])]
+                              + [(key, Optional[kind], None) for key, (kind, _) in FIELDS.items() if key != "case_id"],
+                              module=__name__)
 
 
 def check_row(row: dict, where: str) -> dict:
     """``row`` where each of its fields holds what ``FIELDS`` says; PerflabError naming ``where`` (the file and line, or
     the store and case), the field and its value otherwise."""
     try:
-        msgspec.convert(row, result_row())
+        msgspec.convert(row, ResultRow)
     except (msgspec.ValidationError, UnicodeEncodeError) as exc:
         if isinstance(exc, UnicodeEncodeError):  # msgspec encodes text to match its pattern, and cannot encode a lone surrogate
             path = next(filter(None, (_unencodable(row[key], key) for key in FIELDS if key in row)), "")
