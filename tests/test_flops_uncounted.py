@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from perflab import api
-from perflab.measure.flops import UNCOUNTED_FLAG, FlopCount, count_step, uncounted_check
+from perflab.measure.checks import UNCOUNTED_FLAG, uncounted_check
+from perflab.measure.flops import FlopCount, count_step
 
 ENCODER_LM = str(Path(__file__).parent / "data" / "models" / "encoder_lm.py") + ":EncoderLM"
 B, L, D, F, V, N = 2, 16, 64, 128, 256, 2  # batch, sequence, width, feed-forward, vocabulary, layers of EncoderLM()

@@ -159,7 +159,7 @@ def test_autocast_casts_each_weight_once_across_steps():
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from perflab.runtime.precision import precision
+    from perflab.runtime.workload import precision
 
     lin = torch.nn.Linear(64, 64)
     x = torch.randn(4, 64)

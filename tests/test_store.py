@@ -99,3 +99,21 @@ def test_a_resumed_grid_stores_its_experiment_once(tmp_path):
         store.begin_sweep(command="c", spec_source="g.yaml", spec_text="g", experiment=grid, env_key="e", n_cases=1, n_skipped=0)
         raw = [r for (r,) in store.conn.execute("SELECT experiment_json FROM sweeps ORDER BY id")]
         assert sum(len(r) > 100 for r in raw) == 1 and [s["experiment"] for s in store.sweeps()] == [grid, grid, other, grid, grid]
+
+
+def test_the_store_reads_a_row_by_the_fields_the_row_declares():
+    """One definition of a result row (measure.row, beside its builder, the harness): the store's view (``StoredRow``:
+    types, not ranges) reads fields that ``FIELDS`` describes, and a row the builder makes is read back by the store and
+    passes ``check_row``."""
+    from perflab.measure.harness import failed_row
+    from perflab.measure.row import FIELDS, StoredRow, check_row
+    from perflab.spec import Case
+    from perflab.sweep.store import decode_row
+
+    assert set(StoredRow.__struct_fields__) - set(FIELDS) == set()
+    row = failed_row(Case("test:tiny", batch_size=2), "error", "RuntimeError: boom", {"device": "cpu", "cpu": "x86_64", "cpu_threads": 4})
+    stored = decode_row(dumps(row))
+    assert stored == row and check_row(stored, "d, case c") is stored
+    assert row["device_name"] == "CPU (x86_64, 4 threads)" and row["tokens"] is None
+    with pytest.raises(PerflabError, match=r"^d, case c: mfu: -0.5: expected a finite number, 0 or more$"):
+        check_row(dict(row, mfu=-0.5), "d, case c")

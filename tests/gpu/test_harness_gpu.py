@@ -8,7 +8,7 @@ from perflab.models.registry import build_model
 from perflab.workloads.base import image_batch
 from perflab.runtime.modes import make_step
 from perflab.runtime.workload import build
-from perflab.runtime.precision import precision
+from perflab.runtime.workload import precision
 from perflab.spec import Case, validate_case
 
 TOPK = dict(keep_rate=(0.1,), reduction_loc=(3, 6, 9))

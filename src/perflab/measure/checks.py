@@ -10,11 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perflab.spec import AUTOTUNE_MODES
+from perflab.stats import summarize
 
 CV_THRESHOLD = 0.05
 AUTOTUNE_SPREAD = 0.03  # processes' medians of one max-autotune case further apart than this: the report says so
 MIN_TIMED_S = 1.0
 MIN_TIMED_ITERS = 50
+SLOWED_CLOCK_SHARE = 0.95  # a throttle reason counts only where the SM clock fell below this share of its maximum
+UNCOUNTED_SHARE = 0.05  # uncounted heavy work at least this share of the step (a lower bound) raises flops_uncounted
+UNCOUNTED_FLAG = "flops_uncounted"
 
 
 # What each flag means in a line without a row's numbers: how a warning that several rows share is said once.
@@ -46,6 +50,35 @@ def break_reasons_text(stats: dict) -> str:
 class Check:
     flag: str
     message: str
+
+
+def case_checks(prepared, report, measured, max_sm_clock_mhz: int | None) -> list[Check]:
+    """A measured case's checks, in the order its row lists its flags: ``prepared`` and ``measured`` the harness's
+    (``measure.harness.Prepared``, ``Measured``), ``report`` the GPU monitor's reading over its timing (the case's own
+    blocks where it was timed with others: ``energy.case_view``), ``max_sm_clock_mhz`` the GPU's."""
+    case, checked, gpu_view = prepared.case, prepared.checked, measured.gpu_view
+    checks = run_checks(
+        requested_batch=case.batch_size,
+        processed_batch=prepared.processed,
+        timed_s=measured.timed_s,
+        timed_iters=measured.timed_iters,
+        cv=summarize(measured.samples_ms).cv,
+        energy_j=measured.energy_j,
+        energy_unavailable=measured.energy_unavailable,
+        energy_expected_absent=getattr(report, "expected", False),
+        throttle_reasons=report.throttle_reasons if slowed(report.throttle_reasons, report.sm_clock_mhz_min, max_sm_clock_mhz) else [],
+        throttled_blocks=(gpu_view["throttled_blocks"], gpu_view["read_blocks"]) if gpu_view else None,
+        other_processes=report.other_processes,
+        tokens_expected=checked.get("tokens_expected"),
+        tokens_seen=checked.get("tokens_seen"),
+        finite=prepared.finite,
+        min_time=case.min_time,
+    )
+    checks += compile_checks(prepared.compile_stats)
+    uncounted = uncounted_check(prepared.flop_count) if prepared.flop_count is not None else None
+    if uncounted is not None:
+        checks.append(uncounted)
+    return checks
 
 
 def run_checks(
@@ -99,6 +132,29 @@ def cv_check(cv: float, cv_threshold: float = CV_THRESHOLD) -> Check | None:
     if cv > cv_threshold:
         return Check("high_cv", f"timing samples vary by CV {cv:.1%} (threshold {cv_threshold:.0%}); the machine may be busy or the step too short")
     return None
+
+
+def slowed(reasons, sm_clock_mhz_min: int | None, max_sm_clock_mhz: int | None) -> bool:
+    """A reading throttled in a way that slowed the work: a throttle reason was set and the SM clock fell more than 5%
+    below the GPU's maximum. NVML keeps ``sw_power_cap`` set while the power limiter is engaged, also where it takes
+    the clock down by a step or two: on an H100 (2026-11-26) the demo's eight cases, interleaved, read it in 18-19 of
+    20 blocks of every case, the bs1 ones drawing 160-260 W among them, at 1890-1980 MHz of 1980 (4.5% at the most);
+    where the maximum is not known, any reason counts."""
+    if not reasons:
+        return False
+    if not max_sm_clock_mhz or sm_clock_mhz_min is None:
+        return True
+    return sm_clock_mhz_min < SLOWED_CLOCK_SHARE * max_sm_clock_mhz
+
+
+def uncounted_check(count) -> Check | None:
+    """``flops_uncounted`` where ops with no FLOP formula did at least ``UNCOUNTED_SHARE`` of the step's work (by their
+    lower bound, ``measure.flops.FlopCount``); None otherwise."""
+    if not count.uncounted or count.uncounted_share_min < UNCOUNTED_SHARE:
+        return None
+    ops = ", ".join(f"{name} ×{calls}" for name, calls in sorted(count.uncounted.items(), key=lambda kv: -kv[1]))
+    return Check(UNCOUNTED_FLAG, f"FLOPs undercounted: ops with no FLOP formula did heavy tensor work ({ops}), at least "
+                                 f"{count.uncounted_share_min:.0%} of the step's FLOPs: GFLOPs, TFLOP/s and MFU read low")
 
 
 def compile_checks(stats: dict | None) -> list[Check]:

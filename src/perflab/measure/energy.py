@@ -20,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
+from perflab.measure.checks import slowed
+
 # Throttle ("clocks event") reason bits from nvml.h. Idle, application clocks, sync boost and display
 # clock settings are not slowdowns; the rest mean the clocks were held down by power or heat.
 THROTTLE_REASONS = {
@@ -59,21 +61,7 @@ def reason_names(bits: int) -> list[str]:
     return [name for bit, name in THROTTLE_REASONS.items() if bits & bit]
 
 
-SLOWED_CLOCK_SHARE = 0.95  # a throttle reason counts only where the SM clock fell below this share of its maximum
 THROTTLED_BLOCK_SHARE = 0.25  # a case is throttled when at least this share of its blocks were: enough to move its median
-
-
-def slowed(reasons, sm_clock_mhz_min: int | None, max_sm_clock_mhz: int | None) -> bool:
-    """A reading throttled in a way that slowed the work: a throttle reason was set and the SM clock fell more than 5%
-    below the GPU's maximum. NVML keeps ``sw_power_cap`` set while the power limiter is engaged, also where it takes
-    the clock down by a step or two: on an H100 (2026-11-26) the demo's eight cases, interleaved, read it in 18-19 of
-    20 blocks of every case, the bs1 ones drawing 160-260 W among them, at 1890-1980 MHz of 1980 (4.5% at the most);
-    where the maximum is not known, any reason counts."""
-    if not reasons:
-        return False
-    if not max_sm_clock_mhz or sm_clock_mhz_min is None:
-        return True
-    return sm_clock_mhz_min < SLOWED_CLOCK_SHARE * max_sm_clock_mhz
 
 
 def case_view(run: MonitorReport, readings: list[BlockReading | None], max_sm_clock_mhz: int | None = None) -> tuple[MonitorReport, dict, dict]:

@@ -66,9 +66,6 @@ def _extra_formulas() -> dict:
     return extra
 
 
-UNCOUNTED_SHARE = 0.05  # uncounted heavy work at least this share of the step (a lower bound) raises flops_uncounted
-UNCOUNTED_FLAG = "flops_uncounted"
-
 
 @dataclass
 class FlopCount:
@@ -159,18 +156,6 @@ def count_step(run_once: Callable[[], object], mha_fastpath: bool = False) -> Fl
 def count_flops(run_once: Callable[[], object]) -> int:
     """FLOPs of one call of ``run_once`` (a forward at the measured batch size)."""
     return count_step(run_once).flops
-
-
-def uncounted_check(count: FlopCount):
-    """``flops_uncounted`` where ops with no FLOP formula did at least ``UNCOUNTED_SHARE`` of the step's work (by their
-    lower bound); None otherwise."""
-    from perflab.measure.checks import Check
-
-    if not count.uncounted or count.uncounted_share_min < UNCOUNTED_SHARE:
-        return None
-    ops = ", ".join(f"{name} ×{calls}" for name, calls in sorted(count.uncounted.items(), key=lambda kv: -kv[1]))
-    return Check(UNCOUNTED_FLAG, f"FLOPs undercounted: ops with no FLOP formula did heavy tensor work ({ops}), at least "
-                                 f"{count.uncounted_share_min:.0%} of the step's FLOPs: GFLOPs, TFLOP/s and MFU read low")
 
 
 # ---------------------------------------------------------------------------------------------------

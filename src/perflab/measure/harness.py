@@ -38,16 +38,16 @@ import torch
 from perflab.errors import PerflabError
 from perflab.measure import sched
 from perflab.measure.canary import CANARY_KEY, HOST_BOUND_KEY, canary_fields, host_canary
-from perflab.measure.checks import MIN_TIMED_ITERS, autotune_check, compile_checks, run_checks
-from perflab.measure.energy import THROTTLE_REASONS, case_view, open_monitor, slowed
+from perflab.measure.checks import MIN_TIMED_ITERS, Check, autotune_check, case_checks
+from perflab.measure.energy import THROTTLE_REASONS, case_view, open_monitor
 from perflab.measure.env import device_name, environment
-from perflab.measure.flops import FlopCache, FlopCount, count_flops_once, count_params, uncounted_check
+from perflab.measure.flops import FlopCache, FlopCount, count_flops_once, count_params
 from perflab.measure.host import HeldTiming, held_timing, issue_s
 from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
-from perflab.runtime.modes import compile_counters, compile_stats, make_step, record_autotune
+from perflab.runtime.modes import compile_counters, compile_stats, compiled_while_timed, make_step, record_autotune
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
 from perflab.stats import summarize
@@ -246,17 +246,6 @@ def _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0=
     return prepared
 
 
-def compiled_while_timed(prepared: list[Prepared], since: dict | None = None) -> None:
-    """Each compiled case's ``frames_compiled_while_timed``: frames dynamo compiled from ``since`` (the counters when the
-    timed loop began; default: when the case was warm) to now. Cases timed together share one count, the session's."""
-    compiled = [p for p in prepared if p.compile_stats is not None]
-    if not compiled:
-        return
-    now = compile_counters()
-    for p in compiled:
-        p.compile_stats["frames_compiled_while_timed"] = compile_stats(since or p.compile_after, now)["frames"]
-
-
 def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None, flop_cache=None) -> dict:
     """One case alone: prepared, then one contiguous timed loop (sequential timing)."""
     with memory_cap(case):
@@ -299,7 +288,8 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None, fl
         peak_alloc=peak["alloc"], peak_reserved=peak["reserved"], canary=canary_fields(before, after),
         contention=sched.contention(load0, load1, thread.cpus), extra=extra,
     )
-    row = ok_row(prepared, env, report, measured, thread)
+    checks = case_checks(prepared, report, measured, env.get("max_sm_clock_mhz"))
+    row = ok_row(prepared, env, report, measured, thread, checks)
     if case.device == "cuda":
         row["memory_baseline_mb"] = baseline["alloc"] / MB  # held by the process before the case, left out of its peaks
     return row
@@ -329,33 +319,10 @@ class Measured:
     run_view: dict = field(default_factory=dict)  # interleaved: the whole run's throttle reasons and SM clock range
 
 
-def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread) -> dict:
-    """The result row of a measured case."""
-    case, built, plan = prepared.case, prepared.built, prepared.plan
-    summary = summarize(measured.samples_ms)
-    checked = prepared.checked
-    tokens_expected, tokens_seen = checked.get("tokens_expected"), checked.get("tokens_seen")
-    checks = run_checks(
-        requested_batch=case.batch_size,
-        processed_batch=prepared.processed,
-        timed_s=measured.timed_s,
-        timed_iters=measured.timed_iters,
-        cv=summary.cv,
-        energy_j=measured.energy_j,
-        energy_unavailable=measured.energy_unavailable,
-        energy_expected_absent=getattr(report, "expected", False),
-        throttle_reasons=report.throttle_reasons if slowed(report.throttle_reasons, report.sm_clock_mhz_min, env.get("max_sm_clock_mhz")) else [],
-        throttled_blocks=(measured.gpu_view["throttled_blocks"], measured.gpu_view["read_blocks"]) if measured.gpu_view else None,
-        other_processes=report.other_processes,
-        tokens_expected=tokens_expected,
-        tokens_seen=tokens_seen,
-        finite=prepared.finite,
-        min_time=case.min_time,
-    )
-    checks += compile_checks(prepared.compile_stats)
-    uncounted = uncounted_check(prepared.flop_count) if prepared.flop_count is not None else None
-    if uncounted is not None:
-        checks.append(uncounted)
+def ok_row(prepared: Prepared, env: dict, report, measured: Measured, thread, checks: list[Check]) -> dict:
+    """The result row of a measured case; ``checks`` its flags and warnings (``checks.case_checks``)."""
+    case, built = prepared.case, prepared.built
+    tokens_expected, tokens_seen = prepared.checked.get("tokens_expected"), prepared.checked.get("tokens_seen")
     env = dict(env)
     env.update(
         sm_clock_mhz=report.sm_clock_mhz_end,
@@ -796,8 +763,6 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
 
     device = prepared[0].case.device
     rounds = max(p.plan.n_blocks for p in prepared)
-    order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced)
-    schedule = block_schedule(order, [p.plan.n_blocks for p in prepared], [p.plan.block_sizes for p in prepared])
     monitor = pool[0][3]
     stage = stage_of(indices[0]) or (lambda _: None)
 
@@ -805,6 +770,8 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
         stage(f"timing {len(pool)} cases together, round {r + 1}/{rounds}")
 
     with timing_thread(device, host) as thread:
+        order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced)
+        schedule = block_schedule(order, [p.plan.n_blocks for p in prepared], [p.plan.block_sizes for p in prepared])
         gc.collect()
         gc_was_enabled = gc.isenabled()
         gc.disable()
@@ -853,8 +820,9 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
         )
         env = pool[k][2]
         own, measured.gpu_view, measured.run_view = case_view(report, [b.gpu for b in blocks], env.get("max_sm_clock_mhz"))  # its own blocks
+        checks = case_checks(p, own, measured, env.get("max_sm_clock_mhz"))
         with scope(indices[k]):  # where its model's source is read (model_source)
-            rows.append(ok_row(p, env, own, measured, thread))
+            rows.append(ok_row(p, env, own, measured, thread, checks))
     return rows
 
 

@@ -121,6 +121,19 @@ def compile_stats(before: dict, after: dict, top: int = 3) -> dict:
             "break_reasons": [{"reason": first_line(reason), "count": n} for reason, n in reasons]}
 
 
+def compiled_while_timed(cases, since: dict | None = None) -> None:
+    """Each compiled case's ``frames_compiled_while_timed`` (``cases``: each with its ``compile_stats``, None where it is
+    not compiled, and ``compile_after``, the counters when it was warm: ``measure.harness.Prepared``): frames dynamo
+    compiled from ``since`` (the counters when the timed loop began; default: when the case was warm) to now. Cases
+    timed together share one count, the session's."""
+    compiled = [c for c in cases if c.compile_stats is not None]
+    if not compiled:
+        return
+    now = compile_counters()
+    for c in compiled:
+        c.compile_stats["frames_compiled_while_timed"] = compile_stats(since or c.compile_after, now)["frames"]
+
+
 def capture(step: Callable[[], Any], warmup: int) -> Callable[[], Any]:
     # Warm up on a side stream (as torch.cuda.graphs recommends) so lazy init, autotuning and the
     # optimizer's state allocation stay out of the graph.

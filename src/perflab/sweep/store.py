@@ -30,6 +30,7 @@ from typing import Callable, Iterable
 import msgspec
 
 from perflab.errors import PerflabError, show
+from perflab.measure.row import StoredRow
 from perflab.paths import make_out_dir
 
 STORE_NAME = "results.sqlite"
@@ -317,32 +318,6 @@ class Unreadable:
         return f"{self.what} {self.key}{where}: {self.problem}; skipped"
 
 
-class _RowShape(msgspec.Struct):
-    """The keys every reader of a stored row relies on, and their types (the rest is the row's own business)."""
-
-    case_id: str
-    status: str
-    model: str | None = None
-    batch_size: int | None = None
-    dtype: str | None = None
-    mode: str | None = None
-    median_ms: float | None = None
-    input_size: int | None = None
-    label: str | None = None
-    env: dict | None = None
-    throughput_per_s: float | None = None
-    items_per_s: float | None = None
-    mfu: float | None = None
-    mbu: float | None = None
-    peak_mem_alloc_mb: float | None = None
-    peak_mem_reserved_mb: float | None = None
-    case: dict | None = None
-    flags: list[str] | None = None
-    warnings: list[str] | None = None
-    ci95_ms: tuple[float | None, float | None] | None = None
-    samples_ms: list[float | None] | None = None
-
-
 class _EnvShape(msgspec.Struct):
     """The keys of a stored environment its readers rely on (the GPU names choose the rows a report shows)."""
 
@@ -358,7 +333,7 @@ _SWEEP_COLUMNS = {"started_at": float | None, "finished_at": float | None, "outc
 def decode_row(text) -> dict:
     """A stored row's JSON → the row; ValueError saying what is wrong with it (cut short, not an object, a key of the
     wrong type)."""
-    return _decode(text, _RowShape, "not a result row")
+    return _decode(text, StoredRow, "not a result row")
 
 
 def _decode(text, shape: type = dict, wrong: str = "not as stored"):

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-# The dtypes bf16/fp16 cases compute in under autocast, over fp32 weights (runtime.precision enters it).
+# The dtypes bf16/fp16 cases compute in under autocast, over fp32 weights (runtime.workload.precision enters it).
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
