@@ -2,8 +2,8 @@
 
 - skipped (``--skip N``): warm-up and compilation run as the program runs them.
 - timed (``--steps K``): nothing but a timestamp per boundary. On a GPU a CUDA event recorded on the stream current at
-  the boundary (the step's stream; no synchronisation inside the phase, one after it to read the events); on the CPU
-  the host clock. A "boundary" source's step is one boundary to the next; a "call" source's is one call (start to
+  the boundary (the step's stream; no synchronisation inside the phase); on the CPU the host clock. The stamps of
+  every phase are read once, when the record is handed over (``Recorder.finish``). A "boundary" source's step is one boundary to the next; a "call" source's is one call (start to
   return; the time between calls is not the step's). The peak of the allocator's memory is reset when the phase
   begins and read when it ends.
 - traced (``--trace M``): torch.profiler with shapes recorded, started at a boundary after one synchronisation and
@@ -201,7 +201,6 @@ class Recorder:
             torch.cuda.reset_peak_memory_stats()
 
     def _finish_timing(self) -> None:
-        self._read_timing()
         self._counters["traced"] = compiler.counters()
         if self._clock is not None and self._clock.cuda:
             import torch
@@ -216,10 +215,14 @@ class Recorder:
             return self._clock.read_marks(self._marks[phase])
         return self._clock.read_pairs(self._pairs[phase])
 
-    def _read_timing(self) -> None:
-        """The timed steps' times from what was recorded so far (also for a run cut short)."""
+    def _read_steps(self) -> None:
+        """Every step's time from the stamps taken so far, read once when the record is handed over: the phases only
+        stamp, and a phase stamps nothing after it ends (the traced phase's accounted pass included), so a run cut
+        short reads the steps it got. On a GPU the read waits for the last event; an event's time is the same
+        whenever it is read."""
         step_ms, host_ms = self._read("timed")
         self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
+        self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
 
     def _enter_traced(self) -> None:
         self.data.phase = "traced"
@@ -271,7 +274,6 @@ class Recorder:
         if tracer.active:
             return
         if self._pass == "accounted":
-            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
             if tracer.written:
                 self.data.trace_path = str(tracer.trace_path)
                 self.data.traced_steps = tracer.steps
@@ -309,8 +311,6 @@ class Recorder:
     def _finish_tracing(self) -> None:
         self._counters["after"] = compiler.counters()
         self._tracer = None
-        if self._pass == "accounted":
-            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
         self.data.phase = "done"
         self.remove()  # the program runs on untouched
         if self.on_traced is not None:
@@ -361,8 +361,7 @@ class Recorder:
     def finish(self) -> Recorded:
         """What was measured up to now (at the end of the traced steps, or when the program ended first)."""
         data = self.data
-        if data.phase == "timed":
-            self._read_timing()
+        self._read_steps()
         phases = [("start", "timed", "skipped"), ("timed", "traced", "timed"), ("traced", "after", "traced")]
         now = compiler.counters()
         for a, b, name in phases:
@@ -376,7 +375,6 @@ class Recorder:
             self._tracer.stop()
             self._tracer = None
             if self._pass == "accounted":
-                data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
                 data.trace_note = "the program ended while perflab traced; the partial trace was not written"
             else:
                 data.trace_note = "the program ended during the pass with operator shapes: FLOPs left out"
