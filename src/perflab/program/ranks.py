@@ -20,8 +20,8 @@ import time
 import warnings
 from pathlib import Path
 
-from perflab.program.recorder import Rank, Recorder, RunOptions, instances_alive, stderr, write_json
-from perflab.program.report import RunReport
+from perflab.program.recorder import Rank, RunOptions, instances_alive, rank_dir, stderr
+from perflab.program.report import RunReport, write_json
 
 WAIT_S = 300.0
 GPU_SWEEP_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB: beside a model already in memory
@@ -76,7 +76,7 @@ def _sizes(sizes) -> str:
     return ", ".join(f"{s / 2**20:g} MiB" if s >= 2**20 else f"{s / 1024:g} KiB" for s in sizes)
 
 
-def gather(report: RunReport, recorder: Recorder, options: RunOptions, rank: Rank, ended_early: bool) -> None:
+def gather(report: RunReport, options: RunOptions, rank: Rank, ended_early: bool) -> None:
     """This rank's report written; on rank 0 the ranks' reports merged into it (after the traced steps)."""
     out = Path(options.out_dir)
     device = report.device or "cpu"
@@ -86,7 +86,7 @@ def gather(report: RunReport, recorder: Recorder, options: RunOptions, rank: Ran
             report.all_reduce = all_reduce_bandwidth(device, rank.world_size)
         except Exception as exc:  # the communication section is lost, the rest of the report is not
             report.communication_note = f"no all-reduce floor: {type(exc).__name__}: {exc}"
-    write_json(out / f"rank{rank.rank}" / "rank.json", report.to_dict())
+    write_json(rank_dir(out, rank) / "rank.json", report.to_dict())
     if rank.rank != 0 or ended_early:
         return
     reports = _wait_for_ranks(out, rank.world_size)
@@ -98,7 +98,7 @@ def _wait_for_ranks(out: Path, world: int) -> dict[int, dict]:
     found: dict[int, dict] = {}
     while True:
         for r in range(world):
-            path = out / f"rank{r}" / "rank.json"
+            path = rank_dir(out, Rank(r, world)) / "rank.json"
             if r not in found and path.exists():
                 try:
                     found[r] = json.loads(path.read_text())
