@@ -198,7 +198,9 @@ def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothi
                          world_size=3, recorded={"steps_seen": 12, "trace_path": None}, flags=[{"flag": f, "message": ""} for f in flags])
 
     report = rank(0, 10.0)
-    merge(report, {0: report, 2: RunReport.from_dict(rank(2, 12.5, ["high_cv"]).to_dict() | {"key_of_another_version": 1})}, "cpu")
+    merged = merge({0: report, 2: RunReport.from_dict(rank(2, 12.5, ["high_cv"]).to_dict() | {"key_of_another_version": 1})}, 3)
+    for name, value in merged.items():
+        setattr(report, name, value)
     written = report.to_dict()
     assert list(written)[-5:] == ["ranks", "slowest_rank", "step_ms", "ranks_missing", "communication_note"]
     assert (written["slowest_rank"], written["step_ms"], written["ranks_missing"]) == (2, 12.5, [1])
