@@ -2,15 +2,17 @@
 
 - skipped (``--skip N``): warm-up and compilation run as the program runs them.
 - timed (``--steps K``): nothing but a timestamp per boundary. On a GPU a CUDA event recorded on the stream current at
-  the boundary (the step's stream; no synchronisation inside the phase); on the CPU the host clock. The stamps of
-  every phase are read once, when the record is handed over (``Recorder.finish``). A "boundary" source's step is one boundary to the next; a "call" source's is one call (start to
-  return; the time between calls is not the step's). The peak of the allocator's memory is reset when the phase
-  begins and read when it ends.
+  the boundary (the step's stream; no synchronisation inside the phase); on the CPU the host clock. A "boundary"
+  source's step is one boundary to the next; a "call" source's is one call (start to return; the time between calls
+  is not the step's). The peak of the allocator's memory is reset when the phase begins and read when it ends.
 - traced (``--trace M``): torch.profiler with shapes recorded, started at a boundary after one synchronisation and
   stopped after M steps with another; each step in a ``ProfilerStep#n`` range (the trace's step windows). The
   profiler makes these steps slower: they are reported as traced, beside the untraced ones.
 - then the program runs on untouched (the recorder's hooks detached; the source counts on where that is free), or
   stops (``--stop-after``).
+
+Every phase's stamps are read once, when the record is handed over (``Recorder.finish``, after the traced steps or
+when the program ends first): the ``Recorded``, with the timed steps' summary.
 
 dynamo's counters are taken at each phase's boundaries (``program.compiler``), so a frame compiled while timed is
 seen, and a frame that hit the recompile limit is named with the step it happened in.
@@ -101,7 +103,7 @@ class Recorded:
     wall_s: float | None = None
     timing: dict = field(default_factory=lambda: {"steps": 0})  # the timed steps' summary (``timing_summary``)
 
-    STEP_TIMES = ("step_ms", "host_step_ms", "traced_step_ms", "timing")
+    STEP_TIMES = ("step_ms", "host_step_ms", "traced_step_ms", "timing")  # in the report's timing and traced sections
 
     def to_dict(self) -> dict:
         """run.json's ``recorded``: what the recorder saw, less the step times (the report's timing and traced hold them)."""
