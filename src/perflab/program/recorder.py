@@ -103,12 +103,6 @@ class Recorded:
     wall_s: float | None = None
     timing: dict = field(default_factory=lambda: {"steps": 0})  # the timed steps' summary (``timing_summary``)
 
-    STEP_TIMES = ("step_ms", "host_step_ms", "traced_step_ms", "timing")  # in the report's timing and traced sections
-
-    def to_dict(self) -> dict:
-        """run.json's ``recorded``: what the recorder saw, less the step times (the report's timing and traced hold them)."""
-        return {k: v for k, v in self.__dict__.items() if k not in self.STEP_TIMES}
-
 
 def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
     """The timed steps' summary (``stats.TimingSummary``, as a bench row's): the median and its CI over stretches of

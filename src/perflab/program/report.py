@@ -31,6 +31,7 @@ class _Absent:
 
 
 ABSENT: Any = _Absent()
+STEP_TIMES = ("step_ms", "host_step_ms", "traced_step_ms", "timing")  # the record's step times: in timing and traced, not in recorded
 MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
 
 
@@ -111,7 +112,7 @@ def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, 
     options = context.options
     report.program, report.steps_from = context.program, context.steps_from
     report.options = dict(asdict(options), out_dir=str(options.out_dir))
-    report.recorded = recorded.to_dict()
+    report.recorded = {k: v for k, v in vars(recorded).items() if k not in STEP_TIMES}
     report.partial, report.rank, report.world_size = partial, context.rank.rank, context.rank.world_size
     report.flags = run_checks(report)
     if outcome is not None:
