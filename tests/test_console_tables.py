@@ -546,7 +546,7 @@ def test_run_draws_the_traced_steps_accounting_and_top_kernels_with_analyzes_dra
     data = Path(__file__).parent / "data"
     if kind == "cpu":
         trace = load_kineto(data / "cpu_only.json.gz", ops=True)
-        report = program_report(timing={"median_ms": 1.0}, trace=trace, recorded={"device": "cpu"})
+        report = program_report(timing={"median_ms": 1.0}, trace=trace, device="cpu")
     else:  # a run.json perflab run wrote on an H200, beside its trace
         trace = load_kineto(data / "run" / "nanogpt_cuda_only_h200.json.gz")
         report = json.loads((data / "run" / "nanogpt_cuda_only_h200_run.json").read_text())

@@ -239,7 +239,7 @@ def test_an_interrupted_ab_says_to_rerun_into_another_store_and_an_interrupted_t
 def test_every_json_ci_names_its_level_beside_the_old_key():
     """ci95_ms stays one release; ci_ms and ci_coverage say what the interval may claim (run.json's timing, track's points)."""
     from perflab.analysis.regressions import revision_series
-    from perflab.program.run import timing_summary
+    from perflab.program.recorder import timing_summary
     from perflab.report.versions import series_dict
 
     two = timing_summary([2.0, 1.0], [])

@@ -309,3 +309,33 @@ def test_two_gloo_ranks_under_torchrun_merge_their_traces_into_the_communication
         events = load_events(out / f"rank{rank}" / "trace.json.gz")
         assert top_level_cpu_ops(events) and any(str(e.get("name", "")).startswith("gloo:") for e in events)
     assert "communication per step on 2 ranks" in done.stderr
+
+
+def test_the_recorders_stamps_are_read_once_into_the_record_with_their_summary(monkeypatch):
+    import perflab.clock
+    from perflab.program.boundaries import StepSource
+    from perflab.program.recorder import Recorder, RunOptions
+
+    class Boundaries(StepSource):  # the program's step boundaries, called by hand
+        def _install(self):
+            pass
+
+        def _remove(self):
+            pass
+
+    def record(boundaries: int, **options):
+        stamps = iter([0, 10, 30, 60, 100, 150])  # ms on the host clock: steps of 10, 20, 30, ... ms
+        monkeypatch.setattr(perflab.clock.StepClock, "stamp", lambda self, on_device=True: (None, next(stamps) * 1_000_000))
+        handed = []
+        source = Boundaries()
+        recorder = Recorder(source, RunOptions(**options), on_traced=lambda rec: handed.append(rec.finish()))
+        recorder.install()
+        for _ in range(boundaries):
+            source.on_end()
+        return handed[0] if handed else recorder.finish()
+
+    whole = record(4, skip=1, steps=3, trace=0)  # handed over at the end of the (untraced) traced phase
+    assert whole.step_ms == whole.host_step_ms == [10.0, 20.0, 30.0] and whole.traced_step_ms == []
+    assert (whole.timing["steps"], whole.timing["median_ms"], whole.timing["host_median_ms"]) == (3, 20.0, 20.0)
+    cut = record(3, skip=1, steps=5, trace=0)  # the program ended after two timed steps
+    assert cut.phase == "timed" and cut.step_ms == [10.0, 20.0] and cut.timing["steps"] == 2

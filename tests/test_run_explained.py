@@ -6,6 +6,7 @@ figures. Real traces: nanoGPT's train.py under perflab run on an H200 (CUDA only
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -37,8 +38,8 @@ def test_a_cuda_only_trace_is_cut_into_steps_at_perflabs_markers_and_the_markers
 def test_nanogpts_verdict_on_the_h200_is_the_kernels_fill_of_its_untraced_step():
     recorded = json.loads(H200_RUN.read_text())
     trace = load_kineto(H200)
-    report = program_report(timing=recorded["timing"], trace=trace, recorded=recorded["recorded"] | {"traced_step_ms":
-                            recorded["traced"]["warmup_step_ms"] + recorded["traced"]["step_ms_each"], "trace_warmup": 3})
+    report = program_report(timing=recorded["timing"], trace=trace, device=recorded["device"], trace_warmup=3,
+                            traced_step_ms=recorded["traced"]["warmup_step_ms"] + recorded["traced"]["step_ms_each"])
     verdict, evidence = report["verdict"], report["verdict_evidence"]
     # the GPU's time per step is every traced step's busy time over their number, never scaled by an inflation
     busy = sum(s["gpu_busy_us"] for s in report["accounting"]["step_accounting"]) / 1e3 / 3
@@ -89,12 +90,11 @@ def test_the_per_rank_identities_hold_and_a_planted_violation_is_caught():
 def test_a_trace_whose_steps_ran_half_again_as_long_is_flagged_and_its_host_left_out():
     trace = load_kineto(DATA / "cpu_only.json.gz", ops=True)
     timing = {"median_ms": 10.0, "steps": 20, "cv": 0.01}
-    planted = program_report(timing=timing, trace=trace, recorded={"device": "cpu", "traced_step_ms": [10.0, 15.0, 15.0, 15.0],
-                                                                   "trace_warmup": 1})
+    planted = program_report(timing=timing, trace=trace, device="cpu", traced_step_ms=[10.0, 15.0, 15.0, 15.0], trace_warmup=1)
     assert planted["traced"]["inflation"] == pytest.approx(1.5) and planted["traced"]["inflated"]
-    assert [f["flag"] for f in run_checks({}, planted)].count("trace_inflated") == 1
-    steady = program_report(timing=timing, trace=trace, recorded={"device": "cpu", "traced_step_ms": [10.0, 10.4, 10.5, 10.3], "trace_warmup": 1})
-    assert not steady["traced"]["inflated"] and "trace_inflated" not in [f["flag"] for f in run_checks({}, steady)]
+    assert [f["flag"] for f in run_checks(planted)].count("trace_inflated") == 1
+    steady = program_report(timing=timing, trace=trace, device="cpu", traced_step_ms=[10.0, 10.4, 10.5, 10.3], trace_warmup=1)
+    assert not steady["traced"]["inflated"] and "trace_inflated" not in [f["flag"] for f in run_checks(steady)]
 
 
 def _kernels(rows):
@@ -158,32 +158,35 @@ def test_a_compiled_cpu_training_steps_backward_counts_as_compiled(tmp_path):
     assert all("CompiledFunction" not in t["name"] for t in compiled["eager_top"]), compiled["eager_top"]
 
 
-def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absence():
-    from perflab.program.report import RunReport, build_run_report
+def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absence(tmp_path, capsys):
+    from perflab.program.recorder import TRACE_FILE, Rank, Recorded, RunOptions
+    from perflab.program.report import RunContext, RunReport, build_run_report
     from perflab.program.script import Outcome
 
     # a run.json written on the GPU reads back into the record and out again unchanged, key order included
     written = json.loads(H200_RUN.read_text())
     assert json.dumps(RunReport.from_dict(written).to_dict()) == json.dumps(written)
-    trace = load_kineto(DATA / "cpu_only.json.gz", ops=True)
-    timing = {"median_ms": 10.0, "steps": 20, "cv": 0.01}
-    recorded = {"device": "cpu", "step_ms": [10.0] * 20, "host_step_ms": [], "traced_step_ms": [10.0, 15.0, 15.0, 15.0], "trace_warmup": 1,
-                "steps_seen": 30}
-    analysis = dict(program_report(timing=timing, trace=trace, recorded=recorded), model_bytes=None, ceilings_note=None)
-    run = dict(timing=timing, device="cpu", program="prog.py", steps_from="optimizer steps", options={"steps": 20}, recorded=recorded,
-               rank=0, world_size=1)
-    whole = build_run_report(analysis=analysis, report_error=None, partial=False, **run).to_dict()
+    # the record is built from what the recorder hands over, the trace read from the file the run names for it
+    shutil.copy(DATA / "cpu_only.json.gz", tmp_path / TRACE_FILE)
+    recorded = Recorded(device="cpu", steps_seen=30, step_ms=[10.0] * 20, traced_step_ms=[10.0, 15.0, 15.0, 15.0], trace_warmup=1,
+                        trace_path=str(tmp_path / TRACE_FILE), timing={"median_ms": 10.0, "steps": 20, "cv": 0.01})
+    context = RunContext("prog.py", "optimizer steps", RunOptions(steps=20, out_dir=tmp_path), Rank())
+    whole = build_run_report(recorded, context, partial=False).to_dict()
     assert list(whole)[-9:] == ["ceilings_note", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags"]
     assert "exit_code" not in whole and "report_error" not in whole
     assert whole["utilisation"] is None and whole["model_bytes"] is None  # null: looked for, none on the CPU
-    assert whole["recorded"] == {"trace_warmup": 1, "steps_seen": 30, "device": "cpu"}  # the step times are in timing and traced
+    assert whole["traced"]["step_ms_each"] == [15.0, 15.0, 15.0] and whole["traced"]["inflation"] == pytest.approx(1.5)
+    # the step times are in timing and traced, not again in recorded
+    assert whole["recorded"]["steps_seen"] == 30 and not {"step_ms", "host_step_ms", "traced_step_ms", "timing"} & set(whole["recorded"])
     assert [f["flag"] for f in whole["flags"]] == ["trace_inflated", "flops_incomplete"]  # the flags read the record's own sections
-    early = build_run_report(analysis=None, report_error=None, partial=True, outcome=Outcome(3), notes=["disk full"], **run).to_dict()
+    early = build_run_report(recorded, context, partial=True, outcome=Outcome(3), notes=["disk full"]).to_dict()
     assert list(early) == ["timing", "device", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags",
                            "exit_code", "ended_by", "perflab_notes"]
     assert (early["exit_code"], early["ended_by"], early["perflab_notes"]) == (3, "exit", ["disk full"])
-    failed = build_run_report(analysis=None, report_error="ValueError: bad trace", partial=False, outcome=Outcome(130, interrupted=True), **run)
+    (tmp_path / TRACE_FILE).write_bytes(b"not a trace")
+    failed = build_run_report(recorded, context, partial=False, outcome=Outcome(130, interrupted=True))
     assert list(failed.to_dict())[:3] == ["timing", "device", "report_error"] and failed.ended_by == "interrupt"
+    assert failed.timing == recorded.timing and "the traced steps could not be analysed" in capsys.readouterr().err
 
 
 def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothing(capsys):
@@ -195,7 +198,9 @@ def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothi
                          world_size=3, recorded={"steps_seen": 12, "trace_path": None}, flags=[{"flag": f, "message": ""} for f in flags])
 
     report = rank(0, 10.0)
-    merge(report, {0: report, 2: RunReport.from_dict(rank(2, 12.5, ["high_cv"]).to_dict() | {"key_of_another_version": 1})}, "cpu")
+    merged = merge({0: report, 2: RunReport.from_dict(rank(2, 12.5, ["high_cv"]).to_dict() | {"key_of_another_version": 1})}, 3)
+    for name, value in merged.items():
+        setattr(report, name, value)
     written = report.to_dict()
     assert list(written)[-5:] == ["ranks", "slowest_rank", "step_ms", "ranks_missing", "communication_note"]
     assert (written["slowest_rank"], written["step_ms"], written["ranks_missing"]) == (2, 12.5, [1])
@@ -216,12 +221,12 @@ def test_each_rank_writes_its_record_with_ddp_null_when_none_was_found_and_rank_
     (tmp_path / "rank1").mkdir()
     (tmp_path / "rank1" / "rank.json").write_text(json.dumps(record(1).to_dict()))
     report = record(0)
-    gather(report, None, RunOptions(out_dir=tmp_path), Rank(0, 2), ended_early=False)
+    gather(report, RunOptions(out_dir=tmp_path), Rank(0, 2), ended_early=False)
     mine = json.loads((tmp_path / "rank0" / "rank.json").read_text())
     # looked for and not there (no DDP module, no process group): null, never left out
     assert list(mine)[-2:] == ["ddp", "all_reduce"] and mine["ddp"] is None and mine["all_reduce"] is None
     assert list(report.to_dict())[-4:] == ["ranks", "slowest_rank", "step_ms", "communication_note"]
     assert (report.slowest_rank, report.step_ms, [r["median_ms"] for r in report.ranks]) == (1, 11.0, [10.0, 11.0])
     early = record(1)
-    gather(early, None, RunOptions(out_dir=tmp_path / "early"), Rank(1, 2), ended_early=True)
+    gather(early, RunOptions(out_dir=tmp_path / "early"), Rank(1, 2), ended_early=True)
     assert list(json.loads((tmp_path / "early" / "rank1" / "rank.json").read_text())) == list(record(1).to_dict())

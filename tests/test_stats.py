@@ -107,7 +107,7 @@ def bench_row_timing(samples):
 
 
 def test_a_run_of_3_steps_states_the_coverage_bench_states_for_3_samples_not_95_percent():
-    from perflab.program.run import timing_summary
+    from perflab.program.recorder import timing_summary
     from perflab.report.program import ci_label
 
     steps = [10.0, 10.4, 10.1]

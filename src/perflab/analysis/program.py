@@ -86,12 +86,13 @@ def _top_names(work, n: int) -> list[dict]:
 GPU_BOUND_FILL = 0.85  # kernels filling this share of the untraced step: the GPU sets it, whatever the host does
 
 
-def traced_section(timing: dict, recorded: dict, window_ms: float | None, steps: int, trace, inflation_limit: float) -> dict:
+def traced_section(timing: dict, traced_step_ms: list[float], trace_warmup: int, window_ms: float | None, steps: int, trace,
+                   inflation_limit: float) -> dict:
     """The traced steps beside the untraced ones: each traced step's time by the same clock as the timed steps (the
-    profiler's warm-up steps apart), their median ÷ the untraced median (the inflation) and whether it passes
-    ``inflation_limit``; without the clock's figures, the trace's own step windows."""
-    times = [float(x) for x in recorded.get("traced_step_ms") or []]
-    warmup = int(recorded.get("trace_warmup") or 0)
+    profiler's ``trace_warmup`` steps first, apart), their median ÷ the untraced median (the inflation) and whether it
+    passes ``inflation_limit``; without the clock's figures, the trace's own step windows."""
+    times = [float(x) for x in traced_step_ms or []]
+    warmup = int(trace_warmup or 0)
     each = times[warmup:] if len(times) > warmup else []
     traced_ms = float(np.median(each)) if each else window_ms
     median = timing.get("median_ms")
@@ -101,14 +102,16 @@ def traced_section(timing: dict, recorded: dict, window_ms: float | None, steps:
             "inflated": bool(inflation is not None and inflation > inflation_limit), "trace_path": trace.meta.get("path"), "cpu_only": trace.cpu_only}
 
 
-def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None = None, model_bytes: dict | None = None,
-                   tf32: bool = False, top: int = 10, inflation_limit: float = 1.10, shapes_trace=None) -> dict:
+def program_report(*, timing: dict, device: str | None, traced_step_ms: list[float] = (), trace_warmup: int = 0,
+                   inflation_limit: float = 1.10, trace, shapes_trace=None, ceilings: dict | None = None,
+                   model_bytes: dict | None = None, tf32: bool = False, top: int = 10) -> dict:
     """The report of one rank's run. ``timing``: the timed steps' summary (median_ms, ci95, ...); ``trace``: the traced
-    steps' Trace (read with its operators), or None; ``ceilings``: the GPU's measured peaks (``perflab ceilings``), or
+    steps' Trace (read with its operators), or None; ``traced_step_ms``: the traced steps by the timed steps' clock, the
+    profiler's ``trace_warmup`` steps first; ``ceilings``: the GPU's measured peaks (``perflab ceilings``), or
     None (the CPU); ``model_bytes``: the modules' parameter and buffer bytes on the device; ``shapes_trace``: the
     short pass recorded with operator shapes, the FLOPs' source (recording shapes slows a step, so the accounted trace
     has none); without it the FLOPs are counted from ``trace`` (a trace from elsewhere, recorded with shapes)."""
-    report = {"timing": timing, "device": recorded.get("device"), "traced": None, "accounting": None, "flops": None, "utilisation": None,
+    report = {"timing": timing, "device": device, "traced": None, "accounting": None, "flops": None, "utilisation": None,
               "floors": None, "verdict": None, "compiled": None}
     if trace is None:
         return report
@@ -124,7 +127,7 @@ def program_report(*, timing: dict, trace, recorded: dict, ceilings: dict | None
         flops = count_op_flops(shapes_trace.ops, window=shape_window, steps=max(len(shaped), 1), kernels=shapes_trace.kernels)
     else:
         flops = count_op_flops(trace.ops, window=window, steps=n_steps, kernels=trace.kernels)
-    traced = traced_section(timing, recorded, window_ms, n_steps, trace, inflation_limit)
+    traced = traced_section(timing, traced_step_ms, trace_warmup, window_ms, n_steps, trace, inflation_limit)
     report["traced"] = traced
     report["accounting"] = {k: summary[k] for k in ("wall_us", "gpu_busy_us", "idle_us", "idle_by_cause_us", "accounting_ns", "kernels",
                                                     "kernels_per_step", "top_kernels", "categories_us", "step_accounting", "launch")}

@@ -6,12 +6,15 @@
 - ``boundaries``: where its steps begin and end, without editing it: every optimizer step (torch's global optimizer
   step hooks), each call of a function (``--step QUALNAME``), or an NVTX / ``record_function`` range (``--step-range``).
 - ``recorder``: skip, time (CUDA events on the step's stream, or the host clock), trace (torch.profiler), then leave
-  the program alone; what was measured is written whenever the program ends (also by an exception or Ctrl-C).
+  the program alone; its stamps are read once, into the typed record it hands over (``Recorded``: the step times
+  and their summary), written whenever the program ends (also by an exception or Ctrl-C).
 - ``compiler``: dynamo's own counters over each phase: frames compiled and recompiled with the guard that failed,
   frames that hit the recompile limit (and ran eagerly from then on), graph breaks and graphs.
-- ``ranks``: under torchrun every rank records; rank 0 merges the traces and gives the communication section.
-- ``report``: the report (run.json) as one typed record, ``RunReport``, built by ``build_run_report`` from the
-  pieces the others hand it; ``to_dict`` is run.json.
+- ``ranks``: under torchrun every rank records and writes its report; rank 0 merges the reports as written (its own
+  among them), the traces into the communication section.
+- ``report``: the report (run.json) as one typed record, ``RunReport``, built in one place, ``build_run_report``,
+  from the recorder's ``Recorded`` and the run's ``RunContext`` (the traced steps' analysis included); ``to_dict``
+  is run.json.
 
 It hands measure/, trace/ and analysis/ what they already take; the traced steps' figures are computed by
 ``analysis.program`` (no torch) and rendered by ``report.program``.

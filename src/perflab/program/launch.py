@@ -41,7 +41,8 @@ def torchrun_counts(counts: list[int], program: list[str], options: RunOptions, 
     from pathlib import Path
 
     from perflab.analysis.program import scaling_section
-    from perflab.program.recorder import stderr, write_json
+    from perflab.program.recorder import stderr
+    from perflab.program.report import write_json
 
     if not counts or any(n < 1 for n in counts) or len(set(counts)) != len(counts):
         raise PerflabError(f"--nproc: give distinct rank counts of at least 1, e.g. 1,2 (got {','.join(map(str, counts))})")

@@ -2,15 +2,17 @@
 
 - skipped (``--skip N``): warm-up and compilation run as the program runs them.
 - timed (``--steps K``): nothing but a timestamp per boundary. On a GPU a CUDA event recorded on the stream current at
-  the boundary (the step's stream; no synchronisation inside the phase, one after it to read the events); on the CPU
-  the host clock. A "boundary" source's step is one boundary to the next; a "call" source's is one call (start to
-  return; the time between calls is not the step's). The peak of the allocator's memory is reset when the phase
-  begins and read when it ends.
+  the boundary (the step's stream; no synchronisation inside the phase); on the CPU the host clock. A "boundary"
+  source's step is one boundary to the next; a "call" source's is one call (start to return; the time between calls
+  is not the step's). The peak of the allocator's memory is reset when the phase begins and read when it ends.
 - traced (``--trace M``): torch.profiler with shapes recorded, started at a boundary after one synchronisation and
   stopped after M steps with another; each step in a ``ProfilerStep#n`` range (the trace's step windows). The
   profiler makes these steps slower: they are reported as traced, beside the untraced ones.
 - then the program runs on untouched (the recorder's hooks detached; the source counts on where that is free), or
   stops (``--stop-after``).
+
+Every phase's stamps are read once, when the record is handed over (``Recorder.finish``, after the traced steps or
+when the program ends first): the ``Recorded``, with the timed steps' summary.
 
 dynamo's counters are taken at each phase's boundaries (``program.compiler``), so a frame compiled while timed is
 seen, and a frame that hit the recompile limit is named with the step it happened in.
@@ -19,7 +21,6 @@ seen, and a frame that hit the recompile limit is named with the step it happene
 from __future__ import annotations
 
 import gc
-import json
 import os
 import time
 import warnings
@@ -67,6 +68,16 @@ class Rank:
         return self.world_size > 1
 
 
+TRACE_FILE = "trace.json.gz"  # the accounted pass, in the rank's folder
+SHAPES_FILE = "shapes.json.gz"  # the pass with operator shapes
+
+
+def rank_dir(out_dir: Path, rank: Rank) -> Path:
+    """Where a rank's record and traces go: ``OUT/rankR`` under torchrun, OUT itself for one process."""
+    out = Path(out_dir)
+    return out / f"rank{rank.rank}" if rank.distributed else out
+
+
 @dataclass
 class Recorded:
     """What a run measured, however far it got."""
@@ -90,9 +101,19 @@ class Recorded:
     optimizers: list = field(default_factory=list)
     phase: str = "skipped"
     wall_s: float | None = None
+    timing: dict = field(default_factory=lambda: {"steps": 0})  # the timed steps' summary (``timing_summary``)
 
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
+
+def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
+    """The timed steps' summary (``stats.TimingSummary``, as a bench row's): the median and its CI over stretches of
+    the run (five stretches of consecutive steps; fewer than three give the order-statistics interval, labelled so),
+    with the coverage that CI may claim."""
+    from perflab.stats import summarize
+
+    if not step_ms:
+        return {"steps": 0}
+    return {"steps": len(step_ms), **summarize(step_ms).to_dict(),
+            "host_median_ms": summarize(host_ms).median if host_ms else None}
 
 
 class Recorder:
@@ -201,7 +222,6 @@ class Recorder:
             torch.cuda.reset_peak_memory_stats()
 
     def _finish_timing(self) -> None:
-        self._read_timing()
         self._counters["traced"] = compiler.counters()
         if self._clock is not None and self._clock.cuda:
             import torch
@@ -216,10 +236,15 @@ class Recorder:
             return self._clock.read_marks(self._marks[phase])
         return self._clock.read_pairs(self._pairs[phase])
 
-    def _read_timing(self) -> None:
-        """The timed steps' times from what was recorded so far (also for a run cut short)."""
+    def _read_steps(self) -> None:
+        """Every step's time from the stamps taken so far, read once when the record is handed over, and the timed
+        steps' summary: the phases only stamp, and a phase stamps nothing after it ends (the traced phase's accounted
+        pass included), so a run cut short reads the steps it got. On a GPU the read waits for the last event; an
+        event's time is the same whenever it is read."""
         step_ms, host_ms = self._read("timed")
         self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
+        self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
+        self.data.timing = timing_summary(self.data.step_ms, self.data.host_step_ms)
 
     def _enter_traced(self) -> None:
         self.data.phase = "traced"
@@ -238,7 +263,7 @@ class Recorder:
         # on a GPU the accounted pass records no shapes, nor any of torch's operators (CUDA only: trace.capture.Tracer says
         # what they cost: nanoGPT's traced steps ×1.17–1.34 with them); the pass with shapes follows. On the CPU the
         # operators are the work: one pass records them, with their shapes
-        self._tracer = Tracer(self.rank_dir() / "trace.json.gz", self.data.device or "cpu", steps=self.options.trace,
+        self._tracer = Tracer(self.rank_dir() / TRACE_FILE, self.data.device or "cpu", steps=self.options.trace,
                               warmup=self.options.trace_warmup, record_shapes=self.options.record_shapes and not self._on_gpu,
                               own_step_ranges=self.source.kind == "call", cpu_ops=False)
         self.data.trace_warmup = self.options.trace_warmup
@@ -271,7 +296,6 @@ class Recorder:
         if tracer.active:
             return
         if self._pass == "accounted":
-            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
             if tracer.written:
                 self.data.trace_path = str(tracer.trace_path)
                 self.data.traced_steps = tracer.steps
@@ -292,7 +316,7 @@ class Recorder:
         self._pass = "shapes"
         self._sync()
         # no warm-up: what the profiler's start costs these steps does not matter, only their operators' shapes do
-        self._tracer = Tracer(self.rank_dir() / "shapes.json.gz", self.data.device or "cpu", steps=self.options.shapes_steps, warmup=0,
+        self._tracer = Tracer(self.rank_dir() / SHAPES_FILE, self.data.device or "cpu", steps=self.options.shapes_steps, warmup=0,
                               record_shapes=True, own_step_ranges=self.source.kind == "call")
         self._tracer.start()
 
@@ -309,8 +333,6 @@ class Recorder:
     def _finish_tracing(self) -> None:
         self._counters["after"] = compiler.counters()
         self._tracer = None
-        if self._pass == "accounted":
-            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
         self.data.phase = "done"
         self.remove()  # the program runs on untouched
         if self.on_traced is not None:
@@ -355,14 +377,12 @@ class Recorder:
     # --- what was measured ---------------------------------------------------------------------------
 
     def rank_dir(self) -> Path:
-        out = Path(self.options.out_dir)
-        return out / f"rank{self.rank.rank}" if self.rank.distributed else out
+        return rank_dir(self.options.out_dir, self.rank)
 
     def finish(self) -> Recorded:
         """What was measured up to now (at the end of the traced steps, or when the program ended first)."""
         data = self.data
-        if data.phase == "timed":
-            self._read_timing()
+        self._read_steps()
         phases = [("start", "timed", "skipped"), ("timed", "traced", "timed"), ("traced", "after", "traced")]
         now = compiler.counters()
         for a, b, name in phases:
@@ -376,7 +396,6 @@ class Recorder:
             self._tracer.stop()
             self._tracer = None
             if self._pass == "accounted":
-                data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
                 data.trace_note = "the program ended while perflab traced; the partial trace was not written"
             else:
                 data.trace_note = "the program ended during the pass with operator shapes: FLOPs left out"
@@ -438,17 +457,6 @@ def module_bytes(device_type: str) -> dict:
                 else:
                     buffers += size
     return {"param_bytes": params, "buffer_bytes": buffers, "modules": modules}
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, default=str))
-        tmp.replace(path)
-    except OSError:  # a full disk: no half-written file left beside the report
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def stderr(text: str) -> None:

@@ -1,9 +1,11 @@
 """``perflab run``'s report (``OUT/run.json``, and each rank's ``rankR/rank.json`` under torchrun) as one typed record.
 
-Its pieces come from three places: the timed steps and what the recorder saw (``program.run``), the analysis of the
-traced steps (``analysis.program.program_report``, which stays torch-free and so hands over a plain dict), and under
-torchrun the ranks' merge (``program.ranks``). They are put together here, by ``build_run_report``, which adds the
-validity flags (``run_checks``), and written through ``RunReport.to_dict``.
+It is built here alone, by ``build_run_report``, from what the recorder hands over (``recorder.Recorded``: the step
+times, read once, and their summary) and what the run is (``RunContext``): the traced steps' analysis
+(``analysis.program.program_report``, torch-free, from the traces the recorder wrote and, on a GPU, the measured
+peaks and the modules' bytes), the run's own fields and the validity flags (``run_checks``). Under torchrun
+``program.ranks`` adds this rank's DDP layout and all-reduce sweep and, on rank 0, the ranks' merge. It is written
+through ``RunReport.to_dict`` and ``write_json``.
 
 A key run.json leaves out is not the same as one it holds as null: the traced-steps section is absent when the
 program ended before the traced steps and null when nothing was traced, ``exit_code`` is written only when the
@@ -12,10 +14,13 @@ program's end is known. A field left at ``ABSENT`` is left out of the dict; ``No
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from perflab.measure.checks import Check
+from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, Rank, Recorded, RunOptions, module_bytes, rank_dir, stderr
 
 
 class _Absent:
@@ -26,6 +31,7 @@ class _Absent:
 
 
 ABSENT: Any = _Absent()
+STEP_TIMES = ("step_ms", "host_step_ms", "traced_step_ms", "timing")  # the record's step times: in timing and traced, not in recorded
 MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
 
 
@@ -89,24 +95,26 @@ class RunReport:
         return default if value is ABSENT else value
 
 
-def build_run_report(*, timing: dict, device: str | None, analysis: dict | None, report_error: str | None, program: str,
-                     steps_from: str, options: dict, recorded: dict, partial: bool, rank: int, world_size: int,
-                     outcome=None, notes: list[str] | None = None) -> RunReport:
-    """The report of one rank's run, from its pieces. ``analysis``: ``program_report``'s dict with ``model_bytes`` and
-    ``ceilings_note`` beside it, or None when the traced steps were not analysed (the program ended before them, or
-    the analysis failed: ``report_error``); ``recorded``: the recorder's dict, its step times included (the flags
-    read them); ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own
-    failures so far."""
-    if analysis is not None:
-        report = RunReport(**analysis)
-    else:
-        report = RunReport(timing=timing, device=device)
-        if report_error is not None:
-            report.report_error = report_error
-    report.program, report.steps_from, report.options = program, steps_from, options
-    report.recorded = {k: v for k, v in recorded.items() if k not in ("step_ms", "host_step_ms", "traced_step_ms")}
-    report.partial, report.rank, report.world_size = partial, rank, world_size
-    report.flags = run_checks(recorded, report)
+@dataclass
+class RunContext:
+    """What the run is, beside what it measured: the program, where its steps come from, its options, this rank."""
+
+    program: str
+    steps_from: str
+    options: RunOptions
+    rank: Rank
+
+
+def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, outcome=None, notes: list[str] | None = None) -> RunReport:
+    """The report of one rank's run. ``partial``: the program ended before the traced steps did (no analysis);
+    ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own failures so far."""
+    report = RunReport(timing=recorded.timing, device=recorded.device) if partial else traced_report(recorded, context)
+    options = context.options
+    report.program, report.steps_from = context.program, context.steps_from
+    report.options = dict(asdict(options), out_dir=str(options.out_dir))
+    report.recorded = {k: v for k, v in vars(recorded).items() if k not in STEP_TIMES}
+    report.partial, report.rank, report.world_size = partial, context.rank.rank, context.rank.world_size
+    report.flags = run_checks(report)
     if outcome is not None:
         report.exit_code = outcome.code
         report.ended_by = ("sigterm" if outcome.terminated else "interrupt" if outcome.interrupted
@@ -116,12 +124,57 @@ def build_run_report(*, timing: dict, device: str | None, analysis: dict | None,
     return report
 
 
-def run_checks(recorded: dict, report: RunReport | dict) -> list[dict]:
+def traced_report(recorded: Recorded, context: RunContext) -> RunReport:
+    """The record with the traced steps' analysis: the traces the recorder wrote (read from the files the run names
+    for them), on a GPU the measured peaks, the modules' bytes and TF32. perflab's own failure to analyse them must not
+    end the user's program: the timing is kept, and the failure said (``report_error``)."""
+    from perflab.analysis.program import program_report
+
+    options = context.options
+    try:
+        trace, shapes, ceilings, model, tf32 = None, None, None, None, False
+        if recorded.trace_path:
+            from perflab.trace.kineto import load_kineto
+
+            folder = rank_dir(options.out_dir, context.rank)
+            trace = load_kineto(folder / TRACE_FILE, ops=True)
+            if recorded.shapes_trace_path:
+                shapes = load_kineto(folder / SHAPES_FILE, ops=True)
+        if recorded.device == "cuda":
+            import torch
+
+            tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+            model = module_bytes("cuda")
+            ceilings = _ceilings(context.rank)
+        sections = program_report(timing=recorded.timing, device=recorded.device, traced_step_ms=recorded.traced_step_ms,
+                                  trace_warmup=recorded.trace_warmup, inflation_limit=options.inflation_limit,
+                                  trace=trace, shapes_trace=shapes, ceilings=ceilings, model_bytes=model, tf32=tf32)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        stderr(f"perflab: the traced steps could not be analysed ({error}); the timed steps are in {Path(options.out_dir) / 'run.json'}")
+        return RunReport(timing=recorded.timing, device=recorded.device, report_error=error)
+    note = None if ceilings or recorded.device != "cuda" else "no measured peaks: MFU, MBU and floors left out"
+    return RunReport(**sections, model_bytes=model, ceilings_note=note)
+
+
+def _ceilings(rank: Rank) -> dict | None:
+    """This GPU's measured peaks: cached, or measured now (seconds), on rank 0's GPU; other ranks read the cache only."""
+    from perflab.measure import ceilings
+
+    try:
+        return ceilings.get_ceilings() if rank.rank == 0 else ceilings.cached_ceilings()
+    except Exception as exc:  # a peak that cannot be measured leaves MFU out, it does not lose the run's report
+        stderr(f"perflab: the GPU's peaks could not be measured ({type(exc).__name__}: {exc}); MFU, MBU and floors left out")
+        return None
+
+
+def run_checks(report: RunReport | dict) -> list[dict]:
     """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
     eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work.
     ``report``: the record being built, or ``program_report``'s dict (only ``get`` is read)."""
     from perflab.measure.checks import compile_checks, cv_check
 
+    recorded = report.get("recorded") or {}
     phases = recorded.get("compile_phases") or {}
     compiled = [phases[p] for p in ("skipped", "timed") if phases.get(p)]
     reasons: dict[str, int] = {}
@@ -158,3 +211,15 @@ def run_checks(recorded: dict, report: RunReport | dict) -> list[dict]:
         lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
         checks.append(Check("flops_incomplete", lead + "; ".join(why)))
     return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]
+
+
+def write_json(path: Path, data: dict) -> None:
+    """A report written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=str))
+        tmp.replace(path)
+    except OSError:  # a full disk: no half-written file left beside the report
+        tmp.unlink(missing_ok=True)
+        raise

@@ -12,33 +12,22 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from perflab.errors import PerflabError
 from perflab.program.boundaries import StepSource, make_source
 from perflab.program.guard import Guard, say
-from perflab.program.recorder import Rank, Recorder, RunOptions, StopProgram, module_bytes, stderr, write_json
-from perflab.program.report import RunReport, build_run_report
+from perflab.program.recorder import Rank, Recorded, Recorder, RunOptions, StopProgram
+from perflab.program.report import RunContext, RunReport, build_run_report, write_json
 from perflab.program.script import Program, print_program_traceback, run_program
+
 
 @dataclass
 class RunResult:
     exit_code: int
     report: RunReport | None  # None: no report was made (a forked child, or perflab failed before it)
     out_dir: Path
-
-
-def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
-    """The timed steps' summary (``stats.TimingSummary``, as a bench row's): the median and its CI over stretches of
-    the run (five stretches of consecutive steps; fewer than three give the order-statistics interval, labelled so),
-    with the coverage that CI may claim."""
-    from perflab.stats import summarize
-
-    if not step_ms:
-        return {"steps": 0}
-    return {"steps": len(step_ms), **summarize(step_ms).to_dict(),
-            "host_median_ms": summarize(host_ms).median if host_ms else None}
 
 
 class Run:
@@ -102,31 +91,21 @@ class Run:
             raise StopProgram()
 
     def _write_kept(self, recorder: Recorder, ended_early: bool, outcome=None) -> None:
-        """``_write``; its failure (a full disk, a failing analysis) is said after the program, which runs on."""
+        """``_write`` of what the recorder measured; its failure (a full disk) is said after the program, which runs on."""
         if not self.guard.call(f"run.json could not be written to {self.options.out_dir}",
-                               lambda: self._write(recorder, ended_early, outcome)):
+                               lambda: self._write(recorder.finish(), ended_early, outcome)):
             self.write_failed = True
 
-    def _write(self, recorder: Recorder, ended_early: bool, outcome=None) -> None:
+    def _write(self, recorded: Recorded, ended_early: bool, outcome=None) -> None:
+        """The report of what was measured, written to run.json (under torchrun each rank's to its rank.json, and rank
+        0's merged with the others' to run.json)."""
         from perflab.program import ranks
 
-        recorded = recorder.finish().to_dict()
-        timing = timing_summary(recorded["step_ms"], recorded["host_step_ms"])
-        analysis, error = None, None
-        if not ended_early:
-            try:
-                analysis = self._report(recorded, timing)
-            except Exception as exc:  # perflab's own failure must not end the user's program: the timing is kept
-                error = f"{type(exc).__name__}: {exc}"
-                stderr(f"perflab: the traced steps could not be analysed ({error}); the timed steps are in "
-                       f"{Path(self.options.out_dir) / 'run.json'}")
-        report = build_run_report(timing=timing, device=recorded.get("device"), analysis=analysis, report_error=error,
-                                  program=self.program.label, steps_from=self.source.description,
-                                  options=dict(asdict(self.options), out_dir=str(self.options.out_dir)), recorded=recorded,
-                                  partial=ended_early, rank=self.rank.rank, world_size=self.rank.world_size, outcome=outcome,
+        context = RunContext(self.program.label, self.source.description, self.options, self.rank)
+        report = build_run_report(recorded, context, partial=ended_early, outcome=outcome,
                                   notes=self._notes() if outcome is not None else None)
         if self.rank.distributed:
-            ranks.gather(report, recorder, self.options, self.rank, ended_early)
+            ranks.gather(report, self.options, self.rank, ended_early)
         self.report = report
         if self.rank.rank == 0:
             written = report.to_dict()
@@ -137,30 +116,6 @@ class Run:
                 except Exception as exc:  # the program closed stderr: the report is in run.json
                     self.guard.failed(f"the report could not be printed; it is in {Path(self.options.out_dir) / 'run.json'}", exc)
         self.written = True
-
-    def _report(self, recorded: dict, timing: dict) -> dict:
-        """The traced steps' analysis, with the modules' bytes and the peaks' note beside it (``build_run_report``'s
-        ``analysis``)."""
-        from perflab.analysis.program import program_report
-
-        trace, shapes, ceilings, model, tf32 = None, None, None, None, False
-        if recorded.get("trace_path"):
-            from perflab.trace.kineto import load_kineto
-
-            trace = load_kineto(recorded["trace_path"], ops=True)
-            if recorded.get("shapes_trace_path"):
-                shapes = load_kineto(recorded["shapes_trace_path"], ops=True)
-        if recorded.get("device") == "cuda":
-            import torch
-
-            tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-            model = module_bytes("cuda")
-            ceilings = _ceilings(self.rank)
-        report = program_report(timing=timing, trace=trace, recorded=recorded, ceilings=ceilings, model_bytes=model, tf32=tf32,
-                                inflation_limit=self.options.inflation_limit, shapes_trace=shapes)
-        report["model_bytes"] = model
-        report["ceilings_note"] = None if ceilings or recorded.get("device") != "cuda" else "no measured peaks: MFU, MBU and floors left out"
-        return report
 
     @staticmethod
     def _how(outcome) -> str:
@@ -183,17 +138,6 @@ class Run:
         traced = f" + --trace-warmup {o.trace_warmup} + --trace {o.trace}" if o.trace else " + --trace 0"
         return (f"perflab: the program {how} ({self.source.description}); --skip {o.skip} + --steps {o.steps}{traced} needs {need}: "
                 f"{measured} written to {where}")
-
-
-def _ceilings(rank: Rank) -> dict | None:
-    """This GPU's measured peaks: cached, or measured now (seconds), on rank 0's GPU; other ranks read the cache only."""
-    from perflab.measure import ceilings
-
-    try:
-        return ceilings.get_ceilings() if rank.rank == 0 else ceilings.cached_ceilings()
-    except Exception as exc:  # a peak that cannot be measured leaves MFU out, it does not lose the run's report
-        stderr(f"perflab: the GPU's peaks could not be measured ({type(exc).__name__}: {exc}); MFU, MBU and floors left out")
-        return None
 
 
 def check_options(skip: int, steps: int, trace: int, step: str | None = None, step_range: str | None = None, trace_warmup: int = 3,
