@@ -230,3 +230,71 @@ def test_each_rank_writes_its_record_with_ddp_null_when_none_was_found_and_rank_
     early = record(1)
     gather(early, RunOptions(out_dir=tmp_path / "early"), Rank(1, 2), ended_early=True)
     assert list(json.loads((tmp_path / "early" / "rank1" / "rank.json").read_text())) == list(record(1).to_dict())
+
+
+def _union_ns(starts, ends) -> int:
+    total, reach = 0, None
+    for s, e in sorted(zip(starts, ends)):
+        if reach is None or s > reach:
+            total += e - s
+            reach = e
+        elif e > reach:
+            total += e - reach
+            reach = e
+    return total
+
+
+def test_under_ddp_the_fill_is_the_compute_kernels_not_nccl_waiting_for_a_peer():
+    """An NCCL kernel runs until every rank joins it: counted as busy, a waiting rank looked GPU-bound (two H200s: 40.3 ms
+    of "GPU work" in a 30.2 ms step). The fill counts the compute kernels' union per step window, by hand here."""
+    trace = load_kineto(DATA / "run" / "nanogpt_ddp_rank0_h100.json.gz")
+    k = trace.kernels
+    comm = k["category"].astype(str) == "communication"
+    assert comm.sum() > 10 and (~comm).sum() > 1000
+    compute = k[~comm]
+    # step windows tile the steps: [start k, start k+1); the last ends at its annotation's end or the end of the last
+    # kernel launched in it, whichever is later
+    steps = trace.steps.sort_values("start_ns")
+    starts = steps["start_ns"].to_numpy()
+    launched = np.where(compute["launch_start_ns"] >= 0, compute["launch_start_ns"], compute["start_ns"])
+    last_end = max(int(steps["end_ns"].iloc[-1]), int(compute["end_ns"].to_numpy()[launched >= starts[-1]].max()))
+    by_hand = []
+    for start, end in zip(starts, list(starts[1:]) + [last_end]):
+        s = np.clip(compute["start_ns"].to_numpy(), start, end)
+        e = np.clip(compute["end_ns"].to_numpy(), start, end)
+        by_hand.append(_union_ns(s[e > s], e[e > s]))
+    report = program_report(timing={"median_ms": 110.0}, trace=trace, device="cuda")
+    evidence = report["verdict_evidence"]
+    assert evidence["communication_apart"] and evidence["busy_ms"] == pytest.approx(sum(by_hand) / len(by_hand) / 1e6, rel=1e-9)
+    all_busy = sum(s["gpu_busy_us"] for s in report["accounting"]["step_accounting"]) / 1e3 / len(by_hand)
+    assert evidence["busy_ms"] < all_busy  # NCCL's time outside the compute is left out
+    assert "communication" not in evidence["categories_ms"]
+    if report["verdict"]["verdict"] == "GPU-bound":
+        assert "communication apart" in report["verdict"]["message"]
+    one_gpu = program_report(timing={"median_ms": 103.0}, trace=load_kineto(H200), device="cuda")["verdict_evidence"]
+    assert one_gpu["communication_apart"] is False
+
+
+def test_gpu_work_longer_than_the_untraced_step_is_said_not_hidden_in_a_capped_fill():
+    evidence = {"step_ms": 30.154, "busy_ms": 40.266, "host_ms": 5.0, "categories_ms": {"gemm": 20.0}, "cpu_only": False}
+    message = step_verdict(evidence, None, None)["message"]
+    assert "kernels fill 100% of the 30.154 ms step (40.266 ms of GPU work a step" in message
+    assert message.endswith("the traced kernels' 40.266 ms a step are more than the untraced step: they ran slower while traced, "
+                            "so the fill is capped at 100%")
+    assert "capped" not in step_verdict(dict(evidence, busy_ms=30.2), None, None)["message"]  # within 1%
+
+
+def test_a_rank_whose_traced_steps_were_inflated_is_not_judged_against_the_growth():
+    """Two H200s, nanoGPT, 8 micro-steps in all: the ranks' traced steps ran ×1.37 and ×1.31 their untraced ones, and
+    rank 0's 20.8 ms exposed was its peer's profiler as much as the program: said, not judged."""
+    from perflab.report.program import _against_growth
+
+    one = {"timing": {"median_ms": 249.931}, "flops": {"flops_per_step": 2e12, "known": True}}
+    ranks = [{"rank": 0, "step_ms": 113.499, "traced_step_ms": 155.729, "exposed_ms": 20.817},
+             {"rank": 1, "step_ms": 114.021, "traced_step_ms": 119.0, "exposed_ms": 1.788}]
+    two = {"step_ms": 114.021, "flops": {"flops_per_step": 1e12, "known": True}, "traced": {"inflation_limit": 1.10},
+           "communication": {"ranks": ranks}}
+    judged = scaling_section({1: one, 2: two})["rows"][1]["ranks"]
+    assert judged[0]["within_growth"] is None and judged[0]["inflation"] == pytest.approx(155.729 / 113.499)
+    assert judged[1]["within_growth"] is False  # ×1.04: judged; the growth is negative, 1.788 > 0 + 1 ms
+    assert _against_growth(judged[0]) == " (traced ×1.37: not judged)" and _against_growth(judged[1]) == " (> growth)"

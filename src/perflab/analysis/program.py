@@ -25,6 +25,7 @@ import re
 
 import numpy as np
 
+from perflab.analysis.accounting import account
 from perflab.analysis.floors import compute_floors
 from perflab.analysis.launch import host_issue_ms
 from perflab.analysis.op_flops import count_op_flops
@@ -140,8 +141,13 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
     # the GPU's time per step: all the traced steps' busy time over their number. A GPU-bound step's kernels run on past
     # the host's step boundary into the next window, so one window's busy time is not its step's; their sum is the steps'
     busy_ms = float(steps["busy_ns"].sum()) / len(steps) / 1e6 if len(steps) else None
+    categories_ms = {c: us / 1e3 / n_steps for c, us in summary["categories_us"].items()}
+    compute_ms = _compute_busy_ms(trace)
+    if compute_ms is not None:  # under DDP: the fill is the compute's; exposed communication has its own verdict
+        busy_ms = compute_ms
+        categories_ms.pop(COMMUNICATION, None)
     host_ms, host_source = _host_floor(trace, traced, timing)
-    evidence = {"step_ms": median, "busy_ms": busy_ms, "categories_ms": {c: us / 1e3 / n_steps for c, us in summary["categories_us"].items()},
+    evidence = {"step_ms": median, "busy_ms": busy_ms, "communication_apart": compute_ms is not None, "categories_ms": categories_ms,
                 "host_ms": host_ms, "host_source": host_source, "inflation": traced["inflation"],
                 "inflated": traced["inflated"], "cpu_only": trace.cpu_only, "cpu_verdict": summary["launch"] if trace.cpu_only else None}
     if ceilings and median and not trace.cpu_only:
@@ -149,6 +155,24 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
     report["verdict_evidence"] = evidence
     report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"))
     return report
+
+
+COMMUNICATION = "communication"  # trace.categories' name for NCCL's kernels
+
+
+def _compute_busy_ms(trace) -> float | None:
+    """The GPU's busy time per traced step with the communication kernels left out, where the trace has some; None
+    otherwise. An NCCL kernel runs from its launch until every rank has joined it, so its time is waiting as much as
+    work: counted as busy, a rank that waits for another looks GPU-bound (two H200s: 40.3 ms of "GPU work" in a 30.2 ms
+    step). The compute kernels' union over the same step windows is the work the step must do."""
+    kernels = trace.kernels
+    if trace.cpu_only or kernels is None or not len(kernels) or not len(trace.steps):
+        return None
+    comm = (kernels["category"].astype(str) == COMMUNICATION).to_numpy()
+    if not comm.any():
+        return None
+    steps = account(kernels[~comm], trace.steps).steps
+    return float(steps["busy_ns"].sum()) / len(steps) / 1e6 if len(steps) else None
 
 
 def _host_floor(trace, traced: dict, timing: dict) -> tuple[float | None, str | None]:
@@ -190,6 +214,15 @@ def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, e
             "floors": floors_dict}
 
 
+def _over(busy_ms: float, step_ms: float) -> str:
+    """Where the traced steps' GPU work is longer than the untraced step (its fill is then capped at 100%), a sentence
+    that says so: the kernels ran slower while traced, so their time bounds the untraced step's from above."""
+    if busy_ms <= step_ms * 1.01:
+        return ""
+    return (f"; the traced kernels' {busy_ms:.3f} ms a step are more than the untraced step: they ran slower while traced, "
+            "so the fill is capped at 100%")
+
+
 def _shares(categories_ms: dict, busy_ms: float, n: int = 3) -> str:
     top = sorted(((c, ms) for c, ms in categories_ms.items() if c != "communication"), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{c} {ms / busy_ms:.0%}" for c, ms in top if busy_ms > 0)
@@ -202,7 +235,7 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
     a host that, at steady state and less its waits for the GPU, takes longer to issue the step than its kernels run.
 
     ``evidence``: step_ms (untraced median), busy_ms (the traced steps' GPU busy time, kernels and copies once, never
-    scaled), categories_ms (GPU time per category per step), host_ms (steady-state issue time less waits, None when
+    scaled; the communication kernels left out where ``communication_apart``), categories_ms (GPU time per category per step), host_ms (steady-state issue time less waits, None when
     the traced steps were inflated), inflation, cpu_only and cpu_verdict (a CPU trace's operator verdict).
     ``exposed_comm_ms``: under torchrun, the most exposed communication of a rank per traced step, and
     ``traced_step_ms`` that rank's traced step: its share of the step windows it was counted over."""
@@ -224,12 +257,13 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
         return dict(out, verdict="unknown", message="no GPU work was traced")
     mfu = (utilisation or {}).get("mfu")
     mfu_text = f", MFU {mfu:.1%}" + (" (a lower bound)" if (utilisation or {}).get("mfu_lower_bound") else "") if mfu is not None else ""
+    apart = ", communication apart" if evidence.get("communication_apart") else ""
     if fill >= GPU_BOUND_FILL:
         shares = _shares(evidence.get("categories_ms") or {}, busy)
         return dict(out, verdict="GPU-bound",
-                    message=f"GPU-bound: kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step; {shares} of "
+                    message=f"GPU-bound: kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step{apart}; {shares} of "
                             f"GPU time{mfu_text}): "
-                            "faster kernels or less work shorten it, fewer launches do not")
+                            "faster kernels or less work shorten it, fewer launches do not" + _over(busy, step))
     host = evidence.get("host_ms")
     floor_name = (floors or {}).get("binding")
     if host is not None and evidence.get("inflated") and fill >= 0.5:
@@ -282,6 +316,18 @@ def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict,
 EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication may pass the step's growth by this much
 
 
+def _rank_against_growth(rank: dict, growth: float | None, inflation_limit: float) -> dict:
+    """A rank's exposed communication held against the step's growth: ``within_growth`` True or False, or None where
+    the rank's traced steps ran past ``inflation_limit`` × its untraced step. Exposed time counted over inflated steps
+    is the profiler's as much as the program's (a rank slowed by its profiler keeps the other waiting), so it is not
+    judged against a growth measured without the profiler; ``inflation`` says by how much."""
+    step, traced = rank.get("step_ms"), rank.get("traced_step_ms")
+    inflation = traced / step if step and traced else None
+    judged = growth is not None and not (inflation is not None and inflation > inflation_limit)
+    return {"rank": rank["rank"], "exposed_ms": rank["exposed_ms"], "waiting_ms": rank.get("waiting_ms"), "inflation": inflation,
+            "within_growth": bool(rank["exposed_ms"] <= max(growth, 0.0) + EXPOSED_SLACK_MS) if judged else None}
+
+
 def scaling_section(reports: dict[int, dict]) -> dict:
     """The program at several rank counts (``perflab run --nproc 1,2``): per count its step (the slowest rank's), the
     work each rank does in a step (FLOPs from its traced operators: a program that splits its batch over the ranks,
@@ -289,7 +335,8 @@ def scaling_section(reports: dict[int, dict]) -> dict:
     work (``expected_ms`` = first step × work ÷ first work, or the first step when FLOPs are unknown: the same work
     per rank assumed, and said), the growth over it, and the scaling efficiency, expected ÷ measured: the ratio of two
     printed figures. Each rank's exposed communication (its waiting included) is held against the growth: a rank
-    cannot lose more to communication than the step grew, beyond the run-to-run spread."""
+    cannot lose more to communication than the step grew, beyond the run-to-run spread; a rank whose traced steps were
+    inflated is not judged (``_rank_against_growth``)."""
     counts = sorted(reports)
     out = {"counts": counts, "rows": [], "base": counts[0] if counts else None, "note": None}
     if not counts:
@@ -314,9 +361,8 @@ def scaling_section(reports: dict[int, dict]) -> dict:
             assumed = True
         expected = base_ms * (ratio if ratio is not None else 1.0) if base_ms else None
         growth = step - expected if step is not None and expected is not None else None
-        ranks = [{"rank": r["rank"], "exposed_ms": r["exposed_ms"], "waiting_ms": r.get("waiting_ms"),
-                  "within_growth": bool(growth is not None and r["exposed_ms"] <= max(growth, 0.0) + EXPOSED_SLACK_MS)}
-                 for r in ((report.get("communication") or {}).get("ranks") or [])]
+        limit = (report.get("traced") or {}).get("inflation_limit") or 1.10
+        ranks = [_rank_against_growth(r, growth, limit) for r in ((report.get("communication") or {}).get("ranks") or [])]
         out["rows"].append({"nproc": n, "step_ms": step, "ci95_ms": (report.get("timing") or {}).get("ci95_ms"), "flops_per_rank_step": work,
                             "work_ratio": ratio, "expected_ms": expected, "growth_ms": growth,
                             "efficiency": expected / step if expected and step else None, "ranks": ranks,
