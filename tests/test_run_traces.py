@@ -87,3 +87,25 @@ def test_run_and_explain_parallel_read_one_ddp_floor_from_the_same_step():
     size = next(s for s in sweep["sizes"] if s["bytes"] == 64 << 20)
     assert run["floor_ms"] == pytest.approx(2 * (2 - 1) / 2 * ddp["grad_bytes"] / (size["busbw_gbps"] * 1e9) * 1e3)
     assert explained["modelled_ms"] == pytest.approx(run["floor_ms"] + 14 * run["latency_us"] / 1e3)
+
+
+def test_collectives_launched_before_the_profiler_recorded_are_no_traced_steps_work():
+    """Two H200s, nanoGPT, CUDA-only traces cut at perflab's markers: rank 0's trace opens with 10 all-reduces of the
+    step before, launched before recording began (no launch call in the trace) and still waiting for rank 1. Counted
+    in its first window they gave rank 0 52 collectives against rank 1's 42, and no wait could be matched."""
+    from perflab.diagnosis.profiling import account_rank_traces
+    from perflab.trace.kineto import load_kineto
+
+    paths = [DATA / f"nanogpt_ddp_cuda_only_h200_rank{r}.json.gz" for r in (0, 1)]
+    unlinked = []
+    for path in paths:
+        k = load_kineto(path).kernels
+        comm = k[k["category"].astype(str) == "communication"]
+        unlinked.append(int((comm["launch_start_ns"] < 0).sum()))
+        assert int((comm["launch_start_ns"] >= 0).sum()) == 42  # 14 buckets x 3 traced steps
+    assert unlinked == [10, 0]
+    merged = account_rank_traces([str(p) for p in paths], "cuda", 3)
+    assert merged["note"] is None and len(merged["waits_per_step"]) == 3  # the collectives line up across the ranks
+    for account in merged["accounts"]:
+        waiting, exposed = account["comm_exposed_waiting_ns"], account["comm_exposed_ns"]
+        assert 0 <= waiting <= exposed and account["comm_exposed_transfer_ns"] == exposed - waiting

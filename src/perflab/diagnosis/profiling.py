@@ -176,11 +176,23 @@ def _gpu_rank(path, steps: int):
     from perflab.trace.load import load_trace
 
     trace = load_trace(path)
-    kernels = trace.kernels
+    kernels = _launched_while_recorded(trace.kernels)
     per_pass = {name: t["gpu_ns"] / 1e6 for name, t in pass_timing(kernels, trace.ranges, steps).items()}
     compute = kernels[~kernels["name"].map(is_comm).astype(bool)]
     categories = {str(k): float(v) / steps / 1e6 for k, v in compute.groupby(compute["category"].astype(str))["dur_ns"].sum().items()}
     return kernels, per_pass, categories, _step_windows(trace)
+
+
+def _launched_while_recorded(kernels):
+    """The activities whose launch call the trace holds, where it holds any. An activity without one was launched before
+    the profiler began recording and ran on into its first step: a previous step's all-reduces, still waiting for a later
+    rank (two H200s: 10 such on rank 0, none on rank 1). Counted in the first window, they made the ranks' collectives
+    disagree (52 against 42), so no collective could be matched across the ranks. A trace without launch links (a
+    CPU-side collective table, an old format) is kept whole."""
+    linked = kernels["launch_start_ns"].to_numpy() >= 0 if "launch_start_ns" in kernels else None
+    if linked is None or not linked.any():
+        return kernels
+    return kernels[linked].reset_index(drop=True)
 
 
 def _step_windows(trace) -> list[tuple[int, int]]:
