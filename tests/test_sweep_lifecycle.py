@@ -81,9 +81,7 @@ def test_the_progress_drawers_say_what_resumes_and_each_row_not_ok(tmp_path):
 
     from rich.console import Console
 
-    from perflab.sweep.ray_engine import ClusterProgress
-    from perflab.sweep.runner import RichProgress
-    from perflab.sweep.versions import VersionsProgress
+    from perflab.sweep.progress import ClusterProgress, RichProgress, VersionsProgress
 
     case = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml").cases[0]
     ok, oom = {"status": "ok"}, {"status": "oom", "message": "CUDA out of memory [at 2 GiB]"}

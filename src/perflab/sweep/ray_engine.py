@@ -19,7 +19,6 @@ of a node environment that fits it.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ from perflab.errors import PerflabError, first_line
 from perflab.spec import Case
 from perflab.sweep import runner
 from perflab.sweep.lifecycle import SweepSession
+from perflab.sweep.progress import ClusterProgress  # noqa: F401 (the CLI's drawer for --engine ray, drawn in sweep.progress)
 from perflab.sweep.spec import Experiment
 from perflab.sweep.store import FAILED_STATUSES
 
@@ -453,33 +453,3 @@ def _node_in_message(exc) -> str | None:
 
 def _first_line(exc) -> str:
     return first_line(exc)[:300] or type(exc).__name__
-
-
-# ---------------------------------------------------------------------------------------------------
-# Progress display
-
-
-class ClusterProgress(runner.RichProgress):
-    """RichProgress with the cases per node: running now and done, e.g. ``gpu-a:3f2a1c 2 running, 5 done``."""
-
-    def __init__(self, console):
-        super().__init__(console)
-        self.running: collections.Counter = collections.Counter()
-        self.finished: collections.Counter = collections.Counter()
-
-    def _case_start(self, case, slot):
-        self.running[slot] += 1
-        self._describe()
-
-    def _case_done(self, case, row, slot):
-        self.running[slot] = max(0, self.running[slot] - 1)
-        self.finished[slot] += 1
-        self.active.clear()
-        super()._case_done(case, row, slot)
-
-    def _describe(self):
-        from rich.markup import escape
-
-        nodes = sorted(set(self.running) | set(self.finished))
-        text = " | ".join(f"{n} {self.running[n]} running, {self.finished[n]} done" for n in nodes)
-        self.progress.update(self.task, description=escape(text[:160]) or "…")

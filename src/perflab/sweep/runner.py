@@ -38,6 +38,7 @@ from perflab.spec import Case
 from perflab.sweep.spec import Experiment
 from perflab.paths import child_env
 from perflab.sweep.lifecycle import EventHandler, SweepSession
+from perflab.sweep.progress import RichProgress  # noqa: F401 (the CLI's drawer for a sweep, drawn in sweep.progress)
 from perflab.sweep.store import FAILED_STATUSES, Store, store_path
 from perflab.sweep.worker import alive_path
 
@@ -554,54 +555,3 @@ def _text(value) -> str:
 
 def command_line(argv: list[str] | None = None) -> str:
     return "perflab " + shlex.join(argv if argv is not None else sys.argv[1:])
-
-
-# ---------------------------------------------------------------------------------------------------
-# Progress display
-
-
-class RichProgress:
-    """A rich progress bar (with ETA) on stderr, plus one line per case that did not end ``ok``."""
-
-    def __init__(self, console):
-        self.console = console
-        self.progress = None
-        self.task = None
-        self.active: dict[str, str] = {}
-
-    def __call__(self, kind: str, **info) -> None:
-        getattr(self, "_" + kind)(**info)
-
-    def _start(self, total, skipped, to_run, env_key, slots):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        if skipped:
-            self.console.print(f"resuming: {skipped} of {total} cases already stored (environment {env_key}); running {to_run}", markup=False)
-        self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True,
-        )
-        self.progress.start()
-        self.task = self.progress.add_task("starting", total=to_run)
-
-    def _case_start(self, case, slot):
-        self.active[slot] = f"{slot}: {case.label()}"
-        self._describe()
-
-    def _case_done(self, case, row, slot):
-        self.active.pop(slot, None)
-        self.progress.advance(self.task)
-        self._describe()
-        if row.get("status") != "ok":
-            from rich.markup import escape
-
-            self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(case.label())}: {escape(str(row.get('message')))}", soft_wrap=True)
-
-    def _describe(self):
-        from rich.markup import escape
-
-        self.progress.update(self.task, description=escape(" | ".join(self.active.values())[:120]) or "…")
-
-    def _finish(self, summary):
-        if self.progress is not None:
-            self.progress.stop()

@@ -47,6 +47,7 @@ from perflab.errors import PerflabError, show
 from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
+from perflab.sweep.progress import VersionsProgress  # noqa: F401 (the CLI's drawer for ab and track, drawn in sweep.progress)
 
 ORDERS = ("alternate", "random")
 PAIRINGS = ("blocks", "processes")
@@ -639,48 +640,3 @@ def make_bench_experiment(name: str, source: str, cases: list[Case], model_root:
 
     return Experiment(source=source, name=name, description=f"{name} of bench flags", out=None,
                       timeout_s=float(timeout_s or DEFAULT_TIMEOUT_S), cases=tuple(cases), model_root=str(model_root or ""))
-
-
-
-class VersionsProgress:
-    """A rich progress bar on stderr over the processes of a versions run, and one line per process not ``ok``."""
-
-    def __init__(self, console):
-        self.console = console
-        self.progress = None
-        self.task = None
-
-    def __call__(self, kind: str, **info) -> None:
-        getattr(self, "_" + kind)(**info)
-
-    def _start(self, total, reused, versions, rounds):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        if reused:
-            self.console.print(f"reusing {reused} stored row(s) (a case at a version)", markup=False)
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=self.console, transient=True)
-        self.progress.start()
-        self.task = self.progress.add_task("starting", total=total)
-
-    def _process_start(self, case, version, round):
-        from rich.markup import escape
-
-        what = f"{version.name}: {case.label()}" if version is not None else "every version's cases, interleaved"
-        self.progress.update(self.task, description=escape(f"round {round + 1}, {what}"[:120]))
-
-    def _process_done(self, case, version, round, row, rows=None, row_versions=None):
-        from rich.markup import escape
-
-        self.progress.advance(self.task)
-        rows = [row] if rows is None else rows
-        for row, of in zip(rows, row_versions or [version] * len(rows)):
-            if row.get("status") != "ok":
-                who = f"{of.name} " if of is not None else ""
-                self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(who)}round {round + 1}: "
-                                            f"{escape(str(row.get('label') or case.label()))}: {escape(str(row.get('message')))}", soft_wrap=True)
-
-    def _finish(self, summary):
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None
