@@ -129,7 +129,7 @@ def _live_workers(out_dir) -> list[int]:
 def test_gpu_slots_follow_the_parents_visible_devices(monkeypatch):
     experiment = parse_experiment({"defaults": {"device": "cuda", "model": "test:tiny"}, "grid": {"batch_size": [1, 2]}}, "x.yaml")
     monkeypatch.setattr(runner, "_require_cuda", lambda e: None)  # this machine has no GPU: pretend two H200s
-    monkeypatch.setattr(runner, "_gpu_inventory", lambda: (["NVIDIA H200", "NVIDIA H200"], "570.86"))
+    monkeypatch.setattr(runner, "gpu_inventory", lambda: (["NVIDIA H200", "NVIDIA H200"], "570.86"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert runner.worker_slots(experiment, [0, 1], 1) == ["gpu0", "gpu1"]
     with pytest.raises(PerflabError, match=r"--gpus: GPU 2 does not exist here \(2 visible: 0..1\)"):

@@ -172,7 +172,7 @@ def _connect(ray, address: str | None, uses_cuda: bool) -> bool:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         else:
             # address="local": a new instance, never the last cluster `ray start` left in /tmp/ray.
-            ray.init(address="local", num_gpus=runner._gpu_count() if uses_cuda else None, include_dashboard=False,
+            ray.init(address="local", num_gpus=runner.gpu_count() if uses_cuda else None, include_dashboard=False,
                      logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"--address {address}" if address else "a local Ray instance"
@@ -214,7 +214,7 @@ def _probe_node(uses_cuda: bool) -> tuple[str, list[dict]]:
     """On a node: its host name and one environment per GPU type it holds (or one without GPUs)."""
     if not uses_cuda:
         return socket.gethostname(), [runner.probe_environment(None, uses_cuda=False)]
-    names, _ = runner._gpu_inventory()
+    names, _ = runner.gpu_inventory()
     first_of_each = {}
     for index, name in enumerate(names):
         first_of_each.setdefault(name, str(index))
@@ -421,7 +421,7 @@ class _Driver:
         keys = _unit_keys(attempt.unit, self.nodes)
         candidates = [e for n in ([node] if node else self.nodes) for e in n.envs if runner.environment_key(e) in keys]
         env = candidates[0] if candidates else self.nodes[0].envs[0]
-        row = runner._parent_row(attempt.unit.case, status, message, env)
+        row = runner.parent_row(attempt.unit.case, status, message, env)
         return {"row": row, "env": env, "env_key": runner.environment_key(env), "node_id": node_id,
                 "host": node.host if node else (attempt.node[1] if attempt.node else None), "wall_s": None, "log": None}
 

@@ -321,11 +321,11 @@ def _finished_row(job: _Running, env: dict, timeout_s: float) -> dict | None:
     if returncode is None:
         _kill(job.proc)
         job.result_path.unlink(missing_ok=True)
-        return _parent_row(job.case, "timeout", f"no result within the {timeout_s:g} s limit; the worker was killed (log: {_rel(job.log_path)})", env)
+        return parent_row(job.case, "timeout", f"no result within the {timeout_s:g} s limit; the worker was killed (log: {_rel(job.log_path)})", env)
     row = _read_result(job.result_path)
     if row is not None:
         return row  # a row written before a crash at exit is still a full row
-    return _parent_row(job.case, "error", f"{_describe_exit(returncode)} without a result{_last_log_line(job.log_path)} (log: {_rel(job.log_path)})", env)
+    return parent_row(job.case, "error", f"{_describe_exit(returncode)} without a result{_last_log_line(job.log_path)} (log: {_rel(job.log_path)})", env)
 
 
 def _read_result(path: Path) -> dict | None:
@@ -338,7 +338,8 @@ def _read_result(path: Path) -> dict | None:
     return row if isinstance(row, dict) and ("case_id" in row or isinstance(row.get("rows"), list)) else None  # rows: --together
 
 
-def _parent_row(case: Case, status: str, message: str, env: dict) -> dict:
+def parent_row(case: Case, status: str, message: str, env: dict) -> dict:
+    """The row of a case whose worker left none (a crash, a timeout, a lost node), written by the parent."""
     from perflab.measure.harness import failed_row  # the same keys as the worker's rows
 
     return failed_row(case, status, message, dict(env, device=case.device))
@@ -420,7 +421,7 @@ def worker_slots(experiment: Experiment, gpus: list[int] | None, workers: int) -
         if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
             raise PerflabError(f"--gpus: give distinct GPU indices, e.g. 0,1; got {','.join(map(str, gpus))}")
         visible = _parent_visible_devices()
-        count = _gpu_count()
+        count = gpu_count()
         bad = [g for g in gpus if g >= count]
         if bad:
             seen = f"{count} visible: 0..{count - 1}" if count else "none visible"
@@ -439,7 +440,7 @@ def _require_cuda(experiment: Experiment) -> None:
 
     if torch.version.cuda is None:
         why = "this torch build has no CUDA"
-    elif _gpu_count() == 0:
+    elif gpu_count() == 0:
         why = "no GPU is visible"
     else:
         return
@@ -456,9 +457,9 @@ def _parent_visible_devices() -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     """GPUs on this host, from NVML where it can be read (no CUDA runtime in the parent), else from torch."""
-    names, _ = _gpu_inventory()
+    names, _ = gpu_inventory()
     if names:
         visible = _parent_visible_devices()
         return len(visible) if visible is not None else len(names)
@@ -499,7 +500,7 @@ def probe_environment(experiment: Experiment | None, physical_gpus: list[str] | 
     if uses_cuda is None:
         uses_cuda = any(c.device == "cuda" for c in experiment.cases)
     if uses_cuda:
-        inventory, driver = _gpu_inventory()
+        inventory, driver = gpu_inventory()
         if not physical_gpus:
             visible = _parent_visible_devices()
             physical_gpus = visible[:1] if visible else ["0"]
@@ -525,7 +526,7 @@ def environment_key(env: dict) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _gpu_inventory() -> tuple[list[str], str | None]:
+def gpu_inventory() -> tuple[list[str], str | None]:
     """GPU names in PCI order and the driver version, from NVML (or nvidia-smi where pynvml is missing)."""
     try:
         import pynvml
