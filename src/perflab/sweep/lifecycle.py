@@ -21,7 +21,7 @@ from typing import Callable, Iterable
 
 from perflab.errors import PerflabError
 from perflab.paths import make_out_dir
-from perflab.sweep.spec import Experiment
+from perflab.sweep.experiment import Experiment
 from perflab.sweep.store import Store, disk_full, store_path
 
 EventHandler = Callable[..., None]
@@ -34,7 +34,7 @@ def _ignore(kind: str, **info) -> None:
 class SweepSession:
     """One run into ``out_dir``'s store; see the module docstring. Use as a context manager::
 
-        with SweepSession(out_dir, summary, on_event=emit, again="rerun with --resume") as session:
+        with SweepSession(out_dir, summary, on_event=emit) as session:
             todo = ...  # what session.store does not hold yet
             session.begin(environments, experiment=..., record=..., env_key=..., n_cases=..., n_skipped=..., command=...)
             session.drive(lambda: ...)  # runs the cases, calling session.put (or session.case_done) for each row
@@ -42,9 +42,9 @@ class SweepSession:
     ``summary`` is the engine's summary: ``interrupted`` is set on it, and ``case_done`` counts into its ``done`` and
     ``counts``. ``on_event(kind, **info)`` hears "start" (``begin``'s ``start`` items), what the engine emits through
     ``session.emit``, and "finish" (summary) once the run has begun, however it ends. ``again``: how to go on after a
-    full disk; ``kept``: which of this run's rows a full disk leaves stored."""
+    full disk (a sweep's: ``--resume``); ``kept``: which of this run's rows a full disk leaves stored."""
 
-    def __init__(self, out_dir, summary, *, on_event: EventHandler | None = None, again: str,
+    def __init__(self, out_dir, summary, *, on_event: EventHandler | None = None, again: str = "rerun with --resume to run the rest",
                  kept: str = "each committed when its case ended"):
         self.out_dir = Path(out_dir)
         self.summary = summary
@@ -54,7 +54,7 @@ class SweepSession:
         self.store: Store | None = None
         self.sweep_id: int | None = None
         self.stored = 0  # rows this run stored
-        self.outcome = "interrupted"  # until drive says otherwise: a run killed mid-way never records its end
+        self.outcome = "interrupted"  # Ctrl-C outside drive too; drive sets complete or failed
         self._exit = contextlib.ExitStack()
 
     def __enter__(self) -> "SweepSession":

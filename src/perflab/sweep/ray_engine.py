@@ -146,7 +146,7 @@ def run_sweep_ray(
         units = plan_units(experiment, nodes)
         keys = ",".join(_env_keys(nodes))
         summary = runner.SweepSummary(out_dir, keys, total=len(units), skipped=0)
-        with SweepSession(out_dir, summary, on_event=on_event, again="rerun with --resume to run the rest") as session:
+        with SweepSession(out_dir, summary, on_event=on_event) as session:
             runner.refuse_stored_unless_resuming(session.store, out_dir, resume)
             stored = session.store.statuses_by_env()
             todo = [u for u in units if not _done(u, nodes, stored, retry_failed)]

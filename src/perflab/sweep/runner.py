@@ -120,7 +120,7 @@ def run_sweep(
     env_key = environment_key(env)
 
     summary = SweepSummary(out_dir, env_key, total=len(experiment.cases), skipped=0)
-    with SweepSession(out_dir, summary, on_event=on_event, again="rerun with --resume to run the rest") as session:
+    with SweepSession(out_dir, summary, on_event=on_event) as session:
         todo = _cases_to_run(experiment, session.store, env_key, out_dir, resume, retry_failed)
         summary.skipped = summary.total - len(todo)
         session.begin([(env_key, env)], experiment=experiment, record=experiment.to_json(), env_key=env_key, n_cases=summary.total,
