@@ -106,3 +106,43 @@ def test_the_progress_drawers_say_what_resumes_and_each_row_not_ok(tmp_path):
     failed = f"oom: {case.label()}: CUDA out of memory [at 2 GiB]"
     assert lines == ["resuming: 1 of 3 cases already stored (environment abc123); running 2", failed] * 2 + [
         "reusing 3 stored row(s) (a case at a version)", "oom: B round 2: bs8: CUDA out of memory [at 2 GiB]"]
+
+
+def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_time(tmp_path):
+    """Complete; Ctrl-C (interrupted, nothing raised); an error in the drive or between begin and drive (failed, raised);
+    each record with the rows it stored, and "finish" heard each time."""
+    from types import SimpleNamespace
+
+    from perflab.sweep.lifecycle import SweepSession
+
+    experiment = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml")
+    case = experiment.cases[0]
+
+    def stores_one_then(error):
+        def run_cases():
+            session.case_done(case, {"case_id": case.id, "status": "ok"}, "env", slot="w0", wall_s=0.1, replace=False)
+            if error is not None:
+                raise error
+        return run_cases
+
+    ended = []
+    for error, before_drive in ((None, False), (KeyboardInterrupt(), False), (ValueError("broken"), False), (ValueError("early"), True)):
+        summary = SimpleNamespace(done=0, counts={}, interrupted=False)
+        seen, on_event = _events()
+        out = tmp_path / str(len(ended))
+        try:
+            with SweepSession(out, summary, on_event=on_event) as session:
+                session.begin([("env", {"host": "h"})], experiment=experiment, record=experiment.to_json(), env_key="env", n_cases=1,
+                              n_skipped=0, start={})
+                if before_drive:
+                    raise error
+                session.drive(stores_one_then(error))
+        except ValueError as exc:
+            assert exc is error
+        else:
+            assert not isinstance(error, ValueError)
+        assert seen[0] == "start" and seen[-1] == "finish" and summary.interrupted == isinstance(error, KeyboardInterrupt)
+        with Store.open(out) as store:
+            ((record),) = store.sweeps()
+            ended.append((record["outcome"], record["n_done"], store.count(), summary.done))
+    assert ended == [("complete", 1, 1, 1), ("interrupted", 1, 1, 1), ("failed", 1, 1, 1), ("failed", 0, 0, 0)]

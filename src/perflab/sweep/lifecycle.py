@@ -54,7 +54,7 @@ class SweepSession:
         self.store: Store | None = None
         self.sweep_id: int | None = None
         self.stored = 0  # rows this run stored
-        self.outcome = "interrupted"  # Ctrl-C outside drive too; drive sets complete or failed
+        self.outcome = "interrupted"  # until drive completes, or an error ends the run (failed); Ctrl-C anywhere leaves it
         self._exit = contextlib.ExitStack()
 
     def __enter__(self) -> "SweepSession":
@@ -79,16 +79,13 @@ class SweepSession:
 
     def drive(self, run_cases: Callable[[], None]) -> None:
         """``run_cases()`` with SIGTERM taken as Ctrl-C: either stops it, the engine's ``finally`` stopping its workers,
-        and the run is interrupted (``summary.interrupted``); another error ends it as failed, and is raised."""
+        and the run is interrupted (``summary.interrupted``); another error is raised, and ends the run as failed."""
         try:
             with sigterm_as_interrupt():
                 run_cases()
             self.outcome = "complete"
         except KeyboardInterrupt:
             self.summary.interrupted = True
-        except BaseException:
-            self.outcome = "failed"
-            raise
 
     def put(self, row: dict, env_key: str, *, worker: str, wall_s: float | None = None, replace: bool = False) -> None:
         """Commit one row of this run."""
@@ -103,6 +100,8 @@ class SweepSession:
         self.emit("case_done", case=case, row=row, slot=slot)
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None and not isinstance(exc, KeyboardInterrupt) and self.outcome != "complete":
+            self.outcome = "failed"
         try:
             try:
                 self._end()
