@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sqlite3
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -31,6 +32,24 @@ def _ignore(kind: str, **info) -> None:
     pass
 
 
+@dataclass
+class SweepSummary:
+    """What a sweep (local or Ray) did: its cases, those already stored, those run now by status, how it ended."""
+
+    out_dir: Path
+    env_key: str
+    total: int  # cases in the experiment
+    skipped: int  # already stored (resume)
+    done: int = 0  # run and stored by this sweep
+    counts: dict = field(default_factory=dict)  # status → cases run by this sweep
+    interrupted: bool = False
+    reruns: int = 0  # cases started again after their node was lost (Ray engine)
+
+    @property
+    def store_path(self) -> Path:
+        return store_path(self.out_dir)
+
+
 class SweepSession:
     """One run into ``out_dir``'s store; see the module docstring. Use as a context manager::
 
@@ -39,8 +58,8 @@ class SweepSession:
             session.begin(environments, experiment=..., record=..., env_key=..., n_cases=..., n_skipped=..., command=...)
             session.drive(lambda: ...)  # runs the cases, calling session.put (or session.case_done) for each row
 
-    ``summary`` is the engine's summary: ``interrupted`` is set on it, and ``case_done`` counts into its ``done`` and
-    ``counts``. ``on_event(kind, **info)`` hears "start" (``begin``'s ``start`` items), what the engine emits through
+    ``summary`` is the engine's summary (a ``SweepSummary``, or versions' own): ``interrupted`` is set on it, and
+    ``case_done`` counts into its ``done`` and ``counts``. ``on_event(kind, **info)`` hears "start" (``begin``'s ``start`` items), what the engine emits through
     ``session.emit``, and "finish" (summary) once the run has begun, however it ends. ``again``: how to go on after a
     full disk (a sweep's: ``--resume``); ``kept``: which of this run's rows a full disk leaves stored."""
 

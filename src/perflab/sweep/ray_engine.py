@@ -31,7 +31,7 @@ from pathlib import Path
 from perflab.errors import PerflabError, first_line
 from perflab.spec import Case
 from perflab.sweep import runner
-from perflab.sweep.lifecycle import SweepSession
+from perflab.sweep.lifecycle import SweepSession, SweepSummary
 from perflab.sweep.progress import ClusterProgress  # noqa: F401 (the CLI's drawer for --engine ray, drawn in sweep.progress)
 from perflab.sweep.spec import Experiment
 from perflab.sweep.store import FAILED_STATUSES
@@ -134,7 +134,7 @@ def run_sweep_ray(
     command: str = "",
     on_event=None,
     node_retries: int = NODE_RETRIES,
-) -> runner.SweepSummary:
+) -> SweepSummary:
     """Run ``experiment``'s missing cases as Ray tasks; see the module docstring. Returns a SweepSummary."""
     out_dir = Path(out_dir)
     timeout_s = runner.case_timeout(experiment, timeout_s)
@@ -145,7 +145,7 @@ def run_sweep_ray(
         nodes = probe_nodes(ray, uses_cuda)
         units = plan_units(experiment, nodes)
         keys = ",".join(_env_keys(nodes))
-        summary = runner.SweepSummary(out_dir, keys, total=len(units), skipped=0)
+        summary = SweepSummary(out_dir, keys, total=len(units), skipped=0)
         with SweepSession(out_dir, summary, on_event=on_event) as session:
             runner.refuse_stored_unless_resuming(session.store, out_dir, resume)
             stored = session.store.statuses_by_env()

@@ -30,36 +30,20 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from perflab.errors import PerflabError
 from perflab.spec import Case
 from perflab.sweep.spec import Experiment
 from perflab.paths import child_env
-from perflab.sweep.lifecycle import EventHandler, SweepSession
+from perflab.sweep.lifecycle import EventHandler, SweepSession, SweepSummary
 from perflab.sweep.progress import RichProgress  # noqa: F401 (the CLI's drawer for a sweep, drawn in sweep.progress)
-from perflab.sweep.store import FAILED_STATUSES, Store, store_path
+from perflab.sweep.store import FAILED_STATUSES, Store
 from perflab.sweep.worker import alive_path
 
 POLL_S = 0.05  # how often the parent looks at its workers
 KILL_GRACE_S = 5.0
-
-@dataclass
-class SweepSummary:
-    out_dir: Path
-    env_key: str
-    total: int  # cases in the experiment
-    skipped: int  # already stored (resume)
-    done: int = 0  # run and stored by this sweep
-    counts: dict = field(default_factory=dict)  # status → cases run by this sweep
-    interrupted: bool = False
-    reruns: int = 0  # cases started again after their node was lost (Ray engine)
-
-    @property
-    def store_path(self) -> Path:
-        return store_path(self.out_dir)
-
 
 @dataclass
 class _Running:
