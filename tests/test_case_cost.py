@@ -45,7 +45,7 @@ def test_the_launchers_children_are_fresh_processes_each_with_its_own_pid(tmp_pa
         for case in cases:
             log = tmp_path / f"{case.id}.log"
             log.write_text("# header\n")
-            child = launcher.start(_worker_argv(case, tmp_path / f"{case.id}.json"), runner._worker_env("w0"), log)
+            child = launcher.start(_worker_argv(case, tmp_path / f"{case.id}.json"), runner.slot_env("w0"), log)
             assert child.wait(timeout=120) == 0
             pids.append(child.pid)
             text = log.read_text()
@@ -65,7 +65,7 @@ def test_a_child_whose_launcher_dies_ends_with_it_and_is_reported_at_once(tmp_pa
     with Launcher(label=str(tmp_path)) as launcher:
         assert not launcher.wait_ready().get("refused")
         log = tmp_path / "hangs.log"
-        child = launcher.start(_worker_argv(case, tmp_path / "hangs.json"), runner._worker_env("w0"), log)
+        child = launcher.start(_worker_argv(case, tmp_path / "hangs.json"), runner.slot_env("w0"), log)
         deadline = time.monotonic() + 60
         while "stage: check" not in log.read_text():  # it runs
             assert time.monotonic() < deadline and child.poll() is None
@@ -133,7 +133,7 @@ def test_a_childs_intra_op_threads_follow_its_slot_as_an_interpreter_of_its_own_
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     spec = {"defaults": FAST, "cases": [{"model": "test:tiny"}, {"model": "test:tiny", "batch_size": 2}]}
     api.sweep(spec, tmp_path, launcher="fork", workers=2)
-    expected = max(1, (os.cpu_count() or 1) // 2)  # two CPU workers side by side: half the cores each (runner._worker_env)
+    expected = max(1, (os.cpu_count() or 1) // 2)  # two CPU workers side by side: half the cores each (runner.slot_env)
     assert [r["env"]["cpu_threads"] for r in api.results(tmp_path)] == [expected, expected]
 
 

@@ -122,9 +122,9 @@ def test_bad_parallel_input_is_one_line(args, fragment):
 def test_sweep_gives_a_case_its_ranks_slots(tmp_path):
     from perflab.errors import PerflabError
     from perflab.spec import Case
-    from perflab.sweep.runner import GROUP, _worker_env, check_slots_fit, pin_index
+    from perflab.sweep.runner import GROUP, check_slots_fit, pin_index, slot_env
 
-    env = _worker_env(GROUP.join(["gpu2", "gpu3"]), 4)
+    env = slot_env(GROUP.join(["gpu2", "gpu3"]), 4)
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3" and pin_index("gpu2+gpu3") == 2
     case = Case(model="gpt_small", workload="train_step", parallel="ddp", world_size=2, device="cpu")
     check_slots_fit([case], ["w0", "w1"])

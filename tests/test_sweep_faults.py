@@ -8,6 +8,7 @@ import pytest
 from perflab import api
 from perflab.errors import PerflabError
 from perflab.sweep import runner
+from perflab.sweep.lifecycle import one_sweep_at_a_time
 from perflab.sweep.spec import parse_experiment
 from perflab.sweep.store import Store
 
@@ -95,10 +96,10 @@ def test_resume_skips_stored_cases_per_environment_and_retry_failed_reruns_error
 
 
 def test_worker_environment_pins_one_gpu_per_worker():
-    env = runner._worker_env("gpu3", 2)
+    env = runner.slot_env("gpu3", 2)
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_DEVICE_ORDER"] in ("PCI_BUS_ID", os.environ.get("CUDA_DEVICE_ORDER"))
     assert env["PYTHONPATH"].split(os.pathsep)[0].endswith("src")
-    cpu = runner._worker_env("w1", 2)
+    cpu = runner.slot_env("w1", 2)
     assert "CUDA_VISIBLE_DEVICES" not in cpu or cpu["CUDA_VISIBLE_DEVICES"] == os.environ.get("CUDA_VISIBLE_DEVICES")
     assert cpu["OMP_NUM_THREADS"] == os.environ.get("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
 
@@ -128,15 +129,15 @@ def _live_workers(out_dir) -> list[int]:
 def test_gpu_slots_follow_the_parents_visible_devices(monkeypatch):
     experiment = parse_experiment({"defaults": {"device": "cuda", "model": "test:tiny"}, "grid": {"batch_size": [1, 2]}}, "x.yaml")
     monkeypatch.setattr(runner, "_require_cuda", lambda e: None)  # this machine has no GPU: pretend two H200s
-    monkeypatch.setattr(runner, "_gpu_inventory", lambda: (["NVIDIA H200", "NVIDIA H200"], "570.86"))
+    monkeypatch.setattr(runner, "gpu_inventory", lambda: (["NVIDIA H200", "NVIDIA H200"], "570.86"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert runner._slots(experiment, [0, 1], 1) == ["gpu0", "gpu1"]
+    assert runner.worker_slots(experiment, [0, 1], 1) == ["gpu0", "gpu1"]
     with pytest.raises(PerflabError, match=r"--gpus: GPU 2 does not exist here \(2 visible: 0..1\)"):
-        runner._slots(experiment, [0, 2], 1)
+        runner.worker_slots(experiment, [0, 2], 1)
     with pytest.raises(PerflabError, match="for CUDA cases give --gpus"):
-        runner._slots(experiment, None, 2)
+        runner.worker_slots(experiment, None, 2)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    assert runner._slots(experiment, [0], 1) == ["gpu1"]  # --gpus counts within the parent's visible GPUs
+    assert runner.worker_slots(experiment, [0], 1) == ["gpu1"]  # --gpus counts within the parent's visible GPUs
     env = runner.probe_environment(experiment, ["0", "1"])
     assert env["gpus"] == ["NVIDIA H200", "NVIDIA H200"] and env["driver"] == "570.86" and env["gpu_name"] == "NVIDIA H200"
     cpu_env = runner.probe_environment(parse_experiment({"defaults": FAST, "cases": [{"model": "test:tiny"}]}, "x.yaml"))
@@ -146,7 +147,7 @@ def test_gpu_slots_follow_the_parents_visible_devices(monkeypatch):
 
 def test_a_second_sweep_into_the_same_directory_is_refused_while_one_runs(tmp_path):
     experiment = parse_experiment({"defaults": FAST, "cases": [{"model": "test:tiny"}]}, "x.yaml")
-    with runner._one_sweep_at_a_time(tmp_path):
+    with one_sweep_at_a_time(tmp_path):
         with pytest.raises(PerflabError, match=rf"another sweep \(pid {os.getpid()} on .*\) is writing here"):
             api.sweep(experiment, tmp_path, resume=True)
     assert not (tmp_path / "results.sqlite").exists()

@@ -19,7 +19,6 @@ of a node environment that fits it.
 
 from __future__ import annotations
 
-import collections
 import logging
 import os
 import re
@@ -32,8 +31,10 @@ from pathlib import Path
 from perflab.errors import PerflabError, first_line
 from perflab.spec import Case
 from perflab.sweep import runner
+from perflab.sweep.lifecycle import SweepSession, SweepSummary
+from perflab.sweep.progress import ClusterProgress  # noqa: F401 (the CLI's drawer for --engine ray, drawn in sweep.progress)
 from perflab.sweep.spec import Experiment
-from perflab.sweep.store import FAILED_STATUSES, Store
+from perflab.sweep.store import FAILED_STATUSES
 
 RAY_MISSING = "--engine ray needs Ray: pip install 'perflab[ray]'"
 NODE_RETRIES = 2  # reruns of a case whose node was lost, before it is stored as an error
@@ -133,9 +134,8 @@ def run_sweep_ray(
     command: str = "",
     on_event=None,
     node_retries: int = NODE_RETRIES,
-) -> runner.SweepSummary:
+) -> SweepSummary:
     """Run ``experiment``'s missing cases as Ray tasks; see the module docstring. Returns a SweepSummary."""
-    emit = on_event or (lambda kind, **info: None)
     out_dir = Path(out_dir)
     timeout_s = runner.case_timeout(experiment, timeout_s)
     uses_cuda = any(c.device == "cuda" for c in experiment.cases)
@@ -144,35 +144,22 @@ def run_sweep_ray(
     try:
         nodes = probe_nodes(ray, uses_cuda)
         units = plan_units(experiment, nodes)
-        with runner._one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
-            runner.refuse_stored_unless_resuming(store, out_dir, resume)
-            keys = _env_keys(nodes)
-            stored = store.statuses_by_env()
+        keys = ",".join(_env_keys(nodes))
+        summary = SweepSummary(out_dir, keys, total=len(units), skipped=0)
+        with SweepSession(out_dir, summary, on_event=on_event) as session:
+            runner.refuse_stored_unless_resuming(session.store, out_dir, resume)
+            stored = session.store.statuses_by_env()
             todo = [u for u in units if not _done(u, nodes, stored, retry_failed)]
-            summary = runner.SweepSummary(out_dir, ",".join(keys), total=len(units), skipped=len(units) - len(todo))
-            for node in nodes:
-                for env in node.envs:
-                    store.put_environment(runner.environment_key(env), env)
-            sweep_id = store.begin_sweep(
-                command=command, spec_source=experiment.source, spec_text=experiment.text, experiment=experiment.to_json(),
-                env_key=",".join(keys), n_cases=summary.total, n_skipped=summary.skipped,
-            )
-            emit("start", total=summary.total, skipped=summary.skipped, to_run=len(todo), env_key=",".join(keys),
-                 slots=[n.label for n in nodes])
-            outcome = "interrupted"
-            try:
-                with runner._sigterm_as_interrupt():
-                    _Driver(ray, out_dir, store, sweep_id, summary, nodes, timeout_s, uses_cuda, retry_failed,
-                            node_retries, emit, stored, runner.worker_args(experiment, out_dir)).run(todo)
-                outcome = "complete"
-            except KeyboardInterrupt:
-                summary.interrupted = True
-            finally:
-                store.end_sweep(sweep_id, outcome, summary.done)
+            summary.skipped = summary.total - len(todo)
+            session.begin([(runner.environment_key(env), env) for node in nodes for env in node.envs], experiment=experiment,
+                          record=experiment.to_json(), env_key=keys, n_cases=summary.total, n_skipped=summary.skipped, command=command,
+                          start=dict(total=summary.total, skipped=summary.skipped, to_run=len(todo), env_key=keys,
+                                     slots=[n.label for n in nodes]))
+            session.drive(lambda: _Driver(ray, out_dir, session, nodes, timeout_s, uses_cuda, retry_failed, node_retries, stored,
+                                          runner.worker_args(experiment, out_dir)).run(todo))
     finally:
         if owned:
             ray.shutdown()
-    emit("finish", summary=summary)
     return summary
 
 
@@ -185,7 +172,7 @@ def _connect(ray, address: str | None, uses_cuda: bool) -> bool:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         else:
             # address="local": a new instance, never the last cluster `ray start` left in /tmp/ray.
-            ray.init(address="local", num_gpus=runner._gpu_count() if uses_cuda else None, include_dashboard=False,
+            ray.init(address="local", num_gpus=runner.gpu_count() if uses_cuda else None, include_dashboard=False,
                      logging_level=logging.WARNING, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         where = f"--address {address}" if address else "a local Ray instance"
@@ -227,7 +214,7 @@ def _probe_node(uses_cuda: bool) -> tuple[str, list[dict]]:
     """On a node: its host name and one environment per GPU type it holds (or one without GPUs)."""
     if not uses_cuda:
         return socket.gethostname(), [runner.probe_environment(None, uses_cuda=False)]
-    names, _ = runner._gpu_inventory()
+    names, _ = runner.gpu_inventory()
     first_of_each = {}
     for index, name in enumerate(names):
         first_of_each.setdefault(name, str(index))
@@ -350,11 +337,10 @@ class _Attempt:
 class _Driver:
     """Submits the units, stores each result as it comes, reruns units whose node was lost."""
 
-    def __init__(self, ray, out_dir, store, sweep_id, summary, nodes, timeout_s, uses_cuda, replace, node_retries, emit, stored,
-                 worker_args=()):
-        self.ray, self.out_dir, self.store, self.sweep_id, self.summary = ray, out_dir, store, sweep_id, summary
+    def __init__(self, ray, out_dir, session: SweepSession, nodes, timeout_s, uses_cuda, replace, node_retries, stored, worker_args=()):
+        self.ray, self.out_dir, self.session, self.store, self.summary = ray, out_dir, session, session.store, session.summary
         self.nodes, self.timeout_s, self.uses_cuda, self.replace = nodes, timeout_s, uses_cuda, replace
-        self.node_retries, self.emit, self.stored = node_retries, emit, stored
+        self.node_retries, self.emit, self.stored = node_retries, session.emit, stored
         self.worker_args = list(worker_args)  # the spec's profile (and ncu) pass: the same on every node
         # The spec's directory when a case names a user's model (--model-root in the worker arguments).
         self.model_root = self.worker_args[self.worker_args.index("--model-root") + 1] if "--model-root" in self.worker_args else None
@@ -435,7 +421,7 @@ class _Driver:
         keys = _unit_keys(attempt.unit, self.nodes)
         candidates = [e for n in ([node] if node else self.nodes) for e in n.envs if runner.environment_key(e) in keys]
         env = candidates[0] if candidates else self.nodes[0].envs[0]
-        row = runner._parent_row(attempt.unit.case, status, message, env)
+        row = runner.parent_row(attempt.unit.case, status, message, env)
         return {"row": row, "env": env, "env_key": runner.environment_key(env), "node_id": node_id,
                 "host": node.host if node else (attempt.node[1] if attempt.node else None), "wall_s": None, "log": None}
 
@@ -446,18 +432,14 @@ class _Driver:
         if unit.gpu:
             row["gpu_type"] = unit.gpu
         self.store.put_environment(key, result["env"])  # a node that joined after the probe
-        self.store.put(row, key, sweep_id=self.sweep_id, worker=f"{result['host']}:{(result['node_id'] or '?')[:6]}",
-                       wall_s=result["wall_s"], replace=self.replace)
+        self.session.case_done(unit.case, row, key, slot=f"{result['host']}:{(result['node_id'] or '?')[:6]}", wall_s=result["wall_s"],
+                               replace=self.replace)
         if self.replace:  # --retry-failed: the rerun's row replaces the failed one, wherever that was stored
             for other in _unit_keys(unit, self.nodes) - {key}:
                 if self.stored.get((unit.case.id, other)) in FAILED_STATUSES:
                     self.store.delete(unit.case.id, other)
         if result["log"] is not None:
             (self.out_dir / "logs" / unit.log_name).write_text(result["log"])
-        self.summary.done += 1
-        self.summary.counts[row["status"]] = self.summary.counts.get(row["status"], 0) + 1
-        slot = f"{result['host']}:{(result['node_id'] or '?')[:6]}"
-        self.emit("case_done", case=unit.case, row=row, slot=slot)
 
 
 def _alive(ray, node_id: str | None) -> bool:
@@ -471,33 +453,3 @@ def _node_in_message(exc) -> str | None:
 
 def _first_line(exc) -> str:
     return first_line(exc)[:300] or type(exc).__name__
-
-
-# ---------------------------------------------------------------------------------------------------
-# Progress display
-
-
-class ClusterProgress(runner.RichProgress):
-    """RichProgress with the cases per node: running now and done, e.g. ``gpu-a:3f2a1c 2 running, 5 done``."""
-
-    def __init__(self, console):
-        super().__init__(console)
-        self.running: collections.Counter = collections.Counter()
-        self.finished: collections.Counter = collections.Counter()
-
-    def _case_start(self, case, slot):
-        self.running[slot] += 1
-        self._describe()
-
-    def _case_done(self, case, row, slot):
-        self.running[slot] = max(0, self.running[slot] - 1)
-        self.finished[slot] += 1
-        self.active.clear()
-        super()._case_done(case, row, slot)
-
-    def _describe(self):
-        from rich.markup import escape
-
-        nodes = sorted(set(self.running) | set(self.finished))
-        text = " | ".join(f"{n} {self.running[n]} running, {self.finished[n]} done" for n in nodes)
-        self.progress.update(self.task, description=escape(text[:160]) or "…")

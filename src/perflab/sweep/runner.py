@@ -18,8 +18,6 @@ timings comparable: host, CPU, GPU names, driver, torch and CUDA versions, and p
 from __future__ import annotations
 
 import collections
-import contextlib
-import fcntl
 import functools
 import hashlib
 import json
@@ -32,38 +30,20 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from perflab.errors import PerflabError
 from perflab.spec import Case
 from perflab.sweep.spec import Experiment
-from perflab.paths import child_env, make_out_dir
-from perflab.sweep.store import FAILED_STATUSES, Store, store_path
+from perflab.paths import child_env
+from perflab.sweep.lifecycle import EventHandler, SweepSession, SweepSummary
+from perflab.sweep.progress import RichProgress  # noqa: F401 (the CLI's drawer for a sweep, drawn in sweep.progress)
+from perflab.sweep.store import FAILED_STATUSES, Store
 from perflab.sweep.worker import alive_path
 
 POLL_S = 0.05  # how often the parent looks at its workers
 KILL_GRACE_S = 5.0
-
-EventHandler = Callable[..., None]
-
-
-@dataclass
-class SweepSummary:
-    out_dir: Path
-    env_key: str
-    total: int  # cases in the experiment
-    skipped: int  # already stored (resume)
-    done: int = 0  # run and stored by this sweep
-    counts: dict = field(default_factory=dict)  # status → cases run by this sweep
-    interrupted: bool = False
-    reruns: int = 0  # cases started again after their node was lost (Ray engine)
-
-    @property
-    def store_path(self) -> Path:
-        return store_path(self.out_dir)
-
 
 @dataclass
 class _Running:
@@ -113,38 +93,25 @@ def run_sweep(
     """
     from perflab.sweep.launcher import choose_launcher
 
-    emit = on_event or (lambda kind, **info: None)
     out_dir = Path(out_dir)
     timeout_s = case_timeout(experiment, timeout_s)
     launcher = choose_launcher(launcher)
     if experiment.gpu_pins or experiment.across_gpus:
         raise PerflabError(f"{experiment.source}: gpu: and across_gpus: place cases on a cluster's GPU types; run it with --engine ray")
-    slots = _slots(experiment, gpus, workers)
+    slots = worker_slots(experiment, gpus, workers)
     check_slots_fit(experiment.cases, slots)
     env = probe_environment(experiment, [s[len("gpu"):] for s in slots if s.startswith("gpu")])
     env_key = environment_key(env)
 
-    with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
-        todo = _cases_to_run(experiment, store, env_key, out_dir, resume, retry_failed)
-        summary = SweepSummary(out_dir, env_key, total=len(experiment.cases), skipped=len(experiment.cases) - len(todo))
-        store.put_environment(env_key, env)
-        sweep_id = store.begin_sweep(
-            command=command, spec_source=experiment.source, spec_text=experiment.text, experiment=experiment.to_json(),
-            env_key=env_key, n_cases=summary.total, n_skipped=summary.skipped,
-        )
-        emit("start", total=summary.total, skipped=summary.skipped, to_run=len(todo), env_key=env_key, slots=slots)
-        outcome = "interrupted"
-        try:
-            with _sigterm_as_interrupt():
-                _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, retry_failed, emit,
-                          worker_args=worker_args(experiment, out_dir) + ["--flops-cache", str((out_dir / "flops").resolve())],
-                          launcher=launcher)
-            outcome = "complete"
-        except KeyboardInterrupt:
-            summary.interrupted = True
-        finally:
-            store.end_sweep(sweep_id, outcome, summary.done)
-    emit("finish", summary=summary)
+    summary = SweepSummary(out_dir, env_key, total=len(experiment.cases), skipped=0)
+    with SweepSession(out_dir, summary, on_event=on_event) as session:
+        todo = _cases_to_run(experiment, session.store, env_key, out_dir, resume, retry_failed)
+        summary.skipped = summary.total - len(todo)
+        session.begin([(env_key, env)], experiment=experiment, record=experiment.to_json(), env_key=env_key, n_cases=summary.total,
+                      n_skipped=summary.skipped, command=command,
+                      start=dict(total=summary.total, skipped=summary.skipped, to_run=len(todo), env_key=env_key, slots=slots))
+        args = worker_args(experiment, out_dir) + ["--flops-cache", str((out_dir / "flops").resolve())]
+        session.drive(lambda: _schedule(todo, slots, out_dir, timeout_s, env, env_key, session, retry_failed, args, launcher))
     return summary
 
 
@@ -169,27 +136,6 @@ def _cases_to_run(experiment: Experiment, store: Store, env_key: str, out_dir: P
     return [c for c in experiment.cases if c.id not in stored or (retry_failed and stored[c.id] in FAILED_STATUSES)]
 
 
-@contextlib.contextmanager
-def _one_sweep_at_a_time(out_dir: Path):
-    """An exclusive lock on DIR/sweep.lock: the store has one writer. The OS drops it when the process dies."""
-    make_out_dir(out_dir)
-    with open(out_dir / "sweep.lock", "a+") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.seek(0)
-            holder = lock.read().strip() or "another process"
-            raise PerflabError(f"{out_dir}: another sweep ({holder}) is writing here; wait for it, or give another --out") from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()} on {socket.gethostname()}")
-        lock.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 def worker_args(experiment: Experiment, out_dir: Path) -> list[str]:
     """Arguments every worker of this sweep gets beyond its case: the profile and ncu passes, when the spec asks.
 
@@ -209,8 +155,9 @@ def worker_args(experiment: Experiment, out_dir: Path) -> list[str]:
     return args
 
 
-def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, summary, replace, emit, worker_args=(),
-              launcher: str = "exec") -> None:
+def _schedule(todo, slots, out_dir, timeout_s, env, env_key, session: SweepSession, replace: bool, worker_args: list[str],
+              launcher: str) -> None:
+    """Run ``todo`` on the ``slots``, in order, each case as soon as it has slots enough, each row stored as it comes."""
     pending = collections.deque(todo)
     free = list(slots)
     running: list[_Running] = []
@@ -224,7 +171,7 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, su
                 slot = GROUP.join(free[:case.world_size])
                 del free[:case.world_size]
                 running.append(_start(case, slot, out_dir, timeout_s, len(slots), worker_args, forks))
-                emit("case_start", case=case, slot=slot)
+                session.emit("case_start", case=case, slot=slot)
             time.sleep(POLL_S)
             for job in list(running):
                 row = _finished_row(job, env, timeout_s)
@@ -232,10 +179,7 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, su
                     continue
                 running.remove(job)
                 free.extend(job.slot.split(GROUP))
-                store.put(row, env_key, sweep_id=sweep_id, worker=job.slot, wall_s=time.monotonic() - job.started, replace=replace)
-                summary.done += 1
-                summary.counts[row["status"]] = summary.counts.get(row["status"], 0) + 1
-                emit("case_done", case=job.case, row=row, slot=job.slot)
+                session.case_done(job.case, row, env_key, slot=job.slot, wall_s=time.monotonic() - job.started, replace=replace)
     finally:
         for job in running:  # interrupted: stop the workers; their cases stay unstored and rerun on --resume
             _kill(job.proc)
@@ -243,7 +187,6 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, sweep_id, store, su
             job.alive_path.unlink(missing_ok=True)
         if forks is not None:
             forks.close()
-        _remove_if_empty(out_dir / "tmp")
 
 
 class Forks:
@@ -314,20 +257,13 @@ def run_case_in_subprocess(case: Case, work_dir: Path, timeout_s: float, env: di
     return row, job.log_path
 
 
-def _remove_if_empty(path: Path) -> None:
-    try:
-        path.rmdir()
-    except OSError:
-        pass
-
-
 def _start(case: Case, slot: str, out_dir: Path, timeout_s: float, n_slots: int, extra_args=(), forks: Forks | None = None,
            python: str | None = None, worker_env: dict | None = None, tag: str = "") -> _Running:
     result_path = out_dir / "tmp" / f"{case.id}{tag}.json"
     result_path.unlink(missing_ok=True)
     alive_path(result_path).unlink(missing_ok=True)
     log_path = out_dir / "logs" / f"{case.id}{tag}.log"
-    env = worker_env if worker_env is not None else _worker_env(slot, n_slots)
+    env = worker_env if worker_env is not None else slot_env(slot, n_slots)
     argv = ["--case", json.dumps(case.to_dict()), "--result", str(result_path), "--pin-index", str(pin_index(slot)), *extra_args]
     started = time.monotonic()
     with open(log_path, "w") as log:
@@ -369,11 +305,11 @@ def _finished_row(job: _Running, env: dict, timeout_s: float) -> dict | None:
     if returncode is None:
         _kill(job.proc)
         job.result_path.unlink(missing_ok=True)
-        return _parent_row(job.case, "timeout", f"no result within the {timeout_s:g} s limit; the worker was killed (log: {_rel(job.log_path)})", env)
+        return parent_row(job.case, "timeout", f"no result within the {timeout_s:g} s limit; the worker was killed (log: {_rel(job.log_path)})", env)
     row = _read_result(job.result_path)
     if row is not None:
         return row  # a row written before a crash at exit is still a full row
-    return _parent_row(job.case, "error", f"{_describe_exit(returncode)} without a result{_last_log_line(job.log_path)} (log: {_rel(job.log_path)})", env)
+    return parent_row(job.case, "error", f"{_describe_exit(returncode)} without a result{_last_log_line(job.log_path)} (log: {_rel(job.log_path)})", env)
 
 
 def _read_result(path: Path) -> dict | None:
@@ -386,7 +322,8 @@ def _read_result(path: Path) -> dict | None:
     return row if isinstance(row, dict) and ("case_id" in row or isinstance(row.get("rows"), list)) else None  # rows: --together
 
 
-def _parent_row(case: Case, status: str, message: str, env: dict) -> dict:
+def parent_row(case: Case, status: str, message: str, env: dict) -> dict:
+    """The row of a case whose worker left none (a crash, a timeout, a lost node), written by the parent."""
     from perflab.measure.harness import failed_row  # the same keys as the worker's rows
 
     return failed_row(case, status, message, dict(env, device=case.device))
@@ -430,7 +367,8 @@ def _kill(proc: subprocess.Popen) -> None:
         pass
 
 
-def _worker_env(slot: str, n_slots: int = 1) -> dict:
+def slot_env(slot: str, n_slots: int = 1) -> dict:
+    """The environment of the worker in ``slot`` (of ``n_slots`` side by side): this perflab first on its path, its GPUs."""
     env = child_env()  # the worker must import this perflab even when it was found through a relative PYTHONPATH
     if n_slots > 1:
         # Workers side by side: split the host's cores, or their thread pools oversubscribe them many times
@@ -456,7 +394,7 @@ def check_slots_fit(cases, slots: list[str]) -> None:
                            f"give at least {widest.world_size}")
 
 
-def _slots(experiment: Experiment, gpus: list[int] | None, workers: int) -> list[str]:
+def worker_slots(experiment: Experiment, gpus: list[int] | None, workers: int) -> list[str]:
     """Worker slots: one per GPU (``gpu<physical id>``), else ``workers`` CPU slots (``w0``, ``w1``, ...)."""
     uses_cuda = any(c.device == "cuda" for c in experiment.cases)
     if uses_cuda:
@@ -467,7 +405,7 @@ def _slots(experiment: Experiment, gpus: list[int] | None, workers: int) -> list
         if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
             raise PerflabError(f"--gpus: give distinct GPU indices, e.g. 0,1; got {','.join(map(str, gpus))}")
         visible = _parent_visible_devices()
-        count = _gpu_count()
+        count = gpu_count()
         bad = [g for g in gpus if g >= count]
         if bad:
             seen = f"{count} visible: 0..{count - 1}" if count else "none visible"
@@ -486,7 +424,7 @@ def _require_cuda(experiment: Experiment) -> None:
 
     if torch.version.cuda is None:
         why = "this torch build has no CUDA"
-    elif _gpu_count() == 0:
+    elif gpu_count() == 0:
         why = "no GPU is visible"
     else:
         return
@@ -503,9 +441,9 @@ def _parent_visible_devices() -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     """GPUs on this host, from NVML where it can be read (no CUDA runtime in the parent), else from torch."""
-    names, _ = _gpu_inventory()
+    names, _ = gpu_inventory()
     if names:
         visible = _parent_visible_devices()
         return len(visible) if visible is not None else len(names)
@@ -546,7 +484,7 @@ def probe_environment(experiment: Experiment | None, physical_gpus: list[str] | 
     if uses_cuda is None:
         uses_cuda = any(c.device == "cuda" for c in experiment.cases)
     if uses_cuda:
-        inventory, driver = _gpu_inventory()
+        inventory, driver = gpu_inventory()
         if not physical_gpus:
             visible = _parent_visible_devices()
             physical_gpus = visible[:1] if visible else ["0"]
@@ -572,7 +510,7 @@ def environment_key(env: dict) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _gpu_inventory() -> tuple[list[str], str | None]:
+def gpu_inventory() -> tuple[list[str], str | None]:
     """GPU names in PCI order and the driver version, from NVML (or nvidia-smi where pynvml is missing)."""
     try:
         import pynvml
@@ -600,76 +538,5 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-class _sigterm_as_interrupt:
-    """Treat SIGTERM like Ctrl-C, so a terminated sweep kills its workers and records itself as interrupted."""
-
-    def __enter__(self):
-        self.previous = None
-        try:
-            self.previous = signal.signal(signal.SIGTERM, self._handle)
-        except ValueError:  # not in the main thread: leave signals alone
-            pass
-        return self
-
-    def _handle(self, signum, frame):
-        raise KeyboardInterrupt
-
-    def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
-        return False
-
-
 def command_line(argv: list[str] | None = None) -> str:
     return "perflab " + shlex.join(argv if argv is not None else sys.argv[1:])
-
-
-# ---------------------------------------------------------------------------------------------------
-# Progress display
-
-
-class RichProgress:
-    """A rich progress bar (with ETA) on stderr, plus one line per case that did not end ``ok``."""
-
-    def __init__(self, console):
-        self.console = console
-        self.progress = None
-        self.task = None
-        self.active: dict[str, str] = {}
-
-    def __call__(self, kind: str, **info) -> None:
-        getattr(self, "_" + kind)(**info)
-
-    def _start(self, total, skipped, to_run, env_key, slots):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        if skipped:
-            self.console.print(f"resuming: {skipped} of {total} cases already stored (environment {env_key}); running {to_run}", markup=False)
-        self.progress = Progress(
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-            TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True,
-        )
-        self.progress.start()
-        self.task = self.progress.add_task("starting", total=to_run)
-
-    def _case_start(self, case, slot):
-        self.active[slot] = f"{slot}: {case.label()}"
-        self._describe()
-
-    def _case_done(self, case, row, slot):
-        self.active.pop(slot, None)
-        self.progress.advance(self.task)
-        self._describe()
-        if row.get("status") != "ok":
-            from rich.markup import escape
-
-            self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(case.label())}: {escape(str(row.get('message')))}", soft_wrap=True)
-
-    def _describe(self):
-        from rich.markup import escape
-
-        self.progress.update(self.task, description=escape(" | ".join(self.active.values())[:120]) or "…")
-
-    def _finish(self, summary):
-        if self.progress is not None:
-            self.progress.stop()

@@ -34,7 +34,6 @@ import json
 import os
 import random
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,7 @@ from perflab.errors import PerflabError, show
 from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
+from perflab.sweep.progress import VersionsProgress  # noqa: F401 (the CLI's drawer for ab and track, drawn in sweep.progress)
 
 ORDERS = ("alternate", "random")
 PAIRINGS = ("blocks", "processes")
@@ -416,16 +416,16 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     run's sweep record (the threshold its report judges by). A full disk is one PerflabError naming the store and
     what it keeps."""
     from perflab.sweep.launcher import choose_launcher
-    from perflab.sweep.runner import _one_sweep_at_a_time, _slots, case_timeout
-    from perflab.sweep.store import Store, disk_full, run_kinds, store_path
+    from perflab.sweep.lifecycle import SweepSession
+    from perflab.sweep.runner import case_timeout, worker_slots
+    from perflab.sweep.store import Store, run_kinds, store_path
 
-    emit = on_event or (lambda kind, **info: None)
     out_dir = Path(out_dir)
     check_rounds(rounds)
     check_order(order)
     check_pairing(pairing, any(v.kind == "python" for v in plan.versions), plan.cases)
     experiment = plan.versions[0].experiment
-    _slots(experiment, None, 1)  # CUDA cases where CUDA is not: one line now, not an error row a process
+    worker_slots(experiment, None, 1)  # CUDA cases where CUDA is not: one line now, not an error row a process
     timeout_s = case_timeout(experiment, timeout_s)
     launcher = choose_launcher(launcher)
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
@@ -437,20 +437,12 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
                                f"holds one kind of run (its report and compare read one); give {kind} another --out")
         if stored and not reuse:
             raise PerflabError(f"{out_dir} already holds {stored} row(s) of these versions; give another --out")
-    session = uuid.uuid4().hex[:12]
-    summary = VersionsSummary(out_dir, session, plan.versions, plan.cases, rounds, pairing)
-    try:
-        with _one_sweep_at_a_time(out_dir), Store.create(out_dir) as store:
-            _run_rounds(plan, store, summary, out_dir, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=reuse,
-                        command=command, kind=kind, emit=emit, launcher=launcher, record=record, pairing=pairing)
-    except (sqlite3.OperationalError, OSError) as exc:
-        if not disk_full(exc):
-            raise
-        again = ("run ab again with another --out (ab does not add rows to a store that holds its versions)" if kind == "ab" else
-                 f"run {kind} again: it reuses the rows stored")
-        raise PerflabError(f"{store_path(out_dir)}: the disk is full ({exc}); the store keeps the rows it held before and the "
-                           f"{summary.stored} row(s) of this run stored before it (each committed when its case's last round "
-                           f"ended; what was in flight is not stored). Free space, then {again}") from None
+    summary = VersionsSummary(out_dir, uuid.uuid4().hex[:12], plan.versions, plan.cases, rounds, pairing)
+    again = ("run ab again with another --out (ab does not add rows to a store that holds its versions)" if kind == "ab" else
+             f"run {kind} again: it reuses the rows stored")
+    with SweepSession(out_dir, summary, on_event=on_event, again=again, kept="each committed when its case's last round ended") as sweep:
+        _run_rounds(plan, sweep, summary, out_dir, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=reuse,
+                    command=command, kind=kind, launcher=launcher, record=record, pairing=pairing)
     return summary
 
 
@@ -480,26 +472,25 @@ def to_run(store, versions: list[Version], reuse: bool) -> tuple[set, set, int]:
     return todo, replace, reused
 
 
-def _run_rounds(plan: Plan, store, summary: VersionsSummary, out_dir: Path, *, rounds: int, order: str, seed: int, timeout_s: float,
-                reuse: bool, command: str, kind: str, emit, launcher: str, record: dict | None, pairing: str) -> None:
-    """``run_versions``' rounds, into the open ``store``."""
+def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, rounds: int, order: str, seed: int, timeout_s: float,
+                reuse: bool, command: str, kind: str, launcher: str, record: dict | None, pairing: str) -> None:
+    """``run_versions``' rounds, into the open ``sweep`` (a ``sweep.lifecycle.SweepSession``)."""
     from perflab.measure.harness import merge_processes
-    from perflab.sweep.runner import Forks, _sigterm_as_interrupt, run_case_in_subprocess, worker_args
+    from perflab.sweep.runner import Forks, run_case_in_subprocess, worker_args
 
     experiment = plan.versions[0].experiment
     session = summary.session
+    store, emit = sweep.store, sweep.emit
     todo, replace, summary.reused = to_run(store, plan.versions, reuse)
-    for v in plan.versions:
-        store.put_environment(v.env_key, v.env)
     spec = dict(experiment.to_json(), versions=[v.info() for v in plan.versions], kind=kind, rounds=rounds, order=order,
                 seed=seed, session=session, pairing=pairing, **(record or {}))
-    sweep_id = store.begin_sweep(command=command, spec_source=experiment.source, spec_text=experiment.text, experiment=spec,
-                                 env_key=",".join(v.env_key for v in plan.versions),
-                                 n_cases=len(plan.cases) * len(plan.versions), n_skipped=summary.reused)
     blocks = pairing == "blocks"
     per_round = sum(1 for c in plan.cases for v in plan.versions if (c.id, v.key) in todo)
-    emit("start", total=(min(per_round, 1) if blocks else per_round) * rounds, reused=summary.reused, versions=plan.versions,
-         rounds=rounds)
+    sweep.begin([(v.env_key, v.env) for v in plan.versions], experiment=experiment, record=spec,
+                env_key=",".join(v.env_key for v in plan.versions), n_cases=len(plan.cases) * len(plan.versions),
+                n_skipped=summary.reused, command=command,
+                start=dict(total=(min(per_round, 1) if blocks else per_round) * rounds, reused=summary.reused, versions=plan.versions,
+                           rounds=rounds))
     forks: dict = {}
     runs: dict[tuple[str, str], list] = {}  # (case id, version key) → (start time, index into processes, places) per round
     processes: list[dict] = []  # every process's row of this run, in the order they ran (blocks: a row per case per version)
@@ -516,13 +507,12 @@ def _run_rounds(plan: Plan, store, summary: VersionsSummary, out_dir: Path, *, r
             merged = _merge(vcase, runs.pop((case.id, v.key)), processes, merge_processes)
             merged["version"] = dict(v.info(), session=session, rounds=rounds, order=order, position=vi, kind_of_run=kind,
                                      pairing=pairing)
-            store.put(merged, v.env_key, sweep_id=sweep_id, worker="w0", replace=(case.id, v.key) in replace)
+            sweep.put(merged, v.env_key, worker="w0", replace=(case.id, v.key) in replace)
             summary.rows[(case.id, v.key)] = merged
             summary.stored += 1
 
-    outcome = "interrupted"
-    try:
-        with _sigterm_as_interrupt():
+    def run_rounds() -> None:
+        try:
             for r in range(rounds):
                 jobs = [(c, vi) for c, case in enumerate(plan.cases)
                         for vi in versions_order(len(plan.versions), r, c, order, seed) if (case.id, plan.versions[vi].key) in todo]
@@ -550,21 +540,11 @@ def _run_rounds(plan: Plan, store, summary: VersionsSummary, out_dir: Path, *, r
                     summary.done += 1
                     done(c, vi, r, started, row, [[w for cc, w in jobs if cc == c].index(vi)])
                     emit("process_done", case=vcase, version=v, round=r, row=row)
-        outcome = "complete"
-    except KeyboardInterrupt:
-        summary.interrupted = True
-    except BaseException:
-        outcome = "failed"
-        raise
-    finally:
-        emit("finish", summary=summary)
-        for fork in forks.values():
-            fork.close()
-        # a run that failed on a full disk may not record its end either: its own error is the one to tell
-        with contextlib.suppress(sqlite3.OperationalError) if outcome == "failed" else contextlib.nullcontext():
-            store.end_sweep(sweep_id, outcome, summary.stored)
-        with contextlib.suppress(OSError):
-            (out_dir / "tmp").rmdir()
+        finally:
+            for fork in forks.values():
+                fork.close()
+
+    sweep.drive(run_rounds)
     for v in plan.versions:  # the rows this run reused, read back for the comparison
         for row in store.rows(v.env_key):
             if (row.get("version") or {}).get("key") == v.key:
@@ -621,9 +601,9 @@ def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path
 
 def _worker_env(version: Version) -> dict:
     """A revision's worker: a sweep's (this interpreter, this perflab); an interpreter's: ``interpreter_env``."""
-    from perflab.sweep.runner import _worker_env as sweep_env
+    from perflab.sweep.runner import slot_env
 
-    return dict(version.worker_env) if version.kind == "python" else sweep_env("w0", 1)
+    return dict(version.worker_env) if version.kind == "python" else slot_env("w0", 1)
 
 
 def _merge(case: Case, runs: list[tuple[float, int, list[int] | None]], processes: list[dict], merge_processes) -> dict:
@@ -660,48 +640,3 @@ def make_bench_experiment(name: str, source: str, cases: list[Case], model_root:
 
     return Experiment(source=source, name=name, description=f"{name} of bench flags", out=None,
                       timeout_s=float(timeout_s or DEFAULT_TIMEOUT_S), cases=tuple(cases), model_root=str(model_root or ""))
-
-
-
-class VersionsProgress:
-    """A rich progress bar on stderr over the processes of a versions run, and one line per process not ``ok``."""
-
-    def __init__(self, console):
-        self.console = console
-        self.progress = None
-        self.task = None
-
-    def __call__(self, kind: str, **info) -> None:
-        getattr(self, "_" + kind)(**info)
-
-    def _start(self, total, reused, versions, rounds):
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-        if reused:
-            self.console.print(f"reusing {reused} stored row(s) (a case at a version)", markup=False)
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 console=self.console, transient=True)
-        self.progress.start()
-        self.task = self.progress.add_task("starting", total=total)
-
-    def _process_start(self, case, version, round):
-        from rich.markup import escape
-
-        what = f"{version.name}: {case.label()}" if version is not None else "every version's cases, interleaved"
-        self.progress.update(self.task, description=escape(f"round {round + 1}, {what}"[:120]))
-
-    def _process_done(self, case, version, round, row, rows=None, row_versions=None):
-        from rich.markup import escape
-
-        self.progress.advance(self.task)
-        rows = [row] if rows is None else rows
-        for row, of in zip(rows, row_versions or [version] * len(rows)):
-            if row.get("status") != "ok":
-                who = f"{of.name} " if of is not None else ""
-                self.progress.console.print(f"[red]{row.get('status')}[/red]: {escape(who)}round {round + 1}: "
-                                            f"{escape(str(row.get('label') or case.label()))}: {escape(str(row.get('message')))}", soft_wrap=True)
-
-    def _finish(self, summary):
-        if self.progress is not None:
-            self.progress.stop()
-            self.progress = None

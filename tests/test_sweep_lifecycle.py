@@ -1,0 +1,148 @@
+"""One sweep lifecycle for every engine: the store's lock, its sweep record, SIGTERM taken as Ctrl-C, a full disk told
+in one line, and the progress display closed however the run ends."""
+
+import os
+import signal
+import sqlite3
+
+import pytest
+
+from perflab import api
+from perflab.errors import PerflabError
+from perflab.sweep.spec import parse_experiment
+from perflab.sweep.store import Store, store_path
+
+FAST = {"device": "cpu", "model": "test:tiny", "input_size": 32, "warmup": 1, "iters": 2, "repeats": 2}
+
+
+def _events():
+    seen = []
+
+    def on_event(kind, **info):
+        seen.append(kind)
+
+    return seen, on_event
+
+
+def test_a_full_disk_in_a_sweep_is_one_line_the_record_says_failed_and_the_progress_closes(tmp_path, monkeypatch):
+    """The local engine's row write fails as SQLite fails on a full disk, at the second case's row: one PerflabError
+    naming the store, what it keeps (the first row) and how to go on; the sweep record says it failed, not that someone
+    interrupted it; the progress display is closed."""
+    experiment = parse_experiment({"defaults": FAST, "grid": {"batch_size": [1, 2]}}, "x.yaml")
+    insert = Store._insert
+    calls = []
+
+    def full_after_one(self, *args, **kwargs):
+        calls.append(args[0]["case_id"])
+        if len(calls) > 1:
+            raise sqlite3.OperationalError("database or disk is full")
+        return insert(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "_insert", full_after_one)
+    seen, on_event = _events()
+    with pytest.raises(PerflabError) as caught:
+        api.sweep(experiment, tmp_path, on_event=on_event)
+    assert str(caught.value) == (f"{store_path(tmp_path)}: the disk is full (database or disk is full); the store keeps the rows it "
+                                 "held before and the 1 row(s) of this run stored before it (each committed when its case ended; "
+                                 "what was in flight is not stored). Free space, then rerun with --resume to run the rest")
+    assert seen[0] == "start" and seen[-1] == "finish"
+    monkeypatch.setattr(Store, "_insert", insert)
+    with Store.open(tmp_path) as store:
+        assert [r["case_id"] for r in store.rows()] == calls[:1]
+        assert [(s["outcome"], s["n_done"]) for s in store.sweeps()] == [("failed", 1)]
+    assert not (tmp_path / "tmp").exists()
+
+
+def test_sigterm_stops_a_sweep_as_ctrl_c_does_and_gives_the_handler_back(tmp_path):
+    """SIGTERM while a case runs: its worker is killed, its case stays unstored for --resume, the record says
+    interrupted, and the handler that was there before is back."""
+    experiment = parse_experiment({"defaults": FAST, "grid": {"batch_size": [1, 2]}}, "x.yaml")
+    before = signal.getsignal(signal.SIGTERM)
+    seen = []
+
+    def terminate_at_first_case(kind, **info):
+        seen.append(kind)
+        if kind == "case_start":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    summary = api.sweep(experiment, tmp_path, on_event=terminate_at_first_case)
+    assert summary.interrupted and summary.done == 0 and seen == ["start", "case_start", "finish"]
+    assert signal.getsignal(signal.SIGTERM) is before
+    with Store.open(tmp_path) as store:
+        assert store.count() == 0 and [(s["outcome"], s["n_done"]) for s in store.sweeps()] == [("interrupted", 0)]
+    assert not (tmp_path / "tmp").exists()
+
+
+def test_the_progress_drawers_say_what_resumes_and_each_row_not_ok(tmp_path):
+    """Every drawer over one rich console: the resume (or reuse) line, a line per row not ok naming its case (and its
+    version and round), nothing for an ok row, and the bar stopped at the end."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from perflab.sweep.progress import ClusterProgress, RichProgress, VersionsProgress
+
+    case = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml").cases[0]
+    ok, oom = {"status": "ok"}, {"status": "oom", "message": "CUDA out of memory [at 2 GiB]"}
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=200, highlight=False, color_system=None)
+    for drawer in (RichProgress(console), ClusterProgress(console)):
+        drawer("start", total=3, skipped=1, to_run=2, env_key="abc123", slots=["w0"])
+        for row in (ok, oom):
+            drawer("case_start", case=case, slot="w0")
+            drawer("case_done", case=case, row=row, slot="w0")
+        drawer("finish", summary=None)
+        assert drawer.progress is None or drawer.progress.finished
+    a, b = SimpleNamespace(name="A"), SimpleNamespace(name="B")
+    versions = VersionsProgress(console)
+    versions("start", total=2, reused=3, versions=[a, b], rounds=1)
+    versions("process_start", case=case, version=a, round=0)
+    versions("process_done", case=case, version=a, round=0, row=ok)
+    versions("process_start", case=case, version=None, round=1)
+    versions("process_done", case=case, version=None, round=1, row=None, rows=[ok, dict(oom, label="bs8")], row_versions=[a, b])
+    versions("finish", summary=None)
+    lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
+    failed = f"oom: {case.label()}: CUDA out of memory [at 2 GiB]"
+    assert lines == ["resuming: 1 of 3 cases already stored (environment abc123); running 2", failed] * 2 + [
+        "reusing 3 stored row(s) (a case at a version)", "oom: B round 2: bs8: CUDA out of memory [at 2 GiB]"]
+
+
+def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_time(tmp_path):
+    """Complete; Ctrl-C (interrupted, nothing raised); an error in the drive or between begin and drive (failed, raised);
+    each record with the rows it stored, and "finish" heard each time."""
+    from types import SimpleNamespace
+
+    from perflab.sweep.lifecycle import SweepSession
+
+    experiment = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml")
+    case = experiment.cases[0]
+
+    def stores_one_then(error):
+        def run_cases():
+            session.case_done(case, {"case_id": case.id, "status": "ok"}, "env", slot="w0", wall_s=0.1, replace=False)
+            if error is not None:
+                raise error
+        return run_cases
+
+    ended = []
+    for error, before_drive in ((None, False), (KeyboardInterrupt(), False), (ValueError("broken"), False), (ValueError("early"), True)):
+        summary = SimpleNamespace(done=0, counts={}, interrupted=False)
+        seen, on_event = _events()
+        out = tmp_path / str(len(ended))
+        try:
+            with SweepSession(out, summary, on_event=on_event) as session:
+                session.begin([("env", {"host": "h"})], experiment=experiment, record=experiment.to_json(), env_key="env", n_cases=1,
+                              n_skipped=0, start={})
+                if before_drive:
+                    raise error
+                session.drive(stores_one_then(error))
+        except ValueError as exc:
+            assert exc is error
+        else:
+            assert not isinstance(error, ValueError)
+        assert seen[0] == "start" and seen[-1] == "finish" and summary.interrupted == isinstance(error, KeyboardInterrupt)
+        with Store.open(out) as store:
+            ((record),) = store.sweeps()
+            ended.append((record["outcome"], record["n_done"], store.count(), summary.done))
+    assert ended == [("complete", 1, 1, 1), ("interrupted", 1, 1, 1), ("failed", 1, 1, 1), ("failed", 0, 0, 0)]
