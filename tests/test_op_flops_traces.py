@@ -19,6 +19,8 @@ COUNTED = {
     "ranks_cpu/ddp_gloo_rank1.json.gz": (0, 0, 0, None, "47f0a808b93646b1"),
     # CUDA only (perflab run's accounted pass on a GPU): no operators, so nothing counted; its FLOPs come from the pass with shapes
     "run/nanogpt_cuda_only_h200.json.gz": (0, 0, 0, None, "7a163f32f0c1952a"),
+    "run/nanogpt_ddp_cuda_only_h200_rank0.json.gz": (0, 0, 0, None, "7a163f32f0c1952a"),
+    "run/nanogpt_ddp_cuda_only_h200_rank1.json.gz": (0, 0, 0, None, "7a163f32f0c1952a"),
     "run/nanogpt_ddp_rank0_h100.json.gz": (32201785737216, 513, 32201785737216, "bf16", "9dd0c670346260f9"),
     "run/nanogpt_ddp_rank1_h100.json.gz": (32201785737216, 513, 32201785737216, "bf16", "665ae86966b6de01"),
     "run/nanogpt_h100.json.gz": (32201785737216, 513, 32201785737216, "bf16", "e2967040d44252df"),

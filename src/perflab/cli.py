@@ -210,7 +210,8 @@ def sweep(
 ):
     """Run an experiment spec, one fresh process per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
-    from perflab.sweep.runner import RichProgress, command_line
+    from perflab.sweep.progress import RichProgress
+    from perflab.sweep.runner import command_line
 
     experiment = api.load_experiment(spec, max_cases=max_cases)
     if list_cases:
@@ -219,7 +220,7 @@ def sweep(
         out.print(f"{len(experiment.cases)} cases")
         return
     if engine == "ray":
-        from perflab.sweep.ray_engine import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
+        from perflab.sweep.progress import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
                         timeout_s=timeout, command=command_line(cli_argv.of(ctx).typed), on_event=RichProgress(err), engine=engine, address=address,
                         pin=not no_pin, launcher=launcher, inductor_cache=inductor_cache)
@@ -341,7 +342,8 @@ def breakeven(
     """Find the token count where the variant starts beating the baseline: measure both across input sizes,
     fit t(n) = a + b·n + c·n² to each, report the crossover with a bootstrap CI, and plot it."""
     from perflab import api
-    from perflab.sweep.runner import RichProgress, command_line
+    from perflab.sweep.progress import RichProgress
+    from perflab.sweep.runner import command_line
 
     if len(model) != 1:
         raise PerflabError(f"--model: give one baseline model, got {len(model)}")
@@ -385,7 +387,7 @@ def ab(
     from perflab import api
     from perflab.report.versions import ab_document, order_line, render_comparison, render_versions
     from perflab.sweep.runner import command_line
-    from perflab.sweep.versions import VersionsProgress
+    from perflab.sweep.progress import VersionsProgress
 
     summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, **versions.options(), rounds=rounds,
                                  out=out_dir, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
@@ -427,7 +429,7 @@ def track(
     from perflab import api
     from perflab.report.versions import render_series
     from perflab.sweep.runner import command_line
-    from perflab.sweep.versions import VersionsProgress
+    from perflab.sweep.progress import VersionsProgress
 
     summary, series = api.track(repo=repo, revs=revs, range_=rev_range, **versions.options(), out=out_dir, rounds=rounds, threshold=threshold,
                                 command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing)

@@ -32,7 +32,6 @@ from perflab.errors import PerflabError, first_line
 from perflab.spec import Case
 from perflab.sweep import runner
 from perflab.sweep.lifecycle import SweepSession, SweepSummary
-from perflab.sweep.progress import ClusterProgress  # noqa: F401 (the CLI's drawer for --engine ray, drawn in sweep.progress)
 from perflab.sweep.spec import Experiment
 from perflab.sweep.store import FAILED_STATUSES
 

@@ -38,7 +38,6 @@ from perflab.spec import Case
 from perflab.sweep.spec import Experiment
 from perflab.paths import child_env
 from perflab.sweep.lifecycle import EventHandler, SweepSession, SweepSummary
-from perflab.sweep.progress import RichProgress  # noqa: F401 (the CLI's drawer for a sweep, drawn in sweep.progress)
 from perflab.sweep.store import FAILED_STATUSES, Store
 from perflab.sweep.worker import alive_path
 

@@ -47,7 +47,6 @@ from perflab.errors import PerflabError, show
 from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
-from perflab.sweep.progress import VersionsProgress  # noqa: F401 (the CLI's drawer for ab and track, drawn in sweep.progress)
 
 ORDERS = ("alternate", "random")
 PAIRINGS = ("blocks", "processes")
