@@ -298,3 +298,16 @@ def test_a_rank_whose_traced_steps_were_inflated_is_not_judged_against_the_growt
     assert judged[0]["within_growth"] is None and judged[0]["inflation"] == pytest.approx(155.729 / 113.499)
     assert judged[1]["within_growth"] is False  # ×1.04: judged; the growth is negative, 1.788 > 0 + 1 ms
     assert _against_growth(judged[0]) == " (traced ×1.37: not judged)" and _against_growth(judged[1]) == " (> growth)"
+
+
+def test_an_efficiency_above_one_says_which_step_to_doubt():
+    """Two H200s, nanoGPT, 8 micro-steps in all: one rank 249.931 ms (high_cv), two 114.021 ms: efficiency 1.096."""
+    one = {"timing": {"median_ms": 249.931, "ci95_ms": [235.140, 263.517]}, "flops": {"flops_per_step": 2e12, "known": True},
+           "flags": [{"flag": "trace_inflated"}, {"flag": "high_cv"}]}
+    two = {"step_ms": 114.021, "flops": {"flops_per_step": 1e12, "known": True}}
+    section = scaling_section({1: one, 2: two})
+    assert section["rows"][1]["efficiency"] == pytest.approx(249.931 / 2 / 114.021)
+    assert section["note"] == ("efficiency 1.096 at 2 ranks is above 1: the step fell more than the work per rank; the step it is "
+                               "held against (249.931 ms, 95% CI 235.140–263.517, flagged trace_inflated, high_cv) is the first to doubt")
+    two["step_ms"] = 126.0  # efficiency 0.992: nothing to say
+    assert scaling_section({1: one, 2: two})["note"] is None

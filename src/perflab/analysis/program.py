@@ -367,7 +367,24 @@ def scaling_section(reports: dict[int, dict]) -> dict:
                             "work_ratio": ratio, "expected_ms": expected, "growth_ms": growth,
                             "efficiency": expected / step if expected and step else None, "ranks": ranks,
                             "verdict": (report.get("verdict") or {}).get("message") if isinstance(report.get("verdict"), dict) else report.get("verdict")})
-    if assumed:
-        out["note"] = "FLOPs per step unknown for some count: the same work per rank assumed there (weak scaling)"
+    notes = ["FLOPs per step unknown for some count: the same work per rank assumed there (weak scaling)"] if assumed else []
+    notes += [_superlinear(row, base) for row in out["rows"] if (row.get("efficiency") or 0.0) > 1.0 + SUPERLINEAR_SLACK]
+    out["note"] = "; ".join(notes) or None
     return out
+
+
+SUPERLINEAR_SLACK = 0.02  # an efficiency this far above 1 is said: more ranks cannot do a rank's share faster than one
+
+
+def _superlinear(row: dict, base: dict) -> str:
+    """Why an efficiency above 1 is suspect, in words: the step fell more than the work per rank did, so the first
+    count's step it is held against (with its CI and flags) is the first thing to doubt."""
+    timing = base.get("timing") or {}
+    ci = timing.get("ci95_ms") or timing.get("ci_ms")
+    flags = [f.get("flag") if isinstance(f, dict) else str(f) for f in base.get("flags") or []]
+    spread = f", 95% CI {ci[0]:.3f}–{ci[1]:.3f}" if ci and None not in ci else ""
+    flagged = f", flagged {', '.join(flags)}" if flags else ""
+    first = base.get("step_ms") or timing.get("median_ms")
+    return (f"efficiency {row['efficiency']:.3f} at {row['nproc']} ranks is above 1: the step fell more than the work per rank; "
+            f"the step it is held against ({first:.3f} ms{spread}{flagged}) is the first to doubt")
 
