@@ -72,6 +72,20 @@ def test_communication_that_fills_the_traced_steps_is_the_verdict():
     assert step_verdict(evidence, None, None, exposed_comm_ms=1.0, traced_step_ms=36.0)["verdict"] == "GPU-bound"
 
 
+def test_communication_bound_holds_the_exposed_share_against_compute_counted_once():
+    """Under DDP the busy time is the compute kernels' alone (communication apart): the exposed communication is held
+    against it as it stands, not against it less the exposed time again. 30% exposed beside 50% compute is not
+    communication-bound, whichever way the busy time was counted."""
+    apart = {"step_ms": 100.0, "busy_ms": 50.0, "host_ms": 5.0, "categories_ms": {}, "cpu_only": False, "communication_apart": True}
+    assert step_verdict(apart, None, None, exposed_comm_ms=30.0, traced_step_ms=100.0)["verdict"] != "communication-bound"
+    # the same step with the communication kernels counted in the busy time (80 ms: 50 compute, 30 exposed)
+    counted = dict(apart, busy_ms=80.0, communication_apart=False)
+    assert step_verdict(counted, None, None, exposed_comm_ms=30.0, traced_step_ms=100.0)["verdict"] != "communication-bound"
+    # 40% exposed beside 35% compute is
+    bound = step_verdict(dict(apart, busy_ms=35.0), None, None, exposed_comm_ms=40.0, traced_step_ms=100.0)
+    assert bound["verdict"] == "communication-bound" and "fills 40% of each traced step" in bound["message"]
+
+
 def _account(rank, window, exposed, hidden, waiting, busy):
     return {"rank": rank, "window_ns": window, "busy_ns": busy, "comm_ns": exposed + hidden, "comm_exposed_ns": exposed,
             "comm_overlapped_ns": hidden, "comm_exposed_waiting_ns": waiting, "overlap_fraction": None}

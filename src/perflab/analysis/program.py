@@ -228,6 +228,16 @@ def _shares(categories_ms: dict, busy_ms: float, n: int = 3) -> str:
     return ", ".join(f"{c} {ms / busy_ms:.0%}" for c, ms in top if busy_ms > 0)
 
 
+def _compute_share(evidence: dict, traced_step_ms: float, exposed_share: float) -> float | None:
+    """The compute kernels' share of a traced step, to hold the exposed communication's share against: ``busy_ms``
+    itself where it leaves the communication kernels out (``communication_apart``), else ``busy_ms`` less the exposed
+    communication it counts; None without GPU work (a CPU trace)."""
+    busy = evidence.get("busy_ms")
+    if evidence.get("cpu_only") is not False or busy is None:
+        return None
+    return busy / traced_step_ms if evidence.get("communication_apart") else busy / traced_step_ms - exposed_share
+
+
 def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, exposed_comm_ms: float | None = None,
                  traced_step_ms: float | None = None) -> dict:
     """What limits the untraced step, from what it did, and the figures it rests on. A verdict never contradicts
@@ -244,8 +254,8 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
     out = {"kernel_fill": fill, "step_ms": step, "busy_ms": busy, "host_ms": evidence.get("host_ms"), "exposed_comm_ms": exposed_comm_ms}
     if exposed_comm_ms is not None and traced_step_ms:
         share = exposed_comm_ms / traced_step_ms  # both over the same step windows
-        compute = (busy or 0.0) / traced_step_ms if evidence.get("cpu_only") is False and busy is not None else None
-        if share >= 0.25 and (compute is None or share >= compute - share):
+        compute = _compute_share(evidence, traced_step_ms, share)
+        if share >= 0.25 and (compute is None or share >= compute):
             out["exposed_comm_share"] = share
             return dict(out, verdict="communication-bound",
                         message=f"communication-bound: communication that no compute hides fills {share:.0%} of each traced step "
