@@ -311,7 +311,21 @@ def test_a_rank_whose_traced_steps_were_inflated_is_not_judged_against_the_growt
     judged = scaling_section({1: one, 2: two})["rows"][1]["ranks"]
     assert judged[0]["within_growth"] is None and judged[0]["inflation"] == pytest.approx(155.729 / 113.499)
     assert judged[1]["within_growth"] is False  # ×1.04: judged; the growth is negative, 1.788 > 0 + 1 ms
-    assert _against_growth(judged[0]) == " (traced ×1.37: not judged)" and _against_growth(judged[1]) == " (> growth)"
+    growth = scaling_section({1: one, 2: two})["rows"][1]["growth_ms"]
+    assert _against_growth(judged[0], growth) == " (traced ×1.37: not judged)" and _against_growth(judged[1], growth) == " (> growth)"
+
+
+def test_a_rank_not_judged_for_want_of_a_growth_is_not_said_to_be_inflated():
+    """The first count wrote no step: no growth, so no rank is judged, and the ×1.04 rank's line says the growth is
+    missing, not that its traced steps ran long."""
+    from perflab.report.program import _against_growth
+
+    ranks = [{"rank": 0, "step_ms": 114.021, "traced_step_ms": 118.582, "exposed_ms": 1.788}]
+    row = scaling_section({1: {"timing": {"median_ms": None}}, 2: {"step_ms": 114.021, "traced": {"inflation_limit": 1.10},
+                                                                  "communication": {"ranks": ranks}}})["rows"][1]
+    (rank,) = row["ranks"]
+    assert row["growth_ms"] is None and rank["within_growth"] is None and rank["inflation"] == pytest.approx(1.04, abs=1e-4)
+    assert _against_growth(rank, row["growth_ms"]) == " (no growth: not judged)"
 
 
 def test_an_efficiency_above_one_says_which_step_to_doubt():

@@ -328,7 +328,7 @@ EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication m
 
 def _rank_against_growth(rank: dict, growth: float | None, inflation_limit: float) -> dict:
     """A rank's exposed communication held against the step's growth: ``within_growth`` True or False, or None where
-    the rank's traced steps ran past ``inflation_limit`` × its untraced step. Exposed time counted over inflated steps
+    the growth is not known or the rank's traced steps ran past ``inflation_limit`` × its untraced step. Exposed time counted over inflated steps
     is the profiler's as much as the program's (a rank slowed by its profiler keeps the other waiting), so it is not
     judged against a growth measured without the profiler; ``inflation`` says by how much."""
     step, traced = rank.get("step_ms"), rank.get("traced_step_ms")

@@ -8,10 +8,14 @@ from rich.table import Table
 from perflab.report.trace_console import CPU_TERMS, GPU_TERMS, accounting_table, top_table
 
 
-def _against_growth(rank: dict) -> str:
-    """A rank's exposed communication against the step's growth, in a few words (``analysis.program._rank_against_growth``)."""
+def _against_growth(rank: dict, growth_ms: float | None) -> str:
+    """A rank's exposed communication against the step's growth (``growth_ms``, None where it is not known), in a few
+    words (``analysis.program._rank_against_growth``). A rank not judged says why: no growth to hold it against, or
+    its traced steps' inflation."""
     if rank.get("within_growth") is None:
         inflation = rank.get("inflation")
+        if growth_ms is None:
+            return " (no growth: not judged)"
         return f" (traced ×{inflation:.2f}: not judged)" if inflation else " (not judged)"
     return "" if rank["within_growth"] else " (> growth)"
 
@@ -194,7 +198,7 @@ def render_scaling(console: Console, section: dict) -> None:
     for column in ("ranks", "step", "work per rank", "expected", "growth", "efficiency", "exposed comm by rank"):
         table.add_column(column, justify="right")
     for row in section.get("rows") or []:
-        exposed = ", ".join(f"r{r['rank']} {_ms(r['exposed_ms'])}{_against_growth(r)}" for r in row["ranks"]) or "–"
+        exposed = ", ".join(f"r{r['rank']} {_ms(r['exposed_ms'])}{_against_growth(r, row['growth_ms'])}" for r in row["ranks"]) or "–"
         work = f"×{row['work_ratio']:.2f}" if row.get("work_ratio") is not None else "–"
         table.add_row(str(row["nproc"]), _ms(row["step_ms"]), work, _ms(row["expected_ms"]), _ms(row["growth_ms"]),
                       f"{row['efficiency']:.3f}" if row.get("efficiency") else "–", exposed)
