@@ -18,7 +18,7 @@ For each case (and the ``--vs`` case):
    Both model the GPU alone. A mode measured more than 15% from its prediction says why, from its own held timing
    (the host's issue time and the GPU's time per step, each measured with the other out of the way): a step whose
    host issue outlasts its GPU time is host-bound (a compiled graph's call runs dynamo's guards, AOT autograd's
-   wrappers and the CUDA-graph tree's checks in Python, 0.1–0.3 ms a call on an H200 host), else the GPU term missed,
+   wrappers and the CUDA-graph tree's checks in Python, 0.1–0.45 ms a call on an H200 host), else the GPU term missed,
    and for compile:reduce-overhead the share of the glue kernels' time fusion actually removed is given against the
    model's half (``mode_miss``);
 5. those modes measured with the untraced harness, prediction against measurement, with the seconds to

@@ -40,7 +40,7 @@ class RunReport:
     """One rank's report of a ``perflab run``, and on rank 0 under torchrun the ranks merged. ``to_dict`` is run.json;
     the fields are in run.json's key order."""
 
-    # the timed steps' summary (``program.run.timing_summary``) and the device the steps ran on
+    # the timed steps' summary (``program.recorder.timing_summary``) and the device the steps ran on
     timing: dict
     device: str | None
     # the traced steps' analysis (``analysis.program.program_report``): absent when the program ended before them

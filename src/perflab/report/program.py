@@ -1,4 +1,4 @@
-"""``perflab run``'s console report, from the report dict (``program.run``; ``OUT/run.json`` holds the same)."""
+"""``perflab run``'s console report, from the report dict (``program.report.RunReport.to_dict``; ``OUT/run.json`` holds the same)."""
 
 from __future__ import annotations
 
