@@ -125,3 +125,16 @@ def test_a_flag_of_several_values_that_took_the_commands_argument_says_so_in_one
     r = run_cli_here("explain", "--dtype", "bf16", "fp16", "gpt_tiny")
     assert_one_line_error(r, "Missing argument 'model'.", "--dtype took bf16 fp16 gpt_tiny as its values",
                           "give the arguments before the flag")
+
+
+def test_a_number_flag_whose_values_are_all_numbers_is_not_said_to_have_taken_a_missing_argument():
+    """compare --batch-size 1 64 without A and B: the numbers are A's and B's batch sizes; a number flag stops at the
+    first word that is no number, so it took no model, and the error says only what is missing."""
+    from perflab.cli_argv import took_the_arguments
+
+    assert took_the_arguments(CommandLine.read(["compare", "--batch-size", "1", "64"])) == ""
+    assert took_the_arguments(CommandLine.read(["compare", "--batch-size", "1", "64", "--mode", "eager", "compile", "gpt_tiny"])) == (
+        "--mode took eager compile gpt_tiny as its values (every word after such a flag, up to the next flag, is one of its "
+        "values): give the arguments before the flag")
+    assert took_the_arguments(CommandLine.read(["explain", "--batch-size", "gpt_tiny", "8"])).startswith(
+        "--batch-size took gpt_tiny 8 as its values")  # its first word is always a value, a number or not
