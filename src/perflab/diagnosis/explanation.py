@@ -107,9 +107,12 @@ class CaseExplanation:
 
     def mode_misses(self) -> dict[str, str]:
         """Each measured mode whose prediction missed by more than 15%, with the reason (``mode_miss``)."""
+        graph = self.measured.get("cudagraph") or {}
+        measured_graph = graph.get("device_ms") if graph.get("status") == "ok" else None
+        graph_ms = measured_graph if measured_graph is not None else self.predictions_ms.get("cudagraph")
         out = {}
         for mode, row in self.measured.items():
-            reason = mode_miss(mode, self.predictions_ms.get(mode), row, self.predictions_ms.get("cudagraph"), self.glue_ms)
+            reason = mode_miss(mode, self.predictions_ms.get(mode), row, graph_ms, self.glue_ms, graph_measured=measured_graph is not None)
             if reason:
                 out[mode] = reason
         return out
@@ -176,13 +179,16 @@ def glue_graph_ms(trace, interval_us: float, gap_us: float) -> float:
     return _graph_models(glue, interval_us * 1e3, gap_us * 1e3)[0] / n_steps / 1e6
 
 
-def mode_miss(mode: str, predicted_ms: float | None, row: dict, graph_ms: float | None = None, glue_ms: float | None = None) -> str | None:
+def mode_miss(mode: str, predicted_ms: float | None, row: dict, graph_ms: float | None = None, glue_ms: float | None = None,
+              graph_measured: bool = False) -> str | None:
     """Why a mode's measured step is more than ``MISS`` from its prediction, from the mode's held timing; None within it.
 
     The predictions model the GPU alone, so the measured host issue time (``host_held_ms``) and GPU time (``device_ms``)
     say which part missed: a host that takes longer to issue a step than the GPU takes to run it made the step
     host-bound; else the GPU's time is set beside its prediction, and for compile:reduce-overhead the glue time fusion
-    removed (the CUDA-graph prediction ``graph_ms`` less the measured GPU time) beside the ``glue_ms`` it was taken from.
+    removed (the CUDA graph's GPU time ``graph_ms`` less this mode's) beside the ``glue_ms`` it was taken from.
+    ``graph_measured``: ``graph_ms`` is the CUDA graph's measured GPU time, so the graph model's own error is not
+    counted as fusion's; else it is the CUDA-graph prediction (the cudagraph mode not measured).
     """
     measured = row.get("median_ms") if row.get("status") == "ok" else None
     error = prediction_error(predicted_ms, measured)
@@ -200,8 +206,9 @@ def mode_miss(mode: str, predicted_ms: float | None, row: dict, graph_ms: float 
     why = f"{head}: the GPU term: predicted {predicted_ms:.3f}, measured {gpu:.3f} ms a step (host {host:.3f} ms)"
     if mode == "compile:reduce-overhead" and graph_ms and glue_ms:
         removed = (graph_ms - gpu) / glue_ms
+        graph = f"the CUDA graph's measured GPU time {graph_ms:.3f} ms" if graph_measured else f"the CUDA-graph prediction {graph_ms:.3f} ms"
         why += (f"; fusion removed {removed:.0%} of the {glue_ms:.3f} ms the glue kernels take as a graph "
-                f"(the CUDA-graph prediction {graph_ms:.3f} ms less the measured GPU time), the model removes 50%")
+                f"({graph} less the measured GPU time), the model removes 50%")
     return why
 
 
