@@ -146,3 +146,15 @@ def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_tim
             ((record),) = store.sweeps()
             ended.append((record["outcome"], record["n_done"], store.count(), summary.done))
     assert ended == [("complete", 1, 1, 1), ("interrupted", 1, 1, 1), ("failed", 1, 1, 1), ("failed", 0, 0, 0)]
+
+
+def test_a_store_whose_lock_cannot_be_opened_is_one_line_and_keeps_what_is_there(tmp_path):
+    from perflab.sweep.lifecycle import one_sweep_at_a_time
+
+    (tmp_path / "sweep.lock").mkdir()  # a directory where the lock file goes (root ignores a read-only mode)
+    (tmp_path / "results.csv").write_text("kept\n")
+    with pytest.raises(PerflabError) as err:
+        with one_sweep_at_a_time(tmp_path):
+            pass
+    assert str(err.value) == f"{tmp_path / 'sweep.lock'}: cannot open the store's lock (Is a directory); give another --out"
+    assert (tmp_path / "results.csv").read_text() == "kept\n"

@@ -153,7 +153,11 @@ class SweepSession:
 def one_sweep_at_a_time(out_dir: Path):
     """An exclusive lock on DIR/sweep.lock: the store has one writer. The OS drops it when the process dies."""
     make_out_dir(out_dir)
-    with open(out_dir / "sweep.lock", "a+") as lock:
+    try:
+        lock = open(out_dir / "sweep.lock", "a+")
+    except OSError as exc:  # not writable, or a directory of that name: nothing stored here is touched
+        raise PerflabError(f"{out_dir / 'sweep.lock'}: cannot open the store's lock ({exc.strerror or exc}); give another --out") from None
+    with lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
