@@ -249,7 +249,7 @@ def test_a_warning_with_no_flag_is_said_once_not_dropped():
 
 
 def test_a_coverage_bound_is_never_rounded_up():
-    from perflab.report.md import ci_note
+    from perflab.stats import ci_note
 
     assert [ci_note(c, None) for c in (0.875, 0.75, 0.9375, 0.5)] == ["≥87.5%", "≥75%", "≥93.7%", "≥50%"]
     assert ci_note(0.5, 2) == "min–max of 2" and ci_note(0.95, None) == "" and ci_note(None, None) == ""

@@ -337,5 +337,7 @@ def test_an_efficiency_above_one_says_which_step_to_doubt():
     assert section["rows"][1]["efficiency"] == pytest.approx(249.931 / 2 / 114.021)
     assert section["note"] == ("efficiency 1.096 at 2 ranks is above 1: the step fell more than the work per rank; the step it is "
                                "held against (249.931 ms, 95% CI 235.140–263.517, flagged trace_inflated, high_cv) is the first to doubt")
+    one["timing"]["ci_coverage"] = 0.75  # three steps: a CI over their order statistics claims 75%
+    assert "(249.931 ms, CI ≥75% 235.140–263.517, flagged" in scaling_section({1: one, 2: two})["note"]
     two["step_ms"] = 126.0  # efficiency 0.992: nothing to say
     assert scaling_section({1: one, 2: two})["note"] is None

@@ -274,6 +274,14 @@ def summarize(samples, processes=None, rounds=None) -> TimingSummary:
     )
 
 
+def ci_note(coverage: float | None, range_of: int | None) -> str:
+    """What a CI of less than 95% coverage states instead (``HierarchicalCI.coverage``): ``min–max of 2`` where it is
+    the range of its values, else ``≥87.5%`` (a bound, so never rounded up); empty for a 95% CI."""
+    if coverage is None or coverage >= 0.95:
+        return ""
+    return f"min–max of {range_of}" if range_of else f"≥{int(coverage * 1000) / 10:g}%"
+
+
 def ci_coverage_of(row: dict) -> float | None:
     """The coverage a row's ``ci95_ms`` may state (``HierarchicalCI.coverage``): its ``ci_coverage``, or for rows stored
     before it, worked out again from their samples; None where there are none."""

@@ -389,10 +389,13 @@ SUPERLINEAR_SLACK = 0.02  # an efficiency this far above 1 is said: more ranks c
 def _superlinear(row: dict, base: dict) -> str:
     """Why an efficiency above 1 is suspect, in words: the step fell more than the work per rank did, so the first
     count's step it is held against (with its CI and flags) is the first thing to doubt."""
+    from perflab.stats import ci_coverage_of, ci_note
+
     timing = base.get("timing") or {}
     ci = timing.get("ci95_ms") or timing.get("ci_ms")
     flags = [f.get("flag") if isinstance(f, dict) else str(f) for f in base.get("flags") or []]
-    spread = f", 95% CI {ci[0]:.3f}–{ci[1]:.3f}" if ci and None not in ci else ""
+    claim = ci_note(ci_coverage_of(timing), None)  # fewer than five stretches of steps claim less than 95%
+    spread = f", {'CI ' + claim if claim else '95% CI'} {ci[0]:.3f}–{ci[1]:.3f}" if ci and None not in ci else ""
     flagged = f", flagged {', '.join(flags)}" if flags else ""
     first = base.get("step_ms") or timing.get("median_ms")
     return (f"efficiency {row['efficiency']:.3f} at {row['nproc']} ranks is above 1: the step fell more than the work per rank; "

@@ -7,7 +7,8 @@ from typing import Iterable
 from rich.markup import escape
 
 from perflab.report.fit import Column, FittedTable
-from perflab.report.md import ci_note, formula_cell, gflops
+from perflab.report.md import formula_cell, gflops
+from perflab.stats import ci_note
 
 
 def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:

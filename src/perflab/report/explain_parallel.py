@@ -4,7 +4,8 @@ console and for markdown. Torch-free."""
 from __future__ import annotations
 
 from perflab.report.explain_rows import compile_line, fix_model_lines
-from perflab.report.md import ci_note, md_table, num, with_ci
+from perflab.report.md import md_table, num, with_ci
+from perflab.stats import ci_note
 
 MIB = 2**20
 

@@ -30,7 +30,8 @@ from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_
 from perflab.report import plots
 from perflab.report.md import FAILED, escape as _escape, md_table
 from perflab.report.md import num as _num
-from perflab.report.md import ci_note, formula_cell, gflops
+from perflab.report.md import formula_cell, gflops
+from perflab.stats import ci_note
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.experiment import Comparison, case_fields, default_comparisons

@@ -46,14 +46,6 @@ def with_ci(value, ci, spec: str, unit: str = "", without: str = " (unpaired)") 
     return f"{value:{spec}}{unit}" + (f" ({ci[0]:{spec}}–{ci[1]:{spec}})" if ci else without)
 
 
-def ci_note(coverage: float | None, range_of: int | None) -> str:
-    """What a CI of less than 95% coverage states instead (``stats.HierarchicalCI.coverage``): ``min–max of 2``
-    where it is the range of its values, else ``≥87.5%`` (a bound, so never rounded up); empty for a 95% CI."""
-    if coverage is None or coverage >= 0.95:
-        return ""
-    return f"min–max of {range_of}" if range_of else f"≥{int(coverage * 1000) / 10:g}%"
-
-
 def pct(value) -> str:
     """A fraction as a percentage cell; ``–`` for none."""
     return "–" if value is None else f"{value:.1%}"
