@@ -20,6 +20,7 @@ from perflab.analysis.program import GPU_BOUND_FILL, program_report, scaling_sec
 from perflab.program.report import run_checks
 from perflab.trace.build import steps_from_markers
 from perflab.trace.kineto import load_kineto
+from reference_trace import union_length
 
 DATA = Path(__file__).parent / "data"
 H200 = DATA / "run" / "nanogpt_cuda_only_h200.json.gz"
@@ -246,18 +247,6 @@ def test_each_rank_writes_its_record_with_ddp_null_when_none_was_found_and_rank_
     assert list(json.loads((tmp_path / "early" / "rank1" / "rank.json").read_text())) == list(record(1).to_dict())
 
 
-def _union_ns(starts, ends) -> int:
-    total, reach = 0, None
-    for s, e in sorted(zip(starts, ends)):
-        if reach is None or s > reach:
-            total += e - s
-            reach = e
-        elif e > reach:
-            total += e - reach
-            reach = e
-    return total
-
-
 def test_under_ddp_the_fill_is_the_compute_kernels_not_nccl_waiting_for_a_peer():
     """An NCCL kernel runs until every rank joins it: counted as busy, a waiting rank looked GPU-bound (two H200s: 40.3 ms
     of "GPU work" in a 30.2 ms step). The fill counts the compute kernels' union per step window, by hand here."""
@@ -276,7 +265,7 @@ def test_under_ddp_the_fill_is_the_compute_kernels_not_nccl_waiting_for_a_peer()
     for start, end in zip(starts, list(starts[1:]) + [last_end]):
         s = np.clip(compute["start_ns"].to_numpy(), start, end)
         e = np.clip(compute["end_ns"].to_numpy(), start, end)
-        by_hand.append(_union_ns(s[e > s], e[e > s]))
+        by_hand.append(union_length(zip(s[e > s].tolist(), e[e > s].tolist())))
     report = program_report(timing={"median_ms": 110.0}, trace=trace, device="cuda")
     evidence = report["verdict_evidence"]
     assert evidence["communication_apart"] and evidence["busy_ms"] == pytest.approx(sum(by_hand) / len(by_hand) / 1e6, rel=1e-9)
