@@ -29,7 +29,9 @@ from perflab.analysis.accounting import account
 from perflab.analysis.floors import compute_floors
 from perflab.analysis.launch import host_issue_ms
 from perflab.analysis.op_flops import count_op_flops
+from perflab.analysis.ranks import is_comm
 from perflab.analysis.trace_report import analyze_trace
+from perflab.stats import ci_coverage_of, ci_note
 
 # the autograd engine runs a compiled backward as "autograd::engine::evaluate_function: CompiledFunctionBackward": on the
 # CPU that top-level operator is the compiled backward's work, and it was counted eager (141 of 182 ms of a small LM)
@@ -85,6 +87,7 @@ def _top_names(work, n: int) -> list[dict]:
 
 
 GPU_BOUND_FILL = 0.85  # kernels filling this share of the untraced step: the GPU sets it, whatever the host does
+COMMUNICATION = "communication"  # trace.categories' name for NCCL's kernels
 
 
 def traced_section(timing: dict, traced_step_ms: list[float], trace_warmup: int, window_ms: float | None, steps: int, trace,
@@ -157,9 +160,6 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
     return report
 
 
-COMMUNICATION = "communication"  # trace.categories' name for NCCL's kernels
-
-
 def _compute_busy_ms(trace) -> float | None:
     """The GPU's busy time per traced step with the communication kernels left out, where the trace has some; None
     otherwise. An NCCL kernel runs from its launch until every rank has joined it, so its time is waiting as much as
@@ -168,7 +168,7 @@ def _compute_busy_ms(trace) -> float | None:
     kernels = trace.kernels
     if trace.cpu_only or kernels is None or not len(kernels) or not len(trace.steps):
         return None
-    comm = (kernels["category"].astype(str) == COMMUNICATION).to_numpy()
+    comm = kernels["name"].map(is_comm).to_numpy(dtype=bool)  # as the per-rank communication table beside it counts it
     if not comm.any():
         return None
     steps = account(kernels[~comm], trace.steps).steps
@@ -224,7 +224,7 @@ def _over(busy_ms: float, step_ms: float) -> str:
 
 
 def _shares(categories_ms: dict, busy_ms: float, n: int = 3) -> str:
-    top = sorted(((c, ms) for c, ms in categories_ms.items() if c != "communication"), key=lambda kv: -kv[1])[:n]
+    top = sorted(((c, ms) for c, ms in categories_ms.items() if c != COMMUNICATION), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{c} {ms / busy_ms:.0%}" for c, ms in top if busy_ms > 0)
 
 
@@ -389,8 +389,6 @@ SUPERLINEAR_SLACK = 0.02  # an efficiency this far above 1 is said: more ranks c
 def _superlinear(row: dict, base: dict) -> str:
     """Why an efficiency above 1 is suspect, in words: the step fell more than the work per rank did, so the first
     count's step it is held against (with its CI and flags) is the first thing to doubt."""
-    from perflab.stats import ci_coverage_of, ci_note
-
     timing = base.get("timing") or {}
     ci = timing.get("ci95_ms") or timing.get("ci_ms")
     flags = [f.get("flag") if isinstance(f, dict) else str(f) for f in base.get("flags") or []]
