@@ -34,7 +34,7 @@ from perflab.analysis.trace_report import analyze_trace
 from perflab.stats import ci_coverage_of, ci_note
 
 # the autograd engine runs a compiled backward as "autograd::engine::evaluate_function: CompiledFunctionBackward": on the
-# CPU that top-level operator is the compiled backward's work, and it was counted eager (141 of 182 ms of a small LM)
+# CPU that top-level operator is the compiled backward's work (141 of 182 ms of a small LM's step: eager without this)
 COMPILED_REGION = re.compile(r"^Torch-Compiled Region|(?:^|: )CompiledFunction(?:Backward)?$|^## Call CompiledFxGraph|^CompiledFxGraph")
 DYNAMO_OVERHEAD = re.compile(r"^TorchDynamo Cache Lookup$|^Pregraph bytecode$|^AOTDispatcher Runtime Wrapper")
 
