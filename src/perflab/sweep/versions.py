@@ -424,7 +424,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     check_order(order)
     check_pairing(pairing, any(v.kind == "python" for v in plan.versions), plan.cases)
     experiment = plan.versions[0].experiment
-    worker_slots(experiment, None, 1)  # CUDA cases where CUDA is not: one line now, not an error row a process
+    worker_slots(experiment, None, 1)  # CUDA cases where CUDA is not: refused in one line here, before any process starts
     timeout_s = case_timeout(experiment, timeout_s)
     launcher = choose_launcher(launcher)
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
