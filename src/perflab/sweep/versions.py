@@ -508,7 +508,6 @@ def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, r
                                      pairing=pairing)
             sweep.put(merged, v.env_key, worker="w0", replace=(case.id, v.key) in replace)
             summary.rows[(case.id, v.key)] = merged
-            summary.stored += 1
 
     def run_rounds() -> None:
         try:
@@ -544,6 +543,7 @@ def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, r
                 fork.close()
 
     sweep.drive(run_rounds)
+    summary.stored = sweep.stored  # the session counts each row it commits
     for v in plan.versions:  # the rows this run reused, read back for the comparison
         for row in store.rows(v.env_key):
             if (row.get("version") or {}).get("key") == v.key:
