@@ -63,7 +63,7 @@ FIELDS: dict[str, tuple[object, str]] = {
                                                  "no_params", "no_params_trainable", "power")},
     **{key: (_Count, "a whole number, 1 or more") for key in WHOLE_FIELDS},
     "ci95_ms": (tuple[Optional[_Time], Optional[_Time]], f"[low, high] in ms, each {_TIME_RANGE}"),
-    "ci_ms": (tuple[Optional[_Time], Optional[_Time]], f"[low, high] in ms, each {_TIME_RANGE}"),  # ci95_ms's new name
+    "ci_ms": (tuple[Optional[_Time], Optional[_Time]], f"[low, high] in ms, each {_TIME_RANGE}"),  # the row's CI, its level in ci_level (ci95_ms holds the same, for readers of that name)
     "ci_coverage": (_Rate, "a coverage above 0 and at most 1"),
     "samples_ms": (list[_Time], f"a list of times in ms, each {_TIME_RANGE}"),
     "process_medians_ms": (list[Optional[_Time]], f"a list of process medians in ms, each {_TIME_RANGE} or null"),
@@ -132,6 +132,7 @@ class StoredRow(msgspec.Struct):
     peak_mem_alloc_mb: float | None = None
     peak_mem_reserved_mb: float | None = None
     case: dict | None = None
+    version: dict | None = None
     flags: list[str] | None = None
     warnings: list[str] | None = None
     ci95_ms: tuple[float | None, float | None] | None = None

@@ -29,6 +29,7 @@ import math
 import re
 from typing import Iterable
 
+from perflab.errors import PerflabError, show
 from perflab.measure.row import TEXT_FIELDS, WHOLE_FIELDS, check_row
 
 SEED_COLUMNS = ["run_name", "tp", "latency_ms", "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power"]
@@ -111,8 +112,6 @@ def read_rows(path) -> list[dict]:
     type or out of its range (``check_row``), a CSV cell past csv's limit, JSON nested past ``MAX_JSON_DEPTH``, NaN or
     Infinity. CSV rows hold the CSV's columns only (``ci95_ms`` rebuilt from its two columns); JSON lines hold the
     whole rows."""
-    from perflab.errors import PerflabError
-
     try:
         text = open(path).read()
     except FileNotFoundError:
@@ -129,8 +128,6 @@ MAX_JSON_DEPTH = 32  # a result row nests 3 deep (version, process_flags); a lin
 
 
 def _json_rows(text: str, path) -> list[dict]:
-    from perflab.errors import PerflabError
-
     rows = []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -160,8 +157,6 @@ def json_depth(text: str) -> int:
 
 
 def _csv_rows(text: str, path) -> list[dict]:
-    from perflab.errors import PerflabError
-
     reader = csv.DictReader(io.StringIO(text))
     rows: list[dict] = []
     line = 0  # the last line read: the header's, then each record's
@@ -179,8 +174,6 @@ def _csv_rows(text: str, path) -> list[dict]:
 
 
 def _csv_row(record: dict, where: str) -> dict:
-    from perflab.errors import PerflabError, show
-
     row = {}
     for key, cell in record.items():
         if key is None:

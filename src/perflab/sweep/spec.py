@@ -54,8 +54,8 @@ from typing import Any
 from perflab import spec_schema as schema
 from perflab.errors import PerflabError, show
 from perflab.spec import Case, expand_grid, validate_case
-from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison, Experiment,  # noqa: F401 (re-exported)
-                                     case_fields, default_comparisons)
+from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison,  # noqa: F401 (re-exported)
+                                     Experiment)
 from perflab.yaml_files import read_yaml
 
 DEFAULT_MAX_CASES = 10_000

@@ -499,14 +499,13 @@ def run_kinds(store: Store) -> set[str]:
     """The kinds of run that wrote ``store``: "sweep", "ab" or "track", by its sweep records; by its rows where no
     record says (a row without ``version`` is a sweep's). A record or row that names no kind perflab knows (one that
     cannot be read, a versions run from before the kind was recorded) says nothing."""
-    kinds = set()
-    for record in store.sweeps():
-        experiment = record.get("experiment") or {}
-        if experiment:
-            kinds.add(experiment.get("kind") if experiment.get("versions") else "sweep")
-    if not kinds - {None}:
-        kinds = {(row.get("version") or {}).get("kind_of_run") if row.get("version") else "sweep" for row in store.rows()}
-    return {k for k in kinds if k in RUN_KINDS}
+    def known(kinds) -> set[str]:  # a damaged record's kind may be any JSON value
+        return {k for k in kinds if isinstance(k, str) and k in RUN_KINDS}
+
+    experiments = [record["experiment"] for record in store.sweeps() if record.get("experiment")]
+    recorded = known(e.get("kind") if e.get("versions") else "sweep" for e in experiments)
+    # decode_row holds a row's version to a mapping
+    return recorded or known(row["version"].get("kind_of_run") if row.get("version") else "sweep" for row in store.rows())
 
 
 def status_counts(rows: Iterable[dict]) -> dict[str, int]:

@@ -424,7 +424,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     check_order(order)
     check_pairing(pairing, any(v.kind == "python" for v in plan.versions), plan.cases)
     experiment = plan.versions[0].experiment
-    worker_slots(experiment, None, 1)  # CUDA cases where CUDA is not: one line now, not an error row a process
+    worker_slots(experiment, None, 1)  # CUDA cases where CUDA is not: refused in one line here, before any process starts
     timeout_s = case_timeout(experiment, timeout_s)
     launcher = choose_launcher(launcher)
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
@@ -508,7 +508,6 @@ def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, r
                                      pairing=pairing)
             sweep.put(merged, v.env_key, worker="w0", replace=(case.id, v.key) in replace)
             summary.rows[(case.id, v.key)] = merged
-            summary.stored += 1
 
     def run_rounds() -> None:
         try:
@@ -544,6 +543,7 @@ def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, r
                 fork.close()
 
     sweep.drive(run_rounds)
+    summary.stored = sweep.stored  # the session counts each row it commits
     for v in plan.versions:  # the rows this run reused, read back for the comparison
         for row in store.rows(v.env_key):
             if (row.get("version") or {}).get("key") == v.key:

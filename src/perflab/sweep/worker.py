@@ -16,7 +16,6 @@ fallback elsewhere), so an orphan never keeps a GPU busy under the next sweep.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
