@@ -341,3 +341,20 @@ def test_an_efficiency_above_one_says_which_step_to_doubt():
     assert "(249.931 ms, CI ≥75% 235.140–263.517, flagged" in scaling_section({1: one, 2: two})["note"]
     two["step_ms"] = 126.0  # efficiency 0.992: nothing to say
     assert scaling_section({1: one, 2: two})["note"] is None
+
+
+def test_a_traced_step_without_an_untraced_median_prints_no_ratio():
+    """The traced median is printed ÷ the untraced one; with no untraced median (no timed step was read) there is no
+    ratio, not ×0.00 beside a 12.5 ms traced step."""
+    from rich.console import Console
+
+    from perflab.report.program import timing_table
+
+    def row(inflation):
+        console = Console(width=200, record=True)
+        console.print(timing_table({"device": "cpu", "timing": {"steps": 0},
+                                    "traced": {"steps": 3, "step_ms": 12.5, "inflation": inflation}}))
+        (line,) = [x for x in console.export_text().splitlines() if "traced step, median" in x]
+        return line.split("│")[-2].strip()
+
+    assert row(None) == "12.500 (–)" and row(1.25) == "12.500 (×1.25)"

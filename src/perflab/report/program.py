@@ -80,7 +80,8 @@ def timing_table(report: dict) -> Table:
             table.add_row("host clock, median ms", _ms(timing["host_median_ms"]))
     traced = report.get("traced") or {}
     if traced.get("step_ms"):
-        table.add_row("traced step, median ms (÷ untraced)", f"{_ms(traced['step_ms'])} (×{traced.get('inflation') or 0:.2f})")
+        inflation = traced.get("inflation")  # None without an untraced median to divide by: no ratio to print
+        table.add_row("traced step, median ms (÷ untraced)", f"{_ms(traced['step_ms'])} ({'–' if inflation is None else f'×{inflation:.2f}'})")
         if traced.get("step_ms_each"):
             table.add_row("traced steps, each ms", ", ".join(_ms(x) for x in traced["step_ms_each"]))
         if traced.get("warmup_step_ms"):
