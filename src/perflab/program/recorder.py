@@ -31,7 +31,7 @@ from pathlib import Path
 
 from perflab.program import compiler
 from perflab.program.boundaries import StepSource
-from perflab.program.guard import Guard, ProfilerWatch, say
+from perflab.program.guard import Guard, ProfilerWatch
 
 
 class StopProgram(SystemExit):
@@ -474,6 +474,3 @@ def module_bytes(device_type: str) -> dict:
                     buffers += size
     return {"param_bytes": params, "buffer_bytes": buffers, "modules": modules}
 
-
-def stderr(text: str) -> None:
-    say(text)
