@@ -173,9 +173,8 @@ def communication_table(report: dict) -> Table:
 
 def run_lines(report: dict) -> list[str]:
     lines = compiler_lines(report)
-    verdict = report.get("verdict")
-    if verdict:
-        lines.append(f"verdict: {verdict['message'] if isinstance(verdict, dict) else verdict}")
+    if report.get("verdict"):  # analysis.program.step_verdict's dict
+        lines.append(f"verdict: {report['verdict']['message']}")
     if report.get("traced_verdict"):
         inflated = (report.get("traced") or {}).get("inflated")
         lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {report['traced_verdict']}")
