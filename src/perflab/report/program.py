@@ -101,8 +101,8 @@ def timing_table(report: dict) -> Table:
         if util.get("peak_tflops"):
             table.add_row(f"MFU ({util['dtype']} peak {util['peak_tflops']:.0f} TFLOP/s, measured)",
                           _pct(util.get("mfu")) + (" (at least)" if util.get("mfu_lower_bound") and util.get("mfu") else ""))
-        else:
-            table.add_row("MFU", "– (FLOPs unknown)")
+        else:  # a dtype is named only where FLOPs were counted: then it is the peak that is missing
+            table.add_row("MFU", f"– (no measured {util['dtype']} peak)" if util.get("dtype") else "– (FLOPs unknown)")
         table.add_row(f"MBU ({util['bytes_per_step'] / 1e9:.3g} GB of weights and buffers, copy {util['copy_gbps']:.0f} GB/s)", _pct(util.get("mbu")))
     return table
 
