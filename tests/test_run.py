@@ -339,3 +339,38 @@ def test_the_recorders_stamps_are_read_once_into_the_record_with_their_summary(m
     assert (whole.timing["steps"], whole.timing["median_ms"], whole.timing["host_median_ms"]) == (3, 20.0, 20.0)
     cut = record(3, skip=1, steps=5, trace=0)  # the program ended after two timed steps
     assert cut.phase == "timed" and cut.step_ms == [10.0, 20.0] and cut.timing["steps"] == 2
+
+
+def test_a_failing_read_of_the_traced_steps_keeps_the_timed_steps(monkeypatch):
+    """A sticky CUDA error in the traced phase (the pass with shapes) fails every event read after it: the timed steps
+    are read when their phase ends, so the record keeps them and says why the traced steps' times are missing."""
+    import perflab.clock
+    from perflab.program.boundaries import StepSource
+    from perflab.program.recorder import Recorder, RunOptions
+
+    class Boundaries(StepSource):
+        def _install(self):
+            pass
+
+        def _remove(self):
+            pass
+
+    stamps = iter([0, 10, 30, 60, 100, 150])
+    monkeypatch.setattr(perflab.clock.StepClock, "stamp", lambda self, on_device=True: (None, next(stamps) * 1_000_000))
+    read = perflab.clock.StepClock.read_pairs
+
+    def read_pairs(self, pairs):  # every read once the timed phase is over fails, as after a sticky CUDA error
+        if recorder.data.phase != "timed":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return read(self, pairs)
+
+    monkeypatch.setattr(perflab.clock.StepClock, "read_pairs", read_pairs)
+    handed = []
+    source = Boundaries()
+    recorder = Recorder(source, RunOptions(skip=1, steps=3, trace=0), on_traced=lambda rec: handed.append(rec.finish()))
+    recorder.install()
+    for _ in range(4):
+        source.on_end()
+    (record,) = handed
+    assert record.step_ms == [10.0, 20.0, 30.0] and record.timing["median_ms"] == 20.0 and record.traced_step_ms == []
+    assert record.trace_note == "the traced steps' times could not be read (RuntimeError: CUDA error: an illegal memory access was encountered)"

@@ -330,3 +330,38 @@ def test_an_efficiency_above_one_says_which_step_to_doubt():
     assert "(249.931 ms, CI ≥75% 235.140–263.517, flagged" in scaling_section({1: one, 2: two})["note"]
     two["step_ms"] = 126.0  # efficiency 0.992: nothing to say
     assert scaling_section({1: one, 2: two})["note"] is None
+
+
+def test_a_traced_step_without_an_untraced_median_prints_no_ratio():
+    """The traced median is printed ÷ the untraced one; with no untraced median (no timed step was read) there is no
+    ratio, not ×0.00 beside a 12.5 ms traced step."""
+    from rich.console import Console
+
+    from perflab.report.program import timing_table
+
+    def row(inflation):
+        console = Console(width=200, record=True)
+        console.print(timing_table({"device": "cpu", "timing": {"steps": 0},
+                                    "traced": {"steps": 3, "step_ms": 12.5, "inflation": inflation}}))
+        (line,) = [x for x in console.export_text().splitlines() if "traced step, median" in x]
+        return line.split("│")[-2].strip()
+
+    assert row(None) == "12.500 (–)" and row(1.25) == "12.500 (×1.25)"
+
+
+def test_mfu_left_out_for_want_of_a_peak_does_not_say_the_flops_are_unknown():
+    """FLOPs counted (printed on the row above) but no measured peak for their dtype: MFU is left out for the peak,
+    not because the FLOPs are unknown."""
+    from rich.console import Console
+
+    from perflab.report.program import timing_table
+
+    def mfu_row(dtype):
+        report = {"device": "cuda", "timing": {"steps": 0}, "flops": {"flops_per_step": 2.5e12, "known": dtype is not None, "complete": True},
+                  "utilisation": {"mfu": None, "mbu": 0.5, "dtype": dtype, "peak_tflops": None, "copy_gbps": 4000.0, "bytes_per_step": 2e9}}
+        console = Console(width=200, record=True)
+        console.print(timing_table(report))
+        (line,) = [x for x in console.export_text().splitlines() if "│ MFU" in x]
+        return line.split("│")[-2].strip()
+
+    assert mfu_row("tf32") == "– (no measured tf32 peak)" and mfu_row(None) == "– (FLOPs unknown)"

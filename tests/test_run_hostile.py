@@ -299,3 +299,38 @@ def test_a_step_source_records_only_in_its_guards_process():
         source._began(), source._ended(), source._ended()
         recorded.append(source.seen)
     assert recorded == ["start", "end", "end", 2, 0, "start", "end", "end", 2]
+
+
+def test_a_step_call_that_raises_ends_its_step_under_sys_monitoring(monkeypatch):
+    """On Python ≥ 3.12 --step is found through sys.monitoring (planted here: this suite runs on 3.11), where a call that
+    raises ends with PY_UNWIND, not PY_RETURN. A step the program catches an exception from (an OOM it retries) ends
+    there, as under sys.setprofile, and the next call is a step of its own, not nested inside it."""
+    import types
+
+    from perflab.program.boundaries import FunctionSteps
+
+    callbacks: dict = {}
+    events = types.SimpleNamespace(PY_START=1, PY_RETURN=2, PY_UNWIND=4)
+    monitoring = types.SimpleNamespace(
+        events=events, DISABLE=object(), OPTIMIZER_ID=5, PROFILER_ID=2, get_tool=lambda tool: None,
+        use_tool_id=lambda tool, name: None, free_tool_id=lambda tool: None, set_events=lambda tool, mask: None,
+        register_callback=lambda tool, event, function: callbacks.__setitem__(event, function))
+    monkeypatch.setattr(sys, "monitoring", monitoring, raising=False)
+
+    def decode_one_token():
+        pass
+
+    code = decode_one_token.__code__
+    source = FunctionSteps("decode_one_token")
+    ended = []
+    source.on_end = lambda: ended.append(source.seen)
+    source.install()
+    try:
+        callbacks[events.PY_START](code, 0)  # the first call raises
+        if events.PY_UNWIND in callbacks:
+            callbacks[events.PY_UNWIND](code, 0, RuntimeError("CUDA out of memory"))
+        callbacks[events.PY_START](code, 0)  # the retry returns
+        callbacks[events.PY_RETURN](code, 0, None)
+    finally:
+        source.close()
+    assert ended == [1, 2] and callbacks[events.PY_UNWIND] is None

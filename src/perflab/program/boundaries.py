@@ -244,9 +244,17 @@ class FunctionSteps(StepSource):
                 return disable
             self._finish()
 
+        def unwind(code, offset, exception):
+            # a call that raises ends with PY_UNWIND, not PY_RETURN: its step ends there (sys.setprofile's "return"
+            # says the same), else every later call would nest inside it and no step would end. PY_UNWIND cannot be
+            # disabled per code object, so nothing is returned
+            if self.matches(code):
+                self._finish()
+
         monitoring.register_callback(self._tool, events.PY_START, start)
         monitoring.register_callback(self._tool, events.PY_RETURN, finish)
-        monitoring.set_events(self._tool, events.PY_START | events.PY_RETURN)
+        monitoring.register_callback(self._tool, events.PY_UNWIND, unwind)
+        monitoring.set_events(self._tool, events.PY_START | events.PY_RETURN | events.PY_UNWIND)
 
     def _install_profile(self) -> None:
         """perflab's profile function, with the program's own beside it: a program that calls ``sys.setprofile`` has
@@ -289,6 +297,7 @@ class FunctionSteps(StepSource):
             monitoring.set_events(self._tool, 0)
             monitoring.register_callback(self._tool, monitoring.events.PY_START, None)
             monitoring.register_callback(self._tool, monitoring.events.PY_RETURN, None)
+            monitoring.register_callback(self._tool, monitoring.events.PY_UNWIND, None)
             monitoring.free_tool_id(self._tool)
             self._tool = None
         elif self._real is not None:

@@ -41,7 +41,7 @@ def torchrun_counts(counts: list[int], program: list[str], options: RunOptions, 
     from pathlib import Path
 
     from perflab.analysis.program import scaling_section
-    from perflab.program.recorder import stderr
+    from perflab.program.guard import say
     from perflab.program.report import write_json
 
     if not counts or any(n < 1 for n in counts) or len(set(counts)) != len(counts):
@@ -49,7 +49,7 @@ def torchrun_counts(counts: list[int], program: list[str], options: RunOptions, 
     out = Path(options.out_dir)
     codes, reports = [], {}
     for n in counts:
-        stderr(f"perflab: running the program on {n} rank(s) (torchrun), into {out / f'nproc{n}'}")
+        say(f"perflab: running the program on {n} rank(s) (torchrun), into {out / f'nproc{n}'}")
         code = torchrun(n, program, replace(options, out_dir=out / f"nproc{n}"), step, step_range)
         codes.append(code)
         path = out / f"nproc{n}" / "run.json"
@@ -57,7 +57,7 @@ def torchrun_counts(counts: list[int], program: list[str], options: RunOptions, 
             try:
                 reports[n] = json.loads(path.read_text())
             except ValueError:
-                stderr(f"perflab: {path} could not be read; {n} rank(s) left out of the scaling")
+                say(f"perflab: {path} could not be read; {n} rank(s) left out of the scaling")
     section = scaling_section(reports)
     write_json(out / "scaling.json", section)
     if render is not None:

@@ -20,7 +20,8 @@ import time
 import warnings
 from pathlib import Path
 
-from perflab.program.recorder import Rank, RunOptions, instances_alive, rank_dir, stderr
+from perflab.program.guard import say
+from perflab.program.recorder import Rank, RunOptions, instances_alive, rank_dir
 from perflab.program.report import RunReport, write_json
 
 WAIT_S = 300.0
@@ -132,7 +133,7 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
     merged.update(slowest_rank=slowest, step_ms=step_ms)
     if missing:
         merged["ranks_missing"] = missing
-        stderr(f"perflab: rank(s) {missing} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
+        say(f"perflab: rank(s) {missing} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
     paths = [(reports[r].get("recorded") or {}).get("trace_path") for r in sorted(reports)]
     steps = (own.get("traced") or {}).get("steps") or 1
     if not (all(paths) and len(paths) == world):

@@ -11,8 +11,10 @@
 - then the program runs on untouched (the recorder's hooks detached; the source counts on where that is free), or
   stops (``--stop-after``).
 
-Every phase's stamps are read once, when the record is handed over (``Recorder.finish``, after the traced steps or
-when the program ends first): the ``Recorded``, with the timed steps' summary.
+The timed steps' stamps are read when their phase ends (the traced phase's synchronisation follows at once), or when the
+record is handed over if the program ends first; the traced steps' when the record is handed over (``Recorder.finish``,
+after the traced steps or when the program ends first). A read that fails there (a sticky CUDA error in the pass with
+shapes fails every later event read) loses the traced steps' times only: the ``Recorded`` keeps the timed steps' summary.
 
 dynamo's counters are taken at each phase's boundaries (``program.compiler``), so a frame compiled while timed is
 seen, and a frame that hit the recompile limit is named with the step it happened in.
@@ -29,7 +31,7 @@ from pathlib import Path
 
 from perflab.program import compiler
 from perflab.program.boundaries import StepSource
-from perflab.program.guard import Guard, ProfilerWatch, say
+from perflab.program.guard import Guard, ProfilerWatch
 
 
 class StopProgram(SystemExit):
@@ -128,6 +130,7 @@ class Recorder:
         self._marks: dict[str, list] = {"timed": [], "traced": []}  # a boundary source's stamps, per phase
         self._pairs: dict[str, list] = {"timed": [], "traced": []}  # a call source's (start, end) stamps, per phase
         self._call_start = None
+        self._timed_read = False  # the timed stamps are read once (``_read_timed``)
         self._tracer = None  # trace.capture.Tracer while tracing
         self._pass = "accounted"  # the traced phase's passes: accounted (no shapes), then shapes (for the FLOPs)
         self._counters: dict = {}
@@ -223,6 +226,7 @@ class Recorder:
 
     def _finish_timing(self) -> None:
         self._counters["traced"] = compiler.counters()
+        self._read_timed()
         if self._clock is not None and self._clock.cuda:
             import torch
 
@@ -236,15 +240,26 @@ class Recorder:
             return self._clock.read_marks(self._marks[phase])
         return self._clock.read_pairs(self._pairs[phase])
 
-    def _read_steps(self) -> None:
-        """Every step's time from the stamps taken so far, read once when the record is handed over, and the timed
-        steps' summary: the phases only stamp, and a phase stamps nothing after it ends (the traced phase's accounted
-        pass included), so a run cut short reads the steps it got. On a GPU the read waits for the last event; an
-        event's time is the same whenever it is read."""
+    def _read_timed(self) -> None:
+        """The timed steps' times and summary, read once: when the timed phase ends, or at ``finish`` when the program
+        ends first. A phase stamps nothing after it ends, so a run cut short reads the steps it got. On a GPU the read
+        waits for the phase's last event; an event's time is the same whenever it is read."""
+        if self._timed_read:
+            return
+        self._timed_read = True
         step_ms, host_ms = self._read("timed")
         self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
-        self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
         self.data.timing = timing_summary(self.data.step_ms, self.data.host_step_ms)
+
+    def _read_traced(self) -> None:
+        """The traced steps' times (the accounted pass's stamps). A failing read (a sticky CUDA error from the pass with
+        shapes) leaves them out and says why; the timed steps were read when their phase ended."""
+        try:
+            self.data.traced_step_ms = [float(x) for x in self._read("traced")[0]]
+        except Exception as exc:
+            self.data.traced_step_ms = []
+            note = f"the traced steps' times could not be read ({type(exc).__name__}: {exc})"
+            self.data.trace_note = f"{self.data.trace_note}; {note}" if self.data.trace_note else note
 
     def _enter_traced(self) -> None:
         self.data.phase = "traced"
@@ -382,7 +397,7 @@ class Recorder:
     def finish(self) -> Recorded:
         """What was measured up to now (at the end of the traced steps, or when the program ended first)."""
         data = self.data
-        self._read_steps()
+        self._read_timed()
         phases = [("start", "timed", "skipped"), ("timed", "traced", "timed"), ("traced", "after", "traced")]
         now = compiler.counters()
         for a, b, name in phases:
@@ -399,6 +414,7 @@ class Recorder:
                 data.trace_note = "the program ended while perflab traced; the partial trace was not written"
             else:
                 data.trace_note = "the program ended during the pass with operator shapes: FLOPs left out"
+        self._read_traced()
         return data
 
 
@@ -458,6 +474,3 @@ def module_bytes(device_type: str) -> dict:
                     buffers += size
     return {"param_bytes": params, "buffer_bytes": buffers, "modules": modules}
 
-
-def stderr(text: str) -> None:
-    say(text)

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from perflab.measure.checks import Check
-from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, Rank, Recorded, RunOptions, module_bytes, rank_dir, stderr
+from perflab.program.guard import say
+from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, Rank, Recorded, RunOptions, module_bytes, rank_dir
 
 
 class _Absent:
@@ -151,7 +152,7 @@ def traced_report(recorded: Recorded, context: RunContext) -> RunReport:
                                   trace=trace, shapes_trace=shapes, ceilings=ceilings, model_bytes=model, tf32=tf32)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
-        stderr(f"perflab: the traced steps could not be analysed ({error}); the timed steps are in {Path(options.out_dir) / 'run.json'}")
+        say(f"perflab: the traced steps could not be analysed ({error}); the timed steps are in {Path(options.out_dir) / 'run.json'}")
         return RunReport(timing=recorded.timing, device=recorded.device, report_error=error)
     note = None if ceilings or recorded.device != "cuda" else "no measured peaks: MFU, MBU and floors left out"
     return RunReport(**sections, model_bytes=model, ceilings_note=note)
@@ -164,7 +165,7 @@ def _ceilings(rank: Rank) -> dict | None:
     try:
         return ceilings.get_ceilings() if rank.rank == 0 else ceilings.cached_ceilings()
     except Exception as exc:  # a peak that cannot be measured leaves MFU out, it does not lose the run's report
-        stderr(f"perflab: the GPU's peaks could not be measured ({type(exc).__name__}: {exc}); MFU, MBU and floors left out")
+        say(f"perflab: the GPU's peaks could not be measured ({type(exc).__name__}: {exc}); MFU, MBU and floors left out")
         return None
 
 

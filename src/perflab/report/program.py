@@ -80,7 +80,8 @@ def timing_table(report: dict) -> Table:
             table.add_row("host clock, median ms", _ms(timing["host_median_ms"]))
     traced = report.get("traced") or {}
     if traced.get("step_ms"):
-        table.add_row("traced step, median ms (÷ untraced)", f"{_ms(traced['step_ms'])} (×{traced.get('inflation') or 0:.2f})")
+        inflation = traced.get("inflation")  # None without an untraced median to divide by: no ratio to print
+        table.add_row("traced step, median ms (÷ untraced)", f"{_ms(traced['step_ms'])} ({'–' if inflation is None else f'×{inflation:.2f}'})")
         if traced.get("step_ms_each"):
             table.add_row("traced steps, each ms", ", ".join(_ms(x) for x in traced["step_ms_each"]))
         if traced.get("warmup_step_ms"):
@@ -100,8 +101,8 @@ def timing_table(report: dict) -> Table:
         if util.get("peak_tflops"):
             table.add_row(f"MFU ({util['dtype']} peak {util['peak_tflops']:.0f} TFLOP/s, measured)",
                           _pct(util.get("mfu")) + (" (at least)" if util.get("mfu_lower_bound") and util.get("mfu") else ""))
-        else:
-            table.add_row("MFU", "– (FLOPs unknown)")
+        else:  # a dtype is named only where FLOPs were counted: then it is the peak that is missing
+            table.add_row("MFU", f"– (no measured {util['dtype']} peak)" if util.get("dtype") else "– (FLOPs unknown)")
         table.add_row(f"MBU ({util['bytes_per_step'] / 1e9:.3g} GB of weights and buffers, copy {util['copy_gbps']:.0f} GB/s)", _pct(util.get("mbu")))
     return table
 
@@ -172,9 +173,8 @@ def communication_table(report: dict) -> Table:
 
 def run_lines(report: dict) -> list[str]:
     lines = compiler_lines(report)
-    verdict = report.get("verdict")
-    if verdict:
-        lines.append(f"verdict: {verdict['message'] if isinstance(verdict, dict) else verdict}")
+    if report.get("verdict"):  # analysis.program.step_verdict's dict
+        lines.append(f"verdict: {report['verdict']['message']}")
     if report.get("traced_verdict"):
         inflated = (report.get("traced") or {}).get("inflated")
         lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {report['traced_verdict']}")

@@ -274,19 +274,22 @@ class StepProfiler:
         self.steps, self.warmup, self.sync = steps, warmup, sync
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.trace_path = Path(out) if out else Path("perflab-profile.json.gz")
-        self._count = 0
         self._tracer = Tracer(self.trace_path, "cuda" if self.cuda else "cpu", steps=steps, warmup=warmup)
 
     def __enter__(self) -> "StepProfiler":
         self._tracer.start()
         return self
 
+    @property
+    def _count(self) -> int:
+        """The loop's steps so far (the tracer counts them; it stops counting once the recorded steps are written)."""
+        return self._tracer.boundaries
+
     def step(self) -> None:
         if self._count >= self.warmup + self.steps:
             return
         if self.sync and self.cuda:
             torch.cuda.synchronize()
-        self._count += 1
         self._tracer.step()
 
     def __exit__(self, exc_type, exc, tb) -> bool:
