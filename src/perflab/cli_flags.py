@@ -87,7 +87,8 @@ class CaseFlags:
 
     def options(self, **given) -> dict:
         """``api.make_cases``' keyword arguments (one-value flags as lists, --model-arg's NAME=VALUE read), then ``given``.
-        Called where the command reads its cases, so that a mistake in them is said where it was before them."""
+        A bad --model-arg raises here: a command calls this where it reads its cases, after its own checks, so that the
+        first mistake on its command line is the one said."""
         options = {name: (value if isinstance(value, list) else [] if value is None else [value]) if name in LIST_VALUED else value
                    for name, value in self.values.items()}
         if "model_arg" in options:
