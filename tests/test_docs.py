@@ -1,5 +1,6 @@
 """The README leads and the docs hold together (torch-free, well under a second).
 
+- README.md's output blocks (what a command prints) fit a 100-column terminal.
 - README.md is at most 250 lines and its command table has a row for every command the CLI registers (read from
   the typer app, so a new command without a README row fails here) and for `--version` once the app has it.
 - Every relative link in README.md, CHANGELOG.md and the docs pages resolves to a file, and a link to a heading of
@@ -81,6 +82,25 @@ def test_readme_is_at_most_250_lines_and_leads_with_install_quick_start_and_comm
     # the quick start shows both outputs: the GPU's speedup table and the CPU version's
     assert "make demo" in text and "make test" in text
     assert text.count("Top-k vs baseline") == 2 and "On an H100" in text and "Without a GPU" in text
+
+
+def output_lines_over(text: str, columns: int) -> list[str]:
+    """The lines of a Markdown page's output blocks (fenced without a language: what a command prints) wider than
+    ``columns``: a terminal that narrow wraps them, and a table then falls apart."""
+    wide, fence = [], None
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fence = None if fence is not None else line[3:].strip()
+        elif fence == "" and len(line) > columns:
+            wide.append(line)
+    return wide
+
+
+def test_the_readme_output_blocks_fit_a_100_column_terminal():
+    assert output_lines_over(README.read_text(), 100) == []
+    # the rule reads output blocks only: a wide line of code, or one in an output block, is told apart
+    page = "```bash\n" + "x" * 120 + "\n```\n```\n" + "y" * 101 + "\n" + "z" * 100 + "\n```\n"
+    assert output_lines_over(page, 100) == ["y" * 101]
 
 
 def test_every_registered_command_has_a_row_in_the_readme_command_table():
