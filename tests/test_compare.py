@@ -261,3 +261,20 @@ def test_path_suffixes_are_the_shortest_that_differ(tmp_path):
     assert path_suffixes([tmp_path / "x/a/t.json.gz", tmp_path / "y/a/t.json.gz"]) == ["x/a/t.json.gz", "y/a/t.json.gz"]
     assert path_suffixes([tmp_path / "a.json.gz", tmp_path / "b.json.gz"]) == ["a.json.gz", "b.json.gz"]
     assert path_suffixes([tmp_path / "t.json.gz", tmp_path / "t.json.gz"]) == ["t.json.gz (A)", "t.json.gz (B)"]
+
+
+def test_a_module_new_in_b_is_null_in_the_json_not_nan(loaded):
+    # compare --by-module --json: a module only B has (a token-reducing block) has no ratio; strict JSON holds no NaN
+    import json
+
+    from perflab.analysis.modules import module_deltas
+
+    t = loaded["eager_vit.json.gz"]
+    c = compare_traces(t, t)
+    a = pd.DataFrame({"pass": ["forward"], "module": ["blocks.3"], "inclusive_ns": [10_000.0]})
+    b = pd.DataFrame({"pass": ["forward", "forward"], "module": ["blocks.3", "blocks.3.topk"], "inclusive_ns": [12_000.0, 4_000.0]})
+    c.extra["modules"] = module_deltas(a, b)
+    text = json.dumps(c.to_dict(), allow_nan=False)
+    assert json.loads(text)["modules"] == [
+        {"pass": "forward", "module": "blocks.3.topk", "a_ns": 0.0, "b_ns": 4_000.0, "delta_ns": 4_000.0, "ratio": None},
+        {"pass": "forward", "module": "blocks.3", "a_ns": 10_000.0, "b_ns": 12_000.0, "delta_ns": 2_000.0, "ratio": 1.2}]

@@ -332,7 +332,9 @@ def _launch_bound_reason(c: Comparison, d_busy: float, saved: str, launches: str
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
+    """The frame's rows as JSON values: a NaN (a module's ratio where A had none of it) is null, which strict JSON
+    readers take."""
     out = []
     for rec in frame.to_dict(orient="records"):
-        out.append({k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in rec.items()})
+        out.append({k: (None if v != v else float(v)) if isinstance(v, (float, np.floating, np.integer)) else v for k, v in rec.items()})
     return out
