@@ -138,3 +138,12 @@ def test_a_number_flag_whose_values_are_all_numbers_is_not_said_to_have_taken_a_
         "values): give the arguments before the flag")
     assert took_the_arguments(CommandLine.read(["explain", "--batch-size", "gpt_tiny", "8"])).startswith(
         "--batch-size took gpt_tiny 8 as its values")  # its first word is always a value, a number or not
+
+
+def test_every_option_of_every_command_says_what_it_takes():
+    # --help is where a user learns a flag: one without a help text shows its name and default only
+    group = typer.main.get_command(cli.app)
+    ctx = click.Context(group, info_name="perflab")
+    silent = [f"{name} {p.opts[0]}" for name in group.list_commands(ctx) for p in group.get_command(ctx, name).params
+              if p.param_type_name == "option" and not (getattr(p, "help", None) or "").strip()]
+    assert silent == []

@@ -762,7 +762,8 @@ def ceilings(
 
 @app.command()
 @case_flags(leave_out=(*TIMING, *BUILD), input_size=ONE_INPUT_SIZE, batch_size=ONE_BATCH_SIZE, device=GPU_DEVICE,
-            dtype=(str, typer.Option("bf16", "--dtype")), mode=(str, typer.Option("eager", "--mode")))
+            dtype=(str, typer.Option("bf16", "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).")),
+            mode=(str, typer.Option("eager", "--mode", help="One mode, as for bench (eager, compile, cudagraph, ...).")))
 def ncu(
     model: str = typer.Argument(..., help="The model whose top kernels to read counters for."),
     top: int = typer.Option(10, "--top", help="How many of the top kernels (by time in a profile pass)."),
