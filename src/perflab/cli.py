@@ -81,10 +81,9 @@ def bench(
     """Time models: every combination of the given sizes, batch sizes, dtypes and modes."""
     from perflab import api
     from perflab.report.console import bench_table, comparison_tables
-    from perflab.report.export import to_csv, to_json_lines, write_rows
+    from perflab.report.export import write_rows
 
-    if fmt not in FORMATS:
-        raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
+    _check_format(fmt)
     if out_file is not None:
         check_writable_file(out_file)
     ranks = _ranks(parallel, gpus, world_size, flags["device"])
@@ -94,11 +93,7 @@ def bench(
     rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, memory_snapshot=memory_snapshot, pin=not no_pin,
                                                           interleave=not no_interleave, processes=processes, gpus=ranks.gpus,
                                                           inductor_cache=inductor_cache))
-    if fmt == "json":
-        sys.stdout.write(to_json_lines(rows))
-    elif fmt == "csv":
-        sys.stdout.write(to_csv(rows))
-    else:
+    if not _wrote_rows_as(fmt, rows):
         out.print(bench_table(rows))
         for table in comparison_tables(rows):
             out.print(table)
@@ -139,6 +134,22 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
     _print_warnings(rows)
     if lost is not None:
         raise lost
+
+
+def _check_format(fmt: str) -> None:
+    """--format, before anything runs."""
+    if fmt not in FORMATS:
+        raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
+
+
+def _wrote_rows_as(fmt: str, rows: list[dict]) -> bool:
+    """--format csv or json: the rows written to stdout (True); table: nothing written, the command draws it (False)."""
+    from perflab.report.export import to_csv, to_json_lines
+
+    if fmt == "table":
+        return False
+    sys.stdout.write(to_json_lines(rows) if fmt == "json" else to_csv(rows))
+    return True
 
 
 def _rows_or_lost(run):
@@ -235,17 +246,11 @@ def results(
     """Print the rows stored by a sweep."""
     from perflab import api
     from perflab.report.console import bench_table
-    from perflab.report.export import to_csv, to_json_lines
 
-    if fmt not in FORMATS:
-        raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
+    _check_format(fmt)
     unreadable = []
     rows = api.results(out_dir, on_unreadable=_warn_unreadable(out_dir, unreadable))
-    if fmt == "json":
-        sys.stdout.write(to_json_lines(rows))
-    elif fmt == "csv":
-        sys.stdout.write(to_csv(rows))
-    else:
+    if not _wrote_rows_as(fmt, rows):
         from perflab.report.console import exempt_line
 
         skipped = f" ({len(unreadable)} unreadable, skipped)" if unreadable else ""
