@@ -73,7 +73,7 @@ LIST_VALUED = ("input_size", "batch_size", "keep_rate", "reduction_loc", "worklo
 # One-value variants, for the commands that take one case (explain, ncu) or one per side (compare).
 ONE_INPUT_SIZE = (Optional[int], typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."))
 ONE_BATCH_SIZE = (Optional[int], typer.Option(None, "--batch-size", help="Batch size (default: the family's)."))
-GPU_DEVICE = (str, typer.Option("cuda", "--device", help="cuda or cpu."))
+GPU_DEVICE = (str, typer.Option("cuda", "--device", help="cuda; cpu for explain --parallel only (its ranks as gloo processes)."))
 
 
 class CaseFlags:
