@@ -403,3 +403,14 @@ def test_the_report_says_why_a_mode_missed(monkeypatch):
     md = explanation_markdown(ex.Explanation([ce], None, CEILINGS))
     assert "- cudagraph: predicted 5.000 ms, measured 8.000 (-37.5%): the GPU term: predicted 5.000, measured 7.800 ms a step (host 0.500 ms)" in md
     assert ce.to_dict()["mode_misses"] == {"cudagraph": ce.mode_misses()["cudagraph"]}
+
+
+def test_explain_on_the_cpu_says_what_it_explains_there(tmp_path):
+    # a CPU-only host is told --device cpu by the device check; explain then names the CPU case it takes, not only cuda
+    from perflab import api
+    from perflab.errors import PerflabError
+
+    (case,) = api.make_cases(model=["deit_tiny_patch16_224"], device="cpu")
+    with pytest.raises(PerflabError, match=r"needs a CUDA GPU \(--device cuda\); on the CPU it explains a --parallel case "
+                                           r"\(--parallel ddp --world-size 2 --device cpu\)"):
+        api.explain(case, out_dir=tmp_path)

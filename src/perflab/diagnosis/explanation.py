@@ -505,7 +505,8 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
                 raise PerflabError(f"--fixes {spec}: a data-parallel fix applies to a --parallel case (add --parallel ddp with --gpus 0,1, "
                                    "or with --world-size 2 --device cpu)")
     if case.device != "cuda":
-        raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda)")
+        raise PerflabError("explain reads GPU kernel traces and CUDA-graph timings, so it needs a CUDA GPU (--device cuda); on the CPU "
+                           "it explains a --parallel case (--parallel ddp --world-size 2 --device cpu)")
     for c in [case] + ([vs] if vs is not None else []):
         for mode in modes:  # a bad mode is bad input: say so before minutes of profiling
             validate_case(replace(c, mode=mode))
