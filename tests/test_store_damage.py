@@ -129,3 +129,10 @@ def test_bytes_that_are_not_utf8_are_named_not_a_traceback(tmp_path):
     data[at] = 0xA5
     path.write_bytes(bytes(data))
     assert_one_line_error(run_cli_here("report", out), f"{path}: the store is damaged (")
+
+
+def test_a_stored_row_without_its_model_is_shown_not_a_traceback(tmp_path):
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE results SET row_json = json_remove(row_json, '$.model') WHERE case_id = ?", CASES[0].id)
+    r = run_cli_here("results", out)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

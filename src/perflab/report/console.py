@@ -18,10 +18,11 @@ def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
 
 
 def model_label(row: dict) -> str:
-    label = row["model"]
+    """A row's model, with its token reduction; ``?`` for a stored row that lost its model (the store keeps it optional)."""
+    label = str(row.get("model") or "?")
     if row.get("keep_rate"):
         rates = "/".join(f"{r:g}" for r in row["keep_rate"])
-        label += f" kr{rates}@{','.join(map(str, row['reduction_loc']))}"
+        label += f" kr{rates}@{','.join(map(str, row.get('reduction_loc') or []))}"
     return label
 
 
