@@ -132,7 +132,6 @@ class StoredRow(msgspec.Struct):
     peak_mem_alloc_mb: float | None = None
     peak_mem_reserved_mb: float | None = None
     case: dict | None = None
-    version: dict | None = None
     flags: list[str] | None = None
     warnings: list[str] | None = None
     ci95_ms: tuple[float | None, float | None] | None = None

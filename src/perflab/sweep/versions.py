@@ -47,6 +47,7 @@ from perflab.errors import PerflabError, show
 from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
+from perflab.sweep.store import row_version
 
 ORDERS = ("alternate", "random")
 PAIRINGS = ("blocks", "processes")
@@ -450,7 +451,7 @@ _KIND_WORDS = {"sweep": "a sweep", "ab": "an ab run", "track": "a track run"}
 
 def reusable(row: dict, version: Version) -> bool:
     """Whether a stored row may stand for ``version`` in a later run: measured ok, and stored as this version's."""
-    return row.get("status") == "ok" and (row.get("version") or {}).get("key") == version.key
+    return row.get("status") == "ok" and row_version(row).get("key") == version.key
 
 
 def to_run(store, versions: list[Version], reuse: bool) -> tuple[set, set, int]:
@@ -546,7 +547,7 @@ def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, r
     summary.stored = sweep.stored  # the session counts each row it commits
     for v in plan.versions:  # the rows this run reused, read back for the comparison
         for row in store.rows(v.env_key):
-            if (row.get("version") or {}).get("key") == v.key:
+            if row_version(row).get("key") == v.key:
                 summary.rows.setdefault((row["case_id"], v.key), row)
 
 
