@@ -7,7 +7,7 @@ checkout; the data are synthetic (random GPT-2 token ids, written with numpy as 
     PYTHONPATH=src python benchmarks/nanogpt_run.py --nanogpt /path/to/nanoGPT --nproc 2 --out ddp.json      # torchrun, DDP
 
 Both runs use nanoGPT's GPT-2 124M defaults (block 1024, compile=True, bf16) with its own config overrides for a short
-run: batch 12 per GPU, one micro-batch per GPU per iteration, no evaluation past iteration 0.
+run: batch 12 per GPU (--batch-size), one micro-batch per GPU per iteration, no evaluation past iteration 0.
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ def main() -> None:
     parser.add_argument("--no-shapes", action="store_true", help="perflab run --no-shapes: trace without operator shapes")
     parser.add_argument("--nproc-list", default=None, help="perflab run --nproc 1,2: the program at each count, and the scaling")
     parser.add_argument("--iters", type=int, default=55)
+    parser.add_argument("--batch-size", type=int, default=12, help="nanoGPT's --batch_size, per GPU and micro-step")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     root = args.nanogpt.resolve()
     make_data(root)
     run_dir = args.out.with_suffix("").resolve()
-    overrides = ["--dataset=synthetic", "--batch_size=12", f"--gradient_accumulation_steps={args.gas or args.nproc}", f"--max_iters={args.iters}",
+    overrides = ["--dataset=synthetic", f"--batch_size={args.batch_size}", f"--gradient_accumulation_steps={args.gas or args.nproc}", f"--max_iters={args.iters}",
                  "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1", "--compile=True", "--always_save_checkpoint=False",
                  "--out_dir=/tmp/nanogpt_out", "--decay_lr=False"]
     nproc = ["--nproc", args.nproc_list] if args.nproc_list else (["--nproc", str(args.nproc)] if args.nproc > 1 else [])

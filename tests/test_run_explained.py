@@ -52,6 +52,24 @@ def test_nanogpts_verdict_on_the_h200_is_the_kernels_fill_of_its_untraced_step()
     assert not report["traced"]["inflated"] and report["traced"]["inflation"] < 1.10
 
 
+def test_a_cuda_only_trace_without_a_shapes_pass_leaves_the_compiled_share_unknown_not_eager():
+    """--no-shapes: the accounted trace holds kernels and no operator, so nothing says which kernels ran in a compiled
+    region. nanoGPT's compiled step ran triton kernels here, so "all of their work ran eagerly" would contradict the
+    top-kernels table printed above it."""
+    from perflab.report.program import compiler_lines
+
+    recorded = json.loads(H200_RUN.read_text())
+    trace = load_kineto(H200)
+    assert trace.kernels["name"].astype(str).str.startswith("triton_").any()
+    report = program_report(timing=recorded["timing"], trace=trace, device=recorded["device"], trace_warmup=3,
+                            traced_step_ms=recorded["traced"]["warmup_step_ms"] + recorded["traced"]["step_ms_each"])
+    assert report["compiled"]["compiled_share"] is None and "no operators were recorded" in report["compiled"]["unknown"]
+    report["recorded"] = {"compile_phases": {"skipped": {"frames": 6, "recompiles": {}}}}
+    lines = compiler_lines(report)
+    assert any(line.startswith("how much of the traced steps ran compiled: unknown") for line in lines)
+    assert not any("eagerly" in line for line in lines)
+
+
 def test_a_step_whose_kernels_fill_it_is_never_launch_bound_and_a_launch_bound_loop_still_is():
     gpu_bound = {"step_ms": 105.0, "busy_ms": 99.0, "host_ms": 104.0, "categories_ms": {"gemm": 60.0, "elementwise": 39.0}, "cpu_only": False}
     verdict = step_verdict(gpu_bound, None, {"mfu": 0.54})
@@ -71,6 +89,25 @@ def test_communication_that_fills_the_traced_steps_is_the_verdict():
     verdict = step_verdict(evidence, None, None, exposed_comm_ms=18.0, traced_step_ms=36.0)
     assert verdict["verdict"] == "communication-bound" and "50%" in verdict["message"]
     assert step_verdict(evidence, None, None, exposed_comm_ms=1.0, traced_step_ms=36.0)["verdict"] == "GPU-bound"
+
+
+def test_waiting_for_a_peer_in_inflated_traced_steps_is_not_a_communication_bound_verdict():
+    """Compiled DDP on two H200s (gpt_large, benchmarks/programs/compiled_ddp.py): traced ×1.39, rank 0 exposed 87.859 ms
+    a traced step of 209.976, 76.504 of it waiting for rank 1, while the untraced step grew 25.277 ms over one rank's.
+    The waiting is the profiler's doing; what is left (11.355 ms moving bytes) binds nothing, and the verdict says why."""
+    evidence = {"step_ms": 150.886, "busy_ms": 59.245, "host_ms": 147.522, "categories_ms": {}, "cpu_only": False,
+                "communication_apart": True, "host_source": "the host's clock", "inflated": True, "inflation": 1.39}
+    inflated = step_verdict(evidence, None, None, exposed_comm_ms=87.859, traced_step_ms=209.976, waiting_ms=76.504)
+    assert inflated["verdict"] == "launch-bound"
+    assert "87.859 ms of exposed communication, 76.504 ms is waiting for a peer, left out of the verdict" in inflated["message"]
+    assert "×1.39" in inflated["message"]
+    # the same figures from traced steps that ran as the untraced: the waiting is the program's, and it binds
+    steady = step_verdict(dict(evidence, inflated=False, inflation=1.02), None, None, exposed_comm_ms=87.859, traced_step_ms=209.976,
+                          waiting_ms=76.504)
+    assert steady["verdict"] == "communication-bound" and "42%" in steady["message"] and "left out" not in steady["message"]
+    # inflated, but moving the bytes alone fills the step: still communication-bound, on the transfer it counted
+    moving = step_verdict(evidence, None, None, exposed_comm_ms=150.0, traced_step_ms=209.976, waiting_ms=20.0)
+    assert moving["verdict"] == "communication-bound" and "130.000 of 209.976 ms" in moving["message"]
 
 
 def test_communication_bound_holds_the_exposed_share_against_compute_counted_once():

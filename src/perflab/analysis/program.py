@@ -138,7 +138,10 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
     report["flops"] = flops.to_dict()
     # a GPU's accounted trace holds no operators (trace.capture.Tracer: they slow the host): the pass with shapes has them
     with_ops = trace if trace.ops is not None and len(trace.ops) else shapes_trace
-    report["compiled"] = compiled_split(with_ops) if with_ops is not None else None
+    if with_ops is not None:
+        report["compiled"] = compiled_split(with_ops)
+    elif not trace.cpu_only:  # no operator anywhere: the kernels alone cannot say which ran in a compiled region
+        report["compiled"] = {"compiled_share": None, "unknown": "no operators were recorded (the pass with shapes was left out)"}
     report["traced_verdict"] = summary["launch"]["message"]
     median = timing.get("median_ms")
     # the GPU's time per step: all the traced steps' busy time over their number. A GPU-bound step's kernels run on past
@@ -239,7 +242,7 @@ def _compute_share(evidence: dict, traced_step_ms: float, exposed_share: float) 
 
 
 def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, exposed_comm_ms: float | None = None,
-                 traced_step_ms: float | None = None) -> dict:
+                 traced_step_ms: float | None = None, waiting_ms: float | None = None) -> dict:
     """What limits the untraced step, from what it did, and the figures it rests on. A verdict never contradicts
     them: kernels filling ``GPU_BOUND_FILL`` of the step make it GPU-bound (never launch-bound), and launch-bound needs
     a host that, at steady state and less its waits for the GPU, takes longer to issue the step than its kernels run.
@@ -248,18 +251,35 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
     scaled; the communication kernels left out where ``communication_apart``), categories_ms (GPU time per category per step), host_ms (steady-state issue time less waits, None when
     the traced steps were inflated), inflation, cpu_only and cpu_verdict (a CPU trace's operator verdict).
     ``exposed_comm_ms``: under torchrun, the most exposed communication of a rank per traced step, and
-    ``traced_step_ms`` that rank's traced step: its share of the step windows it was counted over."""
+    ``traced_step_ms`` that rank's traced step: its share of the step windows it was counted over; ``waiting_ms`` the
+    part of its exposed time spent waiting for a later rank. In traced steps inflated beyond the limit that waiting is
+    left out: a rank that its profiler slowed keeps its peers waiting (compiled DDP on two H200s, traced ×1.39: rank 0
+    waited 76.5 ms a traced step, where its untraced step grew 25.3 ms over one rank's)."""
     step, busy = evidence.get("step_ms"), evidence.get("busy_ms")
     fill = min(busy / step, 1.0) if step and busy is not None else None
     out = {"kernel_fill": fill, "step_ms": step, "busy_ms": busy, "host_ms": evidence.get("host_ms"), "exposed_comm_ms": exposed_comm_ms}
+    note = ""
     if exposed_comm_ms is not None and traced_step_ms:
-        share = exposed_comm_ms / traced_step_ms  # both over the same step windows
+        counted, what = exposed_comm_ms, "communication that no compute hides"
+        if evidence.get("inflated") and waiting_ms:
+            counted, what = exposed_comm_ms - waiting_ms, "moving bytes that no compute hides (waiting for a peer left out)"
+            note = (f"; of the traced steps' {exposed_comm_ms:.3f} ms of exposed communication, {waiting_ms:.3f} ms is waiting for a peer, "
+                    f"left out of the verdict: the traced steps ran ×{evidence.get('inflation') or 0:.2f} the untraced, and a peer slowed by "
+                    "its profiler makes waiting (the growth over one rank, --nproc 1,2, bounds what communication costs)")
+        share = counted / traced_step_ms  # both over the same step windows
         compute = _compute_share(evidence, traced_step_ms, share)
         if share >= 0.25 and (compute is None or share >= compute):
             out["exposed_comm_share"] = share
             return dict(out, verdict="communication-bound",
-                        message=f"communication-bound: communication that no compute hides fills {share:.0%} of each traced step "
-                                f"({exposed_comm_ms:.3f} of {traced_step_ms:.3f} ms, the slowest rank's; untraced step {step:.3f} ms)")
+                        message=f"communication-bound: {what} fills {share:.0%} of each traced step "
+                                f"({counted:.3f} of {traced_step_ms:.3f} ms, the slowest rank's; untraced step {step:.3f} ms)")
+    verdict = _fill_verdict(evidence, floors, utilisation, out, fill)
+    return dict(verdict, message=verdict["message"] + note) if note else verdict
+
+
+def _fill_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, out: dict, fill: float | None) -> dict:
+    """step_verdict past communication: from the kernels' fill of the untraced step and the host's issue time."""
+    step, busy = evidence.get("step_ms"), evidence.get("busy_ms")
     if evidence.get("cpu_only"):
         cpu = evidence.get("cpu_verdict") or {}
         return dict(out, verdict=cpu.get("verdict") or "unknown", message=cpu.get("message") or "no operators traced")

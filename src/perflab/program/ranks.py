@@ -148,7 +148,11 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
         from perflab.analysis.program import step_verdict
 
         most = max(comm["ranks"], key=lambda r: r["exposed_ms"] / r["traced_step_ms"] if r["traced_step_ms"] else 0.0)
-        evidence = dict(evidence, step_ms=step_ms or evidence.get("step_ms"))
+        # a peer's inflated traced steps make this rank wait as its own do: the most inflated rank speaks for all
+        traced = [reports[r].get("traced") or {} for r in sorted(reports)]
+        inflations = [t["inflation"] for t in traced if t.get("inflation")]
+        evidence = dict(evidence, step_ms=step_ms or evidence.get("step_ms"), inflated=any(t.get("inflated") for t in traced),
+                        inflation=max(inflations) if inflations else evidence.get("inflation"))
         merged["verdict"] = step_verdict(evidence, own.get("floors"), own.get("utilisation"), exposed_comm_ms=most["exposed_ms"],
-                                         traced_step_ms=most["traced_step_ms"])
+                                         traced_step_ms=most["traced_step_ms"], waiting_ms=most.get("waiting_ms"))
     return merged

@@ -143,6 +143,9 @@ def compiler_lines(report: dict) -> list[str]:
         eager = f" (most: {top[0]['name'][:60]})" if top else ""
         lines.append(f"the traced steps' work, communication apart: {_pct(compiled['compiled_share'])} in compiled regions, "
                      f"{_pct(compiled['eager_share'])} eager{eager}")
+    elif compiled and compiled.get("unknown"):
+        if frames or any(p.get("frames") for p in phases.values()):
+            lines.append(f"how much of the traced steps ran compiled: unknown, {compiled['unknown']}")
     elif frames or any(p.get("frames") for p in phases.values()):
         lines.append("the traced steps ran no compiled region: all of their work ran eagerly")
     return lines
