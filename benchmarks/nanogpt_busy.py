@@ -8,7 +8,11 @@ gradient clipping, one ``loss.item()`` a step, as its ``train.py`` runs it) in a
 3. The trace read here with ``json`` (not perflab's reader): the union of its kernels', memcpys' and memsets' intervals,
    ÷ (traced steps × the untraced median): the GPU busy share of the untraced step.
 
+4. With ``--settings``, what each profiler setting costs the step: per setting, untraced steps and then a profiler
+   session (its warm-up of 3 thrown away) recording that setting, each step timed by events; traced ÷ untraced.
+
     python benchmarks/nanogpt_busy.py --nanogpt /path/to/nanoGPT --gas 4 --out busy.json
+    python benchmarks/nanogpt_busy.py --nanogpt /path/to/nanoGPT --gas 4 --settings cuda,ops,shapes,stack,shapes+stack --out cost.json
 """
 
 from __future__ import annotations
@@ -34,6 +38,23 @@ def union_ns(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+SETTINGS = {"cuda": {}, "ops": {"cpu": True}, "shapes": {"cpu": True, "record_shapes": True},
+            "stack": {"cpu": True, "with_stack": True}, "shapes+stack": {"cpu": True, "record_shapes": True, "with_stack": True}}
+
+
+def setting_cost(name: str, timed, traced: int) -> dict:
+    """One profiler setting's cost: untraced steps just before, then a session recording ``name``, steps timed alike."""
+    options = dict(SETTINGS[name])
+    activities = [torch.profiler.ProfilerActivity.CUDA] + ([torch.profiler.ProfilerActivity.CPU] if options.pop("cpu", False) else [])
+    untraced = timed(traced * 2)
+    sched = torch.profiler.schedule(wait=0, warmup=3, active=traced, repeat=1)
+    with torch.profiler.profile(activities=activities, schedule=sched, on_trace_ready=lambda p: None, **options) as prof:
+        steps = timed(3 + traced, between=prof.step)
+    base, each = statistics.median(untraced), statistics.median(steps[3:])
+    return {"setting": name, "untraced_median_ms": base, "traced_ms": steps[3:], "traced_warmup_ms": steps[:3], "traced_median_ms": each,
+            "inflation": each / base}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nanogpt", type=Path, required=True)
@@ -42,6 +63,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--traced", type=int, default=5)
+    parser.add_argument("--settings", default="", help="comma-separated profiler settings to cost: cuda (CUDA only), ops (CPU operators "
+                        "too), shapes (ops with record_shapes), stack (ops with with_stack), shapes+stack")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     sys.path.insert(0, str(args.nanogpt.resolve()))
@@ -101,6 +124,10 @@ def main() -> None:
               "inflation": statistics.median(traced[3:]) / median, "activities": len(work),
               "busy_ms_per_step": busy_us / 1e3 / args.traced, "busy_share_of_untraced_step": busy_us / 1e3 / args.traced / median,
               "busy_share_of_traced_span": busy_us / span_us if span_us else None, "gpu": torch.cuda.get_device_name()}
+    result["settings"] = [setting_cost(name, timed, args.traced) for name in filter(None, args.settings.split(","))]
+    for row in result["settings"]:
+        print(f"{row['setting']:>13}: untraced {row['untraced_median_ms']:.3f} ms, traced {row['traced_median_ms']:.3f} ms, "
+              f"×{row['inflation']:.3f}", flush=True)
     args.out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, list)}, indent=1))
 

@@ -276,7 +276,7 @@ class Recorder:
 
         self._sync()
         # on a GPU the accounted pass records no shapes, nor any of torch's operators (CUDA only: trace.capture.Tracer says
-        # what they cost: nanoGPT's traced steps ×1.17–1.34 with them); the pass with shapes follows. On the CPU the
+        # what they cost: nanoGPT's traced steps ×0.99–1.34 with them); the pass with shapes follows. On the CPU the
         # operators are the work: one pass records them, with their shapes
         self._tracer = Tracer(self.rank_dir() / TRACE_FILE, self.data.device or "cpu", steps=self.options.trace,
                               warmup=self.options.trace_warmup, record_shapes=self.options.record_shapes and not self._on_gpu,
