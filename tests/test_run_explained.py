@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perflab.analysis.comm import CommAccountingError, check_comm_rows, rank_comm_rows
+from perflab.analysis.comm import CommAccountingError, check_comm_accounts, rank_comm_rows
 from perflab.analysis.launch import blocked_launch_ns, host_issue_ms
 from perflab.analysis.program import GPU_BOUND_FILL, program_report, scaling_section, step_verdict
 from perflab.program.report import run_checks
@@ -135,8 +135,7 @@ def test_the_per_rank_identities_hold_and_a_planted_violation_is_caught():
     # rank 1 "exposed 28.6 ms on a 3.8 ms step": exposed beyond its own steps' windows
     with pytest.raises(CommAccountingError, match="rank 1: exposed 5000 ns outside 0..its steps' 3000 ns"):
         rank_comm_rows([_account(1, 3_000, 5_000, 0, 0, 2_000)], 3, {}, None)
-    rows = [{"rank": 2, "_ns": _account(2, 3_000, 600, 300, 700, 3_500)}]
-    assert check_comm_rows(rows) == ["rank 2: waiting 700 ns outside 0..exposed 600 ns", "rank 2: busy 3500 ns outside 0..its steps' 3000 ns"]
+    assert check_comm_accounts([_account(2, 3_000, 600, 300, 700, 3_500)]) == ["rank 2: waiting 700 ns outside 0..exposed 600 ns", "rank 2: busy 3500 ns outside 0..its steps' 3000 ns"]
 
 
 def test_a_trace_whose_steps_ran_half_again_as_long_is_flagged_and_its_host_left_out():

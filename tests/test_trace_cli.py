@@ -136,3 +136,18 @@ def test_a_cpu_only_trace_is_said_in_cpu_terms():
     assert "Top 3 operators by total time (share of all operator time)" in text and "Operator time by category" in text
     assert "wall = operators + between operators, exact to the ns" in text  # no other idle in a CPU trace: no column for it
     assert "ops: operators (torch's top-level, per thread)" in text
+
+
+@pytest.mark.parametrize("text", ['[1, 2]', '{"traceEvents": [1, 2]}'])
+def test_valid_json_whose_events_are_not_objects_is_malformed_not_invalid(tmp_path, text):
+    """msgspec's ValidationError is a DecodeError: caught as one, a well-formed list of numbers read "invalid JSON
+    (truncated?)", sending the user to look for a cut file."""
+    from perflab.errors import PerflabError
+    from perflab.trace.kineto import load_kineto
+
+    path = tmp_path / "numbers.json"
+    path.write_text(text)
+    with pytest.raises(PerflabError) as caught:
+        load_kineto(path)
+    assert "an event is malformed (Expected `object`, got `int`" in str(caught.value)
+    assert "invalid JSON" not in str(caught.value) and "truncated" not in str(caught.value)

@@ -490,8 +490,10 @@ def _print_sweep_summary(summary) -> None:
     out.print(f"report: perflab report {summary.out_dir}", soft_wrap=True, markup=False)
 
 
-def main(argv: list[str] | None = None) -> None:
-    command = CommandLine.read(sys.argv[1:] if argv is None else argv)
+def main(argv: list[str] | None = None, *, command: CommandLine | None = None) -> None:
+    """Run one command line: ``argv`` (sys.argv's words after the program's name when None), or the ``command`` that
+    ``entry`` already read from them."""
+    command = command if command is not None else CommandLine.read(sys.argv[1:] if argv is None else argv)
     out.configure(wide=command.wide)
     err.configure(wide=command.wide)
     try:
@@ -521,16 +523,16 @@ def entry() -> None:
     interpreter's teardown (a library's atexit handler, a thread it left) keeps the process alive a minute after the
     command finished, the process ends with the command's status and says where it was stuck (``runtime.exit_watch``)."""
     code = 1
-    program = CommandLine.read(sys.argv[1:]).program
+    command = CommandLine.read(sys.argv[1:])
     try:
-        main()
+        main(command=command)
         code = 0
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         raise
     finally:
         # perflab run: the teardown is the user's program's (its non-daemon threads are its own to keep), not perflab's
-        if not program:
+        if not command.program:
             from perflab.runtime.exit_watch import arm
 
             arm(code)

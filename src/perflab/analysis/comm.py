@@ -182,7 +182,10 @@ def rank_comm_rows(accounts: list[dict], steps: int, rank_step_ms: dict, floor_m
     ranks' collectives lined up), overlapped, the overlap fraction, and measured ÷ the floor. ``accounts``: the merged
     ranks' accounts (``analysis.ranks``, ns over ``steps`` profiled steps, each over the rank's own step windows);
     ``rank_step_ms``: rank → its untraced step. ``traced_step_ms`` is the rank's mean step window: the per-step figures
-    are parts of it, and :func:`check_comm_rows` holds them to that."""
+    are parts of it, and :func:`check_comm_accounts` holds the accounts they come from to that, to the ns."""
+    violations = check_comm_accounts(accounts)
+    if violations:
+        raise CommAccountingError("the communication accounting broke its identities (a bug in perflab, please report it): " + "; ".join(violations))
     rows = []
     for account in accounts:
         r = account["rank"]
@@ -194,14 +197,7 @@ def rank_comm_rows(accounts: list[dict], steps: int, rank_step_ms: dict, floor_m
                      "waiting_ms": waiting / steps / 1e6 if waiting is not None else None,
                      "transfer_ms": (account["comm_exposed_ns"] - waiting) / steps / 1e6 if waiting is not None else None,
                      "overlapped_ms": account["comm_overlapped_ns"] / steps / 1e6, "overlap_fraction": account["overlap_fraction"],
-                     "measured_over_floor": comm_ms / floor_ms if floor_ms else None,
-                     "_ns": {k: account.get(k) for k in ("window_ns", "busy_ns", "comm_ns", "comm_exposed_ns", "comm_overlapped_ns",
-                                                         "comm_exposed_waiting_ns")}})
-    violations = check_comm_rows(rows)
-    if violations:
-        raise CommAccountingError("the communication accounting broke its identities (a bug in perflab, please report it): " + "; ".join(violations))
-    for row in rows:
-        del row["_ns"]
+                     "measured_over_floor": comm_ms / floor_ms if floor_ms else None})
     return rows
 
 
@@ -209,14 +205,13 @@ class CommAccountingError(ValueError):
     """A per-rank communication figure broke an identity it must keep: perflab's bug, never printed as a result."""
 
 
-def check_comm_rows(rows: list[dict]) -> list[str]:
-    """The identities every rank's figures keep, to the ns over the same step windows: waiting ≤ exposed ≤ window,
+def check_comm_accounts(accounts: list[dict]) -> list[str]:
+    """The identities every rank's account keeps, in ns over the same step windows: waiting ≤ exposed ≤ window,
     comm = exposed + hidden, busy ≤ window. Each broken one, named."""
     out = []
-    for row in rows:
-        ns = row.get("_ns") or {}
-        window, busy, comm = ns.get("window_ns"), ns.get("busy_ns"), ns.get("comm_ns")
-        exposed, hidden, waiting = ns.get("comm_exposed_ns"), ns.get("comm_overlapped_ns"), ns.get("comm_exposed_waiting_ns")
+    for row in accounts:
+        window, busy, comm = row.get("window_ns"), row.get("busy_ns"), row.get("comm_ns")
+        exposed, hidden, waiting = row.get("comm_exposed_ns"), row.get("comm_overlapped_ns"), row.get("comm_exposed_waiting_ns")
         if None in (window, busy, comm, exposed, hidden):
             out.append(f"rank {row['rank']}: figures missing")
             continue

@@ -18,8 +18,8 @@ MODE_ORDER = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotu
 
 
 def _cache_line(group: list[dict]) -> str | None:
-    """The KV cache's length the rows ran with (``cache_len``): the positions needed, rounded up to a multiple of 8
-    since 2026-11-26; rows stored before ran an odd length (context + 1), which sends cuBLAS to slow kernels."""
+    """The KV cache's length the rows ran with (``cache_len``): the positions needed, rounded up to a multiple of 8;
+    rows stored by a perflab that did not round ran an odd length (context + 1), which sends cuBLAS to slow kernels."""
     lengths = sorted({r["cache_len"] for r in group if isinstance(r.get("cache_len"), int)})
     if not lengths:
         return None
@@ -28,7 +28,8 @@ def _cache_line(group: list[dict]) -> str | None:
     if odd:
         text += (f" {'All' if len(odd) == len(lengths) else 'Some'} of these rows ran a cache of {', '.join(map(str, odd))} positions, "
                  "not a multiple of 8: an unaligned length that can send the attention's matmuls to cuBLAS's slow fallback kernels "
-                 "(on an H100, llama3_8b at context 4096 and batch 64 ran 3.2x slower compiled); perflab now pads the cache.")
+                 "(on an H100, llama3_8b at context 4096 and batch 64 ran 3.2x slower compiled); perflab pads the cache to a multiple "
+                 "of 8 when it runs a case: run these again to time that.")
     return text
 
 

@@ -14,7 +14,8 @@ def resolve_device(device: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         why = "this torch build has no CUDA" if torch.version.cuda is None else "no GPU is visible"
-        raise PerflabError(f"CUDA was requested but is not available ({why}; torch {torch.__version__}); use --device cpu")
+        raise PerflabError(f"CUDA was requested but is not available ({why}; torch {torch.__version__}): run it where a GPU is "
+                          "visible, or with --device cpu where the command runs on the CPU (its --help says)")
     if device not in ("cuda", "cpu"):
         raise PerflabError(f"unknown device {device!r}; choose auto, cuda or cpu")
     return device

@@ -371,9 +371,9 @@ class _Reader:
                 buf[comma] = ord(",")
                 if _cut_was_not_between_events(exc):
                     continue
+                if isinstance(exc, msgspec.ValidationError):  # valid JSON, an event of the wrong shape
+                    raise self._malformed(exc) from None
                 raise self._invalid(exc, offset - 1) from None
-            except msgspec.ValidationError as exc:
-                raise self._malformed(exc) from None
             self.add(events)
             self.offset = offset + cut.end() - 2
             return bytes(buf[cut.end() - 1:])
@@ -387,10 +387,10 @@ class _Reader:
             else:
                 tail = _TAIL.decode(b'{"traceEvents": [' + rest)
                 events = tail.traceEvents
+        except msgspec.ValidationError as exc:  # a subclass of DecodeError: valid JSON, an event of the wrong shape
+            raise self._malformed(exc) from None
         except msgspec.DecodeError as exc:
             raise self._invalid(exc, self.offset - len(b'{"traceEvents": [')) from None
-        except msgspec.ValidationError as exc:
-            raise self._malformed(exc) from None
         self.add(events)
         return tail
 
