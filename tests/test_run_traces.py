@@ -109,3 +109,29 @@ def test_collectives_launched_before_the_profiler_recorded_are_no_traced_steps_w
     for account in merged["accounts"]:
         waiting, exposed = account["comm_exposed_waiting_ns"], account["comm_exposed_ns"]
         assert 0 <= waiting <= exposed and account["comm_exposed_transfer_ns"] == exposed - waiting
+
+
+def test_the_merged_verdict_leaves_out_waiting_by_the_inflation_the_communication_table_prints():
+    """The same two nanoGPT ranks (gas 8, two H200s), merged as rank 0 merges them. Each rank's own clock put its traced
+    steps within the limit here, but the communication table beside the verdict prints traced steps ~×1.3 the untraced:
+    the verdict judges by those printed figures, as the scaling table does, and names the waiting it leaves out."""
+    from perflab.analysis.program import rank_inflation
+    from perflab.program.ranks import merge
+    from perflab.program.report import RunReport
+
+    def rank(r):
+        path = DATA / f"nanogpt_ddp_cuda_only_h200_rank{r}.json.gz"
+        evidence = {"step_ms": 114.021, "busy_ms": 102.930, "host_ms": 60.0, "categories_ms": {"gemm": 60.0}, "cpu_only": False,
+                    "communication_apart": True, "host_source": "the traced steps", "inflated": False, "inflation": 1.05}
+        return RunReport(timing={"median_ms": 114.021 - r}, device="cuda", rank=r, world_size=2,
+                         recorded={"steps_seen": 30, "trace_path": str(path)},
+                         traced={"steps": 3, "inflation_limit": 1.10, "inflated": False, "inflation": 1.05}, verdict_evidence=evidence)
+
+    merged = merge({0: rank(0), 1: rank(1)}, 2)
+    rows = merged["communication"]["ranks"]
+    printed = max(row["traced_step_ms"] / row["step_ms"] for row in rows)  # the table's two columns, divided here
+    assert printed > 1.10 and max(map(rank_inflation, rows)) == pytest.approx(printed)
+    most = max(rows, key=lambda row: row["exposed_ms"] / row["traced_step_ms"])
+    message = merged["verdict"]["message"]
+    assert f"{most['waiting_ms']:.3f} ms is waiting for a peer, left out of the verdict" in message
+    assert f"the traced steps ran ×{printed:.2f} the untraced" in message

@@ -86,6 +86,7 @@ def _top_names(work, n: int) -> list[dict]:
     return [{"name": name, "ns": int(ns)} for name, ns in grouped.items()]
 
 
+INFLATION_LIMIT = 1.10  # traced ÷ untraced step beyond which the traced accounting describes the profiler (--inflation-limit)
 GPU_BOUND_FILL = 0.85  # kernels filling this share of the untraced step: the GPU sets it, whatever the host does
 COMMUNICATION = "communication"  # trace.categories' name for NCCL's kernels
 
@@ -107,7 +108,7 @@ def traced_section(timing: dict, traced_step_ms: list[float], trace_warmup: int,
 
 
 def program_report(*, timing: dict, device: str | None, traced_step_ms: list[float] = (), trace_warmup: int = 0,
-                   inflation_limit: float = 1.10, trace, shapes_trace=None, ceilings: dict | None = None,
+                   inflation_limit: float = INFLATION_LIMIT, trace, shapes_trace=None, ceilings: dict | None = None,
                    model_bytes: dict | None = None, tf32: bool = False, top: int = 10) -> dict:
     """The report of one rank's run. ``timing``: the timed steps' summary (median_ms, ci95, ...); ``trace``: the traced
     steps' Trace (read with its operators), or None; ``traced_step_ms``: the traced steps by the timed steps' clock, the
@@ -346,13 +347,19 @@ def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict,
 EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication may pass the step's growth by this much
 
 
+def rank_inflation(rank: dict) -> float | None:
+    """A rank's traced steps over its untraced one, from its row of the communication table (``traced_step_ms``, the
+    windows its communication was counted over, ÷ ``step_ms``): the two figures that table prints side by side."""
+    step, traced = rank.get("step_ms"), rank.get("traced_step_ms")
+    return traced / step if step and traced else None
+
+
 def _rank_against_growth(rank: dict, growth: float | None, inflation_limit: float) -> dict:
     """A rank's exposed communication held against the step's growth: ``within_growth`` True or False, or None where
     the growth is not known or the rank's traced steps ran past ``inflation_limit`` × its untraced step. Exposed time counted over inflated steps
     is the profiler's as much as the program's (a rank slowed by its profiler keeps the other waiting), so it is not
     judged against a growth measured without the profiler; ``inflation`` says by how much."""
-    step, traced = rank.get("step_ms"), rank.get("traced_step_ms")
-    inflation = traced / step if step and traced else None
+    inflation = rank_inflation(rank)
     judged = growth is not None and not (inflation is not None and inflation > inflation_limit)
     return {"rank": rank["rank"], "exposed_ms": rank["exposed_ms"], "waiting_ms": rank.get("waiting_ms"), "inflation": inflation,
             "within_growth": bool(rank["exposed_ms"] <= max(growth, 0.0) + EXPOSED_SLACK_MS) if judged else None}
@@ -391,7 +398,7 @@ def scaling_section(reports: dict[int, dict]) -> dict:
             assumed = True
         expected = base_ms * (ratio if ratio is not None else 1.0) if base_ms else None
         growth = step - expected if step is not None and expected is not None else None
-        limit = (report.get("traced") or {}).get("inflation_limit") or 1.10
+        limit = (report.get("traced") or {}).get("inflation_limit") or INFLATION_LIMIT
         ranks = [_rank_against_growth(r, growth, limit) for r in ((report.get("communication") or {}).get("ranks") or [])]
         out["rows"].append({"nproc": n, "step_ms": step, "ci95_ms": (report.get("timing") or {}).get("ci95_ms"), "flops_per_rank_step": work,
                             "work_ratio": ratio, "expected_ms": expected, "growth_ms": growth,

@@ -145,14 +145,16 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
     merged["communication"] = comm
     evidence = own.get("verdict_evidence")
     if evidence and comm["ranks"]:
-        from perflab.analysis.program import step_verdict
+        from perflab.analysis.program import INFLATION_LIMIT, rank_inflation, step_verdict
 
         most = max(comm["ranks"], key=lambda r: r["exposed_ms"] / r["traced_step_ms"] if r["traced_step_ms"] else 0.0)
-        # a peer's inflated traced steps make this rank wait as its own do: the most inflated rank speaks for all
-        traced = [reports[r].get("traced") or {} for r in sorted(reports)]
-        inflations = [t["inflation"] for t in traced if t.get("inflation")]
-        evidence = dict(evidence, step_ms=step_ms or evidence.get("step_ms"), inflated=any(t.get("inflated") for t in traced),
-                        inflation=max(inflations) if inflations else evidence.get("inflation"))
+        # a peer's inflated traced steps make this rank wait as its own do: the most inflated rank speaks for all, by
+        # the figures the communication table prints beside the verdict (as the scaling table judges the ranks)
+        inflations = [x for x in map(rank_inflation, comm["ranks"]) if x is not None]
+        limit = (own.get("traced") or {}).get("inflation_limit") or INFLATION_LIMIT
+        if inflations:
+            evidence = dict(evidence, inflated=bool(evidence.get("inflated") or max(inflations) > limit), inflation=max(inflations))
+        evidence = dict(evidence, step_ms=step_ms or evidence.get("step_ms"))
         merged["verdict"] = step_verdict(evidence, own.get("floors"), own.get("utilisation"), exposed_comm_ms=most["exposed_ms"],
                                          traced_step_ms=most["traced_step_ms"], waiting_ms=most.get("waiting_ms"))
     return merged
