@@ -5,9 +5,12 @@
   the boundary (the step's stream; no synchronisation inside the phase); on the CPU the host clock. A "boundary"
   source's step is one boundary to the next; a "call" source's is one call (start to return; the time between calls
   is not the step's). The peak of the allocator's memory is reset when the phase begins and read when it ends.
-- traced (``--trace M``): torch.profiler with shapes recorded, started at a boundary after one synchronisation and
-  stopped after M steps with another; each step in a ``ProfilerStep#n`` range (the trace's step windows). The
-  profiler makes these steps slower: they are reported as traced, beside the untraced ones.
+- traced (``--trace M``): torch.profiler (``trace.capture.Tracer``), started at a boundary after one synchronisation,
+  its ``--trace-warmup`` steps thrown away, then M steps recorded and stopped with another. On a GPU this accounted
+  pass is CUDA only, each step boundary marked by a one-cycle kernel of perflab's (the trace's step windows), and a
+  short second pass records the operators with their shapes (the FLOPs); on the CPU one pass records the operators
+  with their shapes, each step in a ``ProfilerStep#n`` range. The traced steps are timed by the same clock and
+  reported beside the untraced ones (``trace_inflated`` where the profiler slowed them).
 - then the program runs on untouched (the recorder's hooks detached; the source counts on where that is free), or
   stops (``--stop-after``).
 
