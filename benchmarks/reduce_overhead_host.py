@@ -1,10 +1,20 @@
 """What compile:reduce-overhead costs per call on the host, beside a plain CUDA graph: deit_tiny bs1 bf16 in three modes
 (api.bench, held timing), then k-tensor stacks of tiny Linear layers, then cProfile of the compiled call.
 Run on a GPU: PYTHONPATH=src OUT=DIR python benchmarks/reduce_overhead_host.py (writes DIR/ro_probe.json)."""
-import cProfile, io, json, os, pstats, sys, time
+import cProfile
+import io
+import json
+import os
+import pstats
+import time
+
 import torch
+
 from perflab import api
 from perflab.measure.host import held_timing
+from perflab.models.registry import build_model
+from perflab.spec import Case, validate_case
+from perflab.workloads.base import image_batch
 
 out = os.environ.get("OUT", ".")
 res = {}
@@ -37,9 +47,11 @@ for k in (2, 16, 64, 152, 256):
         wall = per_call(step)
         held = held_timing(step, "cuda", wall / 1e3)
         g = torch.cuda.CUDAGraph()
-        s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3): layers(x)
+        side = torch.cuda.Stream()  # warm up on a side stream before capture, as torch.cuda.graph asks
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                layers(x)
         torch.cuda.current_stream().wait_stream(s)
         with torch.cuda.graph(g):
             layers(x)
@@ -51,10 +63,6 @@ for k in (2, 16, 64, 152, 256):
 res["probe"] = probe
 
 # where the compiled deit_tiny call spends its host time
-from perflab.spec import Case
-from perflab.models.registry import build_model
-from perflab.spec import validate_case
-from perflab.workloads.base import image_batch
 torch._dynamo.reset()
 case = validate_case(Case("deit_tiny_patch16_224", batch_size=1, dtype="bf16", device="cuda"))
 net, _ = build_model(case)
@@ -68,9 +76,15 @@ with torch.no_grad():
     held = held_timing(step, "cuda", wall / 1e3)
     res["deit_tiny_direct"] = dict(tensors=n_params, wall_ms=wall, host_ms=held.host_s and held.host_s * 1e3, dev_ms=held.device_s and held.device_s * 1e3)
     print(res["deit_tiny_direct"], flush=True)
-    pr = cProfile.Profile(); pr.enable()
-    for _ in range(200): f(x)
-    torch.cuda.synchronize(); pr.disable()
-    s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("tottime").print_stats(18); print(s.getvalue()[:6000])
-    s = io.StringIO(); pstats.Stats(pr, stream=s).sort_stats("cumtime").print_stats(25); print(s.getvalue()[:6000])
-json.dump(res, open(f"{out}/ro_probe.json", "w"), indent=1, default=str)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(200):
+        f(x)
+    torch.cuda.synchronize()
+    profile.disable()
+    for order, lines in (("tottime", 18), ("cumtime", 25)):
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(lines)
+        print(text.getvalue()[:6000])
+with open(f"{out}/ro_probe.json", "w") as f:
+    json.dump(res, f, indent=1, default=str)
