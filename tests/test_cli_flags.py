@@ -147,3 +147,14 @@ def test_every_option_of_every_command_says_what_it_takes():
     silent = [f"{name} {p.opts[0]}" for name in group.list_commands(ctx) for p in group.get_command(ctx, name).params
               if p.param_type_name == "option" and not (getattr(p, "help", None) or "").strip()]
     assert silent == []
+
+
+def test_a_choice_flag_whose_values_are_all_its_choices_is_not_said_to_have_taken_a_missing_argument():
+    """compare --mode eager compile without A and B: the modes are A's and B's, not models, so the error says only what
+    is missing; a word that is no mode or dtype among the values is still said to be taken."""
+    from perflab.cli_argv import took_the_arguments
+
+    assert took_the_arguments(CommandLine.read(["compare", "--mode", "eager", "compile:reduce-overhead"])) == ""
+    assert took_the_arguments(CommandLine.read(["compare", "--dtype", "bf16", "fp16"])) == ""
+    assert took_the_arguments(CommandLine.read(["explain", "--modes", "cudagraph", "deit_tiny_patch16_224"])).startswith(
+        "--modes took cudagraph deit_tiny_patch16_224 as its values")

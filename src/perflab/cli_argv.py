@@ -88,9 +88,13 @@ def several_values(argv: list[str], names=MULTI_VALUE_OPTIONS) -> list[tuple[str
 def took_the_arguments(command: CommandLine) -> str:
     """Where a command's argument is missing: the flags of several values that may have taken it, in words ('' if none).
     A number flag takes no word that is no number past its first, so one whose values are all numbers took no argument
-    (``compare --batch-size 1 64`` with A and B missing: its values are the comparison's, not A and B)."""
+    (``compare --batch-size 1 64`` with A and B missing: its values are the comparison's, not A and B); likewise a
+    flag of known choices whose values are all among them (``compare --mode eager compile``: no model is a mode)."""
+    from perflab.spec import DTYPES, MODES
+
+    choices = {"--dtype": DTYPES, "--mode": MODES, "--modes": MODES}
     runs = [(name, values) for name, values in several_values(split_program(command.typed)[0])
-            if name not in NUMBER_OPTIONS or not all(map(_is_number, values))]
+            if not all(map(_is_number, values) if name in NUMBER_OPTIONS else (v in choices.get(name, ()) for v in values))]
     if not runs:
         return ""
     took = "; ".join(f"{name} took {' '.join(values)} as its values" for name, values in runs)
