@@ -594,8 +594,6 @@ def profile(
     from perflab import api
     from perflab.report.trace_console import render_trace_report
 
-    if steps < 1:
-        raise PerflabError(f"--steps must be at least 1, got {steps}")
     ranks = _ranks(parallel, gpus, world_size, flags["device"])
     cases = api.make_cases(**flags.options(model=model), **ranks.case_options())
     if ranks.parallel:
