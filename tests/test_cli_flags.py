@@ -158,3 +158,30 @@ def test_a_choice_flag_whose_values_are_all_its_choices_is_not_said_to_have_take
     assert took_the_arguments(CommandLine.read(["compare", "--dtype", "bf16", "fp16"])) == ""
     assert took_the_arguments(CommandLine.read(["explain", "--modes", "cudagraph", "deit_tiny_patch16_224"])).startswith(
         "--modes took cudagraph deit_tiny_patch16_224 as its values")
+
+
+def test_explain_and_ncu_refuse_several_values_of_a_case_flag_instead_of_taking_a_case_the_user_did_not_name(monkeypatch):
+    """explain gpt_small --vs gpt_medium --seq-len 128 256 made four cases and explained gpt_small seq128 against
+    gpt_small seq256 (cases[1]), never gpt_medium; ncu's one-case unpacking ended in a ValueError traceback."""
+    from cli_util import assert_one_line_error, run_cli_here
+    from perflab import api
+    from perflab.trace import ncu
+
+    monkeypatch.setattr(api, "explain", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("explained")))
+    r = run_cli_here("explain", "gpt_small", "--vs", "gpt_medium", "--seq-len", "128", "256", "--device", "cpu")
+    assert_one_line_error(r, "--seq-len: explain takes one case, got 2 values (128 256); run it once per value")
+    monkeypatch.setattr(ncu, "find_ncu", lambda: "ncu")
+    r = run_cli_here("ncu", "gpt_small", "--workload", "forward", "train_step")
+    assert_one_line_error(r, "--workload: ncu takes one case, got 2 values (forward train_step); run it once per value")
+    # a token-reducing case's keep rates and reduction locations are one case's
+    seen = []
+
+    def explained(case, vs, **kw):
+        seen.append((case.model, case.keep_rate, case.reduction_loc, vs.model))
+        raise PerflabError("stop here")
+
+    monkeypatch.setattr(api, "explain", explained)
+    r = run_cli_here("explain", "topk_deit_tiny_patch16_224", "--vs", "deit_tiny_patch16_224", "--keep-rate", "0.5", "0.7",
+                     "--reduction-loc", "3", "6", "--device", "cpu")
+    assert_one_line_error(r, "stop here")
+    assert seen == [("topk_deit_tiny_patch16_224", (0.5, 0.7), (3, 6), "deit_tiny_patch16_224")]

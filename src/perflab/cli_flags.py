@@ -69,6 +69,9 @@ BUILD = ("seed", "optimizer", "checkpoint_activations")
 # make_cases takes these as lists: a command's one-value variant (explain's --batch-size N) is handed on as [N], or [] when not given
 LIST_VALUED = ("input_size", "batch_size", "keep_rate", "reduction_loc", "workload", "seq_len", "prompt_len", "context_len",
                "new_tokens", "dtype", "mode")
+# Of those, the ones make_cases makes a case of each value of (a token-reducing case takes all its keep rates and
+# reduction locations together).
+CASE_PER_VALUE = tuple(name for name in LIST_VALUED if name not in ("keep_rate", "reduction_loc"))
 
 # One-value variants, for the commands that take one case (explain, ncu) or one per side (compare).
 ONE_INPUT_SIZE = (Optional[int], typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."))
@@ -94,6 +97,17 @@ class CaseFlags:
         if "model_arg" in options:
             options["model_args"] = model_args(options.pop("model_arg"))
         return options | given
+
+    def one_case_options(self, command: str, **given) -> dict:
+        """``options`` for a command that takes one case of each model it names (explain, ncu): a flag of the group given
+        several values is refused, naming it; make_cases would make a case of each, and the command would take the
+        first for its case and the second for the next model's (explain's --vs)."""
+        several = [(name, value) for name, value in self.values.items() if name in CASE_PER_VALUE and isinstance(value, list) and len(value) > 1]
+        if several:
+            name, values = several[0]
+            raise PerflabError(f"--{name.replace('_', '-')}: {command} takes one case, got {len(values)} values "
+                               f"({' '.join(map(str, values))}); run it once per value")
+        return self.options(**given)
 
 
 def model_args(items: list[str]) -> dict:
