@@ -185,3 +185,14 @@ def test_explain_and_ncu_refuse_several_values_of_a_case_flag_instead_of_taking_
                      "--reduction-loc", "3", "6", "--device", "cpu")
     assert_one_line_error(r, "stop here")
     assert seen == [("topk_deit_tiny_patch16_224", (0.5, 0.7), (3, 6), "deit_tiny_patch16_224")]
+
+
+def test_a_flag_a_command_takes_once_given_several_values_is_refused_not_read_as_its_last():
+    """explain's --batch-size and compare's --input-size take one value: --batch-size 1 8 (or the flag twice) reached
+    the parser as two flags, which kept 8 and said nothing."""
+    from cli_util import assert_one_line_error, run_cli_here
+
+    r = run_cli_here("explain", "deit_tiny_patch16_224", "--batch-size", "1", "8", "--device", "cpu")
+    assert_one_line_error(r, "--batch-size: explain takes one value, got 2 (1 8)")
+    r = run_cli_here("compare", "deit_tiny_patch16_224", "deit_tiny_patch16_224", "--input-size", "224", "--input-size=384", "--device", "cpu")
+    assert_one_line_error(r, "--input-size: compare takes one value, got 2 (224 384)")

@@ -85,6 +85,21 @@ def several_values(argv: list[str], names=MULTI_VALUE_OPTIONS) -> list[tuple[str
     return runs
 
 
+def repeated_values(parsed: list[str], names=MULTI_VALUE_OPTIONS) -> dict[str, list[str]]:
+    """Each flag of ``names`` that the parser's words (``CommandLine.parsed``, before any ``--``) give more than once,
+    with its values in order: where a command takes the flag once, the parser would keep the last alone."""
+    given: dict[str, list[str]] = {}
+    i = 0
+    while i < len(parsed) and parsed[i] != "--":
+        name, eq, value = parsed[i].partition("=")
+        if name in names and (eq or i + 1 < len(parsed)):
+            given.setdefault(name, []).append(value if eq else parsed[i + 1])
+            i += 1 if eq else 2
+        else:
+            i += 1
+    return {name: values for name, values in given.items() if len(values) > 1}
+
+
 def took_the_arguments(command: CommandLine) -> str:
     """Where a command's argument is missing: the flags of several values that may have taken it, in words ('' if none).
     A number flag takes no word that is no number past its first, so one whose values are all numbers took no argument

@@ -132,6 +132,20 @@ def case_flags(leave_out=(), **variants):
     return _flag_group("flags", _case_group(leave_out, variants), CaseFlags)
 
 
+_GROUP_CTX = "_group_ctx"
+
+
+def _refuse_several_of_one(ctx) -> None:
+    """A flag that takes several values in other commands but one in this one (explain's --batch-size, ncu's --mode),
+    given several (``--batch-size 1 8``, or the flag twice): refused, for the parser keeps the last alone."""
+    from perflab import cli_argv
+
+    once = {opt for p in ctx.command.params if p.param_type_name == "option" and not p.multiple for opt in p.opts}
+    for flag, values in cli_argv.repeated_values(cli_argv.of(ctx).parsed).items():
+        if flag in once:
+            raise PerflabError(f"{flag}: {ctx.info_name} takes one value, got {len(values)} ({' '.join(values)})")
+
+
 def versions_flags():
     """ab and track: their cases (--model with the case-flag group, or --spec) and how their rounds run, where the
     command's ``versions`` parameter stands, as ``versions: VersionsFlags``."""
@@ -162,12 +176,16 @@ def _flag_group(param: str, group: list[inspect.Parameter], make):
         params = list(inspect.signature(command, eval_str=True).parameters.values())
         at = [p.name for p in params].index(param)
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+        # the parser's context, to read what was typed: the command's own ctx parameter, else one the wrapper takes
+        ctx_name = next((p.name for p in own if p.annotation is typer.Context), None)
+        added = [] if ctx_name else [inspect.Parameter(_GROUP_CTX, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
 
         @functools.wraps(command)
         def wrapper(**kwargs):
+            _refuse_several_of_one(kwargs[ctx_name] if ctx_name else kwargs.pop(_GROUP_CTX))
             return command(**{param: make({p.name: kwargs.pop(p.name) for p in group})}, **kwargs)
 
-        wrapper.__signature__ = inspect.Signature(own[:at] + group + own[at + 1:])
+        wrapper.__signature__ = inspect.Signature(own[:at] + group + own[at + 1:] + added)
         wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
         return wrapper
 
