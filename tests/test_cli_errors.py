@@ -42,11 +42,14 @@ TRACE = "tests/data/traces/eager_vit.json.gz"
          "--checkpoint-activations applies to the forward_backward and train_step workloads"),
         (["explain", "gpt_small", "--workload", "train_step", "--fixes-on", "fastest", "--device", "cpu"],
          "--fixes-on 'fastest': use best (the fastest mode measured), eager, or a mode"),
+        # --steps is the profiled pass's: refused before any case is timed, in every command that profiles
+        (["explain", "deit_tiny_patch16_224", "--device", "cpu", "--steps", "0"], "--steps must be at least 1, got 0"),
+        (["compare", TRACE, "deit_tiny_patch16_224", "--device", "cpu", "--steps", "0"], "--steps must be at least 1, got 0"),
     ],
     ids=["profile-model", "profile-steps", "compare-missing-file", "compare-model", "explain-cpu", "profile-cpu", "compare-cpu",
          "compare-steps-mismatch", "analyze-inf", "analyze-csv-file", "bench-out-dir", "explain-cpu-modes", "explain-no-cuda",
          "ncu-absent", "ncu-top", "ncu-per-config", "compare-three-modes", "compare-trace-two-modes", "compare-two-modes-cpu", "compare-b-context-too-long",
-         "bench-optimizer", "bench-checkpoint-forward", "explain-fixes-on"],
+         "bench-optimizer", "bench-checkpoint-forward", "explain-fixes-on", "explain-steps", "compare-steps"],
 )
 def test_one_line_and_exit_2(args, fragment):
     r = run_cli_here(*args, cwd=str(__import__("pathlib").Path(__file__).resolve().parents[1]))

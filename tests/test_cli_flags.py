@@ -147,3 +147,52 @@ def test_every_option_of_every_command_says_what_it_takes():
     silent = [f"{name} {p.opts[0]}" for name in group.list_commands(ctx) for p in group.get_command(ctx, name).params
               if p.param_type_name == "option" and not (getattr(p, "help", None) or "").strip()]
     assert silent == []
+
+
+def test_a_choice_flag_whose_values_are_all_its_choices_is_not_said_to_have_taken_a_missing_argument():
+    """compare --mode eager compile without A and B: the modes are A's and B's, not models, so the error says only what
+    is missing; a word that is no mode or dtype among the values is still said to be taken."""
+    from perflab.cli_argv import took_the_arguments
+
+    assert took_the_arguments(CommandLine.read(["compare", "--mode", "eager", "compile:reduce-overhead"])) == ""
+    assert took_the_arguments(CommandLine.read(["compare", "--dtype", "bf16", "fp16"])) == ""
+    assert took_the_arguments(CommandLine.read(["explain", "--modes", "cudagraph", "deit_tiny_patch16_224"])).startswith(
+        "--modes took cudagraph deit_tiny_patch16_224 as its values")
+
+
+def test_explain_and_ncu_refuse_several_values_of_a_case_flag_instead_of_taking_a_case_the_user_did_not_name(monkeypatch):
+    """explain gpt_small --vs gpt_medium --seq-len 128 256 made four cases and explained gpt_small seq128 against
+    gpt_small seq256 (cases[1]), never gpt_medium; ncu's one-case unpacking ended in a ValueError traceback."""
+    from cli_util import assert_one_line_error, run_cli_here
+    from perflab import api
+    from perflab.trace import ncu
+
+    monkeypatch.setattr(api, "explain", lambda *a, **kw: (_ for _ in ()).throw(AssertionError("explained")))
+    r = run_cli_here("explain", "gpt_small", "--vs", "gpt_medium", "--seq-len", "128", "256", "--device", "cpu")
+    assert_one_line_error(r, "--seq-len: explain takes one case, got 2 values (128 256); run it once per value")
+    monkeypatch.setattr(ncu, "find_ncu", lambda: "ncu")
+    r = run_cli_here("ncu", "gpt_small", "--workload", "forward", "train_step")
+    assert_one_line_error(r, "--workload: ncu takes one case, got 2 values (forward train_step); run it once per value")
+    # a token-reducing case's keep rates and reduction locations are one case's
+    seen = []
+
+    def explained(case, vs, **kw):
+        seen.append((case.model, case.keep_rate, case.reduction_loc, vs.model))
+        raise PerflabError("stop here")
+
+    monkeypatch.setattr(api, "explain", explained)
+    r = run_cli_here("explain", "topk_deit_tiny_patch16_224", "--vs", "deit_tiny_patch16_224", "--keep-rate", "0.5", "0.7",
+                     "--reduction-loc", "3", "6", "--device", "cpu")
+    assert_one_line_error(r, "stop here")
+    assert seen == [("topk_deit_tiny_patch16_224", (0.5, 0.7), (3, 6), "deit_tiny_patch16_224")]
+
+
+def test_a_flag_a_command_takes_once_given_several_values_is_refused_not_read_as_its_last():
+    """explain's --batch-size and compare's --input-size take one value: --batch-size 1 8 (or the flag twice) reached
+    the parser as two flags, which kept 8 and said nothing."""
+    from cli_util import assert_one_line_error, run_cli_here
+
+    r = run_cli_here("explain", "deit_tiny_patch16_224", "--batch-size", "1", "8", "--device", "cpu")
+    assert_one_line_error(r, "--batch-size: explain takes one value, got 2 (1 8)")
+    r = run_cli_here("compare", "deit_tiny_patch16_224", "deit_tiny_patch16_224", "--input-size", "224", "--input-size=384", "--device", "cpu")
+    assert_one_line_error(r, "--input-size: compare takes one value, got 2 (224 384)")

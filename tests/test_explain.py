@@ -362,6 +362,22 @@ def test_a_mode_far_from_its_prediction_says_why_from_its_held_timing():
     assert mode_miss("cudagraph", 0.30, {"status": "error", "message": "x"}) is None
 
 
+def test_a_mode_whose_gpu_term_is_within_15_percent_is_not_said_to_have_missed_on_the_gpu():
+    """The step missed, but the GPU time held apart is within 15% of the prediction and the host's is below it: the miss
+    is in neither term alone, and the line must not blame the GPU term with figures that show it on target."""
+    from perflab.diagnosis.explanation import mode_miss
+
+    overlapped_less = {"status": "ok", "median_ms": 0.700, "host_held_ms": 0.300, "device_ms": 0.520}
+    why = mode_miss("compile:reduce-overhead", 0.500, overlapped_less, graph_ms=0.600, glue_ms=0.290)
+    assert why == ("predicted 0.500 ms, measured 0.700 (-28.6%): not the GPU term (predicted 0.500, measured 0.520 ms a "
+                   "step, -3.8%) nor the host's (0.300 ms, below the GPU's): the step as timed is longer than both, so its "
+                   "host issue and GPU work overlapped less than the model, which counts the GPU alone, assumes")
+    faster = {"status": "ok", "median_ms": 0.400, "host_held_ms": 0.300, "device_ms": 0.480}
+    assert mode_miss("cudagraph", 0.500, faster).endswith(
+        "(predicted 0.500, measured 0.480 ms a step, +4.2%) nor the host's (0.300 ms, below the GPU's): the step as timed "
+        "is shorter than its GPU time held apart, so the two timings disagree")
+
+
 def test_the_glue_time_fusion_removed_is_taken_from_the_cuda_graphs_measured_gpu_time(monkeypatch):
     """deit_tiny bs1 bf16 on an H200 (docs/performance/explain-fixes.md): the plain graph ran 0.531 ms of GPU work a
     step, reduce-overhead 0.491: fusion removed 0.040 ms, 14% of the glue kernels' 0.290 ms. Against the CUDA-graph

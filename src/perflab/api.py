@@ -567,6 +567,15 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     return result.exit_code
 
 
+def check_profiled_steps(steps: int) -> None:
+    """``steps`` to record in a profiled pass: at least 1, said before any case is timed (the tracer would refuse 0 only
+    after the untraced timing)."""
+    from perflab.errors import PerflabError
+
+    if steps < 1:
+        raise PerflabError(f"--steps must be at least 1, got {steps}")
+
+
 def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool = True, by_module: bool = False) -> dict:
     """Time ``case`` with the harness (no profiler), then record ``steps`` steps of it and analyse them.
 
@@ -577,6 +586,7 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     """
     from perflab.diagnosis.profiling import profile_case as run
 
+    check_profiled_steps(steps)
     return run(case, out_dir, steps=steps, top=top, pin=pin, by_module=by_module)
 
 
@@ -602,6 +612,7 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
     ``note`` says so (``trace.cpu_ranks``)."""
     from perflab.diagnosis.profiling import profile_parallel as run
 
+    check_profiled_steps(steps)
     return run(case, out_dir, steps=steps, gpus=gpus)
 
 
@@ -707,6 +718,8 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
     from perflab.trace.load import load_trace
     from perflab.workloads import item_of
 
+    if any(isinstance(item, Case) for item in (a, b)):
+        check_profiled_steps(steps)  # before a trace side is read
     traces, names, items, rows = [], [], list(batch_size), []
     for i, item in enumerate((a, b)):
         if isinstance(item, Case):
@@ -986,6 +999,7 @@ def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps:
     from perflab.diagnosis.explanation import PREDICTED_MODES
     from perflab.diagnosis.explanation import explain as run
 
+    check_profiled_steps(steps)
     if case.parallel:
         from perflab.diagnosis.explain_parallel import check_parallel_explain, explain_parallel
 

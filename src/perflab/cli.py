@@ -594,8 +594,6 @@ def profile(
     from perflab import api
     from perflab.report.trace_console import render_trace_report
 
-    if steps < 1:
-        raise PerflabError(f"--steps must be at least 1, got {steps}")
     ranks = _ranks(parallel, gpus, world_size, flags["device"])
     cases = api.make_cases(**flags.options(model=model), **ranks.case_options())
     if ranks.parallel:
@@ -722,7 +720,8 @@ def explain(
     dtype, dtype_note = flags["dtype"], None
     if dtype is None:
         dtype, dtype_note = api.explain_dtype(flags["device"])
-    cases = api.make_cases(**flags.options(model=[model] + ([vs] if vs else []), dtype=[dtype], mode=["eager"]), **ranks.case_options())
+    cases = api.make_cases(**flags.one_case_options("explain", model=[model] + ([vs] if vs else []), dtype=[dtype], mode=["eager"]),
+                           **ranks.case_options())
     case, other = cases[0], (cases[1] if vs else None)
     if markdown is not None:
         check_writable_file(markdown)
@@ -792,7 +791,7 @@ def ncu(
     if per_config < 0:
         raise PerflabError(f"--per-config must be 0 (every launch) or more, got {per_config}")
     find_ncu()
-    (case,) = api.make_cases(**flags.options(model=[model]))
+    (case,) = api.make_cases(**flags.one_case_options("ncu", model=[model]))
     with err.status(_text(f"{case.label()}: profiling, then running ncu on the top {top} kernels")):
         table, _ = api.ncu(case, top=top, out_dir=out_dir, per_config=per_config)
     if as_json:

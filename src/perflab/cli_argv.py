@@ -85,12 +85,31 @@ def several_values(argv: list[str], names=MULTI_VALUE_OPTIONS) -> list[tuple[str
     return runs
 
 
+def repeated_values(parsed: list[str], names=MULTI_VALUE_OPTIONS) -> dict[str, list[str]]:
+    """Each flag of ``names`` that the parser's words (``CommandLine.parsed``, before any ``--``) give more than once,
+    with its values in order: where a command takes the flag once, the parser would keep the last alone."""
+    given: dict[str, list[str]] = {}
+    i = 0
+    while i < len(parsed) and parsed[i] != "--":
+        name, eq, value = parsed[i].partition("=")
+        if name in names and (eq or i + 1 < len(parsed)):
+            given.setdefault(name, []).append(value if eq else parsed[i + 1])
+            i += 1 if eq else 2
+        else:
+            i += 1
+    return {name: values for name, values in given.items() if len(values) > 1}
+
+
 def took_the_arguments(command: CommandLine) -> str:
     """Where a command's argument is missing: the flags of several values that may have taken it, in words ('' if none).
     A number flag takes no word that is no number past its first, so one whose values are all numbers took no argument
-    (``compare --batch-size 1 64`` with A and B missing: its values are the comparison's, not A and B)."""
+    (``compare --batch-size 1 64`` with A and B missing: its values are the comparison's, not A and B); likewise a
+    flag of known choices whose values are all among them (``compare --mode eager compile``: no model is a mode)."""
+    from perflab.spec import DTYPES, MODES
+
+    choices = {"--dtype": DTYPES, "--mode": MODES, "--modes": MODES}
     runs = [(name, values) for name, values in several_values(split_program(command.typed)[0])
-            if name not in NUMBER_OPTIONS or not all(map(_is_number, values))]
+            if not all(map(_is_number, values) if name in NUMBER_OPTIONS else (v in choices.get(name, ()) for v in values))]
     if not runs:
         return ""
     took = "; ".join(f"{name} took {' '.join(values)} as its values" for name, values in runs)

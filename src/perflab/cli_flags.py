@@ -69,6 +69,9 @@ BUILD = ("seed", "optimizer", "checkpoint_activations")
 # make_cases takes these as lists: a command's one-value variant (explain's --batch-size N) is handed on as [N], or [] when not given
 LIST_VALUED = ("input_size", "batch_size", "keep_rate", "reduction_loc", "workload", "seq_len", "prompt_len", "context_len",
                "new_tokens", "dtype", "mode")
+# Of those, the ones make_cases makes a case of each value of (a token-reducing case takes all its keep rates and
+# reduction locations together).
+CASE_PER_VALUE = tuple(name for name in LIST_VALUED if name not in ("keep_rate", "reduction_loc"))
 
 # One-value variants, for the commands that take one case (explain, ncu) or one per side (compare).
 ONE_INPUT_SIZE = (Optional[int], typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."))
@@ -95,6 +98,17 @@ class CaseFlags:
             options["model_args"] = model_args(options.pop("model_arg"))
         return options | given
 
+    def one_case_options(self, command: str, **given) -> dict:
+        """``options`` for a command that takes one case of each model it names (explain, ncu): a flag of the group given
+        several values is refused, naming it; make_cases would make a case of each, and the command would take the
+        first for its case and the second for the next model's (explain's --vs)."""
+        several = [(name, value) for name, value in self.values.items() if name in CASE_PER_VALUE and isinstance(value, list) and len(value) > 1]
+        if several:
+            name, values = several[0]
+            raise PerflabError(f"--{name.replace('_', '-')}: {command} takes one case, got {len(values)} values "
+                               f"({' '.join(map(str, values))}); run it once per value")
+        return self.options(**given)
+
 
 def model_args(items: list[str]) -> dict:
     """--model-arg NAME=VALUE, as make_cases' ``model_args``: ints, floats or (anything else) strings."""
@@ -116,6 +130,20 @@ def case_flags(leave_out=(), **variants):
     ``flags: CaseFlags``. ``leave_out``: flags of the group it does not take; ``variants``: NAME=(annotation, option) for a
     flag it takes in another form (one value, another default)."""
     return _flag_group("flags", _case_group(leave_out, variants), CaseFlags)
+
+
+_GROUP_CTX = "_group_ctx"
+
+
+def _refuse_several_of_one(ctx) -> None:
+    """A flag that takes several values in other commands but one in this one (explain's --batch-size, ncu's --mode),
+    given several (``--batch-size 1 8``, or the flag twice): refused, for the parser keeps the last alone."""
+    from perflab import cli_argv
+
+    once = {opt for p in ctx.command.params if p.param_type_name == "option" and not p.multiple for opt in p.opts}
+    for flag, values in cli_argv.repeated_values(cli_argv.of(ctx).parsed).items():
+        if flag in once:
+            raise PerflabError(f"{flag}: {ctx.info_name} takes one value, got {len(values)} ({' '.join(values)})")
 
 
 def versions_flags():
@@ -148,12 +176,16 @@ def _flag_group(param: str, group: list[inspect.Parameter], make):
         params = list(inspect.signature(command, eval_str=True).parameters.values())
         at = [p.name for p in params].index(param)
         own = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params]
+        # the parser's context, to read what was typed: the command's own ctx parameter, else one the wrapper takes
+        ctx_name = next((p.name for p in own if p.annotation is typer.Context), None)
+        added = [] if ctx_name else [inspect.Parameter(_GROUP_CTX, inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)]
 
         @functools.wraps(command)
         def wrapper(**kwargs):
+            _refuse_several_of_one(kwargs[ctx_name] if ctx_name else kwargs.pop(_GROUP_CTX))
             return command(**{param: make({p.name: kwargs.pop(p.name) for p in group})}, **kwargs)
 
-        wrapper.__signature__ = inspect.Signature(own[:at] + group + own[at + 1:])
+        wrapper.__signature__ = inspect.Signature(own[:at] + group + own[at + 1:] + added)
         wrapper.__annotations__ = {p.name: p.annotation for p in wrapper.__signature__.parameters.values()}
         return wrapper
 

@@ -105,7 +105,7 @@ def step_times_of_passes(passes) -> StepTimes | None:
 def step_times_of_row(row: dict, source: str) -> StepTimes | None:
     """One whole-step pass from a measured row: the host's time to issue a step (``host_held_ms``, else the harness's
     ``host_issue_ms``) and the GPU's (``device_ms``); None without the GPU's."""
-    host = row.get("host_held_ms") or row.get("host_issue_ms")
+    host = measured_host_ms(row)
     gpu = row.get("device_ms")
     if not gpu or host is None:
         return None

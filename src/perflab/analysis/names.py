@@ -59,7 +59,6 @@ _WRAPPERS = re.compile(r"^(?:gpu_kernel_impl(?:_nocast)?|gpu_index_kernel|Reduce
 _LAUNCHERS = {"Kernel", "Kernel2", "device_kernel"}
 # Heads that say nothing alone: keep the enclosing name (gemvx::kernel).
 _GENERIC = {"kernel", "kernel2", "globalkernel", "kernel_entry", "entry"}
-_SUFFIX = re.compile(r" #\d+$")
 
 
 def short_kernel_name(full: str) -> str:

@@ -185,8 +185,10 @@ def mode_miss(mode: str, predicted_ms: float | None, row: dict, graph_ms: float 
 
     The predictions model the GPU alone, so the measured host issue time (``host_held_ms``) and GPU time (``device_ms``)
     say which part missed: a host that takes longer to issue a step than the GPU takes to run it made the step
-    host-bound; else the GPU's time is set beside its prediction, and for compile:reduce-overhead the glue time fusion
-    removed (the CUDA graph's GPU time ``graph_ms`` less this mode's) beside the ``glue_ms`` it was taken from.
+    host-bound; else, where the GPU's time is itself within ``MISS`` of the prediction, neither term missed and the line
+    says the step as timed differs from both; else the GPU's time is set beside its prediction, and for
+    compile:reduce-overhead the glue time fusion removed (the CUDA graph's GPU time ``graph_ms`` less this mode's)
+    beside the ``glue_ms`` it was taken from.
     ``graph_measured``: ``graph_ms`` is the CUDA graph's measured GPU time, so the graph model's own error is not
     counted as fusion's; else it is the CUDA-graph prediction (the cudagraph mode not measured).
     """
@@ -203,6 +205,13 @@ def mode_miss(mode: str, predicted_ms: float | None, row: dict, graph_ms: float 
             if mode.startswith("compile") else ""
         return (f"{head}: host-bound: issuing a step takes the host {host:.3f} ms, its GPU time is {gpu:.3f} ms; the model "
                 f"counts the GPU alone{calls}")
+    gpu_error = prediction_error(predicted_ms, gpu)
+    if gpu_error is not None and abs(gpu_error) <= MISS:
+        # the GPU term is on target: the step's miss is between the two timings, not in either term
+        between = ("is longer than both, so its host issue and GPU work overlapped less than the model, which counts the "
+                   "GPU alone, assumes") if measured > gpu else "is shorter than its GPU time held apart, so the two timings disagree"
+        return (f"{head}: not the GPU term (predicted {predicted_ms:.3f}, measured {gpu:.3f} ms a step, {gpu_error:+.1%}) nor "
+                f"the host's ({host:.3f} ms, below the GPU's): the step as timed {between}")
     why = f"{head}: the GPU term: predicted {predicted_ms:.3f}, measured {gpu:.3f} ms a step (host {host:.3f} ms)"
     if mode == "compile:reduce-overhead" and graph_ms and glue_ms:
         removed = (graph_ms - gpu) / glue_ms

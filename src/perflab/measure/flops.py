@@ -66,7 +66,6 @@ def _extra_formulas() -> dict:
     return extra
 
 
-
 @dataclass
 class FlopCount:
     """FLOPs of one call, and the ops that did heavy tensor work without a FLOP formula (name → calls), with a lower bound

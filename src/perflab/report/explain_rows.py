@@ -85,6 +85,9 @@ def _pair(predicted, measured) -> str:
 
 
 def mode_rows(ce) -> list[list[str]]:
+    """eager, then each measured mode: its prediction, measured median and the error ``mode_miss`` holds to 15%."""
+    from perflab.analysis.fixes import prediction_error
+
     row = ce.eager_row
     rows = [["eager", "–", f"{ce.eager_ms:.3f}", "–", "1.00×", first_step(row), pct(row.get("mfu"))]]
     for mode, r in ce.measured.items():
@@ -92,7 +95,7 @@ def mode_rows(ce) -> list[list[str]]:
         if r.get("status") != "ok":
             rows.append([mode, num(pred, ".3f"), f"{r.get('status')}: {r.get('message')}", "–", "–", first_step(r), "–"])
             continue
-        rows.append([mode, num(pred, ".3f"), f"{r['median_ms']:.3f}", f"{pred / r['median_ms'] - 1:+.1%}" if pred else "–",
+        rows.append([mode, num(pred, ".3f"), f"{r['median_ms']:.3f}", num(prediction_error(pred, r["median_ms"]) if pred else None, "+.1%"),
                      f"{ce.eager_ms / r['median_ms']:.2f}×", first_step(r), pct(r.get("mfu"))])
     return rows
 

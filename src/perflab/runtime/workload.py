@@ -3,8 +3,8 @@ the host's issue time): its model, its grad mode and its precision.
 
 Precision: fp32 (strict), tf32 (fp32 storage, TF32 matmuls), bf16/fp16 (autocast over fp32 weights). With autocast the
 harness enters the context once around warm-up, capture and the timed loop, so the cast of each weight to bf16/fp16
-is made once and cached by autocast, as in a serving loop that enters autocast once. (The seed code entered autocast
-per forward, which re-casts every weight every step.) The cache only works under ``torch.no_grad()`` (not
+is made once and cached by autocast, as in a serving loop that enters autocast once (entered per forward, it would
+re-cast every weight every step, a cost no such loop pays). The cache only works under ``torch.no_grad()`` (not
 ``inference_mode``): autocast caches casts of leaf tensors that require grad, and inference mode turns that off.
 """
 
