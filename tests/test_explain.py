@@ -359,6 +359,9 @@ def test_a_mode_far_from_its_prediction_says_why_from_its_held_timing():
     assert "dynamo" not in mode_miss("cudagraph", 0.377, slow_host)
     assert mode_miss("cudagraph", 0.50, {"status": "ok", "median_ms": 0.532, "host_held_ms": 0.034, "device_ms": 0.531}) is None  # −6%
     assert mode_miss("cudagraph", 0.30, {"status": "ok", "median_ms": 0.532}).endswith("which part missed is not known")
+    # a host above the GPU but far short of the step does not make it host-bound: the step waits on neither
+    short = mode_miss("compile:reduce-overhead", 0.40, {"status": "ok", "median_ms": 1.000, "host_held_ms": 0.500, "device_ms": 0.400})
+    assert "host-bound" not in short and "neither term reaches the step: the host issues it in 0.500 ms" in short
     assert mode_miss("cudagraph", 0.30, {"status": "error", "message": "x"}) is None
 
 

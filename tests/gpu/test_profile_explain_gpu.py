@@ -65,7 +65,9 @@ def test_a_reduce_overhead_prediction_is_within_15_percent_or_says_why(tmp_path)
         if host is None or gpu is None:
             assert reason.endswith("which part missed is not known"), reason
         else:
-            assert ("host-bound" in reason) == (host > gpu) and (f"{gpu:.3f}" in reason), reason
+            # host-bound where the host's time is above the GPU's and reaches the step as timed (within 15%)
+            bound = host > gpu and host >= row["median_ms"] * 0.85
+            assert ("host-bound" in reason) == bound and (f"{gpu:.3f}" in reason), reason
 
 
 def test_ncu_reads_every_metric_for_at_least_5_kernels(tmp_path):

@@ -200,11 +200,15 @@ def mode_miss(mode: str, predicted_ms: float | None, row: dict, graph_ms: float 
     head = f"predicted {predicted_ms:.3f} ms, measured {measured:.3f} ({error:+.1%})"
     if host is None or gpu is None:
         return f"{head}: no held timing split its host and GPU times, so which part missed is not known"
-    if host > gpu:
+    if host > gpu and host >= measured * (1 - MISS):  # the host's time reaches the step: it is what the step waits on
         calls = " (a compiled call runs dynamo's guards, AOT autograd's wrappers and the CUDA-graph tree's checks in Python)" \
             if mode.startswith("compile") else ""
         return (f"{head}: host-bound: issuing a step takes the host {host:.3f} ms, its GPU time is {gpu:.3f} ms; the model "
                 f"counts the GPU alone{calls}")
+    if host > gpu:  # above the GPU's, yet short of the step: the host's issue time does not explain the miss either
+        return (f"{head}: neither term reaches the step: the host issues it in {host:.3f} ms and the GPU runs it in {gpu:.3f} ms, "
+                f"each held apart, against {measured:.3f} ms as timed; they overlapped less than the model, which counts the GPU "
+                "alone, assumes")
     gpu_error = prediction_error(predicted_ms, gpu)
     if gpu_error is not None and abs(gpu_error) <= MISS:
         # the GPU term is on target: the step's miss is between the two timings, not in either term
