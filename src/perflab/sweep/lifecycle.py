@@ -79,6 +79,7 @@ class SweepSession:
     def __enter__(self) -> "SweepSession":
         try:
             self._exit.enter_context(one_sweep_at_a_time(self.out_dir))
+            make_work_dirs(self.out_dir)
             self.store = self._exit.enter_context(Store.create(self.out_dir))
         except BaseException as exc:
             self._exit.close()
@@ -147,6 +148,20 @@ class SweepSession:
             raise PerflabError(f"{store_path(self.out_dir)}: the disk is full ({exc}); the store keeps the rows it held before and "
                                f"the {self.stored} row(s) of this run stored before it ({self.kept}; what was in flight is not "
                                f"stored). Free space, then {self.again}") from None
+
+
+WORK_DIRS = ("logs", "tmp", "flops")  # the workers' logs, their result files, the FLOP counts they share
+
+
+def make_work_dirs(out_dir: Path) -> None:
+    """DIR's directories the workers write to, made before the store is opened or a case runs: a file where one goes is
+    one line, not a traceback after the run has begun, nor an error row for every case."""
+    for name in WORK_DIRS:
+        try:
+            (out_dir / name).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise PerflabError(f"{out_dir / name}: cannot make the directory the workers write their {name} to "
+                               f"({exc.strerror or exc}); move what is there, or give another --out") from None
 
 
 @contextlib.contextmanager

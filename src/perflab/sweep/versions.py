@@ -579,7 +579,6 @@ def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path
     for c, vi in jobs:
         v = plan.versions[vi]
         entries.append({"case": v.experiment.cases[c].to_dict(), "model_root": v.experiment.model_root or str(v.root or ""), "group": c})
-    (out_dir / "tmp").mkdir(parents=True, exist_ok=True)
     path = (out_dir / "tmp" / f"together-r{r}.json").resolve()
     path.write_text(json.dumps(entries))
     first = plan.versions[jobs[0][1]]
