@@ -111,9 +111,7 @@ def test_the_progress_drawers_say_what_resumes_and_each_row_not_ok(tmp_path):
 def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_time(tmp_path):
     """Complete; Ctrl-C (interrupted, nothing raised); an error in the drive or between begin and drive (failed, raised);
     each record with the rows it stored, and "finish" heard each time."""
-    from types import SimpleNamespace
-
-    from perflab.sweep.lifecycle import SweepSession
+    from perflab.sweep.lifecycle import SweepSession, SweepSummary
 
     experiment = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml")
     case = experiment.cases[0]
@@ -127,9 +125,9 @@ def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_tim
 
     ended = []
     for error, before_drive in ((None, False), (KeyboardInterrupt(), False), (ValueError("broken"), False), (ValueError("early"), True)):
-        summary = SimpleNamespace(done=0, counts={}, interrupted=False)
-        seen, on_event = _events()
         out = tmp_path / str(len(ended))
+        summary = SweepSummary(out, "env", total=1, skipped=0)
+        seen, on_event = _events()
         try:
             with SweepSession(out, summary, on_event=on_event) as session:
                 session.begin([("env", {"host": "h"})], experiment=experiment, record=experiment.to_json(), env_key="env", n_cases=1,

@@ -40,10 +40,14 @@ class SweepSummary:
     env_key: str
     total: int  # cases in the experiment
     skipped: int  # already stored (resume)
-    done: int = 0  # run and stored by this sweep
-    counts: dict = field(default_factory=dict)  # status → cases run by this sweep
+    counts: dict = field(default_factory=dict)  # status → cases run and stored by this sweep
     interrupted: bool = False
     reruns: int = 0  # cases started again after their node was lost (Ray engine)
+
+    @property
+    def done(self) -> int:
+        """Cases run and stored by this sweep."""
+        return sum(self.counts.values())
 
     @property
     def store_path(self) -> Path:
@@ -59,7 +63,7 @@ class SweepSession:
             session.drive(lambda: ...)  # runs the cases, calling session.put (or session.case_done) for each row
 
     ``summary`` is the engine's summary (a ``SweepSummary``, or versions' own): ``interrupted`` is set on it, and
-    ``case_done`` counts into its ``done`` and ``counts``. ``on_event(kind, **info)`` hears "start" (``begin``'s ``start`` items), what the engine emits through
+    ``case_done`` counts each row into its ``counts`` (status → rows). ``on_event(kind, **info)`` hears "start" (``begin``'s ``start`` items), what the engine emits through
     ``session.emit``, and "finish" (summary) once the run has begun, however it ends. ``again``: how to go on after a
     full disk (a sweep's: ``--resume``); ``kept``: which of this run's rows a full disk leaves stored."""
 
@@ -115,7 +119,6 @@ class SweepSession:
     def case_done(self, case, row: dict, env_key: str, *, slot: str, wall_s: float | None, replace: bool) -> None:
         """A sweep's case ended: its row committed (``slot`` its worker), counted in the summary and emitted."""
         self.put(row, env_key, worker=slot, wall_s=wall_s, replace=replace)
-        self.summary.done += 1
         self.summary.counts[row["status"]] = self.summary.counts.get(row["status"], 0) + 1
         self.emit("case_done", case=case, row=row, slot=slot)
 
