@@ -136,3 +136,29 @@ def test_a_stored_row_without_its_model_is_shown_not_a_traceback(tmp_path):
     _sql(out, "UPDATE results SET row_json = json_remove(row_json, '$.model') WHERE case_id = ?", CASES[0].id)
     r = run_cli_here("results", out)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["ab", "track"])
+def test_a_versions_row_whose_version_is_not_a_mapping_is_reported_as_of_no_version_not_a_traceback(tmp_path, kind):
+    """A store that ab or track wrote, one of whose rows has a ``version`` that is no mapping (text, a list): the report
+    compares the versions' rows of the other case and lists the damaged rows under no version (``measure.row.row_version``,
+    as the store's own readers take them), not an AttributeError."""
+    from perflab.report.markdown import write_report
+
+    case, other = CASES[1], CASES[2]
+    versions = [{"key": key, "name": name, "kind": "revision", "revision": name.lower()} for key, name in (("ka", "A"), ("kb", "B"))]
+    with Store.create(tmp_path) as store:
+        for env in ("eA", "eB"):
+            store.put_environment(env, {"host": "lab"})
+        sweep = store.begin_sweep(command=f"perflab {kind}", spec_source="x.yaml", spec_text="", env_key="eA,eB", n_cases=2, n_skipped=0,
+                                  experiment={"name": "x", "cases": [case.to_dict()], "versions": versions, "kind": kind})
+        row = {"case": case.to_dict(), "status": "ok", "model": "test:tiny", "input_size": 32, "dtype": "fp32", "mode": "eager",
+               "device": "cpu", "median_ms": 2.0, "ci95_ms": [1.98, 2.02], "samples_ms": [2.0] * 3}
+        for env, version in (("eA", versions[0]), ("eB", versions[1])):
+            store.put(dict(row, case_id=case.id, batch_size=2, version=version), env, sweep_id=sweep)
+        for env, damaged in (("eA", "abc"), ("eB", ["kb"])):
+            store.put(dict(row, case_id=other.id, batch_size=3, version=damaged), env, sweep_id=sweep)
+        store.end_sweep(sweep, "complete", 4)
+    text = write_report(tmp_path).read_text()
+    assert ("## A/B" if kind == "ab" else "### test:tiny 32px bs2 fp32 eager: no change point") in text
+    assert text.count("| – | test:tiny | 32 | 3 | fp32 | eager | ok | 2.000 [1.980–2.020] |") == 2

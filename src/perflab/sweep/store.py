@@ -30,7 +30,7 @@ from typing import Callable, Iterable
 import msgspec
 
 from perflab.errors import PerflabError, show
-from perflab.measure.row import StoredRow
+from perflab.measure.row import StoredRow, row_version
 from perflab.paths import make_out_dir
 
 STORE_NAME = "results.sqlite"
@@ -505,13 +505,6 @@ def run_kinds(store: Store) -> set[str]:
     experiments = [record["experiment"] for record in store.sweeps() if record.get("experiment")]
     recorded = known(e.get("kind") if e.get("versions") else "sweep" for e in experiments)
     return recorded or known(row_version(row).get("kind_of_run") if row.get("version") else "sweep" for row in store.rows())
-
-
-def row_version(row: dict) -> dict:
-    """A stored row's ``version`` (which revision of an ab or track run wrote it); {} for none, or for a damaged one that
-    is no mapping (compare's ``measure.row.check_row`` names that damage; a store's readers only need the mapping)."""
-    version = row.get("version")
-    return version if isinstance(version, dict) else {}
 
 
 def status_counts(rows: Iterable[dict]) -> dict[str, int]:

@@ -47,7 +47,7 @@ from perflab.errors import PerflabError, show
 from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
-from perflab.sweep.store import row_version
+from perflab.measure.row import row_version
 
 ORDERS = ("alternate", "random")
 PAIRINGS = ("blocks", "processes")
