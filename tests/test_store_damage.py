@@ -162,3 +162,21 @@ def test_a_versions_row_whose_version_is_not_a_mapping_is_reported_as_of_no_vers
     text = write_report(tmp_path).read_text()
     assert ("## A/B" if kind == "ab" else "### test:tiny 32px bs2 fp32 eager: no change point") in text
     assert text.count("| – | test:tiny | 32 | 3 | fp32 | eager | ok | 2.000 [1.980–2.020] |") == 2
+
+
+def test_stored_rows_without_their_batch_size_dtype_or_mode_are_shown_as_unknown_not_a_traceback(tmp_path):
+    """The store keeps a row's batch size, dtype and mode optional (``measure.row.StoredRow``), as it keeps its model:
+    ``perflab results``' table shows each one lost as ``?``, not a KeyError."""
+    import io
+
+    from rich.console import Console
+
+    from perflab.report.console import bench_table
+
+    out = _store(tmp_path / "run")
+    for case, key in zip(CASES, ("batch_size", "dtype", "mode")):
+        _sql(out, f"UPDATE results SET row_json = json_remove(row_json, '$.{key}') WHERE case_id = ?", case.id)
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, highlight=False, color_system=None).print(bench_table(api.results(out)))
+    cells = [[c.strip() for c in line.split("│")[2:6]] for line in buffer.getvalue().splitlines() if "test:tiny" in line]
+    assert cells == [["32px", "?", "fp32", "eager"], ["32px", "2", "?", "eager"], ["32px", "3", "fp32", "?"], ["32px", "4", "fp32", "eager"]]
