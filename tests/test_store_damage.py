@@ -180,3 +180,18 @@ def test_stored_rows_without_their_batch_size_dtype_or_mode_are_shown_as_unknown
     Console(file=buffer, width=200, highlight=False, color_system=None).print(bench_table(api.results(out)))
     cells = [[c.strip() for c in line.split("│")[2:6]] for line in buffer.getvalue().splitlines() if "test:tiny" in line]
     assert cells == [["32px", "?", "fp32", "eager"], ["32px", "2", "?", "eager"], ["32px", "3", "fp32", "?"], ["32px", "4", "fp32", "eager"]]
+
+
+@pytest.mark.parametrize("statement, lacks", [("DROP TABLE sweeps", "no such table: sweeps"),
+                                              ("DROP TABLE environments", "no such table: environments"),
+                                              ("ALTER TABLE results DROP COLUMN wall_s", "no such column: wall_s")])
+def test_a_store_that_lacks_a_table_or_column_a_sweep_writes_is_refused_before_a_case_runs(tmp_path, statement, lacks):
+    """A sweep into a store that lacks what it writes to: one line naming the store and what it lacks, before a case
+    runs (not an OperationalError traceback once the run has begun); the rows stay as they were."""
+    out = _store(tmp_path / "run")
+    _sql(out, statement)
+    spec = {"defaults": {"device": "cpu", "model": "test:tiny", "input_size": 32}, "grid": {"batch_size": [5]}}
+    with pytest.raises(PerflabError) as err:
+        api.sweep(spec, out, resume=True)
+    assert str(err.value) == f"{out / 'results.sqlite'}: not a perflab results store ({lacks})"
+    assert len(api.results(out)) == 4

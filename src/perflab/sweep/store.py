@@ -20,6 +20,7 @@ import contextlib
 import errno
 import json
 import math
+import re
 import sqlite3
 import time
 import warnings
@@ -75,6 +76,10 @@ CREATE TABLE IF NOT EXISTS sweeps (
 );
 """
 
+# Each table of ``_SCHEMA`` and its columns: what a sweep writes to in a store that is there already
+_TABLES = {table: re.findall(r"^\s+([a-z_]+)\s+[A-Z]", body, re.M)
+           for table, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", _SCHEMA, re.S)}
+
 # A stored row's ``cost_s`` (the sweep worker's split of its case's wall time), its keys in the order of a case's life
 COST_ORDER = ("start_and_imports", "build", "check_and_flops", "check", "flops", "compile", "warmup", "timed", "ranks", "profile", "ncu")
 
@@ -104,8 +109,9 @@ class Store:
     @classmethod
     def create(cls, out_dir) -> "Store":
         """Open DIR/results.sqlite for writing, creating DIR and the schema if needed. A store that is there already is
-        checked first (SQLite's quick_check, one pass over its pages): a damaged one is refused before a case runs, in
-        one line that says how to recover it, and nothing is written to it."""
+        checked first (SQLite's quick_check, one pass over its pages, and the tables and columns a sweep writes): a
+        damaged one is refused before a case runs, in one line that says how to recover it or what it lacks, and nothing
+        is written to it."""
         out_dir = make_out_dir(out_dir)
         store = cls._connect(store_path(out_dir))
         try:
@@ -116,6 +122,8 @@ class Store:
                         store.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 elif (problem := store.conn.execute("PRAGMA quick_check(1)").fetchone()[0]) != "ok":
                     raise damaged(store.path, sqlite3.DatabaseError(problem))
+                for table, columns in _TABLES.items():
+                    store.conn.execute(f"SELECT {', '.join(columns)} FROM {table} LIMIT 0")
         except BaseException:
             store.close()
             raise
