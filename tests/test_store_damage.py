@@ -195,3 +195,22 @@ def test_a_store_that_lacks_a_table_or_column_a_sweep_writes_is_refused_before_a
         api.sweep(spec, out, resume=True)
     assert str(err.value) == f"{out / 'results.sqlite'}: not a perflab results store ({lacks})"
     assert len(api.results(out)) == 4
+
+
+def test_ab_into_a_store_without_its_sweeps_table_is_one_line_before_anything_runs(tmp_path, monkeypatch):
+    """ab reads which kind of run wrote a store that is there (``run_kinds``) before it takes the lock: a store that
+    lacks its sweeps table is one line naming it, as its readers say, not an OperationalError traceback."""
+    import sys
+
+    from perflab.sweep import versions
+
+    # each interpreter is this one: its probe (a process importing torch, seconds) is not what is tried here
+    monkeypatch.setattr(versions, "probe_interpreter", lambda python, option, cases: ({"python_executable": python}, [c.id for c in cases]))
+    out = _store(tmp_path / "run")
+    _sql(out, "DROP TABLE sweeps")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("defaults: {device: cpu, model: 'test:tiny', input_size: 32}\ncases: [{}]\n")
+    with pytest.raises(PerflabError) as err:
+        api.ab(python_a=sys.executable, python_b=sys.executable, spec=spec, out=out)
+    assert str(err.value) == f"{out / 'results.sqlite'}: not a perflab results store (no such table: sweeps)"
+    assert len(api.results(out)) == 4

@@ -115,7 +115,7 @@ class Store:
         out_dir = make_out_dir(out_dir)
         store = cls._connect(store_path(out_dir))
         try:
-            with _reading(store.path):
+            with reading(store.path):
                 if store.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is None:
                     with store.conn:  # only a new store is written to here, so a refused sweep leaves an old one as it was
                         store.conn.executescript(_SCHEMA)
@@ -389,7 +389,7 @@ def damaged(path, exc: Exception) -> PerflabError:
 
 
 @contextlib.contextmanager
-def _reading(path):
+def reading(path):
     """Reads of a store whose pages are damaged end in one line naming the file (``damaged``), and so do reads of one
     that lacks a table or column perflab's stores have."""
     try:
@@ -416,7 +416,7 @@ def read_rows(out_dir, env_key: str | None = None, on_unreadable: Callable[[Unre
     Rows that cannot be decoded are left out, each passed to ``on_unreadable`` (a warning without it)."""
     from perflab.measure.canary import mark_host_flags
 
-    with Store.open(out_dir) as store, _reading(store.path):
+    with Store.open(out_dir) as store, reading(store.path):
         rows = store.rows(env_key)
     report_unreadable(store.unreadable, on_unreadable, store.path)
     return mark_host_flags(rows)
@@ -547,7 +547,7 @@ def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
     from perflab.measure.canary import mark_host_flags
     from perflab.sweep.spec import Experiment
 
-    with Store.open(out_dir) as store, _reading(store.path):
+    with Store.open(out_dir) as store, reading(store.path):
         sweeps = store.sweeps()
         keys = store.env_keys()
         environments = store.environments()

@@ -418,7 +418,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     from perflab.sweep.launcher import choose_launcher
     from perflab.sweep.lifecycle import SweepSession
     from perflab.sweep.runner import case_timeout, worker_slots
-    from perflab.sweep.store import Store, run_kinds, store_path
+    from perflab.sweep.store import Store, reading, run_kinds, store_path
 
     out_dir = Path(out_dir)
     check_rounds(rounds)
@@ -429,7 +429,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     timeout_s = case_timeout(experiment, timeout_s)
     launcher = choose_launcher(launcher)
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
-        with Store.open(out_dir) as store:
+        with Store.open(out_dir) as store, reading(store.path):  # a damaged store: one line naming it
             other = sorted(run_kinds(store) - {kind})
             stored = sum(len(store.statuses(v.env_key)) for v in plan.versions)
         if other:
