@@ -158,14 +158,14 @@ def test_a_store_whose_lock_cannot_be_opened_is_one_line_and_keeps_what_is_there
     assert (tmp_path / "results.csv").read_text() == "kept\n"
 
 
-@pytest.mark.parametrize("name", ["logs", "tmp", "flops"])
-def test_a_file_where_the_workers_directory_goes_is_one_line_before_anything_is_stored(tmp_path, name):
+@pytest.mark.parametrize("name, what", [("logs", "logs"), ("tmp", "result files"), ("flops", "FLOP counts")])
+def test_a_file_where_the_workers_directory_goes_is_one_line_before_anything_is_stored(tmp_path, name, what):
     """A file named ``logs``, ``tmp`` or ``flops`` in DIR: one line naming it, before the store is made or a case runs
     (not a traceback mid-run, nor an error row for every case); the file is left as it was."""
     experiment = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml")
     (tmp_path / name).write_text("kept\n")
     with pytest.raises(PerflabError) as err:
         api.sweep(experiment, tmp_path)
-    assert str(err.value) == (f"{tmp_path / name}: cannot make the directory the workers write their {name} to (File exists); "
+    assert str(err.value) == (f"{tmp_path / name}: cannot make the directory the workers write their {what} to (File exists); "
                               "move what is there, or give another --out")
     assert (tmp_path / name).read_text() == "kept\n" and not store_path(tmp_path).exists()

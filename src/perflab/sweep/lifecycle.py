@@ -153,17 +153,17 @@ class SweepSession:
                                f"stored). Free space, then {self.again}") from None
 
 
-WORK_DIRS = ("logs", "tmp", "flops")  # the workers' logs, their result files, the FLOP counts they share
+WORK_DIRS = {"logs": "logs", "tmp": "result files", "flops": "FLOP counts"}  # DIR's directories and what the workers write there
 
 
 def make_work_dirs(out_dir: Path) -> None:
     """DIR's directories the workers write to, made before the store is opened or a case runs: a file where one goes is
     one line, not a traceback after the run has begun, nor an error row for every case."""
-    for name in WORK_DIRS:
+    for name, what in WORK_DIRS.items():
         try:
             (out_dir / name).mkdir(exist_ok=True)
         except OSError as exc:
-            raise PerflabError(f"{out_dir / name}: cannot make the directory the workers write their {name} to "
+            raise PerflabError(f"{out_dir / name}: cannot make the directory the workers write their {what} to "
                                f"({exc.strerror or exc}); move what is there, or give another --out") from None
 
 
