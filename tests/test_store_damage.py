@@ -1,6 +1,7 @@
 """Issue 39: a damaged store is reported in part: rows that cannot be decoded are named and skipped, a sweep record of
 the wrong shape is named and the rows are reported without it, and damaged pages are one line naming the file."""
 
+import json
 import random
 import sqlite3
 
@@ -214,3 +215,20 @@ def test_ab_into_a_store_without_its_sweeps_table_is_one_line_before_anything_ru
         api.ab(python_a=sys.executable, python_b=sys.executable, spec=spec, out=out)
     assert str(err.value) == f"{out / 'results.sqlite'}: not a perflab results store (no such table: sweeps)"
     assert len(api.results(out)) == 4
+
+
+@pytest.mark.parametrize("versions, problem", [
+    ("abc", "Expected `array | null`, got `str` - at `$.versions`"),
+    ([1], "Expected `object`, got `int` - at `$.versions[0]`"),
+    ([{"name": "A"}], "Object missing required field `key` - at `$.versions[0]`")])
+def test_a_run_record_whose_versions_are_not_a_list_of_keyed_mappings_is_named_and_skipped(tmp_path, versions, problem):
+    """An ab run's record whose versions the report cannot group rows by: named and skipped as a record of the wrong
+    shape is (the report shows the rows without it), not a TypeError or KeyError traceback."""
+    from perflab.report.markdown import write_report
+
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE sweeps SET experiment_json = ?", f'{{"name": "ab", "kind": "ab", "versions": {json.dumps(versions)}}}')
+    seen = []
+    text = write_report(out, on_unreadable=lambda item: seen.append(item.line())).read_text()
+    assert seen == [f"sweep 1 (env): experiment_json: not as stored ({problem}); skipped"]
+    assert "## A/B" not in text and text.count("| test:tiny | 32 |") == 4

@@ -299,7 +299,7 @@ class Store:
                     d[name] = None
             try:
                 d.pop("experiment_json", None)
-                experiment = _decode(d.pop("experiment_blob") or b"{}", dict)
+                experiment = _decode(d.pop("experiment_blob") or b"{}", _ExperimentShape)
                 if set(experiment) == {SAME_AS}:
                     experiment = by_id.get(msgspec.convert(experiment[SAME_AS], int), {})
             except (ValueError, msgspec.ValidationError) as exc:
@@ -330,6 +330,17 @@ class _EnvShape(msgspec.Struct):
     """The keys of a stored environment its readers rely on (the GPU names choose the rows a report shows)."""
 
     gpus: list[str] | None = None
+
+
+class _RunVersion(msgspec.Struct):
+    key: str
+
+
+class _ExperimentShape(msgspec.Struct):
+    """The keys of a stored run's experiment its readers rely on: an ab or track run's versions, each with its key (the
+    report groups the rows by it)."""
+
+    versions: list[_RunVersion] | None = None
 
 
 # The sweep records' columns and their types, as ``Store.sweeps``'s readers take them (SQLite stores what it is given).
