@@ -219,8 +219,9 @@ def test_ab_into_a_store_without_its_sweeps_table_is_one_line_before_anything_ru
 
 @pytest.mark.parametrize("versions, problem", [
     ("abc", "Expected `array | null`, got `str` - at `$.versions`"),
-    ([1], "Expected `object`, got `int` - at `$.versions[0]`"),
-    ([{"name": "A"}], "Object missing required field `key` - at `$.versions[0]`")])
+    ([1, 2], "Expected `object`, got `int` - at `$.versions[0]`"),
+    ([{"name": "A"}, {"name": "B", "key": "b"}], "Object missing required field `key` - at `$.versions[0]`"),
+    ([{"name": "A", "key": "a"}], "Expected `array` of length >= 2 - at `$.versions`")])
 def test_a_run_record_whose_versions_are_not_a_list_of_keyed_mappings_is_named_and_skipped(tmp_path, versions, problem):
     """An ab run's record whose versions the report cannot group rows by: named and skipped as a record of the wrong
     shape is (the report shows the rows without it), not a TypeError or KeyError traceback."""

@@ -26,7 +26,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Annotated, Callable, Iterable
 
 import msgspec
 
@@ -337,10 +337,10 @@ class _RunVersion(msgspec.Struct):
 
 
 class _ExperimentShape(msgspec.Struct):
-    """The keys of a stored run's experiment its readers rely on: an ab or track run's versions, each with its key (the
-    report groups the rows by it)."""
+    """The keys of a stored run's experiment its readers rely on: an ab or track run's versions (two or more: ab and
+    track refuse fewer), each with its key (the report groups the rows by it)."""
 
-    versions: list[_RunVersion] | None = None
+    versions: Annotated[list[_RunVersion], msgspec.Meta(min_length=2)] | None = None
 
 
 # The sweep records' columns and their types, as ``Store.sweeps``'s readers take them (SQLite stores what it is given).
