@@ -140,6 +140,7 @@ def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_tim
         else:
             assert not isinstance(error, ValueError)
         assert seen[0] == "start" and seen[-1] == "finish" and summary.interrupted == isinstance(error, KeyboardInterrupt)
+        assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["logs"]  # no worker ran: nothing in tmp or flops
         with Store.open(out) as store:
             ((record),) = store.sweeps()
             ended.append((record["outcome"], record["n_done"], store.count(), summary.done))

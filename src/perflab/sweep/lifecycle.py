@@ -63,8 +63,9 @@ class SweepSession:
             session.drive(lambda: ...)  # runs the cases, calling session.put (or session.case_done) for each row
 
     ``summary`` is the engine's summary (a ``SweepSummary``, or versions' own): ``interrupted`` is set on it, and
-    ``case_done`` counts each row into its ``counts`` (status → rows). ``on_event(kind, **info)`` hears "start" (``begin``'s ``start`` items), what the engine emits through
-    ``session.emit``, and "finish" (summary) once the run has begun, however it ends. ``again``: how to go on after a
+    ``case_done`` counts each row into its ``counts`` (status → rows). ``on_event(kind, **info)`` hears "start"
+    (``begin``'s ``start`` items), what the engine emits through ``session.emit``, and "finish" (summary) once the run
+    has begun, however it ends. ``again``: how to go on after a
     full disk (a sweep's: ``--resume``); ``kept``: which of this run's rows a full disk leaves stored."""
 
     def __init__(self, out_dir, summary, *, on_event: EventHandler | None = None, again: str = "rerun with --resume to run the rest",
@@ -143,8 +144,9 @@ class SweepSession:
             # a run that failed on a full disk may not record its end either: its own error is the one to tell
             with contextlib.suppress(sqlite3.OperationalError) if self.outcome == "failed" else contextlib.nullcontext():
                 self.store.end_sweep(self.sweep_id, self.outcome, self.stored)
-        with contextlib.suppress(OSError):  # where the workers' result files were written, when nothing is left there
-            (self.out_dir / "tmp").rmdir()
+        for name in ("tmp", "flops"):  # the result files' (read and removed), and FLOP counts' where no case counted any
+            with contextlib.suppress(OSError):  # not empty: kept
+                (self.out_dir / name).rmdir()
 
     def _raise_if_full(self, exc: BaseException) -> None:
         if isinstance(exc, (sqlite3.OperationalError, OSError)) and disk_full(exc):
