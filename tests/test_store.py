@@ -132,6 +132,6 @@ def test_a_row_whose_version_is_not_a_mapping_or_a_record_whose_kind_is_not_text
         assert row_version(next(r for r in store.rows() if r["case_id"] == "a")) == {}
     with Store.create(tmp_path / "record") as store:
         store.put({"case_id": "a", "status": "ok", "median_ms": 1.0}, "e1")
-        store.begin_sweep(command="", spec_source="spec.yaml", spec_text="", experiment={"versions": [{"key": "k"}], "kind": ["ab"]},
+        store.begin_sweep(command="", spec_source="spec.yaml", spec_text="", experiment={"versions": [{"key": "k"}, {"key": "j"}], "kind": ["ab"]},
                           env_key="e1", n_cases=1, n_skipped=0)
         assert run_kinds(store) == {"sweep"}

@@ -1,6 +1,7 @@
 """Issue 39: a damaged store is reported in part: rows that cannot be decoded are named and skipped, a sweep record of
 the wrong shape is named and the rows are reported without it, and damaged pages are one line naming the file."""
 
+import json
 import random
 import sqlite3
 
@@ -136,3 +137,99 @@ def test_a_stored_row_without_its_model_is_shown_not_a_traceback(tmp_path):
     _sql(out, "UPDATE results SET row_json = json_remove(row_json, '$.model') WHERE case_id = ?", CASES[0].id)
     r = run_cli_here("results", out)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("kind", ["ab", "track"])
+def test_a_versions_row_whose_version_is_not_a_mapping_is_reported_as_of_no_version_not_a_traceback(tmp_path, kind):
+    """A store that ab or track wrote, one of whose rows has a ``version`` that is no mapping (text, a list): the report
+    compares the versions' rows of the other case and lists the damaged rows under no version (``measure.row.row_version``,
+    as the store's own readers take them), not an AttributeError."""
+    from perflab.report.markdown import write_report
+
+    case, other = CASES[1], CASES[2]
+    versions = [{"key": key, "name": name, "kind": "revision", "revision": name.lower()} for key, name in (("ka", "A"), ("kb", "B"))]
+    with Store.create(tmp_path) as store:
+        for env in ("eA", "eB"):
+            store.put_environment(env, {"host": "lab"})
+        sweep = store.begin_sweep(command=f"perflab {kind}", spec_source="x.yaml", spec_text="", env_key="eA,eB", n_cases=2, n_skipped=0,
+                                  experiment={"name": "x", "cases": [case.to_dict()], "versions": versions, "kind": kind})
+        row = {"case": case.to_dict(), "status": "ok", "model": "test:tiny", "input_size": 32, "dtype": "fp32", "mode": "eager",
+               "device": "cpu", "median_ms": 2.0, "ci95_ms": [1.98, 2.02], "samples_ms": [2.0] * 3}
+        for env, version in (("eA", versions[0]), ("eB", versions[1])):
+            store.put(dict(row, case_id=case.id, batch_size=2, version=version), env, sweep_id=sweep)
+        for env, damaged in (("eA", "abc"), ("eB", ["kb"])):
+            store.put(dict(row, case_id=other.id, batch_size=3, version=damaged), env, sweep_id=sweep)
+        store.end_sweep(sweep, "complete", 4)
+    text = write_report(tmp_path).read_text()
+    assert ("## A/B" if kind == "ab" else "### test:tiny 32px bs2 fp32 eager: no change point") in text
+    assert text.count("| – | test:tiny | 32 | 3 | fp32 | eager | ok | 2.000 [1.980–2.020] |") == 2
+
+
+def test_stored_rows_without_their_batch_size_dtype_or_mode_are_shown_as_unknown_not_a_traceback(tmp_path):
+    """The store keeps a row's batch size, dtype and mode optional (``measure.row.StoredRow``), as it keeps its model:
+    ``perflab results``' table shows each one lost as ``?``, not a KeyError."""
+    import io
+
+    from rich.console import Console
+
+    from perflab.report.console import bench_table
+
+    out = _store(tmp_path / "run")
+    for case, key in zip(CASES, ("batch_size", "dtype", "mode")):
+        _sql(out, f"UPDATE results SET row_json = json_remove(row_json, '$.{key}') WHERE case_id = ?", case.id)
+    buffer = io.StringIO()
+    Console(file=buffer, width=200, highlight=False, color_system=None).print(bench_table(api.results(out)))
+    cells = [[c.strip() for c in line.split("│")[2:6]] for line in buffer.getvalue().splitlines() if "test:tiny" in line]
+    assert cells == [["32px", "?", "fp32", "eager"], ["32px", "2", "?", "eager"], ["32px", "3", "fp32", "?"], ["32px", "4", "fp32", "eager"]]
+
+
+@pytest.mark.parametrize("statement, lacks", [("DROP TABLE sweeps", "no such table: sweeps"),
+                                              ("DROP TABLE environments", "no such table: environments"),
+                                              ("ALTER TABLE results DROP COLUMN wall_s", "no such column: wall_s")])
+def test_a_store_that_lacks_a_table_or_column_a_sweep_writes_is_refused_before_a_case_runs(tmp_path, statement, lacks):
+    """A sweep into a store that lacks what it writes to: one line naming the store and what it lacks, before a case
+    runs (not an OperationalError traceback once the run has begun); the rows stay as they were."""
+    out = _store(tmp_path / "run")
+    _sql(out, statement)
+    spec = {"defaults": {"device": "cpu", "model": "test:tiny", "input_size": 32}, "grid": {"batch_size": [5]}}
+    with pytest.raises(PerflabError) as err:
+        api.sweep(spec, out, resume=True)
+    assert str(err.value) == f"{out / 'results.sqlite'}: not a perflab results store ({lacks})"
+    assert len(api.results(out)) == 4
+
+
+def test_ab_into_a_store_without_its_sweeps_table_is_one_line_before_anything_runs(tmp_path, monkeypatch):
+    """ab reads which kind of run wrote a store that is there (``run_kinds``) before it takes the lock: a store that
+    lacks its sweeps table is one line naming it, as its readers say, not an OperationalError traceback."""
+    import sys
+
+    from perflab.sweep import versions
+
+    # each interpreter is this one: its probe (a process importing torch, seconds) is not what is tried here
+    monkeypatch.setattr(versions, "probe_interpreter", lambda python, option, cases: ({"python_executable": python}, [c.id for c in cases]))
+    out = _store(tmp_path / "run")
+    _sql(out, "DROP TABLE sweeps")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("defaults: {device: cpu, model: 'test:tiny', input_size: 32}\ncases: [{}]\n")
+    with pytest.raises(PerflabError) as err:
+        api.ab(python_a=sys.executable, python_b=sys.executable, spec=spec, out=out)
+    assert str(err.value) == f"{out / 'results.sqlite'}: not a perflab results store (no such table: sweeps)"
+    assert len(api.results(out)) == 4
+
+
+@pytest.mark.parametrize("versions, problem", [
+    ("abc", "Expected `array | null`, got `str` - at `$.versions`"),
+    ([1, 2], "Expected `object`, got `int` - at `$.versions[0]`"),
+    ([{"name": "A"}, {"name": "B", "key": "b"}], "Object missing required field `key` - at `$.versions[0]`"),
+    ([{"name": "A", "key": "a"}], "Expected `array` of length >= 2 - at `$.versions`")])
+def test_a_run_record_whose_versions_are_not_a_list_of_keyed_mappings_is_named_and_skipped(tmp_path, versions, problem):
+    """An ab run's record whose versions the report cannot group rows by: named and skipped as a record of the wrong
+    shape is (the report shows the rows without it), not a TypeError or KeyError traceback."""
+    from perflab.report.markdown import write_report
+
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE sweeps SET experiment_json = ?", f'{{"name": "ab", "kind": "ab", "versions": {json.dumps(versions)}}}')
+    seen = []
+    text = write_report(out, on_unreadable=lambda item: seen.append(item.line())).read_text()
+    assert seen == [f"sweep 1 (env): experiment_json: not as stored ({problem}); skipped"]
+    assert "## A/B" not in text and text.count("| test:tiny | 32 |") == 4

@@ -111,9 +111,7 @@ def test_the_progress_drawers_say_what_resumes_and_each_row_not_ok(tmp_path):
 def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_time(tmp_path):
     """Complete; Ctrl-C (interrupted, nothing raised); an error in the drive or between begin and drive (failed, raised);
     each record with the rows it stored, and "finish" heard each time."""
-    from types import SimpleNamespace
-
-    from perflab.sweep.lifecycle import SweepSession
+    from perflab.sweep.lifecycle import SweepSession, SweepSummary
 
     experiment = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml")
     case = experiment.cases[0]
@@ -127,9 +125,9 @@ def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_tim
 
     ended = []
     for error, before_drive in ((None, False), (KeyboardInterrupt(), False), (ValueError("broken"), False), (ValueError("early"), True)):
-        summary = SimpleNamespace(done=0, counts={}, interrupted=False)
-        seen, on_event = _events()
         out = tmp_path / str(len(ended))
+        summary = SweepSummary(out, "env", total=1, skipped=0)
+        seen, on_event = _events()
         try:
             with SweepSession(out, summary, on_event=on_event) as session:
                 session.begin([("env", {"host": "h"})], experiment=experiment, record=experiment.to_json(), env_key="env", n_cases=1,
@@ -142,6 +140,7 @@ def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_tim
         else:
             assert not isinstance(error, ValueError)
         assert seen[0] == "start" and seen[-1] == "finish" and summary.interrupted == isinstance(error, KeyboardInterrupt)
+        assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["logs"]  # no worker ran: nothing in tmp or flops
         with Store.open(out) as store:
             ((record),) = store.sweeps()
             ended.append((record["outcome"], record["n_done"], store.count(), summary.done))
@@ -158,3 +157,16 @@ def test_a_store_whose_lock_cannot_be_opened_is_one_line_and_keeps_what_is_there
             pass
     assert str(err.value) == f"{tmp_path / 'sweep.lock'}: cannot open the store's lock (Is a directory); give another --out"
     assert (tmp_path / "results.csv").read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("name, what", [("logs", "logs"), ("tmp", "result files"), ("flops", "FLOP counts")])
+def test_a_file_where_the_workers_directory_goes_is_one_line_before_anything_is_stored(tmp_path, name, what):
+    """A file named ``logs``, ``tmp`` or ``flops`` in DIR: one line naming it, before the store is made or a case runs
+    (not a traceback mid-run, nor an error row for every case); the file is left as it was."""
+    experiment = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml")
+    (tmp_path / name).write_text("kept\n")
+    with pytest.raises(PerflabError) as err:
+        api.sweep(experiment, tmp_path)
+    assert str(err.value) == (f"{tmp_path / name}: cannot make the directory the workers write their {what} to (File exists); "
+                              "move what is there, or give another --out")
+    assert (tmp_path / name).read_text() == "kept\n" and not store_path(tmp_path).exists()

@@ -465,7 +465,7 @@ def test_ab_and_track_refuse_a_store_of_another_kind_of_run_and_write_nothing(re
 
     sweep_store, ab_store = tmp_path / "sweep", tmp_path / "ab"
     stores = {sweep_store: plant_store(sweep_store, {"name": "smoke", "cases": []}),
-              ab_store: plant_store(ab_store, {"name": "ab", "kind": "ab", "versions": [{"name": "A"}, {"name": "B"}]})}
+              ab_store: plant_store(ab_store, {"name": "ab", "kind": "ab", "versions": [{"name": "A", "key": "a"}, {"name": "B", "key": "b"}]})}
     for args, out, fragment in (
         (["ab", "--repo", repo, "--a", "c2", "--b", "c3"], sweep_store, "holds the results of a sweep, not of ab"),
         (["track", "--repo", repo, "--revs", "c1", "c2"], sweep_store, "holds the results of a sweep, not of track"),

@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 
 from perflab.errors import PerflabError
 from perflab.host_flags import HOST_FLAGS
+from perflab.measure.row import row_version
 from perflab.stats import LEVEL, block_ratios, ci_coverage_of, log_t_interval, paired_ratio, welch_log_ratio
 
 DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
@@ -224,7 +225,7 @@ def _uncontended_rounds(a: dict, b: dict, n: int) -> list[int]:
 
 def same_session(a: dict, b: dict) -> bool:
     """Whether two rows come from one ab/track run that alternated their processes round by round."""
-    sa, sb = (a.get("version") or {}).get("session"), (b.get("version") or {}).get("session")
+    sa, sb = row_version(a).get("session"), row_version(b).get("session")
     return bool(sa) and sa == sb
 
 
@@ -345,7 +346,7 @@ def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: f
     names = dict(order)
     cases: dict[str, dict[str, dict]] = {}
     for row in rows:
-        key = (row.get("version") or {}).get("key")
+        key = row_version(row).get("key")
         if key in position:
             cases.setdefault(row.get("case_id") or "?", {})[key] = row
     out = []

@@ -18,7 +18,8 @@ def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
 
 
 def model_label(row: dict) -> str:
-    """A row's model, with its token reduction; ``?`` for a stored row that lost its model (the store keeps it optional)."""
+    """A row's model, with its token reduction; ``?`` for a stored row that lost its model (the store keeps it optional,
+    as it keeps its batch size, dtype and mode, each shown as ``?`` in ``bench_table`` too)."""
     label = str(row.get("model") or "?")
     if row.get("keep_rate"):
         rates = "/".join(f"{r:g}" for r in row["keep_rate"])
@@ -105,9 +106,9 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
                if version else []) + [
         Column("model", cells(lambda r: escape(model_label(r))), key=True, short=True, caption_as="{}"),
         Column("size" if classify_only else "shape", cells(lambda r: escape(shape_label(r))), "right" if classify_only else "left", key=True, caption_as="{}"),
-        Column("bs", cells(lambda r: str(r["batch_size"])), "right", key=True, caption_as="bs {}"),
-        Column("dtype", cells(lambda r: r["dtype"]), key=True, caption_as="{}"),
-        Column("mode", cells(lambda r: r["mode"]), key=True, caption_as="{}"),
+        Column("bs", cells(lambda r: str(r.get("batch_size") or "?")), "right", key=True, caption_as="bs {}"),
+        Column("dtype", cells(lambda r: escape(str(r.get("dtype") or "?"))), key=True, caption_as="{}"),
+        Column("mode", cells(lambda r: escape(str(r.get("mode") or "?"))), key=True, caption_as="{}"),
         Column(("ms/batch" if classify_only else "ms/step") + (" (95% CI)" if full_ci else " (CI)"), cells(timing), "right"),
         Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms(r.get("latency_ms_per_sample"))), "right", drop=2),
         Column(f"{unit}/s", cells(lambda r: _fmt(throughput(r), ".1f")), "right"),

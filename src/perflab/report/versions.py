@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, compare_rows, revision_series
+from perflab.measure.row import row_version
 from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
 
@@ -97,7 +98,7 @@ def version_cell(info: dict | None) -> str:
 def version_header(rows) -> str | None:
     """The header of a version column for these rows: revision, interpreter or version (both kinds); None where no row
     has a version (a sweep's or bench's rows)."""
-    kinds = {(r.get("version") or {}).get("kind") for r in rows if isinstance(r.get("version"), dict)}
+    kinds = {version.get("kind") for version in map(row_version, rows) if version}
     if not kinds:
         return None
     return {frozenset({"revision"}): "revision", frozenset({"python"}): "interpreter"}.get(frozenset(kinds), "version")
@@ -211,7 +212,7 @@ def latest_version_rows(stored, rows: list[dict]) -> list[dict]:
     if run is None:
         return rows
     last = run["versions"][-1]["key"]
-    return [r for r in rows if (r.get("version") or {}).get("key") == last or r.get("status") == "missing"]
+    return [r for r in rows if row_version(r).get("key") == last or r.get("status") == "missing"]
 
 
 def every_version_rows(stored, rows: list[dict]) -> list[dict]:
@@ -222,7 +223,7 @@ def every_version_rows(stored, rows: list[dict]) -> list[dict]:
         return rows
     order = {v["key"]: i for i, v in enumerate(run["versions"])}
     last = len(order) - 1  # a case not run yet belongs with the version the other tables show
-    place = lambda r: order.get((r.get("version") or {}).get("key"), last)  # noqa: E731
+    place = lambda r: order.get(row_version(r).get("key"), last)  # noqa: E731
     return sorted(rows, key=place)
 
 
@@ -253,7 +254,7 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
     rows = getattr(stored, "all_rows", stored.rows)
     lines = [f"- {escape(version_line(v))}" for v in versions]
     if run["kind"] == "ab":
-        by_key = {v["key"]: [r for r in rows if (r.get("version") or {}).get("key") == v["key"]] for v in versions}
+        by_key = {v["key"]: [r for r in rows if row_version(r).get("key") == v["key"]] for v in versions}
         a, b = (by_key[v["key"]] for v in versions[:2])
         if not a or not b:
             return ["## A/B", "\n".join(lines), "No rows of both versions are stored (the run was interrupted)."]

@@ -40,10 +40,14 @@ class SweepSummary:
     env_key: str
     total: int  # cases in the experiment
     skipped: int  # already stored (resume)
-    done: int = 0  # run and stored by this sweep
-    counts: dict = field(default_factory=dict)  # status → cases run by this sweep
+    counts: dict = field(default_factory=dict)  # status → cases run and stored by this sweep
     interrupted: bool = False
     reruns: int = 0  # cases started again after their node was lost (Ray engine)
+
+    @property
+    def done(self) -> int:
+        """Cases run and stored by this sweep."""
+        return sum(self.counts.values())
 
     @property
     def store_path(self) -> Path:
@@ -59,8 +63,9 @@ class SweepSession:
             session.drive(lambda: ...)  # runs the cases, calling session.put (or session.case_done) for each row
 
     ``summary`` is the engine's summary (a ``SweepSummary``, or versions' own): ``interrupted`` is set on it, and
-    ``case_done`` counts into its ``done`` and ``counts``. ``on_event(kind, **info)`` hears "start" (``begin``'s ``start`` items), what the engine emits through
-    ``session.emit``, and "finish" (summary) once the run has begun, however it ends. ``again``: how to go on after a
+    ``case_done`` counts each row into its ``counts`` (status → rows). ``on_event(kind, **info)`` hears "start"
+    (``begin``'s ``start`` items), what the engine emits through ``session.emit``, and "finish" (summary) once the run
+    has begun, however it ends. ``again``: how to go on after a
     full disk (a sweep's: ``--resume``); ``kept``: which of this run's rows a full disk leaves stored."""
 
     def __init__(self, out_dir, summary, *, on_event: EventHandler | None = None, again: str = "rerun with --resume to run the rest",
@@ -79,6 +84,7 @@ class SweepSession:
     def __enter__(self) -> "SweepSession":
         try:
             self._exit.enter_context(one_sweep_at_a_time(self.out_dir))
+            make_work_dirs(self.out_dir)
             self.store = self._exit.enter_context(Store.create(self.out_dir))
         except BaseException as exc:
             self._exit.close()
@@ -114,7 +120,6 @@ class SweepSession:
     def case_done(self, case, row: dict, env_key: str, *, slot: str, wall_s: float | None, replace: bool) -> None:
         """A sweep's case ended: its row committed (``slot`` its worker), counted in the summary and emitted."""
         self.put(row, env_key, worker=slot, wall_s=wall_s, replace=replace)
-        self.summary.done += 1
         self.summary.counts[row["status"]] = self.summary.counts.get(row["status"], 0) + 1
         self.emit("case_done", case=case, row=row, slot=slot)
 
@@ -139,14 +144,29 @@ class SweepSession:
             # a run that failed on a full disk may not record its end either: its own error is the one to tell
             with contextlib.suppress(sqlite3.OperationalError) if self.outcome == "failed" else contextlib.nullcontext():
                 self.store.end_sweep(self.sweep_id, self.outcome, self.stored)
-        with contextlib.suppress(OSError):  # where the workers' result files were written, when nothing is left there
-            (self.out_dir / "tmp").rmdir()
+        for name in ("tmp", "flops"):  # the result files' (read and removed), and FLOP counts' where no case counted any
+            with contextlib.suppress(OSError):  # not empty: kept
+                (self.out_dir / name).rmdir()
 
     def _raise_if_full(self, exc: BaseException) -> None:
         if isinstance(exc, (sqlite3.OperationalError, OSError)) and disk_full(exc):
             raise PerflabError(f"{store_path(self.out_dir)}: the disk is full ({exc}); the store keeps the rows it held before and "
                                f"the {self.stored} row(s) of this run stored before it ({self.kept}; what was in flight is not "
                                f"stored). Free space, then {self.again}") from None
+
+
+WORK_DIRS = {"logs": "logs", "tmp": "result files", "flops": "FLOP counts"}  # DIR's directories and what the workers write there
+
+
+def make_work_dirs(out_dir: Path) -> None:
+    """DIR's directories the workers write to, made before the store is opened or a case runs: a file where one goes is
+    one line, not a traceback after the run has begun, nor an error row for every case."""
+    for name, what in WORK_DIRS.items():
+        try:
+            (out_dir / name).mkdir(exist_ok=True)
+        except OSError as exc:
+            raise PerflabError(f"{out_dir / name}: cannot make the directory the workers write their {what} to "
+                               f"({exc.strerror or exc}); move what is there, or give another --out") from None
 
 
 @contextlib.contextmanager

@@ -95,7 +95,6 @@ class ClusterProgress(RichProgress):
     def _case_done(self, case, row, slot):
         self.running[slot] = max(0, self.running[slot] - 1)
         self.finished[slot] += 1
-        self.active.clear()
         super()._case_done(case, row, slot)
 
     def _describe(self):

@@ -160,8 +160,6 @@ def _schedule(todo, slots, out_dir, timeout_s, env, env_key, session: SweepSessi
     pending = collections.deque(todo)
     free = list(slots)
     running: list[_Running] = []
-    (out_dir / "logs").mkdir(exist_ok=True)
-    (out_dir / "tmp").mkdir(exist_ok=True)
     forks = Forks(str(out_dir)) if launcher == "fork" and todo else None
     try:
         while pending or running:

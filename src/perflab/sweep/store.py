@@ -20,17 +20,18 @@ import contextlib
 import errno
 import json
 import math
+import re
 import sqlite3
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Annotated, Callable, Iterable
 
 import msgspec
 
 from perflab.errors import PerflabError, show
-from perflab.measure.row import StoredRow
+from perflab.measure.row import StoredRow, row_version
 from perflab.paths import make_out_dir
 
 STORE_NAME = "results.sqlite"
@@ -75,6 +76,10 @@ CREATE TABLE IF NOT EXISTS sweeps (
 );
 """
 
+# Each table of ``_SCHEMA`` and its columns: what a sweep writes to in a store that is there already
+_TABLES = {table: re.findall(r"^\s+([a-z_]+)\s+[A-Z]", body, re.M)
+           for table, body in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", _SCHEMA, re.S)}
+
 # A stored row's ``cost_s`` (the sweep worker's split of its case's wall time), its keys in the order of a case's life
 COST_ORDER = ("start_and_imports", "build", "check_and_flops", "check", "flops", "compile", "warmup", "timed", "ranks", "profile", "ncu")
 
@@ -104,18 +109,21 @@ class Store:
     @classmethod
     def create(cls, out_dir) -> "Store":
         """Open DIR/results.sqlite for writing, creating DIR and the schema if needed. A store that is there already is
-        checked first (SQLite's quick_check, one pass over its pages): a damaged one is refused before a case runs, in
-        one line that says how to recover it, and nothing is written to it."""
+        checked first (SQLite's quick_check, one pass over its pages, and the tables and columns a sweep writes): a
+        damaged one is refused before a case runs, in one line that says how to recover it or what it lacks, and nothing
+        is written to it."""
         out_dir = make_out_dir(out_dir)
         store = cls._connect(store_path(out_dir))
         try:
-            with _reading(store.path):
+            with reading(store.path):
                 if store.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is None:
                     with store.conn:  # only a new store is written to here, so a refused sweep leaves an old one as it was
                         store.conn.executescript(_SCHEMA)
                         store.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 elif (problem := store.conn.execute("PRAGMA quick_check(1)").fetchone()[0]) != "ok":
                     raise damaged(store.path, sqlite3.DatabaseError(problem))
+                for table, columns in _TABLES.items():
+                    store.conn.execute(f"SELECT {', '.join(columns)} FROM {table} LIMIT 0")
         except BaseException:
             store.close()
             raise
@@ -291,7 +299,7 @@ class Store:
                     d[name] = None
             try:
                 d.pop("experiment_json", None)
-                experiment = _decode(d.pop("experiment_blob") or b"{}", dict)
+                experiment = _decode(d.pop("experiment_blob") or b"{}", _ExperimentShape)
                 if set(experiment) == {SAME_AS}:
                     experiment = by_id.get(msgspec.convert(experiment[SAME_AS], int), {})
             except (ValueError, msgspec.ValidationError) as exc:
@@ -322,6 +330,17 @@ class _EnvShape(msgspec.Struct):
     """The keys of a stored environment its readers rely on (the GPU names choose the rows a report shows)."""
 
     gpus: list[str] | None = None
+
+
+class _RunVersion(msgspec.Struct):
+    key: str
+
+
+class _ExperimentShape(msgspec.Struct):
+    """The keys of a stored run's experiment its readers rely on: an ab or track run's versions (two or more: ab and
+    track refuse fewer), each with its key (the report groups the rows by it)."""
+
+    versions: Annotated[list[_RunVersion], msgspec.Meta(min_length=2)] | None = None
 
 
 # The sweep records' columns and their types, as ``Store.sweeps``'s readers take them (SQLite stores what it is given).
@@ -381,7 +400,7 @@ def damaged(path, exc: Exception) -> PerflabError:
 
 
 @contextlib.contextmanager
-def _reading(path):
+def reading(path):
     """Reads of a store whose pages are damaged end in one line naming the file (``damaged``), and so do reads of one
     that lacks a table or column perflab's stores have."""
     try:
@@ -408,7 +427,7 @@ def read_rows(out_dir, env_key: str | None = None, on_unreadable: Callable[[Unre
     Rows that cannot be decoded are left out, each passed to ``on_unreadable`` (a warning without it)."""
     from perflab.measure.canary import mark_host_flags
 
-    with Store.open(out_dir) as store, _reading(store.path):
+    with Store.open(out_dir) as store, reading(store.path):
         rows = store.rows(env_key)
     report_unreadable(store.unreadable, on_unreadable, store.path)
     return mark_host_flags(rows)
@@ -507,13 +526,6 @@ def run_kinds(store: Store) -> set[str]:
     return recorded or known(row_version(row).get("kind_of_run") if row.get("version") else "sweep" for row in store.rows())
 
 
-def row_version(row: dict) -> dict:
-    """A stored row's ``version`` (which revision of an ab or track run wrote it); {} for none, or for a damaged one that
-    is no mapping (compare's ``measure.row.check_row`` names that damage; a store's readers only need the mapping)."""
-    version = row.get("version")
-    return version if isinstance(version, dict) else {}
-
-
 def status_counts(rows: Iterable[dict]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in rows:
@@ -546,7 +558,7 @@ def load_stored(out_dir, env_key: str | None = None) -> StoredSweep:
     from perflab.measure.canary import mark_host_flags
     from perflab.sweep.spec import Experiment
 
-    with Store.open(out_dir) as store, _reading(store.path):
+    with Store.open(out_dir) as store, reading(store.path):
         sweeps = store.sweeps()
         keys = store.env_keys()
         environments = store.environments()

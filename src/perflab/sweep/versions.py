@@ -47,7 +47,7 @@ from perflab.errors import PerflabError, show
 from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
-from perflab.sweep.store import row_version
+from perflab.measure.row import row_version
 
 ORDERS = ("alternate", "random")
 PAIRINGS = ("blocks", "processes")
@@ -418,7 +418,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     from perflab.sweep.launcher import choose_launcher
     from perflab.sweep.lifecycle import SweepSession
     from perflab.sweep.runner import case_timeout, worker_slots
-    from perflab.sweep.store import Store, run_kinds, store_path
+    from perflab.sweep.store import Store, reading, run_kinds, store_path
 
     out_dir = Path(out_dir)
     check_rounds(rounds)
@@ -429,7 +429,7 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     timeout_s = case_timeout(experiment, timeout_s)
     launcher = choose_launcher(launcher)
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
-        with Store.open(out_dir) as store:
+        with Store.open(out_dir) as store, reading(store.path):  # a damaged store: one line naming it
             other = sorted(run_kinds(store) - {kind})
             stored = sum(len(store.statuses(v.env_key)) for v in plan.versions)
         if other:
@@ -579,7 +579,6 @@ def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path
     for c, vi in jobs:
         v = plan.versions[vi]
         entries.append({"case": v.experiment.cases[c].to_dict(), "model_root": v.experiment.model_root or str(v.root or ""), "group": c})
-    (out_dir / "tmp").mkdir(parents=True, exist_ok=True)
     path = (out_dir / "tmp" / f"together-r{r}.json").resolve()
     path.write_text(json.dumps(entries))
     first = plan.versions[jobs[0][1]]
