@@ -5,6 +5,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 os.environ.setdefault("PYTHONPATH", str(ROOT / "src"))
+# one intra-op thread per test process (and the programs it starts): make test runs two workers on as many cores, and
+# torch's OpenMP threads, one per core in each, spin against each other's; a test that wants more sets its own
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 import pytest  # noqa: E402

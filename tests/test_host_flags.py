@@ -182,6 +182,8 @@ def test_other_threads_are_kept_off_the_timing_core_and_put_back():
     everything = frozenset(os.sched_getaffinity(0))
     if len(everything) < 2:
         pytest.skip("one CPU: nowhere else to put the other threads")
+    before = torch.get_num_threads()
+    torch.set_num_threads(len(everything))  # the test processes run one thread (conftest): here, one a core, to be put back
     stop, seen = threading.Event(), {}
     sleeper = threading.Thread(target=stop.wait)
     sleeper.start()
@@ -201,9 +203,11 @@ def test_other_threads_are_kept_off_the_timing_core_and_put_back():
         assert seen["sleeper"] == seen["helper"] == everything - {t.pinned_cpu}
         assert frozenset(os.sched_getaffinity(sleeper.native_id)) == everything == frozenset(os.sched_getaffinity(0))
         assert torch.get_num_threads() != 1 or os.cpu_count() == 1
+        assert torch.get_num_threads() == len(everything)  # put back as it was
     finally:
         stop.set()
         sleeper.join()
+        torch.set_num_threads(before)
     with timing_thread("cuda", HostOptions(pin=False, one_thread=False)) as t:
         assert t.pinned_cpu is None and os.sched_getaffinity(0) == everything and t.threads == torch.get_num_threads()
     assert choose_core({0, 1, 2, 3}) == 3 and choose_core({0, 1, 2, 3}, 1) == 2 and choose_core({4, 9}, 3) == 4
