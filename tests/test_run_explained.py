@@ -229,17 +229,17 @@ def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absenc
     assert whole["utilisation"] is None and whole["model_bytes"] is None  # null: looked for, none on the CPU
     assert whole["traced"]["step_ms_each"] == [15.0, 15.0, 15.0] and whole["traced"]["inflation"] == pytest.approx(1.5)
     # the step times are in timing and traced, not again in recorded
-    step_times = {"step_ms", "host_step_ms", "traced_step_ms", "timing"}
+    step_times = {"step_ms", "host_step_ms", "traced_step_ms", "timing", "timed_windows_ns", "loop", "busy"}  # the loop's raw: in loop
     assert set(whole["recorded"]) == {f.name for f in dataclasses.fields(Recorded)} - step_times  # every other field kept
     assert (whole["recorded"]["steps_seen"], whole["recorded"]["trace_warmup"], whole["recorded"]["device"]) == (30, 1, "cpu")
     assert [f["flag"] for f in whole["flags"]] == ["trace_inflated", "flops_incomplete"]  # the flags read the record's own sections
     early = build_run_report(recorded, context, partial=True, outcome=Outcome(3), notes=["disk full"]).to_dict()
-    assert list(early) == ["timing", "device", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags",
+    assert list(early) == ["timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags",
                            "exit_code", "ended_by", "perflab_notes"]
     assert (early["exit_code"], early["ended_by"], early["perflab_notes"]) == (3, "exit", ["disk full"])
     (tmp_path / TRACE_FILE).write_bytes(b"not a trace")
     failed = build_run_report(recorded, context, partial=False, outcome=Outcome(130, interrupted=True))
-    assert list(failed.to_dict())[:3] == ["timing", "device", "report_error"] and failed.ended_by == "interrupt"
+    assert list(failed.to_dict())[:4] == ["timing", "device", "loop", "report_error"] and failed.ended_by == "interrupt"
     assert failed.timing == recorded.timing and "the traced steps could not be analysed" in capsys.readouterr().err
 
 

@@ -109,16 +109,25 @@ def traced_section(timing: dict, traced_step_ms: list[float], trace_warmup: int,
 
 def program_report(*, timing: dict, device: str | None, traced_step_ms: list[float] = (), trace_warmup: int = 0,
                    inflation_limit: float = INFLATION_LIMIT, trace, shapes_trace=None, ceilings: dict | None = None,
-                   model_bytes: dict | None = None, tf32: bool = False, top: int = 10) -> dict:
+                   model_bytes: dict | None = None, tf32: bool = False, top: int = 10, loop: dict | None = None) -> dict:
     """The report of one rank's run. ``timing``: the timed steps' summary (median_ms, ci95, ...); ``trace``: the traced
     steps' Trace (read with its operators), or None; ``traced_step_ms``: the traced steps by the timed steps' clock, the
     profiler's ``trace_warmup`` steps first; ``ceilings``: the GPU's measured peaks (``perflab ceilings``), or
     None (the CPU); ``model_bytes``: the modules' parameter and buffer bytes on the device; ``shapes_trace``: the
     short pass recorded with operator shapes, the FLOPs' source (recording shapes slows a step, so the accounted trace
-    has none); without it the FLOPs are counted from ``trace`` (a trace from elsewhere, recorded with shapes)."""
+    has none); without it the FLOPs are counted from ``trace`` (a trace from elsewhere, recorded with shapes).
+    ``loop``: the untraced steps' whole loop (``analysis.loop.loop_section``): the verdict rests on it first; without a
+    trace it is the verdict's only evidence."""
     report = {"timing": timing, "device": device, "traced": None, "accounting": None, "flops": None, "utilisation": None,
               "floors": None, "verdict": None, "compiled": None}
     if trace is None:
+        evidence = {"step_ms": timing.get("median_ms"), "busy_ms": None, "cpu_only": device != "cuda", **loop_evidence(loop)}
+        if loop and (evidence.get("busy_share") is not None or evidence.get("input_exposed_share") is not None):
+            report["verdict_evidence"] = evidence
+            verdict = step_verdict(evidence, None, None)
+            if evidence["cpu_only"] and verdict["verdict"] == "unknown":
+                verdict = None  # a CPU run with no trace and no input wait: nothing to say
+            report["verdict"] = verdict
         return report
     analysed = analyze_trace(trace, top=top)
     summary = analysed.to_dict()
@@ -156,7 +165,8 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
     host_ms, host_source = _host_floor(trace, traced, timing)
     evidence = {"step_ms": median, "busy_ms": busy_ms, "communication_apart": compute_ms is not None, "categories_ms": categories_ms,
                 "host_ms": host_ms, "host_source": host_source, "inflation": traced["inflation"],
-                "inflated": traced["inflated"], "cpu_only": trace.cpu_only, "cpu_verdict": summary["launch"] if trace.cpu_only else None}
+                "inflated": traced["inflated"], "cpu_only": trace.cpu_only, "cpu_verdict": summary["launch"] if trace.cpu_only else None,
+                **loop_evidence(loop)}
     if ceilings and median and not trace.cpu_only:
         report.update(_floors(ceilings, flops, model_bytes, median, evidence, summary, tf32))
     report["verdict_evidence"] = evidence
@@ -242,23 +252,47 @@ def _compute_share(evidence: dict, traced_step_ms: float, exposed_share: float) 
     return busy / traced_step_ms if evidence.get("communication_apart") else busy / traced_step_ms - exposed_share
 
 
+def loop_evidence(loop: dict | None) -> dict:
+    """What the untraced steps' whole loop (``analysis.loop.loop_section``) gives a verdict: the mean step (the time
+    the program spends a step), the GPU's busy share over those steps (GPM, NVML), the exposed input wait, the host's
+    time blocked in synchronising calls and its own time less its waits."""
+    if not loop:
+        return {}
+    busy, inputs, sync = loop.get("busy") or {}, loop.get("input") or {}, loop.get("sync") or {}
+    return {"mean_ms": loop.get("mean_ms"), "busy_share": busy.get("busy_share"), "busy_source": busy.get("busy_source"),
+            "nvml_util": busy.get("nvml_util"), "input_exposed_share": inputs.get("exposed_share"), "input": inputs or None,
+            "sync_blocked_ms": sync.get("blocked_ms_per_step"), "syncs_per_step": sync.get("calls_per_step"),
+            "sync_sites": sync.get("sites") or [], "host_own_ms": loop.get("host_own_ms"), "host_mean_ms": loop.get("host_mean_ms")}
+
+
 def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, exposed_comm_ms: float | None = None,
                  traced_step_ms: float | None = None, waiting_ms: float | None = None) -> dict:
-    """What limits the untraced step, from what it did, and the figures it rests on. A verdict never contradicts
-    them: kernels filling ``GPU_BOUND_FILL`` of the step make it GPU-bound (never launch-bound), and launch-bound needs
-    a host that, at steady state and less its waits for the GPU, takes longer to issue the step than its kernels run.
+    """What limits the program's step, from what the untraced steps did, and the figures it rests on. A verdict never
+    contradicts them: a GPU busy for ``GPU_BOUND_FILL`` of the step makes it GPU-bound (never launch-bound), and
+    launch-bound needs a host that, less its waits for the GPU and for input, takes longer a step than the GPU is busy.
 
-    ``evidence``: step_ms (untraced median), busy_ms (the traced steps' GPU busy time, kernels and copies once, never
-    scaled; the communication kernels left out where ``communication_apart``), categories_ms (GPU time per category per step), host_ms (steady-state issue time less waits, None when
-    the traced steps were inflated), inflation, cpu_only and cpu_verdict (a CPU trace's operator verdict).
+    The step judged is the **mean** untraced step (``mean_ms``: the wall time a step, what the program spends), falling
+    back to the median (``step_ms``). ``evidence``: step_ms (untraced median), mean_ms, busy_ms (the traced steps' GPU
+    busy time, kernels and copies once, never scaled; the communication kernels left out where
+    ``communication_apart``), busy_share (the GPU's busy share of the untraced steps, GPM or NVML: no profiler),
+    input_exposed_share (the input waits no queued GPU work hid, over the wall time), host_own_ms (the host's clock a
+    step less its waits for input and in synchronising calls), sync_sites, categories_ms (GPU time per category per
+    step), host_ms (the traced steps' issue time less waits; the host's clock where they were inflated), inflation,
+    cpu_only and cpu_verdict (a CPU trace's operator verdict).
     ``exposed_comm_ms``: under torchrun, the most exposed communication of a rank per traced step, and
     ``traced_step_ms`` that rank's traced step: its share of the step windows it was counted over; ``waiting_ms`` the
     part of its exposed time spent waiting for a later rank. In traced steps inflated beyond the limit that waiting is
     left out: a rank that its profiler slowed keeps its peers waiting (compiled DDP on two H200s, traced ×1.39: rank 0
     waited 76.5 ms a traced step, where its untraced step grew 25.3 ms over one rank's)."""
-    step, busy = evidence.get("step_ms"), evidence.get("busy_ms")
-    fill = min(busy / step, 1.0) if step and busy is not None else None
-    out = {"kernel_fill": fill, "step_ms": step, "busy_ms": busy, "host_ms": evidence.get("host_ms"), "exposed_comm_ms": exposed_comm_ms}
+    step = evidence.get("mean_ms") or evidence.get("step_ms")
+    busy = evidence.get("busy_ms")
+    traced_fill = min(busy / step, 1.0) if step and busy is not None else None
+    share = evidence.get("busy_share")
+    # the untraced busy share counts NCCL's kernels, which wait for a peer as much as they work: under DDP the traced
+    # compute kernels' fill (communication apart) is the step's work
+    fill = share if share is not None and not evidence.get("communication_apart") else traced_fill
+    out = {"kernel_fill": traced_fill, "busy_share": share, "fill": fill, "step_ms": step, "median_ms": evidence.get("step_ms"),
+           "busy_ms": busy, "host_ms": evidence.get("host_ms"), "host_own_ms": evidence.get("host_own_ms"), "exposed_comm_ms": exposed_comm_ms}
     note = ""
     if exposed_comm_ms is not None and traced_step_ms:
         counted, what = exposed_comm_ms, "communication that no compute hides"
@@ -267,57 +301,144 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
             note = (f"; of the traced steps' {exposed_comm_ms:.3f} ms of exposed communication, {waiting_ms:.3f} ms is waiting for a peer, "
                     f"left out of the verdict: the traced steps ran ×{evidence.get('inflation') or 0:.2f} the untraced, and a peer slowed by "
                     "its profiler makes waiting (the growth over one rank, --nproc 1,2, bounds what communication costs)")
-        share = counted / traced_step_ms  # both over the same step windows
-        compute = _compute_share(evidence, traced_step_ms, share)
-        if share >= 0.25 and (compute is None or share >= compute):
-            out["exposed_comm_share"] = share
+        comm_share = counted / traced_step_ms  # both over the same step windows
+        compute = _compute_share(evidence, traced_step_ms, comm_share)
+        if comm_share >= 0.25 and (compute is None or comm_share >= compute):
+            out["exposed_comm_share"] = comm_share
             return dict(out, verdict="communication-bound",
-                        message=f"communication-bound: {what} fills {share:.0%} of each traced step "
+                        message=f"communication-bound: {what} fills {comm_share:.0%} of each traced step "
                                 f"({counted:.3f} of {traced_step_ms:.3f} ms, the slowest rank's; untraced step {step:.3f} ms)")
-    verdict = _fill_verdict(evidence, floors, utilisation, out, fill)
+    verdict = _input_verdict(evidence, out, step) or _fill_verdict(evidence, floors, utilisation, out, fill)
     return dict(verdict, message=verdict["message"] + note) if note else verdict
 
 
+def _input_verdict(evidence: dict, out: dict, step: float | None) -> dict | None:
+    """Input-bound: the waits for input that no queued GPU work hid take ``INPUT_BOUND`` of the wall time or more.
+    With its share, the loader's settings, the workers' own time per batch, and the fix with its predicted gain."""
+    from perflab.analysis.loop import INPUT_BOUND
+
+    share = evidence.get("input_exposed_share")
+    inputs = evidence.get("input") or {}
+    if share is None or share < INPUT_BOUND or not step:
+        return None
+    exposed = inputs.get("exposed_ms_per_step") or 0.0
+    loaders = inputs.get("loaders") or []
+    settings = ""
+    if loaders:
+        lo = loaders[0]
+        settings = (f"; its DataLoader: num_workers={lo.get('num_workers')}, pin_memory={lo.get('pin_memory')}, "
+                    f"prefetch_factor={lo.get('prefetch_factor')}, persistent_workers={lo.get('persistent_workers')}")
+    workers = ""
+    if inputs.get("worker_batch_ms") is not None:
+        workers = f"; its workers take {inputs['worker_batch_ms']:.3f} ms a batch (median of {inputs.get('worker_batches')}, measured in the workers)"
+    fix = inputs.get("fix") or {}
+    gain = ""
+    if fix.get("predicted_mean_ms"):
+        more = (f"raise num_workers from {fix['num_workers']} to at least {fix['workers_needed']} (a batch takes {fix['batch_ms']:.3f} ms to "
+                f"make{' in a worker' if fix['num_workers'] else ', in the main process'})" if fix.get("workers_needed")
+                else "feed the step faster (more loader workers, a cheaper transform, data already on the device)")
+        gain = (f". Fix: {more}; with no exposed wait the step would take {fix['predicted_mean_ms']:.3f} ms "
+                f"(the wall time less the exposed wait: ×{fix['speedup']:.2f} faster)")
+    if evidence.get("cpu_only") or evidence.get("busy_share") is None and evidence.get("busy_ms") is None:
+        idle = f"({exposed:.3f} ms of the {step:.3f} ms mean step; on the CPU nothing runs while it waits)"
+    else:
+        idle = (f"with the GPU idle ({exposed:.3f} ms of the {step:.3f} ms mean step; {inputs.get('hidden_ms_per_step', 0.0):.3f} ms more "
+                "of waiting was hidden under queued GPU work)")
+    return dict(out, verdict="input-bound", input_exposed_share=share,
+                message=f"input-bound: the program waits for its input {share:.0%} of its wall time {idle}{settings}{workers}{gain}")
+
+
+def _sync_text(evidence: dict) -> str:
+    sites = evidence.get("sync_sites") or []
+    if not sites:
+        return ""
+    top = sites[0]
+    return f"{top['call']} at {top['site']}, {top['per_step']:.3g}× a step"
+
+
+def _host(evidence: dict, fill: float) -> tuple[float | None, str | None, bool]:
+    """The host's time a step, less its waits, and where it comes from: the traced steps' issue time where they ran as
+    the untraced did (exact: waits for the GPU and blocked launches left out); else the host's clock over the untraced
+    steps less the waits perflab watched (input, synchronising calls); else, with no watch, the host's clock less the
+    waits the inflated trace saw, an upper bound that decides nothing while kernels fill half the step or more
+    (third value: undetermined)."""
+    if evidence.get("host_ms") is not None and not evidence.get("inflated"):
+        return evidence["host_ms"], evidence.get("host_source"), False
+    own = evidence.get("host_own_ms")
+    if own is not None:
+        waits = []
+        if evidence.get("sync_blocked_ms"):
+            waits.append(f"{evidence['sync_blocked_ms']:.3f} ms blocked in synchronising calls")
+        if (evidence.get("input") or {}).get("wait_ms_per_step"):
+            waits.append(f"{evidence['input']['wait_ms_per_step']:.3f} ms waiting for input")
+        clock = f"{evidence['host_mean_ms']:.3f} ms a step, " if evidence.get("host_mean_ms") else ""
+        return own, "the host's clock over the untraced steps, " + clock + ("less " + " and ".join(waits) if waits else "which waited on nothing perflab watches"), False
+    if evidence.get("host_ms") is not None:
+        return evidence["host_ms"], evidence.get("host_source"), fill >= 0.5
+    return None, None, False
+
+
 def _fill_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, out: dict, fill: float | None) -> dict:
-    """step_verdict past communication: from the kernels' fill of the untraced step and the host's issue time."""
-    step, busy = evidence.get("step_ms"), evidence.get("busy_ms")
+    """step_verdict past communication and input: from the GPU's busy share of the step and the host's own time."""
+    step, busy = out["step_ms"], evidence.get("busy_ms")
     if evidence.get("cpu_only"):
         cpu = evidence.get("cpu_verdict") or {}
         return dict(out, verdict=cpu.get("verdict") or "unknown", message=cpu.get("message") or "no operators traced")
     if fill is None:
-        return dict(out, verdict="unknown", message="no GPU work was traced")
+        return dict(out, verdict="unknown", message="no GPU work was traced, and the GPU's busy share was not read (no NVML)")
+    gpu_ms = fill * step
+    untraced = out.get("busy_share") is not None and fill == out["busy_share"]
+    traced_fill = f"; the traced kernels fill {out['kernel_fill']:.0%}" if out.get("kernel_fill") is not None else ""
     mfu = (utilisation or {}).get("mfu")
     mfu_text = f", MFU {mfu:.1%}" + (" (a lower bound)" if (utilisation or {}).get("mfu_lower_bound") else "") if mfu is not None else ""
-    apart = ", communication apart" if evidence.get("communication_apart") else ""
+    if untraced:
+        gpu_text = f"the GPU busy {gpu_ms:.3f} ms a step ({fill:.0%}: {evidence.get('busy_source')}{traced_fill})"
+    else:
+        gpu_text = f"kernels that keep the GPU busy {busy:.3f} ms"
     if fill >= GPU_BOUND_FILL:
-        shares = _shares(evidence.get("categories_ms") or {}, busy)
+        shares = _shares(evidence.get("categories_ms") or {}, busy) if busy else ""
+        if untraced:
+            what = f"the GPU is busy {fill:.0%} of the {step:.3f} ms mean step ({evidence.get('busy_source')}{traced_fill}"
+        else:
+            apart = ", communication apart" if evidence.get("communication_apart") else ""
+            what = f"kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step{apart}"
+        detail = f"; {shares} of GPU time" if shares else ""
         return dict(out, verdict="GPU-bound",
-                    message=f"GPU-bound: kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step{apart}; {shares} of "
-                            f"GPU time{mfu_text}): "
-                            "faster kernels or less work shorten it, fewer launches do not" + _over(busy, step))
-    host = evidence.get("host_ms")
-    floor_name = (floors or {}).get("binding")
-    if host is not None and evidence.get("inflated") and fill >= 0.5:
-        # the host's clock over the untraced steps bounds its issue time from above only: it cannot tell a host that
-        # issues slowly from one that waits, while the kernels fill most of the step
+                    message=f"GPU-bound: {what}{detail}{mfu_text}): faster kernels or less work shorten it, fewer launches do not"
+                            + ("" if untraced or not busy else _over(busy, step)))
+    host, source, undecided = _host(evidence, fill)
+    if undecided:
         return dict(out, verdict="undetermined",
                     message=f"kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step); the traced steps ran "
                             f"×{evidence.get('inflation') or 0:.2f} the "
                             f"untraced, and the host's own clock ({host:.3f} ms a step, its waits included) only bounds its issue time: "
                             "raise --trace-warmup, or trace fewer things")
-    if host is not None and host >= busy and host >= 0.5 * step:
+    if host is not None and host >= gpu_ms and host >= 0.5 * step:
         return dict(out, verdict="launch-bound",
-                    message=f"launch-bound: the host takes {host:.3f} ms to issue a step ({evidence.get('host_source')}) whose kernels keep the "
-                            f"GPU busy {busy:.3f} ms; the GPU idles {1 - fill:.0%} of the {step:.3f} ms step")
-    if floor_name == "launch" and floors.get("launch_ms", 0) >= busy * 0.5:
+                    message=f"launch-bound: the host takes {host:.3f} ms a step ({source}) against {gpu_text}; the GPU idles "
+                            f"{1 - fill:.0%} of the {step:.3f} ms step. Fewer launches (CUDA graphs: torch.compile mode=\"reduce-overhead\"; "
+                            "larger fused kernels) or less host work a step shorten it")
+    own = evidence.get("host_own_ms")
+    sync = _sync_text(evidence)
+    if sync and own is not None and fill <= GPU_BOUND_FILL and own < gpu_ms:
+        overlap = max(gpu_ms, own)
+        return dict(out, verdict="synchronisation-bound",
+                    message=f"synchronisation-bound: the GPU idles {1 - fill:.0%} of the {step:.3f} ms mean step; the host blocks "
+                            f"{evidence.get('sync_blocked_ms') or 0.0:.3f} ms a step in synchronising calls ({sync}), so the GPU's queue "
+                            f"drains and it waits while the host does its own {own:.3f} ms of work a step. Without the "
+                            f"synchronisation that work would overlap {gpu_text}: the step would take about {overlap:.3f} ms "
+                            f"(×{step / overlap:.2f} faster)")
+    floor_name = (floors or {}).get("binding")
+    if floor_name == "launch" and floors.get("launch_ms", 0) >= (busy if busy is not None else gpu_ms) * 0.5:
         return dict(out, verdict="latency-bound small kernels",
                     message=f"latency-bound small kernels: {floors['launch_ms']:.3f} ms of the step is the least the GPU takes to run its "
                             f"kernels one after another; they fill {fill:.0%} of it")
     if host is None:
         return dict(out, verdict="undetermined",
-                    message=f"kernels fill {fill:.0%} of the {step:.3f} ms step ({busy:.3f} ms of GPU work a step); the traced steps ran "
+                    message=f"the GPU is busy {fill:.0%} of the {step:.3f} ms step ({gpu_ms:.3f} ms a step); the traced steps ran "
                             f"×{evidence.get('inflation') or 0:.2f} "
-                            "the untraced, so the host's issue time was not measured: raise --trace-warmup")
+                            "the untraced, and no untraced measure of the host's own time was taken, so the host's issue time is not known: "
+                            "raise --trace-warmup")
     return dict(out, verdict="GPU idle, not launch-bound",
                 message=f"the GPU idles {1 - fill:.0%} of the {step:.3f} ms step but the host issues it in {host:.3f} ms: the idle time "
                         "is the program waiting (synchronisation, data loading, communication), not launching")

@@ -111,6 +111,21 @@ class NullMonitor:
         return None
 
 
+def nvml_handle(torch_device_index: int = 0):
+    """(pynvml, the NVML handle of torch's device ``torch_device_index``), found by UUID so that CUDA_VISIBLE_DEVICES
+    is respected; NVML initialised."""
+    import pynvml
+    import torch
+
+    pynvml.nvmlInit()
+    uuid = str(torch.cuda.get_device_properties(torch_device_index).uuid)
+    uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+    try:
+        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except pynvml.NVMLError:
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(torch_device_index)
+
+
 class NvmlMonitor:
     """NVML readings for the GPU torch uses (found by UUID, so CUDA_VISIBLE_DEVICES is respected)."""
 
@@ -118,17 +133,7 @@ class NvmlMonitor:
         """``nvml`` and ``handle``: an NVML module and a device handle to read instead of pynvml's for torch's device
         (tests give a fake one)."""
         if nvml is None:
-            import pynvml
-            import torch
-
-            nvml = pynvml
-            pynvml.nvmlInit()
-            uuid = str(torch.cuda.get_device_properties(torch_device_index).uuid)
-            uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
-            try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
-            except pynvml.NVMLError:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(torch_device_index)
+            nvml, handle = nvml_handle(torch_device_index)
         self.nvml, self.handle = nvml, handle
         self.period_s = period_s
         self._stop = threading.Event()

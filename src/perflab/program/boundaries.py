@@ -328,11 +328,17 @@ class FunctionSteps(StepSource):
 
 def _programs_code(code) -> bool:
     """Is this code object's file the program's (not Python's, an installed package's or perflab's)?"""
-    name = code.co_filename
+    return programs_file(code.co_filename)
+
+
+_PERFLAB_DIR = str(Path(__file__).resolve().parents[1])
+
+
+def programs_file(name: str) -> bool:
+    """Is this source file the program's (not Python's, an installed package's or perflab's)?"""
     if name.startswith("<") or "site-packages" in name or "dist-packages" in name:
         return False
-    here = str(Path(__file__).resolve().parents[1])
-    return not name.startswith((sys.base_prefix, sys.prefix, here))
+    return not name.startswith((sys.base_prefix, sys.prefix, _PERFLAB_DIR))
 
 
 class RangeSteps(StepSource):

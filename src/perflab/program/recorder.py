@@ -27,14 +27,17 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from perflab.program import compiler
-from perflab.program.boundaries import StepSource
+from perflab.program.boundaries import StepSource, programs_file
 from perflab.program.guard import Guard, ProfilerWatch
+from perflab.program.loop import LoopWatch, read_worker_batches
 
 
 class StopProgram(SystemExit):
@@ -56,6 +59,10 @@ class RunOptions:
     inflation_limit: float = 1.10  # traced ÷ untraced step beyond which the traced accounting describes the profiler
     stop_after: bool = False
     out_dir: Path = Path("perflab-run")
+    stall_factor: float = 1.5  # a timed step longer than this × the median is a stall (analysis.loop)
+    inputs: tuple[str, ...] = ()  # functions whose calls are waits for input, beside DataLoaders' (--input)
+    batch_size: int | None = None  # samples a step takes, where the batches do not say (--batch-size)
+    seq_len: int | None = None  # tokens a sample has (--seq-len): tokens per step = batch_size × seq_len
 
 
 @dataclass
@@ -107,6 +114,12 @@ class Recorded:
     phase: str = "skipped"
     wall_s: float | None = None
     timing: dict = field(default_factory=lambda: {"steps": 0})  # the timed steps' summary (``timing_summary``)
+    # the whole loop of the timed steps, untraced (``program.loop``, ``measure.gpu_busy``; ``analysis.loop`` reads it):
+    # each timed step's window on the host's clock (ns), the input waits and synchronising calls recorded in them, the
+    # DataLoader workers' batches fetched meanwhile, and the GPU's busy share over them
+    timed_windows_ns: list = field(default_factory=list)
+    loop: dict | None = None
+    busy: dict | None = None
 
 
 def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
@@ -141,6 +154,11 @@ class Recorder:
         self._t0 = time.perf_counter()
         self.watch = compiler.LimitWatch(step_of=lambda: self.data.steps_seen + 1)
         self._profiler_watch: ProfilerWatch | None = None
+        self._worker_dir = Path(tempfile.mkdtemp(prefix="perflab-workers-"))
+        self.loop = LoopWatch(clock=lambda: self._clock, own_file=programs_file, input_names=options.inputs, worker_dir=self._worker_dir)
+        self._busy = None  # measure.gpu_busy.BusyMeter over the timed steps, on a GPU where NVML works
+        self._busy_why: str | None = None
+        self._loop_started = False
 
     # --- installation ------------------------------------------------------------------------------
 
@@ -149,6 +167,7 @@ class Recorder:
         self.source.on_end = self._on_end
         self.source.install()
         self.watch.install()
+        self.loop.install()
         compiler.prepare()
         import perflab.clock  # noqa: F401  (imported now, not inside the first timed step)
         self._counters["start"] = compiler.counters()
@@ -159,7 +178,9 @@ class Recorder:
     def remove(self) -> None:
         self.source.detach()
         self.watch.remove()
+        self.loop.remove()
         self._unwatch_script_profiler()
+        shutil.rmtree(self._worker_dir, ignore_errors=True)
 
     # --- the phases ----------------------------------------------------------------------------------
 
@@ -168,18 +189,27 @@ class Recorder:
         return self.options.skip + self.options.steps
 
     def _on_start(self) -> None:
+        with self.loop.paused():
+            self._step_begins()
+
+    def _on_end(self) -> None:
+        with self.loop.paused():
+            self._step_ends()
+
+    def _step_begins(self) -> None:
         phase = self.data.phase
         if phase == "timed" and "timed" not in self._counters:  # a "call" source's first timed step begins
             self._counters["timed"] = compiler.counters()  # (a few µs: compiler.prepare ran at install)
             if self._clock is None:  # --skip 0: no step before this one to choose the clock in
                 self._choose_clock()
+                self._start_loop()
         if self.source.kind == "call" and phase in ("timed", "traced") and self._clock is not None:
             if phase == "traced" and self._tracer is not None:
                 self._internal(self._tracer.begin_step)
             if phase == "timed" or self._pass == "accounted":
                 self._call_start = self._clock.stamp()
 
-    def _on_end(self) -> None:
+    def _step_ends(self) -> None:
         self.data.steps_seen += 1
         n = self.data.steps_seen
         phase = self.data.phase
@@ -210,10 +240,32 @@ class Recorder:
             # first timed call's start: the program may not have started CUDA before it)
             if self.options.skip > 0:
                 self._choose_clock()
+                self._start_loop()
             return
         self._counters["timed"] = compiler.counters()
         self._choose_clock()
+        self._start_loop()
         self._marks["timed"].append(self._clock.stamp())  # a boundary source's timed steps begin at this boundary
+
+    def _start_loop(self) -> None:
+        """The whole loop's watch over the timed steps: the ``--input`` functions wrapped (the program has defined them by
+        its first step), and on a GPU the busy share's first sample (GPM's, just before the first stamp: it takes a
+        while, and it is perflab's, not the step's)."""
+        import sys
+
+        if self._loop_started:
+            return
+        self._loop_started = True
+        self.loop.find_inputs(sys.modules.get("__main__"))
+        if self._on_gpu:
+            from perflab.measure.gpu_busy import open_busy_meter
+
+            import torch
+
+            self._busy, self._busy_why = open_busy_meter("cuda", torch.cuda.current_device())
+            if self._busy is not None:
+                self._busy.start()
+        self.loop.active = True
 
     def _choose_clock(self) -> None:
         """CUDA events where the program has started CUDA by its first timed step, else the host clock."""
@@ -250,9 +302,28 @@ class Recorder:
         if self._timed_read:
             return
         self._timed_read = True
-        step_ms, host_ms = self._read("timed")
-        self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
-        self.data.timing = timing_summary(self.data.step_ms, self.data.host_step_ms)
+        self.loop.active = False
+        if self._busy is not None:  # before the events are read: the read waits for the GPU to drain, which is not a step
+            self.data.busy = self._busy.stop()
+        elif self._busy_why:
+            self.data.busy = {"busy_share": None, "why": {"nvml": self._busy_why}}
+        with self.loop.paused():
+            step_ms, host_ms = self._read("timed")
+            self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
+            self.data.timing = timing_summary(self.data.step_ms, self.data.host_step_ms)
+            self.data.timed_windows_ns = self._windows("timed")
+            loop = self.loop.take()
+        windows = self.data.timed_windows_ns
+        if windows:
+            loop["worker_batches"] = read_worker_batches(self._worker_dir, windows[0][0], windows[-1][1])
+        self.data.loop = loop
+
+    def _windows(self, phase: str) -> list[list[int]]:
+        """Each step's window on the host's clock (ns): boundary to boundary, or a call's start to its return."""
+        if self.source.kind == "boundary":
+            marks = self._marks[phase]
+            return [[a[1], b[1]] for a, b in zip(marks, marks[1:])]
+        return [[a[1], b[1]] for a, b in self._pairs[phase]]
 
     def _read_traced(self) -> None:
         """The traced steps' times (the accounted pass's stamps). A failing read (a sticky CUDA error from the pass with

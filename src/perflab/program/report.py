@@ -32,7 +32,8 @@ class _Absent:
 
 
 ABSENT: Any = _Absent()
-STEP_TIMES = ("step_ms", "host_step_ms", "traced_step_ms", "timing")  # the record's step times: in timing and traced, not in recorded
+# the record's step times (in timing and traced) and the loop's raw columns (summed up in loop): not in recorded
+STEP_TIMES = ("step_ms", "host_step_ms", "traced_step_ms", "timing", "timed_windows_ns", "loop", "busy")
 MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
 
 
@@ -44,6 +45,9 @@ class RunReport:
     # the timed steps' summary (``program.recorder.timing_summary``) and the device the steps ran on
     timing: dict
     device: str | None
+    # the whole loop of the timed steps, untraced (``analysis.loop``): mean and median, throughput, stalls, input waits,
+    # synchronising calls, the GPU's busy share; null where no step was timed
+    loop: dict | None = ABSENT
     # the traced steps' analysis (``analysis.program.program_report``): absent when the program ended before them
     traced: dict | None = ABSENT
     accounting: dict | None = ABSENT
@@ -109,7 +113,9 @@ class RunContext:
 def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, outcome=None, notes: list[str] | None = None) -> RunReport:
     """The report of one rank's run. ``partial``: the program ended before the traced steps did (no analysis);
     ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own failures so far."""
-    report = RunReport(timing=recorded.timing, device=recorded.device) if partial else traced_report(recorded, context)
+    loop = whole_loop(recorded, context.options)
+    report = RunReport(timing=recorded.timing, device=recorded.device) if partial else traced_report(recorded, context, loop)
+    report.loop = loop
     options = context.options
     report.program, report.steps_from = context.program, context.steps_from
     report.options = dict(asdict(options), out_dir=str(options.out_dir))
@@ -125,7 +131,17 @@ def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, 
     return report
 
 
-def traced_report(recorded: Recorded, context: RunContext) -> RunReport:
+def whole_loop(recorded: Recorded, options: RunOptions) -> dict | None:
+    """The timed steps' whole loop (``analysis.loop.loop_section``) from what the recorder watched."""
+    from perflab.analysis.loop import loop_section
+
+    raw = recorded.loop or {}
+    return loop_section(recorded.step_ms, recorded.host_step_ms, recorded.timed_windows_ns, raw, recorded.busy,
+                        stall_factor=options.stall_factor, batch_size=options.batch_size, seq_len=options.seq_len,
+                        worker_batches=raw.get("worker_batches"))
+
+
+def traced_report(recorded: Recorded, context: RunContext, loop: dict | None = None) -> RunReport:
     """The record with the traced steps' analysis: the traces the recorder wrote (read from the files the run names
     for them), on a GPU the measured peaks, the modules' bytes and TF32. perflab's own failure to analyse them must not
     end the user's program: the timing is kept, and the failure said (``report_error``)."""
@@ -149,7 +165,7 @@ def traced_report(recorded: Recorded, context: RunContext) -> RunReport:
             ceilings = _ceilings(context.rank)
         sections = program_report(timing=recorded.timing, device=recorded.device, traced_step_ms=recorded.traced_step_ms,
                                   trace_warmup=recorded.trace_warmup, inflation_limit=options.inflation_limit,
-                                  trace=trace, shapes_trace=shapes, ceilings=ceilings, model_bytes=model, tf32=tf32)
+                                  trace=trace, shapes_trace=shapes, ceilings=ceilings, model_bytes=model, tf32=tf32, loop=loop)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         say(f"perflab: the traced steps could not be analysed ({error}); the timed steps are in {Path(options.out_dir) / 'run.json'}")
@@ -173,7 +189,7 @@ def run_checks(report: RunReport | dict) -> list[dict]:
     """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
     eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work.
     ``report``: the record being built, or ``program_report``'s dict (only ``get`` is read)."""
-    from perflab.measure.checks import compile_checks, cv_check
+    from perflab.measure.checks import CV_THRESHOLD, compile_checks, cv_check
 
     recorded = report.get("recorded") or {}
     phases = recorded.get("compile_phases") or {}
@@ -195,8 +211,21 @@ def run_checks(report: RunReport | dict) -> list[dict]:
                                               "their accounting describes the profiler as much as the program; the verdict rests on the untraced "
                                               "step and the kernels' own time, and the host's issue time is left out (raise --trace-warmup)"))
     timing = report.get("timing") or {}
+    loop = report.get("loop") or {}
+    stalls = loop.get("stalls") or {}
+    if stalls.get("said"):
+        from perflab.analysis.loop import stall_line
+
+        checks.append(Check("stalls", stall_line(loop)))
     if timing.get("steps"):
-        checks.append(cv_check(timing["cv"]))
+        if stalls.get("said"):
+            # the stalls are the program's own (said above): only the spread of the steps between them can be the machine's
+            typical = stalls.get("typical_cv")
+            if typical is not None and typical > CV_THRESHOLD:
+                checks.append(Check("high_cv", f"the steps between the stalls vary by CV {typical:.1%} (threshold {CV_THRESHOLD:.0%}; "
+                                               f"all steps: {timing['cv']:.1%}, most of it the stalls); the machine may be busy or the step too short"))
+        else:
+            checks.append(cv_check(timing["cv"]))
         if timing["steps"] < MIN_STEPS:
             checks.append(Check("few_steps", f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"))
     flops = report.get("flops")

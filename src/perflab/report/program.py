@@ -29,6 +29,8 @@ def _pct(value) -> str:
 
 
 def render_run(console: Console, report: dict) -> None:
+    for line in first_lines(report):
+        console.print(line, markup=False, highlight=False)
     for table in run_tables(report):
         console.print(table)
     for line in run_lines(report):
@@ -46,8 +48,63 @@ def ci_label(timing: dict) -> str:
     return f"{claim} CI over stretches of the run" if timing.get("ci_level") == "time" else f"{claim} CI"
 
 
+def first_lines(report: dict) -> list[str]:
+    """What the user must read before the tables: stalls that take more than a tenth of the wall time (the median then
+    hides what the program spends), and the verdict when it is about the whole loop (input)."""
+    from perflab.analysis.loop import stall_line
+
+    lines = []
+    stall = stall_line(report.get("loop"))
+    if stall:
+        lines.append(f"stalls: {stall}")
+    return lines
+
+
+def loop_table(report: dict) -> Table | None:
+    """The timed steps as the program lives them: the mean step (its wall time a step) beside the median, throughput,
+    and what fills a step without a trace: the GPU's busy share, the waits for input (exposed and hidden), the
+    synchronising calls, the host's own time."""
+    loop = report.get("loop")
+    if not loop:
+        return None
+    table = Table(title="the whole loop, untraced (mean per timed step)", show_header=False)
+    table.add_column("", justify="left")
+    table.add_column("", justify="right")
+    table.add_row("step: mean (wall time ÷ steps) / median ms", f"{_ms(loop['mean_ms'])} / {_ms(loop['median_ms'])}")
+    thr = loop.get("throughput") or {}
+    rate = [f"{loop['steps_per_s']:.3g} steps/s"] if loop.get("steps_per_s") else []
+    if thr.get("samples_per_s"):
+        rate.append(f"{thr['samples_per_s']:,.1f} samples/s")
+    if thr.get("tokens_per_s"):
+        rate.append(f"{thr['tokens_per_s']:,.0f} tokens/s")
+    table.add_row("throughput" + (f" ({thr['source']})" if thr.get("samples_per_s") else ""), ", ".join(rate) or "–")
+    busy = loop.get("busy") or {}
+    if busy.get("busy_share") is not None:
+        check = f"; NVML's samples {_pct(busy['nvml_util'])}" if busy.get("nvml_util") is not None and busy.get("gpm_graphics_util") is not None else ""
+        table.add_row("GPU busy (no profiler)", f"{_pct(busy['busy_share'])} ({'GPM' if busy.get('gpm_graphics_util') is not None else 'NVML'}{check})")
+    elif busy.get("why"):
+        table.add_row("GPU busy (no profiler)", "– (" + "; ".join(busy["why"].values()) + ")")
+    inputs = loop.get("input")
+    if inputs:
+        table.add_row("waiting for input: waits / ms / exposed ms", f"{inputs['waits_per_step']:.3g} / {_ms(inputs['wait_ms_per_step'])} / "
+                      f"{_ms(inputs['exposed_ms_per_step'])} ({_pct(inputs['exposed_share'])} of the wall time)")
+        if inputs.get("worker_batch_ms") is not None:
+            table.add_row("DataLoader workers: ms a batch (measured in them)", f"{_ms(inputs['worker_batch_ms'])} ({inputs.get('workers_seen')} workers)")
+    sync = loop.get("sync")
+    if sync:
+        top = sync["sites"][0]
+        table.add_row("synchronising calls: calls / ms blocked", f"{sync['calls_per_step']:.3g} / {_ms(sync['blocked_ms_per_step'])}")
+        table.add_row("  most blocked", f"{top['call']} at {top['site']}")
+    if loop.get("host_own_ms") is not None:
+        table.add_row("host's own time, less its waits, ms", _ms(loop["host_own_ms"]))
+    return table
+
+
 def run_tables(report: dict) -> list[Table]:
     tables = [timing_table(report)]
+    loop = loop_table(report)
+    if loop is not None:
+        tables.append(loop)
     acc = report.get("accounting")
     if acc:
         terms = CPU_TERMS if (report.get("traced") or {}).get("cpu_only") else GPU_TERMS

@@ -1,0 +1,155 @@
+"""perflab run's whole loop, on the CPU: the steps as the program lives them (mean beside median, stalls), waits for
+input from a DataLoader, synchronising calls named with their line, checked against the program's own clocks.
+
+The programs run in this process, as ``python -m perflab run`` runs them; each writes its own per-step clock (its
+data wait, its iteration) to a JSON file that perflab never reads, and the test holds perflab's figures against it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from test_run import program as _program
+from test_run import run as _run
+
+from perflab.analysis.loop import loop_section, stall_line
+
+SKIP, STEPS = 4, 16
+
+# a trainer whose DataLoader (in the main process) stalls for 30 ms on every 4th batch: its own clock times each wait for
+# data and each iteration, as the ImageNet example's `Data` and `Time` meters do
+SLOW_LOADER = """
+import json, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class Planted(Dataset):
+    def __len__(self):
+        return 128 * 40
+    def __getitem__(self, i):
+        if i % 128 == 0 and (i // 128) % 4 == 3:
+            time.sleep(0.030)  # the planted stall: every 4th batch
+        return torch.randn(64), i % 10
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(Planted(), batch_size=128, num_workers=0)
+own = []
+it = iter(loader)
+for i in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    x, y = next(it)
+    t1 = time.perf_counter()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    own.append({"data_ms": (t1 - t0) * 1e3, "iteration_ms": (time.perf_counter() - t0) * 1e3})
+json.dump(own, open(sys.argv[2], "w"))
+"""
+
+
+def test_a_loader_that_stalls_every_4th_step_is_input_bound_with_the_share_its_own_clock_gives(tmp_path):
+    own_path = tmp_path / "own.json"
+    code, report = _run(tmp_path, _program(tmp_path, SLOW_LOADER), SKIP + STEPS + 6, own_path, skip=SKIP, steps=STEPS, trace=2)
+    assert code == 0
+    own = json.loads(own_path.read_text())[SKIP:SKIP + STEPS]  # iteration k is step k + 1: the timed ones
+    loop = report["loop"]
+    own_wall = sum(step["iteration_ms"] for step in own)
+    own_data = sum(step["data_ms"] for step in own)
+    # the mean step is the program's own wall time a step, the median is not. The last timed step's boundary (inside its
+    # optimizer step) is where perflab starts its profiler: the program's own clock of that iteration holds it, perflab's
+    # steps do not, so the steps before it are compared
+    samples = report["timing"]["samples_ms"]
+    assert loop["mean_ms"] == pytest.approx(sum(samples) / STEPS)
+    assert sum(samples[:-1]) / (STEPS - 1) == pytest.approx(sum(step["iteration_ms"] for step in own[:-1]) / (STEPS - 1), rel=0.03)
+    assert loop["mean_over_median"] > 2
+    # the exposed wait's share of the wall time (on the CPU every wait is exposed) is its own data meter's, over the same steps
+    exposed = loop["per_step"]["exposed_input_ms"]
+    assert loop["input"]["exposed_share"] == pytest.approx(sum(exposed) / sum(samples))
+    own_share = sum(step["data_ms"] for step in own[:-1]) / sum(step["iteration_ms"] for step in own[:-1])
+    assert abs(sum(exposed[:-1]) / sum(samples[:-1]) - own_share) < 0.05
+    assert abs(loop["input"]["exposed_share"] - own_data / own_wall) < 0.08  # the last step's own clock holds perflab's profiler start
+    assert loop["input"]["waits"] == STEPS and loop["input"]["sources"] == ["DataLoader"]
+    assert loop["input"]["loaders"][0] == {"num_workers": 0, "pin_memory": False, "prefetch_factor": None, "persistent_workers": False,
+                                           "batch_size": 128, "dataset": "Planted"}
+    # every 4th step stalls, and what the stalls added was the wait for input
+    stalls = loop["stalls"]
+    assert stalls["period"] == 4 and stalls["count"] == STEPS // 4 and stalls["said"] and stalls["cause"] == "input"
+    assert stalls["causes_ms"]["input"] > 0.9 * stalls["excess_ms"]
+    # throughput from the batches the steps took
+    assert loop["throughput"]["samples_per_step"] == 128 and loop["throughput"]["samples_per_s"] == pytest.approx(128e3 / loop["mean_ms"])
+    verdict = report["verdict"]
+    assert verdict["verdict"] == "input-bound"
+    assert f"{loop['input']['exposed_share']:.0%} of its wall time" in verdict["message"]
+    assert "num_workers=0" in verdict["message"] and "the wall time less the exposed wait" in verdict["message"]
+    fix = loop["input"]["fix"]
+    assert fix["predicted_mean_ms"] == pytest.approx(loop["mean_ms"] - loop["input"]["exposed_ms_per_step"])
+    # the stalls are the program's own, not a busy machine: high_cv, if raised, is about the steps between them
+    flags = {f["flag"]: f["message"] for f in report["flags"]}
+    assert flags["stalls"].startswith(f"{STEPS // 4} of {STEPS} timed steps, every 4th step")
+    if "high_cv" in flags:
+        assert flags["high_cv"].startswith(f"the steps between the stalls vary by CV {stalls['typical_cv']:.1%}")
+
+
+def test_stalls_are_placed_in_their_steps_and_split_by_cause():
+    """Planted: 12 steps of 10 ms, every 4th 50 ms; in steps 3 and 7 a 40 ms exposed wait for input, in step 11 a 40 ms
+    synchronising call. Windows on the host's clock are the steps back to back."""
+    steps = [10.0] * 12
+    for i in (3, 7, 11):
+        steps[i] = 50.0
+    windows, t = [], 0
+    for ms in steps:
+        windows.append([t, t + int(ms * 1e6)])
+        t += int(ms * 1e6)
+    waits = {"start_ns": [windows[3][0] + 1, windows[7][0] + 1, windows[5][0] + 1], "end_ns": [windows[3][0] + 40_000_001,
+             windows[7][0] + 40_000_001, windows[5][0] + 1_000_001], "exposed_ms": [40.0, 40.0, 0.2], "samples": [4, 4, 4],
+             "tokens": [None] * 3, "source": ["DataLoader"] * 3}
+    syncs = {"call": ["Tensor.item"], "site": [0], "sites": ["train.py:40 (main)"], "start_ns": [windows[11][0] + 5],
+             "end_ns": [windows[11][0] + 40_000_005]}
+    loop = loop_section(steps, steps, windows, {"waits": waits, "syncs": syncs, "loaders": []}, None)
+    stalls = loop["stalls"]
+    assert stalls["steps"] == [3, 7, 11] and stalls["period"] == 4
+    assert stalls["share"] == pytest.approx(150 / 240) and stalls["excess_ms"] == pytest.approx(120.0)
+    assert stalls["causes_ms"] == pytest.approx({"input": 80.0, "sync": 40.0, "own": 0.0})
+    assert loop["input"]["exposed_share"] == pytest.approx(80.2 / 240) and loop["input"]["waits"] == 3
+    assert loop["sync"]["sites"] == [{"site": "train.py:40 (main)", "call": "Tensor.item", "per_step": 1 / 12,
+                                      "blocked_ms_per_step": pytest.approx(40 / 12)}]
+    assert loop["mean_ms"] == pytest.approx(20.0) and loop["median_ms"] == 10.0
+    line = stall_line(loop)
+    assert line.startswith("3 of 12 timed steps, every 4th step took over 1.5× the median (10.000 ms) and 62% of the wall time")
+    assert "waiting for input 67%" in line and "blocked in synchronising calls 33%" in line
+    # not every step took a batch: no throughput claimed from them
+    assert loop["throughput"]["samples_per_s"] is None
+
+
+SYNC_EACH_STEP = """
+import torch
+model = torch.nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+total = 0.0
+for i in range(40):
+    loss = model(torch.randn(8, 16)).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    total += loss.item()  # the planted sync: a line of its own
+"""
+
+
+def test_a_planted_item_each_step_is_named_with_its_line(monkeypatch, tmp_path):
+    """On the CPU a tensor's .item() does not synchronise anything, and the watch counts CUDA tensors only
+    (``program.loop.synchronises``). So the test plants that check: every tensor synchronises here, and the call must be
+    found at its own line, once a step (an optimizer's own .item() on its CPU step counter is not the program's)."""
+    from perflab.program import loop
+
+    monkeypatch.setattr(loop, "synchronises", lambda tensor: True)
+    prog = _program(tmp_path, SYNC_EACH_STEP)
+    code, report = _run(tmp_path, prog, skip=3, steps=12, trace=0)
+    assert code == 0
+    sync = report["loop"]["sync"]
+    line = prog.read_text().splitlines().index("    total += loss.item()  # the planted sync: a line of its own") + 1
+    assert sync["sites"][0]["site"] == f"{prog}:{line} (<module>)" and sync["sites"][0]["call"] == "Tensor.item"
+    assert sync["sites"][0]["per_step"] == 1.0 and sync["calls_per_step"] == pytest.approx(1.0)
