@@ -534,19 +534,24 @@ class ProfiledLoop:
 
 def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 3, step: str | None = None, step_range: str | None = None,
         stop_after: bool = False, out_dir="perflab-run", nproc: int | Sequence[int] | None = None, render=None, trace_warmup: int = 3,
-        inflation_limit: float = 1.10, record_shapes: bool = True, render_scaling=None) -> int:
+        inflation_limit: float = 1.10, record_shapes: bool = True, render_scaling=None, stall_factor: float = 1.5,
+        inputs: Sequence[str] = (), batch_size: int | None = None, seq_len: int | None = None) -> int:
     """Run a program (``["train.py", "--lr", "3e-4"]``, ``["-m", "pkg.train"]``) unchanged in this process, time
     ``steps`` of its steps after ``skip``, trace ``trace`` more after ``trace_warmup`` steps under the profiler that are
     thrown away (its start-up), and report (``render(report)``; the report is also
     written to ``OUT/run.json``). Returns the program's exit code. ``nproc``: run it under torchrun with that many ranks
     (each rank runs ``python -m perflab run``; rank 0 merges); a list of counts runs it at each (``OUT/nprocN/``) and
-    reports the scaling over the first (``OUT/scaling.json``; ``render_scaling(section)`` prints it). Bad options raise PerflabError before the program runs."""
+    reports the scaling over the first (``OUT/scaling.json``; ``render_scaling(section)`` prints it). ``stall_factor``: a
+    timed step beyond this × the median is a stall; ``inputs``: functions whose calls are waits for input, beside the
+    DataLoaders'; ``batch_size`` and ``seq_len``: samples a step and tokens a sample, where the batches do not say.
+    Bad options raise PerflabError before the program runs."""
     from perflab.program.boundaries import make_source
     from perflab.program.recorder import RunOptions
     from perflab.program.run import Run, check_options
     from perflab.program.script import parse_program
 
-    check_options(skip, steps, trace, step, step_range, trace_warmup=trace_warmup, inflation_limit=inflation_limit)
+    check_options(skip, steps, trace, step, step_range, trace_warmup=trace_warmup, inflation_limit=inflation_limit, stall_factor=stall_factor,
+                  inputs=inputs, batch_size=batch_size, seq_len=seq_len)
     make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
     program_ = parse_program(list(program))
     from perflab.paths import check_writable_file, make_out_dir
@@ -554,7 +559,8 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     out = make_out_dir(out_dir)  # a path that cannot take the report: one line, before the program runs
     check_writable_file(out / "run.json")
     options = RunOptions(skip=skip, steps=steps, trace=trace, trace_warmup=trace_warmup, record_shapes=record_shapes,
-                         inflation_limit=inflation_limit, stop_after=stop_after, out_dir=out)
+                         inflation_limit=inflation_limit, stop_after=stop_after, out_dir=out, stall_factor=stall_factor,
+                         inputs=tuple(inputs), batch_size=batch_size, seq_len=seq_len)
     if isinstance(nproc, (list, tuple)):
         from perflab.program.launch import torchrun_counts
 

@@ -824,6 +824,13 @@ def run(
     out_dir: Path = typer.Option(Path("perflab-run"), "--out", help="Directory for run.json and the trace(s)."),
     nproc: Optional[str] = typer.Option(None, "--nproc", help="Run the program under torchrun with this many ranks (one per GPU); "
                                         "a list (1,2) runs it at each count and reports the scaling over the first."),
+    stall_factor: float = typer.Option(1.5, "--stall-factor", help="A timed step longer than this × the median is a stall: its share "
+                                       "of the wall time and its cause (input, a synchronising call, the program's own work) are reported."),
+    inputs: Optional[List[str]] = typer.Option(None, "--input", help="A function whose calls are waits for input, beside every "
+                                               "DataLoader's (QUALNAME or FILE:QUALNAME: get_batch, MyLoader.__next__); repeatable."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Samples a step takes, for samples/s where the batches do not "
+                                             "say (default: counted from the batches the DataLoader or --input returned)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens a sample has, for tokens/s with --batch-size."),
 ):
     """Run your own program unchanged, time its steps, trace a few and explain them:
     perflab run [OPTIONS] -- SCRIPT [ARGS...] (or -- -m MODULE [ARGS...]; also python -m perflab run under torchrun).
@@ -833,7 +840,8 @@ def run(
 
     code = api.run(cli_argv.of(ctx).program, skip=skip, steps=steps, trace=trace, step=step, step_range=step_range, stop_after=stop_after,
                    out_dir=out_dir, nproc=_rank_counts(nproc), render=_render_run, trace_warmup=trace_warmup, inflation_limit=inflation_limit,
-                   record_shapes=not no_shapes, render_scaling=_render_scaling)
+                   record_shapes=not no_shapes, render_scaling=_render_scaling, stall_factor=stall_factor, inputs=tuple(inputs or ()),
+                   batch_size=batch_size, seq_len=seq_len)
     raise typer.Exit(code)
 
 

@@ -20,6 +20,13 @@ def torchrun_command(nproc: int, program: list[str], options: RunOptions, step: 
         args += ["--step-range", step_range]
     if options.stop_after:
         args.append("--stop-after")
+    args += ["--stall-factor", str(options.stall_factor)]
+    for spec in options.inputs:
+        args += ["--input", spec]
+    if options.batch_size:
+        args += ["--batch-size", str(options.batch_size)]
+    if options.seq_len:
+        args += ["--seq-len", str(options.seq_len)]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "perflab", "run", *args, "--", *program]
 
 

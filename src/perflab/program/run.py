@@ -141,12 +141,27 @@ class Run:
 
 
 def check_options(skip: int, steps: int, trace: int, step: str | None = None, step_range: str | None = None, trace_warmup: int = 3,
-                  inflation_limit: float = 1.10) -> None:
+                  inflation_limit: float = 1.10, stall_factor: float = 1.5, inputs=(), batch_size: int | None = None,
+                  seq_len: int | None = None) -> None:
     for name, value, least in (("--skip", skip, 0), ("--steps", steps, 1), ("--trace", trace, 0), ("--trace-warmup", trace_warmup, 0)):
         if value < least:
             raise PerflabError(f"{name} must be at least {least}, got {value}")
     if not (inflation_limit > 1.0 and inflation_limit < 100):
         raise PerflabError(f"--inflation-limit must be a ratio above 1 (1.10: traced steps 10% longer), got {inflation_limit}")
+    if not (stall_factor > 1.0 and stall_factor < 1000):
+        raise PerflabError(f"--stall-factor must be a ratio above 1 (1.5: a step 50% longer than the median), got {stall_factor}")
+    for name, value in (("--batch-size", batch_size), ("--seq-len", seq_len)):
+        if value is not None and value < 1:
+            raise PerflabError(f"{name} must be at least 1, got {value}")
+    if seq_len is not None and batch_size is None:
+        raise PerflabError("--seq-len needs --batch-size: tokens a step = --batch-size × --seq-len")
+    for spec in inputs:
+        from perflab.program.boundaries import parse_step_function
+
+        try:
+            parse_step_function(spec)
+        except PerflabError:
+            raise PerflabError(f"--input {spec!r}: give a function's qualified name (get_batch, MyLoader.__next__) or FILE:QUALNAME") from None
     if skip == 0 and not step and step_range is None:
         raise PerflabError("--skip 0 needs --step or --step-range: an optimizer step's first step begins with the program itself "
                            "(imports, building the model)")
