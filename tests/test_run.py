@@ -38,8 +38,8 @@ MLP_FLOPS = 2 * 32 * 64 * 96 + 2 * 32 * 96 * 10 + 2 * 32 * 64 * 96 + 2 * (2 * 32
 # traced steps): tools read these names, so the typed record (program.report.RunReport) must write exactly them
 RUN_KEYS = ["timing", "device", "loop", "traced", "accounting", "flops", "utilisation", "floors", "verdict", "compiled", "traced_verdict",
             "verdict_evidence", "model_bytes", "ceilings_note", "program", "steps_from", "options", "recorded", "partial", "rank",
-            "world_size", "flags"]
-EARLY_KEYS = ["timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags",
+            "world_size", "run_id", "flags"]
+EARLY_KEYS = ["timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "run_id", "flags",
               "exit_code", "ended_by"]
 
 

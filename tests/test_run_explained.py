@@ -224,7 +224,7 @@ def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absenc
                         trace_path=str(tmp_path / TRACE_FILE), timing={"median_ms": 10.0, "steps": 20, "cv": 0.01})
     context = RunContext("prog.py", "optimizer steps", RunOptions(steps=20, out_dir=tmp_path), Rank())
     whole = build_run_report(recorded, context, partial=False).to_dict()
-    assert list(whole)[-9:] == ["ceilings_note", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags"]
+    assert list(whole)[-10:] == ["ceilings_note", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "run_id", "flags"]
     assert "exit_code" not in whole and "report_error" not in whole
     assert whole["utilisation"] is None and whole["model_bytes"] is None  # null: looked for, none on the CPU
     assert whole["traced"]["step_ms_each"] == [15.0, 15.0, 15.0] and whole["traced"]["inflation"] == pytest.approx(1.5)
@@ -234,7 +234,7 @@ def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absenc
     assert (whole["recorded"]["steps_seen"], whole["recorded"]["trace_warmup"], whole["recorded"]["device"]) == (30, 1, "cpu")
     assert [f["flag"] for f in whole["flags"]] == ["trace_inflated", "flops_incomplete"]  # the flags read the record's own sections
     early = build_run_report(recorded, context, partial=True, outcome=Outcome(3), notes=["disk full"]).to_dict()
-    assert list(early) == ["timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "flags",
+    assert list(early) == ["timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "run_id", "flags",
                            "exit_code", "ended_by", "perflab_notes"]
     assert (early["exit_code"], early["ended_by"], early["perflab_notes"]) == (3, "exit", ["disk full"])
     (tmp_path / TRACE_FILE).write_bytes(b"not a trace")

@@ -77,7 +77,8 @@ def test_a_loader_that_stalls_every_4th_step_is_input_bound_with_the_share_its_o
                                            "batch_size": 128, "dataset": "Planted"}
     # every 4th step stalls, and what the stalls added was the wait for input
     stalls = loop["stalls"]
-    assert stalls["period"] == 4 and stalls["count"] == STEPS // 4 and stalls["said"] and stalls["cause"] == "input"
+    # (a step of this shared host's noise may pass 1.5× the median too: the planted ones must be among the stalls)
+    assert stalls["period"] == 4 and {3, 7, 11, 15} <= set(stalls["steps"]) and stalls["said"] and stalls["cause"] == "input"
     assert stalls["causes_ms"]["input"] > 0.9 * stalls["excess_ms"]
     # throughput from the batches the steps took
     assert loop["throughput"]["samples_per_step"] == 128 and loop["throughput"]["samples_per_s"] == pytest.approx(128e3 / loop["mean_ms"])
@@ -89,7 +90,7 @@ def test_a_loader_that_stalls_every_4th_step_is_input_bound_with_the_share_its_o
     assert fix["predicted_mean_ms"] == pytest.approx(loop["mean_ms"] - loop["input"]["exposed_ms_per_step"])
     # the stalls are the program's own, not a busy machine: high_cv, if raised, is about the steps between them
     flags = {f["flag"]: f["message"] for f in report["flags"]}
-    assert flags["stalls"].startswith(f"{STEPS // 4} of {STEPS} timed steps, every 4th step")
+    assert flags["stalls"].startswith(f"{stalls['count']} of {STEPS} timed steps, every 4th step")
     if "high_cv" in flags:
         assert flags["high_cv"].startswith(f"the steps between the stalls vary by CV {stalls['typical_cv']:.1%}")
 
@@ -153,3 +154,81 @@ def test_a_planted_item_each_step_is_named_with_its_line(monkeypatch, tmp_path):
     line = prog.read_text().splitlines().index("    total += loss.item()  # the planted sync: a line of its own") + 1
     assert sync["sites"][0]["site"] == f"{prog}:{line} (<module>)" and sync["sites"][0]["call"] == "Tensor.item"
     assert sync["sites"][0]["per_step"] == 1.0 and sync["calls_per_step"] == pytest.approx(1.0)
+
+
+SPAWNED = """
+import json, sys, time
+import torch
+import torch.multiprocessing as mp
+
+
+def train(rank, steps, out):
+    torch.manual_seed(rank)
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    own = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        model(torch.randn(32, 64)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(0.004)
+        own.append((time.perf_counter() - t0) * 1e3)
+    json.dump(own, open(out, "w"))
+
+
+if __name__ == "__main__":
+    mp.spawn(train, args=(int(sys.argv[1]), sys.argv[2]), nprocs=1)
+"""
+
+
+def test_a_rank_the_program_spawns_is_measured_in_the_child_and_its_step_is_its_own_clocks(tmp_path, capsys):
+    """torch.multiprocessing.spawn, one rank, as pytorch/examples' ImageNet script starts its ranks: the process perflab
+    started never steps; the child does, and its report is the run's."""
+    own_path = tmp_path / "own.json"
+    code, report = _run(tmp_path, _program(tmp_path, SPAWNED), 24, own_path, skip=3, steps=12, trace=2)
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "no torch optimizer" not in err and "the program stepped in its children" in err
+    assert report["steps_in"] == "the program's children" and report["timing"]["steps"] == 12
+    top, *children = report["processes"]
+    assert top["steps_seen"] == 0 and top["kind"].startswith("the program")
+    rank = [p for p in children if p["kind"] == "spawned rank"]
+    assert len(rank) == 1 and rank[0]["rank"] == 0 and rank[0]["followed"] and rank[0]["steps_seen"] >= 3 + 12 + 1 + 2
+    assert rank[0]["exit_code"] == 0
+    own = json.loads(own_path.read_text())[3:15]
+    assert report["timing"]["median_ms"] == pytest.approx(sorted(own)[6] / 2 + sorted(own)[5] / 2, rel=0.03)
+    assert report["recorded"]["optimizers"] == ["SGD"] and report["traced"]["steps"] == 2
+
+
+FORKED = """
+import multiprocessing as mp
+import torch
+
+
+def train(steps):
+    model = torch.nn.Linear(32, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(steps):
+        model(torch.randn(8, 32)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    workers = [ctx.Process(target=train, args=(30,)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+"""
+
+
+def test_forked_processes_that_step_are_each_followed_and_listed(tmp_path, capsys):
+    code, report = _run(tmp_path, _program(tmp_path, FORKED), skip=2, steps=6, trace=0)
+    assert code == 0
+    followed = [p for p in report["processes"][1:] if p["followed"]]
+    assert len(followed) == 2 and all(p["kind"] == "process" and p["target"] == "__main__.train" for p in followed)
+    assert all(p["steps_seen"] == 30 and p["timed_steps"] == 6 and p["exit_code"] == 0 for p in followed)
+    assert report["timing"]["steps"] == 6 and "proc" in report["report_of"]

@@ -569,7 +569,7 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
         from perflab.program.launch import torchrun
 
         return torchrun(nproc, program, options, step=step, step_range=step_range)
-    result = Run(program_, options, step=step, step_range=step_range, render=render)()
+    result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True)()
     return result.exit_code
 
 

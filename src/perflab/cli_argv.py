@@ -23,7 +23,8 @@ MULTI_VALUE_OPTIONS = {"--model", "--input-size", "--batch-size", "--keep-rate",
 # Of those, the ones whose values are numbers: a word that is no number ends their values.
 NUMBER_OPTIONS = {"--input-size", "--batch-size", "--keep-rate", "--reduction-loc", "--seq-len", "--prompt-len", "--context-len", "--new-tokens"}
 # perflab run's options that take a value: the word after each is that value, not the program
-RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--trace-warmup", "--inflation-limit", "--out", "--step", "--step-range", "--nproc"}
+RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--trace-warmup", "--inflation-limit", "--out", "--step", "--step-range", "--nproc",
+                     "--stall-factor", "--input", "--batch-size", "--seq-len"}
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,13 @@ def _input_fix(section: dict, mean: float) -> dict | None:
     batch_ms = section.get("worker_batch_ms") if have else section["wait_ms_per_step"] / max(section["waits_per_step"], 1e-9)
     if batch_ms:
         need = int(np.ceil(batch_ms * section["waits_per_step"] / predicted))
-        fix.update(num_workers=have, batch_ms=batch_ms, workers_needed=max(need + 1, have + 1))
+        fix.update(num_workers=have, batch_ms=batch_ms)
+        if have and need < have:
+            # the workers make a step's batches faster than the step runs: more of them will not shorten the wait,
+            # which is in handing the batches over (the workers' queue, unpickling, collation, pin_memory)
+            fix["workers_keep_up"] = True
+        else:
+            fix["workers_needed"] = max(need + 1, have + 1)
     return fix
 
 

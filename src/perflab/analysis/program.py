@@ -334,9 +334,15 @@ def _input_verdict(evidence: dict, out: dict, step: float | None) -> dict | None
     fix = inputs.get("fix") or {}
     gain = ""
     if fix.get("predicted_mean_ms"):
-        more = (f"raise num_workers from {fix['num_workers']} to at least {fix['workers_needed']} (a batch takes {fix['batch_ms']:.3f} ms to "
-                f"make{' in a worker' if fix['num_workers'] else ', in the main process'})" if fix.get("workers_needed")
-                else "feed the step faster (more loader workers, a cheaper transform, data already on the device)")
+        if fix.get("workers_needed"):
+            more = (f"raise num_workers from {fix['num_workers']} to at least {fix['workers_needed']} (a batch takes {fix['batch_ms']:.3f} ms to "
+                    f"make{' in a worker' if fix['num_workers'] else ', in the main process'})")
+        elif fix.get("workers_keep_up"):
+            more = (f"not more workers: {fix['num_workers']} workers make a batch in {fix['batch_ms']:.3f} ms, faster than the step takes "
+                    "them; the wait is in handing batches over (the workers' queue, unpickling, collation, pin_memory): larger "
+                    "batches per transfer, or data kept on the device")
+        else:
+            more = "feed the step faster (more loader workers, a cheaper transform, data already on the device)"
         gain = (f". Fix: {more}; with no exposed wait the step would take {fix['predicted_mean_ms']:.3f} ms "
                 f"(the wall time less the exposed wait: ×{fix['speedup']:.2f} faster)")
     if evidence.get("cpu_only") or evidence.get("busy_share") is None and evidence.get("busy_ms") is None:

@@ -329,6 +329,7 @@ def wrap_fetcher(cls, patch) -> None:
         finally:
             _append_worker_batch(start, time.perf_counter_ns())
 
+    fetch._perflab = True
     patch(cls, "fetch", fetch)
 
 

@@ -135,13 +135,15 @@ def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
 
 
 class Recorder:
-    def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None, guard: Guard | None = None):
+    def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None, guard: Guard | None = None,
+                 on_timed=None):
         self.source = source
         self.guard = guard or Guard()
         self.options = options
         self.rank = rank or Rank.from_env()
         self.data = Recorded()
         self.on_traced = on_traced  # called after the traced steps (the report); may raise StopProgram
+        self.on_timed = on_timed  # called when the timed steps end, before the profiler starts (they are written then)
         self._clock = None  # perflab.clock.StepClock, chosen at the first timed step
         self._marks: dict[str, list] = {"timed": [], "traced": []}  # a boundary source's stamps, per phase
         self._pairs: dict[str, list] = {"timed": [], "traced": []}  # a call source's (start, end) stamps, per phase
@@ -180,7 +182,8 @@ class Recorder:
         self.watch.remove()
         self.loop.remove()
         self._unwatch_script_profiler()
-        shutil.rmtree(self._worker_dir, ignore_errors=True)
+        if self.guard.owner:  # a forked child abandoning its parent's recorder leaves the parent's folder alone
+            shutil.rmtree(self._worker_dir, ignore_errors=True)
 
     # --- the phases ----------------------------------------------------------------------------------
 
@@ -224,6 +227,8 @@ class Recorder:
             self._enter_timed()
         elif phase == "timed" and n == self._timed_end:
             self._finish_timing()
+            if self.on_timed is not None:
+                self.on_timed(self)
             self._enter_traced()
         elif phase == "traced":
             if self._tracer is not None:

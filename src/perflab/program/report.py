@@ -70,7 +70,13 @@ class RunReport:
     partial: bool | None = ABSENT  # the program ended before the traced steps did
     rank: int | None = ABSENT
     world_size: int | None = ABSENT
+    run_id: str | None = ABSENT  # the run's id: every rank's report and every child's carries it; a run reads only its own
     flags: list[dict] | None = ABSENT  # the validity flags (``run_checks``)
+    # the processes the program started (``program.children``), where it started any: each one's kind, whether it
+    # was followed (and why not), its steps; and where it stepped only in them, whose report this is
+    processes: list[dict] | None = ABSENT
+    steps_in: str | None = ABSENT
+    report_of: str | None = ABSENT
     # the program's end: known only when run.json is written after it
     exit_code: int | None = ABSENT
     ended_by: str | None = ABSENT  # exit, exception, interrupt or sigterm
@@ -108,6 +114,7 @@ class RunContext:
     steps_from: str
     options: RunOptions
     rank: Rank
+    run_id: str | None = None
 
 
 def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, outcome=None, notes: list[str] | None = None) -> RunReport:
@@ -121,6 +128,7 @@ def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, 
     report.options = dict(asdict(options), out_dir=str(options.out_dir))
     report.recorded = {k: v for k, v in vars(recorded).items() if k not in STEP_TIMES}
     report.partial, report.rank, report.world_size = partial, context.rank.rank, context.rank.world_size
+    report.run_id = context.run_id
     report.flags = run_checks(report)
     if outcome is not None:
         report.exit_code = outcome.code

@@ -1,18 +1,26 @@
 """``perflab run``: run a program with a recorder installed, then report and write what was measured.
 
 The report is made at the end of the traced steps, while the program is still running (it runs on afterwards, or stops
-with ``--stop-after``), so a long training job gives its answer minutes in, not at its end. Whatever ends the program
-first (its end, an exception, sys.exit, Ctrl-C, SIGTERM), what was measured up to then is written to ``OUT/run.json``
-and one line says how far it got. ``OUT`` is resolved when the run begins (a program that changes directory does not
-move it); only the process perflab started writes or reports (``program.guard``); perflab's own failures (a disk that
-is full, a stderr the program closed) are said after the program, never raised inside it.
+with ``--stop-after``), so a long training job gives its answer minutes in, not at its end. The timed steps are written
+(``partial``) as soon as they end, before the profiler starts: a program that dies during its traced steps
+(``os._exit``, a crash in the profiler) keeps them. Whatever ends the program first (its end, an exception, sys.exit,
+Ctrl-C, SIGTERM), what was measured up to then is written to ``OUT/run.json`` and one line says how far it got.
+``OUT`` is resolved when the run begins (a program that changes directory does not move it); only the process perflab
+started writes or reports (``program.guard``); perflab's own failures (a disk that is full, a stderr the program
+closed) are said after the program, never raised inside it.
+
+The processes the program starts are followed (``program.children``): a child that steps is recorded as this process
+is (a ``Run`` of its own, ``start`` and ``finish`` around its bootstrap), the report lists the processes seen, and
+where the program stepped only in its children, theirs is the run's report. Every report and record carries the
+run's id (``run_id``): a run reads only its own, never one an earlier run left in the same ``OUT``.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+import uuid
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from perflab.errors import PerflabError
@@ -20,7 +28,20 @@ from perflab.program.boundaries import StepSource, make_source
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorded, Recorder, RunOptions, StopProgram
 from perflab.program.report import RunContext, RunReport, build_run_report, write_json
-from perflab.program.script import Program, print_program_traceback, run_program
+from perflab.program.script import Outcome, Program, print_program_traceback, run_program
+
+ACTIVE: "Run | None" = None  # the run recording in this process (a forked child finds its parent's here, and abandons it)
+RUN_ID_ENV = "PERFLAB_RUN_ID"  # set by perflab run --nproc for its ranks: one id for the whole run
+
+
+def new_run_id() -> str:
+    """The id of this run: the launcher's (``PERFLAB_RUN_ID``, or torchrun's own ``TORCHELASTIC_RUN_ID`` for ranks
+    started by a plain torchrun), else a new one."""
+    for name in (RUN_ID_ENV, "TORCHELASTIC_RUN_ID"):
+        value = os.environ.get(name)
+        if value and value != "none":
+            return value
+    return uuid.uuid4().hex[:12]
 
 
 @dataclass
@@ -31,40 +52,145 @@ class RunResult:
 
 
 class Run:
-    def __init__(self, program: Program, options: RunOptions, step: str | None = None, step_range: str | None = None, render=None):
+    def __init__(self, program: Program | None, options: RunOptions, step: str | None = None, step_range: str | None = None, render=None,
+                 rank: Rank | None = None, label: str | None = None, run_id: str | None = None, follow: bool = False):
+        """``program``: the program to run (None for a child's run, whose bootstrap runs it: ``start`` and ``finish``
+        around it); ``label``: what the report calls the program; ``follow``: follow the processes it starts
+        (``program.children``; the process perflab started)."""
         self.program = program
         self.options = replace(options, out_dir=Path(os.path.abspath(options.out_dir)))  # where the run began, whatever the program's cwd
         self.guard = Guard()
+        self.step, self.step_range = step, step_range
         self.source: StepSource = make_source(step, step_range)
-        self.rank = Rank.from_env()
+        self.rank = rank or Rank.from_env()
         self.render = render  # render(report) -> None: the console report (rank 0)
+        self.label = label or (program.label if program is not None else "?")
+        self.run_id = run_id or new_run_id()
+        self.follow = follow
+        self.follower = None
         self.report: RunReport | None = None
         self.written = False
         self.write_failed = False
+        self._t0 = None
+        self._recorder: Recorder | None = None
+
+    @property
+    def report_path(self) -> Path:
+        """Where this process's report goes: run.json, or under torchrun (and a spawned rank) its rank.json."""
+        from perflab.program.recorder import rank_dir
+
+        return rank_dir(self.options.out_dir, self.rank) / "rank.json" if self.rank.distributed else Path(self.options.out_dir) / "run.json"
 
     def __call__(self) -> RunResult:
-        guard = self.guard
-        recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced, guard=guard)
-        recorder.install()
-        guard.catch_sigterm()
-        t0 = time.perf_counter()
+        recorder = self.start()
         try:
             outcome = run_program(self.program, stop=StopProgram)
-        finally:
-            guard.release_sigterm()
-            recorder.remove()
-            self.source.close()
-        if not guard.owner:  # a forked child that ran on through perflab: its end is its own, it reports nothing
-            print_program_traceback(outcome, self.program)
+        except BaseException:
+            self.close(recorder)
+            raise
+        return self.finish(recorder, outcome)
+
+    def start(self) -> Recorder:
+        """The recorder installed, SIGTERM taken (in the process perflab started), the children followed."""
+        global ACTIVE
+
+        recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced, on_timed=self._on_timed, guard=self.guard)
+        self._recorder = recorder
+        recorder.install()
+        if self.follow:
+            from perflab.program.children import Follower
+
+            self.follower = Follower({"out_dir": str(self.options.out_dir), "options": _json_options(self.options), "step": self.step,
+                                      "step_range": self.step_range, "run_id": self.run_id, "program": self.label,
+                                      "render": self.render is not None})
+            self.guard.call("perflab could not prepare to follow the program's children", self.follower.install)
+            self.guard.catch_sigterm()
+        ACTIVE = self
+        self._t0 = time.perf_counter()
+        return recorder
+
+    def close(self, recorder: Recorder) -> None:
+        global ACTIVE
+
+        self.guard.release_sigterm()
+        recorder.remove()
+        self.source.close()
+        if self.follower is not None:
+            self.follower.remove()
+        if ACTIVE is self:
+            ACTIVE = None
+
+    def abandon(self) -> None:
+        """In a forked child: this (its parent's) recorder stops here, writing nothing (``program.children``)."""
+        global ACTIVE
+
+        if self._recorder is not None:
+            try:
+                self._recorder.remove()
+                self.source.close()
+            except Exception:
+                pass
+        ACTIVE = None
+
+    def finish(self, recorder: Recorder, outcome: Outcome) -> RunResult:
+        """After the program (or a child's bootstrap): what was measured written, one line on how far it got."""
+        self.close(recorder)
+        if not self.guard.owner:  # a forked child that ran on through perflab: its end is its own, it reports nothing
+            if self.program is not None:
+                print_program_traceback(outcome, self.program)
             return RunResult(outcome.code, None, Path(self.options.out_dir))
-        if not self.written and not self.write_failed:  # the program ended before the traced steps did (or during the pass with shapes: reported in full)
+        children = self._children(outcome)
+        if children is not None and children.get("report") is not None:
+            return self._children_result(outcome, children)
+        if not self.written and not self.write_failed:  # the program ended before the traced steps did (or during the pass with shapes)
             self._write_kept(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
-        print_program_traceback(outcome, self.program)
+        elif children and self.written and self.rank.rank == 0 and self.report is not None:
+            self.report.processes = children["processes"]
+            self.guard.call(f"run.json could not be written to {self.options.out_dir}", lambda: self._write_file(self.report.to_dict()))
+        if self.program is not None:
+            print_program_traceback(outcome, self.program)
         if self.report is None or self.report.partial:
-            say(self._early_line(recorder, outcome, time.perf_counter() - t0))
+            say(self._early_line(recorder, outcome, time.perf_counter() - self._t0))
         elif outcome.exception is not None and self.rank.rank == 0:
-            where = f"was written to {Path(self.options.out_dir) / 'run.json'}" if self.written else "was made (it could not be written: below)"
+            where = f"was written to {self.report_path}" if self.written else "was made (it could not be written: below)"
             say(f"perflab: the program {self._how(outcome)} {self._at_step()}, after perflab's report of its steps {where}")
+        for note in self._notes():
+            say(f"perflab: {note}")
+        return RunResult(outcome.code, self.report, Path(self.options.out_dir))
+
+    def _children(self, outcome: Outcome) -> dict | None:
+        """The program's children at its end: those still running ended where it ended badly; their records; and where
+        this process stepped nothing, the report they wrote."""
+        if self.follower is None:
+            return None
+        if outcome.exception is not None or outcome.interrupted:
+            ended = self.follower.end_children()
+            if ended:
+                say(f"perflab: the program {self._how(outcome)}; its processes still running were ended: {', '.join(map(str, ended))}")
+        records = self.follower.records()
+        if not records:
+            return None
+        from perflab.program.children import processes_section
+
+        top = {"pid": os.getpid(), "kind": "the program (perflab started it)", "target": self.label, "followed": True,
+               "steps_seen": self.source.seen, "timed_steps": len(self._recorder.data.step_ms) if self._recorder else 0}
+        report = self.follower.children_report(records) if self.source.seen == 0 else None
+        return {"processes": processes_section(records, top), "report": report}
+
+    def _children_result(self, outcome: Outcome, children: dict) -> RunResult:
+        """The program stepped in its children only: their report is the run's, with the processes seen."""
+        report = children["report"]
+        written = dict(report, processes=children["processes"], steps_in="the program's children")
+        if self.program is not None:
+            print_program_traceback(outcome, self.program)
+        if self.guard.call(f"run.json could not be written to {self.options.out_dir}", lambda: self._write_file(written)):
+            self.written = True
+        self.report = RunReport.from_dict(written)
+        stepped = [p for p in children["processes"][1:] if p.get("followed") and p.get("steps_seen")]
+        who = ", ".join(f"{p['kind']} {p['rank'] if p.get('rank') is not None else p['pid']} (pid {p['pid']}, {p['steps_seen']} steps)"
+                        for p in stepped)
+        say(f"perflab: the program stepped in its children, not in the process perflab started: {who}; their report "
+            f"({report['report_of']}) is the run's: {Path(self.options.out_dir) / 'run.json'}")
         for note in self._notes():
             say(f"perflab: {note}")
         return RunResult(outcome.code, self.report, Path(self.options.out_dir))
@@ -85,37 +211,49 @@ class Run:
             notes.append(self.source.gave_way)
         return notes
 
+    def _on_timed(self, recorder: Recorder) -> None:
+        """The timed steps are complete: written now (partial), before the profiler starts, so that a program that
+        dies during its traced steps keeps them."""
+        self._write_kept(recorder, ended_early=True, quiet=True)
+        self.written = False  # the whole report is still to come
+
     def _on_traced(self, recorder: Recorder) -> None:
         self._write_kept(recorder, ended_early=False)
         if self.options.stop_after:
             raise StopProgram()
 
-    def _write_kept(self, recorder: Recorder, ended_early: bool, outcome=None) -> None:
+    def _write_kept(self, recorder: Recorder, ended_early: bool, outcome=None, quiet: bool = False) -> None:
         """``_write`` of what the recorder measured; its failure (a full disk) is said after the program, which runs on."""
         if not self.guard.call(f"run.json could not be written to {self.options.out_dir}",
-                               lambda: self._write(recorder.finish(), ended_early, outcome)):
+                               lambda: self._write(recorder.finish(), ended_early, outcome, quiet)):
             self.write_failed = True
 
-    def _write(self, recorded: Recorded, ended_early: bool, outcome=None) -> None:
+    def _write(self, recorded: Recorded, ended_early: bool, outcome=None, quiet: bool = False) -> None:
         """The report of what was measured, written to run.json (under torchrun each rank's to its rank.json, and rank
         0's merged with the others' to run.json)."""
         from perflab.program import ranks
 
-        context = RunContext(self.program.label, self.source.description, self.options, self.rank)
+        context = RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
         report = build_run_report(recorded, context, partial=ended_early, outcome=outcome,
                                   notes=self._notes() if outcome is not None else None)
         if self.rank.distributed:
-            ranks.gather(report, self.options, self.rank, ended_early)
+            if quiet:  # the timed steps, kept in this rank's report until the whole one replaces it
+                write_json(self.report_path, report.to_dict())
+            else:
+                ranks.gather(report, self.options, self.rank, ended_early)
         self.report = report
-        if self.rank.rank == 0:
+        if self.rank.rank == 0 and not (quiet and self.rank.distributed):
             written = report.to_dict()
-            write_json(Path(self.options.out_dir) / "run.json", written)
+            self._write_file(written)
             if not ended_early and self.render is not None:
                 try:
                     self.render(written)
                 except Exception as exc:  # the program closed stderr: the report is in run.json
                     self.guard.failed(f"the report could not be printed; it is in {Path(self.options.out_dir) / 'run.json'}", exc)
         self.written = True
+
+    def _write_file(self, written: dict) -> None:
+        write_json(Path(self.options.out_dir) / "run.json", written)
 
     @staticmethod
     def _how(outcome) -> str:
@@ -126,7 +264,7 @@ class Run:
     def _early_line(self, recorder: Recorder, outcome, seconds: float) -> str:
         data = recorder.data
         seen = self.source.seen
-        where = Path(self.options.out_dir) / "run.json" if self.written else "nothing (run.json could not be written)"
+        where = self.report_path if self.written else "nothing (run.json could not be written)"
         how = self._how(outcome)
         if seen == 0 and data.phase != "done":
             return f"perflab: {self.source.never_matched()}; the program {how} after {seconds:.1f} s"
@@ -138,6 +276,10 @@ class Run:
         traced = f" + --trace-warmup {o.trace_warmup} + --trace {o.trace}" if o.trace else " + --trace 0"
         return (f"perflab: the program {how} ({self.source.description}); --skip {o.skip} + --steps {o.steps}{traced} needs {need}: "
                 f"{measured} written to {where}")
+
+
+def _json_options(options: RunOptions) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()}
 
 
 def check_options(skip: int, steps: int, trace: int, step: str | None = None, step_range: str | None = None, trace_warmup: int = 3,
