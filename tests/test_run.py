@@ -85,8 +85,9 @@ def test_a_training_loop_is_timed_by_its_optimizer_steps_and_its_trace_accounted
     assert [k for k in ("utilisation", "floors", "model_bytes", "ceilings_note") if report[k] is not None] == []
 
 
-def test_step_names_an_inference_function_and_each_call_is_a_step(tmp_path):
+def test_step_names_an_inference_function_and_each_call_begins_a_step(tmp_path):
     prog = program(tmp_path, """
+        import time
         import torch
         w = torch.randn(128, 128)
         def infer(x):
@@ -94,13 +95,17 @@ def test_step_names_an_inference_function_and_each_call_is_a_step(tmp_path):
         x = torch.randn(16, 128)
         for i in range(11):
             infer(x)
-            torch.randn(1000).sum()  # between calls: not part of a step
+            time.sleep(0.003)  # between calls: in the step (the period from one call's start to the next's), not in the call
     """)
     code, report = run(tmp_path, prog, step="infer", skip=1, steps=5, trace=2)
     assert code == 0
+    # 10 call starts make the 9 periods: 1 skipped, 5 timed, 1 under the profiler thrown away, 2 traced
     assert report["recorded"]["steps_seen"] == 9 and report["timing"]["steps"] == 5
     assert report["flops"]["flops_per_step"] == 2 * (2 * 16 * 128 * 128)
-    assert report["steps_from"] == "each call of infer"
+    assert report["steps_from"] == "the period between the starts of successive calls of infer"
+    # the call's own duration beside the step: the sleep is in the step, not in the call
+    timing = report["timing"]
+    assert timing["calls"] == 5 and timing["call_median_ms"] + 2.5 < timing["median_ms"]
 
 
 def test_step_range_names_a_record_function_range(tmp_path):

@@ -180,9 +180,10 @@ def test_a_c_profiler_that_replaces_perflabs_step_finder_is_said(tmp_path, capsy
     code, report = run(tmp_path, prog, step="step", skip=2, steps=30, trace=0)
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 0 and report["partial"]
-    assert "exited with code 0 after 8 step(s)" in lines[-2]
+    # 8 calls seen: 7 steps (a step is the period from one call's start to the next's)
+    assert "exited with code 0 after 7 step(s)" in lines[-2]
     assert lines[-1].startswith("perflab: the program replaced perflab's sys.setprofile function (a profiler or debugger of its own, "
-                                "such as cProfile) after step 8: later calls of step were not seen")
+                                "such as cProfile) after step 7: later calls of step were not seen")
     assert report["perflab_notes"] == [lines[-1][len("perflab: "):]]
 
 
@@ -322,8 +323,9 @@ def test_a_step_call_that_raises_ends_its_step_under_sys_monitoring(monkeypatch)
 
     code = decode_one_token.__code__
     source = FunctionSteps("decode_one_token")
-    ended = []
+    ended, returned = [], []
     source.on_end = lambda: ended.append(source.seen)
+    source.on_call_end = lambda: returned.append(source.calls)
     source.install()
     try:
         callbacks[events.PY_START](code, 0)  # the first call raises
@@ -333,4 +335,6 @@ def test_a_step_call_that_raises_ends_its_step_under_sys_monitoring(monkeypatch)
         callbacks[events.PY_RETURN](code, 0, None)
     finally:
         source.close()
-    assert ended == [1, 2] and callbacks[events.PY_UNWIND] is None
+    # the raising call returned (unwound), so the retry's start ends the step the first call began: one step, two calls
+    # (without PY_UNWIND the retry would nest inside the first call and no step would end)
+    assert ended == [1] and returned == [1, 2] and callbacks[events.PY_UNWIND] is None

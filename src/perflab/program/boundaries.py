@@ -5,8 +5,10 @@ Each source calls ``on_start()`` when a step begins and ``on_end()`` when it end
 - ``OptimizerSteps`` (the default): torch's global optimizer step post-hook. A step ends when the optimizer has
   stepped, and the next begins at once (a step is boundary to boundary: data loading, forward, backward, the
   optimizer). With several optimizers, the first one to step counts the steps (a GAN's two optimizers are one step).
-- ``FunctionSteps`` (``--step QUALNAME`` or ``FILE:QUALNAME``): each call of that function is one step, from its first
-  instruction to its return; recursive calls count once. Found by its code object's qualified name (and file), so a
+- ``FunctionSteps`` (``--step QUALNAME`` or ``FILE:QUALNAME``): each call of that function begins a step, which ends
+  where the next call begins: the period between the starts of successive calls, what the program's own per-batch
+  clock sees (the call's own duration, start to return, is measured beside it: ``on_call_end``); recursive calls
+  count once. Found by its code object's qualified name (and file), so a
   function that ``torch.compile`` wraps counts too (dynamo's transformed code keeps the name). On Python 3.12+ through
   ``sys.monitoring`` (each other function is disabled after its first call: no cost once the program is warm); on
   older Pythons through ``sys.setprofile``, which costs a little on every Python call.
@@ -34,10 +36,12 @@ from perflab.program.guard import Guard
 class StepSource:
     kind = "boundary"  # "boundary": a step ends where the next begins; "call": a step is one call, gaps between are not timed
     description = ""
+    starts_at_first_call = False  # a boundary source whose first boundary begins the first step and ends none (--step)
 
     def __init__(self):
         self.on_start: Callable[[], None] = lambda: None
         self.on_end: Callable[[], None] = lambda: None
+        self.on_call_end: Callable[[], None] = lambda: None  # --step: the call that began the step returned
         self.seen = 0  # steps ended: the program's own step numbers, also after the recorder detached where counting is free
         self.counting_after = True  # does ``seen`` go on counting after ``detach``?
         self.failure: str | None = None  # perflab's own hook failed: it stopped recording there, the program went on
@@ -86,6 +90,15 @@ class StepSource:
         self.seen += 1
         if self._attached:
             self._guarded(self.on_end)
+
+    @property
+    def matched(self) -> bool:
+        """Did the program reach a step boundary at all?"""
+        return self.seen > 0
+
+    def _call_returned(self) -> None:
+        if self._attached and self._guard.owner:
+            self._guarded(self.on_call_end)
 
     def _guarded(self, hook: Callable[[], None]) -> None:
         """perflab's own failure inside a hook stops its recording there and is said after the program; it is never
@@ -179,13 +192,15 @@ def parse_step_function(text: str) -> tuple[str | None, str]:
 
 
 class FunctionSteps(StepSource):
-    kind = "call"
+    kind = "boundary"
+    starts_at_first_call = True
 
     def __init__(self, spec: str):
         super().__init__()
         self.file, self.qualname = parse_step_function(spec)
-        self.description = f"each call of {spec}"
+        self.description = f"the period between the starts of successive calls of {spec}"
         self._depth = 0
+        self.calls = 0
         self._tool = None
         self._old_profile = None
         self._real = None
@@ -197,9 +212,17 @@ class FunctionSteps(StepSource):
         return self.file is None or Path(code.co_filename).name == Path(self.file).name and (
             Path(code.co_filename).resolve() == Path(self.file).resolve() or not Path(self.file).is_absolute())
 
+    @property
+    def matched(self) -> bool:
+        return self.calls > 0
+
     def _begin(self) -> None:
         self._depth += 1
         if self._depth == 1:
+            if self._guard.owner:
+                self.calls += 1
+            if self.calls > 1:  # the step the last call began ends here, where the next one begins
+                self._ended()
             self._began()
 
     def _finish(self) -> None:
@@ -207,7 +230,7 @@ class FunctionSteps(StepSource):
             return
         self._depth -= 1
         if self._depth == 0:
-            self._ended()
+            self._call_returned()
 
     def _install(self) -> None:
         self._called = set()  # code objects of the functions called (for the line when none matched)

@@ -147,6 +147,7 @@ class Recorder:
         self._clock = None  # perflab.clock.StepClock, chosen at the first timed step
         self._marks: dict[str, list] = {"timed": [], "traced": []}  # a boundary source's stamps, per phase
         self._pairs: dict[str, list] = {"timed": [], "traced": []}  # a call source's (start, end) stamps, per phase
+        self._call_ends: dict[str, list] = {"timed": [], "traced": []}  # --step: each call's (start mark, return) stamps
         self._call_start = None
         self._timed_read = False  # the timed stamps are read once (``_read_timed``)
         self._tracer = None  # trace.capture.Tracer while tracing
@@ -167,6 +168,7 @@ class Recorder:
     def install(self) -> None:
         self.source.on_start = self._on_start
         self.source.on_end = self._on_end
+        self.source.on_call_end = self._on_call_end
         self.source.install()
         self.watch.install()
         self.loop.install()
@@ -174,8 +176,11 @@ class Recorder:
         import perflab.clock  # noqa: F401  (imported now, not inside the first timed step)
         self._counters["start"] = compiler.counters()
         self._watch_script_profiler()
-        if self.options.skip == 0:  # the timed phase begins with the first step (checked: a "call" source's)
-            self._enter_timed()
+        if self.options.skip == 0:  # the timed phase begins with the first step (checked: --step's or --step-range's)
+            if self.source.starts_at_first_call:
+                self.data.phase = "timed"  # its first boundary, the first call's start, begins it (_step_begins)
+            else:
+                self._enter_timed()
 
     def remove(self) -> None:
         self.source.detach()
@@ -199,8 +204,18 @@ class Recorder:
         with self.loop.paused():
             self._step_ends()
 
+    def _on_call_end(self) -> None:
+        """--step: the call that began this step returned. Its own duration (start to return) is kept beside the step."""
+        phase = self.data.phase
+        if (phase == "timed" or phase == "traced" and self._pass == "accounted") and self._clock is not None and self._marks[phase]:
+            with self.loop.paused():
+                self._call_ends[phase].append((self._marks[phase][-1], self._clock.stamp()))
+
     def _step_begins(self) -> None:
         phase = self.data.phase
+        if phase == "timed" and self.source.kind == "boundary" and not self._marks["timed"] and self.source.starts_at_first_call:
+            self._enter_timed()  # --skip 0 with --step: the first call's start begins the timed steps
+            return
         if phase == "timed" and "timed" not in self._counters:  # a "call" source's first timed step begins
             self._counters["timed"] = compiler.counters()  # (a few µs: compiler.prepare ran at install)
             if self._clock is None:  # --skip 0: no step before this one to choose the clock in
@@ -316,6 +331,11 @@ class Recorder:
             step_ms, host_ms = self._read("timed")
             self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
             self.data.timing = timing_summary(self.data.step_ms, self.data.host_step_ms)
+            if self._call_ends["timed"]:
+                call_ms = self._clock.read_pairs(self._call_ends["timed"])[0]
+                self.data.timing["call_median_ms"] = float(sorted(call_ms)[len(call_ms) // 2]) if len(call_ms) % 2 else \
+                    float(sum(sorted(call_ms)[len(call_ms) // 2 - 1:len(call_ms) // 2 + 1]) / 2)
+                self.data.timing["calls"] = len(call_ms)
             self.data.timed_windows_ns = self._windows("timed")
             loop = self.loop.take()
         windows = self.data.timed_windows_ns

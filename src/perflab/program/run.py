@@ -266,7 +266,7 @@ class Run:
         seen = self.source.seen
         where = self.report_path if self.written else "nothing (run.json could not be written)"
         how = self._how(outcome)
-        if seen == 0 and data.phase != "done":
+        if not self.source.matched and data.phase != "done":
             return f"perflab: {self.source.never_matched()}; the program {how} after {seconds:.1f} s"
         o = self.options
         need = o.skip + o.steps + (o.trace_warmup + o.trace if o.trace else 0)
