@@ -171,12 +171,19 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
     evidence = {"step_ms": median, "busy_ms": busy_ms, "communication_apart": compute_ms is not None, "categories_ms": categories_ms,
                 "host_ms": host_ms, "host_source": host_source, "inflation": traced["inflation"],
                 "inflated": traced["inflated"], "cpu_only": trace.cpu_only, "cpu_verdict": summary["launch"] if trace.cpu_only else None,
+                "operator_share": _operator_share(summary) if trace.cpu_only else None,
                 **loop_evidence(loop)}
     if ceilings and median and not trace.cpu_only:
         report.update(_floors(ceilings, flops, model_bytes, median, evidence, summary, tf32))
     report["verdict_evidence"] = evidence
     report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"))
     return report
+
+
+def _operator_share(summary: dict) -> float | None:
+    """A CPU trace's operators' share of its traced steps (the accounting's busy time over its wall)."""
+    acc = summary.get("accounting_ns") or {}
+    return acc["busy_ns"] / acc["wall_ns"] if acc.get("wall_ns") else None
 
 
 def _compute_busy_ms(trace) -> float | None:
@@ -394,6 +401,14 @@ def _fill_verdict(evidence: dict, floors: dict | None, utilisation: dict | None,
     step, busy = out["step_ms"], evidence.get("busy_ms")
     if evidence.get("cpu_only"):
         cpu = evidence.get("cpu_verdict") or {}
+        if evidence.get("inflated") and cpu.get("verdict") and evidence.get("operator_share") is not None:
+            # the traced steps' milliseconds are the profiler's as much as the program's: their shares, with the untraced step
+            share = evidence["operator_share"]
+            return dict(out, verdict=cpu["verdict"],
+                        message=f"{cpu['verdict']}, in traced steps that ran ×{evidence.get('inflation') or 0:.2f} the untraced "
+                                f"{step:.3f} ms step: torch's operators ran {share:.0%} of them, the interpreter between them "
+                                f"{1 - share:.0%}; the profiler adds time to every operator, so these shares describe it as much as "
+                                "the program (the traced accounting's own figures are below)")
         return dict(out, verdict=cpu.get("verdict") or "unknown", message=cpu.get("message") or "no operators traced")
     if fill is None:
         return dict(out, verdict="unknown", message="no GPU work was traced, and the GPU's busy share was not read (no NVML)")

@@ -235,7 +235,7 @@ def run_lines(report: dict) -> list[str]:
     lines = compiler_lines(report)
     if report.get("verdict"):  # analysis.program.step_verdict's dict
         lines.append(f"verdict: {report['verdict']['message']}")
-    if report.get("traced_verdict"):
+    if report.get("traced_verdict") and report["traced_verdict"] != (report.get("verdict") or {}).get("message"):
         inflated = (report.get("traced") or {}).get("inflated")
         lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {report['traced_verdict']}")
     for flag in report.get("flags") or []:
