@@ -88,7 +88,7 @@ def main_worker(rank: int, args) -> None:
     if args.traceml:
         import traceml_ai as traceml
 
-        traceml.init(mode="summary")
+        traceml.init(mode="auto")
     batch_time, data_time = AverageMeter(), AverageMeter()
     log = open(args.log, "w") if args.log and rank == 0 else None
     model.train()

@@ -102,6 +102,7 @@ class LoopWatch:
         self._saved: list[tuple] = []  # (owner, attribute, original) to put back
         self._local = threading.local()
         self._paused = 0
+        self._sites: dict = {}  # (code, line) of a synchronising call's caller → its site
 
     # --- installation ---------------------------------------------------------------------------------
 
@@ -253,7 +254,15 @@ class LoopWatch:
 
     def _site(self, frame) -> str:
         """``file:line (function)`` of the caller; where that is a library's, `` via `` the innermost frame of the
-        program's own files too."""
+        program's own files too. Kept per calling line: the walk up the stack is paid once a line, not once a call
+        (a library's line called from several of the program's is named by the first)."""
+        key = (frame.f_code, frame.f_lineno)
+        site = self._sites.get(key)
+        if site is None:
+            site = self._sites[key] = self._find_site(frame)
+        return site
+
+    def _find_site(self, frame) -> str:
         caller = f"{_short(frame.f_code.co_filename)}:{frame.f_lineno} ({frame.f_code.co_name})"
         if self.own_file(frame.f_code.co_filename):
             return caller
