@@ -9,7 +9,7 @@ set -u
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 mkdir -p "$OUT"
 P=benchmarks/programs
-ONLY=${ONLY:-"cost slow ample spawn trainer sync nosync decode traceml"}
+ONLY=${ONLY:-"cost slow ample spawn trainer nonan sync nosync decode traceml"}
 want() { case " $ONLY " in *" $1 "*) return 0;; esac; return 1; }
 run() {  # run NAME PERFLAB-OPTIONS -- PROGRAM ARGS: perflab run into $OUT/NAME, its console into $OUT/NAME.log
   local name=$1; shift
@@ -26,6 +26,7 @@ want slow && run slow --skip 10 --steps 40 --trace 3 -- $IMG -a resnet18 -b 256 
 want ample && run ample --skip 10 --steps 40 --trace 3 -- $IMG -a resnet50 -b 128 -j 12 --decode-ms 1 --log "$OUT/ample_own.jsonl"
 want spawn && run spawn --skip 10 --steps 40 --trace 3 -- $IMG -a resnet50 -b 128 -j 12 --decode-ms 1 --spawn --log "$OUT/spawn_own.jsonl"
 want trainer && run trainer --skip 10 --steps 40 --trace 3 -- $P/hf_trainer_gpt2.py --steps 70 --batch-size 8 --seq-len 1024 --log "$OUT/trainer_own.jsonl"
+want nonan && run nonan --skip 10 --steps 40 --trace 3 -- $P/hf_trainer_gpt2.py --steps 70 --batch-size 8 --seq-len 1024 --no-nan-filter --log "$OUT/nonan_own.jsonl"
 want sync && run sync --skip 30 --steps 200 --trace 3 -- $P/compiled_gpt_sync.py --steps 260 --log "$OUT/sync_own.jsonl"
 want nosync && run nosync --skip 30 --steps 200 --trace 3 -- $P/compiled_gpt_sync.py --steps 260 --no-sync --log "$OUT/nosync_own.jsonl"
 want decode && run decode --step-range BENCHMARK --skip 0 --steps 40 --trace 3 -- python $P/decode_nvtx.py --decode

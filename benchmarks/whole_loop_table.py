@@ -21,6 +21,7 @@ OWN = {
     "sync": ("sync_own.jsonl", "step_ms", None, 0),
     "nosync": ("nosync_own.jsonl", "step_ms", None, 0),
     "trainer": ("trainer_own.jsonl", "step_ms", None, 1),
+    "nonan": ("nonan_own.jsonl", "step_ms", None, 1),
 }
 
 
@@ -31,7 +32,7 @@ def own_window(out: Path, name: str, skip: int, steps: int) -> dict | None:
         return None
     log, time_key, data_key, offset = OWN[name]
     lines = [json.loads(line) for line in (out / log).read_text().splitlines() if line.strip()]
-    if name == "trainer":  # its log's "step" is the optimizer step the interval ends at
+    if name in ("trainer", "nonan"):  # its log's "step" is the optimizer step the interval ends at
         by_step = {line["step"]: line for line in lines}
         window = [by_step[k] for k in range(skip + 1, skip + steps + 1) if k in by_step]
     else:  # iteration i holds the optimizer step that ends perflab's step i + 1
@@ -49,7 +50,7 @@ def own_window(out: Path, name: str, skip: int, steps: int) -> dict | None:
 def main() -> None:
     out = Path(sys.argv[1])
     rows = []
-    for name in ("slow", "ample", "spawn", "trainer", "sync", "nosync", "decode"):
+    for name in ("slow", "ample", "spawn", "trainer", "nonan", "sync", "nosync", "decode"):
         path = out / name / "run.json"
         if not path.exists():
             continue

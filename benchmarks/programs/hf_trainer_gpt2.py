@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--log", default=None)
+    parser.add_argument("--no-nan-filter", action="store_true", help="logging_nan_inf_filter=False: no isnan/isinf check of the loss "
+                        "each step (a synchronising call)")
     parser.add_argument("--out", default="/tmp/hf_trainer_out")
     args = parser.parse_args()
     config = GPT2Config(n_layer=args.layers, n_embd=args.width, n_head=args.heads, n_positions=max(1024, args.seq_len))
@@ -63,7 +65,7 @@ def main() -> None:
     cuda = torch.cuda.is_available()
     training = TrainingArguments(output_dir=args.out, per_device_train_batch_size=args.batch_size, max_steps=args.steps, bf16=cuda,
                                  logging_steps=10, report_to="none", save_strategy="no", dataloader_num_workers=args.workers,
-                                 learning_rate=3e-4, disable_tqdm=True, use_cpu=not cuda)
+                                 learning_rate=3e-4, disable_tqdm=True, use_cpu=not cuda, logging_nan_inf_filter=not args.no_nan_filter)
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(args.batch_size * (args.steps + 2), args.seq_len, config.vocab_size),
                       callbacks=[StepClock(args.log)])
     trainer.train()

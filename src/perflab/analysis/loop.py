@@ -235,7 +235,10 @@ def stall_line(loop: dict | None) -> str | None:
     stalls = (loop or {}).get("stalls") or {}
     if not stalls.get("said"):
         return None
-    every = f", every {stalls['period']}th step" if stalls.get("period") else ""
+    every = ""
+    if stalls.get("period"):
+        every = f", every {stalls['period']}th step" if stalls["count"] * stalls["period"] <= loop["steps"] + stalls["period"] else \
+            f" (the longest every {stalls['period']}th step)"
     causes = stalls.get("causes_ms") or {}
     excess = stalls.get("excess_ms") or 0.0
     parts = ", ".join(f"{CAUSE_WORDS[k]} {v / excess:.0%}" for k, v in sorted(causes.items(), key=lambda kv: -kv[1]) if excess > 0 and v > 0)

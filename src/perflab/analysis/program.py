@@ -389,8 +389,10 @@ def _host(evidence: dict, fill: float) -> tuple[float | None, str | None, bool]:
             waits.append(f"{evidence['sync_blocked_ms']:.3f} ms blocked in synchronising calls")
         if (evidence.get("input") or {}).get("wait_ms_per_step"):
             waits.append(f"{evidence['input']['wait_ms_per_step']:.3f} ms waiting for input")
+        if not waits:
+            return own, "the host's clock over the untraced steps, in which it waited on nothing perflab watches", False
         clock = f"{evidence['host_mean_ms']:.3f} ms a step, " if evidence.get("host_mean_ms") else ""
-        return own, "the host's clock over the untraced steps, " + clock + ("less " + " and ".join(waits) if waits else "which waited on nothing perflab watches"), False
+        return own, "the host's clock over the untraced steps, " + clock + "less " + " and ".join(waits), False
     if evidence.get("host_ms") is not None:
         return evidence["host_ms"], evidence.get("host_source"), fill >= 0.5
     return None, None, False

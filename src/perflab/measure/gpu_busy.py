@@ -19,6 +19,9 @@ from __future__ import annotations
 import time
 
 MIN_NVML_SAMPLES = 3  # fewer samples inside the window: their periods reach outside it too far to be its figure
+# GPM over a shorter window reads low: against a known duty cycle on an H200, 2 s windows were within 2.5 points,
+# 0.4 s windows 4-6 points low, and a 0.075 s window of a launch-bound loop read 0% (docs/performance/run.md)
+MIN_GPM_WINDOW_S = 1.0
 _VALUE_FIELDS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
@@ -85,7 +88,13 @@ class BusyMeter:
             self.sample_ms.append((time.perf_counter() - t) * 1e3)
             out["gpm_sample_ms"] = list(self.sample_ms)
             if second is not None:
-                out.update(self._gpm_metrics(self._gpm_first, second))
+                metrics = self._gpm_metrics(self._gpm_first, second)
+                if window_s >= MIN_GPM_WINDOW_S:
+                    out.update(metrics)
+                elif metrics:
+                    out["gpm_short_window"] = metrics  # kept, not used
+                    self.gpm_why = (f"the timed steps took {window_s:.2f} s, and GPM's figure needs {MIN_GPM_WINDOW_S:g} s or more "
+                                    "(raise --steps)")
             self._free(self._gpm_first, second)
         out.update(self._nvml_samples(self._t0_us, t1_us))
         why = {}

@@ -134,8 +134,10 @@ class Tracer:
             warnings.simplefilter("ignore")
             sched = schedule(wait=0, warmup=self.warmup, active=self.steps, repeat=1)
         activities = _activities(self.device) if self.cpu_ops else [ProfilerActivity.CUDA]
-        self._prof = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes and self.cpu_ops,
-                                            schedule=sched, on_trace_ready=self._export)
+        with warnings.catch_warnings():  # torch's "Profiler clears events at the end of each cycle": perflab's, not the program's
+            warnings.simplefilter("ignore")
+            self._prof = torch.profiler.profile(activities=activities, record_shapes=self.record_shapes and self.cpu_ops,
+                                                schedule=sched, on_trace_ready=self._export)
         if self.own_step_ranges or self.markers:
             self._prof.record_steps = False  # the schedule without torch's boundary-to-boundary step ranges
         with quiet_profiler():

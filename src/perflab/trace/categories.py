@@ -33,13 +33,15 @@ RULES: tuple[tuple[str, str], ...] = (
     ("gemm", r"gemm|cutlass|cublas|nvjet|xmma|gemv|splitkreduce|scal_kernel|wgmma|cudnn.*conv|conv.*sgemm|"
              r"implicit_convolve|dot_kernel"),
     ("softmax", r"softmax"),
-    ("norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|\bnorm_kernel"),
+    # cuDNN's batch norm kernels are bn_fw_*/bn_bw_* (a ResNet's: bn_bw_1C11_kernel_new, bn_fw_tr_1C11_kernel_NCHW)
+    ("norm", r"layer_?norm|rms_?norm|batch_?norm|group_?norm|instance_?norm|\bnorm_kernel|\bbn_(?:fw|bw)_"),
     # The token-reduction ops (top-k, sort, gather/scatter/index) before copy/elementwise, whose templates
     # they can mention.
     ("sort_topk_index", r"topk|bitonicsort|radixsort|radix_sort|segmented_sort|sort_|_sort|sortkeys|gather|scatter|"
                         r"index|argmax|argmin|nonzero|masked_select|embedding"),
     # Data movement inside the GPU: copies and dtype casts, concatenation (CatArrayBatchedCopy).
-    ("copy", r"copy_kernel|direct_copy|catarray|\bcopy<|_copy\b|transpose|permute"),
+    # cuDNN's layout changes around a convolution (nchwToNhwcKernel, nhwcToNchwKernel) are copies too.
+    ("copy", r"copy_kernel|direct_copy|catarray|\bcopy<|_copy\b|transpose|permute|nchwtonhwc|nhwctonchw"),
     ("reduction", r"reduce|sum_functor|mean|nll_loss|cross_entropy|\bnorm_|argmax|cumsum|cumprod|scan"),
     ("elementwise", r"elementwise|multi_tensor_apply|functor|fill|clamp|where|unrolled|vectorized|pointwise|activation|"
                     r"gelu|relu|silu|sigmoid|tanh|dropout|rsqrt|exp|mul|add"),
