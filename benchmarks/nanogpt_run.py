@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--nproc-list", default=None, help="perflab run --nproc 1,2: the program at each count, and the scaling")
     parser.add_argument("--iters", type=int, default=55)
     parser.add_argument("--batch-size", type=int, default=12, help="nanoGPT's --batch_size, per GPU and micro-step")
+    parser.add_argument("--input", default=None, help="perflab run --input: a function whose calls are waits for input (get_batch)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     root = args.nanogpt.resolve()
@@ -58,7 +59,7 @@ def main() -> None:
                  "--out_dir=/tmp/nanogpt_out", "--decay_lr=False"]
     nproc = ["--nproc", args.nproc_list] if args.nproc_list else (["--nproc", str(args.nproc)] if args.nproc > 1 else [])
     perflab = [sys.executable, "-m", "perflab", "run", "--skip", str(args.skip), "--steps", str(args.steps), "--trace", str(args.trace),
-               "--trace-warmup", str(args.trace_warmup), "--out", str(run_dir)] + nproc + (["--no-shapes"] if args.no_shapes else []) + [
+               "--trace-warmup", str(args.trace_warmup), "--out", str(run_dir)] + nproc + (["--no-shapes"] if args.no_shapes else []) + (["--input", args.input] if args.input else []) + [
                    "--", "train.py", *overrides]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"), os.environ.get("PYTHONPATH", "")]))
     done = subprocess.run(perflab, cwd=root, env=env, capture_output=True, text=True)
@@ -86,10 +87,12 @@ def main() -> None:
         "verdict": report.get("verdict"), "compile": report.get("recorded", {}).get("compile_phases"),
         "limit_hits": report.get("recorded", {}).get("limit_hits"), "compiled": report.get("compiled"),
         "communication": report.get("communication"), "ranks": report.get("ranks"), "traced": report.get("traced"),
-        "traced_verdict": report.get("traced_verdict"), "floors": report.get("floors"),
+        "traced_verdict": report.get("traced_verdict"), "floors": report.get("floors"), "loop": report.get("loop"),
+        "mean_ms": (report.get("loop") or {}).get("mean_ms"),
+        "nanogpt_iter_ms_mean": statistics.mean(window) if window else None,
     }
     args.out.write_text(json.dumps(summary, indent=1, default=str))
-    print(json.dumps({k: summary[k] for k in ("perflab_step_ms", "nanogpt_iter_ms_median", "ratio_perflab_over_nanogpt", "nanogpt_mfu_pct_last",
+    print(json.dumps({k: summary[k] for k in ("perflab_step_ms", "nanogpt_iter_ms_median", "mean_ms", "nanogpt_iter_ms_mean", "ratio_perflab_over_nanogpt", "nanogpt_mfu_pct_last",
                                                "perflab_mfu", "perflab_peak_tflops", "flags", "exit_code", "verdict")}, indent=1, default=str))
     traced = summary["traced"] or {}
     print("traced:", {k: traced.get(k) for k in ("step_ms", "step_ms_each", "warmup_step_ms", "inflation", "inflated")})

@@ -7,6 +7,7 @@ data wait, its iteration) to a JSON file that perflab never reads, and the test 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -232,3 +233,27 @@ def test_forked_processes_that_step_are_each_followed_and_listed(tmp_path, capsy
     assert len(followed) == 2 and all(p["kind"] == "process" and p["target"] == "__main__.train" for p in followed)
     assert all(p["steps_seen"] == 30 and p["timed_steps"] == 6 and p["exit_code"] == 0 for p in followed)
     assert report["timing"]["steps"] == 6 and "proc" in report["report_of"]
+
+
+def test_the_gpu_idle_after_each_synchronising_call_is_counted_as_a_second_reader_counts_it():
+    """nanoGPT's train.py on an H200 (CUDA-only trace, tests/data/run): it reads loss.item() once a step, which waits for
+    the GPU to run dry; until the host launches again the GPU idles. A plain reader of the same events: each
+    cudaStreamSynchronize's return, to the next GPU activity's start, less the GPU work still running past the return."""
+    from reference_trace import gpu_activities, load_events, us_to_ns
+
+    from perflab.analysis.launch import idle_after_syncs
+    from perflab.trace.kineto import load_kineto
+
+    path = Path(__file__).parent / "data" / "run" / "nanogpt_cuda_only_h200.json.gz"
+    counted = idle_after_syncs(load_kineto(path, ops=True))
+    events = load_events(path)
+    activities = sorted((a["start"], a["end"]) for a in gpu_activities(events))
+    returns = [us_to_ns(e["ts"]) + us_to_ns(e["dur"]) for e in events if e.get("cat") == "cuda_runtime" and e.get("name") == "cudaStreamSynchronize"]
+    idle = 0
+    for t in returns:
+        drained = max([t] + [end for start, end in activities if start <= t])
+        idle += min(start for start, _ in activities if start > t) - drained
+    # three traced steps, one loss.item() each
+    assert counted["calls_per_step"] == 1.0 and len(returns) == 3
+    assert counted["idle_ms_per_step"] == pytest.approx(idle / 3 / 1e6, abs=1e-6)
+    assert 0.5 < counted["idle_ms_per_step"] < 3.0  # a GPU-bound step: the host launches again within a few ms

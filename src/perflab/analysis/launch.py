@@ -151,6 +151,39 @@ def blocked_launch_ns(kernels: pd.DataFrame) -> pd.DataFrame:
                          "blocked_ns": blocked})
 
 
+def idle_after_syncs(trace) -> dict | None:
+    """The GPU's idle time that follows each synchronising call in a trace's step windows (a ``loss.item()``: the host
+    waited until the GPU ran dry, so until the host launches again the GPU has nothing to do): per call, from its return
+    (or the end of the last GPU activity before it, if later) to the start of the next GPU activity, within its window.
+    Returns {"calls_per_step", "idle_ms_per_step", "steps"}, or None where the trace has no step windows; the calls
+    are the CUDA runtime's (``SYNC_CALLS``), so a CPU trace has none."""
+    from perflab.analysis.accounting import step_windows
+
+    kernels = trace.kernels
+    if trace.cpu_only or kernels is None or not len(kernels) or not len(trace.steps):
+        return None
+    windows = step_windows(kernels, trace.steps)
+    starts_w, ends_w = windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64)
+    calls = trace.launches
+    is_sync = calls["name"].astype(str).str.contains(SYNC_CALLS.pattern, regex=True).to_numpy()
+    call_end = calls["end_ns"].to_numpy(np.int64)[is_sync]
+    order = np.argsort(kernels["start_ns"].to_numpy(np.int64), kind="stable")
+    k_start = kernels["start_ns"].to_numpy(np.int64)[order]
+    k_end_so_far = np.maximum.accumulate(kernels["end_ns"].to_numpy(np.int64)[order])
+    idle = np.zeros(len(windows))
+    count = np.zeros(len(windows))
+    for t in call_end:
+        w = int(np.searchsorted(starts_w, t, side="right")) - 1
+        if w < 0 or t >= ends_w[w]:
+            continue  # outside every step (perflab's own synchronisation after the last traced step)
+        j = int(np.searchsorted(k_start, t, side="right"))
+        drained_at = max(t, int(k_end_so_far[j - 1]) if j > 0 else t)
+        next_start = min(int(k_start[j]) if j < len(k_start) else ends_w[w], ends_w[w])
+        idle[w] += max(next_start - drained_at, 0)
+        count[w] += 1
+    return {"calls_per_step": float(count.mean()), "idle_ms_per_step": float(idle.mean()) / 1e6, "steps": int(len(windows))}
+
+
 def host_issue_ms(trace, without_waits: bool = False) -> float:
     """Median over steps of the CPU time to issue one step in a trace: step start → end of its last
     launch call (profiled, so inflated; see measure.host for the untraced figure). ``without_waits``: less the time

@@ -27,7 +27,7 @@ import numpy as np
 
 from perflab.analysis.accounting import account
 from perflab.analysis.floors import compute_floors
-from perflab.analysis.launch import host_issue_ms
+from perflab.analysis.launch import host_issue_ms, idle_after_syncs
 from perflab.analysis.op_flops import count_op_flops
 from perflab.analysis.ranks import is_comm
 from perflab.analysis.trace_report import analyze_trace
@@ -88,6 +88,7 @@ def _top_names(work, n: int) -> list[dict]:
 
 INFLATION_LIMIT = 1.10  # traced ÷ untraced step beyond which the traced accounting describes the profiler (--inflation-limit)
 GPU_BOUND_FILL = 0.85  # kernels filling this share of the untraced step: the GPU sets it, whatever the host does
+SYNC_BOUND = 0.05  # the GPU idle after synchronising calls of at least this share of the step: synchronisation-bound
 COMMUNICATION = "communication"  # trace.categories' name for NCCL's kernels
 
 
@@ -172,12 +173,20 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
                 "host_ms": host_ms, "host_source": host_source, "inflation": traced["inflation"],
                 "inflated": traced["inflated"], "cpu_only": trace.cpu_only, "cpu_verdict": summary["launch"] if trace.cpu_only else None,
                 "operator_share": _operator_share(summary) if trace.cpu_only else None,
+                "sync_idle": idle_after_syncs(trace), "host_bound_idle_ms": _host_bound_idle_ms(summary),
                 **loop_evidence(loop)}
     if ceilings and median and not trace.cpu_only:
         report.update(_floors(ceilings, flops, model_bytes, median, evidence, summary, tf32))
     report["verdict_evidence"] = evidence
     report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"))
     return report
+
+
+def _host_bound_idle_ms(summary: dict) -> float | None:
+    """The traced steps' host-bound idle per step: the GPU ran dry and waited for the host's next launch (the accounting)."""
+    acc = summary.get("accounting_ns") or {}
+    steps = summary.get("steps") or 0
+    return acc["host_bound_ns"] / steps / 1e6 if acc.get("host_bound_ns") is not None and steps else None
 
 
 def _operator_share(summary: dict) -> float | None:
@@ -448,14 +457,23 @@ def _fill_verdict(evidence: dict, floors: dict | None, utilisation: dict | None,
                             "larger fused kernels) or less host work a step shorten it")
     own = evidence.get("host_own_ms")
     sync = _sync_text(evidence)
-    if sync and own is not None and fill <= GPU_BOUND_FILL and own < gpu_ms:
-        overlap = max(gpu_ms, own)
+    sync_idle = (evidence.get("sync_idle") or {}).get("idle_ms_per_step")
+    if sync and own is not None and fill <= GPU_BOUND_FILL and own < gpu_ms and (sync_idle is None or sync_idle >= SYNC_BOUND * step):
+        if sync_idle is not None:
+            # the idle the synchronisation makes, measured: after each call the queue is empty until the host launches again
+            bound = "at most " if evidence.get("inflated") else ""
+            gain = (f"the GPU then idles {sync_idle:.3f} ms a step until the host launches again (the traced steps"
+                    + (f", ×{evidence.get('inflation') or 0:.2f} the untraced: an upper bound" if evidence.get("inflated") else "")
+                    + f"). Without the synchronisation the step would take {bound}that much less, about {step - sync_idle:.3f} ms "
+                    f"(×{step / (step - sync_idle):.2f} faster)")
+        else:
+            overlap = max(gpu_ms, own)
+            gain = (f"without it the host's own {own:.3f} ms of work a step would overlap {gpu_text}: the step's floor is "
+                    f"{overlap:.3f} ms (×{step / overlap:.2f} at most)")
         return dict(out, verdict="synchronisation-bound",
                     message=f"synchronisation-bound: the GPU idles {1 - fill:.0%} of the {step:.3f} ms mean step; the host blocks "
                             f"{evidence.get('sync_blocked_ms') or 0.0:.3f} ms a step in synchronising calls ({sync}), so the GPU's queue "
-                            f"drains and it waits while the host does its own {own:.3f} ms of work a step. Without the "
-                            f"synchronisation that work would overlap {gpu_text}: the step would take about {overlap:.3f} ms "
-                            f"(×{step / overlap:.2f} faster)")
+                            f"drains; {gain}")
     floor_name = (floors or {}).get("binding")
     if floor_name == "launch" and floors.get("launch_ms", 0) >= (busy if busy is not None else gpu_ms) * 0.5:
         return dict(out, verdict="latency-bound small kernels",
@@ -467,9 +485,16 @@ def _fill_verdict(evidence: dict, floors: dict | None, utilisation: dict | None,
                             f"×{evidence.get('inflation') or 0:.2f} "
                             "the untraced, and no untraced measure of the host's own time was taken, so the host's issue time is not known: "
                             "raise --trace-warmup")
+    parts = []
+    if evidence.get("host_bound_idle_ms"):
+        parts.append(f"in the traced steps the GPU waited {evidence['host_bound_idle_ms']:.3f} ms a step for the host's next launch")
+    if sync_idle:
+        parts.append(f"{sync_idle:.3f} ms of it after synchronising calls ({sync})" if sync else f"{sync_idle:.3f} ms after synchronising calls")
+    where = ("; " + ", ".join(parts)) if parts else ""
     return dict(out, verdict="GPU idle, not launch-bound",
-                message=f"the GPU idles {1 - fill:.0%} of the {step:.3f} ms step but the host issues it in {host:.3f} ms: the idle time "
-                        "is the program waiting (synchronisation, data loading, communication), not launching")
+                message=f"the GPU idles {1 - fill:.0%} of the {step:.3f} ms step but the host issues it in {host:.3f} ms, less than the "
+                        f"GPU's {gpu_ms:.3f} ms: it is not a slow host but a host that launches late at points (after a "
+                        f"synchronisation, a wait for data, communication){where}")
 
 
 def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict, world_size: int, steps: int,
