@@ -65,11 +65,13 @@ def main() -> None:
         inputs = loop.get("input") or {}
         exposed = (loop.get("per_step") or {}).get("exposed_input_ms") or []
         exposed_share = sum(exposed[:-1]) / sum(samples[:-1]) if len(samples) > 1 and exposed else None
+        waited = (loop.get("per_step") or {}).get("input_ms") or []
+        wait_share = sum(waited[:-1]) / sum(samples[:-1]) if len(samples) > 1 and waited else None
         sync = loop.get("sync") or {}
         row = {"program": name, "verdict": verdict.get("verdict"), "median_ms": loop.get("median_ms"), "mean_ms": loop.get("mean_ms"),
                "mean_ms_but_last": perflab_mean, "own_mean_ms": own and own["mean_ms"],
                "mean_vs_own": perflab_mean / own["mean_ms"] if own and perflab_mean else None,
-               "exposed_share": inputs.get("exposed_share"), "exposed_share_but_last": exposed_share, "own_data_share": own and own.get("data_share"),
+               "exposed_share": inputs.get("exposed_share"), "exposed_share_but_last": exposed_share, "wait_share_but_last": wait_share, "own_data_share": own and own.get("data_share"),
                "gpm": busy.get("gpm_graphics_util"), "nvml": busy.get("nvml_util"), "nvml_samples": busy.get("nvml_samples"),
                "traced_fill": verdict.get("kernel_fill"), "inflation": (report.get("traced") or {}).get("inflation"),
                "sync_site": (sync.get("sites") or [{}])[0].get("site"), "syncs_per_step": sync.get("calls_per_step"),
@@ -83,11 +85,12 @@ def main() -> None:
             row["watch_cost"] = per_step_us / 1e3 / row["mean_ms"] if row["mean_ms"] else None
     print(json.dumps({"rows": rows, "cost": cost}, indent=1))
     fmt = lambda v, f="{:.3f}": "–" if v is None else f.format(v)  # noqa: E731
-    print("\n| program | verdict | median | mean (own clock, same steps) | exposed input share (own data meter) | GPU busy: GPM / NVML (samples) / traced fill | traced ÷ untraced | watch cost |")
+    print("\n| program | verdict | median | mean (own clock, same steps) | input wait: all / exposed (own data meter) | GPU busy: GPM / NVML (samples) / traced fill | traced ÷ untraced | watch cost |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['program']} | {r['verdict']} | {fmt(r['median_ms'])} ms | {fmt(r['mean_ms_but_last'])} ms ({fmt(r['own_mean_ms'])}; "
-              f"×{fmt(r['mean_vs_own'], '{:.3f}')}) | {fmt(r['exposed_share_but_last'], '{:.1%}')} ({fmt(r['own_data_share'], '{:.1%}')}) | "
+              f"×{fmt(r['mean_vs_own'], '{:.3f}')}) | {fmt(r['wait_share_but_last'], '{:.1%}')} / {fmt(r['exposed_share_but_last'], '{:.1%}')} "
+              f"({fmt(r['own_data_share'], '{:.1%}')}) | "
               f"{fmt(r['gpm'], '{:.1%}')} / {fmt(r['nvml'], '{:.1%}')} ({r['nvml_samples']}) / {fmt(r['traced_fill'], '{:.1%}')} | "
               f"×{fmt(r['inflation'], '{:.2f}')} | {fmt(r.get('watch_cost'), '{:.3%}')} |")
     for r in rows:
