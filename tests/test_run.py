@@ -186,7 +186,8 @@ def test_the_programs_exit_code_and_traceback_are_its_own_and_what_was_measured_
     assert 'File "' + str(prog.resolve()) + '", line 9, in <module>' in err and "ValueError: bad batch 5" in err
     assert "perflab/program" not in err.split("Traceback")[1]  # perflab's own frames are left out
     assert report["partial"] and report["ended_by"] == "exception" and report["timing"]["steps"] == 4
-    assert list(report) == EARLY_KEYS and report["exit_code"] == 1  # no traced steps: their keys absent, not null
+    assert list(report) == EARLY_KEYS + ["last_words"] and report["exit_code"] == 1  # no traced steps: their keys absent, not null
+    assert report["last_words"] == "ValueError: bad batch 5"  # what a rank's failure line quotes under --nproc
     assert err.strip().splitlines()[-1].startswith("perflab: the program raised an exception after 6 step(s)")
 
 

@@ -98,7 +98,7 @@ def test_a_forked_child_neither_reports_nor_writes(tmp_path, capsys):
     assert report["partial"] and report["recorded"]["steps_seen"] == 3 and report["timing"]["steps"] == 1
 
 
-def test_hogwild_workers_neither_report_nor_write(tmp_path, capsys):
+def test_hogwild_workers_are_followed_each_into_a_report_of_its_own_and_the_parents_stays_its_own(tmp_path, capsys):
     # torch.multiprocessing's Hogwild: two forked workers train the shared model through every phase of perflab's,
     # then the parent trains 3 steps of its own
     prog = program(tmp_path, """
@@ -120,7 +120,12 @@ def test_hogwild_workers_neither_report_nor_write(tmp_path, capsys):
     code, report = run(tmp_path, prog, skip=2, steps=4, trace=1, render=lambda report: rendered.write_text(str(os.getpid())))
     assert code == 0 and "exit codes [0, 0]" in capsys.readouterr().out
     assert not rendered.exists() and not (tmp_path / "out" / "trace.json.gz").exists()
-    assert report["partial"] and report["recorded"]["steps_seen"] == 3
+    assert report["partial"] and report["recorded"]["steps_seen"] == 3  # the parent stepped: its report is the run's
+    workers = [p for p in report["processes"][1:] if p["followed"]]
+    assert [(p["kind"], p["target"], p["steps_seen"], p["exit_code"]) for p in workers] == [("process", "__main__.train", 12, 0)] * 2
+    for p in workers:  # each worker's own report and trace, in its own folder
+        mine = json.loads((tmp_path / "out" / f"proc{p['pid']}" / "run.json").read_text())
+        assert mine["timing"]["steps"] == 4 and mine["run_id"] == report["run_id"] and mine["traced"]["steps"] == 1
 
 
 def test_a_program_that_changes_directory_gets_its_run_json_where_the_run_began(tmp_path, capsys, monkeypatch):
@@ -338,3 +343,86 @@ def test_a_step_call_that_raises_ends_its_step_under_sys_monitoring(monkeypatch)
     # the raising call returned (unwound), so the retry's start ends the step the first call began: one step, two calls
     # (without PY_UNWIND the retry would nest inside the first call and no step would end)
     assert ended == [1] and returned == [1, 2] and callbacks[events.PY_UNWIND] is None
+
+
+def test_a_rank_count_the_host_cannot_run_is_one_line_and_creates_nothing(tmp_path):
+    from cli_util import assert_one_line_error, run_cli_here
+
+    prog = program(tmp_path, trains(3))
+    for nproc in ("100000000000000000000", "1000000"):
+        assert_one_line_error(run_cli_here("run", "--nproc", nproc, "--out", tmp_path / "o", "--", prog), "this host runs at most", "one rank per GPU")
+    assert_one_line_error(run_cli_here("run", "--nproc", "0", "--out", tmp_path / "o", "--", prog), "at least 1")
+    assert_one_line_error(run_cli_here("run", "--nproc", "1,1", "--out", tmp_path / "o", "--", prog), "distinct")
+    assert not (tmp_path / "o").exists()
+    assert_one_line_error(run_cli_here("run", "--inflation-limit", "100", "--", prog), "above 1 and below 100", "got 100")
+
+
+def test_scaling_reads_over_the_first_count_given():
+    from perflab.analysis.program import scaling_section
+
+    def report(step):
+        return {"timing": {"median_ms": step}, "flops": {"known": True, "flops_per_step": 1e9}}
+
+    section = scaling_section({2: report(6.0), 1: report(10.0)})  # --nproc 2,1
+    assert section["base"] == 2 and [row["nproc"] for row in section["rows"]] == [2, 1]
+    assert section["rows"][1]["expected_ms"] == 6.0 and section["rows"][1]["efficiency"] == pytest.approx(0.6)
+
+
+def test_a_rank_report_an_earlier_run_left_is_not_merged(tmp_path, monkeypatch):
+    from perflab.program import ranks
+
+    monkeypatch.setattr(ranks, "WAIT_S", 0.3)
+    (tmp_path / "rank1").mkdir()
+    (tmp_path / "rank1" / "rank.json").write_text(json.dumps({"run_id": "earlier", "timing": {"median_ms": 9.0}}))
+    (tmp_path / "rank0").mkdir()
+    (tmp_path / "rank0" / "rank.json").write_text(json.dumps({"run_id": "this", "timing": {"median_ms": 5.0}}))
+    assert sorted(ranks._wait_for_ranks(tmp_path, 2, "this")) == [0]
+    # a rank's timed steps, kept while its traced steps run, are not its report yet
+    (tmp_path / "rank1" / "rank.json").write_text(json.dumps({"run_id": "this", "partial": True, "timing": {}}))
+    assert sorted(ranks._wait_for_ranks(tmp_path, 2, "this")) == [0]
+    (tmp_path / "rank1" / "rank.json").write_text(json.dumps({"run_id": "this", "partial": True, "exit_code": 1, "timing": {}}))
+    assert sorted(ranks._wait_for_ranks(tmp_path, 2, "this")) == [0, 1]
+
+
+def test_a_program_that_dies_in_its_traced_steps_keeps_its_timed_steps(tmp_path):
+    """os._exit inside the traced steps: nothing of perflab's runs after it, and the timed steps were written before
+    the profiler started."""
+    prog = program(tmp_path, trains(40, "    if i == 10:\n        import os; os._exit(0)"))  # 2 skipped, 6 timed, 1 warm-up, 1 of 3 traced
+    done = run_cli("run", "--skip", "2", "--steps", "6", "--trace-warmup", "1", "--trace", "3", "--out", tmp_path / "o", "--", prog, timeout=120)
+    assert done.returncode == 0
+    report = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert report["partial"] and report["timing"]["steps"] == 6 and "exit_code" not in report and report["run_id"]
+
+
+def test_a_failing_rank_is_one_line_with_its_exit_code_and_last_words(tmp_path):
+    prog = program(tmp_path, trains(20, "    if i == 4 and __import__('os').environ.get('RANK') == '1':\n        raise RuntimeError('rank one gives up')"))
+    done = run_cli("run", "--nproc", "2", "--skip", "1", "--steps", "6", "--trace", "0", "--out", tmp_path / "o", "--", prog, timeout=240)
+    assert done.returncode != 0
+    assert "ChildFailedError" not in done.stderr and "perflab FAILED" not in done.stderr
+    line = [ln for ln in done.stderr.splitlines() if ln.startswith("perflab: rank 1 exited with code 1")]
+    assert line and line[0].endswith(f"RuntimeError: rank one gives up (its report: {tmp_path / 'o' / 'rank1' / 'rank.json'})"), done.stderr[-2000:]
+    assert "RuntimeError: rank one gives up" in done.stderr.split(line[0])[0]  # the rank's own traceback, as the program printed it
+
+
+def test_a_step_function_called_in_a_thread_is_found(tmp_path):
+    prog = program(tmp_path, """
+        import threading, torch
+        w = torch.randn(64, 64)
+        def step(x):
+            return (x @ w).relu().sum()
+        def worker():
+            for i in range(14):
+                step(torch.randn(8, 64))
+        t = threading.Thread(target=worker)
+        t.start(); t.join()
+    """)
+    code, report = run(tmp_path, prog, step="step", skip=2, steps=6, trace=0)
+    assert code == 0 and report["timing"]["steps"] == 6 and report["recorded"]["steps_seen"] >= 8
+
+
+def test_without_shapes_no_operator_is_said_to_lack_a_formula():
+    from perflab.program.report import run_checks
+
+    flops = {"complete": False, "known": False, "shapes_recorded": False, "uncounted_ops": {"aten::mm": 3}, "uncounted_heavy_share": None}
+    message = [c["message"] for c in run_checks({"flops": flops}) if c["flag"] == "flops_incomplete"][0]
+    assert "no operator shapes were recorded" in message and "no FLOP formula" not in message

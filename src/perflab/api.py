@@ -552,6 +552,10 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
 
     check_options(skip, steps, trace, step, step_range, trace_warmup=trace_warmup, inflation_limit=inflation_limit, stall_factor=stall_factor,
                   inputs=inputs, batch_size=batch_size, seq_len=seq_len)
+    if nproc is not None:
+        from perflab.program.launch import check_rank_counts
+
+        check_rank_counts(list(nproc) if isinstance(nproc, (list, tuple)) else [nproc], several=isinstance(nproc, (list, tuple)))
     make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
     program_ = parse_program(list(program))
     from perflab.paths import check_writable_file, make_out_dir

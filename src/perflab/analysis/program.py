@@ -548,7 +548,7 @@ def scaling_section(reports: dict[int, dict]) -> dict:
     printed figures. Each rank's exposed communication (its waiting included) is held against the growth: a rank
     cannot lose more to communication than the step grew, beyond the run-to-run spread; a rank whose traced steps were
     inflated is not judged (``_rank_against_growth``)."""
-    counts = sorted(reports)
+    counts = list(reports)  # in the order given: the first is the base (--nproc 2,1 reads over 2)
     out = {"counts": counts, "rows": [], "base": counts[0] if counts else None, "note": None}
     if not counts:
         out["note"] = "no run wrote a report"

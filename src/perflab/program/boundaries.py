@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -302,6 +303,9 @@ class FunctionSteps(StepSource):
                 finish()
 
         def setprofile(function):
+            if function is profile:  # a thread's start setting threading.setprofile's function (perflab's own) in itself
+                real_set(profile)
+                return
             programs[0] = function
             if real_get() is not profile:  # a C profiler had replaced perflab's: the program's own function alone
                 real_set(function)
@@ -311,6 +315,9 @@ class FunctionSteps(StepSource):
             return programs[0] if current is profile else current
 
         real_set(profile)
+        # threads the program starts from now on (a step in a worker thread): sys.setprofile sees only this one
+        self._old_thread_profile = threading.getprofile() if hasattr(threading, "getprofile") else None
+        threading.setprofile(profile)
         self._profile, self._real = profile, (real_set, real_get)
         sys.setprofile, sys.getprofile = setprofile, getprofile
 
@@ -324,6 +331,7 @@ class FunctionSteps(StepSource):
             monitoring.free_tool_id(self._tool)
             self._tool = None
         elif self._real is not None:
+            threading.setprofile(self._old_thread_profile)
             real_set, real_get = self._real
             program_function = sys.getprofile()
             sys.setprofile, sys.getprofile = real_set, real_get

@@ -90,13 +90,15 @@ def gather(report: RunReport, options: RunOptions, rank: Rank, ended_early: bool
     write_json(rank_dir(out, rank) / "rank.json", report.to_dict())
     if rank.rank != 0 or ended_early:
         return
-    reports = _wait_for_ranks(out, rank.world_size)
+    reports = _wait_for_ranks(out, rank.world_size, report.get("run_id"))
     merged = merge({r: RunReport.from_dict(rep) for r, rep in reports.items()}, rank.world_size)
     for name, value in merged.items():
         setattr(report, name, value)
 
 
-def _wait_for_ranks(out: Path, world: int) -> dict[int, dict]:
+def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[int, dict]:
+    """Every rank's report of this run (``run_id``: a rank.json an earlier run left in the same OUT is not this run's,
+    and is waited past), up to ``WAIT_S``."""
     deadline = time.monotonic() + WAIT_S
     found: dict[int, dict] = {}
     while True:
@@ -104,9 +106,13 @@ def _wait_for_ranks(out: Path, world: int) -> dict[int, dict]:
             path = rank_dir(out, Rank(r, world)) / "rank.json"
             if r not in found and path.exists():
                 try:
-                    found[r] = json.loads(path.read_text())
+                    report = json.loads(path.read_text())
                 except ValueError:
                     continue  # being written
+                # a report of this run, and not the timed steps a rank keeps while its traced steps run (partial, with
+                # no end of the program in it): its whole report replaces that one
+                if (run_id is None or report.get("run_id") == run_id) and not (report.get("partial") and "exit_code" not in report):
+                    found[r] = report
         if len(found) == world or time.monotonic() > deadline:
             return found
         time.sleep(0.1)

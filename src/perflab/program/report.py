@@ -80,6 +80,7 @@ class RunReport:
     # the program's end: known only when run.json is written after it
     exit_code: int | None = ABSENT
     ended_by: str | None = ABSENT  # exit, exception, interrupt or sigterm
+    last_words: str | None = ABSENT  # the exception (or sys.exit's message) the program ended with
     perflab_notes: list[str] | None = ABSENT  # perflab's own failures, said after the program
     # under torchrun (``program.ranks``): this rank's DDP layout and the all-reduce sweep; on rank 0 the merge
     ddp: dict | None = ABSENT
@@ -134,6 +135,10 @@ def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, 
         report.exit_code = outcome.code
         report.ended_by = ("sigterm" if outcome.terminated else "interrupt" if outcome.interrupted
                            else "exception" if outcome.exception else "exit")
+        if outcome.exception is not None and not outcome.interrupted:
+            report.last_words = f"{type(outcome.exception).__name__}: {outcome.exception}"[:300]
+        elif outcome.message:
+            report.last_words = outcome.message[:300]
         if notes:
             report.perflab_notes = notes
     return report
@@ -241,7 +246,7 @@ def run_checks(report: RunReport | dict) -> list[dict]:
         why = []
         if not flops["shapes_recorded"]:
             why.append("no operator shapes were recorded")
-        if flops["uncounted_ops"]:
+        if flops["uncounted_ops"] and flops["shapes_recorded"]:  # without shapes no operator could be counted: not a formula missing
             why.append("operators with no FLOP formula: " + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
         if flops["uncounted_heavy_share"]:
             why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "

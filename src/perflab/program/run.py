@@ -73,6 +73,7 @@ class Run:
         self.write_failed = False
         self._t0 = None
         self._recorder: Recorder | None = None
+        self._processes: list[dict] | None = None  # the processes the program started, once its end gathered them
 
     @property
     def report_path(self) -> Path:
@@ -94,6 +95,7 @@ class Run:
         """The recorder installed, SIGTERM taken (in the process perflab started), the children followed."""
         global ACTIVE
 
+        self._clear_stale()
         recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced, on_timed=self._on_timed, guard=self.guard)
         self._recorder = recorder
         recorder.install()
@@ -108,6 +110,18 @@ class Run:
         ACTIVE = self
         self._t0 = time.perf_counter()
         return recorder
+
+    def _clear_stale(self) -> None:
+        """The traces and rank report an earlier run left where this one writes its own: gone before the program runs,
+        so that nothing of that run is read as this one's (every report of this run also carries its id)."""
+        from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, rank_dir
+
+        folder = rank_dir(self.options.out_dir, self.rank)
+        for name in (TRACE_FILE, SHAPES_FILE, "rank.json"):
+            try:
+                (folder / name).unlink(missing_ok=True)
+            except OSError:
+                pass
 
     def close(self, recorder: Recorder) -> None:
         global ACTIVE
@@ -142,10 +156,11 @@ class Run:
         children = self._children(outcome)
         if children is not None and children.get("report") is not None:
             return self._children_result(outcome, children)
+        self._processes = children["processes"] if children else None
         if not self.written and not self.write_failed:  # the program ended before the traced steps did (or during the pass with shapes)
             self._write_kept(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
-        elif children and self.written and self.rank.rank == 0 and self.report is not None:
-            self.report.processes = children["processes"]
+        elif self._processes and self.written and self.rank.rank == 0 and self.report is not None:
+            self.report.processes = self._processes
             self.guard.call(f"run.json could not be written to {self.options.out_dir}", lambda: self._write_file(self.report.to_dict()))
         if self.program is not None:
             print_program_traceback(outcome, self.program)
@@ -236,6 +251,8 @@ class Run:
         context = RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
         report = build_run_report(recorded, context, partial=ended_early, outcome=outcome,
                                   notes=self._notes() if outcome is not None else None)
+        if self._processes:
+            report.processes = self._processes
         if self.rank.distributed:
             if quiet:  # the timed steps, kept in this rank's report until the whole one replaces it
                 write_json(self.report_path, report.to_dict())
@@ -289,7 +306,7 @@ def check_options(skip: int, steps: int, trace: int, step: str | None = None, st
         if value < least:
             raise PerflabError(f"{name} must be at least {least}, got {value}")
     if not (inflation_limit > 1.0 and inflation_limit < 100):
-        raise PerflabError(f"--inflation-limit must be a ratio above 1 (1.10: traced steps 10% longer), got {inflation_limit}")
+        raise PerflabError(f"--inflation-limit must be a ratio above 1 and below 100 (1.10: traced steps 10% longer), got {inflation_limit}")
     if not (stall_factor > 1.0 and stall_factor < 1000):
         raise PerflabError(f"--stall-factor must be a ratio above 1 (1.5: a step 50% longer than the median), got {stall_factor}")
     for name, value in (("--batch-size", batch_size), ("--seq-len", seq_len)):
