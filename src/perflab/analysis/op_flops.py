@@ -17,7 +17,7 @@ An operator is counted only where no operator around it was (``aten::linear`` â†
 addmm once; a fused attention op, not the kernels' own inner calls). This sees eager operators and the operators a
 compiled graph calls (inductor calls ``aten::mm`` and the attention ops as extern kernels); it does not see a Triton
 matmul template (``compile:max-autotune``) or a CUDA graph's replay, whose operators ran at capture. What it did not
-see is measured too: the GPU time of matrix-multiply and attention kernels launched from no counted operator
+see is measured too: the GPU time of matrix-multiply, convolution and attention kernels launched from no counted operator
 (``uncounted_heavy_share``), and heavy operators with no formula here (a fused encoder layer, a custom op) or whose
 recorded shapes or arguments do not fit their formula (a convolution traced without ``Concrete Inputs``), named. No torch.
 """
@@ -81,7 +81,7 @@ class OpFlops:
     by_op: dict[str, int] = field(default_factory=dict)  # FLOPs per operator name
     by_dtype: dict[str, int] = field(default_factory=dict)  # FLOPs per input dtype (bf16, fp16, fp32, ...)
     uncounted_ops: dict[str, int] = field(default_factory=dict)  # heavy operators with no formula (or no shapes): calls
-    heavy_gpu_ns: int = 0  # GPU time of matmul and attention kernels in the window
+    heavy_gpu_ns: int = 0  # GPU time of matmul, convolution and attention kernels in the window
     uncounted_heavy_gpu_ns: int = 0  # of it, launched from no counted operator
     shapes_recorded: bool = True
 
@@ -96,7 +96,7 @@ class OpFlops:
 
     @property
     def uncounted_heavy_share(self) -> float | None:
-        """The share of the matmul and attention kernels' GPU time the count did not see (None on the CPU)."""
+        """The share of the matmul, convolution and attention kernels' GPU time the count did not see (None on the CPU)."""
         return self.uncounted_heavy_gpu_ns / self.heavy_gpu_ns if self.heavy_gpu_ns else None
 
     @property
@@ -287,7 +287,7 @@ def _counted_below(parent: np.ndarray, counted: np.ndarray, depth: np.ndarray) -
 
 
 def _uncounted_heavy_time(ops: pd.DataFrame, counted: np.ndarray, kernels: pd.DataFrame, window) -> tuple[int, int]:
-    """(GPU ns of matmul and attention kernels in the window, of it those launched outside every counted operator)."""
+    """(GPU ns of matmul, convolution and attention kernels in the window, of it those launched outside every counted operator)."""
     names = kernels["name"].astype(str)
     is_heavy = kernels["category"].astype(str).isin(HEAVY_CATEGORIES) | names.str.match(HEAVY_TRITON.pattern)
     heavy = kernels[is_heavy & (kernels["kind"].astype(str) == "kernel")]
