@@ -28,7 +28,7 @@ COUNTED = {
     "traces/compile_block.json.gz": (2516582400, 15, 2516582400, "fp32", "545e363af397c88f"),
     "traces/cudagraph_vit.json.gz": (0, 0, 0, None, "7a163f32f0c1952a"),
     "traces/decode_cudagraph.json.gz": (0, 0, 0, None, "63213dae6687e856"),
-    "traces/eager_vit.json.gz": (3560739840, 192, 3560739840, "bf16", "f7237b49120d5c96"),
+    "traces/eager_vit.json.gz": (3734148096, 195, 3734148096, "bf16", "10c31c882f795acf"),  # its patch embedding counted since convolutions are
     "traces/lm_train_step_compile.json.gz": (29553065984, 74, 29553065984, "bf16", "4b5d4b28aba188af"),
     "traces/lm_train_step_explicit.json.gz": (29418848256, 90, 29418848256, "bf16", "b8b79c3c0b9f261a"),
     "traces/reduce_overhead.json.gz": (0, 0, 0, None, "309ed3e2e8ceb1a3"),
@@ -49,3 +49,13 @@ def test_the_flops_of_every_committed_trace_are_unchanged(name):
     steps = count_op_flops(trace.ops, window=window, steps=max(len(trace.steps), 1), kernels=trace.kernels)
     digest = hashlib.sha256(json.dumps([whole.to_dict(), steps.to_dict()], sort_keys=True).encode()).hexdigest()[:16]
     assert (whole.flops, whole.counted_calls, steps.flops, whole.dtype, digest) == COUNTED[name]
+
+
+def test_a_vits_patch_embedding_convolution_is_counted_and_its_kernels_are_no_longer_uncounted():
+    trace = load_kineto(DATA / "traces/eager_vit.json.gz", ops=True)
+    counted = count_op_flops(trace.ops, kernels=trace.kernels)
+    # 3 steps of a 192-wide ViT on one 224² image: a 16×16 stride-16 convolution from 3 channels onto 14×14 patches
+    patch_embedding = 2 * 1 * 192 * 3 * 16 * 16 * 14 * 14
+    assert counted.by_op["aten::convolution"] == 3 * patch_embedding == 173_408_256
+    # before, conv2d and the three ops below it were named uncounted and its cuDNN kernels were 19% of the heavy GPU time
+    assert counted.uncounted_ops == {} and counted.uncounted_heavy_share == 0.0 and counted.complete

@@ -394,13 +394,14 @@ def test_kernels_without_a_grid_load_with_the_grid_unknown(tmp_path):
     assert (load_trace(spaced).kernels["grid"] != "").all()
 
 
-def test_operator_input_shapes_and_types_are_decoded_once_in_the_reader(tmp_path):
+def test_operator_input_shapes_types_and_values_are_decoded_once_in_the_reader(tmp_path):
     def op(name, ts, **args):
         return {"ph": "X", "cat": "cpu_op", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": 1.0, "args": args}
 
     path = tmp_path / "ops.json"
     path.write_text(json.dumps({"traceEvents": [
-        op("aten::addmm", 1.0, **{"Input Dims": [[64], [8, 32], [32, 64], [], []], "Input type": ["float", "float", "float", "Scalar", "Scalar"]}),
+        op("aten::addmm", 1.0, **{"Input Dims": [[64], [8, 32], [32, 64], [], []], "Input type": ["float", "float", "float", "Scalar", "Scalar"],
+                                  "Concrete Inputs": ["", "", "", "1", "1"]}),
         op("aten::cat", 3.0, **{"Input Dims": [[[2, 3], [4, 3]], []], "Input type": ["TensorList", "Int"]}),
         op("aten::empty", 5.0, **{"Input Dims": [], "Input type": []}),
         op("aten::addmm", 7.0, **{"Input Dims": [[64], [8, 32], [32, 64], [], []]}),  # the same text as the first: one decoding
@@ -411,3 +412,4 @@ def test_operator_input_shapes_and_types_are_decoded_once_in_the_reader(tmp_path
     assert shapes == [((64,), (8, 32), (32, 64), (), ()), (((2, 3), (4, 3)), ()), (), ((64,), (8, 32), (32, 64), (), ()), (), None]
     assert types == [("float", "float", "float", "Scalar", "Scalar"), ("TensorList", "Int"), (), None, None, None]
     assert shapes[0] is shapes[3]  # decoded once, shared (immutable)
+    assert ops["concrete_inputs"].tolist() == [("", "", "", "1", "1"), None, None, None, None, None]

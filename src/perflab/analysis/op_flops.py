@@ -1,25 +1,31 @@
 """FLOPs of traced steps, counted from the operators the profiler recorded with their shapes (``record_shapes``).
 
 What a user's program runs is not perflab's to rebuild, so its FLOPs come from its trace: every operator call of a
-matrix-multiply or attention kind whose input shapes were recorded is counted with the formula torch's own
-``torch.utils.flop_counter`` uses (2 FLOPs per multiply-add):
+matrix-multiply, attention or convolution kind whose input shapes were recorded is counted with the formula torch's
+own ``torch.utils.flop_counter`` uses (2 FLOPs per multiply-add):
 
     mm [M,K]·[K,N], addmm (bias, [M,K], [K,N])        2·M·K·N
     bmm [B,M,K]·[B,K,N], baddbmm (input, b1, b2)      2·B·M·K·N
     scaled-dot-product attention q [B,Hq,S,D], k [B,Hkv,Skv,D], v [B,Hkv,Skv,Dv]
         forward  2·B·Hq·S·Skv·(D + Dv);  backward (grad_out, q, k, v, ...)  2·B·Hq·S·Skv·(3·D + 2·Dv)
+    convolution x [N,Cin,*in], weight [Cout,Cin/groups,*k] (transposed: [Cin,Cout/groups,*k]), 1d to 3d
+        forward  2·N·|weight|·|out| (transposed: 2·N·|weight|·|in|), |out| from stride, padding, dilation (``Concrete
+        Inputs``);  backward: that once for the input's gradient and once for the weight's, as the output mask asks
+        (torch's counter counts a grouped weight gradient ``groups`` times; the multiply-adds are those of the forward)
 
 An operator is counted only where no operator around it was (``aten::linear`` → ``aten::addmm`` counts the
 addmm once; a fused attention op, not the kernels' own inner calls). This sees eager operators and the operators a
 compiled graph calls (inductor calls ``aten::mm`` and the attention ops as extern kernels); it does not see a Triton
 matmul template (``compile:max-autotune``) or a CUDA graph's replay, whose operators ran at capture. What it did not
-see is measured too: the GPU time of matrix-multiply and attention kernels launched from no counted operator
-(``uncounted_heavy_share``), and heavy operators with no formula here (a convolution, a fused encoder layer, a
-custom op), named. No torch.
+see is measured too: the GPU time of matrix-multiply, convolution and attention kernels launched from no counted operator
+(``uncounted_heavy_share``), and heavy operators with no formula here (a fused encoder layer, a custom op) or whose
+recorded shapes or arguments do not fit their formula (a convolution traced without ``Concrete Inputs``), named. No torch.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -32,6 +38,13 @@ SDPA_FORWARD = re.compile(r"^aten::_scaled_dot_product_(flash_attention|efficien
                           r"fused_attention_overrideable)$")
 SDPA_BACKWARD = re.compile(r"^aten::_scaled_dot_product_(flash_attention|efficient_attention|cudnn_attention|flash_attention_for_cpu|"
                            r"fused_attention_overrideable)_backward$")
+# the convolution every conv1d/2d/3d and conv_transpose call reaches, with one argument list: (input, weight, bias, stride,
+# padding, dilation, transposed, output_padding, groups, ...); the backends' own ops below it (cudnn_convolution,
+# mkldnn_convolution, ...) order their arguments each its own way and are covered by it
+CONV_FORWARD = re.compile(r"^aten::(convolution|_convolution|convolution_overrideable)$")
+# its gradients: (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed, output_padding, groups,
+# output_mask)
+CONV_BACKWARD = "aten::convolution_backward"
 # Ops that do a matmul's kind of work, by name (torch's own namespaces): where one has no formula, a count misses
 # FLOPs. measure.flops reads the same rule while it counts a step in a dispatch mode.
 HEAVY_NAME = re.compile(r"(^|_)(mm|bmm|addmm|baddbmm|addbmm|matmul|linear|conv\d*d|convolution|einsum|gemm|rnn|lstm|gru)(_|$)"
@@ -68,7 +81,7 @@ class OpFlops:
     by_op: dict[str, int] = field(default_factory=dict)  # FLOPs per operator name
     by_dtype: dict[str, int] = field(default_factory=dict)  # FLOPs per input dtype (bf16, fp16, fp32, ...)
     uncounted_ops: dict[str, int] = field(default_factory=dict)  # heavy operators with no formula (or no shapes): calls
-    heavy_gpu_ns: int = 0  # GPU time of matmul and attention kernels in the window
+    heavy_gpu_ns: int = 0  # GPU time of matmul, convolution and attention kernels in the window
     uncounted_heavy_gpu_ns: int = 0  # of it, launched from no counted operator
     shapes_recorded: bool = True
 
@@ -83,7 +96,7 @@ class OpFlops:
 
     @property
     def uncounted_heavy_share(self) -> float | None:
-        """The share of the matmul and attention kernels' GPU time the count did not see (None on the CPU)."""
+        """The share of the matmul, convolution and attention kernels' GPU time the count did not see (None on the CPU)."""
         return self.uncounted_heavy_gpu_ns / self.heavy_gpu_ns if self.heavy_gpu_ns else None
 
     @property
@@ -106,12 +119,17 @@ class OpFlops:
                 "shapes_recorded": self.shapes_recorded, "complete": self.complete, "known": self.known}
 
 
-def op_flops(name: str, dims: tuple | None) -> int | None:
+def op_flops(name: str, dims: tuple | None, values: tuple | None = None) -> int | None:
     """FLOPs of one call of operator ``name`` with input shapes ``dims`` (``Trace.ops``' ``input_shapes``: a shape per
-    input); None when it has no formula or its shapes do not fit it."""
+    input) and its arguments' values ``values`` (``concrete_inputs``: read for a convolution's stride, padding, dilation,
+    transposed and output mask); None when it has no formula or what was recorded does not fit it."""
     if not dims:
         return None
     try:
+        if CONV_FORWARD.match(name):
+            return conv_forward_flops(dims, values)
+        if name == CONV_BACKWARD:
+            return conv_backward_flops(dims, values)
         if MM.match(name):
             a, b = (dims[0], dims[1]) if name == "aten::mm" else (dims[1], dims[2])
             (m, k), (k2, n) = a, b
@@ -131,6 +149,69 @@ def op_flops(name: str, dims: tuple | None) -> int | None:
     return None
 
 
+def conv_forward_flops(dims: tuple, values: tuple | None) -> int | None:
+    """A convolution (``aten::convolution``'s arguments): 2 × batch × the weight's elements × the output's positions, or
+    for a transposed one the input's (its weight [C_in, C_out/groups, k...] slides over the input). The weight holds
+    C_in/groups channels per output channel, so a grouped or depthwise convolution needs no groups of its own here."""
+    (x, w), arguments = dims[:2], _arguments(values)
+    if arguments is None or len(x) != len(w) or len(x) < 3:
+        return None
+    stride, padding, dilation, transposed = arguments[3:7]
+    if not isinstance(transposed, bool):
+        return None
+    if transposed:
+        return 2 * x[0] * math.prod(w) * math.prod(x[2:])
+    spatial = len(x) - 2
+    stride, padding, dilation = (_per_dimension(v, spatial) for v in (stride, padding, dilation))
+    out = [(size + 2 * pad - dil * (k - 1) - 1) // s + 1
+           for size, pad, dil, k, s in zip(x[2:], padding, dilation, w[2:], stride, strict=True)]
+    return 2 * x[0] * math.prod(w) * math.prod(out) if min(out) > 0 else None
+
+
+def conv_backward_flops(dims: tuple, values: tuple | None) -> int | None:
+    """``aten::convolution_backward``: the input's gradient and the weight's, each where its output mask asks for it,
+    each as many multiply-adds as the forward convolution (the same products, summed over other indices). The bias's
+    gradient is a sum, not counted (as an addmm's bias is not). torch.utils.flop_counter (2.13) counts a grouped
+    convolution's weight gradient ``groups`` times over (as if ungrouped); here it is counted once."""
+    (grad_out, x, w), arguments = dims[:3], _arguments(values)
+    if arguments is None or len(x) != len(w) or len(x) < 3 or len(arguments) < 11:
+        return None
+    transposed, mask = arguments[7], arguments[10]
+    if not isinstance(transposed, bool) or not isinstance(mask, tuple):
+        return None
+    positions = x[2:] if transposed else grad_out[2:]  # the output of the convolution as computed forward
+    return 2 * x[0] * math.prod(w) * math.prod(positions) * (bool(mask[0]) + bool(mask[1]))
+
+
+def _per_dimension(value, spatial: int) -> tuple:
+    """A stride, padding or dilation per spatial dimension (ATen takes one value for them all as well)."""
+    value = value if isinstance(value, tuple) else (value,)
+    return value * spatial if len(value) == 1 else value
+
+
+@functools.lru_cache(maxsize=4096)
+def _arguments(values: tuple | None) -> tuple | None:
+    """An operator's ``Concrete Inputs`` as Python values ("[2, 2]" → (2, 2), "False" → False, "1" → 1; a tensor's "" →
+    None); None where they were not recorded (a trace without them cannot tell a convolution's stride)."""
+    if not values:
+        return None
+    return tuple(map(_argument, values))
+
+
+def _argument(text):
+    if not isinstance(text, str) or not text:
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    if text.startswith("["):
+        items = [item.strip() for item in text.strip("[]").split(",") if item.strip()]
+        return tuple(_argument(item) for item in items)
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
 DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "double": "fp64", "c10::Float8_e4m3fn": "fp8", "c10::Float8_e5m2": "fp8"}
 
 
@@ -142,7 +223,8 @@ def input_dtype(types: tuple | None) -> str:
 
 
 def has_formula(name: str) -> bool:
-    return bool(MM.match(name) or BMM.match(name) or SDPA_FORWARD.match(name) or SDPA_BACKWARD.match(name))
+    return bool(MM.match(name) or BMM.match(name) or SDPA_FORWARD.match(name) or SDPA_BACKWARD.match(name) or CONV_FORWARD.match(name)
+                or name == CONV_BACKWARD)
 
 
 def count_op_flops(ops: pd.DataFrame, window: tuple[int, int] | None = None, steps: int = 1, kernels: pd.DataFrame | None = None) -> OpFlops:
@@ -157,6 +239,7 @@ def count_op_flops(ops: pd.DataFrame, window: tuple[int, int] | None = None, ste
     parent = ops["parent"].to_numpy()
     shapes = ops["input_shapes"].to_numpy()
     types = ops["input_types"].to_numpy()
+    values = ops["concrete_inputs"].to_numpy()
     by_dtype: dict[str, int] = {}
     counted = np.zeros(len(ops), dtype=bool)
     covered = np.zeros(len(ops), dtype=bool)  # an operator around it was counted
@@ -171,7 +254,7 @@ def count_op_flops(ops: pd.DataFrame, window: tuple[int, int] | None = None, ste
         name = names[i]
         any_shapes = any_shapes or shapes[i] is not None
         if has_formula(name):
-            flops = op_flops(name, shapes[i])
+            flops = op_flops(name, shapes[i], values[i])
             if flops is not None:
                 counted[i] = True
                 total += flops
@@ -204,7 +287,7 @@ def _counted_below(parent: np.ndarray, counted: np.ndarray, depth: np.ndarray) -
 
 
 def _uncounted_heavy_time(ops: pd.DataFrame, counted: np.ndarray, kernels: pd.DataFrame, window) -> tuple[int, int]:
-    """(GPU ns of matmul and attention kernels in the window, of it those launched outside every counted operator)."""
+    """(GPU ns of matmul, convolution and attention kernels in the window, of it those launched outside every counted operator)."""
     names = kernels["name"].astype(str)
     is_heavy = kernels["category"].astype(str).isin(HEAVY_CATEGORIES) | names.str.match(HEAVY_TRITON.pattern)
     heavy = kernels[is_heavy & (kernels["kind"].astype(str) == "kernel")]

@@ -247,10 +247,12 @@ def run_checks(report: RunReport | dict) -> list[dict]:
         if not flops["shapes_recorded"]:
             why.append("no operator shapes were recorded")
         if flops["uncounted_ops"] and flops["shapes_recorded"]:  # without shapes no operator could be counted: not a formula missing
-            why.append("operators with no FLOP formula: " + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
+            # (or one whose arguments were not recorded: a convolution traced without its stride)
+            why.append("operators with no FLOP formula, or not the shapes and arguments it needs: "
+                       + ", ".join(f"{k} ×{v}" for k, v in flops["uncounted_ops"].items()))
         if flops["uncounted_heavy_share"]:
-            why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul and attention kernels' GPU time was launched from no counted "
-                       "operator (a Triton template, a CUDA graph replay)")
+            why.append(f"{flops['uncounted_heavy_share']:.0%} of the matmul, convolution and attention kernels' GPU time was launched "
+                       "from no counted operator (a Triton template, a CUDA graph replay)")
         lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
         checks.append(Check("flops_incomplete", lead + "; ".join(why)))
     return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]

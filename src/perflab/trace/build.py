@@ -42,9 +42,9 @@ class RawEvents:
           (an (n, 6) array: grid x, y, z, block x, y, z; -1 where unknown)
     api:  name, process, tid, start_ns, dur_ns, correlation
     ranges: name, process, tid, start_ns, dur_ns
-    ops:  name, process, tid, start_ns, dur_ns, input_shapes, input_types (object arrays of the decoded ``Input Dims``
-          and ``Input type``: nested tuples, None where not recorded): torch's operators, where the loader was asked
-          for them
+    ops:  name, process, tid, start_ns, dur_ns, input_shapes, input_types, concrete_inputs (object arrays of the decoded
+          ``Input Dims``, ``Input type`` and ``Concrete Inputs``: nested tuples, None where not recorded): torch's
+          operators, where the loader was asked for them
     """
 
     names: list[str]
@@ -105,7 +105,7 @@ def _op_table(raw: RawEvents, names: np.ndarray) -> pd.DataFrame:
         "name": pd.Categorical.from_codes(inverse, categories=_unique_labels(names[used])),
         "pid": ops["process"].astype(np.int64), "tid": ops["tid"].astype(np.int64), "start_ns": start, "end_ns": end,
         "depth": depth, "parent": parent,
-        "input_shapes": ops["input_shapes"], "input_types": ops["input_types"],
+        "input_shapes": ops["input_shapes"], "input_types": ops["input_types"], "concrete_inputs": ops["concrete_inputs"],
     }, columns=list(OP_COLUMNS))
     return table
 

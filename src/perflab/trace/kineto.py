@@ -7,10 +7,10 @@ cuLaunchKernel(Ex), used by Triton and by cuBLAS's nvjet GEMMs on Hopper), and t
 and are skipped; so are python_function, flow and metadata events. torch's operators (``cpu_op``, with their
 ``Input Dims`` and ``Input type`` as recorded with ``record_shapes``) are read when asked (``ops=True``): a
 trace with no GPU activity is then accounted over its CPU operators (``trace.build``), a user's program's
-FLOPs are counted from its operators' shapes, compiled regions are told from eager ones, and a CPU rank's
-compute and gloo collectives are read (``trace.cpu_ranks``). Each operator's ``Input Dims`` and ``Input
-type`` are decoded here, once per distinct text (``_Arguments``): the ``input_shapes`` and ``input_types``
-columns hold nested tuples, so nothing downstream parses JSON.
+FLOPs are counted from its operators' shapes (and ``Concrete Inputs``: a convolution's stride, padding, ...), compiled regions are told from eager ones, and a CPU rank's
+compute and gloo collectives are read (``trace.cpu_ranks``). Each operator's ``Input Dims``, ``Input
+type`` and ``Concrete Inputs`` are decoded here, once per distinct text (``_Arguments``): the ``input_shapes``,
+``input_types`` and ``concrete_inputs`` columns hold nested tuples, so nothing downstream parses JSON.
 
 **One reader, any layout.** The JSON is parsed by msgspec (typed decoding into Structs that name only
 the fields needed; every other key is skipped in C), so whitespace, key order, escapes, compact or
@@ -83,6 +83,9 @@ class _Args(msgspec.Struct, gc=False):
     block: msgspec.Raw = MISSING
     input_dims: msgspec.Raw = msgspec.field(default=MISSING, name="Input Dims")  # a cpu_op's, with record_shapes
     input_type: msgspec.Raw = msgspec.field(default=MISSING, name="Input type")
+    # the values of its non-tensor arguments, as text ("[2, 2]", "False", "1"; "" for a tensor): a convolution's stride,
+    # padding, dilation, groups, whether transposed
+    concrete_inputs: msgspec.Raw = msgspec.field(default=MISSING, name="Concrete Inputs")
 
 
 NO_ARGS = _Args()
@@ -122,7 +125,7 @@ _GET_CAT, _GET_PH, _GET_NAME, _GET_ARGS = attrgetter("cat"), attrgetter("ph"), a
 _GET_PID, _GET_TID, _GET_TS, _GET_DUR = attrgetter("pid"), attrgetter("tid"), attrgetter("ts"), attrgetter("dur")
 _GET_CORRELATION, _GET_DEVICE, _GET_STREAM = attrgetter("correlation"), attrgetter("device"), attrgetter("stream")
 _GET_GRID, _GET_BLOCK = attrgetter("grid"), attrgetter("block")
-_GET_INPUT_DIMS, _GET_INPUT_TYPE = attrgetter("input_dims"), attrgetter("input_type")
+_GET_INPUT_DIMS, _GET_INPUT_TYPE, _GET_CONCRETE_INPUTS = attrgetter("input_dims"), attrgetter("input_type"), attrgetter("concrete_inputs")
 _NOT_DIGITS = bytes(c if 48 <= c <= 57 else 32 for c in range(256))
 
 
@@ -334,7 +337,7 @@ def _meta(path: Path, head_fields: _Head | None, tail: _Head) -> dict[str, Any]:
 GPU_KEYS = ("name", "kind", "process", "device", "stream", "start_ns", "dur_ns", "correlation", "dims")
 API_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "correlation")
 RANGE_KEYS = ("name", "process", "tid", "start_ns", "dur_ns")
-OP_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "input_shapes", "input_types")
+OP_KEYS = ("name", "process", "tid", "start_ns", "dur_ns", "input_shapes", "input_types", "concrete_inputs")
 
 
 class _Reader:
@@ -457,7 +460,8 @@ class _Reader:
             decoded = self.arguments.__getitem__
             self.ops.append({"name": name[rows], "process": pid[rows], "tid": tid[rows], "start_ns": start[rows], "dur_ns": dur[rows],
                              "input_shapes": np.fromiter(map(decoded, map(bytes, map(_GET_INPUT_DIMS, op_args))), object, len(rows)),
-                             "input_types": np.fromiter(map(decoded, map(bytes, map(_GET_INPUT_TYPE, op_args))), object, len(rows))})
+                             "input_types": np.fromiter(map(decoded, map(bytes, map(_GET_INPUT_TYPE, op_args))), object, len(rows)),
+                             "concrete_inputs": np.fromiter(map(decoded, map(bytes, map(_GET_CONCRETE_INPUTS, op_args))), object, len(rows))})
 
     def _name_codes(self, events: list[_Event]) -> np.ndarray:
         raws = list(map(bytes, map(_GET_NAME, events)))
@@ -573,7 +577,7 @@ class _NameTable(dict):
 
 
 class _Arguments(dict):
-    """An operator's ``Input Dims`` or ``Input type`` (raw JSON text) decoded once per distinct text: a JSON array as
+    """An operator's ``Input Dims``, ``Input type`` or ``Concrete Inputs`` (raw JSON text) decoded once per distinct text: a JSON array as
     nested tuples (``[[8, 64], [64, 64], []]`` → ``((8, 64), (64, 64), ())``; immutable, so rows share them), None
     where the event has no such key (shapes not recorded), () where its value is not an array."""
 
@@ -613,7 +617,7 @@ def _cut_was_not_between_events(exc: msgspec.DecodeError) -> bool:
 
 def _concat(blocks: list[dict], keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     if not blocks:
-        empty = {"dims": np.zeros((0, 6), dtype=np.int64), "input_shapes": np.zeros(0, dtype=object), "input_types": np.zeros(0, dtype=object)}
+        empty = {"dims": np.zeros((0, 6), dtype=np.int64), **{k: np.zeros(0, dtype=object) for k in ("input_shapes", "input_types", "concrete_inputs")}}
         return {k: empty.get(k, np.zeros(0, dtype=np.int64)) for k in keys}
     return {k: np.concatenate([b[k] for b in blocks]) for k in keys}
 

@@ -48,7 +48,7 @@ INT_KERNEL_COLUMNS = (
 STEP_COLUMNS = ("step", "name", "start_ns", "end_ns", "tid")
 KINDS = ("kernel", "memcpy", "memset", "cpu_op")  # cpu_op: a CPU-only trace's work (its top-level operators)
 WORK_KINDS = ("kernel", "cpu_op")  # a unit of work: a GPU kernel, or in a CPU-only trace an operator
-OP_COLUMNS = ("name", "pid", "tid", "start_ns", "end_ns", "depth", "parent", "input_shapes", "input_types")
+OP_COLUMNS = ("name", "pid", "tid", "start_ns", "end_ns", "depth", "parent", "input_shapes", "input_types", "concrete_inputs")
 NOT_LINKED = -1
 
 
@@ -62,9 +62,9 @@ class Trace:
     steps: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
     # torch's operators (cpu_op events: name, pid, tid, start_ns, end_ns, depth and parent among the thread's operators,
-    # input_shapes and input_types: record_shapes' Input Dims and Input type decoded, a tuple per operator (one shape or
-    # type per input, a shape a tuple of ints, nested for a list of tensors), None where not recorded), where the loader
-    # was asked for them
+    # input_shapes, input_types and concrete_inputs: record_shapes' Input Dims, Input type and Concrete Inputs decoded, a
+    # tuple per operator (one shape, type or value text per input, a shape a tuple of ints, nested for a list of tensors),
+    # None where not recorded), where the loader was asked for them
     ops: pd.DataFrame | None = None
 
     @property
