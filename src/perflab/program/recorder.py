@@ -28,6 +28,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import warnings
@@ -331,11 +332,9 @@ class Recorder:
             step_ms, host_ms = self._read("timed")
             self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
             self.data.timing = timing_summary(self.data.step_ms, self.data.host_step_ms)
-            if self._call_ends["timed"]:
+            if self._call_ends["timed"]:  # --step: each call's own duration, beside the period that is the step
                 call_ms = self._clock.read_pairs(self._call_ends["timed"])[0]
-                self.data.timing["call_median_ms"] = float(sorted(call_ms)[len(call_ms) // 2]) if len(call_ms) % 2 else \
-                    float(sum(sorted(call_ms)[len(call_ms) // 2 - 1:len(call_ms) // 2 + 1]) / 2)
-                self.data.timing["calls"] = len(call_ms)
+                self.data.timing.update(call_median_ms=float(statistics.median(call_ms)), calls=len(call_ms))
             self.data.timed_windows_ns = self._windows("timed")
             loop = self.loop.take()
         windows = self.data.timed_windows_ns

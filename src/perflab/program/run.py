@@ -106,6 +106,7 @@ class Run:
                                       "step_range": self.step_range, "run_id": self.run_id, "program": self.label,
                                       "render": self.render is not None})
             self.guard.call("perflab could not prepare to follow the program's children", self.follower.install)
+        if self.program is not None:  # the process perflab started (a child's SIGTERM ends it as it would alone)
             self.guard.catch_sigterm()
         ACTIVE = self
         self._t0 = time.perf_counter()
