@@ -286,11 +286,11 @@ def test_a_killed_sweeps_record_says_so_not_null(tmp_path):
     out = _store(tmp_path / "run")
     _sql(out, "UPDATE sweeps SET outcome = NULL, finished_at = NULL, n_done = 0")  # as a SIGKILL leaves it
     with Store.open(out) as store:  # a reader says what it can, and writes nothing
-        assert [(s["outcome"], s["n_done"]) for s in store.sweeps()] == [("not finished (killed, or still running)", 4)]
+        assert [(s["outcome"], s["n_done"]) for s in store.sweeps()] == [("did not finish (killed, or still running)", 4)]
     with sqlite3.connect(str(out / "results.sqlite")) as conn:
         assert conn.execute("SELECT outcome, n_done FROM sweeps").fetchall() == [(None, 0)]
     assert run_cli_here("report", out, "--bootstrap", "100").returncode == 0
-    assert "not finished (killed, or still running); 4 case(s) run" in (out / "report.md").read_text()
+    assert "did not finish (killed, or still running); 4 case(s) run" in (out / "report.md").read_text()
     # the next run into the store holds its lock: the record without an end was killed, and is stored so
     spec = {"defaults": {"device": "cpu", "model": "test:tiny", "input_size": 32}, "grid": {"batch_size": [1]}}
     api.sweep(spec, out, resume=True)

@@ -100,7 +100,7 @@ SAME_AS = "same_as_sweep"
 # machine), or it is still running. A later run into the store, which holds the store's lock, records it as KILLED
 # (``Store.begin_sweep``); a reader says NOT_FINISHED of the latest record (``Store.sweeps``), never null.
 KILLED = "killed"
-NOT_FINISHED = "not finished (killed, or still running)"
+NOT_FINISHED = "did not finish (killed, or still running)"
 
 
 class Store:
