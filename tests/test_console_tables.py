@@ -338,6 +338,21 @@ def printed_words(text: str) -> set[str]:
     return set(BOX_DRAWING.sub(" ", text).split())
 
 
+def printed_and_noted(draw, width: int) -> tuple[str, set[str]]:
+    """What ``draw`` prints at ``width``, and the words of the notes the tables' fitting wrote there (short forms,
+    columns not shown)."""
+    notes = []
+
+    def fitted_and_noted(columns, at, fit_columns=fit.fit_columns, **options):
+        shown, said = fit_columns(columns, at, **options)
+        notes.extend(said)
+        return shown, said
+
+    with mock.patch.object(fit, "fit_columns", fitted_and_noted):
+        text = printed(draw, width)
+    return text, printed_words(Text.from_markup("\n".join(notes)).plain)
+
+
 def assert_never_split(draw, widths=(60, 80, 100), longer_fold: int = WIDE_WIDTH) -> dict[int, str]:
     """``draw(console)`` printed at each of ``widths``: no line is wider, and each number, ratio, CI (2.403–9.061) and
     word is printed whole: every word printed is one printed at full width (--wide and COLUMNS=10000: no table narrowed,
@@ -347,18 +362,11 @@ def assert_never_split(draw, widths=(60, 80, 100), longer_fold: int = WIDE_WIDTH
     whole = printed_words(printed(draw, WIDE_WIDTH, wide=True))
     texts = {}
     for width in widths:
-        notes = []
-
-        def fitted_and_noted(columns, at, fit_columns=fit.fit_columns):
-            shown, said = fit_columns(columns, at)
-            notes.extend(said)
-            return shown, said
-
-        with mock.patch.object(fit, "fit_columns", fitted_and_noted):
-            text = texts[width] = printed(draw, width)
+        text, notes = printed_and_noted(draw, width)
+        texts[width] = text
         wider = [line for line in text.splitlines() if cell_len(line) > width]
         assert not wider, f"{len(wider)} line(s) wider than {width} columns:\n" + "\n".join(wider)
-        split = printed_words(text) - whole - printed_words(Text.from_markup("\n".join(notes)).plain)
+        split = printed_words(text) - whole - notes
         split = {piece for piece in split if not any(piece in word for word in whole if len(word) > longer_fold)}
         assert not split, f"split at {width} columns: {sorted(split)}\n{text}"
     return texts
@@ -560,3 +568,33 @@ def test_run_draws_the_traced_steps_accounting_and_top_kernels_with_analyzes_dra
     work = "operators" if kind == "cpu" else "kernels"
     assert f"Top {len(_cells(top))} {work} by total time" in run_text
     assert ("CPU operators (torch's top-level, per thread)" in run_text) == (kind == "cpu")
+
+
+def test_analyze_at_80_columns_splits_no_number_and_cuts_a_name_only_in_its_middle():
+    """analyze's tables at 80 columns printed "47,686. / 6" and "Profile / rStep#0": rich squeezed every column alike.
+    Now numbers are never cut or wrapped; a name that cannot fit is cut in its middle (its head and tail kept, so the
+    rows stay told apart) and a header's word wraps after its hyphen."""
+    import perflab
+    from perflab.report.trace_console import render_trace_report
+
+    report = perflab.analyze(Path(__file__).parent / "data" / "run" / "nanogpt_h100.json.gz")
+    whole = printed_words(printed(lambda console: render_trace_report(console, report), WIDE_WIDTH, wide=True))
+    for width in (60, 80, 100):
+        text, notes = printed_and_noted(lambda console: render_trace_report(console, report), width)
+        assert max(cell_len(line) for line in text.splitlines()) <= width
+        for word in printed_words(text) - whole - notes:
+            if fit.is_number(word):
+                raise AssertionError(f"a number split at {width} columns: {word}\n{text}")
+            head, cut, tail = word.partition("…")
+            assert (cut and any(w.startswith(head) and w.endswith(tail) and len(w) > len(word) for w in whole)
+                    or word.endswith("-") and any(w.startswith(word) for w in whole)
+                    or any(w.endswith(word) and "-" in w for w in whole)), f"{word!r} at {width} columns\n{text}"
+    text = printed(lambda console: render_trace_report(console, report), 80)
+    steps = [[c.strip() for c in line.split("│")[1:-1]] for line in text.split("Accounting per step")[1].split("└")[0].splitlines()
+             if line.startswith("│")]
+    assert steps == [["Prof…p#0", "47,686.6", "26,268.7", "20,682.7", "621.9", "113.3", "55.1%", "484"],
+                     ["Prof…p#1", "70,087.0", "26,971.1", "42,311.1", "374.2", "430.6", "38.5%", "484"],
+                     ["Prof…p#2", "71,416.8", "27,101.4", "43,602.3", "390.2", "322.9", "37.9%", "484"]]
+    assert "┃    host- ┃" in text and "┃ bound µs ┃" in text  # the header wrapped after its hyphen
+    kernels = [line.split("│")[1].strip() for line in text.split("Top 10 kernels")[1].split("└")[0].splitlines() if line.startswith("│")]
+    assert "nvjet_sm90_t…z_coopB_TNN" in kernels and "nvjet_sm90_t…z_coopB_NNN" in kernels  # told apart by their tails
