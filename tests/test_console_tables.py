@@ -598,3 +598,22 @@ def test_analyze_at_80_columns_splits_no_number_and_cuts_a_name_only_in_its_midd
     assert "┃    host- ┃" in text and "┃ bound µs ┃" in text  # the header wrapped after its hyphen
     kernels = [line.split("│")[1].strip() for line in text.split("Top 10 kernels")[1].split("└")[0].splitlines() if line.startswith("│")]
     assert "nvjet_sm90_t…z_coopB_TNN" in kernels and "nvjet_sm90_t…z_coopB_NNN" in kernels  # told apart by their tails
+
+
+def test_ab_labels_each_sides_ci_by_its_own_coverage_as_results_does():
+    """ab headed its sides' CIs "95% CI" where `results` labelled the same rows' intervals ≥75% (three processes)."""
+    from perflab.analysis.regressions import compare_rows, revision_series
+    from perflab.report.versions import render_comparison, render_series
+
+    a, b = [dict(r, ci_coverage=0.75) for r in AB_A], [dict(r, ci_coverage=0.75) for r in AB_B]
+    text = printed(lambda console: render_comparison(console, compare_rows(a, b, 0.05), ("a", "b")), WIDE_WIDTH, wide=True)
+    assert "A ms (CI)" in text and "B ms (CI)" in text and "95% CI ┃" not in text.split("B/A time")[0]
+    assert "2.403 (2.39–2.41) ≥75%" in text and "9.061 (9–9.2) ≥75%" in text
+    assert "from fewer, the coverage their ranks guarantee, said beside each (3 units: ≥75%" in text
+    assert "2.403 (2.390–2.410) ≥75%" in render(bench_table([a[0]]), width=10_000)  # results says the same of the row
+    series = revision_series([dict(r, version={"key": k}) for r, k in ((a[0], "k1"), (b[0], "k2"))], [("k1", "c1"), ("k2", "c2")])
+    text = printed(lambda console: render_series(console, series, 0.05), WIDE_WIDTH, wide=True)
+    assert " ms (CI) ┃" in text and "2.403 (2.39–2.41) ≥75%" in text
+    # rows whose CIs are 95% keep the 95% label
+    assert "A ms (95% CI)" in printed(lambda console: render_comparison(console, compare_rows(AB_A, AB_B, 0.05), ("a", "b")), WIDE_WIDTH, wide=True)
+

@@ -401,6 +401,16 @@ def ci_note(coverage: float | None, range_of: int | None) -> str:
     return f"min–max of {range_of}" if range_of else f"≥{int(coverage * 1000) / 10:g}%"
 
 
+def row_ci_note(row: dict) -> str:
+    """What a row's CI (``ci95_ms``; run.json's timing alike) states where it is less than 95% (``ci_note``): ``≥75%``,
+    ``min–max of 2``; empty for a 95% CI or none. Every table that prints a row's CI labels it by this."""
+    ci = row.get("ci95_ms")
+    if not ci:
+        return ""
+    samples = row.get("samples_ms") or []
+    return ci_note(ci_coverage_of(row), range_of(ci[0], ci[1], samples) if row.get("ci_level") == "pooled" else None)
+
+
 def ci_coverage_of(row: dict) -> float | None:
     """The coverage a row's ``ci95_ms`` may state (``HierarchicalCI.coverage``): its ``ci_coverage``, or for rows stored
     before it, worked out again from their samples; None where there are none."""
