@@ -519,7 +519,7 @@ def test_a_second_ctrl_c_while_the_worktrees_are_removed_waits_for_them_and_a_ha
     top.mkdir()
     for args in (("init", "-q"), ("config", "user.email", "a@b"), ("config", "user.name", "t"), ("commit", "-q", "--allow-empty", "-m", "c")):
         git(top, *args)
-    real_run, removing = versions._run, []
+    real_run, removing, handler = versions._run, [], signal.getsignal(signal.SIGINT)
 
     def run_then_ctrl_c(cmd, *args, **kwargs):
         if cmd[3:5] == ["worktree", "remove"]:
@@ -528,11 +528,15 @@ def test_a_second_ctrl_c_while_the_worktrees_are_removed_waits_for_them_and_a_ha
         return real_run(cmd, *args, **kwargs)
 
     monkeypatch.setattr(versions, "_run", run_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        with versions.Worktrees(top) as trees:
-            first, second = trees.add("HEAD"), trees.add("HEAD")
-            git(top, "worktree", "lock", "--reason", "initializing", str(second))  # as an add cut short leaves it
-            raise KeyboardInterrupt  # the first Ctrl-C
-    assert len(removing) == 2 and not first.exists() and not second.exists() and not trees.base.exists()
-    assert git(top, "worktree", "list", "--porcelain").count("worktree ") == 1
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is the interpreter's again
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job's shell ignores SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with versions.Worktrees(top) as trees:
+                first, second = trees.add("HEAD"), trees.add("HEAD")
+                git(top, "worktree", "lock", "--reason", "initializing", str(second))  # as an add cut short leaves it
+                raise KeyboardInterrupt  # the first Ctrl-C
+        assert len(removing) == 2 and not first.exists() and not second.exists() and not trees.base.exists()
+        assert git(top, "worktree", "list", "--porcelain").count("worktree ") == 1
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is the interpreter's again
+    finally:
+        signal.signal(signal.SIGINT, handler)

@@ -186,7 +186,8 @@ class Worktrees:
 @contextlib.contextmanager
 def ctrl_c_deferred():
     """SIGINT held off for the block (in the main thread; elsewhere signals are not ours), raised as KeyboardInterrupt
-    when it ends, unless the block is already ending by an exception of its own."""
+    when it ends, unless the block is already ending by an exception of its own or the process ignores SIGINT (a
+    background job's)."""
     import signal
     import threading
 
@@ -199,7 +200,7 @@ def ctrl_c_deferred():
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if caught:
+    if caught and previous is not signal.SIG_IGN:
         raise KeyboardInterrupt
 
 
