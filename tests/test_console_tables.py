@@ -617,3 +617,24 @@ def test_ab_labels_each_sides_ci_by_its_own_coverage_as_results_does():
     # rows whose CIs are 95% keep the 95% label
     assert "A ms (95% CI)" in printed(lambda console: render_comparison(console, compare_rows(AB_A, AB_B, 0.05), ("a", "b")), WIDE_WIDTH, wide=True)
 
+
+def test_explain_parallels_fixes_keep_the_base_beside_each_fix_at_every_width():
+    """At 100 columns a long fix name made the table give up "base beside it ms": each fix's throughput ratio (over the
+    base rebuilt beside it) then read against the profiled base, which it contradicts (12.31 ms ÷ 12.05 ≠ 1.07×)."""
+    from types import SimpleNamespace
+
+    from perflab.report.explain_console import _print_table
+    from perflab.report.explain_parallel import FIX_HEADER, FIX_TITLE, fix_rows
+
+    fixes = [SimpleNamespace(name=name, parallel=name, mode="eager", base_row={"median_ms": base},
+                             prediction=SimpleNamespace(ms=p, compute_ms=p - 1.2, exposed_ms=1.2), measured_ms=ms, measured={"status": "ok"},
+                             error=p / ms - 1, throughput_gain=base / ms, throughput_gain_ci95=(base / ms - 0.02, base / ms + 0.02),
+                             measured_compute_ms=ms - 1.1, measured_exposed_ms=1.1)
+             for name, p, ms, base in (("ddp:bucket_cap_mb=100", 11.9, 12.05, 12.9),
+                                       ("ddp:bucket_cap_mb=25,grad_view=true,static_graph=true", 11.6, 11.92, 12.4))]
+    explained = SimpleNamespace(case=SimpleNamespace(parallel="ddp:bucket_cap_mb=100", mode="eager"), row={"median_ms": 12.31},
+                                step=SimpleNamespace(compute_ms=11.1, exposed_ms=1.21), fix_results=fixes)
+    texts = assert_never_split(lambda console: _print_table(console, FIX_TITLE, FIX_HEADER, fix_rows(explained)))
+    for width, text in texts.items():
+        assert "beside" in text.split("┡")[0] and "12.900" in text and "12.400" in text, width  # each fix's own base, beside its ratio
+        assert "base beside it ms" not in " ".join(text.split("shows them):")[-1].split()), width
