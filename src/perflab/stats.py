@@ -419,7 +419,10 @@ def ci_coverage_of(row: dict) -> float | None:
     samples = row.get("samples_ms")
     if not samples:
         return None
-    return hierarchical_ci(samples, row.get("sample_processes"), row.get("sample_rounds")).coverage
+    # their places in the hierarchy, where each sample has one (a row damaged or written by hand may not)
+    procs, rounds = (v if isinstance(v, list) and len(v) == len(samples) else None
+                     for v in (row.get("sample_processes"), row.get("sample_rounds")))
+    return hierarchical_ci(samples, procs, rounds).coverage
 
 
 # ---------------------------------------------------------------------------------------------------
