@@ -33,12 +33,14 @@ def test_json_and_csv_outputs_for_a_grid(tmp_path):
     assert all(row["host_canary_us"] > 0 and row["host_canary_ratio"] > 0 for row in rows)  # ratio: to the run's median
     table = list(csv.DictReader(io.StringIO((tmp_path / "rows.csv").read_text())))
     header = (tmp_path / "rows.csv").read_text().splitlines()[0].split(",")
-    assert header[:9] == ["run_name", "tp", "latency_ms", "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power"]
+    # the study's columns first, each named for what it holds: its "flops" held GMACs, and is named so (once)
+    assert header[:9] == ["run_name", "tp", "latency_ms", "time_total", "gmacs", "max_memory", "no_params", "no_params_trainable", "power"]
+    assert "flops" not in header and header.count("gmacs") == 1
     assert len(table) == 4
     for row, rec in zip(rows, table):
         assert float(rec["tp"]) == pytest.approx(row["throughput_per_s"], rel=1e-3)
         assert float(rec["latency_ms"]) == pytest.approx(row["latency_ms_per_batch"], rel=1e-3)  # per batch, documented
-        assert float(rec["flops"]) == pytest.approx(row["gmacs"], rel=1e-3)  # the seed's "flops" held MACs
+        assert float(rec["gmacs"]) == pytest.approx(row["gmacs"], rel=1e-3) and float(rec["gflops"]) == pytest.approx(2 * row["gmacs"], rel=1e-2)
         assert rec["case_id"] == row["case_id"]
         assert float(rec["host_canary_us"]) == pytest.approx(row["host_canary_us"], rel=1e-3)
 

@@ -338,6 +338,21 @@ def printed_words(text: str) -> set[str]:
     return set(BOX_DRAWING.sub(" ", text).split())
 
 
+def printed_and_noted(draw, width: int) -> tuple[str, set[str]]:
+    """What ``draw`` prints at ``width``, and the words of the notes the tables' fitting wrote there (short forms,
+    columns not shown)."""
+    notes = []
+
+    def fitted_and_noted(columns, at, fit_columns=fit.fit_columns, **options):
+        shown, said = fit_columns(columns, at, **options)
+        notes.extend(said)
+        return shown, said
+
+    with mock.patch.object(fit, "fit_columns", fitted_and_noted):
+        text = printed(draw, width)
+    return text, printed_words(Text.from_markup("\n".join(notes)).plain)
+
+
 def assert_never_split(draw, widths=(60, 80, 100), longer_fold: int = WIDE_WIDTH) -> dict[int, str]:
     """``draw(console)`` printed at each of ``widths``: no line is wider, and each number, ratio, CI (2.403–9.061) and
     word is printed whole: every word printed is one printed at full width (--wide and COLUMNS=10000: no table narrowed,
@@ -347,18 +362,11 @@ def assert_never_split(draw, widths=(60, 80, 100), longer_fold: int = WIDE_WIDTH
     whole = printed_words(printed(draw, WIDE_WIDTH, wide=True))
     texts = {}
     for width in widths:
-        notes = []
-
-        def fitted_and_noted(columns, at, fit_columns=fit.fit_columns):
-            shown, said = fit_columns(columns, at)
-            notes.extend(said)
-            return shown, said
-
-        with mock.patch.object(fit, "fit_columns", fitted_and_noted):
-            text = texts[width] = printed(draw, width)
+        text, notes = printed_and_noted(draw, width)
+        texts[width] = text
         wider = [line for line in text.splitlines() if cell_len(line) > width]
         assert not wider, f"{len(wider)} line(s) wider than {width} columns:\n" + "\n".join(wider)
-        split = printed_words(text) - whole - printed_words(Text.from_markup("\n".join(notes)).plain)
+        split = printed_words(text) - whole - notes
         split = {piece for piece in split if not any(piece in word for word in whole if len(word) > longer_fold)}
         assert not split, f"split at {width} columns: {sorted(split)}\n{text}"
     return texts
@@ -560,3 +568,73 @@ def test_run_draws_the_traced_steps_accounting_and_top_kernels_with_analyzes_dra
     work = "operators" if kind == "cpu" else "kernels"
     assert f"Top {len(_cells(top))} {work} by total time" in run_text
     assert ("CPU operators (torch's top-level, per thread)" in run_text) == (kind == "cpu")
+
+
+def test_analyze_at_80_columns_splits_no_number_and_cuts_a_name_only_in_its_middle():
+    """analyze's tables at 80 columns printed "47,686. / 6" and "Profile / rStep#0": rich squeezed every column alike.
+    Now numbers are never cut or wrapped; a name that cannot fit is cut in its middle (its head and tail kept, so the
+    rows stay told apart) and a header's word wraps after its hyphen."""
+    import perflab
+    from perflab.report.trace_console import render_trace_report
+
+    report = perflab.analyze(Path(__file__).parent / "data" / "run" / "nanogpt_h100.json.gz")
+    whole = printed_words(printed(lambda console: render_trace_report(console, report), WIDE_WIDTH, wide=True))
+    for width in (60, 80, 100):
+        text, notes = printed_and_noted(lambda console: render_trace_report(console, report), width)
+        assert max(cell_len(line) for line in text.splitlines()) <= width
+        for word in printed_words(text) - whole - notes:
+            if fit.is_number(word):
+                raise AssertionError(f"a number split at {width} columns: {word}\n{text}")
+            head, cut, tail = word.partition("…")
+            assert (cut and any(w.startswith(head) and w.endswith(tail) and len(w) > len(word) for w in whole)
+                    or word.endswith("-") and any(w.startswith(word) for w in whole)
+                    or any(w.endswith(word) and "-" in w for w in whole)), f"{word!r} at {width} columns\n{text}"
+    text = printed(lambda console: render_trace_report(console, report), 80)
+    steps = [[c.strip() for c in line.split("│")[1:-1]] for line in text.split("Accounting per step")[1].split("└")[0].splitlines()
+             if line.startswith("│")]
+    assert steps == [["Prof…p#0", "47,686.6", "26,268.7", "20,682.7", "621.9", "113.3", "55.1%", "484"],
+                     ["Prof…p#1", "70,087.0", "26,971.1", "42,311.1", "374.2", "430.6", "38.5%", "484"],
+                     ["Prof…p#2", "71,416.8", "27,101.4", "43,602.3", "390.2", "322.9", "37.9%", "484"]]
+    assert "┃    host- ┃" in text and "┃ bound µs ┃" in text  # the header wrapped after its hyphen
+    kernels = [line.split("│")[1].strip() for line in text.split("Top 10 kernels")[1].split("└")[0].splitlines() if line.startswith("│")]
+    assert "nvjet_sm90_t…z_coopB_TNN" in kernels and "nvjet_sm90_t…z_coopB_NNN" in kernels  # told apart by their tails
+
+
+def test_ab_labels_each_sides_ci_by_its_own_coverage_as_results_does():
+    """ab headed its sides' CIs "95% CI" where `results` labelled the same rows' intervals ≥75% (three processes)."""
+    from perflab.analysis.regressions import compare_rows, revision_series
+    from perflab.report.versions import render_comparison, render_series
+
+    a, b = [dict(r, ci_coverage=0.75) for r in AB_A], [dict(r, ci_coverage=0.75) for r in AB_B]
+    text = printed(lambda console: render_comparison(console, compare_rows(a, b, 0.05), ("a", "b")), WIDE_WIDTH, wide=True)
+    assert "A ms (CI)" in text and "B ms (CI)" in text and "95% CI ┃" not in text.split("B/A time")[0]
+    assert "2.403 (2.39–2.41) ≥75%" in text and "9.061 (9–9.2) ≥75%" in text
+    assert "from fewer, the coverage their ranks guarantee, said beside each (3 units: ≥75%" in text
+    assert "2.403 (2.390–2.410) ≥75%" in render(bench_table([a[0]]), width=10_000)  # results says the same of the row
+    series = revision_series([dict(r, version={"key": k}) for r, k in ((a[0], "k1"), (b[0], "k2"))], [("k1", "c1"), ("k2", "c2")])
+    text = printed(lambda console: render_series(console, series, 0.05), WIDE_WIDTH, wide=True)
+    assert " ms (CI) ┃" in text and "2.403 (2.39–2.41) ≥75%" in text
+    # rows whose CIs are 95% keep the 95% label
+    assert "A ms (95% CI)" in printed(lambda console: render_comparison(console, compare_rows(AB_A, AB_B, 0.05), ("a", "b")), WIDE_WIDTH, wide=True)
+
+
+def test_explain_parallels_fixes_keep_the_base_beside_each_fix_at_every_width():
+    """At 100 columns a long fix name made the table give up "base beside it ms": each fix's throughput ratio (over the
+    base rebuilt beside it) then read against the profiled base, which it contradicts (12.31 ms ÷ 12.05 ≠ 1.07×)."""
+    from types import SimpleNamespace
+
+    from perflab.report.explain_console import _print_table
+    from perflab.report.explain_parallel import FIX_HEADER, FIX_TITLE, fix_rows
+
+    fixes = [SimpleNamespace(name=name, parallel=name, mode="eager", base_row={"median_ms": base},
+                             prediction=SimpleNamespace(ms=p, compute_ms=p - 1.2, exposed_ms=1.2), measured_ms=ms, measured={"status": "ok"},
+                             error=p / ms - 1, throughput_gain=base / ms, throughput_gain_ci95=(base / ms - 0.02, base / ms + 0.02),
+                             measured_compute_ms=ms - 1.1, measured_exposed_ms=1.1)
+             for name, p, ms, base in (("ddp:bucket_cap_mb=100", 11.9, 12.05, 12.9),
+                                       ("ddp:bucket_cap_mb=25,grad_view=true,static_graph=true", 11.6, 11.92, 12.4))]
+    explained = SimpleNamespace(case=SimpleNamespace(parallel="ddp:bucket_cap_mb=100", mode="eager"), row={"median_ms": 12.31},
+                                step=SimpleNamespace(compute_ms=11.1, exposed_ms=1.21), fix_results=fixes)
+    texts = assert_never_split(lambda console: _print_table(console, FIX_TITLE, FIX_HEADER, fix_rows(explained)))
+    for width, text in texts.items():
+        assert "beside" in text.split("┡")[0] and "12.900" in text and "12.400" in text, width  # each fix's own base, beside its ratio
+        assert "base beside it ms" not in " ".join(text.split("shows them):")[-1].split()), width

@@ -137,10 +137,16 @@ def test_results_export_json_and_csv(seed_store):
     r = run_cli_here("results", seed_store, "--format", "csv")
     assert r.returncode == 0, r.stderr
     table = list(csv.DictReader(io.StringIO(r.stdout)))
-    assert r.stdout.splitlines()[0].startswith("run_name,tp,latency_ms,time_total,flops,max_memory,no_params,no_params_trainable,power,case_id")
+    assert r.stdout.splitlines()[0].startswith("run_name,tp,latency_ms,time_total,gmacs,max_memory,no_params,no_params_trainable,power,case_id")
     oom = next(rec for rec in table if rec["status"] == "oom")
     assert oom["tp"] == "" and oom["model"] == TOPK
     assert float(table[0]["tp"]) == pytest.approx(152.68)
+    # the study-shaped CSV: its nine columns alone, under its names, its flops the GMACs its column held
+    study = run_cli_here("results", seed_store, "--format", "study-csv")
+    assert study.returncode == 0, study.stderr
+    records = list(csv.DictReader(io.StringIO(study.stdout)))
+    assert study.stdout.splitlines()[0] == "run_name,tp,latency_ms,time_total,flops,max_memory,no_params,no_params_trainable,power"
+    assert [r["flops"] for r in records] == [rec["gmacs"] for rec in table] and len(records) == 14
 
 
 def test_report_shows_host_speed_beside_eager_results_and_explains_host_drift(tmp_path):

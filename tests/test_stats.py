@@ -199,3 +199,87 @@ def test_decode_takes_the_p90_per_token_time_by_the_one_percentile_rule():
     assert out["ttft_ms"] == pytest.approx(1.0)
     # per-token times 1, 1, 2, 3, 4: p90 at rank 3.6, 3 + 0.6 × (4 − 3); the nearest rank read 4
     assert out["tpot_p90_ms"] == pytest.approx(3.6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Two modes, and no point outside its own interval
+
+
+def alternating_steps(n=20, seed=55):
+    """The planted case: steps that alternate fast (0.4 ms) and slow (41–54 ms), as a program that synchronises every
+    other step times them. Their pooled median is the midpoint of the two modes' nearest samples, a time no step took."""
+    slow = np.random.default_rng(seed).uniform(41.0, 54.0, n // 2)
+    return [v for s in slow for v in (0.4, float(s))]
+
+
+def test_steps_alternating_fast_and_slow_give_a_median_inside_its_own_ci_and_two_modes_said():
+    from perflab.stats import modes_words
+
+    steps = alternating_steps()
+    s = summarize(steps)
+    # before: a CI around the geometric mean of 5 stretch medians (each the midpoint of 0.4 and one slow step),
+    # 21.17–26.38 ms, above the pooled median of 21.14 ms it was printed beside; now 17.48–25.56 around it
+    assert s.ci_low <= s.median <= s.ci_high and s.within_low <= s.median <= s.within_high
+    assert s.modes is not None and (s.modes.fast_n, s.modes.slow_n) == (10, 10) and s.modes.fast_ms == 0.4
+    assert 41.0 <= s.modes.slow_ms <= 54.0 and s.modes.gap_low_ms == 0.4 and s.modes.gap_high_ms == min(steps[1::2])
+    words = modes_words(s.to_dict()["modes"], s.median)
+    assert words.startswith("two modes: 10 of 20 samples at 0.4 ms (50%), 10 at ")
+    assert "lies in the gap between them, a time no sample took" in words
+    # run.json and a bench row carry them; a unimodal summary carries no modes key (run.json's keys as before)
+    assert s.to_dict()["modes"]["fast_share"] == 0.5 and "modes" not in summarize([1.0 + 0.01 * i for i in range(20)]).to_dict()
+
+
+def test_the_ci_is_centred_on_the_median_by_sectioning():
+    from perflab.stats import hierarchical_ci, t975
+
+    # five stretches of four: their medians 1, 2, 3, 4, 5 (each the midpoint of its middle two), all twenty's median 3.5
+    x = [v for m in (1.0, 2.0, 3.0, 4.0, 5.0) for v in (m - 0.1, m - 0.05, m + 0.05, m + 0.1)]
+    ci = hierarchical_ci(x, None, range(20))
+    assert ci.level == "time" and ci.units == pytest.approx((1.0, 2.0, 3.0, 4.0, 5.0)) and ci.center == float(np.median(x))
+    logs = np.log(ci.units)
+    se = math.sqrt(((logs - math.log(ci.center)) ** 2).sum() / 4 / 5)  # the units' spread about the centre, not their mean
+    assert (ci.low, ci.high) == (pytest.approx(ci.center * math.exp(-t975(4) * se)), pytest.approx(ci.center * math.exp(t975(4) * se)))
+
+
+def test_no_summary_or_paired_ratio_returns_a_point_outside_its_interval():
+    from perflab.stats import IntervalError, check_inside, paired_ratio
+
+    rng = np.random.default_rng(7)
+    draws = [np.exp(rng.normal(0, 0.3, 20)), alternating_steps(seed=1), np.r_[np.full(12, 1.0), np.full(8, 9.0)],
+             [2.0] * 20, rng.gamma(0.3, 1.0, 17) + 1e-3, [1.0, 100.0, 1.0, 100.0, 1.0]]
+    for x in draws:
+        s = summarize(x)
+        assert s.ci_low <= s.median <= s.ci_high and s.within_low <= s.median <= s.within_high, list(x)
+    for x in draws[:3]:
+        a = {"session": "s", "samples_ms": [1.0] * len(x), "sample_rounds": list(range(len(x)))}
+        r = paired_ratio(a, dict(a, samples_ms=list(x)))
+        assert r["ci95"][0] <= r["ratio"] <= r["ci95"][1]
+    with pytest.raises(IntervalError, match="the median, 20.781, lies outside its own interval"):
+        check_inside(20.781, 21.057, 22.618, "the median")  # the identity, checked before a summary is returned
+
+
+def test_two_modes_are_found_only_where_the_samples_show_them():
+    from perflab.stats import modes_of
+
+    rng = np.random.default_rng(3)
+    unimodal = [np.exp(rng.normal(0, 0.3, 20)), 1 + rng.exponential(0.2, 20), rng.gamma(2, 1, 30), rng.uniform(1, 2, 50),
+                np.exp(rng.normal(0, 0.02, 200))]
+    assert [modes_of(x) for x in unimodal] == [None] * 5
+    every_seventh = np.exp(rng.normal(0, 0.01, 70)) * np.where(np.arange(70) % 7 == 0, 3.0, 1.0)  # 10 of 70 steps at 3×
+    modes = modes_of(every_seventh)
+    assert (modes.fast_n, modes.slow_n) == (60, 10) and modes.slow_ms / modes.fast_ms == pytest.approx(3.0, rel=0.05)
+    assert modes_of(alternating_steps()[:18]) is None  # too few samples to tell two modes from chance
+    assert modes_of([1.0] * 10 + [1.1] * 10) is None  # two values 10% apart: not worth a mode each
+
+
+def test_the_spread_of_two_modes_is_said_as_theirs_not_the_machines():
+    from perflab.measure.checks import spread_checks, spread_of
+
+    checks = run_checks(requested_batch=1, processed_batch=1, timed_s=2.0, timed_iters=100, energy_j=1.0, energy_unavailable=None,
+                        throttle_reasons=[], other_processes=[], **spread_of(alternating_steps()))
+    # the spread is the distance between the modes: the bimodal line says its CV, and high_cv does not blame the machine
+    assert [c.flag for c in checks] == ["bimodal"] and "machine" not in checks[0].message
+    assert checks[0].message.startswith("two modes: 10 of 20 samples at 0.4 ms (50%)")
+    assert checks[0].message.endswith("; the CV of 101.5% is the distance between the modes, not noise")
+    noisy = spread_checks(0.2, None, 1.0)
+    assert [c.flag for c in noisy] == ["high_cv"] and "the machine may be busy" in noisy[0].message

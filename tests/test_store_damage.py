@@ -233,3 +233,66 @@ def test_a_run_record_whose_versions_are_not_a_list_of_keyed_mappings_is_named_a
     text = write_report(out, on_unreadable=lambda item: seen.append(item.line())).read_text()
     assert seen == [f"sweep 1 (env): experiment_json: not as stored ({problem}); skipped"]
     assert "## A/B" not in text and text.count("| test:tiny | 32 |") == 4
+
+
+# ---------------------------------------------------------------------------------------------------
+# What a reader leaves as it was, and what it says of what is not a store
+
+
+@pytest.mark.parametrize("command", ["report", "results"])
+def test_a_zero_byte_store_is_one_line_and_left_as_it_was(tmp_path, command):
+    """SQLite makes a 0-byte file a database at the first pragma: `report` left a 4 KiB file where the user had 0 bytes."""
+    (tmp_path / "results.sqlite").write_bytes(b"")
+    assert_one_line_error(run_cli_here(command, tmp_path), "results.sqlite: an empty file (0 bytes), not a perflab results store")
+    assert (tmp_path / "results.sqlite").read_bytes() == b"" and sorted(p.name for p in tmp_path.iterdir()) == ["results.sqlite"]
+
+
+def test_a_reader_leaves_another_programs_sqlite_file_as_it_was(tmp_path):
+    """A reader set WAL mode on whatever results.sqlite it opened, rewriting the file's header."""
+    with sqlite3.connect(str(tmp_path / "results.sqlite")) as conn:
+        conn.execute("CREATE TABLE other (x)")
+    before = (tmp_path / "results.sqlite").read_bytes()
+    assert_one_line_error(run_cli_here("results", tmp_path), "not a perflab results store (no such table: results)")
+    assert (tmp_path / "results.sqlite").read_bytes() == before
+
+
+def test_what_is_not_a_store_is_said_with_the_command_that_reads_it(tmp_path):
+    """`results` on a bench output file and `report` on a run's directory told the user to run `perflab sweep`."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"case_id": "c", "median_ms": 1.0}) + "\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text("{}")
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    store = _store(tmp_path / "store")
+    said = {
+        ("results", rows): f"{rows}: a file of result rows (bench --out), not a sweep's directory; `perflab compare {rows} OTHER`",
+        ("report", run): f"{run}: the output of `perflab run` (run.json, the report it printed when the program ended), not a "
+                         f"sweep's directory; read run.json, and `perflab analyze {run / 'trace.json.gz'}` for its trace",
+        ("results", run / "run.json"): "the report of `perflab run`",
+        ("report", trace): f"if it is a trace, `perflab analyze {trace}` reads it",
+        ("results", store / "results.sqlite"): f"a sweep's store file; give the directory that holds it, {store}",
+    }
+    for (command, path), words in said.items():
+        result = run_cli_here(command, path)
+        assert_one_line_error(result, words)
+        assert "perflab sweep" not in result.stderr
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"]
+
+
+def test_a_killed_sweeps_record_says_so_not_null(tmp_path):
+    """A sweep killed with SIGKILL never records its end: its outcome stayed NULL, and its count of rows 0, for good."""
+    out = _store(tmp_path / "run")
+    _sql(out, "UPDATE sweeps SET outcome = NULL, finished_at = NULL, n_done = 0")  # as a SIGKILL leaves it
+    with Store.open(out) as store:  # a reader says what it can, and writes nothing
+        assert [(s["outcome"], s["n_done"]) for s in store.sweeps()] == [("did not finish (killed, or still running)", 4)]
+    with sqlite3.connect(str(out / "results.sqlite")) as conn:
+        assert conn.execute("SELECT outcome, n_done FROM sweeps").fetchall() == [(None, 0)]
+    assert run_cli_here("report", out, "--bootstrap", "100").returncode == 0
+    assert "did not finish (killed, or still running); 4 case(s) run" in (out / "report.md").read_text()
+    # the next run into the store holds its lock: the record without an end was killed, and is stored so
+    spec = {"defaults": {"device": "cpu", "model": "test:tiny", "input_size": 32}, "grid": {"batch_size": [1]}}
+    api.sweep(spec, out, resume=True)
+    with sqlite3.connect(str(out / "results.sqlite")) as conn:
+        assert conn.execute("SELECT outcome, n_done FROM sweeps ORDER BY id").fetchall() == [("killed", 4), ("complete", 1)]

@@ -168,7 +168,7 @@ def test_a_killed_driver_resumes_to_every_case_exactly_once(cluster, tmp_path):
     rows = api.results(out)
     assert sorted(r["batch_size"] for r in rows) == [1, 2, 3, 4] and all(r["status"] == "ok" for r in rows)
     with Store.open(out) as store:
-        assert [(s["outcome"], s["n_skipped"], s["n_done"]) for s in store.sweeps()] == [(None, 0, 0), ("complete", at_kill, 4 - at_kill)]
+        assert [(s["outcome"], s["n_skipped"], s["n_done"]) for s in store.sweeps()] == [("killed", 0, at_kill), ("complete", at_kill, 4 - at_kill)]
     again = run_cli_here("sweep", spec, "--out", out, "--engine", "ray", "--address", cluster.address)
     assert_one_line_error(again, "already holds 4 stored result(s); pass --resume")
 

@@ -43,7 +43,8 @@ def test_killed_sweep_resumes_to_every_case_exactly_once(smoke_run):
         sweeps = conn.execute("SELECT outcome, n_skipped, n_done FROM sweeps ORDER BY id").fetchall()
         stored = [json.loads(r[0]) for r in conn.execute("SELECT row_json FROM results")]
     assert not any("host_drift" in r["flags"] or "host_canary_ratio" in r for r in stored)  # derived when read, never stored
-    assert sweeps == [(None, 0, 0), ("complete", at_kill, total - at_kill)]  # the killed sweep never finished
+    # the killed sweep never recorded its end; the resumed one, holding the store's lock, recorded it as killed with its rows
+    assert sweeps == [("killed", 0, at_kill), ("complete", at_kill, total - at_kill)]
 
 
 def test_report_from_the_resumed_sweep(smoke_run):
@@ -60,7 +61,7 @@ def test_report_from_the_resumed_sweep(smoke_run):
     # a sweep times each case in its own process: the speedup is not paired, and says so instead of giving a CI
     assert f"| 2 | {base['throughput_per_s']:.2f} [" in text and f"| {speedup:.3f}× (unpaired) |" in text
     assert "## Break-even" in text and "### top-k vs baseline, bs 1" in text
-    assert "did not finish (killed?)" in text and "--resume --workers 2" in text
+    assert f"killed; {smoke_run['stored_at_kill']} case(s) run, 0 already stored" in text and "--resume --workers 2" in text
     assert "| Host µs (Baseline / TR) | Flags |" in text and "\"Host µs\" is its median µs per run" in text
     for name in [line.split("](")[1].rstrip(")") for line in text.split() if "](" in line and line.endswith(".png)")]:
         assert (out / name).is_file()

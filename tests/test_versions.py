@@ -504,3 +504,39 @@ def test_a_full_disk_while_ab_stores_is_one_line_naming_the_store_and_what_it_ke
     monkeypatch.setattr(Store, "_insert", insert)
     assert [r["version"]["name"] for r in stored(out)[0]] == [calls[0]]
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+
+
+def test_a_second_ctrl_c_while_the_worktrees_are_removed_waits_for_them_and_a_half_made_one_goes_too(tmp_path, monkeypatch):
+    """A SIGINTed track left its worktrees: Ctrl-C again while they were removed broke off the removal, and a worktree
+    whose `git worktree add` the first Ctrl-C cut short stays locked ("initializing"), which `remove --force` and `prune`
+    both leave. Removal now defers Ctrl-C until every worktree is gone (then raises it), and removes locked ones."""
+    import os
+    import signal
+
+    from perflab.sweep import versions
+
+    top = tmp_path / "repo"
+    top.mkdir()
+    for args in (("init", "-q"), ("config", "user.email", "a@b"), ("config", "user.name", "t"), ("commit", "-q", "--allow-empty", "-m", "c")):
+        git(top, *args)
+    real_run, removing, handler = versions._run, [], signal.getsignal(signal.SIGINT)
+
+    def run_then_ctrl_c(cmd, *args, **kwargs):
+        if cmd[3:5] == ["worktree", "remove"]:
+            removing.append(cmd)
+            os.kill(os.getpid(), signal.SIGINT)  # the user's second Ctrl-C, mid-removal
+        return real_run(cmd, *args, **kwargs)
+
+    monkeypatch.setattr(versions, "_run", run_then_ctrl_c)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal (a background job's shell ignores SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with versions.Worktrees(top) as trees:
+                first, second = trees.add("HEAD"), trees.add("HEAD")
+                git(top, "worktree", "lock", "--reason", "initializing", str(second))  # as an add cut short leaves it
+                raise KeyboardInterrupt  # the first Ctrl-C
+        assert len(removing) == 2 and not first.exists() and not second.exists() and not trees.base.exists()
+        assert git(top, "worktree", "list", "--porcelain").count("worktree ") == 1
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # Ctrl-C is the interpreter's again
+    finally:
+        signal.signal(signal.SIGINT, handler)

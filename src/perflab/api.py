@@ -756,15 +756,13 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
 # Stored results compared, and one experiment at several versions (docs/regressions.md)
 
 
-RESULT_FILE_SUFFIXES = (".csv", ".jsonl", ".ndjson")
-
-
 def is_results_path(item) -> bool:
     """Whether ``item`` names stored results rather than a trace or a model: a directory (a store), a results store's
     SQLite file, a ``bench --out`` file (.csv, .jsonl), or a .json file whose first line is a result row."""
-    import json
     import sqlite3
     from pathlib import Path
+
+    from perflab.paths import RESULT_FILE_SUFFIXES, json_first_line
 
     path = Path(str(item))
     if path.is_dir() or path.suffix in RESULT_FILE_SUFFIXES:
@@ -777,19 +775,7 @@ def is_results_path(item) -> bool:
                 return conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'results'").fetchone() is not None
         except sqlite3.DatabaseError:
             return False
-    if path.suffix == ".json":
-        try:
-            with open(path) as f:
-                line = f.readline(1 << 20)
-            # a trace's JSON is the Kineto reader's to parse: a line that holds one (a one-line trace, which may carry any
-            # metadata key, case_id too; a bare event list) is no result row
-            if not line.lstrip().startswith("{") or '"traceEvents"' in line:
-                return False
-            first = json.loads(line)
-            return isinstance(first, dict) and "case_id" in first
-        except (OSError, ValueError, UnicodeDecodeError):
-            return False
-    return False
+    return path.suffix == ".json" and json_first_line(path) == "row"
 
 
 def are_results(a, b) -> bool:

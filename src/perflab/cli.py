@@ -57,7 +57,7 @@ def _global_options(
     """perflab: how fast is this transformer workload, where does the time go, and why."""
 
 
-FORMATS = ("table", "csv", "json")
+FORMATS = ("table", "csv", "study-csv", "json")
 
 
 @app.command()
@@ -66,7 +66,8 @@ def bench(
     model: List[str] = typer.Option(..., "--model", help="Model name(s): deit_base_patch16_224, topk_<vit>, evit_<vit>, timm:<name>, "
                                     "gpt_*, llama*, or your own: path/file.py:NAME, package.module:NAME, hf:DIR."),
     flags: CaseFlags = None,
-    fmt: str = typer.Option("table", "--format", help="table, csv or json (one object per case per line)."),
+    fmt: str = typer.Option("table", "--format", help="table, csv, study-csv (the token-reduction study's columns alone, its "
+                            "flops holding GMACs as its column did) or json (one object per case per line)."),
     out_file: Optional[Path] = typer.Option(None, "--out", help="Also write the rows to this file (.csv, else JSON lines)."),
     memory_snapshot: Optional[Path] = typer.Option(None, "--memory-snapshot", help="GPU: write the CUDA memory history (a pickle "
                                                    "that pytorch.org/memory_viz opens) to this file; case ids are added for several cases."),
@@ -139,7 +140,7 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
 def _check_format(fmt: str) -> None:
     """--format, before anything runs."""
     if fmt not in FORMATS:
-        raise PerflabError(f"unknown format {fmt!r}; choose table, csv or json")
+        raise PerflabError(f"unknown format {fmt!r}; choose table, csv, study-csv or json")
 
 
 def _wrote_rows_as(fmt: str, rows: list[dict]) -> bool:
@@ -148,7 +149,7 @@ def _wrote_rows_as(fmt: str, rows: list[dict]) -> bool:
 
     if fmt == "table":
         return False
-    sys.stdout.write(to_json_lines(rows) if fmt == "json" else to_csv(rows))
+    sys.stdout.write(to_json_lines(rows) if fmt == "json" else to_csv(rows, study=fmt == "study-csv"))
     return True
 
 
@@ -241,7 +242,9 @@ def sweep(
 @app.command()
 def results(
     out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
-    fmt: str = typer.Option("table", "--format", help="table, csv (the token-reduction study's speed_test.py columns first) or json (one object per case per line)."),
+    fmt: str = typer.Option("table", "--format", help="table, csv (the token-reduction study's speed_test.py columns first, its flops "
+                            "named gmacs: it held GMACs), study-csv (those columns alone, under the study's names) or json (one object "
+                            "per case per line)."),
 ):
     """Print the rows stored by a sweep."""
     from perflab import api

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -77,3 +78,51 @@ def use_inductor_cache(path) -> Path:
         raise PerflabError(f"{path}: cannot write inductor's cache here ({exc.strerror}); give --inductor-cache another directory") from None
     os.environ[INDUCTOR_CACHE_ENV] = str(path)
     return path
+
+
+RESULT_FILE_SUFFIXES = (".csv", ".jsonl", ".ndjson")  # bench --out's files of result rows
+RUN_REPORTS = ("run.json", "rank.json")  # perflab run's report, and each rank's under torchrun
+RUN_TRACE = "trace.json.gz"  # perflab run's trace, in its directory
+
+
+def json_first_line(path) -> str:
+    """What a .json file's first line holds, read without parsing the rest: ``row`` (a result row: an object with a
+    case_id), ``trace`` (a Kineto trace or bare event list on one line, with any metadata key, case_id too: the trace
+    reader's to parse) or ``other``."""
+    try:
+        with open(path) as f:
+            line = f.readline(1 << 20)
+        if '"traceEvents"' in line or line.lstrip().startswith("["):
+            return "trace"
+        if not line.lstrip().startswith("{"):
+            return "other"
+        first = json.loads(line)
+        return "row" if isinstance(first, dict) and "case_id" in first else "other"
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "other"
+
+
+def not_a_store(path, store_name: str) -> str:
+    """Why ``path``, given where a sweep's directory goes (``results``, ``report``), holds no store, in one line that
+    says what it is and which command reads it: perflab run's directory or report, a trace, a bench --out file, the
+    store file itself; else that none is there and how to make one."""
+    path = Path(path)
+    if path.is_dir() and any((path / name).is_file() for name in RUN_REPORTS):
+        return (f"{path}: the output of `perflab run` (run.json, the report it printed when the program ended), not a sweep's "
+                f"directory; read run.json, and `perflab analyze {path / RUN_TRACE}` for its trace")
+    if path.is_dir() or not path.exists():
+        missing = "" if path.exists() else " (no such directory)"
+        return f"{path}: no results store ({store_name}) here{missing}; run `perflab sweep SPEC --out {path}` first"
+    name, suffix = path.name, path.suffix
+    if name == store_name:
+        return f"{path}: a sweep's store file; give the directory that holds it, {path.parent}"
+    if name in RUN_REPORTS:
+        return (f"{path}: the report of `perflab run` (printed when the program ended), not a sweep's directory; "
+                f"`perflab analyze {path.parent / RUN_TRACE}` reads its trace")
+    first = json_first_line(path) if suffix == ".json" else None
+    if suffix in RESULT_FILE_SUFFIXES or first == "row":
+        return (f"{path}: a file of result rows (bench --out), not a sweep's directory; `perflab compare {path} OTHER` "
+                "reads it beside other results")
+    if name.endswith((".json.gz", ".pt.trace.json")) or first == "trace" or suffix in (".sqlite", ".db", ".nsys-rep"):
+        return f"{path}: a file, not a sweep's directory; if it is a trace, `perflab analyze {path}` reads it"
+    return f"{path}: a file, not a sweep's output directory; give the directory `perflab sweep --out` wrote"

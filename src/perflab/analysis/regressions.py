@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from perflab.errors import PerflabError
 from perflab.host_flags import HOST_FLAGS
 from perflab.measure.row import row_version
-from perflab.stats import LEVEL, block_ratios, ci_coverage_of, log_t_interval, paired_ratio, welch_log_ratio
+from perflab.stats import LEVEL, block_ratios, ci_coverage_of, log_t_interval, paired_ratio, row_ci_note, welch_log_ratio
 
 DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
 BORDERLINE = 1.25  # host ÷ GPU time within this factor of 1: a step that a host this much faster or slower tips over
@@ -84,6 +84,8 @@ class CaseChange:
     b_ms: float | None = None
     a_ci_ms: list | None = None
     b_ci_ms: list | None = None
+    a_ci_note: str = ""  # what a_ci_ms states where it is less than 95% (stats.row_ci_note: "≥75%"); "" for 95%
+    b_ci_note: str = ""
     ratio: Ratio | None = None
     verdict: str = "not compared"
     host_dependent: str | None = None
@@ -298,6 +300,7 @@ def compare_case(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD) -> Case
         return change
     change.a_ms, change.b_ms = a.get("median_ms"), b.get("median_ms")
     change.a_ci_ms, change.b_ci_ms = _ci(a), _ci(b)
+    change.a_ci_note, change.b_ci_note = row_ci_note(a), row_ci_note(b)
     if change.a_ms and change.b_ms:
         change.unpaired_ratio = change.b_ms / change.a_ms
     change.ratio = row_ratio(a, b)
@@ -320,6 +323,7 @@ class RevisionPoint:
     median_ms: float | None = None
     ci_ms: list | None = None
     ci_coverage: float | None = None  # what ci_ms may claim (0.95 from 5 units; from fewer, less)
+    ci_note: str = ""  # that coverage as a table says it (stats.row_ci_note: "≥75%"); "" for 95%
     step: CaseChange | None = None  # against the previous point with an ok row; None for the first
 
     @property
@@ -359,6 +363,7 @@ def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: f
             point = RevisionPoint(key, names[key], row.get("status") or "?")
             if point.status == "ok":
                 point.median_ms, point.ci_ms, point.ci_coverage = row.get("median_ms"), _ci(row), ci_coverage_of(row)
+                point.ci_note = row_ci_note(row)
                 if previous is not None:
                     point.step = compare_case(previous, row, threshold)
                 previous = row

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perflab.spec import AUTOTUNE_MODES
-from perflab.stats import summarize
+from perflab.stats import modes_words, summarize
 
 CV_THRESHOLD = 0.05
 AUTOTUNE_SPREAD = 0.03  # processes' medians of one max-autotune case further apart than this: the report says so
@@ -26,6 +26,7 @@ FLAG_SUMMARIES = {
     "batch_mismatch": "a step processed fewer images than requested; per-image numbers would be wrong",
     "short_timing": "too little timed work (under --min-time and 50 iterations); raise --min-time or --iters",
     "high_cv": f"timing samples vary by more than CV {CV_THRESHOLD:.0%}; the machine may be busy or the step too short",
+    "bimodal": "the timing samples fall in two modes: the median may be a time no sample took, and their spread is the step's own",
     "no_power": "no power/energy reading",
     "throttled": "GPU clocks were throttled during the timed loop",
     "other_processes": "other processes were using the GPU",
@@ -62,7 +63,7 @@ def case_checks(prepared, report, measured, max_sm_clock_mhz: int | None) -> lis
         processed_batch=prepared.processed,
         timed_s=measured.timed_s,
         timed_iters=measured.timed_iters,
-        cv=summarize(measured.samples_ms).cv,
+        **spread_of(measured.samples_ms),
         energy_j=measured.energy_j,
         energy_unavailable=measured.energy_unavailable,
         energy_expected_absent=getattr(report, "expected", False),
@@ -100,17 +101,18 @@ def run_checks(
     min_iters: int = MIN_TIMED_ITERS,
     cv_threshold: float = CV_THRESHOLD,
     energy_expected_absent: bool = False,
+    modes: dict | None = None,
+    median: float | None = None,
 ) -> list[Check]:
-    """The row's validity checks. ``energy_expected_absent``: the device has no power meter (the CPU), so no reading is
-    what was to be expected, not a fault: no ``no_power`` (the row says why in ``power_note``)."""
+    """The row's validity checks. ``modes`` and ``median``: the samples' two modes and median (``spread_of``), where
+    they fall in two. ``energy_expected_absent``: the device has no power meter (the CPU), so no reading is what was to be expected, not
+    a fault: no ``no_power`` (the row says why in ``power_note``)."""
     checks = []
     if processed_batch != requested_batch:
         checks.append(Check("batch_mismatch", f"each step processed {processed_batch} images, not the {requested_batch} requested; per-image numbers would be wrong"))
     if timed_s < min_time and timed_iters < min_iters:
         checks.append(Check("short_timing", f"only {timed_iters} timed iterations over {timed_s:.3f} s (minimum: {min_time:g} s or {min_iters} iterations); raise --min-time or --iters"))
-    spread = cv_check(cv, cv_threshold)
-    if spread is not None:
-        checks.append(spread)
+    checks += spread_checks(cv, modes, median, cv_threshold)
     if energy_j is None and not energy_expected_absent:
         checks.append(Check("no_power", f"no power/energy reading: {energy_unavailable or 'unknown reason'}"))
     if throttle_reasons:
@@ -126,12 +128,31 @@ def run_checks(
     return checks
 
 
+def spread_of(samples) -> dict:
+    """The figures of samples (ms) that ``spread_checks`` reads, as ``run_checks`` takes them: cv, modes, median."""
+    timing = summarize(samples).to_dict()
+    return {"cv": timing["cv"], "modes": timing.get("modes"), "median": timing["median_ms"]}
+
+
 def cv_check(cv: float, cv_threshold: float = CV_THRESHOLD) -> Check | None:
     """``high_cv`` where the samples' coefficient of variation passes the threshold (also for samples pooled over
     several processes)."""
     if cv > cv_threshold:
         return Check("high_cv", f"timing samples vary by CV {cv:.1%} (threshold {cv_threshold:.0%}); the machine may be busy or the step too short")
     return None
+
+
+def spread_checks(cv: float, modes: dict | None, median: float | None, cv_threshold: float = CV_THRESHOLD) -> list[Check]:
+    """What the samples' spread says: ``bimodal`` where they fall in two modes (``stats.modes_of``: each mode's median
+    and share, and whether the median lies between them), else ``high_cv`` (``cv_check``). Two modes make a CV that is
+    the distance between them, the step's own doing (a step that synchronises every other time, a loader that stalls
+    every n steps): ``high_cv`` would blame the machine for it, so the ``bimodal`` line states the CV itself.
+    ``modes`` and ``median`` as a row's or run.json's timing holds them (``modes``, ``median_ms``)."""
+    if modes:
+        spread = f"; the CV of {cv:.1%} is the distance between the modes, not noise" if cv > cv_threshold else ""
+        return [Check("bimodal", modes_words(modes, median) + spread)]
+    spread = cv_check(cv, cv_threshold)
+    return [spread] if spread is not None else []
 
 
 def slowed(reasons, sm_clock_mhz_min: int | None, max_sm_clock_mhz: int | None) -> bool:

@@ -419,6 +419,7 @@ def timing_fields(row: dict, samples, processes=None, rounds=None) -> dict:
     from fewer, what their ranks guarantee); ``ci95_within_ms`` the order-statistics CI of the pooled blocks."""
     summary = summarize(samples, processes, rounds)
     median = summary.median
+    row.pop("modes", None)  # a process's own, where these samples are several processes' merged
     row.update(summary.to_dict())
     row.update(
         ci95_within_ms=[summary.within_low, summary.within_high], ci95_coverage=summary.within_coverage, n_samples=summary.n,
@@ -943,7 +944,7 @@ def merge_processes(cases, runs: list[list[dict]], read_peaks: bool = True) -> l
     recomputed from them, energy and timed work summed, the canary the median of the processes'. A case that failed
     in any process keeps the first failure's row, with how many processes measured it. ``read_peaks=False``: MFU and
     MBU from the peaks the rows hold (a parent that must not touch CUDA: ``sweep.versions``)."""
-    from perflab.measure.checks import cv_check
+    from perflab.measure.checks import spread_checks
 
     merged = []
     for k, case in enumerate(cases):
@@ -988,7 +989,7 @@ def merge_processes(cases, runs: list[list[dict]], read_peaks: bool = True) -> l
         row["sessions"] = [r.get("session") for r in ok]
         timing_fields(row, samples, procs, rounds)
         # every check but the spread's is the processes' (any one's flag stands); the spread is of the pooled samples
-        checks = {f: w for r in ok for f, w in zip(r.get("flags") or [], r.get("warnings") or []) if f != "high_cv"}
+        checks = {f: w for r in ok for f, w in zip(r.get("flags") or [], r.get("warnings") or []) if f not in ("high_cv", "bimodal")}
         if any(r.get("autotune") for r in ok):
             row["autotune_processes"] = [_autotune_brief(r.get("autotune")) for r in ok]
         varies = autotune_check(case.mode, [r.get("autotune") for r in ok], row["process_medians_ms"])
@@ -997,8 +998,7 @@ def merge_processes(cases, runs: list[list[dict]], read_peaks: bool = True) -> l
         if "throttled" in checks and row.get("read_blocks"):
             checks["throttled"] = f"GPU clocks were throttled during {row['throttled_blocks']} of this case's {row['read_blocks']} timed " \
                                   f"blocks over {len(ok)} processes ({', '.join(row['env']['throttle_reasons'])})"
-        spread = cv_check(row["cv"])
-        if spread is not None:
+        for spread in spread_checks(row["cv"], row.get("modes"), row["median_ms"]):
             checks[spread.flag] = f"{spread.message} (samples of {len(ok)} processes)"
         row["flags"], row["warnings"] = list(checks), list(checks.values())
         if case.device == "cuda":

@@ -8,7 +8,7 @@ from rich.markup import escape
 
 from perflab.report.fit import Column, FittedTable
 from perflab.report.md import formula_cell, gflops
-from perflab.stats import ci_note
+from perflab.stats import ci_note, row_ci_note  # noqa: F401  (row_ci_note: report.program's)
 
 
 def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
@@ -142,16 +142,6 @@ HOST_CAPTION = ("host µs: the host's speed around the case, a fixed CPU micro-w
 
 CI_CAPTION = ("CI: 95% from 5 or more units (processes, or stretches of the run); from fewer, the coverage they guarantee "
               "(4 units: ≥87.5%, 3: ≥75%; min–max of n samples: 1 − 2^(1−n), 50% for 2)")
-
-
-def row_ci_note(row: dict) -> str:
-    from perflab.stats import ci_coverage_of, range_of
-
-    ci = row.get("ci95_ms")
-    if not ci:
-        return ""
-    samples = row.get("samples_ms") or []
-    return ci_note(ci_coverage_of(row), range_of(ci[0], ci[1], samples) if row.get("ci_level") == "pooled" else None)
 
 
 def canary_cell(row: dict) -> str:

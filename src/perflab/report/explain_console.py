@@ -134,7 +134,7 @@ DROPS = {tuple(FIX_HEADER): _drop_order(FIX_HEADER, 10, 11, 12, 5, 8, 9, 6),
          tuple(MODE_HEADER): _drop_order(MODE_HEADER, 6, 3, 5),
          tuple(PASS_HEADER): _drop_order(PASS_HEADER, 2, 3, 4, 1, 7, 8, 6, 5),
          tuple(BATCH_HEADER): _drop_order(BATCH_HEADER, 4, 1),
-         tuple(PARALLEL_FIX_HEADER): _drop_order(PARALLEL_FIX_HEADER, 9, 10, 7, 4, 3, 2),
+         tuple(PARALLEL_FIX_HEADER): _drop_order(PARALLEL_FIX_HEADER, 9, 10, 7, 3, 2),  # never 4, the base beside it: the ratio's denominator
          tuple(RANK_HEADER): _drop_order(RANK_HEADER, 8, 5, 4, 7),
          tuple(COLLECTIVE_HEADER): _drop_order(COLLECTIVE_HEADER, 5, 2)}
 LEFT = ("fix", "on", "binding", "mode", "parallel after", "collective")

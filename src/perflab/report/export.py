@@ -1,13 +1,16 @@
-"""Result rows as JSON lines and as CSV (the seed's columns first, then perflab's own).
+"""Result rows as JSON lines and as CSV: perflab's CSV (the study's columns first, named for what they hold, then
+perflab's own), and the study-shaped CSV (the study's columns alone, under its names).
 
-The seed columns, and what they hold here (TokenReductionPT's speed_test.py printed the same names):
+The study's columns, and what they hold here (TokenReductionPT's speed_test.py printed the same names):
 
 - run_name: model, input size, batch size, dtype, mode (and keep rates), joined by "_".
 - tp: images per second, from the median batch latency.
 - latency_ms: milliseconds per *batch* (the median). The seed labelled it ms/img; it was per batch there too.
 - time_total: minutes spent in the timed loop (the seed printed minutes).
-- flops: GMACs per image. The seed's column held MACs under the name "flops"; perflab's ``gflops``
-  column holds real FLOPs (2 per multiply-add) and ``gmacs`` the MACs.
+- flops: GMACs per image. The study's column held MACs under the name "flops", so only the study-shaped CSV
+  (``--format study-csv``) keeps that name, for the study's own scripts; perflab's CSV names the column ``gmacs``
+  (a reader who took "flops" for FLOPs would read half the work: perflab's ``gflops`` column holds real FLOPs, 2 per
+  multiply-add).
 - max_memory: peak memory reserved by PyTorch's allocator during the timed loop, MiB (the seed read the
   same counter, but over its whole run, including model load and the FLOP count).
 - no_params, no_params_trainable: parameters, millions.
@@ -33,11 +36,13 @@ from perflab.errors import PerflabError, show
 from perflab.measure.row import TEXT_FIELDS, WHOLE_FIELDS, check_row
 
 SEED_COLUMNS = ["run_name", "tp", "latency_ms", "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power"]
+# perflab's CSV: the study's columns, each named for what it holds (its "flops" held GMACs)
+STUDY_NAMED = {"flops": "gmacs"}
 
 PERFLAB_COLUMNS = [
     "case_id", "status", "model", "method", "keep_rate", "reduction_loc", "tokens", "input_size", "batch_size",
     "dtype", "mode", "attn", "device_name", "median_ms", "p10_ms", "p90_ms", "cv", "ci95_low_ms", "ci95_high_ms",
-    "latency_ms_per_batch", "latency_ms_per_sample", "throughput_per_s", "gflops", "gmacs", "params_m",
+    "latency_ms_per_batch", "latency_ms_per_sample", "throughput_per_s", "gflops", "params_m",  # gmacs: among the study's
     "peak_mem_alloc_mb", "peak_mem_reserved_mb", "energy_j", "power_w", "host_canary_us", "flags", "message",
     "ci_level", "processes", "process_medians_ms", "host_held_ms", "device_ms",
     "ci_coverage",  # what the CI may claim: 0.95 from 5 units or more (ci95_low_ms/ci95_high_ms are named for one more release)
@@ -86,13 +91,16 @@ def perflab_values(row: dict) -> dict:
     return values
 
 
-def to_csv(rows: Iterable[dict]) -> str:
+def to_csv(rows: Iterable[dict], study: bool = False) -> str:
+    """perflab's CSV: the study's columns named for what they hold (``STUDY_NAMED``), then perflab's own. ``study``: the
+    study-shaped CSV, its columns alone under its own names (``flops`` holding GMACs, as its column did)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(SEED_COLUMNS + PERFLAB_COLUMNS)
+    writer.writerow(SEED_COLUMNS if study else [STUDY_NAMED.get(c, c) for c in SEED_COLUMNS] + PERFLAB_COLUMNS)
     for row in rows:
         seed, own = seed_values(row), perflab_values(row)
-        writer.writerow([_cell(seed[c]) for c in SEED_COLUMNS] + [_cell(own[c]) for c in PERFLAB_COLUMNS])
+        cells = [_cell(seed[c]) for c in SEED_COLUMNS]
+        writer.writerow(cells if study else cells + [_cell(own[c]) for c in PERFLAB_COLUMNS])
     return buf.getvalue()
 
 

@@ -6,8 +6,12 @@ table fits: columns with nothing in them; key columns (those that tell rows apar
 said once in the caption instead; long key values (model names), replaced by short unique forms with a legend; whole
 lines in the columns that may wrap (flags); and then the columns marked droppable, in their order, named in the
 caption. Where even that leaves the table too wide, the long key values are numbered instead (``m1``, ``m2``, with the
-legend), which may spare some of the dropped columns. Only then would rich squeeze what is left, and even then it folds a
-cell onto a second line rather than cut it.
+legend), which may spare some of the dropped columns. Where the columns left are still too wide for their whole words,
+numbers never give way: the other columns' words fold (the key columns keep their width), and a table made with
+``cut_names`` (``fit_table``: analyze's) cuts a name (a kernel's, a range's, a header's word) wider than its column in
+its middle with an ellipsis instead (``Prof…p#0``: its head and its tail, which tell names apart, kept), or wraps a
+header's word after its hyphen; the widest names first, the key columns' too. Only then would rich squeeze what is
+left, folding a cell onto a second line rather than cutting it.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ EMPTY = ("", "–", "-")
 PADDING = 2  # one space either side of a cell
 SHORT_OVER = 12  # key values longer than this get a short form when the table is too wide
 SHORT_FORM_MAX = 16  # a short form longer than this keeps only its last word
+MIN_NAME = 5  # a name is cut to no fewer characters than this (two either side of the ellipsis)
+# A number as a cell prints it (47,686.6, 55.1%, 1.03×, (2.403–9.061), ≥75%): digits and the signs around them, no
+# letters. Never cut, never wrapped.
+NUMBER = re.compile(r"[-+−–±≥≤~<>()\[\].,:/%×]*\d[-+−–±≥≤~<>()\[\].,:/%×\d]*")
 
 
 @dataclass
@@ -49,19 +57,21 @@ class FittedTable:
     columns: list[Column]
     title: str | None = None
     caption: list[str] = field(default_factory=list)  # lines under the table, whatever its width
+    cut_names: bool = False  # too narrow for whole words: names cut in their middle (``cut_names``), not folded
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         yield self.table_for(options.max_width)
 
     def table_for(self, width: int) -> Table:
-        columns, notes = fit_columns(self.columns, width)
-        widths = column_widths(columns, width)
+        columns, notes = fit_columns(self.columns, width, cut_names=self.cut_names)
+        widths = column_widths(columns, width, self.cut_names)
         table = Table(title=self.title, header_style="bold", box=box.HEAVY_HEAD)
+        cut = self.cut_names and table_width(min_width(c) for c in columns) > width  # names narrower than their words
         for col, w in zip(columns, widths):
             # A cell that may not wrap has room for its whole line (column_widths); a header wraps at its spaces.
-            table.add_column(col.header, justify=col.justify, overflow="fold", width=w)
+            table.add_column(fitted_header(col.header, w) if cut else col.header, justify=col.justify, overflow="fold", width=w)
         for i in range(len(columns[0].cells) if columns else 0):
-            table.add_row(*(col.cells[i] for col in columns))
+            table.add_row(*(cut_names(col.cells[i], w) if cut else col.cells[i] for col, w in zip(columns, widths)))
         lines = notes + list(self.caption)
         if lines:
             table.caption = "\n".join(lines)
@@ -84,6 +94,20 @@ def text_table(header: list[str], rows: list[list[str]], title: str | None = Non
     return FittedTable(columns, title=title, caption=[escape(line) for line in caption])
 
 
+def fit_table(table) -> "FittedTable":
+    """A rich ``Table`` of text cells made a ``FittedTable`` (as ``text_table`` builds one: its first column tells the rows
+    apart, every column wraps at its spaces), so that it fits the width it is printed at by the same rules, a name too
+    long for its column cut in its middle (``cut_names``) and, where even its numbers do not fit, its columns from the
+    right left out (named under it); anything else as it is."""
+    if not isinstance(table, Table):
+        return table
+    n = len(table.columns)  # where even the numbers do not fit, the columns from the right go first, the first two stay
+    columns = [Column(str(col.header), [str(cell) for cell in col.cells], col.justify, key=i == 0, wrap=True, drop=n - i if i > 1 else 0)
+               for i, col in enumerate(table.columns)]
+    caption = [str(table.caption)] if table.caption else []
+    return FittedTable(columns, title=str(table.title) if table.title else None, caption=caption, cut_names=True)
+
+
 def _line_width(text: str) -> int:
     return max((Text(line).cell_len for line in text.split("\n")), default=0)
 
@@ -95,6 +119,78 @@ def _word_width(text: str) -> int:
         if line.strip():
             widths.append(Text(line[:len(line) - len(line.lstrip())] + line.split()[0]).cell_len)
     return max(widths, default=0)
+
+
+def is_number(word: str) -> bool:
+    return NUMBER.fullmatch(word) is not None
+
+
+def _number_width(col: Column) -> int:
+    """The widest number in the column's cells: the narrowest it goes, since no number is cut."""
+    return max((Text(w).cell_len for c in col.plain() for w in c.split() if is_number(w)), default=0)
+
+
+def cut_in_the_middle(text: Text, width: int) -> Text:
+    """``text`` (one word) cut to ``width`` cells with an ellipsis in its middle: its head and its tail kept."""
+    keep = max(width - 1, 2)
+    head = (keep + 1) // 2
+    return Text.assemble(text[:head], "…", text[len(text) - (keep - head):])
+
+
+def cut_names(cell: str, width: int) -> Text:
+    """A cell (markup) whose words wider than ``width`` that are names are cut in their middle (``cut_in_the_middle``);
+    numbers, and words that fit, as they are (rich wraps the cell at its spaces)."""
+    text = Text.from_markup(cell)
+    parts, at = [], 0
+    for match in re.finditer(r"\S+", text.plain):
+        word = match.group(0)
+        if Text(word).cell_len > width and not is_number(word):
+            parts += [text[at:match.start()], cut_in_the_middle(text[match.start():match.end()], width)]
+            at = match.end()
+    return Text.assemble(*parts, text[at:]) if parts else text
+
+
+def fitted_header(header: str, width: int) -> Text:
+    """A header (markup) whose words wider than ``width`` wrap after a hyphen where that makes them fit
+    (``host-`` / ``bound µs``), else are cut in their middle."""
+    text = Text.from_markup(header)
+    parts, at = [], 0
+    for match in re.finditer(r"\S+", text.plain):
+        word = match.group(0)
+        if Text(word).cell_len <= width:
+            continue
+        pieces = re.findall(r"[^-]+-?|-", word)  # as _header_width splits it
+        if "-" in word and max(len(p) for p in pieces) <= width:
+            lines, line = [], ""
+            for piece in pieces:
+                if line and len(line) + len(piece) > width:
+                    lines.append(line)
+                    line = ""
+                line += piece
+            parts += [text[at:match.start()], Text("\n".join(lines + [line]))]
+        else:
+            parts += [text[at:match.start()], cut_in_the_middle(text[match.start():match.end()], width)]
+        at = match.end()
+    return Text.assemble(*parts, text[at:]) if parts else text
+
+
+def _header_width(header: str) -> int:
+    """The narrowest a header goes whole: its widest word, a hyphenated word wrapped after its hyphens."""
+    words = Text.from_markup(header).plain.split()
+    return max((max(len(p) for p in re.findall(r"[^-]+-?|-", w)) for w in words), default=0)
+
+
+def cut_width(col: Column) -> int:
+    """The narrowest a column goes with its names cut (``cut_names``) and its header's words whole: its numbers', and
+    a key column's names still told apart once cut."""
+    least = max(_number_width(col), _header_width(col.header), MIN_NAME)
+    if not col.key:
+        return least
+    cells = col.plain()
+    for width in range(least, natural_width(col)):
+        if len({cut_names(c, width).plain for c in cells}) == len(set(cells)):
+            return width
+    return max(least, natural_width(col))
 
 
 def natural_width(col: Column) -> int:
@@ -113,20 +209,18 @@ def table_width(widths: Iterable[int]) -> int:
     return sum(w + PADDING for w in widths) + len(widths) + 1  # cells, padding, and the box's vertical lines
 
 
-def column_widths(columns: list[Column], width: int) -> list[int | None]:
+def column_widths(columns: list[Column], width: int, cut_names: bool = False) -> list[int | None]:
     """Each column's width: natural where the table fits (None: rich's own), else its narrowest, then the room left
     given to the columns that may not wrap, those that need least of it first (a header back on one line), and what
-    remains shared among the wrapping ones in proportion to what each lacks."""
+    remains shared among the wrapping ones in proportion to what each lacks. Too narrow for that, the words give way
+    (``_narrower``)."""
     natural = [natural_width(c) for c in columns]
     if table_width(natural) <= width:
         return [None] * len(columns)
     widths = [min_width(c) for c in columns]
     room = width - table_width(widths)
-    if room < 0:  # too narrow still: the columns that tell rows apart keep their width; the others wrap at their spaces,
-        # then fold within words (rich would squeeze every column evenly, a narrow key's to nothing)
-        words = [w if c.key else max([_word_width(c.header)] + [_word_width(p) for p in c.plain()]) for c, w in zip(columns, widths)]
-        widths = _narrowed(widths, words, -room)
-        return _narrowed(widths, [w if c.key else 1 for c, w in zip(columns, widths)], table_width(widths) - width)
+    if room < 0:
+        return _narrower(columns, widths, width, cut_names)
     for i in sorted((i for i, c in enumerate(columns) if not c.wrap), key=lambda i: natural[i] - widths[i]):
         extra = max(0, min(room, natural[i] - widths[i]))
         widths[i] += extra
@@ -148,6 +242,25 @@ def column_widths(columns: list[Column], width: int) -> list[int | None]:
     return widths
 
 
+def _narrower(columns: list[Column], widths: list[int], width: int, cut_names: bool) -> list[int]:
+    """Widths for a table too narrow for its columns' whole words (rich would squeeze every column evenly, a narrow key's
+    to nothing, and fold numbers). The columns that tell rows apart keep their width and the others wrap at their
+    spaces; then names give way and numbers never do: folded within a word, the other columns' only; or, ``cut_names``,
+    cut in their middle (``cut_names``), the widest first, down to the widest key's, then the keys' too, a header's words
+    kept whole (or wrapped after a hyphen), then those as well."""
+    words = [w if c.key else max([_word_width(c.header)] + [_word_width(p) for p in c.plain()]) for c, w in zip(columns, widths)]
+    widths = _narrowed(widths, words, table_width(widths) - width)
+    numbers = [_number_width(c) for c in columns]
+    if not cut_names:
+        return _narrowed(widths, [w if c.key else max(n, 1) for c, w, n in zip(columns, widths, numbers)], table_width(widths) - width)
+    numbers = [max(n, MIN_NAME) for n in numbers]
+    floors = [cut_width(c) for c in columns]
+    widest_key = max((w for c, w in zip(columns, widths) if c.key), default=0)
+    widths = _narrowed(widths, [w if c.key else max(f, widest_key) for c, w, f in zip(columns, widths, floors)], table_width(widths) - width)
+    widths = _narrowed(widths, floors, table_width(widths) - width)
+    return _narrowed(widths, numbers, table_width(widths) - width)
+
+
 def _narrowed(widths: list[int], floors: list[int], excess: int) -> list[int]:
     """``widths`` less ``excess`` columns, taken one at a time from the widest of those above their floor (where they
     cannot give it all, rich squeezes what is left)."""
@@ -160,21 +273,23 @@ def _narrowed(widths: list[int], floors: list[int], excess: int) -> list[int]:
     return widths
 
 
-def fit_columns(columns: list[Column], width: int) -> tuple[list[Column], list[str]]:
+def fit_columns(columns: list[Column], width: int, cut_names: bool = False) -> tuple[list[Column], list[str]]:
     """The columns to show at ``width`` and the caption lines that say what was moved out of them: with short forms of
-    the long key values that read as names, or, where the table cannot fit with those, numbered ones."""
+    the long key values that read as names, or, where the table cannot fit with those, numbered ones. ``cut_names``:
+    a column is dropped only where the table does not fit with its names cut (``cut_width``)."""
     if not columns or table_width(natural_width(c) for c in columns) <= width:
         return columns, []
-    fitted, notes = _fit_columns(columns, width, numbered=False)
+    fitted, notes = _fit_columns(columns, width, numbered=False, cut_names=cut_names)
     if table_width(min_width(c) for c in fitted) > width and any(c.short or c.numbered for c in fitted):
-        numbered, numbered_notes = _fit_columns(columns, width, numbered=True)
+        numbered, numbered_notes = _fit_columns(columns, width, numbered=True, cut_names=cut_names)
         if table_width(min_width(c) for c in numbered) < table_width(min_width(c) for c in fitted) or len(numbered) > len(fitted):
             return numbered, numbered_notes
     return fitted, notes
 
 
-def _fit_columns(columns: list[Column], width: int, numbered: bool) -> tuple[list[Column], list[str]]:
+def _fit_columns(columns: list[Column], width: int, numbered: bool, cut_names: bool = False) -> tuple[list[Column], list[str]]:
     notes: list[str] = []
+    least = cut_width if cut_names else min_width
     n_rows = len(columns[0].cells)
     columns = [c for c in columns if any(p.strip() not in EMPTY for p in c.plain())] or columns[:1]
     if table_width(natural_width(c) for c in columns) > width:
@@ -198,18 +313,18 @@ def _fit_columns(columns: list[Column], width: int, numbered: bool) -> tuple[lis
         if legend:  # the forms are plain text (of the cells' markup), made markup again
             columns = [replace(c, cells=[escape(forms[p]) for p in c.plain()]) if c in long else c for c in columns]
             notes.append("; ".join(legend))
-    if table_width(min_width(c) for c in columns) > width:
+    if table_width(least(c) for c in columns) > width:
         every, dropped = columns, []
         for col in sorted((c for c in columns if c.drop), key=lambda c: c.drop):
             columns = [c for c in columns if c is not col]
             dropped.append(col)
-            if table_width(min_width(c) for c in columns) <= width:
+            if table_width(least(c) for c in columns) <= width:
                 break
-        if table_width(min_width(c) for c in columns) <= width:
+        if table_width(least(c) for c in columns) <= width:
             # a column dropped before the one that made room comes back where it fits again (the most needed first)
             for col in reversed(dropped[:-1]):
                 back = [c for c in every if any(c is k for k in columns) or c is col]
-                if table_width(min_width(c) for c in back) <= width:
+                if table_width(least(c) for c in back) <= width:
                     columns = back
         dropped = [c.header.replace("\n", " ") for c in dropped if not any(c is k for k in columns)]
         if dropped:

@@ -35,7 +35,7 @@ from perflab.stats import ci_note
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
 from perflab.sweep.experiment import Comparison, case_fields, default_comparisons
-from perflab.sweep.store import load_stored, report_unreadable, status_counts, store_path
+from perflab.sweep.store import NOT_FINISHED, load_stored, report_unreadable, status_counts, store_path
 from perflab.workloads import FAMILIES, family_of_row, item_of
 
 GROUP_FIELDS = ("model", "dtype", "mode", "attn", "device", "keep_rate", "reduction_loc", "seed")
@@ -646,7 +646,7 @@ def _provenance_section(stored) -> list[str]:
     lines = []
     for s in stored.sweeps:
         started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(s["started_at"])) if s["started_at"] is not None else "start unknown"
-        outcome = s.get("outcome") or "did not finish (killed?)"
+        outcome = s.get("outcome") or NOT_FINISHED
         lines.append(f"- `{s.get('command') or '?'}` — {started}, {outcome}; {s.get('n_done') or 0} case(s) run, "
                      f"{s.get('n_skipped') or 0} already stored, of {s.get('n_cases')}")
     parts.append("\n".join(lines))

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from perflab.analysis.accounting import IDLE_CAUSES
 from perflab.analysis.trace_report import TraceReport, top_records
-from perflab.report.fit import text_table
+from perflab.report.fit import fit_table, text_table
 
 MAX_STEP_ROWS = 20
 MAX_RANGE_ROWS = 25
@@ -49,7 +49,7 @@ def terms_of(report: TraceReport) -> Terms:
 
 def render_trace_report(console: Console, report: TraceReport) -> None:
     for table in trace_tables(report):
-        console.print(table)
+        console.print(fit_table(table))  # fitted to the width: no number split, a name cut in its middle only where it must
     console.print(report.verdict.message, markup=False, highlight=False)
     meta = report.trace.meta
     if meta.get("unlinked") and not report.trace.cpu_only:

@@ -21,10 +21,17 @@ BASIS_WORDS = {
 }
 
 
-def ms_cell(ms, ci) -> str:
+def ms_cell(ms, ci, note: str = "") -> str:
+    """A median with its CI, and what that CI states where it is less than 95% (``stats.row_ci_note``: ``≥75%``)."""
     if ms is None:
         return "–"
-    return f"{ms:.4g}" + (f" ({ci[0]:.4g}–{ci[1]:.4g})" if ci else "")
+    return f"{ms:.4g}" + (f" ({ci[0]:.4g}–{ci[1]:.4g})" if ci else "") + (f" {note}" if ci and note else "")
+
+
+def ms_header(what: str, notes) -> str:
+    """``A ms (95% CI)`` where every CI under it is 95%; else ``A ms (CI)``, each cell saying its own (``ms_cell``), as
+    bench's and results' tables do."""
+    return f"{what} ({'CI' if any(notes) else '95% CI'})"
 
 
 def ratio_cell(change: CaseChange) -> str:
@@ -40,11 +47,16 @@ def verdict_cell(change: CaseChange) -> str:
 
 
 def comparison_rows(comparison: Comparison) -> list[list[str]]:
-    return [[c.label, ms_cell(c.a_ms, c.a_ci_ms), ms_cell(c.b_ms, c.b_ci_ms), ratio_cell(c),
+    return [[c.label, ms_cell(c.a_ms, c.a_ci_ms, c.a_ci_note), ms_cell(c.b_ms, c.b_ci_ms, c.b_ci_note), ratio_cell(c),
              f"{c.ratio.basis} ({c.ratio.units})" if c.ratio else "–", verdict_cell(c)] for c in comparison.changes]
 
 
-COMPARISON_HEADERS = ["case", "A ms (95% CI)", "B ms (95% CI)", f"B/A time ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
+def comparison_headers(comparison: Comparison) -> list[str]:
+    """The table's headers, each side's CI labelled by the coverage its intervals may state (``ms_header``)."""
+    changes = comparison.changes
+    return ["case", ms_header("A ms", [c.a_ci_note for c in changes]), ms_header("B ms", [c.b_ci_note for c in changes]),
+            f"B/A time ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
+
 
 
 def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str]:
@@ -56,6 +68,8 @@ def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str
              f"{1 / (1 + t):.3f}–{1 + t:.3f}; inconclusive otherwise."]
     for basis in dict.fromkeys(c.ratio.basis for c in comparison.changes if c.ratio):
         lines.append("CI over " + BASIS_WORDS[basis] + ".")
+    if any(c.a_ci_note or c.b_ci_note for c in comparison.changes):
+        lines.append(SIDE_CI_NOTE)
     lines += [f"{c.label}: {c.host_dependent}." for c in comparison.changes if c.host_dependent]
     for side, only in (("A", comparison.only_a), ("B", comparison.only_b)):
         if only:
@@ -63,16 +77,22 @@ def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str
     return lines
 
 
-# Narrow, a table of versions gives up how each CI was taken first (the notes under it say it too), then the sides' own
-# times; the ratio with its CI and the verdict stay.
-COMPARISON_DROPS = [COMPARISON_HEADERS[4], COMPARISON_HEADERS[1], COMPARISON_HEADERS[2]]
+SIDE_CI_NOTE = ("A's and B's own CIs: 95% from 5 or more units (processes, or stretches of the run); from fewer, the coverage "
+                "their ranks guarantee, said beside each (3 units: ≥75%, 4: ≥87.5%), as perflab results says it.")
+
+
+def drops(headers: list[str], order: list[int]) -> list[str]:
+    """Narrow, a table of versions gives up how each CI was taken first (the notes under it say it too), then the sides'
+    own times; the ratio with its CI and the verdict stay."""
+    return [headers[i] for i in order]
 LEFT = ("case", "revision", "verdict", "CI over (n)")
 
 
 def render_comparison(console, comparison: Comparison, names: tuple[str, str]) -> None:
     if not comparison.changes:  # an interrupted ab: no case finished its rounds
         return
-    console.print(text_table(COMPARISON_HEADERS, comparison_rows(comparison), "Stored runs compared, case by case", LEFT, COMPARISON_DROPS))
+    headers = comparison_headers(comparison)
+    console.print(text_table(headers, comparison_rows(comparison), "Stored runs compared, case by case", LEFT, drops(headers, [4, 1, 2])))
     for line in comparison_notes(comparison, names):
         console.say(line, markup=False)
 
@@ -164,12 +184,12 @@ def step_cells(point) -> list[str]:
     return [ratio_cell(step), f"{step.ratio.basis} ({step.ratio.units})" if step.ratio else "–", verdict_cell(step)]
 
 
-SERIES_HEADERS = ["revision", "ms (95% CI)", f"vs previous ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
-SERIES_DROPS = [SERIES_HEADERS[3], SERIES_HEADERS[1]]
+def series_headers(series) -> list[str]:
+    return ["revision", ms_header("ms", [p.ci_note for p in series.points]), f"vs previous ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
 
 
 def series_rows(series) -> list[list[str]]:
-    return [[p.name, ms_cell(p.median_ms, p.ci_ms) if p.status == "ok" else p.status] + step_cells(p) for p in series.points]
+    return [[p.name, ms_cell(p.median_ms, p.ci_ms, p.ci_note) if p.status == "ok" else p.status] + step_cells(p) for p in series.points]
 
 
 def change_line(series) -> str:
@@ -181,7 +201,8 @@ def change_line(series) -> str:
 
 def render_series(console, all_series, threshold: float) -> None:
     for series in all_series:
-        console.print(text_table(SERIES_HEADERS, series_rows(series), f"{series.label}: {change_line(series)}", LEFT, SERIES_DROPS))
+        headers = series_headers(series)
+        console.print(text_table(headers, series_rows(series), f"{series.label}: {change_line(series)}", LEFT, drops(headers, [3, 1])))
     console.say(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
                 f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).", markup=False)
 
@@ -261,7 +282,7 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         comparison = compare_rows(a, b, threshold)
         order = order_line([(v["name"], by_key[v["key"]]) for v in versions[:2]])
         return ["## A/B", f"{run.get('rounds')} rounds, {pairing_words(run)}.", "\n".join(lines),
-                md_table(COMPARISON_HEADERS, comparison_rows(comparison)),
+                md_table(comparison_headers(comparison), comparison_rows(comparison)),
                 " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])) + ([order] if order else []))]
     order = [(v["key"], v["name"]) for v in versions]
     parts = ["## By revision",
@@ -280,5 +301,5 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         path = plots.over_revisions(names, points, [index[p.version] for p in series.change_points],
                                     Path(plot_dir) / f"revisions_{i}.png", series.label)
         parts += [f"### {escape(series.label)}: {change_line(series)}", f"![{escape(series.label)} over revisions]({path.name})",
-                  md_table(SERIES_HEADERS, series_rows(series))]
+                  md_table(series_headers(series), series_rows(series))]
     return parts

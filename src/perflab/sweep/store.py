@@ -32,7 +32,7 @@ import msgspec
 
 from perflab.errors import PerflabError, show
 from perflab.measure.row import StoredRow, row_version
-from perflab.paths import make_out_dir
+from perflab.paths import make_out_dir, not_a_store
 
 STORE_NAME = "results.sqlite"
 SCHEMA_VERSION = 1
@@ -96,6 +96,11 @@ def store_path(out_dir) -> Path:
 
 # A sweep whose expanded experiment an earlier sweep of the store holds points to it (``Store.begin_sweep``).
 SAME_AS = "same_as_sweep"
+# A sweep record with no outcome never recorded its end: its process was killed (SIGKILL, the OOM killer, a lost
+# machine), or it is still running. A later run into the store, which holds the store's lock, records it as KILLED
+# (``Store.begin_sweep``); a reader says NOT_FINISHED of the latest record (``Store.sweeps``), never null.
+KILLED = "killed"
+NOT_FINISHED = "did not finish (killed, or still running)"
 
 
 class Store:
@@ -134,8 +139,11 @@ class Store:
         """Open an existing store (PerflabError if DIR holds none)."""
         path = store_path(out_dir)
         if not path.is_file():
-            raise PerflabError(f"{out_dir}: no results store ({STORE_NAME}) here; run `perflab sweep SPEC --out {out_dir}` first")
-        store = cls._connect(path)
+            raise PerflabError(not_a_store(out_dir, STORE_NAME))
+        if path.stat().st_size == 0:  # SQLite would make it a database at the first pragma: leave it as it is
+            raise PerflabError(f"{path}: an empty file (0 bytes), not a perflab results store; a sweep into {out_dir} "
+                               "makes one there")
+        store = cls._connect(path, write=False)
         try:
             version = store.conn.execute("PRAGMA user_version").fetchone()[0]
             store.conn.execute("SELECT 1 FROM results LIMIT 1")
@@ -148,11 +156,14 @@ class Store:
         return store
 
     @classmethod
-    def _connect(cls, path: Path) -> "Store":
+    def _connect(cls, path: Path, write: bool = True) -> "Store":
+        """``write=False`` (readers): the journal mode is left as the file has it, since setting it writes the file's
+        header (a store perflab wrote is in WAL mode already, and a reader of it reads in that mode)."""
         try:
             conn = sqlite3.connect(str(path), timeout=30.0, isolation_level="DEFERRED")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
+            if write:
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = FULL")
         except _STORE_ERRORS as exc:
             raise (damaged(path, exc) if _is_damage(exc) else PerflabError(f"{path}: cannot open the results store ({exc})")) from None
         conn.row_factory = sqlite3.Row
@@ -266,6 +277,10 @@ class Store:
         resumed many times does not grow by the whole grid each time (38 KB a sweep for lm_sizes' 240 cases)."""
         text = dumps(experiment)
         with self.conn:
+            # the store's lock is held (``lifecycle.one_sweep_at_a_time``): an earlier run with no end recorded was killed;
+            # its rows are counted (it stored each as its case ended, and its count only at the end)
+            self.conn.execute("UPDATE sweeps SET outcome = ?, n_done = (SELECT COUNT(*) FROM results WHERE results.sweep_id = sweeps.id) "
+                              "WHERE outcome IS NULL", (KILLED,))
             first = self.conn.execute("SELECT id FROM sweeps WHERE experiment_json = ? ORDER BY id LIMIT 1", (text,)).fetchone()
             stored = text
             if first is not None:
@@ -285,7 +300,9 @@ class Store:
             )
 
     def sweeps(self) -> list[dict]:
-        """Sweep records, oldest first (``experiment`` decoded; ``{}`` where it cannot be, named in ``unreadable``)."""
+        """Sweep records, oldest first (``experiment`` decoded; ``{}`` where it cannot be, named in ``unreadable``). A
+        record with no outcome (its run never recorded its end) reads as ``KILLED`` where a later one follows it, else
+        ``NOT_FINISHED``, with the rows it stored as its ``n_done``; the store is not written."""
         out = []
         by_id: dict[int, dict] = {}
         for r in self.conn.execute("SELECT *, CAST(experiment_json AS BLOB) AS experiment_blob FROM sweeps ORDER BY id"):
@@ -309,6 +326,10 @@ class Store:
                 self.unreadable.append(Unreadable("sweep", str(d["id"]), d.get("env_key") or "", "; ".join(problems)))
             d["experiment"] = by_id[d["id"]] = experiment
             out.append(d)
+        for i, d in enumerate(out):
+            if d["outcome"] is None:
+                d["outcome"] = KILLED if i < len(out) - 1 else NOT_FINISHED
+                d["n_done"] = self.conn.execute("SELECT COUNT(*) FROM results WHERE sweep_id = ?", (d["id"],)).fetchone()[0]
         return out
 
 

@@ -174,10 +174,34 @@ class Worktrees:
         return self
 
     def __exit__(self, *exc) -> None:
-        for path in self.paths:
-            _run(["git", "-C", str(self.top), "worktree", "remove", "--force", str(path)], "git worktree remove")
-        shutil.rmtree(self.base, ignore_errors=True)
-        _run(["git", "-C", str(self.top), "worktree", "prune"], "git worktree prune")
+        # A Ctrl-C while they are removed (the user's second) waits until they are gone, then is raised; --force twice
+        # removes a worktree left locked by an add that the first Ctrl-C cut short, which prune would keep.
+        with ctrl_c_deferred():
+            for path in self.paths:
+                _run(["git", "-C", str(self.top), "worktree", "remove", "--force", "--force", str(path)], "git worktree remove")
+            shutil.rmtree(self.base, ignore_errors=True)
+            _run(["git", "-C", str(self.top), "worktree", "prune"], "git worktree prune")
+
+
+@contextlib.contextmanager
+def ctrl_c_deferred():
+    """SIGINT held off for the block (in the main thread; elsewhere signals are not ours), raised as KeyboardInterrupt
+    when it ends, unless the block is already ending by an exception of its own or the process ignores SIGINT (a
+    background job's)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught and previous is not signal.SIG_IGN:
+        raise KeyboardInterrupt
 
 
 def interpreter_env() -> dict:
