@@ -257,3 +257,23 @@ def test_the_gpu_idle_after_each_synchronising_call_is_counted_as_a_second_reade
     assert counted["calls_per_step"] == 1.0 and len(returns) == 3
     assert counted["idle_ms_per_step"] == pytest.approx(idle / 3 / 1e6, abs=1e-6)
     assert 0.5 < counted["idle_ms_per_step"] < 3.0  # a GPU-bound step: the host launches again within a few ms
+
+
+def test_a_long_run_says_where_it_is_every_ten_seconds(tmp_path, capsys, monkeypatch):
+    from perflab.program import recorder
+
+    monkeypatch.setattr(recorder, "PROGRESS_S", 0.05)
+    prog = _program(tmp_path, """
+        import time, torch
+        m = torch.nn.Linear(4, 4); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for i in range(16):
+            time.sleep(0.03)
+            m(torch.randn(2, 4)).sum().backward(); opt.step()
+    """)
+    code, report = _run(tmp_path, prog, skip=3, steps=6, trace=1)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("perflab: ") and "the report in about" in ln]
+    assert code == 0 and len(lines) >= 4
+    assert any(ln.startswith("perflab: skipping step ") and " of 3;" in ln for ln in lines)
+    assert any(ln.startswith("perflab: timing step ") and " of 6;" in ln for ln in lines)
+    # at the steps' own pace (30 ms of sleep each), not the program's start-up's
+    assert all(0.02 < float(ln.split("(at ")[1].split(" s a step")[0]) < 0.5 for ln in lines)

@@ -82,6 +82,7 @@ class Rank:
 
 
 TRACE_FILE = "trace.json.gz"  # the accounted pass, in the rank's folder
+PROGRESS_S = 10.0  # a progress line this often while perflab works towards its report
 SHAPES_FILE = "shapes.json.gz"  # the pass with operator shapes
 
 
@@ -163,6 +164,7 @@ class Recorder:
         self._busy = None  # measure.gpu_busy.BusyMeter over the timed steps, on a GPU where NVML works
         self._busy_why: str | None = None
         self._loop_started = False
+        self._said, self._said_n = self._t0, 0  # when the last progress line was said, at which step
 
     # --- installation ------------------------------------------------------------------------------
 
@@ -232,6 +234,7 @@ class Recorder:
         self.data.steps_seen += 1
         n = self.data.steps_seen
         phase = self.data.phase
+        self._progress(n, phase)
         if (phase == "timed" or phase == "traced" and self._pass == "accounted") and self._clock is not None:
             if self.source.kind == "call":
                 if self._call_start is not None:
@@ -251,6 +254,25 @@ class Recorder:
                 self._step_tracer()
             else:  # perflab's trace gave way to the program's own profiler
                 self._finish_tracing()
+
+    def _progress(self, n: int, phase: str) -> None:
+        """One line on stderr every ``PROGRESS_S`` while perflab works towards its report (the program's own output is
+        its own: no bar is drawn over it): the phase, the step, and the time left at the steps' pace so far."""
+        now = time.perf_counter()
+        if n == 1:
+            self._said, self._said_n = now, 1  # the pace is counted from the first step's end: the program's start is not a step
+            return
+        if now - self._said < PROGRESS_S or self.rank.rank != 0 or not self.guard.owner:
+            return
+        per = (now - self._said) / (n - self._said_n)
+        self._said, self._said_n = now, n
+        o = self.options
+        need = o.skip + o.steps + (o.trace_warmup + o.trace + (o.shapes_steps if o.record_shapes else 0) if o.trace else 0)
+        where = {"skipped": f"skipping step {n} of {o.skip}", "timed": f"timing step {n - o.skip} of {o.steps}",
+                 "traced": f"tracing (step {n} of {need})"}.get(phase, f"step {n}")
+        from perflab.program.guard import say
+
+        say(f"perflab: {where}; the report in about {max(need - n, 0) * per:.0f} s (at {per:.2f} s a step so far)")
 
     def _enter_timed(self) -> None:
         self.data.phase = "timed"
