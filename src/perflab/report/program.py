@@ -251,6 +251,10 @@ def run_lines(report: dict) -> list[str]:
 
 
 def render_scaling(console: Console, section: dict) -> None:
+    console.print(scaling_table(section))
+
+
+def scaling_table(section: dict) -> Table:
     """``perflab run --nproc 1,2``'s scaling table: per rank count the step, the work per rank, the step expected at that
     work from the first count's, the growth and the efficiency (expected ÷ step), and each rank's exposed communication."""
     base = section.get("base")
@@ -264,4 +268,4 @@ def render_scaling(console: Console, section: dict) -> None:
                       f"{row['efficiency']:.3f}" if row.get("efficiency") else "–", exposed)
     if section.get("note"):
         table.caption = section["note"]
-    console.print(table)
+    return table
