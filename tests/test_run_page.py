@@ -41,7 +41,7 @@ def test_the_page_of_a_gpu_run_holds_run_jsons_figures_as_the_console_formats_th
     timing, loop = report["timing"], report["loop"]
     assert re.search(r'id="median-ms">' + re.escape(_ms(timing["median_ms"])) + "<", page)  # 104.397
     assert re.search(r'id="mean-ms">' + re.escape(_ms(loop["mean_ms"])) + "<", page)  # 314.952: the stalls' doing
-    assert f'id="verdict">{html.escape(report["verdict"]["message"])}<' in page
+    assert f'id="verdict-message">{html.escape(report["verdict"]["message"])}<' in page
     assert cell_after(page, "step: mean (wall time ÷ steps) / median ms") == f"{_ms(loop['mean_ms'])} / {_ms(timing['median_ms'])}"
     busy = loop["busy"]
     assert cell_after(page, "GPU busy (no profiler)") == f"{_pct(busy['busy_share'])} (GPM; NVML's samples {_pct(busy['nvml_util'])})"
@@ -85,7 +85,7 @@ def test_every_committed_gpu_run_makes_a_page_with_its_median_and_verdict(tmp_pa
     shutil.copy(path, tmp_path / "run.json")
     page = write_run_page(tmp_path).read_text()
     assert f'id="median-ms">{_ms(report["timing"]["median_ms"])}<' in page
-    assert f'id="verdict">{html.escape(report["verdict"]["message"])}<' in page
+    assert f'id="verdict-message">{html.escape(report["verdict"]["message"])}<' in page
     assert page.count('class="bar timed') == report["timing"]["steps"]
 
 

@@ -254,9 +254,9 @@ def _verdict_section(report: dict) -> str:
     message = verdict.get("message") if isinstance(verdict, dict) else verdict
     if message:
         word = verdict.get("verdict") if isinstance(verdict, dict) else None
-        out.append(f'<div class="verdict"><span class="tag">{_esc(word or "verdict")}</span> <span id="verdict">{_esc(message)}</span></div>')
+        out.append(f'<div class="verdict"><span class="tag">{_esc(word or "verdict")}</span> <span id="verdict-message">{_esc(message)}</span></div>')
     elif report.get("partial"):
-        out.append('<div class="verdict"><span id="verdict">No verdict: the program ended before its traced steps were analysed; '
+        out.append('<div class="verdict"><span id="verdict-message">No verdict: the program ended before its traced steps were analysed; '
                    'the timed steps are below.</span></div>')
     for line in first_lines(report):
         out.append(f'<p class="warn">{_esc(line)}</p>')
