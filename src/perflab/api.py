@@ -590,13 +590,27 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     if isinstance(nproc, (list, tuple)):
         from perflab.program.launch import torchrun_counts
 
-        return torchrun_counts(list(nproc), program, options, step=step, step_range=step_range, render=render_scaling)
+        code = torchrun_counts(list(nproc), program, options, step=step, step_range=step_range, render=render_scaling)
+        _scaling_page(out)
+        return code
     if nproc is not None:
         from perflab.program.launch import torchrun
 
         return torchrun(nproc, program, options, step=step, step_range=step_range)
     result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True)()
     return result.exit_code
+
+
+def _scaling_page(out) -> None:
+    """``--nproc 1,2``'s page (``OUT/report.html``: the scaling, each count's run linked); a failure to write it is one
+    line, after the runs, never their exit code."""
+    from perflab.errors import PerflabError
+    from perflab.program.guard import say
+
+    try:
+        run_page(out)
+    except (PerflabError, OSError) as exc:
+        say(f"perflab: {out / 'report.html'} could not be written: {exc}")
 
 
 def check_profiled_steps(steps: int) -> None:
