@@ -362,7 +362,7 @@ def _time_section(report: dict) -> str:
     if categories:
         total = sum(categories.values()) or 1.0
         rows = [[name, _in_us(us), f"{us / total:.1%}"] for name, us in categories.items()]
-        out.append(_rows_html(["category", "µs", "share"], rows, f"the traced steps' {terms.time} by category", right={1, 2},
+        out.append(_rows_html(["category", "µs", "share"], rows, f"{terms.time} of the traced steps by category", right={1, 2},
                               table_id="categories-table"))
     return "\n".join(out)
 
@@ -420,15 +420,19 @@ def _trace_section(report: dict, out_dir: Path | None) -> str:
     paths = [p for p in (traced.get("trace_path") or recorded.get("trace_path"), recorded.get("shapes_trace_path")) if p]
     if not paths:
         return '<p class="note">This run wrote no trace.</p>'
+    ranks = []  # under torchrun every rank traced its own steps, beside rank 0's
+    if out_dir is not None and (report.get("world_size") or 1) > 1:
+        ranks = [str(p) for r in range(1, report["world_size"]) if (p := Path(out_dir) / f"rank{r}" / Path(paths[0]).name).is_file()]
     items = []
-    for path in paths:
+    for path in paths + ranks:
         shown = path
         if out_dir is not None:
             try:
                 shown = str(Path(path).relative_to(out_dir))
             except ValueError:
                 pass
-        what = "the traced steps" if path == paths[0] else "the pass with shapes (operators and their input shapes)"
+        what = ("the traced steps" + (" (rank 0)" if ranks else "") if path == paths[0] else
+                f"rank {Path(path).parent.name[4:]}'s traced steps" if path in ranks else "the pass with shapes (operators and their input shapes)")
         items.append(f'<li><code class="path">{_esc(path)}</code>: {what}' +
                      (f' (<a href="{_esc(shown)}">{_esc(shown)}</a>, beside this page)' if shown != path else "") + "</li>")
     return ("<p>Open the trace in Perfetto: go to <a href=\"" + PERFETTO + "\" target=\"_blank\" rel=\"noopener noreferrer\">"
