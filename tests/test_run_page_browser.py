@@ -3,7 +3,8 @@ Each page renders with nothing on the browser's console and nothing loaded from 
 sees equal run.json's. The pages: a CPU run made here (``api.run`` of a small training loop whose loader is slow every
 4th batch) and the committed GPU runs (docs/performance/whole-loop-h200: GPM busy share, stalls, processes).
 
-Skipped where Chromium or chromedriver is absent (``.ci/run`` installs them: apt-get install chromium chromium-driver)."""
+Skipped where Chromium or chromedriver is absent (``.ci/run`` installs them: apt-get install chromium chromium-driver). Two
+tests need no browser: the run writes its page, and a page that cannot be written is one line after the program."""
 
 from __future__ import annotations
 
@@ -182,3 +183,18 @@ def test_perflab_run_writes_the_page_beside_run_json(cpu_run):
     page = (cpu_run / "report.html").read_text()
     report = json.loads((cpu_run / "run.json").read_text())
     assert f'id="median-ms">{_ms(report["timing"]["median_ms"])}<' in page and report["run_id"] in page
+
+
+def test_a_page_that_cannot_be_written_is_one_line_after_the_program(tmp_path, monkeypatch, capsys):
+    from perflab.report import run_page
+
+    def refuse(out_dir, report=None):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_page, "write_run_page", refuse)
+    prog = tmp_path / "train.py"
+    prog.write_text(textwrap.dedent(PROGRAM))
+    assert api.run([str(prog)], out_dir=tmp_path / "out", skip=2, steps=8, trace=1, trace_warmup=1, stop_after=True) == 0
+    assert (tmp_path / "out" / "run.json").is_file() and not (tmp_path / "out" / "report.html").exists()
+    said = [line for line in capsys.readouterr().err.splitlines() if "report.html" in line]
+    assert said == [f"perflab: report.html could not be written to {tmp_path / 'out'} (OSError: [Errno 28] No space left on device)"]
