@@ -246,7 +246,9 @@ def run_lines(report: dict) -> list[str]:
     if report.get("ceilings_note"):
         lines.append(report["ceilings_note"])
     options = report.get("options") or {}
-    lines.append(f"written: {options.get('out_dir', 'perflab-run')}/run.json" + (f" and {report['traced']['trace_path']}" if (report.get("traced") or {}).get("trace_path") else ""))
+    out = options.get('out_dir', 'perflab-run')
+    trace = (report.get("traced") or {}).get("trace_path")
+    lines.append(f"written: {out}/run.json, its page {out}/report.html" + (f" and {trace} (open it in https://ui.perfetto.dev)" if trace else ""))
     return lines
 
 
