@@ -315,6 +315,8 @@ def test_two_gloo_ranks_under_torchrun_merge_their_traces_into_the_communication
         events = load_events(out / f"rank{rank}" / "trace.json.gz")
         assert top_level_cpu_ops(events) and any(str(e.get("name", "")).startswith("gloo:") for e in events)
     assert "communication per step on 2 ranks" in done.stderr
+    page = (out / "report.html").read_text()  # the run's page: the ranks, their communication, each rank's trace
+    assert 'id="ranks-table"' in page and 'id="communication-table"' in page and str(out / "rank1" / "trace.json.gz") in page
 
 
 def test_the_recorders_stamps_are_read_once_into_the_record_with_their_summary(monkeypatch):

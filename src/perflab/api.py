@@ -394,11 +394,33 @@ def results(out_dir, env_key: str | None = None, on_unreadable=None) -> list[dic
 def report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None):
     """Write ``OUT/report.md`` (seed-shaped tables, break-even) and its PNG plots; returns the report's path.
     ``spec``: the experiment to count the cases of (default: the store's latest sweep's). ``on_unreadable``: as
-    ``results``; the report names those records too."""
+    ``results``; the report names those records too. A ``perflab run``'s directory (run.json, or a ``--nproc 1,2``
+    run's scaling.json, and no results store) gets its page instead: :func:`run_page`."""
+    from pathlib import Path
+
+    from perflab.errors import PerflabError
     from perflab.report.markdown import write_report
+    from perflab.sweep.store import STORE_NAME, store_path
 
     check_bootstrap(n_boot)
+    if not store_path(out_dir).is_file():
+        if any((Path(out_dir) / name).is_file() for name in ("run.json", "scaling.json")):
+            return run_page(out_dir)
+        raise PerflabError(f"{out_dir}: no results store ({STORE_NAME}) here, nor a `perflab run`'s run.json; run "
+                           f"`perflab sweep SPEC --out {out_dir}` or `perflab run --out {out_dir} -- SCRIPT` first")
     return write_report(out_dir, n_boot=n_boot, spec=spec, on_unreadable=on_unreadable)
+
+
+def run_page(out_dir, report: dict | None = None):
+    """Write ``OUT/report.html``, the page of a ``perflab run`` (``perflab run`` writes it too): one self-contained file
+    (inline CSS and SVG, nothing fetched) with the step times over the run, the verdict and its evidence, where the
+    time goes, the compiler, the ranks and scaling, the processes and how to open the trace in Perfetto. From
+    ``report`` (run.json's dict) or ``OUT/run.json``; a ``--nproc 1,2`` run's directory gets its scaling page and each
+    count's run its own. Returns the page's path; a directory without a run, or a damaged run.json, is one
+    PerflabError."""
+    from perflab.report.run_page import write_run_page
+
+    return write_run_page(out_dir, report)
 
 
 def check_bootstrap(n_boot) -> None:
@@ -568,13 +590,27 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     if isinstance(nproc, (list, tuple)):
         from perflab.program.launch import torchrun_counts
 
-        return torchrun_counts(list(nproc), program, options, step=step, step_range=step_range, render=render_scaling)
+        code = torchrun_counts(list(nproc), program, options, step=step, step_range=step_range, render=render_scaling)
+        _scaling_page(out)
+        return code
     if nproc is not None:
         from perflab.program.launch import torchrun
 
         return torchrun(nproc, program, options, step=step, step_range=step_range)
     result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True)()
     return result.exit_code
+
+
+def _scaling_page(out) -> None:
+    """``--nproc 1,2``'s page (``OUT/report.html``: the scaling, each count's run linked); a failure to write it is one
+    line, after the runs, never their exit code."""
+    from perflab.errors import PerflabError
+    from perflab.program.guard import say
+
+    try:
+        run_page(out)
+    except (PerflabError, OSError) as exc:
+        say(f"perflab: {out / 'report.html'} could not be written: {exc}")
 
 
 def check_profiled_steps(steps: int) -> None:

@@ -301,12 +301,13 @@ def spec_schema(
 
 @app.command()
 def report(
-    out_dir: Path = typer.Argument(..., help="A sweep's output directory."),
+    out_dir: Path = typer.Argument(..., help="A sweep's output directory, or a perflab run's (its --out)."),
     n_boot: int = typer.Option(2000, "--bootstrap", help="Bootstrap replicates for break-even CIs (a whole number, 100 to 100,000)."),
     spec: Optional[Path] = typer.Option(None, "--spec", help="The experiment whose cases to count and mark 'not run' "
                                         "(default: the store's latest sweep's, which is a subset if that sweep ran one)."),
 ):
-    """Write OUT/report.md: the studies' tables (token reduction, GPT sizes, Llama decode) with CIs and flags, plots (PNG) beside it, environment, spec."""
+    """Write OUT/report.md: the studies' tables (token reduction, GPT sizes, Llama decode) with CIs and flags, plots (PNG) beside it, environment, spec.
+    For a perflab run's directory, write its page, OUT/report.html (self-contained: open it in a browser)."""
     from perflab import api
 
     unreadable = []

@@ -113,12 +113,12 @@ class Run:
         return recorder
 
     def _clear_stale(self) -> None:
-        """The traces and rank report an earlier run left where this one writes its own: gone before the program runs,
+        """The traces, rank report and page an earlier run left where this one writes its own: gone before the program runs,
         so that nothing of that run is read as this one's (every report of this run also carries its id)."""
         from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, rank_dir
 
         folder = rank_dir(self.options.out_dir, self.rank)
-        for name in (TRACE_FILE, SHAPES_FILE, "rank.json"):
+        for name in (TRACE_FILE, SHAPES_FILE, "rank.json", "report.html"):
             try:
                 (folder / name).unlink(missing_ok=True)
             except OSError:
@@ -262,7 +262,7 @@ class Run:
         self.report = report
         if self.rank.rank == 0 and not (quiet and self.rank.distributed):
             written = report.to_dict()
-            self._write_file(written)
+            self._write_file(written, page=not quiet)
             if not ended_early and self.render is not None:
                 try:
                     self.render(written)
@@ -270,8 +270,10 @@ class Run:
                     self.guard.failed(f"the report could not be printed; it is in {Path(self.options.out_dir) / 'run.json'}", exc)
         self.written = True
 
-    def _write_file(self, written: dict) -> None:
+    def _write_file(self, written: dict, page: bool = True) -> None:
         write_json(Path(self.options.out_dir) / "run.json", written)
+        if page:  # the run's page beside it; a failure to write it is one line after the program
+            self.guard.call(f"report.html could not be written to {self.options.out_dir}", lambda: _write_page(self.options.out_dir, written))
 
     @staticmethod
     def _how(outcome) -> str:
@@ -294,6 +296,12 @@ class Run:
         traced = f" + --trace-warmup {o.trace_warmup} + --trace {o.trace}" if o.trace else " + --trace 0"
         return (f"perflab: the program {how} ({self.source.description}); --skip {o.skip} + --steps {o.steps}{traced} needs {need}: "
                 f"{measured} written to {where}")
+
+
+def _write_page(out_dir: Path, written: dict) -> None:
+    from perflab.report.run_page import write_run_page  # the page's builder (torch-free), imported only when written
+
+    write_run_page(out_dir, written)
 
 
 def _json_options(options: RunOptions) -> dict:

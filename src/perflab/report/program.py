@@ -246,11 +246,17 @@ def run_lines(report: dict) -> list[str]:
     if report.get("ceilings_note"):
         lines.append(report["ceilings_note"])
     options = report.get("options") or {}
-    lines.append(f"written: {options.get('out_dir', 'perflab-run')}/run.json" + (f" and {report['traced']['trace_path']}" if (report.get("traced") or {}).get("trace_path") else ""))
+    out = options.get('out_dir', 'perflab-run')
+    trace = (report.get("traced") or {}).get("trace_path")
+    lines.append(f"written: {out}/run.json, its page {out}/report.html" + (f" and {trace} (open it in https://ui.perfetto.dev)" if trace else ""))
     return lines
 
 
 def render_scaling(console: Console, section: dict) -> None:
+    console.print(scaling_table(section))
+
+
+def scaling_table(section: dict) -> Table:
     """``perflab run --nproc 1,2``'s scaling table: per rank count the step, the work per rank, the step expected at that
     work from the first count's, the growth and the efficiency (expected ÷ step), and each rank's exposed communication."""
     base = section.get("base")
@@ -264,4 +270,4 @@ def render_scaling(console: Console, section: dict) -> None:
                       f"{row['efficiency']:.3f}" if row.get("efficiency") else "–", exposed)
     if section.get("note"):
         table.caption = section["note"]
-    console.print(table)
+    return table
