@@ -423,6 +423,20 @@ def run_page(out_dir, report: dict | None = None):
     return write_run_page(out_dir, report)
 
 
+def write_run_page_quietly(out_dir, report: dict) -> None:
+    """``perflab run``'s page hook (``program.run.Run(page=...)``): OUT/report.html beside run.json."""
+    run_page(out_dir, report)
+
+
+def render_run_stderr(report: dict) -> None:
+    """A followed child's console report (``program.run.CHILD_HOOKS``): rank 0's, or a single child's, on stderr."""
+    from rich.console import Console
+
+    from perflab.report.program import render_run
+
+    render_run(Console(stderr=True), report)
+
+
 def check_bootstrap(n_boot) -> None:
     """PerflabError (one line) unless ``n_boot`` is a whole number of bootstrap replicates in the range a CI can rest on."""
     from perflab.analysis.breakeven import MAX_BOOT, MIN_BOOT
@@ -597,7 +611,7 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
         from perflab.program.launch import torchrun
 
         return torchrun(nproc, program, options, step=step, step_range=step_range)
-    result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True)()
+    result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True, page=write_run_page_quietly)()
     return result.exit_code
 
 

@@ -161,19 +161,14 @@ def _start_session(config: dict, kind: str, rank: int | None, world: int | None,
         options = replace(options, out_dir=out / f"proc{os.getpid()}")
         this = Rank(0, 1, 0)
         label = f"{config['program']} [process {os.getpid()}: {record['target']}]"
-    render = _stderr_render if config.get("render") and this.rank == 0 else None
+    from perflab.program.run import resolve_hook
+
+    hooks = config.get("hooks") or {}
+    render = resolve_hook(hooks.get("render")) if config.get("render") and this.rank == 0 else None
     session = Run(None, options, step=config.get("step"), step_range=config.get("step_range"), render=render, rank=this,
-                  label=label, run_id=config.get("run_id"))
+                  label=label, run_id=config.get("run_id"), page=resolve_hook(hooks.get("page")))
     recorder = session.start()
     return session, recorder
-
-
-def _stderr_render(report: dict) -> None:
-    from rich.console import Console
-
-    from perflab.report.program import render_run
-
-    render_run(Console(stderr=True), report)
 
 
 def _abandon_inherited() -> None:

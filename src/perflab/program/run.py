@@ -53,10 +53,11 @@ class RunResult:
 
 class Run:
     def __init__(self, program: Program | None, options: RunOptions, step: str | None = None, step_range: str | None = None, render=None,
-                 rank: Rank | None = None, label: str | None = None, run_id: str | None = None, follow: bool = False):
+                 rank: Rank | None = None, label: str | None = None, run_id: str | None = None, follow: bool = False, page=None):
         """``program``: the program to run (None for a child's run, whose bootstrap runs it: ``start`` and ``finish``
         around it); ``label``: what the report calls the program; ``follow``: follow the processes it starts
-        (``program.children``; the process perflab started)."""
+        (``program.children``; the process perflab started); ``render(report)`` and ``page(out_dir, report)``: the
+        console report and the run's page, from the stage above (the API: program/ imports no report)."""
         self.program = program
         self.options = replace(options, out_dir=Path(os.path.abspath(options.out_dir)))  # where the run began, whatever the program's cwd
         self.guard = Guard()
@@ -64,6 +65,7 @@ class Run:
         self.source: StepSource = make_source(step, step_range)
         self.rank = rank or Rank.from_env()
         self.render = render  # render(report) -> None: the console report (rank 0)
+        self.page = page  # page(out_dir, report) -> None: OUT/report.html beside run.json
         self.label = label or (program.label if program is not None else "?")
         self.run_id = run_id or new_run_id()
         self.follow = follow
@@ -104,7 +106,7 @@ class Run:
 
             self.follower = Follower({"out_dir": str(self.options.out_dir), "options": _json_options(self.options), "step": self.step,
                                       "step_range": self.step_range, "run_id": self.run_id, "program": self.label,
-                                      "render": self.render is not None})
+                                      "render": self.render is not None, "hooks": CHILD_HOOKS})
             self.guard.call("perflab could not prepare to follow the program's children", self.follower.install)
         if self.program is not None:  # the process perflab started (a child's SIGTERM ends it as it would alone)
             self.guard.catch_sigterm()
@@ -272,8 +274,8 @@ class Run:
 
     def _write_file(self, written: dict, page: bool = True) -> None:
         write_json(Path(self.options.out_dir) / "run.json", written)
-        if page:  # the run's page beside it; a failure to write it is one line after the program
-            self.guard.call(f"report.html could not be written to {self.options.out_dir}", lambda: _write_page(self.options.out_dir, written))
+        if page and self.page is not None:  # the run's page beside it; a failure to write it is one line after the program
+            self.guard.call(f"report.html could not be written to {self.options.out_dir}", lambda: self.page(self.options.out_dir, written))
 
     @staticmethod
     def _how(outcome) -> str:
@@ -298,10 +300,19 @@ class Run:
                 f"{measured} written to {where}")
 
 
-def _write_page(out_dir: Path, written: dict) -> None:
-    from perflab.report.run_page import write_run_page  # the page's builder (torch-free), imported only when written
+# a followed child's console report and page, named for it to import (it runs in another interpreter; program/ imports
+# no report itself): the API's, which hands the process perflab started the same two
+CHILD_HOOKS = {"render": "perflab.api:render_run_stderr", "page": "perflab.api:write_run_page_quietly"}
 
-    write_run_page(out_dir, written)
+
+def resolve_hook(name: str | None):
+    """``module:function`` → the function (None for none)."""
+    if not name:
+        return None
+    import importlib
+
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def _json_options(options: RunOptions) -> dict:
