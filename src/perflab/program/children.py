@@ -114,10 +114,10 @@ def child_bootstrap(original):
             _time_worker_batches()
             _write_record(config, record)
             return original(process, *args, **kwargs)
-        _abandon_inherited()
+        resolve_hook(ABANDON_INHERITED)()
         _set_parent_death_signal()
         try:
-            session, recorder = _start_session(config, kind, rank, world, record)
+            session, recorder = resolve_hook(START_SESSION)(config, kind, rank, world, record)
         except Exception as exc:  # perflab's own failure: the child runs as it would alone
             _write_record(config, dict(record, followed=False, why=f"perflab could not follow it ({type(exc).__name__}: {exc})"))
             return original(process, *args, **kwargs)
@@ -143,42 +143,20 @@ def child_bootstrap(original):
     return _bootstrap
 
 
-def _start_session(config: dict, kind: str, rank: int | None, world: int | None, record: dict):
-    """A recorder of the child's own steps, as ``perflab run`` gives the process it started (``run.Run``)."""
-    from dataclasses import replace
+def resolve_hook(name: str | None):
+    """``module:function`` → the function (None for none): how a child, in an interpreter of its own, finds what it
+    calls above this module (a run's session, the console report, the page) without this module importing it."""
+    if not name:
+        return None
+    import importlib
 
-    from perflab.program.recorder import Rank, RunOptions
-    from perflab.program.run import Run
-
-    options = RunOptions(**{k: (tuple(v) if k == "inputs" else v) for k, v in config["options"].items() if k in RunOptions.__dataclass_fields__})
-    out = Path(config["out_dir"])
-    if kind == "spawned rank" and rank is not None:
-        world = world or 1
-        options = replace(options, out_dir=out / SPAWN)
-        this = Rank(rank, world, rank)
-        label = f"{config['program']} [rank {rank} of {world}, torch.multiprocessing.spawn]"
-    else:
-        options = replace(options, out_dir=out / f"proc{os.getpid()}")
-        this = Rank(0, 1, 0)
-        label = f"{config['program']} [process {os.getpid()}: {record['target']}]"
-    from perflab.program.run import resolve_hook
-
-    hooks = config.get("hooks") or {}
-    render = resolve_hook(hooks.get("render")) if config.get("render") and this.rank == 0 else None
-    session = Run(None, options, step=config.get("step"), step_range=config.get("step_range"), render=render, rank=this,
-                  label=label, run_id=config.get("run_id"), page=resolve_hook(hooks.get("page")))
-    recorder = session.start()
-    return session, recorder
+    module, _, function = name.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
-def _abandon_inherited() -> None:
-    """In a forked child: the recorder of the process it was forked from, copied with its memory, stops here (its hooks
-    off, nothing written): this process records its own steps, if any."""
-    from perflab.program import run
-
-    inherited = run.ACTIVE
-    if inherited is not None and inherited.guard.pid != os.getpid():
-        inherited.abandon()
+# what a followed child calls, in the module above this one that runs sessions (named: program.run imports this module)
+START_SESSION = "perflab.program.run:start_child_session"
+ABANDON_INHERITED = "perflab.program.run:abandon_inherited"
 
 
 def _time_worker_batches() -> None:

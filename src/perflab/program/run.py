@@ -25,6 +25,7 @@ from pathlib import Path
 
 from perflab.errors import PerflabError
 from perflab.program.boundaries import StepSource, make_source
+from perflab.program.children import resolve_hook
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorded, Recorder, RunOptions, StopProgram
 from perflab.program.report import RunContext, RunReport, build_run_report, write_json
@@ -305,14 +306,34 @@ class Run:
 CHILD_HOOKS = {"render": "perflab.api:render_run_stderr", "page": "perflab.api:write_run_page_quietly"}
 
 
-def resolve_hook(name: str | None):
-    """``module:function`` → the function (None for none)."""
-    if not name:
-        return None
-    import importlib
+def start_child_session(config: dict, kind: str, rank: int | None, world: int | None, record: dict):
+    """A followed child's own run (``program.children``): a recorder of its steps as ``perflab run`` gives the process it
+    started; a spawned rank as torchrun's ranks are (``OUT/spawn/rankR``), any other process on its own (``OUT/procPID``)."""
+    from perflab.program.children import SPAWN
 
-    module, _, function = name.partition(":")
-    return getattr(importlib.import_module(module), function)
+    options = RunOptions(**{k: (tuple(v) if k == "inputs" else v) for k, v in config["options"].items() if k in RunOptions.__dataclass_fields__})
+    out = Path(config["out_dir"])
+    if kind == "spawned rank" and rank is not None:
+        world = world or 1
+        options = replace(options, out_dir=out / SPAWN)
+        this = Rank(rank, world, rank)
+        label = f"{config['program']} [rank {rank} of {world}, torch.multiprocessing.spawn]"
+    else:
+        options = replace(options, out_dir=out / f"proc{os.getpid()}")
+        this = Rank(0, 1, 0)
+        label = f"{config['program']} [process {os.getpid()}: {record['target']}]"
+    hooks = config.get("hooks") or {}
+    render = resolve_hook(hooks.get("render")) if config.get("render") and this.rank == 0 else None
+    session = Run(None, options, step=config.get("step"), step_range=config.get("step_range"), render=render, rank=this,
+                  label=label, run_id=config.get("run_id"), page=resolve_hook(hooks.get("page")))
+    return session, session.start()
+
+
+def abandon_inherited() -> None:
+    """In a forked child: the recorder of the process it was forked from, copied with its memory, stops here (its hooks
+    off, nothing written): this process records its own steps, if any."""
+    if ACTIVE is not None and ACTIVE.guard.pid != os.getpid():
+        ACTIVE.abandon()
 
 
 def _json_options(options: RunOptions) -> dict:
