@@ -251,3 +251,120 @@ def test_every_json_ci_names_its_level_beside_the_old_key():
     (series,) = revision_series(rows, [("k1", "c1")], 0.05)
     (point,) = series_dict(series)["points"]
     assert point["ci_ms"] == point["ci95_ms"] == [1.0, 2.0] and point["ci_coverage"] == 0.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ratios on logarithms, the noise floor, and what a run can detect
+
+
+def test_the_median_of_ratios_is_taken_on_logs_so_a_change_and_its_inverse_weigh_alike():
+    from perflab.stats import log_median
+
+    # four block ratios, a first-block effect of 1.5x falling on A and on B in turn: the plain median leans "slower"
+    ratios = [1 / 1.5, 1 / 1.5, 1.5, 1.5]
+    assert statistics.median(ratios) == pytest.approx(1.0833, abs=1e-4)
+    assert log_median(ratios) == pytest.approx(1.0)
+    assert log_median([0.5, 2.0]) == pytest.approx(1.0) and log_median([1.0, 3.0, 2.0]) == 2.0  # odd: the middle value
+    with pytest.raises(ValueError):
+        log_median([1.0, 0.0])
+
+
+def position_effect_rows(rounds=3, orders=("AB", "BA", "BA", "AB"), first=1.5, b_time=1.0, noise=(1.0, 1.01, 0.99)):
+    """An A/A (``b_time`` 1.0) or A/B blocks run whose block timed first in each pair is ``first``× slower: the position
+    effect the CPU measurement found, planted exactly (per round a host speed from ``noise``)."""
+    a, b = [], []
+    for r in range(rounds):
+        speed = noise[r % len(noise)]
+        a.append([speed * (first if o[0] == "A" else 1.0) for o in orders])
+        b.append([speed * b_time * (first if o[0] == "B" else 1.0) for o in orders])
+    sessions = tuple(f"p{r}" for r in range(rounds))
+    return blocks_row(a, sessions=sessions), blocks_row(b, sessions=sessions)
+
+
+def test_a_balanced_first_block_effect_cancels_on_logs_where_the_plain_median_read_slower():
+    a, b = position_effect_rows()
+    r = row_ratio(a, b)
+    assert r.basis == "blocks" and r.ratio == pytest.approx(1.0) and r.low <= 1.0 <= r.high
+    # what the plain median of each round's four block ratios made of it: 1.083 in every round, a CI that excludes 1
+    plain = statistics.median([1 / 1.5, 1.5, 1.5, 1 / 1.5])
+    assert plain > 1.05 and verdict(Ratio(plain, plain, plain, "blocks", 3, ""), 0.05) == "slower"
+    assert compare_rows([a], [b]).changes[0].verdict in ("no change", "inconclusive")
+    # and a true 10% slower B under the same effect reads 1.10 on logs
+    a, b = position_effect_rows(b_time=1.1)
+    assert row_ratio(a, b).ratio == pytest.approx(1.1)
+
+
+def test_one_rounds_paired_ratio_is_the_log_median_of_its_blocks():
+    from perflab.stats import paired_ratio
+
+    a, b = position_effect_rows(rounds=1, orders=("AB", "BA") * 4)
+    paired = paired_ratio(a, b)
+    assert paired["ratio"] == pytest.approx(1.0) and paired["pairs"] == 8
+
+
+def test_detectable_change_and_units_needed_by_hand():
+    from perflab.stats import detectable_change, t80, t975, units_needed
+
+    assert (t975(2), t80(2), t975(None), t80(None), t80(40)) == (4.303, 1.061, 1.96, 0.842, 0.842)
+    # over 3 rounds, se 0.02: the interval's own width decides (4.303 + 1.061) x 0.02; a wide band decides beyond it
+    assert detectable_change(0.02, 2) == pytest.approx(5.364 * 0.02)
+    assert detectable_change(0.02, 2, band=0.2) == pytest.approx(0.2 + 1.061 * 0.02)
+    # an effect of 0.10 with a spread of 0.05 a unit: the first n where (t975 + t80)(n-1) x 0.05/sqrt(n) <= 0.10
+    n = units_needed(0.05, 0.10)
+    assert (t975(n - 1) + t80(n - 1)) * 0.05 / math.sqrt(n) <= 0.10 < (t975(n - 2) + t80(n - 2)) * 0.05 / math.sqrt(n - 1)
+    # inside a band of 0.05: the first n where 0.01 + t975(n-1) x 0.05/sqrt(n) <= 0.05
+    n = units_needed(0.05, 0.01, band=0.05)
+    assert 0.01 + t975(n - 1) * 0.05 / math.sqrt(n) <= 0.05 < 0.01 + t975(n - 2) * 0.05 / math.sqrt(n - 1)
+    assert units_needed(0.05, 0.05, band=0.05) is None and units_needed(0.0, 0.1) is None and units_needed(1.0, 0.01, most=50) is None
+
+
+def paired_rows(a_medians, b_medians, case="x", session="s"):
+    return (row(case, statistics.median(a_medians), processes=a_medians, session=session),
+            row(case, statistics.median(b_medians), processes=b_medians, session=session))
+
+
+def test_an_aa_pair_in_the_schedule_sets_the_floor_and_no_change_means_smaller_than_it():
+    a, b = paired_rows([1.0, 1.2, 0.9, 1.1], [1.04, 1.25, 0.93, 1.15])  # B/A 1.04, 1.042, 1.033, 1.045: a tight 4%
+    _, aa = paired_rows([1.0, 1.2, 0.9, 1.1], [1.07, 1.13, 0.95, 1.16])  # A against a copy of itself reads up to ~ +/-9%
+    at_2pct = compare_rows([a], [b], threshold=0.02).changes[0]
+    assert at_2pct.verdict == "slower" and at_2pct.floor.source == "rounds"  # without the A/A, 4% beyond 2% is a change
+    aa_ratio = row_ratio(a, aa)
+    floored = compare_rows([a], [b], threshold=0.02, rows_aa=[aa]).changes[0]
+    assert floored.floor.source == "A/A" and floored.floor.aa.ratio == pytest.approx(aa_ratio.ratio)
+    assert floored.floor.fraction == pytest.approx(max(aa_ratio.high, 1 / aa_ratio.low) - 1) and floored.floor.fraction > 0.05
+    assert floored.band == floored.floor.fraction and floored.verdict == "no change"  # smaller than the floor: never slower
+    assert floored.verdict_text == f"no change (within ±{floored.floor.fraction:.1%}, the noise floor)"
+    # twice the work stands far above it
+    a2, b2 = paired_rows([1.0, 1.2, 0.9, 1.1], [2.0, 2.5, 1.8, 2.1])
+    doubled = compare_rows([a2], [b2], threshold=0.02, rows_aa=[aa]).changes[0]
+    assert doubled.verdict == "slower" and doubled.ratio.low < 2.0 < doubled.ratio.high
+    d = doubled.to_dict()
+    assert d["floor"]["source"] == "A/A" and d["floor"]["aa"]["basis"] == "paired" and d["detectable"] > d["floor"]["fraction"]
+
+
+def test_every_verdict_states_its_floor_and_detectable_change_and_an_inconclusive_one_the_rounds_it_needs():
+    from perflab.stats import detectable_change, t975, units_needed
+
+    a, b = paired_rows([1.0, 1.2, 0.9], [1.1, 1.45, 0.97])  # B/A 1.10, 1.21, 1.08: 3 rounds cannot tell
+    c = compare_rows([a], [b]).changes[0]
+    r = c.ratio
+    assert c.verdict == "inconclusive" and r.dof == 2 and r.se == pytest.approx(math.log(r.high / r.low) / (2 * 4.303))
+    assert c.floor.source == "rounds" and c.floor.fraction == pytest.approx(math.sqrt(r.high / r.low) - 1)
+    assert c.band == pytest.approx(max(0.05, c.floor.fraction))
+    assert c.detectable == pytest.approx(math.expm1(detectable_change(r.se, 2, math.log1p(c.band))))
+    assert c.needed == units_needed(r.se * math.sqrt(3), math.log(r.ratio), math.log1p(c.band), most=100) and 3 < c.needed <= 100
+    # one process a side: no spread between processes to go by, so no floor and no rounds to offer
+    w = compare_rows([row("x", 1.0)], [row("x", 1.2, ci=(1.0, 1.44))]).changes[0]
+    assert w.floor is None and w.needed is None and w.band == 0.05 and t975(None) == 1.96
+
+
+def test_a_verdict_from_flagged_rows_says_so_in_its_text_and_its_json():
+    a, b = paired_rows([1.0, 1.01, 0.99], [2.0, 2.02, 1.99])
+    a["flags"], b["process_flags"] = ["short_timing", "high_cv"], [[], ["host_contention"], []]
+    c = compare_rows([a], [b]).changes[0]
+    assert c.verdict == "slower" and c.flags == ["host_contention", "short_timing", "high_cv"]
+    assert c.verdict_text == "slower · flagged host_contention, short_timing, high_cv"
+    d = c.to_dict()
+    assert d["verdict"] == "slower" and d["flags"] == c.flags and d["verdict_text"] == c.verdict_text
+    clean = compare_rows(*[[r] for r in paired_rows([1.0, 1.01, 0.99], [2.0, 2.02, 1.99])]).changes[0]
+    assert clean.flags == [] and clean.verdict_text == "slower"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, compare_rows, revision_series
+from perflab.analysis.regressions import LEVEL, MOST_ROUNDS, CaseChange, Comparison, compare_rows, revision_series
 from perflab.measure.row import row_version
 from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
@@ -33,10 +33,29 @@ def ratio_cell(change: CaseChange) -> str:
 
 
 def verdict_cell(change: CaseChange) -> str:
+    """The verdict as its case's row shows it (``CaseChange.verdict_text``), and host-dependent."""
     if change.verdict == "not compared":
         failed = change.status_a != "ok" or change.status_b != "ok"
         return f"not compared (A {change.status_a}, B {change.status_b})" if failed else "not compared (no CI)"
-    return change.verdict + (" · host-dependent" if change.host_dependent else "")
+    return change.verdict_text + (" · host-dependent" if change.host_dependent else "")
+
+
+def floor_line(change: CaseChange) -> str | None:
+    """What a case's comparison could see: the noise floor on this host and how it was measured, the smallest change
+    this run could have detected, and, inconclusive, the rounds that would settle it."""
+    if change.ratio is None or change.band is None:
+        return None
+    if change.floor is None:
+        head = ("noise floor on this host unknown: one process a side (rerun with --processes 3, or use perflab ab, "
+                "which measures it)")
+    else:
+        head = f"noise floor on this host ±{change.floor.fraction:.1%} ({change.floor.words})"
+    text = f"{change.label}: {head}; smallest change this run could detect: ±{change.detectable:.1%}"
+    if change.verdict == "inconclusive" and change.ratio.units >= 2:
+        unit = "rounds" if change.ratio.basis in ("blocks", "paired") else "processes a side"
+        text += (f"; about {change.needed} {unit} would settle it" if change.needed else
+                 f"; more than {MOST_ROUNDS} {unit} would not settle it")
+    return text + "."
 
 
 def comparison_rows(comparison: Comparison) -> list[list[str]]:
@@ -51,11 +70,12 @@ def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str
     """The sentences under a comparison's table: what the sides are, the threshold, how each CI was taken, the host-
     dependent cases and the cases of one side only."""
     t = comparison.threshold
-    lines = [f"A: {names[0]}; B: {names[1]}. B/A above 1: B is slower. Verdict at ±{t:.0%}: slower or faster where the "
-             f"{LEVEL:.0%} CI excludes 1 and the ratio is beyond 1 ± {t:.0%}; no change where the whole CI lies within "
-             f"{1 / (1 + t):.3f}–{1 + t:.3f}; inconclusive otherwise."]
+    lines = [f"A: {names[0]}; B: {names[1]}. B/A above 1: B is slower. Verdict at ±{t:.0%} or the noise floor where that is "
+             f"wider (the band): slower or faster where the {LEVEL:.0%} CI excludes 1 and the ratio is beyond the band; no change "
+             f"where the whole CI lies within it (at ±{t:.0%}: {1 / (1 + t):.3f}–{1 + t:.3f}); inconclusive otherwise."]
     for basis in dict.fromkeys(c.ratio.basis for c in comparison.changes if c.ratio):
         lines.append("CI over " + BASIS_WORDS[basis] + ".")
+    lines += [line for line in map(floor_line, comparison.changes) if line]
     lines += [f"{c.label}: {c.host_dependent}." for c in comparison.changes if c.host_dependent]
     for side, only in (("A", comparison.only_a), ("B", comparison.only_b)):
         if only:
