@@ -34,6 +34,40 @@ def test_every_case_times_one_block_per_round_in_a_seeded_order():
     assert len(firsts) >= 3  # no case always goes first
 
 
+def test_a_discarded_step_before_each_block_takes_the_cold_start_the_first_block_of_a_round_paid(monkeypatch):
+    """A planted position effect: a step run right after the round's canary costs 1.5 ms, any other 1.0 ms (a simulated
+    clock, so the test is deterministic). Without the warm step the block timed first in each round reads 1.25 ms and
+    its neighbour 1.0, so B/A swings 0.8 / 1.25 with the order; with it, every block reads 1.0."""
+    import types
+
+    import perflab.clock
+    from perflab.measure.interleave import balanced_order, time_interleaved
+
+    now = {"ns": 0, "last": None}
+    monkeypatch.setattr(perflab.clock, "time", types.SimpleNamespace(perf_counter_ns=lambda: now["ns"]))
+
+    def step_of(case):
+        def step():
+            now["ns"] += 1_500_000 if now["last"] == "canary" else 1_000_000
+            now["last"] = case
+        return step
+
+    def canary():
+        now["last"] = "canary"
+
+    schedule = [[(i, 2) for i in balanced_order([0, 1], r)] for r in range(8)]
+
+    def block_ratios(warm):
+        session = time_interleaved([step_of(0), step_of(1)], schedule, enter=lambda i: contextlib.nullcontext(), device="cpu",
+                                   canary=canary, warm=warm)
+        a, b = session.blocks
+        assert [x.steps for x in a] == [2] * 8  # the warm step is not counted in the block
+        return [round(y.ms_per_step / x.ms_per_step, 6) for x, y in zip(a, b)]
+
+    assert block_ratios(warm=0) == [0.8, 1.25, 1.25, 0.8] * 2  # A B, B A, B A, A B: whoever goes first pays
+    assert block_ratios(warm=1) == [1.0] * 8
+
+
 def test_a_groups_cases_are_adjacent_in_every_round():
     groups = ["p", "q", "p", "q", "r", "r"]
     for this_round in interleaved_order(groups, rounds=50, seed=0):

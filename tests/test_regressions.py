@@ -224,7 +224,7 @@ def test_an_interrupted_ab_says_to_rerun_into_another_store_and_an_interrupted_t
     from perflab import api
     from perflab.analysis.regressions import Comparison
 
-    summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1)
+    summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1, copy=None)
     monkeypatch.setattr(api, "ab", lambda **kw: (summary, Comparison([])))
     monkeypatch.setattr(api, "track", lambda **kw: (summary, []))
     case = ["--model", "m.py:M", "--json"]

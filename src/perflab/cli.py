@@ -375,8 +375,8 @@ def ab(
     b: Optional[str] = typer.Option(None, "--b", help="Version B: a revision of --repo."),
     python_a: Optional[str] = typer.Option(None, "--python-a", help="Version A: a Python interpreter (another environment) instead."),
     python_b: Optional[str] = typer.Option(None, "--python-b", help="Version B: a Python interpreter."),
-    rounds: int = typer.Option(3, "--rounds", help="Rounds, 2 to 100: each times every case at A and at B (blocks: in one process; "
-                               "processes: in two side by side)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Rounds, 2 to 100: each times every case at A and at B (blocks: in one "
+                                         "process; processes: in two side by side, an even number). Default: 3 (blocks), 4 (processes)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="The store (default runs/ab/<date-time>)."),
     pairing: Optional[str] = typer.Option(None, "--pairing", help=f"How A and B are paired in each round. {PAIRING_HELP}. Default: "
                                           "blocks for --repo; interpreters (--python-a/--python-b) can only pair processes."),
@@ -390,7 +390,7 @@ def ab(
     import json
 
     from perflab import api
-    from perflab.report.versions import ab_document, order_line, render_comparison, render_versions
+    from perflab.report.versions import ab_document, everyone, order_line, render_comparison, render_versions
     from perflab.sweep.runner import command_line
     from perflab.sweep.progress import VersionsProgress
 
@@ -402,7 +402,7 @@ def ab(
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
-        order = order_line([(v.name, summary.rows_of(v)) for v in summary.versions])
+        order = order_line([(v.name, summary.rows_of(v)) for v in everyone(summary)])
         if order:
             out.say(order, markup=False)
         out.say(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", markup=False)

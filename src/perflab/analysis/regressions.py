@@ -369,16 +369,25 @@ def compare_rows(rows_a: list[dict], rows_b: list[dict], threshold: float = DEFA
     if not common:
         raise PerflabError(f"{names[0]} and {names[1]} share no case id ({names[0]}: {_ids_text(by_a)}; {names[1]}: "
                            f"{_ids_text(by_b)}): compare results of the same cases")
-    changes = [compare_case(by_a[cid], by_b[cid], threshold, by_aa.get(cid)) for cid in common]
+    changes = [compare_case(by_a[cid], by_b[cid], threshold, measured_floor(by_a[cid], by_aa.get(cid))) for cid in common]
     return Comparison(changes, [_label(by_a[c]) for c in by_a if c not in by_b], [_label(by_b[c]) for c in by_b if c not in by_a],
                       threshold)
 
 
-def compare_case(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD, aa: dict | None = None) -> CaseChange:
-    """One case's comparison: the ratio and its CI (``row_ratio``), the noise floor (from ``aa``, a second copy of A's
-    case timed in the same schedule, where given and measured; else B/A's own spread), the verdict at the band
-    max(threshold, floor), the smallest change it could have detected, the rounds an inconclusive one needs, and
-    the flags of the rows it was drawn from."""
+def measured_floor(a: dict | None, aa: dict | None) -> NoiseFloor | None:
+    """The noise floor an A/A pair measured: ``a`` and ``aa``, a second copy of its case timed in the same schedule
+    (``aa_floor``); None where either is missing or failed, or they were not timed together (one process a side)."""
+    if a is None or aa is None or a.get("status") != "ok" or aa.get("status") != "ok":
+        return None
+    ratio = row_ratio(a, aa)
+    return aa_floor(ratio) if ratio is not None and ratio.basis != "within-run" else None
+
+
+def compare_case(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD, floor: NoiseFloor | None = None) -> CaseChange:
+    """One case's comparison: the ratio and its CI (``row_ratio``), the noise floor (``floor``, an A/A pair's:
+    ``measured_floor``; without one, B/A's own spread), the verdict at the band max(threshold, floor), the smallest
+    change it could have detected, the rounds an inconclusive one needs, and the flags of the rows it was drawn
+    from."""
     change = CaseChange(a.get("case_id") or "?", _label(a), a.get("status") or "?", b.get("status") or "?")
     if change.status_a != "ok" or change.status_b != "ok":
         change.verdict = "not compared"
@@ -393,8 +402,7 @@ def compare_case(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD, aa: dic
     if not change.ratio:
         change.verdict = "not compared"
         return change
-    aa_ratio = row_ratio(a, aa) if aa is not None and aa.get("status") == "ok" else None
-    change.floor = aa_floor(aa_ratio) if aa_ratio is not None and aa_ratio.basis != "within-run" else spread_floor(change.ratio)
+    change.floor = floor or spread_floor(change.ratio)
     floor = change.floor.fraction if change.floor else 0.0
     change.band = max(threshold, floor)
     change.verdict = verdict(change.ratio, threshold, floor)
@@ -456,10 +464,14 @@ class CaseSeries:
         return [p for p in self.points if p.change]
 
 
-def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: float = DEFAULT_THRESHOLD) -> list[CaseSeries]:
+def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: float = DEFAULT_THRESHOLD,
+                    rows_aa: list[dict] | None = None) -> list[CaseSeries]:
     """Per case, its rows in revision order (``order``: (version key, name) pairs, oldest first; rows carry
-    ``version.key``) and each revision's step from the previous one that measured it (``compare_case``)."""
+    ``version.key``) and each revision's step from the previous one that measured it (``compare_case``). ``rows_aa``:
+    the rows of a second copy of the first revision timed in the same schedule (``track --aa``), whose ratio to the
+    first revision's row is every step's noise floor for that case."""
     threshold = check_threshold(threshold)
+    by_aa = {row.get("case_id"): row for row in rows_aa or []}
     position = {key: i for i, (key, _) in enumerate(order)}
     names = dict(order)
     cases: dict[str, dict[str, dict]] = {}
@@ -470,6 +482,7 @@ def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: f
     out = []
     for case_id, by_version in cases.items():
         points, previous = [], None
+        floor = measured_floor(by_version.get(order[0][0]), by_aa.get(case_id)) if order else None
         for key, _ in order:
             row = by_version.get(key)
             if row is None:
@@ -478,7 +491,7 @@ def revision_series(rows: list[dict], order: list[tuple[str, str]], threshold: f
             if point.status == "ok":
                 point.median_ms, point.ci_ms, point.ci_coverage = row.get("median_ms"), _ci(row), ci_coverage_of(row)
                 if previous is not None:
-                    point.step = compare_case(previous, row, threshold)
+                    point.step = compare_case(previous, row, threshold, floor)
                 previous = row
             points.append(point)
         first = next(iter(by_version.values()))

@@ -624,7 +624,7 @@ def can_interleave(case: Case) -> str | None:
 
 
 def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True, seed: int = 0, on_case=None,
-              groups=None, process_index: int = 0, scopes=None, balanced: bool = False) -> list[dict]:
+              groups=None, process_index: int = 0, scopes=None, balanced: bool = False, drawn: bool = False) -> list[dict]:
     """Measure several cases; with ``interleave`` (the default) those that can be held together are built and
     warmed first, then timed in blocks in a seeded random interleaved order (``measure.interleave``), so a slow
     stretch of the host falls on all of them and ratios of their blocks, paired in time, cancel it.
@@ -638,7 +638,8 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
     piece of that case's own work (its build, each of its blocks, its row): ``references.ModelScope``, where
     ``perflab ab``'s versions read their model references in worktrees of their own. ``balanced``: a group's cases
     take turns in a balanced order (``measure.interleave.balanced_order``, from their order in ``cases``) instead of a
-    drawn one. Returns the rows in the cases' order."""
+    drawn one; with ``drawn`` too, each pair of rounds' order drawn with ``seed`` and reversed in the pair's second
+    (``measure.interleave.drawn_balanced_order``). Returns the rows in the cases' order."""
     scope = _scope_of(scopes, len(cases))
     cases = [_in(scope(i), validate_case, c) for i, c in enumerate(cases)]
     stage_of = (lambda i: (lambda s: on_case(i, cases[i], s))) if on_case else (lambda i: None)
@@ -672,7 +673,7 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
             if pool:
                 indices = [entry[0] for entry in pool]
                 try:
-                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index, scope, balanced)
+                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index, scope, balanced, drawn)
                 except PerflabError:
                     raise
                 except Exception as exc:  # the session failed: each of its cases is a failed row, the run goes on
@@ -752,7 +753,7 @@ def _prepare_held(case: Case, stage, host) -> Prepared:
         return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0)
 
 
-def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balanced: bool = False) -> list[dict]:
+def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balanced: bool = False, drawn: bool = False) -> list[dict]:
     """Time a pool of prepared cases in interleaved rounds; their rows, in the pool's order."""
     import uuid
 
@@ -775,7 +776,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
         stage(f"timing {len(pool)} cases together, round {r + 1}/{rounds}")
 
     with timing_thread(device, host) as thread:
-        order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced)
+        order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced, drawn=drawn)
         schedule = block_schedule(order, [p.plan.n_blocks for p in prepared], [p.plan.block_sizes for p in prepared])
         gc.collect()
         gc_was_enabled = gc.isenabled()

@@ -149,27 +149,55 @@ def first_counts(rows: list[dict]) -> tuple[int, int]:
     return sum(1 for p in places if p == 0), len(places)
 
 
+def before_counts(rows_a: list[dict], rows_b: list[dict]) -> tuple[int, int]:
+    """(pairings in which A's version went before B's, pairings), over the places both keep per round
+    (``process_positions``), case by case; an A/A copy timed beside them takes places of its own, so "first" among
+    three is not the balance that matters: who of A and B went before the other is."""
+    by_case = {row.get("case_id"): row for row in rows_b}
+    before = total = 0
+    for a in rows_a:
+        b = by_case.get(a.get("case_id")) or {}
+        for pa, pb in zip(a.get("process_positions") or [], b.get("process_positions") or []):
+            for x, y in zip(pa or [], pb or []):
+                before += x < y
+                total += 1
+    return before, total
+
+
+def everyone(summary) -> list:
+    """A versions run's versions, and its A/A copy after them where it timed one."""
+    return summary.versions + ([summary.copy] if summary.copy else [])
+
+
 def ab_document(summary, comparison) -> dict:
-    """``perflab ab --json``'s object: the comparison, the versions, the store and how often each version went first."""
-    order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in summary.versions}
+    """``perflab ab --json``'s object: the comparison, the versions (and the A/A copy), the store and how often each
+    version went first, and A before B."""
+    order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in everyone(summary)}
+    if len(summary.versions) >= 2:
+        order["A before B"] = dict(zip(("count", "pairings"), before_counts(*(summary.rows_of(v) for v in summary.versions[:2]))))
     return dict(comparison.to_dict(), versions=[v.info() for v in summary.versions], store=str(summary.out_dir),
-                rounds=summary.rounds, pairing=summary.pairing, order=order)
+                rounds=summary.rounds, pairing=summary.pairing, order=order, aa=summary.copy.info() if summary.copy else None)
 
 
 def track_document(summary, series, threshold: float) -> dict:
-    """``perflab track --json``'s object: the versions, each case's series, the store and the threshold judged by."""
+    """``perflab track --json``'s object: the versions (and the A/A copy), each case's series, the store and the
+    threshold judged by."""
     return {"versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
-            "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold, "pairing": summary.pairing}
+            "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold, "pairing": summary.pairing,
+            "aa": summary.copy.info() if summary.copy else None}
 
 
 def order_line(named_rows: list[tuple[str, list[dict]]]) -> str | None:
-    """How often each version went first in the rounds' pairings (the order is balanced: an A/A cannot read faster or
-    slower by order), or None where the rows keep no places."""
+    """How often each version went first in the rounds' pairings, and the first before the second (the order is
+    balanced: an A/A cannot read faster or slower by order), or None where the rows keep no places."""
     counts = [(name, *first_counts(rows)) for name, rows in named_rows]
     if not any(n for _, _, n in counts):
         return None
-    return "Order: " + ", ".join(f"{name} first in {first} of its {n} pairing(s)" for name, first, n in counts) + \
-        " (the versions take turns, each order then its reverse, so a drift linear in time cancels)."
+    (a, rows_a), (b, rows_b) = named_rows[:2]
+    before, pairings = before_counts(rows_a, rows_b)
+    return (f"Order: {a} before {b} in {before} of {pairings} pairing(s); " +
+            ", ".join(f"{name} first in {first} of its {n}" for name, first, n in counts) +
+            " (the versions take turns, each order then its reverse, so a drift linear in time cancels).")
 
 
 def render_versions(console, versions) -> None:
@@ -199,9 +227,29 @@ def change_line(series) -> str:
     return "change points: " + ", ".join(f"{p.name} ({p.step.verdict}, {p.step.ratio.ratio:.3f}×)" for p in changes)
 
 
+def series_floor_line(series) -> str | None:
+    """What a case's steps over the revisions could see: the noise floor (the A/A pair's, the same for every step, or
+    each step's between-round spread) and the smallest change a step could have detected."""
+    steps = [p.step for p in series.points if p.step is not None and p.step.band is not None]
+    if not steps:
+        return None
+    floors = [s.floor for s in steps if s.floor is not None]
+    pct = lambda values: f"±{min(values):.1%}" if max(values) - min(values) < 5e-4 else f"±{min(values):.1%} to ±{max(values):.1%}"  # noqa: E731
+    if not floors:
+        head = "noise floor on this host unknown (one process a side)"
+    elif floors[0].source == "A/A":
+        head = f"noise floor on this host ±{floors[0].fraction:.1%} ({floors[0].words})"
+    else:
+        head = f"noise floor on this host {pct([f.fraction for f in floors])} (each step's between-round spread; --aa measures an A/A pair)"
+    return f"{series.label}: {head}; smallest change a step could detect: {pct([s.detectable for s in steps])}."
+
+
 def render_series(console, all_series, threshold: float) -> None:
     for series in all_series:
         console.print(text_table(SERIES_HEADERS, series_rows(series), f"{series.label}: {change_line(series)}", LEFT, SERIES_DROPS))
+        floor = series_floor_line(series)
+        if floor:
+            console.say(floor, markup=False)
     console.say(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
                 f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).", markup=False)
 
@@ -273,13 +321,18 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
     versions = run["versions"]
     rows = getattr(stored, "all_rows", stored.rows)
     lines = [f"- {escape(version_line(v))}" for v in versions]
+    copy = run.get("aa") if isinstance(run.get("aa"), dict) else None
+    rows_aa = [r for r in rows if copy and row_version(r).get("key") == copy.get("key")] or None
+    if copy:
+        lines.append(f"- {escape(copy.get('name') or '')}: a second copy of {escape(str(copy.get('copy_of')))}, timed beside the "
+                     "others in every round: the A/A pair the noise floor is measured from")
     if run["kind"] == "ab":
         by_key = {v["key"]: [r for r in rows if row_version(r).get("key") == v["key"]] for v in versions}
         a, b = (by_key[v["key"]] for v in versions[:2])
         if not a or not b:
             return ["## A/B", "\n".join(lines), "No rows of both versions are stored (the run was interrupted)."]
-        comparison = compare_rows(a, b, threshold)
-        order = order_line([(v["name"], by_key[v["key"]]) for v in versions[:2]])
+        comparison = compare_rows(a, b, threshold, rows_aa=rows_aa)
+        order = order_line([(v["name"], by_key[v["key"]]) for v in versions[:2]] + ([(copy["name"], rows_aa)] if rows_aa else []))
         return ["## A/B", f"{run.get('rounds')} rounds, {pairing_words(run)}.", "\n".join(lines),
                 md_table(COMPARISON_HEADERS, comparison_rows(comparison)),
                 " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])) + ([order] if order else []))]
@@ -292,7 +345,7 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
              f"by more than {threshold:.0%} whose CI excludes 1 (docs/regressions.md).", "\n".join(lines)]
     from perflab.report import plots
 
-    for i, series in enumerate(revision_series(rows, order, threshold)):
+    for i, series in enumerate(revision_series(rows, order, threshold, rows_aa=rows_aa)):
         names = [name for _, name in order]
         index = {key: j for j, (key, _) in enumerate(order)}
         points = [(index[p.version], p.median_ms, p.ci_ms[0] if p.ci_ms else None, p.ci_ms[1] if p.ci_ms else None)
@@ -300,5 +353,5 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         path = plots.over_revisions(names, points, [index[p.version] for p in series.change_points],
                                     Path(plot_dir) / f"revisions_{i}.png", series.label)
         parts += [f"### {escape(series.label)}: {change_line(series)}", f"![{escape(series.label)} over revisions]({path.name})",
-                  md_table(SERIES_HEADERS, series_rows(series))]
+                  md_table(SERIES_HEADERS, series_rows(series))] + [escape(line) for line in [series_floor_line(series)] if line]
     return parts
