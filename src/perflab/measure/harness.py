@@ -13,7 +13,7 @@ faster of the two). Peak memory is reset and NVML's energy counter read right be
 row gets a canary too, taken after the failure.
 
 Several cases (``run_cases``, the default of bench, demo and explain): each prepared as above, held together while
-they fit, then timed in interleaved blocks (``measure.interleave``), with a canary before each round and a
+they fit, then timed in interleaved blocks (``measure.interleave``), with a canary before the rounds and after them, a
 contiguous energy pass per case after the rounds; ``run_in_processes`` spreads that over several processes.
 
 An OOM or any other failure of the measurement becomes a row with status ``oom`` or ``error``; a failure that
@@ -604,7 +604,6 @@ def _first_line(exc: BaseException) -> str:
 # Several cases timed together: built and warmed first, then timed in interleaved blocks (measure.interleave).
 
 INTERLEAVE_MEMORY_FRACTION = 0.8  # a pool of cases held together stops growing past this share of the GPU's memory
-CANARY_ROUND_REPEATS = 5  # canary runs before each round of an interleaved session (about 2-3 ms)
 
 
 def comparison_group(case: Case) -> tuple:
@@ -785,7 +784,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
         try:
             monitor.begin()
             session = time_interleaved([p.step for p in prepared], schedule, enter=within,
-                                       device=device, canary=lambda: host_canary(CANARY_ROUND_REPEATS).median_us,
+                                       device=device, canary=lambda: host_canary().median_us,
                                        on_round=on_round, read_gpu=monitor.block_reading)
             report = monitor.end()
         finally:

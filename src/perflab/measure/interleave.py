@@ -94,10 +94,10 @@ class BlockRecord:
 
 @dataclass
 class SessionTiming:
-    """What an interleaved session measured: per case, its blocks; per round, the host canary before it."""
+    """What an interleaved session measured: per case, its blocks; the host canary before and after the rounds."""
 
     blocks: list[list[BlockRecord]]
-    round_canaries_us: list[float | None] = field(default_factory=list)
+    round_canaries_us: list[float | None] = field(default_factory=list)  # before the first round and after the last (or each round's)
     wall_s: float = 0.0
 
 
@@ -117,13 +117,16 @@ WARM_STEPS = 1  # untimed steps of a case right before each of its blocks: no bl
 
 def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[tuple[int, int]]], *,
                      enter: Callable[[int], object], device: str, canary: Callable[[], float | None] | None = None, on_round: Callable[[int], None] | None = None,
-                     read_gpu: Callable[[float], object] | None = None, warm: int = WARM_STEPS) -> SessionTiming:
-    """Run ``schedule``: per round (the host canary first, if given), each listed case times its block of steps.
+                     read_gpu: Callable[[float], object] | None = None, warm: int = WARM_STEPS,
+                     canary_each_round: bool = False) -> SessionTiming:
+    """Run ``schedule``: per round, each listed case times its block of steps; the host canary (if given) before the
+    first round and after the last (``canary_each_round``: before every round instead).
 
-    Each block is preceded by ``warm`` untimed steps of its own case, synchronised: without them the block timed first
-    in a round started cold, after the canary's Python work and the other cases' blocks had taken the caches and the
-    interpreter's state, and on short CPU blocks it ran up to 1.5× slower than the block beside it (a position effect
-    that a balanced order spreads over both sides, but that widens every ratio's spread; docs/performance/regressions.md).
+    The canary is kept out of the rounds: run before a round, it slowed the block timed right after it (on the CPU, a
+    tiny model's first block of a round ran 7–11% slower than the one beside it, and one warm step left 2.5–4% of
+    that: ``benchmarks/position_cpu.py``), a position effect the balanced order spreads over both sides but that widens
+    every ratio's spread and, with a plain median of block ratios, leaned B/A above 1. Each block is also preceded by
+    ``warm`` untimed steps of its own case, synchronised, so it does not start cold after another case's block.
 
     ``enter(i)`` returns the context manager case i's steps run in (its grad mode and precision), entered around
     each of its blocks. Each block is bracketed by ``perflab.clock.StepClock`` stamps (CUDA events on the GPU, the
@@ -141,10 +144,13 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
     blocks: list[list[BlockRecord]] = [[] for _ in steps]
     canaries: list[float | None] = []
     session0 = time.perf_counter()
+    if canary is not None and not canary_each_round:
+        canaries.append(canary())
     for r, this_round in enumerate(schedule):
         if on_round is not None:
             on_round(r)
-        canaries.append(canary() if canary is not None else None)
+        if canary_each_round:
+            canaries.append(canary() if canary is not None else None)
         for i, n in this_round:
             step = steps[i]
             with enter(i):
@@ -170,4 +176,6 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
                 if read_gpu is not None:
                     record.gpu = read_gpu(t0)
                 blocks[i].append(record)
+    if canary is not None and not canary_each_round:
+        canaries.append(canary())
     return SessionTiming(blocks, canaries, time.perf_counter() - session0)
