@@ -368,3 +368,18 @@ def test_a_verdict_from_flagged_rows_says_so_in_its_text_and_its_json():
     assert d["verdict"] == "slower" and d["flags"] == c.flags and d["verdict_text"] == c.verdict_text
     clean = compare_rows(*[[r] for r in paired_rows([1.0, 1.01, 0.99], [2.0, 2.02, 1.99])]).changes[0]
     assert clean.flags == [] and clean.verdict_text == "slower"
+
+
+def test_a_within_run_change_on_a_host_that_did_not_hold_still_is_held_back():
+    """One process a side: each run's own CI assumes its host held still. Two runs of one program, the second on a
+    busier host (flagged high_cv), 1.5x apart with CIs that do not overlap: not "slower", but inconclusive, saying why."""
+    a, b = row("x", 1.0, ci=(0.97, 1.03)), row("x", 1.5, ci=(1.45, 1.55), flags=["high_cv"])
+    c = compare_rows([a], [b]).changes[0]
+    assert c.ratio.basis == "within-run" and c.ratio.low > 1.05 and c.verdict == "inconclusive"
+    assert c.verdict_text == ("inconclusive (slower by each run's own CI, but those assume the host held still, and high_cv says it did "
+                              "not) · within-run · flagged high_cv")
+    assert compare_rows([a], [dict(b, flags=["short_timing"])]).changes[0].verdict == "slower"  # not a host that moved
+    # paired rounds cancel what the host does to both sides: the flags qualify the verdict, they do not hold it back
+    pa, pb = paired_rows([1.0, 1.01, 0.99], [1.5, 1.52, 1.49])
+    pb["flags"] = ["high_cv"]
+    assert compare_rows([pa], [pb]).changes[0].verdict == "slower"

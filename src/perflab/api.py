@@ -705,22 +705,29 @@ def run_trace(item):
     return path.parent / Path(trace).name  # beside it, wherever the run was started from
 
 
-def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None), by_module: bool = False):
+def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None), by_module: bool = False,
+            threshold: float = 0.05):
     """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile
     (``by_module``: with module ranges, so the comparison says which modules changed; two traces that recorded
     module ranges are compared module by module too). ``batch_size``: items per step of a trace side, for its
     throughput (a profiled Case's are its row's). Two traces are labelled by what tells them apart: the program and
     arguments of the ``perflab run`` that wrote each (its run.json beside it), else the shortest path suffixes that
-    differ."""
+    differ. What the traces describe (``analysis.compare.qualify``): a trace its run.json flags ``trace_inflated``
+    is named first; where both sides have untraced timings (their run.json, or the profiled cases' rows), the verdict
+    is theirs at ``threshold`` and the traced Δ attributes it."""
     from pathlib import Path
 
-    from perflab.analysis.compare import compare_traces, side_labels
+    from perflab.analysis.compare import compare_traces, qualify, run_record, side_labels
+    from perflab.analysis.regressions import check_threshold
     from perflab.trace.load import load_trace
     from perflab.workloads import item_of
+
+    check_threshold(threshold)
 
     if any(isinstance(item, Case) for item in (a, b)):
         check_profiled_steps(steps)  # before a trace side is read
     traces, names, items, rows = [], [], list(batch_size), []
+    runs, untraced = [None, None], [None, None]
     for i, item in enumerate((a, b)):
         if isinstance(item, Case):
             result = profile_case(item, out_dir, steps=steps, by_module=by_module)
@@ -731,15 +738,18 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
             traces.append(result["report"].trace)
             names.append(item.label())
             rows.append(result["row"])
+            untraced[i] = result["row"]
             items[i] = items[i] or result["row"].get("items_per_step") or item.batch_size
         else:
             traces.append(load_trace(run_trace(item)))
             names.append(None)
+            runs[i] = run_record(Path(str(item)) if Path(str(item)).name == "run.json" else Path(run_trace(item)).parent / "run.json")
     if None in names:  # traces: by what tells them apart (run.json's program beside each, else their paths)
         traced = side_labels([run_trace(x) for x in (a, b)])
         names = [name or traced[i] for i, name in enumerate(names)]
     item = item_of(rows) if len(rows) == 2 else None  # img or token: what the throughput counts, both sides profiled alike
-    return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(items), item=item)
+    comparison = compare_traces(traces[0], traces[1], tuple(labels or names), tuple(items), item=item)
+    return qualify(comparison, runs, untraced, threshold)
 
 
 # ---------------------------------------------------------------------------------------------------

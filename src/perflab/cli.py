@@ -669,7 +669,7 @@ def compare(
         return
     items = api.compare_items(a, b, **flags.options())
     with err.status("comparing"):
-        comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module)
+        comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module, threshold=threshold)
     if as_json:
         sys.stdout.write(json.dumps(comparison.to_dict()) + "\n")
     else:

@@ -207,8 +207,9 @@ OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the n
 OPT_INDUCTOR_CACHE = typer.Option(None, "--inductor-cache", help="A directory for inductor's caches (FX graphs, autotuning "
                                   "choices), shared by every process this run starts: max-autotune then takes the kernels the first "
                                   "process chose instead of tuning afresh (default: inductor's, /tmp/torchinductor_$USER, one host's).")
-OPT_THRESHOLD = typer.Option(0.05, "--threshold", help="Stored results: a ratio beyond 1 ± this fraction, with a CI that excludes 1, "
-                             "is faster or slower (default 0.05, asv's); a CI inside it is no change.")
+OPT_THRESHOLD = typer.Option(0.05, "--threshold", help="Stored results (and the untraced timings beside two traces): a ratio beyond "
+                             "1 ± this fraction, with a CI that excludes 1, is faster or slower (default 0.05, asv's); a CI inside it "
+                             "is no change.")
 OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes, 1 to 100 (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 

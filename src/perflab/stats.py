@@ -158,17 +158,47 @@ def log_t_interval(values) -> LogInterval:
     return _t_on_logs(float(logs.mean()), float(logs.std(ddof=1)) / math.sqrt(n), n - 1)
 
 
+def _welch(xa: np.ndarray, xb: np.ndarray) -> tuple[float, float, int]:
+    """(mean of B − mean of A, its standard error, Welch–Satterthwaite degrees of freedom rounded down) of two
+    independent samples of two or more values each."""
+    na, nb = len(xa), len(xb)
+    if na < 2 or nb < 2:
+        raise ValueError("Welch's interval needs two values or more on each side")
+    va, vb = float(xa.var(ddof=1)) / na, float(xb.var(ddof=1)) / nb
+    se2 = va + vb
+    dof = se2 ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if se2 > 0 else na + nb - 2
+    return float(xb.mean() - xa.mean()), math.sqrt(se2), max(1, int(math.floor(dof)))
+
+
 def welch_log_ratio(a, b) -> LogInterval:
     """B ÷ A of two independent samples' geometric means (two or more positive values each), with Welch's t 95% interval
     on the difference of their log-means (Welch–Satterthwaite degrees of freedom, rounded down)."""
-    la, lb = _logs(a), _logs(b)
-    na, nb = len(la), len(lb)
-    if na < 2 or nb < 2:
-        raise ValueError("Welch's interval needs two values or more on each side")
-    va, vb = float(la.var(ddof=1)) / na, float(lb.var(ddof=1)) / nb
-    se2 = va + vb
-    dof = se2 ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if se2 > 0 else na + nb - 2
-    return _t_on_logs(float(lb.mean() - la.mean()), math.sqrt(se2), max(1, int(math.floor(dof))))
+    return _t_on_logs(*_welch(_logs(a), _logs(b)))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """B's mean − A's of two independent samples, with Welch's t 95% interval: ``se`` its standard error, ``dof`` its
+    degrees of freedom."""
+
+    delta: float
+    low: float
+    high: float
+    se: float
+    dof: int
+
+    @property
+    def decided(self) -> bool:
+        """Whether the interval excludes no difference."""
+        return self.low > 0 or self.high < 0
+
+
+def welch_difference(a, b) -> Difference:
+    """B's mean − A's of two independent samples (two or more values each: traced steps' times), with Welch's t 95%
+    interval (Welch–Satterthwaite degrees of freedom, rounded down)."""
+    delta, se, dof = _welch(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+    half = t975(dof) * se
+    return Difference(delta, delta - half, delta + half, se, dof)
 
 
 # ---------------------------------------------------------------------------------------------------

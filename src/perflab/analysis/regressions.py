@@ -36,7 +36,9 @@ The method (docs/regressions.md):
   the threshold where that is wider); otherwise ``inconclusive``: the CI reaches past the band without showing a
   change beyond it, and ``needed`` says how many rounds would settle it (``stats.units_needed``).
 - **Flags qualify a verdict**: where either row carries ``host_contention``, ``host_drift``, ``throttled``,
-  ``short_timing`` or ``high_cv`` (its own flags or a round's), the verdict says it was drawn from flagged rows.
+  ``short_timing`` or ``high_cv`` (its own flags or a round's), the verdict says it was drawn from flagged rows. A
+  ``within-run`` comparison (one process a side) whose rows carry ``host_contention``, ``host_drift`` or ``high_cv``
+  is never faster or slower: its CI assumes each host held still, and the flags say one did not (``held_back``).
 - **Host-dependent** cases: where either side's step is limited by the host's issue time, or within 25% of it
   (``host_held_ms`` against ``device_ms``, as the bench table's host-dependent pairs), its absolute time moves
   with the host's speed: a ratio of runs on different hosts, or far apart in time, measures the host too.
@@ -63,6 +65,9 @@ Z975 = 1.959964
 WITHIN_RUN_NOTE = "one process a side: each run's own CI, which does not cover between-process variance"
 # The flags that qualify a verdict drawn from a row carrying them (measure.checks: noise on the host, too little timing)
 QUALIFYING_FLAGS = ("host_contention", "host_drift", "throttled", "short_timing", "high_cv")
+# The flags that say a host did not hold still while a row was timed: a within-run comparison, whose CI assumes it did,
+# is then never faster or slower
+UNSTEADY_FLAGS = ("host_contention", "host_drift", "high_cv")
 MOST_ROUNDS = 100  # sweep.versions.MAX_ROUNDS: more rounds than a run may have are not offered
 
 
@@ -112,6 +117,7 @@ class CaseChange:
     detectable: float | None = None  # the smallest change this run would have called four times in five (a fraction)
     needed: int | None = None  # inconclusive: the rounds (processes) that would settle it; None where more than MOST_ROUNDS
     flags: list = field(default_factory=list)  # QUALIFYING_FLAGS the two rows carry: the verdict was drawn from them
+    held_back: str | None = None  # faster or slower by its CI, but not called so: why (within-run on an unsteady host)
 
     @property
     def verdict_text(self) -> str:
@@ -122,6 +128,8 @@ class CaseChange:
         text = self.verdict
         if self.verdict == "no change":
             text += f" (within ±{self.band:.1%}{', the noise floor' if self.floor and self.band == self.floor.fraction else ''})"
+        if self.held_back:
+            text += f" ({self.held_back})"
         if self.ratio is not None and self.ratio.basis == "within-run":
             text += " · within-run"
         if self.flags:
@@ -406,6 +414,11 @@ def compare_case(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD, floor: 
     floor = change.floor.fraction if change.floor else 0.0
     change.band = max(threshold, floor)
     change.verdict = verdict(change.ratio, threshold, floor)
+    unsteady = [f for f in change.flags if f in UNSTEADY_FLAGS]
+    if change.ratio.basis == "within-run" and change.verdict in ("faster", "slower") and unsteady:
+        change.held_back = (f"{change.verdict} by each run's own CI, but those assume the host held still, and "
+                            f"{', '.join(unsteady)} say{'s' if len(unsteady) == 1 else ''} it did not")
+        change.verdict = "inconclusive"
     change.detectable, change.needed = power(change.ratio, change.band, change.verdict)
     return change
 

@@ -251,7 +251,8 @@ def render_series(console, all_series, threshold: float) -> None:
         if floor:
             console.say(floor, markup=False)
     console.say(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
-                f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).", markup=False)
+                f"point is a step slower or faster beyond ±{threshold:.0%} (or the noise floor, where wider) whose CI excludes 1 "
+                f"(docs/regressions.md).", markup=False)
 
 
 def series_dict(series) -> dict:
