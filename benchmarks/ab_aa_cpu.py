@@ -52,8 +52,10 @@ class Net(nn.Module):
 '''
 DOUBLED = MODEL.replace("        return self.once(x)\n", "        return self.once(x) + self.once(x)  # c3: the work twice\n")
 COMMON = ["--model", "model.py:Net", "--input-size", "64", "--device", "cpu", "--warmup", "2", "--no-pin", "--family", "classify"]
-CASES = {"tiny": COMMON + ["--iters", "40", "--repeats", "8"],
-         "heavier": COMMON + ["--batch-size", "8", "--iters", "40", "--repeats", "8"]}
+# 20 blocks of 5 steps a round: a round's B/A is the median of 20 block ratios, which a few blocks a busy 2-core host
+# preempts do not move (with 8 blocks, a loaded round's A/A read 0.54 and its floor ±188%)
+CASES = {"tiny": COMMON + ["--iters", "100", "--repeats", "20"],
+         "heavier": COMMON + ["--batch-size", "8", "--iters", "100", "--repeats", "20"]}
 TRAIN = '''import torch
 from torch import nn
 

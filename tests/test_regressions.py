@@ -132,6 +132,17 @@ def test_verdicts_at_the_threshold(ratio, low, high, expected):
     assert verdict(Ratio(ratio, low, high, "paired", 3, ""), 0.05) == expected
 
 
+@pytest.mark.parametrize("ratio,low,high,expected", [
+    (1.20, 1.10, 1.30, "inconclusive"),  # a change by its own CI, but no larger than the A/A reads: neither slower nor no change
+    (1.02, 0.90, 1.15, "no change"),     # within the floor of ±30%, the CI holding 1
+    (1.45, 1.35, 1.55, "slower"),        # beyond the floor
+    (0.70, 0.65, 0.74, "faster"),
+    (1.20, 0.90, 1.60, "inconclusive"),
+])
+def test_verdicts_at_a_floor_wider_than_the_threshold(ratio, low, high, expected):
+    assert verdict(Ratio(ratio, low, high, "blocks", 3, ""), 0.05, floor=0.30) == expected
+
+
 def test_compare_rows_matches_by_case_id_and_labels_launch_bound_cases_host_dependent():
     a = [row("c1", 1.0, host_held_ms=0.9, device_ms=0.3), row("c2", 5.0, host_held_ms=0.5, device_ms=5.0), row("only_a", 1.0)]
     b = [row("c2", 10.0, ci=(9.9, 10.1), host_held_ms=0.5, device_ms=10.0), row("c1", 1.0, host_held_ms=0.9, device_ms=0.3),
@@ -332,8 +343,12 @@ def test_an_aa_pair_in_the_schedule_sets_the_floor_and_no_change_means_smaller_t
     floored = compare_rows([a], [b], threshold=0.02, rows_aa=[aa]).changes[0]
     assert floored.floor.source == "A/A" and floored.floor.aa.ratio == pytest.approx(aa_ratio.ratio)
     assert floored.floor.fraction == pytest.approx(max(aa_ratio.high, 1 / aa_ratio.low) - 1) and floored.floor.fraction > 0.05
-    assert floored.band == floored.floor.fraction and floored.verdict == "no change"  # smaller than the floor: never slower
-    assert floored.verdict_text == f"no change (within ±{floored.floor.fraction:.1%}, the noise floor)"
+    assert floored.band == floored.floor.fraction and floored.verdict == "inconclusive"  # smaller than the floor: never slower
+    # the same A/A floor, a B whose CI holds 1: no change, smaller than the floor
+    _, b_same = paired_rows([1.0, 1.2, 0.9, 1.1], [1.01, 1.19, 0.92, 1.09])
+    same = compare_rows([a], [b_same], threshold=0.02, rows_aa=[aa]).changes[0]
+    assert same.ratio.low < 1 < same.ratio.high and same.verdict == "no change"
+    assert same.verdict_text == f"no change (within ±{same.floor.fraction:.1%}, the noise floor)"
     # twice the work stands far above it
     a2, b2 = paired_rows([1.0, 1.2, 0.9, 1.1], [2.0, 2.5, 1.8, 2.1])
     doubled = compare_rows([a2], [b2], threshold=0.02, rows_aa=[aa]).changes[0]

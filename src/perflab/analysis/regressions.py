@@ -33,8 +33,9 @@ The method (docs/regressions.md):
 - **The verdict** at a threshold ``t`` (5%, asv's default) and the floor ``f``, the band ``b = max(t, f)``:
   ``slower`` where the CI lies above 1 and the ratio above 1 + b; ``faster`` where the CI lies below 1 and the ratio
   below 1 / (1 + b); ``no change`` where the whole CI lies within [1 / (1 + b), 1 + b] (smaller than the floor, or
-  the threshold where that is wider); otherwise ``inconclusive``: the CI reaches past the band without showing a
-  change beyond it, and ``needed`` says how many rounds would settle it (``stats.units_needed``).
+  the threshold where that is wider; within a floor wider than the threshold, the CI must also hold 1); otherwise
+  ``inconclusive``: the CI reaches past the band without showing a change beyond it, or shows one no larger than an
+  A/A reads, and ``needed`` says how many rounds would settle it (``stats.units_needed``).
 - **Flags qualify a verdict**: where either row carries ``host_contention``, ``host_drift``, ``throttled``,
   ``short_timing`` or ``high_cv`` (its own flags or a round's), the verdict says it was drawn from flagged rows. A
   ``within-run`` comparison (one process a side) whose rows carry ``host_contention``, ``host_drift`` or ``high_cv``
@@ -325,7 +326,9 @@ def verdict(ratio: Ratio, threshold: float = DEFAULT_THRESHOLD, floor: float = 0
         return "slower"
     if ratio.high < 1.0 and ratio.ratio < down:
         return "faster"
-    if down <= ratio.low and ratio.high <= up:
+    # within a floor wider than the threshold, no change also needs a CI that holds 1: one that excludes it shows a change
+    # the A/A could read too, which is no reason to say there was none
+    if down <= ratio.low and ratio.high <= up and (band == threshold or ratio.low <= 1.0 <= ratio.high):
         return "no change"
     return "inconclusive"
 
