@@ -398,3 +398,16 @@ def test_a_within_run_change_on_a_host_that_did_not_hold_still_is_held_back():
     pa, pb = paired_rows([1.0, 1.01, 0.99], [1.5, 1.52, 1.49])
     pb["flags"] = ["high_cv"]
     assert compare_rows([pa], [pb]).changes[0].verdict == "slower"
+
+
+def test_a_change_points_reproducing_command_is_tracks_with_its_revisions_store_and_rounds_replaced():
+    from perflab.diagnosis.change_points import ab_command
+
+    track = ("perflab track --repo models --revs c1 c2 c3 --model model.py:Net --batch-size 1 --out=runs/t --rounds 3 "
+             "--profile-changes 5 --json --pairing processes")
+    assert ab_command(track, "c2", "c3", "models") == ("perflab ab --a c2 --b c3 --repo models --model model.py:Net --batch-size 1 "
+                                                       "--pairing processes --rounds 6")
+    assert ab_command("perflab track --repo . --range=v1..v2 --spec 'my spec.yaml' --out o", "v1", "abc", ".") == \
+        "perflab ab --a v1 --b abc --repo . --spec 'my spec.yaml' --rounds 6"
+    assert ab_command("perflab.api.track(...)", "c2", "c3", "/r") == \
+        "perflab ab --repo /r --a c2 --b c3 (the cases as track was given them) --rounds 6"

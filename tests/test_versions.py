@@ -12,6 +12,7 @@ import math
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -249,6 +250,13 @@ def test_track_finds_the_change_at_c3_and_none_at_c2_and_a_rerun_reuses_the_rows
     assert series["change_points"] == [c3["revision"]] and c3["key"] == f"commit:{sha(repo, 'c3')}"
     assert c3["step"]["verdict"] == "slower" and c3["step"]["ratio"]["low"] > 1.0 and c3["step"]["ratio"]["basis"] == "blocks"
     assert c2["step"]["verdict"] in ("no change", "inconclusive")  # a comment: no change point
+    # the change point's cause: both sides profiled, the Δ by operator category with its CI, and the ab that reproduces it
+    cause = c3["cause"]
+    assert (cause["previous"], cause["revision"]) == (c2["revision"], c3["revision"]) and cause["error"] is None and cause["cpu_only"]
+    assert cause["delta_by_category"]["gemm"] > 0 and set(cause["delta_by_category_ci_us"]) == set(cause["delta_by_category"])
+    assert cause["reproduce"].startswith(f"perflab ab --a {c2['revision']} --b {c3['revision']} --repo {repo} --model model.py:Net")
+    assert cause["reproduce"].endswith("--rounds 6") and "--range" not in cause["reproduce"] and "--out" not in cause["reproduce"]
+    assert all(Path(t).is_file() for t in cause["traces"]) and c2["cause"] is None
     assert c3["step"]["floor"]["source"] == c2["step"]["floor"]["source"] == "A/A"  # c1 against a second copy of itself
     assert c3["step"]["floor"] == c2["step"]["floor"] and report["aa"]["copy_of"] == "c1"
     rows = stored(out)[0]
@@ -265,6 +273,7 @@ def test_track_finds_the_change_at_c3_and_none_at_c2_and_a_rerun_reuses_the_rows
     assert written.returncode == 0, written.stderr
     text = (out / "report.md").read_text()
     assert "## By revision" in text and "### model.py:Net 64px bs1 fp32 eager: change points: c3 (slower" in text
+    assert "Change point c3 against c2, both profiled: Δ +" in text and "Reproduce: perflab ab --a c2 --b c3" in text
     assert "(3 round(s), each round one process timing every version's cases interleaved, block by block)" in text
     assert (out / "revisions_0.png").stat().st_size > 1000 and "![model.py:Net 64px bs1 fp32 eager over revisions](revisions_0.png)" in text
 

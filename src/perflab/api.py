@@ -943,14 +943,19 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
 
 def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: dict | None = None, out, rounds: int = 1,
           order: str = "alternate", seed: int | None = None, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
-          on_event=None, launcher: str | None = None, pin: bool = True, pairing: str = "blocks", aa: bool | None = None):
+          on_event=None, launcher: str | None = None, pin: bool = True, pairing: str = "blocks", aa: bool | None = None,
+          profile_changes: int = 5):
     """One experiment at each of a list of revisions of ``repo`` (``revs``, or ``range_`` ``A..B``: A and each commit after
     it up to B), into one store at ``out``; rows already stored there for a revision are reused. Returns (the run's
     summary, the per-case series over the revisions with their change points: ``analysis.regressions.revision_series``).
     ``pairing``: ``blocks`` (each round one process times every revision's cases interleaved) or ``processes`` (an
     even number of rounds). ``aa``: time a second copy of the first revision beside the others in each round, the A/A
-    pair every step's noise floor is measured from (default: with the blocks pairing)."""
+    pair every step's noise floor is measured from (default: with the blocks pairing). ``profile_changes``: each change
+    point's two revisions are profiled with this many traced steps a side, and the point's ``cause``
+    (``diagnosis.change_points``: the Δ by kernel or operator category with its intervals, and the ``perflab ab``
+    command that times the pair again) is attached and kept in ``OUT/change_points.json``; 0: none."""
     from dataclasses import replace
+    from pathlib import Path
 
     from perflab.analysis.regressions import check_threshold, revision_series
     from perflab.errors import PerflabError
@@ -963,6 +968,8 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
     check_pairing(pairing, False)
     check_balance(pairing, rounds)
     check_seed(seed, order, pairing)
+    if isinstance(profile_changes, bool) or not isinstance(profile_changes, int) or not 0 <= profile_changes <= 100:
+        raise PerflabError(f"--profile-changes: expected traced steps a side from 0 (none) to 100, got {profile_changes!r}")
     if bool(revs) == bool(range_):
         raise PerflabError("give the revisions as --revs A B C ... or as --range A..B")
     if range_:
@@ -987,11 +994,21 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
         summary = run_versions(plan, out, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=True,
                                command=command or "perflab.api.track(...)", kind="track", on_event=on_event, launcher=launcher,
                                record={"threshold": threshold}, pairing=pairing, aa=pairing == "blocks" if aa is None else aa)
+        rows = [row for v in plan.versions for row in summary.rows_of(v)]
+        series = revision_series(rows, [(v.key, v.name) for v in plan.versions], threshold,
+                                 rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
+        if not summary.interrupted:  # the causes kept beside the store are this run's (none: the file goes)
+            from perflab.diagnosis.change_points import explain_changes, write_causes
+
+            causes = []
+            if profile_changes and any(s.change_points for s in series):
+                if on_event is not None:
+                    on_event("note", text=f"profiling each change point's two revisions ({profile_changes} traced steps a side)")
+                causes = explain_changes(series, plan.versions, Path(out), profile_changes, command, repo)
+            write_causes(Path(out), causes)
     finally:
         plan.close()
-    rows = [row for v in plan.versions for row in summary.rows_of(v)]
-    return summary, revision_series(rows, [(v.key, v.name) for v in plan.versions], threshold,
-                                    rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
+    return summary, series
 
 
 EXPLAIN_DTYPES = {"cuda": "bf16", "cpu": "fp32"}  # explain's dtype where none is given: a GPU's tensor-core dtype; the CPU's own

@@ -425,10 +425,13 @@ def track(
     pairing: str = typer.Option("blocks", "--pairing", help=f"How the revisions are paired in each round. {PAIRING_HELP}."),
     threshold: float = typer.Option(0.05, "--threshold", help="A step between neighbouring revisions beyond 1 ± this fraction, its "
                                     "CI excluding 1, is a change point (default 0.05)."),
+    profile_changes: int = typer.Option(5, "--profile-changes", help="Traced steps a side with which each change point's two "
+                                        "revisions are profiled: the step's Δ by kernel (or operator) category with its CI, and the "
+                                        "ab command that reproduces it (0: none)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Run the same cases at each of a list of revisions into one store, and find the revisions where a case got
-    faster or slower (each against the one before it); perflab report OUT plots them."""
+    faster or slower (each against the one before it), each profiled on both sides; perflab report OUT plots them."""
     import json
 
     from perflab import api
@@ -437,7 +440,8 @@ def track(
     from perflab.sweep.progress import VersionsProgress
 
     summary, series = api.track(repo=repo, revs=revs, range_=rev_range, **versions.options(), out=out_dir, rounds=rounds, threshold=threshold,
-                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing)
+                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing,
+                                profile_changes=profile_changes)
     if as_json:
         from perflab.report.versions import track_document
 

@@ -463,6 +463,7 @@ class RevisionPoint:
     ci_ms: list | None = None
     ci_coverage: float | None = None  # what ci_ms may claim (0.95 from 5 units; from fewer, less)
     step: CaseChange | None = None  # against the previous point with an ok row; None for the first
+    cause: object = None  # a change point's profile of both sides (diagnosis.change_points.ChangeCause), where track made one
 
     @property
     def change(self) -> bool:

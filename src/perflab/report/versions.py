@@ -250,6 +250,8 @@ def render_series(console, all_series, threshold: float) -> None:
         floor = series_floor_line(series)
         if floor:
             console.say(floor, markup=False)
+        for line in cause_lines(series):
+            console.say(line, markup=False)
     console.say(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
                 f"point is a step slower or faster beyond ±{threshold:.0%} (or the noise floor, where wider) whose CI excludes 1 "
                 f"(docs/regressions.md).", markup=False)
@@ -258,8 +260,13 @@ def render_series(console, all_series, threshold: float) -> None:
 def series_dict(series) -> dict:
     return {"case_id": series.case_id, "label": series.label, "change_points": [p.name for p in series.change_points],
             "points": [{"revision": p.name, "key": p.version, "status": p.status, "median_ms": p.median_ms, "ci_ms": p.ci_ms,
-                        "ci_coverage": p.ci_coverage, "ci95_ms": p.ci_ms,
-                        "step": p.step.to_dict() if p.step else None} for p in series.points]}
+                        "ci_coverage": p.ci_coverage, "ci95_ms": p.ci_ms, "step": p.step.to_dict() if p.step else None,
+                        "cause": p.cause.to_dict() if p.cause is not None else None} for p in series.points]}
+
+
+def cause_lines(series) -> list[str]:
+    """Each change point's cause, one line each: what a profile of both sides shows, and the command that reproduces it."""
+    return [f"{series.label}: {p.cause.line()}" for p in series.points if p.cause is not None]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -344,8 +351,10 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
              f"(paired per round where one run timed both, else over processes, else each run's own), and a **change point** is "
              f"a step slower or faster "
              f"by more than {threshold:.0%} whose CI excludes 1 (docs/regressions.md).", "\n".join(lines)]
+    from perflab.diagnosis.change_points import read_causes
     from perflab.report import plots
 
+    causes = read_causes(Path(plot_dir))  # beside the store: the report is written in its directory
     for i, series in enumerate(revision_series(rows, order, threshold, rows_aa=rows_aa)):
         names = [name for _, name in order]
         index = {key: j for j, (key, _) in enumerate(order)}
@@ -355,4 +364,5 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
                                     Path(plot_dir) / f"revisions_{i}.png", series.label)
         parts += [f"### {escape(series.label)}: {change_line(series)}", f"![{escape(series.label)} over revisions]({path.name})",
                   md_table(SERIES_HEADERS, series_rows(series))] + [escape(line) for line in [series_floor_line(series)] if line]
+        parts += [f"Change point {escape(c['line'])}" for c in causes if c.get("case_id") == series.case_id]
     return parts
