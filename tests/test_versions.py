@@ -478,6 +478,8 @@ def test_rounds_out_of_bounds_are_one_line_before_anything_is_built(repo, tmp_pa
          "--pairing processes: --rounds 3 cannot balance who goes first (each order is followed by its reverse, so one version "
          "would go first in 2 of 3); give an even number, 4"),
         (["track", "--repo", repo, "--revs", "c1", "c2", *CASE, "--pairing", "processes"], "--rounds 1 cannot balance"),
+        (["track", "--repo", repo, "--revs", "c1", "c2", *CASE, "--profile-changes", "-1"],
+         "--profile-changes: expected traced steps a side from 0 (none) to 100, got -1"),
         (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--pairing", "processes", "--order-seed", "7"],
          "--order-seed 7: --order alternate draws nothing here (processes take turns"),
         (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--order-seed", "7"],

@@ -969,7 +969,7 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
     check_balance(pairing, rounds)
     check_seed(seed, order, pairing)
     if isinstance(profile_changes, bool) or not isinstance(profile_changes, int) or not 0 <= profile_changes <= 100:
-        raise PerflabError(f"--profile-changes: expected traced steps a side from 0 (none) to 100, got {profile_changes!r}")
+        raise PerflabError(f"--profile-changes: expected traced steps a side from 0 (none) to 100, got {show(profile_changes)}")
     if bool(revs) == bool(range_):
         raise PerflabError("give the revisions as --revs A B C ... or as --range A..B")
     if range_:
