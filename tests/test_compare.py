@@ -373,3 +373,15 @@ def test_an_inflated_trace_is_named_first_and_untraced_timings_give_the_verdict(
     (tmp_path / "b" / "run.json").write_text(json.dumps({"program": "train.py b", "flags": [{"flag": "trace_inflated"}],
                                                          "traced": {"inflation": 3.21, "inflated": True, "trace_path": "trace.json.gz"}}))
     assert api.compare(a, b).verdict.startswith("Under the profiler, train.py b is ")
+
+
+@pytest.mark.parametrize("run", [{"traced": 5, "flags": "trace_inflated", "timing": []}, {"timing": {"median_ms": "1", "ci_ms": [0, 2]}},
+                                 {"traced": {"inflated": True, "inflation": "x"}, "timing": {"median_ms": 2.0, "ci_ms": [1.0, float("nan")]}},
+                                 {"flags": [3, {"flag": 4}], "timing": {"median_ms": 5.0, "ci_ms": [1.0, 2.0]}}])
+def test_a_run_json_of_the_wrong_shape_qualifies_nothing_and_raises_nothing(run):
+    from perflab.analysis.compare import qualify
+
+    c = qualify(compare_traces(steps_trace(A_STEPS), steps_trace(A_STEPS)), runs=(run, run))
+    assert c.untraced is None and c.first_line in (None, "Inflated traces (run.json: trace_inflated): A's traced steps ran longer than "
+                                                         "its untraced ones; B's traced steps ran longer than its untraced ones. The traced "
+                                                         "Δ describes the program under the profiler, not as it runs.")

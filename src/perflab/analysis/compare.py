@@ -417,10 +417,10 @@ def qualify(c: Comparison, runs=(None, None), untraced_rows=(None, None), thresh
     from perflab.analysis.regressions import compare_case
 
     for label, run in zip(c.labels, runs):
-        traced = (run or {}).get("traced") or {}
-        flags = [f.get("flag") for f in (run or {}).get("flags") or [] if isinstance(f, dict)]
-        if "trace_inflated" in flags or traced.get("inflated"):
-            c.inflated.append({"side": label, "inflation": traced.get("inflation")})
+        traced = _mapping(run, "traced")
+        inflation = traced.get("inflation")
+        if "trace_inflated" in _flag_names(run) or traced.get("inflated") is True:
+            c.inflated.append({"side": label, "inflation": float(inflation) if _positive(inflation) else None})
     if c.inflated:
         each = "; ".join(f"{x['side']}'s traced steps took ×{x['inflation']:.2f} its untraced ones" if x["inflation"] else
                          f"{x['side']}'s traced steps ran longer than its untraced ones" for x in c.inflated)
@@ -435,13 +435,28 @@ def qualify(c: Comparison, runs=(None, None), untraced_rows=(None, None), thresh
 
 
 def _timing_row(run: dict | None, label: str) -> dict | None:
-    """A run.json's untraced timing as a result row ``compare_case`` reads (its median, its CI, its flags), or None."""
-    timing = (run or {}).get("timing") or {}
+    """A run.json's untraced timing as a result row ``compare_case`` reads (its median, its CI, its flags), or None
+    where it holds none that is a positive median inside a positive interval."""
+    timing = _mapping(run, "timing")
     median, ci = timing.get("median_ms"), timing.get("ci_ms") or timing.get("ci95_ms")
-    if not isinstance(median, (int, float)) or not median > 0 or not isinstance(ci, list) or len(ci) != 2:
+    if not _positive(median) or not isinstance(ci, list) or len(ci) != 2 or not all(map(_positive, ci)) or not ci[0] <= median <= ci[1]:
         return None
-    flags = [f.get("flag") for f in run.get("flags") or [] if isinstance(f, dict)]
-    return {"case_id": "run", "label": label, "status": "ok", "median_ms": float(median), "ci95_ms": ci, "flags": flags}
+    return {"case_id": "run", "label": label, "status": "ok", "median_ms": float(median), "ci95_ms": [float(x) for x in ci],
+            "flags": _flag_names(run)}
+
+
+def _mapping(run: dict | None, key: str) -> dict:
+    value = (run or {}).get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _flag_names(run: dict | None) -> list[str]:
+    flags = (run or {}).get("flags")
+    return [f["flag"] for f in flags if isinstance(f, dict) and isinstance(f.get("flag"), str)] if isinstance(flags, list) else []
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
 def both_launch_bound(c: Comparison) -> bool:
