@@ -435,7 +435,10 @@ def power(ratio: Ratio, band: float, verdict_: str) -> tuple[float, int | None]:
     if verdict_ != "inconclusive" or ratio.units < 2 or ratio.dof is None:
         return detectable, None
     per_unit = ratio.se * math.sqrt(ratio.units)
-    return detectable, units_needed(per_unit, math.log(ratio.ratio), log_band, most=MOST_ROUNDS)
+    needed = units_needed(per_unit, math.log(ratio.ratio), log_band, most=MOST_ROUNDS)
+    if needed is not None and ratio.basis == "paired":  # processes pairing: an even number of rounds balances who goes first
+        needed += needed % 2
+    return detectable, needed
 
 
 def verdict_flags(a: dict, b: dict) -> list[str]:
