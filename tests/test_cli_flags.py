@@ -80,7 +80,7 @@ def test_the_words_are_read_once_before_the_parser(argv, parsed, program, wide):
 
 
 def test_ab_and_track_hand_the_api_their_shared_flags_alike(monkeypatch, tmp_path):
-    """The versions group (--model with the case flags, --spec, --order, --order-seed, --timeout, --no-pin, --launcher)
+    """The versions group (--model with the case flags, --spec, --order, --order-seed, --aa, --timeout, --no-pin, --launcher)
     reaches api.ab and api.track as the same keyword arguments."""
     from types import SimpleNamespace
 
@@ -88,17 +88,18 @@ def test_ab_and_track_hand_the_api_their_shared_flags_alike(monkeypatch, tmp_pat
     from perflab import api
     from perflab.analysis.regressions import Comparison
 
-    summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1)
+    summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1, copy=None)
     seen = {}
     monkeypatch.setattr(api, "ab", lambda **kw: (seen.setdefault("ab", kw), (summary, Comparison([])))[1])
     monkeypatch.setattr(api, "track", lambda **kw: (seen.setdefault("track", kw), (summary, []))[1])
     shared = ["--model", "m.py:M", "--batch-size", "2", "--order", "random", "--order-seed", "7", "--timeout", "30", "--no-pin",
-              "--launcher", "exec", "--json"]
+              "--launcher", "exec", "--no-aa", "--json"]
     run_cli_here("ab", "--repo", tmp_path, "--a", "x", "--b", "y", *shared)
     run_cli_here("track", "--repo", tmp_path, "--revs", "x", "y", "--out", tmp_path, *shared)
     for name in ("ab", "track"):
         kw = seen[name]
-        assert (kw["spec"], kw["order"], kw["seed"], kw["timeout_s"], kw["launcher"], kw["pin"]) == (None, "random", 7, 30.0, "exec", False), name
+        assert (kw["spec"], kw["order"], kw["seed"], kw["timeout_s"], kw["launcher"], kw["pin"], kw["aa"]) == \
+            (None, "random", 7, 30.0, "exec", False, False), name
         assert (kw["case_options"]["model"], kw["case_options"]["batch_size"], kw["case_options"]["dtype"]) == (["m.py:M"], [2], ["fp32"]), name
 
 

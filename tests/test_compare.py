@@ -224,8 +224,11 @@ def test_two_cpu_traces_are_compared_in_cpu_terms_and_told_apart_by_their_direct
     done = run_cli_here("compare", "a/trace.json.gz", "b/trace.json.gz", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
-    # the same two steps, B's first matmul 5 ms longer: 2.5 ms per step more, all of it in operators
-    assert "Verdict: b/trace.json.gz is 2.5 ms per step slower than a/trace.json.gz: operator time +2.5 ms (gemm +2.5 ms)" in text
+    # the same two steps, B's first matmul 5 ms longer: 2.5 ms per step more, all of it in operators; two steps a side
+    # (one of them 5 ms longer, the other not) cannot tell a difference, and the verdict says so before attributing it
+    assert "Verdict: Cannot tell from 2 traced steps a side whether b/trace.json.gz is faster or slower than a/trace.json.gz: " \
+           "Δ +2.5 ms a step, 95% CI" in text
+    assert "In the traced steps, b/trace.json.gz's step is 2.5 ms longer than a/trace.json.gz's: operator time +2.5 ms (gemm +2.5 ms)" in text
     assert text.endswith("time between operators +0 ms, 0 more operators per step: operator-bound.")
     for gpu_word in ("GPU", "kernel", "img/s", "launch"):
         assert gpu_word not in text, gpu_word
@@ -278,3 +281,107 @@ def test_a_module_new_in_b_is_null_in_the_json_not_nan(loaded):
     assert json.loads(text)["modules"] == [
         {"pass": "forward", "module": "blocks.3.topk", "a_ns": 0.0, "b_ns": 4_000.0, "delta_ns": 4_000.0, "ratio": None},
         {"pass": "forward", "module": "blocks.3", "a_ns": 10_000.0, "b_ns": 12_000.0, "delta_ns": 2_000.0, "ratio": 1.2}]
+
+
+# Intervals over the traced steps, "cannot tell", and what a trace describes (its run.json)
+
+
+def steps_trace(gemm_us) -> Trace:
+    """One gemm kernel a step, its duration each step's figure (µs), launched 50 ns before it ran; each step 1 µs of
+    idle on top."""
+    kernels, starts, t = [], [], 0
+    for us in gemm_us:
+        starts.append(t)
+        kernels.append((0, t + 500, int(us * 1000), "gemm", 50))
+        t += int(us * 1000) + 1000
+    return synthetic_trace(kernels, starts, t)
+
+
+A_STEPS = [100.0, 104.0, 97.0, 101.0, 99.0, 103.0]
+
+
+def test_every_delta_has_an_interval_over_the_traced_steps_and_a_difference_within_their_spread_cannot_be_told():
+    from perflab.stats import t975, units_needed
+
+    same = compare_traces(steps_trace(A_STEPS), steps_trace([101.0, 98.0, 103.0, 100.0, 102.0, 97.0]))  # one program twice
+    wall = same.intervals["wall"]
+    a, b = np.array(A_STEPS) * 1000 + 1000, np.array([101.0, 98.0, 103.0, 100.0, 102.0, 97.0]) * 1000 + 1000
+    se = np.hypot(a.std(ddof=1) / np.sqrt(6), b.std(ddof=1) / np.sqrt(6))
+    assert wall.delta == pytest.approx(b.mean() - a.mean()) and wall.se == pytest.approx(se)
+    assert wall.low == pytest.approx(wall.delta - t975(wall.dof) * se) and wall.low < 0 < wall.high
+    assert not same.decided and not same.claims_difference
+    spread = np.hypot(a.std(ddof=1), b.std(ddof=1))
+    assert same.steps_needed == units_needed(spread, wall.delta, most=1000, dof_of=lambda n: 2 * n - 2)
+    assert same.verdict.startswith("Cannot tell from 6 traced steps a side whether B is faster or slower than A: Δ")
+    assert f"about {same.steps_needed} traced steps a side" in same.verdict and "In the traced steps, B's step is" in same.verdict
+    d = same.to_dict()
+    assert d["delta_wall_ci_us"] == pytest.approx([wall.low / 1e3, wall.high / 1e3]) and d["decided"] is False
+    assert d["delta_by_category_ci_us"]["gemm"] == pytest.approx(d["delta_wall_ci_us"])  # the gemm is all that moved
+    # 20% more work in every step: told apart, the interval holding the true 20 µs
+    slower = compare_traces(steps_trace(A_STEPS), steps_trace([x * 1.2 + (1 if i % 2 else -1) for i, x in enumerate(A_STEPS)]))
+    assert slower.decided and slower.claims_difference and slower.steps_needed is None
+    assert slower.intervals["wall"].low < 0.2 * np.mean(A_STEPS) * 1000 < slower.intervals["wall"].high
+    assert slower.verdict.startswith("B is 0.0201 ms per step slower than A: GPU time +0.0201 ms (gemm +0.0201 ms)")
+    # one traced step a side: no spread, no interval
+    one = compare_traces(steps_trace([100.0]), steps_trace([150.0]))
+    assert one.intervals["wall"] is None and not one.decided and one.to_dict()["delta_wall_ci_us"] is None
+    assert one.verdict.startswith("Cannot tell from 1 traced step a side whether B is faster or slower than A: one step gives no spread")
+
+
+def write_run(directory: Path, trace: Trace, steps_ms: list[float], inflation: float | None) -> Path:
+    """A perflab run's directory as it leaves it: run.json (its untraced timing; trace_inflated where ``inflation``
+    passes 1.1) and a trace file beside it (empty: the test hands compare the planted trace in its place)."""
+    import json
+
+    from perflab.stats import summarize
+
+    directory.mkdir(parents=True)
+    timing = {"steps": len(steps_ms), **summarize(steps_ms).to_dict()}
+    flags = [{"flag": "trace_inflated", "message": "..."}] if inflation and inflation > 1.1 else []
+    (directory / "run.json").write_text(json.dumps({"program": f"train.py {directory.name}", "timing": timing, "flags": flags,
+                                                    "traced": {"inflation": inflation, "inflated": bool(inflation and inflation > 1.1),
+                                                               "trace_path": str(directory / "trace.json.gz")}}))
+    (directory / "trace.json.gz").write_bytes(b"")
+    return directory / "run.json"
+
+
+def test_an_inflated_trace_is_named_first_and_untraced_timings_give_the_verdict(tmp_path, monkeypatch):
+    import json
+
+    from cli_util import run_cli_here
+    from perflab import api
+
+    traces = {"a": steps_trace(A_STEPS), "b": steps_trace([x * 1.5 for x in A_STEPS])}  # traced: B 50% longer under the profiler
+    import perflab.trace.load as load
+
+    monkeypatch.setattr(load, "load_trace", lambda path: traces[Path(path).parent.name])
+    untraced = [0.100, 0.102, 0.099, 0.101, 0.100, 0.098, 0.103, 0.100, 0.101, 0.099] * 2  # the same program, untraced
+    a = write_run(tmp_path / "a", traces["a"], untraced, 1.05)
+    b = write_run(tmp_path / "b", traces["b"], [x * 1.01 for x in untraced], 3.21)
+    c = api.compare(a, b)
+    assert c.inflated == [{"side": "train.py b", "inflation": 3.21}]
+    assert c.first_line == ("Inflated trace (run.json: trace_inflated): train.py b's traced steps took ×3.21 its untraced ones. The traced Δ "
+                            "describes the program under the profiler, not as it runs.")
+    assert c.decided and c.untraced.verdict == "no change" and c.untraced.ratio.basis == "within-run" and not c.claims_difference
+    assert c.verdict.startswith("From the untraced steps: train.py b ÷ train.py a 1.010× (")
+    assert "no change (within ±5.0%) · within-run. In the traced steps, train.py b's step is" in c.verdict
+    result = run_cli_here("compare", a, b)
+    assert result.returncode == 0 and result.stdout.splitlines()[0].startswith("Inflated trace (run.json: trace_inflated): train.py b's")
+    document = json.loads(run_cli_here("compare", a, b, "--json").stdout)
+    assert document["inflated"] == c.inflated and document["untraced"]["verdict"] == "no change" and document["claims_difference"] is False
+    # without untraced timings, an inflated trace's verdict says what it describes
+    (tmp_path / "b" / "run.json").write_text(json.dumps({"program": "train.py b", "flags": [{"flag": "trace_inflated"}],
+                                                         "traced": {"inflation": 3.21, "inflated": True, "trace_path": "trace.json.gz"}}))
+    assert api.compare(a, b).verdict.startswith("Under the profiler, train.py b is ")
+
+
+@pytest.mark.parametrize("run", [{"traced": 5, "flags": "trace_inflated", "timing": []}, {"timing": {"median_ms": "1", "ci_ms": [0, 2]}},
+                                 {"traced": {"inflated": True, "inflation": "x"}, "timing": {"median_ms": 2.0, "ci_ms": [1.0, float("nan")]}},
+                                 {"flags": [3, {"flag": 4}], "timing": {"median_ms": 5.0, "ci_ms": [1.0, 2.0]}}])
+def test_a_run_json_of_the_wrong_shape_qualifies_nothing_and_raises_nothing(run):
+    from perflab.analysis.compare import qualify
+
+    c = qualify(compare_traces(steps_trace(A_STEPS), steps_trace(A_STEPS)), runs=(run, run))
+    assert c.untraced is None and c.first_line in (None, "Inflated traces (run.json: trace_inflated): A's traced steps ran longer than "
+                                                         "its untraced ones; B's traced steps ran longer than its untraced ones. The traced "
+                                                         "Δ describes the program under the profiler, not as it runs.")

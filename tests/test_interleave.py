@@ -34,6 +34,44 @@ def test_every_case_times_one_block_per_round_in_a_seeded_order():
     assert len(firsts) >= 3  # no case always goes first
 
 
+def test_the_canary_stays_out_of_the_rounds_and_a_discarded_step_starts_each_block_warm(monkeypatch):
+    """A planted position effect: a step run right after the host canary costs 1.5 ms, any other 1.0 ms (a simulated
+    clock, so the test is deterministic). With the canary before every round and no warm step (as perflab timed), the
+    block timed first in each round reads 1.25 ms and its neighbour 1.0, so B/A swings 0.8 / 1.25 with the order; the
+    canary before the first round and after the last, and a warm step before each block, leave every block at 1.0."""
+    import types
+
+    import perflab.clock
+    from perflab.measure.interleave import balanced_order, time_interleaved
+
+    now = {"ns": 0, "last": None}
+    monkeypatch.setattr(perflab.clock, "time", types.SimpleNamespace(perf_counter_ns=lambda: now["ns"]))
+
+    def step_of(case):
+        def step():
+            now["ns"] += 1_500_000 if now["last"] == "canary" else 1_000_000
+            now["last"] = case
+        return step
+
+    def canary():
+        now["last"] = "canary"
+
+    schedule = [[(i, 2) for i in balanced_order([0, 1], r)] for r in range(8)]
+
+    def block_ratios(**options):
+        session = time_interleaved([step_of(0), step_of(1)], schedule, enter=lambda i: contextlib.nullcontext(), device="cpu",
+                                   canary=canary, **options)
+        a, b = session.blocks
+        assert [x.steps for x in a] == [2] * 8  # the warm step is not counted in the block
+        assert len(session.round_canaries_us) == (8 if options.get("canary_each_round") else 2)
+        return [round(y.ms_per_step / x.ms_per_step, 6) for x, y in zip(a, b)]
+
+    assert block_ratios(canary_each_round=True, warm=0) == [0.8, 1.25, 1.25, 0.8] * 2  # A B, B A, B A, A B: whoever goes first pays
+    assert block_ratios(canary_each_round=True, warm=1) == [1.0] * 8
+    assert block_ratios(warm=0) == [0.8] + [1.0] * 7  # the canary before the rounds: only the first block after it
+    assert block_ratios() == [1.0] * 8  # the default: the canary out of the rounds, a warm step before each block
+
+
 def test_a_groups_cases_are_adjacent_in_every_round():
     groups = ["p", "q", "p", "q", "r", "r"]
     for this_round in interleaved_order(groups, rounds=50, seed=0):
@@ -251,7 +289,7 @@ def test_cases_timed_together_share_a_session_and_every_round(tiny_interleaved_r
         assert row["sample_rounds"] == list(range(4))
         assert row["n_samples"] == 4 and row["timed_iters"] == 4 * row["iters_per_sample"]
         assert row["ci_level"] in ("time", "pooled")
-        assert row["interleaved"]["rounds"] == 4 and len(row["interleaved"]["canaries_us"]) == 4
+        assert row["interleaved"]["rounds"] == 4 and len(row["interleaved"]["canaries_us"]) == 2  # before the rounds and after
         assert row["median_ms"] == pytest.approx(float(np.median(row["samples_ms"])))
     assert paired_ratio(rows[0], rows[1])["pairs"] == 4
 

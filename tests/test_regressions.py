@@ -132,6 +132,17 @@ def test_verdicts_at_the_threshold(ratio, low, high, expected):
     assert verdict(Ratio(ratio, low, high, "paired", 3, ""), 0.05) == expected
 
 
+@pytest.mark.parametrize("ratio,low,high,expected", [
+    (1.20, 1.10, 1.30, "inconclusive"),  # a change by its own CI, but no larger than the A/A reads: neither slower nor no change
+    (1.02, 0.90, 1.15, "no change"),     # within the floor of ±30%, the CI holding 1
+    (1.45, 1.35, 1.55, "slower"),        # beyond the floor
+    (0.70, 0.65, 0.74, "faster"),
+    (1.20, 0.90, 1.60, "inconclusive"),
+])
+def test_verdicts_at_a_floor_wider_than_the_threshold(ratio, low, high, expected):
+    assert verdict(Ratio(ratio, low, high, "blocks", 3, ""), 0.05, floor=0.30) == expected
+
+
 def test_compare_rows_matches_by_case_id_and_labels_launch_bound_cases_host_dependent():
     a = [row("c1", 1.0, host_held_ms=0.9, device_ms=0.3), row("c2", 5.0, host_held_ms=0.5, device_ms=5.0), row("only_a", 1.0)]
     b = [row("c2", 10.0, ci=(9.9, 10.1), host_held_ms=0.5, device_ms=10.0), row("c1", 1.0, host_held_ms=0.9, device_ms=0.3),
@@ -224,7 +235,7 @@ def test_an_interrupted_ab_says_to_rerun_into_another_store_and_an_interrupted_t
     from perflab import api
     from perflab.analysis.regressions import Comparison
 
-    summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1)
+    summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1, copy=None)
     monkeypatch.setattr(api, "ab", lambda **kw: (summary, Comparison([])))
     monkeypatch.setattr(api, "track", lambda **kw: (summary, []))
     case = ["--model", "m.py:M", "--json"]
@@ -251,3 +262,153 @@ def test_every_json_ci_names_its_level_beside_the_old_key():
     (series,) = revision_series(rows, [("k1", "c1")], 0.05)
     (point,) = series_dict(series)["points"]
     assert point["ci_ms"] == point["ci95_ms"] == [1.0, 2.0] and point["ci_coverage"] == 0.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ratios on logarithms, the noise floor, and what a run can detect
+
+
+def test_the_median_of_ratios_is_taken_on_logs_so_a_change_and_its_inverse_weigh_alike():
+    from perflab.stats import log_median
+
+    # four block ratios, a first-block effect of 1.5x falling on A and on B in turn: the plain median leans "slower"
+    ratios = [1 / 1.5, 1 / 1.5, 1.5, 1.5]
+    assert statistics.median(ratios) == pytest.approx(1.0833, abs=1e-4)
+    assert log_median(ratios) == pytest.approx(1.0)
+    assert log_median([0.5, 2.0]) == pytest.approx(1.0) and log_median([1.0, 3.0, 2.0]) == 2.0  # odd: the middle value
+    with pytest.raises(ValueError):
+        log_median([1.0, 0.0])
+
+
+def position_effect_rows(rounds=3, orders=("AB", "BA", "BA", "AB"), first=1.5, b_time=1.0, noise=(1.0, 1.01, 0.99)):
+    """An A/A (``b_time`` 1.0) or A/B blocks run whose block timed first in each pair is ``first``× slower: the position
+    effect the CPU measurement found, planted exactly (per round a host speed from ``noise``)."""
+    a, b = [], []
+    for r in range(rounds):
+        speed = noise[r % len(noise)]
+        a.append([speed * (first if o[0] == "A" else 1.0) for o in orders])
+        b.append([speed * b_time * (first if o[0] == "B" else 1.0) for o in orders])
+    sessions = tuple(f"p{r}" for r in range(rounds))
+    return blocks_row(a, sessions=sessions), blocks_row(b, sessions=sessions)
+
+
+def test_a_balanced_first_block_effect_cancels_on_logs_where_the_plain_median_read_slower():
+    a, b = position_effect_rows()
+    r = row_ratio(a, b)
+    assert r.basis == "blocks" and r.ratio == pytest.approx(1.0) and r.low <= 1.0 <= r.high
+    # what the plain median of each round's four block ratios made of it: 1.083 in every round, a CI that excludes 1
+    plain = statistics.median([1 / 1.5, 1.5, 1.5, 1 / 1.5])
+    assert plain > 1.05 and verdict(Ratio(plain, plain, plain, "blocks", 3, ""), 0.05) == "slower"
+    assert compare_rows([a], [b]).changes[0].verdict in ("no change", "inconclusive")
+    # and a true 10% slower B under the same effect reads 1.10 on logs
+    a, b = position_effect_rows(b_time=1.1)
+    assert row_ratio(a, b).ratio == pytest.approx(1.1)
+
+
+def test_one_rounds_paired_ratio_is_the_log_median_of_its_blocks():
+    from perflab.stats import paired_ratio
+
+    a, b = position_effect_rows(rounds=1, orders=("AB", "BA") * 4)
+    paired = paired_ratio(a, b)
+    assert paired["ratio"] == pytest.approx(1.0) and paired["pairs"] == 8
+
+
+def test_detectable_change_and_units_needed_by_hand():
+    from perflab.stats import detectable_change, t80, t975, units_needed
+
+    assert (t975(2), t80(2), t975(None), t80(None), t80(40)) == (4.303, 1.061, 1.96, 0.842, 0.842)
+    # over 3 rounds, se 0.02: the interval's own width decides (4.303 + 1.061) x 0.02; a wide band decides beyond it
+    assert detectable_change(0.02, 2) == pytest.approx(5.364 * 0.02)
+    assert detectable_change(0.02, 2, band=0.2) == pytest.approx(0.2 + 1.061 * 0.02)
+    # an effect of 0.10 with a spread of 0.05 a unit: the first n where (t975 + t80)(n-1) x 0.05/sqrt(n) <= 0.10
+    n = units_needed(0.05, 0.10)
+    assert (t975(n - 1) + t80(n - 1)) * 0.05 / math.sqrt(n) <= 0.10 < (t975(n - 2) + t80(n - 2)) * 0.05 / math.sqrt(n - 1)
+    # inside a band of 0.05: the first n where 0.01 + t975(n-1) x 0.05/sqrt(n) <= 0.05
+    n = units_needed(0.05, 0.01, band=0.05)
+    assert 0.01 + t975(n - 1) * 0.05 / math.sqrt(n) <= 0.05 < 0.01 + t975(n - 2) * 0.05 / math.sqrt(n - 1)
+    assert units_needed(0.05, 0.05, band=0.05) is None and units_needed(0.0, 0.1) is None and units_needed(1.0, 0.01, most=50) is None
+
+
+def paired_rows(a_medians, b_medians, case="x", session="s"):
+    return (row(case, statistics.median(a_medians), processes=a_medians, session=session),
+            row(case, statistics.median(b_medians), processes=b_medians, session=session))
+
+
+def test_an_aa_pair_in_the_schedule_sets_the_floor_and_no_change_means_smaller_than_it():
+    a, b = paired_rows([1.0, 1.2, 0.9, 1.1], [1.04, 1.25, 0.93, 1.15])  # B/A 1.04, 1.042, 1.033, 1.045: a tight 4%
+    _, aa = paired_rows([1.0, 1.2, 0.9, 1.1], [1.07, 1.13, 0.95, 1.16])  # A against a copy of itself reads up to ~ +/-9%
+    at_2pct = compare_rows([a], [b], threshold=0.02).changes[0]
+    assert at_2pct.verdict == "slower" and at_2pct.floor.source == "rounds"  # without the A/A, 4% beyond 2% is a change
+    aa_ratio = row_ratio(a, aa)
+    floored = compare_rows([a], [b], threshold=0.02, rows_aa=[aa]).changes[0]
+    assert floored.floor.source == "A/A" and floored.floor.aa.ratio == pytest.approx(aa_ratio.ratio)
+    assert floored.floor.fraction == pytest.approx(max(aa_ratio.high, 1 / aa_ratio.low) - 1) and floored.floor.fraction > 0.05
+    assert floored.band == floored.floor.fraction and floored.verdict == "inconclusive"  # smaller than the floor: never slower
+    # the same A/A floor, a B whose CI holds 1: no change, smaller than the floor
+    _, b_same = paired_rows([1.0, 1.2, 0.9, 1.1], [1.01, 1.19, 0.92, 1.09])
+    same = compare_rows([a], [b_same], threshold=0.02, rows_aa=[aa]).changes[0]
+    assert same.ratio.low < 1 < same.ratio.high and same.verdict == "no change"
+    assert same.verdict_text == f"no change (within ±{same.floor.fraction:.1%}, the noise floor)"
+    # twice the work stands far above it
+    a2, b2 = paired_rows([1.0, 1.2, 0.9, 1.1], [2.0, 2.5, 1.8, 2.1])
+    doubled = compare_rows([a2], [b2], threshold=0.02, rows_aa=[aa]).changes[0]
+    assert doubled.verdict == "slower" and doubled.ratio.low < 2.0 < doubled.ratio.high
+    d = doubled.to_dict()
+    assert d["floor"]["source"] == "A/A" and d["floor"]["aa"]["basis"] == "paired" and d["detectable"] > d["floor"]["fraction"]
+
+
+def test_every_verdict_states_its_floor_and_detectable_change_and_an_inconclusive_one_the_rounds_it_needs():
+    from perflab.stats import detectable_change, t975, units_needed
+
+    a, b = paired_rows([1.0, 1.2, 0.9], [1.1, 1.45, 0.97])  # B/A 1.10, 1.21, 1.08: 3 rounds cannot tell
+    c = compare_rows([a], [b]).changes[0]
+    r = c.ratio
+    assert c.verdict == "inconclusive" and r.dof == 2 and r.se == pytest.approx(math.log(r.high / r.low) / (2 * 4.303))
+    assert c.floor.source == "rounds" and c.floor.fraction == pytest.approx(math.sqrt(r.high / r.low) - 1)
+    assert c.band == pytest.approx(max(0.05, c.floor.fraction))
+    assert c.detectable == pytest.approx(math.expm1(detectable_change(r.se, 2, math.log1p(c.band))))
+    n = units_needed(r.se * math.sqrt(3), math.log(r.ratio), math.log1p(c.band), most=100)
+    assert c.needed == n + n % 2 and 3 < c.needed <= 100  # paired by process: an even number of rounds
+    # one process a side: no spread between processes to go by, so no floor and no rounds to offer
+    w = compare_rows([row("x", 1.0)], [row("x", 1.2, ci=(1.0, 1.44))]).changes[0]
+    assert w.floor is None and w.needed is None and w.band == 0.05 and t975(None) == 1.96
+
+
+def test_a_verdict_from_flagged_rows_says_so_in_its_text_and_its_json():
+    a, b = paired_rows([1.0, 1.01, 0.99], [2.0, 2.02, 1.99])
+    a["flags"], b["process_flags"] = ["short_timing", "high_cv"], [[], ["host_contention"], []]
+    c = compare_rows([a], [b]).changes[0]
+    assert c.verdict == "slower" and c.flags == ["host_contention", "short_timing", "high_cv"]
+    assert c.verdict_text == "slower · flagged host_contention, short_timing, high_cv"
+    d = c.to_dict()
+    assert d["verdict"] == "slower" and d["flags"] == c.flags and d["verdict_text"] == c.verdict_text
+    clean = compare_rows(*[[r] for r in paired_rows([1.0, 1.01, 0.99], [2.0, 2.02, 1.99])]).changes[0]
+    assert clean.flags == [] and clean.verdict_text == "slower"
+
+
+def test_a_within_run_change_on_a_host_that_did_not_hold_still_is_held_back():
+    """One process a side: each run's own CI assumes its host held still. Two runs of one program, the second on a
+    busier host (flagged high_cv), 1.5x apart with CIs that do not overlap: not "slower", but inconclusive, saying why."""
+    a, b = row("x", 1.0, ci=(0.97, 1.03)), row("x", 1.5, ci=(1.45, 1.55), flags=["high_cv"])
+    c = compare_rows([a], [b]).changes[0]
+    assert c.ratio.basis == "within-run" and c.ratio.low > 1.05 and c.verdict == "inconclusive"
+    assert c.verdict_text == ("inconclusive (slower by each run's own CI, but those assume the host held still, and high_cv says it did "
+                              "not) · within-run · flagged high_cv")
+    assert compare_rows([a], [dict(b, flags=["short_timing"])]).changes[0].verdict == "slower"  # not a host that moved
+    # paired rounds cancel what the host does to both sides: the flags qualify the verdict, they do not hold it back
+    pa, pb = paired_rows([1.0, 1.01, 0.99], [1.5, 1.52, 1.49])
+    pb["flags"] = ["high_cv"]
+    assert compare_rows([pa], [pb]).changes[0].verdict == "slower"
+
+
+def test_a_change_points_reproducing_command_is_tracks_with_its_revisions_store_and_rounds_replaced():
+    from perflab.diagnosis.change_points import ab_command
+
+    track = ("perflab track --repo models --revs c1 c2 c3 --model model.py:Net --batch-size 1 --out=runs/t --rounds 3 "
+             "--profile-changes 5 --json --pairing processes")
+    assert ab_command(track, "c2", "c3", "models") == ("perflab ab --a c2 --b c3 --repo models --model model.py:Net --batch-size 1 "
+                                                       "--pairing processes --rounds 6")
+    assert ab_command("perflab track --repo . --range=v1..v2 --spec 'my spec.yaml' --out o", "v1", "abc", ".") == \
+        "perflab ab --a v1 --b abc --repo . --spec 'my spec.yaml' --rounds 6"
+    assert ab_command("perflab.api.track(...)", "c2", "c3", "/r") == \
+        "perflab ab --repo /r --a c2 --b c3 (the cases as track was given them) --rounds 6"

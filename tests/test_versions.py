@@ -12,6 +12,7 @@ import math
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -99,8 +100,8 @@ def stored(out) -> tuple[list[dict], dict]:
 
 
 def block_ratios_by_round(a: dict, b: dict) -> list[float]:
-    """B/A per round of a blocks-paired run, worked out here from the stored samples: per process, the median over its
-    interleaved rounds of B's block ÷ A's block of the same round."""
+    """B/A per round of a blocks-paired run, worked out here from the stored samples: per process, the median on logs over
+    its interleaved rounds of B's block ÷ A's block of the same round."""
     def keyed(row):
         return {(p, r): v for v, p, r in zip(row["samples_ms"], row["sample_processes"], row["sample_rounds"])}
 
@@ -109,16 +110,17 @@ def block_ratios_by_round(a: dict, b: dict) -> list[float]:
     per_round: dict[int, list[float]] = {}
     for key in ka:
         per_round.setdefault(key[0], []).append(kb[key] / ka[key])
-    return [statistics.median(per_round[p]) for p in sorted(per_round)]
+    return [math.exp(statistics.median(math.log(x) for x in per_round[p])) for p in sorted(per_round)]
 
 
 def test_ab_calls_the_doubled_matmul_slower_with_a_paired_ci_that_excludes_1(repo, tmp_path):
     out = tmp_path / "ab"
-    result = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--rounds", "3", "--out", out, "--json")
+    result = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--rounds", "3", "--no-aa", "--out", out, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     (case,) = report["cases"]
     rounds = [(r["version"]["name"], r["process_medians_ms"], r["process_flags"]) for r in stored(out)[0]]
+    assert report["aa"] is None and case["floor"]["source"] == "rounds"  # no A/A pair: the floor is B/A's own spread
     skip_if_the_host_was_busy(stored(out)[0], case["verdict"], "slower")
     assert report["pairing"] == "blocks"  # the default for revisions
     assert case["verdict"] == "slower" and case["ratio"]["basis"] == "blocks" and case["ratio"]["units"] == 3, (case, rounds)
@@ -141,53 +143,53 @@ def test_ab_calls_the_doubled_matmul_slower_with_a_paired_ci_that_excludes_1(rep
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1  # the versions' worktrees are gone
     # a second ab into the same store would mix its rows with these: refused, the store as it was
     again = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--out", out)
-    assert again.returncode == 2 and "already holds 2 row(s) of these versions" in again.stderr
+    assert again.returncode == 2 and "already holds 2 row(s) of these versions" in again.stderr  # --no-aa: A's and B's
     assert len(stored(out)[0]) == 2
 
 
 def test_an_a_a_ab_times_both_revisions_interleaved_in_one_process_a_round_and_finds_no_change(repo, tmp_path):
     """c1 and c2 differ in a comment only. Each round is one process that imports both revisions' model.py (each from
-    its own worktree) and times their blocks next to each other; the A/A ratio comes out near 1. Asserted loosely
-    (no slower/faster verdict, the ratio within 10%, the CI reaching the ±5% band): a loaded 2-core box moves the
-    blocks, but it moves A's and B's alike."""
+    its own worktree) and a second copy of A's (the A/A pair the noise floor is measured from), and times their blocks
+    next to each other; the A/A ratio comes out near 1. Asserted loosely (no slower/faster verdict, the ratio within
+    10%, the CI reaching the ±5% band): a loaded 2-core box moves the blocks, but it moves A's and B's alike."""
     out = tmp_path / "aa"
     result = run_cli_here("ab", "--repo", repo, "--a", "c1", "--b", "c2", *CASE, "--rounds", "3", "--out", out, "--json")
     assert result.returncode == 0, result.stderr
-    (case,) = json.loads(result.stdout)["cases"]
-    a, b = sorted(stored(out)[0], key=lambda r: r["version"]["name"])
-    assert (a["version"]["name"], b["version"]["name"]) == ("A", "B")
-    for row, tag in ((a, "c1"), (b, "c2")):  # two files, one a side, though the code is the same
+    document = json.loads(result.stdout)
+    (case,) = document["cases"]
+    a, a2, b = sorted(stored(out)[0], key=lambda r: r["version"]["name"])
+    assert (a["version"]["name"], a2["version"]["name"], b["version"]["name"]) == ("A", "A'", "B")
+    assert a2["version"]["copy_of"] == "A" and document["aa"]["copy_of"] == "A" and [v["name"] for v in document["versions"]] == ["A", "B"]
+    for row, tag in ((a, "c1"), (a2, "c1"), (b, "c2")):  # a file a version, though the code is the same
         assert row["model_source"]["sha1"] == hashlib.sha1(git(repo, "show", f"{tag}:model.py").encode() + b"\n").hexdigest()
-    # one fresh process a round, holding both versions: the same pid and interleaved session on both sides
-    assert a["process_pids"] == b["process_pids"] and len(set(a["process_pids"])) == 3
+    # the noise floor is the A/A pair's: the farthest bound of A'/A's CI from 1, stated with the smallest detectable change
+    floor = case["floor"]
+    assert floor["source"] == "A/A" and floor["aa"]["basis"] == "blocks" and floor["aa"]["units"] == 3
+    assert floor["fraction"] == pytest.approx(max(floor["aa"]["high"], 1 / floor["aa"]["low"]) - 1)
+    assert case["band"] == pytest.approx(max(0.05, floor["fraction"])) and case["detectable"] > 0
+    # one fresh process a round, holding every version: the same pid and interleaved session on each side
+    assert a["process_pids"] == b["process_pids"] == a2["process_pids"] and len(set(a["process_pids"])) == 3
     assert a["process_sessions"] == b["process_sessions"] and len(set(a["process_sessions"])) == 3
-    # interleaved: in each process, the blocks in the order they began come in pairs, one A and one B of one round,
-    # the pair's order drawn per round (both A first and B first occur)
-    orders = set()
+    # interleaved: in each process, the blocks in the order they began come in threes, one of each version in one
+    # interleaved round, balanced: in each pair of interleaved rounds A goes before B once, as each row records
     for p in range(3):
-        blocks = sorted((t, side, r) for side, row in (("A", a), ("B", b))
+        blocks = sorted((t, side, r) for side, row in (("A", a), ("B", b), ("A'", a2))
                         for t, q, r in zip(row["sample_started_s"], row["sample_processes"], row["sample_rounds"]) if q == p)
-        assert len(blocks) == 2 * a["sample_processes"].count(p) and len(blocks) >= 8
-        firsts = []
-        for k in range(0, len(blocks), 2):
-            (_, s1, r1), (_, s2, r2) = blocks[k], blocks[k + 1]
-            assert {s1, s2} == {"A", "B"} and r1 == r2 == k // 2, blocks
-            orders.add(s1 + s2)
-            firsts.append(s1)
-        # balanced, not drawn: ABBA over the interleaved rounds (each side first in half of them), as each row records
-        assert firsts[:4] == (["A", "B", "B", "A"] if firsts[0] == "A" else ["B", "A", "A", "B"]), firsts
-        assert abs(firsts.count("A") - firsts.count("B")) == len(firsts) % 2, firsts
-        assert a["process_positions"][p] == [0 if s == "A" else 1 for s in firsts]
-        assert b["process_positions"][p] == [1 if s == "A" else 0 for s in firsts]
-    assert orders == {"AB", "BA"}
-    assert [a["process_positions"][p][0] for p in range(3)] == [0, 1, 1]  # rounds start A, B, B (then A): ABBA by round too
-    order = json.loads(result.stdout)["order"]
-    assert order["A"]["pairings"] == order["B"]["pairings"] == len(a["samples_ms"])
-    assert order["A"]["first"] + order["B"]["first"] == len(a["samples_ms"]) and abs(order["A"]["first"] - order["B"]["first"]) <= 3
+        assert len(blocks) == 3 * a["sample_processes"].count(p) and len(blocks) >= 24
+        a_before_b = []
+        for k in range(0, len(blocks), 3):
+            sides = [s for _, s, r in blocks[k:k + 3] if r == k // 3]
+            assert sorted(sides) == ["A", "A'", "B"], blocks
+            a_before_b.append(sides.index("A") < sides.index("B"))
+            assert a["process_positions"][p][k // 3] == sides.index("A") and b["process_positions"][p][k // 3] == sides.index("B")
+        assert all(x != y for x, y in zip(a_before_b[0::2], a_before_b[1::2])), a_before_b  # each order, then its reverse
+    order = document["order"]
+    assert order["A before B"]["pairings"] == len(a["samples_ms"]) and abs(2 * order["A before B"]["count"] - len(a["samples_ms"])) <= 3
     written = run_cli_here("report", out)
     assert written.returncode == 0, written.stderr
-    assert f"Order: A first in {order['A']['first']} of its {len(a['samples_ms'])} pairing(s), B first in {order['B']['first']}" \
-        in (out / "report.md").read_text()
+    text = (out / "report.md").read_text()
+    assert f"Order: A before B in {order['A before B']['count']} of {len(a['samples_ms'])} pairing(s)" in text
+    assert "noise floor on this host ±" in text and "A': a second copy of A" in text
     ratio = case["ratio"]
     assert ratio["basis"] == "blocks" and ratio["units"] == 3
     assert ratio["ratio"] == pytest.approx(math.prod(block_ratios_by_round(a, b)) ** (1 / 3))
@@ -248,20 +250,30 @@ def test_track_finds_the_change_at_c3_and_none_at_c2_and_a_rerun_reuses_the_rows
     assert series["change_points"] == [c3["revision"]] and c3["key"] == f"commit:{sha(repo, 'c3')}"
     assert c3["step"]["verdict"] == "slower" and c3["step"]["ratio"]["low"] > 1.0 and c3["step"]["ratio"]["basis"] == "blocks"
     assert c2["step"]["verdict"] in ("no change", "inconclusive")  # a comment: no change point
+    # the change point's cause: both sides profiled, the Δ by operator category with its CI, and the ab that reproduces it
+    cause = c3["cause"]
+    assert (cause["previous"], cause["revision"]) == (c2["revision"], c3["revision"]) and cause["error"] is None and cause["cpu_only"]
+    assert cause["delta_by_category"]["gemm"] > 0 and set(cause["delta_by_category_ci_us"]) == set(cause["delta_by_category"])
+    assert cause["reproduce"].startswith(f"perflab ab --a {c2['revision']} --b {c3['revision']} --repo {repo} --model model.py:Net")
+    assert cause["reproduce"].endswith("--rounds 6") and "--range" not in cause["reproduce"] and "--out" not in cause["reproduce"]
+    assert all(Path(t).is_file() for t in cause["traces"]) and c2["cause"] is None
+    assert c3["step"]["floor"]["source"] == c2["step"]["floor"]["source"] == "A/A"  # c1 against a second copy of itself
+    assert c3["step"]["floor"] == c2["step"]["floor"] and report["aa"]["copy_of"] == "c1"
     rows = stored(out)[0]
-    assert len(rows) == 3 and report["pairing"] == "blocks"
-    assert len({tuple(r["process_pids"]) for r in rows}) == 1  # the three revisions timed in one process a round
+    assert len(rows) == 4 and report["pairing"] == "blocks"  # c1, c2, c3 and c1's copy
+    assert len({tuple(r["process_pids"]) for r in rows}) == 1  # the revisions timed in one process a round
 
     again = run_cli_here("track", "--repo", repo, "--revs", "c1", "c2", "c3", *CASE, "--rounds", "3", "--out", out, "--json")
     assert again.returncode == 0, again.stderr
     rerun = json.loads(again.stdout)
-    assert rerun["reused"] == 3 and rerun["cases"][0]["change_points"] == ["c3"]
+    assert rerun["reused"] == 4 and rerun["cases"][0]["change_points"] == ["c3"]
     assert [p["median_ms"] for p in rerun["cases"][0]["points"]] == [p["median_ms"] for p in series["points"]]
 
     written = run_cli_here("report", out)
     assert written.returncode == 0, written.stderr
     text = (out / "report.md").read_text()
     assert "## By revision" in text and "### model.py:Net 64px bs1 fp32 eager: change points: c3 (slower" in text
+    assert "Change point c3 against c2, both profiled: Δ +" in text and "Reproduce: perflab ab --a c2 --b c3" in text
     assert "(3 round(s), each round one process timing every version's cases interleaved, block by block)" in text
     assert (out / "revisions_0.png").stat().st_size > 1000 and "![model.py:Net 64px bs1 fp32 eager over revisions](revisions_0.png)" in text
 
@@ -307,14 +319,16 @@ def test_compare_of_two_bench_out_files_gives_per_case_verdicts(repo, tmp_path):
         ratio = case["ratio"]
         assert ratio["ratio"] == pytest.approx(4.0, rel=1e-4) and ratio["basis"] == "within-run"  # (the CSV's decimals)
         assert ratio["low"] == pytest.approx(4.0 * math.exp(-half), rel=1e-3) and ratio["high"] == pytest.approx(4.0 * math.exp(half), rel=1e-3)
-        expected.append("slower" if 4.0 * math.exp(-half) > 1.0 else "inconclusive")
+        unsteady = {"host_contention", "host_drift", "high_cv"} & set(row.get("flags") or [])  # a host that moved: held back
+        expected.append("slower" if 4.0 * math.exp(-half) > 1.0 and not unsteady else "inconclusive")
         assert case["verdict"] == expected[-1], (case, row["ci95_ms"])
+        assert case["verdict_text"].startswith(expected[-1]) and " · within-run" in case["verdict_text"]  # what its CI covers
         assert "does not cover between-process variance" in ratio["note"]
-    if all(r["ci95_ms"][1] / r["ci95_ms"][0] < 2.0 for r in rows):  # a quiet host: each CI within a factor of 2
+    if all(r["ci95_ms"][1] / r["ci95_ms"][0] < 2.0 and "high_cv" not in (r.get("flags") or []) for r in rows):  # a quiet host
         assert expected == ["slower", "slower"]
     table = run_cli_here("compare", *files)
-    verdict_cells = [line.split("│")[-2].strip() for line in table.stdout.splitlines() if "model.py:Net" in line]
-    assert table.returncode == 0 and verdict_cells == expected
+    verdict_cells = [line.split("│")[-2].strip() for line in table.stdout.splitlines() if "model.py:Net" in line and "│" in line]
+    assert table.returncode == 0 and [cell.split()[0] for cell in verdict_cells] == expected
     assert "does NOT cover between-process variance" in " ".join(table.stdout.split())  # a note wrapped to the width
 
 
@@ -432,6 +446,23 @@ def test_the_versions_order_is_balanced_each_first_half_the_rounds_and_a_linear_
     assert all(rounds[r].index(v) + rounds[r + 1].index(v) == 2 for r in (0, 2, 4) for v in range(3))
 
 
+@pytest.mark.parametrize("n_versions", [2, 3])
+def test_order_seed_draws_a_balanced_schedule_that_changes_with_the_seed(n_versions):
+    """--order random in one process: each pair of interleaved rounds drawn and then reversed, so every seed gives a
+    balanced schedule and different seeds give different ones; --order alternate is the same whatever the seed."""
+    from perflab.measure.interleave import interleaved_order
+
+    members = [0] * n_versions  # one case's versions: one group
+    drawn = {seed: interleaved_order(members, 16, seed, balanced=True, drawn=True) for seed in (0, 1, 7, 12345)}
+    assert len({tuple(map(tuple, order)) for order in drawn.values()}) == 4
+    for order in drawn.values():
+        assert all(order[r + 1] == order[r][::-1] for r in range(0, 16, 2))  # each pair: an order, then its reverse
+        for v in range(n_versions):  # a drift linear in time falls alike on every version
+            assert {order[r].index(v) + order[r + 1].index(v) for r in range(0, 16, 2)} == {n_versions - 1}
+    alternate = {tuple(map(tuple, interleaved_order(members, 16, seed, balanced=True))) for seed in (0, 1, 7, 12345)}
+    assert len(alternate) == 1
+
+
 def test_rounds_out_of_bounds_are_one_line_before_anything_is_built(repo, tmp_path):
     from perflab.sweep.versions import MAX_ROUNDS
 
@@ -442,6 +473,17 @@ def test_rounds_out_of_bounds_are_one_line_before_anything_is_built(repo, tmp_pa
         (["track", "--repo", repo, "--revs", "c1", "c2", *CASE, "--rounds", "0"], "--rounds must be at least 1 and at most"),
         (["track", "--repo", repo, "--revs", "c1", "c2", *CASE, "--rounds", "1000000000"], "got 1000000000"),
         (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--order", "sideways"], "--order: expected alternate or random"),
+        # balance: processes need each order and its reverse; a seed that draws nothing is refused, not ignored
+        (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--pairing", "processes", "--rounds", "3"],
+         "--pairing processes: --rounds 3 cannot balance who goes first (each order is followed by its reverse, so one version "
+         "would go first in 2 of 3); give an even number, 4"),
+        (["track", "--repo", repo, "--revs", "c1", "c2", *CASE, "--pairing", "processes"], "--rounds 1 cannot balance"),
+        (["track", "--repo", repo, "--revs", "c1", "c2", *CASE, "--profile-changes", "-1"],
+         "--profile-changes: expected traced steps a side from 0 (none) to 100, got -1"),
+        (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--pairing", "processes", "--order-seed", "7"],
+         "--order-seed 7: --order alternate draws nothing here (processes take turns"),
+        (["ab", "--repo", repo, "--a", "c2", "--b", "c3", *CASE, "--order-seed", "7"],
+         "--order-seed 7: --order alternate draws nothing here (one case's versions take turns"),
     ):
         result = run_cli_here(*args, "--out", out, cwd=repo)
         lines = [line for line in result.stderr.splitlines() if line.strip()]

@@ -765,22 +765,29 @@ def run_trace(item):
     return path.parent / Path(trace).name  # beside it, wherever the run was started from
 
 
-def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None), by_module: bool = False):
+def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_size=(None, None), by_module: bool = False,
+            threshold: float = 0.05):
     """Compare two runs exactly (see perflab.analysis.compare). ``a``/``b``: trace paths, or Cases to profile
     (``by_module``: with module ranges, so the comparison says which modules changed; two traces that recorded
     module ranges are compared module by module too). ``batch_size``: items per step of a trace side, for its
     throughput (a profiled Case's are its row's). Two traces are labelled by what tells them apart: the program and
     arguments of the ``perflab run`` that wrote each (its run.json beside it), else the shortest path suffixes that
-    differ."""
+    differ. What the traces describe (``analysis.compare.qualify``): a trace its run.json flags ``trace_inflated``
+    is named first; where both sides have untraced timings (their run.json, or the profiled cases' rows), the verdict
+    is theirs at ``threshold`` and the traced Δ attributes it."""
     from pathlib import Path
 
-    from perflab.analysis.compare import compare_traces, side_labels
+    from perflab.analysis.compare import compare_traces, qualify, run_record, side_labels
+    from perflab.analysis.regressions import check_threshold
     from perflab.trace.load import load_trace
     from perflab.workloads import item_of
+
+    check_threshold(threshold)
 
     if any(isinstance(item, Case) for item in (a, b)):
         check_profiled_steps(steps)  # before a trace side is read
     traces, names, items, rows = [], [], list(batch_size), []
+    runs, untraced = [None, None], [None, None]
     for i, item in enumerate((a, b)):
         if isinstance(item, Case):
             result = profile_case(item, out_dir, steps=steps, by_module=by_module)
@@ -791,15 +798,18 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
             traces.append(result["report"].trace)
             names.append(item.label())
             rows.append(result["row"])
+            untraced[i] = result["row"]
             items[i] = items[i] or result["row"].get("items_per_step") or item.batch_size
         else:
             traces.append(load_trace(run_trace(item)))
             names.append(None)
+            runs[i] = run_record(Path(str(item)) if Path(str(item)).name == "run.json" else Path(run_trace(item)).parent / "run.json")
     if None in names:  # traces: by what tells them apart (run.json's program beside each, else their paths)
         traced = side_labels([run_trace(x) for x in (a, b)])
         names = [name or traced[i] for i, name in enumerate(names)]
     item = item_of(rows) if len(rows) == 2 else None  # img or token: what the throughput counts, both sides profiled alike
-    return compare_traces(traces[0], traces[1], tuple(labels or names), tuple(items), item=item)
+    comparison = compare_traces(traces[0], traces[1], tuple(labels or names), tuple(items), item=item)
+    return qualify(comparison, runs, untraced, threshold)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -920,9 +930,9 @@ def version_experiment(spec=None, case_options: dict | None = None, root=None, r
 
 
 def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str | None = None, python_b: str | None = None,
-       spec=None, case_options: dict | None = None, rounds: int = 3, order: str = "alternate", seed: int = 0, out=None,
+       spec=None, case_options: dict | None = None, rounds: int | None = None, order: str = "alternate", seed: int | None = None, out=None,
        timeout_s: float | None = None, threshold: float = 0.05, command: str = "", on_event=None, launcher: str | None = None,
-       pin: bool = True, pairing: str | None = None):
+       pin: bool = True, pairing: str | None = None, aa: bool | None = None):
     """One experiment at two versions, A and B, round by round; returns (the run's summary, its comparison:
     ``analysis.regressions.Comparison`` of A's rows and B's, paired per round).
 
@@ -931,24 +941,30 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
     spec (``spec``) or ``make_cases`` options (``case_options``). ``out``: the store (default ``runs/ab/<time>``).
     ``pairing`` (``sweep.versions.run_versions``): ``blocks`` (the default for revisions: each round one process times
     A's and B's cases interleaved) or ``processes`` (each in a process of its own, alternated; interpreters' only
-    choice)."""
+    choice). ``rounds``: default 3 for blocks, 4 for processes (which need an even number to balance who goes first).
+    ``aa``: time a second copy of A beside A and B in each round, the A/A pair the noise floor is measured from
+    (default: with the blocks pairing). ``seed``: of ``order`` random; refused where nothing is drawn with it."""
     import time
     from dataclasses import replace
     from pathlib import Path
 
     from perflab.analysis.regressions import Comparison, check_threshold, compare_rows
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import (check_order, check_pairing, check_rounds, default_pairing, plan_interpreters, plan_revisions,
-                                        run_versions)
+    from perflab.sweep.versions import (check_balance, check_order, check_pairing, check_rounds, check_seed,
+                                        plan_interpreters, plan_revisions, run_versions)
 
     check_threshold(threshold)
-    check_rounds(rounds, least=2)
     check_order(order)
     by_revision = repo is not None or a is not None or b is not None
     by_python = python_a is not None or python_b is not None
     if by_revision == by_python or (by_revision and None in (repo, a, b)) or (by_python and None in (python_a, python_b)):
         raise PerflabError("give two versions: --repo DIR --a REV --b REV (git revisions), or --python-a PATH --python-b PATH (interpreters)")
     check_pairing(pairing, by_python)
+    pairing = pairing or ("processes" if by_python else "blocks")
+    rounds = rounds if rounds is not None else (4 if pairing == "processes" else 3)
+    check_rounds(rounds, least=2)
+    check_balance(pairing, rounds)
+    check_seed(seed, order, pairing)
 
     def experiment_at(root):
         experiment = version_experiment(spec, case_options, root, repo, name="ab")
@@ -962,32 +978,44 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
         out_dir = Path(out) if out is not None else Path("runs") / "ab" / time.strftime("%Y%m%d-%H%M%S")
         summary = run_versions(plan, out_dir, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=False,
                                command=command or "perflab.api.ab(...)", kind="ab", on_event=on_event, launcher=launcher,
-                               record={"threshold": threshold}, pairing=pairing or default_pairing(plan))
+                               record={"threshold": threshold}, pairing=pairing, aa=pairing == "blocks" if aa is None else aa)
     finally:
         plan.close()
     rows_a, rows_b = (summary.rows_of(v) for v in plan.versions)
     if not (rows_a and rows_b):  # interrupted before a case's last round: nothing stored to compare
         return summary, Comparison([], threshold=threshold)
-    return summary, compare_rows(rows_a, rows_b, threshold)
+    return summary, compare_rows(rows_a, rows_b, threshold, rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
 
 
 def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: dict | None = None, out, rounds: int = 1,
-          order: str = "alternate", seed: int = 0, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
-          on_event=None, launcher: str | None = None, pin: bool = True, pairing: str = "blocks"):
+          order: str = "alternate", seed: int | None = None, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
+          on_event=None, launcher: str | None = None, pin: bool = True, pairing: str = "blocks", aa: bool | None = None,
+          profile_changes: int = 5):
     """One experiment at each of a list of revisions of ``repo`` (``revs``, or ``range_`` ``A..B``: A and each commit after
     it up to B), into one store at ``out``; rows already stored there for a revision are reused. Returns (the run's
     summary, the per-case series over the revisions with their change points: ``analysis.regressions.revision_series``).
-    ``pairing``: ``blocks`` (each round one process times every revision's cases interleaved) or ``processes``."""
+    ``pairing``: ``blocks`` (each round one process times every revision's cases interleaved) or ``processes`` (an
+    even number of rounds). ``aa``: time a second copy of the first revision beside the others in each round, the A/A
+    pair every step's noise floor is measured from (default: with the blocks pairing). ``profile_changes``: each change
+    point's two revisions are profiled with this many traced steps a side, and the point's ``cause``
+    (``diagnosis.change_points``: the Δ by kernel or operator category with its intervals, and the ``perflab ab``
+    command that times the pair again) is attached and kept in ``OUT/change_points.json``; 0: none."""
     from dataclasses import replace
+    from pathlib import Path
 
     from perflab.analysis.regressions import check_threshold, revision_series
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import check_order, check_pairing, check_rounds, plan_revisions, repository, revision_range, run_versions
+    from perflab.sweep.versions import (check_balance, check_order, check_pairing, check_rounds, check_seed, plan_revisions, repository,
+                                        revision_range, run_versions)
 
     check_threshold(threshold)
     check_rounds(rounds)
     check_order(order)
     check_pairing(pairing, False)
+    check_balance(pairing, rounds)
+    check_seed(seed, order, pairing)
+    if isinstance(profile_changes, bool) or not isinstance(profile_changes, int) or not 0 <= profile_changes <= 100:
+        raise PerflabError(f"--profile-changes: expected traced steps a side from 0 (none) to 100, got {show(profile_changes)}")
     if bool(revs) == bool(range_):
         raise PerflabError("give the revisions as --revs A B C ... or as --range A..B")
     if range_:
@@ -1011,11 +1039,22 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
     try:
         summary = run_versions(plan, out, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=True,
                                command=command or "perflab.api.track(...)", kind="track", on_event=on_event, launcher=launcher,
-                               record={"threshold": threshold}, pairing=pairing)
+                               record={"threshold": threshold}, pairing=pairing, aa=pairing == "blocks" if aa is None else aa)
+        rows = [row for v in plan.versions for row in summary.rows_of(v)]
+        series = revision_series(rows, [(v.key, v.name) for v in plan.versions], threshold,
+                                 rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
+        if not summary.interrupted:  # the causes kept beside the store are this run's (none: the file goes)
+            from perflab.diagnosis.change_points import explain_changes, write_causes
+
+            causes = []
+            if profile_changes and any(s.change_points for s in series):
+                if on_event is not None:
+                    on_event("note", text=f"profiling each change point's two revisions ({profile_changes} traced steps a side)")
+                causes = explain_changes(series, plan.versions, Path(out), profile_changes, command, repo)
+            write_causes(Path(out), causes)
     finally:
         plan.close()
-    rows = [row for v in plan.versions for row in summary.rows_of(v)]
-    return summary, revision_series(rows, [(v.key, v.name) for v in plan.versions], threshold)
+    return summary, series
 
 
 EXPLAIN_DTYPES = {"cuda": "bf16", "cpu": "fp32"}  # explain's dtype where none is given: a GPU's tensor-core dtype; the CPU's own

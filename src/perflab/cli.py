@@ -379,8 +379,8 @@ def ab(
     b: Optional[str] = typer.Option(None, "--b", help="Version B: a revision of --repo."),
     python_a: Optional[str] = typer.Option(None, "--python-a", help="Version A: a Python interpreter (another environment) instead."),
     python_b: Optional[str] = typer.Option(None, "--python-b", help="Version B: a Python interpreter."),
-    rounds: int = typer.Option(3, "--rounds", help="Rounds, 2 to 100: each times every case at A and at B (blocks: in one process; "
-                               "processes: in two side by side)."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Rounds, 2 to 100: each times every case at A and at B (blocks: in one "
+                                         "process; processes: in two side by side, an even number). Default: 3 (blocks), 4 (processes)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="The store (default runs/ab/<date-time>)."),
     pairing: Optional[str] = typer.Option(None, "--pairing", help=f"How A and B are paired in each round. {PAIRING_HELP}. Default: "
                                           "blocks for --repo; interpreters (--python-a/--python-b) can only pair processes."),
@@ -394,7 +394,7 @@ def ab(
     import json
 
     from perflab import api
-    from perflab.report.versions import ab_document, order_line, render_comparison, render_versions
+    from perflab.report.versions import ab_document, everyone, order_line, render_comparison, render_versions
     from perflab.sweep.runner import command_line
     from perflab.sweep.progress import VersionsProgress
 
@@ -406,7 +406,7 @@ def ab(
     else:
         render_versions(out, summary.versions)
         render_comparison(out, comparison, tuple(v.label for v in summary.versions))
-        order = order_line([(v.name, summary.rows_of(v)) for v in summary.versions])
+        order = order_line([(v.name, summary.rows_of(v)) for v in everyone(summary)])
         if order:
             out.say(order, markup=False)
         out.say(f"store: {summary.out_dir}; report: perflab report {summary.out_dir}", markup=False)
@@ -429,10 +429,13 @@ def track(
     pairing: str = typer.Option("blocks", "--pairing", help=f"How the revisions are paired in each round. {PAIRING_HELP}."),
     threshold: float = typer.Option(0.05, "--threshold", help="A step between neighbouring revisions beyond 1 ± this fraction, its "
                                     "CI excluding 1, is a change point (default 0.05)."),
+    profile_changes: int = typer.Option(5, "--profile-changes", help="Traced steps a side with which each change point's two "
+                                        "revisions are profiled: the step's Δ by kernel (or operator) category with its CI, and the "
+                                        "ab command that reproduces it (0: none)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Run the same cases at each of a list of revisions into one store, and find the revisions where a case got
-    faster or slower (each against the one before it); perflab report OUT plots them."""
+    faster or slower (each against the one before it), each profiled on both sides; perflab report OUT plots them."""
     import json
 
     from perflab import api
@@ -441,7 +444,8 @@ def track(
     from perflab.sweep.progress import VersionsProgress
 
     summary, series = api.track(repo=repo, revs=revs, range_=rev_range, **versions.options(), out=out_dir, rounds=rounds, threshold=threshold,
-                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing)
+                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing,
+                                profile_changes=profile_changes)
     if as_json:
         from perflab.report.versions import track_document
 
@@ -673,7 +677,7 @@ def compare(
         return
     items = api.compare_items(a, b, **flags.options())
     with err.status("comparing"):
-        comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module)
+        comparison = api.compare(items[0], items[1], steps=steps, out_dir=out_dir, by_module=by_module, threshold=threshold)
     if as_json:
         sys.stdout.write(json.dumps(comparison.to_dict()) + "\n")
     else:

@@ -207,8 +207,9 @@ OPT_WORLD_SIZE = typer.Option(None, "--world-size", help="With --parallel: the n
 OPT_INDUCTOR_CACHE = typer.Option(None, "--inductor-cache", help="A directory for inductor's caches (FX graphs, autotuning "
                                   "choices), shared by every process this run starts: max-autotune then takes the kernels the first "
                                   "process chose instead of tuning afresh (default: inductor's, /tmp/torchinductor_$USER, one host's).")
-OPT_THRESHOLD = typer.Option(0.05, "--threshold", help="Stored results: a ratio beyond 1 ± this fraction, with a CI that excludes 1, "
-                             "is faster or slower (default 0.05, asv's); a CI inside it is no change.")
+OPT_THRESHOLD = typer.Option(0.05, "--threshold", help="Stored results (and the untraced timings beside two traces): a ratio beyond "
+                             "1 ± this fraction, with a CI that excludes 1, is faster or slower (default 0.05, asv's); a CI inside it "
+                             "is no change.")
 OPT_PROCESSES = typer.Option(1, "--processes", help="Spread each case's samples over N processes, 1 to 100 (this one, then fresh ones); "
                              "the CI then covers between-process variance.")
 
@@ -218,10 +219,14 @@ OPT_VERSIONS_MODEL = typer.Option([], "--model", help="The cases as bench's flag
 OPT_VERSIONS_SPEC = typer.Option(None, "--spec", help="The cases as an experiment spec (instead of bench flags); a spec inside "
                                  "--repo is read from each revision's worktree.")
 OPT_ROUNDS_ORDER = typer.Option("alternate", "--order", help="The versions' order in each round, balanced: alternate (A B, B A, "
-                                "B A, A B, ...) or random (a pair of rounds' order drawn with --order-seed, reversed in the "
-                                "second); with --pairing blocks, the order a round's interleaved blocks start from (then A B, "
-                                "B A, ... block by block).")
-OPT_ORDER_SEED = typer.Option(0, "--order-seed", help="Seed of --order random and of the blocks' order of cases in a round.")
+                                "B A, A B, ...) or random (each pair of rounds' order drawn with --order-seed, reversed in the "
+                                "second); with --pairing blocks, also the order of the interleaved blocks in each round's process.")
+OPT_ORDER_SEED = typer.Option(None, "--order-seed", help="Seed of --order random (default 0), and of the order of several cases' "
+                              "blocks in a round; refused where it would change nothing (--order alternate with one case, or "
+                              "with --pairing processes).")
+OPT_AA = typer.Option(None, "--aa/--no-aa", help="Time a second copy of the first version beside the others in every round, an "
+                      "A/A pair whose ratio is the noise floor the verdicts are judged against (default: on with --pairing blocks, "
+                      "where it costs a block per round; off with processes, where it costs a process per round).")
 OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else "
                                     "600); a blocks round's process gets this for each case at each version it holds.")
 OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")
@@ -231,8 +236,8 @@ PAIRING_HELP = ("blocks: each round is one process that builds every version's c
 # In --help order, --model first and the case-flag group after it.
 VERSIONS_FLAGS = {
     "model": (List[str], OPT_VERSIONS_MODEL), "spec": (Optional[Path], OPT_VERSIONS_SPEC), "order": (str, OPT_ROUNDS_ORDER),
-    "order_seed": (int, OPT_ORDER_SEED), "timeout": (Optional[float], OPT_VERSIONS_TIMEOUT), "no_pin": (bool, OPT_NO_PIN),
-    "launcher": (Optional[str], OPT_VERSIONS_LAUNCHER),
+    "order_seed": (Optional[int], OPT_ORDER_SEED), "aa": (Optional[bool], OPT_AA), "timeout": (Optional[float], OPT_VERSIONS_TIMEOUT),
+    "no_pin": (bool, OPT_NO_PIN), "launcher": (Optional[str], OPT_VERSIONS_LAUNCHER),
 }
 
 
@@ -247,4 +252,4 @@ class VersionsFlags:
         """``api.ab``'s and ``api.track``'s keyword arguments for the cases and how the rounds run them."""
         v = self.values
         return dict(spec=v["spec"], case_options=self.case.options(model=v["model"]), order=v["order"], seed=v["order_seed"],
-                    timeout_s=v["timeout"], launcher=v["launcher"], pin=not v["no_pin"])
+                    aa=v["aa"], timeout_s=v["timeout"], launcher=v["launcher"], pin=not v["no_pin"])

@@ -14,6 +14,10 @@
   run.json carry about their samples.
 - **The paired ratio** (:func:`paired_ratio`): B's time ÷ A's over blocks timed next to each other, the direction the
   verdicts read (above 1, B is slower).
+- **Ratios on logarithms** (:func:`log_median`): every median or mean of ratios is taken on their logarithms, so a
+  change and its inverse weigh alike (the plain median of 0.5 and 2 is 1.25; on logs, 1).
+- **What a run can detect** (:func:`detectable_change`, :func:`units_needed`): the smallest change an interval of this
+  spread finds four times in five, and how many units (rounds, steps) would find a given one.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ TIME_SEGMENTS = 5  # one process's blocks are cut into this many stretches of co
 MODES_FROM, MIN_MODE_SAMPLES, MODE_SHARE, MODE_GAP, MODE_SEPARATION = 20, 3, 0.1, 3.0, 1.2
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (beyond 30, the normal's 1.96 is within 2%).
+# One-sided 80% quantiles (the 80% power of a detectable change), the same degrees of freedom; beyond 30, the normal's 0.842.
+_T80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870, 0.868, 0.866,
+        0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856, 0.855, 0.855, 0.854, 0.854)
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
          2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 
@@ -95,10 +102,34 @@ def range_of(low: float, high: float, values) -> int | None:
 # The t-interval on logarithms
 
 
-def t975(dof: int) -> float:
+def t975(dof: int | None) -> float:
+    """Student's two-sided 95% quantile for ``dof`` degrees of freedom (None: the normal's, a large sample)."""
+    if dof is None:
+        return 1.96
     if dof < 1:
         raise ValueError("no degrees of freedom")
     return _T975[dof - 1] if dof <= len(_T975) else 1.96
+
+
+def t80(dof: int | None) -> float:
+    """Student's one-sided 80% quantile (None: the normal's 0.842): the margin a change needs beyond a bound to be
+    found four times in five."""
+    if dof is None:
+        return 0.842
+    if dof < 1:
+        raise ValueError("no degrees of freedom")
+    return _T80[dof - 1] if dof <= len(_T80) else 0.842
+
+
+def log_median(values) -> float:
+    """The median of positive values (ratios) taken on their logarithms: exp(median(log x)). Of an odd count, the
+    middle value, as the plain median; of an even count, the geometric mean of the middle two, where the plain median
+    takes their arithmetic mean and so leans above 1: of 4 block ratios 0.66, 0.66, 1.51, 1.51 (a first-block effect
+    falling on each side in turn) the plain median is 1.09, this one 1.00."""
+    logs = _logs(values)
+    if len(logs) == 0:
+        raise ValueError("no values")
+    return float(math.exp(np.median(logs)))
 
 
 @dataclass(frozen=True)
@@ -111,6 +142,11 @@ class LogInterval:
     low: float
     high: float
     dof: int
+
+    @property
+    def se(self) -> float:
+        """The standard error of the log-centre the interval was built from."""
+        return math.log(self.high / self.center) / t975(self.dof)
 
 
 def _t_on_logs(log_mean: float, se: float, dof: int) -> LogInterval:
@@ -160,17 +196,78 @@ def sectioned_log_t_interval(units, center: float) -> LogInterval:
     return LogInterval(center, center * math.exp(-half), center * math.exp(half), n - 1)
 
 
+def _welch(xa: np.ndarray, xb: np.ndarray) -> tuple[float, float, int]:
+    """(mean of B − mean of A, its standard error, Welch–Satterthwaite degrees of freedom rounded down) of two
+    independent samples of two or more values each."""
+    na, nb = len(xa), len(xb)
+    if na < 2 or nb < 2:
+        raise ValueError("Welch's interval needs two values or more on each side")
+    va, vb = float(xa.var(ddof=1)) / na, float(xb.var(ddof=1)) / nb
+    se2 = va + vb
+    dof = se2 ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if se2 > 0 else na + nb - 2
+    return float(xb.mean() - xa.mean()), math.sqrt(se2), max(1, int(math.floor(dof)))
+
+
 def welch_log_ratio(a, b) -> LogInterval:
     """B ÷ A of two independent samples' geometric means (two or more positive values each), with Welch's t 95% interval
     on the difference of their log-means (Welch–Satterthwaite degrees of freedom, rounded down)."""
-    la, lb = _logs(a), _logs(b)
-    na, nb = len(la), len(lb)
-    if na < 2 or nb < 2:
-        raise ValueError("Welch's interval needs two values or more on each side")
-    va, vb = float(la.var(ddof=1)) / na, float(lb.var(ddof=1)) / nb
-    se2 = va + vb
-    dof = se2 ** 2 / (va ** 2 / (na - 1) + vb ** 2 / (nb - 1)) if se2 > 0 else na + nb - 2
-    return _t_on_logs(float(lb.mean() - la.mean()), math.sqrt(se2), max(1, int(math.floor(dof))))
+    return _t_on_logs(*_welch(_logs(a), _logs(b)))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """B's mean − A's of two independent samples, with Welch's t 95% interval: ``se`` its standard error, ``dof`` its
+    degrees of freedom."""
+
+    delta: float
+    low: float
+    high: float
+    se: float
+    dof: int
+
+    @property
+    def decided(self) -> bool:
+        """Whether the interval excludes no difference."""
+        return self.low > 0 or self.high < 0
+
+
+def welch_difference(a, b) -> Difference:
+    """B's mean − A's of two independent samples (two or more values each: traced steps' times), with Welch's t 95%
+    interval (Welch–Satterthwaite degrees of freedom, rounded down)."""
+    delta, se, dof = _welch(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
+    half = t975(dof) * se
+    return Difference(delta, delta - half, delta + half, se, dof)
+
+
+# ---------------------------------------------------------------------------------------------------
+# What a run can detect: the power of its interval
+
+
+def detectable_change(se: float, dof: int | None, band: float = 0.0) -> float:
+    """The smallest change, on the scale ``se`` is on (logarithms of a ratio; ns of a difference), that an estimate
+    with standard error ``se`` finds four times in five, where a change is called when its 95% interval excludes no
+    change and the estimate lies beyond ``band``: it must clear both t975·se and ``band``, each with t80·se to spare."""
+    if se < 0 or band < 0:
+        raise ValueError("a standard error and a band are not negative")
+    return max((t975(dof) + t80(dof)) * se, band + t80(dof) * se)
+
+
+def units_needed(sd: float, effect: float, band: float = 0.0, most: int = 1000, dof_of=lambda n: n - 1) -> int | None:
+    """How many units (rounds, steps a side), each of spread ``sd`` (the standard error of one), would settle an
+    estimate of ``effect`` (the same scale): beyond ``band``, to find it four times in five (``detectable_change``);
+    within it, for its 95% interval to stay inside the band. None where more than ``most`` would not (an effect on the
+    band's edge, or no spread to go by). ``dof_of(n)``: the degrees of freedom of n units (n − 1 by default)."""
+    effect = abs(effect)
+    if not sd > 0 or not math.isfinite(sd):
+        return None
+    for n in range(2, most + 1):
+        se = sd / math.sqrt(n)
+        dof = dof_of(n)
+        if effect > band and detectable_change(se, dof, band) <= effect:
+            return n
+        if effect < band and effect + t975(dof) * se <= band:
+            return n
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -220,7 +317,7 @@ def _pooled_ci(sorted_x: np.ndarray) -> tuple[float, float, float]:
     return float(sorted_x[lo]), float(sorted_x[hi]), float(coverage)
 
 
-def hierarchical_ci(samples, processes=None, rounds=None, n_segments: int = TIME_SEGMENTS) -> HierarchicalCI:
+def hierarchical_ci(samples, processes=None, rounds=None, n_segments: int = TIME_SEGMENTS, ratios: bool = False) -> HierarchicalCI:
     """CI of the median step time from samples that form a hierarchy: blocks, in rounds, in processes.
 
     The interval is taken across the highest level that has at least ``MIN_UNITS`` units: the processes'
@@ -231,24 +328,27 @@ def hierarchical_ci(samples, processes=None, rounds=None, n_segments: int = TIME
     the pooled order statistics ignore (blocks of one process share that process's host state, and their interval
     describes the process, not the next run), and it always holds its point. With fewer than ``MIN_UNITS`` units the
     interval is the pooled order-statistics one (``level`` says so). ``center`` is the samples' median either way.
+    ``ratios``: the samples are ratios, and every median of them (the centre's, the units') is taken on their
+    logarithms (``log_median``).
     """
     x = np.asarray(samples, dtype=float)
     if len(x) == 0:
         raise ValueError("no samples")
+    median = log_median if ratios else (lambda v: float(np.median(v)))
     procs = np.zeros(len(x), dtype=int) if processes is None else np.asarray(processes)
     rnds = np.arange(len(x)) if rounds is None else np.asarray(rounds)
     distinct = np.unique(procs)
     if len(distinct) >= MIN_UNITS:
         level = "process"
-        units = [float(np.median(x[procs == p])) for p in distinct]
+        units = [median(x[procs == p]) for p in distinct]
     else:
         level = "time"
         units = []
         for p in distinct:
             mask = procs == p
             segments = time_segments(rnds[mask], n_segments)
-            units += [float(np.median(x[mask][segments == s])) for s in np.unique(segments)]
-    center = float(np.median(x))
+            units += [median(x[mask][segments == s]) for s in np.unique(segments)]
+    center = median(x)
     if len(units) < MIN_UNITS or min(units) <= 0 or center <= 0:
         low, high, coverage = _pooled_ci(np.sort(x))
         return HierarchicalCI(low, high, center, "pooled", len(units), tuple(units), coverage)
@@ -454,8 +554,8 @@ def block_ratios(a: dict, b: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def paired_ratio(a: dict, b: dict) -> dict | None:
-    """B's time ÷ A's over blocks timed together (``block_ratios``): their median, with its hierarchical CI and the
-    coverage it may state; None when the two were not paired.
+    """B's time ÷ A's over blocks timed together (``block_ratios``): their median on logarithms (``log_median``), with
+    its hierarchical CI and the coverage it may state; None when the two were not paired.
 
     Above 1, B's step is longer. For a speedup of B over A (A's time ÷ B's) pass (B's row, A's row). A host slowdown
     that lasts longer than a round lengthens both blocks of a pair, so it cancels in the ratio, where it would not in
@@ -463,7 +563,7 @@ def paired_ratio(a: dict, b: dict) -> dict | None:
     ratios, procs, rounds = block_ratios(a, b)
     if len(ratios) == 0:
         return None
-    ci = hierarchical_ci(ratios, procs, rounds)
+    ci = hierarchical_ci(ratios, procs, rounds, ratios=True)
     check_inside(ci.center, ci.low, ci.high, "the paired ratio")
     return {"ratio": ci.center, "ci95": [ci.low, ci.high], "level": ci.level, "pairs": int(len(ratios)),
             "units": ci.n_units, "coverage": ci.coverage, "range_of": range_of(ci.low, ci.high, ratios)}

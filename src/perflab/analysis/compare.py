@@ -18,6 +18,15 @@ min(steps of A, steps of B) windows of each.
 Two CPU-only traces (``Trace.cpu_only``: the work is torch's top-level operators) are compared in the same identity,
 and said in CPU terms: operators and their time, the time between operators (the interpreter's), never kernels, GPU
 time or "GPU-bound".
+
+**Every Δ has an interval** from the traced steps' spread: Welch's t interval on the difference of the two sides'
+per-step means (``stats.welch_difference``), for the total and each term. Where the total's interval holds 0 (or one
+step a side gives no spread), the verdict is "cannot tell", with about how many traced steps a side would tell a
+difference of this size (``stats.units_needed``). **What a trace describes** (``qualify``): a trace its run.json
+flags ``trace_inflated`` (the traced steps ran much longer than the untraced ones) is named on the first line, and a
+verdict from it says it describes the program under the profiler; where untraced timings of both sides exist (their
+run.json, or the profiled cases' rows), the verdict comes from them (``analysis.regressions.compare_case``: two
+runs, one process each, so within-run) and the traced Δ only attributes it.
 """
 
 from __future__ import annotations
@@ -33,7 +42,10 @@ from perflab.analysis.accounting import IDLE_CAUSES, account, activity_launch_ti
 from perflab.analysis.devices import devices_of
 from perflab.analysis.names import short_names
 from perflab.errors import PerflabError
+from perflab.stats import LEVEL, Difference, units_needed, welch_difference
 from perflab.trace.schema import WORK_KINDS, Trace
+
+MOST_STEPS = 1000  # traced steps a side beyond which "cannot tell" stops offering a count
 
 
 @dataclass
@@ -49,6 +61,7 @@ class StepProfile:
     kernels: float  # kernels (kind kernel) per step
     kernel_time_ns: float
     by_name: pd.DataFrame  # full kernel name -> count and time per step
+    per_step: dict = field(default_factory=dict)  # each term's value in each step (ns): "wall", "category:NAME", "idle:CAUSE"
 
     @property
     def mean_kernel_ns(self) -> float:
@@ -75,6 +88,25 @@ class Comparison:
     item: str | None = None  # what those items are ("img", "token"); None: unknown or not the same on both sides
     cpu_only: bool = False  # both traces are CPU-only: operators are the work
     extra: dict = field(default_factory=dict)
+    intervals: dict = field(default_factory=dict)  # term ("wall", "category:NAME", "idle:CAUSE") → stats.Difference, None with one step a side
+    steps_needed: int | None = None  # cannot tell: about how many traced steps a side would tell a difference of this size
+    inflated: list = field(default_factory=list)  # [{"side": label, "inflation": traced ÷ untraced}] of traces flagged trace_inflated
+    untraced: object = None  # analysis.regressions.CaseChange of the two sides' untraced timings, where both exist
+    first_line: str | None = None  # what the result must say first (an inflated trace)
+
+    @property
+    def decided(self) -> bool:
+        """Whether the traced steps tell the two apart: the total Δ's interval excludes 0."""
+        wall = self.intervals.get("wall")
+        return wall is not None and wall.decided
+
+    @property
+    def claims_difference(self) -> bool:
+        """Whether the result says B is faster or slower: from the untraced timings where they exist, else from the
+        traced steps."""
+        if self.untraced is not None:
+            return self.untraced.verdict in ("faster", "slower")
+        return self.decided
 
     def closure_ns(self) -> float:
         parts = sum(self.delta_by_category.values()) - self.delta_overlap_ns + sum(self.delta_idle_by_cause.values())
@@ -125,7 +157,20 @@ class Comparison:
             "throughput_unit": self.throughput_unit,
             "cpu_only": self.cpu_only,
             "modules": _records(self.extra["modules"]) if "modules" in self.extra else None,
+            "delta_wall_ci_us": self._ci_us("wall"),
+            "delta_by_category_ci_us": {k: self._ci_us(f"category:{k}") for k in self.delta_by_category},
+            "delta_idle_by_cause_ci_us": {k: self._ci_us(f"idle:{k}") for k in self.delta_idle_by_cause},
+            "decided": self.decided,
+            "steps_needed": self.steps_needed,
+            "inflated": self.inflated,
+            "untraced": self.untraced.to_dict() if self.untraced is not None else None,
+            "first_line": self.first_line,
+            "claims_difference": self.claims_difference,
         }
+
+    def _ci_us(self, term: str) -> list | None:
+        d = self.intervals.get(term)
+        return [d.low / 1e3, d.high / 1e3] if d is not None else None
 
 
 def step_profile(trace: Trace, steps: int | None = None) -> StepProfile:
@@ -141,6 +186,13 @@ def step_profile(trace: Trace, steps: int | None = None) -> StepProfile:
     acts = kernels[inside]
     categories = acts.groupby(acts["category"].astype(str), observed=True)["dur_ns"].sum()
     category_ns = {str(k): float(v) / n for k, v in categories.items() if v}
+    terms = {"wall": per_step["wall_ns"].to_numpy(float)} | {f"idle:{c}": per_step[f"{c}_ns"].to_numpy(float) for c in IDLE_CAUSES}
+    for category in category_ns:
+        terms[f"category:{category}"] = np.zeros(n)
+    by_window = acts.groupby([window[inside], acts["category"].astype(str)], observed=True)["dur_ns"].sum()
+    for (w, category), v in by_window.items():
+        if category in category_ns and 0 <= w < n:
+            terms[f"category:{category}"][w] = v
     busy = float(per_step["busy_ns"].sum()) / n
     overlap = sum(category_ns.values()) - busy
     is_kernel = acts["kind"].isin(WORK_KINDS)
@@ -157,6 +209,7 @@ def step_profile(trace: Trace, steps: int | None = None) -> StepProfile:
         kernels=float(is_kernel.sum()) / n,
         kernel_time_ns=float(acts.loc[is_kernel, "dur_ns"].sum()) / n,
         by_name=by_name,
+        per_step=terms,
     )
 
 
@@ -217,15 +270,21 @@ def path_suffixes(paths) -> list[str]:
     return [f"{Path(paths[i]).name} ({'AB'[i] if i < 2 else i})" for i in range(len(paths))]
 
 
-def _run_program(path: Path) -> str | None:
-    """The program line a run.json records (``perflab run``'s ``program``), or None: no such file, or not run's."""
+def run_record(path: Path) -> dict | None:
+    """The run.json at ``path`` (``perflab run``'s report) as a dict, or None: no such file, or not a JSON object."""
     import json
 
     try:
         with open(path) as f:
-            program = json.load(f).get("program")
-    except (OSError, ValueError, AttributeError, RecursionError):
+            record = json.load(f)
+    except (OSError, ValueError, RecursionError, UnicodeDecodeError):
         return None
+    return record if isinstance(record, dict) else None
+
+
+def _run_program(path: Path) -> str | None:
+    """The program line a run.json records (``perflab run``'s ``program``), or None: no such file, or not run's."""
+    program = (run_record(path) or {}).get("program")
     return program if isinstance(program, str) and program.strip() else None
 
 
@@ -253,8 +312,26 @@ def compare_profiles(pa: StepProfile, pb: StepProfile, labels=("A", "B"), items_
         delta_overlap_ns=pb.overlap_ns - pa.overlap_ns, delta_idle_by_cause=delta_idle, added_kernels=added,
         removed_kernels=removed, verdict="", items_per_step=tuple(items_per_step), item=item, cpu_only=cpu_only,
     )
+    comparison.intervals = {term: _difference(pa.per_step.get(term), pb.per_step.get(term))
+                            for term in ["wall"] + [f"category:{c}" for c in categories] + [f"idle:{c}" for c in IDLE_CAUSES]}
+    wall = comparison.intervals["wall"]
+    if wall is not None and not wall.decided:
+        spread = float(np.hypot(np.std(pa.per_step["wall"], ddof=1), np.std(pb.per_step["wall"], ddof=1)))
+        comparison.steps_needed = units_needed(spread, wall.delta, most=MOST_STEPS, dof_of=lambda n: 2 * n - 2)
     comparison.verdict = verdict(comparison)
     return comparison
+
+
+def _difference(a, b) -> Difference | None:
+    """B − A of a term's per-step values with Welch's interval; None where a side has fewer than two steps (or the
+    profile carries no per-step values). A term one side lacks is 0 in each of its steps."""
+    if a is None and b is None:
+        return None
+    a = np.zeros(len(b)) if a is None else a
+    b = np.zeros(len(a)) if b is None else b
+    if len(a) < 2 or len(b) < 2:
+        return None
+    return welch_difference(a, b)
 
 
 @dataclass(frozen=True)
@@ -292,6 +369,11 @@ def verdict(c: Comparison) -> str:
     launches = f"{abs(d_kernels):.0f} {'more' if d_kernels >= 0 else 'fewer'} {w.works} per step"
     direction = "slower" if c.delta_wall_ns > 0 else "faster"
     head = f"{b_label} is {ms(c.delta_wall_ns)} per step {direction} than {a_label}"
+    if c.untraced is not None or not c.decided:  # the traced Δ decides nothing: it only says what it is made of
+        longer = "longer" if c.delta_wall_ns > 0 else "shorter"
+        head = f"{_undecided(c)}In the traced steps, {b_label}'s step is {ms(c.delta_wall_ns)} {longer} than {a_label}'s"
+    elif c.inflated:
+        head = f"Under the profiler, {head}"
     if both_launch_bound(c):
         return f"{head}. {_launch_bound_reason(c, d_busy, saved, launches)}"
     if c.delta_wall_ns > 0 and d_busy < 0 and d_host > 0:
@@ -304,6 +386,77 @@ def verdict(c: Comparison) -> str:
                 f"{'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}: {cause}.")
     work = f"it saves {ms(d_busy)} of {w.time} ({saved})" if d_busy < 0 else f"its {w.time} grows by {ms(d_busy)} ({added})"
     return f"{head}: {work}; {w.idle} {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}."
+
+
+def _undecided(c: Comparison) -> str:
+    """The sentence before a traced Δ that decides nothing: the untraced timings' verdict where there is one, else why
+    the traced steps cannot tell (and how many steps would)."""
+    a_label, b_label = c.labels
+    if c.untraced is not None:
+        u = c.untraced
+        r = u.ratio
+        return (f"From the untraced steps: {b_label} ÷ {a_label} {r.ratio:.3f}× ({r.low:.3f}–{r.high:.3f}, each run's own "
+                f"{LEVEL:.0%} CI), {u.verdict_text}. ")
+    wall = c.intervals.get("wall")
+    n = min(c.a.steps, c.b.steps)
+    whether = f"whether {b_label} is faster or slower than {a_label}"
+    if wall is None:
+        return f"Cannot tell from {n} traced step{'s' if n != 1 else ''} a side {whether}: one step gives no spread to judge by (trace 5 or more). "
+    text = (f"Cannot tell from {n} traced steps a side {whether}: Δ {wall.delta / 1e6:+.3g} ms a step, {LEVEL:.0%} CI "
+            f"{wall.low / 1e6:+.3g} to {wall.high / 1e6:+.3g} ms; ")
+    if c.steps_needed:
+        return text + f"about {c.steps_needed} traced steps a side would tell a difference of this size. "
+    return text + f"more than {MOST_STEPS} traced steps a side would not tell one of this size. "
+
+
+def qualify(c: Comparison, runs=(None, None), untraced_rows=(None, None), threshold: float = 0.05) -> Comparison:
+    """What ``c`` describes, from outside its traces: ``runs`` (each side's run.json as a dict, or None) name a trace
+    flagged ``trace_inflated`` on the first line; untraced timings of both sides (``untraced_rows``: result rows, or
+    each run.json's ``timing``) give the verdict (``analysis.regressions.compare_case``), the traced Δ then only
+    attributing it. The verdict is written again."""
+    from perflab.analysis.regressions import compare_case
+
+    for label, run in zip(c.labels, runs):
+        traced = _mapping(run, "traced")
+        inflation = traced.get("inflation")
+        if "trace_inflated" in _flag_names(run) or traced.get("inflated") is True:
+            c.inflated.append({"side": label, "inflation": float(inflation) if _positive(inflation) else None})
+    if c.inflated:
+        each = "; ".join(f"{x['side']}'s traced steps took ×{x['inflation']:.2f} its untraced ones" if x["inflation"] else
+                         f"{x['side']}'s traced steps ran longer than its untraced ones" for x in c.inflated)
+        c.first_line = (f"Inflated trace{'s' if len(c.inflated) > 1 else ''} (run.json: trace_inflated): {each}. The traced Δ "
+                        "describes the program under the profiler, not as it runs.")
+    rows = [row if row is not None else _timing_row(run, label) for row, run, label in zip(untraced_rows, runs, c.labels)]
+    if all(rows):
+        change = compare_case(*rows, threshold)
+        c.untraced = change if change.ratio is not None else None
+    c.verdict = verdict(c)
+    return c
+
+
+def _timing_row(run: dict | None, label: str) -> dict | None:
+    """A run.json's untraced timing as a result row ``compare_case`` reads (its median, its CI, its flags), or None
+    where it holds none that is a positive median inside a positive interval."""
+    timing = _mapping(run, "timing")
+    median, ci = timing.get("median_ms"), timing.get("ci_ms") or timing.get("ci95_ms")
+    if not _positive(median) or not isinstance(ci, list) or len(ci) != 2 or not all(map(_positive, ci)) or not ci[0] <= median <= ci[1]:
+        return None
+    return {"case_id": "run", "label": label, "status": "ok", "median_ms": float(median), "ci95_ms": [float(x) for x in ci],
+            "flags": _flag_names(run)}
+
+
+def _mapping(run: dict | None, key: str) -> dict:
+    value = (run or {}).get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _flag_names(run: dict | None) -> list[str]:
+    flags = (run or {}).get("flags")
+    return [f["flag"] for f in flags if isinstance(f, dict) and isinstance(f.get("flag"), str)] if isinstance(flags, list) else []
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
 def both_launch_bound(c: Comparison) -> bool:

@@ -13,7 +13,7 @@ faster of the two). Peak memory is reset and NVML's energy counter read right be
 row gets a canary too, taken after the failure.
 
 Several cases (``run_cases``, the default of bench, demo and explain): each prepared as above, held together while
-they fit, then timed in interleaved blocks (``measure.interleave``), with a canary before each round and a
+they fit, then timed in interleaved blocks (``measure.interleave``), with a canary before the rounds and after them, a
 contiguous energy pass per case after the rounds; ``run_in_processes`` spreads that over several processes.
 
 An OOM or any other failure of the measurement becomes a row with status ``oom`` or ``error``; a failure that
@@ -605,7 +605,6 @@ def _first_line(exc: BaseException) -> str:
 # Several cases timed together: built and warmed first, then timed in interleaved blocks (measure.interleave).
 
 INTERLEAVE_MEMORY_FRACTION = 0.8  # a pool of cases held together stops growing past this share of the GPU's memory
-CANARY_ROUND_REPEATS = 5  # canary runs before each round of an interleaved session (about 2-3 ms)
 
 
 def comparison_group(case: Case) -> tuple:
@@ -625,7 +624,7 @@ def can_interleave(case: Case) -> str | None:
 
 
 def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True, seed: int = 0, on_case=None,
-              groups=None, process_index: int = 0, scopes=None, balanced: bool = False) -> list[dict]:
+              groups=None, process_index: int = 0, scopes=None, balanced: bool = False, drawn: bool = False) -> list[dict]:
     """Measure several cases; with ``interleave`` (the default) those that can be held together are built and
     warmed first, then timed in blocks in a seeded random interleaved order (``measure.interleave``), so a slow
     stretch of the host falls on all of them and ratios of their blocks, paired in time, cancel it.
@@ -639,7 +638,8 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
     piece of that case's own work (its build, each of its blocks, its row): ``references.ModelScope``, where
     ``perflab ab``'s versions read their model references in worktrees of their own. ``balanced``: a group's cases
     take turns in a balanced order (``measure.interleave.balanced_order``, from their order in ``cases``) instead of a
-    drawn one. Returns the rows in the cases' order."""
+    drawn one; with ``drawn`` too, each pair of rounds' order drawn with ``seed`` and reversed in the pair's second
+    (``measure.interleave.drawn_balanced_order``). Returns the rows in the cases' order."""
     scope = _scope_of(scopes, len(cases))
     cases = [_in(scope(i), validate_case, c) for i, c in enumerate(cases)]
     stage_of = (lambda i: (lambda s: on_case(i, cases[i], s))) if on_case else (lambda i: None)
@@ -673,7 +673,7 @@ def run_cases(cases, *, host: HostOptions | None = None, interleave: bool = True
             if pool:
                 indices = [entry[0] for entry in pool]
                 try:
-                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index, scope, balanced)
+                    timed = _time_pool(pool, groups, host, seed + session_seq, stage_of, process_index, scope, balanced, drawn)
                 except PerflabError:
                     raise
                 except Exception as exc:  # the session failed: each of its cases is a failed row, the run goes on
@@ -753,7 +753,7 @@ def _prepare_held(case: Case, stage, host) -> Prepared:
         return _compile_and_warm(case, impl, built, params, trainable, stage, host, alloc0)
 
 
-def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balanced: bool = False) -> list[dict]:
+def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balanced: bool = False, drawn: bool = False) -> list[dict]:
     """Time a pool of prepared cases in interleaved rounds; their rows, in the pool's order."""
     import uuid
 
@@ -776,7 +776,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
         stage(f"timing {len(pool)} cases together, round {r + 1}/{rounds}")
 
     with timing_thread(device, host) as thread:
-        order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced)
+        order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced, drawn=drawn)
         schedule = block_schedule(order, [p.plan.n_blocks for p in prepared], [p.plan.block_sizes for p in prepared])
         gc.collect()
         gc_was_enabled = gc.isenabled()
@@ -785,7 +785,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
         try:
             monitor.begin()
             session = time_interleaved([p.step for p in prepared], schedule, enter=within,
-                                       device=device, canary=lambda: host_canary(CANARY_ROUND_REPEATS).median_us,
+                                       device=device, canary=lambda: host_canary().median_us,
                                        on_round=on_round, read_gpu=monitor.block_reading)
             report = monitor.end()
         finally:

@@ -24,14 +24,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Sequence
 
 
-def interleaved_order(groups: Sequence[Hashable], rounds: int, seed: int = 0, balanced: bool = False) -> list[list[int]]:
+def interleaved_order(groups: Sequence[Hashable], rounds: int, seed: int = 0, balanced: bool = False,
+                      drawn: bool = False) -> list[list[int]]:
     """For each of ``rounds`` rounds, the order in which the cases (indices into ``groups``) time one block each.
 
     ``groups[i]`` is case i's group: the groups come in a random order each round, each group's cases next to
     each other in a random order. ``balanced``: each group's cases in the order ``balanced_order`` gives (from their
     order in ``groups``), not drawn: each case first equally often, and a drift linear in time cancels by
-    construction, where a random draw can put one case first in 6 of 8 rounds. Seeded: the same arguments give the
-    same order."""
+    construction, where a random draw can put one case first in 6 of 8 rounds. ``balanced`` and ``drawn``: each pair
+    of rounds' order of a group's cases is drawn (seeded) and reversed in the pair's second round
+    (``drawn_balanced_order``): balanced the same way, and the seed changes the schedule even of one group. Seeded:
+    the same arguments give the same order."""
     rng = random.Random(seed)
     members: dict[Hashable, list[int]] = {}
     for index, group in enumerate(groups):
@@ -42,7 +45,9 @@ def interleaved_order(groups: Sequence[Hashable], rounds: int, seed: int = 0, ba
         rng.shuffle(keys)
         this_round = []
         for key in keys:
-            if balanced:
+            if balanced and drawn:
+                cases = drawn_balanced_order(members[key], r, f"{seed}:{key!r}")
+            elif balanced:
                 cases = balanced_order(members[key], r)
             else:
                 cases = list(members[key])
@@ -65,6 +70,15 @@ def balanced_order(items: Sequence, r: int) -> list:
     return rotated[::-1] if r % 2 else rotated
 
 
+def drawn_balanced_order(items: Sequence, r: int, seed) -> list:
+    """``items`` in round ``r`` of a drawn balanced order: per pair of rounds a permutation drawn with ``seed`` (and the
+    pair's index), reversed in the pair's second round. Each pair gives every item positions that sum to the same, so
+    a drift linear in time cancels, and each item runs before each other one once a pair."""
+    drawn = list(items)
+    random.Random(f"{seed}:{r // 2}").shuffle(drawn)
+    return drawn[::-1] if r % 2 else drawn
+
+
 @dataclass
 class BlockRecord:
     """One timed block of one case."""
@@ -80,10 +94,10 @@ class BlockRecord:
 
 @dataclass
 class SessionTiming:
-    """What an interleaved session measured: per case, its blocks; per round, the host canary before it."""
+    """What an interleaved session measured: per case, its blocks; the host canary before and after the rounds."""
 
     blocks: list[list[BlockRecord]]
-    round_canaries_us: list[float | None] = field(default_factory=list)
+    round_canaries_us: list[float | None] = field(default_factory=list)  # before the first round and after the last (or each round's)
     wall_s: float = 0.0
 
 
@@ -98,10 +112,21 @@ def block_schedule(order: list[list[int]], n_blocks: Sequence[int], block_sizes:
     return [[(i, at[r][i]) for i in this_round if i in at[r]] for r, this_round in enumerate(order)]
 
 
+WARM_STEPS = 1  # untimed steps of a case right before each of its blocks: no block starts cold
+
+
 def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[tuple[int, int]]], *,
                      enter: Callable[[int], object], device: str, canary: Callable[[], float | None] | None = None, on_round: Callable[[int], None] | None = None,
-                     read_gpu: Callable[[float], object] | None = None) -> SessionTiming:
-    """Run ``schedule``: per round (the host canary first, if given), each listed case times its block of steps.
+                     read_gpu: Callable[[float], object] | None = None, warm: int = WARM_STEPS,
+                     canary_each_round: bool = False) -> SessionTiming:
+    """Run ``schedule``: per round, each listed case times its block of steps; the host canary (if given) before the
+    first round and after the last (``canary_each_round``: before every round instead).
+
+    The canary is kept out of the rounds: run before a round, it slowed the block timed right after it (on the CPU, a
+    tiny model's first block of a round ran 7–11% slower than the one beside it, and one warm step left 2.5–4% of
+    that: ``benchmarks/position_cpu.py``), a position effect the balanced order spreads over both sides but that widens
+    every ratio's spread and, with a plain median of block ratios, leaned B/A above 1. Each block is also preceded by
+    ``warm`` untimed steps of its own case, synchronised, so it does not start cold after another case's block.
 
     ``enter(i)`` returns the context manager case i's steps run in (its grad mode and precision), entered around
     each of its blocks. Each block is bracketed by ``perflab.clock.StepClock`` stamps (CUDA events on the GPU, the
@@ -119,13 +144,20 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
     blocks: list[list[BlockRecord]] = [[] for _ in steps]
     canaries: list[float | None] = []
     session0 = time.perf_counter()
+    if canary is not None and not canary_each_round:
+        canaries.append(canary())
     for r, this_round in enumerate(schedule):
         if on_round is not None:
             on_round(r)
-        canaries.append(canary() if canary is not None else None)
+        if canary_each_round:
+            canaries.append(canary() if canary is not None else None)
         for i, n in this_round:
             step = steps[i]
             with enter(i):
+                for _ in range(warm):
+                    step()
+                if warm:
+                    synchronize(device)
                 if cuda:
                     torch.cuda.reset_peak_memory_stats()
                     alloc0 = torch.cuda.memory_allocated()
@@ -144,4 +176,6 @@ def time_interleaved(steps: Sequence[Callable[[], object]], schedule: list[list[
                 if read_gpu is not None:
                     record.gpu = read_gpu(t0)
                 blocks[i].append(record)
+    if canary is not None and not canary_each_round:
+        canaries.append(canary())
     return SessionTiming(blocks, canaries, time.perf_counter() - session0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from perflab.analysis.regressions import LEVEL, CaseChange, Comparison, compare_rows, revision_series
+from perflab.analysis.regressions import LEVEL, MOST_ROUNDS, CaseChange, Comparison, compare_rows, revision_series
 from perflab.measure.row import row_version
 from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
@@ -40,10 +40,29 @@ def ratio_cell(change: CaseChange) -> str:
 
 
 def verdict_cell(change: CaseChange) -> str:
+    """The verdict as its case's row shows it (``CaseChange.verdict_text``), and host-dependent."""
     if change.verdict == "not compared":
         failed = change.status_a != "ok" or change.status_b != "ok"
         return f"not compared (A {change.status_a}, B {change.status_b})" if failed else "not compared (no CI)"
-    return change.verdict + (" · host-dependent" if change.host_dependent else "")
+    return change.verdict_text + (" · host-dependent" if change.host_dependent else "")
+
+
+def floor_line(change: CaseChange) -> str | None:
+    """What a case's comparison could see: the noise floor on this host and how it was measured, the smallest change
+    this run could have detected, and, inconclusive, the rounds that would settle it."""
+    if change.ratio is None or change.band is None:
+        return None
+    if change.floor is None:
+        head = ("noise floor on this host unknown: one process a side (rerun with --processes 3, or use perflab ab, "
+                "which measures it)")
+    else:
+        head = f"noise floor on this host ±{change.floor.fraction:.1%} ({change.floor.words})"
+    text = f"{change.label}: {head}; smallest change this run could detect: ±{change.detectable:.1%}"
+    if change.verdict == "inconclusive" and change.ratio.units >= 2:
+        unit = "rounds" if change.ratio.basis in ("blocks", "paired") else "processes a side"
+        text += (f"; about {change.needed} {unit} would settle it" if change.needed else
+                 f"; more than {MOST_ROUNDS} {unit} would not settle it")
+    return text + "."
 
 
 def comparison_rows(comparison: Comparison) -> list[list[str]]:
@@ -63,11 +82,12 @@ def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str
     """The sentences under a comparison's table: what the sides are, the threshold, how each CI was taken, the host-
     dependent cases and the cases of one side only."""
     t = comparison.threshold
-    lines = [f"A: {names[0]}; B: {names[1]}. B/A above 1: B is slower. Verdict at ±{t:.0%}: slower or faster where the "
-             f"{LEVEL:.0%} CI excludes 1 and the ratio is beyond 1 ± {t:.0%}; no change where the whole CI lies within "
-             f"{1 / (1 + t):.3f}–{1 + t:.3f}; inconclusive otherwise."]
+    lines = [f"A: {names[0]}; B: {names[1]}. B/A above 1: B is slower. Verdict at ±{t:.0%} or the noise floor where that is "
+             f"wider (the band): slower or faster where the {LEVEL:.0%} CI excludes 1 and the ratio is beyond the band; no change "
+             f"where the whole CI lies within it (at ±{t:.0%}: {1 / (1 + t):.3f}–{1 + t:.3f}); inconclusive otherwise."]
     for basis in dict.fromkeys(c.ratio.basis for c in comparison.changes if c.ratio):
         lines.append("CI over " + BASIS_WORDS[basis] + ".")
+    lines += [line for line in map(floor_line, comparison.changes) if line]
     if any(c.a_ci_note or c.b_ci_note for c in comparison.changes):
         lines.append(SIDE_CI_NOTE)
     lines += [f"{c.label}: {c.host_dependent}." for c in comparison.changes if c.host_dependent]
@@ -149,27 +169,55 @@ def first_counts(rows: list[dict]) -> tuple[int, int]:
     return sum(1 for p in places if p == 0), len(places)
 
 
+def before_counts(rows_a: list[dict], rows_b: list[dict]) -> tuple[int, int]:
+    """(pairings in which A's version went before B's, pairings), over the places both keep per round
+    (``process_positions``), case by case; an A/A copy timed beside them takes places of its own, so "first" among
+    three is not the balance that matters: who of A and B went before the other is."""
+    by_case = {row.get("case_id"): row for row in rows_b}
+    before = total = 0
+    for a in rows_a:
+        b = by_case.get(a.get("case_id")) or {}
+        for pa, pb in zip(a.get("process_positions") or [], b.get("process_positions") or []):
+            for x, y in zip(pa or [], pb or []):
+                before += x < y
+                total += 1
+    return before, total
+
+
+def everyone(summary) -> list:
+    """A versions run's versions, and its A/A copy after them where it timed one."""
+    return summary.versions + ([summary.copy] if summary.copy else [])
+
+
 def ab_document(summary, comparison) -> dict:
-    """``perflab ab --json``'s object: the comparison, the versions, the store and how often each version went first."""
-    order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in summary.versions}
+    """``perflab ab --json``'s object: the comparison, the versions (and the A/A copy), the store and how often each
+    version went first, and A before B."""
+    order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in everyone(summary)}
+    if len(summary.versions) >= 2:
+        order["A before B"] = dict(zip(("count", "pairings"), before_counts(*(summary.rows_of(v) for v in summary.versions[:2]))))
     return dict(comparison.to_dict(), versions=[v.info() for v in summary.versions], store=str(summary.out_dir),
-                rounds=summary.rounds, pairing=summary.pairing, order=order)
+                rounds=summary.rounds, pairing=summary.pairing, order=order, aa=summary.copy.info() if summary.copy else None)
 
 
 def track_document(summary, series, threshold: float) -> dict:
-    """``perflab track --json``'s object: the versions, each case's series, the store and the threshold judged by."""
+    """``perflab track --json``'s object: the versions (and the A/A copy), each case's series, the store and the
+    threshold judged by."""
     return {"versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
-            "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold, "pairing": summary.pairing}
+            "store": str(summary.out_dir), "reused": summary.reused, "threshold": threshold, "pairing": summary.pairing,
+            "aa": summary.copy.info() if summary.copy else None}
 
 
 def order_line(named_rows: list[tuple[str, list[dict]]]) -> str | None:
-    """How often each version went first in the rounds' pairings (the order is balanced: an A/A cannot read faster or
-    slower by order), or None where the rows keep no places."""
+    """How often each version went first in the rounds' pairings, and the first before the second (the order is
+    balanced: an A/A cannot read faster or slower by order), or None where the rows keep no places."""
     counts = [(name, *first_counts(rows)) for name, rows in named_rows]
     if not any(n for _, _, n in counts):
         return None
-    return "Order: " + ", ".join(f"{name} first in {first} of its {n} pairing(s)" for name, first, n in counts) + \
-        " (the versions take turns, each order then its reverse, so a drift linear in time cancels)."
+    (a, rows_a), (b, rows_b) = named_rows[:2]
+    before, pairings = before_counts(rows_a, rows_b)
+    return (f"Order: {a} before {b} in {before} of {pairings} pairing(s); " +
+            ", ".join(f"{name} first in {first} of its {n}" for name, first, n in counts) +
+            " (the versions take turns, each order then its reverse, so a drift linear in time cancels).")
 
 
 def render_versions(console, versions) -> None:
@@ -199,19 +247,47 @@ def change_line(series) -> str:
     return "change points: " + ", ".join(f"{p.name} ({p.step.verdict}, {p.step.ratio.ratio:.3f}×)" for p in changes)
 
 
+def series_floor_line(series) -> str | None:
+    """What a case's steps over the revisions could see: the noise floor (the A/A pair's, the same for every step, or
+    each step's between-round spread) and the smallest change a step could have detected."""
+    steps = [p.step for p in series.points if p.step is not None and p.step.band is not None]
+    if not steps:
+        return None
+    floors = [s.floor for s in steps if s.floor is not None]
+    pct = lambda values: f"±{min(values):.1%}" if max(values) - min(values) < 5e-4 else f"±{min(values):.1%} to ±{max(values):.1%}"  # noqa: E731
+    if not floors:
+        head = "noise floor on this host unknown (one process a side)"
+    elif floors[0].source == "A/A":
+        head = f"noise floor on this host ±{floors[0].fraction:.1%} ({floors[0].words})"
+    else:
+        head = f"noise floor on this host {pct([f.fraction for f in floors])} (each step's between-round spread; --aa measures an A/A pair)"
+    return f"{series.label}: {head}; smallest change a step could detect: {pct([s.detectable for s in steps])}."
+
+
 def render_series(console, all_series, threshold: float) -> None:
     for series in all_series:
         headers = series_headers(series)
         console.print(text_table(headers, series_rows(series), f"{series.label}: {change_line(series)}", LEFT, drops(headers, [3, 1])))
+        floor = series_floor_line(series)
+        if floor:
+            console.say(floor, markup=False)
+        for line in cause_lines(series):
+            console.say(line, markup=False)
     console.say(f"Each revision against the one before it that measured the case: B/A time with its {LEVEL:.0%} CI; a change "
-                f"point is a step slower or faster beyond ±{threshold:.0%} whose CI excludes 1 (docs/regressions.md).", markup=False)
+                f"point is a step slower or faster beyond ±{threshold:.0%} (or the noise floor, where wider) whose CI excludes 1 "
+                f"(docs/regressions.md).", markup=False)
 
 
 def series_dict(series) -> dict:
     return {"case_id": series.case_id, "label": series.label, "change_points": [p.name for p in series.change_points],
             "points": [{"revision": p.name, "key": p.version, "status": p.status, "median_ms": p.median_ms, "ci_ms": p.ci_ms,
-                        "ci_coverage": p.ci_coverage, "ci95_ms": p.ci_ms,
-                        "step": p.step.to_dict() if p.step else None} for p in series.points]}
+                        "ci_coverage": p.ci_coverage, "ci95_ms": p.ci_ms, "step": p.step.to_dict() if p.step else None,
+                        "cause": p.cause.to_dict() if p.cause is not None else None} for p in series.points]}
+
+
+def cause_lines(series) -> list[str]:
+    """Each change point's cause, one line each: what a profile of both sides shows, and the command that reproduces it."""
+    return [f"{series.label}: {p.cause.line()}" for p in series.points if p.cause is not None]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -274,13 +350,18 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
     versions = run["versions"]
     rows = getattr(stored, "all_rows", stored.rows)
     lines = [f"- {escape(version_line(v))}" for v in versions]
+    copy = run.get("aa") if isinstance(run.get("aa"), dict) else None
+    rows_aa = [r for r in rows if copy and row_version(r).get("key") == copy.get("key")] or None
+    if copy:
+        lines.append(f"- {escape(copy.get('name') or '')}: a second copy of {escape(str(copy.get('copy_of')))}, timed beside the "
+                     "others in every round: the A/A pair the noise floor is measured from")
     if run["kind"] == "ab":
         by_key = {v["key"]: [r for r in rows if row_version(r).get("key") == v["key"]] for v in versions}
         a, b = (by_key[v["key"]] for v in versions[:2])
         if not a or not b:
             return ["## A/B", "\n".join(lines), "No rows of both versions are stored (the run was interrupted)."]
-        comparison = compare_rows(a, b, threshold)
-        order = order_line([(v["name"], by_key[v["key"]]) for v in versions[:2]])
+        comparison = compare_rows(a, b, threshold, rows_aa=rows_aa)
+        order = order_line([(v["name"], by_key[v["key"]]) for v in versions[:2]] + ([(copy["name"], rows_aa)] if rows_aa else []))
         return ["## A/B", f"{run.get('rounds')} rounds, {pairing_words(run)}.", "\n".join(lines),
                 md_table(comparison_headers(comparison), comparison_rows(comparison)),
                 " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])) + ([order] if order else []))]
@@ -291,9 +372,11 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
              f"(paired per round where one run timed both, else over processes, else each run's own), and a **change point** is "
              f"a step slower or faster "
              f"by more than {threshold:.0%} whose CI excludes 1 (docs/regressions.md).", "\n".join(lines)]
+    from perflab.diagnosis.change_points import read_causes
     from perflab.report import plots
 
-    for i, series in enumerate(revision_series(rows, order, threshold)):
+    causes = read_causes(Path(plot_dir))  # beside the store: the report is written in its directory
+    for i, series in enumerate(revision_series(rows, order, threshold, rows_aa=rows_aa)):
         names = [name for _, name in order]
         index = {key: j for j, (key, _) in enumerate(order)}
         points = [(index[p.version], p.median_ms, p.ci_ms[0] if p.ci_ms else None, p.ci_ms[1] if p.ci_ms else None)
@@ -301,5 +384,6 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         path = plots.over_revisions(names, points, [index[p.version] for p in series.change_points],
                                     Path(plot_dir) / f"revisions_{i}.png", series.label)
         parts += [f"### {escape(series.label)}: {change_line(series)}", f"![{escape(series.label)} over revisions]({path.name})",
-                  md_table(series_headers(series), series_rows(series))]
+                  md_table(series_headers(series), series_rows(series))] + [escape(line) for line in [series_floor_line(series)] if line]
+        parts += [f"Change point {escape(c['line'])}" for c in causes if c.get("case_id") == series.case_id]
     return parts

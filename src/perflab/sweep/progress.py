@@ -49,6 +49,10 @@ class _Bar:
             self.progress.stop()
             self.progress = None
 
+    def _note(self, text: str) -> None:
+        """A line of what the run does after its bar (track profiling its change points)."""
+        self.console.print(text, markup=False, soft_wrap=True)
+
 
 class RichProgress(_Bar):
     """A sweep's bar (with ETA) over its cases, described by what each worker slot runs."""

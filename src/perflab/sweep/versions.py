@@ -19,6 +19,16 @@ Each of ``rounds`` rounds times each case once at every version, paired one of t
   process beside it in time, and the ratio of a round's two medians cancels a slow stretch of the host that spans
   both, not what differs between the processes (``analysis.regressions.row_ratio``). Interpreters pair only so.
 
+**An A/A pair in the schedule** (``aa``; by default with the blocks pairing): a second copy of the first version
+(``aa_copy``: the same revision, built again from the same worktree) runs beside the others in every round, a member
+of each case's group like any version, so its ratio to the first version measures what this schedule on this host
+reads for no change: the noise floor the comparison is judged against (``analysis.regressions.measured_floor``). Its
+rows are stored under a version of their own (``copy_of`` names what it copies), and the run's record lists it apart
+(``aa``) from the versions compared.
+
+**Balance**: the processes pairing needs an even number of rounds (each order, then its reverse), and
+``--order-seed`` is refused where nothing is drawn with it (``check_seed``).
+
 A case's rounds at one version are merged into one row (``measure.harness.merge_processes``: its CI across the
 processes), stored once its last round has run; ``version.session`` marks the rows one run timed together.
 
@@ -75,6 +85,7 @@ class Version:
     env: dict = field(default_factory=dict)  # the environment probe, with the version
     env_key: str = ""
     experiment: Experiment | None = None
+    copy_of: str | None = None  # an A/A copy: the name of the version it is a second copy of
 
     @property
     def slug(self) -> str:
@@ -91,7 +102,21 @@ class Version:
         if self.kind == "revision":
             out.update(revision=self.revision, commit=self.commit, subject=self.subject)
         out.update({k: self.env.get(k) for k in ("torch", "cuda", "driver", "perflab")})
+        if self.copy_of is not None:
+            out["copy_of"] = self.copy_of
         return out
+
+
+def aa_copy(version: Version) -> Version:
+    """A second copy of ``version`` for the A/A pair: the same code, interpreter and experiment, under a name (``A'``)
+    and key of its own, so its rows are stored beside the original's and paired with them like another version's."""
+    from dataclasses import replace
+
+    name = f"{version.name}'"
+    base = version.key.split("|", 1)[-1]
+    copy = replace(version, name=name, key=f"{name}|{base}", copy_of=version.name)
+    _set_env(copy, {k: v for k, v in version.env.items() if k != "version"})
+    return copy
 
 
 def _run(cmd: list[str], what: str, timeout: float = GIT_TIMEOUT_S, **kwargs) -> subprocess.CompletedProcess:
@@ -348,6 +373,7 @@ class VersionsSummary:
     cases: list[Case]
     rounds: int
     pairing: str = "processes"
+    copy: Version | None = None  # the A/A copy of the first version, timed beside the others in each round
     rows: dict = field(default_factory=dict)  # (case id, version key) → the merged row stored now, or read back
     done: int = 0  # processes run now
     stored: int = 0  # rows stored now
@@ -381,6 +407,26 @@ def check_order(order: str) -> None:
         raise PerflabError(f"--order: expected alternate or random, got {order!r}")
 
 
+def check_seed(seed: int | None, order: str, pairing: str | None, n_cases: int | None = None) -> None:
+    """PerflabError where ``--order-seed`` is given and would change nothing: ``--order alternate`` draws no order of
+    versions, and within a process draws only the order of several cases (the blocks pairing's groups)."""
+    if seed is None or order != "alternate":
+        return
+    if pairing == "processes" or n_cases == 1:
+        where = "processes take turns A B, B A, B A, A B, ..." if pairing == "processes" else "one case's versions take turns A B, B A, ..."
+        raise PerflabError(f"--order-seed {seed}: --order alternate draws nothing here ({where}); give --order random to draw "
+                           "each pair of rounds' order with it, or leave --order-seed out")
+
+
+def check_balance(pairing: str | None, rounds: int) -> None:
+    """PerflabError where the processes pairing could not put each version first equally often: an odd number of
+    rounds (each order is followed by its reverse, so A goes first in 1 of 3)."""
+    if pairing == "processes" and rounds % 2:
+        raise PerflabError(f"--pairing processes: --rounds {rounds} cannot balance who goes first (each order is followed by its "
+                           f"reverse, so one version would go first in {rounds // 2 + 1} of {rounds}); give an even number, "
+                           f"{rounds + 1}")
+
+
 def versions_order(n_versions: int, r: int, c: int, order: str, seed: int) -> list[int]:
     """Round ``r``'s order of case ``c``'s versions (indices), balanced over the rounds so that an A/A cannot come out
     faster or slower by order: ``alternate``, ``measure.interleave.balanced_order`` (A B, B A, B A, A B, ...);
@@ -395,11 +441,6 @@ def versions_order(n_versions: int, r: int, c: int, order: str, seed: int) -> li
     indices = list(range(n_versions))
     random.Random(f"{seed}:{r // 2}:{c}").shuffle(indices)
     return indices[::-1] if r % 2 else indices
-
-
-def default_pairing(plan: Plan) -> str:
-    """blocks for revisions (one process holds every version), processes for interpreters (each runs its own)."""
-    return "processes" if any(v.kind == "python" for v in plan.versions) else "blocks"
 
 
 def check_pairing(pairing: str | None, interpreters: bool, cases=()) -> None:
@@ -423,9 +464,9 @@ def check_pairing(pairing: str | None, interpreters: bool, cases=()) -> None:
                                "use --pairing processes")
 
 
-def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", seed: int = 0, timeout_s: float | None = None,
+def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", seed: int | None = None, timeout_s: float | None = None,
                  reuse: bool, command: str = "", kind: str = "ab", on_event=None, launcher: str | None = None,
-                 record: dict | None = None, pairing: str = "processes") -> VersionsSummary:
+                 record: dict | None = None, pairing: str = "processes", aa: bool = False) -> VersionsSummary:
     """Run every case at every version, ``rounds`` times, into ``out_dir``'s store. ``pairing``: ``processes`` (each
     case at each version a process of its own, the versions' processes one after another) or ``blocks`` (each round
     one process that builds every case at every version and times them together, interleaved block by block, a
@@ -437,8 +478,9 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     processes), "process_start" (case, version, round; blocks: version None, the round's first case), "process_done"
     (the same, with its row; blocks: once a round, the row None, and its ``rows`` with their ``row_versions``),
     "finish" (summary). ``record``: more to keep in the
-    run's sweep record (the threshold its report judges by). A full disk is one PerflabError naming the store and
-    what it keeps."""
+    run's sweep record (the threshold its report judges by). ``aa``: a second copy of the first version runs beside
+    the others in each round (``aa_copy``), the A/A pair the noise floor is measured from. A full disk is one
+    PerflabError naming the store and what it keeps."""
     from perflab.sweep.launcher import choose_launcher
     from perflab.sweep.lifecycle import SweepSession
     from perflab.sweep.runner import case_timeout, worker_slots
@@ -448,6 +490,11 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     check_rounds(rounds)
     check_order(order)
     check_pairing(pairing, any(v.kind == "python" for v in plan.versions), plan.cases)
+    check_balance(pairing, rounds)
+    check_seed(seed, order, pairing, len(plan.cases))
+    seed = 0 if seed is None else seed
+    copy = aa_copy(plan.versions[0]) if aa else None
+    everyone = plan.versions + ([copy] if copy else [])
     experiment = plan.versions[0].experiment
     worker_slots(experiment, None, 1)  # CUDA cases where CUDA is not: refused in one line here, before any process starts
     timeout_s = case_timeout(experiment, timeout_s)
@@ -455,17 +502,17 @@ def run_versions(plan: Plan, out_dir, *, rounds: int, order: str = "alternate", 
     if store_path(out_dir).is_file():  # refuse before the directory's lock or anything else is written
         with Store.open(out_dir) as store, reading(store.path):  # a damaged store: one line naming it
             other = sorted(run_kinds(store) - {kind})
-            stored = sum(len(store.statuses(v.env_key)) for v in plan.versions)
+            stored = sum(len(store.statuses(v.env_key)) for v in everyone)
         if other:
             raise PerflabError(f"{out_dir} holds the results of {' and '.join(_KIND_WORDS.get(k, k) for k in other)}, not of {kind}: a store "
                                f"holds one kind of run (its report and compare read one); give {kind} another --out")
         if stored and not reuse:
             raise PerflabError(f"{out_dir} already holds {stored} row(s) of these versions; give another --out")
-    summary = VersionsSummary(out_dir, uuid.uuid4().hex[:12], plan.versions, plan.cases, rounds, pairing)
+    summary = VersionsSummary(out_dir, uuid.uuid4().hex[:12], plan.versions, plan.cases, rounds, pairing, copy)
     again = ("run ab again with another --out (ab does not add rows to a store that holds its versions)" if kind == "ab" else
              f"run {kind} again: it reuses the rows stored")
     with SweepSession(out_dir, summary, on_event=on_event, again=again, kept="each committed when its case's last round ended") as sweep:
-        _run_rounds(plan, sweep, summary, out_dir, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=reuse,
+        _run_rounds(plan, everyone, sweep, summary, out_dir, rounds=rounds, order=order, seed=seed, timeout_s=timeout_s, reuse=reuse,
                     command=command, kind=kind, launcher=launcher, record=record, pairing=pairing)
     return summary
 
@@ -496,22 +543,25 @@ def to_run(store, versions: list[Version], reuse: bool) -> tuple[set, set, int]:
     return todo, replace, reused
 
 
-def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, rounds: int, order: str, seed: int, timeout_s: float,
-                reuse: bool, command: str, kind: str, launcher: str, record: dict | None, pairing: str) -> None:
-    """``run_versions``' rounds, into the open ``sweep`` (a ``sweep.lifecycle.SweepSession``)."""
+def _run_rounds(plan: Plan, everyone: list[Version], sweep, summary: VersionsSummary, out_dir: Path, *, rounds: int, order: str, seed: int,
+                timeout_s: float, reuse: bool, command: str, kind: str, launcher: str, record: dict | None, pairing: str) -> None:
+    """``run_versions``' rounds, into the open ``sweep`` (a ``sweep.lifecycle.SweepSession``): every version of
+    ``everyone`` (the plan's, and the A/A copy where there is one) in each round."""
     from perflab.measure.harness import merge_processes
     from perflab.sweep.runner import Forks, run_case_in_subprocess, worker_args
 
     experiment = plan.versions[0].experiment
     session = summary.session
     store, emit = sweep.store, sweep.emit
-    todo, replace, summary.reused = to_run(store, plan.versions, reuse)
+    todo, replace, summary.reused = to_run(store, everyone, reuse)
     spec = dict(experiment.to_json(), versions=[v.info() for v in plan.versions], kind=kind, rounds=rounds, order=order,
                 seed=seed, session=session, pairing=pairing, **(record or {}))
+    if summary.copy is not None:
+        spec["aa"] = summary.copy.info()
     blocks = pairing == "blocks"
-    per_round = sum(1 for c in plan.cases for v in plan.versions if (c.id, v.key) in todo)
-    sweep.begin([(v.env_key, v.env) for v in plan.versions], experiment=experiment, record=spec,
-                env_key=",".join(v.env_key for v in plan.versions), n_cases=len(plan.cases) * len(plan.versions),
+    per_round = sum(1 for c in plan.cases for v in everyone if (c.id, v.key) in todo)
+    sweep.begin([(v.env_key, v.env) for v in everyone], experiment=experiment, record=spec,
+                env_key=",".join(v.env_key for v in everyone), n_cases=len(plan.cases) * len(everyone),
                 n_skipped=summary.reused, command=command,
                 start=dict(total=(min(per_round, 1) if blocks else per_round) * rounds, reused=summary.reused, versions=plan.versions,
                            rounds=rounds))
@@ -523,7 +573,7 @@ def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, r
         return forks.setdefault(v.python, Forks(str(out_dir), python=v.python, env=v.worker_env or None)) if launcher == "fork" else None
 
     def done(c: int, vi: int, r: int, started: float, row: dict, places: list[int] | None) -> None:
-        v = plan.versions[vi]
+        v = everyone[vi]
         case, vcase = plan.cases[c], v.experiment.cases[c]
         runs.setdefault((case.id, v.key), []).append((started, len(processes), places))
         processes.append(row)
@@ -538,21 +588,22 @@ def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, r
         try:
             for r in range(rounds):
                 jobs = [(c, vi) for c, case in enumerate(plan.cases)
-                        for vi in versions_order(len(plan.versions), r, c, order, seed) if (case.id, plan.versions[vi].key) in todo]
+                        for vi in versions_order(len(everyone), r, c, order, seed) if (case.id, everyone[vi].key) in todo]
                 if blocks and jobs:
-                    emit("process_start", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r)
+                    emit("process_start", case=everyone[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r)
                     started = time.time()
-                    rows = _run_together(plan, jobs, r, out_dir, timeout_s * len(jobs), seed, fork_of(plan.versions[0]),
-                                         worker_args(plan.versions[0].experiment, out_dir), run_case_in_subprocess)
+                    args = worker_args(plan.versions[0].experiment, out_dir) + ["--order", order]
+                    rows = _run_together(plan, everyone, jobs, r, out_dir, timeout_s * len(jobs), seed, fork_of(plan.versions[0]),
+                                         args, run_case_in_subprocess)
                     summary.done += 1
                     places = block_places(rows, [c for c, _ in jobs])
                     for (c, vi), row, these in zip(jobs, rows, places):
                         done(c, vi, r, started, row, these)
-                    emit("process_done", case=plan.versions[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r,
-                         row=None, rows=rows, row_versions=[plan.versions[vi] for _, vi in jobs])
+                    emit("process_done", case=everyone[jobs[0][1]].experiment.cases[jobs[0][0]], version=None, round=r,
+                         row=None, rows=rows, row_versions=[everyone[vi] for _, vi in jobs])
                     continue
                 for c, vi in jobs:
-                    v = plan.versions[vi]
+                    v = everyone[vi]
                     vcase = v.experiment.cases[c]
                     emit("process_start", case=vcase, version=v, round=r)
                     args = worker_args(v.experiment, out_dir) + ["--flops-cache", str((out_dir / "flops" / v.env_key).resolve())]
@@ -569,7 +620,7 @@ def _run_rounds(plan: Plan, sweep, summary: VersionsSummary, out_dir: Path, *, r
 
     sweep.drive(run_rounds)
     summary.stored = sweep.stored  # the session counts each row it commits
-    for v in plan.versions:  # the rows this run reused, read back for the comparison
+    for v in everyone:  # the rows this run reused, read back for the comparison
         for row in store.rows(v.env_key):
             if row_version(row).get("key") == v.key:
                 summary.rows.setdefault((row["case_id"], v.key), row)
@@ -591,8 +642,8 @@ def block_places(rows: list[dict], groups: list) -> list[list[int] | None]:
             for k, row in enumerate(rows)]
 
 
-def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path, timeout_s: float, seed: int, fork, args: list[str],
-                  run_case_in_subprocess) -> list[dict]:
+def _run_together(plan: Plan, everyone: list[Version], jobs: list[tuple[int, int]], r: int, out_dir: Path, timeout_s: float, seed: int,
+                  fork, args: list[str], run_case_in_subprocess) -> list[dict]:
     """One round of the blocks pairing: ``jobs`` ((case index, version index) pairs) in one fresh worker process
     (``sweep.worker --together``), each version's case built in its version's worktree, a case's versions one group of
     the interleaved order (adjacent in each round). Their rows in ``jobs``' order; where the process failed (a crash, a
@@ -601,11 +652,11 @@ def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path
 
     entries = []
     for c, vi in jobs:
-        v = plan.versions[vi]
+        v = everyone[vi]
         entries.append({"case": v.experiment.cases[c].to_dict(), "model_root": v.experiment.model_root or str(v.root or ""), "group": c})
     path = (out_dir / "tmp" / f"together-r{r}.json").resolve()
     path.write_text(json.dumps(entries))
-    first = plan.versions[jobs[0][1]]
+    first = everyone[jobs[0][1]]
     try:
         result, _ = run_case_in_subprocess(first.experiment.cases[jobs[0][0]], out_dir, timeout_s, dict(first.env, device=plan.cases[jobs[0][0]].device),
                                            extra_args=args + ["--together", str(path), "--seed", str(seed + r)], forks=fork,
@@ -614,8 +665,8 @@ def _run_together(plan: Plan, jobs: list[tuple[int, int]], r: int, out_dir: Path
         path.unlink(missing_ok=True)
     rows = result.get("rows")
     if not isinstance(rows, list) or len(rows) != len(jobs):  # the process failed: its one row says how
-        rows = [failed_row(plan.versions[vi].experiment.cases[c], result.get("status") or "error",
-                           result.get("message") or "the process gave no rows", dict(plan.versions[vi].env, device=plan.cases[c].device))
+        rows = [failed_row(everyone[vi].experiment.cases[c], result.get("status") or "error",
+                           result.get("message") or "the process gave no rows", dict(everyone[vi].env, device=plan.cases[c].device))
                 for c, vi in jobs]
     for row in rows:
         row.setdefault("cost_s", None)

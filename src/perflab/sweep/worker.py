@@ -130,7 +130,7 @@ def _run_together(entries: list[dict], args) -> list[dict]:
         try:
             timed = run_cases([cases[k] for k in remaining], host=HostOptions(pin=not args.no_pin, pin_index=args.pin_index),
                               seed=args.seed, groups=[entries[k]["group"] for k in remaining], scopes=[scopes[k] for k in remaining],
-                              on_case=lambda i, case, stage: _log_stage(stage), balanced=True)
+                              on_case=lambda i, case, stage: _log_stage(stage), balanced=True, drawn=args.order == "random")
             for k, row in zip(remaining, timed):
                 with scopes[k]:
                     _passes(cases[k], row, args, tag=f"-{k}")
@@ -310,6 +310,8 @@ def _parse_args(argv):
     parser.add_argument("--together", default="", help="a JSON file of cases to time together, interleaved, instead of --case alone: "
                         "[{case, model_root, group}]; the result is {rows: [...]} in its order")
     parser.add_argument("--seed", type=int, default=0, help="--together: the seed of the interleaved order")
+    parser.add_argument("--order", choices=("alternate", "random"), default="alternate",
+                        help="--together: a group's cases take turns (alternate) or each pair of rounds' order is drawn (random)")
     return parser.parse_args(argv)
 
 
