@@ -268,8 +268,8 @@ def test_what_is_not_a_store_is_said_with_the_command_that_reads_it(tmp_path):
     store = _store(tmp_path / "store")
     said = {
         ("results", rows): f"{rows}: a file of result rows (bench --out), not a sweep's directory; `perflab compare {rows} OTHER`",
-        ("report", run): f"{run}: the output of `perflab run` (run.json, the report it printed when the program ended), not a "
-                         f"sweep's directory; read run.json, and `perflab analyze {run / 'trace.json.gz'}` for its trace",
+        # a run's directory gets its page (perflab report OUT): this run.json holds no run, so it is said, and nothing written
+        ("report", run): f"{run / 'run.json'}: not a `perflab run` report (no timing or device)",
         ("results", run / "run.json"): "the report of `perflab run`",
         ("report", trace): f"if it is a trace, `perflab analyze {trace}` reads it",
         ("results", store / "results.sqlite"): f"a sweep's store file; give the directory that holds it, {store}",
