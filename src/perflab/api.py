@@ -399,6 +399,7 @@ def report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None):
     from pathlib import Path
 
     from perflab.errors import PerflabError
+    from perflab.paths import not_a_store
     from perflab.report.markdown import write_report
     from perflab.sweep.store import STORE_NAME, store_path
 
@@ -406,8 +407,7 @@ def report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None):
     if not store_path(out_dir).is_file():
         if any((Path(out_dir) / name).is_file() for name in ("run.json", "scaling.json")):
             return run_page(out_dir)
-        raise PerflabError(f"{out_dir}: no results store ({STORE_NAME}) here, nor a `perflab run`'s run.json; run "
-                           f"`perflab sweep SPEC --out {out_dir}` or `perflab run --out {out_dir} -- SCRIPT` first")
+        raise PerflabError(not_a_store(out_dir, STORE_NAME))
     return write_report(out_dir, n_boot=n_boot, spec=spec, on_unreadable=on_unreadable)
 
 

@@ -109,10 +109,11 @@ def not_a_store(path, store_name: str) -> str:
     path = Path(path)
     if path.is_dir() and any((path / name).is_file() for name in RUN_REPORTS):
         return (f"{path}: the output of `perflab run` (run.json, the report it printed when the program ended), not a sweep's "
-                f"directory; read run.json, and `perflab analyze {path / RUN_TRACE}` for its trace")
+                f"directory; `perflab report {path}` writes its page, and `perflab analyze {path / RUN_TRACE}` reads its trace")
     if path.is_dir() or not path.exists():
         missing = "" if path.exists() else " (no such directory)"
-        return f"{path}: no results store ({store_name}) here{missing}; run `perflab sweep SPEC --out {path}` first"
+        return (f"{path}: no results store ({store_name}) here, nor a `perflab run`'s run.json{missing}; run `perflab sweep SPEC --out {path}` "
+                f"(or `perflab run --out {path} -- SCRIPT`) first")
     name, suffix = path.name, path.suffix
     if name == store_name:
         return f"{path}: a sweep's store file; give the directory that holds it, {path.parent}"
