@@ -987,6 +987,24 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
     return summary, compare_rows(rows_a, rows_b, threshold, rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
 
 
+def track_revisions(repo, revs=(), range_: str | None = None) -> list[str]:
+    """track's revisions, oldest first: ``revs`` (each may list several, comma-separated) or ``range_`` ``A..B`` (A, then
+    each commit after it up to B along B's first parents); PerflabError unless two or more, given one way."""
+    from perflab.errors import PerflabError
+    from perflab.sweep.versions import repository, revision_range
+
+    revs = [r for rev in revs for r in str(rev).split(",") if r]
+    if bool(revs) == bool(range_):
+        raise PerflabError("give the revisions as --revs A,B,C (or A B C) or as --range A..B")
+    if range_:
+        top, _ = repository(repo)
+        listed = revision_range(top, range_)
+        revs = [listed[0]] + [sha[:10] for sha in listed[1:]]
+    if len(revs) < 2:
+        raise PerflabError(f"--revs: give two or more revisions to track, got {len(revs)}")
+    return revs
+
+
 def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: dict | None = None, out, rounds: int = 1,
           order: str = "alternate", seed: int | None = None, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
           on_event=None, launcher: str | None = None, pin: bool = True, pairing: str = "blocks", aa: bool | None = None,
@@ -1005,8 +1023,7 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
 
     from perflab.analysis.regressions import check_threshold, revision_series
     from perflab.errors import PerflabError
-    from perflab.sweep.versions import (check_balance, check_order, check_pairing, check_rounds, check_seed, plan_revisions, repository,
-                                        revision_range, run_versions)
+    from perflab.sweep.versions import check_balance, check_order, check_pairing, check_rounds, check_seed, plan_revisions, run_versions
 
     check_threshold(threshold)
     check_rounds(rounds)
@@ -1016,14 +1033,7 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
     check_seed(seed, order, pairing)
     if isinstance(profile_changes, bool) or not isinstance(profile_changes, int) or not 0 <= profile_changes <= 100:
         raise PerflabError(f"--profile-changes: expected traced steps a side from 0 (none) to 100, got {show(profile_changes)}")
-    if bool(revs) == bool(range_):
-        raise PerflabError("give the revisions as --revs A B C ... or as --range A..B")
-    if range_:
-        top, _ = repository(repo)
-        listed = revision_range(top, range_)
-        revs = [listed[0]] + [sha[:10] for sha in listed[1:]]
-    if len(revs) < 2:
-        raise PerflabError(f"--revs: give two or more revisions to track, got {len(revs)}")
+    revs = track_revisions(repo, revs, range_)
 
     def experiment_at(root):
         experiment = version_experiment(spec, case_options, root, repo, name="track")
@@ -1054,6 +1064,124 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
             write_causes(Path(out), causes)
     finally:
         plan.close()
+    return summary, series
+
+
+def _per_side(values, option: str, n: int = 2) -> list:
+    """A run option of a program's A/B given once (every side) or once a side (A's, then B's)."""
+    from perflab.errors import PerflabError
+
+    values = list(values or [])
+    if len(values) > n or (1 < len(values) < n):
+        raise PerflabError(f"{option}: give one value (every side) or {n} (A's, then B's), got {len(values)}")
+    return values * n if len(values) == 1 else (values or [None] * n)
+
+
+def _program_sizes(batch_size, seq_len, n: int = 2) -> list:
+    batches, seqs = _per_side(batch_size, "--batch-size", n), _per_side(seq_len, "--seq-len", n)
+    return list(zip(batches, seqs))
+
+
+def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: str | None = None, python_a: str | None = None,
+               python_b: str | None = None, a_args: str | None = None, b_args: str | None = None, skip: int = 5, steps: int = 20,
+               nproc: int | None = None, inputs: Sequence[str] = (), step: str | None = None, step_range: str | None = None,
+               batch_size: Sequence[int] = (), seq_len: Sequence[int] = (), rounds: int | None = None, order: str = "alternate",
+               seed: int | None = None, out=None, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
+               on_event=None, aa: bool | None = None):
+    """A/B of the user's own program (``["train.py", "--lr", "3e-4"]``): two sides, each round a fresh ``perflab run``
+    process a side in a balanced order, compared by their mean step (``sweep.programs``). The sides: two revisions of
+    the git repository ``repo`` (``a``, ``b``), two interpreters (``python_a``, ``python_b``), or two argument strings
+    added to the program's command line (``a_args``, ``b_args``; one may be left out: no extra arguments). ``skip``,
+    ``steps``, ``nproc``, ``inputs``, ``step``, ``step_range``: each round's ``perflab run`` options; ``batch_size`` and
+    ``seq_len``: one value (both sides) or two (A's, then B's). ``rounds``: 2 to 100, even (default 4). ``aa``: a second
+    copy of A in every round, the A/A pair the noise floor is measured from (default off: it costs a process a round).
+    Returns (the run's summary, ``analysis.regressions.Comparison`` of A's row and B's)."""
+    import time
+    from pathlib import Path
+
+    from perflab.analysis.regressions import check_threshold, compare_rows
+    from perflab.errors import PerflabError
+    from perflab.sweep import programs
+
+    check_threshold(threshold)
+    forms = [name for name, given in (("--repo/--a/--b", repo is not None or a is not None or b is not None),
+                                      ("--python-a/--python-b", python_a is not None or python_b is not None),
+                                      ("--a-args/--b-args", a_args is not None or b_args is not None)) if given]
+    if len(forms) != 1:
+        why = f"{' and '.join(forms)} are two kinds" if forms else "none was given"
+        raise PerflabError(f"give the two sides one way ({why}): --repo DIR --a REV --b REV (git revisions), --python-a PATH "
+                           "--python-b PATH (interpreters), or --a-args \"...\" --b-args \"...\" (arguments added to the program's)")
+    if forms[0] == "--repo/--a/--b" and None in (repo, a, b):
+        raise PerflabError("git revisions as sides need --repo DIR, --a REV and --b REV")
+    if forms[0] == "--python-a/--python-b" and None in (python_a, python_b):
+        raise PerflabError("interpreters as sides need --python-a PATH and --python-b PATH")
+    rounds = programs.DEFAULT_ROUNDS if rounds is None else rounds
+    options = programs.RunOptions(skip=skip, steps=steps, nproc=nproc, inputs=tuple(inputs or ()), step=step, step_range=step_range)
+    programs.check(options, rounds, order, seed)
+    sizes = _program_sizes(batch_size, seq_len)
+    for batch, seq in sizes:
+        if seq is not None and batch is None:
+            raise PerflabError("--seq-len needs --batch-size: tokens a step = --batch-size × --seq-len")
+    words = list(program)
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        if forms[0] == "--repo/--a/--b":
+            versions = programs.plan_revisions(repo, words, [("A", a, "--a"), ("B", b, "--b")], sizes, stack, side_keys=True)
+        elif forms[0] == "--python-a/--python-b":
+            versions = programs.plan_interpreters(words, [("A", "--python-a", python_a), ("B", "--python-b", python_b)], sizes)
+        else:
+            versions = programs.plan_arguments(words, [("A", a_args, "--a-args"), ("B", b_args, "--b-args")], sizes)
+        out_dir = Path(out) if out is not None else Path("runs") / "ab" / time.strftime("%Y%m%d-%H%M%S")
+        summary = programs.run_program_versions(versions, programs.program_case(words, options), options, out_dir, rounds=rounds,
+                                                order=order, seed=seed, timeout_s=timeout_s, kind="ab", threshold=threshold,
+                                                command=command or "perflab.api.ab_program(...)", on_event=on_event, aa=bool(aa))
+    rows_a, rows_b = (summary.rows_of(v) for v in versions)
+    if not (rows_a and rows_b):  # interrupted before the last round: nothing stored to compare
+        from perflab.analysis.regressions import Comparison
+
+        return summary, Comparison([], threshold=threshold)
+    return summary, compare_rows(rows_a, rows_b, threshold, names=("A", "B"), rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
+
+
+def track_program(program: Sequence[str], *, repo, revs=(), range_: str | None = None, skip: int = 5, steps: int = 20,
+                  nproc: int | None = None, inputs: Sequence[str] = (), step: str | None = None, step_range: str | None = None,
+                  batch_size: int | None = None, seq_len: int | None = None, rounds: int | None = None, order: str = "alternate",
+                  seed: int | None = None, out, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
+                  on_event=None, aa: bool | None = None):
+    """The user's program at each of a list of revisions of ``repo`` (``revs``, or ``range_`` ``A..B``), each round a
+    fresh ``perflab run`` process a revision in a balanced order, into one store at ``out`` (``sweep.programs``);
+    ``rounds`` 2 to 100, even (default 2). Returns (the run's summary, the program's series over the revisions with
+    its change points: ``analysis.regressions.revision_series``)."""
+    import contextlib
+    from pathlib import Path
+
+    from perflab.analysis.regressions import check_threshold, revision_series
+    from perflab.errors import PerflabError
+    from perflab.sweep import programs
+
+    check_threshold(threshold)
+    rounds = 2 if rounds is None else rounds
+    options = programs.RunOptions(skip=skip, steps=steps, nproc=nproc, inputs=tuple(inputs or ()), step=step, step_range=step_range)
+    programs.check(options, rounds, order, seed)
+    if seq_len is not None and batch_size is None:
+        raise PerflabError("--seq-len needs --batch-size: tokens a step = --batch-size × --seq-len")
+    revs = track_revisions(repo, revs, range_)
+    words = list(program)
+    with contextlib.ExitStack() as stack:
+        versions = programs.plan_revisions(repo, words, [(rev, rev, "--revs" if not range_ else "--range") for rev in revs],
+                                           [(batch_size, seq_len)] * len(revs), stack, side_keys=False)
+        commits = [v.commit for v in versions]
+        twice = next((v for v in versions if commits.count(v.commit) > 1), None)
+        if twice is not None:
+            raise PerflabError(f"--revs: {' and '.join(v.name for v in versions if v.commit == twice.commit)} are one commit "
+                               f"({twice.commit[:10]}); list each revision once")
+        summary = programs.run_program_versions(versions, programs.program_case(words, options), options, Path(out), rounds=rounds,
+                                                order=order, seed=seed, timeout_s=timeout_s, kind="track", threshold=threshold,
+                                                command=command or "perflab.api.track_program(...)", on_event=on_event, aa=bool(aa))
+    rows = [row for v in versions for row in summary.rows_of(v)]
+    series = revision_series(rows, [(v.key, v.name) for v in versions], threshold,
+                             rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
     return summary, series
 
 

@@ -19,7 +19,9 @@ from perflab import cli_argv
 from perflab.cli_argv import CommandLine
 from perflab.cli_flags import (BUILD, FAMILY_SHAPES, GPU_DEVICE, ONE_BATCH_SIZE, ONE_INPUT_SIZE, OPT_INDUCTOR_CACHE, OPT_NO_INTERLEAVE,
                                OPT_NO_PIN, OPT_PARALLEL, OPT_PROCESSES, OPT_RANK_GPUS, OPT_STEPS, OPT_THRESHOLD, OPT_TRACE_DIR,
-                               OPT_WORLD_SIZE, PAIRING_HELP, TIMING, CaseFlags, VersionsFlags, case_flags, versions_flags)
+                               OPT_WORLD_SIZE, PAIRING_HELP, TIMING, CaseFlags, ProgramFlags, VersionsFlags, case_flags, program_flags,
+                               versions_flags)
+from perflab.cli_flags import OPT_A_ARGS, OPT_B_ARGS
 from perflab.errors import PerflabError
 from perflab.paths import check_writable_file, write_failed
 from perflab.report.terminal import TerminalConsole
@@ -371,9 +373,13 @@ def breakeven(
 
 @app.command()
 @versions_flags()
+@program_flags()
 def ab(
     ctx: typer.Context,
     versions: VersionsFlags = None,
+    program: ProgramFlags = None,
+    a_args: Optional[str] = OPT_A_ARGS,
+    b_args: Optional[str] = OPT_B_ARGS,
     repo: Optional[Path] = typer.Option(None, "--repo", help="The git repository (a directory in it) whose revisions --a and --b are."),
     a: Optional[str] = typer.Option(None, "--a", help="Version A: a revision of --repo (a commit, branch or tag)."),
     b: Optional[str] = typer.Option(None, "--b", help="Version B: a revision of --repo."),
@@ -390,7 +396,11 @@ def ab(
 ):
     """A/B two versions of the code (git revisions) or of the environment (interpreters) on the same cases: B's time ÷
     A's is paired per round (revisions: timed interleaved in one process; interpreters: their processes side by side),
-    with a 95% CI over the rounds."""
+    with a 95% CI over the rounds.
+
+    With a program after -- (perflab ab [--repo R --a REV --b REV | --python-a PY --python-b PY | --a-args "..." --b-args
+    "..."] -- SCRIPT [ARGS]): each side, each round, is a fresh perflab run of the program, in a balanced order, and
+    their mean steps are compared (docs/regressions.md)."""
     import json
 
     from perflab import api
@@ -398,6 +408,23 @@ def ab(
     from perflab.sweep.runner import command_line
     from perflab.sweep.progress import VersionsProgress
 
+    words = cli_argv.of(ctx).program
+    if words:
+        _refuse_for_program("ab", versions, pairing)
+        from perflab.report.versions import program_ab_document, render_program_ab
+
+        summary, comparison = api.ab_program(words, repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, a_args=a_args, b_args=b_args,
+                                             **program.options(), batch_size=versions.case["batch_size"], seq_len=versions.case["seq_len"],
+                                             rounds=rounds, order=versions.values["order"], seed=versions.values["order_seed"], out=out_dir,
+                                             timeout_s=versions.values["timeout"], threshold=threshold, aa=versions.values["aa"],
+                                             command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err))
+        if as_json:
+            sys.stdout.write(json.dumps(program_ab_document(summary, comparison)) + "\n")
+        else:
+            render_program_ab(out, summary, comparison)
+        _versions_interrupted(summary, "run the command again, into another --out")
+        return
+    _refuse_for_models("ab", program, a_args=a_args, b_args=b_args)
     summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, **versions.options(), rounds=rounds,
                                  out=out_dir, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
                                  on_event=VersionsProgress(err), pairing=pairing)
@@ -417,16 +444,20 @@ def ab(
 
 @app.command()
 @versions_flags()
+@program_flags()
 def track(
     ctx: typer.Context,
     versions: VersionsFlags = None,
+    program: ProgramFlags = None,
     repo: Path = typer.Option(..., "--repo", help="The git repository (a directory in it) whose revisions to run."),
-    revs: List[str] = typer.Option([], "--revs", help="Revisions, oldest first (space-separated or repeated)."),
+    revs: List[str] = typer.Option([], "--revs", help="Revisions, oldest first (comma- or space-separated, or repeated)."),
     rev_range: Optional[str] = typer.Option(None, "--range", help="A..B: A, then each commit after it up to B (first parents)."),
     out_dir: Path = typer.Option(..., "--out", help="The store; a revision's rows already there are reused."),
-    rounds: int = typer.Option(1, "--rounds", help="Rounds, 1 to 100: each times every case at every revision (blocks: in one process; "
-                               "processes: one after another); with 3 or more, neighbours' ratios have a CI over the rounds."),
-    pairing: str = typer.Option("blocks", "--pairing", help=f"How the revisions are paired in each round. {PAIRING_HELP}."),
+    rounds: Optional[int] = typer.Option(None, "--rounds", help="Rounds, 1 to 100: each times every case at every revision (blocks: in one "
+                                         "process; processes: one after another); with 3 or more, neighbours' ratios have a CI over the "
+                                         "rounds. Default 1; a program's: 2 (an even number, 2 or more)."),
+    pairing: Optional[str] = typer.Option(None, "--pairing", help=f"How the revisions are paired in each round. {PAIRING_HELP}. "
+                                          "Default: blocks (a program's: processes)."),
     threshold: float = typer.Option(0.05, "--threshold", help="A step between neighbouring revisions beyond 1 ± this fraction, its "
                                     "CI excluding 1, is a change point (default 0.05)."),
     profile_changes: int = typer.Option(5, "--profile-changes", help="Traced steps a side with which each change point's two "
@@ -435,7 +466,10 @@ def track(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ):
     """Run the same cases at each of a list of revisions into one store, and find the revisions where a case got
-    faster or slower (each against the one before it), each profiled on both sides; perflab report OUT plots them."""
+    faster or slower (each against the one before it), each profiled on both sides; perflab report OUT plots them.
+
+    With a program after -- (perflab track --repo R --revs R1,R2,... -- SCRIPT [ARGS]): each revision, each round, is a
+    fresh perflab run of the program, and each revision's mean step is compared with the one before it."""
     import json
 
     from perflab import api
@@ -443,6 +477,24 @@ def track(
     from perflab.sweep.runner import command_line
     from perflab.sweep.progress import VersionsProgress
 
+    words = cli_argv.of(ctx).program
+    if words:
+        _refuse_for_program("track", versions, pairing, profile_changes=profile_changes)
+        from perflab.report.versions import program_track_document, render_program_track
+
+        batch, seq = (_one_value(versions.case[name], flag) for name, flag in (("batch_size", "--batch-size"), ("seq_len", "--seq-len")))
+        summary, series = api.track_program(words, repo=repo, revs=revs, range_=rev_range, **program.options(), batch_size=batch,
+                                            seq_len=seq, rounds=rounds, order=versions.values["order"], seed=versions.values["order_seed"],
+                                            out=out_dir, timeout_s=versions.values["timeout"], threshold=threshold, aa=versions.values["aa"],
+                                            command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err))
+        if as_json:
+            sys.stdout.write(json.dumps(program_track_document(summary, series, threshold)) + "\n")
+        else:
+            render_program_track(out, summary, series, threshold)
+        _versions_interrupted(summary, "run the command again, into another --out")
+        return
+    _refuse_for_models("track", program)
+    rounds, pairing = 1 if rounds is None else rounds, pairing or "blocks"
     summary, series = api.track(repo=repo, revs=revs, range_=rev_range, **versions.options(), out=out_dir, rounds=rounds, threshold=threshold,
                                 command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing,
                                 profile_changes=profile_changes)
@@ -456,6 +508,37 @@ def track(
                 f"{summary.out_dir}", markup=False)
     _versions_interrupted(summary, "run the command again: it reuses them")
     _versions_failed(summary)
+
+
+def _refuse_for_program(command: str, versions: VersionsFlags, pairing: Optional[str], profile_changes: int = 5) -> None:
+    """A program after "--": the flags that describe perflab's model cases, or how they share a process, are refused."""
+    from perflab.cli_flags import case_flags_given
+
+    given = case_flags_given(versions.case, allowed=("batch_size", "seq_len"))
+    given += [flag for flag, value in (("--model", versions.values["model"]), ("--spec", versions.values["spec"]),
+                                       ("--no-pin", versions.values["no_pin"]), ("--launcher", versions.values["launcher"])) if value]
+    if profile_changes != 5:
+        given.append("--profile-changes")
+    if given:
+        raise PerflabError(f"{given[0]}: {command} of a program (a program after --) times it with perflab run, whose own options are "
+                           "--skip, --steps, --batch-size, --seq-len, --nproc, --input, --step and --step-range; leave "
+                           f"{given[0]} out, or give the cases as --model or --spec without a program")
+    if pairing not in (None, "processes"):
+        raise PerflabError(f"--pairing {pairing}: a program's sides each run in processes of their own (perflab run), paired "
+                           "process by process: --pairing processes, or leave it out")
+
+
+def _refuse_for_models(command: str, program: ProgramFlags, **more) -> None:
+    given = program.given() + [f"--{name.replace('_', '-')}" for name, value in more.items() if value is not None]
+    if given:
+        raise PerflabError(f"{given[0]}: is for {command} of a program (perflab {command} ... -- SCRIPT [ARGS]); no program was given after --")
+
+
+def _one_value(values, flag: str):
+    values = list(values or [])
+    if len(values) > 1:
+        raise PerflabError(f"{flag}: track of a program takes one value (every revision's), got {len(values)}")
+    return values[0] if values else None
 
 
 def _versions_interrupted(summary, again: str) -> None:

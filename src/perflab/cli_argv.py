@@ -4,8 +4,9 @@
 - Options that take several values accept them space-separated (``--batch-size 1 8 64``): they are expanded to
   repeated flags (``--batch-size 1 --batch-size 8 ...``), which is what the parser takes. The values run to the next
   flag; a number option's also end at a word that is no number (``compare --batch-size 1 64 A B``).
-- ``perflab run [OPTIONS] -- SCRIPT [ARGS]`` (or ``run [OPTIONS] SCRIPT [ARGS]``): the program's words are split off
-  first, so that its own options never reach perflab's parser, nor the expansion above.
+- ``perflab run [OPTIONS] -- SCRIPT [ARGS]`` (or ``run [OPTIONS] SCRIPT [ARGS]``), and ``ab``/``track [OPTIONS] --
+  SCRIPT [ARGS]`` (only after ``--``): the program's words are split off first, so that its own options never reach
+  perflab's parser, nor the expansion above. ``--a-args``/``--b-args`` take their one word as it is.
 - ``--wide`` is global: before the command, or anywhere among perflab's own arguments (never the program's).
 
 ``cli.main`` reads the words once into a ``CommandLine`` and hands it to the commands as the parser's context
@@ -25,6 +26,11 @@ NUMBER_OPTIONS = {"--input-size", "--batch-size", "--keep-rate", "--reduction-lo
 # perflab run's options that take a value: the word after each is that value, not the program
 RUN_VALUE_OPTIONS = {"--skip", "--steps", "--trace", "--trace-warmup", "--inflation-limit", "--out", "--step", "--step-range", "--nproc",
                      "--stall-factor", "--input", "--batch-size", "--seq-len"}
+# Commands that take a program after "--" (ab and track of the user's own program): only "--" splits it off
+PROGRAM_AFTER_DASHES = {"ab", "track"}
+# Options whose value is one word taken as it is, whatever it looks like (an argument string for the program:
+# --a-args "--batch-size=8" is not perflab's --batch-size)
+VERBATIM_OPTIONS = {"--a-args", "--b-args"}
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class CommandLine:
         typed = list(argv)
         wide_first = bool(typed) and typed[0] == "--wide"  # a global flag before the command (perflab --wide run ...)
         own, program = split_program(typed[1:] if wide_first else typed)
-        parsed = expand_multi_value_options(own) if not program else own
+        parsed = expand_multi_value_options(own) if not program or own[:1] != ["run"] else own
         parsed, wide_later = take_flag(parsed, "--wide")
         return cls(typed, parsed, program, wide_first or wide_later)
 
@@ -57,6 +63,10 @@ def expand_multi_value_options(argv: list[str], names=MULTI_VALUE_OPTIONS) -> li
     while i < len(argv):
         token = argv[i]
         name = token.partition("=")[0]
+        if token in VERBATIM_OPTIONS:
+            result += argv[i:i + 2]
+            i += 2
+            continue
         if name in names:
             values, i = _values(argv, i)
             if not values:
@@ -151,6 +161,16 @@ def _is_number(token: str) -> bool:
 def split_program(argv: list[str]) -> tuple[list[str], list[str]]:
     """``run [OPTIONS] -- SCRIPT [ARGS]`` (or ``run [OPTIONS] SCRIPT [ARGS]``): (perflab's arguments, the program's),
     so that the program's own options never reach perflab's parser."""
+    if argv and argv[0] in PROGRAM_AFTER_DASHES:
+        i = 1
+        while i < len(argv):
+            if argv[i] in VERBATIM_OPTIONS:
+                i += 2
+                continue
+            if argv[i] == "--":
+                return argv[:i], argv[i + 1:]
+            i += 1
+        return argv, []
     if not argv or argv[0] != "run":
         return argv, []
     i = 1

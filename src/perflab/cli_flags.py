@@ -241,6 +241,63 @@ VERSIONS_FLAGS = {
 }
 
 
+# ab and track of a program (a program after "--"): each round's perflab run options, and ab's sides by arguments
+OPT_A_ARGS = typer.Option(None, "--a-args", help="A program's A/B: side A is the program with these arguments added (one string, "
+                          "split as a shell would: --a-args \"--compile=False\").")
+OPT_B_ARGS = typer.Option(None, "--b-args", help="A program's A/B: side B is the program with these arguments added.")
+OPT_PROGRAM_SKIP = typer.Option(None, "--skip", help="A program (after --): steps each round's perflab run lets run first, untimed (default 5).")
+OPT_PROGRAM_STEPS = typer.Option(None, "--steps", help="A program (after --): steps each round's perflab run times (default 20).")
+OPT_PROGRAM_NPROC = typer.Option(None, "--nproc", help="A program (after --): run it under torchrun with this many ranks; the "
+                                 "slowest rank's step is compared.")
+OPT_PROGRAM_INPUT = typer.Option(None, "--input", help="A program (after --): a function whose calls are waits for input, as "
+                                 "perflab run's --input (repeatable).")
+OPT_PROGRAM_STEP = typer.Option(None, "--step", help="A program (after --): a step is each call of this function, as perflab run's --step.")
+OPT_PROGRAM_STEP_RANGE = typer.Option(None, "--step-range", help="A program (after --): a step is each NVTX or record_function range "
+                                      "whose name starts with this, as perflab run's --step-range.")
+# name → (annotation, option): the flags a program's ab and track take beside the versions' own
+PROGRAM_FLAGS = {"skip": (Optional[int], OPT_PROGRAM_SKIP), "steps": (Optional[int], OPT_PROGRAM_STEPS),
+                 "nproc": (Optional[int], OPT_PROGRAM_NPROC), "inputs": (Optional[List[str]], OPT_PROGRAM_INPUT),
+                 "step": (Optional[str], OPT_PROGRAM_STEP), "step_range": (Optional[str], OPT_PROGRAM_STEP_RANGE)}
+
+
+def program_flags():
+    """ab and track: each round's ``perflab run`` options for a program after "--" (--skip, --steps, --nproc, --input,
+    --step, --step-range), where the command's ``program`` parameter stands, as ``program: ProgramFlags``."""
+    own = _parameters(PROGRAM_FLAGS)
+    return _flag_group("program", own, ProgramFlags)
+
+
+class ProgramFlags:
+    """A program's ab or track: the run options given (None where not given)."""
+
+    def __init__(self, values: dict):
+        self.values = values
+
+    def given(self) -> list[str]:
+        """The flags given, as typed (--skip, --input, ...)."""
+        return [PROGRAM_FLAGS[name][1].param_decls[0] for name, value in self.values.items() if value not in (None, [])]
+
+    def options(self) -> dict:
+        """``api.ab_program``'s and ``track_program``'s keyword arguments for each round's perflab run."""
+        v = self.values
+        out = {"skip": 5 if v["skip"] is None else v["skip"], "steps": 20 if v["steps"] is None else v["steps"], "nproc": v["nproc"],
+               "inputs": tuple(v["inputs"] or ()), "step": v["step"], "step_range": v["step_range"]}
+        return out
+
+
+def case_flags_given(case: CaseFlags, allowed=()) -> list[str]:
+    """The case-flag group's flags given other values than their defaults (as typed), leaving out ``allowed``: a
+    program's A/B takes none of them but --batch-size and --seq-len."""
+    given = []
+    for name, value in case.values.items():
+        if name in allowed or name not in CASE_FLAGS:
+            continue
+        default = CASE_FLAGS[name][1].default
+        if value != default and not (value in (None, []) and default in (None, [])):
+            given.append(CASE_FLAGS[name][1].param_decls[0])
+    return given
+
+
 class VersionsFlags:
     """ab's and track's shared flags' values, as a command was given them."""
 

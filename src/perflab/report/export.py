@@ -54,6 +54,8 @@ LIST_COLUMNS = {"keep_rate": float, "reduction_loc": int, "tokens": int, "flags"
 
 
 def run_name(row: dict) -> str:
+    if row.get("kind") == "program":  # a side of a program's ab or track (sweep.programs): named by its program
+        return str(row.get("label") or row.get("model"))
     parts = [row["model"]]
     if row.get("keep_rate"):
         parts.append("kr" + "-".join(f"{r:g}" for r in row["keep_rate"]) + "@" + "-".join(map(str, row["reduction_loc"])))

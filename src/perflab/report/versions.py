@@ -4,6 +4,7 @@ the report's "A/B" and "By revision" sections with their plots. Rows in, text ou
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from perflab.analysis.regressions import LEVEL, MOST_ROUNDS, CaseChange, Comparison, compare_rows, revision_series
@@ -121,6 +122,8 @@ def version_what(info: dict) -> str:
     """What a version is: ``revision c2 (a3d3cc65ea: its subject)``, ``interpreter /venv/bin/python``."""
     if info.get("kind") == "revision":
         return f"revision {info.get('revision')} ({(info.get('commit') or '')[:10]}: {info.get('subject') or ''})"
+    if info.get("kind") == "arguments":
+        return f"arguments {info.get('args')!r} added: {' '.join(info.get('program') or [])}"
     return f"interpreter {info.get('python')}"
 
 
@@ -132,6 +135,8 @@ def version_cell(info: dict | None) -> str:
     if info.get("kind") == "revision":
         what = f"{info.get('revision')} ({(info.get('commit') or '')[:10]})"
         return what if info.get("name") in (None, info.get("revision")) else f"{info.get('name')}: {what}"
+    if info.get("kind") == "arguments":
+        return f"{info.get('name')}: args {info.get('args')!r}"
     return f"{info.get('name')}: {info.get('python')}" if info.get("name") else str(info.get("python"))
 
 
@@ -141,7 +146,8 @@ def version_header(rows) -> str | None:
     kinds = {version.get("kind") for version in map(row_version, rows) if version}
     if not kinds:
         return None
-    return {frozenset({"revision"}): "revision", frozenset({"python"}): "interpreter"}.get(frozenset(kinds), "version")
+    return {frozenset({"revision"}): "revision", frozenset({"python"}): "interpreter", frozenset({"arguments"}): "arguments"}.get(
+        frozenset(kinds), "version")
 
 
 def version_line(info: dict) -> str:
@@ -387,3 +393,151 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
                   md_table(series_headers(series), series_rows(series))] + [escape(line) for line in [series_floor_line(series)] if line]
         parts += [f"Change point {escape(c['line'])}" for c in causes if c.get("case_id") == series.case_id]
     return parts
+
+
+# ---------------------------------------------------------------------------------------------------
+# A program's ab and track (sweep.programs): each side's rounds, throughput and verdict, then the comparison
+
+
+UNIT_NAMES = {"step": "mean step", "sample": "time a sample", "token": "time a token"}
+
+
+def program_compared_line(summary) -> str:
+    """What a program's A/B compares: the mean step (the program's wall time a step), or the time a sample or token where
+    the sides' work a step differs, never the median."""
+    row = next((r for r in summary.rows.values()), None) or {}
+    statistic = row.get("statistic") or "mean step"
+    if summary.unit == "step":
+        return (f"Compared: each side's {statistic} (the program's wall time over its timed steps ÷ their number, what its "
+                "throughput is made of), not the median: a stall every few steps costs the program its time, and the median "
+                "leaves it out. Each round is a fresh perflab run of each side, in a balanced order; B/A is paired round by round.")
+    per = "samples" if summary.unit == "sample" else "tokens"
+    return (f"Compared: the time a {summary.unit} (each side's mean step ÷ its {per} a step), because the sides' {per} a step "
+            f"differ: B/A of it is A's {per}/s ÷ B's. Each round is a fresh perflab run of each side, in a balanced order; B/A "
+            "is paired round by round.")
+
+
+def program_side_rows(summary) -> list[list[str]]:
+    """Per side: what it is, its rounds' mean steps, its throughput and its verdict (from its traced round)."""
+    out = []
+    everyone_ = summary.versions + ([summary.copy] if summary.copy else [])
+    for v in everyone_:
+        row = (summary.rows_of(v) or [{}])[0]
+        means = row.get("step_mean_ms") or []
+        verdict = (row.get("program_verdict") or {}).get("verdict") or "–"
+        out.append([v.name, _program_side_what(v), ", ".join(f"{x:.4g}" for x in means) or "–", _rate(row.get("samples_per_s")),
+                    _rate(row.get("tokens_per_s")), verdict])
+    return out
+
+
+PROGRAM_SIDE_HEADERS = ["side", "what", "mean step ms, each round", "samples/s", "tokens/s", "verdict (traced, last round)"]
+
+
+def _rate(x) -> str:
+    return "–" if not x else f"{x:,.4g}" if x < 1e4 else f"{x:,.0f}"
+
+
+def _program_side_what(v) -> str:
+    if v.kind == "arguments":
+        return f"args {v.extra_args!r}" if v.extra_args else "no extra args"
+    if v.copy_of is not None:
+        return f"a second copy of {v.copy_of} (the A/A pair)"
+    return f"{v.revision} ({(v.commit or '')[:10]})" if v.kind == "revision" else f"interpreter {v.python}"
+
+
+def program_verdict_lines(summary, names=None) -> list[str]:
+    """Each side's verdict in its own words, then the change of verdict from the first to the second."""
+    from perflab.sweep.programs import verdict_change
+
+    lines = []
+    shown = names or [v for v in summary.versions]
+    verdicts = []
+    for v in shown:
+        row = (summary.rows_of(v) or [{}])[0]
+        given = row.get("program_verdict") or {}
+        verdicts.append(given)
+        if given.get("message"):
+            # perflab run's words point at the tables it prints under them; here its run directory holds them
+            message = re.sub(r"\s*\([^()]*below\)$", "", given["message"])
+            lines.append(f"{v.name}'s verdict (its last round, traced after its timed steps): {message}")
+    if len(verdicts) >= 2:
+        lines.append(f"Verdict, {shown[0].name} → {shown[1].name}: {verdict_change(verdicts[0], verdicts[1])}.")
+    return lines
+
+
+def render_program_ab(console, summary, comparison) -> None:
+    """A program's ab: the sides (each round's mean step, throughput, verdict), the comparison with its notes, what was
+    compared and the change of verdict."""
+    render_versions(console, summary.versions)
+    console.print(text_table(PROGRAM_SIDE_HEADERS, program_side_rows(summary), f"{summary.case.name}: each side, {summary.rounds} rounds",
+                             ["side", "what"], ["what", "tokens/s"]))
+    if comparison.changes:
+        headers = comparison_headers(comparison)
+        word = UNIT_NAMES[summary.unit]
+        headers = ["program", headers[1].replace("A ms", f"A {word} ms"), headers[2].replace("B ms", f"B {word} ms"),
+                   f"B/A {word} ({LEVEL:.0%} CI)", *headers[4:]]
+        console.print(text_table(headers, comparison_rows(comparison), f"B/A of the {word}", ["program", "verdict", "CI over (n)"],
+                                 drops(headers, [4, 1, 2])))
+        for line in comparison_notes(comparison, tuple(v.label for v in summary.versions)):
+            console.say(line, markup=False)
+    console.say(program_compared_line(summary), markup=False)
+    for line in program_verdict_lines(summary):
+        console.say(line, markup=False)
+    order = order_line([(v.name, summary.rows_of(v)) for v in everyone(summary)])
+    if order:
+        console.say(order, markup=False)
+    console.say(f"store: {summary.out_dir}; each round's run: {summary.out_dir / 'runs'}; report: perflab report {summary.out_dir}",
+                markup=False)
+
+
+def _program_sides(summary) -> list[dict]:
+    out = []
+    for v in everyone(summary):
+        row = (summary.rows_of(v) or [{}])[0]
+        out.append(dict(name=v.name, version=v.info(), step_mean_ms=row.get("step_mean_ms"), step_median_ms=row.get("step_median_ms"),
+                        samples_per_step=row.get("samples_per_step"), tokens_per_step=row.get("tokens_per_step"),
+                        samples_per_s=row.get("samples_per_s"), tokens_per_s=row.get("tokens_per_s"), verdict=row.get("program_verdict"),
+                        runs=[r.get("out_dir") for r in row.get("program_rounds") or []]))
+    return out
+
+
+def program_ab_document(summary, comparison) -> dict:
+    """``perflab ab --json`` of a program: the comparison, what it compared, each side (throughput, verdict, its runs),
+    the change of verdict, the store and the order."""
+    from perflab.sweep.programs import verdict_change
+
+    sides = _program_sides(summary)
+    order = {v.name: dict(zip(("first", "pairings"), first_counts(summary.rows_of(v)))) for v in everyone(summary)}
+    order["A before B"] = dict(zip(("count", "pairings"), before_counts(*(summary.rows_of(v) for v in summary.versions[:2]))))
+    return dict(comparison.to_dict(), program=summary.case.name, compared=summary.unit, compared_words=program_compared_line(summary),
+                sides=sides, verdict_change=verdict_change(sides[0]["verdict"], sides[1]["verdict"]),
+                versions=[v.info() for v in summary.versions], store=str(summary.out_dir), rounds=summary.rounds, pairing="processes",
+                order=order, aa=summary.copy.info() if summary.copy else None)
+
+
+def render_program_track(console, summary, series, threshold: float) -> None:
+    """A program's track: the revisions (each round's mean step, throughput, verdict), the series with its change
+    points, each change point's change of verdict."""
+    from perflab.sweep.programs import verdict_change
+
+    console.print(text_table(PROGRAM_SIDE_HEADERS, program_side_rows(summary), f"{summary.case.name}: each revision, {summary.rounds} rounds",
+                             ["side", "what"], ["what", "tokens/s"]))
+    render_series(console, series, threshold)
+    verdicts = {v.key: (summary.rows_of(v) or [{}])[0].get("program_verdict") for v in summary.versions}
+    for s in series:
+        keys = [p.version for p in s.points]
+        for p in s.change_points:
+            before = keys[keys.index(p.version) - 1]
+            console.say(f"{p.name}: {p.step.verdict} than the revision before it; its verdict {verdict_change(verdicts.get(before), verdicts.get(p.version))}.",
+                        markup=False)
+    console.say(program_compared_line(summary), markup=False)
+    console.say(f"store: {summary.out_dir}; each round's run: {summary.out_dir / 'runs'}; report: perflab report {summary.out_dir}",
+                markup=False)
+
+
+def program_track_document(summary, series, threshold: float) -> dict:
+    """``perflab track --json`` of a program: each revision (throughput, verdict), the series, what was compared."""
+    return {"program": summary.case.name, "compared": summary.unit, "compared_words": program_compared_line(summary),
+            "sides": _program_sides(summary), "versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
+            "store": str(summary.out_dir), "threshold": threshold, "rounds": summary.rounds, "pairing": "processes",
+            "aa": summary.copy.info() if summary.copy else None}

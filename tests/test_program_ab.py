@@ -1,0 +1,161 @@
+"""perflab ab and track of the user's own program (a program after --): each side, each round, a fresh `perflab run`
+process, in a balanced order, their mean steps compared by analysis.regressions' rules.
+
+The program is a tiny training loop whose step is a 320-wide matmul's forward and backward (about 2 ms on one CPU
+thread); its work comes from a file of the repository (WORK = 1) or from its first argument. A temporary git
+repository holds it at three commits: c1, c2 (a comment changed) and c3 (WORK = 2: the matmul done twice). Each
+perflab run process costs about 3-4 s here (torch and dynamo's imports), so every test runs as few as it can: two
+rounds, ten timed steps."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cli_util import assert_one_line_error, run_cli_here
+
+PROGRAM = '''"""A toy training loop: each optimizer step is WORK matmuls forward (and their backward)."""
+import sys
+
+import torch
+
+from work import WORK
+
+work = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else WORK
+if "fail" in sys.argv:
+    raise RuntimeError("told to fail")
+torch.manual_seed(0)
+x = torch.randn(320, 320)
+w = torch.nn.Parameter(torch.randn(320, 320) * 0.01)
+opt = torch.optim.SGD([w], lr=1e-9)
+for _ in range(60):
+    y = x
+    for _ in range(work):
+        y = y @ w
+    y.sum().backward()
+    opt.step()
+    opt.zero_grad()
+'''
+RUN = ["--skip", "2", "--steps", "10", "--rounds", "2"]
+
+
+def git(repo, *args) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    path = tmp_path_factory.mktemp("program") / "code"
+    path.mkdir()
+    git(path, "init", "-q")
+    git(path, "config", "user.email", "perflab@example.com")
+    git(path, "config", "user.name", "perflab tests")
+    (path / "train.py").write_text(PROGRAM)
+    for tag, text in (("c1", "WORK = 1\n"), ("c2", "# c2: a comment, nothing else\nWORK = 1\n"), ("c3", "WORK = 2  # the matmul twice\n")):
+        (path / "work.py").write_text(text)
+        git(path, "add", "train.py", "work.py")
+        git(path, "commit", "-q", "-m", tag)
+        git(path, "tag", tag)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # each side's timings, not the other tests', on a 2-core machine
+
+
+def sides(document) -> dict:
+    return {side["name"]: side for side in document["sides"]}
+
+
+def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_it_compared(repo, tmp_path, monkeypatch):
+    """The same arguments on both sides: no faster or slower, each side's verdict and throughput shown, one row a side
+    stored, which perflab results lists."""
+    monkeypatch.chdir(repo)
+    out = tmp_path / "aa"
+    result = run_cli_here("ab", "--a-args", "1", "--b-args", "1", "--batch-size", "8", *RUN, "--out", out, "--json", "--", "train.py")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    (case,) = document["cases"]
+    assert case["verdict"] not in ("faster", "slower"), case
+    assert case["ratio"]["basis"] == "paired" and case["ratio"]["units"] == 2
+    assert case["ratio"]["low"] <= 1.0 <= case["ratio"]["high"], case
+    assert document["compared"] == "step" and "mean step" in document["compared_words"] and "not the median" in document["compared_words"]
+    by = sides(document)
+    for name in ("A", "B"):
+        side = by[name]
+        assert len(side["step_mean_ms"]) == 2 and all(0.2 < ms < 50 for ms in side["step_mean_ms"]), side
+        assert side["samples_per_step"] == 8 and side["samples_per_s"] == pytest.approx(
+            8 * 1000 / (side["step_mean_ms"][0] * side["step_mean_ms"][1]) ** 0.5, rel=1e-9)
+        assert side["verdict"]["verdict"], side  # from the last round's traced steps
+        assert side["version"]["kind"] == "arguments" and side["version"]["args"] == "1"
+        runs = [json.loads((Path(d) / "run.json").read_text()) for d in side["runs"]]
+        assert [r["options"]["trace"] for r in runs] == [0, 3]  # the timing rounds untraced; the last also traces, after them
+        assert [r["loop"]["mean_ms"] for r in runs] == side["step_mean_ms"]
+    assert document["verdict_change"].endswith("(unchanged)") or "→" in document["verdict_change"]
+    # one balanced order: A B, then B A
+    assert document["order"]["A before B"] == {"count": 1, "pairings": 2}
+    listed = run_cli_here("--wide", "results", out)
+    assert listed.returncode == 0, listed.stderr
+    assert "A: args '1'" in listed.stdout and "B: args '1'" in listed.stdout, listed.stdout
+    csv = run_cli_here("results", out, "--format", "csv")
+    assert csv.returncode == 0 and csv.stdout.count("\ntrain.py,") == 2, csv.stdout
+
+
+def test_ab_of_a_program_across_two_commits_calls_the_doubled_work_slower_near_2x(repo, tmp_path):
+    out = tmp_path / "ab"
+    result = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c3", *RUN, "--out", out, "--json", "--", "train.py")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    (case,) = document["cases"]
+    ratio = case["ratio"]
+    assert case["verdict"] == "slower", case
+    assert ratio["basis"] == "paired" and 1.0 < ratio["low"] <= 1.9 and ratio["high"] >= 1.9 and 1.5 < ratio["ratio"] < 2.5, case
+    by = sides(document)
+    assert [by[n]["version"]["commit"] for n in "AB"] == [git(repo, "rev-parse", "c2"), git(repo, "rev-parse", "c3")]
+    # the ratio is the geometric mean of the rounds' B/A of mean steps, each round's A beside its B
+    a, b = by["A"]["step_mean_ms"], by["B"]["step_mean_ms"]
+    assert ratio["ratio"] == pytest.approx(((b[0] / a[0]) * (b[1] / a[1])) ** 0.5)
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1  # the sides' worktrees are gone
+
+
+def test_track_of_a_program_over_three_commits_finds_the_change_at_the_commit_that_made_it(repo, tmp_path):
+    out = tmp_path / "track"
+    result = run_cli_here("track", "--repo", repo, "--revs", "c1,c2,c3", *RUN, "--out", out, "--json", "--", "train.py")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    (series,) = document["cases"]
+    assert series["change_points"] == ["c3"], series
+    points = {p["revision"]: p for p in series["points"]}
+    assert points["c2"]["step"]["verdict"] not in ("faster", "slower")
+    assert points["c3"]["step"]["verdict"] == "slower" and points["c3"]["step"]["ratio"]["ratio"] > 1.5
+    written = run_cli_here("report", out)
+    assert written.returncode == 0, written.stderr
+    assert "## By revision" in (out / "report.md").read_text()
+
+
+def test_a_side_whose_program_fails_is_named_with_its_exit_status_and_last_words(repo, tmp_path, monkeypatch):
+    monkeypatch.chdir(repo)
+    result = run_cli_here("ab", "--a-args", "fail", "--b-args", "1", *RUN, "--out", tmp_path / "fails", "--", "train.py")
+    assert_one_line_error(result, "A (args 'fail'), round 1: the program exited with status 1: RuntimeError: told to fail")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--repo", ".", "--a", "c1", "--b", "c2", "--a-args", "1", "--", "train.py"], "--repo/--a/--b and --a-args/--b-args are two kinds"),
+    (["--a-args", "1", "--b-args", "2", "--", "nothere.py"], "nothere.py: no such file"),
+    (["--a-args", "1", "--rounds", "3", "--", "train.py"], "--rounds 3 cannot balance"),
+    (["--a-args", "1", "--rounds", "1", "--", "train.py"], "--rounds must be at least 2"),
+    (["--a-args", "1", "--rounds", "102", "--", "train.py"], "at most 100"),
+    (["--a-args", "1", "--model", "x.py:Net", "--", "train.py"], "--model: ab of a program"),
+    (["--a-args", "1", "--pairing", "blocks", "--", "train.py"], "--pairing blocks: a program's sides"),
+    (["--a-args", "1", "--batch-size", "1", "2", "3", "--", "train.py"], "--batch-size: give one value"),
+    (["--skip", "3", "--model", "deit_tiny_patch16_224"], "--skip: is for ab of a program"),
+])
+def test_bad_input_to_a_program_ab_is_one_line_before_anything_runs(repo, tmp_path, monkeypatch, args, words):
+    monkeypatch.chdir(repo)
+    if "--" in args:
+        args = [a for a in args[:args.index("--")]] + ["--out", tmp_path / "x"] + args[args.index("--"):]
+    result = run_cli_here("ab", *args)
+    assert_one_line_error(result, words)
+    assert not (tmp_path / "x").exists()
