@@ -1,13 +1,16 @@
 """perflab ab and track of the user's own program (a program after --): each side, each round, a fresh `perflab run`
 process, in a balanced order, their mean steps compared by analysis.regressions' rules.
 
-The program is a tiny training loop whose step is a 320-wide matmul's forward and backward (about 2 ms on one CPU
-thread); its work comes from a file of the repository (WORK = 1) or from its first argument. A temporary git
-repository holds it at three commits: c1, c2 (a comment changed) and c3 (WORK = 2: the matmul done twice). Each
-perflab run process costs about 3-4 s here (torch and dynamo's imports), so every test runs as few as it can: two
-rounds, ten timed steps."""
+The program is a tiny training loop whose step (a function, `--step step`) is a 320-wide matmul's forward and
+backward (about 2 ms on one CPU thread), WORK times; WORK comes from a file of the repository or from its first
+argument. A temporary git repository holds it at c1 (WORK = 1), c2 (a comment changed), c3 (WORK = 2: the work
+doubled) and, on a branch from c2, c4 (WORK = 4). Each perflab run process costs about 2.5 s here (torch's imports;
+4 s for the traced last round), so every test runs as few as it can: ten timed steps, two rounds, and four where a
+ratio of 2 must be told from the noise of a loaded 2-core host (a CI over two rounds is ×/÷ exp(12.7 × half their
+difference on logs): it calls 2× only where the rounds agree within 11%)."""
 
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -15,7 +18,7 @@ import pytest
 
 from cli_util import assert_one_line_error, run_cli_here
 
-PROGRAM = '''"""A toy training loop: each optimizer step is WORK matmuls forward (and their backward)."""
+PROGRAM = '''"""A toy training loop: each step (the function step) is WORK matmuls forward, their backward and an update."""
 import sys
 
 import torch
@@ -25,19 +28,24 @@ from work import WORK
 work = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else WORK
 if "fail" in sys.argv:
     raise RuntimeError("told to fail")
+
+
+def step(x, w):
+    loss = sum((x @ w).sum() for _ in range(work))  # WORK matmuls forward, WORK backward: the work is WORK times one's
+    loss.backward()
+    with torch.no_grad():
+        w -= 1e-9 * w.grad
+    w.grad = None
+
+
 torch.manual_seed(0)
 x = torch.randn(320, 320)
-w = torch.nn.Parameter(torch.randn(320, 320) * 0.01)
-opt = torch.optim.SGD([w], lr=1e-9)
+w = (torch.randn(320, 320) * 0.01).requires_grad_()
 for _ in range(60):
-    y = x
-    for _ in range(work):
-        y = y @ w
-    y.sum().backward()
-    opt.step()
-    opt.zero_grad()
+    step(x, w)
 '''
-RUN = ["--skip", "2", "--steps", "10", "--rounds", "2"]
+# a step is each call of step(): no optimizer, so no dynamo to import (1.6 s a process here)
+RUN = ["--step", "step", "--skip", "2", "--steps", "10"]
 
 
 def git(repo, *args) -> str:
@@ -57,6 +65,11 @@ def repo(tmp_path_factory):
         git(path, "add", "train.py", "work.py")
         git(path, "commit", "-q", "-m", tag)
         git(path, "tag", tag)
+    git(path, "checkout", "-q", "-b", "four", "c2")  # c4, on a branch from c2: the matmul four times
+    (path / "work.py").write_text("WORK = 4\n")
+    git(path, "commit", "-q", "-am", "c4")
+    git(path, "tag", "c4")
+    git(path, "checkout", "-q", "c3")
     return path
 
 
@@ -69,12 +82,36 @@ def sides(document) -> dict:
     return {side["name"]: side for side in document["sides"]}
 
 
+def stored_rows(out) -> list[dict]:
+    from perflab.sweep.store import Store
+
+    with Store.open(out) as store:
+        return store.rows()
+
+
+def busy_rounds(out) -> tuple[int, int]:
+    """(rounds in which a process was flagged host_contention, rounds) of a program's run: perflab run measured its
+    thread's wait for a CPU over the timed steps (measure.sched), each side's row keeps its rounds' flags, and a round
+    is a pair (or more) of processes: one busy process spoils it."""
+    rows = stored_rows(out)
+    n = len(rows[0]["process_flags"])
+    return sum(any("host_contention" in row["process_flags"][i] for row in rows) for i in range(n)), n
+
+
+def skip_if_the_host_was_busy(out, verdict: str, expected: str) -> None:
+    """A timing claim cannot be tested where perflab's own host check says most rounds ran on a busy host (another job
+    on a shared 2-core machine): skip then, saying so, if the verdict is not the expected one."""
+    busy, n = busy_rounds(out)
+    if verdict != expected and busy * 2 >= n:
+        pytest.skip(f"in {busy} of {n} rounds a process waited for a CPU over its timed steps (host_contention): the verdict was {verdict}")
+
+
 def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_it_compared(repo, tmp_path, monkeypatch):
     """The same arguments on both sides: no faster or slower, each side's verdict and throughput shown, one row a side
     stored, which perflab results lists."""
     monkeypatch.chdir(repo)
     out = tmp_path / "aa"
-    result = run_cli_here("ab", "--a-args", "1", "--b-args", "1", "--batch-size", "8", *RUN, "--out", out, "--json", "--", "train.py")
+    result = run_cli_here("ab", "--a-args", "1", "--b-args", "1", "--batch-size", "8", *RUN, "--rounds", "2", "--out", out, "--json", "--", "train.py")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     (case,) = document["cases"]
@@ -105,31 +142,38 @@ def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_i
 
 def test_ab_of_a_program_across_two_commits_calls_the_doubled_work_slower_near_2x(repo, tmp_path):
     out = tmp_path / "ab"
-    result = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c3", *RUN, "--out", out, "--json", "--", "train.py")
+    result = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c3", *RUN, "--rounds", "4", "--out", out, "--json", "--", "train.py")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     (case,) = document["cases"]
     ratio = case["ratio"]
+    skip_if_the_host_was_busy(out, case["verdict"], "slower")
     assert case["verdict"] == "slower", case
-    assert ratio["basis"] == "paired" and 1.0 < ratio["low"] <= 1.9 and ratio["high"] >= 1.9 and 1.5 < ratio["ratio"] < 2.5, case
+    assert ratio["basis"] == "paired" and 1.0 < ratio["low"] <= 2.0 <= ratio["high"] and 1.6 < ratio["ratio"] < 2.4, case
     by = sides(document)
     assert [by[n]["version"]["commit"] for n in "AB"] == [git(repo, "rev-parse", "c2"), git(repo, "rev-parse", "c3")]
-    # the ratio is the geometric mean of the rounds' B/A of mean steps, each round's A beside its B
+    # the ratio is the geometric mean of the rounds' B/A of mean steps, each round's A beside its B (a round where either
+    # process waited for a CPU left out, where two or more remain: the regressions' rule, said in the note)
     a, b = by["A"]["step_mean_ms"], by["B"]["step_mean_ms"]
-    assert ratio["ratio"] == pytest.approx(((b[0] / a[0]) * (b[1] / a[1])) ** 0.5)
+    rows = {r["version"]["name"]: r for r in stored_rows(out)}
+    clean = [i for i in range(4) if not any("host_contention" in rows[n]["process_flags"][i] for n in "AB")]
+    kept = clean if 2 <= len(clean) < 4 else range(4)
+    assert ratio["units"] == len(kept) and ratio["ratio"] == pytest.approx(math.prod(b[i] / a[i] for i in kept) ** (1 / len(kept)))
+    assert document["order"]["A before B"] == {"count": 2, "pairings": 4}  # A B, B A, B A, A B
     assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1  # the sides' worktrees are gone
 
 
 def test_track_of_a_program_over_three_commits_finds_the_change_at_the_commit_that_made_it(repo, tmp_path):
     out = tmp_path / "track"
-    result = run_cli_here("track", "--repo", repo, "--revs", "c1,c2,c3", *RUN, "--out", out, "--json", "--", "train.py")
+    result = run_cli_here("track", "--repo", repo, "--revs", "c1,c2,c4", *RUN, "--rounds", "2", "--out", out, "--json", "--", "train.py")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     (series,) = document["cases"]
-    assert series["change_points"] == ["c3"], series
+    skip_if_the_host_was_busy(out, "found" if series["change_points"] == ["c4"] else str(series["change_points"]), "found")
+    assert series["change_points"] == ["c4"], series
     points = {p["revision"]: p for p in series["points"]}
     assert points["c2"]["step"]["verdict"] not in ("faster", "slower")
-    assert points["c3"]["step"]["verdict"] == "slower" and points["c3"]["step"]["ratio"]["ratio"] > 1.5
+    assert points["c4"]["step"]["verdict"] == "slower" and 3 < points["c4"]["step"]["ratio"]["ratio"] < 5
     written = run_cli_here("report", out)
     assert written.returncode == 0, written.stderr
     assert "## By revision" in (out / "report.md").read_text()
@@ -137,7 +181,7 @@ def test_track_of_a_program_over_three_commits_finds_the_change_at_the_commit_th
 
 def test_a_side_whose_program_fails_is_named_with_its_exit_status_and_last_words(repo, tmp_path, monkeypatch):
     monkeypatch.chdir(repo)
-    result = run_cli_here("ab", "--a-args", "fail", "--b-args", "1", *RUN, "--out", tmp_path / "fails", "--", "train.py")
+    result = run_cli_here("ab", "--a-args", "fail", "--b-args", "1", *RUN, "--rounds", "2", "--out", tmp_path / "fails", "--", "train.py")
     assert_one_line_error(result, "A (args 'fail'), round 1: the program exited with status 1: RuntimeError: told to fail")
 
 

@@ -164,6 +164,7 @@ class Recorder:
         self._busy = None  # measure.gpu_busy.BusyMeter over the timed steps, on a GPU where NVML works
         self._busy_why: str | None = None
         self._loop_started = False
+        self._host_before = None  # (thread id, measure.sched.HostSample) where the timed steps began: their host contention
         self._said, self._said_n = self._t0, 0  # when the last progress line was said, at which step
 
     # --- installation ------------------------------------------------------------------------------
@@ -300,6 +301,7 @@ class Recorder:
             return
         self._loop_started = True
         self.loop.find_inputs(sys.modules.get("__main__"))
+        self._host_before = _host_sample()
         if self._on_gpu:
             from perflab.measure.gpu_busy import open_busy_meter
 
@@ -346,6 +348,7 @@ class Recorder:
             return
         self._timed_read = True
         self.loop.active = False
+        host = _host_contention(self._host_before, _host_sample())
         if self._busy is not None:  # before the events are read: the read waits for the GPU to drain, which is not a step
             self.data.busy = self._busy.stop()
         elif self._busy_why:
@@ -354,6 +357,8 @@ class Recorder:
             step_ms, host_ms = self._read("timed")
             self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]
             self.data.timing = timing_summary(self.data.step_ms, self.data.host_step_ms)
+            if self.data.timing.get("steps"):
+                self.data.timing.update(host)
             if self._call_ends["timed"]:  # --step: each call's own duration, beside the period that is the step
                 call_ms = self._clock.read_pairs(self._call_ends["timed"])[0]
                 self.data.timing.update(call_median_ms=float(statistics.median(call_ms)), calls=len(call_ms))
@@ -593,4 +598,29 @@ def module_bytes(device_type: str) -> dict:
                 else:
                     buffers += size
     return {"param_bytes": params, "buffer_bytes": buffers, "modules": modules}
+
+
+def _host_sample():
+    """This thread's run-queue wait and the host's steal counters now (``measure.sched.sample``), with the thread's id."""
+    import threading
+
+    from perflab.measure import sched
+
+    return threading.get_ident(), sched.sample()
+
+
+def _host_contention(before, after) -> dict:
+    """The program's thread's share of the timed steps spent waiting for a CPU, and the VM's steal over them
+    (``measure.sched.contention``: ``host_wait_frac``, ``host_steal_frac``, each None where unknown), as bench's rows
+    carry them: a host that other work shared is flagged ``host_contention`` where they are read (``perflab ab`` of a
+    program). Both samples must come from one thread (a program that ends from another thread leaves them unknown)."""
+    import os
+
+    from perflab.measure import sched
+
+    if before is None or before[0] != after[0]:
+        return {sched.WAIT_KEY: None, sched.STEAL_KEY: None}
+    getter = getattr(os, "sched_getaffinity", None)
+    cpus = sorted(getter(0)) if getter else None
+    return sched.contention(before[1], after[1], cpus)
 

@@ -238,8 +238,8 @@ def step_cells(point) -> list[str]:
     return [ratio_cell(step), f"{step.ratio.basis} ({step.ratio.units})" if step.ratio else "–", verdict_cell(step)]
 
 
-def series_headers(series) -> list[str]:
-    return ["revision", ms_header("ms", [p.ci_note for p in series.points]), f"vs previous ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
+def series_headers(series, what: str = "ms") -> list[str]:
+    return ["revision", ms_header(what, [p.ci_note for p in series.points]), f"vs previous ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
 
 
 def series_rows(series) -> list[list[str]]:
@@ -270,9 +270,10 @@ def series_floor_line(series) -> str | None:
     return f"{series.label}: {head}; smallest change a step could detect: {pct([s.detectable for s in steps])}."
 
 
-def render_series(console, all_series, threshold: float) -> None:
+def render_series(console, all_series, threshold: float, what: str = "ms") -> None:
+    """Each case's series over the revisions; ``what``: its times' header (a program's: ``mean step ms``)."""
     for series in all_series:
-        headers = series_headers(series)
+        headers = series_headers(series, what)
         console.print(text_table(headers, series_rows(series), f"{series.label}: {change_line(series)}", LEFT, drops(headers, [3, 1])))
         floor = series_floor_line(series)
         if floor:
@@ -522,7 +523,7 @@ def render_program_track(console, summary, series, threshold: float) -> None:
 
     console.print(text_table(PROGRAM_SIDE_HEADERS, program_side_rows(summary), f"{summary.case.name}: each revision, {summary.rounds} rounds",
                              ["side", "what"], ["what", "tokens/s"]))
-    render_series(console, series, threshold)
+    render_series(console, series, threshold, f"{UNIT_NAMES[summary.unit]} ms")
     verdicts = {v.key: (summary.rows_of(v) or [{}])[0].get("program_verdict") for v in summary.versions}
     for s in series:
         keys = [p.version for p in s.points]

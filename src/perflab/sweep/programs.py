@@ -424,7 +424,7 @@ def run_side(v: ProgramVersion, options: RunOptions, out_dir: Path, r: int, plac
                          f"(its output: {log})")
     mean, statistic = step_of(report, run_dir, options.nproc)
     throughput = dict(loop.get("throughput") or {})
-    flags = [f.get("flag") for f in report.get("flags") or [] if isinstance(f, dict)]
+    flags = [f.get("flag") for f in report.get("flags") or [] if isinstance(f, dict)] + host_flags(report.get("timing") or {})
     verdict = None
     if traced:
         given = report.get("verdict")
@@ -434,6 +434,19 @@ def run_side(v: ProgramVersion, options: RunOptions, out_dir: Path, r: int, plac
             verdict = {"verdict": None, "message": report.get("report_error") or ("the program ended before its traced steps" if report.get("partial")
                                                                                  else "no verdict: nothing was traced")}
     return Round(r, run_dir, started, place, mean, statistic, loop.get("median_ms"), throughput, flags, verdict, traced)
+
+
+def host_flags(timing: dict) -> list[str]:
+    """``host_contention`` where the program's thread waited for a CPU (or the VM stole its time) over the timed steps
+    beyond bench's thresholds (run.json's ``timing.host_wait_frac``, ``host_steal_frac``; the rule is
+    ``measure.canary.mark_host_flags``'): ``analysis.regressions`` then leaves that round out where two or more remain,
+    and the verdict says it was drawn from a busy host."""
+    from perflab.host_flags import HOST_FLAGS
+    from perflab.measure.canary import mark_host_flags
+    from perflab.measure.sched import STEAL_KEY, WAIT_KEY
+
+    row = {"status": "ok", WAIT_KEY: timing.get(WAIT_KEY), STEAL_KEY: timing.get(STEAL_KEY)}
+    return [f for f in mark_host_flags([row])[0].get("flags") or [] if f in HOST_FLAGS]
 
 
 def side_words(v: ProgramVersion, r: int | None = None) -> str:
