@@ -385,3 +385,37 @@ def test_a_run_json_of_the_wrong_shape_qualifies_nothing_and_raises_nothing(run)
     assert c.untraced is None and c.first_line in (None, "Inflated traces (run.json: trace_inflated): A's traced steps ran longer than "
                                                          "its untraced ones; B's traced steps ran longer than its untraced ones. The traced "
                                                          "Δ describes the program under the profiler, not as it runs.")
+
+
+def test_compare_of_two_runs_shows_their_throughput_and_judges_the_time_a_sample_where_their_batches_differ(tmp_path, monkeypatch):
+    """Batch 8 against batch 16, B's step 1.9× A's: per step B is slower, per token (both count tokens) it is faster (0.95×); compare says
+    the latter, from the untraced steps, with each run's samples/s and tokens/s beside its step (run.json's loop)."""
+    import json
+
+    from cli_util import run_cli_here
+    from perflab import api
+    import perflab.trace.load as load
+
+    traces = {"a": steps_trace(A_STEPS), "b": steps_trace([x * 1.9 for x in A_STEPS])}
+    monkeypatch.setattr(load, "load_trace", lambda path: traces[Path(path).parent.name])
+    untraced = [10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 10.3, 10.0, 10.1, 9.9] * 2
+    paths = {}
+    for side, batch, scale in (("a", 8, 1.0), ("b", 16, 1.9)):
+        paths[side] = write_run(tmp_path / side, traces[side], [x * scale for x in untraced], 1.05)
+        run = json.loads(paths[side].read_text())
+        mean = sum(untraced) / len(untraced) * scale
+        run["loop"] = {"mean_ms": mean, "median_ms": run["timing"]["median_ms"], "steps_per_s": 1000 / mean,
+                       "throughput": {"samples_per_step": batch, "tokens_per_step": batch * 128, "samples_per_s": batch * 1000 / mean,
+                                      "tokens_per_s": batch * 128 * 1000 / mean, "source": "the batches the timed steps took"}}
+        paths[side].write_text(json.dumps(run))
+    c = api.compare(paths["a"], paths["b"])
+    assert c.untraced_unit == "token" and [x["samples_per_step"] for x in c.untraced_loop] == [8, 16]
+    assert c.untraced.ratio.ratio == pytest.approx(1.9 / 2) and c.untraced.verdict in ("faster", "inconclusive")
+    assert "From the untraced steps, the time a token (their tokens a step differ: 1024 and 2048)" in c.verdict
+    assert c.items_per_step == (8, 16) and c.throughput_unit == "sample/s"  # the traced table's throughput column, from the batches
+    result = run_cli_here("--wide", "compare", paths["a"], paths["b"])
+    assert result.returncode == 0, result.stderr
+    assert "The untraced steps (run.json)" in result.stdout and "samples/s" in result.stdout and "tokens/s" in result.stdout
+    assert f"{8 * 1000 / (sum(untraced) / len(untraced)):,.4g}" in result.stdout  # A's samples/s, beside its step
+    document = json.loads(run_cli_here("compare", paths["a"], paths["b"], "--json").stdout)
+    assert document["untraced_unit"] == "token" and document["untraced_loop"][1]["samples_per_s"] == pytest.approx(16 * 1000 / (sum(untraced) / len(untraced) * 1.9))

@@ -18,32 +18,7 @@ import pytest
 
 from cli_util import assert_one_line_error, run_cli_here
 
-PROGRAM = '''"""A toy training loop: each step (the function step) is WORK matmuls forward, their backward and an update."""
-import sys
-
-import torch
-
-from work import WORK
-
-work = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else WORK
-if "fail" in sys.argv:
-    raise RuntimeError("told to fail")
-
-
-def step(x, w):
-    loss = sum((x @ w).sum() for _ in range(work))  # WORK matmuls forward, WORK backward: the work is WORK times one's
-    loss.backward()
-    with torch.no_grad():
-        w -= 1e-9 * w.grad
-    w.grad = None
-
-
-torch.manual_seed(0)
-x = torch.randn(320, 320)
-w = (torch.randn(320, 320) * 0.01).requires_grad_()
-for _ in range(60):
-    step(x, w)
-'''
+PROGRAM = (Path(__file__).resolve().parents[1] / "benchmarks" / "programs" / "matmul_steps.py").read_text()
 # a step is each call of step(): no optimizer, so no dynamo to import (1.6 s a process here)
 RUN = ["--step", "step", "--skip", "2", "--steps", "10"]
 

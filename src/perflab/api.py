@@ -807,7 +807,14 @@ def compare(a, b, labels=None, steps: int = 5, out_dir="perflab-traces", batch_s
     if None in names:  # traces: by what tells them apart (run.json's program beside each, else their paths)
         traced = side_labels([run_trace(x) for x in (a, b)])
         names = [name or traced[i] for i, name in enumerate(names)]
+    from perflab.analysis.compare import untraced_loop
+
+    loops = [untraced_loop(run, "") if run is not None else None for run in runs]
+    for i, loop in enumerate(loops):  # a run's samples a step (its batches, or its --batch-size), where none was given
+        items[i] = items[i] or ((loop or {}).get("samples_per_step"))
     item = item_of(rows) if len(rows) == 2 else None  # img or token: what the throughput counts, both sides profiled alike
+    if item is None and all(loop and loop.get("samples_per_step") for loop in loops) and not any(batch_size):
+        item = "sample"
     comparison = compare_traces(traces[0], traces[1], tuple(labels or names), tuple(items), item=item)
     return qualify(comparison, runs, untraced, threshold)
 

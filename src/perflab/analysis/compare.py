@@ -92,6 +92,11 @@ class Comparison:
     steps_needed: int | None = None  # cannot tell: about how many traced steps a side would tell a difference of this size
     inflated: list = field(default_factory=list)  # [{"side": label, "inflation": traced ÷ untraced}] of traces flagged trace_inflated
     untraced: object = None  # analysis.regressions.CaseChange of the two sides' untraced timings, where both exist
+    # each side's untraced loop from its run.json (``untraced_loop``: median with its CI, mean, steps, samples and tokens
+    # a second), [] where neither side is a run; ``untraced_unit``: what the untraced verdict compares, the step, or the
+    # time a sample (or a token) where the sides' samples (tokens) a step differ
+    untraced_loop: list = field(default_factory=list)
+    untraced_unit: str = "step"
     first_line: str | None = None  # what the result must say first (an inflated trace)
 
     @property
@@ -164,6 +169,8 @@ class Comparison:
             "steps_needed": self.steps_needed,
             "inflated": self.inflated,
             "untraced": self.untraced.to_dict() if self.untraced is not None else None,
+            "untraced_loop": self.untraced_loop,
+            "untraced_unit": self.untraced_unit,
             "first_line": self.first_line,
             "claims_difference": self.claims_difference,
         }
@@ -395,7 +402,10 @@ def _undecided(c: Comparison) -> str:
     if c.untraced is not None:
         u = c.untraced
         r = u.ratio
-        return (f"From the untraced steps: {b_label} ÷ {a_label} {r.ratio:.3f}× ({r.low:.3f}–{r.high:.3f}, each run's own "
+        key = f"{c.untraced_unit}s_per_step"
+        per = "" if c.untraced_unit == "step" else (
+            f", the time a {c.untraced_unit} (their {c.untraced_unit}s a step differ: {' and '.join(f'{x[key]:g}' for x in c.untraced_loop)})")
+        return (f"From the untraced steps{per}: {b_label} ÷ {a_label} {r.ratio:.3f}× ({r.low:.3f}–{r.high:.3f}, each run's own "
                 f"{LEVEL:.0%} CI), {u.verdict_text}. ")
     wall = c.intervals.get("wall")
     n = min(c.a.steps, c.b.steps)
@@ -426,7 +436,12 @@ def qualify(c: Comparison, runs=(None, None), untraced_rows=(None, None), thresh
                          f"{x['side']}'s traced steps ran longer than its untraced ones" for x in c.inflated)
         c.first_line = (f"Inflated trace{'s' if len(c.inflated) > 1 else ''} (run.json: trace_inflated): {each}. The traced Δ "
                         "describes the program under the profiler, not as it runs.")
-    rows = [row if row is not None else _timing_row(run, label) for row, run, label in zip(untraced_rows, runs, c.labels)]
+    if any(run is not None for run in runs):
+        c.untraced_loop = [untraced_loop(run, label) for run, label in zip(runs, c.labels)]
+        c.untraced_unit = work_unit(*c.untraced_loop)
+    per = {"sample": "samples_per_step", "token": "tokens_per_step"}.get(c.untraced_unit)
+    rows = [row if row is not None else _timing_row(run, label, (loop or {}).get(per) if per else None)
+            for row, run, label, loop in zip(untraced_rows, runs, c.labels, c.untraced_loop or [None, None])]
     if all(rows):
         change = compare_case(*rows, threshold)
         c.untraced = change if change.ratio is not None else None
@@ -434,15 +449,45 @@ def qualify(c: Comparison, runs=(None, None), untraced_rows=(None, None), thresh
     return c
 
 
-def _timing_row(run: dict | None, label: str) -> dict | None:
+def _timing_row(run: dict | None, label: str, per_step: float | None = None) -> dict | None:
     """A run.json's untraced timing as a result row ``compare_case`` reads (its median, its CI, its flags), or None
-    where it holds none that is a positive median inside a positive interval."""
+    where it holds none that is a positive median inside a positive interval. ``per_step``: the samples (or tokens) a
+    step, where the time a sample (token) is compared: the median and its CI divided by it."""
     timing = _mapping(run, "timing")
     median, ci = timing.get("median_ms"), timing.get("ci_ms") or timing.get("ci95_ms")
     if not _positive(median) or not isinstance(ci, list) or len(ci) != 2 or not all(map(_positive, ci)) or not ci[0] <= median <= ci[1]:
         return None
-    return {"case_id": "run", "label": label, "status": "ok", "median_ms": float(median), "ci95_ms": [float(x) for x in ci],
+    scale = float(per_step) if _positive(per_step) else 1.0
+    return {"case_id": "run", "label": label, "status": "ok", "median_ms": float(median) / scale, "ci95_ms": [float(x) / scale for x in ci],
             "flags": _flag_names(run)}
+
+
+def untraced_loop(run: dict | None, label: str) -> dict | None:
+    """A run.json's untraced steps as ``compare`` shows them beside its verdict: the median with its CI, the mean (the
+    program's wall time a step), and the throughput (``loop``: steps, samples and tokens a second, and a step); None
+    where the run holds no timing."""
+    timing, loop = _mapping(run, "timing"), _mapping(run, "loop")
+    if not _positive(timing.get("median_ms")):
+        return None
+    throughput = loop.get("throughput") if isinstance(loop.get("throughput"), dict) else {}
+    number = lambda x: float(x) if _positive(x) else None  # noqa: E731
+    ci = timing.get("ci_ms") or timing.get("ci95_ms")
+    return {"side": label, "median_ms": float(timing["median_ms"]),
+            "ci_ms": [float(x) for x in ci] if isinstance(ci, list) and len(ci) == 2 and all(map(_positive, ci)) else None,
+            "mean_ms": number(loop.get("mean_ms")), "steps_per_s": number(loop.get("steps_per_s")),
+            **{key: number(throughput.get(key)) for key in ("samples_per_step", "tokens_per_step", "samples_per_s", "tokens_per_s")}}
+
+
+def work_unit(a: dict | None, b: dict | None) -> str:
+    """What two runs' untraced steps are compared by: the step, where their work a step is the same or unknown; the time
+    a token where both count tokens and theirs differ (or their samples do); else a sample where their samples differ."""
+    if a is None or b is None:
+        return "step"
+    differ = lambda key: a.get(key) is not None and b.get(key) is not None and a[key] != b[key]  # noqa: E731
+    both = lambda key: a.get(key) is not None and b.get(key) is not None  # noqa: E731
+    if both("tokens_per_step") and (differ("tokens_per_step") or differ("samples_per_step")):
+        return "token"
+    return "sample" if differ("samples_per_step") else "step"
 
 
 def _mapping(run: dict | None, key: str) -> dict:

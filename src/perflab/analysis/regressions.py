@@ -121,6 +121,11 @@ class CaseChange:
     needed: int | None = None  # inconclusive: the rounds (processes) that would settle it; None where more than MOST_ROUNDS
     flags: list = field(default_factory=list)  # QUALIFYING_FLAGS the two rows carry: the verdict was drawn from them
     held_back: str | None = None  # faster or slower by its CI, but not called so: why (within-run on an unsteady host)
+    # each side's throughput as its row states it (samples and tokens a second), shown beside its time; not judged
+    a_samples_per_s: float | None = None
+    b_samples_per_s: float | None = None
+    a_tokens_per_s: float | None = None
+    b_tokens_per_s: float | None = None
 
     @property
     def verdict_text(self) -> str:
@@ -408,6 +413,8 @@ def compare_case(a: dict, b: dict, threshold: float = DEFAULT_THRESHOLD, floor: 
     change.a_ms, change.b_ms = a.get("median_ms"), b.get("median_ms")
     change.a_ci_ms, change.b_ci_ms = _ci(a), _ci(b)
     change.a_ci_note, change.b_ci_note = row_ci_note(a), row_ci_note(b)
+    change.a_samples_per_s, change.b_samples_per_s = _rate(a, "throughput_per_s"), _rate(b, "throughput_per_s")
+    change.a_tokens_per_s, change.b_tokens_per_s = _rate(a, "tokens_per_s"), _rate(b, "tokens_per_s")
     if change.a_ms and change.b_ms:
         change.unpaired_ratio = change.b_ms / change.a_ms
     change.ratio = row_ratio(a, b)
@@ -532,6 +539,11 @@ def _ci(row: dict) -> list | None:
     if not ci or len(ci) != 2 or ci[0] is None or ci[1] is None or not (0 < ci[0] <= ci[1]):
         return None
     return [float(ci[0]), float(ci[1])]
+
+
+def _rate(row: dict, key: str) -> float | None:
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf else None
 
 
 def _process_medians(row: dict) -> list[float]:

@@ -51,6 +51,9 @@ def render_comparison(console, c) -> None:
     table.columns[0].cells[0] = "[bold]wall[/bold]"  # the total, above the terms that make it up
     console.print(table)
 
+    if any(c.untraced_loop):
+        console.print(untraced_loop_table(c))
+
     records = c.throughput_table().to_dict(orient="records")
     known = [r["throughput_per_s"] is not None and not math.isnan(r["throughput_per_s"]) for r in records]
     header = ("configuration", "operators ms" if c.cpu_only else "GPU time ms", w.works, f"mean {w.work} µs", "wall ms",
@@ -75,6 +78,26 @@ def render_comparison(console, c) -> None:
         console.print(text_table(list(header), rows, f"modules that changed (inclusive {w.time} per step, {b} vs {a})", ["pass", "module"],
                                  _drop_order(header, 2, 3)))
     console.print(f"[bold]Verdict:[/bold] {c.verdict}")
+
+
+def untraced_loop_table(c):
+    """Each run's untraced steps (its run.json): the median with its CI, the mean (its wall time a step), and steps,
+    samples and tokens a second: what the verdict is drawn from, the throughput beside the step."""
+    def cell(x, fmt):
+        return "–" if x is None else format(x, fmt)
+
+    rows = []
+    for side, loop in zip(c.labels, c.untraced_loop):
+        if loop is None:
+            rows.append([side, "–", "–", "–", "–", "–"])
+            continue
+        ci = loop.get("ci_ms")
+        rows.append([side, f"{loop['median_ms']:.4g}" + (f" ({ci[0]:.4g}–{ci[1]:.4g})" if ci else ""), cell(loop.get("mean_ms"), ".4g"),
+                     cell(loop.get("steps_per_s"), ",.4g"), cell(loop.get("samples_per_s"), ",.4g"), cell(loop.get("tokens_per_s"), ",.4g")])
+    header = ["run", "median ms (CI)", "mean ms", "steps/s", "samples/s", "tokens/s"]
+    title = "The untraced steps (run.json): the verdict's evidence, throughput beside the step" + (
+        f"; compared by the time a {c.untraced_unit}" if c.untraced_unit != "step" else "")
+    return text_table(header, rows, title, ["run"], _drop_order(header, 3, 5))
 
 
 def render_explanation(console, e) -> None:

@@ -66,16 +66,34 @@ def floor_line(change: CaseChange) -> str | None:
     return text + "."
 
 
+# Each side's throughput beside its time, where a row states it: (header, CaseChange field)
+RATE_COLUMNS = (("A samples/s", "a_samples_per_s"), ("B samples/s", "b_samples_per_s"), ("A tokens/s", "a_tokens_per_s"),
+                ("B tokens/s", "b_tokens_per_s"))
+
+
+def _rates(comparison: Comparison) -> list[tuple[str, str]]:
+    """The throughput columns a comparison shows: samples/s and tokens/s, each where some case's row states it."""
+    kinds = [kind for kind in ("samples", "tokens") if any(getattr(c, f"a_{kind}_per_s") or getattr(c, f"b_{kind}_per_s") for c in comparison.changes)]
+    return [(header, name) for header, name in RATE_COLUMNS if any(kind in name for kind in kinds)]
+
+
+def rate_cell(x) -> str:
+    return "–" if not x else f"{x:,.4g}" if x < 1e4 else f"{x:,.0f}"
+
+
 def comparison_rows(comparison: Comparison) -> list[list[str]]:
-    return [[c.label, ms_cell(c.a_ms, c.a_ci_ms, c.a_ci_note), ms_cell(c.b_ms, c.b_ci_ms, c.b_ci_note), ratio_cell(c),
+    rates = _rates(comparison)
+    return [[c.label, ms_cell(c.a_ms, c.a_ci_ms, c.a_ci_note), ms_cell(c.b_ms, c.b_ci_ms, c.b_ci_note),
+             *(rate_cell(getattr(c, name)) for _, name in rates), ratio_cell(c),
              f"{c.ratio.basis} ({c.ratio.units})" if c.ratio else "–", verdict_cell(c)] for c in comparison.changes]
 
 
 def comparison_headers(comparison: Comparison) -> list[str]:
-    """The table's headers, each side's CI labelled by the coverage its intervals may state (``ms_header``)."""
+    """The table's headers, each side's CI labelled by the coverage its intervals may state (``ms_header``), and each
+    side's throughput beside its time where the rows state it."""
     changes = comparison.changes
     return ["case", ms_header("A ms", [c.a_ci_note for c in changes]), ms_header("B ms", [c.b_ci_note for c in changes]),
-            f"B/A time ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
+            *(header for header, _ in _rates(comparison)), f"B/A time ({LEVEL:.0%} CI)", "CI over (n)", "verdict"]
 
 
 
@@ -109,11 +127,18 @@ def drops(headers: list[str], order: list[int]) -> list[str]:
 LEFT = ("case", "revision", "verdict", "CI over (n)")
 
 
+def comparison_drops(headers: list[str]) -> list[str]:
+    """A comparison's table, narrow: how each CI was taken goes first, then the throughput (the notes and the sides'
+    own tables say them), then the sides' own times; the ratio with its CI and the verdict stay."""
+    rates = [h for h in headers if h.endswith("/s")]
+    return [headers[headers.index("CI over (n)")], *rates, headers[1], headers[2]]
+
+
 def render_comparison(console, comparison: Comparison, names: tuple[str, str]) -> None:
     if not comparison.changes:  # an interrupted ab: no case finished its rounds
         return
     headers = comparison_headers(comparison)
-    console.print(text_table(headers, comparison_rows(comparison), "Stored runs compared, case by case", LEFT, drops(headers, [4, 1, 2])))
+    console.print(text_table(headers, comparison_rows(comparison), "Stored runs compared, case by case", LEFT, comparison_drops(headers)))
     for line in comparison_notes(comparison, names):
         console.say(line, markup=False)
 
@@ -473,12 +498,11 @@ def render_program_ab(console, summary, comparison) -> None:
     console.print(text_table(PROGRAM_SIDE_HEADERS, program_side_rows(summary), f"{summary.case.name}: each side, {summary.rounds} rounds",
                              ["side", "what"], ["what", "tokens/s"]))
     if comparison.changes:
-        headers = comparison_headers(comparison)
         word = UNIT_NAMES[summary.unit]
-        headers = ["program", headers[1].replace("A ms", f"A {word} ms"), headers[2].replace("B ms", f"B {word} ms"),
-                   f"B/A {word} ({LEVEL:.0%} CI)", *headers[4:]]
+        rename = {"case": "program", f"B/A time ({LEVEL:.0%} CI)": f"B/A {word} ({LEVEL:.0%} CI)"}
+        headers = [rename.get(h, h.replace("A ms", f"A {word} ms").replace("B ms", f"B {word} ms")) for h in comparison_headers(comparison)]
         console.print(text_table(headers, comparison_rows(comparison), f"B/A of the {word}", ["program", "verdict", "CI over (n)"],
-                                 drops(headers, [4, 1, 2])))
+                                 comparison_drops(headers)))
         for line in comparison_notes(comparison, tuple(v.label for v in summary.versions)):
             console.say(line, markup=False)
     console.say(program_compared_line(summary), markup=False)
