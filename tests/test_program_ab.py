@@ -113,6 +113,11 @@ def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_i
     assert "A: args '1'" in listed.stdout and "B: args '1'" in listed.stdout, listed.stdout
     csv = run_cli_here("results", out, "--format", "csv")
     assert csv.returncode == 0 and csv.stdout.count("\ntrain.py,") == 2, csv.stdout
+    written = run_cli_here("report", out)
+    assert written.returncode == 0, written.stderr
+    text = (out / "report.md").read_text()
+    assert "## A/B" in text and "Compared: each side's mean step" in text and "Verdicts (each side's last round" in text
+    assert "TP is throughput" not in text  # none of the model cases' tables
 
 
 def test_ab_of_a_program_across_two_commits_calls_the_doubled_work_slower_near_2x(repo, tmp_path):

@@ -257,8 +257,12 @@ def results(
     rows = api.results(out_dir, on_unreadable=_warn_unreadable(out_dir, unreadable))
     if not _wrote_rows_as(fmt, rows):
         from perflab.report.console import exempt_line
+        from perflab.report.versions import program_results
 
         skipped = f" ({len(unreadable)} unreadable, skipped)" if unreadable else ""
+        if rows and all(row.get("kind") == "program" for row in rows):  # a program's ab or track: its sides
+            program_results(out, rows, f"{out_dir}: {len(rows)} stored results{skipped}")
+            return
         out.print(bench_table(rows, title=f"{out_dir}: {len(rows)} stored results{skipped}"))
         line = exempt_line(rows)
         if line:

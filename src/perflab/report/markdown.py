@@ -63,11 +63,13 @@ def write_report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None) 
 
 
 def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
-    from perflab.report.versions import every_version_rows, latest_version_rows, shown_version_line, versions_sections
+    from perflab.report.versions import every_version_rows, is_program_store, latest_version_rows, shown_version_line, versions_sections
 
     unreadable = getattr(stored, "unreadable", [])
     missing = with_missing(stored.rows, stored.experiment, unreadable=[u.key for u in unreadable if u.what == "row"])
     rows = latest_version_rows(stored, missing)  # a store of versions: the last one's
+    if is_program_store(stored):  # a program's ab or track: its own sections, none of the model cases' tables
+        return "\n\n".join(p.rstrip() for p in program_report(stored, missing, unreadable, plot_dir) if p) + "\n"
     experiment = stored.experiment
     comparisons = list(experiment.comparisons) if experiment and experiment.comparisons else default_comparisons(rows)
     common = common_flags(stored.rows)
@@ -89,6 +91,22 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     parts += _provenance_section(stored)
     parts += _all_rows_section(every_version_rows(stored, missing), common)  # a store of versions: each row with its version
     return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
+
+
+def program_report(stored, missing: list[dict], unreadable, plot_dir: Path) -> list[str]:
+    """The report of a program's ab or track (``sweep.programs``): its versions' sections (the comparison or the
+    series, then each side's rounds, throughput and verdict: every row the store holds), the environment and how it
+    was produced."""
+    from perflab.report.versions import versions_sections
+
+    experiment = stored.experiment
+    every = [r for r in missing if r.get("status") != "missing"]
+    parts = [f"# {_escape(experiment.name if experiment else 'A program')}", _escape(experiment.description) if experiment else ""]
+    parts += _status_section(every, unreadable)
+    parts += versions_sections(stored, plot_dir)
+    parts += _environment_section(stored)
+    parts += _provenance_section(stored)
+    return parts
 
 
 def family_reports(rows: list[dict]):

@@ -11,6 +11,7 @@ from perflab.analysis.regressions import LEVEL, MOST_ROUNDS, CaseChange, Compari
 from perflab.measure.row import row_version
 from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
+from perflab.stats import row_ci_note
 
 BASIS_WORDS = {
     "blocks": "blocks: one ratio a round, the median of B's block ÷ A's, their cases timed interleaved in one process "
@@ -396,7 +397,8 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         order = order_line([(v["name"], by_key[v["key"]]) for v in versions[:2]] + ([(copy["name"], rows_aa)] if rows_aa else []))
         return ["## A/B", f"{run.get('rounds')} rounds, {pairing_words(run)}.", "\n".join(lines),
                 md_table(comparison_headers(comparison), comparison_rows(comparison)),
-                " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])) + ([order] if order else []))]
+                " ".join(comparison_notes(comparison, tuple(version_what(v) for v in versions[:2])) + ([order] if order else []))
+                ] + program_sections(run, rows)
     order = [(v["key"], v["name"]) for v in versions]
     parts = ["## By revision",
              f"Each case at {len(versions)} revisions, oldest first ({run.get('rounds')} round(s), {pairing_words(run)}). Each "
@@ -418,6 +420,7 @@ def versions_sections(stored, plot_dir: Path) -> list[str]:
         parts += [f"### {escape(series.label)}: {change_line(series)}", f"![{escape(series.label)} over revisions]({path.name})",
                   md_table(series_headers(series), series_rows(series))] + [escape(line) for line in [series_floor_line(series)] if line]
         parts += [f"Change point {escape(c['line'])}" for c in causes if c.get("case_id") == series.case_id]
+    parts += program_sections(run, rows)
     return parts
 
 
@@ -566,3 +569,68 @@ def program_track_document(summary, series, threshold: float) -> dict:
             "sides": _program_sides(summary), "versions": [v.info() for v in summary.versions], "cases": [series_dict(s) for s in series],
             "store": str(summary.out_dir), "threshold": threshold, "rounds": summary.rounds, "pairing": "processes",
             "aa": summary.copy.info() if summary.copy else None}
+
+
+# ---------------------------------------------------------------------------------------------------
+# A program's store (sweep.programs): its report's and perflab results' own pieces
+
+
+def is_program_store(stored) -> bool:
+    """Whether a store holds a program's ab or track (its run's record names the program)."""
+    run = versions_run(stored)
+    return bool(run and run.get("program"))
+
+
+def program_rows_headers() -> list[str]:
+    return ["version", "compared ms (CI)", "mean step ms, each round", "samples/s", "tokens/s", "verdict (traced, last round)", "flags"]
+
+
+def program_rows(rows: list[dict]) -> list[list[str]]:
+    """A program's sides' rows, one line each: its version, its compared time with the CI over rounds, each round's mean
+    step, its throughput, its verdict and its rounds' flags."""
+    out = []
+    for row in rows:
+        flags = sorted({f for per in row.get("process_flags") or [] for f in per or []})
+        out.append([version_cell(row.get("version")), ms_cell(row.get("median_ms"), row.get("ci95_ms"), row_ci_note(row)),
+                    ", ".join(f"{x:.4g}" for x in row.get("step_mean_ms") or []) or "–", rate_cell(row.get("samples_per_s")),
+                    rate_cell(row.get("tokens_per_s")), ((row.get("program_verdict") or {}).get("verdict")) or "–", ", ".join(flags) or "–"])
+    return out
+
+
+def program_rows_note(rows: list[dict]) -> str:
+    """What a program's rows hold: each side's rounds, each a perflab run; the value compared."""
+    statistic = next((r.get("statistic") for r in rows if r.get("statistic")), "mean step")
+    return (f"Each row is one side of a program's A/B or track: its rounds, each a fresh perflab run of the program. "
+            f"\"compared ms\" is the median over the rounds of each round's {statistic} (the program's wall time a step), with "
+            f"its CI over the rounds; each round's own run is in runs/ beside the store.")
+
+
+def program_sections(run: dict, rows: list[dict]) -> list[str]:
+    """A program's A/B or track, in the report: what was compared, each side (its rounds, throughput and verdict) and
+    the change of verdict from side to side; nothing for a store of model cases."""
+    if not run.get("program"):
+        return []
+    from perflab.sweep.programs import verdict_change
+
+    keys = [v["key"] for v in run["versions"]] + ([run["aa"]["key"]] if isinstance(run.get("aa"), dict) else [])
+    mine = sorted([r for r in rows if row_version(r).get("key") in keys], key=lambda r: keys.index(row_version(r).get("key")))
+    if not mine:
+        return []
+    statistic = next((r.get("statistic") for r in mine if r.get("statistic")), "mean step")
+    parts = [program_rows_note(mine).replace("Each row is", "Each row below is"),
+             f"Compared: each side's {escape(statistic)}, the program's wall time over its timed steps ÷ their number, not the "
+             "median (a stall every few steps costs the program its time); each round a fresh perflab run of each side.",
+             md_table(program_rows_headers(), program_rows(mine))]
+    verdicts = [(row_version(r).get("name"), r.get("program_verdict") or {}) for r in mine if not row_version(r).get("copy_of")]
+    changes = [f"{a} → {b}: {verdict_change(va, vb)}" for (a, va), (b, vb) in zip(verdicts, verdicts[1:])]
+    if changes:
+        parts.append("Verdicts (each side's last round, traced after its timed steps): " + "; ".join(escape(c) for c in changes) + ".")
+    return parts
+
+
+def program_results(console, rows: list[dict], title: str) -> None:
+    """``perflab results`` of a program's store: a line a side, and what its figures are."""
+    console.print(text_table(program_rows_headers(), program_rows(rows), title, ["version", "verdict (traced, last round)", "flags"],
+                             ["flags", "tokens/s", "mean step ms, each round"]))
+    console.say(program_rows_note(rows), markup=False)
+

@@ -370,7 +370,7 @@ def run_program_versions(versions: list[ProgramVersion], case: ProgramCase, opti
         if stored:
             raise PerflabError(f"{out_dir} already holds {stored} row(s); a program's {kind} does not add rows to a store: give another --out")
     summary = ProgramSummary(out_dir, uuid.uuid4().hex[:12], versions, case, rounds, copy)
-    experiment = Experiment(source=f"perflab {kind} -- {shlex.join(versions[0].words)}", name=f"{kind} of a program",
+    experiment = Experiment(source=f"perflab {kind} -- {case.name}", name=f"{kind} of a program",
                             description=f"perflab {kind} of a program, each side timed by perflab run", out=None, timeout_s=timeout_s, cases=())
     record = dict(experiment.to_json(), versions=[v.info() for v in versions], kind=kind, rounds=rounds, order=order, seed=seed,
                   session=summary.session, pairing="processes", threshold=threshold,
