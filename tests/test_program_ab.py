@@ -174,6 +174,10 @@ def test_a_side_whose_program_fails_is_named_with_its_exit_status_and_last_words
     (["--a-args", "1", "--model", "x.py:Net", "--", "train.py"], "--model: ab of a program"),
     (["--a-args", "1", "--pairing", "blocks", "--", "train.py"], "--pairing blocks: a program's sides"),
     (["--a-args", "1", "--batch-size", "1", "2", "3", "--", "train.py"], "--batch-size: give one value"),
+    (["--a-args", "1", "--seq-len", "128", "--", "train.py"], "--seq-len needs --batch-size"),
+    (["--python-a", "/no/such/python", "--python-b", "/no/such/python", "--", "train.py"], "--python-a /no/such/python: no such interpreter"),
+    (["--repo", ".", "--a", "c1", "--b", "nope", "--", "train.py"], "--b nope: no such revision"),
+    (["--repo", ".", "--a", "c1", "--b", "c2", "--", "other.py"], "at revision c1"),
     (["--skip", "3", "--model", "deit_tiny_patch16_224"], "--skip: is for ab of a program"),
 ])
 def test_bad_input_to_a_program_ab_is_one_line_before_anything_runs(repo, tmp_path, monkeypatch, args, words):

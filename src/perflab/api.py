@@ -1103,6 +1103,7 @@ def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: st
     ``seq_len``: one value (both sides) or two (A's, then B's). ``rounds``: 2 to 100, even (default 4). ``aa``: a second
     copy of A in every round, the A/A pair the noise floor is measured from (default off: it costs a process a round).
     Returns (the run's summary, ``analysis.regressions.Comparison`` of A's row and B's)."""
+    import contextlib
     import time
     from pathlib import Path
 
@@ -1123,15 +1124,10 @@ def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: st
     if forms[0] == "--python-a/--python-b" and None in (python_a, python_b):
         raise PerflabError("interpreters as sides need --python-a PATH and --python-b PATH")
     rounds = programs.DEFAULT_ROUNDS if rounds is None else rounds
-    options = programs.RunOptions(skip=skip, steps=steps, nproc=nproc, inputs=tuple(inputs or ()), step=step, step_range=step_range)
+    options = programs.RoundOptions(skip=skip, steps=steps, nproc=nproc, inputs=tuple(inputs or ()), step=step, step_range=step_range)
     programs.check(options, rounds, order, seed)
-    sizes = _program_sizes(batch_size, seq_len)
-    for batch, seq in sizes:
-        if seq is not None and batch is None:
-            raise PerflabError("--seq-len needs --batch-size: tokens a step = --batch-size × --seq-len")
+    sizes = programs.check_sizes(_program_sizes(batch_size, seq_len))
     words = list(program)
-    import contextlib
-
     with contextlib.ExitStack() as stack:
         if forms[0] == "--repo/--a/--b":
             versions = programs.plan_revisions(repo, words, [("A", a, "--a"), ("B", b, "--b")], sizes, stack, side_keys=True)
@@ -1169,10 +1165,9 @@ def track_program(program: Sequence[str], *, repo, revs=(), range_: str | None =
 
     check_threshold(threshold)
     rounds = 2 if rounds is None else rounds
-    options = programs.RunOptions(skip=skip, steps=steps, nproc=nproc, inputs=tuple(inputs or ()), step=step, step_range=step_range)
+    options = programs.RoundOptions(skip=skip, steps=steps, nproc=nproc, inputs=tuple(inputs or ()), step=step, step_range=step_range)
     programs.check(options, rounds, order, seed)
-    if seq_len is not None and batch_size is None:
-        raise PerflabError("--seq-len needs --batch-size: tokens a step = --batch-size × --seq-len")
+    programs.check_sizes([(batch_size, seq_len)])
     revs = track_revisions(repo, revs, range_)
     words = list(program)
     with contextlib.ExitStack() as stack:

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perflab.errors import PerflabError
-from perflab.sweep.versions import Version
+from perflab.sweep.versions import Version, _set_env
 
 DEFAULT_ROUNDS = 4  # ab of a program: processes side by side, an even number (each order, then its reverse)
 TRACED_STEPS = 3  # the last round's traced steps, for each side's verdict (perflab run's default)
@@ -109,7 +109,7 @@ class ProgramCase:
 
 
 @dataclass(frozen=True)
-class RunOptions:
+class RoundOptions:
     """What each round's ``perflab run`` is given, beside the program: run's own options."""
 
     skip: int = 5
@@ -136,7 +136,7 @@ class RunOptions:
         return args + ["--", *version.words]
 
 
-def check(options: RunOptions, rounds, order: str = "alternate", seed: int | None = None) -> None:
+def check(options: RoundOptions, rounds, order: str = "alternate", seed: int | None = None) -> None:
     """Bad options of a program's A/B, each one line before anything runs: ``perflab run``'s own checks, the rounds
     (2 to 100, even: each order then its reverse), the order and its seed (``versions.check_order``, ``check_seed``)."""
     from perflab.program.boundaries import make_source
@@ -155,7 +155,17 @@ def check(options: RunOptions, rounds, order: str = "alternate", seed: int | Non
     check_seed(seed, order, "processes")
 
 
-def program_case(words: list[str], options: RunOptions) -> ProgramCase:
+def check_sizes(sizes: list[tuple[int | None, int | None]]) -> list[tuple[int | None, int | None]]:
+    """Each side's (--batch-size, --seq-len) as ``perflab run`` takes them (``program.run.check_options``' rule: at least
+    1, and --seq-len only with --batch-size), one line where not."""
+    from perflab.program.run import check_options
+
+    for batch, seq in sizes:
+        check_options(5, 1, 0, batch_size=batch, seq_len=seq)
+    return sizes
+
+
+def program_case(words: list[str], options: RoundOptions) -> ProgramCase:
     """The program's case: its id from the script (or module) and the run's options, the same at every side (the
     sides' own arguments and code are what differ); its label the script and, under torchrun, the ranks."""
     head = words[:2] if words and words[0] == "-m" else words[:1]
@@ -190,12 +200,6 @@ def split_args(text: str, option: str) -> list[str]:
 # The sides
 
 
-def _environment(version: ProgramVersion, env: dict) -> None:
-    from perflab.sweep.versions import _set_env
-
-    _set_env(version, env)
-
-
 def _base_env() -> dict:
     from perflab.sweep.runner import gpu_inventory, probe_environment
 
@@ -219,7 +223,7 @@ def plan_arguments(words: list[str], sides: list[tuple[str, str | None, str]], s
         check_program(these, Path.cwd(), f"{name} ({option} {text!r})" if text else name)
         v = ProgramVersion(name=name, kind="arguments", key=f"{name}|args:{shlex.join(these)}", python=sys.executable, root=Path.cwd(),
                            worker_env=child_env(), words=these, extra_args=text or "", batch_size=batch, seq_len=seq)
-        _environment(v, dict(base, program=shlex.join(these)))
+        _set_env(v, dict(base, program=shlex.join(these)))
         out.append(v)
     return out
 
@@ -235,7 +239,7 @@ def plan_interpreters(words: list[str], sides: list[tuple[str, str, str]], sizes
         env, _ = probe_interpreter(python, option, [])
         v = ProgramVersion(name=name, kind="python", key=f"{name}|python:{env['python_executable']}", python=python, root=Path.cwd(),
                            worker_env=interpreter_env(), words=list(words), batch_size=batch, seq_len=seq)
-        _environment(v, dict(env))
+        _set_env(v, dict(env))
         out.append(v)
     return out
 
@@ -261,7 +265,7 @@ def plan_revisions(repo, words: list[str], revisions: list[tuple[str, str, str]]
         key = f"commit:{sha}"
         v = ProgramVersion(name=name, kind="revision", key=f"{name}|{key}" if side_keys else key, python=sys.executable, commit=sha,
                            subject=subject, revision=rev, root=root, worker_env=child_env(), words=these, batch_size=batch, seq_len=seq)
-        _environment(v, dict(base, commit=sha, revision=rev, repo=str(top)))
+        _set_env(v, dict(base, commit=sha, revision=rev, repo=str(top)))
         out.append(v)
     return out
 
@@ -341,7 +345,7 @@ class SideFailed(PerflabError):
     """A side's program failed: the run ends in one line naming it (exit status 2, as bad input: nothing to compare)."""
 
 
-def run_program_versions(versions: list[ProgramVersion], case: ProgramCase, options: RunOptions, out_dir, *, rounds: int,
+def run_program_versions(versions: list[ProgramVersion], case: ProgramCase, options: RoundOptions, out_dir, *, rounds: int,
                          order: str = "alternate", seed: int | None = None, timeout_s: float | None = None, kind: str = "ab",
                          command: str = "", on_event=None, threshold: float = 0.05, aa: bool = False) -> ProgramSummary:
     """Every side, ``rounds`` times, each round's processes in a balanced order (``versions.versions_order``), into
@@ -403,7 +407,7 @@ def run_program_versions(versions: list[ProgramVersion], case: ProgramCase, opti
     return summary
 
 
-def run_side(v: ProgramVersion, options: RunOptions, out_dir: Path, r: int, place: int, *, traced: bool, timeout_s: float) -> Round:
+def run_side(v: ProgramVersion, options: RoundOptions, out_dir: Path, r: int, place: int, *, traced: bool, timeout_s: float) -> Round:
     """One side's process in round ``r``: ``perflab run`` of its program (traced where ``traced``: the last round), its
     output kept in ``OUT/logs``; its run.json read. SideFailed where it failed, naming the side."""
     run_dir = (out_dir / "runs" / f"{v.slug}-r{r + 1}").resolve()
