@@ -1,7 +1,7 @@
 """A/A and 2× of `perflab ab` of a program (a program after --) on the CPU, and `track` over three commits.
 
-A tiny training loop (benchmarks/programs/matmul_steps.py) whose step (a function, ``--step step``) is a 320-wide
-matmul's forward and backward WORK times (about 2 ms a matmul on one CPU thread), in a temporary git repository: c1 (WORK = 1), c2 (a comment changed) and c3
+A tiny training loop (benchmarks/programs/matmul_steps.py) whose step (a function, ``--step step``) is a 512-wide
+matmul's forward and backward WORK times (about 8 ms a matmul on one CPU thread), in a temporary git repository: c1 (WORK = 1), c2 (a comment changed) and c3
 (WORK = 2: the work doubled). Parts (``--parts``):
 
 - ``aa``: ``--runs`` A/A runs, ``perflab ab --a-args 1 --b-args 1 --step step --skip 2 --steps 10 --rounds R -- train.py``

@@ -1,10 +1,10 @@
 """perflab ab and track of the user's own program (a program after --): each side, each round, a fresh `perflab run`
 process, in a balanced order, their mean steps compared by analysis.regressions' rules.
 
-The program is a tiny training loop whose step (a function, `--step step`) is a 320-wide matmul's forward and
-backward (about 2 ms on one CPU thread), WORK times; WORK comes from a file of the repository or from its first
+The program is a tiny training loop whose step (a function, `--step step`) is a 512-wide matmul's forward and
+backward (about 8 ms on one CPU thread), WORK times; WORK comes from a file of the repository or from its first
 argument. A temporary git repository holds it at c1 (WORK = 1), c2 (a comment changed), c3 (WORK = 2: the work
-doubled) and, on a branch from c2, c4 (WORK = 4). Each perflab run process costs about 2.5 s here (torch's imports;
+doubled) and, on a branch from c2, c4 (WORK = 4). Each perflab run process costs about 3 s here (torch's imports;
 4 s for the traced last round), so every test runs as few as it can: ten timed steps, two rounds, and four where a
 ratio of 2 must be told from the noise of a loaded 2-core host (a CI over two rounds is ×/÷ exp(12.7 × half their
 difference on logs): it calls 2× only where the rounds agree within 11%)."""

@@ -1,6 +1,7 @@
 """A toy training loop for perflab ab and track of a program (tests/test_program_ab.py, benchmarks/program_ab_cpu.py):
-each step (the function ``step``, ``perflab run --step step``) is WORK 320-wide matmuls forward, their backward and an
-update, about 2 ms a matmul on one CPU thread. WORK comes from ``work.py`` beside it (a commit changes it) or from the
+each step (the function ``step``, ``perflab run --step step``) is WORK 512-wide matmuls forward, their backward and an
+update, about 8 ms each on one CPU thread (so the step's fixed cost, a fraction of a millisecond, leaves the step's
+ratio near the work's). WORK comes from ``work.py`` beside it (a commit changes it) or from the
 first argument; an argument ``fail`` makes it raise before its first step. No optimizer: no dynamo to import."""
 import sys
 
@@ -22,7 +23,7 @@ def step(x, w):
 
 
 torch.manual_seed(0)
-x = torch.randn(320, 320)
-w = (torch.randn(320, 320) * 0.01).requires_grad_()
+x = torch.randn(512, 512)
+w = (torch.randn(512, 512) * 0.01).requires_grad_()
 for _ in range(60):
     step(x, w)

@@ -55,6 +55,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -378,7 +379,7 @@ def run_program_versions(versions: list[ProgramVersion], case: ProgramCase, opti
                             description=f"perflab {kind} of a program, each side timed by perflab run", out=None, timeout_s=timeout_s, cases=())
     record = dict(experiment.to_json(), versions=[v.info() for v in versions], kind=kind, rounds=rounds, order=order, seed=seed,
                   session=summary.session, pairing="processes", threshold=threshold,
-                  program={"case_id": case.id, "label": case.name, **{k: v for k, v in vars(options).items()}, "inputs": list(options.inputs)})
+                  program=dict(vars(options), case_id=case.id, label=case.name, inputs=list(options.inputs)))
     if copy is not None:
         record["aa"] = copy.info()
     with SweepSession(out_dir, summary, on_event=on_event, again=f"run {kind} again with another --out",
@@ -411,6 +412,7 @@ def run_side(v: ProgramVersion, options: RoundOptions, out_dir: Path, r: int, pl
     """One side's process in round ``r``: ``perflab run`` of its program (traced where ``traced``: the last round), its
     output kept in ``OUT/logs``; its run.json read. SideFailed where it failed, naming the side."""
     run_dir = (out_dir / "runs" / f"{v.slug}-r{r + 1}").resolve()
+    shutil.rmtree(run_dir, ignore_errors=True)  # an earlier run's run.json there must not stand for this one's
     logs = (out_dir / "logs").resolve()
     logs.mkdir(parents=True, exist_ok=True)
     log = logs / f"{v.slug}-r{r + 1}.log"
