@@ -187,3 +187,33 @@ def test_bad_input_to_a_program_ab_is_one_line_before_anything_runs(repo, tmp_pa
     result = run_cli_here("ab", *args)
     assert_one_line_error(result, words)
     assert not (tmp_path / "x").exists()
+
+
+def test_sides_whose_batches_differ_are_compared_by_the_time_a_sample_and_their_rows_pair_round_by_round(tmp_path):
+    """No process: each side's rounds as run.json would give them (batch 8 against 16, B's step 1.8× A's), made into the
+    rows the store keeps and compared by analysis.regressions: the time a sample, B/A 0.9 = A's samples/s ÷ B's."""
+    from perflab.analysis.regressions import compare_rows
+    from perflab.sweep import programs
+
+    def side(name, batch, steps_ms):
+        v = programs.ProgramVersion(name=name, kind="arguments", key=f"{name}|args:train.py", python="python", words=["train.py"],
+                                    extra_args=f"--batch-size={batch}")
+        rounds = [programs.Round(r, tmp_path / f"{name}{r}", 0.0, r % 2, ms, "mean step", ms, {"samples_per_step": batch, "tokens_per_step": None,
+                                 "samples_per_s": batch * 1000 / ms, "tokens_per_s": None}, ["high_cv"] + (["host_contention"] if r == 3 else []))
+                  for r, ms in enumerate(steps_ms)]
+        return v, rounds
+
+    b_ms = [18.0, 19.8, 18.9, 30.0]
+    (a, ra), (b, rb) = side("A", 8, [10.0, 11.0, 10.5, 30.0]), side("B", 16, b_ms)
+    case = programs.ProgramCase("program-x", "train.py")
+    summary = programs.ProgramSummary(tmp_path, "s1", [a, b], case, 4, runs={a.key: ra, b.key: rb})
+    summary.unit = programs.compared_unit([a, b], summary.runs)
+    assert summary.unit == "sample"
+    rows = [programs.side_row(v, case, summary, i, "ab", "alternate") for i, v in enumerate((a, b))]
+    assert rows[0]["samples_ms"] == [10.0 / 8, 11.0 / 8, 10.5 / 8, 30.0 / 8] and rows[0]["unit"] == "sample"
+    assert rows[1]["samples_per_s"] == pytest.approx(math.prod(16 * 1000 / x for x in b_ms) ** 0.25)  # the rounds' geometric mean
+    (change,) = compare_rows(rows[:1], rows[1:], 0.05).changes
+    # paired round by round; round 4, whose process waited for a CPU, left out (three remain): B/A 0.9 in each
+    assert change.ratio.basis == "paired" and change.ratio.units == 3 and change.ratio.ratio == pytest.approx(0.9)
+    assert "round(s) 4 of 4 left out" in change.ratio.note and change.verdict_text.endswith("flagged host_contention, high_cv")
+    assert change.a_samples_per_s == pytest.approx(rows[0]["samples_per_s"])
