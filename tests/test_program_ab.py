@@ -217,3 +217,16 @@ def test_sides_whose_batches_differ_are_compared_by_the_time_a_sample_and_their_
     assert change.ratio.basis == "paired" and change.ratio.units == 3 and change.ratio.ratio == pytest.approx(0.9)
     assert "round(s) 4 of 4 left out" in change.ratio.note and change.verdict_text.endswith("flagged host_contention, high_cv")
     assert change.a_samples_per_s == pytest.approx(rows[0]["samples_per_s"])
+
+
+def test_under_nproc_the_slowest_ranks_mean_step_is_compared_else_its_median(tmp_path):
+    from perflab.sweep.programs import step_of
+
+    report = {"loop": {"mean_ms": 5.0}, "step_ms": 6.5}  # rank 0's loop, and the ranks' merge: the slowest rank's median
+    for rank, mean in ((0, 5.0), (1, 7.25)):
+        (tmp_path / f"rank{rank}").mkdir()
+        (tmp_path / f"rank{rank}" / "rank.json").write_text(json.dumps({"loop": {"mean_ms": mean}}))
+    assert step_of(report, tmp_path, 2) == (7.25, "mean step of the slowest rank")
+    (tmp_path / "rank1" / "rank.json").unlink()
+    assert step_of(report, tmp_path, 2) == (6.5, "median step of the slowest rank (not every rank's mean was written)")
+    assert step_of(report, tmp_path, None) == (5.0, "mean step")
