@@ -13,6 +13,7 @@ matmul's forward and backward WORK times (about 8 ms a matmul on one CPU thread)
   change point at c3 and none at c2.
 
     PYTHONPATH=src python benchmarks/program_ab_cpu.py --out program_ab.json [--runs 10] [--rounds 4] [--parts aa double track]
+        [--aa] [--src DIR]
 
 Each ab run's processes get OMP_NUM_THREADS=1. The figures and the command are in docs/performance/regressions.md.
 """
@@ -51,8 +52,11 @@ def make_repo(path: Path) -> Path:
     return path
 
 
+SRC = ROOT / "src"  # the perflab the runs import (--src)
+
+
 def perflab(*args, cwd) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    env = dict(os.environ, PYTHONPATH=str(SRC), OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     result = subprocess.run([sys.executable, "-m", "perflab", *map(str, args), "--json"] if "--" not in args else
                             [sys.executable, "-m", "perflab", *map(str, args[:args.index("--")]), "--json", *map(str, args[args.index("--"):])],
                             capture_output=True, text=True, cwd=cwd, env=env)
@@ -67,7 +71,7 @@ def load() -> float:
 
 def busy(document, out: Path) -> int:
     """Rounds in which a process was flagged host_contention (from the store's rows)."""
-    sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(SRC))
     from perflab.sweep.store import Store
 
     with Store.open(out) as store:
@@ -93,9 +97,15 @@ def main() -> None:
     parser.add_argument("--tracks", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--parts", nargs="+", default=["aa", "double", "track"], choices=["aa", "double", "track"])
+    parser.add_argument("--aa", action="store_true", help="every run also times a second copy of A each round (ab --aa): "
+                        "the noise floor from that A/A pair instead of B/A's own spread")
+    parser.add_argument("--src", type=Path, default=ROOT / "src", help="the perflab source the runs import (default this checkout's)")
     args = parser.parse_args()
-    common = ["--step", "step", "--skip", "2", "--steps", "10", "--rounds", str(args.rounds)]
-    results: dict = {"rounds": args.rounds, "started": time.strftime("%Y-%m-%d %H:%M"), "commit": git(ROOT, "rev-parse", "--short", "HEAD")}
+    global SRC
+    SRC = args.src.resolve()
+    common = ["--step", "step", "--skip", "2", "--steps", "10", "--rounds", str(args.rounds)] + (["--aa"] if args.aa else [])
+    results: dict = {"rounds": args.rounds, "with_aa": args.aa, "started": time.strftime("%Y-%m-%d %H:%M"),
+                     "commit": git(ROOT, "rev-parse", "--short", "HEAD"), "src": str(SRC)}
     with tempfile.TemporaryDirectory(prefix="program-ab-") as tmp:
         repo = make_repo(Path(tmp) / "repo")
         if "aa" in args.parts:
