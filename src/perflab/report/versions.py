@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from perflab.analysis.regressions import LEVEL, MOST_ROUNDS, CaseChange, Comparison, compare_rows, revision_series
-from perflab.measure.row import row_version
+from perflab.records.row import row_version
 from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
 
