@@ -293,6 +293,7 @@ def _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, **options)
     """Data-parallel cases each on their ranks, the others as bench runs them; rows in the cases' order."""
     from perflab.errors import PerflabError
     from perflab.measure.parallel import run_parallel_case
+    from perflab.measure.stages import Stage
 
     if memory_snapshot is not None or processes > 1:
         raise PerflabError("--memory-snapshot and --processes measure one process; they do not apply with --parallel")
@@ -303,7 +304,7 @@ def _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, **options)
     for i, case in enumerate(cases):
         if case.parallel:
             if on_case:
-                on_case(i, case, f"{case.world_size} ranks")
+                on_case(i, case, Stage(f"{case.world_size} ranks", "timing"))
             rows[i] = run_parallel_case(case, gpus=list(gpus)[:case.world_size] if gpus else None)
     return rows
 

@@ -127,7 +127,7 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
         err.print("No GPU here: running a small CPU version (DeiT-Tiny, fp32, eager).")
     if processes is None:
         processes = api.DEMO_GPU_PROCESSES if cases[0].device == "cuda" else 1
-    rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes))
+    rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes, what="demo"))
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
     speedups = speedup_table(rows)
     if speedups is not None:
@@ -165,22 +165,13 @@ def _rows_or_lost(run):
 
 
 def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None,
-                       inductor_cache=None):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+                       inductor_cache=None, what: str = "bench"):
     from perflab import api
+    from perflab.report.progress import BenchProgress
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
-                  disable=not err.is_terminal) as progress:  # piped: no bar, and no blank line where it was
-        task = progress.add_task("starting", total=len(cases))
-
-        def on_case(index, case, stage):
-            progress.update(task, completed=index, description=_text(f"{case.label()}: {stage}"))
-
-        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
+    with BenchProgress(err, cases, processes, what=what) as on_case:
+        return api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
                          gpus=gpus, inductor_cache=inductor_cache)
-        progress.update(task, completed=len(cases))
-    return rows
 
 
 def _text(line: str) -> str:
