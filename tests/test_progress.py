@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from cli_util import run_cli_here
+from cli_util import assert_progress_lines, run_cli_here
 from perflab.measure.stages import TIMING, Stage
 from perflab.report import progress as pr
 
@@ -168,14 +168,53 @@ def test_bench_progress_in_a_pipe_and_on_a_terminal():
     assert on_case.meter.progress is None
 
 
+def test_the_sweep_drawers_say_what_resumes_each_row_not_ok_and_their_progress():
+    """Every sweep drawer, on a terminal and in a pipe: the resume (or reuse) line, a line per row not ok naming its case
+    (and its version and round), nothing for an ok row; in a pipe, the progress lines around them."""
+    sweep_case = case("tiny bs1 fp32 eager")
+    ok, oom = {"status": "ok"}, {"status": "oom", "message": "CUDA out of memory [at 2 GiB]"}
+    failed = f"oom: {sweep_case.label()}: CUDA out of memory [at 2 GiB]"
+    for console, buffer in (terminal(), pipe()):
+        clock = FakeClock()
+        options = dict(clock=clock, interval=10.0, ticker=False, auto_refresh=False)
+        for drawer in (pr.SweepProgress(console, **options), pr.ClusterProgress(console, **options)):
+            drawer("start", total=3, skipped=1, to_run=2, env_key="abc123", slots=["w0"])
+            for row in (ok, oom):
+                drawer("case_start", case=sweep_case, slot="w0")
+                clock.now += 10
+                drawer("case_done", case=sweep_case, row=row, slot="w0")
+            drawer("finish", summary=SimpleNamespace(interrupted=False))
+            assert getattr(drawer.meter, "progress", None) is None
+        a, b = SimpleNamespace(name="A"), SimpleNamespace(name="B")
+        versions = pr.VersionsProgress(console, what="ab", **options)
+        versions("start", total=2, reused=3, versions=[a, b], rounds=1)
+        versions("process_start", case=sweep_case, version=a, round=0)
+        clock.now += 10
+        versions("process_done", case=sweep_case, version=a, round=0, row=ok)
+        versions("process_start", case=sweep_case, version=None, round=1)
+        clock.now += 10
+        versions("process_done", case=sweep_case, version=None, round=1, row=None, rows=[ok, dict(oom, label="bs8")], row_versions=[a, b])
+        versions("finish", summary=SimpleNamespace(interrupted=True))
+        said = lines_of(buffer)
+        kept = [line for line in said if not line.startswith("perflab ")] if not console.is_terminal else \
+            [line for line in said if line.startswith(("resuming", "oom", "reusing"))]
+        assert kept == ["resuming: 1 of 3 cases already stored (environment abc123); running 2", failed] * 2 + [
+            "reusing 3 stored row(s) (a case at a version)", "oom: B round 2: bs8: CUDA out of memory [at 2 GiB]"]
+        if not console.is_terminal:
+            lines = [line for line in said if line.startswith("perflab ")]
+            assert lines[:4] == ["perflab sweep: 0/2 cases, 0:00 elapsed: starting",
+                                 "perflab sweep: 1/2 cases, 0:10 elapsed, about 0:10 left: …",
+                                 "perflab sweep: 2/2 cases, 0:20 elapsed: …", "perflab sweep: 2/2 cases, 0:20 elapsed: done"]
+            assert lines[-3:] == ["perflab ab: 1/2 processes, 0:10 elapsed, about 0:10 left: round 1, A: " + sweep_case.label(),
+                                  "perflab ab: 2/2 processes, 0:20 elapsed: round 2, every version's cases, interleaved",
+                                  "perflab ab: 2/2 processes, 0:20 elapsed: interrupted"]
+
+
 def test_bench_in_a_pipe_says_its_progress(monkeypatch):
     """End to end: bench's stderr, a pipe, holds its start and end lines and, every PERFLAB_PROGRESS_S, the ones between."""
     monkeypatch.setenv("PERFLAB_PROGRESS_S", "0.05")
     r = run_cli_here("bench", "--model", "test:tiny", "--device", "cpu", "--batch-size", "1", "2", "--min-time", "0.3", "--warmup", "1",
                      "--format", "json")
     assert r.returncode == 0, r.stderr
-    lines = [line for line in r.stderr.splitlines() if line.startswith("perflab bench: ")]
-    assert lines[0] == "perflab bench: 0/2 cases, 0:00 elapsed: starting"
-    assert re.fullmatch(r"perflab bench: 2/2 cases, \d:\d\d elapsed: done", lines[-1])
-    assert len(lines) >= 4, lines
-    assert any(re.search(r"1/2 cases, \d:\d\d elapsed, about \d:\d\d left: timing 2 cases together, round \d+/\d+", line) for line in lines), lines
+    lines = assert_progress_lines(r.stderr, "bench", 2, "cases")
+    assert any(re.search(r"1/2 cases, .* left: timing 2 cases together, round \d+/\d+$", line) for line in lines), lines

@@ -213,7 +213,7 @@ def sweep(
 ):
     """Run an experiment spec, one fresh process per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
-    from perflab.sweep.progress import RichProgress
+    from perflab.report.progress import ClusterProgress, SweepProgress
     from perflab.sweep.runner import command_line
 
     experiment = api.load_experiment(spec, max_cases=max_cases)
@@ -222,10 +222,9 @@ def sweep(
             out.print(f"{case.id}  {case.label()}", soft_wrap=True, markup=False)
         out.print(f"{len(experiment.cases)} cases")
         return
-    if engine == "ray":
-        from perflab.sweep.progress import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
+    drawer = (ClusterProgress if engine == "ray" else SweepProgress)(err)  # ray: the cases per node
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
-                        timeout_s=timeout, command=command_line(cli_argv.of(ctx).typed), on_event=RichProgress(err), engine=engine, address=address,
+                        timeout_s=timeout, command=command_line(cli_argv.of(ctx).typed), on_event=drawer, engine=engine, address=address,
                         pin=not no_pin, launcher=launcher, inductor_cache=inductor_cache)
     _print_sweep_summary(summary)
 
@@ -342,7 +341,7 @@ def breakeven(
     """Find the token count where the variant starts beating the baseline: measure both across input sizes,
     fit t(n) = a + b·n + c·n² to each, report the crossover with a bootstrap CI, and plot it."""
     from perflab import api
-    from perflab.sweep.progress import RichProgress
+    from perflab.report.progress import SweepProgress
     from perflab.sweep.runner import command_line
 
     if len(model) != 1:
@@ -350,7 +349,7 @@ def breakeven(
     api.check_bootstrap(n_boot)  # before the sweep, not after it
     experiment = api.breakeven_experiment(model[0], variant, input_sizes, **flags.options(), timeout_s=timeout)
     summary = api.sweep(experiment, out_dir, resume=resume, gpus=_parse_gpus(gpus), timeout_s=timeout,
-                        command=command_line(cli_argv.of(ctx).typed), on_event=RichProgress(err))
+                        command=command_line(cli_argv.of(ctx).typed), on_event=SweepProgress(err, what="breakeven"))
     _print_sweep_summary(summary)
     if summary.interrupted:
         return
@@ -386,12 +385,12 @@ def ab(
 
     from perflab import api
     from perflab.report.versions import ab_document, everyone, order_line, render_comparison, render_versions
+    from perflab.report.progress import VersionsProgress
     from perflab.sweep.runner import command_line
-    from perflab.sweep.progress import VersionsProgress
 
     summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, **versions.options(), rounds=rounds,
                                  out=out_dir, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
-                                 on_event=VersionsProgress(err), pairing=pairing)
+                                 on_event=VersionsProgress(err, what="ab"), pairing=pairing)
     if as_json:
         sys.stdout.write(json.dumps(ab_document(summary, comparison)) + "\n")
     else:
@@ -431,11 +430,11 @@ def track(
 
     from perflab import api
     from perflab.report.versions import render_series
+    from perflab.report.progress import VersionsProgress
     from perflab.sweep.runner import command_line
-    from perflab.sweep.progress import VersionsProgress
 
     summary, series = api.track(repo=repo, revs=revs, range_=rev_range, **versions.options(), out=out_dir, rounds=rounds, threshold=threshold,
-                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing,
+                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err, what="track"), pairing=pairing,
                                 profile_changes=profile_changes)
     if as_json:
         from perflab.report.versions import track_document

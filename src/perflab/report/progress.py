@@ -9,11 +9,13 @@ anything else (a pipe, a CI log) one line at the start, one at the end, and one 
 The time left is the time elapsed per unit done so far, times the units left. The stages below measure, sweep and
 diagnosis do not draw: they emit events (``measure.stages.Stage`` through ``on_case``/``on_stage``, the sweep
 session's ``on_event``), and the drawers here turn them into the meter's units: ``BenchProgress`` (bench's cases,
-each a unit: half its build and warm-up, half its timing).
+each a unit: half its build and warm-up, half its timing), ``SweepProgress`` and ``ClusterProgress`` (a sweep's cases),
+``VersionsProgress`` (the processes of ab and track).
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 import threading
@@ -286,3 +288,98 @@ class BenchProgress:
         self.cases.hear(index, stage)
         words = str(stage) if getattr(stage, "kind", None) in ("round", "process") else f"{case.label()}: {stage}"
         self.meter.update(done=self.cases.done, description=words)
+
+
+class _Events:
+    """A drawer of the sweep session's events (``sweep.lifecycle.SweepSession``): ``drawer(kind, **info)``."""
+
+    unit = "cases"
+
+    def __init__(self, console, what: str, **options):
+        self.console = console
+        self.meter = meter(console, what, self.unit, **options)
+
+    def __call__(self, kind: str, **info) -> None:
+        getattr(self, "_" + kind)(**info)
+
+    def _not_ok(self, row: dict, what: str) -> None:
+        """``status: what: message`` for a row that did not end ok."""
+        if row.get("status") != "ok":
+            self.meter.note(f"{row.get('status')}: {what}: {row.get('message')}")
+
+    def _finish(self, summary) -> None:
+        interrupted = getattr(summary, "interrupted", False)
+        self.meter.finish("interrupted" if interrupted else "done")
+
+    def _note(self, text: str) -> None:
+        """A line of what the run does after its progress (track profiling its change points)."""
+        self.meter.note(text)
+
+
+class SweepProgress(_Events):
+    """A sweep's progress over its cases, described by what each worker slot runs."""
+
+    def __init__(self, console, what: str = "sweep", **options):
+        super().__init__(console, what, **options)
+        self.active: dict[str, str] = {}
+
+    def _start(self, total, skipped, to_run, env_key, slots):
+        if skipped:
+            self.meter.note(f"resuming: {skipped} of {total} cases already stored (environment {env_key}); running {to_run}")
+        self.meter.start(to_run)
+
+    def _case_start(self, case, slot):
+        self.active[slot] = f"{slot}: {case.label()}"
+        self._describe()
+
+    def _case_done(self, case, row, slot):
+        self.active.pop(slot, None)
+        self._describe(advance=1)
+        self._not_ok(row, case.label())
+
+    def _describe(self, advance: int = 0):
+        self.meter.update(advance=advance, description=" | ".join(self.active.values()) or "…")
+
+
+class ClusterProgress(SweepProgress):
+    """SweepProgress with the cases per node: running now and done, e.g. ``gpu-a:3f2a1c 2 running, 5 done``."""
+
+    def __init__(self, console, what: str = "sweep", **options):
+        super().__init__(console, what, **options)
+        self.running: collections.Counter = collections.Counter()
+        self.finished: collections.Counter = collections.Counter()
+
+    def _case_start(self, case, slot):
+        self.running[slot] += 1
+        self._describe()
+
+    def _case_done(self, case, row, slot):
+        self.running[slot] = max(0, self.running[slot] - 1)
+        self.finished[slot] += 1
+        super()._case_done(case, row, slot)
+
+    def _describe(self, advance: int = 0):
+        nodes = sorted(set(self.running) | set(self.finished))
+        self.meter.update(advance=advance, description=" | ".join(f"{n} {self.running[n]} running, {self.finished[n]} done" for n in nodes) or "…")
+
+
+class VersionsProgress(_Events):
+    """The progress of ab and track over their processes (blocks: their rounds), described by the round and what runs."""
+
+    unit = "processes"
+
+    def _start(self, total, reused, versions, rounds):
+        if reused:
+            self.meter.note(f"reusing {reused} stored row(s) (a case at a version)")
+        self.meter.start(total)
+
+    def _process_start(self, case, version, round):
+        what = f"{version.name}: {case.label()}" if version is not None else "every version's cases, interleaved"
+        self.meter.update(description=f"round {round + 1}, {what}")
+
+    def _process_done(self, case, version, round, row, rows=None, row_versions=None):
+        self.meter.update(advance=1)
+        rows = [row] if rows is None else rows
+        for row, of in zip(rows, row_versions or [version] * len(rows)):
+            who = f"{of.name} " if of is not None else ""
+            self._not_ok(row, f"{who}round {round + 1}: {row.get('label') or case.label()}")
