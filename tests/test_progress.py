@@ -154,7 +154,7 @@ def test_bench_progress_in_a_pipe_and_on_a_terminal():
         clock.now += 10
         on_case(0, cases[0], Stage("timing 2 cases together, round 2/2", "round", 1, 2, (0, 1)))
         clock.now += 10
-    assert lines_of(buffer) == ["perflab bench: 0/2 cases, 0:00 elapsed: starting",
+    assert lines_of(buffer) == ["perflab bench: 0/2 cases, 0:00 elapsed: tiny bs1: build",
                                 "perflab bench: 0/2 cases, 0:10 elapsed, about 0:30 left: tiny bs2: build",
                                 "perflab bench: 1/2 cases, 0:20 elapsed, about 0:06 left: timing 2 cases together, round 2/2",
                                 "perflab bench: 2/2 cases, 0:30 elapsed: done"]
@@ -166,6 +166,28 @@ def test_bench_progress_in_a_pipe_and_on_a_terminal():
         assert "tiny bs1: timing" in buffer.getvalue() and "0/6 case runs" in buffer.getvalue()
         assert "about 1:50 left" in buffer.getvalue()
     assert on_case.meter.progress is None
+
+
+def test_explain_progress_counts_parts_and_the_cases_of_a_timing_session():
+    clock = FakeClock()
+    for console, buffer in (pipe(), terminal()):
+        with pr.ExplainProgress(console, clock=clock, interval=10.0, ticker=False, auto_refresh=False) as drawer:
+            drawer.on_stage(Stage("measuring this GPU's ceilings", "part", 0, 4))
+            clock.now += 10
+            drawer.on_stage(Stage("gpt: timing eager, 1 mode(s) and 1 fix(es) together", "part", 1, 4, range(3)))
+            drawer.on_stage("gpt: compiling in a child process within 60 s")  # words alone: no part
+            for i in range(3):
+                drawer.on_case(i, case(f"gpt {i}"), "build")
+            clock.now += 10
+            drawer.on_case(0, case("gpt 0"), Stage("timing 3 cases together, round 1/2", "round", 0, 2, (0, 1, 2)))
+            if console.is_terminal:
+                assert "1/4 parts" in buffer.getvalue() and "timing 3 cases together, round 1/2" in buffer.getvalue()
+        if not console.is_terminal:
+            assert lines_of(buffer) == ["perflab explain: 0/4 parts, 0:00 elapsed: measuring this GPU's ceilings",
+                                        "perflab explain: 1/4 parts, 0:10 elapsed, about 0:30 left: gpt: timing eager, 1 mode(s) and 1 fix(es) together",
+                                        # the session's 3 cases built, half done each: 1.5 parts of 4 in 20 s
+                                        "perflab explain: 1/4 parts, 0:20 elapsed, about 0:33 left: timing 3 cases together, round 1/2",
+                                        "perflab explain: 4/4 parts, 0:20 elapsed: done"]
 
 
 def test_the_sweep_drawers_say_what_resumes_each_row_not_ok_and_their_progress():

@@ -713,6 +713,7 @@ def explain(
 
     from perflab import api
     from perflab.report.explain_console import render_explanation
+    from perflab.report.progress import ExplainProgress
 
     ranks = _ranks(parallel, gpus, world_size, flags["device"])
     dtype, dtype_note = flags["dtype"], None
@@ -723,9 +724,10 @@ def explain(
     case, other = cases[0], (cases[1] if vs else None)
     if markdown is not None:
         check_writable_file(markdown)
-    with err.status("explaining") as status:
-        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
-                             fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget, gpus=ranks.gpus)
+    with ExplainProgress(err) as progress:
+        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=progress.on_stage, on_case=progress.on_case,
+                             pin=not no_pin, fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget,
+                             gpus=ranks.gpus)
     if as_json:
         sys.stdout.write(json.dumps(dict(result.to_dict(), dtype_note=dtype_note)) + "\n")
     else:

@@ -33,3 +33,15 @@ class Stage(str):
 
 
 TIMING = Stage("timing", "timing")  # a case alone: its build and warm-up ended, its timed loop begins
+
+
+class Parts:
+    """A command's parts, numbered as they begin: ``begin(text, cases)`` tells ``on_stage`` part ``done`` of ``total``
+    (with ``cases``, the number of cases a timing session of that part times together)."""
+
+    def __init__(self, on_stage, total: int):
+        self.on_stage, self.total, self.done = on_stage, total, 0
+
+    def begin(self, text: str, cases: int = 0) -> None:
+        self.on_stage(Stage(text, "part", self.done, self.total, range(cases)))
+        self.done = min(self.done + 1, self.total)

@@ -9,7 +9,8 @@ anything else (a pipe, a CI log) one line at the start, one at the end, and one 
 The time left is the time elapsed per unit done so far, times the units left. The stages below measure, sweep and
 diagnosis do not draw: they emit events (``measure.stages.Stage`` through ``on_case``/``on_stage``, the sweep
 session's ``on_event``), and the drawers here turn them into the meter's units: ``BenchProgress`` (bench's cases,
-each a unit: half its build and warm-up, half its timing), ``SweepProgress`` and ``ClusterProgress`` (a sweep's cases),
+each a unit: half its build and warm-up, half its timing), ``ExplainProgress`` (explain's parts: ceilings, timing
+sessions, profile passes, rank launches), ``SweepProgress`` and ``ClusterProgress`` (a sweep's cases),
 ``VersionsProgress`` (the processes of ab and track).
 """
 
@@ -271,14 +272,14 @@ class CaseProgress:
 
 class BenchProgress:
     """bench's progress: ``on_case`` for ``api.bench``, over ``cases`` (× ``processes``). Use as a context manager
-    around the run: it starts the meter, and finishes it however the run ends."""
+    around the run: the meter starts with the first case (bad input refused before it leaves its one line alone), and
+    finishes however the run ends."""
 
     def __init__(self, console, cases, processes: int = 1, what: str = "bench", **options):
         self.cases = CaseProgress(len(cases), processes)
         self.meter = meter(console, what, "cases" if processes == 1 else "case runs", **options)
 
     def __enter__(self):
-        self.meter.start(self.cases.total)
         return self
 
     def __exit__(self, kind, value, tb):
@@ -287,7 +288,44 @@ class BenchProgress:
     def __call__(self, index: int, case, stage) -> None:
         self.cases.hear(index, stage)
         words = str(stage) if getattr(stage, "kind", None) in ("round", "process") else f"{case.label()}: {stage}"
+        if self.meter.started is None:
+            self.meter.start(self.cases.total, words)
         self.meter.update(done=self.cases.done, description=words)
+
+
+class ExplainProgress:
+    """explain's progress (and explain --parallel's): ``on_stage`` and ``on_case`` for ``api.explain``. Its units are the
+    parts ``diagnosis`` names (``Stage`` of kind "part": the ceilings, each timing session, each profile pass, each rank
+    launch); within a timing session, its cases' stages move the part from begun to done (``CaseProgress``). The meter
+    starts with the first part (bad input, refused before it, keeps its one line)."""
+
+    def __init__(self, console, what: str = "explain", **options):
+        self.meter = meter(console, what, "parts", **options)
+        self._part = 0
+        self._session: CaseProgress | None = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        self.meter.finish("done" if kind is None else "stopped", complete=kind is None)
+
+    def on_stage(self, stage) -> None:
+        if getattr(stage, "kind", None) == "part":
+            if self.meter.started is None:
+                self.meter.start(stage.total, str(stage))
+            self._part = stage.done
+            self._session = CaseProgress(len(stage.cases)) if stage.cases else None
+            self.meter.update(done=stage.done, total=stage.total, description=str(stage))
+        elif self.meter.started is not None:
+            self.meter.update(description=str(stage))
+
+    def on_case(self, index: int, case, stage) -> None:
+        if self._session is None:
+            return
+        self._session.hear(index, stage)
+        words = str(stage) if getattr(stage, "kind", None) in ("round", "process") else f"{case.label()}: {stage}"
+        self.meter.update(done=self._part + self._session.done / max(self._session.total, 1), description=words)
 
 
 class _Events:
