@@ -4,7 +4,7 @@ One meter draws it: on a terminal a rich progress bar (what runs, the bar, done/
 anything else (a pipe, a CI log) one line at the start, one at the end, and one every ``PERFLAB_PROGRESS_S`` seconds
 (10 by default) in between, from a thread of its own, so a step that runs for minutes still says it is running::
 
-    perflab bench: 1/4 cases, 0:42 elapsed, about 2:06 left: gpt_small bs8 fp32 eager: warmup
+    perflab bench: 1/4 cases, 0:42 elapsed, about 2:06 left: gpt_small forward seq128 bs8 fp32 eager: warmup
 
 The time left is the time elapsed per unit done so far, times the units left. The stages below measure, sweep and
 diagnosis do not draw: they emit events (``measure.stages.Stage`` through ``on_case``/``on_stage``, the sweep
