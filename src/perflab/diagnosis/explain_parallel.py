@@ -36,6 +36,7 @@ from perflab.analysis.comm import MIB, call_latency_us, comm_floor, ddp_floor, f
 from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, fix_step_ms, predict_comm_fix
 from perflab.errors import PerflabError
 from perflab.diagnosis.explanation import GLUE_CATEGORIES
+from perflab.measure.stages import Parts
 from perflab.spec import Case, merge_parallel, parse_parallel
 
 # gloo on the CPU: the sizes the ranks sweep in the base's launch (small ones for the per-call latency)
@@ -104,7 +105,8 @@ def check_parallel_explain(case: Case, vs, by_module: bool, fixes_on: str, compi
 
 def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None, on_stage=lambda s: None) -> ParallelExplanation:
     """The communication of ``case`` (a --parallel train_step) against its floor, and ``fixes`` (None: the defaults;
-    ["none"]: none) predicted then measured. ``gpus``: the ranks' GPUs (None on the CPU)."""
+    ["none"]: none) predicted then measured. ``gpus``: the ranks' GPUs (None on the CPU). ``on_stage`` hears each part
+    as it begins (``measure.stages.Stage``: the all-reduce sweep on GPUs, then each launch of the ranks)."""
     from perflab.paths import make_out_dir
     from perflab.spec import validate_case
 
@@ -115,16 +117,17 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
     planned = plan_parallel_fixes(case, fixes)
     out_dir = make_out_dir(Path(out_dir))
     sweep, sizes = None, None
+    parts = Parts(on_stage, (case.device == "cuda") + 1 + len(planned))  # the all-reduce sweep (GPUs), then each launch of the ranks
     if case.device == "cuda":
         from perflab.measure.ceilings import cache_path, get_all_reduce
 
-        on_stage(f"the all-reduce bus bandwidth of GPUs {gpus} (perflab ceilings' sweep; cached after the first time)")
+        parts.begin(f"the all-reduce bus bandwidth of GPUs {gpus} (perflab ceilings' sweep; cached after the first time)")
         sweep = dict(get_all_reduce(list(gpus)), source=f"perflab ceilings' all-reduce sweep of GPUs {','.join(map(str, gpus))}, cached in {cache_path()}")
     else:
         sizes = CPU_ALL_REDUCE_SIZES
     from perflab.diagnosis.profiling import profile_parallel
 
-    on_stage(f"{case.label()}: timing on {case.world_size} ranks (and on one device), profiling {steps} steps on each")
+    parts.begin(f"{case.label()}: timing on {case.world_size} ranks (and on one device), profiling {steps} steps on each")
     result = profile_parallel(case, out_dir / "base", steps=steps, gpus=gpus, all_reduce_sizes=sizes, explain=True)
     row = result.pop("row")
     if row["status"] != "ok":
@@ -136,7 +139,7 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
     step = comm_step(case, row, result, sweep)
     explanation = ParallelExplanation(case, row, result, communication, step)
     for i, (spec, fixed) in enumerate(planned, 1):
-        on_stage(f"fix {i} of {len(planned)}, {spec}: timing and profiling {fixed.label()}, then timing the base again beside it")
+        parts.begin(f"fix {i} of {len(planned)}, {spec}: timing and profiling {fixed.label()}, then timing the base again beside it")
         measured = profile_parallel(fixed, out_dir / f"fix{i}", steps=steps, gpus=gpus, single=False, paired=[case])
         fix_row = measured.pop("row")
         base_row = (fix_row.get("paired") or [{}])[0]
