@@ -59,7 +59,7 @@ def test_the_time_left_is_the_pace_so_far():
     assert [pr.clock_text(s) for s in (0, 42.9, 725, 3723)] == ["0:00", "0:42", "12:05", "1:02:03"]
 
 
-def test_a_pipe_gets_a_line_at_the_start_one_per_interval_and_one_at_the_end():
+def test_a_pipe_gets_a_line_per_interval_and_one_at_the_end_and_short_work_none():
     clock = FakeClock()
     console, buffer = pipe()
     meter = pr.meter(console, "bench", "cases", clock=clock, interval=10.0, ticker=False)
@@ -68,7 +68,7 @@ def test_a_pipe_gets_a_line_at_the_start_one_per_interval_and_one_at_the_end():
     for t, done in ((3, 0.5), (9.9, 1)):  # events within the interval: no line
         clock.now = 1000.0 + t
         meter.update(done=done, description="tiny bs1: warmup")
-    assert len(lines_of(buffer)) == 1
+    assert len(lines_of(buffer)) == 0  # nothing for work shorter than the interval: a command that fails at once keeps its one line
     clock.now = 1010.0
     meter.update(done=1, description="tiny bs1: timing")
     clock.now = 1015.0
@@ -77,12 +77,17 @@ def test_a_pipe_gets_a_line_at_the_start_one_per_interval_and_one_at_the_end():
     meter.update(description="tiny bs2: warmup")
     clock.now = 1031.0
     meter.finish()
-    assert lines_of(buffer) == ["perflab bench: 0/4 cases, 0:00 elapsed: starting",
-                                "perflab bench: 1/4 cases, 0:10 elapsed, about 0:30 left: tiny bs1: timing",
+    assert lines_of(buffer) == ["perflab bench: 1/4 cases, 0:10 elapsed, about 0:30 left: tiny bs1: timing",
                                 "perflab bench: 2/4 cases, 0:20 elapsed, about 0:20 left: tiny bs2: warmup",
                                 "perflab bench: 2/4 cases, 0:31 elapsed, about 0:31 left: done"]
     meter.finish()  # said once
-    assert len(lines_of(buffer)) == 4
+    assert len(lines_of(buffer)) == 3
+    short, buffer = pipe()
+    quick = pr.meter(short, "bench", "cases", clock=clock, interval=10.0, ticker=False)
+    quick.start(1)
+    clock.now += 2
+    quick.finish("stopped")
+    assert lines_of(buffer) == []
 
 
 def test_the_lines_thread_says_a_long_stage_still_runs_and_stops_with_the_meter():
@@ -154,8 +159,7 @@ def test_bench_progress_in_a_pipe_and_on_a_terminal():
         clock.now += 10
         on_case(0, cases[0], Stage("timing 2 cases together, round 2/2", "round", 1, 2, (0, 1)))
         clock.now += 10
-    assert lines_of(buffer) == ["perflab bench: 0/2 cases, 0:00 elapsed: tiny bs1: build",
-                                "perflab bench: 0/2 cases, 0:10 elapsed, about 0:30 left: tiny bs2: build",
+    assert lines_of(buffer) == ["perflab bench: 0/2 cases, 0:10 elapsed, about 0:30 left: tiny bs2: build",
                                 "perflab bench: 1/2 cases, 0:20 elapsed, about 0:06 left: timing 2 cases together, round 2/2",
                                 "perflab bench: 2/2 cases, 0:30 elapsed: done"]
     console, buffer = terminal()
@@ -183,8 +187,7 @@ def test_explain_progress_counts_parts_and_the_cases_of_a_timing_session():
             if console.is_terminal:
                 assert "1/4 parts" in buffer.getvalue() and "timing 3 cases together, round 1/2" in buffer.getvalue()
         if not console.is_terminal:
-            assert lines_of(buffer) == ["perflab explain: 0/4 parts, 0:00 elapsed: measuring this GPU's ceilings",
-                                        "perflab explain: 1/4 parts, 0:10 elapsed, about 0:30 left: gpt: timing eager, 1 mode(s) and 1 fix(es) together",
+            assert lines_of(buffer) == ["perflab explain: 1/4 parts, 0:10 elapsed, about 0:30 left: gpt: timing eager, 1 mode(s) and 1 fix(es) together",
                                         # the session's 3 cases built, half done each: 1.5 parts of 4 in 20 s
                                         "perflab explain: 1/4 parts, 0:20 elapsed, about 0:33 left: timing 3 cases together, round 1/2",
                                         "perflab explain: 4/4 parts, 0:20 elapsed: done"]
@@ -224,8 +227,7 @@ def test_the_sweep_drawers_say_what_resumes_each_row_not_ok_and_their_progress()
             "reusing 3 stored row(s) (a case at a version)", "oom: B round 2: bs8: CUDA out of memory [at 2 GiB]"]
         if not console.is_terminal:
             lines = [line for line in said if line.startswith("perflab ")]
-            assert lines[:4] == ["perflab sweep: 0/2 cases, 0:00 elapsed: starting",
-                                 "perflab sweep: 1/2 cases, 0:10 elapsed, about 0:10 left: …",
+            assert lines[:3] == ["perflab sweep: 1/2 cases, 0:10 elapsed, about 0:10 left: …",
                                  "perflab sweep: 2/2 cases, 0:20 elapsed: …", "perflab sweep: 2/2 cases, 0:20 elapsed: done"]
             assert lines[-3:] == ["perflab ab: 1/2 processes, 0:10 elapsed, about 0:10 left: round 1, A: " + sweep_case.label(),
                                   "perflab ab: 2/2 processes, 0:20 elapsed: round 2, every version's cases, interleaved",

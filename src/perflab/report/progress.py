@@ -1,8 +1,9 @@
 """Progress on stderr for every command that runs long (bench, explain, explain --parallel, sweep, breakeven, ab, track).
 
 One meter draws it: on a terminal a rich progress bar (what runs, the bar, done/total, the time elapsed and left); on
-anything else (a pipe, a CI log) one line at the start, one at the end, and one every ``PERFLAB_PROGRESS_S`` seconds
-(10 by default) in between, from a thread of its own, so a step that runs for minutes still says it is running::
+anything else (a pipe, a CI log) one line every ``PERFLAB_PROGRESS_S`` seconds (10 by default), from a thread of its
+own, so a step that runs for minutes still says it is running, and one at the end where any was said (work shorter
+than the interval says nothing: a command that fails at once keeps its one line)::
 
     perflab bench: 1/4 cases, 0:42 elapsed, about 2:06 left: gpt_small forward seq128 bs8 fp32 eager: warmup
 
@@ -164,8 +165,9 @@ class BarMeter(Meter):
 
 
 class LineMeter(Meter):
-    """One line at the start, one at the end, and at most one every ``interval`` seconds between (from a thread that
-    wakes when one is due, so a long stage without events still says it runs; ``ticker=False``: only as events come)."""
+    """A line every ``interval`` seconds (from a thread that wakes when one is due, so a long stage without events still
+    says it runs; ``ticker=False``: only as events come), and one at the end where any was said: work shorter than the
+    interval says nothing, so a command that fails at once (bad input found while building) keeps its one line."""
 
     def __init__(self, console, what: str, unit: str, *, clock=time.monotonic, interval: float | None = None, ticker: bool = True,
                  **_bar_options):
@@ -173,13 +175,14 @@ class LineMeter(Meter):
         self.interval = interval_s() if interval is None else interval
         self.ticker = ticker
         self._said = -math.inf
+        self._spoke = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, total: int, description: str = "starting") -> None:
         super().start(total, description)
-        self._say(force=True)
+        self._said, self._spoke = self.clock(), False
         if self.ticker:
             self._stop.clear()
             self._thread = threading.Thread(target=self._tick, name="perflab-progress", daemon=True)
@@ -199,7 +202,8 @@ class LineMeter(Meter):
             return
         with self._lock:
             super().finish(description, complete)
-        self._say(force=True)
+        if self._spoke:
+            self._say(force=True)
         self.started = None  # said once
 
     def _tick(self) -> None:
@@ -211,7 +215,7 @@ class LineMeter(Meter):
             now = self.clock()
             if self.started is None or not force and now - self._said < self.interval:
                 return
-            self._said = now
+            self._said, self._spoke = now, True
             line = self.line()
         self.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
