@@ -531,27 +531,6 @@ def input_straggler(ranks: list[dict], comm_ranks: list[dict] | None = None) -> 
                        "storage): every rank's step waits for its slowest"}
 
 
-def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict, world_size: int, steps: int,
-                          rank_median_ms: dict, step_ms: float | None) -> dict:
-    """The ranks' communication against its floor, as ``explain --parallel`` gives it: the bytes a DDP step all-reduces
-    (2(N−1)/N × the gradients' bytes, in DDP's buckets), the bus bandwidth at a bucket's size from the sweep, the floor
-    (bus bytes ÷ busbw), and per rank its measured, exposed (waiting for a later rank + transfer) and overlapped
-    communication per step, the overlap fraction and measured ÷ floor."""
-    from perflab.analysis.comm import ddp_floor, rank_comm_rows
-
-    section = {"world_size": world_size, "steps_profiled": steps, "note": merged.get("note"), "floor_ms": None, "ranks": []}
-    floor = None
-    if ddp and sweep and sweep.get("sizes"):
-        step_floor = ddp_floor(ddp["grad_bytes"], world_size, ddp["bucket_cap_mb"], sweep, buckets=ddp.get("ddp_buckets"))
-        floor = step_floor.floor_ms
-        section.update(mode="ddp", grad_bytes=ddp["grad_bytes"], buckets=ddp.get("ddp_buckets"), **step_floor.to_dict(),
-                       floor_fraction=floor / step_ms if step_ms else None)
-    elif not ddp:
-        section["floor_note"] = "no DistributedDataParallel module found: the measured communication without a floor"
-    section["ranks"] = rank_comm_rows(merged.get("accounts") or [], steps, rank_median_ms, floor)
-    return section
-
-
 EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication may pass the step's growth by this much
 
 

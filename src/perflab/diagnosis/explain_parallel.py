@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from perflab.analysis.comm import MIB, call_latency_us, comm_floor, ddp_floor, fsdp_bytes, rank_comm_rows
+from perflab.analysis.comm import MIB, call_latency_us, communication_section
 from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, fix_step_ms, predict_comm_fix
 from perflab.errors import PerflabError
 from perflab.diagnosis.explanation import GLUE_CATEGORIES
@@ -135,7 +135,7 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
     if sweep is None:
         sweep = dict(row["all_reduce"], source=f"gloo all-reduces of {', '.join(_size(b) for b in sizes)} swept by the {case.world_size} CPU "
                                                "ranks in this run")
-    communication = communication_section(case, row, result, sweep)
+    communication = case_communication(case, row, result, sweep)
     step = comm_step(case, row, result, sweep)
     explanation = ParallelExplanation(case, row, result, communication, step)
     for i, (spec, fixed) in enumerate(planned, 1):
@@ -205,35 +205,19 @@ def untraced_scale(account: dict, steps: int, step_ms: float) -> float:
     return step_ms / window if window else 1.0 / steps / 1e6
 
 
-def communication_section(case: Case, row: dict, profile: dict, sweep: dict) -> dict:
-    """The bytes a step moves per collective, the bus bandwidth used and where it came from, the floor, and per rank
-    the measured communication, exposed communication, overlap fraction and measured ÷ floor (ms per step)."""
+def case_communication(case: Case, row: dict, profile: dict, sweep: dict) -> dict:
+    """The case's communication against its floor (``analysis.comm.communication_section``, the one section
+    ``perflab run`` gives too), with what explain adds beside it: the options, the sweep, the step and its scaling."""
     mode, options = parse_parallel(case.parallel)
-    n, grad, params = case.world_size, row["grad_bytes"], row["param_bytes"]
-    if mode == "ddp":
-        step_floor = ddp_floor(grad, n, options["bucket_cap_mb"], sweep, buckets=row.get("ddp_buckets"))
-        collectives = [{"collective": "all_reduce", "payload_bytes": grad, "bus_bytes": step_floor.bus_bytes, "calls": step_floor.calls,
-                        "message_bytes": step_floor.message_bytes, "bus_factor": "2(N−1)/N"}]
-    else:
-        units = row.get("fsdp_units") or 1
-        comm = fsdp_bytes(params, grad, n, reshard_after_forward=options["reshard"], units=units)
-        step_floor = comm_floor(comm, params / units, sweep)
-        gathers = comm.collectives["all_gather"]
-        collectives = [{"collective": "all_gather", "payload_bytes": gathers, "bus_bytes": -(-gathers * (n - 1) // n),
-                        "calls": (comm.calls // units - 1) * units, "message_bytes": step_floor.message_bytes, "bus_factor": "(N−1)/N"},
-                       {"collective": "reduce_scatter", "payload_bytes": grad, "bus_bytes": -(-grad * (n - 1) // n), "calls": units,
-                        "message_bytes": grad / units, "bus_factor": "(N−1)/N"}]
-    floor = step_floor.floor_ms
     steps = profile.get("steps") or 1
-    ranks = rank_comm_rows(profile.get("accounts") or [], steps, dict(enumerate(row["rank_median_ms"])), floor if floor > 0 else None)
-    return {"mode": mode, "options": options, "world_size": n, "grad_bytes": grad, "param_bytes": params,
-            "dtype_note": "gradients and parameters in the dtype they have (the parameters' dtype: fp32 under autocast)",
-            "collectives": collectives, "buckets": row.get("ddp_buckets"), **step_floor.to_dict(), "sweep": sweep,
-            "modelled_ms": step_floor.modelled_ms,
-            "step_ms": row["median_ms"], "floor_fraction": floor / row["median_ms"], "slowest_rank": row["slowest_rank"], "ranks": ranks,
-            "single_ms": row.get("single_gpu_ms"), "step_beside_single_ms": row.get("step_ms_beside_single"),
-            "scaling_efficiency": row.get("scaling_efficiency"),
-            "scaling_efficiency_ci95": row.get("scaling_efficiency_ci95"), "steps_profiled": steps,
-            "not_in_floor": "DDP's broadcast of the module's buffers each forward (broadcast_buffers) is communication too, timed with it, "
-                            "but not in the floor" if mode == "ddp" else None}
+    section = communication_section(mode=mode, world_size=case.world_size, grad_bytes=row["grad_bytes"], param_bytes=row["param_bytes"], sweep=sweep,
+                           accounts=profile.get("accounts") or [], steps=steps, rank_step_ms=dict(enumerate(row["rank_median_ms"])),
+                           step_ms=row["median_ms"], bucket_cap_mb=options.get("bucket_cap_mb"), buckets=row.get("ddp_buckets"),
+                           fsdp_units=row.get("fsdp_units"), reshard=options.get("reshard", True))
+    return dict(section, options=options, sweep=sweep, step_ms=row["median_ms"], slowest_rank=row["slowest_rank"],
+                dtype_note="gradients and parameters in the dtype they have (the parameters' dtype: fp32 under autocast)",
+                single_ms=row.get("single_gpu_ms"), step_beside_single_ms=row.get("step_ms_beside_single"),
+                scaling_efficiency=row.get("scaling_efficiency"), scaling_efficiency_ci95=row.get("scaling_efficiency_ci95"),
+                not_in_floor=section.get("not_in_floor"))
+
 

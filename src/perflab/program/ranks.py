@@ -129,7 +129,8 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
     """The ranks' reports merged, as rank 0's report's fields: each rank's step and flags, the slowest rank, and from
     their traces the communication section (and rank 0's verdict held against the most exposed communication).
     ``reports``: rank → its report as written, rank 0's own among them (it is written before the others are read)."""
-    from perflab.analysis.program import communication_section, input_straggler
+    from perflab.analysis.comm import communication_section
+    from perflab.analysis.program import input_straggler
     from perflab.diagnosis.profiling import account_rank_traces
 
     own = reports[0]
@@ -153,8 +154,11 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
         merged["communication_note"] = "not every rank wrote a trace: no merged accounting"
         return merged
     accounts = account_rank_traces(paths, own.device or "cpu", steps)
-    comm = communication_section(ddp=own.get("ddp"), sweep=own.get("all_reduce"), merged=accounts, world_size=world,
-                                 steps=accounts.get("steps") or steps, rank_median_ms=known, step_ms=step_ms)
+    ddp = own.get("ddp")
+    comm = communication_section(mode="ddp" if ddp else None, world_size=world, grad_bytes=(ddp or {}).get("grad_bytes"),
+                                 param_bytes=(ddp or {}).get("param_bytes"), sweep=own.get("all_reduce"), accounts=accounts.get("accounts") or [],
+                                 steps=accounts.get("steps") or steps, rank_step_ms=known, step_ms=step_ms, note=accounts.get("note"),
+                                 bucket_cap_mb=(ddp or {}).get("bucket_cap_mb"), buckets=(ddp or {}).get("ddp_buckets"))
     merged["communication"] = comm
     straggler = input_straggler(merged["ranks"], comm["ranks"])
     if straggler is not None:  # one rank's input holds every rank back: said before what the step does
