@@ -48,3 +48,20 @@ def run_cli_here(*args, cwd=None):
     finally:
         os.chdir(before)
     return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
+def assert_progress_lines(stderr: str, command: str, total: int, unit: str) -> list[str]:
+    """A command's progress in a pipe (report.progress): its last line at ``total`` done, each
+    ``perflab COMMAND: DONE/TOTAL UNIT, ELAPSED elapsed[, about LEFT left]: WHAT``, the counts never going back, and
+    (with PERFLAB_PROGRESS_S set short) lines before the last, one at least with the time left. Returns the lines."""
+    import re
+
+    clock = r"(?:\d+:)?\d+:\d\d"
+    shape = re.compile(rf"perflab {re.escape(command)}: (\d+)/{total} {re.escape(unit)}, {clock} elapsed(, about {clock} left)?: \S.*")
+    lines = [line for line in stderr.splitlines() if line.startswith(f"perflab {command}: ")]
+    matches = [shape.fullmatch(line) for line in lines]
+    assert lines and all(matches), lines
+    done = [int(m.group(1)) for m in matches]
+    assert lines[-1].endswith(": done") and done[-1] == total and done == sorted(done), lines
+    assert len(lines) >= 2 and any(m.group(2) for m in matches[:-1]), lines
+    return lines

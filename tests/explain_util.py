@@ -8,10 +8,15 @@ FAST = ["--iters", "4", "--repeats", "2", "--warmup", "1", "--steps", "2"]
 
 
 def run_explain_parallel(tmp):
+    """(its JSON, its markdown, its stderr: a pipe, with a progress line every 0.5 s)."""
+    import pytest
+
     from cli_util import run_cli_here
 
     md = tmp / "explain.md"
-    result = run_cli_here("explain", *TINY, "--parallel", "ddp:bucket_cap_mb=0.1", "--world-size", "2", *FAST, "--fixes", "fsdp:reshard=false",
-                          "--out", tmp / "traces", "--json", "--markdown", md)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PERFLAB_PROGRESS_S", "0.5")
+        result = run_cli_here("explain", *TINY, "--parallel", "ddp:bucket_cap_mb=0.1", "--world-size", "2", *FAST, "--fixes",
+                              "fsdp:reshard=false", "--out", tmp / "traces", "--json", "--markdown", md)
     assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout), md.read_text()
+    return json.loads(result.stdout), md.read_text(), result.stderr

@@ -69,5 +69,6 @@ def killed_and_resumed_smoke(tmp_path_factory):
     wait_for(lambda: not live_workers(out), 30, "the killed sweep's worker to die with it")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("OMP_NUM_THREADS", "1")
+        mp.setenv("PERFLAB_PROGRESS_S", "0.5")  # its progress lines, read by test_sweep_resume
         resumed = run_cli_here("sweep", SMOKE, "--out", out, "--resume", "--workers", "2")
     return {"out": out, "total": total, "stored_at_kill": stored_at_kill, "resumed": resumed}

@@ -91,7 +91,7 @@ def fake_row(c):
             "host_held_ms": host, "device_ms": gpu, "flops_analytic": 90e9}
 
 
-def run_explain(monkeypatch, fixes, fixes_on="best", modes=("cudagraph",)):
+def run_explain(monkeypatch, fixes, fixes_on="best", modes=("cudagraph",), on_stage=lambda s: None):
     import perflab.diagnosis.explanation as ex
 
     case = validate_case(Case(**LM_CASE))
@@ -103,9 +103,38 @@ def run_explain(monkeypatch, fixes, fixes_on="best", modes=("cudagraph",)):
         return [fake_row(c) for c in cases]
 
     monkeypatch.setattr(ex, "measure_host_issue_ms", lambda c: 4.0)
-    ce = ex.explain_case(case, Path("unused"), CEILINGS, 2, list(modes), run_cases, lambda *a, **k: None, lambda p: trace, lambda s: None,
+    ce = ex.explain_case(case, Path("unused"), CEILINGS, 2, list(modes), run_cases, lambda *a, **k: None, lambda p: trace, on_stage,
                          fixes=fixes, fixes_on=fixes_on)
     return ce, sessions, trace
+
+
+def test_explain_counts_its_parts_as_they_begin_and_its_progress_says_them_in_a_pipe(monkeypatch):
+    """Each part of explain_case begins with a Stage that counts it (the two timing sessions with their cases, the
+    profile pass, the host's issue), as many as case_parts said beforehand; report.progress draws them as lines."""
+    import io
+
+    from rich.console import Console
+
+    import perflab.diagnosis.explanation as ex
+    from perflab.report.progress import ExplainProgress
+
+    fixes = ex.default_fixes(validate_case(Case(**LM_CASE)))
+    stages = []
+    run_explain(monkeypatch, fixes, on_stage=stages.append)
+    parts = [(s.done, s.total, len(s.cases)) for s in stages]
+    assert parts == [(0, 4, 2), (1, 4, 5), (2, 4, 0), (3, 4, 0)]  # eager and cudagraph; cudagraph again and the 4 fixes on it
+    assert ex.case_parts(validate_case(Case(**LM_CASE)), ["cudagraph"], fixes) == 4
+    assert ex.case_parts(validate_case(Case(**LM_CASE)), ["cudagraph"], fixes, fixes_on="eager") == 3  # one session
+    buffer = io.StringIO()
+    now = [0.0]
+    with ExplainProgress(Console(file=buffer, width=300), clock=lambda: now[0], interval=10.0, ticker=False) as drawer:
+        for stage in stages:
+            now[0] += 10.0
+            drawer.on_stage(stage)
+    lines = buffer.getvalue().splitlines()
+    assert lines == [f"perflab explain: {s.done}/4 parts, 0:{10 * k:02d} elapsed{left}: {s}"  # the first at the start
+                     for k, (s, left) in enumerate(zip(stages, ["", ", about 0:30 left", ", about 0:20 left", ", about 0:10 left"]))] + [
+                         "perflab explain: 4/4 parts, 0:30 elapsed: done"]
 
 
 def test_explain_case_per_pass_floors_and_fixes_on_the_best_mode_with_a_real_trace(monkeypatch):

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from cli_util import assert_one_line_error, run_cli_here
+from cli_util import assert_one_line_error, assert_progress_lines, run_cli_here
 
 # the model's parameters by hand: embeddings and output 256 x 64 each, wqkv 3 x 64 x 64, wo 64 x 64, w1, w2, w3 128 x 64 each,
 # three RMSNorm weights of 64
@@ -17,7 +17,15 @@ MIB = 2**20
 
 @pytest.fixture
 def explained(explain_ddp_run):  # conftest: one run, read here and by test_parallel_fsdp.py
-    return explain_ddp_run
+    return explain_ddp_run[:2]
+
+
+def test_its_progress_in_a_pipe_names_each_launch_of_the_ranks(explain_ddp_run):
+    """stderr a pipe: a line at the start, every PERFLAB_PROGRESS_S (0.5 s here) and at the end, counting the two launches
+    (the base's, the fix's) with the time left once the first has ended."""
+    lines = assert_progress_lines(explain_ddp_run[2], "explain", 2, "parts")
+    assert any(": gpt_small" in line and "timing on 2 ranks" in line for line in lines), lines
+    assert any(line.startswith("perflab explain: 1/2 parts") and ": fix 1 of 1, fsdp:reshard=false: " in line for line in lines), lines
 
 
 def test_the_communication_bytes_by_hand_and_ddp_buckets_as_torch_rebuilt_them(explained):

@@ -4,7 +4,7 @@ is the FSDP fix of the CPU `perflab explain --parallel` run (conftest's ``explai
 
 
 def test_fsdp_two_ranks(explain_ddp_run):
-    data, _ = explain_ddp_run
+    data = explain_ddp_run[0]
     (fix,) = data["fix_predictions"]
     row = fix["row"]
     assert row["status"] == "ok", row.get("detail")

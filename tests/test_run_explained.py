@@ -259,7 +259,7 @@ def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothi
     assert list(written)[-5:] == ["ranks", "slowest_rank", "step_ms", "ranks_missing", "communication_note"]
     assert (written["slowest_rank"], written["step_ms"], written["ranks_missing"]) == (2, 12.5, [1])
     assert written["ranks"][1] == {"rank": 2, "median_ms": 12.5, "ci_ms": [11.5, 13.5], "ci_coverage": 0.95, "ci95_ms": [11.5, 13.5],
-                                   "steps_seen": 12, "flags": ["high_cv"]}
+                                   "steps_seen": 12, "flags": ["high_cv"], "mean_ms": None, "input_exposed_ms": None, "input_share": None}
     assert "communication" not in written and written["communication_note"] == "not every rank wrote a trace: no merged accounting"
     assert "rank(s) [1] wrote no report" in capsys.readouterr().err
 

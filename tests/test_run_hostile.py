@@ -426,3 +426,26 @@ def test_without_shapes_no_operator_is_said_to_lack_a_formula():
     flops = {"complete": False, "known": False, "shapes_recorded": False, "uncounted_ops": {"aten::mm": 3}, "uncounted_heavy_share": None}
     message = [c["message"] for c in run_checks({"flops": flops}) if c["flag"] == "flops_incomplete"][0]
     assert "no operator shapes were recorded" in message and "no FLOP formula" not in message
+
+
+def test_a_program_that_raises_ends_the_processes_it_started(tmp_path, capsys):
+    """Its child still running when the program raises: ended (SIGTERM), not left behind; its pid written for the test."""
+    prog = program(tmp_path, f"""
+        import multiprocessing as mp, time, torch
+        def wait():
+            time.sleep(60)
+        if __name__ == "__main__":
+            child = mp.get_context("fork").Process(target=wait)
+            child.start()
+            open({str(tmp_path / "pid")!r}, "w").write(str(child.pid))
+            m = torch.nn.Linear(4, 4); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            for i in range(3):
+                m(torch.randn(2, 4)).sum().backward(); opt.step()
+            raise RuntimeError("the program gives up")
+    """)
+    code, report = run(tmp_path, prog, skip=1, steps=1, trace=0)
+    err = capsys.readouterr().err
+    pid = int((tmp_path / "pid").read_text())
+    assert code == 1 and "its processes still running were ended: " + str(pid) in err
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # gone (and reaped by multiprocessing)

@@ -10,7 +10,8 @@ import pytest
 
 from perflab.analysis.launch import host_issue_ms
 from perflab.analysis.op_flops import count_op_flops
-from perflab.analysis.program import communication_section, compiled_split
+from perflab.analysis.comm import communication_section
+from perflab.analysis.program import compiled_split
 from perflab.trace.kineto import load_kineto
 
 DATA = Path(__file__).parent / "data" / "run"
@@ -53,8 +54,10 @@ def test_two_ddp_ranks_merge_into_the_communication_section_against_the_floor():
     recorded = json.loads((DATA / "nanogpt_ddp_h100.json").read_text())
     merged = account_rank_traces([str(p) for p in RANKS], "cuda", 3)
     medians = {int(k): v for k, v in recorded["rank_median_ms"].items()}
-    section = communication_section(ddp=recorded["ddp"], sweep=recorded["all_reduce"], merged=merged, world_size=2, steps=3,
-                                    rank_median_ms=medians, step_ms=recorded["step_ms"])
+    ddp = recorded["ddp"]
+    section = communication_section(mode="ddp", grad_bytes=ddp["grad_bytes"], param_bytes=ddp["param_bytes"], bucket_cap_mb=ddp["bucket_cap_mb"],
+                                    buckets=ddp["ddp_buckets"], sweep=recorded["all_reduce"], accounts=merged["accounts"], world_size=2, steps=3,
+                                    rank_step_ms=medians, step_ms=recorded["step_ms"])
     assert recorded["ddp"]["grad_bytes"] == 4 * 124_373_760  # nanoGPT's GPT-2 124M in fp32 (position embeddings included)
     assert section["bus_bytes"] == recorded["ddp"]["grad_bytes"] and section["calls"] == 14  # DDP's 14 rebuilt buckets
     assert section["floor_ms"] == pytest.approx(section["bus_bytes"] / (section["busbw_gbps"] * 1e9) * 1e3)
@@ -74,10 +77,11 @@ def test_run_and_explain_parallel_read_one_ddp_floor_from_the_same_step():
 
     recorded = json.loads((DATA / "nanogpt_ddp_h100.json").read_text())
     ddp, sweep = recorded["ddp"], recorded["all_reduce"]
-    run = communication_section(ddp=ddp, sweep=sweep, merged={}, world_size=2, steps=3, rank_median_ms={}, step_ms=recorded["step_ms"])
+    run = communication_section(mode="ddp", grad_bytes=ddp["grad_bytes"], param_bytes=ddp["param_bytes"], bucket_cap_mb=ddp["bucket_cap_mb"],
+                                buckets=ddp["ddp_buckets"], sweep=sweep, accounts=[], world_size=2, steps=3, rank_step_ms={}, step_ms=recorded["step_ms"])
     row = {"grad_bytes": ddp["grad_bytes"], "param_bytes": ddp["param_bytes"], "ddp_buckets": ddp["ddp_buckets"], "rank_median_ms": [],
            "median_ms": recorded["step_ms"], "slowest_rank": 0}
-    explained = explain_parallel.communication_section(Case(model="gpt_small", workload="train_step", device="cuda", parallel="ddp", world_size=2),
+    explained = explain_parallel.case_communication(Case(model="gpt_small", workload="train_step", device="cuda", parallel="ddp", world_size=2),
                                                        row, {"accounts": [], "steps": 3}, sweep)
     fields = ("bus_bytes", "calls", "message_bytes", "busbw_gbps", "busbw_size_bytes", "busbw_source", "latency_us", "floor_ms", "floor_fraction")
     assert {k: run[k] for k in fields} == {k: explained[k] for k in fields}

@@ -73,41 +73,6 @@ def test_sigterm_stops_a_sweep_as_ctrl_c_does_and_gives_the_handler_back(tmp_pat
     assert not (tmp_path / "tmp").exists()
 
 
-def test_the_progress_drawers_say_what_resumes_and_each_row_not_ok(tmp_path):
-    """Every drawer over one rich console: the resume (or reuse) line, a line per row not ok naming its case (and its
-    version and round), nothing for an ok row, and the bar stopped at the end."""
-    import io
-    from types import SimpleNamespace
-
-    from rich.console import Console
-
-    from perflab.sweep.progress import ClusterProgress, RichProgress, VersionsProgress
-
-    case = parse_experiment({"defaults": FAST, "cases": [{}]}, "x.yaml").cases[0]
-    ok, oom = {"status": "ok"}, {"status": "oom", "message": "CUDA out of memory [at 2 GiB]"}
-    buffer = io.StringIO()
-    console = Console(file=buffer, width=200, highlight=False, color_system=None)
-    for drawer in (RichProgress(console), ClusterProgress(console)):
-        drawer("start", total=3, skipped=1, to_run=2, env_key="abc123", slots=["w0"])
-        for row in (ok, oom):
-            drawer("case_start", case=case, slot="w0")
-            drawer("case_done", case=case, row=row, slot="w0")
-        drawer("finish", summary=None)
-        assert drawer.progress is None or drawer.progress.finished
-    a, b = SimpleNamespace(name="A"), SimpleNamespace(name="B")
-    versions = VersionsProgress(console)
-    versions("start", total=2, reused=3, versions=[a, b], rounds=1)
-    versions("process_start", case=case, version=a, round=0)
-    versions("process_done", case=case, version=a, round=0, row=ok)
-    versions("process_start", case=case, version=None, round=1)
-    versions("process_done", case=case, version=None, round=1, row=None, rows=[ok, dict(oom, label="bs8")], row_versions=[a, b])
-    versions("finish", summary=None)
-    lines = [line for line in buffer.getvalue().splitlines() if line.strip()]
-    failed = f"oom: {case.label()}: CUDA out of memory [at 2 GiB]"
-    assert lines == ["resuming: 1 of 3 cases already stored (environment abc123); running 2", failed] * 2 + [
-        "reusing 3 stored row(s) (a case at a version)", "oom: B round 2: bs8: CUDA out of memory [at 2 GiB]"]
-
-
 def test_the_session_records_how_each_run_ended_and_closes_the_progress_each_time(tmp_path):
     """Complete; Ctrl-C (interrupted, nothing raised); an error in the drive or between begin and drive (failed, raised);
     each record with the rows it stored, and "finish" heard each time."""

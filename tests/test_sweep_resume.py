@@ -11,7 +11,7 @@ import sqlite3
 
 import pytest
 
-from cli_util import run_cli_here
+from cli_util import assert_progress_lines, run_cli_here
 from perflab.sweep.spec import load_experiment
 from sweep_util import SMOKE
 
@@ -28,6 +28,10 @@ def test_killed_sweep_resumes_to_every_case_exactly_once(smoke_run):
     assert 1 <= at_kill < total
     assert resumed.returncode == 0, resumed.stderr
     assert f"{total} cases: {total - at_kill} run now ({total - at_kill} ok), {at_kill} already stored" in resumed.stdout
+    # stderr a pipe: what resumes, then a line every PERFLAB_PROGRESS_S (sweep_util's 0.5 s) with the cases each worker runs
+    assert f"resuming: {at_kill} of {total} cases already stored" in resumed.stderr
+    lines = assert_progress_lines(resumed.stderr, "sweep", total - at_kill, "cases")
+    assert any(" left: w0: " in line or " left: w1: " in line for line in lines), lines
     r = run_cli_here("results", out, "--format", "json")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]

@@ -293,6 +293,7 @@ def _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, **options)
     """Data-parallel cases each on their ranks, the others as bench runs them; rows in the cases' order."""
     from perflab.errors import PerflabError
     from perflab.measure.parallel import run_parallel_case
+    from perflab.measure.stages import Stage
 
     if memory_snapshot is not None or processes > 1:
         raise PerflabError("--memory-snapshot and --processes measure one process; they do not apply with --parallel")
@@ -303,7 +304,7 @@ def _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, **options)
     for i, case in enumerate(cases):
         if case.parallel:
             if on_case:
-                on_case(i, case, f"{case.world_size} ranks")
+                on_case(i, case, Stage(f"{case.world_size} ranks", "timing"))
             rows[i] = run_parallel_case(case, gpus=list(gpus)[:case.world_size] if gpus else None)
     return rows
 
@@ -1202,7 +1203,8 @@ def explain_dtype(device: str) -> tuple[str, str]:
 
 
 def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps: int = 5, modes=None, on_stage=None, pin: bool = True,
-            fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None, gpus: Sequence[int] | None = None):
+            fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None, gpus: Sequence[int] | None = None,
+            on_case=None):
     """Why ``case`` takes its time (and how it differs from ``vs``), per-pass floors, predictions for other modes
     and for ``fixes`` (None: the family's defaults; ["none"]: none) applied on ``fixes_on`` ("best": the fastest of
     eager and the modes measured; "eager"; or a mode), measured. ``pin``: as for :func:`bench`. ``compile_budget_s``: a
@@ -1210,7 +1212,11 @@ def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps:
 
     A data-parallel case (``case.parallel``, a train_step; ``gpus``: its ranks' GPUs, None on the CPU) returns a
     ``perflab.diagnosis.explain_parallel.ParallelExplanation``: its communication against its floor and the communication
-    fixes (``ddp:OPTION=VALUE``, ``fsdp``, ``compile``) predicted, then measured."""
+    fixes (``ddp:OPTION=VALUE``, ``fsdp``, ``compile``) predicted, then measured.
+
+    Progress (``report.progress.ExplainProgress`` draws it): ``on_stage(stage)`` hears what runs, each part's beginning a
+    ``measure.stages.Stage`` that counts the parts; ``on_case(index, case, stage)`` the stages of its timing sessions'
+    cases, as :func:`bench`'s."""
     from perflab.diagnosis.explanation import PREDICTED_MODES
     from perflab.diagnosis.explanation import explain as run
 
@@ -1222,4 +1228,4 @@ def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps:
         return explain_parallel(case, out_dir, steps=steps, gpus=gpus, fixes=fixes, on_stage=on_stage or (lambda s: None))
 
     return run(case, vs, out_dir, steps=steps, modes=tuple(modes or PREDICTED_MODES), on_stage=on_stage or (lambda s: None), pin=pin,
-               fixes=fixes, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget_s)
+               fixes=fixes, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget_s, on_case=on_case)

@@ -129,7 +129,7 @@ def demo(device: str = typer.Option("auto", "--device", help="auto, cuda or cpu.
         err.print("No GPU here: running a small CPU version (DeiT-Tiny, fp32, eager).")
     if processes is None:
         processes = api.DEMO_GPU_PROCESSES if cases[0].device == "cuda" else 1
-    rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes))
+    rows, lost = _rows_or_lost(lambda: _run_with_progress(cases, pin=not no_pin, interleave=not no_interleave, processes=processes, what="demo"))
     out.print(bench_table(rows, title="Baseline vs top-k (keep 0.1 at blocks 3, 6, 9)"))
     speedups = speedup_table(rows)
     if speedups is not None:
@@ -167,22 +167,13 @@ def _rows_or_lost(run):
 
 
 def _run_with_progress(cases, memory_snapshot=None, pin: bool = True, interleave: bool = True, processes: int = 1, gpus=None,
-                       inductor_cache=None):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+                       inductor_cache=None, what: str = "bench"):
     from perflab import api
+    from perflab.report.progress import BenchProgress
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=True,
-                  disable=not err.is_terminal) as progress:  # piped: no bar, and no blank line where it was
-        task = progress.add_task("starting", total=len(cases))
-
-        def on_case(index, case, stage):
-            progress.update(task, completed=index, description=_text(f"{case.label()}: {stage}"))
-
-        rows = api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
+    with BenchProgress(err, cases, processes, what=what) as on_case:
+        return api.bench(cases, on_case=on_case, memory_snapshot=memory_snapshot, pin=pin, interleave=interleave, processes=processes,
                          gpus=gpus, inductor_cache=inductor_cache)
-        progress.update(task, completed=len(cases))
-    return rows
 
 
 def _text(line: str) -> str:
@@ -224,7 +215,7 @@ def sweep(
 ):
     """Run an experiment spec, one fresh process per case; each result is stored at once in OUT/results.sqlite."""
     from perflab import api
-    from perflab.sweep.progress import RichProgress
+    from perflab.report.progress import ClusterProgress, SweepProgress
     from perflab.sweep.runner import command_line
 
     experiment = api.load_experiment(spec, max_cases=max_cases)
@@ -233,10 +224,9 @@ def sweep(
             out.print(f"{case.id}  {case.label()}", soft_wrap=True, markup=False)
         out.print(f"{len(experiment.cases)} cases")
         return
-    if engine == "ray":
-        from perflab.sweep.progress import ClusterProgress as RichProgress  # noqa: F811 (cases per node)
+    drawer = (ClusterProgress if engine == "ray" else SweepProgress)(err)  # ray: the cases per node
     summary = api.sweep(experiment, out_dir, resume=resume, retry_failed=retry_failed, gpus=_parse_gpus(gpus), workers=workers,
-                        timeout_s=timeout, command=command_line(cli_argv.of(ctx).typed), on_event=RichProgress(err), engine=engine, address=address,
+                        timeout_s=timeout, command=command_line(cli_argv.of(ctx).typed), on_event=drawer, engine=engine, address=address,
                         pin=not no_pin, launcher=launcher, inductor_cache=inductor_cache)
     _print_sweep_summary(summary)
 
@@ -357,7 +347,7 @@ def breakeven(
     """Find the token count where the variant starts beating the baseline: measure both across input sizes,
     fit t(n) = a + b·n + c·n² to each, report the crossover with a bootstrap CI, and plot it."""
     from perflab import api
-    from perflab.sweep.progress import RichProgress
+    from perflab.report.progress import SweepProgress
     from perflab.sweep.runner import command_line
 
     if len(model) != 1:
@@ -365,7 +355,7 @@ def breakeven(
     api.check_bootstrap(n_boot)  # before the sweep, not after it
     experiment = api.breakeven_experiment(model[0], variant, input_sizes, **flags.options(), timeout_s=timeout)
     summary = api.sweep(experiment, out_dir, resume=resume, gpus=_parse_gpus(gpus), timeout_s=timeout,
-                        command=command_line(cli_argv.of(ctx).typed), on_event=RichProgress(err))
+                        command=command_line(cli_argv.of(ctx).typed), on_event=SweepProgress(err, what="breakeven"))
     _print_sweep_summary(summary)
     if summary.interrupted:
         return
@@ -409,8 +399,8 @@ def ab(
 
     from perflab import api
     from perflab.report.versions import ab_document, everyone, order_line, render_comparison, render_versions
+    from perflab.report.progress import VersionsProgress
     from perflab.sweep.runner import command_line
-    from perflab.sweep.progress import VersionsProgress
 
     words = cli_argv.of(ctx).program
     if words:
@@ -421,7 +411,7 @@ def ab(
                                              **program.options(), batch_size=versions.case["batch_size"], seq_len=versions.case["seq_len"],
                                              rounds=rounds, order=versions.values["order"], seed=versions.values["order_seed"], out=out_dir,
                                              timeout_s=versions.values["timeout"], threshold=threshold, aa=versions.values["aa"],
-                                             command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err))
+                                             command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err, what=f"{ctx.info_name} of {words[0]}"))
         if as_json:
             sys.stdout.write(json.dumps(program_ab_document(summary, comparison)) + "\n")
         else:
@@ -431,7 +421,7 @@ def ab(
     _refuse_for_models("ab", program, a_args=a_args, b_args=b_args)
     summary, comparison = api.ab(repo=repo, a=a, b=b, python_a=python_a, python_b=python_b, **versions.options(), rounds=rounds,
                                  out=out_dir, threshold=threshold, command=command_line(cli_argv.of(ctx).typed),
-                                 on_event=VersionsProgress(err), pairing=pairing)
+                                 on_event=VersionsProgress(err, what="ab"), pairing=pairing)
     if as_json:
         sys.stdout.write(json.dumps(ab_document(summary, comparison)) + "\n")
     else:
@@ -478,8 +468,8 @@ def track(
 
     from perflab import api
     from perflab.report.versions import render_series
+    from perflab.report.progress import VersionsProgress
     from perflab.sweep.runner import command_line
-    from perflab.sweep.progress import VersionsProgress
 
     words = cli_argv.of(ctx).program
     if words:
@@ -490,7 +480,7 @@ def track(
         summary, series = api.track_program(words, repo=repo, revs=revs, range_=rev_range, **program.options(), batch_size=batch,
                                             seq_len=seq, rounds=rounds, order=versions.values["order"], seed=versions.values["order_seed"],
                                             out=out_dir, timeout_s=versions.values["timeout"], threshold=threshold, aa=versions.values["aa"],
-                                            command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err))
+                                            command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err, what=f"{ctx.info_name} of {words[0]}"))
         if as_json:
             sys.stdout.write(json.dumps(program_track_document(summary, series, threshold)) + "\n")
         else:
@@ -500,7 +490,7 @@ def track(
     _refuse_for_models("track", program)
     rounds, pairing = 1 if rounds is None else rounds, pairing or "blocks"
     summary, series = api.track(repo=repo, revs=revs, range_=rev_range, **versions.options(), out=out_dir, rounds=rounds, threshold=threshold,
-                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err), pairing=pairing,
+                                command=command_line(cli_argv.of(ctx).typed), on_event=VersionsProgress(err, what="track"), pairing=pairing,
                                 profile_changes=profile_changes)
     if as_json:
         from perflab.report.versions import track_document
@@ -810,6 +800,7 @@ def explain(
 
     from perflab import api
     from perflab.report.explain_console import render_explanation
+    from perflab.report.progress import ExplainProgress
 
     ranks = _ranks(parallel, gpus, world_size, flags["device"])
     dtype, dtype_note = flags["dtype"], None
@@ -820,9 +811,10 @@ def explain(
     case, other = cases[0], (cases[1] if vs else None)
     if markdown is not None:
         check_writable_file(markdown)
-    with err.status("explaining") as status:
-        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=lambda s: status.update(s), pin=not no_pin,
-                             fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget, gpus=ranks.gpus)
+    with ExplainProgress(err) as progress:
+        result = api.explain(case, other, out_dir=out_dir, steps=steps, modes=modes, on_stage=progress.on_stage, on_case=progress.on_case,
+                             pin=not no_pin, fixes=fixes or None, by_module=by_module, fixes_on=fixes_on, compile_budget_s=compile_budget,
+                             gpus=ranks.gpus)
     if as_json:
         sys.stdout.write(json.dumps(dict(result.to_dict(), dtype_note=dtype_note)) + "\n")
     else:

@@ -224,3 +224,42 @@ def check_comm_accounts(accounts: list[dict]) -> list[str]:
         if not 0 <= busy <= window:
             out.append(f"rank {row['rank']}: busy {busy} ns outside 0..its steps' {window} ns")
     return out
+
+
+def communication_section(*, mode: str | None, world_size: int, grad_bytes: int | None, param_bytes: int | None, sweep: dict | None,
+                          accounts: list[dict], steps: int, rank_step_ms: dict, step_ms: float | None, bucket_cap_mb: float | None = None,
+                          buckets: list[int] | None = None, fsdp_units: int | None = None, reshard: bool = True,
+                          note: str | None = None) -> dict:
+    """The ranks' communication against its floor, one section for ``explain --parallel`` and ``perflab run``: the
+    collectives a step runs and their bytes (DDP: an all-reduce of the gradients in its buckets, 2(N−1)/N of them on
+    the bus; FSDP: the parameters' all-gathers and the gradients' reduce-scatters, (N−1)/N each), the bus bandwidth at
+    a message's size from the sweep, the floor (bus bytes ÷ busbw), and per rank its measured, exposed (waiting for a
+    later rank + transfer) and overlapped communication per step, the overlap fraction and measured ÷ floor
+    (``rank_comm_rows``). ``mode`` None: no data-parallel module was found, the measured communication has no floor."""
+    section: dict = {"mode": mode, "world_size": world_size, "steps_profiled": steps, "note": note, "floor_ms": None, "grad_bytes": grad_bytes,
+                     "param_bytes": param_bytes, "buckets": buckets, "collectives": None}
+    floor = None
+    if mode is None:
+        section["floor_note"] = "no DistributedDataParallel or FSDP module found: the measured communication without a floor"
+    elif sweep and sweep.get("sizes") and grad_bytes is not None:
+        n = world_size
+        if mode == "ddp":
+            step_floor = ddp_floor(grad_bytes, n, bucket_cap_mb, sweep, buckets=buckets)
+            section["collectives"] = [{"collective": "all_reduce", "payload_bytes": grad_bytes, "bus_bytes": step_floor.bus_bytes,
+                                       "calls": step_floor.calls, "message_bytes": step_floor.message_bytes, "bus_factor": "2(N−1)/N"}]
+            section["not_in_floor"] = ("DDP's broadcast of the module's buffers each forward (broadcast_buffers) is communication too, "
+                                       "timed with it, but not in the floor")
+        else:
+            units = fsdp_units or 1
+            comm = fsdp_bytes(param_bytes, grad_bytes, n, reshard_after_forward=reshard, units=units)
+            step_floor = comm_floor(comm, param_bytes / units, sweep)
+            gathers = comm.collectives["all_gather"]
+            section["collectives"] = [
+                {"collective": "all_gather", "payload_bytes": gathers, "bus_bytes": -(-gathers * (n - 1) // n), "calls": (comm.calls // units - 1) * units,
+                 "message_bytes": step_floor.message_bytes, "bus_factor": "(N−1)/N"},
+                {"collective": "reduce_scatter", "payload_bytes": grad_bytes, "bus_bytes": -(-grad_bytes * (n - 1) // n), "calls": units,
+                 "message_bytes": grad_bytes / units, "bus_factor": "(N−1)/N"}]
+        floor = step_floor.floor_ms
+        section.update(**step_floor.to_dict(), modelled_ms=step_floor.modelled_ms, floor_fraction=floor / step_ms if step_ms else None)
+    section["ranks"] = rank_comm_rows(accounts or [], steps, rank_step_ms, floor if floor and floor > 0 else None)
+    return section

@@ -497,25 +497,38 @@ def _fill_verdict(evidence: dict, floors: dict | None, utilisation: dict | None,
                         f"synchronisation, a wait for data, communication){where}")
 
 
-def communication_section(*, ddp: dict | None, sweep: dict | None, merged: dict, world_size: int, steps: int,
-                          rank_median_ms: dict, step_ms: float | None) -> dict:
-    """The ranks' communication against its floor, as ``explain --parallel`` gives it: the bytes a DDP step all-reduces
-    (2(N−1)/N × the gradients' bytes, in DDP's buckets), the bus bandwidth at a bucket's size from the sweep, the floor
-    (bus bytes ÷ busbw), and per rank its measured, exposed (waiting for a later rank + transfer) and overlapped
-    communication per step, the overlap fraction and measured ÷ floor."""
-    from perflab.analysis.comm import ddp_floor, rank_comm_rows
+STRAGGLER_RATIO = 2.0  # a rank's exposed input wait this many times the others' median (and 1 ms more) makes it the straggler
 
-    section = {"world_size": world_size, "steps_profiled": steps, "note": merged.get("note"), "floor_ms": None, "ranks": []}
-    floor = None
-    if ddp and sweep and sweep.get("sizes"):
-        step_floor = ddp_floor(ddp["grad_bytes"], world_size, ddp["bucket_cap_mb"], sweep, buckets=ddp.get("ddp_buckets"))
-        floor = step_floor.floor_ms
-        section.update(mode="ddp", grad_bytes=ddp["grad_bytes"], buckets=ddp.get("ddp_buckets"), **step_floor.to_dict(),
-                       floor_fraction=floor / step_ms if step_ms else None)
-    elif not ddp:
-        section["floor_note"] = "no DistributedDataParallel module found: the measured communication without a floor"
-    section["ranks"] = rank_comm_rows(merged.get("accounts") or [], steps, rank_median_ms, floor)
-    return section
+
+def input_straggler(ranks: list[dict], comm_ranks: list[dict] | None = None) -> dict | None:
+    """The rank whose waits for input hold the others back, as TraceML's "input straggler" names it, from untraced
+    evidence: its exposed input wait a step (``analysis.loop``) is ``INPUT_BOUND`` of its wall time or more and
+    ``STRAGGLER_RATIO`` times the other ranks' median, 1 ms more. What it costs them: their waiting for a later rank
+    in the collective (the communication table's, traced), where the traces were read. None without such a rank."""
+    from perflab.analysis.loop import INPUT_BOUND
+
+    waits = {r["rank"]: r.get("input_exposed_ms") for r in ranks if r.get("input_exposed_ms") is not None}
+    if len(waits) < 2:
+        return None
+    slow = max(waits, key=waits.get)
+    others = sorted(w for r, w in waits.items() if r != slow)
+    typical = others[len(others) // 2] if len(others) % 2 else (others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+    row = next(r for r in ranks if r["rank"] == slow)
+    share = row.get("input_share") or 0.0
+    if share < INPUT_BOUND or waits[slow] < STRAGGLER_RATIO * typical + 1.0:
+        return None
+    waiting = {c["rank"]: c.get("waiting_ms") for c in comm_ranks or [] if c["rank"] != slow and c.get("waiting_ms") is not None}
+    cost = ""
+    if waiting:
+        cost = ("; the other ranks wait for it in the collective: " + ", ".join(f"rank {r} {w:.3f} ms" for r, w in sorted(waiting.items()))
+                + " a traced step")
+    step = row.get("mean_ms")
+    return {"verdict": "input straggler", "straggler_rank": slow, "input_exposed_ms": waits[slow], "others_input_ms": typical,
+            "input_share": share, "others_waiting_ms": [{"rank": r, "waiting_ms": w} for r, w in sorted(waiting.items())] or None,
+            "message": f"input straggler: rank {slow} waits for its input {waits[slow]:.3f} ms a step with its GPU idle "
+                       f"({share:.0%} of its wall time{f', a {step:.3f} ms mean step' if step else ''}), the other ranks "
+                       f"{typical:.3f} ms (median){cost}. Feed rank {slow} faster (its DataLoader's workers, its data's "
+                       "storage): every rank's step waits for its slowest"}
 
 
 EXPOSED_SLACK_MS = 1.0  # the spread of two runs' steps: exposed communication may pass the step's growth by this much

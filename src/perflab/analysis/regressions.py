@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, field
 
 from perflab.errors import PerflabError
 from perflab.host_flags import HOST_FLAGS
-from perflab.measure.row import row_version
+from perflab.records.row import row_version
 from perflab.stats import (LEVEL, block_ratios, ci_coverage_of, detectable_change, log_median, log_t_interval, paired_ratio, row_ci_note,
                            t975, units_needed, welch_log_ratio)
 

@@ -32,10 +32,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from perflab.analysis.comm import MIB, call_latency_us, comm_floor, ddp_floor, fsdp_bytes, rank_comm_rows
+from perflab.analysis.comm import MIB, call_latency_us, communication_section
 from perflab.analysis.comm_fixes import CommPrediction, CommStep, ParallelFix, fix_step_ms, predict_comm_fix
 from perflab.errors import PerflabError
 from perflab.diagnosis.explanation import GLUE_CATEGORIES
+from perflab.measure.stages import Parts
 from perflab.spec import Case, merge_parallel, parse_parallel
 
 # gloo on the CPU: the sizes the ranks sweep in the base's launch (small ones for the per-call latency)
@@ -104,7 +105,8 @@ def check_parallel_explain(case: Case, vs, by_module: bool, fixes_on: str, compi
 
 def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None, on_stage=lambda s: None) -> ParallelExplanation:
     """The communication of ``case`` (a --parallel train_step) against its floor, and ``fixes`` (None: the defaults;
-    ["none"]: none) predicted then measured. ``gpus``: the ranks' GPUs (None on the CPU)."""
+    ["none"]: none) predicted then measured. ``gpus``: the ranks' GPUs (None on the CPU). ``on_stage`` hears each part
+    as it begins (``measure.stages.Stage``: the all-reduce sweep on GPUs, then each launch of the ranks)."""
     from perflab.paths import make_out_dir
     from perflab.spec import validate_case
 
@@ -115,16 +117,17 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
     planned = plan_parallel_fixes(case, fixes)
     out_dir = make_out_dir(Path(out_dir))
     sweep, sizes = None, None
+    parts = Parts(on_stage, (case.device == "cuda") + 1 + len(planned))  # the all-reduce sweep (GPUs), then each launch of the ranks
     if case.device == "cuda":
         from perflab.measure.ceilings import cache_path, get_all_reduce
 
-        on_stage(f"the all-reduce bus bandwidth of GPUs {gpus} (perflab ceilings' sweep; cached after the first time)")
+        parts.begin(f"the all-reduce bus bandwidth of GPUs {gpus} (perflab ceilings' sweep; cached after the first time)")
         sweep = dict(get_all_reduce(list(gpus)), source=f"perflab ceilings' all-reduce sweep of GPUs {','.join(map(str, gpus))}, cached in {cache_path()}")
     else:
         sizes = CPU_ALL_REDUCE_SIZES
     from perflab.diagnosis.profiling import profile_parallel
 
-    on_stage(f"{case.label()}: timing on {case.world_size} ranks (and on one device), profiling {steps} steps on each")
+    parts.begin(f"{case.label()}: timing on {case.world_size} ranks (and on one device), profiling {steps} steps on each")
     result = profile_parallel(case, out_dir / "base", steps=steps, gpus=gpus, all_reduce_sizes=sizes, explain=True)
     row = result.pop("row")
     if row["status"] != "ok":
@@ -132,11 +135,11 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
     if sweep is None:
         sweep = dict(row["all_reduce"], source=f"gloo all-reduces of {', '.join(_size(b) for b in sizes)} swept by the {case.world_size} CPU "
                                                "ranks in this run")
-    communication = communication_section(case, row, result, sweep)
+    communication = case_communication(case, row, result, sweep)
     step = comm_step(case, row, result, sweep)
     explanation = ParallelExplanation(case, row, result, communication, step)
     for i, (spec, fixed) in enumerate(planned, 1):
-        on_stage(f"fix {i} of {len(planned)}, {spec}: timing and profiling {fixed.label()}, then timing the base again beside it")
+        parts.begin(f"fix {i} of {len(planned)}, {spec}: timing and profiling {fixed.label()}, then timing the base again beside it")
         measured = profile_parallel(fixed, out_dir / f"fix{i}", steps=steps, gpus=gpus, single=False, paired=[case])
         fix_row = measured.pop("row")
         base_row = (fix_row.get("paired") or [{}])[0]
@@ -202,35 +205,19 @@ def untraced_scale(account: dict, steps: int, step_ms: float) -> float:
     return step_ms / window if window else 1.0 / steps / 1e6
 
 
-def communication_section(case: Case, row: dict, profile: dict, sweep: dict) -> dict:
-    """The bytes a step moves per collective, the bus bandwidth used and where it came from, the floor, and per rank
-    the measured communication, exposed communication, overlap fraction and measured ÷ floor (ms per step)."""
+def case_communication(case: Case, row: dict, profile: dict, sweep: dict) -> dict:
+    """The case's communication against its floor (``analysis.comm.communication_section``, the one section
+    ``perflab run`` gives too), with what explain adds beside it: the options, the sweep, the step and its scaling."""
     mode, options = parse_parallel(case.parallel)
-    n, grad, params = case.world_size, row["grad_bytes"], row["param_bytes"]
-    if mode == "ddp":
-        step_floor = ddp_floor(grad, n, options["bucket_cap_mb"], sweep, buckets=row.get("ddp_buckets"))
-        collectives = [{"collective": "all_reduce", "payload_bytes": grad, "bus_bytes": step_floor.bus_bytes, "calls": step_floor.calls,
-                        "message_bytes": step_floor.message_bytes, "bus_factor": "2(N−1)/N"}]
-    else:
-        units = row.get("fsdp_units") or 1
-        comm = fsdp_bytes(params, grad, n, reshard_after_forward=options["reshard"], units=units)
-        step_floor = comm_floor(comm, params / units, sweep)
-        gathers = comm.collectives["all_gather"]
-        collectives = [{"collective": "all_gather", "payload_bytes": gathers, "bus_bytes": -(-gathers * (n - 1) // n),
-                        "calls": (comm.calls // units - 1) * units, "message_bytes": step_floor.message_bytes, "bus_factor": "(N−1)/N"},
-                       {"collective": "reduce_scatter", "payload_bytes": grad, "bus_bytes": -(-grad * (n - 1) // n), "calls": units,
-                        "message_bytes": grad / units, "bus_factor": "(N−1)/N"}]
-    floor = step_floor.floor_ms
     steps = profile.get("steps") or 1
-    ranks = rank_comm_rows(profile.get("accounts") or [], steps, dict(enumerate(row["rank_median_ms"])), floor if floor > 0 else None)
-    return {"mode": mode, "options": options, "world_size": n, "grad_bytes": grad, "param_bytes": params,
-            "dtype_note": "gradients and parameters in the dtype they have (the parameters' dtype: fp32 under autocast)",
-            "collectives": collectives, "buckets": row.get("ddp_buckets"), **step_floor.to_dict(), "sweep": sweep,
-            "modelled_ms": step_floor.modelled_ms,
-            "step_ms": row["median_ms"], "floor_fraction": floor / row["median_ms"], "slowest_rank": row["slowest_rank"], "ranks": ranks,
-            "single_ms": row.get("single_gpu_ms"), "step_beside_single_ms": row.get("step_ms_beside_single"),
-            "scaling_efficiency": row.get("scaling_efficiency"),
-            "scaling_efficiency_ci95": row.get("scaling_efficiency_ci95"), "steps_profiled": steps,
-            "not_in_floor": "DDP's broadcast of the module's buffers each forward (broadcast_buffers) is communication too, timed with it, "
-                            "but not in the floor" if mode == "ddp" else None}
+    section = communication_section(mode=mode, world_size=case.world_size, grad_bytes=row["grad_bytes"], param_bytes=row["param_bytes"], sweep=sweep,
+                           accounts=profile.get("accounts") or [], steps=steps, rank_step_ms=dict(enumerate(row["rank_median_ms"])),
+                           step_ms=row["median_ms"], bucket_cap_mb=options.get("bucket_cap_mb"), buckets=row.get("ddp_buckets"),
+                           fsdp_units=row.get("fsdp_units"), reshard=options.get("reshard", True))
+    return dict(section, options=options, sweep=sweep, step_ms=row["median_ms"], slowest_rank=row["slowest_rank"],
+                dtype_note="gradients and parameters in the dtype they have (the parameters' dtype: fp32 under autocast)",
+                single_ms=row.get("single_gpu_ms"), step_beside_single_ms=row.get("step_ms_beside_single"),
+                scaling_efficiency=row.get("scaling_efficiency"), scaling_efficiency_ci95=row.get("scaling_efficiency_ci95"),
+                not_in_floor=section.get("not_in_floor"))
+
 

@@ -57,6 +57,7 @@ from perflab.analysis.launch import host_issue_ms
 from perflab.analysis.passes import pass_timing
 from perflab.errors import PerflabError
 from perflab.measure.host import host_issue_ms as measure_host_issue_ms
+from perflab.measure.stages import Parts
 from perflab.paths import make_out_dir
 from perflab.spec import Case
 from perflab.trace.categories import CATEGORIES
@@ -394,8 +395,27 @@ def plan_fixes(case: Case, parsed, base: str) -> list[tuple[str, dict, Case, str
 FIXES_ON = ("best", "eager")  # or a mode name
 
 
+def _sessions(case: Case, modes, fixes, fixes_on: str):
+    """The fixes parsed, the modes timed first, the base named (None: the best, once measured), the fixes timed in the
+    first session (indices into the parsed) and those timed on the best mode after it."""
+    parsed = [(spec, parse_fix(spec)) for spec in fixes]
+    first = list(modes)
+    known = fixes_on if fixes_on != "best" else ("eager" if not modes or not any("mode" not in c for _, c in parsed) else None)
+    if known not in (None, "eager") and known not in first:
+        first.append(known)  # the named base is timed with the rest
+    now = [i for i, (_, c) in enumerate(parsed) if known is not None or "mode" in c]  # the fixes timed in the first session
+    later = [parsed[i] for i in range(len(parsed)) if i not in now]
+    return parsed, first, known, now, later
+
+
+def case_parts(case: Case, modes, fixes=(), fixes_on: str = "best") -> int:
+    """The parts of ``explain_case`` (its progress): the first timing session, the second where fixes wait for the best
+    mode, the profile pass and the timing of the host's issue."""
+    return 3 + bool(_sessions(case, modes, fixes, fixes_on)[4])
+
+
 def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_cases, profile_case, load_trace, on_stage,
-                 fixes=(), by_module: bool = False, fixes_on: str = "best") -> CaseExplanation:
+                 fixes=(), by_module: bool = False, fixes_on: str = "best", parts: Parts | None = None) -> CaseExplanation:
     """``run_cases(cases) -> rows``: cases timed by one call are timed together, interleaved (``measure.harness.run_cases``),
     so each measured mode and fix is paired in time with the step it is compared with, and a slow stretch of the host
     falls on all of them.
@@ -403,18 +423,14 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     ``fixes_on``: what the fixes are applied on. "best" (the default): eager and the modes are timed first, then each fix
     on the fastest of them, timed together with that base again (the fix's speedup over its base is paired); "eager", or
     a mode: one session, eager, the modes and the fixes on that base together. A fix the base refuses (its validation)
-    is measured on eager and says so; a fix that names a mode is measured as given."""
+    is measured on eager and says so; a fix that names a mode is measured as given.
+
+    ``parts``: where its parts are counted (``measure.stages.Parts``, which tells ``on_stage``); default: its own."""
     eager = replace(case, mode="eager")
-    parsed = [(spec, parse_fix(spec)) for spec in fixes]
-    modes = list(modes)
-    first = list(modes)
-    known = fixes_on if fixes_on != "best" else ("eager" if not modes or not any("mode" not in c for _, c in parsed) else None)
-    if known not in (None, "eager") and known not in first:
-        first.append(known)  # the named base is timed with the rest
-    now = [i for i, (_, c) in enumerate(parsed) if known is not None or "mode" in c]  # the fixes timed in the first session
+    parsed, first, known, now, later = _sessions(case, list(modes), fixes, fixes_on)
     planned = plan_fixes(case, [parsed[i] for i in now], known or "eager")
-    later = [parsed[i] for i in range(len(parsed)) if i not in now]
-    on_stage(f"{case.label()}: timing eager, {len(first)} mode(s) and {len(planned)} fix(es) together")
+    parts = parts if parts is not None else Parts(on_stage, case_parts(case, modes, fixes, fixes_on))
+    parts.begin(f"{case.label()}: timing eager, {len(first)} mode(s) and {len(planned)} fix(es) together", cases=1 + len(first) + len(planned))
     row, *measured = run_cases([eager] + [replace(case, mode=m) for m in first] + [p[2] for p in planned])
     if row["status"] != "ok":
         raise PerflabError(f"{eager.label()} could not be measured ({row['status']}: {row.get('message')})")
@@ -426,7 +442,8 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
         base = best_mode(row, mode_rows)
         more = plan_fixes(case, later, base)
         again = [replace(case, mode=base)] + ([eager] if base != "eager" and any(p[3] == "eager" for p in more) else [])
-        on_stage(f"{case.label()}: timing {len(more)} fix(es) on the best mode measured, {base}, together with it")
+        parts.begin(f"{case.label()}: timing {len(more)} fix(es) on the best mode measured, {base}, together with it",
+                    cases=len(again) + len(more))
         rows2 = run_cases(again + [p[2] for p in more])
         session = {c.mode: r for c, r in zip(again, rows2)}
         planned, fix_rows = planned + more, fix_rows + rows2[len(again):]
@@ -434,14 +451,14 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     order = now + [i for i in range(len(parsed)) if i not in now]  # back to the order the fixes were given in
     planned, fix_rows, fix_bases = ([x for _, x in sorted(zip(order, seq), key=lambda t: t[0])] for seq in (planned, fix_rows, fix_bases))
     trace_path = out_dir / f"{case.id}_eager.json.gz"
-    on_stage(f"{case.label()}: profiling eager")
+    parts.begin(f"{case.label()}: profiling eager")
     # --by-module: the eager profile also records module ranges (hooks that time nothing; the traced host time
     # and inflation include their cost, the kernels and the predictions from them do not change)
     profile_case(eager, trace_path, steps=steps, **({"by_module": True} if by_module else {}))
     trace = load_trace(trace_path)
     prof = step_profile(trace)
     traced_ms = prof.wall_ns / 1e6
-    on_stage(f"{case.label()}: timing the CPU's issue of one step")
+    parts.begin(f"{case.label()}: timing the CPU's issue of one step")
     issue_ms = measure_host_issue_ms(eager)
     interval, gap = ceilings["graph_kernel_interval_us"], ceilings["graph_kernel_gap_us"]
     floors = compute_floors(
@@ -500,12 +517,17 @@ def case_fixes(case: Case, fixes) -> list[str]:
 
 
 def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None,
-            pin: bool = True, fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None) -> Explanation:
+            pin: bool = True, fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None,
+            on_case=None) -> Explanation:
     """``fixes``: fix specs (see ``parse_fix``) tried on each case; None: each case's family defaults. ``fixes_on``:
     "best" (the fastest of eager and the modes, measured first), "eager" or a mode (see ``explain_case``).
     ``compile_budget_s``: a time limit on each compiled case's compile (``runtime.compile_budget``: it compiles first in
     a child process within the limit, filling inductor's caches; past the limit the case is a ``timeout`` row); its
-    rows then carry ``compile_cold_s``, beside ``first_step_s`` (the compile from the caches)."""
+    rows then carry ``compile_cold_s``, beside ``first_step_s`` (the compile from the caches).
+
+    Progress: ``on_stage`` hears each part as it begins (a ``measure.stages.Stage`` of kind "part": the ceilings, then
+    each case's timing sessions, profile pass and host timing) and what else runs; ``on_case`` the timing sessions'
+    stages (``measure.harness.run_cases``'s)."""
     from perflab.spec import MODES, validate_case
 
     if fixes_on not in FIXES_ON + MODES:
@@ -533,15 +555,16 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
     from perflab.trace.load import load_trace
 
     out_dir = make_out_dir(out_dir)
-    on_stage("measuring this GPU's ceilings (cached after the first time)")
-    ceilings = get_ceilings()
     cases = [case] + ([vs] if vs is not None else [])
+    parts = Parts(on_stage, 1 + sum(case_parts(c, modes, case_fixes(c, fixes), fixes_on) for c in cases))
+    parts.begin("measuring this GPU's ceilings (cached after the first time)")
+    ceilings = get_ceilings()
     def timed(together):  # one comparison group: every mode and fix sits next to eager in each round
-        run = lambda cs: run_cases(cs, host=HostOptions(pin=pin), seed=cs[0].seed, groups=[0] * len(cs))  # noqa: E731
+        run = lambda cs: run_cases(cs, host=HostOptions(pin=pin), seed=cs[0].seed, groups=[0] * len(cs), on_case=on_case)  # noqa: E731
         return run_within_budget(together, run, compile_budget_s, on_stage) if compile_budget_s else run(together)
 
     explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage, fixes=case_fixes(c, fixes),
-                              by_module=by_module, fixes_on=fixes_on) for c in cases]
+                              by_module=by_module, fixes_on=fixes_on, parts=parts) for c in cases]
     comparison = None
     if vs is not None:
         base, variant = explained[1], explained[0]

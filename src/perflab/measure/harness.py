@@ -44,6 +44,7 @@ from perflab.measure.env import device_name, environment
 from perflab.measure.flops import FlopCache, FlopCount, count_flops_once, count_params
 from perflab.measure.host import HeldTiming, held_timing, issue_s
 from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
+from perflab.measure.stages import TIMING, Stage
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
 from perflab.runtime.device import synchronize
@@ -264,7 +265,7 @@ def _measure(case: Case, monitor, env: dict, stage, host: HostOptions | None, fl
             prepared = _compile_and_warm(case, implementation(case), built, params, trainable, stage, host, flop_cache=flop_cache)
             with timing_thread(case.device, host) as thread:
                 before = host_canary()  # the host's speed just before the timed loop (fixed grad/autocast state inside)
-                stage("timing")
+                stage(TIMING)
                 if case.device == "cuda":
                     torch.cuda.reset_peak_memory_stats()
                 gc.collect()
@@ -773,7 +774,7 @@ def _time_pool(pool, groups, host, seed, stage_of, process_index, scope, balance
     stage = stage_of(indices[0]) or (lambda _: None)
 
     def on_round(r):
-        stage(f"timing {len(pool)} cases together, round {r + 1}/{rounds}")
+        stage(Stage(f"timing {len(pool)} cases together, round {r + 1}/{rounds}", "round", r, rounds, indices))
 
     with timing_thread(device, host) as thread:
         order = interleaved_order([groups[i] for i in indices], rounds, seed, balanced=balanced, drawn=drawn)
@@ -888,7 +889,7 @@ def run_in_processes(cases, processes: int, *, host: HostOptions | None = None, 
     failed = None
     for p in range(1, processes):
         if on_case:
-            on_case(0, cases[0], f"process {p + 1}/{processes}")
+            on_case(0, cases[0], Stage(f"process {p + 1}/{processes}", "process", p, processes))
         try:
             with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
                 runs.append(pool.submit(_child_run, [c.to_dict() for c in cases], host, interleave, seed + p, groups, p).result())

@@ -342,7 +342,9 @@ def _rank_measure(rank: int, world_size: int, device_index: int | None, case_dic
     del built, step, params
     _free(device)
     if explain and rank == 0:
-        result["copy_gbps"] = copy_gbps(where, min(grad_bytes, 256 * MB))
+        from perflab.measure.ceilings import copy_gbps
+
+        result["copy_gbps"] = copy_gbps(min(grad_bytes, 256 * MB), device=where)
     dist.barrier()
     if rank == 0 and single and result["beside"] is None:
         built = build(plain)
@@ -622,19 +624,3 @@ def ddp_layout(model, grad_sizes: list[int]) -> dict:
     return {"ddp_buckets": buckets, "ready_grad_bytes": [grad_sizes[i] for i in order]}
 
 
-def copy_gbps(where: torch.device, nbytes: int, repeats: int = 10) -> float:
-    """The device's copy bandwidth (GB/s, bytes read + written) for a copy of ``nbytes``: the fastest of ``repeats`` after
-    one untimed (a ceiling, as ``measure.ceilings``' are: a shared host's stalls slow some copies, never speed one up)."""
-    import time
-
-    n = max(int(nbytes) // 4, 1)
-    src = torch.ones(n, dtype=torch.float32, device=where)
-    dst = torch.empty_like(src)
-    samples = []
-    for _ in range(repeats + 1):
-        synchronize(where.type)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        synchronize(where.type)
-        samples.append(time.perf_counter() - t0)
-    return 2 * n * 4 / min(samples[1:]) / 1e9

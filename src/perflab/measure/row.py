@@ -138,14 +138,6 @@ class StoredRow(msgspec.Struct):
     samples_ms: list[float | None] | None = None
 
 
-def row_version(row: dict) -> dict:
-    """A row's ``version`` (which revision of an ab or track run wrote it); {} for none, or for a damaged one that is no
-    mapping (compare's ``check_row`` names that damage; the store's, the report's and the regressions' readers only need
-    the mapping)."""
-    version = row.get("version")
-    return version if isinstance(version, dict) else {}
-
-
 def _unencodable(value, path: str, levels: int = 3) -> str | None:
     """The path of the first text within ``levels`` of ``value`` that UTF-8 cannot encode (of its mapping, for a key)."""
     if isinstance(value, str):

@@ -118,11 +118,19 @@ def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[in
         time.sleep(0.1)
 
 
+def _rank_loop(report: RunReport) -> dict:
+    """A rank's whole loop, for the ranks' table: its mean step and its exposed wait for input a step (``analysis.loop``)."""
+    loop = report.get("loop") or {}
+    inputs = loop.get("input") or {}
+    return {"mean_ms": loop.get("mean_ms"), "input_exposed_ms": inputs.get("exposed_ms_per_step"), "input_share": inputs.get("exposed_share")}
+
+
 def merge(reports: dict[int, RunReport], world: int) -> dict:
     """The ranks' reports merged, as rank 0's report's fields: each rank's step and flags, the slowest rank, and from
     their traces the communication section (and rank 0's verdict held against the most exposed communication).
     ``reports``: rank → its report as written, rank 0's own among them (it is written before the others are read)."""
-    from perflab.analysis.program import communication_section
+    from perflab.analysis.comm import communication_section
+    from perflab.analysis.program import input_straggler
     from perflab.diagnosis.profiling import account_rank_traces
 
     own = reports[0]
@@ -131,7 +139,7 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
     medians = {r: timing.get("median_ms") for r, timing in timings.items()}
     merged: dict = {"ranks": [{"rank": r, "median_ms": medians[r], "ci_ms": timings[r].get("ci95_ms"), "ci_coverage": timings[r].get("ci_coverage"),
                                "ci95_ms": timings[r].get("ci95_ms"), "steps_seen": (reports[r].get("recorded") or {}).get("steps_seen"),
-                               "flags": [f["flag"] for f in reports[r].get("flags") or []]}
+                               "flags": [f["flag"] for f in reports[r].get("flags") or []], **_rank_loop(reports[r])}
                               for r in sorted(reports)]}
     known = {r: m for r, m in medians.items() if m}
     slowest = max(known, key=known.get) if known else None
@@ -146,9 +154,16 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
         merged["communication_note"] = "not every rank wrote a trace: no merged accounting"
         return merged
     accounts = account_rank_traces(paths, own.device or "cpu", steps)
-    comm = communication_section(ddp=own.get("ddp"), sweep=own.get("all_reduce"), merged=accounts, world_size=world,
-                                 steps=accounts.get("steps") or steps, rank_median_ms=known, step_ms=step_ms)
+    ddp = own.get("ddp")
+    comm = communication_section(mode="ddp" if ddp else None, world_size=world, grad_bytes=(ddp or {}).get("grad_bytes"),
+                                 param_bytes=(ddp or {}).get("param_bytes"), sweep=own.get("all_reduce"), accounts=accounts.get("accounts") or [],
+                                 steps=accounts.get("steps") or steps, rank_step_ms=known, step_ms=step_ms, note=accounts.get("note"),
+                                 bucket_cap_mb=(ddp or {}).get("bucket_cap_mb"), buckets=(ddp or {}).get("ddp_buckets"))
     merged["communication"] = comm
+    straggler = input_straggler(merged["ranks"], comm["ranks"])
+    if straggler is not None:  # one rank's input holds every rank back: said before what the step does
+        merged["verdict"] = straggler
+        return merged
     evidence = own.get("verdict_evidence")
     if evidence and comm["ranks"]:
         from perflab.analysis.program import INFLATION_LIMIT, rank_inflation, step_verdict

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from perflab.analysis.regressions import LEVEL, MOST_ROUNDS, CaseChange, Comparison, compare_rows, revision_series
-from perflab.measure.row import row_version
+from perflab.records.row import row_version
 from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
 from perflab.stats import row_ci_note

@@ -57,7 +57,7 @@ from perflab.errors import PerflabError, show
 from perflab.references import ModelScope
 from perflab.spec import Case
 from perflab.sweep.experiment import Experiment
-from perflab.measure.row import row_version
+from perflab.records.row import row_version
 
 ORDERS = ("alternate", "random")
 PAIRINGS = ("blocks", "processes")
