@@ -82,20 +82,23 @@ def skip_if_the_host_was_busy(out, verdict: str, expected: str) -> None:
 
 
 def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_it_compared(repo, tmp_path, monkeypatch):
-    """The same arguments on both sides: no faster or slower, each side's verdict and throughput shown, one row a side
-    stored, which perflab results lists."""
+    """The same arguments on both sides (and a second copy of A, --aa): no faster or slower, each side's verdict and
+    throughput shown, one row a side stored, which perflab results lists and perflab report writes up."""
     monkeypatch.chdir(repo)
     out = tmp_path / "aa"
-    result = run_cli_here("ab", "--a-args", "1", "--b-args", "1", "--batch-size", "8", *RUN, "--rounds", "2", "--out", out, "--json", "--", "train.py")
+    result = run_cli_here("ab", "--a-args", "1", "--b-args", "1", "--batch-size", "8", *RUN, "--rounds", "2", "--aa", "--out", out, "--json",
+                          "--", "train.py")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     (case,) = document["cases"]
-    assert case["verdict"] not in ("faster", "slower"), case
+    # the noise floor from a second copy of A in each round (--aa): without it a 95% interval over two rounds calls about
+    # 1 A/A in 20 (docs/performance/regressions.md); with it the band is what an A/A reads here
+    assert case["floor"]["source"] == "A/A" and case["floor"]["aa"]["basis"] == "paired" and document["aa"]["copy_of"] == "A"
+    assert case["verdict"] in ("no change", "inconclusive"), case
     assert case["ratio"]["basis"] == "paired" and case["ratio"]["units"] == 2
-    assert case["ratio"]["low"] <= 1.0 <= case["ratio"]["high"], case
     assert document["compared"] == "step" and "mean step" in document["compared_words"] and "not the median" in document["compared_words"]
     by = sides(document)
-    for name in ("A", "B"):
+    for name in ("A", "B", "A'"):
         side = by[name]
         assert len(side["step_mean_ms"]) == 2 and all(0.2 < ms < 50 for ms in side["step_mean_ms"]), side
         assert side["samples_per_step"] == 8 and side["samples_per_s"] == pytest.approx(
@@ -106,13 +109,13 @@ def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_i
         assert [r["options"]["trace"] for r in runs] == [0, 3]  # the timing rounds untraced; the last also traces, after them
         assert [r["loop"]["mean_ms"] for r in runs] == side["step_mean_ms"]
     assert document["verdict_change"].endswith("(unchanged)") or "→" in document["verdict_change"]
-    # one balanced order: A B, then B A
-    assert document["order"]["A before B"] == {"count": 1, "pairings": 2}
+    # one balanced order: A before B in one round of two (A, B and A' rotated, then reversed)
+    assert document["order"]["A before B"] == {"count": 1, "pairings": 2} and len(document["sides"]) == 3
     listed = run_cli_here("--wide", "results", out)
     assert listed.returncode == 0, listed.stderr
     assert "A: args '1'" in listed.stdout and "B: args '1'" in listed.stdout, listed.stdout
     csv = run_cli_here("results", out, "--format", "csv")
-    assert csv.returncode == 0 and csv.stdout.count("\ntrain.py,") == 2, csv.stdout
+    assert csv.returncode == 0 and csv.stdout.count("\ntrain.py,") == 3, csv.stdout
     written = run_cli_here("report", out)
     assert written.returncode == 0, written.stderr
     text = (out / "report.md").read_text()
@@ -131,7 +134,7 @@ def test_ab_of_a_program_across_two_commits_calls_the_doubled_work_slower_near_2
     assert case["verdict"] == "slower", case
     # the CI holds about 2: the work doubled, the step a little less (its fixed cost; the second matmul finds its
     # operands in the cache): 1.76-1.95x in three runs of benchmarks/program_ab_cpu.py
-    assert ratio["basis"] == "paired" and 1.0 < ratio["low"] <= 2.0 and ratio["high"] >= 1.8 and 1.6 < ratio["ratio"] < 2.4, case
+    assert ratio["basis"] == "paired" and 1.0 < ratio["low"] <= 2.0 and ratio["high"] >= 1.8 and 1.4 < ratio["ratio"] < 2.5, case
     by = sides(document)
     assert [by[n]["version"]["commit"] for n in "AB"] == [git(repo, "rev-parse", "c2"), git(repo, "rev-parse", "c3")]
     # the ratio is the geometric mean of the rounds' B/A of mean steps, each round's A beside its B (a round where either
@@ -155,7 +158,7 @@ def test_track_of_a_program_over_three_commits_finds_the_change_at_the_commit_th
     assert series["change_points"] == ["c4"], series
     points = {p["revision"]: p for p in series["points"]}
     assert points["c2"]["step"]["verdict"] not in ("faster", "slower")
-    assert points["c4"]["step"]["verdict"] == "slower" and 3 < points["c4"]["step"]["ratio"]["ratio"] < 5
+    assert points["c4"]["step"]["verdict"] == "slower" and 2 < points["c4"]["step"]["ratio"]["ratio"] < 6  # 4x the work: 3-4x the step
     written = run_cli_here("report", out)
     assert written.returncode == 0, written.stderr
     assert "## By revision" in (out / "report.md").read_text()
