@@ -83,16 +83,16 @@ def skip_if_the_host_was_busy(out, verdict: str, expected: str) -> None:
 
 
 def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_it_compared(repo, tmp_path, monkeypatch):
-    """The same arguments on both sides (and a second copy of A, --aa): no faster or slower, each side's verdict and
+    """The same arguments on both sides (and a second copy of A, on by default for a program): no faster or slower, each side's verdict and
     throughput shown, one row a side stored, which perflab results lists and perflab report writes up."""
     monkeypatch.chdir(repo)
     out = tmp_path / "aa"
-    result = run_cli_here("ab", "--a-args", "1", "--b-args", "1", "--batch-size", "8", *RUN, "--rounds", "2", "--aa", "--out", out, "--json",
+    result = run_cli_here("ab", "--a-args", "1", "--b-args", "1", "--batch-size", "8", *RUN, "--rounds", "2", "--out", out, "--json",
                           "--", "train.py")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     (case,) = document["cases"]
-    # the noise floor from a second copy of A in each round (--aa): without it a 95% interval over two rounds calls about
+    # the noise floor from a second copy of A in each round (the default; --no-aa leaves it out): without it a 95% interval over two rounds calls about
     # 1 A/A in 20 (docs/performance/regressions.md); with it the band is what an A/A reads here
     assert case["floor"]["source"] == "A/A" and case["floor"]["aa"]["basis"] == "paired" and document["aa"]["copy_of"] == "A"
     assert case["verdict"] in ("no change", "inconclusive"), case
@@ -126,7 +126,7 @@ def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_i
 
 def test_ab_of_a_program_across_two_commits_calls_the_doubled_work_slower_near_2x(repo, tmp_path):
     out = tmp_path / "ab"
-    result = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c3", *RUN, "--rounds", "4", "--out", out, "--json", "--", "train.py")
+    result = run_cli_here("ab", "--repo", repo, "--a", "c2", "--b", "c3", *RUN, "--rounds", "4", "--no-aa", "--out", out, "--json", "--", "train.py")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     (case,) = document["cases"]
@@ -153,7 +153,7 @@ def test_track_of_a_program_over_three_commits_finds_the_change_at_the_commit_th
     out = tmp_path / "track"
     # four rounds: the same program's mean step moves by up to 1.4x from process to process on this VM (the same with 40
     # timed steps as with 10), and over two rounds even 3x the step is told only where both rounds agree within 20%
-    result = run_cli_here("track", "--repo", repo, "--revs", "c1,c2,c4", *RUN, "--rounds", "4", "--out", out, "--json", "--", "train.py")
+    result = run_cli_here("track", "--repo", repo, "--revs", "c1,c2,c4", *RUN, "--rounds", "4", "--no-aa", "--out", out, "--json", "--", "train.py")
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     (series,) = document["cases"]

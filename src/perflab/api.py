@@ -1102,7 +1102,8 @@ def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: st
     added to the program's command line (``a_args``, ``b_args``; one may be left out: no extra arguments). ``skip``,
     ``steps``, ``nproc``, ``inputs``, ``step``, ``step_range``: each round's ``perflab run`` options; ``batch_size`` and
     ``seq_len``: one value (both sides) or two (A's, then B's). ``rounds``: 2 to 100, even (default 4). ``aa``: a second
-    copy of A in every round, the A/A pair the noise floor is measured from (default off: it costs a process a round).
+    copy of A in every round, the A/A pair the noise floor is measured from (default on: it costs a process a round, and
+    without it an A/A reads "faster" or "slower" about 1 run in 20; ``False`` leaves it out).
     Returns (the run's summary, ``analysis.regressions.Comparison`` of A's row and B's)."""
     import contextlib
     import time
@@ -1139,7 +1140,7 @@ def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: st
         out_dir = Path(out) if out is not None else Path("runs") / "ab" / time.strftime("%Y%m%d-%H%M%S")
         summary = programs.run_program_versions(versions, programs.program_case(words, options), options, out_dir, rounds=rounds,
                                                 order=order, seed=seed, timeout_s=timeout_s, kind="ab", threshold=threshold,
-                                                command=command or "perflab.api.ab_program(...)", on_event=on_event, aa=bool(aa))
+                                                command=command or "perflab.api.ab_program(...)", on_event=on_event, aa=aa is not False)
     rows_a, rows_b = (summary.rows_of(v) for v in versions)
     if not (rows_a and rows_b):  # interrupted before the last round: nothing stored to compare
         from perflab.analysis.regressions import Comparison
@@ -1155,7 +1156,8 @@ def track_program(program: Sequence[str], *, repo, revs=(), range_: str | None =
                   on_event=None, aa: bool | None = None):
     """The user's program at each of a list of revisions of ``repo`` (``revs``, or ``range_`` ``A..B``), each round a
     fresh ``perflab run`` process a revision in a balanced order, into one store at ``out`` (``sweep.programs``);
-    ``rounds`` 2 to 100, even (default 2). Returns (the run's summary, the program's series over the revisions with
+    ``rounds`` 2 to 100, even (default 2). ``aa``: a second copy of the first revision in every round, the noise floor
+    (default on; ``False`` leaves it out). Returns (the run's summary, the program's series over the revisions with
     its change points: ``analysis.regressions.revision_series``)."""
     import contextlib
     from pathlib import Path
@@ -1181,7 +1183,7 @@ def track_program(program: Sequence[str], *, repo, revs=(), range_: str | None =
                                f"({twice.commit[:10]}); list each revision once")
         summary = programs.run_program_versions(versions, programs.program_case(words, options), options, Path(out), rounds=rounds,
                                                 order=order, seed=seed, timeout_s=timeout_s, kind="track", threshold=threshold,
-                                                command=command or "perflab.api.track_program(...)", on_event=on_event, aa=bool(aa))
+                                                command=command or "perflab.api.track_program(...)", on_event=on_event, aa=aa is not False)
     rows = [row for v in versions for row in summary.rows_of(v)]
     series = revision_series(rows, [(v.key, v.name) for v in versions], threshold,
                              rows_aa=summary.rows_of(summary.copy) if summary.copy else None)

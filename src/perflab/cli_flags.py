@@ -226,7 +226,8 @@ OPT_ORDER_SEED = typer.Option(None, "--order-seed", help="Seed of --order random
                               "with --pairing processes).")
 OPT_AA = typer.Option(None, "--aa/--no-aa", help="Time a second copy of the first version beside the others in every round, an "
                       "A/A pair whose ratio is the noise floor the verdicts are judged against (default: on with --pairing blocks, "
-                      "where it costs a block per round; off with processes, where it costs a process per round).")
+                      "where it costs a block per round; off with processes, where it costs a process per round; on for a program, whose "
+                      "A/A reads faster or slower about 1 run in 20 without it).")
 OPT_VERSIONS_TIMEOUT = typer.Option(None, "--timeout", help="Seconds per case before its worker is killed (default: the spec's, else "
                                     "600); a blocks round's process gets this for each case at each version it holds.")
 OPT_VERSIONS_LAUNCHER = typer.Option(None, "--launcher", help="fork (default: one launcher per interpreter forks the workers) or exec.")

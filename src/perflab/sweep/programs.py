@@ -26,7 +26,7 @@ B A, B A, A B, ...; an even number of rounds), and each process's ``run.json`` i
 **The statistics are ``analysis.regressions``'**, unchanged: each side's rounds become one result row of the store's
 shape (below) whose per-process values are the rounds' mean steps, both rows carry the run's ``version.session``,
 so ``compare_rows`` pairs them round by round (``paired``: one B/A a round, their geometric mean, a t-interval on
-logs over the rounds), with its noise floor (an A/A pair where ``--aa`` times a second copy of A each round, else the
+logs over the rounds), with its noise floor (an A/A pair, a second copy of A each round unless ``--no-aa``, else the
 rounds' spread), verdict rules, smallest detectable change and rounds needed; ``track``'s change points are
 ``revision_series``'.
 
