@@ -1,10 +1,12 @@
 """The command line's flags, declared once and shared by the commands (as asv's ``common_args``).
 
-``case_flags``: the case-flag group, what describes a case (its shapes, precision, mode, device, timing, build), which
-every command that takes a case takes: bench, ab, track, profile, compare, explain, ncu and breakeven. A command leaves
-out what it has no use for and swaps in a variant where it takes one value instead of several (explain's one case); it
-gets the group's values as one ``CaseFlags``, which turns them into ``api.make_cases``' keyword arguments. Below the
-group: single flags that several commands share, and ab's and track's (``versions_flags``: the case-flag group with
+``case_flags``: the case-flag group, what describes a case (its shapes, precision, mode, device, timing, build), made
+from the fields' declarations (``perflab.spec.CASE_FIELDS``: each flag's help, default and whether it takes several
+values), which every command that takes a case takes: bench, ab, track, profile, compare, explain, ncu and breakeven.
+A command leaves out what it has no use for and swaps in a variant where it takes one value instead of several
+(explain's one case); it gets the group's values as one ``CaseFlags``, which turns them into ``api.make_cases``' keyword
+arguments. Below the group: single flags that several commands share, and ab's and track's (``versions_flags``: the
+case-flag group with
 --model, --spec and how the rounds run, as one ``VersionsFlags``).
 """
 
