@@ -6,8 +6,7 @@ values), which every command that takes a case takes: bench, ab, track, profile,
 A command leaves out what it has no use for and swaps in a variant where it takes one value instead of several
 (explain's one case); it gets the group's values as one ``CaseFlags``, which turns them into ``api.make_cases``' keyword
 arguments. Below the group: single flags that several commands share, and ab's and track's (``versions_flags``: the
-case-flag group with
---model, --spec and how the rounds run, as one ``VersionsFlags``).
+case-flag group with --model, --spec and how the rounds run, as one ``VersionsFlags``).
 """
 
 from __future__ import annotations
