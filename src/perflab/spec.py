@@ -71,12 +71,12 @@ class CaseField:
 
     ``default``: the Case's value where none is given (a shape's None: its family's default). ``spec``: how an
     experiment file gives it (``perflab.spec_schema``). ``help``: its flag's help in the case-flag group that bench,
-    ab, track, ... take (``perflab.cli_flags``); None: not a flag of the group (``flag`` says why). ``axis``: its
-    place in make_cases' product of value lists (0 varies slowest), None where a call takes one value for every case.
-    ``list_valued``: make_cases and its flag take a list (an axis; or keep_rate's, which one case holds whole).
-    ``given``: make_cases' and the flag's default, where not the Case's (device: auto, resolved as the cases are
-    made). ``flag``: as typed, where not --name with dashes. ``flag_type``: what the flag takes where it is text
-    make_cases reads (--model-arg NAME=VALUE, --max-memory 24GiB). Which families own a field is theirs to say
+    ab, track, ... take (``perflab.cli_flags``); None: not a flag of the group (model, parallel, world_size: see the
+    table). ``axis``: its place in make_cases' product of value lists (0 varies slowest), None where a call takes one
+    value for every case. ``list_valued``: make_cases and its flag take a list (an axis; or keep_rate's, which one case
+    holds whole). ``given``: make_cases' and the flag's default, where not the Case's (device: auto, resolved as the
+    cases are made). ``flag``: as typed, where not --name with dashes. ``flag_type``: what the flag takes where it is
+    text make_cases reads (--model-arg NAME=VALUE, --max-memory 24GiB). Which families own a field is theirs to say
     (``FamilySpec.fields``, ``.variants``): ``owners``."""
 
     name: str
