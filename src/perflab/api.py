@@ -13,38 +13,39 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from perflab.errors import show
-from perflab.spec import Case, check_integers, expand_grid, validate_case
+from perflab.spec import ARGUMENT_DEFAULT as _ARG
+from perflab.spec import AXES, CASE_FIELDS, Case, check_integers, expand_grid, validate_case
 
 
 def make_cases(
     model: Sequence[str],
-    input_size: Sequence[int] = (),
-    batch_size: Sequence[int] = (),
-    keep_rate: Sequence[float] = (),
-    reduction_loc: Sequence[int] = (),
-    attn: str = "sdpa",
-    dtype: Sequence[str] = ("fp32",),
-    mode: Sequence[str] = ("eager",),
-    device: str = "auto",
-    warmup: int = 10,
-    min_time: float = 1.0,
-    iters: int | None = None,
-    repeats: int = 20,
-    seed: int = 0,
-    workload: Sequence[str] = (),
-    seq_len: Sequence[int] = (),
-    prompt_len: Sequence[int] = (),
-    context_len: Sequence[int] = (),
-    new_tokens: Sequence[int] = (),
-    layers: int | None = None,
-    layers_only: bool = False,
-    model_args: dict | None = None,
-    max_memory=None,
-    family: str | None = None,
-    optimizer: str | None = None,
-    checkpoint_activations: bool = False,
-    parallel: str | None = None,
-    world_size: int = 1,
+    input_size: Sequence[int] = _ARG["input_size"],
+    batch_size: Sequence[int] = _ARG["batch_size"],
+    keep_rate: Sequence[float] = _ARG["keep_rate"],
+    reduction_loc: Sequence[int] = _ARG["reduction_loc"],
+    attn: str = _ARG["attn"],
+    dtype: Sequence[str] = _ARG["dtype"],
+    mode: Sequence[str] = _ARG["mode"],
+    device: str = _ARG["device"],
+    warmup: int = _ARG["warmup"],
+    min_time: float = _ARG["min_time"],
+    iters: int | None = _ARG["iters"],
+    repeats: int = _ARG["repeats"],
+    seed: int = _ARG["seed"],
+    workload: Sequence[str] = _ARG["workload"],
+    seq_len: Sequence[int] = _ARG["seq_len"],
+    prompt_len: Sequence[int] = _ARG["prompt_len"],
+    context_len: Sequence[int] = _ARG["context_len"],
+    new_tokens: Sequence[int] = _ARG["new_tokens"],
+    layers: int | None = _ARG["layers"],
+    layers_only: bool = _ARG["layers_only"],
+    model_args: dict | None = _ARG["model_args"],
+    max_memory=_ARG["max_memory"],
+    family: str | None = _ARG["family"],
+    optimizer: str | None = _ARG["optimizer"],
+    checkpoint_activations: bool = _ARG["checkpoint_activations"],
+    parallel: str | None = _ARG["parallel"],
+    world_size: int = _ARG["world_size"],
 ) -> list[Case]:
     """Every combination of the multi-valued arguments, validated (PerflabError on bad input).
 
@@ -57,27 +58,31 @@ def make_cases(
     ``optimizer`` and ``checkpoint_activations``: lm training variants (train_step; workloads with a backward).
     ``parallel`` (``ddp``, ``fsdp``, with options: ``spec.parse_parallel``) and ``world_size``: a data-parallel
     step on that many ranks, the batch per rank.
+
+    The arguments are the Case's fields (``spec.CASE_FIELDS`` declares each, its default here and whether it is a list).
     """
+    given = dict(locals())
     from perflab.models.registry import parse_model_name
     from perflab.runtime.device import resolve_device
     from perflab.spec import convert_field
 
     device = resolve_device(device)
     reducing = {m for m in model if parse_model_name(m).reduces_tokens}
-    base = dict(attn=attn, device=device, warmup=warmup, min_time=min_time, iters=iters, repeats=repeats, seed=seed, family=family,
-                layers=layers, layers_only=layers_only, model_args=convert_field("model_args", dict(model_args or {})),
-                max_memory=convert_field("max_memory", max_memory) if max_memory is not None else None,
-                optimizer=optimizer, checkpoint_activations=checkpoint_activations, parallel=parallel, world_size=world_size)
-    grid = dict(model=list(model), input_size=list(input_size), batch_size=list(batch_size), dtype=list(dtype), mode=list(mode),
-                workload=list(workload), seq_len=list(seq_len), prompt_len=list(prompt_len), context_len=list(context_len),
-                new_tokens=list(new_tokens))
+    base = {name: value for name, value in given.items() if not CASE_FIELDS[name].list_valued}
+    base.update(device=device, model_args=convert_field("model_args", dict(model_args or {})),
+                max_memory=convert_field("max_memory", max_memory) if max_memory is not None else None)
+    grid = {name: list(given[name]) for name in AXES}  # the product's axes, slowest first
     grid = {k: v for k, v in grid.items() if v}
     cases = []
     for d in expand_grid(base, grid):
-        if d["model"] in reducing or not reducing:
-            d.update(keep_rate=tuple(keep_rate), reduction_loc=tuple(reduction_loc))
+        if d["model"] in reducing or not reducing:  # the list-valued fields that are no axis: one case takes the whole list
+            d.update({name: tuple(given[name]) for name, f in CASE_FIELDS.items() if f.list_valued and f.axis is None})
         cases.append(validate_case(Case(**d)))
     return cases
+
+
+# cases_for_model takes one value of these as a list of one.
+_MULTI = tuple(name for name, f in CASE_FIELDS.items() if f.list_valued and name != "model")
 
 
 def cases_for_model(model, **options) -> list[Case]:
@@ -86,9 +91,7 @@ def cases_for_model(model, **options) -> list[Case]:
     from perflab.references import register_object
 
     name = model if isinstance(model, str) else register_object(model)
-    multi = ("input_size", "batch_size", "keep_rate", "reduction_loc", "dtype", "mode", "workload", "seq_len", "prompt_len",
-             "context_len", "new_tokens")
-    for key in multi:
+    for key in _MULTI:
         if key in options and not isinstance(options[key], (list, tuple)):
             options[key] = [options[key]]
     return make_cases(model=[name], **options)
@@ -454,16 +457,16 @@ def breakeven_experiment(
     variant: str,
     input_sizes,
     batch_size: Sequence[int] = (1,),
-    dtype: Sequence[str] = ("fp32",),
-    mode: Sequence[str] = ("eager",),
-    device: str = "auto",
-    keep_rate: Sequence[float] = (),
-    reduction_loc: Sequence[int] = (),
-    attn: str = "sdpa",
-    warmup: int = 10,
-    min_time: float = 1.0,
-    iters: int | None = None,
-    repeats: int = 20,
+    dtype: Sequence[str] = _ARG["dtype"],
+    mode: Sequence[str] = _ARG["mode"],
+    device: str = _ARG["device"],
+    keep_rate: Sequence[float] = _ARG["keep_rate"],
+    reduction_loc: Sequence[int] = _ARG["reduction_loc"],
+    attn: str = _ARG["attn"],
+    warmup: int = _ARG["warmup"],
+    min_time: float = _ARG["min_time"],
+    iters: int | None = _ARG["iters"],
+    repeats: int = _ARG["repeats"],
     timeout_s: float | None = None,
     name: str = "breakeven",
 ):

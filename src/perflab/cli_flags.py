@@ -1,77 +1,57 @@
 """The command line's flags, declared once and shared by the commands (as asv's ``common_args``).
 
-``case_flags``: the case-flag group, what describes a case (its shapes, precision, mode, device, timing, build), which
-every command that takes a case takes: bench, ab, track, profile, compare, explain, ncu and breakeven. A command leaves
-out what it has no use for and swaps in a variant where it takes one value instead of several (explain's one case); it
-gets the group's values as one ``CaseFlags``, which turns them into ``api.make_cases``' keyword arguments. Below the
-group: single flags that several commands share, and ab's and track's (``versions_flags``: the case-flag group with
---model, --spec and how the rounds run, as one ``VersionsFlags``).
+``case_flags``: the case-flag group, what describes a case (its shapes, precision, mode, device, timing, build), made
+from the fields' declarations (``perflab.spec.CASE_FIELDS``: each flag's help, default and whether it takes several
+values), which every command that takes a case takes: bench, ab, track, profile, compare, explain, ncu and breakeven.
+A command leaves out what it has no use for and swaps in a variant where it takes one value instead of several
+(explain's one case); it gets the group's values as one ``CaseFlags``, which turns them into ``api.make_cases``' keyword
+arguments. Below the group: single flags that several commands share, and ab's and track's (``versions_flags``: the
+case-flag group with --model, --spec and how the rounds run, as one ``VersionsFlags``).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import typing
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from perflab.errors import PerflabError
+from perflab.spec import CASE_FIELDS, Case, CaseField
 
-# The case-flag group, in the order --help lists it. (annotation, option) each.
-OPT_INPUT_SIZE = typer.Option([], "--input-size", help="Image models: input resolution(s), pixels (default 224).")
-OPT_BATCH_SIZE = typer.Option([], "--batch-size", help="Batch size(s) (default: 1 for image models and decode, 4 for language models).")
-OPT_KEEP_RATE = typer.Option([], "--keep-rate", help="Keep rate, one value or one per reduction location (token-reducing models only).")
-OPT_REDUCTION_LOC = typer.Option([], "--reduction-loc", help="Blocks (0-based) that reduce tokens.")
-OPT_WORKLOAD = typer.Option([], "--workload", help="What one timed step runs: forward (image models); forward, train_forward, "
-                            "forward_backward, train_step (gpt_*); decode, prefill, generate (llama*).")
-OPT_SEQ_LEN = typer.Option([], "--seq-len", help="Language models: tokens per sequence (default 128).")
-OPT_PROMPT_LEN = typer.Option([], "--prompt-len", help="Decode: prompt tokens of prefill and generate.")
-OPT_CONTEXT_LEN = typer.Option([], "--context-len", help="Decode: the cache position of the timed decode step (default 512).")
-OPT_NEW_TOKENS = typer.Option([], "--new-tokens", help="Decode: tokens to generate after the prefill (generate).")
-OPT_LAYERS = typer.Option(None, "--layers", help="Language models and decode: run this many layers.")
-OPT_LAYERS_ONLY = typer.Option(False, "--layers-only", help="Decode: the layers alone, without embedding and head (the Llama decode testbench's one layer).")
-OPT_MODEL_ARG = typer.Option([], "--model-arg", help="Override a dimension of the named config, e.g. d_ff=2048, or pass a keyword "
-                             "argument to your own model's factory (repeatable; ints, floats or strings).")
-OPT_MAX_MEMORY = typer.Option(None, "--max-memory", help="Cap the CUDA allocator, e.g. 24GiB: would it fit on a smaller GPU? Past it: an oom row.")
-OPT_FAMILY = typer.Option(None, "--family", help="classify, lm or decode: which inputs your own model takes, where perflab cannot "
-                          "tell from the reference.")
-OPT_ATTN = typer.Option("sdpa", "--attn", help="Attention implementation: sdpa or explicit.")
-OPT_DTYPE = typer.Option(["fp32"], "--dtype", help="fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).")
-OPT_MODE = typer.Option(["eager"], "--mode", help="eager, compile, compile:reduce-overhead, compile:max-autotune, compile:max-autotune-gemm "
-                        "(max-autotune of the matmuls only) or cudagraph.")
-OPT_DEVICE = typer.Option("auto", "--device", help="auto, cuda or cpu.")
-OPT_WARMUP = typer.Option(10, "--warmup", help="Untimed iterations before timing.")
-OPT_MIN_TIME = typer.Option(1.0, "--min-time", help="Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this).")
-OPT_ITERS = typer.Option(None, "--iters", help="Exact number of timed iterations (overrides --min-time).")
-OPT_REPEATS = typer.Option(20, "--repeats", help="Number of timing samples the timed iterations are split into.")
-OPT_SEED = typer.Option(0, "--seed", help="Random seed for weights and inputs.")
-OPT_OPTIMIZER = typer.Option(None, "--optimizer", help="Language models, train_step: AdamW fused, foreach, in_backward (per parameter, from "
-                             "its gradient's hook) or in_backward_stream (the same on a side CUDA stream). Default: fused on GPU, for-loop on CPU.")
-OPT_CHECKPOINT = typer.Option(False, "--checkpoint-activations", help="Language models, forward_backward and train_step: recompute each "
-                              "block's activations in the backward (less memory, one more forward).")
+# The case-flag group, in the order --help lists it: name -> (annotation, option) each, made from the fields' declarations
+# (perflab.spec.CASE_FIELDS: their flags, help and defaults).
+_CASE_TYPES = typing.get_type_hints(Case)
 
-CASE_FLAGS = {
-    "input_size": (List[int], OPT_INPUT_SIZE), "batch_size": (List[int], OPT_BATCH_SIZE), "keep_rate": (List[float], OPT_KEEP_RATE),
-    "reduction_loc": (List[int], OPT_REDUCTION_LOC), "workload": (List[str], OPT_WORKLOAD), "seq_len": (List[int], OPT_SEQ_LEN),
-    "prompt_len": (List[int], OPT_PROMPT_LEN), "context_len": (List[int], OPT_CONTEXT_LEN), "new_tokens": (List[int], OPT_NEW_TOKENS),
-    "layers": (Optional[int], OPT_LAYERS), "layers_only": (bool, OPT_LAYERS_ONLY), "model_arg": (List[str], OPT_MODEL_ARG),
-    "max_memory": (Optional[str], OPT_MAX_MEMORY), "family": (Optional[str], OPT_FAMILY), "attn": (str, OPT_ATTN),
-    "dtype": (List[str], OPT_DTYPE), "mode": (List[str], OPT_MODE), "device": (str, OPT_DEVICE),
-    "warmup": (int, OPT_WARMUP), "min_time": (float, OPT_MIN_TIME), "iters": (Optional[int], OPT_ITERS), "repeats": (int, OPT_REPEATS),
-    "seed": (int, OPT_SEED), "optimizer": (Optional[str], OPT_OPTIMIZER), "checkpoint_activations": (bool, OPT_CHECKPOINT),
-}
+
+def _annotation(field: CaseField):
+    """The type a case field's flag takes: its ``flag_type``, else the Case's (a list of them where it takes several)."""
+    if field.flag_type is not None:
+        return field.flag_type
+    hint = _CASE_TYPES[field.name]
+    optional = type(None) in typing.get_args(hint)
+    one = next(a for a in typing.get_args(hint) if a is not type(None)) if optional else hint
+    if typing.get_origin(one) is tuple:  # keep_rate, reduction_loc: one case's tuple, given value by value
+        one = typing.get_args(one)[0]
+    if field.list_valued:
+        return List[one]
+    return Optional[one] if optional else one
+
+
+CASE_FLAGS = {f.param: (_annotation(f), typer.Option(f.flag_default, f.option, help=f.help)) for f in CASE_FIELDS.values() if f.in_group}
+
 # Parts of the group that a command may leave out.
 FAMILY_SHAPES = ("workload", "seq_len", "prompt_len", "context_len", "new_tokens", "layers", "layers_only", "model_arg", "max_memory", "family")
 TIMING = ("warmup", "min_time", "iters", "repeats")
 BUILD = ("seed", "optimizer", "checkpoint_activations")
 # make_cases takes these as lists: a command's one-value variant (explain's --batch-size N) is handed on as [N], or [] when not given
-LIST_VALUED = ("input_size", "batch_size", "keep_rate", "reduction_loc", "workload", "seq_len", "prompt_len", "context_len",
-               "new_tokens", "dtype", "mode")
+LIST_VALUED = tuple(f.param for f in CASE_FIELDS.values() if f.in_group and f.list_valued)
 # Of those, the ones make_cases makes a case of each value of (a token-reducing case takes all its keep rates and
-# reduction locations together).
-CASE_PER_VALUE = tuple(name for name in LIST_VALUED if name not in ("keep_rate", "reduction_loc"))
+# reduction locations together): the axes of its product.
+CASE_PER_VALUE = tuple(f.param for f in CASE_FIELDS.values() if f.in_group and f.axis is not None)
 
 # One-value variants, for the commands that take one case (explain, ncu) or one per side (compare).
 ONE_INPUT_SIZE = (Optional[int], typer.Option(None, "--input-size", help="Image models: input resolution (default 224)."))

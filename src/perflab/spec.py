@@ -19,24 +19,20 @@ import itertools
 import json
 import math
 import typing
-from dataclasses import asdict, dataclass, fields
-from typing import Annotated, Any, Iterable, Literal
+from dataclasses import MISSING, asdict, dataclass, fields
+from typing import Annotated, Any, Iterable, List, Literal, Optional
 
 import msgspec
 
 from perflab.errors import PerflabError, show, show_int
 from perflab.references import is_reference
-from perflab.workloads import FAMILIES, SpecField, family_of, shape_defaults
+from perflab.workloads import FAMILIES, family_of, shape_defaults
 
 DTYPES = ("fp32", "tf32", "bf16", "fp16")
 MODES = ("eager", "compile", "compile:reduce-overhead", "compile:max-autotune", "cudagraph", "compile:max-autotune-gemm")
 AUTOTUNE_MODES = ("compile:max-autotune", "compile:max-autotune-gemm")  # the modes whose kernels autotuning chooses
 ATTN_IMPLS = ("sdpa", "explicit")
-# lm training variants and their "not set" value (serialised only when set).
-TRAINING_VARIANTS = {"optimizer": None, "checkpoint_activations": False}
 DEVICES = ("cuda", "cpu")
-# Data-parallel fields and their "not set" value (serialised only when set).
-PARALLEL_FIELDS = {"parallel": None, "world_size": 1}
 # Each data-parallel mode's options: name -> (type, default, what it is).
 PARALLEL_OPTIONS = {
     "ddp": {"bucket_cap_mb": (float, 25.0, "DDP's gradient bucket size, MiB"),
@@ -53,76 +49,191 @@ def _parallel_pattern() -> str:
         return f"{name}(?::{item}(?:,{item})*)?"
     return "^(?:" + "|".join(mode(name, options) for name, options in PARALLEL_OPTIONS.items()) + ")$"
 
-# The fields every case has, as an experiment file gives them; each family declares its own (FamilySpec.fields,
-# .variants). perflab.spec_schema builds the file's schema from these: a new Case field is declared here or there.
-COMMON_SPEC_FIELDS = {
-    "model": SpecField(str, "a model name", "model names"),
-    "batch_size": SpecField(int, "an integer", "integers"),
-    "attn": SpecField(Literal[ATTN_IMPLS], "a string", "strings"),
-    "dtype": SpecField(Literal[DTYPES], "a string", "strings"),
-    "mode": SpecField(Literal[MODES], "a string", "strings"),
-    "device": SpecField(Literal[DEVICES + ("auto",)], "a string", "strings"),
-    "max_memory": SpecField(int | str, "a size such as 24GiB", "sizes"),
-    "warmup": SpecField(int, "an integer", "integers"),
-    "min_time": SpecField(float, "a number", "numbers"),
-    "iters": SpecField(int | None, "an integer or null", "integers"),
-    "repeats": SpecField(int, "an integer", "integers"),
-    "seed": SpecField(int, "an integer", "integers"),
-    "family": SpecField(Literal[tuple(FAMILIES)], "a family name", "family names"),
-    # data parallel (PARALLEL_FIELDS): parse_parallel checks a mode's options; the JSON Schema's pattern names them
-    "parallel": SpecField(Annotated[str, msgspec.Meta(extra_json_schema={"pattern": _parallel_pattern()})],
-                          "ddp or fsdp, options after a colon (e.g. ddp:bucket_cap_mb=100)", "data-parallel modes (ddp, fsdp)"),
-    "world_size": SpecField(Annotated[int, msgspec.Meta(ge=1)], "a whole number of ranks, 1 or more", "whole numbers of ranks, 1 or more"),
-}
+@dataclass(frozen=True)
+class SpecField:
+    """A Case field as an experiment file gives it (``perflab.spec_schema`` builds the file's schema from these).
 
-# Shape fields and their "not set" value: a field a case's family does not own must be left at it.
-SHAPE_FIELDS = {
-    "workload": None, "input_size": None, "keep_rate": (), "reduction_loc": (), "seq_len": None, "prompt_len": None,
-    "context_len": None, "new_tokens": None, "layers": None, "layers_only": False, "model_args": (),
-}
-# How each shape field is given on the command line, for messages.
-FLAG = {name: "--" + name.replace("_", "-") for name in SHAPE_FIELDS}
-FLAG["model_args"] = "--model-arg"
-FLAG.update({name: "--" + name.replace("_", "-") for name in TRAINING_VARIANTS})
+    ``type``: the YAML type of one value; ``grid``: the type of a grid's entry, when it is not one value or a
+    non-empty list of them; ``kind``/``plural``: what it holds, in error messages and the JSON Schema."""
+
+    type: Any
+    kind: str
+    plural: str
+    grid: Any = None
+
+
+_SAME = object()  # CaseField.given: make_cases and the flag default to the Case's own default
+
+
+@dataclass(frozen=True)
+class CaseField:
+    """One field of a case, declared once with what every stage needs of it (``CASE_FIELDS``).
+
+    ``default``: the Case's value where none is given (a shape's None: its family's default). ``spec``: how an
+    experiment file gives it (``perflab.spec_schema``). ``help``: its flag's help in the case-flag group that bench,
+    ab, track, ... take (``perflab.cli_flags``); None: not a flag of the group (model, parallel, world_size: see the
+    table). ``axis``: its place in make_cases' product of value lists (0 varies slowest), None where a call takes one
+    value for every case. ``list_valued``: make_cases and its flag take a list (an axis; or keep_rate's, which one case
+    holds whole). ``given``: make_cases' and the flag's default, where not the Case's (device: auto, resolved as the
+    cases are made). ``flag``: as typed, where not --name with dashes. ``flag_type``: what the flag takes where it is
+    text make_cases reads (--model-arg NAME=VALUE, --max-memory 24GiB). Which families own a field is theirs to say
+    (``FamilySpec.fields``, ``.variants``): ``owners``."""
+
+    name: str
+    default: Any
+    spec: SpecField
+    help: str | None = None
+    axis: int | None = None
+    list_valued: bool = False
+    given: Any = _SAME
+    flag: str | None = None
+    flag_type: Any = None
+
+    @property
+    def option(self) -> str:
+        """Its flag as typed: ``--batch-size``."""
+        return self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def param(self) -> str:
+        """The case-flag group's parameter name of its flag: ``batch_size``, ``model_arg``."""
+        return self.option[2:].replace("-", "_")
+
+    @property
+    def in_group(self) -> bool:
+        return self.help is not None
+
+    @property
+    def argument_default(self):
+        """make_cases' default: ``given``, else the Case's, as a tuple for a list-valued field (empty where unset)."""
+        if self.given is not _SAME:
+            return self.given
+        if self.list_valued:
+            return () if self.default in (None, ()) else (self.default,)
+        return self.default
+
+    @property
+    def flag_default(self):
+        """The flag's default: make_cases', a list for one that takes several values."""
+        if self.list_valued or typing.get_origin(self.flag_type) is list:
+            return list(self.argument_default or ())
+        return self.argument_default
+
+    @property
+    def owners(self) -> tuple[str, ...]:
+        """The families whose cases have it (as a shape or a training variant); () for a field every case has."""
+        return tuple(f.name for f in FAMILIES.values() if self.name in f.fields or self.name in f.variants)
+
+
+_INT = SpecField(int, "an integer", "integers")
+_BOOL = SpecField(bool, "true or false", "booleans")
+
+# Every field of a case, declared once, in the order the case-flag group lists them in --help. Derived from it: the Case's
+# defaults, the case-flag group (perflab.cli_flags), make_cases' defaults and product (perflab.api), the fields an
+# experiment file may set (perflab.spec_schema). A new Case field is one entry here (and, for a family's own, a name
+# in its FamilySpec); tests/test_case_fields.py holds each list to this table.
+CASE_FIELDS = {f.name: f for f in (
+    CaseField("model", MISSING, SpecField(str, "a model name", "model names"), axis=0, list_valued=True),  # each command's own --model
+    CaseField("input_size", None, _INT, "Image models: input resolution(s), pixels (default 224).", axis=1, list_valued=True),
+    CaseField("batch_size", None, _INT, "Batch size(s) (default: 1 for image models and decode, 4 for language models).", axis=2,
+              list_valued=True),
+    CaseField("keep_rate", (), SpecField(float | list[float], "a number or a list of numbers", "keep rates (numbers, or lists of numbers)",
+                                         grid=float | list[float | list[float]]),
+              "Keep rate, one value or one per reduction location (token-reducing models only).", list_valued=True),
+    CaseField("reduction_loc", (), SpecField(int | list[int], "a list of integers", "location lists, e.g. [[3, 6, 9]]", grid=list[list[int]]),
+              "Blocks (0-based) that reduce tokens.", list_valued=True),
+    CaseField("workload", None, SpecField(str, "a workload name", "workload names"),
+              "What one timed step runs: forward (image models); forward, train_forward, forward_backward, train_step (gpt_*); "
+              "decode, prefill, generate (llama*).", axis=5, list_valued=True),
+    CaseField("seq_len", None, _INT, "Language models: tokens per sequence (default 128).", axis=6, list_valued=True),
+    CaseField("prompt_len", None, _INT, "Decode: prompt tokens of prefill and generate.", axis=7, list_valued=True),
+    CaseField("context_len", None, _INT, "Decode: the cache position of the timed decode step (default 512).", axis=8, list_valued=True),
+    CaseField("new_tokens", None, _INT, "Decode: tokens to generate after the prefill (generate).", axis=9, list_valued=True),
+    CaseField("layers", None, _INT, "Language models and decode: run this many layers."),
+    CaseField("layers_only", False, _BOOL, "Decode: the layers alone, without embedding and head (the Llama decode testbench's one layer)."),
+    CaseField("model_args", (), SpecField(dict[str, int | float | str], "a mapping of dimension names to numbers, e.g. {d_ff: 2048}",
+                                          "mappings of dimension names to numbers, e.g. [{d_ff: 2048}]"),
+              "Override a dimension of the named config, e.g. d_ff=2048, or pass a keyword argument to your own model's factory "
+              "(repeatable; ints, floats or strings).", given=None, flag="--model-arg", flag_type=List[str]),
+    CaseField("max_memory", None, SpecField(int | str, "a size such as 24GiB", "sizes"),
+              "Cap the CUDA allocator, e.g. 24GiB: would it fit on a smaller GPU? Past it: an oom row.", flag_type=Optional[str]),
+    CaseField("family", None, SpecField(Literal[tuple(FAMILIES)], "a family name", "family names"),
+              "classify, lm or decode: which inputs your own model takes, where perflab cannot tell from the reference."),
+    CaseField("attn", "sdpa", SpecField(Literal[ATTN_IMPLS], "a string", "strings"), "Attention implementation: sdpa or explicit."),
+    CaseField("dtype", "fp32", SpecField(Literal[DTYPES], "a string", "strings"), "fp32, tf32, bf16 or fp16 (bf16/fp16 via autocast).",
+              axis=3, list_valued=True),
+    CaseField("mode", "eager", SpecField(Literal[MODES], "a string", "strings"),
+              "eager, compile, compile:reduce-overhead, compile:max-autotune, compile:max-autotune-gemm (max-autotune of the matmuls "
+              "only) or cudagraph.", axis=4, list_valued=True),
+    CaseField("device", "cuda", SpecField(Literal[DEVICES + ("auto",)], "a string", "strings"), "auto, cuda or cpu.", given="auto"),
+    CaseField("warmup", 10, _INT, "Untimed iterations before timing."),
+    CaseField("min_time", 1.0, SpecField(float, "a number", "numbers"),
+              "Seconds of timed work to aim for per case (a slow step stops before 50 iterations once it has twice the steps for this)."),
+    CaseField("iters", None, SpecField(int | None, "an integer or null", "integers"), "Exact number of timed iterations (overrides --min-time)."),
+    CaseField("repeats", 20, _INT, "Number of timing samples the timed iterations are split into."),
+    CaseField("seed", 0, _INT, "Random seed for weights and inputs."),
+    CaseField("optimizer", None, SpecField(str, "an optimizer name", "optimizer names"),
+              "Language models, train_step: AdamW fused, foreach, in_backward (per parameter, from its gradient's hook) or "
+              "in_backward_stream (the same on a side CUDA stream). Default: fused on GPU, for-loop on CPU."),
+    CaseField("checkpoint_activations", False, _BOOL, "Language models, forward_backward and train_step: recompute each block's "
+              "activations in the backward (less memory, one more forward)."),
+    # data parallel: --parallel and --world-size are the flags of the commands that run ranks (with --gpus), not the group's.
+    # parse_parallel checks a mode's options; the JSON Schema's pattern names them.
+    CaseField("parallel", None, SpecField(Annotated[str, msgspec.Meta(extra_json_schema={"pattern": _parallel_pattern()})],
+                                          "ddp or fsdp, options after a colon (e.g. ddp:bucket_cap_mb=100)", "data-parallel modes (ddp, fsdp)")),
+    CaseField("world_size", 1, SpecField(Annotated[int, msgspec.Meta(ge=1)], "a whole number of ranks, 1 or more",
+                                         "whole numbers of ranks, 1 or more")),
+)}
+DEFAULT = {name: f.default for name, f in CASE_FIELDS.items() if f.default is not MISSING}  # the Case's
+ARGUMENT_DEFAULT = {name: f.argument_default for name, f in CASE_FIELDS.items() if f.default is not MISSING}  # make_cases'
+# make_cases' product: its axes, slowest first (the cases come out in this order).
+AXES = tuple(sorted((name for name, f in CASE_FIELDS.items() if f.axis is not None), key=lambda name: CASE_FIELDS[name].axis))
+# Data-parallel fields and their "not set" value (serialised only when set).
+PARALLEL_FIELDS = {name: DEFAULT[name] for name in ("parallel", "world_size")}
+# lm training variants and their "not set" value (serialised only when set).
+TRAINING_VARIANTS = {name: DEFAULT[name] for name, f in CASE_FIELDS.items() if any(name in fam.variants for fam in FAMILIES.values())}
+# How each field is given on the command line, for messages.
+FLAG = {name: f.option for name, f in CASE_FIELDS.items()}
 
 
 @dataclass(frozen=True)
 class Case:
     """One measurement. Frozen and hashable; ``id`` is a short hash of its serialised fields.
 
-    Unset shape fields (None) take the family's defaults when the case is made.
+    Unset shape fields (None) take the family's defaults when the case is made. Each field's default (and all else a
+    stage needs of it) is declared in ``CASE_FIELDS``.
     """
 
     model: str
-    workload: str | None = None  # what one timed step runs; None: the family's default
-    input_size: int | None = None  # classify: image side, pixels
-    batch_size: int | None = None
-    keep_rate: tuple[float, ...] = ()  # classify: token reduction
-    reduction_loc: tuple[int, ...] = ()
-    seq_len: int | None = None  # lm: tokens per sequence
-    prompt_len: int | None = None  # decode: prompt tokens (prefill, generate)
-    context_len: int | None = None  # decode: cache position of the timed decode step
-    new_tokens: int | None = None  # decode: tokens generated after the prefill (generate)
-    layers: int | None = None  # lm, decode: run this many layers (None: the config's)
-    layers_only: bool = False  # decode: the layers alone, without embedding, final norm and head (seed 004's testbench)
-    model_args: tuple[tuple[str, float], ...] = ()  # lm, decode: overrides of the named config's dimensions
-    attn: str = "sdpa"
-    dtype: str = "fp32"
-    mode: str = "eager"
-    device: str = "cuda"
-    max_memory: int | None = None  # bytes the allocator may use (cap, to ask "would it fit on a smaller GPU")
-    warmup: int = 10  # untimed iterations after the first call (which compiles, for compile modes)
-    min_time: float = 1.0  # seconds of timed work to aim for, unless iters is set
-    iters: int | None = None  # exact number of timed iterations (overrides min_time)
-    repeats: int = 20  # number of timing samples the timed iterations are split into
-    seed: int = 0
-    family: str | None = None  # the workload family; perflab's own model names imply it, a reference may state it
+    workload: str | None = DEFAULT["workload"]  # what one timed step runs; None: the family's default
+    input_size: int | None = DEFAULT["input_size"]  # classify: image side, pixels
+    batch_size: int | None = DEFAULT["batch_size"]
+    keep_rate: tuple[float, ...] = DEFAULT["keep_rate"]  # classify: token reduction
+    reduction_loc: tuple[int, ...] = DEFAULT["reduction_loc"]
+    seq_len: int | None = DEFAULT["seq_len"]  # lm: tokens per sequence
+    prompt_len: int | None = DEFAULT["prompt_len"]  # decode: prompt tokens (prefill, generate)
+    context_len: int | None = DEFAULT["context_len"]  # decode: cache position of the timed decode step
+    new_tokens: int | None = DEFAULT["new_tokens"]  # decode: tokens generated after the prefill (generate)
+    layers: int | None = DEFAULT["layers"]  # lm, decode: run this many layers (None: the config's)
+    layers_only: bool = DEFAULT["layers_only"]  # decode: the layers alone, without embedding, final norm and head (seed 004's testbench)
+    model_args: tuple[tuple[str, float], ...] = DEFAULT["model_args"]  # lm, decode: overrides of the named config's dimensions
+    attn: str = DEFAULT["attn"]
+    dtype: str = DEFAULT["dtype"]
+    mode: str = DEFAULT["mode"]
+    device: str = DEFAULT["device"]
+    max_memory: int | None = DEFAULT["max_memory"]  # bytes the allocator may use (cap, to ask "would it fit on a smaller GPU")
+    warmup: int = DEFAULT["warmup"]  # untimed iterations after the first call (which compiles, for compile modes)
+    min_time: float = DEFAULT["min_time"]  # seconds of timed work to aim for, unless iters is set
+    iters: int | None = DEFAULT["iters"]  # exact number of timed iterations (overrides min_time)
+    repeats: int = DEFAULT["repeats"]  # number of timing samples the timed iterations are split into
+    seed: int = DEFAULT["seed"]
+    family: str | None = DEFAULT["family"]  # the workload family; perflab's own model names imply it, a reference may state it
     # ---- lm training variants: serialised only when set, so the ids of other cases do not change ----
-    optimizer: str | None = None  # train_step's AdamW: fused, foreach, in_backward, in_backward_stream (None: fused on GPU, for-loop on CPU)
-    checkpoint_activations: bool = False  # recompute each block's activations in the backward (torch.utils.checkpoint)
+    optimizer: str | None = DEFAULT["optimizer"]  # train_step's AdamW: fused, foreach, in_backward, in_backward_stream (None: fused on GPU, for-loop on CPU)
+    checkpoint_activations: bool = DEFAULT["checkpoint_activations"]  # recompute each block's activations in the backward (torch.utils.checkpoint)
     # ---- data parallel: serialised only when set ----
-    parallel: str | None = None  # "ddp" or "fsdp", with options ("ddp:bucket_cap_mb=100,grad_view=true", "fsdp:reshard=false")
-    world_size: int = 1  # ranks (one process per GPU); the batch is per rank
+    parallel: str | None = DEFAULT["parallel"]  # "ddp" or "fsdp", with options ("ddp:bucket_cap_mb=100,grad_view=true", "fsdp:reshard=false")
+    world_size: int = DEFAULT["world_size"]  # ranks (one process per GPU); the batch is per rank
 
     def __post_init__(self):
         if isinstance(self.model_args, dict):
@@ -210,6 +321,9 @@ class Case:
         return f"{text} {self.parallel}x{self.world_size}" if self.parallel else text
 
 
+# Shape fields (a family's own, FamilySpec.fields) and their "not set" value, in the Case's order: a field a case's family
+# does not own must be left at it.
+SHAPE_FIELDS = {f.name: f.default for f in fields(Case) if any(f.name in family.fields for family in FAMILIES.values())}
 _HINTS = typing.get_type_hints(Case)
 
 # Every integer of a case is stored (SQLite's INTEGER: signed 64-bit) and handed to torch (sizes and seeds: int64) and

@@ -1,9 +1,9 @@
 """The experiment file's schema: msgspec Structs, decoded in one pass, every mistake one line naming the key path.
 
-The Case fields a spec may set come from their declarations: ``perflab.spec.COMMON_SPEC_FIELDS`` for the fields
-every case has, each family's ``FamilySpec.fields`` and ``.variants`` for its own (``perflab.workloads``), and
-``SCHEDULING_FIELDS`` below for where a case runs. A family's new field is one line in its declaration; the
-schema, the grid's types, the messages and ``perflab spec-schema`` follow. The sections' own keys (harness,
+The Case fields a spec may set come from their declarations: each field's ``spec`` in ``perflab.spec.CASE_FIELDS``
+(the fields every case has first, then each family's own, ``FamilySpec.fields`` and ``.variants``), and
+``SCHEDULING_FIELDS`` below for where a case runs. A new field is one line in that table; the schema, the grid's
+types, the messages and ``perflab spec-schema`` follow. The sections' own keys (harness,
 comparisons, breakeven, the top level) are the Structs below.
 
 ``decode`` checks types and key names in one pass, then each Case-field value's meaning (a model perflab can build, a
@@ -23,8 +23,8 @@ import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from perflab.errors import PerflabError, show
-from perflab.spec import COMMON_SPEC_FIELDS, INT64_MAX, Case, convert_field, parse_parallel
-from perflab.workloads import FAMILIES, SpecField
+from perflab.spec import CASE_FIELDS, INT64_MAX, Case, SpecField, convert_field, parse_parallel
+from perflab.workloads import FAMILIES
 
 SCHEDULING_FIELDS = {"gpu": SpecField(str, "a GPU type, e.g. H100", "GPU types, e.g. [H100, H200]")}  # not in case ids
 BREAKEVEN_MULTI = ("batch_size", "dtype", "mode")  # lists here give one analysis per combination
@@ -32,10 +32,9 @@ BREAKEVEN_MULTI = ("batch_size", "dtype", "mode")  # lists here give one analysi
 
 def case_field_specs() -> dict[str, SpecField]:
     """Every Case field a spec may set, by name: the common ones, then each family's."""
-    out = dict(COMMON_SPEC_FIELDS)
+    out = {name: f.spec for name, f in CASE_FIELDS.items() if not f.owners}
     for family in FAMILIES.values():
-        out.update(family.fields)
-        out.update(family.variants)
+        out.update((name, CASE_FIELDS[name].spec) for name in family.fields + family.variants)
     return out
 
 

@@ -18,28 +18,7 @@ Case, the result row and the KernelTable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
-
-# Fields every case has, whatever its family (all of them were in a case of perflab 0.1).
-COMMON_FIELDS = ("model", "batch_size", "attn", "dtype", "mode", "device", "warmup", "min_time", "iters", "repeats", "seed")
-
-
-@dataclass(frozen=True)
-class SpecField:
-    """A Case field as an experiment file gives it (``perflab.spec_schema`` builds the file's schema from these).
-
-    ``type``: the YAML type of one value; ``grid``: the type of a grid's entry, when it is not one value or a
-    non-empty list of them; ``kind``/``plural``: what it holds, in error messages and the JSON Schema."""
-
-    type: Any
-    kind: str
-    plural: str
-    grid: Any = None
-
-
-_INT = SpecField(int, "an integer", "integers")
-_MODEL_ARGS = SpecField(dict[str, int | float | str], "a mapping of dimension names to numbers, e.g. {d_ff: 2048}",
-                        "mappings of dimension names to numbers, e.g. [{d_ff: 2048}]")
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -48,13 +27,13 @@ class FamilySpec:
     live in its subclass below, so no stage downstream branches on family names."""
 
     name: str
-    fields: Mapping[str, SpecField]  # the shape fields it owns, beyond COMMON_FIELDS, as a spec file gives them
+    fields: tuple[str, ...]  # the shape fields it owns, beyond those every case has (each declared in perflab.spec.CASE_FIELDS)
     workloads: tuple[str, ...]
     defaults: dict = field(default_factory=dict)  # filled in when a case leaves them unset (None)
     item: str = "sample"  # what throughput counts: "img", "token"
     describe: str = ""
     optional: tuple[str, ...] = ()  # owned fields a case serialises only when set (so older case ids stay the same)
-    variants: Mapping[str, SpecField] = field(default_factory=dict)  # training-variant fields (--optimizer, ...) its cases may set
+    variants: tuple[str, ...] = ()  # training-variant fields (--optimizer, ...) its cases may set
     report: str | None = None  # the module of its own report tables (``sections``, ``summary``), imported by name
     model_fields: tuple[str, ...] = ()  # fields that make another model variant, not another point (token reduction)
     parallel_workloads: tuple[str, ...] = ()  # workloads that may run data-parallel (--parallel): a backward whose gradients are reduced
@@ -144,32 +123,22 @@ class DecodeSpec(FamilySpec):
         return _layer_words(get) + [workload] + words.get(workload, [f"prompt{get('prompt_len')}+{get('new_tokens')}"])
 
 
-_WORKLOAD = SpecField(str, "a workload name", "workload names")
-
 FAMILIES = {
     "classify": ClassifySpec(
-        "classify", {
-            "input_size": _INT,
-            "keep_rate": SpecField(float | list[float], "a number or a list of numbers", "keep rates (numbers, or lists of numbers)",
-                                   grid=float | list[float | list[float]]),
-            "reduction_loc": SpecField(int | list[int], "a list of integers", "location lists, e.g. [[3, 6, 9]]", grid=list[list[int]]),
-            "model_args": _MODEL_ARGS,
-        }, ("forward",),
+        "classify", ("input_size", "keep_rate", "reduction_loc", "model_args"), ("forward",),
         defaults={"input_size": 224, "batch_size": 1}, item="img", optional=("model_args",), model_fields=("keep_rate", "reduction_loc"),
         describe="image batch through a ViT/DeiT (optional token reduction), a timm model, or your own image model",
     ),
     "lm": LMSpec(
-        "lm", {"workload": _WORKLOAD, "seq_len": _INT, "layers": _INT, "model_args": _MODEL_ARGS},
+        "lm", ("workload", "seq_len", "layers", "model_args"),
         ("forward", "train_forward", "forward_backward", "train_step"),
         defaults={"seq_len": 128, "batch_size": 4}, item="token", report="perflab.report.lm",
         parallel_workloads=("forward_backward", "train_step"), optimizer_workloads=("train_step",),
-        variants={"optimizer": SpecField(str, "an optimizer name", "optimizer names"),
-                  "checkpoint_activations": SpecField(bool, "true or false", "booleans")},
+        variants=("optimizer", "checkpoint_activations"),
         describe="token batch through a GPT or your own LM: inference forward, forward with autograd, forward+backward, or a full AdamW step",
     ),
     "decode": DecodeSpec(
-        "decode", {"workload": _WORKLOAD, "prompt_len": _INT, "context_len": _INT, "new_tokens": _INT, "layers": _INT,
-                   "layers_only": SpecField(bool, "true or false", "booleans"), "model_args": _MODEL_ARGS},
+        "decode", ("workload", "prompt_len", "context_len", "new_tokens", "layers", "layers_only", "model_args"),
         ("decode", "prefill", "generate"),
         defaults={"batch_size": 1}, item="token", report="perflab.report.decode",
         describe="a Llama (or your own gpt-fast-style or transformers causal LM) with a static KV cache: one decode step at a "
