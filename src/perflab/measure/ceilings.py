@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from perflab.clock import StepClock, host_samples_ns
+from perflab.runtime.device import gpu_identity
 
 CACHE_VERSION = 2
 
@@ -33,7 +34,7 @@ def cache_path() -> Path:
 
 
 def gpu_key() -> str:
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    name = gpu_identity().name
     driver = "unknown"
     try:
         import pynvml
@@ -43,7 +44,7 @@ def gpu_key() -> str:
         driver = driver.decode() if isinstance(driver, bytes) else str(driver)
     except Exception:
         pass
-    return f"{props.name}|driver {driver}|torch {torch.__version__}"
+    return f"{name}|driver {driver}|torch {torch.__version__}"
 
 
 def _time_cuda(fn, repeats: int, warmup: int = 2, fastest: bool = False) -> float:
