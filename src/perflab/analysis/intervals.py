@@ -1,4 +1,5 @@
-"""Unions of integer-ns intervals, vectorised: the building block of every busy-time figure."""
+"""Unions of integer-ns intervals, vectorised: the building block of every busy-time figure; and the one lookup of the
+interval that holds each time (:func:`interval_at`: a launch's step window, pass range, counted operator)."""
 
 from __future__ import annotations
 
