@@ -72,3 +72,42 @@ def test_a_tracer_without_a_path_hands_torchs_summary_to_on_ready_and_writes_not
 def test_cuda_events_and_profiler_sessions_are_built_in_one_module_each(pattern, home):
     found = sorted({str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if re.search(pattern, p.read_text())})
     assert found == [home]
+
+
+def test_host_samples_ns_times_each_call_alone_after_its_warmup(monkeypatch):
+    """clock.host_samples_ns: the one host loop (ceilings' copy and eager launch, the canary): warm-up calls untimed,
+    ``after`` outside each call's time."""
+    import perflab.clock
+
+    now = {"ns": 0}
+    monkeypatch.setattr(perflab.clock.time, "perf_counter_ns", lambda: now["ns"])
+    calls, cost = [], iter([100, 200, 1_000, 2_500, 4_000])
+
+    def fn():
+        calls.append("fn")
+        now["ns"] += next(cost)
+
+    def after():
+        calls.append("after")
+        now["ns"] += 10_000  # a synchronisation: not in the call's time
+
+    assert perflab.clock.host_samples_ns(fn, 3, warmup=2, after=after) == [1_000, 2_500, 4_000]
+    assert calls == ["fn", "fn", "fn", "after", "fn", "after", "fn", "after"]
+    assert perflab.clock.host_samples_ns(fn, 0, warmup=0) == []
+
+
+def test_the_host_loops_are_the_clocks():
+    """No hand-written loop of perf_counter pairs around a call is left where host_samples_ns does it: ceilings' copy
+    and eager launch cost, the canary."""
+    for module in ("measure/ceilings.py", "measure/canary.py"):
+        text = (SRC / module).read_text()
+        assert "host_samples_ns(" in text and "t0 = time.perf_counter" not in text
+
+
+def test_copy_gbps_on_the_cpu_is_bytes_over_the_fastest_copy(monkeypatch):
+    from perflab.measure import ceilings
+
+    monkeypatch.setattr(ceilings, "host_samples_ns", lambda fn, repeats, warmup=0, after=None: [2_000_000, 1_000_000, 3_000_000])
+    # 2**20 bytes read and written in the fastest, 1 ms: 2.097152 GB/s
+    assert ceilings.copy_gbps(nbytes=2**20, repeats=3, device="cpu") == 2 * 2**20 / 1e-3 / 1e9
+    assert ceilings.copy_gbps(nbytes=2**16, repeats=2, device="cpu") > 0  # the real clock

@@ -181,9 +181,10 @@ def test_utilisation_of_a_decode_row_with_an_h100s_ceilings(monkeypatch):
     """The GPU-only part of a row (MFU, MBU, roofline), fed the H100's measured ceilings: checked on the CPU."""
     import perflab.measure.ceilings as ceilings
     from perflab.measure import harness
+    from perflab.runtime.device import GpuIdentity
 
     monkeypatch.setattr(ceilings, "get_ceilings", lambda refresh=False: {"matmul_tflops": {"bf16": 787.1}, "copy_gbps": 2971.0})
-    monkeypatch.setattr(harness.torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(harness, "gpu_identity", lambda *a: GpuIdentity(0, "NVIDIA H100 80GB HBM3", "GPU-0", (9, 0), 85_520_809_984, 132))
     case = Case("llama3_8b", workload="decode", context_len=512, dtype="bf16", device="cuda")
     bytes_per_step, flops, counted = 15_077_228_544, 16_060_000_000, 16_100_000_000
     row = {"median_ms": 6.815, "bytes_per_step": bytes_per_step, "flops_analytic": flops, "gflops_per_batch": counted / 1e9,

@@ -283,3 +283,26 @@ def test_the_spread_of_two_modes_is_said_as_theirs_not_the_machines():
     assert checks[0].message.endswith("; the CV of 101.5% is the distance between the modes, not noise")
     noisy = spread_checks(0.2, None, 1.0)
     assert [c.flag for c in noisy] == ["high_cv"] and "the machine may be busy" in noisy[0].message
+
+
+def test_combined_log_interval_is_the_within_run_ratios_interval_to_the_last_bit():
+    """stats.combined_log_interval: the normal interval regressions.within_run_ratio computed by hand before, the same
+    floats (the same operations in the same order)."""
+    from perflab.analysis.regressions import within_run_ratio
+    from perflab.stats import Z975, combined_log_interval
+
+    assert Z975 == 1.959964
+    assert combined_log_interval(1.5, ((1.9, 2.1), (2.8, 3.3))) == (1.362433370759537, 1.651456906656402)
+    assert combined_log_interval(2.0, [(1.0, 4.0)]) == pytest.approx((1.0, 4.0), rel=1e-15)  # one interval: itself
+    assert combined_log_interval(3.0, [(1.0, 1.0), (2.0, 2.0)]) == (3.0, 3.0)  # no width: none
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        ma, mb = rng.uniform(0.1, 100, 2)
+        ca = sorted(ma * rng.uniform(0.8, 1.25, 2))
+        cb = sorted(mb * rng.uniform(0.8, 1.25, 2))
+        se = math.hypot(math.log(ca[1] / ca[0]), math.log(cb[1] / cb[0])) / (2 * 1.959964)  # the code it replaced
+        ratio = mb / ma
+        before = (ratio * math.exp(-1.959964 * se), ratio * math.exp(1.959964 * se))
+        assert combined_log_interval(ratio, (ca, cb)) == before
+        r = within_run_ratio({"median_ms": ma, "ci95_ms": ca}, {"median_ms": mb, "ci95_ms": cb})
+        assert (r.ratio, r.low, r.high) == (ratio, *before)

@@ -1,9 +1,11 @@
 """perflab's one step clock. On the bottom floor, so that everything that times a step (measure's harness, blocks,
-ceilings and host probe, a decode family's tokens, ``perflab run``'s boundaries) imports it downward."""
+ceilings and host probe, a decode family's tokens, ``perflab run``'s boundaries) imports it downward. And the one loop
+that times a callable on the host clock alone, call by call (:func:`host_samples_ns`)."""
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
@@ -60,3 +62,20 @@ class StepClock:
         """(start, end) stamps of each step → (step ms list, host ms list)."""
         read = [self.read(a, b) for a, b in pairs]
         return [p[0] for p in read], [p[1] for p in read]
+
+
+def host_samples_ns(fn: Callable[[], object], repeats: int, warmup: int = 0, after: Callable[[], object] | None = None) -> list[int]:
+    """``repeats`` calls of ``fn``, each timed alone on the host clock (``time.perf_counter_ns``): their ns, in call
+    order, after ``warmup`` calls untimed. ``after``, where given, runs after each timed call, outside its time (a
+    synchronisation that lets the device drain between calls). The host's clock around the call, nothing else: on a
+    GPU it is the time to issue the call's work (CUDA events time the work itself: :class:`StepClock`)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+        if after is not None:
+            after()
+    return samples

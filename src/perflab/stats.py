@@ -4,7 +4,8 @@
 - **Distribution-free CIs of a median**: the pair of order statistics that brackets it with the coverage their ranks
   guarantee (:func:`median_ci_ranks`, :func:`rank_coverage`, :func:`order_coverage`).
 - **The t-interval on logarithms**, written once (:func:`log_t_interval`, one sample; :func:`welch_log_ratio`, two):
-  step times are positive and their spread scales with them.
+  step times are positive and their spread scales with them; two estimates' own intervals combined on logarithms, a
+  normal interval (:func:`combined_log_interval`).
 - **Hierarchical CIs** (:func:`hierarchical_ci`): across processes, else stretches of the run, and the coverage they
   may claim: 95% from ``FULL_UNITS`` units, from fewer what the units' ranks guarantee. Each is centred on the point it
   is printed beside (sectioning), and that point is checked to lie inside it before it is returned (:func:`check_inside`).
@@ -38,6 +39,8 @@ TIME_SEGMENTS = 5  # one process's blocks are cut into this many stretches of co
 # bimodal, none from 50 samples; modes 1.5x apart with 3% noise each are found in 92-95% of 20-30 samples, modes 2x
 # apart in all.
 MODES_FROM, MIN_MODE_SAMPLES, MODE_SHARE, MODE_GAP, MODE_SEPARATION = 20, 3, 0.1, 3.0, 1.2
+
+Z975 = 1.959964  # the normal's 97.5% quantile to six places (combined_log_interval's; t975(None) says 1.96)
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (beyond 30, the normal's 1.96 is within 2%).
 # One-sided 80% quantiles (the 80% power of a detectable change), the same degrees of freedom; beyond 30, the normal's 0.842.
@@ -212,6 +215,15 @@ def welch_log_ratio(a, b) -> LogInterval:
     """B ÷ A of two independent samples' geometric means (two or more positive values each), with Welch's t 95% interval
     on the difference of their log-means (Welch–Satterthwaite degrees of freedom, rounded down)."""
     return _t_on_logs(*_welch(_logs(a), _logs(b)))
+
+
+def combined_log_interval(center: float, intervals) -> tuple[float, float]:
+    """A normal 95% interval about ``center`` from independent estimates' own 95% intervals, combined on logarithms:
+    each interval ``(low, high)`` gives a standard error log(high / low) / (2 × Z975), the errors add in quadrature,
+    and the interval is center × exp(∓Z975 × se). A ratio of two medians with each its own CI (``(low, high)`` pairs,
+    all positive) is its use: ``regressions.within_run_ratio``. Returns ``(low, high)``."""
+    se = math.hypot(*(math.log(high / low) for low, high in intervals)) / (2 * Z975)
+    return center * math.exp(-Z975 * se), center * math.exp(Z975 * se)
 
 
 @dataclass(frozen=True)

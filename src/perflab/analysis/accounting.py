@@ -41,7 +41,7 @@ import numpy as np
 import pandas as pd
 
 from perflab.analysis.devices import devices_of, launching_threads
-from perflab.analysis.intervals import union_blocks
+from perflab.analysis.intervals import interval_at, sum_by_group, union_blocks
 from perflab.trace.schema import WORK_KINDS
 
 DEFAULT_KERNEL_GAP_NS = 5_000
@@ -235,21 +235,22 @@ def _account_device(kernels: pd.DataFrame, steps: pd.DataFrame, kernel_gap_thres
     return Accounting(trace=whole, steps=per_step, kernel_gap_threshold_ns=int(kernel_gap_threshold_ns), has_step_annotations=len(steps) > 0)
 
 
+def window_of_activities(kernels: pd.DataFrame, windows: pd.DataFrame, whole_trace: bool) -> np.ndarray:
+    """For each activity, the index of the window its launch call started in (-1: none)."""
+    if whole_trace:
+        return np.zeros(len(kernels), dtype=np.int64)
+    return interval_at(windows["start_ns"].to_numpy(np.int64), windows["end_ns"].to_numpy(np.int64), activity_launch_time(kernels))
+
+
 def _activities_per_window(kernels: pd.DataFrame, windows: pd.DataFrame, whole_trace: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Kernels (kind kernel) launched in each window, and their summed duration."""
+    """Kernels (kind kernel) launched in each window, and their summed duration (with ``whole_trace``, one window holds
+    every kernel, even one launched before the first activity started)."""
     is_kernel = kernels["kind"].isin(WORK_KINDS).to_numpy()
-    if whole_trace:  # one window holds every kernel, even one launched before the first activity started
-        return np.array([is_kernel.sum()], dtype=np.int64), np.array([kernels["dur_ns"].to_numpy()[is_kernel].sum()], dtype=np.int64)
-    launched = activity_launch_time(kernels)[is_kernel]
+    window = window_of_activities(kernels, windows, whole_trace)[is_kernel]
     duration = kernels["dur_ns"].to_numpy()[is_kernel]
-    starts = windows["start_ns"].to_numpy(np.int64)
-    ends = windows["end_ns"].to_numpy(np.int64)
-    window = np.searchsorted(starts, launched, side="right") - 1
-    inside = (window >= 0) & (launched < ends[np.maximum(window, 0)])
-    counts = np.bincount(window[inside], minlength=len(starts)).astype(np.int64)
-    times = np.zeros(len(starts), dtype=np.int64)
-    np.add.at(times, window[inside], duration[inside])
-    return counts, times
+    inside = window >= 0
+    counts = np.bincount(window[inside], minlength=len(windows)).astype(np.int64)
+    return counts, sum_by_group(duration[inside], window[inside], len(windows))
 
 
 def check_identity(frame: pd.DataFrame) -> bool:

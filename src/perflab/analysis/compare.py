@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from perflab.analysis.modules import has_module_ranges, module_deltas, module_tree
-from perflab.analysis.accounting import IDLE_CAUSES, account, activity_launch_time, step_windows
+from perflab.analysis.accounting import IDLE_CAUSES, account, step_windows, window_of_activities
 from perflab.analysis.devices import devices_of
 from perflab.analysis.names import short_names
 from perflab.errors import PerflabError
@@ -218,18 +218,6 @@ def step_profile(trace: Trace, steps: int | None = None) -> StepProfile:
         by_name=by_name,
         per_step=terms,
     )
-
-
-def window_of_activities(kernels: pd.DataFrame, windows: pd.DataFrame, whole_trace: bool) -> np.ndarray:
-    """For each activity, the index of the window its launch call started in (-1: none)."""
-    if whole_trace:
-        return np.zeros(len(kernels), dtype=np.int64)
-    launched = activity_launch_time(kernels)
-    starts = windows["start_ns"].to_numpy(np.int64)
-    ends = windows["end_ns"].to_numpy(np.int64)
-    window = np.searchsorted(starts, launched, side="right") - 1
-    inside = (window >= 0) & (launched < ends[np.maximum(window, 0)])
-    return np.where(inside, window, -1)
 
 
 def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), items_per_step: tuple[int | None, int | None] = (None, None),

@@ -1,4 +1,5 @@
-"""Unions of integer-ns intervals, vectorised: the building block of every busy-time figure."""
+"""Unions of integer-ns intervals, vectorised: the building block of every busy-time figure; and the one lookup of the
+interval that holds each time (:func:`interval_at`: a launch's step window, pass range, counted operator)."""
 
 from __future__ import annotations
 
@@ -57,3 +58,22 @@ def sum_by_group(values: np.ndarray, group: np.ndarray, n_groups: int) -> np.nda
     if len(values):
         np.add.at(out, np.asarray(group, dtype=np.int64), np.asarray(values, dtype=np.int64))
     return out
+
+
+def interval_at(starts: np.ndarray, ends: np.ndarray, times: np.ndarray, closed: bool = False) -> np.ndarray:
+    """For each of ``times``, the index of the interval holding it, or -1 where none does.
+
+    ``starts`` must be sorted ascending (sort them, with ``ends``, first); the interval tested for a time is the last one
+    starting at or before it (ties: the last of them), so for intervals that overlap pass ``np.maximum.accumulate(ends)``
+    to ask whether any interval starting before the time still covers it. An interval holds ``[start, end)``, or
+    ``[start, end]`` with ``closed``; where one interval ends as the next starts, a time there is in the next.
+    """
+    starts = np.asarray(starts)
+    ends = np.asarray(ends)
+    times = np.asarray(times)
+    if len(starts) == 0:
+        return np.full(times.shape, -1, dtype=np.int64)
+    pos = (np.searchsorted(starts, times, side="right") - 1).astype(np.int64)
+    end = ends[np.maximum(pos, 0)]
+    inside = (pos >= 0) & ((times <= end) if closed else (times < end))
+    return np.where(inside, pos, -1)

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from perflab.analysis.accounting import Accounting
-from perflab.analysis.intervals import sum_by_group
+from perflab.analysis.intervals import interval_at, sum_by_group
 
 PARTLY_LAUNCH_BOUND_SHARE = 0.25
 
@@ -172,9 +172,8 @@ def idle_after_syncs(trace) -> dict | None:
     k_end_so_far = np.maximum.accumulate(kernels["end_ns"].to_numpy(np.int64)[order])
     idle = np.zeros(len(windows))
     count = np.zeros(len(windows))
-    for t in call_end:
-        w = int(np.searchsorted(starts_w, t, side="right")) - 1
-        if w < 0 or t >= ends_w[w]:
+    for t, w in zip(call_end.tolist(), interval_at(starts_w, ends_w, call_end).tolist()):
+        if w < 0:
             continue  # outside every step (perflab's own synchronisation after the last traced step)
         j = int(np.searchsorted(k_start, t, side="right"))
         drained_at = max(t, int(k_end_so_far[j - 1]) if j > 0 else t)
@@ -191,8 +190,7 @@ def host_issue_ms(trace, without_waits: bool = False) -> float:
     step waits for the GPU there) and inside launch calls blocked on a full launch queue (``blocked_launch_ns``: a
     GPU-bound step's host runs ahead until the queue fills, then every launch waits for a kernel to finish). That wait
     is the GPU's time, not the host's."""
-    from perflab.analysis.accounting import step_windows
-    from perflab.analysis.compare import window_of_activities
+    from perflab.analysis.accounting import step_windows, window_of_activities
 
     kernels = trace.kernels
     windows = step_windows(kernels, trace.steps)

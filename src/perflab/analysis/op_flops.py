@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from perflab.analysis.intervals import interval_at
+
 MM = re.compile(r"^aten::(mm|addmm|_addmm_activation)$")
 BMM = re.compile(r"^aten::(bmm|baddbmm)$")
 SDPA_FORWARD = re.compile(r"^aten::_scaled_dot_product_(flash_attention|efficient_attention|cudnn_attention|flash_attention_for_cpu|"
@@ -309,10 +311,7 @@ def _uncounted_heavy_time(ops: pd.DataFrame, counted: np.ndarray, kernels: pd.Da
         order = np.argsort(starts)
         starts, ends = starts[order], ends[order]
         mine = np.flatnonzero((tids == tid) & (launch >= 0))
-        pos = np.searchsorted(starts, launch[mine], side="right") - 1
-        ok = pos >= 0
         # counted operators never nest (one inside another is covered, not counted), so the last one starting before
         # the launch is the only one that can hold it
-        ok[ok] = ends[pos[ok]] >= launch[mine][ok]
-        seen[mine[ok]] = True
+        seen[mine[interval_at(starts, ends, launch[mine], closed=True) >= 0]] = True
     return total, int(dur[~seen].sum())

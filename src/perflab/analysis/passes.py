@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from perflab.analysis.breakdown import GEMM
-from perflab.analysis.intervals import sum_by_group, union_length
+from perflab.analysis.intervals import interval_at, sum_by_group, union_length
 
 PASSES = ("forward", "backward", "optimizer", "prefill", "decode")
 ATTENTION_RANGES = ("attn.scores", "attn.softmax", "attn.final_matmul")
@@ -45,11 +45,8 @@ def kernel_pass_occurrences(kernels: pd.DataFrame, ranges: pd.DataFrame) -> tupl
         order = np.argsort(chosen["start_ns"].to_numpy(), kind="stable")
         starts = chosen["start_ns"].to_numpy()[order]
         ends = chosen["end_ns"].to_numpy()[order]
-        i = np.searchsorted(starts, launch, side="right") - 1
-        valid = has_launch & (i >= 0)
-        inside = np.zeros(len(kernels), dtype=bool)
-        inside[valid] = launch[valid] < ends[i[valid]]
-        take = inside & (out == "")
+        i = interval_at(starts, ends, launch)
+        take = has_launch & (i >= 0) & (out == "")
         out[take] = name
         occurrence[take] = i[take]
     return out, occurrence

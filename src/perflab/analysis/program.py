@@ -27,6 +27,7 @@ import numpy as np
 
 from perflab.analysis.accounting import account
 from perflab.analysis.floors import compute_floors
+from perflab.analysis.intervals import interval_at
 from perflab.analysis.launch import host_issue_ms, idle_after_syncs
 from perflab.analysis.op_flops import count_op_flops
 from perflab.analysis.ranks import is_comm
@@ -65,10 +66,7 @@ def compiled_split(trace) -> dict | None:
             # the outermost holding the launch is enough, and every region's interval is tested
             order = np.argsort(starts)
             starts, ends = starts[order], np.maximum.accumulate(ends[order])
-            pos = np.searchsorted(starts, launch[mine], side="right") - 1
-            ok = pos >= 0
-            ok[ok] = ends[pos[ok]] >= launch[mine][ok]
-            inside[mine[ok]] = True
+            inside[mine[interval_at(starts, ends, launch[mine], closed=True) >= 0]] = True
         overhead = np.zeros(len(work), dtype=bool)
     comm = work["category"].astype(str).eq("communication").to_numpy()
     compiled = int(dur[inside & ~comm].sum())

@@ -56,12 +56,11 @@ from dataclasses import asdict, dataclass, field
 from perflab.errors import PerflabError
 from perflab.host_flags import HOST_FLAGS
 from perflab.records.row import row_version
-from perflab.stats import (LEVEL, block_ratios, ci_coverage_of, detectable_change, log_median, log_t_interval, paired_ratio, row_ci_note,
-                           t975, units_needed, welch_log_ratio)
+from perflab.stats import (LEVEL, block_ratios, ci_coverage_of, combined_log_interval, detectable_change, log_median, log_t_interval,
+                           paired_ratio, row_ci_note, t975, units_needed, welch_log_ratio)
 
 DEFAULT_THRESHOLD = 0.05  # asv's reporting threshold
 BORDERLINE = 1.25  # host ÷ GPU time within this factor of 1: a step that a host this much faster or slower tips over
-Z975 = 1.959964
 
 WITHIN_RUN_NOTE = "one process a side: each run's own CI, which does not cover between-process variance"
 # The flags that qualify a verdict drawn from a row carrying them (measure.checks: noise on the host, too little timing)
@@ -261,9 +260,8 @@ def within_run_ratio(a: dict, b: dict) -> Ratio | None:
     ca, cb = _ci(a), _ci(b)
     if not ma or not mb or ca is None or cb is None:
         return None
-    se = math.hypot(math.log(ca[1] / ca[0]), math.log(cb[1] / cb[0])) / (2 * Z975)
     ratio = mb / ma
-    return Ratio(ratio, ratio * math.exp(-Z975 * se), ratio * math.exp(Z975 * se), "within-run", 1, WITHIN_RUN_NOTE)
+    return Ratio(ratio, *combined_log_interval(ratio, (ca, cb)), "within-run", 1, WITHIN_RUN_NOTE)
 
 
 def row_ratio(a: dict, b: dict) -> Ratio | None:

@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile, window_of_activities
-from perflab.analysis.accounting import step_windows
+from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile
+from perflab.analysis.accounting import step_windows, window_of_activities
 from perflab.analysis.fixes import (MISS, Fix, Prediction, StepTimes, batch_delta, checkpoint_delta, measured_host_ms, optimizer_delta, predict,
                                    prediction_error, step_times_of_passes, step_times_of_row)
 from perflab.analysis.floors import Floors, StepFloors, compute_floors, pass_floors

@@ -81,8 +81,7 @@ def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces", per_config: in
     configuration; 0 profiles every launch. Returns (joined DataFrame, profile result). Raises PerflabError when
     ncu is absent.
     """
-    from perflab.analysis.accounting import step_windows
-    from perflab.analysis.compare import window_of_activities
+    from perflab.analysis.accounting import step_windows, window_of_activities
     from perflab.trace.ncu import attach_step_configs, attach_trace_names, find_ncu, join_counters, run_ncu
 
     find_ncu()  # fail before profiling when there is no ncu

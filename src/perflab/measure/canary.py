@@ -120,23 +120,21 @@ def host_canary(repeats: int = REPEATS) -> Canary:
     """Time the canary: one untimed run, then ``repeats`` timed runs (µs each); see the module docstring."""
     import torch
 
+    from perflab.clock import host_samples_ns
     from perflab.measure.sched import current_cpu
 
-    samples = []
+    def run():
+        _python_work(PY_LOOPS)
+        _dispatch_work(torch, TORCH_ITERS)
+
     gc_was_enabled = gc.isenabled()
     gc.disable()
     cpu = current_cpu()
     try:
         with torch.inference_mode(False), torch.no_grad(), torch.autocast("cpu", enabled=False):
-            for i in range(repeats + 1):
-                if i == 1:  # the first run warms the code paths and caches
-                    wall0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
-                t0 = time.perf_counter_ns()
-                _python_work(PY_LOOPS)
-                _dispatch_work(torch, TORCH_ITERS)
-                elapsed_us = (time.perf_counter_ns() - t0) / 1e3
-                if i:
-                    samples.append(elapsed_us)
+            run()  # the first run warms the code paths and caches
+            wall0, cpu0 = time.perf_counter_ns(), time.thread_time_ns()
+            samples = [ns / 1e3 for ns in host_samples_ns(run, repeats)]
             wall, cpu_ns = time.perf_counter_ns() - wall0, time.thread_time_ns() - cpu0
     finally:
         if gc_was_enabled:

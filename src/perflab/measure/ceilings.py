@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from perflab.clock import StepClock
+from perflab.clock import StepClock, host_samples_ns
+from perflab.runtime.device import gpu_identity
 
 CACHE_VERSION = 2
 
@@ -33,7 +34,7 @@ def cache_path() -> Path:
 
 
 def gpu_key() -> str:
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    name = gpu_identity().name
     driver = "unknown"
     try:
         import pynvml
@@ -43,7 +44,7 @@ def gpu_key() -> str:
         driver = driver.decode() if isinstance(driver, bytes) else str(driver)
     except Exception:
         pass
-    return f"{props.name}|driver {driver}|torch {torch.__version__}"
+    return f"{name}|driver {driver}|torch {torch.__version__}"
 
 
 def _time_cuda(fn, repeats: int, warmup: int = 2, fastest: bool = False) -> float:
@@ -88,12 +89,7 @@ def copy_gbps(nbytes: int = 2**30, repeats: int = 10, device: torch.device | str
     if device.type == "cuda":
         seconds = _time_cuda(lambda: dst.copy_(src), repeats, fastest=True)
     else:
-        samples = []
-        for _ in range(repeats + 2):
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            samples.append(time.perf_counter() - t0)
-        seconds = min(samples[2:])
+        seconds = min(host_samples_ns(lambda: dst.copy_(src), repeats, warmup=2)) / 1e9
     return 2 * n * 4 / seconds / 1e9
 
 
@@ -132,14 +128,12 @@ def eager_launch_us(kernels: int = 2000) -> float:
     for _ in range(100):
         x.add_(1)
     torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        t0 = time.perf_counter()
+
+    def issue():
         for _ in range(kernels):
             x.add_(1)
-        samples.append((time.perf_counter() - t0) / kernels * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+
+    return statistics.median(ns / kernels / 1e3 for ns in host_samples_ns(issue, 5, after=torch.cuda.synchronize))
 
 
 def measure_ceilings() -> dict:

@@ -115,11 +115,11 @@ def nvml_handle(torch_device_index: int = 0):
     """(pynvml, the NVML handle of torch's device ``torch_device_index``), found by UUID so that CUDA_VISIBLE_DEVICES
     is respected; NVML initialised."""
     import pynvml
-    import torch
+
+    from perflab.runtime.device import gpu_identity
 
     pynvml.nvmlInit()
-    uuid = str(torch.cuda.get_device_properties(torch_device_index).uuid)
-    uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+    uuid = gpu_identity(torch_device_index).uuid
     try:
         return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid)
     except pynvml.NVMLError:

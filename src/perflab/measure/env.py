@@ -7,6 +7,7 @@ import socket
 
 import torch
 
+from perflab.runtime.device import gpu_identity
 from perflab.version import __version__
 
 
@@ -22,13 +23,12 @@ def environment(device: str, monitor_info: dict | None = None) -> dict:
         "device": device,
     }
     if device == "cuda":
-        index = torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(index)
+        gpu = gpu_identity()
         env.update(
-            gpu_name=props.name,
-            gpu_memory_gb=round(props.total_memory / 2**30, 1),
-            compute_capability=f"{props.major}.{props.minor}",
-            sm_count=props.multi_processor_count,
+            gpu_name=gpu.name,
+            gpu_memory_gb=round(gpu.total_memory / 2**30, 1),
+            compute_capability="{}.{}".format(*gpu.capability),
+            sm_count=gpu.sm_count,
             cudnn=torch.backends.cudnn.version(),
         )
     else:

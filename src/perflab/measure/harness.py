@@ -47,7 +47,7 @@ from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
 from perflab.measure.stages import TIMING, Stage
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
-from perflab.runtime.device import synchronize
+from perflab.runtime.device import gpu_identity, synchronize
 from perflab.runtime.modes import compile_counters, compile_stats, compiled_while_timed, make_step, record_autotune
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
@@ -501,7 +501,7 @@ def utilisation(case: Case, row: dict, peaks: dict | None = None) -> dict:
         from perflab.measure.datasheet import datasheet_for
 
         ceilings = get_ceilings()
-        sheet = datasheet_for(torch.cuda.get_device_name())
+        sheet = datasheet_for(gpu_identity().name)
         peaks = {"peak_tflops_measured": ceilings["matmul_tflops"].get(case.dtype), "copy_gbps_measured": ceilings["copy_gbps"],
                  "peak_tflops_datasheet": sheet.tflops(case.dtype) if sheet else None,
                  "bandwidth_gbps_datasheet": sheet.bandwidth_gbps if sheet else None}
@@ -736,7 +736,7 @@ def _fill_pool(cases, pending, rows, stage_of, host, scope):
         pool.append((i, built_ctx, env, monitor))
         pending.pop(0)
         if case.device == "cuda":
-            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            total = gpu_identity().total_memory
             if torch.cuda.memory_reserved() > INTERLEAVE_MEMORY_FRACTION * total:
                 break
     return pool, pending

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from perflab.runtime.device import synchronize
+from perflab.runtime.device import gpu_identity, synchronize
 from perflab.runtime.modes import make_step
 from perflab.workloads.base import AUTOCAST_DTYPES, Built
 
@@ -75,7 +75,7 @@ def memory_cap(case) -> Iterator[None]:
     if case.max_memory is None or case.device != "cuda":
         yield
         return
-    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    total = gpu_identity().total_memory
     torch.cuda.set_per_process_memory_fraction(min(1.0, case.max_memory / total))
     try:
         yield
