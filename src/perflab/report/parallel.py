@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from perflab import units
 from perflab.report.md import FAILED, md_table, num, ok, with_ci
 
 MB = 2**20
@@ -96,9 +97,8 @@ ACCOUNT_HEADERS = ["rank", "window (ms)", "compute only", "comm overlapped", "co
 
 def account_cells(account: dict) -> list[str]:
     """One rank's exact split (ms; the four columns sum to the window)."""
-    ms = lambda ns: f"{ns / 1e6:.3f}"  # noqa: E731
-    return [str(account["rank"]), ms(account["window_ns"]), ms(account["compute_only_ns"]), ms(account["comm_overlapped_ns"]),
-            ms(account["comm_exposed_ns"]), ms(account["idle_ns"]), num(account["overlap_fraction"], ".1%")]
+    return [str(account["rank"]), *(units.ns_ms(account[key], 3) for key in ("window_ns", "compute_only_ns", "comm_overlapped_ns", "comm_exposed_ns", "idle_ns")),
+            num(account["overlap_fraction"], ".1%")]
 
 
 def render_rank_accounts(console, result: dict) -> None:
