@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import math
 
-from rich.table import Table
-
 from perflab import units
 from perflab.report.explain_parallel import COLLECTIVE_HEADER, RANK_HEADER
 from perflab.report.explain_parallel import FIX_HEADER as PARALLEL_FIX_HEADER
 from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, FLOORS_TITLE, MODE_HEADER, MODES_TITLE,
                                          PASS_HEADER, PASS_TITLE, batch_rows, compile_lines, fix_model_lines, fix_rows, floor_rows, floor_verdict,
                                          flops_line, mode_miss_lines, mode_rows, pass_rows, profile_lines, ranked_line, step_floor_lines)
-from perflab.report.fit import text_table
+from perflab.report.fit import plain_table, text_table
 
 
 def _ci_ms(c, term: str) -> str:
@@ -173,7 +171,7 @@ def _print_table(console, title: str, header: list[str], rows: list[list[str]]) 
 
 
 def render_ncu(console, table, label: str) -> None:
-    t = Table(title=f"Nsight Compute: top kernels of {label}", header_style="bold")
+    t = plain_table(f"Nsight Compute: top kernels of {label}", header_style="bold")
     from perflab.trace.ncu import kernel_library
 
     table = table.assign(library=[kernel_library(n) for n in table["full_name"]])

@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perflab import units
+from perflab.report.fit import plain_table
 from perflab.report.trace_console import CPU_TERMS, GPU_TERMS, accounting_table, top_table
 
 
@@ -60,9 +61,7 @@ def loop_table(report: dict) -> Table | None:
     loop = report.get("loop")
     if not loop:
         return None
-    table = Table(title="the whole loop, untraced (mean per timed step)", show_header=False)
-    table.add_column("", justify="left")
-    table.add_column("", justify="right")
+    table = plain_table("the whole loop, untraced (mean per timed step)", [("", "left"), ("", "right")], show_header=False)
     table.add_row("step: mean (wall time ÷ steps) / median ms", f"{units.ms(loop['mean_ms'])} / {units.ms(loop['median_ms'])}")
     thr = loop.get("throughput") or {}
     rate = [f"{loop['steps_per_s']:.3g} steps/s"] if loop.get("steps_per_s") else []
@@ -116,9 +115,7 @@ def timing_table(report: dict) -> Table:
     timing = report.get("timing") or {}
     device = report.get("device") or "?"
     clock = "CUDA events on the step's stream" if device == "cuda" else "the host clock"
-    table = Table(title=f"perflab run: {report.get('program')} — steps: {report.get('steps_from')}", show_header=False)
-    table.add_column("", justify="left")
-    table.add_column("", justify="right")
+    table = plain_table(f"perflab run: {report.get('program')} — steps: {report.get('steps_from')}", [("", "left"), ("", "right")], show_header=False)
     recorded = report.get("recorded") or {}
     table.add_row("steps seen / timed / traced", f"{recorded.get('steps_seen', 0)} / {timing.get('steps', 0)} / {(report.get('traced') or {}).get('steps', 0)}")
     if timing.get("steps"):
@@ -162,9 +159,9 @@ def compiler_table(report: dict) -> Table | None:
     hits = (report.get("recorded") or {}).get("limit_hits") or []
     if not any(p.get("frames") for p in phases.values()) and not hits:
         return None
-    table = Table(title="the compiler, as the program ran it (dynamo's counters)")
-    for column in ("phase", "frames compiled", "graphs", "backend graphs", "graph breaks", "guard failures"):
-        table.add_column(column, justify="left" if column == "phase" else "right")
+    table = plain_table("the compiler, as the program ran it (dynamo's counters)",
+                        [(column, "left" if column == "phase" else "right")
+                         for column in ("phase", "frames compiled", "graphs", "backend graphs", "graph breaks", "guard failures")])
     for name in ("skipped", "timed", "traced"):
         p = phases.get(name)
         if p:
@@ -208,9 +205,8 @@ def communication_table(report: dict) -> Table:
     if floor is not None:
         title += (f": all-reduce of {comm['bus_bytes'] / 1e6:.1f} MB bus bytes in {comm['calls']} bucket(s), busbw {comm['busbw_gbps']:.1f} GB/s "
                   f"→ floor {floor:.3f} ms")
-    table = Table(title=title + " (ms per step)")
-    for column in ("rank", "step", "traced step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor"):
-        table.add_column(column, justify="right")
+    table = plain_table(title + " (ms per step)",
+                        [(column, "right") for column in ("rank", "step", "traced step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor")])
     slowest = report.get("slowest_rank")
     for r in comm["ranks"]:
         table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", units.ms(r.get("step_ms")), units.ms(r.get("traced_step_ms")), units.ms(r["comm_ms"]), units.ms(r["exposed_ms"]),
@@ -253,9 +249,8 @@ def scaling_table(section: dict) -> Table:
     """``perflab run --nproc 1,2``'s scaling table: per rank count the step, the work per rank, the step expected at that
     work from the first count's, the growth and the efficiency (expected ÷ step), and each rank's exposed communication."""
     base = section.get("base")
-    table = Table(title=f"scaling over {base} rank(s) (ms per step; efficiency = expected ÷ step)")
-    for column in ("ranks", "step", "work per rank", "expected", "growth", "efficiency", "exposed comm by rank"):
-        table.add_column(column, justify="right")
+    table = plain_table(f"scaling over {base} rank(s) (ms per step; efficiency = expected ÷ step)",
+                        [(column, "right") for column in ("ranks", "step", "work per rank", "expected", "growth", "efficiency", "exposed comm by rank")])
     for row in section.get("rows") or []:
         exposed = ", ".join(f"r{r['rank']} {units.ms(r['exposed_ms'])}{_against_growth(r, row['growth_ms'])}" for r in row["ranks"]) or "–"
         work = f"×{row['work_ratio']:.2f}" if row.get("work_ratio") is not None else "–"

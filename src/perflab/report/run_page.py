@@ -22,6 +22,7 @@ from rich.text import Text
 
 from perflab import units
 from perflab.errors import PerflabError
+from perflab.report.fit import plain_table
 from perflab.report.program import (communication_table, compiler_lines, compiler_table, first_lines, loop_table,
                                     run_lines, scaling_table, timing_table)
 from perflab.report.trace_console import CPU_TERMS, GPU_TERMS, accounting_table, top_table
@@ -81,11 +82,7 @@ def _align(justify) -> str:
 def _rows_html(header: list[str], rows: list[list[str]], title: str, right: set[int] = frozenset(), table_id: str | None = None,
                note: str | None = None) -> str:
     """A table of plain cells, for what the console has no table of."""
-    table = Table(title=title)
-    for i, name in enumerate(header):
-        table.add_column(name, justify="right" if i in right else "left")
-    for row in rows:
-        table.add_row(*[Text(str(c)) for c in row])
+    table = plain_table(title, [(name, "right" if i in right else "left") for i, name in enumerate(header)], [[Text(str(c)) for c in row] for row in rows])
     if note:
         table.caption = Text(note)
     return table_html(table, table_id)

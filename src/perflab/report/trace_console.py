@@ -16,7 +16,7 @@ from rich.table import Table
 from perflab.analysis.accounting import IDLE_CAUSES
 from perflab import units
 from perflab.analysis.trace_report import TraceReport, top_records
-from perflab.report.fit import fit_table, text_table
+from perflab.report.fit import fit_table, plain_table, text_table
 
 MAX_STEP_ROWS = 20
 MAX_RANGE_ROWS = 25
@@ -113,10 +113,7 @@ def accounting_table(whole, terms: Terms, title: str) -> Table:
     """Where a trace window's time goes, in µs and as a share of the wall, exact to the ns: the wall, the work's union
     and each idle cause. ``whole``: the window's accounting in ns (``wall_ns``, ``busy_ns`` and each cause's
     ``host_bound_ns`` ...: ``analysis.accounting``'s trace row, or run.json's ``accounting_ns``)."""
-    table = Table(title=title, header_style="bold")
-    table.add_column("whole trace", justify="left")
-    table.add_column("µs", justify="right")
-    table.add_column("% of wall", justify="right")
+    table = plain_table(title, [("whole trace", "left"), ("µs", "right"), ("% of wall", "right")], header_style="bold")
     wall = whole["wall_ns"]
     table.add_row("wall (trace window)", units.ns_us(wall), "100.0%")
     table.add_row(terms.busy, units.ns_us(whole["busy_ns"]), units.pct_of(whole["busy_ns"], wall))
@@ -168,9 +165,9 @@ def _cells(with_device: bool, row, *cells: str) -> list[str]:
 
 
 def devices_table(report: TraceReport) -> Table:
-    table = Table(title="Accounting per device (whole trace, µs): wall = busy + host-bound + kernel gap + other, exact to the ns", header_style="bold")
-    for column in ("device", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %"):
-        table.add_column(column, justify="right")
+    table = plain_table("Accounting per device (whole trace, µs): wall = busy + host-bound + kernel gap + other, exact to the ns",
+                        [(column, "right") for column in ("device", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %")],
+                        header_style="bold")
     for row in report.devices.itertuples(index=False):
         table.add_row(str(row.device), units.ns_us(row.wall_ns), units.ns_us(row.busy_ns), units.ns_us(row.host_bound_ns), units.ns_us(row.kernel_gap_ns),
                       units.ns_us(row.other_ns), units.pct_of(row.busy_ns, row.wall_ns))
@@ -184,7 +181,7 @@ def steps_table(report: TraceReport) -> Table:
     # a CPU trace's operators launch themselves: its idle is the time between them, and "other" only where there is any
     other = not terms.cpu_only or bool((steps["kernel_gap_ns"] + steps["other_ns"]).any())
     parts = f"operators + between operators{' + other' if other else ''}" if terms.cpu_only else "busy + host-bound + kernel gap + other"
-    table = Table(title=f"Accounting {title} (µs): wall = {parts}, exact to the ns", header_style="bold")
+    table = plain_table(f"Accounting {title} (µs): wall = {parts}, exact to the ns", header_style="bold")
     device = _device_column(report, table)
     columns = ((("step", "wall µs", terms.busy_column, "between µs") + (("other µs",) if other else ()) + ("in ops %", "ops"))
                if terms.cpu_only else ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"))
@@ -221,8 +218,8 @@ def top_table(records: list[dict], terms: Terms, *, what: str | None = None, lab
     ``analysis.kernels.top_kernels`` has it."""
     what, label = what or terms.works, label or terms.work
     whole = "operator time" if terms.cpu_only else "GPU activity time"
-    table = Table(title=f"Top {len({r['full_name'] for r in records})} {what} by total time (share of all {whole})", header_style="bold",
-                  caption="kernel names shortened by one rule (README); --json gives each full_name" if label == "kernel" else None)
+    table = plain_table(f"Top {len({r['full_name'] for r in records})} {what} by total time (share of all {whole})", header_style="bold",
+                        caption="kernel names shortened by one rule (README); --json gives each full_name" if label == "kernel" else None)
     if with_device:
         table.add_column("device", justify="right")
     for column, justify in ((label, "left"), ("category", "left"), ("count", "right"), ("total µs", "right"), ("mean µs", "right"), ("share", "right")):
@@ -234,7 +231,7 @@ def top_table(records: list[dict], terms: Terms, *, what: str | None = None, lab
 
 
 def categories_table(report: TraceReport) -> Table:
-    table = Table(title=f"{terms_of(report).time} by category", header_style="bold")
+    table = plain_table(f"{terms_of(report).time} by category", header_style="bold")
     device = _device_column(report, table)
     for column, justify in (("category", "left"), ("count", "right"), ("time µs", "right"), ("share", "right"), ("busy µs", "right")):
         table.add_column(column, justify=justify)
@@ -247,7 +244,7 @@ def ranges_table(report: TraceReport) -> Table:
     ranges = report.ranges[report.ranges["kernels"] > 0]
     terms = terms_of(report)
     where = "innermost range of each operator" if terms.cpu_only else "innermost range of each launch"
-    table = Table(title=f"{terms.time} per CPU range ({where})", header_style="bold")
+    table = plain_table(f"{terms.time} per CPU range ({where})", header_style="bold")
     device = _device_column(report, table)
     count, time, projected = ("ops", "ops µs", "projected µs") if terms.cpu_only else ("kernels", "GPU µs", "GPU projected µs")
     for column, justify in (("range", "left"), (count, "right"), (time, "right"), ("GEMM %", "right"),
@@ -262,7 +259,7 @@ def ranges_table(report: TraceReport) -> Table:
 
 
 def launch_table(report: TraceReport) -> Table:
-    table = Table(title="CUDA API calls (CPU time) and launch-to-start delay", header_style="bold")
+    table = plain_table("CUDA API calls (CPU time) and launch-to-start delay", header_style="bold")
     device = _device_column(report, table)
     for column in ("api", "calls", "total µs", "mean µs", "GPU activities", "delay median µs", "delay p90 µs"):
         table.add_column(column, justify="left" if column == "api" else "right")
