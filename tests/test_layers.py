@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "perflab"
 
 # floor → the top-level modules and packages of perflab on it, bottom up
 FLOORS = {
-    0: ("stats", "clock", "errors", "host_flags", "version", "paths", "yaml_files", "references"),
+    0: ("stats", "clock", "errors", "host_flags", "version", "paths", "yaml_files", "references", "units"),
     1: ("records",),
     2: ("models",),
     3: ("workloads",),

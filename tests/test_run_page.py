@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 from cli_util import assert_one_line_error, run_cli_here
 
-from perflab.report.program import _ms, _pct
 from perflab.report.run_page import run_page_html, write_run_page
-from perflab.report.trace_console import _in_us
+from perflab.units import ms as _ms
+from perflab.units import pct as _pct
+from perflab.units import us as _in_us
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_RUNS = sorted((ROOT / "docs" / "performance" / "whole-loop-h200").glob("*/run.json"))

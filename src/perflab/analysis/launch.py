@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perflab import units
 from perflab.analysis.accounting import Accounting
 from perflab.analysis.intervals import interval_at, sum_by_group
 
@@ -95,9 +96,9 @@ def launch_verdict(accounting: Accounting, cpu_only: bool = False) -> LaunchVerd
     scope = "of each step" if accounting.has_step_annotations else "of the trace"
     per = " per step" if accounting.has_step_annotations else ""
     share = host / wall if wall else 0.0
-    numbers = f"(host-bound idle {_ms(host)} vs {_ms(busy)} busy{per})"
+    numbers = f"(host-bound idle {units.duration(host)} vs {units.duration(busy)} busy{per})"
     if cpu_only:
-        numbers = f"({_ms(busy)} in operators, {_ms(host)} between them{per})"
+        numbers = f"({units.duration(busy)} in operators, {units.duration(host)} between them{per})"
         busy_share = busy / wall if wall else 0.0
         if host > busy:
             verdict, message = "interpreter-bound", f"interpreter-bound: {share:.0%} {scope} is Python between torch's operators {numbers}"
@@ -115,12 +116,6 @@ def launch_verdict(accounting: Accounting, cpu_only: bool = False) -> LaunchVerd
         busy_share = busy / wall if wall else 0.0
         message = f"not launch-bound: the GPU is busy {busy_share:.0%} {scope} {numbers}"
     return LaunchVerdict(verdict, verdict == "launch-bound", host, busy, wall, message)
-
-
-def _ms(ns: float) -> str:
-    if ns >= 1e6:
-        return f"{ns / 1e6:.2f} ms"
-    return f"{ns / 1e3:.1f} µs"
 
 
 SYNC_CALLS = re.compile(r"Synchronize|^cudaMemcpy$|^cuMemcpyDtoH")  # calls in which the host waits for the GPU

@@ -18,7 +18,6 @@ DataFrames integer ns (``total_ns``, ``busy_ns``), in the JSON summary µs (``to
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, field
 from operator import attrgetter
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 import pandas as pd
 
+from perflab import units
 from perflab.analysis.accounting import DEFAULT_KERNEL_GAP_NS, IDLE_CAUSES, Accounting, account
 from perflab.analysis.breakdown import category_breakdown, gemm_fraction
 from perflab.analysis.devices import by_device, devices_of, launching_threads
@@ -74,40 +74,40 @@ class TraceReport:
             "path": self.trace.meta.get("path"),
             "format": self.trace.meta.get("format"),
             "kernels": stats.kernels,
-            "kernel_time_us": _us(stats.kernel_time_ns),
+            "kernel_time_us": units.ns_to_us(stats.kernel_time_ns),
             "memcpy": stats.memcpy,
             "memset": stats.memset,
             "gpu_activities": stats.gpu_activities,
-            "gpu_activity_time_us": _us(stats.gpu_activity_time_ns),
-            "wall_us": _us(whole["wall_ns"]),
-            "gpu_busy_us": _us(whole["busy_ns"]),
-            "idle_us": _us(whole["idle_ns"]),
-            "idle_by_cause_us": {cause: _us(whole[f"{cause}_ns"]) for cause in IDLE_CAUSES},
+            "gpu_activity_time_us": units.ns_to_us(stats.gpu_activity_time_ns),
+            "wall_us": units.ns_to_us(whole["wall_ns"]),
+            "gpu_busy_us": units.ns_to_us(whole["busy_ns"]),
+            "idle_us": units.ns_to_us(whole["idle_ns"]),
+            "idle_by_cause_us": {cause: units.ns_to_us(whole[f"{cause}_ns"]) for cause in IDLE_CAUSES},
             "accounting_ns": {k: int(whole[k]) for k in ("start_ns", "end_ns", "wall_ns", "busy_ns", "idle_ns", "host_bound_ns", "kernel_gap_ns", "other_ns")},
-            "kernel_gap_threshold_us": _us(self.accounting.kernel_gap_threshold_ns),
+            "kernel_gap_threshold_us": units.ns_to_us(self.accounting.kernel_gap_threshold_ns),
             "steps": n_steps,
             "kernels_per_step": (float(steps["kernels"].mean()) if n_steps else None),
-            "mean_kernel_us": _us(stats.mean_ns),
-            "median_kernel_us": _us(stats.median_ns),
+            "mean_kernel_us": units.ns_to_us(stats.mean_ns),
+            "median_kernel_us": units.ns_to_us(stats.median_ns),
             "short_kernel_share": stats.short_share,
             "short_kernel_time_share": stats.short_time_share,
             "top_kernels": top_records(self.top_kernels),
             "top_memory_ops": top_records(self.top_memory_ops),
-            "categories_us": {c: _us(t) for c, t in self.categories.groupby("category", sort=False)["time_ns"].sum().items()},
+            "categories_us": {c: units.ns_to_us(t) for c, t in self.categories.groupby("category", sort=False)["time_ns"].sum().items()},
             "categories_by_device": [
-                {"device": int(r.device), "category": r.category, "count": int(r.count), "time_us": _us(r.time_ns), "busy_us": _us(r.busy_ns)}
+                {"device": int(r.device), "category": r.category, "count": int(r.count), "time_us": units.ns_to_us(r.time_ns), "busy_us": units.ns_to_us(r.busy_ns)}
                 for r in self.categories.itertuples(index=False)
             ],
             "device_accounting": [
-                {"device": int(r.device), "wall_us": _us(r.wall_ns), "gpu_busy_us": _us(r.busy_ns), "idle_us": _us(r.idle_ns),
-                 "idle_by_cause_us": {cause: _us(getattr(r, f"{cause}_ns")) for cause in IDLE_CAUSES}}
+                {"device": int(r.device), "wall_us": units.ns_to_us(r.wall_ns), "gpu_busy_us": units.ns_to_us(r.busy_ns), "idle_us": units.ns_to_us(r.idle_ns),
+                 "idle_by_cause_us": {cause: units.ns_to_us(getattr(r, f"{cause}_ns")) for cause in IDLE_CAUSES}}
                 for r in self.accounting.devices.itertuples(index=False)
             ],
             "gemm_fraction": self.gemm_fraction,
             "ranges": [
-                {"device": int(r.device), "range": r.range, "kernels": int(r.kernels), "gpu_time_us": _us(r.gpu_time_ns), "gpu_busy_us": _us(r.gpu_busy_ns),
-                 "gemm_fraction": float(r.gemm_fraction), "instances": int(r.instances), "cpu_wall_us": _us(r.cpu_wall_ns),
-                 "gpu_projected_us": _us(r.gpu_projected_ns)}
+                {"device": int(r.device), "range": r.range, "kernels": int(r.kernels), "gpu_time_us": units.ns_to_us(r.gpu_time_ns), "gpu_busy_us": units.ns_to_us(r.gpu_busy_ns),
+                 "gemm_fraction": float(r.gemm_fraction), "instances": int(r.instances), "cpu_wall_us": units.ns_to_us(r.cpu_wall_ns),
+                 "gpu_projected_us": units.ns_to_us(r.gpu_projected_ns)}
                 for r in self.ranges.itertuples(index=False)
             ],
             "step_accounting": _step_records(steps),
@@ -115,12 +115,12 @@ class TraceReport:
                 "verdict": self.verdict.verdict,
                 "launch_bound": self.verdict.launch_bound,
                 "message": self.verdict.message,
-                "delay_median_us": _us(self.launch_delay["median_ns"]),
-                "delay_p90_us": _us(self.launch_delay["p90_ns"]),
+                "delay_median_us": units.ns_to_us(self.launch_delay["median_ns"]),
+                "delay_p90_us": units.ns_to_us(self.launch_delay["p90_ns"]),
                 "launches": self.launch_delay["launches"],
                 "apis": [
-                    {"device": int(r.device), "api": r.api, "calls": int(r.calls), "total_us": _us(r.total_ns), "mean_us": _us(r.mean_ns), "activities": int(r.activities),
-                     "delay_median_us": _us(r.delay_median_ns), "delay_p90_us": _us(r.delay_p90_ns)}
+                    {"device": int(r.device), "api": r.api, "calls": int(r.calls), "total_us": units.ns_to_us(r.total_ns), "mean_us": units.ns_to_us(r.mean_ns), "activities": int(r.activities),
+                     "delay_median_us": units.ns_to_us(r.delay_median_ns), "delay_p90_us": units.ns_to_us(r.delay_p90_ns)}
                     for r in self.launch_apis.itertuples(index=False)
                 ],
             },
@@ -198,8 +198,8 @@ def _module_records(tree: pd.DataFrame | None) -> list[dict[str, Any]] | None:
         return None
     steps = tree.attrs.get("steps", 1)
     return [
-        {"pass": r.pass_, "module": r.module, "class": r.cls, "depth": int(r.depth), "exclusive_us": _us(r.exclusive_ns),
-         "inclusive_us": _us(r.inclusive_ns), "inclusive_us_per_step": _us(r.inclusive_ns / steps), "kernels": int(r.kernels),
+        {"pass": r.pass_, "module": r.module, "class": r.cls, "depth": int(r.depth), "exclusive_us": units.ns_to_us(r.exclusive_ns),
+         "inclusive_us": units.ns_to_us(r.inclusive_ns), "inclusive_us_per_step": units.ns_to_us(r.inclusive_ns / steps), "kernels": int(r.kernels),
          "kernels_inclusive": int(r.kernels_inclusive), "share_exclusive": float(r.share_exclusive), "share_inclusive": float(r.share_inclusive)}
         for r in tree.rename(columns={"pass": "pass_", "class": "cls"}).itertuples(index=False)
     ]
@@ -213,7 +213,7 @@ def top_records(table: pd.DataFrame) -> list[dict[str, Any]]:
     """A top-kernels (or memory operations) table as JSON records, µs: what run.json and ``analyze --json`` hold and the
     console's top table draws (``report.trace_console.top_table``)."""
     return [
-        {"device": int(r.device), "name": r.name, "full_name": r.full_name, "category": r.category, "total_us": _us(r.total_ns),
+        {"device": int(r.device), "name": r.name, "full_name": r.full_name, "category": r.category, "total_us": units.ns_to_us(r.total_ns),
          "count": int(r.count), "share": float(r.share)}
         for r in table.itertuples(index=False)
     ]
@@ -225,7 +225,7 @@ def _pass_records(passes: pd.DataFrame) -> list[dict[str, Any]]:
     short = short_names(n for r in records for n in (r.get("top_kernel"), r.get("top_non_gemm_kernel")) if n)
     out = []
     for record in records:
-        rec = {(k[:-3] + "_us" if k.endswith("_ns") else k): (_us(v) if k.endswith("_ns") else v) for k, v in record.items()}
+        rec = {(k[:-3] + "_us" if k.endswith("_ns") else k): (units.ns_to_us(v) if k.endswith("_ns") else v) for k, v in record.items()}
         for key in ("top_kernel", "top_non_gemm_kernel"):
             rec[f"{key}_short"] = short.get(record.get(key)) if record.get(key) else None
         out.append(rec)
@@ -244,12 +244,6 @@ def _step_records(steps: pd.DataFrame) -> list[dict[str, Any]]:
             steps["step"].tolist(), steps["name"].astype(str).tolist(), steps["start_ns"].tolist(), steps["end_ns"].tolist(),
             steps["kernels"].tolist()))
     ]
-
-
-def _us(ns) -> float | None:
-    if ns is None or (isinstance(ns, float) and math.isnan(ns)):
-        return None
-    return round(float(ns) / 1000.0, 3)
 
 
 def _jsonable(value: Any) -> Any:

@@ -6,15 +6,10 @@ from typing import Iterable
 
 from rich.markup import escape
 
+from perflab import units
 from perflab.report.fit import Column, FittedTable
 from perflab.report.md import formula_cell, gflops
 from perflab.stats import ci_note, row_ci_note  # noqa: F401  (row_ci_note: report.program's)
-
-
-def _fmt(value, spec: str = ".3g", empty: str = "–") -> str:
-    if value is None:
-        return empty
-    return format(value, spec)
 
 
 def model_label(row: dict) -> str:
@@ -111,20 +106,20 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         Column("mode", cells(lambda r: escape(str(r.get("mode") or "?"))), key=True, caption_as="{}"),
         Column(("ms/batch" if classify_only else "ms/step") + (" (95% CI)" if full_ci else " (CI)"), cells(timing), "right"),
         Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms(r.get("latency_ms_per_sample"))), "right", drop=2),
-        Column(f"{unit}/s", cells(lambda r: _fmt(throughput(r), ".1f")), "right"),
+        Column(f"{unit}/s", cells(lambda r: units.num(throughput(r), ".1f", keep_nan=True)), "right"),
         Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: gflops(r.get("gflops"))), "right", drop=5),
     ]
     if any_gpu:
-        columns.append(Column("MFU (counted)", cells(lambda r: _fmt(r.get("mfu"), ".1%")), "right"))
+        columns.append(Column("MFU (counted)", cells(lambda r: units.num(r.get("mfu"), ".1%", keep_nan=True)), "right"))
     if any_formula:
         columns.append(Column("MFU formula (÷)", cells(formula_cell), "right", drop=4))
     if any_mbu:
-        columns.append(Column("MBU", cells(lambda r: _fmt(r.get("mbu"), ".1%")), "right"))
+        columns.append(Column("MBU", cells(lambda r: units.num(r.get("mbu"), ".1%", keep_nan=True)), "right"))
     if classify_only:
         columns.append(Column("tokens", cells(lambda r: "→".join(map(str, r["tokens"])) if r.get("tokens") else "–"), key=True, drop=3,
                               caption_as="{} tokens"))
-    columns += [Column("peak MiB", cells(lambda r: _fmt(peak(r), ".0f")), "right", drop=6),
-                Column("W", cells(lambda r: _fmt(r.get("power_w"), ".0f")), "right", drop=7)]
+    columns += [Column("peak MiB", cells(lambda r: units.num(peak(r), ".0f", keep_nan=True)), "right", drop=6),
+                Column("W", cells(lambda r: units.num(r.get("power_w"), ".0f", keep_nan=True)), "right", drop=7)]
     if any_canary:  # the host canary (measure.canary): the host's speed before the case
         columns.append(Column("host µs", cells(canary_cell), "right", drop=1))
     columns.append(Column("status / flags", cells(status), wrap=True))
@@ -283,8 +278,8 @@ def comparison_table(pairs: list[dict], field: str, title: str | None = None) ->
                 + point("mode", "mode", lambda r: r["mode"]))
     # Narrow, the throughputs go first (the speedup is their ratio), then the CI (the verdict says whether it holds 1),
     # and the FLOPs last: what a reduction of tokens or a batch size changes in the work is this table's other question.
-    columns += [Column(f"baseline {unit}/s", cells(lambda p: _fmt(p["baseline_items_per_s"], ".1f")), "right", drop=1),
-                Column(f"variant {unit}/s", cells(lambda p: _fmt(p["variant_items_per_s"], ".1f")), "right", drop=2),
+    columns += [Column(f"baseline {unit}/s", cells(lambda p: units.num(p["baseline_items_per_s"], ".1f", keep_nan=True)), "right", drop=1),
+                Column(f"variant {unit}/s", cells(lambda p: units.num(p["variant_items_per_s"], ".1f", keep_nan=True)), "right", drop=2),
                 Column("speedup", cells(speedup), "right")]
     if any_paired:
         columns.append(Column("paired 95% CI" if full_ci else "paired CI", cells(ci), "right", wrap=True, drop=3))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from perflab import units
 from perflab.analysis.names import KernelNames
 from perflab.report import plots, seeds
 from perflab.report.md import FAILED, counts_text, gpu_name, md_table, ok, span
@@ -76,8 +77,8 @@ def sections(rows: list[dict], plot_dir: Path, names: KernelNames | None = None)
             parts += ["#### Generation latency (ms)", md_table(["Batch", "Mode", "Time to first token", "Per output token (mean)", "p90"], body)]
         ncu = [(m, b, k) for (m, b), r in cells.items() for k in ((r.get("ncu") or {}).get("kernels") or [])]
         if ncu:
-            body = [[m, str(b), f"`{names(k.get('full_name') or k['name'])}`", k.get("library") or "–", _pct(k.get("dram_pct")), _gbps(k.get("dram_gbps")),
-                     _pct(100 * k["time_share"] if k.get("time_share") is not None else None)]
+            body = [[m, str(b), f"`{names(k.get('full_name') or k['name'])}`", k.get("library") or "–", units.percent(k.get("dram_pct")), units.gbps(k.get("dram_gbps")),
+                     units.percent(100 * k["time_share"] if k.get("time_share") is not None else None)]
                     for m, b, k in sorted(ncu, key=lambda x: (MODE_ORDER.index(x[0]) if x[0] in MODE_ORDER else 9, x[1], -(x[2].get("time_share") or 0)))]
             parts += ["#### ncu: DRAM throughput of the top kernels per mode", md_table(["Mode", "Batch", "Kernel", "Library", "DRAM %", "Achieved GB/s", "Share of GPU time"], body)]
     if mbu_panels:
@@ -100,8 +101,7 @@ def _ms(row) -> str:
         return "–"
     if row.get("status") != "ok":
         return FAILED.get(row.get("status"), row.get("status"))
-    ci = row.get("ci95_ms") or [None, None]
-    return f"{row['median_ms']:.3f} [{ci[0]:.3f}–{ci[1]:.3f}]" if None not in ci else f"{row['median_ms']:.3f}"
+    return units.ms_ci(row["median_ms"], row.get("ci95_ms"))
 
 
 def _ratio(eager, other) -> str:
@@ -128,14 +128,6 @@ def _mbu(row) -> str:
         return "–"
     sheet = f"; {row['mbu_datasheet']:.1%}" if row.get("mbu_datasheet") is not None else ""
     return f"{row['mbu']:.1%}{sheet}"
-
-
-def _pct(value) -> str:
-    return "–" if value is None else f"{value:.1f}%"
-
-
-def _gbps(value) -> str:
-    return "–" if value is None else f"{value:.0f}"
 
 
 # ---------------------------------------------------------------------------------------------------

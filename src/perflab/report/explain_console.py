@@ -4,28 +4,19 @@ from __future__ import annotations
 
 import math
 
-from rich.table import Table
-
+from perflab import units
 from perflab.report.explain_parallel import COLLECTIVE_HEADER, RANK_HEADER
 from perflab.report.explain_parallel import FIX_HEADER as PARALLEL_FIX_HEADER
 from perflab.report.explain_rows import (BATCH_HEADER, FIX_HEADER, FIXES_TITLE, FLOOR_HEADER, FLOORS_TITLE, MODE_HEADER, MODES_TITLE,
                                          PASS_HEADER, PASS_TITLE, batch_rows, compile_lines, fix_model_lines, fix_rows, floor_rows, floor_verdict,
                                          flops_line, mode_miss_lines, mode_rows, pass_rows, profile_lines, ranked_line, step_floor_lines)
-from perflab.report.fit import text_table
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.4f}"
-
-
-def _signed_ms(ns: float) -> str:
-    return f"{ns / 1e6:+.4f}"
+from perflab.report.fit import plain_table, text_table
 
 
 def _ci_ms(c, term: str) -> str:
     """A term's Δ interval over the traced steps (``Comparison.intervals``), in ms; "–" with one step a side."""
     d = c.intervals.get(term)
-    return "–" if d is None else f"{d.low / 1e6:+.4f} to {d.high / 1e6:+.4f}"
+    return units.NONE if d is None else f"{units.ns_ms(d.low, signed=True)} to {units.ns_ms(d.high, signed=True)}"
 
 
 def render_comparison(console, c) -> None:
@@ -34,17 +25,17 @@ def render_comparison(console, c) -> None:
     if c.first_line:  # an inflated trace: said before anything drawn from it
         console.print(c.first_line, markup=False, highlight=False)
     header = ("term", a, b, "Δ", "Δ 95% CI")
-    rows = [["wall", _ms(c.a.wall_ns), _ms(c.b.wall_ns), _signed_ms(c.delta_wall_ns), _ci_ms(c, "wall")]]
+    rows = [["wall", units.ns_ms(c.a.wall_ns), units.ns_ms(c.b.wall_ns), units.ns_ms(c.delta_wall_ns, signed=True), _ci_ms(c, "wall")]]
     for cat, delta in sorted(c.delta_by_category.items(), key=lambda kv: -abs(kv[1])):
-        rows.append([f"  {w.time}: {cat}", _ms(c.a.category_ns.get(cat, 0.0)), _ms(c.b.category_ns.get(cat, 0.0)), _signed_ms(delta),
+        rows.append([f"  {w.time}: {cat}", units.ns_ms(c.a.category_ns.get(cat, 0.0)), units.ns_ms(c.b.category_ns.get(cat, 0.0)), units.ns_ms(delta, signed=True),
                      _ci_ms(c, f"category:{cat}")])
     if c.a.overlap_ns or c.b.overlap_ns:
-        rows.append(["  − overlap (streams / spill)", _ms(-c.a.overlap_ns), _ms(-c.b.overlap_ns), _signed_ms(-c.delta_overlap_ns), ""])
+        rows.append(["  − overlap (streams / spill)", units.ns_ms(-c.a.overlap_ns), units.ns_ms(-c.b.overlap_ns), units.ns_ms(-c.delta_overlap_ns, signed=True), ""])
     for cause, delta in c.delta_idle_by_cause.items():
         if c.cpu_only and cause != "host_bound" and not (delta or c.a.idle_ns[cause]):
             continue  # a CPU trace's operators launch themselves: no kernel gap
         label = w.idle if cause == "host_bound" and c.cpu_only else f"idle: {cause.replace('_', ' ')}"
-        rows.append([f"  {label}", _ms(c.a.idle_ns[cause]), _ms(c.b.idle_ns[cause]), _signed_ms(delta), _ci_ms(c, f"idle:{cause}")])
+        rows.append([f"  {label}", units.ns_ms(c.a.idle_ns[cause]), units.ns_ms(c.b.idle_ns[cause]), units.ns_ms(delta, signed=True), _ci_ms(c, f"idle:{cause}")])
     rows.append(["closure (wall − Σ terms)", "", "", f"{c.closure_ns():.2g} ns", ""])
     table = text_table(list(header), rows, f"Per step: {b} − {a} (ms; exact decomposition; the CI over the traced steps)", ["term"],
                        _drop_order(header, 1, 2, 4))
@@ -180,7 +171,7 @@ def _print_table(console, title: str, header: list[str], rows: list[list[str]]) 
 
 
 def render_ncu(console, table, label: str) -> None:
-    t = Table(title=f"Nsight Compute: top kernels of {label}", header_style="bold")
+    t = plain_table(f"Nsight Compute: top kernels of {label}", header_style="bold")
     from perflab.trace.ncu import kernel_library
 
     table = table.assign(library=[kernel_library(n) for n in table["full_name"]])

@@ -65,7 +65,7 @@ class FittedTable:
     def table_for(self, width: int) -> Table:
         columns, notes = fit_columns(self.columns, width, cut_names=self.cut_names)
         widths = column_widths(columns, width, self.cut_names)
-        table = Table(title=self.title, header_style="bold", box=box.HEAVY_HEAD)
+        table = plain_table(self.title, header_style="bold", box=box.HEAVY_HEAD)
         cut = self.cut_names and table_width(min_width(c) for c in columns) > width  # names narrower than their words
         for col, w in zip(columns, widths):
             # A cell that may not wrap has room for its whole line (column_widths); a header wraps at its spaces.
@@ -77,6 +77,20 @@ class FittedTable:
             table.caption = "\n".join(lines)
             table.caption_justify = "left"
         return table
+
+
+def plain_table(title=None, columns: Iterable = (), rows: Iterable = (), **options) -> Table:
+    """A rich ``Table`` as rich lays it out, not fitted: the one builder of the tables that are no ``FittedTable``, those
+    that other code reads back as rich Tables (``fit_table``, ``run_page.table_html``) or that print as rich lays them
+    out. ``columns``: headers (justified left), or (header, justify) or (header, justify, overflow); ``rows``: cells, one
+    list a row; ``options``: rich's (``header_style``, ``show_header``, ``caption``, ``box``)."""
+    table = Table(title=title, **options)
+    for column in columns:
+        header, justify, overflow = (column, "left", "ellipsis") if isinstance(column, str) else (tuple(column) + ("ellipsis",))[:3]
+        table.add_column(header, justify=justify, overflow=overflow)
+    for row in rows:
+        table.add_row(*row)
+    return table
 
 
 def text_table(header: list[str], rows: list[list[str]], title: str | None = None, left: Iterable[str] = (),

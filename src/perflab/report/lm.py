@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from perflab import units
 from perflab.analysis.names import KernelNames
 from perflab.report import parallel, plots, seeds
 from perflab.report.md import FAILED, counts_text, formula_cell, gpu_name, md_table, ok, span
@@ -340,10 +341,6 @@ def _perflab_missing(row) -> str:
     return (_failed(row) or "–") if row is not None else "–"
 
 
-def _pct(fraction) -> float | None:
-    return None if fraction is None else 100 * fraction
-
-
 def _share_cell(p) -> str:
     return f"{100 * p['top_kernel_share']:.1f}%" if isinstance(p, dict) else (p or "–")
 
@@ -422,7 +419,7 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
             row, train = cells.get(("forward", m, s)), _training_row(cells, m, s)
             inf = _pass(row, "forward")
             ours = (("inference", 100 * inf["gemm_fraction"] if isinstance(inf, dict) else None, _frac_cell(inf) if row is not None else "–"),
-                    ("training", _pct(_training_fraction_value(train)), _training_fraction(train) if train is not None else "–"))
+                    ("training", units.to_percent(_training_fraction_value(train)), _training_fraction(train) if train is not None else "–"))
             line = seq_cols(m, s)
             for i, (kind, value, otherwise) in enumerate(ours):
                 seed = seeds.cell("gemm_fraction_pct", m, s, i)
@@ -444,7 +441,7 @@ def seed_sections(rows: list[dict], capped: list[dict] | None = None) -> list[st
             row = cells.get(("forward", m, s))
             att = _attention(row)
             otherwise = "no profile" if ok(row) else _perflab_missing(row)
-            ours = ((att["softmax_ns"] / 1e6, att["matmul_ns"] / 1e6, _pct(att.get("softmax_to_matmul"))) if att else (None, None, None))
+            ours = ((att["softmax_ns"] / 1e6, att["matmul_ns"] / 1e6, units.to_percent(att.get("softmax_to_matmul"))) if att else (None, None, None))
             line = seq_cols(m, s)
             for table, value, spec, suffix in zip(("softmax_ms", "matmul_ms", "softmax_to_matmul_pct"), ours, (".3f", ".3f", ".1f"), ("", "", "%")):
                 seed = seeds.cell(table, m, s)

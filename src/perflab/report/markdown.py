@@ -25,6 +25,7 @@ import re
 import time
 from pathlib import Path
 
+from perflab import units
 from perflab.analysis.names import MAX_SHORT_NAME, KernelNames
 from perflab.measure.canary import CANARY_KEY, HOST_CONTENTION_FLAG, HOST_DRIFT_FLAG, HOST_DRIFT_THRESHOLD
 from perflab.report import plots
@@ -457,8 +458,7 @@ def breakeven_section(analysis, plot_path: Path) -> list[str]:
 def _ms_cell(row) -> str:
     if row is None:
         return "–"
-    ci = row.get("ci95_ms") or (None, None)
-    return f"{row['median_ms']:.3f} [{ci[0]:.3f}–{ci[1]:.3f}]" if None not in ci else f"{row['median_ms']:.3f}"
+    return units.ms_ci(row["median_ms"], row.get("ci95_ms"))
 
 
 def _ms_triple(row) -> tuple:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from perflab.sweep.store import status_counts
+from perflab.units import gflops, num, pct  # noqa: F401  (the report modules' cells: one set of formatters, perflab.units)
 
 FAILED = {"oom": "OOM", "error": "ERROR", "timeout": "TIMEOUT", "invalid": "INVALID", "missing": "not run"}
 
@@ -25,30 +26,12 @@ def escape(text: str) -> str:
     return _LINE_BREAK.sub(" ", str(text).replace("|", "\\|"))
 
 
-def num(value, spec: str) -> str:
-    """A number in a table cell; ``–`` for none (None or NaN)."""
-    return "–" if value is None or (isinstance(value, float) and value != value) else format(value, spec)
-
-
-def gflops(value) -> str:
-    """GFLOPs in a table cell: two decimals from 0.1 up (35.14, 0.83), else two significant digits (a tiny decode's
-    0.00025, not 0.00); ``–`` for none."""
-    if value is None or (isinstance(value, float) and value != value):
-        return "–"
-    return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.2g}"
-
-
 def with_ci(value, ci, spec: str, unit: str = "", without: str = " (unpaired)") -> str:
     """A paired figure with its 95% CI, ``1.08× (1.02–1.10)``; ``without`` where it has none (timed unpaired); ``–``
     for no figure."""
     if not value:
         return "–"
     return f"{value:{spec}}{unit}" + (f" ({ci[0]:{spec}}–{ci[1]:{spec}})" if ci else without)
-
-
-def pct(value) -> str:
-    """A fraction as a percentage cell; ``–`` for none."""
-    return "–" if value is None else f"{value:.1%}"
 
 
 def flops_ratio(row: dict) -> float | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from perflab import units
+from perflab.report.fit import plain_table
 from perflab.report.md import FAILED, md_table, num, ok, with_ci
 
 MB = 2**20
@@ -83,12 +85,9 @@ def sections(rows: list[dict]) -> list[str]:
 
 def scaling_table(rows: list[dict]) -> Table:
     parallel = [r for r in rows if (r.get("case") or {}).get("parallel")]
-    table = Table(title=f"Data parallel: slowest rank's step against {one_device(parallel).replace('1 ', 'one ')}")
-    for header in scaling_headers(parallel):
-        table.add_column(header, justify="left" if header in ("Model", "dtype", "mode", "parallel") else "right")
-    for r in scaling_rows(rows):
-        table.add_row(*_scaling_cells(r))
-    return table
+    return plain_table(f"Data parallel: slowest rank's step against {one_device(parallel).replace('1 ', 'one ')}",
+                       [(header, "left" if header in ("Model", "dtype", "mode", "parallel") else "right") for header in scaling_headers(parallel)],
+                       [_scaling_cells(r) for r in scaling_rows(rows)])
 
 
 ACCOUNT_HEADERS = ["rank", "window (ms)", "compute only", "comm overlapped", "comm exposed", "idle", "overlap"]
@@ -96,9 +95,8 @@ ACCOUNT_HEADERS = ["rank", "window (ms)", "compute only", "comm overlapped", "co
 
 def account_cells(account: dict) -> list[str]:
     """One rank's exact split (ms; the four columns sum to the window)."""
-    ms = lambda ns: f"{ns / 1e6:.3f}"  # noqa: E731
-    return [str(account["rank"]), ms(account["window_ns"]), ms(account["compute_only_ns"]), ms(account["comm_overlapped_ns"]),
-            ms(account["comm_exposed_ns"]), ms(account["idle_ns"]), num(account["overlap_fraction"], ".1%")]
+    return [str(account["rank"]), *(units.ns_ms(account[key], 3) for key in ("window_ns", "compute_only_ns", "comm_overlapped_ns", "comm_exposed_ns", "idle_ns")),
+            num(account["overlap_fraction"], ".1%")]
 
 
 def render_rank_accounts(console, result: dict) -> None:
@@ -112,12 +110,8 @@ def render_rank_accounts(console, result: dict) -> None:
     if result["note"]:
         console.print(f"note: {result['note']}", markup=False)
     if result["accounts"]:
-        table = Table(title="Per rank over the profiled steps (ms): compute only + comm overlapped + comm exposed + idle = window")
-        for header in ACCOUNT_HEADERS:
-            table.add_column(header, justify="right")
-        for account in result["accounts"]:
-            table.add_row(*account_cells(account))
-        console.print(table)
+        console.print(plain_table("Per rank over the profiled steps (ms): compute only + comm overlapped + comm exposed + idle = window",
+                                  [(header, "right") for header in ACCOUNT_HEADERS], [account_cells(a) for a in result["accounts"]]))
     for step in result["waits_per_step"]:
         waited = ", ".join(f"rank {r} {ns / 1e3:.1f} µs" for r, ns in sorted(step["waited_ns"].items()) if ns)
         console.print(f"step {step['step']}: {step['collectives']} collectives; waited for rank {step['waited_for']}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from perflab import units
+from perflab.report.fit import plain_table
 from perflab.report.trace_console import CPU_TERMS, GPU_TERMS, accounting_table, top_table
 
 
@@ -18,14 +20,6 @@ def _against_growth(rank: dict, growth_ms: float | None) -> str:
             return " (no growth: not judged)"
         return f" (traced ×{inflation:.2f}: not judged)" if inflation else " (not judged)"
     return "" if rank["within_growth"] else " (> growth)"
-
-
-def _ms(value, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
-
-
-def _pct(value) -> str:
-    return "–" if value is None else f"{100 * value:.1f}%"
 
 
 def render_run(console: Console, report: dict) -> None:
@@ -67,10 +61,8 @@ def loop_table(report: dict) -> Table | None:
     loop = report.get("loop")
     if not loop:
         return None
-    table = Table(title="the whole loop, untraced (mean per timed step)", show_header=False)
-    table.add_column("", justify="left")
-    table.add_column("", justify="right")
-    table.add_row("step: mean (wall time ÷ steps) / median ms", f"{_ms(loop['mean_ms'])} / {_ms(loop['median_ms'])}")
+    table = plain_table("the whole loop, untraced (mean per timed step)", [("", "left"), ("", "right")], show_header=False)
+    table.add_row("step: mean (wall time ÷ steps) / median ms", f"{units.ms(loop['mean_ms'])} / {units.ms(loop['median_ms'])}")
     thr = loop.get("throughput") or {}
     rate = [f"{loop['steps_per_s']:.3g} steps/s"] if loop.get("steps_per_s") else []
     if thr.get("samples_per_s"):
@@ -80,23 +72,23 @@ def loop_table(report: dict) -> Table | None:
     table.add_row("throughput" + (f" ({thr['source']})" if thr.get("samples_per_s") else ""), ", ".join(rate) or "–")
     busy = loop.get("busy") or {}
     if busy.get("busy_share") is not None:
-        check = f"; NVML's samples {_pct(busy['nvml_util'])}" if busy.get("nvml_util") is not None and busy.get("gpm_graphics_util") is not None else ""
-        table.add_row("GPU busy (no profiler)", f"{_pct(busy['busy_share'])} ({'GPM' if busy.get('gpm_graphics_util') is not None else 'NVML'}{check})")
+        check = f"; NVML's samples {units.pct(busy['nvml_util'])}" if busy.get("nvml_util") is not None and busy.get("gpm_graphics_util") is not None else ""
+        table.add_row("GPU busy (no profiler)", f"{units.pct(busy['busy_share'])} ({'GPM' if busy.get('gpm_graphics_util') is not None else 'NVML'}{check})")
     elif busy.get("why"):
         table.add_row("GPU busy (no profiler)", "– (" + "; ".join(busy["why"].values()) + ")")
     inputs = loop.get("input")
     if inputs:
-        table.add_row("waiting for input: waits / ms / exposed ms", f"{inputs['waits_per_step']:.3g} / {_ms(inputs['wait_ms_per_step'])} / "
-                      f"{_ms(inputs['exposed_ms_per_step'])} ({_pct(inputs['exposed_share'])} of the wall time)")
+        table.add_row("waiting for input: waits / ms / exposed ms", f"{inputs['waits_per_step']:.3g} / {units.ms(inputs['wait_ms_per_step'])} / "
+                      f"{units.ms(inputs['exposed_ms_per_step'])} ({units.pct(inputs['exposed_share'])} of the wall time)")
         if inputs.get("worker_batch_ms") is not None:
-            table.add_row("DataLoader workers: ms a batch (measured in them)", f"{_ms(inputs['worker_batch_ms'])} ({inputs.get('workers_seen')} workers)")
+            table.add_row("DataLoader workers: ms a batch (measured in them)", f"{units.ms(inputs['worker_batch_ms'])} ({inputs.get('workers_seen')} workers)")
     sync = loop.get("sync")
     if sync:
         top = sync["sites"][0]
-        table.add_row("synchronising calls: calls / ms blocked", f"{sync['calls_per_step']:.3g} / {_ms(sync['blocked_ms_per_step'])}")
+        table.add_row("synchronising calls: calls / ms blocked", f"{sync['calls_per_step']:.3g} / {units.ms(sync['blocked_ms_per_step'])}")
         table.add_row("  most blocked", f"{top['call']} at {top['site']}")
     if loop.get("host_own_ms") is not None:
-        table.add_row("host's own time, less its waits, ms", _ms(loop["host_own_ms"]))
+        table.add_row("host's own time, less its waits, ms", units.ms(loop["host_own_ms"]))
     return table
 
 
@@ -123,26 +115,24 @@ def timing_table(report: dict) -> Table:
     timing = report.get("timing") or {}
     device = report.get("device") or "?"
     clock = "CUDA events on the step's stream" if device == "cuda" else "the host clock"
-    table = Table(title=f"perflab run: {report.get('program')} — steps: {report.get('steps_from')}", show_header=False)
-    table.add_column("", justify="left")
-    table.add_column("", justify="right")
+    table = plain_table(f"perflab run: {report.get('program')} — steps: {report.get('steps_from')}", [("", "left"), ("", "right")], show_header=False)
     recorded = report.get("recorded") or {}
     table.add_row("steps seen / timed / traced", f"{recorded.get('steps_seen', 0)} / {timing.get('steps', 0)} / {(report.get('traced') or {}).get('steps', 0)}")
     if timing.get("steps"):
         ci = timing.get("ci95_ms") or [None, None]
-        table.add_row(f"step, median ms ({clock})", _ms(timing.get("median_ms")))
-        table.add_row(ci_label(timing), f"{_ms(ci[0])}–{_ms(ci[1])}")
-        table.add_row("p10–p90 ms, CV", f"{_ms(timing.get('p10_ms'))}–{_ms(timing.get('p90_ms'))}, {_pct(timing.get('cv'))}")
+        table.add_row(f"step, median ms ({clock})", units.ms(timing.get("median_ms")))
+        table.add_row(ci_label(timing), f"{units.ms(ci[0])}–{units.ms(ci[1])}")
+        table.add_row("p10–p90 ms, CV", f"{units.ms(timing.get('p10_ms'))}–{units.ms(timing.get('p90_ms'))}, {units.pct(timing.get('cv'))}")
         if device == "cuda" and timing.get("host_median_ms") is not None:
-            table.add_row("host clock, median ms", _ms(timing["host_median_ms"]))
+            table.add_row("host clock, median ms", units.ms(timing["host_median_ms"]))
     traced = report.get("traced") or {}
     if traced.get("step_ms"):
         inflation = traced.get("inflation")  # None without an untraced median to divide by: no ratio to print
-        table.add_row("traced step, median ms (÷ untraced)", f"{_ms(traced['step_ms'])} ({'–' if inflation is None else f'×{inflation:.2f}'})")
+        table.add_row("traced step, median ms (÷ untraced)", f"{units.ms(traced['step_ms'])} ({'–' if inflation is None else f'×{inflation:.2f}'})")
         if traced.get("step_ms_each"):
-            table.add_row("traced steps, each ms", ", ".join(_ms(x) for x in traced["step_ms_each"]))
+            table.add_row("traced steps, each ms", ", ".join(units.ms(x) for x in traced["step_ms_each"]))
         if traced.get("warmup_step_ms"):
-            table.add_row("profiler warm-up steps, thrown away, ms", ", ".join(_ms(x) for x in traced["warmup_step_ms"]))
+            table.add_row("profiler warm-up steps, thrown away, ms", ", ".join(units.ms(x) for x in traced["warmup_step_ms"]))
     memory = recorded.get("peak_allocated_bytes")
     if memory is not None:
         table.add_row("memory peak while timed: allocated / reserved", f"{memory / 2**30:.2f} / {recorded.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB")
@@ -157,10 +147,10 @@ def timing_table(report: dict) -> Table:
     if util:
         if util.get("peak_tflops"):
             table.add_row(f"MFU ({util['dtype']} peak {util['peak_tflops']:.0f} TFLOP/s, measured)",
-                          _pct(util.get("mfu")) + (" (at least)" if util.get("mfu_lower_bound") and util.get("mfu") else ""))
+                          units.pct(util.get("mfu")) + (" (at least)" if util.get("mfu_lower_bound") and util.get("mfu") else ""))
         else:  # a dtype is named only where FLOPs were counted: then it is the peak that is missing
             table.add_row("MFU", f"– (no measured {util['dtype']} peak)" if util.get("dtype") else "– (FLOPs unknown)")
-        table.add_row(f"MBU ({util['bytes_per_step'] / 1e9:.3g} GB of weights and buffers, copy {util['copy_gbps']:.0f} GB/s)", _pct(util.get("mbu")))
+        table.add_row(f"MBU ({util['bytes_per_step'] / 1e9:.3g} GB of weights and buffers, copy {util['copy_gbps']:.0f} GB/s)", units.pct(util.get("mbu")))
     return table
 
 
@@ -169,9 +159,9 @@ def compiler_table(report: dict) -> Table | None:
     hits = (report.get("recorded") or {}).get("limit_hits") or []
     if not any(p.get("frames") for p in phases.values()) and not hits:
         return None
-    table = Table(title="the compiler, as the program ran it (dynamo's counters)")
-    for column in ("phase", "frames compiled", "graphs", "backend graphs", "graph breaks", "guard failures"):
-        table.add_column(column, justify="left" if column == "phase" else "right")
+    table = plain_table("the compiler, as the program ran it (dynamo's counters)",
+                        [(column, "left" if column == "phase" else "right")
+                         for column in ("phase", "frames compiled", "graphs", "backend graphs", "graph breaks", "guard failures")])
     for name in ("skipped", "timed", "traced"):
         p = phases.get(name)
         if p:
@@ -198,8 +188,8 @@ def compiler_lines(report: dict) -> list[str]:
     if compiled and compiled.get("compiled_share") is not None:
         top = compiled.get("eager_top") or []
         eager = f" (most: {top[0]['name'][:60]})" if top else ""
-        lines.append(f"the traced steps' work, communication apart: {_pct(compiled['compiled_share'])} in compiled regions, "
-                     f"{_pct(compiled['eager_share'])} eager{eager}")
+        lines.append(f"the traced steps' work, communication apart: {units.pct(compiled['compiled_share'])} in compiled regions, "
+                     f"{units.pct(compiled['eager_share'])} eager{eager}")
     elif compiled and compiled.get("unknown"):
         if frames or any(p.get("frames") for p in phases.values()):
             lines.append(f"how much of the traced steps ran compiled: unknown, {compiled['unknown']}")
@@ -215,13 +205,12 @@ def communication_table(report: dict) -> Table:
     if floor is not None:
         title += (f": all-reduce of {comm['bus_bytes'] / 1e6:.1f} MB bus bytes in {comm['calls']} bucket(s), busbw {comm['busbw_gbps']:.1f} GB/s "
                   f"→ floor {floor:.3f} ms")
-    table = Table(title=title + " (ms per step)")
-    for column in ("rank", "step", "traced step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor"):
-        table.add_column(column, justify="right")
+    table = plain_table(title + " (ms per step)",
+                        [(column, "right") for column in ("rank", "step", "traced step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor")])
     slowest = report.get("slowest_rank")
     for r in comm["ranks"]:
-        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", _ms(r.get("step_ms")), _ms(r.get("traced_step_ms")), _ms(r["comm_ms"]), _ms(r["exposed_ms"]),
-                      _ms(r.get("waiting_ms")), _ms(r.get("transfer_ms")), _ms(r["overlapped_ms"]), _pct(r.get("overlap_fraction")),
+        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", units.ms(r.get("step_ms")), units.ms(r.get("traced_step_ms")), units.ms(r["comm_ms"]), units.ms(r["exposed_ms"]),
+                      units.ms(r.get("waiting_ms")), units.ms(r.get("transfer_ms")), units.ms(r["overlapped_ms"]), units.pct(r.get("overlap_fraction")),
                       f"{r['measured_over_floor']:.2f}" if r.get("measured_over_floor") else "–")
     notes = [n for n in ("* the slowest rank; step: untraced; traced step: the windows the rest is counted over, of which each is a part; "
                          "waiting: for a later rank; hidden: under compute", comm.get("busbw_source"), comm.get("floor_note"),
@@ -260,13 +249,12 @@ def scaling_table(section: dict) -> Table:
     """``perflab run --nproc 1,2``'s scaling table: per rank count the step, the work per rank, the step expected at that
     work from the first count's, the growth and the efficiency (expected ÷ step), and each rank's exposed communication."""
     base = section.get("base")
-    table = Table(title=f"scaling over {base} rank(s) (ms per step; efficiency = expected ÷ step)")
-    for column in ("ranks", "step", "work per rank", "expected", "growth", "efficiency", "exposed comm by rank"):
-        table.add_column(column, justify="right")
+    table = plain_table(f"scaling over {base} rank(s) (ms per step; efficiency = expected ÷ step)",
+                        [(column, "right") for column in ("ranks", "step", "work per rank", "expected", "growth", "efficiency", "exposed comm by rank")])
     for row in section.get("rows") or []:
-        exposed = ", ".join(f"r{r['rank']} {_ms(r['exposed_ms'])}{_against_growth(r, row['growth_ms'])}" for r in row["ranks"]) or "–"
+        exposed = ", ".join(f"r{r['rank']} {units.ms(r['exposed_ms'])}{_against_growth(r, row['growth_ms'])}" for r in row["ranks"]) or "–"
         work = f"×{row['work_ratio']:.2f}" if row.get("work_ratio") is not None else "–"
-        table.add_row(str(row["nproc"]), _ms(row["step_ms"]), work, _ms(row["expected_ms"]), _ms(row["growth_ms"]),
+        table.add_row(str(row["nproc"]), units.ms(row["step_ms"]), work, units.ms(row["expected_ms"]), units.ms(row["growth_ms"]),
                       f"{row['efficiency']:.3f}" if row.get("efficiency") else "–", exposed)
     if section.get("note"):
         table.caption = section["note"]

@@ -20,10 +20,12 @@ from pathlib import Path
 from rich.table import Table
 from rich.text import Text
 
+from perflab import units
 from perflab.errors import PerflabError
-from perflab.report.program import (_ms, _pct, communication_table, compiler_lines, compiler_table, first_lines, loop_table,
+from perflab.report.fit import plain_table
+from perflab.report.program import (communication_table, compiler_lines, compiler_table, first_lines, loop_table,
                                     run_lines, scaling_table, timing_table)
-from perflab.report.trace_console import CPU_TERMS, GPU_TERMS, _in_us, accounting_table, top_table
+from perflab.report.trace_console import CPU_TERMS, GPU_TERMS, accounting_table, top_table
 
 PAGE = "report.html"
 PERFETTO = "https://ui.perfetto.dev"
@@ -80,11 +82,7 @@ def _align(justify) -> str:
 def _rows_html(header: list[str], rows: list[list[str]], title: str, right: set[int] = frozenset(), table_id: str | None = None,
                note: str | None = None) -> str:
     """A table of plain cells, for what the console has no table of."""
-    table = Table(title=title)
-    for i, name in enumerate(header):
-        table.add_column(name, justify="right" if i in right else "left")
-    for row in rows:
-        table.add_row(*[Text(str(c)) for c in row])
+    table = plain_table(title, [(name, "right" if i in right else "left") for i, name in enumerate(header)], [[Text(str(c)) for c in row] for row in rows])
     if note:
         table.caption = Text(note)
     return table_html(table, table_id)
@@ -170,17 +168,17 @@ def steps_svg(report: dict) -> str:
             x = x0 + i * slot + (slot - bar) / 2
             colour = COLOURS["stall"] if kind == "timed" and i in stall_steps else COLOURS[kind]
             words = {"timed": f"timed step {i}", "warmup": f"profiler warm-up step {i}", "traced": f"traced step {i}"}[kind]
-            tip = f"{words}: {_ms(value)} ms"
+            tip = f"{words}: {units.ms(value)} ms"
             parts = []
             if kind == "timed":
                 if i in stall_steps:
                     tip += " (a stall)"
                 if i < len(input_ms) and input_ms[i]:
                     exposed = exposed_ms[i] if i < len(exposed_ms) and exposed_ms[i] is not None else input_ms[i]
-                    tip += f"; waiting for input {_ms(input_ms[i])} ms (exposed {_ms(exposed)})"
+                    tip += f"; waiting for input {units.ms(input_ms[i])} ms (exposed {units.ms(exposed)})"
                     parts += [("exposed", exposed), ("hidden", max(input_ms[i] - exposed, 0.0))]
                 if i < len(sync_ms) and sync_ms[i]:
-                    tip += f"; synchronising calls {_ms(sync_ms[i])} ms"
+                    tip += f"; synchronising calls {units.ms(sync_ms[i])} ms"
                     parts.append(("sync", sync_ms[i]))
             out.append(f'<g class="bar {kind}{" stall" if colour == COLOURS["stall"] else ""}" data-step="{i}" data-ms="{value!r}">'
                        f'<title>{_esc(tip)}</title>'
@@ -202,10 +200,10 @@ def steps_svg(report: dict) -> str:
     timed_span = len(timed) * slot
     if median and timed:
         out.append(f'<line x1="{left}" x2="{left + timed_span:.1f}" y1="{y(median):.1f}" y2="{y(median):.1f}" stroke="{COLOURS["median"]}" '
-                   f'stroke-width="1.5"><title>median of the timed steps: {_ms(median)} ms</title></line>')
+                   f'stroke-width="1.5"><title>median of the timed steps: {units.ms(median)} ms</title></line>')
     if threshold and timed:
         out.append(f'<line x1="{left}" x2="{left + timed_span:.1f}" y1="{y(threshold):.1f}" y2="{y(threshold):.1f}" stroke="{COLOURS["threshold"]}" '
-                   f'stroke-dasharray="6 4" stroke-width="1.5"><title>stall threshold: {_ms(threshold)} ms</title></line>')
+                   f'stroke-dasharray="6 4" stroke-width="1.5"><title>stall threshold: {units.ms(threshold)} ms</title></line>')
     out.append(f'<text x="{left + plot_w / 2:.0f}" y="{top + plot_h + 32}" text-anchor="middle" class="ax">step, counted within each phase '
                f'(the run: --skip {_esc((report.get("options") or {}).get("skip", "?"))} steps first, untimed)</text>')
     legend = [("timed", "timed step"), ("stall", "stall")] if stall_steps else [("timed", "timed step")]
@@ -233,16 +231,16 @@ def _steps_caption(report: dict) -> str:
     stalls = loop.get("stalls") or {}
     parts = []
     if timing.get("median_ms") is not None:
-        parts.append(f'median <b id="median-ms">{_ms(timing["median_ms"])}</b> ms')
+        parts.append(f'median <b id="median-ms">{units.ms(timing["median_ms"])}</b> ms')
     mean = loop.get("mean_ms", timing.get("mean_ms"))
     if mean is not None:
-        parts.append(f'mean <b id="mean-ms">{_ms(mean)}</b> ms')
+        parts.append(f'mean <b id="mean-ms">{units.ms(mean)}</b> ms')
     if stalls.get("threshold_ms") is not None:
-        parts.append(f'stall threshold {_ms(stalls["threshold_ms"])} ms ({stalls.get("factor", 0):g}× the median): '
+        parts.append(f'stall threshold {units.ms(stalls["threshold_ms"])} ms ({stalls.get("factor", 0):g}× the median): '
                      f'<b id="stall-count">{len(stalls.get("steps") or [])}</b> stall(s)' + (f', every {stalls["period"]}th step' if stalls.get("period") else ""))
     traced = report.get("traced") or {}
     if traced.get("step_ms") is not None:
-        parts.append(f"traced median {_ms(traced['step_ms'])} ms" + (f" (×{traced['inflation']:.2f})" if traced.get("inflation") else ""))
+        parts.append(f"traced median {units.ms(traced['step_ms'])} ms" + (f" (×{traced['inflation']:.2f})" if traced.get("inflation") else ""))
     return "; ".join(parts)
 
 
@@ -281,29 +279,29 @@ def _evidence_section(report: dict) -> str:
         out.append(table_html(loop, "loop-table"))
     ev = report.get("verdict_evidence") or {}
     if ev:
-        rows = [["step: mean / median (untraced; under torchrun the slowest rank's median) ms", f"{_ms(ev.get('mean_ms'))} / {_ms(ev.get('step_ms'))}"]]
+        rows = [["step: mean / median (untraced; under torchrun the slowest rank's median) ms", f"{units.ms(ev.get('mean_ms'))} / {units.ms(ev.get('step_ms'))}"]]
         if ev.get("busy_share") is not None:
-            rows.append(["GPU busy share (untraced)", f"{_pct(ev['busy_share'])} ({ev.get('busy_source') or '?'})"])
+            rows.append(["GPU busy share (untraced)", f"{units.pct(ev['busy_share'])} ({ev.get('busy_source') or '?'})"])
         if ev.get("nvml_util") is not None:
-            rows.append(["NVML's utilization samples", _pct(ev["nvml_util"])])
+            rows.append(["NVML's utilization samples", units.pct(ev["nvml_util"])])
         if ev.get("busy_ms") is not None:
-            rows.append(["GPU busy per traced step, ms" + (" (communication apart)" if ev.get("communication_apart") else ""), _ms(ev["busy_ms"])])
+            rows.append(["GPU busy per traced step, ms" + (" (communication apart)" if ev.get("communication_apart") else ""), units.ms(ev["busy_ms"])])
         if ev.get("host_ms") is not None:
-            rows.append([f"host issue time per step, ms ({ev.get('host_source') or '?'})", _ms(ev["host_ms"])])
+            rows.append([f"host issue time per step, ms ({ev.get('host_source') or '?'})", units.ms(ev["host_ms"])])
         if ev.get("host_own_ms") is not None:
-            rows.append(["host's own time, less its waits, ms", _ms(ev["host_own_ms"])])
+            rows.append(["host's own time, less its waits, ms", units.ms(ev["host_own_ms"])])
         if ev.get("input_exposed_share") is not None:
-            rows.append(["exposed waits for input, share of the wall time", _pct(ev["input_exposed_share"])])
+            rows.append(["exposed waits for input, share of the wall time", units.pct(ev["input_exposed_share"])])
         if ev.get("sync_blocked_ms") is not None:
-            rows.append(["blocked in synchronising calls, ms a step", f"{_ms(ev['sync_blocked_ms'])} ({ev.get('syncs_per_step', 0):.3g} calls)"])
+            rows.append(["blocked in synchronising calls, ms a step", f"{units.ms(ev['sync_blocked_ms'])} ({ev.get('syncs_per_step', 0):.3g} calls)"])
         if ev.get("inflation") is not None:
             rows.append(["traced ÷ untraced step", f"×{ev['inflation']:.2f}" + (" (inflated)" if ev.get("inflated") else "")])
         for name, ms in (ev.get("categories_ms") or {}).items():
-            rows.append([f"  traced {name}, ms a step", _ms(ms)])
+            rows.append([f"  traced {name}, ms a step", units.ms(ms)])
         out.append(_rows_html(["figure", "value"], rows, "the figures the verdict weighed", right={1}, table_id="evidence-table"))
     sync = (report.get("loop") or {}).get("sync") or {}
     if sync.get("sites"):
-        rows = [[s.get("call"), s.get("site"), f"{s.get('per_step', 0):.3g}", _ms(s.get("blocked_ms_per_step"))] for s in sync["sites"]]
+        rows = [[s.get("call"), s.get("site"), f"{s.get('per_step', 0):.3g}", units.ms(s.get("blocked_ms_per_step"))] for s in sync["sites"]]
         out.append(_rows_html(["call", "where (the program's line)", "calls a step", "ms blocked a step"], rows,
                               "synchronising calls, by source line (untraced)", right={2, 3}, table_id="sync-table"))
     inputs = (report.get("loop") or {}).get("input") or {}
@@ -315,7 +313,7 @@ def _evidence_section(report: dict) -> str:
     fix = inputs.get("fix") or {}
     if fix.get("predicted_mean_ms") is not None:
         out.append(f"<p>The input's fix: {_esc(fix.get('workers_needed'))} workers (now {_esc(fix.get('num_workers'))}, "
-                   f"{_ms(fix.get('batch_ms'))} ms a batch each) would bring the mean step to {_ms(fix['predicted_mean_ms'])} ms "
+                   f"{units.ms(fix.get('batch_ms'))} ms a batch each) would bring the mean step to {units.ms(fix['predicted_mean_ms'])} ms "
                    f"(×{fix.get('speedup', 0):.2f}).</p>")
     return "\n".join(out)
 
@@ -338,7 +336,7 @@ def _accounting_bar(acc_ns: dict, terms) -> str:
         w = width * ns / wall
         if w > 0:
             out.append(f'<rect x="{x:.2f}" y="0" width="{w:.2f}" height="24" fill="{colour}"><title>{_esc(name)}: '
-                       f'{_in_us(ns / 1000)} µs ({100 * ns / wall:.1f}%)</title></rect>')
+                       f'{units.us(ns / 1000)} µs ({100 * ns / wall:.1f}%)</title></rect>')
         x += w
         if ns:
             label = f"{name} {100 * ns / wall:.1f}%"
@@ -361,7 +359,7 @@ def _time_section(report: dict) -> str:
     categories = acc.get("categories_us") or {}
     if categories:
         total = sum(categories.values()) or 1.0
-        rows = [[name, _in_us(us), f"{us / total:.1%}"] for name, us in categories.items()]
+        rows = [[name, units.us(us), f"{us / total:.1%}"] for name, us in categories.items()]
         out.append(_rows_html(["category", "µs", "share"], rows, f"{terms.time} of the traced steps by category", right={1, 2},
                               table_id="categories-table"))
     return "\n".join(out)
@@ -382,8 +380,8 @@ def _ranks_section(report: dict, scaling: dict | None) -> str | None:
     ranks = report.get("ranks") or []
     if ranks:
         slowest = report.get("slowest_rank")
-        rows = [[f"{r['rank']}{'*' if r['rank'] == slowest else ''}", _ms(r.get("median_ms")),
-                 "–" if not r.get("ci95_ms") else f"{_ms(r['ci95_ms'][0])}–{_ms(r['ci95_ms'][1])}", _plain(r.get("steps_seen")),
+        rows = [[f"{r['rank']}{'*' if r['rank'] == slowest else ''}", units.ms(r.get("median_ms")),
+                 "–" if not r.get("ci95_ms") else f"{units.ms(r['ci95_ms'][0])}–{units.ms(r['ci95_ms'][1])}", _plain(r.get("steps_seen")),
                  ", ".join(r.get("flags") or []) or "–"] for r in ranks]
         note = "* the slowest rank: its median is the run's step" + (f"; ranks that wrote no report: {report['ranks_missing']}"
                                                                        if report.get("ranks_missing") else "")
@@ -509,7 +507,7 @@ def scaling_page_html(section: dict, runs: dict[int, dict], out_dir: Path | None
     for n, report in runs.items():
         verdict = report.get("verdict")
         message = verdict.get("message") if isinstance(verdict, dict) else verdict
-        rows.append(f'<tr><td class="r">{n}</td><td class="r">{_ms(report.get("step_ms") or (report.get("timing") or {}).get("median_ms"))}</td>'
+        rows.append(f'<tr><td class="r">{n}</td><td class="r">{units.ms(report.get("step_ms") or (report.get("timing") or {}).get("median_ms"))}</td>'
                     f'<td class="l">{_esc(message or "–")}</td><td class="l"><a href="nproc{n}/{PAGE}">nproc{n}/{PAGE}</a></td></tr>')
     runs_table = ('<figure class="tbl"><figcaption>each rank count\'s run</figcaption><table><thead><tr><th class="r">ranks</th>'
                   '<th class="r">step ms</th><th class="l">verdict</th><th class="l">its page</th></tr></thead><tbody>'

@@ -14,8 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from perflab.analysis.accounting import IDLE_CAUSES
+from perflab import units
 from perflab.analysis.trace_report import TraceReport, top_records
-from perflab.report.fit import fit_table, text_table
+from perflab.report.fit import fit_table, plain_table, text_table
 
 MAX_STEP_ROWS = 20
 MAX_RANGE_ROWS = 25
@@ -96,8 +97,8 @@ def module_tree_table(tree, note: str | None = None, max_depth: int = MODULE_DEP
             continue
         name = row.module.rsplit(".", 1)[-1]
         label = row.module if row.depth == 0 else "  " * (row.depth - 1) + name + (f" (×{row.instances})" if "–" in name else "")
-        rows.append([row[0] if row[0] != last_pass else "", label, row[2], _us(row.inclusive_ns / steps), f"{100 * row.share_inclusive:.1f}%",
-                     _us(row.exclusive_ns / steps), f"{row.kernels_inclusive / steps:g}"])
+        rows.append([row[0] if row[0] != last_pass else "", label, row[2], units.ns_us(row.inclusive_ns / steps), f"{100 * row.share_inclusive:.1f}%",
+                     units.ns_us(row.exclusive_ns / steps), f"{row.kernels_inclusive / steps:g}"])
         last_pass = row[0]
     captions = [note] if note else []
     if (folded["instances"] > 1).any():
@@ -112,18 +113,15 @@ def accounting_table(whole, terms: Terms, title: str) -> Table:
     """Where a trace window's time goes, in µs and as a share of the wall, exact to the ns: the wall, the work's union
     and each idle cause. ``whole``: the window's accounting in ns (``wall_ns``, ``busy_ns`` and each cause's
     ``host_bound_ns`` ...: ``analysis.accounting``'s trace row, or run.json's ``accounting_ns``)."""
-    table = Table(title=title, header_style="bold")
-    table.add_column("whole trace", justify="left")
-    table.add_column("µs", justify="right")
-    table.add_column("% of wall", justify="right")
+    table = plain_table(title, [("whole trace", "left"), ("µs", "right"), ("% of wall", "right")], header_style="bold")
     wall = whole["wall_ns"]
-    table.add_row("wall (trace window)", _us(wall), "100.0%")
-    table.add_row(terms.busy, _us(whole["busy_ns"]), _pct(whole["busy_ns"], wall))
+    table.add_row("wall (trace window)", units.ns_us(wall), "100.0%")
+    table.add_row(terms.busy, units.ns_us(whole["busy_ns"]), units.pct_of(whole["busy_ns"], wall))
     for cause in IDLE_CAUSES:
         if cause == "host_bound":
-            table.add_row(terms.host_bound, _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
+            table.add_row(terms.host_bound, units.ns_us(whole[f"{cause}_ns"]), units.pct_of(whole[f"{cause}_ns"], wall))
         elif whole[f"{cause}_ns"] or not terms.cpu_only:  # a CPU trace's operators launch themselves: no kernel gap
-            table.add_row(f"idle: {cause.replace('_', ' ')}", _us(whole[f"{cause}_ns"]), _pct(whole[f"{cause}_ns"], wall))
+            table.add_row(f"idle: {cause.replace('_', ' ')}", units.ns_us(whole[f"{cause}_ns"]), units.pct_of(whole[f"{cause}_ns"], wall))
     return table
 
 
@@ -134,13 +132,13 @@ def summary_table(report: TraceReport) -> Table:
     meta = report.trace.meta
     terms = terms_of(report)
     table = accounting_table(report.trace_accounting, terms, f"{meta.get('path')} ({meta.get('format')}): where the time goes (µs, exact to the ns)")
-    table.add_row(f"{terms.work} time, summed over {stats.kernels:,} {terms.works}", _us(stats.kernel_time_ns), "")
-    table.add_row(f"{terms.work} time, mean", _us(stats.mean_ns), "")
-    table.add_row(f"{terms.work} time, median", _us(stats.median_ns), "")
+    table.add_row(f"{terms.work} time, summed over {stats.kernels:,} {terms.works}", units.ns_us(stats.kernel_time_ns), "")
+    table.add_row(f"{terms.work} time, mean", units.ns_us(stats.mean_ns), "")
+    table.add_row(f"{terms.work} time, median", units.ns_us(stats.median_ns), "")
     delay = report.launch_delay
     if delay["launches"] and not terms.cpu_only:
-        table.add_row("launch → start delay, median", _us(delay["median_ns"]), "")
-        table.add_row("launch → start delay, p90", _us(delay["p90_ns"]), "")
+        table.add_row("launch → start delay, median", units.ns_us(delay["median_ns"]), "")
+        table.add_row("launch → start delay, p90", units.ns_us(delay["p90_ns"]), "")
     busy = "operator time" if terms.cpu_only else "GPU busy"
     caption = [f"GEMM: {report.gemm_fraction:.1%} of {busy}; {terms.works} under 5 µs: {stats.short_share:.0%} of {terms.works}, "
                f"{stats.short_time_share:.0%} of {terms.work} time"]
@@ -167,12 +165,12 @@ def _cells(with_device: bool, row, *cells: str) -> list[str]:
 
 
 def devices_table(report: TraceReport) -> Table:
-    table = Table(title="Accounting per device (whole trace, µs): wall = busy + host-bound + kernel gap + other, exact to the ns", header_style="bold")
-    for column in ("device", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %"):
-        table.add_column(column, justify="right")
+    table = plain_table("Accounting per device (whole trace, µs): wall = busy + host-bound + kernel gap + other, exact to the ns",
+                        [(column, "right") for column in ("device", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %")],
+                        header_style="bold")
     for row in report.devices.itertuples(index=False):
-        table.add_row(str(row.device), _us(row.wall_ns), _us(row.busy_ns), _us(row.host_bound_ns), _us(row.kernel_gap_ns),
-                      _us(row.other_ns), _pct(row.busy_ns, row.wall_ns))
+        table.add_row(str(row.device), units.ns_us(row.wall_ns), units.ns_us(row.busy_ns), units.ns_us(row.host_bound_ns), units.ns_us(row.kernel_gap_ns),
+                      units.ns_us(row.other_ns), units.pct_of(row.busy_ns, row.wall_ns))
     return table
 
 
@@ -183,7 +181,7 @@ def steps_table(report: TraceReport) -> Table:
     # a CPU trace's operators launch themselves: its idle is the time between them, and "other" only where there is any
     other = not terms.cpu_only or bool((steps["kernel_gap_ns"] + steps["other_ns"]).any())
     parts = f"operators + between operators{' + other' if other else ''}" if terms.cpu_only else "busy + host-bound + kernel gap + other"
-    table = Table(title=f"Accounting {title} (µs): wall = {parts}, exact to the ns", header_style="bold")
+    table = plain_table(f"Accounting {title} (µs): wall = {parts}, exact to the ns", header_style="bold")
     device = _device_column(report, table)
     columns = ((("step", "wall µs", terms.busy_column, "between µs") + (("other µs",) if other else ()) + ("in ops %", "ops"))
                if terms.cpu_only else ("step", "wall µs", "busy µs", "host-bound µs", "kernel gap µs", "other µs", "busy %", "kernels"))
@@ -192,9 +190,9 @@ def steps_table(report: TraceReport) -> Table:
     if terms.cpu_only:
         table.caption = "ops: operators (torch's top-level, per thread); in ops %: their share of the step's wall"
     for row in steps.head(MAX_STEP_ROWS).itertuples(index=False):
-        idle = ([_us(row.host_bound_ns)] + ([_us(row.kernel_gap_ns + row.other_ns)] if other else []) if terms.cpu_only else
-                [_us(row.host_bound_ns), _us(row.kernel_gap_ns), _us(row.other_ns)])
-        table.add_row(*_cells(device, row, str(row.name), _us(row.wall_ns), _us(row.busy_ns), *idle, _pct(row.busy_ns, row.wall_ns),
+        idle = ([units.ns_us(row.host_bound_ns)] + ([units.ns_us(row.kernel_gap_ns + row.other_ns)] if other else []) if terms.cpu_only else
+                [units.ns_us(row.host_bound_ns), units.ns_us(row.kernel_gap_ns), units.ns_us(row.other_ns)])
+        table.add_row(*_cells(device, row, str(row.name), units.ns_us(row.wall_ns), units.ns_us(row.busy_ns), *idle, units.pct_of(row.busy_ns, row.wall_ns),
                               f"{row.kernels:,}"))
     if len(steps) > MAX_STEP_ROWS:
         table.caption = "; ".join(filter(None, [table.caption, f"{len(steps) - MAX_STEP_ROWS} more steps in --json / --csv"]))
@@ -220,25 +218,25 @@ def top_table(records: list[dict], terms: Terms, *, what: str | None = None, lab
     ``analysis.kernels.top_kernels`` has it."""
     what, label = what or terms.works, label or terms.work
     whole = "operator time" if terms.cpu_only else "GPU activity time"
-    table = Table(title=f"Top {len({r['full_name'] for r in records})} {what} by total time (share of all {whole})", header_style="bold",
-                  caption="kernel names shortened by one rule (README); --json gives each full_name" if label == "kernel" else None)
+    table = plain_table(f"Top {len({r['full_name'] for r in records})} {what} by total time (share of all {whole})", header_style="bold",
+                        caption="kernel names shortened by one rule (README); --json gives each full_name" if label == "kernel" else None)
     if with_device:
         table.add_column("device", justify="right")
     for column, justify in ((label, "left"), ("category", "left"), ("count", "right"), ("total µs", "right"), ("mean µs", "right"), ("share", "right")):
         table.add_column(column, justify=justify, overflow="fold" if column == label else "ellipsis")
     for r in records:
-        cells = [r["name"], r["category"], f"{r['count']:,}", _in_us(r["total_us"]), _in_us(r["total_us"] / max(r["count"], 1)), f"{r['share']:.1%}"]
+        cells = [r["name"], r["category"], f"{r['count']:,}", units.us(r["total_us"]), units.us(r["total_us"] / max(r["count"], 1)), f"{r['share']:.1%}"]
         table.add_row(*([str(r["device"])] if with_device else []), *cells)
     return table
 
 
 def categories_table(report: TraceReport) -> Table:
-    table = Table(title=f"{terms_of(report).time} by category", header_style="bold")
+    table = plain_table(f"{terms_of(report).time} by category", header_style="bold")
     device = _device_column(report, table)
     for column, justify in (("category", "left"), ("count", "right"), ("time µs", "right"), ("share", "right"), ("busy µs", "right")):
         table.add_column(column, justify=justify)
     for row in report.categories.itertuples(index=False):
-        table.add_row(*_cells(device, row, row.category, f"{row.count:,}", _us(row.time_ns), f"{row.share:.1%}", _us(row.busy_ns)))
+        table.add_row(*_cells(device, row, row.category, f"{row.count:,}", units.ns_us(row.time_ns), f"{row.share:.1%}", units.ns_us(row.busy_ns)))
     return table
 
 
@@ -246,43 +244,29 @@ def ranges_table(report: TraceReport) -> Table:
     ranges = report.ranges[report.ranges["kernels"] > 0]
     terms = terms_of(report)
     where = "innermost range of each operator" if terms.cpu_only else "innermost range of each launch"
-    table = Table(title=f"{terms.time} per CPU range ({where})", header_style="bold")
+    table = plain_table(f"{terms.time} per CPU range ({where})", header_style="bold")
     device = _device_column(report, table)
     count, time, projected = ("ops", "ops µs", "projected µs") if terms.cpu_only else ("kernels", "GPU µs", "GPU projected µs")
     for column, justify in (("range", "left"), (count, "right"), (time, "right"), ("GEMM %", "right"),
                             ("instances", "right"), ("CPU wall µs", "right"), (projected, "right")):
         table.add_column(column, justify=justify)
     for row in ranges.head(MAX_RANGE_ROWS).itertuples(index=False):
-        table.add_row(*_cells(device, row, _clip(row.range), f"{row.kernels:,}", _us(row.gpu_time_ns), f"{row.gemm_fraction:.0%}",
-                              f"{row.instances:,}", _us(row.cpu_wall_ns), _us(row.gpu_projected_ns)))
+        table.add_row(*_cells(device, row, _clip(row.range), f"{row.kernels:,}", units.ns_us(row.gpu_time_ns), f"{row.gemm_fraction:.0%}",
+                              f"{row.instances:,}", units.ns_us(row.cpu_wall_ns), units.ns_us(row.gpu_projected_ns)))
     if len(ranges) > MAX_RANGE_ROWS:
         table.caption = f"{len(ranges) - MAX_RANGE_ROWS} more ranges in --json / --csv"
     return table
 
 
 def launch_table(report: TraceReport) -> Table:
-    table = Table(title="CUDA API calls (CPU time) and launch-to-start delay", header_style="bold")
+    table = plain_table("CUDA API calls (CPU time) and launch-to-start delay", header_style="bold")
     device = _device_column(report, table)
     for column in ("api", "calls", "total µs", "mean µs", "GPU activities", "delay median µs", "delay p90 µs"):
         table.add_column(column, justify="left" if column == "api" else "right")
     for row in report.launch_apis.itertuples(index=False):
-        table.add_row(*_cells(device, row, row.api, f"{row.calls:,}", _us(row.total_ns), _us(row.mean_ns), f"{row.activities:,}",
-                              _us(row.delay_median_ns), _us(row.delay_p90_ns)))
+        table.add_row(*_cells(device, row, row.api, f"{row.calls:,}", units.ns_us(row.total_ns), units.ns_us(row.mean_ns), f"{row.activities:,}",
+                              units.ns_us(row.delay_median_ns), units.ns_us(row.delay_p90_ns)))
     return table
-
-
-def _us(ns) -> str:
-    return _in_us(None if ns is None else ns / 1000)
-
-
-def _in_us(us) -> str:
-    if us is None or us != us:  # NaN
-        return "–"
-    return f"{us:,.1f}"
-
-
-def _pct(part, whole) -> str:
-    return f"{100 * part / whole:.1f}%" if whole else "–"
 
 
 def _clip(text: str) -> str:
