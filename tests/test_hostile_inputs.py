@@ -315,13 +315,13 @@ _HOSTILE_VALUES = [None, -1, 0, 1e-308, 1e308, "x", "", [], [None], [[1]], {}, {
 
 
 def test_every_field_of_a_row_with_each_hostile_value_is_one_line_or_a_finite_comparison():
-    """Each field compare's readers check (``measure.row.FIELDS``: a field added there is swept too), each value of
+    """Each field compare's readers check (``records.row.FIELDS``: a field added there is swept too), each value of
     another type or out of range, as a JSON line gives it: ``check_row`` (which read_rows and a store's reader apply to
     each row) refuses it in one line naming the row and the field, or the comparison it gives is strict JSON."""
     import json
 
     from perflab.analysis.regressions import compare_rows
-    from perflab.measure.row import FIELDS, check_row
+    from perflab.records.row import FIELDS, check_row
 
     refused = set()
     for field in FIELDS:

@@ -102,11 +102,11 @@ def test_a_resumed_grid_stores_its_experiment_once(tmp_path):
 
 
 def test_the_store_reads_a_row_by_the_fields_the_row_declares():
-    """One definition of a result row (measure.row, beside its builder, the harness): the store's view (``StoredRow``:
+    """One declaration of a result row (records.row, below its builder, the harness, and its readers): the store's view (``StoredRow``:
     types, not ranges) reads fields that ``FIELDS`` describes, and a row the builder makes is read back by the store and
     passes ``check_row``."""
     from perflab.measure.harness import failed_row
-    from perflab.measure.row import FIELDS, StoredRow, check_row
+    from perflab.records.row import FIELDS, StoredRow, check_row
     from perflab.spec import Case
     from perflab.sweep.store import decode_row
 
@@ -121,7 +121,7 @@ def test_the_store_reads_a_row_by_the_fields_the_row_declares():
 
 def test_a_row_whose_version_is_not_a_mapping_or_a_record_whose_kind_is_not_text_is_damage_not_a_traceback(tmp_path):
     """Which kind of run wrote a store (``run_kinds``, read before ab or track writes to it) from a damaged store: a row
-    whose ``version`` is not a mapping names no kind (compare names it, ``measure.row.check_row``); a run record whose ``kind``
+    whose ``version`` is not a mapping names no kind (compare names it, ``records.row.check_row``); a run record whose ``kind``
     is not text names no kind, and the rows say."""
     from perflab.sweep.store import row_version, run_kinds
 

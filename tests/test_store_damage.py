@@ -142,7 +142,7 @@ def test_a_stored_row_without_its_model_is_shown_not_a_traceback(tmp_path):
 @pytest.mark.parametrize("kind", ["ab", "track"])
 def test_a_versions_row_whose_version_is_not_a_mapping_is_reported_as_of_no_version_not_a_traceback(tmp_path, kind):
     """A store that ab or track wrote, one of whose rows has a ``version`` that is no mapping (text, a list): the report
-    compares the versions' rows of the other case and lists the damaged rows under no version (``measure.row.row_version``,
+    compares the versions' rows of the other case and lists the damaged rows under no version (``records.row.row_version``,
     as the store's own readers take them), not an AttributeError."""
     from perflab.report.markdown import write_report
 
@@ -166,7 +166,7 @@ def test_a_versions_row_whose_version_is_not_a_mapping_is_reported_as_of_no_vers
 
 
 def test_stored_rows_without_their_batch_size_dtype_or_mode_are_shown_as_unknown_not_a_traceback(tmp_path):
-    """The store keeps a row's batch size, dtype and mode optional (``measure.row.StoredRow``), as it keeps its model:
+    """The store keeps a row's batch size, dtype and mode optional (``records.row.StoredRow``), as it keeps its model:
     ``perflab results``' table shows each one lost as ``?``, not a KeyError."""
     import io
 

@@ -867,12 +867,12 @@ def are_results(a, b) -> bool:
 
 def load_results(item, on_unreadable=None) -> list[dict]:
     """The result rows ``item`` names (``is_results_path``): a store's (its latest environment's) or a file's, each field
-    of each row of the type and range ``measure.row.check_row`` holds it to (PerflabError naming the row otherwise).
+    of each row of the type and range ``records.row.check_row`` holds it to (PerflabError naming the row otherwise).
     A stored row that cannot be decoded is left out and passed to ``on_unreadable`` (a warning without it)."""
     from pathlib import Path
 
     from perflab.errors import PerflabError
-    from perflab.measure.row import check_row
+    from perflab.records.row import check_row
     from perflab.report.export import read_rows
 
     path = Path(str(item))

@@ -47,6 +47,7 @@ from perflab.measure.pinning import HostOptions, intra_op_threads, timing_thread
 from perflab.measure.stages import TIMING, Stage
 from perflab.measure.timing import TimingPlan, estimate_step_s, plan_timing, time_step
 from perflab.models.registry import expected_tokens
+from perflab.records.row import new_row
 from perflab.runtime.device import gpu_identity, synchronize
 from perflab.runtime.modes import compile_counters, compile_stats, compiled_while_timed, make_step, record_autotune
 from perflab.runtime.workload import build, memory_cap, step_context
@@ -527,52 +528,31 @@ def utilisation(case: Case, row: dict, peaks: dict | None = None) -> dict:
 
 
 def base_row(case: Case, env: dict) -> dict:
-    """The keys every row has, whatever its status."""
-    return {
-        "case_id": case.id,
-        "case": case.to_dict(),
-        "status": None,
-        "message": None,
-        "model": case.model,
-        "family": case.family,
-        "workload": case.workload,
-        "label": case.label(),
-        "method": case.method,
-        "keep_rate": list(case.keep_rate),
-        "reduction_loc": list(case.reduction_loc),
-        "tokens": None,
-        "input_size": case.input_size,
-        "seq_len": case.seq_len,
-        "prompt_len": case.prompt_len,
-        "context_len": case.context_len,
-        "new_tokens": case.new_tokens,
-        "batch_size": case.batch_size,
-        "dtype": case.dtype,
-        "mode": case.mode,
-        "attn": case.attn,
-        "device": case.device,
-        "device_name": device_name(env),
-        "median_ms": None,
-        "p10_ms": None,
-        "p90_ms": None,
-        "cv": None,
-        "ci_ms": None,
-        "ci95_ms": None,
-        "latency_ms_per_batch": None,
-        "latency_ms_per_sample": None,
-        "throughput_per_s": None,
-        "gflops": None,
-        "gmacs": None,
-        "params_m": None,
-        "peak_mem_alloc_mb": None,
-        "peak_mem_reserved_mb": None,
-        "energy_j": None,
-        "power_w": None,
-        CANARY_KEY: None,  # µs per host canary run (measure.canary); None where no canary was taken
-        "flags": [],
-        "warnings": [],
-        "env": env,
-    }
+    """The keys every row has, whatever its status (``records.row.BASE_FIELDS``, with ``row_format``): the case's here,
+    the rest empty until the row is measured or fails."""
+    return new_row(
+        case_id=case.id,
+        case=case.to_dict(),
+        model=case.model,
+        family=case.family,
+        workload=case.workload,
+        label=case.label(),
+        method=case.method,
+        keep_rate=list(case.keep_rate),
+        reduction_loc=list(case.reduction_loc),
+        input_size=case.input_size,
+        seq_len=case.seq_len,
+        prompt_len=case.prompt_len,
+        context_len=case.context_len,
+        new_tokens=case.new_tokens,
+        batch_size=case.batch_size,
+        dtype=case.dtype,
+        mode=case.mode,
+        attn=case.attn,
+        device=case.device,
+        device_name=device_name(env),
+        env=env,
+    )
 
 
 def failed_row(case: Case, status: str, message: str, env: dict, detail: str | None = None) -> dict:

@@ -33,7 +33,7 @@ import re
 from typing import Iterable
 
 from perflab.errors import PerflabError, show
-from perflab.measure.row import TEXT_FIELDS, WHOLE_FIELDS, check_row
+from perflab.records.row import TEXT_FIELDS, WHOLE_FIELDS, check_row
 
 SEED_COLUMNS = ["run_name", "tp", "latency_ms", "time_total", "flops", "max_memory", "no_params", "no_params_trainable", "power"]
 # perflab's CSV: the study's columns, each named for what it holds (its "flops" held GMACs)
@@ -49,7 +49,7 @@ PERFLAB_COLUMNS = [
     "version_name", "revision", "commit", "interpreter",  # ab and track: the row's version (A, B or the revision as given)
 ]
 # Columns read back as lists of these (read_rows); the others as text or whole numbers where the row's field is
-# (measure.row.TEXT_FIELDS, WHOLE_FIELDS), else as numbers, or empty for none.
+# (records.row.TEXT_FIELDS, WHOLE_FIELDS), else as numbers, or empty for none.
 LIST_COLUMNS = {"keep_rate": float, "reduction_loc": int, "tokens": int, "flags": str, "process_medians_ms": float}
 
 

@@ -65,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perflab.errors import PerflabError
+from perflab.records.row import FORMAT_KEY, ROW_FORMAT
 from perflab.sweep.versions import Version, _set_env
 
 DEFAULT_ROUNDS = 4  # ab of a program: processes side by side, an even number (each order, then its reverse)
@@ -527,7 +528,7 @@ def side_row(v: ProgramVersion, case: ProgramCase, summary: ProgramSummary, posi
     samples_s = [r.throughput.get("samples_per_s") for r in rounds]
     tokens_s = [r.throughput.get("tokens_per_s") for r in rounds]
     traced = next((r for r in rounds if r.traced), None)
-    row = {"case_id": case.id, "label": case.name, "status": "ok", "model": case.name, "kind": "program",
+    row = {"case_id": case.id, FORMAT_KEY: ROW_FORMAT, "label": case.name, "status": "ok", "model": case.name, "kind": "program",
            "statistic": rounds[0].statistic if summary.unit == "step" else UNIT_WORDS[summary.unit], "unit": summary.unit,
            **timing, "processes": len(values), "process_medians_ms": values, "sample_processes": list(range(len(values))),
            "sample_rounds": [0] * len(values), "process_started_at": [r.started_at for r in rounds],

@@ -31,8 +31,7 @@ from typing import Annotated, Callable, Iterable
 import msgspec
 
 from perflab.errors import PerflabError, show
-from perflab.measure.row import StoredRow
-from perflab.records.row import row_version
+from perflab.records.row import StoredRow, row_version
 from perflab.paths import make_out_dir, not_a_store
 
 STORE_NAME = "results.sqlite"
