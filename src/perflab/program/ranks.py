@@ -15,14 +15,13 @@ At the end of the traced steps every rank, at the same step boundary:
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from pathlib import Path
 
 from perflab.program.guard import say
 from perflab.program.recorder import Rank, RunOptions, instances_alive, rank_dir
-from perflab.program.report import RunReport, write_json
+from perflab.records.run_report import ABSENT, RANK_FILE, RunReport, read, save
 
 WAIT_S = 300.0
 GPU_SWEEP_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB: beside a model already in memory
@@ -87,31 +86,30 @@ def gather(report: RunReport, options: RunOptions, rank: Rank, ended_early: bool
             report.all_reduce = all_reduce_bandwidth(report.device or "cpu", rank.world_size)
         except Exception as exc:  # the communication section is lost, the rest of the report is not
             report.communication_note = f"no all-reduce floor: {type(exc).__name__}: {exc}"
-    write_json(rank_dir(out, rank) / "rank.json", report.to_dict())
+    save(report, rank_dir(out, rank) / RANK_FILE)
     if rank.rank != 0 or ended_early:
         return
     reports = _wait_for_ranks(out, rank.world_size, report.get("run_id"))
-    merged = merge({r: RunReport.from_dict(rep) for r, rep in reports.items()}, rank.world_size)
+    merged = merge(reports, rank.world_size)
     for name, value in merged.items():
         setattr(report, name, value)
 
 
-def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[int, dict]:
+def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[int, RunReport]:
     """Every rank's report of this run (``run_id``: a rank.json an earlier run left in the same OUT is not this run's,
     and is waited past), up to ``WAIT_S``."""
     deadline = time.monotonic() + WAIT_S
-    found: dict[int, dict] = {}
+    found: dict[int, RunReport] = {}
     while True:
         for r in range(world):
-            path = rank_dir(out, Rank(r, world)) / "rank.json"
+            path = rank_dir(out, Rank(r, world)) / RANK_FILE
             if r not in found and path.exists():
-                try:
-                    report = json.loads(path.read_text())
-                except ValueError:
+                report = read(path)
+                if report is None:
                     continue  # being written
                 # a report of this run, and not the timed steps a rank keeps while its traced steps run (partial, with
                 # no end of the program in it): its whole report replaces that one
-                if (run_id is None or report.get("run_id") == run_id) and not (report.get("partial") and "exit_code" not in report):
+                if (run_id is None or report.run_id == run_id) and not (report.partial and report.exit_code is ABSENT):
                     found[r] = report
         if len(found) == world or time.monotonic() > deadline:
             return found
