@@ -266,16 +266,16 @@ def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothi
 
 
 def test_each_rank_writes_its_record_with_ddp_null_when_none_was_found_and_rank_zero_merges(tmp_path):
-    from perflab.program.ranks import gather
+    from perflab.program.ranks import gather, rank_fields
     from perflab.program.recorder import Rank, RunOptions
     from perflab.program.report import RunReport
 
-    def record(r):
-        return RunReport(timing={"median_ms": 10.0 + r}, device="cpu", rank=r, world_size=2, recorded={"steps_seen": 9}, flags=[])
+    def record(r, **fields):
+        return RunReport(timing={"median_ms": 10.0 + r}, device="cpu", rank=r, world_size=2, recorded={"steps_seen": 9}, flags=[], **fields)
 
     (tmp_path / "rank1").mkdir()
     (tmp_path / "rank1" / "rank.json").write_text(json.dumps(record(1).to_dict()))
-    report = record(0)
+    report = record(0, **rank_fields("cpu", 2))  # as the builder takes them, after the traced steps
     gather(report, RunOptions(out_dir=tmp_path), Rank(0, 2), ended_early=False)
     mine = json.loads((tmp_path / "rank0" / "rank.json").read_text())
     # looked for and not there (no DDP module, no process group): null, never left out

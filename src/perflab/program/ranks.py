@@ -8,7 +8,7 @@ At the end of the traced steps every rank, at the same step boundary:
 2. takes the all-reduce bus bandwidth: this GPU's cached sweep for the world size (``perflab ceilings --gpus``), or
    one swept now on the program's own default process group (every rank is at the same boundary, so the collectives
    line up; on the GPU up to 256 MiB, on the CPU gloo's small sizes), kept in the cache for the next run;
-3. writes its report (``OUT/rankR/rank.json``); rank 0 waits for every rank's (up to ``WAIT_S``), merges the traces
+3. writes its report (``OUT/rankR/rank.json``: built whole, 1. and 2. among it); rank 0 waits for every rank's (up to ``WAIT_S``), merges the traces
    (``diagnosis.profiling.account_rank_traces``: per rank its communication, exposed communication split into waiting for a
    later rank and transfer, overlap) and adds the communication section and the slowest rank.
 """
@@ -76,16 +76,25 @@ def _sizes(sizes) -> str:
     return ", ".join(f"{s / 2**20:g} MiB" if s >= 2**20 else f"{s / 1024:g} KiB" for s in sizes)
 
 
+def rank_fields(device: str | None, world: int) -> dict:
+    """This rank's fields of its report, at the end of its traced steps (every rank at the same boundary): its DDP
+    layout (``ddp``) and the all-reduce sweep (``all_reduce``), null where there is none; where they cannot be taken,
+    ``communication_note`` says why (the communication section is lost, the rest of the report is not). The builder
+    (``program.report.build_run_report``) sets them."""
+    fields: dict = {}
+    try:
+        fields["ddp"] = ddp_info()
+        fields["all_reduce"] = all_reduce_bandwidth(device or "cpu", world)
+    except Exception as exc:
+        fields["communication_note"] = f"no all-reduce floor: {type(exc).__name__}: {exc}"
+    return fields
+
+
 def gather(report: RunReport, options: RunOptions, rank: Rank, ended_early: bool) -> None:
-    """This rank's report written; on rank 0 the ranks' reports, as written (its own among them), merged into it
-    (after the traced steps)."""
+    """This rank's report (built whole, ``rank_fields`` among it) written; on rank 0 the ranks' reports, as written
+    (its own among them), merged into it (after the traced steps): the merge needs every rank's report saved, rank 0's
+    own too, so it is a second step after the builder's."""
     out = Path(options.out_dir)
-    if not ended_early:
-        try:
-            report.ddp = ddp_info()
-            report.all_reduce = all_reduce_bandwidth(report.device or "cpu", rank.world_size)
-        except Exception as exc:  # the communication section is lost, the rest of the report is not
-            report.communication_note = f"no all-reduce floor: {type(exc).__name__}: {exc}"
     save(report, rank_dir(out, rank) / RANK_FILE)
     if rank.rank != 0 or ended_early:
         return

@@ -254,8 +254,11 @@ class Run:
         from perflab.program import ranks
 
         context = RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
+        # under torchrun, after the traced steps, every rank takes its DDP layout and the all-reduce sweep here (the same
+        # boundary on every rank: the sweep's collectives line up)
+        extra = ranks.rank_fields(recorded.device, self.rank.world_size) if self.rank.distributed and not ended_early else None
         report = build_run_report(recorded, context, partial=ended_early, outcome=outcome,
-                                  notes=self._notes() if outcome is not None else None)
+                                  notes=self._notes() if outcome is not None else None, rank_fields=extra)
         if self._processes:
             report.processes = self._processes
         if self.rank.distributed:

@@ -19,11 +19,12 @@ null. A report read back keeps what its file left out absent, so that it is writ
 ``program.recorder.timing_summary``, ``analysis.comm``): their keys are declared below as ``TypedDict``s (a
 declaration only: the values are the plain dicts run.json holds, unchanged), the ones its readers read.
 
-**Built in two steps under torchrun.** ``build_run_report`` makes the whole record of one rank in one step; only on
-rank 0 under torchrun does ``program.ranks.gather`` set the merged fields (``ranks``, ``slowest_rank``, ``step_ms``,
-``communication``, and the verdict held against the most exposed communication) afterwards. It cannot be one step:
-the merge reads every rank's report as written (rank 0's own ``rank.json`` among them), so rank 0's merged fields
-exist only after its own rank report has been built and saved.
+**Built in two steps on rank 0 under torchrun.** ``build_run_report`` makes the whole record of one rank in one step
+(under torchrun this rank's ``ddp`` and ``all_reduce`` too, from ``program.ranks.rank_fields``); only on rank 0 does
+``program.ranks.gather`` set the merged fields (``ranks``, ``slowest_rank``, ``step_ms``, ``ranks_missing``,
+``communication`` and its note, and the verdict held against the most exposed communication) afterwards. That cannot
+be one step: the merge reads every rank's report as written (rank 0's own ``rank.json`` among them), so rank 0's
+merged fields exist only after its own rank report has been built and saved.
 """
 
 from __future__ import annotations
