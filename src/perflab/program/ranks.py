@@ -127,7 +127,7 @@ def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[in
 
 def _rank_loop(report: RunReport) -> dict:
     """A rank's whole loop, for the ranks' table: its mean step and its exposed wait for input a step (``analysis.loop``)."""
-    loop = report.get("loop") or {}
+    loop = report.section("loop")
     inputs = loop.get("input") or {}
     return {"mean_ms": loop.get("mean_ms"), "input_exposed_ms": inputs.get("exposed_ms_per_step"), "input_share": inputs.get("exposed_share")}
 
@@ -142,11 +142,11 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
 
     own = reports[0]
     missing = sorted(set(range(world)) - set(reports))
-    timings = {r: rep.get("timing") or {} for r, rep in reports.items()}
+    timings = {r: rep.section("timing") for r, rep in reports.items()}
     medians = {r: timing.get("median_ms") for r, timing in timings.items()}
     merged: dict = {"ranks": [{"rank": r, "median_ms": medians[r], "ci_ms": timings[r].get("ci95_ms"), "ci_coverage": timings[r].get("ci_coverage"),
-                               "ci95_ms": timings[r].get("ci95_ms"), "steps_seen": (reports[r].get("recorded") or {}).get("steps_seen"),
-                               "flags": [f["flag"] for f in reports[r].get("flags") or []], **_rank_loop(reports[r])}
+                               "ci95_ms": timings[r].get("ci95_ms"), "steps_seen": reports[r].section("recorded").get("steps_seen"),
+                               "flags": [f["flag"] for f in reports[r].flags or []], **_rank_loop(reports[r])}
                               for r in sorted(reports)]}
     known = {r: m for r, m in medians.items() if m}
     slowest = max(known, key=known.get) if known else None
@@ -155,17 +155,17 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
     if missing:
         merged["ranks_missing"] = missing
         say(f"perflab: rank(s) {missing} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
-    paths = [(reports[r].get("recorded") or {}).get("trace_path") for r in sorted(reports)]
-    steps = (own.get("traced") or {}).get("steps") or 1
+    paths = [reports[r].section("recorded").get("trace_path") for r in sorted(reports)]
+    steps = own.section("traced").get("steps") or 1
     if not (all(paths) and len(paths) == world):
         merged["communication_note"] = "not every rank wrote a trace: no merged accounting"
         return merged
     accounts = account_rank_traces(paths, own.device or "cpu", steps)
-    ddp = own.get("ddp")
-    comm = communication_section(mode="ddp" if ddp else None, world_size=world, grad_bytes=(ddp or {}).get("grad_bytes"),
-                                 param_bytes=(ddp or {}).get("param_bytes"), sweep=own.get("all_reduce"), accounts=accounts.get("accounts") or [],
+    ddp = own.section("ddp")
+    comm = communication_section(mode="ddp" if ddp else None, world_size=world, grad_bytes=ddp.get("grad_bytes"),
+                                 param_bytes=ddp.get("param_bytes"), sweep=own.get("all_reduce"), accounts=accounts.get("accounts") or [],
                                  steps=accounts.get("steps") or steps, rank_step_ms=known, step_ms=step_ms, note=accounts.get("note"),
-                                 bucket_cap_mb=(ddp or {}).get("bucket_cap_mb"), buckets=(ddp or {}).get("ddp_buckets"))
+                                 bucket_cap_mb=ddp.get("bucket_cap_mb"), buckets=ddp.get("ddp_buckets"))
     merged["communication"] = comm
     straggler = input_straggler(merged["ranks"], comm["ranks"])
     if straggler is not None:  # one rank's input holds every rank back: said before what the step does
@@ -179,7 +179,7 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
         # a peer's inflated traced steps make this rank wait as its own do: the most inflated rank speaks for all, by
         # the figures the communication table prints beside the verdict (as the scaling table judges the ranks)
         inflations = [x for x in map(rank_inflation, comm["ranks"]) if x is not None]
-        limit = (own.get("traced") or {}).get("inflation_limit") or INFLATION_LIMIT
+        limit = own.section("traced").get("inflation_limit") or INFLATION_LIMIT
         if inflations:
             evidence = dict(evidence, inflated=bool(evidence.get("inflated") or max(inflations) > limit), inflation=max(inflations))
         evidence = dict(evidence, step_ms=step_ms or evidence.get("step_ms"))
