@@ -133,3 +133,21 @@ def test_the_readers_read_run_json_through_the_record(tmp_path):
     section = scaling_section({1: load(H200), 2: load(H200)})
     assert [row["step_ms"] for row in section["rows"]] == [pytest.approx(102.8873291015625)] * 2
     assert section["rows"][0]["verdict"].startswith("GPU-bound: kernels fill 98%")
+
+
+def test_the_declared_sections_name_the_keys_a_run_writes():
+    """The sections' TypedDicts declare what run.json holds: every key of a CPU run's sections (and of two H100 DDP ranks'
+    communication) is declared, so a reader that goes by the declaration finds what is there."""
+    from typing import get_type_hints
+
+    from perflab.records import run_report as rr
+
+    report = load(CPU)
+    for section, declared in ((report.timing, rr.Timing), (report.loop, rr.Loop), (report.traced, rr.Traced),
+                              (report.accounting, rr.Accounting), (report.accounting["accounting_ns"], rr.AccountingNs),
+                              (report.verdict, rr.Verdict), (report.loop["throughput"], rr.Throughput)):
+        assert set(section) <= set(get_type_hints(declared)), set(section) - set(get_type_hints(declared))
+    communication = json.loads((Path(__file__).parent / "data" / "run" / "nanogpt_ddp_h100.json").read_text())["communication"]
+    assert set(communication) <= set(get_type_hints(rr.Communication))
+    assert set(communication["ranks"][0]) <= set(get_type_hints(rr.CommunicationRank))
+    assert set(load(H200).timing) <= set(get_type_hints(rr.Timing))

@@ -17,7 +17,11 @@ null. A report read back keeps what its file left out absent, so that it is writ
 
 **The sections** are mappings as the analysis makes them (``analysis.program.program_report``, ``analysis.loop``,
 ``program.recorder.timing_summary``, ``analysis.comm``): their keys are declared below as ``TypedDict``s (a
-declaration only: the values are the plain dicts run.json holds, unchanged), the ones its readers read.
+declaration only: the values are the plain dicts run.json holds, unchanged, and a key a section may leave out is not
+an error): the timing, the loop and its input, the traced steps, the accounting, the verdict, the ranks, the
+communication and the processes; and ``scaling.json`` (``Scaling``), written beside the counts' run.json. The others
+(flops, utilisation, floors, compiled, ceilings, the verdict's evidence, options, recorded, ddp, all_reduce) stay
+mappings of their builders' keys.
 
 **Built in two steps on rank 0 under torchrun.** ``build_run_report`` makes the whole record of one rank in one step
 (under torchrun this rank's ``ddp`` and ``all_reduce`` too, from ``program.ranks.rank_fields``); only on rank 0 does
@@ -84,31 +88,86 @@ class Throughput(TypedDict, total=False):
     tokens_per_step: float | None
     samples_per_s: float | None
     tokens_per_s: float | None
+    source: str  # where the work a step came from (the batches perflab counted, --batch-size), or why there is none
+
+
+class LoopInput(TypedDict, total=False):
+    """The timed steps' waits for input (``analysis.loop``): the exposed wait a step and its share of the wall time;
+    where the program's DataLoader workers were watched, their side too (further keys)."""
+
+    waits: int
+    waits_per_step: float
+    wait_ms_per_step: float
+    exposed_ms_per_step: float
+    hidden_ms_per_step: float
+    exposed_share: float | None
+    sources: list[str]
+    loaders: list
+    named: list | None
 
 
 class Loop(TypedDict, total=False):
-    """The whole loop of the timed steps, untraced (``analysis.loop.loop_section``): the keys its readers read."""
+    """The whole loop of the timed steps, untraced (``analysis.loop.loop_section``)."""
 
     steps: int
-    mean_ms: float
     median_ms: float
+    mean_ms: float
+    wall_ms: float
     steps_per_s: float
+    mean_over_median: float
+    host_mean_ms: float
+    per_step: dict
     throughput: Throughput
+    input: LoopInput | None
+    sync: dict | None
     stalls: dict
-    input: dict
+    busy: dict | None
+    host_own_ms: float | None
 
 
 class Traced(TypedDict, total=False):
-    """The traced steps (``analysis.program.program_report``): the keys its readers read."""
+    """The traced steps (``analysis.program.program_report``)."""
 
     steps: int
     step_ms: float
     step_ms_each: list[float]
     warmup_step_ms: list[float]
+    window_ms: float
+    untraced_ms: float
     inflation: float | None
     inflation_limit: float
     inflated: bool
     trace_path: str | None
+    cpu_only: bool
+
+
+class AccountingNs(TypedDict, total=False):
+    """The traced steps' wall time, closed exactly: wall = busy + host-bound + kernel gaps + other (ns)."""
+
+    start_ns: int
+    end_ns: int
+    wall_ns: int
+    busy_ns: int
+    idle_ns: int
+    host_bound_ns: int
+    kernel_gap_ns: int
+    other_ns: int
+
+
+class Accounting(TypedDict, total=False):
+    """Where the traced steps' time went (``analysis.program.program_report``, from the trace)."""
+
+    wall_us: float
+    gpu_busy_us: float
+    idle_us: float
+    idle_by_cause_us: dict
+    accounting_ns: AccountingNs
+    kernels: int
+    kernels_per_step: float
+    top_kernels: list[dict]
+    categories_us: dict
+    step_accounting: dict
+    launch: dict
 
 
 class Verdict(TypedDict, total=False):
@@ -116,16 +175,116 @@ class Verdict(TypedDict, total=False):
 
     verdict: str
     message: str
+    kernel_fill: float
+    busy_share: float
+    fill: float
     step_ms: float
+    median_ms: float
     busy_ms: float
     host_ms: float
-    kernel_fill: float
+    host_own_ms: float | None
     exposed_comm_ms: float | None
+
+
+class CommunicationRank(TypedDict, total=False):
+    """One rank's communication in the merged traces (``analysis.comm.communication_section``), ms a step."""
+
+    rank: int
+    step_ms: float
+    traced_step_ms: float
+    comm_ms: float
+    exposed_ms: float
+    waiting_ms: float | None
+    transfer_ms: float | None
+    overlapped_ms: float
+    overlap_fraction: float | None
+    measured_over_floor: float | None
+
+
+class Communication(TypedDict, total=False):
+    """The ranks' communication (rank 0 under torchrun, ``analysis.comm.communication_section``): the floor of the
+    all-reduces the gradients need at the measured bus bandwidth, and each rank's exposed share."""
+
+    world_size: int
+    steps_profiled: int
+    note: str | None
+    floor_ms: float | None
+    ranks: list[CommunicationRank]
+    mode: str | None
+    grad_bytes: int | None
+    bus_bytes: int | None
+    calls: int | None
+    buckets: list | None
+    message_bytes: int | None
+    busbw_gbps: float | None
+    busbw_size_bytes: int | None
+    busbw_source: str | None
+    latency_us: float | None
+    floor_fraction: float | None
+
+
+class RankRow(TypedDict, total=False):
+    """One rank in rank 0's merge (``program.ranks.merge``): its step, its CI and flags, its loop."""
+
+    rank: int
+    median_ms: float | None
+    ci_ms: list[float] | None
+    ci_coverage: float | None
+    ci95_ms: list[float] | None
+    steps_seen: int | None
+    flags: list[str]
+    mean_ms: float | None
+    input_exposed_ms: float | None
+    input_share: float | None
+
+
+class Process(TypedDict, total=False):
+    """One process the program started (``program.children.processes_section``); those not followed of one kind are
+    one row, with their count and pids."""
+
+    pid: int
+    ppid: int | None
+    kind: str
+    target: str | None
+    rank: int | None
+    followed: bool
+    steps_seen: int | None
+    timed_steps: int | None
+    exit_code: int | None
+    out_dir: str | None
+    why: str | None
+    count: int
+    pids: list[int]
 
 
 class Flag(TypedDict):
     flag: str
     message: str
+
+
+class ScalingRow(TypedDict, total=False):
+    """One rank count of ``perflab run --nproc 1,2`` (``analysis.program.scaling_section``)."""
+
+    nproc: int
+    step_ms: float | None
+    ci95_ms: list[float] | None
+    flops_per_rank_step: float | None
+    work_ratio: float | None
+    expected_ms: float | None
+    growth_ms: float | None
+    efficiency: float | None
+    ranks: list[dict]
+    verdict: str | None
+
+
+class Scaling(TypedDict):
+    """``OUT/scaling.json`` of ``perflab run --nproc 1,2`` (beside each count's ``nprocN/run.json``): the counts in the
+    order given, the first the base."""
+
+    counts: list[int]
+    rows: list[ScalingRow]
+    base: int | None
+    note: str | None
 
 
 @dataclass
@@ -143,7 +302,7 @@ class RunReport:
     loop: Loop | None = ABSENT
     # the traced steps' analysis (``analysis.program.program_report``): absent when the program ended before them
     traced: Traced | None = ABSENT
-    accounting: dict | None = ABSENT
+    accounting: Accounting | None = ABSENT
     flops: dict | None = ABSENT
     utilisation: dict | None = ABSENT
     floors: dict | None = ABSENT
@@ -167,7 +326,7 @@ class RunReport:
     flags: list[Flag] | None = ABSENT  # the validity flags (``program.report.run_checks``)
     # the processes the program started (``program.children``), where it started any: each one's kind, whether it
     # was followed (and why not), its steps; and where it stepped only in them, whose report this is
-    processes: list[dict] | None = ABSENT
+    processes: list[Process] | None = ABSENT
     steps_in: str | None = ABSENT
     report_of: str | None = ABSENT
     # the program's end: known only when run.json is written after it
@@ -178,11 +337,11 @@ class RunReport:
     # under torchrun (``program.ranks``): this rank's DDP layout and the all-reduce sweep; on rank 0 the merge
     ddp: dict | None = ABSENT
     all_reduce: dict | None = ABSENT
-    ranks: list[dict] | None = ABSENT
+    ranks: list[RankRow] | None = ABSENT
     slowest_rank: int | None = ABSENT
     step_ms: float | None = ABSENT  # the slowest rank's median step
     ranks_missing: list[int] | None = ABSENT
-    communication: dict | None = ABSENT
+    communication: Communication | None = ABSENT
     communication_note: str | None = ABSENT
 
     def to_dict(self) -> dict:
