@@ -29,8 +29,8 @@ from perflab.program.children import resolve_hook
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorded, Recorder, RunOptions, StopProgram
 from perflab.program.report import RunContext, build_run_report
-from perflab.records.run_report import RunReport, save
 from perflab.program.script import Outcome, Program, print_program_traceback, run_program
+from perflab.records.run_report import RunReport, save
 
 ACTIVE: "Run | None" = None  # the run recording in this process (a forked child finds its parent's here, and abandons it)
 RUN_ID_ENV = "PERFLAB_RUN_ID"  # set by perflab run --nproc for its ranks: one id for the whole run

@@ -13,7 +13,6 @@ input (exposed and hidden) and in synchronising calls are drawn inside its bar.
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 
@@ -529,8 +528,6 @@ def scaling_page_html(section: dict, runs: dict[int, dict], out_dir: Path | None
 def read_json_report(path: Path, what: str) -> dict:
     """A scaling.json (a JSON object) read, or one PerflabError line saying what is wrong with it."""
     return read_dict(path, what)
-
-
 
 
 def load_run(path: Path) -> dict:
