@@ -380,7 +380,9 @@ def test_an_inflated_trace_is_named_first_and_untraced_timings_give_the_verdict(
                                  {"flags": [3, {"flag": 4}], "timing": {"median_ms": 5.0, "ci_ms": [1.0, 2.0]}}])
 def test_a_run_json_of_the_wrong_shape_qualifies_nothing_and_raises_nothing(run):
     from perflab.analysis.compare import qualify
+    from perflab.records.run_report import RunReport
 
+    run = RunReport.from_dict(run)  # as run.json is read (records.run_report.load): the fields as written
     c = qualify(compare_traces(steps_trace(A_STEPS), steps_trace(A_STEPS)), runs=(run, run))
     assert c.untraced is None and c.first_line in (None, "Inflated traces (run.json: trace_inflated): A's traced steps ran longer than "
                                                          "its untraced ones; B's traced steps ran longer than its untraced ones. The traced "

@@ -228,9 +228,10 @@ def test_sides_whose_batches_differ_are_compared_by_the_time_a_sample_and_their_
 
 
 def test_under_nproc_the_slowest_ranks_mean_step_is_compared_else_its_median(tmp_path):
+    from perflab.records.run_report import RunReport
     from perflab.sweep.programs import step_of
 
-    report = {"loop": {"mean_ms": 5.0}, "step_ms": 6.5}  # rank 0's loop, and the ranks' merge: the slowest rank's median
+    report = RunReport.from_dict({"loop": {"mean_ms": 5.0}, "step_ms": 6.5})  # rank 0's loop, and the ranks' merge: the slowest rank's median
     for rank, mean in ((0, 5.0), (1, 7.25)):
         (tmp_path / f"rank{rank}").mkdir()
         (tmp_path / f"rank{rank}" / "rank.json").write_text(json.dumps({"loop": {"mean_ms": mean}}))

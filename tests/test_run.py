@@ -35,11 +35,12 @@ print("trained")
 # weight gradients
 MLP_FLOPS = 2 * 32 * 64 * 96 + 2 * 32 * 96 * 10 + 2 * 32 * 64 * 96 + 2 * (2 * 32 * 96 * 10)
 # run.json's keys, in order, captured from perflab run on the CPU (a whole run, and a program that ended before the
-# traced steps): tools read these names, so the typed record (program.report.RunReport) must write exactly them
-RUN_KEYS = ["timing", "device", "loop", "traced", "accounting", "flops", "utilisation", "floors", "verdict", "compiled", "traced_verdict",
+# traced steps): tools read these names, so the typed record (records.run_report.RunReport) must write exactly them;
+# "format" first (records.run_report.FORMAT)
+RUN_KEYS = ["format", "timing", "device", "loop", "traced", "accounting", "flops", "utilisation", "floors", "verdict", "compiled", "traced_verdict",
             "verdict_evidence", "model_bytes", "ceilings_note", "program", "steps_from", "options", "recorded", "partial", "rank",
             "world_size", "run_id", "flags"]
-EARLY_KEYS = ["timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "run_id", "flags",
+EARLY_KEYS = ["format", "timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "run_id", "flags",
               "exit_code", "ended_by"]
 
 

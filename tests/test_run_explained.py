@@ -215,7 +215,8 @@ def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absenc
     from perflab.program.report import RunContext, RunReport, build_run_report
     from perflab.program.script import Outcome
 
-    # a run.json written on the GPU reads back into the record and out again unchanged, key order included
+    # a run.json written on the GPU (before run.json had a format: format 0) reads back into the record and out again
+    # unchanged, key order included
     written = json.loads(H200_RUN.read_text())
     assert json.dumps(RunReport.from_dict(written).to_dict()) == json.dumps(written)
     # the record is built from what the recorder hands over, the trace read from the file the run names for it
@@ -234,12 +235,12 @@ def test_run_json_is_one_typed_record_whose_dict_keeps_every_key_null_and_absenc
     assert (whole["recorded"]["steps_seen"], whole["recorded"]["trace_warmup"], whole["recorded"]["device"]) == (30, 1, "cpu")
     assert [f["flag"] for f in whole["flags"]] == ["trace_inflated", "flops_incomplete"]  # the flags read the record's own sections
     early = build_run_report(recorded, context, partial=True, outcome=Outcome(3), notes=["disk full"]).to_dict()
-    assert list(early) == ["timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "run_id", "flags",
+    assert list(early) == ["format", "timing", "device", "loop", "program", "steps_from", "options", "recorded", "partial", "rank", "world_size", "run_id", "flags",
                            "exit_code", "ended_by", "perflab_notes"]
     assert (early["exit_code"], early["ended_by"], early["perflab_notes"]) == (3, "exit", ["disk full"])
     (tmp_path / TRACE_FILE).write_bytes(b"not a trace")
     failed = build_run_report(recorded, context, partial=False, outcome=Outcome(130, interrupted=True))
-    assert list(failed.to_dict())[:4] == ["timing", "device", "loop", "report_error"] and failed.ended_by == "interrupt"
+    assert list(failed.to_dict())[:5] == ["format", "timing", "device", "loop", "report_error"] and failed.ended_by == "interrupt"
     assert failed.timing == recorded.timing and "the traced steps could not be analysed" in capsys.readouterr().err
 
 
@@ -265,16 +266,16 @@ def test_rank_zeros_record_takes_the_ranks_steps_and_says_which_rank_wrote_nothi
 
 
 def test_each_rank_writes_its_record_with_ddp_null_when_none_was_found_and_rank_zero_merges(tmp_path):
-    from perflab.program.ranks import gather
+    from perflab.program.ranks import gather, rank_fields
     from perflab.program.recorder import Rank, RunOptions
     from perflab.program.report import RunReport
 
-    def record(r):
-        return RunReport(timing={"median_ms": 10.0 + r}, device="cpu", rank=r, world_size=2, recorded={"steps_seen": 9}, flags=[])
+    def record(r, **fields):
+        return RunReport(timing={"median_ms": 10.0 + r}, device="cpu", rank=r, world_size=2, recorded={"steps_seen": 9}, flags=[], **fields)
 
     (tmp_path / "rank1").mkdir()
     (tmp_path / "rank1" / "rank.json").write_text(json.dumps(record(1).to_dict()))
-    report = record(0)
+    report = record(0, **rank_fields("cpu", 2))  # as the builder takes them, after the traced steps
     gather(report, RunOptions(out_dir=tmp_path), Rank(0, 2), ended_early=False)
     mine = json.loads((tmp_path / "rank0" / "rank.json").read_text())
     # looked for and not there (no DDP module, no process group): null, never left out

@@ -39,7 +39,7 @@ def test_a_run_json_that_cannot_be_written_is_said_after_the_program_which_ends_
     def full_disk(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("perflab.program.run.write_json", full_disk)
+    monkeypatch.setattr("perflab.records.run_report.write_json", full_disk)  # every report's writer (records.run_report.save)
     prog = program(tmp_path, trains(12))
     code, report = run(tmp_path, prog, skip=2, steps=4, trace=1)
     captured = capsys.readouterr()

@@ -749,21 +749,21 @@ def compare_items(a: str, b: str, **options) -> list:
 
 def run_trace(item):
     """The trace a side names: a trace file as it is, or for ``perflab run``'s run.json the trace written beside it."""
-    import json
     from pathlib import Path
 
     from perflab.errors import PerflabError
+    from perflab.records.run_report import NOT_AN_OBJECT, RUN_FILE, UnreadableReport, load
 
     path = Path(str(item))
-    if path.name != "run.json":
+    if path.name != RUN_FILE:
         return path
     try:
-        with open(path) as f:
-            report = json.load(f)
-    except (OSError, ValueError, RecursionError) as exc:
-        raise PerflabError(f"{path}: cannot read it as perflab run's report ({getattr(exc, 'strerror', None) or exc})") from None
-    traced = report.get("traced") if isinstance(report, dict) else None
-    trace = traced.get("trace_path") if isinstance(traced, dict) else None
+        traced = load(path).section("traced")
+    except UnreadableReport as exc:
+        if exc.reason != NOT_AN_OBJECT:
+            raise PerflabError(f"{path}: cannot read it as perflab run's report ({exc.reason})") from None
+        traced = {}  # JSON, but no report: no trace named
+    trace = traced.get("trace_path")
     if not isinstance(trace, str) or not trace:
         raise PerflabError(f"{path}: its run traced no step (perflab run --trace 0, or it ended first); compare needs a trace")
     return path.parent / Path(trace).name  # beside it, wherever the run was started from

@@ -42,6 +42,8 @@ from perflab.analysis.accounting import IDLE_CAUSES, account, step_windows, wind
 from perflab.analysis.devices import devices_of
 from perflab.analysis.names import short_names
 from perflab.errors import PerflabError
+from perflab.records.run_report import RunReport
+from perflab.records.run_report import read as read_run_report
 from perflab.stats import LEVEL, Difference, units_needed, welch_difference
 from perflab.trace.schema import WORK_KINDS, Trace
 
@@ -265,21 +267,16 @@ def path_suffixes(paths) -> list[str]:
     return [f"{Path(paths[i]).name} ({'AB'[i] if i < 2 else i})" for i in range(len(paths))]
 
 
-def run_record(path: Path) -> dict | None:
-    """The run.json at ``path`` (``perflab run``'s report) as a dict, or None: no such file, or not a JSON object."""
-    import json
-
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError, RecursionError, UnicodeDecodeError):
-        return None
-    return record if isinstance(record, dict) else None
+def run_record(path: Path) -> RunReport | None:
+    """The run.json at ``path`` (``perflab run``'s report, ``records.run_report.read``), or None: no such file, or not
+    a JSON object. One of a newer format than this perflab reads is one PerflabError line."""
+    return read_run_report(path)
 
 
 def _run_program(path: Path) -> str | None:
     """The program line a run.json records (``perflab run``'s ``program``), or None: no such file, or not run's."""
-    program = (run_record(path) or {}).get("program")
+    report = run_record(path)
+    program = report.program if report is not None else None
     return program if isinstance(program, str) and program.strip() else None
 
 
@@ -408,7 +405,7 @@ def _undecided(c: Comparison) -> str:
 
 
 def qualify(c: Comparison, runs=(None, None), untraced_rows=(None, None), threshold: float = 0.05) -> Comparison:
-    """What ``c`` describes, from outside its traces: ``runs`` (each side's run.json as a dict, or None) name a trace
+    """What ``c`` describes, from outside its traces: ``runs`` (each side's run.json, ``records.run_report.RunReport``, or None) name a trace
     flagged ``trace_inflated`` on the first line; untraced timings of both sides (``untraced_rows``: result rows, or
     each run.json's ``timing``) give the verdict (``analysis.regressions.compare_case``), the traced Δ then only
     attributing it. The verdict is written again."""
@@ -437,7 +434,7 @@ def qualify(c: Comparison, runs=(None, None), untraced_rows=(None, None), thresh
     return c
 
 
-def _timing_row(run: dict | None, label: str, per_step: float | None = None) -> dict | None:
+def _timing_row(run: RunReport | None, label: str, per_step: float | None = None) -> dict | None:
     """A run.json's untraced timing as a result row ``compare_case`` reads (its median, its CI, its flags), or None
     where it holds none that is a positive median inside a positive interval. ``per_step``: the samples (or tokens) a
     step, where the time a sample (token) is compared: the median and its CI divided by it."""
@@ -450,7 +447,7 @@ def _timing_row(run: dict | None, label: str, per_step: float | None = None) -> 
             "flags": _flag_names(run)}
 
 
-def untraced_loop(run: dict | None, label: str) -> dict | None:
+def untraced_loop(run: RunReport | None, label: str) -> dict | None:
     """A run.json's untraced steps as ``compare`` shows them beside its verdict: the median with its CI, the mean (the
     program's wall time a step), and the throughput (``loop``: steps, samples and tokens a second, and a step); None
     where the run holds no timing."""
@@ -478,14 +475,12 @@ def work_unit(a: dict | None, b: dict | None) -> str:
     return "sample" if differ("samples_per_step") else "step"
 
 
-def _mapping(run: dict | None, key: str) -> dict:
-    value = (run or {}).get(key)
-    return value if isinstance(value, dict) else {}
+def _mapping(run: RunReport | None, key: str) -> dict:
+    return run.section(key) if run is not None else {}
 
 
-def _flag_names(run: dict | None) -> list[str]:
-    flags = (run or {}).get("flags")
-    return [f["flag"] for f in flags if isinstance(f, dict) and isinstance(f.get("flag"), str)] if isinstance(flags, list) else []
+def _flag_names(run: RunReport | None) -> list[str]:
+    return run.flag_names() if run is not None else []
 
 
 def _positive(x) -> bool:

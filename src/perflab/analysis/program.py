@@ -32,6 +32,7 @@ from perflab.analysis.launch import host_issue_ms, idle_after_syncs
 from perflab.analysis.op_flops import count_op_flops
 from perflab.analysis.ranks import is_comm
 from perflab.analysis.trace_report import analyze_trace
+from perflab.records.run_report import RunReport, Scaling
 from perflab.stats import ci_coverage_of, ci_note
 
 # the autograd engine runs a compiled backward as "autograd::engine::evaluate_function: CompiledFunctionBackward": on the
@@ -550,7 +551,7 @@ def _rank_against_growth(rank: dict, growth: float | None, inflation_limit: floa
             "within_growth": bool(rank["exposed_ms"] <= max(growth, 0.0) + EXPOSED_SLACK_MS) if judged else None}
 
 
-def scaling_section(reports: dict[int, dict]) -> dict:
+def scaling_section(reports: dict[int, RunReport | dict]) -> Scaling:
     """The program at several rank counts (``perflab run --nproc 1,2``): per count its step (the slowest rank's), the
     work each rank does in a step (FLOPs from its traced operators: a program that splits its batch over the ranks,
     as nanoGPT splits its gradient accumulation, does less per rank), the step the first count's would take at that
@@ -558,18 +559,20 @@ def scaling_section(reports: dict[int, dict]) -> dict:
     per rank assumed, and said), the growth over it, and the scaling efficiency, expected ÷ measured: the ratio of two
     printed figures. Each rank's exposed communication (its waiting included) is held against the growth: a rank
     cannot lose more to communication than the step grew, beyond the run-to-run spread; a rank whose traced steps were
-    inflated is not judged (``_rank_against_growth``)."""
+    inflated is not judged (``_rank_against_growth``). ``reports``: each count's run.json (``records.run_report.load``;
+    a dict of its fields is read as one)."""
+    reports = {n: r if isinstance(r, RunReport) else RunReport.from_dict(r) for n, r in reports.items()}
     counts = list(reports)  # in the order given: the first is the base (--nproc 2,1 reads over 2)
     out = {"counts": counts, "rows": [], "base": counts[0] if counts else None, "note": None}
     if not counts:
         out["note"] = "no run wrote a report"
         return out
 
-    def step_of(report: dict) -> float | None:
-        return report.get("step_ms") or (report.get("timing") or {}).get("median_ms")
+    def step_of(report: RunReport) -> float | None:
+        return report.step_ms or report.section("timing").get("median_ms")
 
-    def work_of(report: dict) -> float | None:
-        flops = report.get("flops") or {}
+    def work_of(report: RunReport) -> float | None:
+        flops = report.section("flops")
         return flops.get("flops_per_step") if flops.get("known", True) and flops.get("flops_per_step") else None
 
     base = reports[counts[0]]
@@ -583,12 +586,13 @@ def scaling_section(reports: dict[int, dict]) -> dict:
             assumed = True
         expected = base_ms * (ratio if ratio is not None else 1.0) if base_ms else None
         growth = step - expected if step is not None and expected is not None else None
-        limit = (report.get("traced") or {}).get("inflation_limit") or INFLATION_LIMIT
-        ranks = [_rank_against_growth(r, growth, limit) for r in ((report.get("communication") or {}).get("ranks") or [])]
-        out["rows"].append({"nproc": n, "step_ms": step, "ci95_ms": (report.get("timing") or {}).get("ci95_ms"), "flops_per_rank_step": work,
+        limit = report.section("traced").get("inflation_limit") or INFLATION_LIMIT
+        ranks = [_rank_against_growth(r, growth, limit) for r in (report.section("communication").get("ranks") or [])]
+        verdict = report.get("verdict")  # its message (one that is no mapping: as it is)
+        out["rows"].append({"nproc": n, "step_ms": step, "ci95_ms": report.section("timing").get("ci95_ms"), "flops_per_rank_step": work,
                             "work_ratio": ratio, "expected_ms": expected, "growth_ms": growth,
                             "efficiency": expected / step if expected and step else None, "ranks": ranks,
-                            "verdict": (report.get("verdict") or {}).get("message") if isinstance(report.get("verdict"), dict) else report.get("verdict")})
+                            "verdict": verdict.get("message") if isinstance(verdict, dict) else verdict})
     notes = ["FLOPs per step unknown for some count: the same work per rank assumed there (weak scaling)"] if assumed else []
     notes += [_superlinear(row, base) for row in out["rows"] if (row.get("efficiency") or 0.0) > 1.0 + SUPERLINEAR_SLACK]
     out["note"] = "; ".join(notes) or None
@@ -598,16 +602,16 @@ def scaling_section(reports: dict[int, dict]) -> dict:
 SUPERLINEAR_SLACK = 0.02  # an efficiency this far above 1 is said: more ranks cannot do a rank's share faster than one
 
 
-def _superlinear(row: dict, base: dict) -> str:
+def _superlinear(row: dict, base: RunReport) -> str:
     """Why an efficiency above 1 is suspect, in words: the step fell more than the work per rank did, so the first
     count's step it is held against (with its CI and flags) is the first thing to doubt."""
-    timing = base.get("timing") or {}
+    timing = base.section("timing")
     ci = timing.get("ci95_ms") or timing.get("ci_ms")
-    flags = [f.get("flag") if isinstance(f, dict) else str(f) for f in base.get("flags") or []]
+    flags = [f.get("flag") if isinstance(f, dict) else str(f) for f in base.flags or []]
     claim = ci_note(ci_coverage_of(timing), None)  # fewer than five stretches of steps claim less than 95%
     spread = f", {'CI ' + claim if claim else '95% CI'} {ci[0]:.3f}–{ci[1]:.3f}" if ci and None not in ci else ""
     flagged = f", flagged {', '.join(flags)}" if flags else ""
-    first = base.get("step_ms") or timing.get("median_ms")
+    first = base.step_ms or timing.get("median_ms")
     return (f"efficiency {row['efficiency']:.3f} at {row['nproc']} ranks is above 1: the step fell more than the work per rank; "
             f"the step it is held against ({first:.3f} ms{spread}{flagged}) is the first to doubt")
 

@@ -12,9 +12,9 @@
   frames that hit the recompile limit (and ran eagerly from then on), graph breaks and graphs.
 - ``ranks``: under torchrun every rank records and writes its report; rank 0 merges the reports as written (its own
   among them), the traces into the communication section.
-- ``report``: the report (run.json) as one typed record, ``RunReport``, built in one place, ``build_run_report``,
-  from the recorder's ``Recorded`` and the run's ``RunContext`` (the traced steps' analysis included); ``to_dict``
-  is run.json.
+- ``report``: the report (run.json) as one typed record, ``RunReport`` (declared in ``records.run_report``, with its
+  ``load``, ``save`` and format), built in one place, ``build_run_report``, from the recorder's ``Recorded`` and the
+  run's ``RunContext`` (the traced steps' analysis included); ``to_dict`` is run.json.
 
 It hands measure/, trace/ and analysis/ what they already take; the traced steps' figures are computed by
 ``analysis.program`` (no torch) and rendered by ``report.program``.

@@ -271,18 +271,23 @@ class Follower:
                 out.append(record)
         return sorted(out, key=lambda r: r.get("started") or 0)
 
-    def children_report(self, records: list[dict]) -> dict | None:
-        """The report the program's children wrote, where they stepped: the spawned ranks' merge (``OUT/spawn/run.json``),
-        else the first followed process's that timed steps."""
+    def children_report(self, records: list[dict]):
+        """The report the program's children wrote, where they stepped (a ``records.run_report.RunReport``, its
+        ``report_of`` the file's path), or None: the spawned ranks' merge (``OUT/spawn/run.json``), else the first
+        followed process's that timed steps."""
+        from perflab.errors import PerflabError
+        from perflab.records.run_report import load
+
         out = Path(self.config["out_dir"])
         candidates = [out / SPAWN / "run.json"] + [Path(r["report"]) for r in records if r.get("report") and r.get("timed_steps")]
         for path in candidates:
             try:
-                report = json.loads(path.read_text())
-            except (OSError, ValueError):
+                report = load(path)
+            except PerflabError:  # none there, or not one this perflab reads
                 continue
-            if report.get("run_id") == self.config.get("run_id") and (report.get("timing") or {}).get("steps"):
-                return dict(report, report_of=str(path))
+            if report.run_id == self.config.get("run_id") and report.section("timing").get("steps"):
+                report.report_of = str(path)
+                return report
         return None
 
     @staticmethod

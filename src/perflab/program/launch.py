@@ -108,25 +108,28 @@ def _pass_stderr(stream) -> list[str]:
 
 def _failed_ranks(out_dir, nproc: int, run_id: str) -> list[str]:
     """One line per rank of this run that ended with a non-zero exit code, from its own report (rankR/rank.json)."""
-    import json
     from pathlib import Path
 
     from perflab.program.recorder import Rank, rank_dir
+    from perflab.records.run_report import RANK_FILE, read
 
     lines = []
     for r in range(nproc):
-        path = rank_dir(Path(out_dir), Rank(r, nproc)) / "rank.json"
+        path = rank_dir(Path(out_dir), Rank(r, nproc)) / RANK_FILE
         try:
-            report = json.loads(path.read_text())
-        except (OSError, ValueError):
+            report = read(path)
+        except PerflabError as exc:  # a report of a format this perflab does not read
+            lines.append(f"perflab: rank {r}: {exc}")
+            continue
+        if report is None:
             lines.append(f"perflab: rank {r} wrote no report for this run ({path}): it failed before perflab's end of it")
             continue
-        if report.get("run_id") != run_id:
+        if report.run_id != run_id:
             lines.append(f"perflab: rank {r} wrote no report for this run (the one in {path} is an earlier run's)")
             continue
-        code = report.get("exit_code")
+        code = report.exit_code
         if code:
-            last = report.get("last_words")
+            last = report.last_words
             lines.append(f"perflab: rank {r} exited with code {code}" + (f": {last}" if last else "") + f" (its report: {path})")
     return lines
 
@@ -136,13 +139,12 @@ def torchrun_counts(counts: list[int], program: list[str], options: RunOptions, 
     """The program under torchrun at each rank count in turn (``OUT/nprocN/``), then the scaling over the first count
     (``analysis.program.scaling_section``), written to ``OUT/scaling.json`` and rendered. Returns the first non-zero exit
     code of the runs (0 when all ended well)."""
-    import json
     from dataclasses import replace
     from pathlib import Path
 
     from perflab.analysis.program import scaling_section
     from perflab.program.guard import say
-    from perflab.program.report import write_json
+    from perflab.records.run_report import RUN_FILE, NewerFormat, UnreadableReport, load, write_json
 
     check_rank_counts(counts, several=True)
     out = Path(options.out_dir)
@@ -151,12 +153,14 @@ def torchrun_counts(counts: list[int], program: list[str], options: RunOptions, 
         say(f"perflab: running the program on {n} rank(s) (torchrun), into {out / f'nproc{n}'}")
         code = torchrun(n, program, replace(options, out_dir=out / f"nproc{n}"), step, step_range)
         codes.append(code)
-        path = out / f"nproc{n}" / "run.json"
+        path = out / f"nproc{n}" / RUN_FILE
         if path.exists():
             try:
-                reports[n] = json.loads(path.read_text())
-            except ValueError:
+                reports[n] = load(path)
+            except UnreadableReport:
                 say(f"perflab: {path} could not be read; {n} rank(s) left out of the scaling")
+            except NewerFormat as exc:
+                say(f"perflab: {exc}; {n} rank(s) left out of the scaling")
     section = scaling_section(reports)
     write_json(out / "scaling.json", section)
     if render is not None:

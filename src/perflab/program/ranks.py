@@ -8,21 +8,20 @@ At the end of the traced steps every rank, at the same step boundary:
 2. takes the all-reduce bus bandwidth: this GPU's cached sweep for the world size (``perflab ceilings --gpus``), or
    one swept now on the program's own default process group (every rank is at the same boundary, so the collectives
    line up; on the GPU up to 256 MiB, on the CPU gloo's small sizes), kept in the cache for the next run;
-3. writes its report (``OUT/rankR/rank.json``); rank 0 waits for every rank's (up to ``WAIT_S``), merges the traces
+3. writes its report (``OUT/rankR/rank.json``: built whole, 1. and 2. among it); rank 0 waits for every rank's (up to ``WAIT_S``), merges the traces
    (``diagnosis.profiling.account_rank_traces``: per rank its communication, exposed communication split into waiting for a
    later rank and transfer, overlap) and adds the communication section and the slowest rank.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import warnings
 from pathlib import Path
 
 from perflab.program.guard import say
 from perflab.program.recorder import Rank, RunOptions, instances_alive, rank_dir
-from perflab.program.report import RunReport, write_json
+from perflab.records.run_report import ABSENT, RANK_FILE, RunReport, read, save
 
 WAIT_S = 300.0
 GPU_SWEEP_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB: beside a model already in memory
@@ -77,41 +76,49 @@ def _sizes(sizes) -> str:
     return ", ".join(f"{s / 2**20:g} MiB" if s >= 2**20 else f"{s / 1024:g} KiB" for s in sizes)
 
 
+def rank_fields(device: str | None, world: int) -> dict:
+    """This rank's fields of its report, at the end of its traced steps (every rank at the same boundary): its DDP
+    layout (``ddp``) and the all-reduce sweep (``all_reduce``), null where there is none; where they cannot be taken,
+    ``communication_note`` says why (the communication section is lost, the rest of the report is not). The builder
+    (``program.report.build_run_report``) sets them."""
+    fields: dict = {}
+    try:
+        fields["ddp"] = ddp_info()
+        fields["all_reduce"] = all_reduce_bandwidth(device or "cpu", world)
+    except Exception as exc:
+        fields["communication_note"] = f"no all-reduce floor: {type(exc).__name__}: {exc}"
+    return fields
+
+
 def gather(report: RunReport, options: RunOptions, rank: Rank, ended_early: bool) -> None:
-    """This rank's report written; on rank 0 the ranks' reports, as written (its own among them), merged into it
-    (after the traced steps)."""
+    """This rank's report (built whole, ``rank_fields`` among it) written; on rank 0 the ranks' reports, as written
+    (its own among them), merged into it (after the traced steps): the merge needs every rank's report saved, rank 0's
+    own too, so it is a second step after the builder's."""
     out = Path(options.out_dir)
-    if not ended_early:
-        try:
-            report.ddp = ddp_info()
-            report.all_reduce = all_reduce_bandwidth(report.device or "cpu", rank.world_size)
-        except Exception as exc:  # the communication section is lost, the rest of the report is not
-            report.communication_note = f"no all-reduce floor: {type(exc).__name__}: {exc}"
-    write_json(rank_dir(out, rank) / "rank.json", report.to_dict())
+    save(report, rank_dir(out, rank) / RANK_FILE)
     if rank.rank != 0 or ended_early:
         return
     reports = _wait_for_ranks(out, rank.world_size, report.get("run_id"))
-    merged = merge({r: RunReport.from_dict(rep) for r, rep in reports.items()}, rank.world_size)
+    merged = merge(reports, rank.world_size)
     for name, value in merged.items():
         setattr(report, name, value)
 
 
-def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[int, dict]:
+def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[int, RunReport]:
     """Every rank's report of this run (``run_id``: a rank.json an earlier run left in the same OUT is not this run's,
     and is waited past), up to ``WAIT_S``."""
     deadline = time.monotonic() + WAIT_S
-    found: dict[int, dict] = {}
+    found: dict[int, RunReport] = {}
     while True:
         for r in range(world):
-            path = rank_dir(out, Rank(r, world)) / "rank.json"
+            path = rank_dir(out, Rank(r, world)) / RANK_FILE
             if r not in found and path.exists():
-                try:
-                    report = json.loads(path.read_text())
-                except ValueError:
+                report = read(path)
+                if report is None:
                     continue  # being written
                 # a report of this run, and not the timed steps a rank keeps while its traced steps run (partial, with
                 # no end of the program in it): its whole report replaces that one
-                if (run_id is None or report.get("run_id") == run_id) and not (report.get("partial") and "exit_code" not in report):
+                if (run_id is None or report.run_id == run_id) and not (report.partial and report.exit_code is ABSENT):
                     found[r] = report
         if len(found) == world or time.monotonic() > deadline:
             return found
@@ -120,7 +127,7 @@ def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[in
 
 def _rank_loop(report: RunReport) -> dict:
     """A rank's whole loop, for the ranks' table: its mean step and its exposed wait for input a step (``analysis.loop``)."""
-    loop = report.get("loop") or {}
+    loop = report.section("loop")
     inputs = loop.get("input") or {}
     return {"mean_ms": loop.get("mean_ms"), "input_exposed_ms": inputs.get("exposed_ms_per_step"), "input_share": inputs.get("exposed_share")}
 
@@ -135,11 +142,11 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
 
     own = reports[0]
     missing = sorted(set(range(world)) - set(reports))
-    timings = {r: rep.get("timing") or {} for r, rep in reports.items()}
+    timings = {r: rep.section("timing") for r, rep in reports.items()}
     medians = {r: timing.get("median_ms") for r, timing in timings.items()}
     merged: dict = {"ranks": [{"rank": r, "median_ms": medians[r], "ci_ms": timings[r].get("ci95_ms"), "ci_coverage": timings[r].get("ci_coverage"),
-                               "ci95_ms": timings[r].get("ci95_ms"), "steps_seen": (reports[r].get("recorded") or {}).get("steps_seen"),
-                               "flags": [f["flag"] for f in reports[r].get("flags") or []], **_rank_loop(reports[r])}
+                               "ci95_ms": timings[r].get("ci95_ms"), "steps_seen": reports[r].section("recorded").get("steps_seen"),
+                               "flags": [f["flag"] for f in reports[r].flags or []], **_rank_loop(reports[r])}
                               for r in sorted(reports)]}
     known = {r: m for r, m in medians.items() if m}
     slowest = max(known, key=known.get) if known else None
@@ -148,17 +155,17 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
     if missing:
         merged["ranks_missing"] = missing
         say(f"perflab: rank(s) {missing} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
-    paths = [(reports[r].get("recorded") or {}).get("trace_path") for r in sorted(reports)]
-    steps = (own.get("traced") or {}).get("steps") or 1
+    paths = [reports[r].section("recorded").get("trace_path") for r in sorted(reports)]
+    steps = own.section("traced").get("steps") or 1
     if not (all(paths) and len(paths) == world):
         merged["communication_note"] = "not every rank wrote a trace: no merged accounting"
         return merged
     accounts = account_rank_traces(paths, own.device or "cpu", steps)
-    ddp = own.get("ddp")
-    comm = communication_section(mode="ddp" if ddp else None, world_size=world, grad_bytes=(ddp or {}).get("grad_bytes"),
-                                 param_bytes=(ddp or {}).get("param_bytes"), sweep=own.get("all_reduce"), accounts=accounts.get("accounts") or [],
+    ddp = own.section("ddp")
+    comm = communication_section(mode="ddp" if ddp else None, world_size=world, grad_bytes=ddp.get("grad_bytes"),
+                                 param_bytes=ddp.get("param_bytes"), sweep=own.get("all_reduce"), accounts=accounts.get("accounts") or [],
                                  steps=accounts.get("steps") or steps, rank_step_ms=known, step_ms=step_ms, note=accounts.get("note"),
-                                 bucket_cap_mb=(ddp or {}).get("bucket_cap_mb"), buckets=(ddp or {}).get("ddp_buckets"))
+                                 bucket_cap_mb=ddp.get("bucket_cap_mb"), buckets=ddp.get("ddp_buckets"))
     merged["communication"] = comm
     straggler = input_straggler(merged["ranks"], comm["ranks"])
     if straggler is not None:  # one rank's input holds every rank back: said before what the step does
@@ -172,7 +179,7 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
         # a peer's inflated traced steps make this rank wait as its own do: the most inflated rank speaks for all, by
         # the figures the communication table prints beside the verdict (as the scaling table judges the ranks)
         inflations = [x for x in map(rank_inflation, comm["ranks"]) if x is not None]
-        limit = (own.get("traced") or {}).get("inflation_limit") or INFLATION_LIMIT
+        limit = own.section("traced").get("inflation_limit") or INFLATION_LIMIT
         if inflations:
             evidence = dict(evidence, inflated=bool(evidence.get("inflated") or max(inflations) > limit), inflation=max(inflations))
         evidence = dict(evidence, step_ms=step_ms or evidence.get("step_ms"))

@@ -1,110 +1,30 @@
-"""``perflab run``'s report (``OUT/run.json``, and each rank's ``rankR/rank.json`` under torchrun) as one typed record.
+"""``perflab run``'s report (``OUT/run.json``, and each rank's ``rankR/rank.json`` under torchrun): its builder.
 
-It is built here alone, by ``build_run_report``, from what the recorder hands over (``recorder.Recorded``: the step
+The record is declared in ``records.run_report`` (``RunReport``, with ``load`` and ``save``, run.json's format);
+it is built here alone, by ``build_run_report``, from what the recorder hands over (``recorder.Recorded``: the step
 times, read once, and their summary) and what the run is (``RunContext``): the traced steps' analysis
 (``analysis.program.program_report``, torch-free, from the traces the recorder wrote and, on a GPU, the measured
 peaks and the modules' bytes), the run's own fields and the validity flags (``run_checks``). Under torchrun
-``program.ranks`` adds this rank's DDP layout and all-reduce sweep and, on rank 0, the ranks' merge. It is written
-through ``RunReport.to_dict`` and ``write_json``.
-
-A key run.json leaves out is not the same as one it holds as null: the traced-steps section is absent when the
-program ended before the traced steps and null when nothing was traced, ``exit_code`` is written only when the
-program's end is known. A field left at ``ABSENT`` is left out of the dict; ``None`` is written as null.
+this rank's DDP layout and all-reduce sweep (``program.ranks.rank_fields``) are built in too; only rank 0's merge of
+the ranks is set afterwards (``program.ranks.gather``, once this rank's report is saved: ``records.run_report`` says
+why that is a second step). It is written through
+``records.run_report.save``.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from perflab.measure.checks import Check
 from perflab.program.guard import say
 from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, Rank, Recorded, RunOptions, module_bytes, rank_dir
+from perflab.records.run_report import RunReport
 
 
-class _Absent:
-    """A field run.json leaves out (``None`` is written as null)."""
-
-    def __repr__(self) -> str:
-        return "ABSENT"
-
-
-ABSENT: Any = _Absent()
 # the record's step times (in timing and traced) and the loop's raw columns (summed up in loop): not in recorded
 STEP_TIMES = ("step_ms", "host_step_ms", "traced_step_ms", "timing", "timed_windows_ns", "loop", "busy")
 MIN_STEPS = 5  # fewer timed steps: no median and CI worth the name (few_steps)
-
-
-@dataclass
-class RunReport:
-    """One rank's report of a ``perflab run``, and on rank 0 under torchrun the ranks merged. ``to_dict`` is run.json;
-    the fields are in run.json's key order."""
-
-    # the timed steps' summary (``program.recorder.timing_summary``) and the device the steps ran on
-    timing: dict
-    device: str | None
-    # the whole loop of the timed steps, untraced (``analysis.loop``): mean and median, throughput, stalls, input waits,
-    # synchronising calls, the GPU's busy share; null where no step was timed
-    loop: dict | None = ABSENT
-    # the traced steps' analysis (``analysis.program.program_report``): absent when the program ended before them
-    traced: dict | None = ABSENT
-    accounting: dict | None = ABSENT
-    flops: dict | None = ABSENT
-    utilisation: dict | None = ABSENT
-    floors: dict | None = ABSENT
-    verdict: dict | None = ABSENT
-    compiled: dict | None = ABSENT
-    traced_verdict: str | None = ABSENT  # present when a trace was read
-    ceilings: dict | None = ABSENT  # the GPU's measured peaks the floors were held against
-    verdict_evidence: dict | None = ABSENT  # present when a trace was read
-    model_bytes: dict | None = ABSENT  # the modules' parameter and buffer bytes on the GPU
-    ceilings_note: str | None = ABSENT
-    report_error: str | None = ABSENT  # perflab's own failure to analyse the traced steps
-    # the run itself
-    program: str | None = ABSENT
-    steps_from: str | None = ABSENT
-    options: dict | None = ABSENT
-    recorded: dict | None = ABSENT  # what the recorder saw, less the step times (in timing and traced)
-    partial: bool | None = ABSENT  # the program ended before the traced steps did
-    rank: int | None = ABSENT
-    world_size: int | None = ABSENT
-    run_id: str | None = ABSENT  # the run's id: every rank's report and every child's carries it; a run reads only its own
-    flags: list[dict] | None = ABSENT  # the validity flags (``run_checks``)
-    # the processes the program started (``program.children``), where it started any: each one's kind, whether it
-    # was followed (and why not), its steps; and where it stepped only in them, whose report this is
-    processes: list[dict] | None = ABSENT
-    steps_in: str | None = ABSENT
-    report_of: str | None = ABSENT
-    # the program's end: known only when run.json is written after it
-    exit_code: int | None = ABSENT
-    ended_by: str | None = ABSENT  # exit, exception, interrupt or sigterm
-    last_words: str | None = ABSENT  # the exception (or sys.exit's message) the program ended with
-    perflab_notes: list[str] | None = ABSENT  # perflab's own failures, said after the program
-    # under torchrun (``program.ranks``): this rank's DDP layout and the all-reduce sweep; on rank 0 the merge
-    ddp: dict | None = ABSENT
-    all_reduce: dict | None = ABSENT
-    ranks: list[dict] | None = ABSENT
-    slowest_rank: int | None = ABSENT
-    step_ms: float | None = ABSENT  # the slowest rank's median step
-    ranks_missing: list[int] | None = ABSENT
-    communication: dict | None = ABSENT
-    communication_note: str | None = ABSENT
-
-    def to_dict(self) -> dict:
-        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not ABSENT}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> RunReport:
-        """A report read back (another rank's rank.json); keys it does not know are left out."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{"timing": None, "device": None, **{k: v for k, v in data.items() if k in known}})
-
-    def get(self, name: str, default=None):
-        """A field's value, ``default`` where it is absent."""
-        value = getattr(self, name)
-        return default if value is ABSENT else value
 
 
 @dataclass
@@ -118,9 +38,11 @@ class RunContext:
     run_id: str | None = None
 
 
-def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, outcome=None, notes: list[str] | None = None) -> RunReport:
+def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, outcome=None, notes: list[str] | None = None,
+                     rank_fields: dict | None = None) -> RunReport:
     """The report of one rank's run. ``partial``: the program ended before the traced steps did (no analysis);
-    ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own failures so far."""
+    ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own failures so far;
+    ``rank_fields``: under torchrun, this rank's DDP layout and all-reduce sweep (``program.ranks.rank_fields``)."""
     loop = whole_loop(recorded, context.options)
     report = RunReport(timing=recorded.timing, device=recorded.device) if partial else traced_report(recorded, context, loop)
     report.loop = loop
@@ -141,6 +63,8 @@ def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, 
             report.last_words = outcome.message[:300]
         if notes:
             report.perflab_notes = notes
+    for name, value in (rank_fields or {}).items():
+        setattr(report, name, value)
     return report
 
 
@@ -256,15 +180,3 @@ def run_checks(report: RunReport | dict) -> list[dict]:
         lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
         checks.append(Check("flops_incomplete", lead + "; ".join(why)))
     return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]
-
-
-def write_json(path: Path, data: dict) -> None:
-    """A report written whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps(data, indent=1, default=str))
-        tmp.replace(path)
-    except OSError:  # a full disk: no half-written file left beside the report
-        tmp.unlink(missing_ok=True)
-        raise

@@ -28,8 +28,9 @@ from perflab.program.boundaries import StepSource, make_source
 from perflab.program.children import resolve_hook
 from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorded, Recorder, RunOptions, StopProgram
-from perflab.program.report import RunContext, RunReport, build_run_report, write_json
+from perflab.program.report import RunContext, build_run_report
 from perflab.program.script import Outcome, Program, print_program_traceback, run_program
+from perflab.records.run_report import RunReport, save
 
 ACTIVE: "Run | None" = None  # the run recording in this process (a forked child finds its parent's here, and abandons it)
 RUN_ID_ENV = "PERFLAB_RUN_ID"  # set by perflab run --nproc for its ranks: one id for the whole run
@@ -165,7 +166,7 @@ class Run:
             self._write_kept(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
         elif self._processes and self.written and self.rank.rank == 0 and self.report is not None:
             self.report.processes = self._processes
-            self.guard.call(f"run.json could not be written to {self.options.out_dir}", lambda: self._write_file(self.report.to_dict()))
+            self.guard.call(f"run.json could not be written to {self.options.out_dir}", lambda: self._write_file(self.report))
         if self.program is not None:
             print_program_traceback(outcome, self.program)
         if self.report is None or self.report.partial:
@@ -199,17 +200,17 @@ class Run:
     def _children_result(self, outcome: Outcome, children: dict) -> RunResult:
         """The program stepped in its children only: their report is the run's, with the processes seen."""
         report = children["report"]
-        written = dict(report, processes=children["processes"], steps_in="the program's children")
+        report.processes, report.steps_in = children["processes"], "the program's children"
+        self.report = report
         if self.program is not None:
             print_program_traceback(outcome, self.program)
-        if self.guard.call(f"run.json could not be written to {self.options.out_dir}", lambda: self._write_file(written)):
+        if self.guard.call(f"run.json could not be written to {self.options.out_dir}", lambda: self._write_file(self.report)):
             self.written = True
-        self.report = RunReport.from_dict(written)
         stepped = [p for p in children["processes"][1:] if p.get("followed") and p.get("steps_seen")]
         who = ", ".join(f"{p['kind']} {p['rank'] if p.get('rank') is not None else p['pid']} (pid {p['pid']}, {p['steps_seen']} steps)"
                         for p in stepped)
         say(f"perflab: the program stepped in its children, not in the process perflab started: {who}; their report "
-            f"({report['report_of']}) is the run's: {Path(self.options.out_dir) / 'run.json'}")
+            f"({report.report_of}) is the run's: {Path(self.options.out_dir) / 'run.json'}")
         for note in self._notes():
             say(f"perflab: {note}")
         return RunResult(outcome.code, self.report, Path(self.options.out_dir))
@@ -253,30 +254,32 @@ class Run:
         from perflab.program import ranks
 
         context = RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
+        # under torchrun, after the traced steps, every rank takes its DDP layout and the all-reduce sweep here (the same
+        # boundary on every rank: the sweep's collectives line up)
+        extra = ranks.rank_fields(recorded.device, self.rank.world_size) if self.rank.distributed and not ended_early else None
         report = build_run_report(recorded, context, partial=ended_early, outcome=outcome,
-                                  notes=self._notes() if outcome is not None else None)
+                                  notes=self._notes() if outcome is not None else None, rank_fields=extra)
         if self._processes:
             report.processes = self._processes
         if self.rank.distributed:
             if quiet:  # the timed steps, kept in this rank's report until the whole one replaces it
-                write_json(self.report_path, report.to_dict())
+                save(report, self.report_path)
             else:
                 ranks.gather(report, self.options, self.rank, ended_early)
         self.report = report
         if self.rank.rank == 0 and not (quiet and self.rank.distributed):
-            written = report.to_dict()
-            self._write_file(written, page=not quiet)
+            self._write_file(report, page=not quiet)
             if not ended_early and self.render is not None:
                 try:
-                    self.render(written)
+                    self.render(report.to_dict())
                 except Exception as exc:  # the program closed stderr: the report is in run.json
                     self.guard.failed(f"the report could not be printed; it is in {Path(self.options.out_dir) / 'run.json'}", exc)
         self.written = True
 
-    def _write_file(self, written: dict, page: bool = True) -> None:
-        write_json(Path(self.options.out_dir) / "run.json", written)
+    def _write_file(self, report: RunReport, page: bool = True) -> None:
+        save(report, Path(self.options.out_dir) / "run.json")
         if page and self.page is not None:  # the run's page beside it; a failure to write it is one line after the program
-            self.guard.call(f"report.html could not be written to {self.options.out_dir}", lambda: self.page(self.options.out_dir, written))
+            self.guard.call(f"report.html could not be written to {self.options.out_dir}", lambda: self.page(self.options.out_dir, report.to_dict()))
 
     @staticmethod
     def _how(outcome) -> str:

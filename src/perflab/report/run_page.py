@@ -13,7 +13,6 @@ input (exposed and hidden) and in synchronising calls are drawn inside its bar.
 from __future__ import annotations
 
 import html
-import json
 import math
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from rich.text import Text
 
 from perflab import units
 from perflab.errors import PerflabError
+from perflab.records.run_report import ABSENT, RUN_WHAT, load, read_dict
 from perflab.report.fit import plain_table
 from perflab.report.program import (communication_table, compiler_lines, compiler_table, first_lines, loop_table,
                                     run_lines, scaling_table, timing_table)
@@ -524,26 +524,17 @@ def scaling_page_html(section: dict, runs: dict[int, dict], out_dir: Path | None
 # --- reading a run directory and writing its page --------------------------------------------------------------------
 
 def read_json_report(path: Path, what: str) -> dict:
-    """A run.json (or scaling.json) read, or one PerflabError line saying what is wrong with it."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PerflabError(f"{path}: could not be read ({exc.strerror or exc})") from None
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise PerflabError(f"{path}: damaged, not JSON ({exc}); {what}") from None
-    if not isinstance(data, dict):
-        raise PerflabError(f"{path}: damaged, not a JSON object; {what}")
-    return data
+    """A scaling.json (a JSON object) read, or one PerflabError line saying what is wrong with it."""
+    return read_dict(path, what)
 
 
-RUN_WHAT = "`perflab run` writes it whole (run it again to have a new one)"
-
-
-def _check_run(path: Path, report: dict) -> None:
-    if not isinstance(report.get("timing"), dict) or "device" not in report:
+def load_run(path: Path) -> dict:
+    """A run.json read (``records.run_report.load``: its format checked) as the page reads it, or one PerflabError line
+    saying what is wrong with it."""
+    report = load(path, RUN_WHAT)
+    if not isinstance(report.timing, dict) or report.device is ABSENT:
         raise PerflabError(f"{path}: not a `perflab run` report (no timing or device); {RUN_WHAT}")
+    return report.to_dict()
 
 
 def write_run_page(out_dir, report: dict | None = None) -> Path:
@@ -560,13 +551,11 @@ def write_run_page(out_dir, report: dict | None = None) -> Path:
         for n in scaling.get("counts") or []:
             path = out / f"nproc{n}" / "run.json"
             if path.is_file():
-                runs[n] = read_json_report(path, RUN_WHAT)
-                _check_run(path, runs[n])
+                runs[n] = load_run(path)
                 _write(out / f"nproc{n}" / PAGE, run_page_html(runs[n], out_dir=out / f"nproc{n}"))
         return _write(out / PAGE, scaling_page_html(scaling, runs, out))
     if report is None:
-        report = read_json_report(run_json, RUN_WHAT)
-        _check_run(run_json, report)
+        report = load_run(run_json)
         try:
             page = run_page_html(report, scaling=scaling, out_dir=out.resolve())
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:

@@ -66,6 +66,8 @@ from pathlib import Path
 
 from perflab.errors import PerflabError
 from perflab.records.row import FORMAT_KEY, ROW_FORMAT
+from perflab.records.run_report import RANK_FILE, RunReport
+from perflab.records.run_report import read as read_run_report
 from perflab.sweep.versions import Version, _set_env
 
 DEFAULT_ROUNDS = 4  # ab of a program: processes side by side, an even number (each order, then its reverse)
@@ -423,23 +425,23 @@ def run_side(v: ProgramVersion, options: RoundOptions, out_dir: Path, r: int, pl
     report = _read_json(run_dir / "run.json")
     if code != 0 or report is None:
         raise SideFailed(failure_line(v, r, code, report, log))
-    loop = report.get("loop") if isinstance(report.get("loop"), dict) else None
+    loop = report.loop if isinstance(report.loop, dict) else None
     steps = (loop or {}).get("steps") or 0
     if steps < options.steps:
         raise SideFailed(f"{side_words(v, r)}: the program timed {steps} of the {options.steps} steps asked for (it ended after "
-                         f"{((report.get('recorded') or {}).get('steps_seen'))} steps); lower --skip or --steps, or let it run longer "
+                         f"{report.section('recorded').get('steps_seen')} steps); lower --skip or --steps, or let it run longer "
                          f"(its output: {log})")
     mean, statistic = step_of(report, run_dir, options.nproc)
     throughput = dict(loop.get("throughput") or {})
-    flags = [f.get("flag") for f in report.get("flags") or [] if isinstance(f, dict)] + host_flags(report.get("timing") or {})
+    flags = [f.get("flag") for f in report.flags or [] if isinstance(f, dict)] + host_flags(report.section("timing"))
     verdict = None
     if traced:
-        given = report.get("verdict")
+        given = report.verdict
         if isinstance(given, dict) and given.get("verdict"):
             verdict = {"verdict": given.get("verdict"), "message": given.get("message")}
         else:
-            verdict = {"verdict": None, "message": report.get("report_error") or ("the program ended before its traced steps" if report.get("partial")
-                                                                                 else "no verdict: nothing was traced")}
+            verdict = {"verdict": None, "message": report.report_error or ("the program ended before its traced steps" if report.partial
+                                                                           else "no verdict: nothing was traced")}
     return Round(r, run_dir, started, place, mean, statistic, loop.get("median_ms"), throughput, flags, verdict, traced)
 
 
@@ -463,9 +465,9 @@ def side_words(v: ProgramVersion, r: int | None = None) -> str:
     return f"{v.name} ({what})" + (f", round {r + 1}" if r is not None else "")
 
 
-def failure_line(v: ProgramVersion, r: int, code, report: dict | None, log: Path) -> str:
+def failure_line(v: ProgramVersion, r: int, code, report: RunReport | None, log: Path) -> str:
     """One line naming a failed side: its exit status, its last words (run.json's, else its output's last line)."""
-    words = (report or {}).get("last_words") if isinstance(report, dict) else None
+    words = report.last_words if report is not None else None
     if not words:
         words = _last_line(log)
     status = "was killed (its process ran past --timeout)" if code is None else f"exited with status {code}"
@@ -474,20 +476,21 @@ def failure_line(v: ProgramVersion, r: int, code, report: dict | None, log: Path
     return f"{side_words(v, r)}: the program {status}" + (f": {words}" if words else "") + f" (its output: {log})"
 
 
-def step_of(report: dict, run_dir: Path, nproc: int | None) -> tuple[float, str]:
+def step_of(report: RunReport, run_dir: Path, nproc: int | None) -> tuple[float, str]:
     """The step a round compares: the mean (``loop.mean_ms``); under --nproc the slowest rank's mean, from each rank's
     rank.json, else run.json's ``step_ms`` (the slowest rank's median)."""
     if nproc:
         means = []
         for rank in range(nproc):
-            loop = (_read_json(run_dir / f"rank{rank}" / "rank.json") or {}).get("loop") or {}
-            if isinstance(loop, dict) and _positive(loop.get("mean_ms")):
+            rank_report = _read_json(run_dir / f"rank{rank}" / RANK_FILE)
+            loop = rank_report.section("loop") if rank_report is not None else {}
+            if _positive(loop.get("mean_ms")):
                 means.append(float(loop["mean_ms"]))
         if len(means) == nproc:
             return max(means), "mean step of the slowest rank"
-        if _positive(report.get("step_ms")):
-            return float(report["step_ms"]), "median step of the slowest rank (not every rank's mean was written)"
-    mean = (report.get("loop") or {}).get("mean_ms")
+        if _positive(report.step_ms):
+            return float(report.step_ms), "median step of the slowest rank (not every rank's mean was written)"
+    mean = report.section("loop").get("mean_ms")
     if not _positive(mean):
         raise SideFailed(f"{run_dir / 'run.json'}: holds no mean step (loop.mean_ms)")
     return float(mean), "mean step"
@@ -555,10 +558,9 @@ def _positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
-def _read_json(path: Path) -> dict | None:
-    from perflab.analysis.compare import run_record
-
-    return run_record(path)
+def _read_json(path: Path) -> RunReport | None:
+    """A run.json (rank.json) read (``records.run_report.read``), or None where there is none to read."""
+    return read_run_report(path)
 
 
 def _last_line(path: Path) -> str | None:

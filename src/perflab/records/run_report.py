@@ -1,0 +1,454 @@
+"""``perflab run``'s report (``OUT/run.json``, and each rank's ``rankR/rank.json`` under torchrun) as one typed record,
+declared here, below every stage that writes or reads it: ``program.report`` builds it (``build_run_report``) and
+``program.ranks`` adds the ranks' merge; ``api`` (compare's run.json sides), ``analysis.compare``, ``sweep.programs``,
+``program.launch`` (the scaling over rank counts), ``program.children`` and ``report.run_page`` read it. Every one of
+them reads a file through ``load`` (or ``read``, which is ``load`` that answers None where there is no readable
+report) and writes one through ``save``: the format is checked in one place.
+
+**The format.** run.json holds ``"format": FORMAT`` first. A file without the key was written before there was one
+and reads as format 0 (the same fields: the key is all that was added). A file of a format newer than this perflab
+knows is one ``PerflabError`` line (exit 2 at the command line) naming the file and both formats, not a guess at what
+its fields mean.
+
+**Absent and null.** A key run.json leaves out is not the same as one it holds as null: the traced-steps section is
+absent when the program ended before the traced steps and null when nothing was traced, ``exit_code`` is written only
+when the program's end is known. A field left at ``ABSENT`` (falsy) is left out of the dict; ``None`` is written as
+null. A report read back keeps what its file left out absent, so that it is written again as it was read.
+
+**The sections** are mappings as the analysis makes them (``analysis.program.program_report``, ``analysis.loop``,
+``program.recorder.timing_summary``, ``analysis.comm``): their keys are declared below as ``TypedDict``s (a
+declaration only: the values are the plain dicts run.json holds, unchanged, and a key a section may leave out is not
+an error): the timing, the loop and its input, the traced steps, the accounting, the verdict, the ranks, the
+communication and the processes; and ``scaling.json`` (``Scaling``), written beside the counts' run.json. The others
+(flops, utilisation, floors, compiled, ceilings, the verdict's evidence, options, recorded, ddp, all_reduce) stay
+mappings of their builders' keys.
+
+**Built in two steps on rank 0 under torchrun.** ``build_run_report`` makes the whole record of one rank in one step
+(under torchrun this rank's ``ddp`` and ``all_reduce`` too, from ``program.ranks.rank_fields``); only on rank 0 does
+``program.ranks.gather`` set the merged fields (``ranks``, ``slowest_rank``, ``step_ms``, ``ranks_missing``,
+``communication`` and its note, and the verdict held against the most exposed communication) afterwards. That cannot
+be one step: the merge reads every rank's report as written (rank 0's own ``rank.json`` among them), so rank 0's
+merged fields exist only after its own rank report has been built and saved.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TypedDict
+
+from perflab.errors import PerflabError, show
+
+FORMAT = 1  # run.json's format; a file without the key is format 0 (written before the key was)
+FORMAT_KEY = "format"
+RUN_FILE, RANK_FILE = "run.json", "rank.json"
+NOT_AN_OBJECT = "not a JSON object"  # UnreadableReport's reason for JSON that holds no object
+RUN_WHAT = "`perflab run` writes it whole (run it again to have a new one)"
+
+
+class _Absent:
+    """A field run.json leaves out (``None`` is written as null). Falsy, as a missing key's ``.get`` is."""
+
+    def __repr__(self) -> str:
+        return "ABSENT"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+ABSENT: Any = _Absent()
+
+
+# --- the sections' keys (declared; the values are run.json's dicts) ---------------------------------------------------
+
+class Timing(TypedDict, total=False):
+    """The timed (untraced) steps' summary (``program.recorder.timing_summary``), ms."""
+
+    steps: int
+    median_ms: float
+    mean_ms: float
+    p10_ms: float
+    p90_ms: float
+    cv: float
+    ci_ms: list[float]
+    ci95_ms: list[float]
+    ci_level: str
+    ci_units: int
+    ci_coverage: float
+    samples_ms: list[float]
+    host_median_ms: float
+    modes: dict | None
+    host_wait_frac: float | None
+    host_steal_frac: float | None
+
+
+class Throughput(TypedDict, total=False):
+    samples_per_step: float | None
+    tokens_per_step: float | None
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    source: str  # where the work a step came from (the batches perflab counted, --batch-size), or why there is none
+
+
+class LoopInput(TypedDict, total=False):
+    """The timed steps' waits for input (``analysis.loop``): the exposed wait a step and its share of the wall time;
+    where the program's DataLoader workers were watched, their side too (further keys)."""
+
+    waits: int
+    waits_per_step: float
+    wait_ms_per_step: float
+    exposed_ms_per_step: float
+    hidden_ms_per_step: float
+    exposed_share: float | None
+    sources: list[str]
+    loaders: list
+    named: list | None
+
+
+class Loop(TypedDict, total=False):
+    """The whole loop of the timed steps, untraced (``analysis.loop.loop_section``)."""
+
+    steps: int
+    median_ms: float
+    mean_ms: float
+    wall_ms: float
+    steps_per_s: float
+    mean_over_median: float
+    host_mean_ms: float
+    per_step: dict
+    throughput: Throughput
+    input: LoopInput | None
+    sync: dict | None
+    stalls: dict
+    busy: dict | None
+    host_own_ms: float | None
+
+
+class Traced(TypedDict, total=False):
+    """The traced steps (``analysis.program.program_report``)."""
+
+    steps: int
+    step_ms: float
+    step_ms_each: list[float]
+    warmup_step_ms: list[float]
+    window_ms: float
+    untraced_ms: float
+    inflation: float | None
+    inflation_limit: float
+    inflated: bool
+    trace_path: str | None
+    cpu_only: bool
+
+
+class AccountingNs(TypedDict, total=False):
+    """The traced steps' wall time, closed exactly: wall = busy + host-bound + kernel gaps + other (ns)."""
+
+    start_ns: int
+    end_ns: int
+    wall_ns: int
+    busy_ns: int
+    idle_ns: int
+    host_bound_ns: int
+    kernel_gap_ns: int
+    other_ns: int
+
+
+class Accounting(TypedDict, total=False):
+    """Where the traced steps' time went (``analysis.program.program_report``, from the trace)."""
+
+    wall_us: float
+    gpu_busy_us: float
+    idle_us: float
+    idle_by_cause_us: dict
+    accounting_ns: AccountingNs
+    kernels: int
+    kernels_per_step: float
+    top_kernels: list[dict]
+    categories_us: dict
+    step_accounting: dict
+    launch: dict
+
+
+class Verdict(TypedDict, total=False):
+    """What bounds the step (``analysis.program.step_verdict``): its kind and the sentence saying it."""
+
+    verdict: str
+    message: str
+    kernel_fill: float
+    busy_share: float
+    fill: float
+    step_ms: float
+    median_ms: float
+    busy_ms: float
+    host_ms: float
+    host_own_ms: float | None
+    exposed_comm_ms: float | None
+
+
+class CommunicationRank(TypedDict, total=False):
+    """One rank's communication in the merged traces (``analysis.comm.communication_section``), ms a step."""
+
+    rank: int
+    step_ms: float
+    traced_step_ms: float
+    comm_ms: float
+    exposed_ms: float
+    waiting_ms: float | None
+    transfer_ms: float | None
+    overlapped_ms: float
+    overlap_fraction: float | None
+    measured_over_floor: float | None
+
+
+class Communication(TypedDict, total=False):
+    """The ranks' communication (rank 0 under torchrun, ``analysis.comm.communication_section``): the floor of the
+    all-reduces the gradients need at the measured bus bandwidth, and each rank's exposed share."""
+
+    world_size: int
+    steps_profiled: int
+    note: str | None
+    floor_ms: float | None
+    ranks: list[CommunicationRank]
+    mode: str | None
+    grad_bytes: int | None
+    bus_bytes: int | None
+    calls: int | None
+    buckets: list | None
+    message_bytes: int | None
+    busbw_gbps: float | None
+    busbw_size_bytes: int | None
+    busbw_source: str | None
+    latency_us: float | None
+    floor_fraction: float | None
+
+
+class RankRow(TypedDict, total=False):
+    """One rank in rank 0's merge (``program.ranks.merge``): its step, its CI and flags, its loop."""
+
+    rank: int
+    median_ms: float | None
+    ci_ms: list[float] | None
+    ci_coverage: float | None
+    ci95_ms: list[float] | None
+    steps_seen: int | None
+    flags: list[str]
+    mean_ms: float | None
+    input_exposed_ms: float | None
+    input_share: float | None
+
+
+class Process(TypedDict, total=False):
+    """One process the program started (``program.children.processes_section``); those not followed of one kind are
+    one row, with their count and pids."""
+
+    pid: int
+    ppid: int | None
+    kind: str
+    target: str | None
+    rank: int | None
+    followed: bool
+    steps_seen: int | None
+    timed_steps: int | None
+    exit_code: int | None
+    out_dir: str | None
+    why: str | None
+    count: int
+    pids: list[int]
+
+
+class Flag(TypedDict):
+    flag: str
+    message: str
+
+
+class ScalingRow(TypedDict, total=False):
+    """One rank count of ``perflab run --nproc 1,2`` (``analysis.program.scaling_section``)."""
+
+    nproc: int
+    step_ms: float | None
+    ci95_ms: list[float] | None
+    flops_per_rank_step: float | None
+    work_ratio: float | None
+    expected_ms: float | None
+    growth_ms: float | None
+    efficiency: float | None
+    ranks: list[dict]
+    verdict: str | None
+
+
+class Scaling(TypedDict):
+    """``OUT/scaling.json`` of ``perflab run --nproc 1,2`` (beside each count's ``nprocN/run.json``): the counts in the
+    order given, the first the base."""
+
+    counts: list[int]
+    rows: list[ScalingRow]
+    base: int | None
+    note: str | None
+
+
+@dataclass
+class RunReport:
+    """One rank's report of a ``perflab run``, and on rank 0 under torchrun the ranks merged. ``to_dict`` is run.json;
+    the fields are in run.json's key order (``format`` first)."""
+
+    # run.json's format (``FORMAT``; 0: a file written before the key was)
+    format: int = field(default=FORMAT, kw_only=True)
+    # the timed steps' summary (``program.recorder.timing_summary``) and the device the steps ran on
+    timing: Timing
+    device: str | None
+    # the whole loop of the timed steps, untraced (``analysis.loop``): mean and median, throughput, stalls, input waits,
+    # synchronising calls, the GPU's busy share; null where no step was timed
+    loop: Loop | None = ABSENT
+    # the traced steps' analysis (``analysis.program.program_report``): absent when the program ended before them
+    traced: Traced | None = ABSENT
+    accounting: Accounting | None = ABSENT
+    flops: dict | None = ABSENT
+    utilisation: dict | None = ABSENT
+    floors: dict | None = ABSENT
+    verdict: Verdict | None = ABSENT
+    compiled: dict | None = ABSENT
+    traced_verdict: str | None = ABSENT  # present when a trace was read
+    ceilings: dict | None = ABSENT  # the GPU's measured peaks the floors were held against
+    verdict_evidence: dict | None = ABSENT  # present when a trace was read
+    model_bytes: dict | None = ABSENT  # the modules' parameter and buffer bytes on the GPU
+    ceilings_note: str | None = ABSENT
+    report_error: str | None = ABSENT  # perflab's own failure to analyse the traced steps
+    # the run itself
+    program: str | None = ABSENT
+    steps_from: str | None = ABSENT
+    options: dict | None = ABSENT
+    recorded: dict | None = ABSENT  # what the recorder saw, less the step times (in timing and traced)
+    partial: bool | None = ABSENT  # the program ended before the traced steps did
+    rank: int | None = ABSENT
+    world_size: int | None = ABSENT
+    run_id: str | None = ABSENT  # the run's id: every rank's report and every child's carries it; a run reads only its own
+    flags: list[Flag] | None = ABSENT  # the validity flags (``program.report.run_checks``)
+    # the processes the program started (``program.children``), where it started any: each one's kind, whether it
+    # was followed (and why not), its steps; and where it stepped only in them, whose report this is
+    processes: list[Process] | None = ABSENT
+    steps_in: str | None = ABSENT
+    report_of: str | None = ABSENT
+    # the program's end: known only when run.json is written after it
+    exit_code: int | None = ABSENT
+    ended_by: str | None = ABSENT  # exit, exception, interrupt or sigterm
+    last_words: str | None = ABSENT  # the exception (or sys.exit's message) the program ended with
+    perflab_notes: list[str] | None = ABSENT  # perflab's own failures, said after the program
+    # under torchrun (``program.ranks``): this rank's DDP layout and the all-reduce sweep; on rank 0 the merge
+    ddp: dict | None = ABSENT
+    all_reduce: dict | None = ABSENT
+    ranks: list[RankRow] | None = ABSENT
+    slowest_rank: int | None = ABSENT
+    step_ms: float | None = ABSENT  # the slowest rank's median step
+    ranks_missing: list[int] | None = ABSENT
+    communication: Communication | None = ABSENT
+    communication_note: str | None = ABSENT
+
+    def to_dict(self) -> dict:
+        """run.json's dict: the fields in order, those absent left out, and ``format`` where it is one (a format-0
+        report read back is written again as it was, without the key)."""
+        return {f.name: value for f in fields(self)
+                if (value := getattr(self, f.name)) is not ABSENT and not (f.name == FORMAT_KEY and value == 0)}
+
+    @classmethod
+    def from_dict(cls, data: dict, path=None) -> RunReport:
+        """A report read back (run.json, a rank's rank.json): its format checked (``check_format``; none is 0), the keys
+        it does not know left out, the ones it leaves out kept absent."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known and k != FORMAT_KEY}
+        return cls(**{"timing": ABSENT, "device": ABSENT, **values}, format=check_format(data, path))
+
+    def get(self, name: str, default=None):
+        """A field's value, ``default`` where it is absent (or no field of the record), as a dict's ``get``."""
+        value = getattr(self, name, ABSENT)
+        return default if value is ABSENT else value
+
+    # the sections as their readers take them: a mapping, {} where the report holds none (or a damaged one)
+    def section(self, name: str) -> dict:
+        value = getattr(self, name, ABSENT)
+        return value if isinstance(value, dict) else {}
+
+    def flag_names(self) -> list[str]:
+        """The validity flags' names, those that are well formed."""
+        flags = self.flags
+        return [f["flag"] for f in flags if isinstance(f, dict) and isinstance(f.get("flag"), str)] if isinstance(flags, list) else []
+
+
+class UnreadableReport(PerflabError):
+    """No report could be read at a path: it cannot be read, is not JSON, or is not a JSON object. ``reason``: why, in
+    a few words (the OS's, or the parser's)."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class NewerFormat(PerflabError):
+    """A report of a format newer than this perflab knows."""
+
+
+def check_format(data: dict, path=None) -> int:
+    """The format a report's dict holds (0 where it holds none); a newer one than ``FORMAT``, or one that is no
+    format, is one PerflabError line."""
+    where = f"{path}: " if path is not None else ""
+    value = data.get(FORMAT_KEY, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UnreadableReport(f"{where}damaged, its {FORMAT_KEY!r} is {show(value)}, not a format number; {RUN_WHAT}", "no format number")
+    if value > FORMAT:
+        from perflab.version import __version__
+
+        raise NewerFormat(f"{where}a perflab run report of format {value}, newer than this perflab ({__version__}) reads (up to "
+                          f"{FORMAT}): read it with the perflab that wrote it, or upgrade perflab")
+    return value
+
+
+def read_dict(path, what: str = RUN_WHAT) -> dict:
+    """The JSON object at ``path``, or UnreadableReport: it cannot be read, is not JSON, or not a JSON object."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        reason = str(exc.strerror or exc)
+        raise UnreadableReport(f"{path}: could not be read ({reason})", reason) from None
+    except ValueError as exc:  # not UTF-8
+        raise UnreadableReport(f"{path}: damaged, not JSON ({exc}); {what}", str(exc)) from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise UnreadableReport(f"{path}: damaged, not JSON ({exc}); {what}", str(exc)) from None
+    if not isinstance(data, dict):
+        raise UnreadableReport(f"{path}: damaged, not a JSON object; {what}", NOT_AN_OBJECT)
+    return data
+
+
+def load(path, what: str = RUN_WHAT) -> RunReport:
+    """The report at ``path`` (run.json, rank.json). UnreadableReport where there is none to read there; NewerFormat
+    where its format is newer than this perflab's. The fields are as written (a damaged section is the reader's to
+    refuse: ``section`` gives {} for one that is no mapping)."""
+    return RunReport.from_dict(read_dict(path, what), path)
+
+
+def read(path) -> RunReport | None:
+    """``load``, or None where there is no report to read at ``path`` (no such file, not JSON, not an object). A report
+    of a newer format is still an error: it is there, and cannot be read right."""
+    try:
+        return load(path)
+    except UnreadableReport:
+        return None
+
+
+def save(report: RunReport, path) -> None:
+    """The report written to ``path``, whole or not at all."""
+    write_json(Path(path), report.to_dict())
+
+
+def write_json(path: Path, data: dict) -> None:
+    """A JSON file (a report, scaling.json) written whole or not at all."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=str))
+        tmp.replace(path)
+    except OSError:  # a full disk: no half-written file left beside the report
+        tmp.unlink(missing_ok=True)
+        raise
