@@ -18,6 +18,17 @@ from perflab.analysis.loop import loop_section, stall_line
 
 SKIP, STEPS = 4, 16
 
+
+def assert_own_clock(samples, own) -> None:
+    """perflab's steps are the program's own clock's over the same steps (a steady step): step by step, the median of
+    their ratios within 3% (one step held up by another job on a shared 2-core host moves a mean of ten by more than
+    that, and is no error of perflab's), and their means within 8%."""
+    assert len(samples) == len(own) > 2
+    ratios = sorted(s / o for s, o in zip(samples, own))
+    median = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2
+    assert median == pytest.approx(1.0, rel=0.03), (samples, own)
+    assert sum(samples) / len(samples) == pytest.approx(sum(own) / len(own), rel=0.08), (samples, own)
+
 # a trainer whose DataLoader (in the main process) stalls for 30 ms on every 4th batch: its own clock times each wait for
 # data and each iteration, as the ImageNet example's `Data` and `Time` meters do
 SLOW_LOADER = """
@@ -200,8 +211,7 @@ def test_a_rank_the_program_spawns_is_measured_in_the_child_and_its_step_is_its_
     # its own clock over the same steps (iteration k ends perflab's step k + 1), the last left out: its optimizer step
     # holds perflab's profiler start
     own = json.loads(own_path.read_text())[3:14]
-    samples = report["timing"]["samples_ms"][:-1]
-    assert sum(samples) / len(samples) == pytest.approx(sum(own) / len(own), rel=0.03)
+    assert_own_clock(report["timing"]["samples_ms"][:-1], own)
     assert report["recorded"]["optimizers"] == ["SGD"] and report["traced"]["steps"] == 2
 
 
@@ -328,4 +338,4 @@ def test_two_ranks_the_program_spawns_are_each_measured_and_merged_as_torchruns(
     for r in (0, 1):
         own = json.loads((tmp_path / f"own{r}.json").read_text())[3:10]  # iteration k ends perflab's step k + 1; not the last
         samples = json.loads((tmp_path / "out" / "spawn" / f"rank{r}" / "rank.json").read_text())["timing"]["samples_ms"][:-1]
-        assert sum(samples) / len(samples) == pytest.approx(sum(own) / len(own), rel=0.03)
+        assert_own_clock(samples, own)
