@@ -233,10 +233,10 @@ def test_an_interrupted_ab_says_to_rerun_into_another_store_and_an_interrupted_t
 
     from cli_util import run_cli_here
     from perflab import api
-    from perflab.analysis.regressions import Comparison
+    from perflab.analysis.regressions import RowComparison
 
     summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1, copy=None)
-    monkeypatch.setattr(api, "ab", lambda **kw: (summary, Comparison([])))
+    monkeypatch.setattr(api, "ab", lambda **kw: (summary, RowComparison([])))
     monkeypatch.setattr(api, "track", lambda **kw: (summary, []))
     case = ["--model", "m.py:M", "--json"]
     ab = run_cli_here("ab", "--repo", tmp_path, "--a", "x", "--b", "y", *case)

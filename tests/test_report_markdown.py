@@ -9,7 +9,7 @@ import pytest
 from cli_util import run_cli_here
 from perflab.report.markdown import write_report
 from perflab.spec import Case
-from perflab.sweep.spec import Comparison, Experiment
+from perflab.sweep.spec import ComparisonSpec, Experiment
 from perflab.sweep.store import Store
 
 BASE, TOPK = "deit_base_patch16_224", "topk_deit_base_patch16_224"
@@ -112,7 +112,7 @@ def test_named_mode_comparison_groups_by_model_and_marks_cases_not_run(tmp_path)
     missing = synthetic_row(TOPK, 224, 1, 400.0, mode="cudagraph")
     cases = [Case.from_dict(r["case"]) for r in rows + [missing]]
     experiment = Experiment("graphs.yaml", "graphs", "eager vs CUDA graph", None, 600.0, tuple(cases),
-                            (Comparison("cuda_graph", {"mode": "eager"}, {"mode": "cudagraph"}, ("eager", "CUDA graph")),))
+                            (ComparisonSpec("cuda_graph", {"mode": "eager"}, {"mode": "cudagraph"}, ("eager", "CUDA graph")),))
     with Store.create(tmp_path) as store:
         sid = store.begin_sweep(command="perflab sweep graphs.yaml", spec_source="graphs.yaml", spec_text="name: graphs\n",
                                 experiment=experiment.to_json(), env_key="e", n_cases=4, n_skipped=0)

@@ -945,7 +945,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
        timeout_s: float | None = None, threshold: float = 0.05, command: str = "", on_event=None, launcher: str | None = None,
        pin: bool = True, pairing: str | None = None, aa: bool | None = None):
     """One experiment at two versions, A and B, round by round; returns (the run's summary, its comparison:
-    ``analysis.regressions.Comparison`` of A's rows and B's, paired per round).
+    ``analysis.regressions.RowComparison`` of A's rows and B's, paired per round).
 
     A version is a revision of the git repository ``repo`` (``a``, ``b``: each checked out in a worktree of its own,
     the cases' relative model references read there), or an interpreter (``python_a``, ``python_b``). The cases: a
@@ -959,7 +959,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
     from dataclasses import replace
     from pathlib import Path
 
-    from perflab.analysis.regressions import Comparison, check_threshold, compare_rows
+    from perflab.analysis.regressions import RowComparison, check_threshold, compare_rows
     from perflab.errors import PerflabError
     from perflab.sweep.versions import (check_balance, check_order, check_pairing, check_rounds, check_seed,
                                         plan_interpreters, plan_revisions, run_versions)
@@ -994,7 +994,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
         plan.close()
     rows_a, rows_b = (summary.rows_of(v) for v in plan.versions)
     if not (rows_a and rows_b):  # interrupted before a case's last round: nothing stored to compare
-        return summary, Comparison([], threshold=threshold)
+        return summary, RowComparison([], threshold=threshold)
     return summary, compare_rows(rows_a, rows_b, threshold, rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
 
 
@@ -1107,7 +1107,7 @@ def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: st
     ``seq_len``: one value (both sides) or two (A's, then B's). ``rounds``: 2 to 100, even (default 4). ``aa``: a second
     copy of A in every round, the A/A pair the noise floor is measured from (default on: it costs a process a round, and
     without it an A/A reads "faster" or "slower" about 1 run in 20; ``False`` leaves it out).
-    Returns (the run's summary, ``analysis.regressions.Comparison`` of A's row and B's)."""
+    Returns (the run's summary, ``analysis.regressions.RowComparison`` of A's row and B's)."""
     import contextlib
     import time
     from pathlib import Path
@@ -1146,9 +1146,9 @@ def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: st
                                                 command=command or "perflab.api.ab_program(...)", on_event=on_event, aa=aa is not False)
     rows_a, rows_b = (summary.rows_of(v) for v in versions)
     if not (rows_a and rows_b):  # interrupted before the last round: nothing stored to compare
-        from perflab.analysis.regressions import Comparison
+        from perflab.analysis.regressions import RowComparison
 
-        return summary, Comparison([], threshold=threshold)
+        return summary, RowComparison([], threshold=threshold)
     return summary, compare_rows(rows_a, rows_b, threshold, names=("A", "B"), rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
 
 

@@ -30,7 +30,7 @@ class ChangeCause:
     previous: str  # the revision before the step (as named)
     revision: str  # the change point
     reproduce: str  # the perflab ab command that times the pair again, paired
-    comparison: object = None  # analysis.compare.Comparison of the two sides' traces
+    comparison: object = None  # analysis.compare.TraceComparison of the two sides' traces
     traces: tuple | None = None  # (previous's trace, the revision's)
     error: str | None = None  # why a side could not be profiled
 

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile
+from perflab.analysis.compare import StepProfile, TraceComparison, compare_traces, step_profile
 from perflab.analysis.accounting import step_windows, window_of_activities
 from perflab.analysis.fixes import (MISS, Fix, Prediction, StepTimes, batch_delta, checkpoint_delta, measured_host_ms, optimizer_delta, predict,
                                    prediction_error, step_times_of_passes, step_times_of_row)
@@ -155,7 +155,7 @@ class CaseExplanation:
 @dataclass
 class Explanation:
     cases: list[CaseExplanation]
-    comparison: Comparison | None
+    comparison: TraceComparison | None
     ceilings: dict
 
     def to_dict(self) -> dict:

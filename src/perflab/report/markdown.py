@@ -35,7 +35,7 @@ from perflab.report.md import formula_cell, gflops
 from perflab.stats import ci_note
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
-from perflab.sweep.experiment import Comparison, case_fields, default_comparisons
+from perflab.sweep.experiment import ComparisonSpec, case_fields, default_comparisons
 from perflab.sweep.store import NOT_FINISHED, load_stored, report_unreadable, status_counts, store_path
 from perflab.workloads import FAMILIES, family_of_row, item_of
 
@@ -182,7 +182,7 @@ def common_flags(rows: list[dict]) -> set[str]:
 # Comparisons: the seed tables
 
 
-def comparison_section(comparison: Comparison, rows: list[dict], plot_dir: Path, common: set[str]) -> list[str]:
+def comparison_section(comparison: ComparisonSpec, rows: list[dict], plot_dir: Path, common: set[str]) -> list[str]:
     base_label, var_label = comparison.labels
     entries = [dict(pair(b, v), base_row=b, var_row=v) for b, v in comparison.pairs(rows)]
     parts = [f"## {comparison.name}: {var_label} vs {base_label}",
@@ -208,7 +208,7 @@ def comparison_section(comparison: Comparison, rows: list[dict], plot_dir: Path,
     return parts
 
 
-def batch_sweep_table(comparison: Comparison, entries: list[dict], input_size: int, common: set[str]) -> list[str]:
+def batch_sweep_table(comparison: ComparisonSpec, entries: list[dict], input_size: int, common: set[str]) -> list[str]:
     """Seed 001: one input size, a row per batch size."""
     bl, vl = comparison.labels
     canary = shows_canary(entries)
@@ -224,7 +224,7 @@ def batch_sweep_table(comparison: Comparison, entries: list[dict], input_size: i
     return lines
 
 
-def combined_table(comparison: Comparison, entries: list[dict], common: set[str]) -> list[str]:
+def combined_table(comparison: ComparisonSpec, entries: list[dict], common: set[str]) -> list[str]:
     """Seed 002's "Hypothesis Validation": every input size and batch size in one table."""
     bl, vl = comparison.labels
     canary = shows_canary(entries)
@@ -240,7 +240,7 @@ def combined_table(comparison: Comparison, entries: list[dict], common: set[str]
     return ["#### All input sizes (the token-reduction study's \"Hypothesis Validation\" shape)", md_table(headers, body)]
 
 
-def group_key(comparison: Comparison, row: dict) -> tuple:
+def group_key(comparison: ComparisonSpec, row: dict) -> tuple:
     case = case_fields(row)
     return tuple((f, _hashable(case.get(f))) for f in GROUP_FIELDS if f not in comparison.named_fields)
 
@@ -324,7 +324,7 @@ def status_cell(row: dict) -> str:
 # -- group plots and summaries
 
 
-def _group_plots(comparison: Comparison, heading: str, group: list[dict], plot_dir: Path) -> str:
+def _group_plots(comparison: ComparisonSpec, heading: str, group: list[dict], plot_dir: Path) -> str:
     tp_series, ms_series = {}, {}
     for side, label in (("base_row", comparison.labels[0]), ("var_row", comparison.labels[1])):
         for e in group:

@@ -54,7 +54,7 @@ from typing import Any
 from perflab import spec_schema as schema
 from perflab.errors import PerflabError, show
 from perflab.spec import Case, expand_grid, validate_case
-from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison,  # noqa: F401 (re-exported)
+from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, ComparisonSpec,  # noqa: F401 (re-exported)
                                      Experiment)
 from perflab.yaml_files import read_yaml
 
@@ -282,12 +282,12 @@ def _validate_all(at: _Where, sourced: list[tuple[str, dict]]) -> tuple[list[Cas
     return cases, pins
 
 
-def _comparison(at: _Where, name: str, baseline: dict, variant: dict, labels, cases: list[Case]) -> Comparison:
+def _comparison(at: _Where, name: str, baseline: dict, variant: dict, labels, cases: list[Case]) -> ComparisonSpec:
     key = f"comparisons.{name}"
     if baseline == variant:
         at.fail(key, "baseline and variant are the same")
     labels = tuple(labels) if labels is not None else _default_labels(at, baseline, variant)
-    comparison = Comparison(str(name), baseline, variant, labels)
+    comparison = ComparisonSpec(str(name), baseline, variant, labels)
     if not comparison.pairs([{"case": c.to_dict()} for c in cases]):
         at.fail(key, "no case matches both sides at the same point (same sizes, dtype, mode, ...); check the filters against the grid")
     return comparison
