@@ -229,7 +229,7 @@ def _track_store(tmp_path):
 
 
 def test_results_and_the_report_of_a_track_store_show_each_rows_revision(tmp_path):
-    from perflab.report.export import read_rows
+    from perflab.report.export import read_exported_rows
 
     out = _track_store(tmp_path)
     table = run_cli_here("results", out)
@@ -239,7 +239,7 @@ def test_results_and_the_report_of_a_track_store_show_each_rows_revision(tmp_pat
     assert "c2 (a3d3cc65ea)" in lines[0] and "53.33" in lines[0] and "c3 (b4e4dd76fb)" in lines[1] and "80.00" in lines[1]
     csv_text = run_cli_here("results", out, "--format", "csv").stdout
     (tmp_path / "rows.csv").write_text(csv_text)
-    back = read_rows(tmp_path / "rows.csv")
+    back = read_exported_rows(tmp_path / "rows.csv")
     assert [(r["revision"], r["commit"][:10], r["median_ms"]) for r in back] == [("c2", "a3d3cc65ea", pytest.approx(53.333, abs=1e-3)),
                                                                                 ("c3", "b4e4dd76fb", pytest.approx(80.0))]
     text = write_report(out).read_text()

@@ -319,9 +319,9 @@ def _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, **options)
 def load_experiment(path, max_cases: int | None = None):
     """Read and validate an experiment spec (YAML); PerflabError naming the file and key on any mistake
     (and, with ``max_cases``, on a spec of more cases than that, before expanding it)."""
-    from perflab.sweep.spec import load_experiment as load
+    from perflab.sweep.spec import read_experiment
 
-    return load(path, max_cases=max_cases)
+    return read_experiment(path, max_cases=max_cases)
 
 
 def spec_schema_json() -> str:
@@ -508,13 +508,13 @@ def breakeven(out_dir, *, n_boot: int = 2000, seed: int = 0) -> list:
 
 
 def _experiment(spec):
-    from perflab.sweep.spec import Experiment, load_experiment as load, parse_experiment
+    from perflab.sweep.spec import Experiment, parse_experiment, read_experiment
 
     if isinstance(spec, Experiment):
         return spec
     if isinstance(spec, dict):
         return parse_experiment(spec, "<spec dict>")
-    return load(spec)
+    return read_experiment(spec)
 
 
 def analyze(path, top: int = 10, kernel_gap_threshold_us: float = 5.0):
@@ -648,7 +648,7 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     ``host_contention`` (one row: no ``host_drift``); ``pin``: as for :func:`bench`. ``by_module``: the profiled
     pass also records module ranges, and ``report.modules`` is the module tree (eager mode).
     """
-    from perflab.diagnosis.profiling import profile_case as run
+    from perflab.diagnosis.profiling import profile_pass as run
 
     check_profiled_steps(steps)
     return run(case, out_dir, steps=steps, top=top, pin=pin, by_module=by_module)
@@ -674,7 +674,7 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
     Returns ``{"row", "trace_paths", "accounts", "waits_per_step", "note", "steps", "rank_passes"}``. On the CPU (gloo)
     a rank's compute is its main thread inside torch's operators and its communication gloo's collectives, and
     ``note`` says so (``trace.cpu_ranks``)."""
-    from perflab.diagnosis.profiling import profile_parallel as run
+    from perflab.diagnosis.profiling import profile_ranks as run
 
     check_profiled_steps(steps)
     return run(case, out_dir, steps=steps, gpus=gpus)
@@ -873,7 +873,7 @@ def load_results(item, on_unreadable=None) -> list[dict]:
 
     from perflab.errors import PerflabError
     from perflab.records.row import check_row
-    from perflab.report.export import read_rows
+    from perflab.report.export import read_exported_rows
 
     path = Path(str(item))
     if path.is_dir() or path.suffix in (".sqlite", ".db"):
@@ -892,7 +892,7 @@ def load_results(item, on_unreadable=None) -> list[dict]:
             raise PerflabError(f"{item}: holds rows of {len(versions)} versions (perflab ab or track): `perflab report {item}` "
                                "compares them")
         return rows
-    return read_rows(path)
+    return read_exported_rows(path)
 
 
 def compare_results(a, b, threshold: float = 0.05, on_unreadable=None):
@@ -916,7 +916,7 @@ def version_experiment(spec=None, case_options: dict | None = None, root=None, r
 
     from perflab.errors import PerflabError
     from perflab.references import using_model_root
-    from perflab.sweep.spec import load_experiment as load, parse_experiment, read_spec
+    from perflab.sweep.spec import parse_experiment, read_experiment, read_spec
     from perflab.sweep.versions import make_bench_experiment
 
     if (spec is None) == (not case_options or not case_options.get("model")):
@@ -924,13 +924,13 @@ def version_experiment(spec=None, case_options: dict | None = None, root=None, r
     if spec is not None:
         spec = Path(spec)
         if root is None:
-            return load(spec)
+            return read_experiment(spec)
         try:
             inside = spec.resolve().relative_to(Path(repo).resolve())
         except ValueError:
             inside = None
         if inside is not None:
-            return load(Path(root) / inside)  # the spec as committed at this revision
+            return read_experiment(Path(root) / inside)  # the spec as committed at this revision
         data, text = read_spec(spec)
         with using_model_root(root):
             experiment = parse_experiment(data, str(spec), text=text, default_name=spec.stem)
@@ -1223,7 +1223,7 @@ def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps:
     ``measure.stages.Stage`` that counts the parts; ``on_case(index, case, stage)`` the stages of its timing sessions'
     cases, as :func:`bench`'s."""
     from perflab.diagnosis.explanation import PREDICTED_MODES
-    from perflab.diagnosis.explanation import explain as run
+    from perflab.diagnosis.explanation import explanation_of as run
 
     check_profiled_steps(steps)
     if case.parallel:

@@ -28,7 +28,7 @@ import numpy as np
 from perflab.analysis.accounting import account
 from perflab.analysis.floors import compute_floors
 from perflab.analysis.intervals import interval_at
-from perflab.analysis.launch import host_issue_ms, idle_after_syncs
+from perflab.analysis.launch import idle_after_syncs, traced_host_issue_ms
 from perflab.analysis.op_flops import count_op_flops
 from perflab.analysis.ranks import is_comm
 from perflab.analysis.trace_report import analyze_trace
@@ -216,11 +216,11 @@ def _host_floor(trace, traced: dict, timing: dict) -> tuple[float | None, str | 
     if trace.cpu_only:
         return None, None
     if not traced["inflated"]:
-        return host_issue_ms(trace, without_waits=True), "the traced steps' issue time, less the host's waits for the GPU"
+        return traced_host_issue_ms(trace, without_waits=True), "the traced steps' issue time, less the host's waits for the GPU"
     host = timing.get("host_median_ms")
     if host is None:
         return None, None
-    waits = host_issue_ms(trace) - host_issue_ms(trace, without_waits=True)
+    waits = traced_host_issue_ms(trace) - traced_host_issue_ms(trace, without_waits=True)
     return max(host - waits, 0.0), "the host's clock over the untraced steps, less the waits for the GPU the trace saw"
 
 

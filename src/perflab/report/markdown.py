@@ -54,9 +54,9 @@ def write_report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None) 
     stored = load_stored(out_dir)
     report_unreadable(stored.unreadable, on_unreadable, store_path(out_dir))
     if spec is not None:
-        from perflab.sweep.spec import Experiment, load_experiment
+        from perflab.sweep.spec import Experiment, read_experiment
 
-        stored.experiment = spec if isinstance(spec, Experiment) else load_experiment(spec)
+        stored.experiment = spec if isinstance(spec, Experiment) else read_experiment(spec)
     text = build_report(stored, out_dir, n_boot=n_boot)
     path = out_dir / "report.md"
     path.write_text(text)
@@ -70,7 +70,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     missing = with_missing(stored.rows, stored.experiment, unreadable=[u.key for u in unreadable if u.what == "row"])
     rows = latest_version_rows(stored, missing)  # a store of versions: the last one's
     if is_program_store(stored):  # a program's ab or track: its own sections, none of the model cases' tables
-        return "\n\n".join(p.rstrip() for p in program_report(stored, missing, unreadable, plot_dir) if p) + "\n"
+        return "\n\n".join(p.rstrip() for p in program_store_sections(stored, missing, unreadable, plot_dir) if p) + "\n"
     experiment = stored.experiment
     comparisons = list(experiment.comparisons) if experiment and experiment.comparisons else default_comparisons(rows)
     common = common_flags(stored.rows)
@@ -94,7 +94,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
 
 
-def program_report(stored, missing: list[dict], unreadable, plot_dir: Path) -> list[str]:
+def program_store_sections(stored, missing: list[dict], unreadable, plot_dir: Path) -> list[str]:
     """The report of a program's ab or track (``sweep.programs``): its versions' sections (the comparison or the
     series, then each side's rounds, throughput and verdict: every row the store holds), the environment and how it
     was produced."""

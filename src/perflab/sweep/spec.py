@@ -61,7 +61,7 @@ from perflab.yaml_files import read_yaml
 DEFAULT_MAX_CASES = 10_000
 
 
-def load_experiment(path, max_cases: int | None = None) -> Experiment:
+def read_experiment(path, max_cases: int | None = None) -> Experiment:
     """Read, check and expand a spec file; PerflabError (one line naming file and key) on any mistake.
     A spec of more than ``max_cases`` cases is refused before its grid is expanded."""
     from perflab.references import using_model_root
