@@ -593,7 +593,7 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     check_options(skip, steps, trace, step, step_range, trace_warmup=trace_warmup, inflation_limit=inflation_limit, stall_factor=stall_factor,
                   inputs=inputs, batch_size=batch_size, seq_len=seq_len)
     if nproc is not None:
-        from perflab.program.launch import check_rank_counts
+        from perflab.program.torchrun import check_rank_counts
 
         check_rank_counts(list(nproc) if isinstance(nproc, (list, tuple)) else [nproc], several=isinstance(nproc, (list, tuple)))
     make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
@@ -606,13 +606,13 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
                          inflation_limit=inflation_limit, stop_after=stop_after, out_dir=out, stall_factor=stall_factor,
                          inputs=tuple(inputs), batch_size=batch_size, seq_len=seq_len)
     if isinstance(nproc, (list, tuple)):
-        from perflab.program.launch import torchrun_counts
+        from perflab.program.torchrun import torchrun_counts
 
         code = torchrun_counts(list(nproc), program, options, step=step, step_range=step_range, render=render_scaling)
         _scaling_page(out)
         return code
     if nproc is not None:
-        from perflab.program.launch import torchrun
+        from perflab.program.torchrun import torchrun
 
         return torchrun(nproc, program, options, step=step, step_range=step_range)
     result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True, page=write_run_page_quietly)()

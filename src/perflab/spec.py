@@ -510,7 +510,7 @@ def validate_case(case: Case) -> Case:
             owners = " and ".join(f.name for f in FAMILIES.values() if name in f.variants)
             raise PerflabError(f"{FLAG[name]} applies to models of the {owners} family, not {case.model} ({family.name} family)")
     _validate_parallel(case, family)
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     return implementation(case).validate(case)
 

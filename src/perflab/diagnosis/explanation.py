@@ -259,7 +259,7 @@ def _graph_models(acts, interval_ns: float, gap_ns: float) -> tuple[float, float
 
 def min_bytes(case: Case, row: dict) -> float:
     """The least DRAM traffic one step needs, as the case's workload family states it."""
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     return implementation(case).min_bytes(case, row)
 
@@ -268,7 +268,7 @@ def pass_costs(case: Case, row: dict) -> dict | None:
     """FLOPs and least bytes per pass of a step with several passes, as the case's family states them, the FLOPs scaled
     to the row's counted ones (``analysis.floors.counted_pass_costs``: one FLOP count per row)."""
     from perflab.analysis.floors import counted_pass_costs
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     costs = implementation(case).pass_costs(case, row)
     return counted_pass_costs(costs, (row.get("gflops_per_batch") or 0) * 1e9) if costs else costs
@@ -276,7 +276,7 @@ def pass_costs(case: Case, row: dict) -> dict | None:
 
 def default_fixes(case: Case) -> list[str]:
     """The fixes explain tries by default: the family's (workloads.base.Implementation.default_fixes)."""
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     return implementation(case).default_fixes(case)
 
@@ -352,7 +352,7 @@ def predict_fix(ctx: FixContext, spec: str, changes: dict, base: str, base_row: 
         delta, why = checkpoint_delta(ctx.timing, times, ctx.compiled_forward_ms if compiled else None)
         return predict_step_ms(base_ms, times, delta, why)
     if key == "batch_size":
-        from perflab.workloads.registry import implementation
+        from perflab.workloads.implementations import implementation
 
         impl = implementation(case)
         base_bytes = impl.analytic(case).get("bytes_per_step")

@@ -52,7 +52,7 @@ from perflab.runtime.modes import allow_recompiles, compile_kwargs
 from perflab.runtime.parallel import MULTICAST_OFF, RankFailed, ddp_wrap, fsdp_shard, largest_module_list, launch, local_tensor
 from perflab.runtime.workload import build, step_context
 from perflab.spec import Case, parse_parallel, validate_case
-from perflab.workloads.registry import implementation
+from perflab.workloads.implementations import implementation
 
 
 def run_parallel_case(case: Case, gpus: list[int] | None = None, profile_dir=None, profile_steps: int = 5, single: bool = True,

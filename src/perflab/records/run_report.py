@@ -1,7 +1,7 @@
 """``perflab run``'s report (``OUT/run.json``, and each rank's ``rankR/rank.json`` under torchrun) as one typed record,
 declared here, below every stage that writes or reads it: ``program.report`` builds it (``build_run_report``) and
 ``program.ranks`` adds the ranks' merge; ``api`` (compare's run.json sides), ``analysis.compare``, ``sweep.programs``,
-``program.launch`` (the scaling over rank counts), ``program.children`` and ``report.run_page`` read it. Every one of
+``program.torchrun`` (the scaling over rank counts), ``program.children`` and ``report.run_page`` read it. Every one of
 them reads a file through ``load`` (or ``read``, which is ``load`` that answers None where there is no readable
 report) and writes one through ``save``: the format is checked in one place.
 
