@@ -1,4 +1,6 @@
-"""Cases: everything that defines one measurement, with a stable id, and their validation.
+"""What to measure at the spec floor, one case; ``sweep/spec.py`` reads an experiment file of them.
+
+Cases: everything that defines one measurement, with a stable id, and their validation.
 
 A case is a model, a workload (what one timed step runs) and the shape parameters of the model's workload
 family (``perflab.workloads``): input_size/keep_rate/reduction_loc for image classifiers, seq_len for

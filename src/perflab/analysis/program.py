@@ -1,4 +1,6 @@
-"""A user's program's report (``perflab run``): its timed steps, its traced steps accounted, its FLOPs from its
+"""``perflab run``'s report at the analysis floor, its figures; ``report/program.py`` prints it.
+
+A user's program's report (``perflab run``): its timed steps, its traced steps accounted, its FLOPs from its
 operators, MFU and MBU against the measured peaks, the floors' verdict, and what the compiler did. No torch.
 
 - **Step time**: the untraced timed steps (``program.recorder``), median with a 95% CI over stretches of the run.

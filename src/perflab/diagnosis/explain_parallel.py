@@ -1,4 +1,6 @@
-"""``perflab explain --parallel``: a data-parallel training step's communication against its floor, and the
+"""``perflab explain --parallel`` at the diagnosis floor, measured; ``report/explain_parallel.py`` renders its result.
+
+``perflab explain --parallel``: a data-parallel training step's communication against its floor, and the
 communication fixes predicted, then measured.
 
 1. The bus bandwidth: on GPUs, ``perflab ceilings``' all-reduce sweep of these GPUs (cached; measured once when the

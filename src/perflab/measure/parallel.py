@@ -1,4 +1,6 @@
-"""A data-parallel training step, timed on every rank, and its result row.
+"""Data parallelism at the measure floor, a step timed on its ranks; ``runtime/parallel.py`` starts them, ``report/parallel.py`` shows them.
+
+A data-parallel training step, timed on every rank, and its result row.
 
 Each rank (``runtime.parallel.launch``: one process per GPU) builds the case's model with the same seed, so
 every rank starts from the same weights, and feeds its own batch (rank 0 the one-GPU case's inputs, the others

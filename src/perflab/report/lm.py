@@ -1,4 +1,7 @@
-"""Seed 003's tables for the language-model rows of a sweep, with CIs and failure cells, plus MFU and memory.
+"""The lm family at the report floor, its rows' tables; ``models/lm.py`` is its model, ``workloads/lm.py`` runs its
+steps.
+
+Seed 003's tables for the language-model rows of a sweep, with CIs and failure cells, plus MFU and memory.
 
 Per group of rows that share dtype, attention, mode and batch size:
 

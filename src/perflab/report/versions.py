@@ -1,4 +1,6 @@
-"""Comparisons of stored runs and of versions (``perflab compare`` of results, ``ab``, ``track``): console tables, and
+"""Versions at the report floor, their comparisons rendered; ``sweep/versions.py`` runs an experiment at each.
+
+Comparisons of stored runs and of versions (``perflab compare`` of results, ``ab``, ``track``): console tables, and
 the report's "A/B" and "By revision" sections with their plots. Rows in, text out; the numbers are
 ``analysis.regressions``'."""
 

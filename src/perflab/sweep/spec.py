@@ -1,4 +1,6 @@
-"""Experiment specs: a YAML file → validated cases, named comparisons and break-even analyses.
+"""What to measure at the sweep floor, an experiment file of cases; ``spec.py`` is one case.
+
+Experiment specs: a YAML file → validated cases, named comparisons and break-even analyses.
 
 A spec (loaded with ``perflab.yaml_files.read_yaml``, safe tags only; nothing in it runs as code)::
 
