@@ -29,7 +29,7 @@ from pathlib import Path
 from perflab import api
 from perflab.analysis.fixes import Fix
 from perflab.errors import PerflabError
-from perflab.diagnosis.explanation import FIXES_ON, best_mode, case_fixes, explain, parse_fix, plan_fixes, predict_fix
+from perflab.diagnosis.explanation import FIXES_ON, best_mode, case_fixes, explanation_of, parse_fix, plan_fixes, predict_fix
 from perflab.report.explain_markdown import explanation_markdown
 from perflab.spec import validate_case
 
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     extra: list[str] = []
     log(f"{case.label()} on {device}: eager, profile, floors")
     try:
-        explanation = explain(case, None, args.out_dir, steps=args.steps, modes=(), on_stage=log, fixes=["none"])
+        explanation = explanation_of(case, None, args.out_dir, steps=args.steps, modes=(), on_stage=log, fixes=["none"])
     except PerflabError as exc:  # e.g. the eager case could not be measured (an OOM): one line, not a traceback
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli_util import ROOT, run_cli_here
-from perflab.sweep.spec import load_experiment
+from perflab.sweep.spec import read_experiment
 
 SMOKE = ROOT / "experiments" / "smoke.yaml"
 
@@ -51,7 +51,7 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
 def killed_and_resumed_smoke(tmp_path_factory):
     """Start the smoke sweep, SIGKILL it once at least one row is stored, resume it; return what happened."""
     out = tmp_path_factory.mktemp("smoke") / "run"
-    total = len(load_experiment(SMOKE).cases)
+    total = len(read_experiment(SMOKE).cases)
     # One thread per worker: on a busy 2-core machine, torch's spinning thread pools would slow every case
     # many times over. The test is about the machinery, not the timings.
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")

@@ -86,11 +86,11 @@ def test_ab_and_track_hand_the_api_their_shared_flags_alike(monkeypatch, tmp_pat
 
     from cli_util import run_cli_here
     from perflab import api
-    from perflab.analysis.regressions import Comparison
+    from perflab.analysis.regressions import RowComparison
 
     summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1, copy=None)
     seen = {}
-    monkeypatch.setattr(api, "ab", lambda **kw: (seen.setdefault("ab", kw), (summary, Comparison([])))[1])
+    monkeypatch.setattr(api, "ab", lambda **kw: (seen.setdefault("ab", kw), (summary, RowComparison([])))[1])
     monkeypatch.setattr(api, "track", lambda **kw: (seen.setdefault("track", kw), (summary, []))[1])
     shared = ["--model", "m.py:M", "--batch-size", "2", "--order", "random", "--order-seed", "7", "--timeout", "30", "--no-pin",
               "--launcher", "exec", "--no-aa", "--json"]

@@ -91,7 +91,7 @@ def test_run_within_budget_times_only_the_cases_that_compiled_in_time():
 
 
 def test_compile_budget_must_be_positive():
-    from perflab.diagnosis.explanation import explain
+    from perflab.diagnosis.explanation import explanation_of
 
     with pytest.raises(PerflabError, match="--compile-budget must be a positive number of seconds"):
-        explain(validate_case(Case("gpt_small", workload="train_step", device="cpu")), None, "unused", compile_budget_s=0)
+        explanation_of(validate_case(Case("gpt_small", workload="train_step", device="cpu")), None, "unused", compile_budget_s=0)

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perflab.analysis.launch import host_issue_ms
+from perflab.analysis.launch import traced_host_issue_ms
 from perflab.diagnosis.explanation import min_bytes, predict_modes
 from perflab.spec import Case, validate_case
 from perflab.trace import load_trace
@@ -55,8 +55,8 @@ def test_graph_prediction_is_the_sum_of_max_duration_plus_gap_and_interval(eager
 def test_host_issue_time_is_step_start_to_last_launch_end(eager):
     starts, per_step = steps_by_hand(eager)
     expected = np.median([s.loc[s["launch_end_ns"] >= 0, "launch_end_ns"].max() - st for st, s in zip(starts, per_step)]) / 1e6
-    assert host_issue_ms(eager) == pytest.approx(expected)
-    assert 0 < host_issue_ms(eager) < 50
+    assert traced_host_issue_ms(eager) == pytest.approx(expected)
+    assert 0 < traced_host_issue_ms(eager) < 50
 
 
 def test_min_bytes_for_topk_counts_weights_and_the_shrinking_residual_stream():
@@ -340,17 +340,17 @@ def test_an_eager_fixs_prediction_has_a_host_term():
     # A synthetic step of one pass: its host needs 10 ms to issue it, its GPU 4 ms; measured 10.5 ms. A fix that adds 1 ms
     # of GPU work cannot lengthen it (the GPU still waits for the host); one that adds 8 ms does, by what rises above the
     # host. On a GPU-bound step (host 2, GPU 8, measured 8.2 ms) the GPU's change carries through, anchored at the measurement.
-    from perflab.analysis.fixes import Delta, StepTimes, predict
+    from perflab.analysis.fixes import Delta, StepTimes, predict_step_ms
 
     launch_bound = StepTimes({"step": 10.0}, {"step": 4.0})
-    p = predict(10.5, launch_bound, Delta({"step": 1.0}, {}, "+1 ms GPU"))
+    p = predict_step_ms(10.5, launch_bound, Delta({"step": 1.0}, {}, "+1 ms GPU"))
     assert p.ms == pytest.approx(10.5) and p.host_ms == 10.0 and p.gpu_ms == 5.0 and "host the larger" in p.model
-    assert predict(10.5, launch_bound, Delta({"step": 8.0}, {}, "+8")).ms == pytest.approx(10.5 * 12.0 / 10.0)
-    assert predict(8.2, StepTimes({"step": 2.0}, {"step": 8.0}), Delta({"step": 1.0}, {}, "+1")).ms == pytest.approx(8.2 * 9.0 / 8.0)
+    assert predict_step_ms(10.5, launch_bound, Delta({"step": 8.0}, {}, "+8")).ms == pytest.approx(10.5 * 12.0 / 10.0)
+    assert predict_step_ms(8.2, StepTimes({"step": 2.0}, {"step": 8.0}), Delta({"step": 1.0}, {}, "+1")).ms == pytest.approx(8.2 * 9.0 / 8.0)
     # a host term of the fix's own: +3 ms of host on the launch-bound step lengthens it by 3 ÷ 10
-    assert predict(10.5, launch_bound, Delta({}, {"step": 3.0}, "+3 host")).ms == pytest.approx(10.5 * 13.0 / 10.0)
+    assert predict_step_ms(10.5, launch_bound, Delta({}, {"step": 3.0}, "+3 host")).ms == pytest.approx(10.5 * 13.0 / 10.0)
     # without host and GPU times the GPU model stands: base + ΔGPU
-    p = predict(8.2, None, Delta({"step": 1.0}, {}, "m"))
+    p = predict_step_ms(8.2, None, Delta({"step": 1.0}, {}, "m"))
     assert p.ms == pytest.approx(9.2) and "GPU only" in p.model and p.host_ms is None
 
 

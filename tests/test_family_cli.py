@@ -12,7 +12,7 @@ from cli_util import assert_one_line_error, run_cli_here
 from perflab.runtime.modes import make_step
 from perflab.runtime.workload import step_context
 from perflab.spec import Case, validate_case
-from perflab.workloads.registry import implementation
+from perflab.workloads.implementations import implementation
 
 # gpt_small: d_model 768, d_ff 3072, 12 layers, 12 heads, vocabulary 10,000 (seed 003's course config)
 D, DFF, L, V = 768, 3072, 12, 10_000

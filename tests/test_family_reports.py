@@ -80,20 +80,20 @@ def test_decode_tables_hold_the_stored_medians_tokens_per_s_and_mbu(decode):
 
 
 def test_the_committed_decode_store_holds_every_case_of_its_spec_and_no_cell_reads_not_run(decode):
-    from perflab.sweep.spec import load_experiment
+    from perflab.sweep.spec import read_experiment
 
     text, rows = decode
-    spec_ids = {c.id for c in load_experiment(ROOT / "experiments/decode.yaml").cases}
+    spec_ids = {c.id for c in read_experiment(ROOT / "experiments/decode.yaml").cases}
     assert len(spec_ids) == 60 and {r["case_id"] for r in rows} == spec_ids and len(rows) == 60
     assert all(r["status"] == "ok" for r in rows) and len({r["env"]["gpu_name"] for r in rows}) == 1
     assert "Decode: 60 of 60 cases stored" in text and "not run" not in text
 
 
 def test_the_committed_lm_store_holds_every_case_of_its_spec_120_full_and_120_capped(lm):
-    from perflab.sweep.spec import load_experiment
+    from perflab.sweep.spec import read_experiment
 
     text, rows, _ = lm
-    cases = load_experiment(ROOT / "experiments/lm_sizes.yaml").cases
+    cases = read_experiment(ROOT / "experiments/lm_sizes.yaml").cases
     assert len(cases) == 240 and {r["case_id"] for r in rows} == {c.id for c in cases} and len(rows) == 240
     full = [r for r in rows if not r["case"].get("max_memory")]
     assert len(full) == 120 and {r["status"] for r in rows} <= {"ok", "oom", "error", "timeout"}
@@ -486,7 +486,7 @@ def test_capped_rows_are_measured_cells_of_their_own_and_an_oom_on_the_full_gpu_
     assert listed[("gpt_2.7b", "seq512")][2] == "OOM" and listed[("gpt_2.7b", "seq512")][3:] == ["? / OOM ✓"] * 3
     cap = _table(parts, "#### The GPT size study's OOM cells run capped")
     assert cap == [["gpt_medium", "seq1024", "training", "OOM", "OOM ✓ / OOM", "16", "16", "–"]]
-    assert lm_report.predict(base, 24) == "fits" and lm_report.predict(base, 16) == "OOM"
+    assert lm_report.fit_at_capacity(base, 24) == "fits" and lm_report.fit_at_capacity(base, 16) == "OOM"
     assert base["peak_mem_alloc_mb"] / GIB > 16
 
 
@@ -536,7 +536,7 @@ def test_the_capped_section_puts_each_run_beside_its_derived_verdict_and_says_wh
 def test_a_store_holding_a_subset_of_a_spec_counts_the_specs_cases(tmp_path):
     # A decode store that once held 23 of experiments/decode.yaml's 60 cases had its report say "23 of 31" (it counted
     # the latest sweep's cases). Counted against the spec, a subset is "N of 60", and every other case is "not run".
-    from perflab.sweep.spec import load_experiment
+    from perflab.sweep.spec import read_experiment
 
     shutil.copy(ROOT / "docs/reports/decode/results.sqlite", tmp_path / "results.sqlite")
     with sqlite3.connect(str(tmp_path / "results.sqlite")) as conn:  # keep the context-512 cases and llama3_8b bs1 eager at 4096
@@ -544,7 +544,7 @@ def test_a_store_holding_a_subset_of_a_spec_counts_the_specs_cases(tmp_path):
                 if (c := json.loads(rj)["case"])["context_len"] == 512
                 or (c.get("layers") is None and c["batch_size"] == 1 and c["mode"] == "eager")]
         conn.execute(f"DELETE FROM results WHERE case_id NOT IN ({','.join('?' * len(kept))})", kept)
-    spec = load_experiment(ROOT / "experiments/decode.yaml")
+    spec = read_experiment(ROOT / "experiments/decode.yaml")
     stored_ids = {r["case_id"] for r in _rows(tmp_path / "results.sqlite")}
     assert len(stored_ids) == 31 and stored_ids < {c.id for c in spec.cases} and len(spec.cases) == 60
     text = write_report(tmp_path, spec=ROOT / "experiments/decode.yaml").read_text()

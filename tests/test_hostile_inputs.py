@@ -15,7 +15,7 @@ from cli_util import run_cli_here
 from perflab import api
 from perflab.errors import PerflabError
 from perflab.report import seeds
-from perflab.sweep.spec import load_experiment, read_spec
+from perflab.sweep.spec import read_experiment, read_spec
 from perflab.yaml_files import read_yaml
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "perflab"
@@ -58,7 +58,7 @@ HOSTILE_YAML = [
 def _spec_readers():
     return {
         "read_spec": read_spec,
-        "load_experiment": load_experiment,
+        "read_experiment": read_experiment,
         "ab/track --spec": lambda path: api.version_experiment(spec=path),
         "read_yaml": read_yaml,
     }
@@ -107,7 +107,7 @@ def test_an_alias_bomb_is_refused_in_one_line_without_being_expanded(tmp_path, p
     path.write_text(place.replace("BOMB", _alias_bomb()) + "\n")  # 9**9 = 387 million strings expanded
     started = time.perf_counter()
     with pytest.raises(PerflabError) as exc:
-        load_experiment(path)
+        read_experiment(path)
     assert time.perf_counter() - started < 5
     assert str(exc.value).startswith(message.replace("FILE", str(path)))
     assert "\n" not in str(exc.value) and len(str(exc.value)) < 400

@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 from perflab.analysis.op_flops import count_op_flops
-from perflab.program.report import run_checks
+from perflab.program.report import run_report_checks
 from perflab.trace.kineto import load_kineto
 
 BATCH, CLASSES = 2, 10
@@ -161,9 +161,9 @@ def test_convolutions_traced_without_their_arguments_are_named_uncounted_not_zer
     # every convolution's forward and backward call (the stem's backward computes its weight's gradient alone)
     assert counted.uncounted_ops["aten::convolution"] == 11 and counted.uncounted_ops["aten::convolution_backward"] == 11
     assert not counted.complete
-    (check,) = [c for c in run_checks({"flops": counted.to_dict()}) if c["flag"] == "flops_incomplete"]
+    (check,) = [c for c in run_report_checks({"flops": counted.to_dict()}) if c["flag"] == "flops_incomplete"]
     assert "aten::convolution ×11" in check["message"] and check["message"].startswith("FLOPs are a lower bound")
-    assert [c for c in run_checks({"flops": count_op_flops(load_kineto(step["path"], ops=True).ops).to_dict()})
+    assert [c for c in run_report_checks({"flops": count_op_flops(load_kineto(step["path"], ops=True).ops).to_dict()})
             if c["flag"] == "flops_incomplete"] == []
 
 

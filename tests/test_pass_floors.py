@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perflab.analysis.fixes import StepTimes, batch_delta, checkpoint_delta, optimizer_delta, predict
+from perflab.analysis.fixes import StepTimes, batch_delta, checkpoint_delta, optimizer_delta, predict_step_ms
 from perflab.analysis.floors import pass_floors
 from perflab.analysis.passes import pass_breakdown, pass_timing
 from perflab.trace.schema import KERNEL_COLUMNS, Trace
@@ -138,7 +138,7 @@ def test_optimizer_predictions_on_a_gpu_bound_step():
     # every pass GPU-bound (host 1, 2, 0.5 ms against GPU 10, 20, 9 ms), measured 42 ms against T = 39 ms
     def at(variant, current="fused", floor=2.0):
         delta, _ = optimizer_delta(variant, current, TIMING, floor, GPU_BOUND)
-        return predict(42.0, GPU_BOUND, delta)
+        return predict_step_ms(42.0, GPU_BOUND, delta)
 
     p = at("foreach")
     assert p.ms == pytest.approx(42.0 * (39.0 + 9.0 * 84 / 28 - 9.0) / 39.0) and "84/28" in p.model
@@ -158,21 +158,21 @@ def test_the_host_term_on_the_h100s_launch_bound_training_step():
     times = StepTimes({"forward": 42.908, "backward": 79.480, "optimizer": 1.528}, {"forward": 18.218, "backward": 36.870, "optimizer": 10.270})
     timing = {"forward": {"gpu_ns": 18_218_000}, "backward": {"gpu_ns": 36_870_000, "idle_ns": 0}, "optimizer": {"gpu_ns": 10_270_000}}
     assert times.ms == pytest.approx(42.908 + 79.480 + 10.270)
-    p = predict(101.8, times, optimizer_delta("foreach", "fused", timing, 2.6, times)[0])
+    p = predict_step_ms(101.8, times, optimizer_delta("foreach", "fused", timing, 2.6, times)[0])
     assert p.ms == pytest.approx(101.8 * 153.198 / 132.658) == pytest.approx(117.56, abs=0.01)
     assert abs(p.ms / 131.3 - 1) < 0.15
     # checkpoint: + the forward's GPU (18.218) and host (42.908) in the backward: 42.908 + 122.388 + 10.270 = 175.566 ms
-    p = predict(101.8, times, checkpoint_delta(timing, times)[0])
+    p = predict_step_ms(101.8, times, checkpoint_delta(timing, times)[0])
     assert p.ms == pytest.approx(101.8 * 175.566 / 132.658) and p.host_ms == pytest.approx(123.916 + 42.908)
 
 
 def test_checkpoint_and_batch_predictions():
     delta, _ = checkpoint_delta(TIMING, GPU_BOUND)
-    assert predict(42.0, GPU_BOUND, delta).ms == pytest.approx(42.0 * (10.0 + 30.0 + 9.0) / 39.0)
-    assert predict(42.0, None, delta).ms == pytest.approx(52.0)  # GPU only
+    assert predict_step_ms(42.0, GPU_BOUND, delta).ms == pytest.approx(42.0 * (10.0 + 30.0 + 9.0) / 39.0)
+    assert predict_step_ms(42.0, None, delta).ms == pytest.approx(52.0)  # GPU only
     delta, _ = checkpoint_delta(TIMING, GPU_BOUND, compiled_forward_ms=4.0)  # on a compiled base: the fused forward, no launches
     assert delta.gpu == {"backward": 4.0} and delta.host == {}
     assert checkpoint_delta({}, GPU_BOUND)[0] is None
     one = StepTimes({"step": 0.3}, {"step": 6.3})
-    p = predict(6.4, one, batch_delta(6.3, 16.1e9, 16.4e9, 1, 8))
+    p = predict_step_ms(6.4, one, batch_delta(6.3, 16.1e9, 16.4e9, 1, 8))
     assert p.ms == pytest.approx(6.4 * 6.3 * 16.4 / 16.1 / 6.3) and "bs8" in p.model

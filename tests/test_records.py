@@ -74,11 +74,11 @@ def test_a_store_of_format_1_rows_reads_them_with_their_format(tmp_path):
 
 
 def test_a_file_of_bench_out_rows_of_either_format_is_read_by_the_files_reader():
-    """``report.export.read_rows`` (``bench --out`` files, compare's reader) reads both formats: the same numbers."""
-    from perflab.report.export import read_rows
+    """``report.export.read_exported_rows`` (``bench --out`` files, compare's reader) reads both formats: the same numbers."""
+    from perflab.report.export import read_exported_rows
 
-    old = read_rows(DATA / "format0_bench.jsonl")
-    new = read_rows(DATA / "format1_bench.jsonl")
+    old = read_exported_rows(DATA / "format0_bench.jsonl")
+    new = read_exported_rows(DATA / "format1_bench.jsonl")
     assert [row_format(r) for r in old + new] == [0, 0, 1]
     assert old[0]["median_ms"] == pytest.approx(0.7473998) and old[1]["median_ms"] is None
     assert new[0]["median_ms"] == pytest.approx(0.5860559) and new[0]["batch_size"] == 4

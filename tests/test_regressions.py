@@ -12,7 +12,7 @@ import pytest
 from perflab.analysis.regressions import (compare_rows, process_ratio, revision_series, row_ratio, verdict,
                                           within_run_ratio, Ratio)
 from perflab.errors import PerflabError
-from perflab.report.export import read_rows, to_csv, to_json_lines
+from perflab.report.export import read_exported_rows, to_csv, to_json_lines
 
 
 def row(case_id, median, ci=None, processes=None, session=None, key=None, **extra):
@@ -184,7 +184,7 @@ def test_bench_out_files_read_back_as_rows_in_either_format(tmp_path):
             dict(row("c2", 2.5), status="oom", median_ms=None, ci95_ms=None, message="out of memory")]
     for name, text in (("r.csv", to_csv(rows)), ("r.jsonl", to_json_lines(rows))):
         (tmp_path / name).write_text(text)
-        back = read_rows(tmp_path / name)
+        back = read_exported_rows(tmp_path / name)
         assert [r["case_id"] for r in back] == ["c1", "c2"]
         assert back[0]["median_ms"] == pytest.approx(1.5) and back[0]["ci95_ms"] == pytest.approx([1.4, 1.6])
         assert back[0]["process_medians_ms"] == pytest.approx([1.5, 1.45, 1.55]) and back[0]["batch_size"] == 1
@@ -192,10 +192,10 @@ def test_bench_out_files_read_back_as_rows_in_either_format(tmp_path):
         assert back[1]["status"] == "oom" and back[1]["median_ms"] is None and back[1]["ci95_ms"] is None
     (tmp_path / "bad.jsonl").write_text('{"case_id": "c1"}\nnot json\n')
     with pytest.raises(PerflabError, match="line 2: not JSON"):
-        read_rows(tmp_path / "bad.jsonl")
+        read_exported_rows(tmp_path / "bad.jsonl")
     (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
     with pytest.raises(PerflabError, match="no case_id column"):
-        read_rows(tmp_path / "bad.csv")
+        read_exported_rows(tmp_path / "bad.csv")
 
 
 @pytest.mark.parametrize("line, message", [
@@ -207,7 +207,7 @@ def test_bench_out_files_read_back_as_rows_in_either_format(tmp_path):
 def test_a_json_line_whose_values_have_other_types_is_one_error_naming_the_line_and_field(tmp_path, line, message):
     (tmp_path / "r.jsonl").write_text(to_json_lines([row("c0", 1.0)]) + line + "\n")
     with pytest.raises(PerflabError) as exc:
-        read_rows(tmp_path / "r.jsonl")
+        read_exported_rows(tmp_path / "r.jsonl")
     assert str(exc.value) == f"{tmp_path / 'r.jsonl'}, line 2: {message}"
 
 
@@ -233,10 +233,10 @@ def test_an_interrupted_ab_says_to_rerun_into_another_store_and_an_interrupted_t
 
     from cli_util import run_cli_here
     from perflab import api
-    from perflab.analysis.regressions import Comparison
+    from perflab.analysis.regressions import RowComparison
 
     summary = SimpleNamespace(interrupted=True, versions=[], out_dir=tmp_path, rounds=2, pairing="blocks", reused=0, stored=1, copy=None)
-    monkeypatch.setattr(api, "ab", lambda **kw: (summary, Comparison([])))
+    monkeypatch.setattr(api, "ab", lambda **kw: (summary, RowComparison([])))
     monkeypatch.setattr(api, "track", lambda **kw: (summary, []))
     case = ["--model", "m.py:M", "--json"]
     ab = run_cli_here("ab", "--repo", tmp_path, "--a", "x", "--b", "y", *case)

@@ -9,7 +9,7 @@ import pytest
 from cli_util import run_cli_here
 from perflab.report.markdown import write_report
 from perflab.spec import Case
-from perflab.sweep.spec import Comparison, Experiment
+from perflab.sweep.spec import ComparisonSpec, Experiment
 from perflab.sweep.store import Store
 
 BASE, TOPK = "deit_base_patch16_224", "topk_deit_base_patch16_224"
@@ -112,7 +112,7 @@ def test_named_mode_comparison_groups_by_model_and_marks_cases_not_run(tmp_path)
     missing = synthetic_row(TOPK, 224, 1, 400.0, mode="cudagraph")
     cases = [Case.from_dict(r["case"]) for r in rows + [missing]]
     experiment = Experiment("graphs.yaml", "graphs", "eager vs CUDA graph", None, 600.0, tuple(cases),
-                            (Comparison("cuda_graph", {"mode": "eager"}, {"mode": "cudagraph"}, ("eager", "CUDA graph")),))
+                            (ComparisonSpec("cuda_graph", {"mode": "eager"}, {"mode": "cudagraph"}, ("eager", "CUDA graph")),))
     with Store.create(tmp_path) as store:
         sid = store.begin_sweep(command="perflab sweep graphs.yaml", spec_source="graphs.yaml", spec_text="name: graphs\n",
                                 experiment=experiment.to_json(), env_key="e", n_cases=4, n_skipped=0)
@@ -229,7 +229,7 @@ def _track_store(tmp_path):
 
 
 def test_results_and_the_report_of_a_track_store_show_each_rows_revision(tmp_path):
-    from perflab.report.export import read_rows
+    from perflab.report.export import read_exported_rows
 
     out = _track_store(tmp_path)
     table = run_cli_here("results", out)
@@ -239,7 +239,7 @@ def test_results_and_the_report_of_a_track_store_show_each_rows_revision(tmp_pat
     assert "c2 (a3d3cc65ea)" in lines[0] and "53.33" in lines[0] and "c3 (b4e4dd76fb)" in lines[1] and "80.00" in lines[1]
     csv_text = run_cli_here("results", out, "--format", "csv").stdout
     (tmp_path / "rows.csv").write_text(csv_text)
-    back = read_rows(tmp_path / "rows.csv")
+    back = read_exported_rows(tmp_path / "rows.csv")
     assert [(r["revision"], r["commit"][:10], r["median_ms"]) for r in back] == [("c2", "a3d3cc65ea", pytest.approx(53.333, abs=1e-3)),
                                                                                 ("c3", "b4e4dd76fb", pytest.approx(80.0))]
     text = write_report(out).read_text()

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from perflab.analysis.comm import CommAccountingError, check_comm_accounts, rank_comm_rows
-from perflab.analysis.launch import blocked_launch_ns, host_issue_ms
+from perflab.analysis.launch import blocked_launch_ns, traced_host_issue_ms
 from perflab.analysis.program import GPU_BOUND_FILL, program_report, scaling_section, step_verdict
-from perflab.program.report import run_checks
+from perflab.program.report import run_report_checks
 from perflab.trace.build import steps_from_markers
 from perflab.trace.kineto import load_kineto
 from reference_trace import union_length
@@ -144,9 +144,9 @@ def test_a_trace_whose_steps_ran_half_again_as_long_is_flagged_and_its_host_left
     timing = {"median_ms": 10.0, "steps": 20, "cv": 0.01}
     planted = program_report(timing=timing, trace=trace, device="cpu", traced_step_ms=[10.0, 15.0, 15.0, 15.0], trace_warmup=1)
     assert planted["traced"]["inflation"] == pytest.approx(1.5) and planted["traced"]["inflated"]
-    assert [f["flag"] for f in run_checks(planted)].count("trace_inflated") == 1
+    assert [f["flag"] for f in run_report_checks(planted)].count("trace_inflated") == 1
     steady = program_report(timing=timing, trace=trace, device="cpu", traced_step_ms=[10.0, 10.4, 10.5, 10.3], trace_warmup=1)
-    assert not steady["traced"]["inflated"] and "trace_inflated" not in [f["flag"] for f in run_checks(steady)]
+    assert not steady["traced"]["inflated"] and "trace_inflated" not in [f["flag"] for f in run_report_checks(steady)]
 
 
 def _kernels(rows):

@@ -421,10 +421,10 @@ def test_a_step_function_called_in_a_thread_is_found(tmp_path):
 
 
 def test_without_shapes_no_operator_is_said_to_lack_a_formula():
-    from perflab.program.report import run_checks
+    from perflab.program.report import run_report_checks
 
     flops = {"complete": False, "known": False, "shapes_recorded": False, "uncounted_ops": {"aten::mm": 3}, "uncounted_heavy_share": None}
-    message = [c["message"] for c in run_checks({"flops": flops}) if c["flag"] == "flops_incomplete"][0]
+    message = [c["message"] for c in run_report_checks({"flops": flops}) if c["flag"] == "flops_incomplete"][0]
     assert "no operator shapes were recorded" in message and "no FLOP formula" not in message
 
 

@@ -143,11 +143,11 @@ def test_the_declared_sections_name_the_keys_a_run_writes():
     from perflab.records import run_report as rr
 
     report = load(CPU)
-    for section, declared in ((report.timing, rr.Timing), (report.loop, rr.Loop), (report.traced, rr.Traced),
-                              (report.accounting, rr.Accounting), (report.accounting["accounting_ns"], rr.AccountingNs),
+    for section, declared in ((report.timing, rr.TimingSection), (report.loop, rr.Loop), (report.traced, rr.Traced),
+                              (report.accounting, rr.AccountingSection), (report.accounting["accounting_ns"], rr.AccountingNs),
                               (report.verdict, rr.Verdict), (report.loop["throughput"], rr.Throughput)):
         assert set(section) <= set(get_type_hints(declared)), set(section) - set(get_type_hints(declared))
     communication = json.loads((Path(__file__).parent / "data" / "run" / "nanogpt_ddp_h100.json").read_text())["communication"]
     assert set(communication) <= set(get_type_hints(rr.Communication))
     assert set(communication["ranks"][0]) <= set(get_type_hints(rr.CommunicationRank))
-    assert set(load(H200).timing) <= set(get_type_hints(rr.Timing))
+    assert set(load(H200).timing) <= set(get_type_hints(rr.TimingSection))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perflab.analysis.launch import host_issue_ms
+from perflab.analysis.launch import traced_host_issue_ms
 from perflab.analysis.op_flops import count_op_flops
 from perflab.analysis.comm import communication_section
 from perflab.analysis.program import compiled_split
@@ -45,7 +45,7 @@ def test_the_compiled_regions_hold_the_model_and_the_fused_optimizer_runs_eagerl
 
 def test_the_host_floor_leaves_out_the_programs_own_waits(one_gpu):
     # nanoGPT reads loss.item() every iteration: the host waits for the GPU there, which is not time spent issuing
-    assert host_issue_ms(one_gpu, without_waits=True) < host_issue_ms(one_gpu)
+    assert traced_host_issue_ms(one_gpu, without_waits=True) < traced_host_issue_ms(one_gpu)
 
 
 def test_two_ddp_ranks_merge_into_the_communication_section_against_the_floor():

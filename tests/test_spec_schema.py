@@ -11,7 +11,7 @@ import yaml
 
 from perflab import spec_schema
 from perflab.errors import PerflabError
-from perflab.sweep.spec import load_experiment, parse_experiment
+from perflab.sweep.spec import read_experiment, parse_experiment
 from perflab.workloads import FAMILIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_case_ids_are_those_of_the_hand_written_parser():
     expected = json.loads((ROOT / "tests" / "data" / "experiment_ids.json").read_text())
     assert sorted(expected) == [p.name for p in SPECS]
     for path in SPECS:
-        e = load_experiment(path)
+        e = read_experiment(path)
         got = {"cases": [c.id for c in e.cases], "breakeven": [[c.id for c in b.cases] for b in e.breakevens],
                "comparisons": [c.to_json() for c in e.comparisons]}
         assert got == expected[path.name], path.name

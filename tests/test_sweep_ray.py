@@ -20,7 +20,7 @@ from cli_util import ROOT, assert_one_line_error, run_cli_here  # noqa: E402
 from perflab import api  # noqa: E402
 from perflab.errors import PerflabError  # noqa: E402
 from perflab.sweep import ray_engine, runner  # noqa: E402
-from perflab.sweep.spec import load_experiment, parse_experiment  # noqa: E402
+from perflab.sweep.spec import read_experiment, parse_experiment  # noqa: E402
 from perflab.sweep.store import Store  # noqa: E402
 from sweep_util import SMOKE, live_workers, stored_count, wait_for  # noqa: E402
 
@@ -75,12 +75,12 @@ def _small_smoke(tmp_path):
 
 def test_smoke_sweep_on_ray_stores_each_case_once_with_the_local_rows(cluster, tmp_path, smoke_run):
     smoke = _small_smoke(tmp_path)
-    total = len(load_experiment(smoke).cases)
+    total = len(read_experiment(smoke).cases)
     assert total == 4
     summary = api.sweep(smoke, tmp_path / "ray", engine="ray")
     assert (summary.total, summary.done, summary.skipped, summary.counts, summary.reruns) == (total, total, 0, {"ok": total}, 0)
     # The local engine's rows of the same cases: the session's smoke sweep (all 14 cases, resumed with --workers 2).
-    ids = {c.id for c in load_experiment(smoke).cases}
+    ids = {c.id for c in read_experiment(smoke).cases}
     here = [r for r in api.results(smoke_run["out"]) if r["case_id"] in ids]
     assert len(here) == total and {r["status"] for r in here} == {"ok"}
     on_ray = api.results(tmp_path / "ray")

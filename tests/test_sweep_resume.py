@@ -12,7 +12,7 @@ import sqlite3
 import pytest
 
 from cli_util import assert_progress_lines, run_cli_here
-from perflab.sweep.spec import load_experiment
+from perflab.sweep.spec import read_experiment
 from sweep_util import SMOKE
 
 BENCH_KEYS = {  # what `perflab bench --format json` prints for every case (docs/reference.md, "Output fields")
@@ -36,7 +36,7 @@ def test_killed_sweep_resumes_to_every_case_exactly_once(smoke_run):
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in r.stdout.splitlines()]
     ids = [row["case_id"] for row in rows]
-    assert len(ids) == total and set(ids) == {c.id for c in load_experiment(SMOKE).cases}
+    assert len(ids) == total and set(ids) == {c.id for c in read_experiment(SMOKE).cases}
     assert all(row["status"] == "ok" for row in rows), [(row["model"], row["status"], row["message"]) for row in rows]
     for row in rows:
         assert BENCH_KEYS <= set(row), BENCH_KEYS - set(row)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from perflab.errors import PerflabError
-from perflab.sweep.spec import Experiment, load_experiment, parse_experiment, parse_input_sizes
+from perflab.sweep.spec import Experiment, read_experiment, parse_experiment, parse_input_sizes
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = "deit_tiny_patch16_224"
@@ -15,7 +15,7 @@ TOPK_TINY = "topk_deit_tiny_patch16_224"
 
 
 def test_token_reduction_spec_is_the_seed_sweep_72_cases():
-    e = load_experiment(ROOT / "experiments" / "token_reduction.yaml")
+    e = read_experiment(ROOT / "experiments" / "token_reduction.yaml")
     assert len(e.cases) == 72
     assert len({c.id for c in e.cases}) == 72
     assert Counter(c.model for c in e.cases) == {"deit_base_patch16_224": 36, "topk_deit_base_patch16_224": 36}
@@ -36,7 +36,7 @@ def test_token_reduction_spec_is_the_seed_sweep_72_cases():
 
 
 def test_smoke_spec_is_a_small_cpu_sweep_with_a_breakeven():
-    e = load_experiment(ROOT / "experiments" / "smoke.yaml")
+    e = read_experiment(ROOT / "experiments" / "smoke.yaml")
     assert len(e.cases) >= 12
     assert {c.device for c in e.cases} == {"cpu"}
     assert {c.model for c in e.cases} == {TINY, TOPK_TINY}
@@ -130,9 +130,9 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("grid:\n  model: [deit_tiny_patch16_224\n  batch_size: [1]\n")
     with pytest.raises(PerflabError, match=r"broken\.yaml: YAML syntax error at line \d+, column \d+"):
-        load_experiment(path)
+        read_experiment(path)
     with pytest.raises(PerflabError, match="no such spec file"):
-        load_experiment(tmp_path / "missing.yaml")
+        read_experiment(tmp_path / "missing.yaml")
 
 
 def test_api_sweep_validates_a_spec_dict_before_running():

@@ -319,9 +319,9 @@ def _bench_parallel(cases, gpus, on_case, memory_snapshot, processes, **options)
 def load_experiment(path, max_cases: int | None = None):
     """Read and validate an experiment spec (YAML); PerflabError naming the file and key on any mistake
     (and, with ``max_cases``, on a spec of more cases than that, before expanding it)."""
-    from perflab.sweep.spec import load_experiment as load
+    from perflab.sweep.spec import read_experiment
 
-    return load(path, max_cases=max_cases)
+    return read_experiment(path, max_cases=max_cases)
 
 
 def spec_schema_json() -> str:
@@ -508,13 +508,13 @@ def breakeven(out_dir, *, n_boot: int = 2000, seed: int = 0) -> list:
 
 
 def _experiment(spec):
-    from perflab.sweep.spec import Experiment, load_experiment as load, parse_experiment
+    from perflab.sweep.spec import Experiment, parse_experiment, read_experiment
 
     if isinstance(spec, Experiment):
         return spec
     if isinstance(spec, dict):
         return parse_experiment(spec, "<spec dict>")
-    return load(spec)
+    return read_experiment(spec)
 
 
 def analyze(path, top: int = 10, kernel_gap_threshold_us: float = 5.0):
@@ -593,7 +593,7 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
     check_options(skip, steps, trace, step, step_range, trace_warmup=trace_warmup, inflation_limit=inflation_limit, stall_factor=stall_factor,
                   inputs=inputs, batch_size=batch_size, seq_len=seq_len)
     if nproc is not None:
-        from perflab.program.launch import check_rank_counts
+        from perflab.program.torchrun import check_rank_counts
 
         check_rank_counts(list(nproc) if isinstance(nproc, (list, tuple)) else [nproc], several=isinstance(nproc, (list, tuple)))
     make_source(step, step_range)  # bad --step/--step-range: one line, before anything runs
@@ -606,13 +606,13 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
                          inflation_limit=inflation_limit, stop_after=stop_after, out_dir=out, stall_factor=stall_factor,
                          inputs=tuple(inputs), batch_size=batch_size, seq_len=seq_len)
     if isinstance(nproc, (list, tuple)):
-        from perflab.program.launch import torchrun_counts
+        from perflab.program.torchrun import torchrun_counts
 
         code = torchrun_counts(list(nproc), program, options, step=step, step_range=step_range, render=render_scaling)
         _scaling_page(out)
         return code
     if nproc is not None:
-        from perflab.program.launch import torchrun
+        from perflab.program.torchrun import torchrun
 
         return torchrun(nproc, program, options, step=step, step_range=step_range)
     result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True, page=write_run_page_quietly)()
@@ -648,7 +648,7 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     ``host_contention`` (one row: no ``host_drift``); ``pin``: as for :func:`bench`. ``by_module``: the profiled
     pass also records module ranges, and ``report.modules`` is the module tree (eager mode).
     """
-    from perflab.diagnosis.profiling import profile_case as run
+    from perflab.diagnosis.profiling import profile_pass as run
 
     check_profiled_steps(steps)
     return run(case, out_dir, steps=steps, top=top, pin=pin, by_module=by_module)
@@ -674,7 +674,7 @@ def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | 
     Returns ``{"row", "trace_paths", "accounts", "waits_per_step", "note", "steps", "rank_passes"}``. On the CPU (gloo)
     a rank's compute is its main thread inside torch's operators and its communication gloo's collectives, and
     ``note`` says so (``trace.cpu_ranks``)."""
-    from perflab.diagnosis.profiling import profile_parallel as run
+    from perflab.diagnosis.profiling import profile_ranks as run
 
     check_profiled_steps(steps)
     return run(case, out_dir, steps=steps, gpus=gpus)
@@ -873,7 +873,7 @@ def load_results(item, on_unreadable=None) -> list[dict]:
 
     from perflab.errors import PerflabError
     from perflab.records.row import check_row
-    from perflab.report.export import read_rows
+    from perflab.report.export import read_exported_rows
 
     path = Path(str(item))
     if path.is_dir() or path.suffix in (".sqlite", ".db"):
@@ -892,7 +892,7 @@ def load_results(item, on_unreadable=None) -> list[dict]:
             raise PerflabError(f"{item}: holds rows of {len(versions)} versions (perflab ab or track): `perflab report {item}` "
                                "compares them")
         return rows
-    return read_rows(path)
+    return read_exported_rows(path)
 
 
 def compare_results(a, b, threshold: float = 0.05, on_unreadable=None):
@@ -916,7 +916,7 @@ def version_experiment(spec=None, case_options: dict | None = None, root=None, r
 
     from perflab.errors import PerflabError
     from perflab.references import using_model_root
-    from perflab.sweep.spec import load_experiment as load, parse_experiment, read_spec
+    from perflab.sweep.spec import parse_experiment, read_experiment, read_spec
     from perflab.sweep.versions import make_bench_experiment
 
     if (spec is None) == (not case_options or not case_options.get("model")):
@@ -924,13 +924,13 @@ def version_experiment(spec=None, case_options: dict | None = None, root=None, r
     if spec is not None:
         spec = Path(spec)
         if root is None:
-            return load(spec)
+            return read_experiment(spec)
         try:
             inside = spec.resolve().relative_to(Path(repo).resolve())
         except ValueError:
             inside = None
         if inside is not None:
-            return load(Path(root) / inside)  # the spec as committed at this revision
+            return read_experiment(Path(root) / inside)  # the spec as committed at this revision
         data, text = read_spec(spec)
         with using_model_root(root):
             experiment = parse_experiment(data, str(spec), text=text, default_name=spec.stem)
@@ -945,7 +945,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
        timeout_s: float | None = None, threshold: float = 0.05, command: str = "", on_event=None, launcher: str | None = None,
        pin: bool = True, pairing: str | None = None, aa: bool | None = None):
     """One experiment at two versions, A and B, round by round; returns (the run's summary, its comparison:
-    ``analysis.regressions.Comparison`` of A's rows and B's, paired per round).
+    ``analysis.regressions.RowComparison`` of A's rows and B's, paired per round).
 
     A version is a revision of the git repository ``repo`` (``a``, ``b``: each checked out in a worktree of its own,
     the cases' relative model references read there), or an interpreter (``python_a``, ``python_b``). The cases: a
@@ -959,7 +959,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
     from dataclasses import replace
     from pathlib import Path
 
-    from perflab.analysis.regressions import Comparison, check_threshold, compare_rows
+    from perflab.analysis.regressions import RowComparison, check_threshold, compare_rows
     from perflab.errors import PerflabError
     from perflab.sweep.versions import (check_balance, check_order, check_pairing, check_rounds, check_seed,
                                         plan_interpreters, plan_revisions, run_versions)
@@ -994,7 +994,7 @@ def ab(*, repo=None, a: str | None = None, b: str | None = None, python_a: str |
         plan.close()
     rows_a, rows_b = (summary.rows_of(v) for v in plan.versions)
     if not (rows_a and rows_b):  # interrupted before a case's last round: nothing stored to compare
-        return summary, Comparison([], threshold=threshold)
+        return summary, RowComparison([], threshold=threshold)
     return summary, compare_rows(rows_a, rows_b, threshold, rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
 
 
@@ -1107,7 +1107,7 @@ def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: st
     ``seq_len``: one value (both sides) or two (A's, then B's). ``rounds``: 2 to 100, even (default 4). ``aa``: a second
     copy of A in every round, the A/A pair the noise floor is measured from (default on: it costs a process a round, and
     without it an A/A reads "faster" or "slower" about 1 run in 20; ``False`` leaves it out).
-    Returns (the run's summary, ``analysis.regressions.Comparison`` of A's row and B's)."""
+    Returns (the run's summary, ``analysis.regressions.RowComparison`` of A's row and B's)."""
     import contextlib
     import time
     from pathlib import Path
@@ -1146,9 +1146,9 @@ def ab_program(program: Sequence[str], *, repo=None, a: str | None = None, b: st
                                                 command=command or "perflab.api.ab_program(...)", on_event=on_event, aa=aa is not False)
     rows_a, rows_b = (summary.rows_of(v) for v in versions)
     if not (rows_a and rows_b):  # interrupted before the last round: nothing stored to compare
-        from perflab.analysis.regressions import Comparison
+        from perflab.analysis.regressions import RowComparison
 
-        return summary, Comparison([], threshold=threshold)
+        return summary, RowComparison([], threshold=threshold)
     return summary, compare_rows(rows_a, rows_b, threshold, names=("A", "B"), rows_aa=summary.rows_of(summary.copy) if summary.copy else None)
 
 
@@ -1223,7 +1223,7 @@ def explain(case: Case, vs: Case | None = None, out_dir="perflab-traces", steps:
     ``measure.stages.Stage`` that counts the parts; ``on_case(index, case, stage)`` the stages of its timing sessions'
     cases, as :func:`bench`'s."""
     from perflab.diagnosis.explanation import PREDICTED_MODES
-    from perflab.diagnosis.explanation import explain as run
+    from perflab.diagnosis.explanation import explanation_of as run
 
     check_profiled_steps(steps)
     if case.parallel:

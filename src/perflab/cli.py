@@ -1,5 +1,11 @@
 """The perflab command line: parse flags, call the API, render. No logic of its own.
 
+The CLI is thin: ``perflab X`` calls ``api.X``, and its command function is named as the API call it wraps (``bench``,
+``analyze``, ``ab``, ...: a name api.py and cli.py share, as ``tests/test_names.py`` allows). ``perflab profile``
+profiles a case (``api.profile_case``; ``api.profile`` is the profiler of a user's own loop), so its function is
+``profile_case``. A command whose API call has another name (``demo``, ``models``, ``spec-schema``) has a name no other
+room holds.
+
 Options that take several values accept them space-separated (``--batch-size 1 8 64``) or repeated
 (``--batch-size 1 --batch-size 8``): ``cli_argv`` reads the words before the parser. The flags that several commands
 share, the case-flag group first, are declared once in ``cli_flags``. Bad input prints one line on stderr and exits with
@@ -656,9 +662,9 @@ def analyze(
         result.write_csv(csv_dir)
 
 
-@app.command()
+@app.command("profile")
 @case_flags(leave_out=("iters", "repeats"))
-def profile(
+def profile_case(
     model: List[str] = typer.Option(..., "--model", help="Model name(s), as for bench."),
     flags: CaseFlags = None,
     steps: int = OPT_STEPS,

@@ -1,4 +1,6 @@
-"""Cases: everything that defines one measurement, with a stable id, and their validation.
+"""What to measure at the spec floor, one case; ``sweep/spec.py`` reads an experiment file of them.
+
+Cases: everything that defines one measurement, with a stable id, and their validation.
 
 A case is a model, a workload (what one timed step runs) and the shape parameters of the model's workload
 family (``perflab.workloads``): input_size/keep_rate/reduction_loc for image classifiers, seq_len for
@@ -510,7 +512,7 @@ def validate_case(case: Case) -> Case:
             owners = " and ".join(f.name for f in FAMILIES.values() if name in f.variants)
             raise PerflabError(f"{FLAG[name]} applies to models of the {owners} family, not {case.model} ({family.name} family)")
     _validate_parallel(case, family)
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     return implementation(case).validate(case)
 

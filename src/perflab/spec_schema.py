@@ -161,7 +161,7 @@ def decode(data: Any, source: str) -> "Spec":
     try:
         doc = msgspec.convert(data, SpecFile)
     except msgspec.ValidationError as exc:
-        key, message = explain(str(exc), data)
+        key, message = explain_validation_error(str(exc), data)
         raise PerflabError(f"{source}: {key}: {message}" if key else f"{source}: {message}") from None
     return _Values(source).spec(doc, data)
 
@@ -269,7 +269,7 @@ _AT = re.compile(r"^(.*?)(?: - at `(.*)`)?$", re.S)
 _PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[\.\.\.\]")
 
 
-def explain(error: str, data) -> tuple[str, str]:
+def explain_validation_error(error: str, data) -> tuple[str, str]:
     """(key path, message) for a msgspec ValidationError's text on ``data`` (decoded into SpecFile)."""
     what, where = _AT.match(error).groups()
     where = where or "$"

@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python tests/data/capture_family_traces.py OUTDIR
 
-Each is perflab's own profile pass (perflab.trace.capture.profile_case) of a tiny case, 2 steps:
+Each is perflab's own profile pass (perflab.trace.capture.capture_case) of a tiny case, 2 steps:
   lm_train_step_explicit   a 2-layer GPT (d_model 256), explicit attention, bf16, eager, train_step: the passes
                            forward / backward / optimizer and the attn.scores / attn.softmax / attn.final_matmul ranges
   lm_train_step_compile    the same step with the model under torch.compile (passes marked outside the compiled model)
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from perflab.spec import Case, validate_case
-from perflab.trace.capture import profile_case
+from perflab.trace.capture import capture_case
 
 TINY_LM = dict(model="gpt_small", layers=2, model_args={"d_model": 256, "d_ff": 1024, "n_heads": 4}, seq_len=128, batch_size=4,
                device="cuda", dtype="bf16", warmup=2)
@@ -36,7 +36,7 @@ def main(outdir: str) -> None:
         if only and name not in only:
             continue
         path = out / f"{name}.json.gz"
-        profile_case(validate_case(case), path, steps=2)
+        capture_case(validate_case(case), path, steps=2)
         print(f"wrote {path} ({path.stat().st_size / 1024:.0f} KiB)")
 
 

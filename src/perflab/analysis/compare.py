@@ -75,7 +75,10 @@ class StepProfile:
 
 
 @dataclass
-class Comparison:
+class TraceComparison:
+    """Two traces' mean steps (``StepProfile``), A's and B's, compared term by term: what the difference in step time
+    came from."""
+
     a: StepProfile
     b: StepProfile
     labels: tuple[str, str]
@@ -223,7 +226,7 @@ def step_profile(trace: Trace, steps: int | None = None) -> StepProfile:
 
 
 def compare_traces(a: Trace, b: Trace, labels: tuple[str, str] = ("A", "B"), items_per_step: tuple[int | None, int | None] = (None, None),
-                   item: str | None = None) -> Comparison:
+                   item: str | None = None) -> TraceComparison:
     for label, trace in zip(labels, (a, b)):
         devices = devices_of(trace.kernels)
         if len(devices) > 1:  # its steps are per device: one device's steps against the other trace's would not close
@@ -285,7 +288,7 @@ def _step_count(trace: Trace) -> int:
 
 
 def compare_profiles(pa: StepProfile, pb: StepProfile, labels=("A", "B"), items_per_step=(None, None), item: str | None = None,
-                     cpu_only: bool = False) -> Comparison:
+                     cpu_only: bool = False) -> TraceComparison:
     categories = sorted(set(pa.category_ns) | set(pb.category_ns))
     delta_cat = {c: pb.category_ns.get(c, 0.0) - pa.category_ns.get(c, 0.0) for c in categories}
     delta_idle = {cause: pb.idle_ns[cause] - pa.idle_ns[cause] for cause in IDLE_CAUSES}
@@ -299,7 +302,7 @@ def compare_profiles(pa: StepProfile, pb: StepProfile, labels=("A", "B"), items_
     names.insert(0, "name", [short[n] for n in names["full_name"]])
     added = names[names["delta_count"] > 0].sort_values(["delta_count", "delta_time_ns"], ascending=False).reset_index(drop=True)
     removed = names[names["delta_count"] < 0].sort_values(["delta_count", "delta_time_ns"]).reset_index(drop=True)
-    comparison = Comparison(
+    comparison = TraceComparison(
         a=pa, b=pb, labels=tuple(labels), delta_wall_ns=pb.wall_ns - pa.wall_ns, delta_by_category=delta_cat,
         delta_overlap_ns=pb.overlap_ns - pa.overlap_ns, delta_idle_by_cause=delta_idle, added_kernels=added,
         removed_kernels=removed, verdict="", items_per_step=tuple(items_per_step), item=item, cpu_only=cpu_only,
@@ -345,7 +348,7 @@ CPU_WORDS = Words("operator", "operators", "operator time", "time between operat
                   "Both are interpreter-bound (the time between operators exceeds the time in them)")
 
 
-def verdict(c: Comparison) -> str:
+def verdict(c: TraceComparison) -> str:
     """One sentence, in numbers, of why B's step is longer or shorter than A's."""
     a_label, b_label = c.labels
     w = c.words
@@ -380,7 +383,7 @@ def verdict(c: Comparison) -> str:
     return f"{head}: {work}; {w.idle} {'+' if d_host >= 0 else '−'}{ms(d_host)}, {launches}."
 
 
-def _undecided(c: Comparison) -> str:
+def _undecided(c: TraceComparison) -> str:
     """The sentence before a traced Δ that decides nothing: the untraced timings' verdict where there is one, else why
     the traced steps cannot tell (and how many steps would)."""
     a_label, b_label = c.labels
@@ -404,7 +407,7 @@ def _undecided(c: Comparison) -> str:
     return text + f"more than {MOST_STEPS} traced steps a side would not tell one of this size. "
 
 
-def qualify(c: Comparison, runs=(None, None), untraced_rows=(None, None), threshold: float = 0.05) -> Comparison:
+def qualify(c: TraceComparison, runs=(None, None), untraced_rows=(None, None), threshold: float = 0.05) -> TraceComparison:
     """What ``c`` describes, from outside its traces: ``runs`` (each side's run.json, ``records.run_report.RunReport``, or None) name a trace
     flagged ``trace_inflated`` on the first line; untraced timings of both sides (``untraced_rows``: result rows, or
     each run.json's ``timing``) give the verdict (``analysis.regressions.compare_case``), the traced Δ then only
@@ -487,11 +490,11 @@ def _positive(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < float("inf")
 
 
-def both_launch_bound(c: Comparison) -> bool:
+def both_launch_bound(c: TraceComparison) -> bool:
     return all(p.idle_ns["host_bound"] > p.busy_ns for p in (c.a, c.b))
 
 
-def _launch_bound_reason(c: Comparison, d_busy: float, saved: str, launches: str) -> str:
+def _launch_bound_reason(c: TraceComparison, d_busy: float, saved: str, launches: str) -> str:
     """Both steps wait on the CPU: the step costs about (wall time per kernel) × kernels, where the wall
     time per kernel is, in a launch-bound step, the CPU's time to issue one kernel (its op, its launch).
 

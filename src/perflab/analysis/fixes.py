@@ -139,7 +139,7 @@ class Prediction(StepPrediction):
     base_gpu_ms: float | None = None
 
 
-def predict(base_ms: float, times: StepTimes | None, delta: Delta | None, why_not: str = "") -> Prediction:
+def predict_step_ms(base_ms: float, times: StepTimes | None, delta: Delta | None, why_not: str = "") -> Prediction:
     """The base step × T(after) ÷ T(before) (the module docstring), or base + ΣΔGPU without host and GPU times."""
     if delta is None:
         return Prediction(None, why_not or "measured only")

@@ -178,7 +178,7 @@ def idle_after_syncs(trace) -> dict | None:
     return {"calls_per_step": float(count.mean()), "idle_ms_per_step": float(idle.mean()) / 1e6, "steps": int(len(windows))}
 
 
-def host_issue_ms(trace, without_waits: bool = False) -> float:
+def traced_host_issue_ms(trace, without_waits: bool = False) -> float:
     """Median over steps of the CPU time to issue one step in a trace: step start → end of its last
     launch call (profiled, so inflated; see measure.host for the untraced figure). ``without_waits``: less the time
     the host spent waiting for the GPU in that stretch: inside synchronising calls (a program's ``loss.item()`` each

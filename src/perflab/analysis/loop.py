@@ -1,4 +1,6 @@
-"""The whole loop of a program's timed steps, from untraced evidence only: what a step is as the program lives it. No torch.
+"""A program's whole loop at the analysis floor, its figures; ``program/loop.py`` watches the loop as the program runs.
+
+The whole loop of a program's timed steps, from untraced evidence only: what a step is as the program lives it. No torch.
 
 A program's wall time is the sum of its steps, so the **mean** step sets it and the throughput (steps, samples and
 tokens per second); the median beside it describes the typical step. A step is split into what fills it, each part

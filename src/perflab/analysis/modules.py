@@ -1,4 +1,6 @@
-"""Where the GPU time goes, module by module: every kernel attributed to the innermost ``nn.Module`` that launched it.
+"""Module ranges at the analysis floor, each kernel attributed to a module; ``trace/modules.py`` records the ranges.
+
+Where the GPU time goes, module by module: every kernel attributed to the innermost ``nn.Module`` that launched it.
 
 A profile pass with ``--by-module`` (``perflab.trace.modules``) opens a CPU range around each module's forward
 (``module:<path> [<Class>]``) and, for steps with a backward, around each module's backward

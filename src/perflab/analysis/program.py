@@ -1,4 +1,6 @@
-"""A user's program's report (``perflab run``): its timed steps, its traced steps accounted, its FLOPs from its
+"""``perflab run``'s report at the analysis floor, its figures; ``report/program.py`` prints it.
+
+A user's program's report (``perflab run``): its timed steps, its traced steps accounted, its FLOPs from its
 operators, MFU and MBU against the measured peaks, the floors' verdict, and what the compiler did. No torch.
 
 - **Step time**: the untraced timed steps (``program.recorder``), median with a 95% CI over stretches of the run.
@@ -28,7 +30,7 @@ import numpy as np
 from perflab.analysis.accounting import account
 from perflab.analysis.floors import compute_floors
 from perflab.analysis.intervals import interval_at
-from perflab.analysis.launch import host_issue_ms, idle_after_syncs
+from perflab.analysis.launch import idle_after_syncs, traced_host_issue_ms
 from perflab.analysis.op_flops import count_op_flops
 from perflab.analysis.ranks import is_comm
 from perflab.analysis.trace_report import analyze_trace
@@ -216,11 +218,11 @@ def _host_floor(trace, traced: dict, timing: dict) -> tuple[float | None, str | 
     if trace.cpu_only:
         return None, None
     if not traced["inflated"]:
-        return host_issue_ms(trace, without_waits=True), "the traced steps' issue time, less the host's waits for the GPU"
+        return traced_host_issue_ms(trace, without_waits=True), "the traced steps' issue time, less the host's waits for the GPU"
     host = timing.get("host_median_ms")
     if host is None:
         return None, None
-    waits = host_issue_ms(trace) - host_issue_ms(trace, without_waits=True)
+    waits = traced_host_issue_ms(trace) - traced_host_issue_ms(trace, without_waits=True)
     return max(host - waits, 0.0), "the host's clock over the untraced steps, less the waits for the GPU the trace saw"
 
 

@@ -1,4 +1,6 @@
-"""Several ranks' kernel traces: merged, communication as its own category, exact per-rank accounting.
+"""Several ranks' traces at the analysis floor, merged and accounted; ``program/ranks.py`` gathers them under torchrun.
+
+Several ranks' kernel traces: merged, communication as its own category, exact per-rank accounting.
 
 No torch. Each rank's trace is its KernelTable (``trace.load_trace`` of the rank's Kineto file): ``name``, integer-ns
 ``start_ns``/``end_ns``. Every figure is interval arithmetic on ns and closes:

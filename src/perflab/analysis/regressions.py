@@ -152,7 +152,7 @@ class CaseChange:
 
 
 @dataclass
-class Comparison:
+class RowComparison:
     """Cases of two result sources matched by case id, and what either side holds alone."""
 
     changes: list[CaseChange]
@@ -374,7 +374,7 @@ def host_dependence(a: dict, b: dict) -> str | None:
 
 
 def compare_rows(rows_a: list[dict], rows_b: list[dict], threshold: float = DEFAULT_THRESHOLD,
-                 names: tuple[str, str] = ("A", "B"), rows_aa: list[dict] | None = None) -> Comparison:
+                 names: tuple[str, str] = ("A", "B"), rows_aa: list[dict] | None = None) -> RowComparison:
     """Match two sources' rows by case id and compare each case; PerflabError where they share no case, or a
     source holds one case twice. ``rows_aa``: the rows of a second copy of A timed in the same schedule (``ab
     --aa``), whose ratio to A's gives each case its noise floor."""
@@ -386,7 +386,7 @@ def compare_rows(rows_a: list[dict], rows_b: list[dict], threshold: float = DEFA
         raise PerflabError(f"{names[0]} and {names[1]} share no case id ({names[0]}: {_ids_text(by_a)}; {names[1]}: "
                            f"{_ids_text(by_b)}): compare results of the same cases")
     changes = [compare_case(by_a[cid], by_b[cid], threshold, measured_floor(by_a[cid], by_aa.get(cid))) for cid in common]
-    return Comparison(changes, [_label(by_a[c]) for c in by_a if c not in by_b], [_label(by_b[c]) for c in by_b if c not in by_a],
+    return RowComparison(changes, [_label(by_a[c]) for c in by_a if c not in by_b], [_label(by_b[c]) for c in by_b if c not in by_a],
                       threshold)
 
 

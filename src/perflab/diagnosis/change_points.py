@@ -2,7 +2,7 @@
 by kernel (or, on the CPU, operator) category with its intervals (``analysis.compare``), and the ``perflab ab``
 command that times the pair again, paired.
 
-Each side is recorded in this process (``trace.capture.profile_case``: the case built as the harness builds it, warmed,
+Each side is recorded in this process (``trace.capture.capture_case``: the case built as the harness builds it, warmed,
 ``steps`` steps traced) inside its revision's ``references.ModelScope``, so each revision's model code is its own;
 the traces are kept under the store's ``change_points/``. A side that cannot be profiled leaves the cause with its
 error and the run as it was: the timings are stored already.
@@ -30,7 +30,7 @@ class ChangeCause:
     previous: str  # the revision before the step (as named)
     revision: str  # the change point
     reproduce: str  # the perflab ab command that times the pair again, paired
-    comparison: object = None  # analysis.compare.Comparison of the two sides' traces
+    comparison: object = None  # analysis.compare.TraceComparison of the two sides' traces
     traces: tuple | None = None  # (previous's trace, the revision's)
     error: str | None = None  # why a side could not be profiled
 
@@ -93,7 +93,7 @@ def profile_pair(sides: list[tuple[Case, str | None, str]], out_dir: Path, steps
     the two trace paths)."""
     from perflab.analysis.compare import compare_traces
     from perflab.references import ModelScope
-    from perflab.trace.capture import profile_case
+    from perflab.trace.capture import capture_case
     from perflab.trace.load import load_trace
 
     paths = []
@@ -102,7 +102,7 @@ def profile_pair(sides: list[tuple[Case, str | None, str]], out_dir: Path, steps
         path = Path(out_dir) / "change_points" / f"{case.id}_{slug}.json.gz"
         path.parent.mkdir(parents=True, exist_ok=True)
         with ModelScope(root) if root else contextlib.nullcontext():
-            profile_case(case, path, steps=steps)
+            capture_case(case, path, steps=steps)
         paths.append(path)
     traces = [load_trace(p) for p in paths]
     return compare_traces(traces[0], traces[1], tuple(name for _, _, name in sides)), tuple(str(p) for p in paths)

@@ -1,11 +1,13 @@
-"""``perflab explain --parallel``: a data-parallel training step's communication against its floor, and the
+"""``perflab explain --parallel`` at the diagnosis floor, measured; ``report/explain_parallel.py`` renders its result.
+
+``perflab explain --parallel``: a data-parallel training step's communication against its floor, and the
 communication fixes predicted, then measured.
 
 1. The bus bandwidth: on GPUs, ``perflab ceilings``' all-reduce sweep of these GPUs (cached; measured once when the
    cache has none); on the CPU, gloo all-reduces of a few sizes swept by the ranks in the base's own launch (gloo
    has no cached sweep). Per-call latency α: the sweep's two smallest sizes (``analysis.comm.call_latency_us``).
 2. The base: one launch times the step on every rank (the slowest rank's median, as ``bench --parallel``), times
-   the same case on one device (scaling efficiency), profiles ``steps`` steps per rank (``profiling.profile_parallel``)
+   the same case on one device (scaling efficiency), profiles ``steps`` steps per rank (``profiling.profile_ranks``)
    and reports DDP's buckets as it rebuilt them and the copy bandwidth. The ranks' traces give, per rank, its
    communication, exposed communication and overlap fraction (``analysis.ranks``), and its passes' times.
 3. The communication section: the bytes per step per collective (``analysis.comm``: gradients and parameters in the
@@ -47,7 +49,7 @@ CPU_ALL_REDUCE_SIZES = (4096, 16384, 262144, 1 << 20)
 class ParallelExplanation:
     case: Case
     row: dict  # the base's row (measure.parallel)
-    profile: dict  # profiling.profile_parallel's result, less the row
+    profile: dict  # profiling.profile_ranks's result, less the row
     communication: dict
     step: CommStep | None
     fix_results: list[ParallelFix] = field(default_factory=list)
@@ -125,10 +127,10 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
         sweep = dict(get_all_reduce(list(gpus)), source=f"perflab ceilings' all-reduce sweep of GPUs {','.join(map(str, gpus))}, cached in {cache_path()}")
     else:
         sizes = CPU_ALL_REDUCE_SIZES
-    from perflab.diagnosis.profiling import profile_parallel
+    from perflab.diagnosis.profiling import profile_ranks
 
     parts.begin(f"{case.label()}: timing on {case.world_size} ranks (and on one device), profiling {steps} steps on each")
-    result = profile_parallel(case, out_dir / "base", steps=steps, gpus=gpus, all_reduce_sizes=sizes, explain=True)
+    result = profile_ranks(case, out_dir / "base", steps=steps, gpus=gpus, all_reduce_sizes=sizes, explain=True)
     row = result.pop("row")
     if row["status"] != "ok":
         raise PerflabError(f"{case.label()} could not be measured ({row['status']}: {row.get('message')})")
@@ -140,7 +142,7 @@ def explain_parallel(case: Case, out_dir, steps: int = 3, gpus=None, fixes=None,
     explanation = ParallelExplanation(case, row, result, communication, step)
     for i, (spec, fixed) in enumerate(planned, 1):
         parts.begin(f"fix {i} of {len(planned)}, {spec}: timing and profiling {fixed.label()}, then timing the base again beside it")
-        measured = profile_parallel(fixed, out_dir / f"fix{i}", steps=steps, gpus=gpus, single=False, paired=[case])
+        measured = profile_ranks(fixed, out_dir / f"fix{i}", steps=steps, gpus=gpus, single=False, paired=[case])
         fix_row = measured.pop("row")
         base_row = (fix_row.get("paired") or [{}])[0]
         exposed = None

@@ -48,12 +48,12 @@ from pathlib import Path
 
 import numpy as np
 
-from perflab.analysis.compare import Comparison, StepProfile, compare_traces, step_profile
+from perflab.analysis.compare import StepProfile, TraceComparison, compare_traces, step_profile
 from perflab.analysis.accounting import step_windows, window_of_activities
-from perflab.analysis.fixes import (MISS, Fix, Prediction, StepTimes, batch_delta, checkpoint_delta, measured_host_ms, optimizer_delta, predict,
+from perflab.analysis.fixes import (MISS, Fix, Prediction, StepTimes, batch_delta, checkpoint_delta, measured_host_ms, optimizer_delta, predict_step_ms,
                                    prediction_error, step_times_of_passes, step_times_of_row)
 from perflab.analysis.floors import Floors, StepFloors, compute_floors, pass_floors
-from perflab.analysis.launch import host_issue_ms
+from perflab.analysis.launch import traced_host_issue_ms
 from perflab.analysis.passes import pass_timing
 from perflab.errors import PerflabError
 from perflab.measure.host import host_issue_ms as measure_host_issue_ms
@@ -155,7 +155,7 @@ class CaseExplanation:
 @dataclass
 class Explanation:
     cases: list[CaseExplanation]
-    comparison: Comparison | None
+    comparison: TraceComparison | None
     ceilings: dict
 
     def to_dict(self) -> dict:
@@ -259,7 +259,7 @@ def _graph_models(acts, interval_ns: float, gap_ns: float) -> tuple[float, float
 
 def min_bytes(case: Case, row: dict) -> float:
     """The least DRAM traffic one step needs, as the case's workload family states it."""
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     return implementation(case).min_bytes(case, row)
 
@@ -268,7 +268,7 @@ def pass_costs(case: Case, row: dict) -> dict | None:
     """FLOPs and least bytes per pass of a step with several passes, as the case's family states them, the FLOPs scaled
     to the row's counted ones (``analysis.floors.counted_pass_costs``: one FLOP count per row)."""
     from perflab.analysis.floors import counted_pass_costs
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     costs = implementation(case).pass_costs(case, row)
     return counted_pass_costs(costs, (row.get("gflops_per_batch") or 0) * 1e9) if costs else costs
@@ -276,7 +276,7 @@ def pass_costs(case: Case, row: dict) -> dict | None:
 
 def default_fixes(case: Case) -> list[str]:
     """The fixes explain tries by default: the family's (workloads.base.Implementation.default_fixes)."""
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     return implementation(case).default_fixes(case)
 
@@ -345,14 +345,14 @@ def predict_fix(ctx: FixContext, spec: str, changes: dict, base: str, base_row: 
     if key == "optimizer":
         backward_memory = next((p.memory_ms for p in ctx.step_floors.passes if p.name == "backward"), 0.0) if ctx.step_floors else 0.0
         delta, why = optimizer_delta(value, current_optimizer(case), ctx.timing, backward_memory, times, compiled_base=compiled)
-        return predict(base_ms, times, delta, why)
+        return predict_step_ms(base_ms, times, delta, why)
     if key == "checkpoint_activations":
         if compiled and ctx.compiled_forward_ms is None:
             return Prediction(None, "no forward pass in the profile to fuse: nothing to predict from")
         delta, why = checkpoint_delta(ctx.timing, times, ctx.compiled_forward_ms if compiled else None)
-        return predict(base_ms, times, delta, why)
+        return predict_step_ms(base_ms, times, delta, why)
     if key == "batch_size":
-        from perflab.workloads.registry import implementation
+        from perflab.workloads.implementations import implementation
 
         impl = implementation(case)
         base_bytes = impl.analytic(case).get("bytes_per_step")
@@ -360,7 +360,7 @@ def predict_fix(ctx: FixContext, spec: str, changes: dict, base: str, base_row: 
         if not base_bytes or not new_bytes:
             return Prediction(None, "measured only (this workload states no bytes per step)")
         gpu = times.gpu_ms if times is not None else base_ms
-        return predict(base_ms, times, batch_delta(gpu, base_bytes, new_bytes, case.batch_size, value))
+        return predict_step_ms(base_ms, times, batch_delta(gpu, base_bytes, new_bytes, case.batch_size, value))
     return Prediction(None, "measured only")
 
 
@@ -414,7 +414,7 @@ def case_parts(case: Case, modes, fixes=(), fixes_on: str = "best") -> int:
     return 3 + bool(_sessions(case, modes, fixes, fixes_on)[4])
 
 
-def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_cases, profile_case, load_trace, on_stage,
+def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, run_cases, capture_case, load_trace, on_stage,
                  fixes=(), by_module: bool = False, fixes_on: str = "best", parts: Parts | None = None) -> CaseExplanation:
     """``run_cases(cases) -> rows``: cases timed by one call are timed together, interleaved (``measure.harness.run_cases``),
     so each measured mode and fix is paired in time with the step it is compared with, and a slow stretch of the host
@@ -454,7 +454,7 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     parts.begin(f"{case.label()}: profiling eager")
     # --by-module: the eager profile also records module ranges (hooks that time nothing; the traced host time
     # and inflation include their cost, the kernels and the predictions from them do not change)
-    profile_case(eager, trace_path, steps=steps, **({"by_module": True} if by_module else {}))
+    capture_case(eager, trace_path, steps=steps, **({"by_module": True} if by_module else {}))
     trace = load_trace(trace_path)
     prof = step_profile(trace)
     traced_ms = prof.wall_ns / 1e6
@@ -474,7 +474,7 @@ def explain_case(case: Case, out_dir: Path, ceilings: dict, steps: int, modes, r
     )
     explanation = CaseExplanation(
         case=case, eager_row=row, trace_path=trace_path, profile=prof, traced_step_ms=traced_ms,
-        inflation=traced_ms / row["median_ms"], floors=floors, host_issue_ms=issue_ms, traced_host_issue_ms=host_issue_ms(trace),
+        inflation=traced_ms / row["median_ms"], floors=floors, host_issue_ms=issue_ms, traced_host_issue_ms=traced_host_issue_ms(trace),
         predictions_ms=predict_modes(trace, interval, gap), glue_ms=glue_graph_ms(trace, interval, gap),
     )
     explanation.trace = trace
@@ -516,7 +516,7 @@ def case_fixes(case: Case, fixes) -> list[str]:
     return [] if fixes == ["none"] else fixes
 
 
-def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None,
+def explanation_of(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PREDICTED_MODES, on_stage=lambda s: None,
             pin: bool = True, fixes=None, by_module: bool = False, fixes_on: str = "best", compile_budget_s: float | None = None,
             on_case=None) -> Explanation:
     """``fixes``: fix specs (see ``parse_fix``) tried on each case; None: each case's family defaults. ``fixes_on``:
@@ -551,7 +551,7 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
 
     from perflab.measure.harness import run_cases
     from perflab.measure.pinning import HostOptions
-    from perflab.trace.capture import profile_case
+    from perflab.trace.capture import capture_case
     from perflab.trace.load import load_trace
 
     out_dir = make_out_dir(out_dir)
@@ -563,7 +563,7 @@ def explain(case: Case, vs: Case | None, out_dir: Path, steps: int = 5, modes=PR
         run = lambda cs: run_cases(cs, host=HostOptions(pin=pin), seed=cs[0].seed, groups=[0] * len(cs), on_case=on_case)  # noqa: E731
         return run_within_budget(together, run, compile_budget_s, on_stage) if compile_budget_s else run(together)
 
-    explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, profile_case, load_trace, on_stage, fixes=case_fixes(c, fixes),
+    explained = [explain_case(c, out_dir, ceilings, steps, modes, timed, capture_case, load_trace, on_stage, fixes=case_fixes(c, fixes),
                               by_module=by_module, fixes_on=fixes_on, parts=parts) for c in cases]
     comparison = None
     if vs is not None:

@@ -13,7 +13,7 @@ from perflab.errors import PerflabError
 from perflab.spec import Case
 
 
-def analyze(path, top: int = 10):
+def trace_report_of(path, top: int = 10):
     """A trace file's TraceReport (``api.analyze`` is the public face)."""
     from perflab.analysis.trace_report import analyze_trace
     from perflab.trace.load import load_trace
@@ -21,7 +21,7 @@ def analyze(path, top: int = 10):
     return analyze_trace(load_trace(path), top=top)
 
 
-def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool = True, by_module: bool = False) -> dict:
+def profile_pass(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool = True, by_module: bool = False) -> dict:
     """Time ``case`` with the harness (no profiler), then record ``steps`` steps of it and analyse them.
 
     Returns {"case", "row" (the untraced result row), "trace_path", "report" (TraceReport),
@@ -30,7 +30,7 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     pass also records module ranges, and ``report.modules`` is the module tree (eager mode).
     """
     from perflab.measure.harness import run_case
-    from perflab.trace.capture import profile_case as record
+    from perflab.trace.capture import capture_case
 
     if case.device != "cuda":
         raise PerflabError("profiling a case accounts for its GPU time, so it needs a CUDA GPU (--device cuda); on the CPU, "
@@ -46,8 +46,8 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
     (row,) = mark_host_flags([run_case(case, host=HostOptions(pin=pin))])
     if row["status"] != "ok":
         return {"case": case, "row": row, "trace_path": None, "report": None, "traced_step_ms": None, "inflation": None}
-    captured = record(case, trace_path, steps=steps, by_module=by_module)
-    report = analyze(trace_path, top=top)
+    captured = capture_case(case, trace_path, steps=steps, by_module=by_module)
+    report = trace_report_of(trace_path, top=top)
     if by_module and captured.module_note:
         report.module_note = captured.module_note
     traced = float(report.steps["wall_ns"].median()) / 1e6
@@ -57,7 +57,7 @@ def profile_case(case: Case, out_dir, steps: int = 5, top: int = 10, pin: bool =
 def profile_summary(trace_path, untraced_ms: float, top: int = 5) -> dict:
     """What a sweep row keeps of a case's profile pass: the traced step time and the profiler's inflation over the
     untraced median, kernels per step, the GEMM fraction, the top kernels, the per-pass breakdown and attention."""
-    report = analyze(trace_path, top=top)
+    report = trace_report_of(trace_path, top=top)
     data = report.to_dict()
     traced = float(report.steps["wall_ns"].median()) / 1e6 if len(report.steps) else None
     return {
@@ -85,7 +85,7 @@ def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces", per_config: in
     from perflab.trace.ncu import attach_step_configs, attach_trace_names, find_ncu, join_counters, run_ncu
 
     find_ncu()  # fail before profiling when there is no ncu
-    result = profile_case(case, out_dir, steps=3, top=top)
+    result = profile_pass(case, out_dir, steps=3, top=top)
     if result["report"] is None:
         raise PerflabError(f"{case.label()} could not be profiled ({result['row']['status']}: {result['row'].get('message')})")
     report = result["report"]
@@ -103,7 +103,7 @@ def ncu_case(case: Case, top: int = 10, out_dir="perflab-traces", per_config: in
     return join_counters(kernels, named), result
 
 
-def profile_parallel(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None, all_reduce_sizes=None, explain: bool = False,
+def profile_ranks(case: Case, out_dir, steps: int = 5, gpus: Sequence[int] | None = None, all_reduce_sizes=None, explain: bool = False,
                      single: bool = True, paired=()) -> dict:
     """A data-parallel case timed on its ranks, then profiled on every rank and the ranks' traces merged and accounted
     (``perflab profile --parallel``; ``api.profile_parallel`` documents the result). ``all_reduce_sizes``, ``explain``,

@@ -53,7 +53,7 @@ from perflab.runtime.modes import compile_counters, compile_stats, compiled_whil
 from perflab.runtime.workload import build, memory_cap, step_context
 from perflab.spec import Case, validate_case
 from perflab.stats import summarize
-from perflab.workloads.registry import implementation
+from perflab.workloads.implementations import implementation
 
 MB = 2**20
 

@@ -1,4 +1,6 @@
-"""A data-parallel training step, timed on every rank, and its result row.
+"""Data parallelism at the measure floor, a step timed on its ranks; ``runtime/parallel.py`` starts them, ``report/parallel.py`` shows them.
+
+A data-parallel training step, timed on every rank, and its result row.
 
 Each rank (``runtime.parallel.launch``: one process per GPU) builds the case's model with the same seed, so
 every rank starts from the same weights, and feeds its own batch (rank 0 the one-GPU case's inputs, the others
@@ -52,7 +54,7 @@ from perflab.runtime.modes import allow_recompiles, compile_kwargs
 from perflab.runtime.parallel import MULTICAST_OFF, RankFailed, ddp_wrap, fsdp_shard, largest_module_list, launch, local_tensor
 from perflab.runtime.workload import build, step_context
 from perflab.spec import Case, parse_parallel, validate_case
-from perflab.workloads.registry import implementation
+from perflab.workloads.implementations import implementation
 
 
 def run_parallel_case(case: Case, gpus: list[int] | None = None, profile_dir=None, profile_steps: int = 5, single: bool = True,

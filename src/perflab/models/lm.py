@@ -1,4 +1,7 @@
-"""A decoder-only language model (the CS336-style GPT of seed 003) in the style of gpt-fast's model.py.
+"""The lm family at the models floor, its GPT; ``workloads/lm.py`` runs its steps, ``report/lm.py`` makes its rows'
+tables.
+
+A decoder-only language model (the CS336-style GPT of seed 003) in the style of gpt-fast's model.py.
 
 Pre-norm blocks: RMSNorm → causal multi-head attention with RoPE → residual; RMSNorm → SwiGLU → residual;
 a final RMSNorm and an untied LM head, no biases anywhere. Parameter names follow gpt-fast

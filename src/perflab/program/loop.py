@@ -1,4 +1,6 @@
-"""The whole loop of a program's step, watched without a trace: its waits for input and its synchronising calls.
+"""A program's whole loop at the program floor, watched as it runs; ``analysis/loop.py`` makes its figures.
+
+The whole loop of a program's step, watched without a trace: its waits for input and its synchronising calls.
 
 ``LoopWatch`` wraps, for the timed steps only (``active``):
 

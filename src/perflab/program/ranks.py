@@ -1,4 +1,6 @@
-"""``perflab run`` under torchrun: every rank records its own steps; rank 0 merges the ranks' traces and reports the
+"""Several ranks' traces at the program floor, gathered under torchrun; ``analysis/ranks.py`` merges and accounts them.
+
+``perflab run`` under torchrun: every rank records its own steps; rank 0 merges the ranks' traces and reports the
 communication as ``perflab explain --parallel`` does.
 
 At the end of the traced steps every rank, at the same step boundary:

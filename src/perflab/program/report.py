@@ -4,7 +4,7 @@ The record is declared in ``records.run_report`` (``RunReport``, with ``load`` a
 it is built here alone, by ``build_run_report``, from what the recorder hands over (``recorder.Recorded``: the step
 times, read once, and their summary) and what the run is (``RunContext``): the traced steps' analysis
 (``analysis.program.program_report``, torch-free, from the traces the recorder wrote and, on a GPU, the measured
-peaks and the modules' bytes), the run's own fields and the validity flags (``run_checks``). Under torchrun
+peaks and the modules' bytes), the run's own fields and the validity flags (``run_report_checks``). Under torchrun
 this rank's DDP layout and all-reduce sweep (``program.ranks.rank_fields``) are built in too; only rank 0's merge of
 the ranks is set afterwards (``program.ranks.gather``, once this rank's report is saved: ``records.run_report`` says
 why that is a second step). It is written through
@@ -52,7 +52,7 @@ def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, 
     report.recorded = {k: v for k, v in vars(recorded).items() if k not in STEP_TIMES}
     report.partial, report.rank, report.world_size = partial, context.rank.rank, context.rank.world_size
     report.run_id = context.run_id
-    report.flags = run_checks(report)
+    report.flags = run_report_checks(report)
     if outcome is not None:
         report.exit_code = outcome.code
         report.ended_by = ("sigterm" if outcome.terminated else "interrupt" if outcome.interrupted
@@ -122,7 +122,7 @@ def _ceilings(rank: Rank) -> dict | None:
         return None
 
 
-def run_checks(report: RunReport | dict) -> list[dict]:
+def run_report_checks(report: RunReport | dict) -> list[dict]:
     """The run's validity flags: the timed steps were not the steady state (compiled while timed, a frame fell back to
     eager past its recompile limit), too few or too noisy, graph breaks, FLOPs that missed part of the work.
     ``report``: the record being built, or ``program_report``'s dict (only ``get`` is read)."""

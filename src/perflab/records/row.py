@@ -7,7 +7,7 @@ and whether every row has it (the harness's ``base_row``) with the empty value i
 
 - ``BASE_FIELDS`` and ``new_row``: the keys every row has, whatever its status (``measure.harness.base_row`` builds
   its rows with ``new_row``, which refuses a key ``ROW`` does not declare as a base field);
-- ``FIELDS``, ``ResultRow`` and ``check_row``: the checked fields, their types and ranges (``report.export.read_rows``
+- ``FIELDS``, ``ResultRow`` and ``check_row``: the checked fields, their types and ranges (``report.export.read_exported_rows``
   for a file of ``bench --out``, ``api.compare`` for a store's rows);
 - ``StoredRow``: the store's lenient view of the same fields, their types without their ranges (``sweep.store.decode_row``:
   a stored row is read as it was stored);

@@ -1,7 +1,7 @@
 """``perflab run``'s report (``OUT/run.json``, and each rank's ``rankR/rank.json`` under torchrun) as one typed record,
 declared here, below every stage that writes or reads it: ``program.report`` builds it (``build_run_report``) and
 ``program.ranks`` adds the ranks' merge; ``api`` (compare's run.json sides), ``analysis.compare``, ``sweep.programs``,
-``program.launch`` (the scaling over rank counts), ``program.children`` and ``report.run_page`` read it. Every one of
+``program.torchrun`` (the scaling over rank counts), ``program.children`` and ``report.run_page`` read it. Every one of
 them reads a file through ``load`` (or ``read``, which is ``load`` that answers None where there is no readable
 report) and writes one through ``save``: the format is checked in one place.
 
@@ -62,7 +62,7 @@ ABSENT: Any = _Absent()
 
 # --- the sections' keys (declared; the values are run.json's dicts) ---------------------------------------------------
 
-class Timing(TypedDict, total=False):
+class TimingSection(TypedDict, total=False):
     """The timed (untraced) steps' summary (``program.recorder.timing_summary``), ms."""
 
     steps: int
@@ -154,7 +154,7 @@ class AccountingNs(TypedDict, total=False):
     other_ns: int
 
 
-class Accounting(TypedDict, total=False):
+class AccountingSection(TypedDict, total=False):
     """Where the traced steps' time went (``analysis.program.program_report``, from the trace)."""
 
     wall_us: float
@@ -295,14 +295,14 @@ class RunReport:
     # run.json's format (``FORMAT``; 0: a file written before the key was)
     format: int = field(default=FORMAT, kw_only=True)
     # the timed steps' summary (``program.recorder.timing_summary``) and the device the steps ran on
-    timing: Timing
+    timing: TimingSection
     device: str | None
     # the whole loop of the timed steps, untraced (``analysis.loop``): mean and median, throughput, stalls, input waits,
     # synchronising calls, the GPU's busy share; null where no step was timed
     loop: Loop | None = ABSENT
     # the traced steps' analysis (``analysis.program.program_report``): absent when the program ended before them
     traced: Traced | None = ABSENT
-    accounting: Accounting | None = ABSENT
+    accounting: AccountingSection | None = ABSENT
     flops: dict | None = ABSENT
     utilisation: dict | None = ABSENT
     floors: dict | None = ABSENT
@@ -323,7 +323,7 @@ class RunReport:
     rank: int | None = ABSENT
     world_size: int | None = ABSENT
     run_id: str | None = ABSENT  # the run's id: every rank's report and every child's carries it; a run reads only its own
-    flags: list[Flag] | None = ABSENT  # the validity flags (``program.report.run_checks``)
+    flags: list[Flag] | None = ABSENT  # the validity flags (``program.report.run_report_checks``)
     # the processes the program started (``program.children``), where it started any: each one's kind, whether it
     # was followed (and why not), its steps; and where it stepped only in them, whose report this is
     processes: list[Process] | None = ABSENT

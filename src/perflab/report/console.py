@@ -45,7 +45,7 @@ def _unit(rows: list[dict]) -> str:
     return {"img": "img", "token": "tok"}.get(item_of(rows), "item")
 
 
-def ms(value, like=None) -> str:
+def ms_significant(value, like=None) -> str:
     """A time in ms to four significant figures, without an exponent: 152.3, 27.45, 0.8562, 12346; ``like``: with as
     many decimals as that value takes (a CI's ends as its median)."""
     if value is None:
@@ -77,7 +77,7 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
             return "–"
         note = row_ci_note(row)
         median = row["median_ms"]
-        return f"{ms(median)} ({ms(ci[0], median)}–{ms(ci[1], median)})" + (f" {note}" if note else "")
+        return f"{ms_significant(median)} ({ms_significant(ci[0], median)}–{ms_significant(ci[1], median)})" + (f" {note}" if note else "")
 
     def throughput(row):
         return row.get("items_per_s", row.get("throughput_per_s")) if not classify_only else row.get("throughput_per_s")
@@ -105,7 +105,7 @@ def bench_table(rows: list[dict], title: str | None = None) -> FittedTable:
         Column("dtype", cells(lambda r: escape(str(r.get("dtype") or "?"))), key=True, caption_as="{}"),
         Column("mode", cells(lambda r: escape(str(r.get("mode") or "?"))), key=True, caption_as="{}"),
         Column(("ms/batch" if classify_only else "ms/step") + (" (95% CI)" if full_ci else " (CI)"), cells(timing), "right"),
-        Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms(r.get("latency_ms_per_sample"))), "right", drop=2),
+        Column(f"ms/{unit}" if classify_only else "ms/sample", cells(lambda r: ms_significant(r.get("latency_ms_per_sample"))), "right", drop=2),
         Column(f"{unit}/s", cells(lambda r: units.num(throughput(r), ".1f", keep_nan=True)), "right"),
         Column("GFLOPs/img" if classify_only else "GFLOPs/sample", cells(lambda r: gflops(r.get("gflops"))), "right", drop=5),
     ]

@@ -1,4 +1,6 @@
-"""Seed 004's tables for the decode rows of a sweep: eager against each compiled mode (ms per decode step),
+"""The decode family at the report floor, its rows' tables; ``workloads/decode.py`` runs its steps.
+
+Seed 004's tables for the decode rows of a sweep: eager against each compiled mode (ms per decode step),
 tokens/s, memory-bandwidth utilisation (MBU: the bytes a step must move ÷ its time ÷ the GPU's measured copy
 bandwidth; and ÷ the datasheet bandwidth) with a plot of MBU against batch size, the ncu DRAM throughput of
 each mode's top kernels where a sweep stored them, and generation latencies (time to first token, time per

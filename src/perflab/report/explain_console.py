@@ -14,7 +14,7 @@ from perflab.report.fit import plain_table, text_table
 
 
 def _ci_ms(c, term: str) -> str:
-    """A term's Δ interval over the traced steps (``Comparison.intervals``), in ms; "–" with one step a side."""
+    """A term's Δ interval over the traced steps (``TraceComparison.intervals``), in ms; "–" with one step a side."""
     d = c.intervals.get(term)
     return units.NONE if d is None else f"{units.ns_ms(d.low, signed=True)} to {units.ns_ms(d.high, signed=True)}"
 

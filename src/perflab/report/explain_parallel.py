@@ -1,4 +1,6 @@
-"""``perflab explain --parallel``'s result (``explain_parallel.ParallelExplanation``): its rows, built once, for the
+"""``perflab explain --parallel`` at the report floor, its result's rows; ``diagnosis/explain_parallel.py`` measures it.
+
+``perflab explain --parallel``'s result (``explain_parallel.ParallelExplanation``): its rows, built once, for the
 console and for markdown. Torch-free."""
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ PERFLAB_COLUMNS = [
     "ci_coverage",  # what the CI may claim: 0.95 from 5 units or more (ci95_low_ms/ci95_high_ms are named for one more release)
     "version_name", "revision", "commit", "interpreter",  # ab and track: the row's version (A, B or the revision as given)
 ]
-# Columns read back as lists of these (read_rows); the others as text or whole numbers where the row's field is
+# Columns read back as lists of these (read_exported_rows); the others as text or whole numbers where the row's field is
 # (records.row.TEXT_FIELDS, WHOLE_FIELDS), else as numbers, or empty for none.
 LIST_COLUMNS = {"keep_rate": float, "reduction_loc": int, "tokens": int, "flags": str, "process_medians_ms": float}
 
@@ -116,7 +116,7 @@ def write_rows(rows: list[dict], path) -> None:
         f.write(text)
 
 
-def read_rows(path) -> list[dict]:
+def read_exported_rows(path) -> list[dict]:
     """The rows of a file ``write_rows`` wrote (``bench --out``): CSV (by its ``.csv`` name) or JSON lines. PerflabError,
     one line naming the file, the line and the field, for a file that is missing or not such rows: a value of another
     type or out of its range (``check_row``), a CSV cell past csv's limit, JSON nested past ``MAX_JSON_DEPTH``, NaN or

@@ -1,4 +1,7 @@
-"""Seed 003's tables for the language-model rows of a sweep, with CIs and failure cells, plus MFU and memory.
+"""The lm family at the report floor, its rows' tables; ``models/lm.py`` is its model, ``workloads/lm.py`` runs its
+steps.
+
+Seed 003's tables for the language-model rows of a sweep, with CIs and failure cells, plus MFU and memory.
 
 Per group of rows that share dtype, attention, mode and batch size:
 
@@ -471,7 +474,7 @@ def _peak_gib(row) -> tuple[str, float | None]:
     return _failed(row) or "–", None
 
 
-def predict(row, capacity_gib: float) -> str | None:
+def fit_at_capacity(row, capacity_gib: float) -> str | None:
     """"OOM", "fits", "fits (tight)" at a capacity from the row's measured peak; None without one. An OOM on the
     full GPU is an OOM at every smaller capacity."""
     status, peak = _peak_gib(row)
@@ -498,7 +501,7 @@ def oom_pattern(cells: dict, inference_workload: str = "forward") -> dict[int, d
                 for kind, row in (("inference", cells.get((inference_workload, m, s))), ("training", _training_row(cells, m, s))):
                     if marks[kind] is None:
                         continue
-                    pred = predict(row, cap)
+                    pred = fit_at_capacity(row, cap)
                     if pred is None:
                         result["unknown"].append((m, s, kind))
                     else:
@@ -523,7 +526,7 @@ def oom_section(cells: dict, group: list[dict], capped: list[dict]) -> list[str]
             for cap in CAPACITIES_GIB:
                 preds = []
                 for kind, row in (("inference", fwd), ("training", train)):
-                    pred = predict(row, cap)
+                    pred = fit_at_capacity(row, cap)
                     mark = "" if pred is None or marks[kind] is None else (" ✓" if (pred == "OOM") == marks[kind] else " ✗")
                     preds.append((pred or "?") + mark)
                 line.append(" / ".join(preds))
@@ -610,7 +613,7 @@ def capped_tally(cells: dict, capped: list[dict]):
                 for cap in caps:
                     row = runs.get((workload, m, s, cap))
                     run = _run_mark(row)
-                    derived = predict(uncapped, cap) if uncapped else None
+                    derived = fit_at_capacity(uncapped, cap) if uncapped else None
                     d_mark = None if derived is None else ("OOM" if derived == "OOM" else "ran")
                     if run is not None:
                         matched[cap][0] += run == ("OOM" if mark else "ran")

@@ -35,7 +35,7 @@ from perflab.report.md import formula_cell, gflops
 from perflab.stats import ci_note
 from perflab.report.cross_gpu import cross_gpu_section
 from perflab.report.tables import pair
-from perflab.sweep.experiment import Comparison, case_fields, default_comparisons
+from perflab.sweep.experiment import ComparisonSpec, case_fields, default_comparisons
 from perflab.sweep.store import NOT_FINISHED, load_stored, report_unreadable, status_counts, store_path
 from perflab.workloads import FAMILIES, family_of_row, item_of
 
@@ -54,9 +54,9 @@ def write_report(out_dir, *, n_boot: int = 2000, spec=None, on_unreadable=None) 
     stored = load_stored(out_dir)
     report_unreadable(stored.unreadable, on_unreadable, store_path(out_dir))
     if spec is not None:
-        from perflab.sweep.spec import Experiment, load_experiment
+        from perflab.sweep.spec import Experiment, read_experiment
 
-        stored.experiment = spec if isinstance(spec, Experiment) else load_experiment(spec)
+        stored.experiment = spec if isinstance(spec, Experiment) else read_experiment(spec)
     text = build_report(stored, out_dir, n_boot=n_boot)
     path = out_dir / "report.md"
     path.write_text(text)
@@ -70,7 +70,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     missing = with_missing(stored.rows, stored.experiment, unreadable=[u.key for u in unreadable if u.what == "row"])
     rows = latest_version_rows(stored, missing)  # a store of versions: the last one's
     if is_program_store(stored):  # a program's ab or track: its own sections, none of the model cases' tables
-        return "\n\n".join(p.rstrip() for p in program_report(stored, missing, unreadable, plot_dir) if p) + "\n"
+        return "\n\n".join(p.rstrip() for p in program_store_sections(stored, missing, unreadable, plot_dir) if p) + "\n"
     experiment = stored.experiment
     comparisons = list(experiment.comparisons) if experiment and experiment.comparisons else default_comparisons(rows)
     common = common_flags(stored.rows)
@@ -94,7 +94,7 @@ def build_report(stored, plot_dir: Path, *, n_boot: int = 2000) -> str:
     return "\n\n".join(p.rstrip() for p in parts if p) + "\n"
 
 
-def program_report(stored, missing: list[dict], unreadable, plot_dir: Path) -> list[str]:
+def program_store_sections(stored, missing: list[dict], unreadable, plot_dir: Path) -> list[str]:
     """The report of a program's ab or track (``sweep.programs``): its versions' sections (the comparison or the
     series, then each side's rounds, throughput and verdict: every row the store holds), the environment and how it
     was produced."""
@@ -182,7 +182,7 @@ def common_flags(rows: list[dict]) -> set[str]:
 # Comparisons: the seed tables
 
 
-def comparison_section(comparison: Comparison, rows: list[dict], plot_dir: Path, common: set[str]) -> list[str]:
+def comparison_section(comparison: ComparisonSpec, rows: list[dict], plot_dir: Path, common: set[str]) -> list[str]:
     base_label, var_label = comparison.labels
     entries = [dict(pair(b, v), base_row=b, var_row=v) for b, v in comparison.pairs(rows)]
     parts = [f"## {comparison.name}: {var_label} vs {base_label}",
@@ -208,7 +208,7 @@ def comparison_section(comparison: Comparison, rows: list[dict], plot_dir: Path,
     return parts
 
 
-def batch_sweep_table(comparison: Comparison, entries: list[dict], input_size: int, common: set[str]) -> list[str]:
+def batch_sweep_table(comparison: ComparisonSpec, entries: list[dict], input_size: int, common: set[str]) -> list[str]:
     """Seed 001: one input size, a row per batch size."""
     bl, vl = comparison.labels
     canary = shows_canary(entries)
@@ -224,7 +224,7 @@ def batch_sweep_table(comparison: Comparison, entries: list[dict], input_size: i
     return lines
 
 
-def combined_table(comparison: Comparison, entries: list[dict], common: set[str]) -> list[str]:
+def combined_table(comparison: ComparisonSpec, entries: list[dict], common: set[str]) -> list[str]:
     """Seed 002's "Hypothesis Validation": every input size and batch size in one table."""
     bl, vl = comparison.labels
     canary = shows_canary(entries)
@@ -240,7 +240,7 @@ def combined_table(comparison: Comparison, entries: list[dict], common: set[str]
     return ["#### All input sizes (the token-reduction study's \"Hypothesis Validation\" shape)", md_table(headers, body)]
 
 
-def group_key(comparison: Comparison, row: dict) -> tuple:
+def group_key(comparison: ComparisonSpec, row: dict) -> tuple:
     case = case_fields(row)
     return tuple((f, _hashable(case.get(f))) for f in GROUP_FIELDS if f not in comparison.named_fields)
 
@@ -324,7 +324,7 @@ def status_cell(row: dict) -> str:
 # -- group plots and summaries
 
 
-def _group_plots(comparison: Comparison, heading: str, group: list[dict], plot_dir: Path) -> str:
+def _group_plots(comparison: ComparisonSpec, heading: str, group: list[dict], plot_dir: Path) -> str:
     tp_series, ms_series = {}, {}
     for side, label in (("base_row", comparison.labels[0]), ("var_row", comparison.labels[1])):
         for e in group:

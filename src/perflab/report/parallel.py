@@ -1,4 +1,6 @@
-"""Data-parallel rows and rank accounts: one row builder per table, rendered to the console and to markdown.
+"""Data parallelism at the report floor, the rows shown; ``runtime/parallel.py`` starts the ranks, ``measure/parallel.py`` times them.
+
+Data-parallel rows and rank accounts: one row builder per table, rendered to the console and to markdown.
 
 Scaling efficiency is weak scaling: the batch per GPU is fixed, so one GPU's step ÷ the ranks' step is 1.0 when the
 ranks' step takes as long as one GPU's step of the same per-GPU batch (measured in the same run on rank 0's GPU, in

@@ -1,4 +1,6 @@
-"""``perflab run``'s console report, from the report dict (``program.report.RunReport.to_dict``; ``OUT/run.json`` holds the same)."""
+"""``perflab run``'s report at the report floor, printed; ``analysis/program.py`` makes its figures.
+
+The console report, from the report dict (``program.report.RunReport.to_dict``; ``OUT/run.json`` holds the same)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Comparisons of stored runs and of versions (``perflab compare`` of results, ``ab``, ``track``): console tables, and
+"""Versions at the report floor, their comparisons rendered; ``sweep/versions.py`` runs an experiment at each.
+
+Comparisons of stored runs and of versions (``perflab compare`` of results, ``ab``, ``track``): console tables, and
 the report's "A/B" and "By revision" sections with their plots. Rows in, text out; the numbers are
 ``analysis.regressions``'."""
 
@@ -7,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from perflab.analysis.regressions import LEVEL, MOST_ROUNDS, CaseChange, Comparison, compare_rows, revision_series
+from perflab.analysis.regressions import LEVEL, MOST_ROUNDS, CaseChange, RowComparison, compare_rows, revision_series
 from perflab.records.row import row_version
 from perflab.report.fit import text_table
 from perflab.report.md import escape, md_table
@@ -72,7 +74,7 @@ RATE_COLUMNS = (("A samples/s", "a_samples_per_s"), ("B samples/s", "b_samples_p
                 ("B tokens/s", "b_tokens_per_s"))
 
 
-def _rates(comparison: Comparison) -> list[tuple[str, str]]:
+def _rates(comparison: RowComparison) -> list[tuple[str, str]]:
     """The throughput columns a comparison shows: samples/s and tokens/s, each where some case's row states it."""
     kinds = [kind for kind in ("samples", "tokens") if any(getattr(c, f"a_{kind}_per_s") or getattr(c, f"b_{kind}_per_s") for c in comparison.changes)]
     return [(header, name) for header, name in RATE_COLUMNS if any(kind in name for kind in kinds)]
@@ -82,14 +84,14 @@ def rate_cell(x) -> str:
     return "–" if not x else f"{x:,.4g}" if x < 1e4 else f"{x:,.0f}"
 
 
-def comparison_rows(comparison: Comparison) -> list[list[str]]:
+def comparison_rows(comparison: RowComparison) -> list[list[str]]:
     rates = _rates(comparison)
     return [[c.label, ms_cell(c.a_ms, c.a_ci_ms, c.a_ci_note), ms_cell(c.b_ms, c.b_ci_ms, c.b_ci_note),
              *(rate_cell(getattr(c, name)) for _, name in rates), ratio_cell(c),
              f"{c.ratio.basis} ({c.ratio.units})" if c.ratio else "–", verdict_cell(c)] for c in comparison.changes]
 
 
-def comparison_headers(comparison: Comparison) -> list[str]:
+def comparison_headers(comparison: RowComparison) -> list[str]:
     """The table's headers, each side's CI labelled by the coverage its intervals may state (``ms_header``), and each
     side's throughput beside its time where the rows state it."""
     changes = comparison.changes
@@ -98,7 +100,7 @@ def comparison_headers(comparison: Comparison) -> list[str]:
 
 
 
-def comparison_notes(comparison: Comparison, names: tuple[str, str]) -> list[str]:
+def comparison_notes(comparison: RowComparison, names: tuple[str, str]) -> list[str]:
     """The sentences under a comparison's table: what the sides are, the threshold, how each CI was taken, the host-
     dependent cases and the cases of one side only."""
     t = comparison.threshold
@@ -135,7 +137,7 @@ def comparison_drops(headers: list[str]) -> list[str]:
     return [headers[headers.index("CI over (n)")], *rates, headers[1], headers[2]]
 
 
-def render_comparison(console, comparison: Comparison, names: tuple[str, str]) -> None:
+def render_comparison(console, comparison: RowComparison, names: tuple[str, str]) -> None:
     if not comparison.changes:  # an interrupted ab: no case finished its rounds
         return
     headers = comparison_headers(comparison)

@@ -1,4 +1,6 @@
-"""Several ranks, one process each: started with torch's own machinery, wrapped in DDP or FSDP.
+"""Data parallelism at the runtime floor, the ranks started; ``measure/parallel.py`` times them, ``report/parallel.py`` shows them.
+
+Several ranks, one process each: started with torch's own machinery, wrapped in DDP or FSDP.
 
 ``launch`` starts ``world_size`` processes with ``torch.multiprocessing.start_processes`` (spawn: fresh
 interpreters, no CUDA state inherited), each joining one ``torch.distributed`` process group: NCCL on GPUs,

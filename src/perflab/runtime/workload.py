@@ -33,7 +33,7 @@ class Workload:
 
 def build(case, **options) -> Built:
     """The case's model and step factory, seeded, on its device (``options``: the family's build options, e.g. ``shard``)."""
-    from perflab.workloads.registry import implementation
+    from perflab.workloads.implementations import implementation
 
     torch.manual_seed(case.seed)
     return implementation(case).build(case, **options)

@@ -18,7 +18,7 @@ PATCH_SIZE = 16
 
 
 @dataclass(frozen=True)
-class Comparison:
+class ComparisonSpec:
     """A baseline and a variant, each a filter over case fields; rows pair where all other fields agree."""
 
     name: str
@@ -65,7 +65,7 @@ class Comparison:
         return {"name": self.name, "baseline": self.baseline, "variant": self.variant, "labels": list(self.labels)}
 
     @classmethod
-    def from_json(cls, data: dict) -> "Comparison":
+    def from_json(cls, data: dict) -> "ComparisonSpec":
         return cls(data["name"], dict(data["baseline"]), dict(data["variant"]), tuple(data.get("labels") or ("Baseline", "Variant")))
 
 
@@ -104,7 +104,7 @@ class Experiment:
     out: str | None
     timeout_s: float
     cases: tuple[Case, ...]
-    comparisons: tuple[Comparison, ...] = ()
+    comparisons: tuple[ComparisonSpec, ...] = ()
     breakevens: tuple[Breakeven, ...] = ()
     text: str = ""  # the spec as written, for the report
     profile_steps: int = 0  # profile pass per case after timing (0: none)
@@ -143,7 +143,7 @@ class Experiment:
             source=data.get("source", ""), name=data.get("name", ""), description=data.get("description", ""),
             out=data.get("out"), timeout_s=float(data.get("timeout_s", DEFAULT_TIMEOUT_S)),
             cases=tuple(_case_from_json(c) for c in data.get("cases", [])),
-            comparisons=tuple(Comparison.from_json(c) for c in data.get("comparisons", [])),
+            comparisons=tuple(ComparisonSpec.from_json(c) for c in data.get("comparisons", [])),
             breakevens=tuple(Breakeven.from_json(b) for b in data.get("breakeven", [])),
             text=text, profile_steps=int(data.get("profile_steps", 0)), ncu_top=int(data.get("ncu_top", 0)),
             ncu_where=tuple((k, tuple(v)) for k, v in (data.get("ncu_where") or {}).items()),
@@ -176,12 +176,12 @@ def _matches(case: dict, filt: dict) -> bool:
     return all(_hashable(case.get(k)) == _hashable(v) for k, v in filt.items())
 
 
-def default_comparisons(rows: list[dict]) -> list[Comparison]:
+def default_comparisons(rows: list[dict]) -> list[ComparisonSpec]:
     """Without named comparisons: each token-reducing model (topk_X, evit_X) against X, where both ran."""
     models = {case_fields(r).get("model") for r in rows}
     out = []
     for model in sorted(m for m in models if m):
         method, _, base = model.partition("_")
         if method in ("topk", "evit") and base in models:
-            out.append(Comparison(f"{model} vs {base}", {"model": base}, {"model": model}, ("Baseline", "TR")))
+            out.append(ComparisonSpec(f"{model} vs {base}", {"model": base}, {"model": model}, ("Baseline", "TR")))
     return out

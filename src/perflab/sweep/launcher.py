@@ -57,7 +57,7 @@ PRELOAD = (
     "perflab.measure.harness",
     "perflab.sweep.worker",
     "perflab.sweep.store",
-    "perflab.workloads.registry",
+    "perflab.workloads.implementations",
     "perflab.workloads.classify",
     "perflab.workloads.lm",
     "perflab.workloads.decode",

@@ -150,7 +150,7 @@ def check(options: RoundOptions, rounds, order: str = "alternate", seed: int | N
     check_options(options.skip, options.steps, 0, options.step, options.step_range, inputs=options.inputs)
     make_source(options.step, options.step_range)
     if options.nproc is not None:
-        from perflab.program.launch import check_rank_counts
+        from perflab.program.torchrun import check_rank_counts
 
         check_rank_counts([options.nproc], several=False)
     check_rounds(rounds, least=2)

@@ -1,4 +1,6 @@
-"""Experiment specs: a YAML file → validated cases, named comparisons and break-even analyses.
+"""What to measure at the sweep floor, an experiment file of cases; ``spec.py`` is one case.
+
+Experiment specs: a YAML file → validated cases, named comparisons and break-even analyses.
 
 A spec (loaded with ``perflab.yaml_files.read_yaml``, safe tags only; nothing in it runs as code)::
 
@@ -54,14 +56,14 @@ from typing import Any
 from perflab import spec_schema as schema
 from perflab.errors import PerflabError, show
 from perflab.spec import Case, expand_grid, validate_case
-from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, Comparison,  # noqa: F401 (re-exported)
+from perflab.sweep.experiment import (DEFAULT_TIMEOUT_S, REDUCTION_FIELDS, Breakeven, ComparisonSpec,  # noqa: F401 (re-exported)
                                      Experiment)
 from perflab.yaml_files import read_yaml
 
 DEFAULT_MAX_CASES = 10_000
 
 
-def load_experiment(path, max_cases: int | None = None) -> Experiment:
+def read_experiment(path, max_cases: int | None = None) -> Experiment:
     """Read, check and expand a spec file; PerflabError (one line naming file and key) on any mistake.
     A spec of more than ``max_cases`` cases is refused before its grid is expanded."""
     from perflab.references import using_model_root
@@ -282,12 +284,12 @@ def _validate_all(at: _Where, sourced: list[tuple[str, dict]]) -> tuple[list[Cas
     return cases, pins
 
 
-def _comparison(at: _Where, name: str, baseline: dict, variant: dict, labels, cases: list[Case]) -> Comparison:
+def _comparison(at: _Where, name: str, baseline: dict, variant: dict, labels, cases: list[Case]) -> ComparisonSpec:
     key = f"comparisons.{name}"
     if baseline == variant:
         at.fail(key, "baseline and variant are the same")
     labels = tuple(labels) if labels is not None else _default_labels(at, baseline, variant)
-    comparison = Comparison(str(name), baseline, variant, labels)
+    comparison = ComparisonSpec(str(name), baseline, variant, labels)
     if not comparison.pairs([{"case": c.to_dict()} for c in cases]):
         at.fail(key, "no case matches both sides at the same point (same sizes, dtype, mode, ...); check the filters against the grid")
     return comparison

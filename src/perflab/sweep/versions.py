@@ -1,4 +1,6 @@
-"""One experiment at several versions of the code or the environment (``perflab ab``, ``perflab track``).
+"""Versions at the sweep floor, an experiment run at each; ``report/versions.py`` renders their comparisons.
+
+One experiment at several versions of the code or the environment (``perflab ab``, ``perflab track``).
 
 A **version** is a git revision of the repository that holds the model code (checked out in a worktree of its own,
 in a temporary directory, where the cases' relative model references are read), or a Python interpreter (another

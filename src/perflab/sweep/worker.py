@@ -217,12 +217,12 @@ def cost_split(stages: list[tuple[str, float]], started: float, ended: float, ag
 def _profile(case, row: dict, trace_dir: Path, steps: int, tag: str = "") -> dict:
     """The case's profile pass, summarised for the row; a failure of the pass is recorded, and the timing kept."""
     from perflab.diagnosis.profiling import profile_summary
-    from perflab.trace.capture import profile_case
+    from perflab.trace.capture import capture_case
 
     try:
         trace_path = trace_dir / f"{case.id}{tag}.trace.json.gz"
         trace_dir.mkdir(parents=True, exist_ok=True)
-        profile_case(case, trace_path, steps=steps)
+        capture_case(case, trace_path, steps=steps)
         return profile_summary(trace_path, row["median_ms"])
     except Exception as exc:  # an OOM under the profiler's own memory, say: the untraced row still stands
         traceback.print_exc()

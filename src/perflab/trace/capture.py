@@ -235,7 +235,7 @@ def record_steps(step: Callable[[], object], trace_path: Path, device: str, step
     return CaptureResult(tracer.trace_path, steps, device)
 
 
-def profile_case(case, trace_path: Path, steps: int = 5, by_module: bool = False) -> CaptureResult:
+def capture_case(case, trace_path: Path, steps: int = 5, by_module: bool = False) -> CaptureResult:
     """Build the case's workload exactly as the harness does, warm it up, and record ``steps`` steps.
 
     ``by_module``: also a range around each module's forward and backward (``trace.modules``), for the

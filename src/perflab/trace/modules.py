@@ -1,4 +1,6 @@
-"""Module ranges for a profile pass: each ``nn.Module``'s forward (and backward) inside a profiler range.
+"""Module ranges at the trace floor, recorded in a profile pass; ``analysis/modules.py`` attributes the kernels to them.
+
+Module ranges for a profile pass: each ``nn.Module``'s forward (and backward) inside a profiler range.
 
 Hooks only open and close ``record_function`` ranges named ``module:<path> [<Class>]`` (forward) and
 ``module_backward:<path> [<Class>]`` (backward); they time nothing and never synchronise, so the kernels run as

@@ -1,4 +1,6 @@
-"""The decode family: a Llama (models/llama.py) with a static KV cache, seed 004's testbench.
+"""The decode family at the workloads floor, what its step runs; ``report/decode.py`` makes its rows' tables.
+
+The decode family: a Llama (models/llama.py) with a static KV cache, seed 004's testbench.
 
 Workloads (one timed step each):
 

@@ -1,4 +1,6 @@
-"""The lm family: a batch of random token ids through a GPT (models/lm.py), seed 003's study.
+"""The lm family at the workloads floor, what its step runs; ``models/lm.py`` is its model, ``report/lm.py`` its tables.
+
+The lm family: a batch of random token ids through a GPT (models/lm.py), seed 003's study.
 
 Workloads (one timed step each):
 
