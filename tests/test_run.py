@@ -64,8 +64,9 @@ def test_a_training_loop_is_timed_by_its_optimizer_steps_and_its_trace_accounted
     captured = capsys.readouterr()
     assert code == 0
     assert "argv ['14'] name __main__" in captured.out and "trained" in captured.out  # the program's own, unchanged
-    # 2 skipped + 6 timed + 1 under the profiler thrown away + 2 traced (on the CPU with their shapes: no second pass)
-    assert report["recorded"]["steps_seen"] == 11 and report["recorded"]["shapes_trace_path"] is None and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
+    # 2 skipped + 6 timed + 1 between (perflab reads the timed steps and starts its profiler) + 1 under the profiler thrown
+    # away + 2 traced (on the CPU with their shapes: no second pass)
+    assert report["recorded"]["steps_seen"] == 12 and report["recorded"]["shapes_trace_path"] is None and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
     # each traced step (and the warm-up one) timed by the same clock as the untraced ones
     assert len(report["traced"]["step_ms_each"]) == 2 and len(report["traced"]["warmup_step_ms"]) == 1
     assert report["traced"]["step_ms"] == pytest.approx(sorted(report["traced"]["step_ms_each"])[0] / 2 + sorted(report["traced"]["step_ms_each"])[1] / 2)
@@ -203,7 +204,7 @@ def test_a_program_that_ends_early_exits_with_its_code_and_one_line(tmp_path, ca
     code, report = run(tmp_path, prog, skip=1, steps=5, trace=1)
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 3 and len(lines) == 1
-    assert "exited with code 3 after 3 step(s)" in lines[0] and "needs 8: 2 timed step(s)" in lines[0]
+    assert "exited with code 3 after 3 step(s)" in lines[0] and "needs 9: 2 timed step(s)" in lines[0]
     assert report["timing"]["steps"] == 2
 
 
