@@ -64,8 +64,9 @@ def test_a_training_loop_is_timed_by_its_optimizer_steps_and_its_trace_accounted
     captured = capsys.readouterr()
     assert code == 0
     assert "argv ['14'] name __main__" in captured.out and "trained" in captured.out  # the program's own, unchanged
-    # 2 skipped + 6 timed + 1 under the profiler thrown away + 2 traced (on the CPU with their shapes: no second pass)
-    assert report["recorded"]["steps_seen"] == 11 and report["recorded"]["shapes_trace_path"] is None and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
+    # 2 skipped + 6 timed + 1 between (perflab reads the timed steps and starts its profiler) + 1 under the profiler thrown
+    # away + 2 traced (on the CPU with their shapes: no second pass)
+    assert report["recorded"]["steps_seen"] == 12 and report["recorded"]["shapes_trace_path"] is None and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
     # each traced step (and the warm-up one) timed by the same clock as the untraced ones
     assert len(report["traced"]["step_ms_each"]) == 2 and len(report["traced"]["warmup_step_ms"]) == 1
     assert report["traced"]["step_ms"] == pytest.approx(sorted(report["traced"]["step_ms_each"])[0] / 2 + sorted(report["traced"]["step_ms_each"])[1] / 2)
@@ -94,14 +95,15 @@ def test_step_names_an_inference_function_and_each_call_begins_a_step(tmp_path):
         def infer(x):
             return (x @ w).relu() @ w
         x = torch.randn(16, 128)
-        for i in range(11):
+        for i in range(12):
             infer(x)
             time.sleep(0.003)  # between calls: in the step (the period from one call's start to the next's), not in the call
     """)
     code, report = run(tmp_path, prog, step="infer", skip=1, steps=5, trace=2)
     assert code == 0
-    # 10 call starts make the 9 periods: 1 skipped, 5 timed, 1 under the profiler thrown away, 2 traced
-    assert report["recorded"]["steps_seen"] == 9 and report["timing"]["steps"] == 5
+    # 11 call starts make the 10 periods: 1 skipped, 5 timed, 1 between (perflab's own work), 1 under the profiler thrown
+    # away, 2 traced
+    assert report["recorded"]["steps_seen"] == 10 and report["timing"]["steps"] == 5
     assert report["flops"]["flops_per_step"] == 2 * (2 * 16 * 128 * 128)
     assert report["steps_from"] == "the period between the starts of successive calls of infer"
     # the call's own duration beside the step: the sleep is in the step, not in the call
@@ -114,7 +116,7 @@ def test_step_range_names_a_record_function_range(tmp_path):
         import torch
         from torch.autograd.profiler import record_function
         w = torch.randn(64, 32)
-        for i in range(12):
+        for i in range(13):
             with record_function("BENCHMARK/decode"):
                 y = torch.randn(8, 64) @ w
             with record_function("other"):
@@ -122,7 +124,7 @@ def test_step_range_names_a_record_function_range(tmp_path):
     """)
     code, report = run(tmp_path, prog, step_range="BENCHMARK", skip=2, steps=4, trace=3)
     assert code == 0
-    assert report["recorded"]["steps_seen"] == 10 and report["traced"]["steps"] == 3
+    assert report["recorded"]["steps_seen"] == 11 and report["traced"]["steps"] == 3  # 2 + 4 + 1 between + 1 + 3
     assert report["flops"]["flops_per_step"] == 2 * 8 * 64 * 32
 
 
@@ -203,7 +205,7 @@ def test_a_program_that_ends_early_exits_with_its_code_and_one_line(tmp_path, ca
     code, report = run(tmp_path, prog, skip=1, steps=5, trace=1)
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 3 and len(lines) == 1
-    assert "exited with code 3 after 3 step(s)" in lines[0] and "needs 8: 2 timed step(s)" in lines[0]
+    assert "exited with code 3 after 3 step(s)" in lines[0] and "needs 9: 2 timed step(s)" in lines[0]
     assert report["timing"]["steps"] == 2
 
 
@@ -269,9 +271,9 @@ def test_an_out_dir_that_cannot_take_the_report_is_one_line_before_the_program_r
 
 def test_the_command_line_keeps_the_programs_own_options_apart(tmp_path):
     prog = program(tmp_path, MLP)
-    done = run_cli("run", "--skip", "1", "--steps", "3", "--trace-warmup", "1", "--trace", "1", "--out", tmp_path / "o", "--", "python", prog, "6", "--lr", "3")
+    done = run_cli("run", "--skip", "1", "--steps", "3", "--trace-warmup", "1", "--trace", "1", "--out", tmp_path / "o", "--", "python", prog, "7", "--lr", "3")
     assert done.returncode == 0, done.stderr
-    assert "argv ['6', '--lr', '3']" in done.stdout
+    assert "argv ['7', '--lr', '3']" in done.stdout
     assert "perflab run:" in done.stderr and "verdict:" in done.stderr  # the report, on stderr beside the program's output
     missing = run_cli("run", "--", tmp_path / "nothere.py")
     assert missing.returncode == 2 and missing.stderr.strip().endswith("no such file (perflab run [OPTIONS] -- SCRIPT [ARGS...])")

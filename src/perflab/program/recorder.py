@@ -5,6 +5,11 @@
   the boundary (the step's stream; no synchronisation inside the phase); on the CPU the host clock. A "boundary"
   source's step is one boundary to the next; a "call" source's is one call (start to return; the time between calls
   is not the step's). The peak of the allocator's memory is reset when the phase begins and read when it ends.
+- between (one step, where ``--trace`` is more than 0): the step after the timed ones, in which perflab does its own
+  work: it reads the timed steps, writes them, and starts its profiler at the boundary that ends it. That work (a
+  GPU's profiler start took 1.4 s in nanoGPT) lands in an iteration of the program's that is neither timed nor traced,
+  so the program's own clock over the timed steps is theirs alone. The timed steps' watches (the loop's, the host's
+  and the GPU's busy share, dynamo's counters and the allocator's peaks) end at the timed phase's last boundary.
 - traced (``--trace M``): torch.profiler (``trace.capture.Tracer``), started at a boundary after one synchronisation,
   its ``--trace-warmup`` steps thrown away, then M steps recorded and stopped with another. On a GPU this accounted
   pass is CUDA only, each step boundary marked by a one-cycle kernel of perflab's (the trace's step windows), and a
@@ -136,6 +141,15 @@ def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
             "host_median_ms": summarize(host_ms).median if host_ms else None}
 
 
+BETWEEN_STEPS = 1  # the step between the timed and the traced ones, where perflab does its own work (the module's doc)
+
+
+def steps_needed(options) -> int:
+    """The program's steps a whole run needs: --skip, --steps and, where it traces, the step between, --trace-warmup
+    and --trace."""
+    return options.skip + options.steps + (BETWEEN_STEPS + options.trace_warmup + options.trace if options.trace else 0)
+
+
 class Recorder:
     def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None, guard: Guard | None = None,
                  on_timed=None):
@@ -165,6 +179,7 @@ class Recorder:
         self._busy_why: str | None = None
         self._loop_started = False
         self._host_before = None  # (thread id, measure.sched.HostSample) where the timed steps began: their host contention
+        self._host_after = None  # the same where they ended
         self._said, self._said_n = self._t0, 0  # when the last progress line was said, at which step
 
     # --- installation ------------------------------------------------------------------------------
@@ -246,10 +261,13 @@ class Recorder:
         if phase == "skipped" and n == self.options.skip:
             self._enter_timed()
         elif phase == "timed" and n == self._timed_end:
-            self._finish_timing()
-            if self.on_timed is not None:
-                self.on_timed(self)
-            self._enter_traced()
+            self._end_timed_watch()
+            if self.options.trace:
+                self.data.phase = "between"  # perflab's own work waits for the next boundary (the module's doc)
+            else:
+                self._begin_tracing()
+        elif phase == "between":
+            self._begin_tracing()
         elif phase == "traced":
             if self._tracer is not None:
                 self._step_tracer()
@@ -268,9 +286,9 @@ class Recorder:
         per = (now - self._said) / (n - self._said_n)
         self._said, self._said_n = now, n
         o = self.options
-        need = o.skip + o.steps + (o.trace_warmup + o.trace + (o.shapes_steps if o.record_shapes else 0) if o.trace else 0)
+        need = steps_needed(o) + (o.shapes_steps if o.record_shapes and o.trace else 0)
         where = {"skipped": f"skipping step {n} of {o.skip}", "timed": f"timing step {n - o.skip} of {o.steps}",
-                 "traced": f"tracing (step {n} of {need})"}.get(phase, f"step {n}")
+                 "between": f"starting the profiler (step {n} of {need})", "traced": f"tracing (step {n} of {need})"}.get(phase, f"step {n}")
         from perflab.program.guard import say
 
         say(f"perflab: {where}; the report in about {max(need - n, 0) * per:.0f} s (at {per:.2f} s a step so far)")
@@ -324,9 +342,26 @@ class Recorder:
         if cuda:
             torch.cuda.reset_peak_memory_stats()
 
-    def _finish_timing(self) -> None:
-        self._counters["traced"] = compiler.counters()
+    def _begin_tracing(self) -> None:
+        """The timed steps read and handed to ``on_timed`` (written), then the traced phase entered."""
         self._read_timed()
+        if self.on_timed is not None:
+            self.on_timed(self)
+        self._enter_traced()
+
+    def _end_timed_watch(self) -> None:
+        """At the timed phase's last boundary: what watched the timed steps stops (nothing here synchronises: the steps'
+        events are read later, ``_read_timed``). Once."""
+        if "traced" in self._counters:
+            return
+        self._counters["traced"] = compiler.counters()
+        self.loop.active = False
+        self._host_after = _host_sample()
+        if self._busy is not None:
+            self.data.busy = self._busy.stop()
+            self._busy = None
+        elif self._busy_why:
+            self.data.busy = {"busy_share": None, "why": {"nvml": self._busy_why}}
         if self._clock is not None and self._clock.cuda:
             import torch
 
@@ -347,12 +382,9 @@ class Recorder:
         if self._timed_read:
             return
         self._timed_read = True
-        self.loop.active = False
-        host = _host_contention(self._host_before, _host_sample())
-        if self._busy is not None:  # before the events are read: the read waits for the GPU to drain, which is not a step
-            self.data.busy = self._busy.stop()
-        elif self._busy_why:
-            self.data.busy = {"busy_share": None, "why": {"nvml": self._busy_why}}
+        if self.data.phase in ("skipped", "timed"):  # the program ended before the timed phase did: its watches end now
+            self._end_timed_watch()
+        host = _host_contention(self._host_before, self._host_after)
         with self.loop.paused():
             step_ms, host_ms = self._read("timed")
             self.data.step_ms, self.data.host_step_ms = [float(x) for x in step_ms], [float(x) for x in host_ms]

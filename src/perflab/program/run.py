@@ -27,7 +27,7 @@ from perflab.errors import PerflabError
 from perflab.program.boundaries import StepSource, make_source
 from perflab.program.children import resolve_hook
 from perflab.program.guard import Guard, say
-from perflab.program.recorder import Rank, Recorded, Recorder, RunOptions, StopProgram
+from perflab.program.recorder import Rank, Recorded, Recorder, RunOptions, StopProgram, steps_needed
 from perflab.program.report import RunContext, build_run_report
 from perflab.program.script import Outcome, Program, print_program_traceback, run_program
 from perflab.records.run_report import RunReport, save
@@ -295,11 +295,11 @@ class Run:
         if not self.source.matched and data.phase != "done":
             return f"perflab: {self.source.never_matched()}; the program {how} after {seconds:.1f} s"
         o = self.options
-        need = o.skip + o.steps + (o.trace_warmup + o.trace if o.trace else 0)
+        need = steps_needed(o)
         how = f"{how} after {seen} step(s)"
         timed = len(data.step_ms)
         measured = f"{timed} timed step(s)" + (", traced" if data.trace_path else "")
-        traced = f" + --trace-warmup {o.trace_warmup} + --trace {o.trace}" if o.trace else " + --trace 0"
+        traced = f" + 1 (perflab's own work) + --trace-warmup {o.trace_warmup} + --trace {o.trace}" if o.trace else " + --trace 0"
         return (f"perflab: the program {how} ({self.source.description}); --skip {o.skip} + --steps {o.steps}{traced} needs {need}: "
                 f"{measured} written to {where}")
 
