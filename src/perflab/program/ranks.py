@@ -101,7 +101,8 @@ def _sizes(sizes) -> str:
 
 def rank_fields(device: str | None, world: int) -> dict:
     """This rank's fields of its report, at the end of its traced steps (every rank at the same boundary): its DDP
-    layout (``ddp``) and the all-reduce sweep (``all_reduce``), null where there is none; where they cannot be taken,
+    layout (``ddp``) and the all-reduce sweep (``all_reduce``), null where there is none, and without DDP its FSDP
+    layout (``fsdp``, only where there is one); where they cannot be taken,
     ``communication_note`` says why (the communication section is lost, the rest of the report is not). The builder
     (``program.report.build_run_report``) sets them."""
     fields: dict = {}
