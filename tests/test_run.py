@@ -417,6 +417,7 @@ def test_an_fsdp_program_on_two_gloo_ranks_gets_its_layout_and_its_all_gathers_a
     assert sum(e.get("name") == "gloo:all_gather" for e in events) == gathers * units * comm["steps_profiled"]
     said = " ".join(done.stderr.split())  # the table's title, wrapped to the terminal
     assert f"all-gather of {gathers * 0.13:.1f} MB bus bytes in {gathers * units} call(s) + reduce-scatter of 0.1 MB bus bytes in {units} call(s)" in said
+    assert 'id="communication-table"' in (out / "report.html").read_text()
 
 
 def test_the_recorders_stamps_are_read_once_into_the_record_with_their_summary(monkeypatch):
