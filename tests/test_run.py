@@ -353,6 +353,75 @@ def test_two_gloo_ranks_under_torchrun_merge_their_traces_into_the_communication
     assert 'id="ranks-table"' in page and 'id="communication-table"' in page and str(out / "rank1" / "trace.json.gz") in page
 
 
+FSDP = """
+    import sys
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 128))
+    if sys.argv[1] == "fully_shard":  # FSDP2: each Linear its own unit, then the root (which holds no parameter)
+        from torch.distributed.fsdp import fully_shard
+        for layer in (model[0], model[2]):
+            fully_shard(layer)
+        fully_shard(model)
+    else:  # FSDP1: one flat parameter, on the CPU
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(8):
+        model(torch.randn(16, 128)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("api", ["fully_shard", "FullyShardedDataParallel"])
+def test_an_fsdp_program_on_two_gloo_ranks_gets_its_layout_and_its_all_gathers_and_reduce_scatters_floor(tmp_path, api):
+    prog = program(tmp_path, FSDP)
+    out = tmp_path / "fsdp"
+    done = run_cli("run", "--nproc", "2", "--skip", "2", "--steps", "3", "--trace-warmup", "1", "--trace", "2", "--out", out, "--", prog, api,
+                   timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "run.json").read_text())
+    assert list(report) == RUN_KEYS + ["ddp", "fsdp", "all_reduce", "ranks", "slowest_rank", "step_ms", "communication"]
+    param_bytes = 4 * (128 * 256 + 256 + 256 * 128 + 128)  # 263,680: every parameter whole, fp32
+    assert param_bytes == 263680
+    # FSDP2: the two Linears, each gathered again for the backward (the root holds no parameter); FSDP1: the root's one
+    # flat parameter, which FSDP keeps gathered from the forward to the backward
+    units, gathers = (2, 2) if api == "fully_shard" else (1, 1)
+    layout = report["fsdp"]
+    assert report["ddp"] is None
+    assert {k: layout[k] for k in ("api", "sharding_strategy", "world_size", "units", "reshard_after_forward", "param_bytes", "grad_bytes",
+                                   "all_gather_bytes", "reduce_scatter_bytes")} == {
+        "api": api, "sharding_strategy": "FULL_SHARD", "world_size": 2, "units": units, "reshard_after_forward": gathers == 2,
+        "param_bytes": 263680, "grad_bytes": 263680, "all_gather_bytes": gathers * 263680, "reduce_scatter_bytes": 263680}
+    assert layout["unit_param_bytes"] == ([4 * (128 * 256 + 256), 4 * (256 * 128 + 128)] if units == 2 else [263680])
+    if api == "FullyShardedDataParallel":
+        assert layout["flat_param_bytes"] == [263680]  # 65,920 elements: padded to 2 ranks, nothing added
+    comm = report["communication"]
+    assert comm["mode"] == "fsdp"
+    # all-gathered once a step per gather (forward; backward, after resharding), reduce-scattered once: (N−1)/N = 1/2
+    # of each on the bus; FSDP2: 263,680 + 131,840 = 395,520 bus bytes, FSDP1: 131,840 + 131,840 = 263,680
+    assert comm["collectives"] == [
+        {"collective": "all_gather", "payload_bytes": gathers * 263680, "bus_bytes": gathers * 131840, "calls": gathers * units,
+         "message_bytes": 263680 / units, "bus_factor": "(N−1)/N"},
+        {"collective": "reduce_scatter", "payload_bytes": 263680, "bus_bytes": 131840, "calls": units, "message_bytes": 263680 / units,
+         "bus_factor": "(N−1)/N"}]
+    bus = {"fully_shard": 395520, "FullyShardedDataParallel": 263680}[api]
+    assert comm["bus_bytes"] == bus and comm["calls"] == (gathers + 1) * units
+    assert comm["floor_ms"] == pytest.approx(bus / (comm["busbw_gbps"] * 1e9) * 1e3)
+    assert [r["rank"] for r in comm["ranks"]] == [0, 1]
+    for r in comm["ranks"]:
+        assert r["comm_ms"] > 0 and r["comm_ms"] == pytest.approx(r["exposed_ms"] + r["overlapped_ms"], abs=1e-9)
+    # the traces hold the all-gathers the floor counts, each traced step's
+    events = load_events(out / "rank0" / "trace.json.gz")
+    assert sum(e.get("name") == "gloo:all_gather" for e in events) == gathers * units * comm["steps_profiled"]
+    said = " ".join(done.stderr.split())  # the table's title, wrapped to the terminal
+    assert f"all-gather of {gathers * 0.13:.1f} MB bus bytes in {gathers * units} call(s) + reduce-scatter of 0.1 MB bus bytes in {units} call(s)" in said
+    assert 'id="communication-table"' in (out / "report.html").read_text()
+
+
 def test_the_recorders_stamps_are_read_once_into_the_record_with_their_summary(monkeypatch):
     import perflab.clock
     from perflab.program.boundaries import StepSource

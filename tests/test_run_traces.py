@@ -139,3 +139,27 @@ def test_the_merged_verdict_leaves_out_waiting_by_the_inflation_the_communicatio
     message = merged["verdict"]["message"]
     assert f"{most['waiting_ms']:.3f} ms is waiting for a peer, left out of the verdict" in message
     assert f"the traced steps ran ×{printed:.2f} the untraced" in message
+
+
+def test_the_merge_of_an_fsdp_programs_ranks_floors_its_all_gathers_and_reduce_scatters_and_not_no_shard():
+    """The merge reads rank 0's FSDP layout (``fsdp``, without ``ddp``) into explain's FSDP collectives; FSDP1's NO_SHARD
+    (an all-reduce) keeps its measured communication without a floor. The traces: the two nanoGPT ranks above."""
+    from perflab.program.ranks import merge
+    from perflab.program.report import RunReport
+
+    sweep = {"sizes": [{"bytes": 2**20, "time_us": 20.0, "busbw_gbps": 50.0}, {"bytes": 2**24, "time_us": 200.0, "busbw_gbps": 100.0}]}
+
+    def rank(r, fsdp):
+        path = DATA / f"nanogpt_ddp_cuda_only_h200_rank{r}.json.gz"
+        return RunReport(timing={"median_ms": 114.021 - r}, device="cuda", rank=r, world_size=2, recorded={"steps_seen": 30, "trace_path": str(path)},
+                         traced={"steps": 3}, ddp=None, fsdp=fsdp, all_reduce=sweep)
+
+    layout = {"sharding_strategy": "FULL_SHARD", "units": 4, "reshard_after_forward": True, "param_bytes": 64 * 2**20, "grad_bytes": 64 * 2**20}
+    comm = merge({0: rank(0, layout), 1: rank(1, layout)}, 2)["communication"]
+    assert comm["mode"] == "fsdp" and [c["collective"] for c in comm["collectives"]] == ["all_gather", "reduce_scatter"]
+    # 2 × 64 MiB gathered + 64 MiB reduce-scattered, half of each on the bus: 96 MiB in 12 calls at 100 GB/s (16 MiB a unit)
+    assert (comm["bus_bytes"], comm["calls"], comm["busbw_gbps"]) == (96 * 2**20, 12, 100.0)
+    assert comm["floor_ms"] == pytest.approx(96 * 2**20 / 100e9 * 1e3)
+    no_shard = merge({0: rank(0, dict(layout, sharding_strategy="NO_SHARD")), 1: rank(1, layout)}, 2)["communication"]
+    assert no_shard["mode"] is None and no_shard["floor_ms"] is None and "NO_SHARD" in no_shard["floor_note"]
+    assert [r["rank"] for r in no_shard["ranks"]] == [0, 1]

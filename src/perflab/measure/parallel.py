@@ -626,3 +626,57 @@ def ddp_layout(model, grad_sizes: list[int]) -> dict:
     return {"ddp_buckets": buckets, "ready_grad_bytes": [grad_sizes[i] for i in order]}
 
 
+
+
+# FSDP1's sharding strategies that free the gathered parameters after the forward (so the backward gathers them again)
+RESHARDS_AFTER_FORWARD = {"FULL_SHARD": True, "HYBRID_SHARD": True, "SHARD_GRAD_OP": False, "_HYBRID_SHARD_ZERO2": False}
+
+
+def _outermost(found: list) -> list:
+    """The modules of ``found`` that no other of them holds (the outermost FSDP wrappers)."""
+    inner = {id(sub) for m in found for sub in list(m.modules())[1:]}
+    return [m for m in found if id(m) not in inner]
+
+
+def fsdp_layout(fsdp2: list, fsdp1: list) -> dict | None:
+    """The FSDP layout of the first outermost FSDP module among ``fsdp2`` (``fully_shard``'s ``FSDPModule``s), else
+    among ``fsdp1`` (``FullyShardedDataParallel`` instances), as explain's FSDP rows have it: the parameters' and
+    gradients' bytes (whole, in their dtype: a DTensor's numel is the whole parameter's), the units that hold
+    parameters (each one all-gather per gather and one reduce-scatter a step) and each one's bytes, whether the units
+    reshard after the forward (then the backward gathers again: the step's all-gathers are twice the parameters, as
+    explain's ``analysis.comm.fsdp_bytes`` counts them, a root's own parameters too, which FSDP keeps gathered) and the
+    sharding strategy; for FSDP1 each unit's flat parameter padded to the world size, as its all-gather moves it.
+    None without one."""
+    roots2, roots1 = _outermost(fsdp2), _outermost(fsdp1)
+    roots = roots2 or roots1
+    if not roots:
+        return None
+    root = roots[0]
+    info: dict = {"modules": len(roots)}
+    if roots2:
+        ids = {id(m) for m in fsdp2}
+        groups = [g for g in (getattr(m._get_fsdp_state(), "_fsdp_param_group", None) for m in root.modules() if id(m) in ids) if g is not None]
+        units = [sum(fp.sharded_param.numel() * fp.sharded_param.element_size() for fp in g.fsdp_params) for g in groups]
+        # after its first forward each group says whether it reshards (FSDP2 leaves the root's gathered by default)
+        reshard = any(g.post_forward_mesh_info is not None for g in groups)
+        params = list(root.parameters())
+        info.update(api="fully_shard", sharding_strategy="FULL_SHARD" if reshard else "SHARD_GRAD_OP",
+                    world_size=groups[0].mesh_info.shard_mesh_size if groups else None,
+                    param_bytes=int(sum(p.numel() * p.element_size() for p in params)),
+                    grad_bytes=int(sum(p.numel() * p.element_size() for p in params if p.requires_grad)))
+    else:
+        ids = {id(m) for m in fsdp1}
+        wrappers = [m for m in root.modules() if id(m) in ids and getattr(m, "_handle", None) is not None]
+        flat = [m._handle.flat_param for m in wrappers]
+        strategy = root.sharding_strategy.name
+        # FSDP1 keeps the root's flat parameter gathered after the forward (the backward starts with it): only the
+        # units inside it are gathered again
+        reshard = RESHARDS_AFTER_FORWARD.get(strategy, False) and any(m is not root for m in wrappers)
+        units = [f._unpadded_unsharded_size.numel() * f.element_size() for f in flat]
+        info.update(api="FullyShardedDataParallel", sharding_strategy=strategy, world_size=root.world_size, param_bytes=int(sum(units)),
+                    grad_bytes=int(sum(u for u, f in zip(units, flat) if f.requires_grad)),
+                    flat_param_bytes=[int(f._padded_unsharded_size.numel() * f.element_size()) for f in flat])
+    gathers = 2 if reshard else 1
+    info.update(units=len(units), unit_param_bytes=[int(u) for u in units], reshard_after_forward=reshard,
+                all_gather_bytes=gathers * info["param_bytes"], reduce_scatter_bytes=info["grad_bytes"])
+    return info

@@ -6,7 +6,9 @@ communication as ``perflab explain --parallel`` does.
 At the end of the traced steps every rank, at the same step boundary:
 
 1. finds the program's ``DistributedDataParallel`` modules (through the garbage collector): the gradients' bytes and
-   DDP's buckets as it rebuilt them;
+   DDP's buckets as it rebuilt them; without one, its FSDP modules (FSDP2's ``fully_shard``, FSDP1's
+   ``FullyShardedDataParallel``): the sharding strategy, the units and the parameters' bytes they all-gather and
+   reduce-scatter (``fsdp``, set only for such a program);
 2. takes the all-reduce bus bandwidth: this GPU's cached sweep for the world size (``perflab ceilings --gpus``), or
    one swept now on the program's own default process group (every rank is at the same boundary, so the collectives
    line up; on the GPU up to 256 MiB, on the CPU gloo's small sizes), kept in the cache for the next run;
@@ -50,6 +52,27 @@ def ddp_info() -> dict | None:
     return info
 
 
+def fsdp_info() -> dict | None:
+    """The first outermost FSDP module alive, FSDP2 (``fully_shard``) or FSDP1 (``FullyShardedDataParallel``): its
+    layout (``measure.parallel.fsdp_layout``: sharding strategy, units, the parameters' and gradients' bytes, the
+    all-gathers' and reduce-scatters' bytes a step); None when the program shards nothing with FSDP."""
+    from perflab.measure.parallel import fsdp_layout
+
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch before FSDP2
+        FSDPModule = None
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+    except ImportError:
+        FullyShardedDataParallel = None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fsdp2 = instances_alive(FSDPModule) if FSDPModule is not None else []
+        fsdp1 = instances_alive(FullyShardedDataParallel) if FullyShardedDataParallel is not None else []
+    return fsdp_layout(fsdp2, fsdp1)
+
+
 def all_reduce_bandwidth(device: str, world: int) -> dict | None:
     """The all-reduce sweep for these ranks: cached, or swept now on the default group; None without a process group."""
     import torch
@@ -80,12 +103,16 @@ def _sizes(sizes) -> str:
 
 def rank_fields(device: str | None, world: int) -> dict:
     """This rank's fields of its report, at the end of its traced steps (every rank at the same boundary): its DDP
-    layout (``ddp``) and the all-reduce sweep (``all_reduce``), null where there is none; where they cannot be taken,
+    layout (``ddp``) and the all-reduce sweep (``all_reduce``), null where there is none, and without DDP its FSDP
+    layout (``fsdp``, only where there is one); where they cannot be taken,
     ``communication_note`` says why (the communication section is lost, the rest of the report is not). The builder
     (``program.report.build_run_report``) sets them."""
     fields: dict = {}
     try:
         fields["ddp"] = ddp_info()
+        fsdp = fsdp_info() if fields["ddp"] is None else None
+        if fsdp is not None:  # set only where there is one: a DDP program's report keeps its fields
+            fields["fsdp"] = fsdp
         fields["all_reduce"] = all_reduce_bandwidth(device or "cpu", world)
     except Exception as exc:
         fields["communication_note"] = f"no all-reduce floor: {type(exc).__name__}: {exc}"
@@ -136,7 +163,8 @@ def _rank_loop(report: RunReport) -> dict:
 
 def merge(reports: dict[int, RunReport], world: int) -> dict:
     """The ranks' reports merged, as rank 0's report's fields: each rank's step and flags, the slowest rank, and from
-    their traces the communication section (and rank 0's verdict held against the most exposed communication).
+    their traces the communication section (DDP's all-reduces or FSDP's all-gathers and reduce-scatters against
+    their floor; and rank 0's verdict held against the most exposed communication).
     ``reports``: rank → its report as written, rank 0's own among them (it is written before the others are read)."""
     from perflab.analysis.comm import communication_section
     from perflab.analysis.program import input_straggler
@@ -163,11 +191,14 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
         merged["communication_note"] = "not every rank wrote a trace: no merged accounting"
         return merged
     accounts = account_rank_traces(paths, own.device or "cpu", steps)
-    ddp = own.section("ddp")
-    comm = communication_section(mode="ddp" if ddp else None, world_size=world, grad_bytes=ddp.get("grad_bytes"),
-                                 param_bytes=ddp.get("param_bytes"), sweep=own.get("all_reduce"), accounts=accounts.get("accounts") or [],
-                                 steps=accounts.get("steps") or steps, rank_step_ms=known, step_ms=step_ms, note=accounts.get("note"),
-                                 bucket_cap_mb=ddp.get("bucket_cap_mb"), buckets=ddp.get("ddp_buckets"))
+    ddp, fsdp = own.section("ddp"), own.section("fsdp")
+    if not ddp and fsdp:
+        comm = fsdp_communication(fsdp, world, own.get("all_reduce"), accounts, steps, known, step_ms)
+    else:
+        comm = communication_section(mode="ddp" if ddp else None, world_size=world, grad_bytes=ddp.get("grad_bytes"),
+                                     param_bytes=ddp.get("param_bytes"), sweep=own.get("all_reduce"), accounts=accounts.get("accounts") or [],
+                                     steps=accounts.get("steps") or steps, rank_step_ms=known, step_ms=step_ms, note=accounts.get("note"),
+                                     bucket_cap_mb=ddp.get("bucket_cap_mb"), buckets=ddp.get("ddp_buckets"))
     merged["communication"] = comm
     straggler = input_straggler(merged["ranks"], comm["ranks"])
     if straggler is not None:  # one rank's input holds every rank back: said before what the step does
@@ -188,3 +219,21 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
         merged["verdict"] = step_verdict(evidence, own.get("floors"), own.get("utilisation"), exposed_comm_ms=most["exposed_ms"],
                                          traced_step_ms=most["traced_step_ms"], waiting_ms=most.get("waiting_ms"))
     return merged
+
+
+def fsdp_communication(fsdp: dict, world: int, sweep: dict | None, accounts: dict, steps: int, rank_step_ms: dict, step_ms: float | None) -> dict:
+    """The communication section of an FSDP program (``analysis.comm.communication_section``, explain's FSDP floor):
+    the parameters' all-gathers (twice a step where the units reshard after the forward) and the gradients'
+    reduce-scatters, (N−1)/N of each on the bus, one call per unit each. FSDP1's NO_SHARD all-reduces the gradients
+    as DDP does: its measured communication is given without a floor."""
+    from perflab.analysis.comm import communication_section
+
+    common = dict(world_size=world, grad_bytes=fsdp.get("grad_bytes"), param_bytes=fsdp.get("param_bytes"), sweep=sweep,
+                  accounts=accounts.get("accounts") or [], steps=accounts.get("steps") or steps, rank_step_ms=rank_step_ms, step_ms=step_ms,
+                  note=accounts.get("note"))
+    if fsdp.get("sharding_strategy") == "NO_SHARD" or not fsdp.get("units"):
+        section = communication_section(mode=None, **common)
+        section["floor_note"] = (f"FSDP ({fsdp.get('sharding_strategy')}, {fsdp.get('units') or 0} unit(s) holding parameters): no all-gather "
+                                 "or reduce-scatter floor for it; the measured communication without a floor")
+        return section
+    return communication_section(mode="fsdp", fsdp_units=fsdp["units"], reshard=bool(fsdp.get("reshard_after_forward")), **common)

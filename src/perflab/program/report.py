@@ -5,7 +5,7 @@ it is built here alone, by ``build_run_report``, from what the recorder hands ov
 times, read once, and their summary) and what the run is (``RunContext``): the traced steps' analysis
 (``analysis.program.program_report``, torch-free, from the traces the recorder wrote and, on a GPU, the measured
 peaks and the modules' bytes), the run's own fields and the validity flags (``run_report_checks``). Under torchrun
-this rank's DDP layout and all-reduce sweep (``program.ranks.rank_fields``) are built in too; only rank 0's merge of
+this rank's DDP (or FSDP) layout and all-reduce sweep (``program.ranks.rank_fields``) are built in too; only rank 0's merge of
 the ranks is set afterwards (``program.ranks.gather``, once this rank's report is saved: ``records.run_report`` says
 why that is a second step). It is written through
 ``records.run_report.save``.
@@ -42,7 +42,7 @@ def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, 
                      rank_fields: dict | None = None) -> RunReport:
     """The report of one rank's run. ``partial``: the program ended before the traced steps did (no analysis);
     ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own failures so far;
-    ``rank_fields``: under torchrun, this rank's DDP layout and all-reduce sweep (``program.ranks.rank_fields``)."""
+    ``rank_fields``: under torchrun, this rank's DDP (or FSDP) layout and all-reduce sweep (``program.ranks.rank_fields``)."""
     loop = whole_loop(recorded, context.options)
     report = RunReport(timing=recorded.timing, device=recorded.device) if partial else traced_report(recorded, context, loop)
     report.loop = loop

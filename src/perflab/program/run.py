@@ -254,7 +254,7 @@ class Run:
         from perflab.program import ranks
 
         context = RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
-        # under torchrun, after the traced steps, every rank takes its DDP layout and the all-reduce sweep here (the same
+        # under torchrun, after the traced steps, every rank takes its DDP (or FSDP) layout and the all-reduce sweep here (the same
         # boundary on every rank: the sweep's collectives line up)
         extra = ranks.rank_fields(recorded.device, self.rank.world_size) if self.rank.distributed and not ended_early else None
         report = build_run_report(recorded, context, partial=ended_early, outcome=outcome,

@@ -20,11 +20,11 @@ null. A report read back keeps what its file left out absent, so that it is writ
 declaration only: the values are the plain dicts run.json holds, unchanged, and a key a section may leave out is not
 an error): the timing, the loop and its input, the traced steps, the accounting, the verdict, the ranks, the
 communication and the processes; and ``scaling.json`` (``Scaling``), written beside the counts' run.json. The others
-(flops, utilisation, floors, compiled, ceilings, the verdict's evidence, options, recorded, ddp, all_reduce) stay
+(flops, utilisation, floors, compiled, ceilings, the verdict's evidence, options, recorded, ddp, fsdp, all_reduce) stay
 mappings of their builders' keys.
 
 **Built in two steps on rank 0 under torchrun.** ``build_run_report`` makes the whole record of one rank in one step
-(under torchrun this rank's ``ddp`` and ``all_reduce`` too, from ``program.ranks.rank_fields``); only on rank 0 does
+(under torchrun this rank's ``ddp`` (or ``fsdp``) and ``all_reduce`` too, from ``program.ranks.rank_fields``); only on rank 0 does
 ``program.ranks.gather`` set the merged fields (``ranks``, ``slowest_rank``, ``step_ms``, ``ranks_missing``,
 ``communication`` and its note, and the verdict held against the most exposed communication) afterwards. That cannot
 be one step: the merge reads every rank's report as written (rank 0's own ``rank.json`` among them), so rank 0's
@@ -203,15 +203,18 @@ class CommunicationRank(TypedDict, total=False):
 
 class Communication(TypedDict, total=False):
     """The ranks' communication (rank 0 under torchrun, ``analysis.comm.communication_section``): the floor of the
-    all-reduces the gradients need at the measured bus bandwidth, and each rank's exposed share."""
+    all-reduces the gradients need (DDP), or of the all-gathers and reduce-scatters (FSDP), at the measured bus
+    bandwidth, and each rank's exposed share."""
 
     world_size: int
     steps_profiled: int
     note: str | None
     floor_ms: float | None
     ranks: list[CommunicationRank]
-    mode: str | None
+    mode: str | None  # ddp, fsdp, or None without a data-parallel module
     grad_bytes: int | None
+    param_bytes: int | None
+    collectives: list | None  # each collective a step: its payload, bus bytes, calls and one call's message
     bus_bytes: int | None
     calls: int | None
     buckets: list | None
@@ -334,8 +337,10 @@ class RunReport:
     ended_by: str | None = ABSENT  # exit, exception, interrupt or sigterm
     last_words: str | None = ABSENT  # the exception (or sys.exit's message) the program ended with
     perflab_notes: list[str] | None = ABSENT  # perflab's own failures, said after the program
-    # under torchrun (``program.ranks``): this rank's DDP layout and the all-reduce sweep; on rank 0 the merge
+    # under torchrun (``program.ranks``): this rank's DDP layout (or its FSDP layout, only where it has one) and the
+    # all-reduce sweep; on rank 0 the merge
     ddp: dict | None = ABSENT
+    fsdp: dict | None = ABSENT
     all_reduce: dict | None = ABSENT
     ranks: list[RankRow] | None = ABSENT
     slowest_rank: int | None = ABSENT

@@ -204,7 +204,10 @@ def communication_table(report: dict) -> Table:
     comm = report["communication"]
     floor = comm.get("floor_ms")
     title = f"communication per step on {comm['world_size']} ranks"
-    if floor is not None:
+    if floor is not None and comm.get("mode") == "fsdp":
+        title += (": " + " + ".join(f"{c['collective'].replace('_', '-')} of {c['bus_bytes'] / 1e6:.1f} MB bus bytes in {c['calls']} call(s)"
+                                    for c in comm.get("collectives") or []) + f", busbw {comm['busbw_gbps']:.1f} GB/s → floor {floor:.3f} ms")
+    elif floor is not None:
         title += (f": all-reduce of {comm['bus_bytes'] / 1e6:.1f} MB bus bytes in {comm['calls']} bucket(s), busbw {comm['busbw_gbps']:.1f} GB/s "
                   f"→ floor {floor:.3f} ms")
     table = plain_table(title + " (ms per step)",
