@@ -189,6 +189,22 @@ def test_a_warning_every_row_shares_is_said_once_and_the_host_noise_in_one_line(
     assert warning_lines([_row("a", [], [])]) == []
 
 
+def test_two_modes_on_a_busy_host_are_said_once_beside_it_not_as_each_steps_own():
+    """Rows whose timing thread waited for a CPU (host_contention) and whose samples fell in two modes: the slow mode may
+    be the other work's, so the modes join the host's line once instead of a line a row calling them the step's own (the
+    demo on a 2-core host under another job printed four warning lines); two modes on a quiet host stay each row's."""
+    from perflab.measure.checks import BUSY_BIMODAL
+    from perflab.report.console import warning_lines
+
+    modes = "two modes: 16 of 20 samples at 35.1 ms (80%), 4 at 79.61 ms (20%); the CV of 39.5% is the distance between the modes, not noise"
+    busy = "the timing thread waited for a CPU 31.0% of the timed loop"
+    rows = [_row(f"deit_tiny_patch16_224 224px bs{bs} fp32 eager", ["bimodal", "host_contention"], [modes, busy]) for bs in (1, 8)]
+    rows.append(_row("deit_tiny_patch16_224 224px bs2 fp32 eager", ["host_contention"], [busy]))
+    assert warning_lines(rows) == [f"[yellow]warning[/yellow]: bimodal (bs1, bs8): {BUSY_BIMODAL} | host_contention (every row): {busy}"]
+    quiet = [_row(f"deit_tiny_patch16_224 224px bs{bs} fp32 eager", ["bimodal"] if bs == 1 else [], [modes] if bs == 1 else []) for bs in (1, 8)]
+    assert warning_lines(quiet) == [f"[yellow]warning[/yellow]: deit_tiny_patch16_224 224px bs1 fp32 eager: {modes}"]
+
+
 def test_flags_on_every_row_leave_the_table_cells_for_its_caption():
     rows = recorded()
     text = render(bench_table(rows), width=10_000)

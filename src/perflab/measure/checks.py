@@ -40,6 +40,9 @@ FLAG_SUMMARIES = {
 }
 # Flags of a busy or noisy host: said together in one line, however many rows carry them.
 NOISE_FLAGS = ("high_cv", "short_timing", "host_contention", "host_drift")
+# two modes on a row whose timing thread waited for a CPU (host_contention): what the report says of them, once
+BUSY_BIMODAL = ("the timing samples fall in two modes on a host other work shared (host_contention): the slow mode may be "
+                "that work's, not the step's")
 
 
 def break_reasons_text(stats: dict) -> str:

@@ -155,7 +155,8 @@ def warning_lines(rows: list[dict]) -> list[str]:
     for each other warning, with its numbers. A warning of no flag (past the row's flags: a process of ``--processes``
     that failed) is said once where every row has it, else on its rows' lines. Expected absences (no power meter on a
     CPU) are no warnings."""
-    from perflab.measure.checks import FLAG_SUMMARIES, NOISE_FLAGS
+    from perflab.host_flags import HOST_CONTENTION_FLAG
+    from perflab.measure.checks import BUSY_BIMODAL, FLAG_SUMMARIES, NOISE_FLAGS
 
     lines = [f"[red]{r['status']}[/red]: {escape(row_label(r))}: {escape(str(r.get('message')))}" for r in rows if r.get("status") != "ok"]
     ok = [r for r in rows if r.get("status") == "ok"]
@@ -177,9 +178,12 @@ def warning_lines(rows: list[dict]) -> list[str]:
     labels = table_names(rows)
     shared, own = [], []
     for flag, found in hits.items():
-        if len(found) == len(ok) or flag in NOISE_FLAGS:
+        # two modes on rows whose timing thread waited for a CPU: the slow mode may be the other work's, a busy host's
+        # doing as high_cv is, said once with it (not on each row's line as the step's own)
+        busy_modes = flag == "bimodal" and all(HOST_CONTENTION_FLAG in (r.get("flags") or []) for r, _ in found)
+        if len(found) == len(ok) or flag in NOISE_FLAGS or busy_modes:
             messages = {m for _, m in found}
-            text = messages.pop() if len(messages) == 1 else FLAG_SUMMARIES.get(flag, found[0][1])
+            text = BUSY_BIMODAL if busy_modes else messages.pop() if len(messages) == 1 else FLAG_SUMMARIES.get(flag, found[0][1])
             who = "every row" if len(found) == len(ok) else ", ".join(labels[row_label(r)] for r, _ in found)
             shared.append(escape(f"{flag} ({who}): {text}"))
         else:
