@@ -65,8 +65,8 @@ def test_a_training_loop_is_timed_by_its_optimizer_steps_and_its_trace_accounted
     assert code == 0
     assert "argv ['14'] name __main__" in captured.out and "trained" in captured.out  # the program's own, unchanged
     # 2 skipped + 6 timed + 1 between (perflab reads the timed steps and starts its profiler) + 1 under the profiler thrown
-    # away + 2 traced (on the CPU with their shapes: no second pass)
-    assert report["recorded"]["steps_seen"] == 12 and report["recorded"]["shapes_trace_path"] is None and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
+    # away + 2 traced (on the CPU with their shapes: no second pass) + 1 in which the trace is written and the report made
+    assert report["recorded"]["steps_seen"] == 13 and report["recorded"]["shapes_trace_path"] is None and report["timing"]["steps"] == 6 and report["traced"]["steps"] == 2
     # each traced step (and the warm-up one) timed by the same clock as the untraced ones
     assert len(report["traced"]["step_ms_each"]) == 2 and len(report["traced"]["warmup_step_ms"]) == 1
     assert report["traced"]["step_ms"] == pytest.approx(sorted(report["traced"]["step_ms_each"])[0] / 2 + sorted(report["traced"]["step_ms_each"])[1] / 2)
@@ -101,9 +101,9 @@ def test_step_names_an_inference_function_and_each_call_begins_a_step(tmp_path):
     """)
     code, report = run(tmp_path, prog, step="infer", skip=1, steps=5, trace=2)
     assert code == 0
-    # 11 call starts make the 10 periods: 1 skipped, 5 timed, 1 between (perflab's own work), 1 under the profiler thrown
-    # away, 2 traced
-    assert report["recorded"]["steps_seen"] == 10 and report["timing"]["steps"] == 5
+    # 12 call starts make the 11 periods: 1 skipped, 5 timed, 1 between (perflab's own work), 1 under the profiler thrown
+    # away, 2 traced, 1 in which the trace is written
+    assert report["recorded"]["steps_seen"] == 11 and report["timing"]["steps"] == 5
     assert report["flops"]["flops_per_step"] == 2 * (2 * 16 * 128 * 128)
     assert report["steps_from"] == "the period between the starts of successive calls of infer"
     # the call's own duration beside the step: the sleep is in the step, not in the call
@@ -124,7 +124,7 @@ def test_step_range_names_a_record_function_range(tmp_path):
     """)
     code, report = run(tmp_path, prog, step_range="BENCHMARK", skip=2, steps=4, trace=3)
     assert code == 0
-    assert report["recorded"]["steps_seen"] == 11 and report["traced"]["steps"] == 3  # 2 + 4 + 1 between + 1 + 3
+    assert report["recorded"]["steps_seen"] == 12 and report["traced"]["steps"] == 3  # 2 + 4 + 1 between + 1 + 3 + 1 writing
     assert report["flops"]["flops_per_step"] == 2 * 8 * 64 * 32
 
 

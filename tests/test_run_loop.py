@@ -338,3 +338,45 @@ def test_two_ranks_the_program_spawns_are_each_measured_and_merged_as_torchruns(
         own = json.loads((tmp_path / f"own{r}.json").read_text())[3:11]
         samples = json.loads((tmp_path / "out" / "spawn" / f"rank{r}" / "rank.json").read_text())["timing"]["samples_ms"]
         assert_own_clock(samples, own)
+
+
+OWN_CLOCK = """
+import json, sys, time
+import torch
+model = torch.nn.Linear(64, 64)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+own = []
+for i in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    model(torch.randn(16, 64)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    time.sleep(0.005)
+    own.append((time.perf_counter() - t0) * 1e3)
+json.dump(own, open(sys.argv[2], "w"))
+"""
+
+
+def test_perflabs_own_work_lands_in_no_timed_or_traced_iteration_of_the_programs_own_clock(tmp_path, monkeypatch):
+    """perflab's own work at the ends of its phases (the timed steps read and written and its profiler started; the
+    trace written and the report made), each made to take 0.3 s here, lands in iterations of the program's own clock
+    that are neither timed nor traced: the step between, and the step after the last traced one. Work at boundary n runs
+    inside the program's iteration n - 1 (0-based: its optimizer step is boundary n), and perflab's step j is iteration
+    j - 1."""
+    import time
+
+    from perflab.trace.capture import Tracer
+
+    slow_s = 0.3
+    start, write = Tracer.start, Tracer._write
+    monkeypatch.setattr(Tracer, "start", lambda self: (time.sleep(slow_s), start(self))[1])
+    monkeypatch.setattr(Tracer, "_write", lambda self, prof: (time.sleep(slow_s), write(self, prof))[1])
+    own_path = tmp_path / "own.json"
+    code, report = _run(tmp_path, _program(tmp_path, OWN_CLOCK), 16, own_path, skip=2, steps=4, trace=2)
+    assert code == 0 and report["timing"]["steps"] == 4 and report["traced"]["steps"] == 2
+    own = json.loads(own_path.read_text())
+    slow_ms = slow_s * 1e3
+    timed, between, traced, written = own[2:6], own[6], own[8:10], own[10]  # steps 3-6, 7, 9-10 (8: the warm-up), 11
+    assert max(timed) < slow_ms / 2 and max(traced) < slow_ms / 2, own
+    assert between > slow_ms and written > slow_ms, own  # the profiler's start; the trace's write and the report
+    assert max(report["timing"]["samples_ms"]) < slow_ms / 2 and max(report["traced"]["step_ms_each"]) < slow_ms / 2

@@ -16,6 +16,9 @@
   short second pass records the operators with their shapes (the FLOPs); on the CPU one pass records the operators
   with their shapes, each step in a ``ProfilerStep#n`` range. The traced steps are timed by the same clock and
   reported beside the untraced ones (``trace_inflated`` where the profiler slowed them).
+- the boundary that ends a pass's last traced step only stops its profiler: its trace is written at the next boundary
+  (with what follows it there: the pass with shapes, or the report), so that writing it lands in no traced iteration
+  of the program's own clock; a program that ends first has it written at its end.
 - then the program runs on untouched (the recorder's hooks detached; the source counts on where that is free), or
   stops (``--stop-after``).
 
@@ -170,6 +173,7 @@ class Recorder:
         self._pass = "accounted"  # the traced phase's passes: accounted (no shapes), then shapes (for the FLOPs)
         self._counters: dict = {}
         self._script_profiler = False
+        self._stop_s = 0.0  # the last pass's profiler stop, seconds (its write is added to it: profiler_seconds)
         self._t0 = time.perf_counter()
         self.watch = compiler.LimitWatch(step_of=lambda: self.data.steps_seen + 1)
         self._profiler_watch: ProfilerWatch | None = None
@@ -226,7 +230,8 @@ class Recorder:
     def _on_call_end(self) -> None:
         """--step: the call that began this step returned. Its own duration (start to return) is kept beside the step."""
         phase = self.data.phase
-        if (phase == "timed" or phase == "traced" and self._pass == "accounted") and self._clock is not None and self._marks[phase]:
+        if ((phase == "timed" or phase == "traced" and self._pass == "accounted") and self._clock is not None and self._marks[phase]
+                and not self._writing):
             with self.loop.paused():
                 self._call_ends[phase].append((self._marks[phase][-1], self._clock.stamp()))
 
@@ -240,7 +245,7 @@ class Recorder:
             if self._clock is None:  # --skip 0: no step before this one to choose the clock in
                 self._choose_clock()
                 self._start_loop()
-        if self.source.kind == "call" and phase in ("timed", "traced") and self._clock is not None:
+        if self.source.kind == "call" and phase in ("timed", "traced") and self._clock is not None and not self._writing:
             if phase == "traced" and self._tracer is not None:
                 self._internal(self._tracer.begin_step)
             if phase == "timed" or self._pass == "accounted":
@@ -251,7 +256,7 @@ class Recorder:
         n = self.data.steps_seen
         phase = self.data.phase
         self._progress(n, phase)
-        if (phase == "timed" or phase == "traced" and self._pass == "accounted") and self._clock is not None:
+        if (phase == "timed" or phase == "traced" and self._pass == "accounted") and self._clock is not None and not self._writing:
             if self.source.kind == "call":
                 if self._call_start is not None:
                     self._pairs[phase].append((self._call_start, self._clock.stamp()))
@@ -437,7 +442,7 @@ class Recorder:
         # operators are the work: one pass records them, with their shapes
         self._tracer = Tracer(self.rank_dir() / TRACE_FILE, self.data.device or "cpu", steps=self.options.trace,
                               warmup=self.options.trace_warmup, record_shapes=self.options.record_shapes and not self._on_gpu,
-                              own_step_ranges=self.source.kind == "call", cpu_ops=False)
+                              own_step_ranges=self.source.kind == "call", cpu_ops=False, defer_write=True)
         self.data.trace_warmup = self.options.trace_warmup
         self._tracer.start()
         if self.source.kind == "boundary":
@@ -454,9 +459,17 @@ class Recorder:
             if internal is not None:
                 self.source.internal = False
 
+    @property
+    def _writing(self) -> bool:
+        """A pass's traced steps have ended and its trace waits to be written at this boundary (``Tracer.pending``)."""
+        return self._tracer is not None and self._tracer.pending
+
     def _step_tracer(self) -> None:
         tracer = self._tracer
         t0 = time.perf_counter()
+        if tracer.pending:  # the boundary after the pass's last step: its trace written now, then what follows the pass
+            self._write_pass(tracer)
+            return
         try:
             if self.source.kind == "call":
                 self._internal(lambda: tracer.end_step(before_stop=self._sync))
@@ -467,11 +480,51 @@ class Recorder:
             self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
         if tracer.active:
             return
+        self._stop_s = time.perf_counter() - t0
+        if not tracer.pending:  # stopped early (a failure said above): nothing to write
+            self._after_pass(tracer)
+
+    def _write_pass(self, tracer) -> None:
+        """The pass's trace written (``Tracer.write``), a step after its last traced step; then what follows the pass."""
+        t0 = time.perf_counter()
+        try:
+            tracer.write()
+        except Exception as exc:  # a trace that cannot be written (a full disk) must not end the user's program
+            self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
+        if self._pass == "accounted":
+            self.data.profiler_seconds = self._stop_s + (time.perf_counter() - t0)
+        self._after_pass(tracer)
+
+    def write_pending(self) -> None:
+        """At the program's end: a pass whose traced steps ended but whose trace waited for a next boundary that never
+        came is written now, so that its steps are reported (the pass with shapes is not started)."""
+        tracer = self._tracer
+        if tracer is None or not tracer.pending:
+            return
+        t0 = time.perf_counter()
+        try:
+            tracer.write()
+        except Exception as exc:
+            self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
+        if self._pass == "accounted":
+            self.data.profiler_seconds = self._stop_s + (time.perf_counter() - t0)
+            if tracer.written:
+                self.data.trace_path = str(tracer.trace_path)
+                self.data.traced_steps = tracer.steps
+                if self.options.record_shapes and self._on_gpu:
+                    self.data.trace_note = "the program ended before perflab's pass with operator shapes: FLOPs left out"
+        elif tracer.written:
+            self.data.shapes_trace_path = str(tracer.trace_path)
+        self._tracer = None
+        self._counters["after"] = compiler.counters()
+        self.data.phase = "done"
+
+    def _after_pass(self, tracer) -> None:
+        """What follows a pass: after the accounted one, the pass with shapes (on a GPU) or the end of tracing."""
         if self._pass == "accounted":
             if tracer.written:
                 self.data.trace_path = str(tracer.trace_path)
                 self.data.traced_steps = tracer.steps
-                self.data.profiler_seconds = time.perf_counter() - t0
                 # on the CPU the operators are the accounted work and were recorded with their shapes already; a second
                 # session there, beside gloo's threads, crashed a two-rank DDP run at its exit in 3 of 30 runs (0 of 16 with one pass)
                 if self.options.record_shapes and self._on_gpu:
@@ -489,7 +542,7 @@ class Recorder:
         self._sync()
         # no warm-up: what the profiler's start costs these steps does not matter, only their operators' shapes do
         self._tracer = Tracer(self.rank_dir() / SHAPES_FILE, self.data.device or "cpu", steps=self.options.shapes_steps, warmup=0,
-                              record_shapes=True, own_step_ranges=self.source.kind == "call")
+                              record_shapes=True, own_step_ranges=self.source.kind == "call", defer_write=True)
         self._tracer.start()
 
     @property
@@ -554,6 +607,7 @@ class Recorder:
     def finish(self) -> Recorded:
         """What was measured up to now (at the end of the traced steps, or when the program ended first)."""
         data = self.data
+        self.write_pending()
         self._read_timed()
         phases = [("start", "timed", "skipped"), ("timed", "traced", "timed"), ("traced", "after", "traced")]
         now = compiler.counters()

@@ -162,6 +162,8 @@ class Run:
         if children is not None and children.get("report") is not None:
             return self._children_result(outcome, children)
         self._processes = children["processes"] if children else None
+        if not self.written:  # a trace whose steps ended with the program's last step, written a step later: now
+            self.guard.call(f"the trace could not be written to {self.options.out_dir}", recorder.write_pending)
         if not self.written and not self.write_failed:  # the program ended before the traced steps did (or during the pass with shapes)
             self._write_kept(recorder, ended_early=recorder.data.trace_path is None, outcome=outcome)
         elif self._processes and self.written and self.rank.rank == 0 and self.report is not None:

@@ -84,10 +84,15 @@ class Tracer:
 
     ``on_ready(prof)``: called with torch's profiler once the recorded steps are in, before they are written and
     freed, for a caller that reads torch's own summary (``prof.key_averages()``); with ``trace_path`` None nothing
-    is written and the steps count as written once ``on_ready`` has them."""
+    is written and the steps count as written once ``on_ready`` has them.
+
+    ``defer_write``: the boundary that ends the recorded steps only stops the profiler; the trace is written (and
+    ``on_ready`` called) by :meth:`write`, which the caller runs a step later, so that writing it (seconds for a large
+    trace) lands in no recorded step of the program's own clock. :attr:`pending` says a trace waits for it."""
 
     def __init__(self, trace_path, device: str, steps: int, warmup: int = 1, record_shapes: bool = True,
-                 own_step_ranges: bool = False, cpu_ops: bool = True, on_ready: Callable[[object], None] | None = None):
+                 own_step_ranges: bool = False, cpu_ops: bool = True, on_ready: Callable[[object], None] | None = None,
+                 defer_write: bool = False):
         if steps < 1:
             raise PerflabError(f"steps to trace must be at least 1, got {steps}")
         if warmup < 0:
@@ -108,6 +113,8 @@ class Tracer:
         self.boundaries = 0  # steps ended since start()
         self.written = False
         self._discard = False  # stopped before the recorded steps ended: what torch hands over is not written
+        self.defer_write = defer_write
+        self._pending = None  # with defer_write: torch's profiler, stopped, its recorded steps not yet written
         self._prof = None
         self._range = None
 
@@ -119,6 +126,11 @@ class Tracer:
     def active(self) -> bool:
         """Between start() and the end of the recorded steps (or stop())."""
         return self._prof is not None
+
+    @property
+    def pending(self) -> bool:
+        """The recorded steps are in and the profiler stopped, but the trace is not written yet (``defer_write``)."""
+        return self._pending is not None
 
     @property
     def recording(self) -> bool:
@@ -172,6 +184,24 @@ class Tracer:
     def _export(self, prof) -> None:
         if self._discard:
             return
+        if self.defer_write:
+            self._pending = prof
+            return
+        self._write(prof)
+
+    def write(self) -> bool:
+        """Write the recorded steps held back by ``defer_write`` (once; the profiler's events are freed after, written or
+        not). True where they were written."""
+        prof, self._pending = self._pending, None
+        if prof is None:
+            return self.written
+        try:
+            self._write(prof)
+        finally:
+            prof.profiler = None
+        return self.written
+
+    def _write(self, prof) -> None:
         if self.on_ready is not None:
             self.on_ready(prof)
         if self.trace_path is not None:
@@ -213,8 +243,10 @@ class Tracer:
             warnings.simplefilter("ignore")
             prof.stop()
         # the recorded events freed now, while no profiler records: freed later by the garbage collector, during the
-        # next session (perflab's pass with shapes, or the program's own), torch's KinetoEvent vector crashed (SIGSEGV)
-        prof.profiler = None
+        # next session (perflab's pass with shapes, or the program's own), torch's KinetoEvent vector crashed (SIGSEGV).
+        # A trace held back for write() is freed there, before perflab's next session starts
+        if self._pending is not prof:
+            prof.profiler = None
 
 
 def record_steps(step: Callable[[], object], trace_path: Path, device: str, steps: int = 5, warmup: int = 1) -> CaptureResult:
