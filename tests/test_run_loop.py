@@ -20,13 +20,16 @@ SKIP, STEPS = 4, 16
 
 
 def assert_own_clock(samples, own) -> None:
-    """perflab's steps are the program's own clock's over the same steps (a steady step): step by step, the median of
-    their ratios within 3% (one step held up by another job on a shared 2-core host moves a mean of ten by more than
-    that, and is no error of perflab's), and their means within 8%."""
+    """perflab's steps are the program's own clock's over the same steps (a steady step): their means within 8%, and
+    step by step the median of their ratios within 10%. A step of perflab's runs from one optimizer step's start to the
+    next, an iteration of the program's from its loop's top, so one step's two clocks differ by where the boundary
+    falls; their sums over the same steps telescope. On a shared 2-core host one held-up step moved a mean of eleven by
+    3.3%, and under CI's two pytest workers a two-rank DDP program's per-step ratios ran 0.91-1.22 (the six printed; median 0.962);
+    a wrong window (another process's steps, perflab's own work inside them: 0.3 s against 13 ms) is far outside both."""
     assert len(samples) == len(own) > 2
     ratios = sorted(s / o for s, o in zip(samples, own))
     median = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2
-    assert median == pytest.approx(1.0, rel=0.03), (samples, own)
+    assert median == pytest.approx(1.0, rel=0.10), (samples, own)
     assert sum(samples) / len(samples) == pytest.approx(sum(own) / len(own), rel=0.08), (samples, own)
 
 # a trainer whose DataLoader (in the main process) stalls for 30 ms on every 4th batch: its own clock times each wait for
