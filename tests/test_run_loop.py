@@ -32,7 +32,7 @@ def assert_own_clock(samples, own) -> None:
     assert median == pytest.approx(1.0, rel=0.10), (samples, own)
     assert sum(samples) / len(samples) == pytest.approx(sum(own) / len(own), rel=0.08), (samples, own)
 
-# a trainer whose DataLoader (in the main process) stalls for 30 ms on every 4th batch: its own clock times each wait for
+# a trainer whose DataLoader (in the main process) stalls for 60 ms on every 4th batch: its own clock times each wait for
 # data and each iteration, as the ImageNet example's `Data` and `Time` meters do
 SLOW_LOADER = """
 import json, sys, time
@@ -44,7 +44,7 @@ class Planted(Dataset):
         return 128 * 40
     def __getitem__(self, i):
         if i % 128 == 0 and (i // 128) % 4 == 3:
-            time.sleep(0.030)  # the planted stall: every 4th batch
+            time.sleep(0.060)  # the planted stall: every 4th batch (60 ms: mean ÷ median stays over 1.5 on a loaded host)
         return torch.randn(64), i % 10
 
 torch.manual_seed(0)
@@ -80,7 +80,7 @@ def test_a_loader_that_stalls_every_4th_step_is_input_bound_with_the_share_its_o
     samples = report["timing"]["samples_ms"]
     assert loop["mean_ms"] == pytest.approx(sum(samples) / STEPS)
     assert sum(samples) / STEPS == pytest.approx(own_wall / STEPS, rel=0.03)
-    assert loop["mean_over_median"] > 1.5  # (×2–3 on an idle 2-core host)
+    assert loop["mean_over_median"] > 1.5  # (×10–12 on an idle 2-core host; 1.40 once with 30 ms stalls under load)
     # the exposed wait's share of the wall time (on the CPU every wait is exposed) is its own data meter's, over the same steps
     exposed = loop["per_step"]["exposed_input_ms"]
     assert loop["input"]["exposed_share"] == pytest.approx(sum(exposed) / sum(samples))
