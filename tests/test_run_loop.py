@@ -343,21 +343,8 @@ def test_two_ranks_the_program_spawns_are_each_measured_and_merged_as_torchruns(
         assert_own_clock(samples, own)
 
 
-OWN_CLOCK = """
-import json, sys, time
-import torch
-model = torch.nn.Linear(64, 64)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-own = []
-for i in range(int(sys.argv[1])):
-    t0 = time.perf_counter()
-    model(torch.randn(16, 64)).square().mean().backward()
-    opt.step()
-    opt.zero_grad()
-    time.sleep(0.005)
-    own.append((time.perf_counter() - t0) * 1e3)
-json.dump(own, open(sys.argv[2], "w"))
-"""
+# a program that times each of its iterations itself (benchmarks/own_clock_cpu.py's: an MLP, AdamW, 10 ms of sleep)
+OWN_CLOCK = (Path(__file__).resolve().parents[1] / "benchmarks" / "programs" / "own_clock_mlp.py").read_text()
 
 
 def test_perflabs_own_work_lands_in_no_timed_or_traced_iteration_of_the_programs_own_clock(tmp_path, monkeypatch):
