@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gitrepo import git, new_repo
+
 MODEL = '''import torch
 from torch import nn
 
@@ -70,16 +72,8 @@ for step in range(40):
 '''
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
-
-
 def make_repo(base: Path) -> Path:
-    repo = base / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    git(repo, "config", "user.email", "aa@example.com")
-    git(repo, "config", "user.name", "aa")
+    repo = new_repo(base / "repo")
     (repo / "model.py").write_text(MODEL)
     git(repo, "add", "model.py")
     git(repo, "commit", "-qm", "c1")

@@ -30,19 +30,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from gitrepo import git, new_repo
+
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = (ROOT / "benchmarks" / "programs" / "matmul_steps.py").read_text()
 
 
-def git(repo, *args) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 def make_repo(path: Path) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q")
-    git(path, "config", "user.email", "perflab@example.com")
-    git(path, "config", "user.name", "perflab benchmark")
+    new_repo(path)
     (path / "train.py").write_text(PROGRAM)
     for tag, text in (("c1", "WORK = 1\n"), ("c2", "# a comment\nWORK = 1\n"), ("c3", "WORK = 2\n")):
         (path / "work.py").write_text(text)

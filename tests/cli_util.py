@@ -65,3 +65,17 @@ def assert_progress_lines(stderr: str, command: str, total: int, unit: str) -> l
     assert lines[-1].endswith(": done") and done[-1] == total and done == sorted(done), lines
     assert len(lines) >= 2 and any(m.group(2) for m in matches[:-1]), lines
     return lines
+
+
+def git(repo, *args) -> str:
+    """``git -C repo ARGS``, its output stripped (raises on failure)."""
+    return subprocess.run(["git", "-C", str(repo), *map(str, args)], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def new_repo(path: Path) -> Path:
+    """An empty git repository at ``path`` (made), with a committer of its own: the tests' revisions are made in it."""
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q")
+    git(path, "config", "user.email", "perflab@example.com")
+    git(path, "config", "user.name", "perflab tests")
+    return path

@@ -12,29 +12,20 @@ the next's on this VM)."""
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from cli_util import assert_one_line_error, run_cli_here
+from cli_util import assert_one_line_error, git, new_repo, run_cli_here
 
 PROGRAM = (Path(__file__).resolve().parents[1] / "benchmarks" / "programs" / "matmul_steps.py").read_text()
 # a step is each call of step(): no optimizer, so no dynamo to import (1.6 s a process here)
 RUN = ["--step", "step", "--skip", "2", "--steps", "10"]
 
 
-def git(repo, *args) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    path = tmp_path_factory.mktemp("program") / "code"
-    path.mkdir()
-    git(path, "init", "-q")
-    git(path, "config", "user.email", "perflab@example.com")
-    git(path, "config", "user.name", "perflab tests")
+    path = new_repo(tmp_path_factory.mktemp("program") / "code")
     (path / "train.py").write_text(PROGRAM)
     for tag, text in (("c1", "WORK = 1\n"), ("c2", "# c2: a comment, nothing else\nWORK = 1\n"), ("c3", "WORK = 2  # the matmul twice\n")):
         (path / "work.py").write_text(text)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_util import assert_progress_lines, run_cli_here
+from cli_util import assert_progress_lines, git, new_repo, run_cli_here
 
 MODEL = '''"""A toy classifier whose work is a square matmul over its patch tokens (perflab's ab and track tests)."""
 import torch.nn as nn
@@ -45,17 +45,9 @@ grid:
 CASE = ["--model", "model.py:Net", "--input-size", "64", "--device", "cpu", "--iters", "40", "--repeats", "8", "--warmup", "2", "--no-pin"]
 
 
-def git(repo, *args) -> str:
-    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    path = tmp_path_factory.mktemp("versions") / "models"
-    path.mkdir()
-    git(path, "init", "-q")
-    git(path, "config", "user.email", "perflab@example.com")
-    git(path, "config", "user.name", "perflab tests")
+    path = new_repo(tmp_path_factory.mktemp("versions") / "models")
     for tag, text in (("c1", MODEL), ("c2", C2), ("c3", C3)):
         (path / "model.py").write_text(text)
         (path / "spec.yaml").write_text(SPEC.replace("BATCH", "1"))
