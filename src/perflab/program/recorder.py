@@ -486,14 +486,8 @@ class Recorder:
             self._after_pass(tracer)
 
     def _write_pass(self, tracer) -> None:
-        """The pass's trace written (``Tracer.write``), a step after its last traced step; then what follows the pass."""
-        t0 = time.perf_counter()
-        try:
-            tracer.write()
-        except Exception as exc:  # a trace that cannot be written (a full disk) must not end the user's program
-            self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
-        if self._pass == "accounted":
-            self.data.profiler_seconds = self._stop_s + (time.perf_counter() - t0)
+        """The pass's trace written, a step after its last traced step; then what follows the pass."""
+        self._write_trace(tracer)
         self._after_pass(tracer)
 
     def write_pending(self) -> None:
@@ -502,6 +496,16 @@ class Recorder:
         tracer = self._tracer
         if tracer is None or not tracer.pending:
             return
+        self._write_trace(tracer)
+        if self._pass == "accounted" and tracer.written and self.options.record_shapes and self._on_gpu:
+            self.data.trace_note = "the program ended before perflab's pass with operator shapes: FLOPs left out"
+        self._tracer = None
+        self._counters["after"] = compiler.counters()
+        self.data.phase = "done"
+
+    def _write_trace(self, tracer) -> None:
+        """``Tracer.write`` of a pass's held-back trace (its failure, a full disk, said in the trace's note, never raised
+        into the program), the accounted pass's profiler seconds (its stop and this write), and the trace's path kept."""
         t0 = time.perf_counter()
         try:
             tracer.write()
@@ -509,30 +513,26 @@ class Recorder:
             self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
         if self._pass == "accounted":
             self.data.profiler_seconds = self._stop_s + (time.perf_counter() - t0)
-            if tracer.written:
-                self.data.trace_path = str(tracer.trace_path)
-                self.data.traced_steps = tracer.steps
-                if self.options.record_shapes and self._on_gpu:
-                    self.data.trace_note = "the program ended before perflab's pass with operator shapes: FLOPs left out"
-        elif tracer.written:
+        self._keep_path(tracer)
+
+    def _keep_path(self, tracer) -> None:
+        """A written pass's trace named in the record: the accounted one with its steps, or the one with shapes."""
+        if not tracer.written:
+            return
+        if self._pass == "accounted":
+            self.data.trace_path = str(tracer.trace_path)
+            self.data.traced_steps = tracer.steps
+        else:
             self.data.shapes_trace_path = str(tracer.trace_path)
-        self._tracer = None
-        self._counters["after"] = compiler.counters()
-        self.data.phase = "done"
 
     def _after_pass(self, tracer) -> None:
         """What follows a pass: after the accounted one, the pass with shapes (on a GPU) or the end of tracing."""
-        if self._pass == "accounted":
-            if tracer.written:
-                self.data.trace_path = str(tracer.trace_path)
-                self.data.traced_steps = tracer.steps
-                # on the CPU the operators are the accounted work and were recorded with their shapes already; a second
-                # session there, beside gloo's threads, crashed a two-rank DDP run at its exit in 3 of 30 runs (0 of 16 with one pass)
-                if self.options.record_shapes and self._on_gpu:
-                    self._start_shapes_pass()
-                    return
-        elif tracer.written:
-            self.data.shapes_trace_path = str(tracer.trace_path)
+        self._keep_path(tracer)
+        # on the CPU the operators are the accounted work and were recorded with their shapes already; a second session
+        # there, beside gloo's threads, crashed a two-rank DDP run at its exit in 3 of 30 runs (0 of 16 with one pass)
+        if self._pass == "accounted" and tracer.written and self.options.record_shapes and self._on_gpu:
+            self._start_shapes_pass()
+            return
         self._finish_tracing()
 
     def _start_shapes_pass(self) -> None:
