@@ -1019,7 +1019,7 @@ def track_revisions(repo, revs=(), range_: str | None = None) -> list[str]:
 def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: dict | None = None, out, rounds: int = 1,
           order: str = "alternate", seed: int | None = None, timeout_s: float | None = None, threshold: float = 0.05, command: str = "",
           on_event=None, launcher: str | None = None, pin: bool = True, pairing: str = "blocks", aa: bool | None = None,
-          profile_changes: int = 5):
+          profile_changes: int | None = None):
     """One experiment at each of a list of revisions of ``repo`` (``revs``, or ``range_`` ``A..B``: A and each commit after
     it up to B), into one store at ``out``; rows already stored there for a revision are reused. Returns (the run's
     summary, the per-case series over the revisions with their change points: ``analysis.regressions.revision_series``).
@@ -1028,7 +1028,7 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
     pair every step's noise floor is measured from (default: with the blocks pairing). ``profile_changes``: each change
     point's two revisions are profiled with this many traced steps a side, and the point's ``cause``
     (``diagnosis.change_points``: the Δ by kernel or operator category with its intervals, and the ``perflab ab``
-    command that times the pair again) is attached and kept in ``OUT/change_points.json``; 0: none."""
+    command that times the pair again) is attached and kept in ``OUT/change_points.json``; 0: none; None: ``diagnosis.change_points.PROFILE_CHANGES``."""
     from dataclasses import replace
     from pathlib import Path
 
@@ -1042,6 +1042,9 @@ def track(*, repo, revs=(), range_: str | None = None, spec=None, case_options: 
     check_pairing(pairing, False)
     check_balance(pairing, rounds)
     check_seed(seed, order, pairing)
+    from perflab.diagnosis.change_points import PROFILE_CHANGES
+
+    profile_changes = PROFILE_CHANGES if profile_changes is None else profile_changes
     if isinstance(profile_changes, bool) or not isinstance(profile_changes, int) or not 0 <= profile_changes <= 100:
         raise PerflabError(f"--profile-changes: expected traced steps a side from 0 (none) to 100, got {show(profile_changes)}")
     revs = track_revisions(repo, revs, range_)

@@ -28,6 +28,7 @@ from perflab.cli_flags import (BUILD, FAMILY_SHAPES, GPU_DEVICE, ONE_BATCH_SIZE,
                                OPT_WORLD_SIZE, PAIRING_HELP, TIMING, CaseFlags, ProgramFlags, VersionsFlags, case_flags, program_flags,
                                versions_flags)
 from perflab.cli_flags import OPT_A_ARGS, OPT_B_ARGS
+from perflab.diagnosis.change_points import PROFILE_CHANGES
 from perflab.errors import PerflabError
 from perflab.paths import check_writable_file, write_failed
 from perflab.report.terminal import TerminalConsole
@@ -460,7 +461,7 @@ def track(
                                           "Default: blocks (a program's: processes)."),
     threshold: float = typer.Option(0.05, "--threshold", help="A step between neighbouring revisions beyond 1 ± this fraction, its "
                                     "CI excluding 1, is a change point (default 0.05)."),
-    profile_changes: int = typer.Option(5, "--profile-changes", help="Traced steps a side with which each change point's two "
+    profile_changes: int = typer.Option(PROFILE_CHANGES, "--profile-changes", help="Traced steps a side with which each change point's two "
                                         "revisions are profiled: the step's Δ by kernel (or operator) category with its CI, and the "
                                         "ab command that reproduces it (0: none)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -510,14 +511,14 @@ def track(
     _versions_failed(summary)
 
 
-def _refuse_for_program(command: str, versions: VersionsFlags, pairing: Optional[str], profile_changes: int = 5) -> None:
+def _refuse_for_program(command: str, versions: VersionsFlags, pairing: Optional[str], profile_changes: int = PROFILE_CHANGES) -> None:
     """A program after "--": the flags that describe perflab's model cases, or how they share a process, are refused."""
     from perflab.cli_flags import case_flags_given
 
     given = case_flags_given(versions.case, allowed=("batch_size", "seq_len"))
     given += [flag for flag, value in (("--model", versions.values["model"]), ("--spec", versions.values["spec"]),
                                        ("--no-pin", versions.values["no_pin"]), ("--launcher", versions.values["launcher"])) if value]
-    if profile_changes != 5:
+    if profile_changes != PROFILE_CHANGES:
         given.append("--profile-changes")
     if given:
         raise PerflabError(f"{given[0]}: {command} of a program (a program after --) times it with perflab run, whose own options are "

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from perflab.spec import Case
 
+PROFILE_CHANGES = 5  # track's default: traced steps a side with which each change point's two revisions are profiled
+
 AB_ROUNDS = 6  # the reproducing ab's rounds: a 95% CI over rounds (stats.FULL_UNITS), even for the processes pairing
 # track's options that ab does not take, with whether each takes a value
 TRACK_ONLY = {"--revs": True, "--range": True, "--out": True, "--rounds": True, "--profile-changes": True, "--json": False}
