@@ -89,6 +89,7 @@ def test_an_a_a_of_a_program_by_arguments_gives_no_false_verdict_and_says_what_i
     assert case["verdict"] in ("no change", "inconclusive"), case
     assert case["ratio"]["basis"] == "paired" and case["ratio"]["units"] == 2
     assert document["compared"] == "step" and "mean step" in document["compared_words"] and "not the median" in document["compared_words"]
+    assert "counted no batch" not in document["compared_words"]  # --batch-size counts it
     by = sides(document)
     for name in ("A", "B", "A'"):
         side = by[name]
@@ -122,6 +123,8 @@ def test_ab_of_a_program_across_two_commits_calls_the_doubled_work_slower_near_2
     document = json.loads(result.stdout)
     (case,) = document["cases"]
     ratio = case["ratio"]
+    # a step function, no DataLoader, no --input, no --batch-size: nothing counted the work a step, which the line says
+    assert document["compared"] == "step" and "perflab counted no batch a step on A, B" in document["compared_words"], document["compared_words"]
     skip_if_the_host_was_busy(out, case["verdict"], "slower")
     assert case["verdict"] == "slower", case
     # the CI holds about 2: the work doubled, the step a little less (its fixed cost; the second matmul finds its

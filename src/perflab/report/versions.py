@@ -439,9 +439,13 @@ def program_compared_line(summary) -> str:
     row = next((r for r in summary.rows.values()), None) or {}
     statistic = row.get("statistic") or "mean step"
     if summary.unit == "step":
+        uncounted = [row_version(r).get("name") or "?" for r in summary.rows.values() if not r.get("samples_per_step")]
         return (f"Compared: each side's {statistic} (the program's wall time over its timed steps ÷ their number, what its "
                 "throughput is made of), not the median: a stall every few steps costs the program its time, and the median "
-                "leaves it out. Each round is a fresh perflab run of each side, in a balanced order; B/A is paired round by round.")
+                "leaves it out. Each round is a fresh perflab run of each side, in a balanced order; B/A is paired round by round."
+                + (f" perflab counted no batch a step on {', '.join(uncounted)} (no DataLoader, no --input): if the sides differ in "
+                   "work a step (a batch size, a sequence length), this is not a throughput ratio; give --input FUNC (the function "
+                   "that returns each batch) or --batch-size, and the time a sample or token is compared." if uncounted else ""))
     per = "samples" if summary.unit == "sample" else "tokens"
     return (f"Compared: the time a {summary.unit} (each side's mean step ÷ its {per} a step), because the sides' {per} a step "
             f"differ: B/A of it is A's {per}/s ÷ B's. Each round is a fresh perflab run of each side, in a balanced order; B/A "
