@@ -1,4 +1,4 @@
-"""`perflab ab` and `track` on a GPU against a ground truth they do not compute (issue 52's GPU must-show).
+"""`perflab ab` and `track` on a GPU against a ground truth they do not compute.
 
 A temporary git repository holds an own model (``model.py:Net``: patches of a 64×64 image, then ``LAYERS`` square
 fp32 linear layers of width 2048 with a GELU, then a head; batch 64 is 4096 tokens a layer, GPU-bound on an H200) at

@@ -35,11 +35,67 @@ def trains(steps: int, before: str = "    pass") -> str:
     return TRAINS.format(steps=steps, before=before)
 
 
+def test_the_report_of_the_traced_steps_is_made_in_a_process_of_its_own_while_the_program_runs_on(tmp_path, monkeypatch):
+    """The report (the trace read back, analysed, run.json, the page, the console report) is made by program.report_job in
+    another process, started at the boundary after the traced steps, so that none of that work lands in a step of the
+    program (its own clock: benchmarks/own_clock_cpu.py); the run's end waits for it and reads its run.json; the trace is
+    gzipped there too (the recorder wrote it plain)."""
+    from perflab.program import report_job
+    from perflab.report.program import StderrRender
+
+    started = []
+    real_start = report_job.start
+
+    def start(job):
+        process = real_start(job)
+        started.append((process, job))
+        return process
+
+    monkeypatch.setattr(report_job, "start", start)
+    # the program checks, in the iteration after the one whose boundary ends the traced steps, that the report is not made in it:
+    # run.json holds only the timed steps (partial) until the job has written the whole report
+    prog = program(tmp_path, trains(30, before=(
+        "    if i == 11:\n"
+        "        import json, pathlib, time\n"
+        f"        d = json.loads(pathlib.Path({str(tmp_path / 'out' / 'run.json')!r}).read_text())\n"
+        f"        pathlib.Path({str(tmp_path / 'seen.json')!r}).write_text(json.dumps({{'partial': d['partial'], 'traced': 'traced' in d}}))")))
+    code, report = run(tmp_path, prog, skip=2, steps=4, trace=1, render=StderrRender())
+    assert code == 0
+    ((process, job),) = started
+    assert process.pid != os.getpid() and process.returncode == 0  # another process, awaited at the run's end
+    assert job.recorded.timing["steps"] == 4 and job.recorded.trace_path.endswith("trace.json.gz")
+    # 2 skipped + 4 timed + 1 between + 1 profiler warm-up + 1 traced: the boundary of iteration 9's end starts the job
+    assert json.loads((tmp_path / "seen.json").read_text()) == {"partial": True, "traced": False}
+    assert report["partial"] is False and report["traced"]["steps"] == 1 and report["timing"]["steps"] == 4
+    assert report["timing"]["median_ms"] == job.recorded.timing["median_ms"]  # the same figures, reported there
+    out = tmp_path / "out"
+    assert (out / "trace.json.gz").read_bytes()[:2] == b"\x1f\x8b" and not (out / "trace.json").exists()
+    assert not (out / report_job.JOB_FILE).exists() and (out / "report.html").exists()
+
+
+def test_a_report_process_that_fails_leaves_the_report_to_the_programs_own_process(tmp_path, monkeypatch, capsys):
+    from perflab.program import report_job
+
+    def start(job):  # a job that dies at once, as a killed one would
+        return subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(9)"])
+
+    monkeypatch.setattr(report_job, "start", start)
+    prog = program(tmp_path, trains(12))
+    code, report = run(tmp_path, prog, skip=2, steps=4, trace=1)
+    err = capsys.readouterr().err
+    assert code == 0 and "perflab: the report's own process failed (exit 9); the report is made in the program's process" in err
+    assert report["partial"] is False and report["traced"]["steps"] == 1 and report["timing"]["steps"] == 4  # nothing lost
+    assert (tmp_path / "out" / "trace.json.gz").read_bytes()[:2] == b"\x1f\x8b"
+
+
 def test_a_run_json_that_cannot_be_written_is_said_after_the_program_which_ends_as_alone(tmp_path, capsys, monkeypatch):
     def full_disk(path, data):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("perflab.records.run_report.write_json", full_disk)  # every report's writer (records.run_report.save)
+    # the full disk is this process's: the report is made here, not in a process of its own (program.report_job), whose
+    # writer the patch does not reach (its own failure to write: the test below)
+    monkeypatch.setattr("perflab.program.report_job.start", lambda job: None)
     prog = program(tmp_path, trains(12))
     code, report = run(tmp_path, prog, skip=2, steps=4, trace=1)
     captured = capsys.readouterr()

@@ -933,7 +933,7 @@ def run(
     from perflab import api
 
     code = api.run(cli_argv.of(ctx).program, skip=skip, steps=steps, trace=trace, step=step, step_range=step_range, stop_after=stop_after,
-                   out_dir=out_dir, nproc=_rank_counts(nproc), render=_render_run, trace_warmup=trace_warmup, inflation_limit=inflation_limit,
+                   out_dir=out_dir, nproc=_rank_counts(nproc), render=_run_render(ctx), trace_warmup=trace_warmup, inflation_limit=inflation_limit,
                    record_shapes=not no_shapes, render_scaling=_render_scaling, stall_factor=stall_factor, inputs=tuple(inputs or ()),
                    batch_size=batch_size, seq_len=seq_len)
     raise typer.Exit(code)
@@ -956,7 +956,8 @@ def _render_scaling(section: dict) -> None:
     render_scaling(err, section)
 
 
-def _render_run(report: dict) -> None:
-    from perflab.report.program import render_run
+def _run_render(ctx):
+    """run's console report on stderr, at the command line's --wide, made again by the report's own process."""
+    from perflab.report.program import StderrRender
 
-    render_run(err, report)
+    return StderrRender(wide=cli_argv.of(ctx).wide)

@@ -443,7 +443,7 @@ class Recorder:
         # operators are the work: one pass records them, with their shapes
         self._tracer = Tracer(self.rank_dir() / TRACE_FILE, self.data.device or "cpu", steps=self.options.trace,
                               warmup=self.options.trace_warmup, record_shapes=self.options.record_shapes and not self._on_gpu,
-                              own_step_ranges=self.source.kind == "call", cpu_ops=False, defer_write=True)
+                              own_step_ranges=self.source.kind == "call", cpu_ops=False, defer_write=True, compress_later=True)
         self.data.trace_warmup = self.options.trace_warmup
         self._tracer.start()
         if self.source.kind == "boundary":
@@ -543,7 +543,8 @@ class Recorder:
         self._sync()
         # no warm-up: what the profiler's start costs these steps does not matter, only their operators' shapes do
         self._tracer = Tracer(self.rank_dir() / SHAPES_FILE, self.data.device or "cpu", steps=self.options.shapes_steps, warmup=0,
-                              record_shapes=True, own_step_ranges=self.source.kind == "call", defer_write=True)
+                              record_shapes=True, own_step_ranges=self.source.kind == "call", defer_write=True,
+                              compress_later=True)
         self._tracer.start()
 
     @property

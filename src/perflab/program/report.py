@@ -39,12 +39,13 @@ class RunContext:
 
 
 def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, outcome=None, notes: list[str] | None = None,
-                     rank_fields: dict | None = None) -> RunReport:
+                     rank_fields: dict | None = None, gpu: dict | None = None) -> RunReport:
     """The report of one rank's run. ``partial``: the program ended before the traced steps did (no analysis);
     ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own failures so far;
-    ``rank_fields``: under torchrun, this rank's DDP (or FSDP) layout and all-reduce sweep (``program.ranks.rank_fields``)."""
+    ``rank_fields``: under torchrun, this rank's DDP (or FSDP) layout and all-reduce sweep (``program.ranks.rank_fields``);
+    ``gpu``: ``gpu_facts`` taken in the program's process (where the report is made in another: ``program.report_job``)."""
     loop = whole_loop(recorded, context.options)
-    report = RunReport(timing=recorded.timing, device=recorded.device) if partial else traced_report(recorded, context, loop)
+    report = RunReport(timing=recorded.timing, device=recorded.device) if partial else traced_report(recorded, context, loop, gpu)
     report.loop = loop
     options = context.options
     report.program, report.steps_from = context.program, context.steps_from
@@ -78,7 +79,17 @@ def whole_loop(recorded: Recorded, options: RunOptions) -> dict | None:
                         worker_batches=raw.get("worker_batches"))
 
 
-def traced_report(recorded: Recorded, context: RunContext, loop: dict | None = None) -> RunReport:
+def gpu_facts(recorded: Recorded, context: RunContext) -> dict:
+    """What only the program's process can tell of its GPU: TF32 on or off, the bytes of its modules' weights, and the
+    GPU's measured peaks (cached, or measured now on rank 0). Nothing on the CPU."""
+    if recorded.device != "cuda":
+        return {"ceilings": None, "model_bytes": None, "tf32": False}
+    import torch
+
+    return {"tf32": bool(torch.backends.cuda.matmul.allow_tf32), "model_bytes": module_bytes("cuda"), "ceilings": _ceilings(context.rank)}
+
+
+def traced_report(recorded: Recorded, context: RunContext, loop: dict | None = None, gpu: dict | None = None) -> RunReport:
     """The record with the traced steps' analysis: the traces the recorder wrote (read from the files the run names
     for them), on a GPU the measured peaks, the modules' bytes and TF32. perflab's own failure to analyse them must not
     end the user's program: the timing is kept, and the failure said (``report_error``)."""
@@ -89,17 +100,16 @@ def traced_report(recorded: Recorded, context: RunContext, loop: dict | None = N
         trace, shapes, ceilings, model, tf32 = None, None, None, None, False
         if recorded.trace_path:
             from perflab.trace.kineto import load_kineto
+            from perflab.trace.load import compress_trace
 
             folder = rank_dir(options.out_dir, context.rank)
+            for name in (TRACE_FILE, SHAPES_FILE):  # the recorder wrote them plain (Tracer's compress_later): gzipped here
+                compress_trace(folder / name)
             trace = load_kineto(folder / TRACE_FILE, ops=True)
             if recorded.shapes_trace_path:
                 shapes = load_kineto(folder / SHAPES_FILE, ops=True)
-        if recorded.device == "cuda":
-            import torch
-
-            tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-            model = module_bytes("cuda")
-            ceilings = _ceilings(context.rank)
+        facts = gpu if gpu is not None else gpu_facts(recorded, context)
+        ceilings, model, tf32 = facts["ceilings"], facts["model_bytes"], facts["tf32"]
         sections = program_report(timing=recorded.timing, device=recorded.device, traced_step_ms=recorded.traced_step_ms,
                                   trace_warmup=recorded.trace_warmup, inflation_limit=options.inflation_limit,
                                   trace=trace, shapes_trace=shapes, ceilings=ceilings, model_bytes=model, tf32=tf32, loop=loop)

@@ -30,7 +30,9 @@ from perflab.program.guard import Guard, say
 from perflab.program.recorder import Rank, Recorded, Recorder, RunOptions, StopProgram, steps_needed
 from perflab.program.report import RunContext, build_run_report
 from perflab.program.script import Outcome, Program, print_program_traceback, run_program
+from perflab.program.report_job import FAILED, UNLOADABLE, WAIT_S
 from perflab.records.run_report import RunReport, save
+from perflab.records.run_report import load as load_report
 
 ACTIVE: "Run | None" = None  # the run recording in this process (a forked child finds its parent's here, and abandons it)
 RUN_ID_ENV = "PERFLAB_RUN_ID"  # set by perflab run --nproc for its ranks: one id for the whole run
@@ -78,6 +80,8 @@ class Run:
         self._t0 = None
         self._recorder: Recorder | None = None
         self._processes: list[dict] | None = None  # the processes the program started, once its end gathered them
+        self._job = None  # the report's own process (program.report_job), until the run's end awaits it
+        self._job_recorded: Recorded | None = None  # what it reports, kept to report here should it fail
 
     @property
     def report_path(self) -> Path:
@@ -121,8 +125,12 @@ class Run:
         so that nothing of that run is read as this one's (every report of this run also carries its id)."""
         from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, rank_dir
 
+        from perflab.program.report_job import JOB_FILE
+        from perflab.trace.load import plain_trace_path
+
         folder = rank_dir(self.options.out_dir, self.rank)
-        for name in (TRACE_FILE, SHAPES_FILE, "rank.json", "report.html"):
+        for name in (TRACE_FILE, SHAPES_FILE, plain_trace_path(TRACE_FILE).name, plain_trace_path(SHAPES_FILE).name, "rank.json",
+                     "report.html", JOB_FILE):
             try:
                 (folder / name).unlink(missing_ok=True)
             except OSError:
@@ -158,6 +166,7 @@ class Run:
             if self.program is not None:
                 print_program_traceback(outcome, self.program)
             return RunResult(outcome.code, None, Path(self.options.out_dir))
+        self._join_report_job()
         children = self._children(outcome)
         if children is not None and children.get("report") is not None:
             return self._children_result(outcome, children)
@@ -240,9 +249,55 @@ class Run:
         self.written = False  # the whole report is still to come
 
     def _on_traced(self, recorder: Recorder) -> None:
-        self._write_kept(recorder, ended_early=False)
+        if not self._start_report_job(recorder):
+            self._write_kept(recorder, ended_early=False)
         if self.options.stop_after:
             raise StopProgram()
+
+    def _start_report_job(self, recorder: Recorder) -> bool:
+        """The report of the traced steps made in a process of its own (``program.report_job``) while the program runs
+        on; False where it is made here (under torchrun, in a followed child, with --stop-after, or where the job could
+        not start)."""
+        if self.rank.distributed or self.program is None or self.options.stop_after or self.rank.rank != 0:
+            return False
+        from perflab.program import report_job
+        from perflab.program.report import gpu_facts
+
+        def start() -> bool:
+            recorded = recorder.finish()
+            context = RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
+            job = report_job.ReportJob(recorded, context, gpu_facts(recorded, context), self.report_path, render=self.render, page=self.page)
+            self._job = report_job.start(job)
+            self._job_recorded = recorded
+            return self._job is not None
+
+        return self.guard.call("perflab could not start its report's process; the report is made in the program's", start) and self._job is not None
+
+    def _join_report_job(self) -> None:
+        """The report's process awaited and its run.json read as this run's report; where it failed, the report is made
+        here from the same figures (nothing measured is lost)."""
+        job, self._job = self._job, None
+        if job is None:
+            return
+        import subprocess
+
+        try:
+            code = job.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            code = f"killed after {WAIT_S:.0f} s"
+        if code == 0:
+            try:
+                self.report = load_report(self.report_path)
+                self.written = True
+                return
+            except Exception as exc:
+                code = f"its run.json unreadable: {type(exc).__name__}: {exc}"
+        if code not in (UNLOADABLE, FAILED):  # those said why themselves, or had nothing to say
+            say(f"perflab: the report's own process failed (exit {code}); the report is made in the program's process")
+        recorded = self._job_recorded
+        if not self.guard.call(f"run.json could not be written to {self.options.out_dir}", lambda: self._write(recorded, False)):
+            self.write_failed = True
 
     def _write_kept(self, recorder: Recorder, ended_early: bool, outcome=None, quiet: bool = False) -> None:
         """``_write`` of what the recorder measured; its failure (a full disk) is said after the program, which runs on."""

@@ -4,6 +4,8 @@ The console report, from the report dict (``program.report.RunReport.to_dict``; 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.console import Console
 from rich.table import Table
 
@@ -22,6 +24,21 @@ def _against_growth(rank: dict, growth_ms: float | None) -> str:
             return " (no growth: not judged)"
         return f" (traced ×{inflation:.2f}: not judged)" if inflation else " (not judged)"
     return "" if rank["within_growth"] else " (> growth)"
+
+
+@dataclass(frozen=True)
+class StderrRender:
+    """``perflab run``'s console report on stderr, as a value another process can make again (``program.report_job``
+    pickles it): a console made for the call, ``wide`` as the command line gave it."""
+
+    wide: bool = False
+
+    def __call__(self, report: dict) -> None:
+        from perflab.report.terminal import TerminalConsole
+
+        console = TerminalConsole(stderr=True)
+        console.configure(wide=self.wide)
+        render_run(console, report)
 
 
 def render_run(console: Console, report: dict) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from perflab.errors import PerflabError
@@ -9,6 +10,28 @@ from perflab.trace.schema import Trace
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 GZIP_MAGIC = b"\x1f\x8b"
+
+
+def plain_trace_path(path: Path) -> Path | None:
+    """Where a ``.json.gz`` trace is first written plain (``Tracer(compress_later=True)``): its name less ``.gz``."""
+    path = Path(path)
+    return path.with_name(path.name[:-3]) if path.name.endswith(".gz") else None
+
+
+def compress_trace(path: str | Path) -> None:
+    """``path`` (a .json.gz) made from the plain JSON written beside it (``plain_trace_path``), which is then removed;
+    nothing where there is none. Level 6, in blocks: a GPU trace of hundreds of MB never sits in memory."""
+    import gzip
+    import shutil
+
+    plain = plain_trace_path(Path(path))
+    if plain is None or not plain.exists():
+        return
+    partial = Path(path).with_name(Path(path).name + ".partial")
+    with open(plain, "rb") as src, gzip.open(partial, "wb", compresslevel=6) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    os.replace(partial, path)
+    plain.unlink()
 
 
 def load_trace(path: str | Path) -> Trace:
