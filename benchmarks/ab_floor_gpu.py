@@ -8,6 +8,9 @@ three commits: c1 (10 layers), c2 (a comment: c1 against c2 is an A/A) and c3 (1
 - ``eleven``: ``--runs`` `ab` runs of c1 vs c3: how many read "slower", and whether each CI holds the true ratio.
 - ``truth``: the true 11/10 ratio, measured here without perflab: both models built in this process, each timed in
   ``--truth-rounds`` interleaved rounds of 200 forward calls between two CUDA events; the median of the per-round ratios.
+  Beside it, the same in blocks as perflab's interleaved ones run (a warm call, a synchronisation, then n = 1, 5, 20
+  calls between two events): what a block's start after an idle GPU adds to each call (the H200's first run: perflab's
+  step 0.044-0.048 ms over the 200-call loop's, which moves 1.0980 to 1.0974).
 - ``track``: one `perflab track --revs c1,c2,c3 --profile-changes 5`: the change points and the profiled Δ by
   category attached to each.
 
@@ -107,9 +110,25 @@ def truth(rounds: int) -> dict:
                 end.record()
                 end.synchronize()
                 ms[layers].append(start.elapsed_time(end) / 200)
+        blocks = {}  # as perflab's interleaved blocks run: a warm step, a synchronisation, then n steps between two events
+        for n in (1, 5, 20):
+            per = {10: [], 11: []}
+            for r in range(rounds):
+                for layers in ((10, 11) if r % 2 == 0 else (11, 10)):
+                    models[layers](x)
+                    torch.cuda.synchronize()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(n):
+                        models[layers](x)
+                    end.record()
+                    torch.cuda.synchronize()
+                    per[layers].append(start.elapsed_time(end) / n)
+            blocks[n] = {"ms_10": statistics.median(per[10]), "ms_11": statistics.median(per[11]),
+                         "ratio": statistics.median([b / a for a, b in zip(per[10], per[11])])}
     ratios = [b / a for a, b in zip(ms[10], ms[11])]
     return {"ms_10": statistics.median(ms[10]), "ms_11": statistics.median(ms[11]), "ratio": statistics.median(ratios),
-            "ratio_range": [min(ratios), max(ratios)], "rounds": rounds}
+            "ratio_range": [min(ratios), max(ratios)], "rounds": rounds, "blocks": blocks}
 
 
 def main() -> None:
@@ -153,6 +172,9 @@ def main() -> None:
             true = (results.get("truth") or {}).get("ratio") if part == "eleven" else 1.0
             results[part].update({"verdicts": [r["verdict"] for r in runs],
                                   "ci_holds_truth": None if true is None else sum(r["ci"][0] <= true <= r["ci"][1] for r in runs)})
+            if part == "eleven" and results.get("truth"):
+                results[part]["ci_holds_block_truth"] = {n: sum(r["ci"][0] <= b["ratio"] <= r["ci"][1] for r in runs)
+                                                         for n, b in results["truth"]["blocks"].items()}
             save()
         if "track" in args.parts:
             t0 = time.monotonic()
