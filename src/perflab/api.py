@@ -615,7 +615,13 @@ def run(program: Sequence[str], *, skip: int = 5, steps: int = 20, trace: int = 
         from perflab.program.torchrun import torchrun
 
         return torchrun(nproc, program, options, step=step, step_range=step_range)
-    result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True, page=write_run_page_quietly)()
+    from perflab.report.program import StderrRender
+
+    # the report made in a process of its own (program.report_job) only where the console hook is perflab's own, which
+    # that process can make again: a caller's render(report) (a closure, a bound method that keeps the report) runs here
+    elsewhere = render is None or isinstance(render, StderrRender)
+    result = Run(program_, options, step=step, step_range=step_range, render=render, follow=True, page=write_run_page_quietly,
+                 report_process=elsewhere)()
     return result.exit_code
 
 

@@ -7,10 +7,11 @@ neighbours on the program's own clock (``docs/performance/run.md``). So the prog
 writes them to ``OUT/.report-job.pickle`` and starts ``python -m perflab.program.report_job FILE``, at low priority,
 one thread, stdin closed, stderr the program's; the run's end waits for it and reads its run.json.
 
-Where the job cannot be made (a render hook that cannot be pickled, a process that cannot be started) or fails, the
-report is made in the program's process as before, and nothing is lost: the recorder's figures are still there.
-Ranks under torchrun (their reports gather with collectives), followed children and ``--stop-after`` keep the report
-in the program's process.
+Where the job cannot be made (a hook that cannot be pickled, a process that cannot be started) or fails, the report
+is made in the program's process as before, and nothing is lost: the recorder's figures are still there. Ranks under
+torchrun (their reports gather with collectives), followed children, ``--stop-after`` and an API caller's own
+``render`` (whose effects the caller keeps: ``api.run`` passes ``report_process`` only for perflab's own console
+report) keep the report in the program's process.
 """
 
 from __future__ import annotations

@@ -57,11 +57,14 @@ class RunResult:
 
 class Run:
     def __init__(self, program: Program | None, options: RunOptions, step: str | None = None, step_range: str | None = None, render=None,
-                 rank: Rank | None = None, label: str | None = None, run_id: str | None = None, follow: bool = False, page=None):
+                 rank: Rank | None = None, label: str | None = None, run_id: str | None = None, follow: bool = False, page=None,
+                 report_process: bool = False):
         """``program``: the program to run (None for a child's run, whose bootstrap runs it: ``start`` and ``finish``
         around it); ``label``: what the report calls the program; ``follow``: follow the processes it starts
         (``program.children``; the process perflab started); ``render(report)`` and ``page(out_dir, report)``: the
-        console report and the run's page, from the stage above (the API: program/ imports no report)."""
+        console report and the run's page, from the stage above (the API: program/ imports no report);
+        ``report_process``: the traced steps' report may be made in a process of its own (``program.report_job``): the
+        caller's ``render`` and ``page`` are hooks that process can make again, with no effect the caller keeps."""
         self.program = program
         self.options = replace(options, out_dir=Path(os.path.abspath(options.out_dir)))  # where the run began, whatever the program's cwd
         self.guard = Guard()
@@ -73,6 +76,7 @@ class Run:
         self.label = label or (program.label if program is not None else "?")
         self.run_id = run_id or new_run_id()
         self.follow = follow
+        self.report_process = report_process
         self.follower = None
         self.report: RunReport | None = None
         self.written = False
@@ -258,7 +262,7 @@ class Run:
         """The report of the traced steps made in a process of its own (``program.report_job``) while the program runs
         on; False where it is made here (under torchrun, in a followed child, with --stop-after, or where the job could
         not start)."""
-        if self.rank.distributed or self.program is None or self.options.stop_after or self.rank.rank != 0:
+        if not self.report_process or self.rank.distributed or self.program is None or self.options.stop_after or self.rank.rank != 0:
             return False
         from perflab.program import report_job
         from perflab.program.report import gpu_facts
