@@ -440,6 +440,37 @@ def test_a_rank_report_an_earlier_run_left_is_not_merged(tmp_path, monkeypatch):
     assert sorted(ranks._wait_for_ranks(tmp_path, 2, "this")) == [0, 1]
 
 
+def test_rank_0_stops_waiting_for_a_rank_whose_process_ended_without_its_report(tmp_path, monkeypatch, capsys):
+    """A rank that exits (os._exit, a clean exit mid-run) before its traced steps' end writes no whole report; rank 0 read
+    its rank.pid and stops waiting once that process is gone, instead of waiting WAIT_S (300 s) for it."""
+    import time
+
+    from perflab.program import ranks
+
+    monkeypatch.setattr(ranks, "WAIT_S", 60.0)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for r, pid in ((0, os.getpid()), (1, gone.pid)):
+        (tmp_path / f"rank{r}").mkdir()
+        (tmp_path / f"rank{r}" / ranks.PID_FILE).write_text(json.dumps({"pid": pid, "run_id": "this"}))
+    (tmp_path / "rank0" / "rank.json").write_text(json.dumps({"run_id": "this", "timing": {"median_ms": 5.0}}))
+    (tmp_path / "rank1" / "rank.json").write_text(json.dumps({"run_id": "this", "partial": True, "timing": {}}))  # its timed steps only
+    ended: set = set()
+    t0 = time.monotonic()
+    assert sorted(ranks._wait_for_ranks(tmp_path, 2, "this", ended)) == [0] and ended == {1}
+    assert time.monotonic() - t0 < 5
+    merged = ranks.merge({0: ranks.read(tmp_path / "rank0" / "rank.json")}, 2, ended)
+    assert merged["ranks_missing"] == [1]
+    assert "perflab: rank(s) [1] ended (the process exited) before the report of the traced steps" in capsys.readouterr().err
+    # a pid file of an earlier run, or of a process still running, is no reason to stop waiting
+    monkeypatch.setattr(ranks, "WAIT_S", 0.3)
+    (tmp_path / "rank1" / ranks.PID_FILE).write_text(json.dumps({"pid": gone.pid, "run_id": "earlier"}))
+    ended = set()
+    assert sorted(ranks._wait_for_ranks(tmp_path, 2, "this", ended)) == [0] and ended == set()
+    (tmp_path / "rank1" / ranks.PID_FILE).write_text(json.dumps({"pid": os.getpid(), "run_id": "this"}))
+    assert sorted(ranks._wait_for_ranks(tmp_path, 2, "this", ended)) == [0] and ended == set()
+
+
 def test_a_program_that_dies_in_its_traced_steps_keeps_its_timed_steps(tmp_path):
     """os._exit inside the traced steps: nothing of perflab's runs after it, and the timed steps were written before
     the profiler started."""

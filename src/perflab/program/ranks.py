@@ -19,6 +19,8 @@ At the end of the traced steps every rank, at the same step boundary:
 
 from __future__ import annotations
 
+import json
+import os
 import time
 import warnings
 from pathlib import Path
@@ -127,31 +129,75 @@ def gather(report: RunReport, options: RunOptions, rank: Rank, ended_early: bool
     save(report, rank_dir(out, rank) / RANK_FILE)
     if rank.rank != 0 or ended_early:
         return
-    reports = _wait_for_ranks(out, rank.world_size, report.get("run_id"))
-    merged = merge(reports, rank.world_size)
+    ended: set[int] = set()
+    reports = _wait_for_ranks(out, rank.world_size, report.get("run_id"), ended)
+    merged = merge(reports, rank.world_size, ended)
     for name, value in merged.items():
         setattr(report, name, value)
 
 
-def _wait_for_ranks(out: Path, world: int, run_id: str | None = None) -> dict[int, RunReport]:
+def _wait_for_ranks(out: Path, world: int, run_id: str | None = None, ended: set[int] | None = None) -> dict[int, RunReport]:
     """Every rank's report of this run (``run_id``: a rank.json an earlier run left in the same OUT is not this run's,
-    and is waited past), up to ``WAIT_S``."""
+    and is waited past), up to ``WAIT_S``; not past a rank whose process has ended without it (its ``rank.pid`` names
+    a process of this run that no longer runs: it exited before its traced steps' end), which goes into ``ended``."""
     deadline = time.monotonic() + WAIT_S
     found: dict[int, RunReport] = {}
+    ended = ended if ended is not None else set()
     while True:
         for r in range(world):
-            path = rank_dir(out, Rank(r, world)) / RANK_FILE
-            if r not in found and path.exists():
-                report = read(path)
-                if report is None:
-                    continue  # being written
-                # a report of this run, and not the timed steps a rank keeps while its traced steps run (partial, with
-                # no end of the program in it): its whole report replaces that one
-                if (run_id is None or report.run_id == run_id) and not (report.partial and report.exit_code is ABSENT):
-                    found[r] = report
-        if len(found) == world or time.monotonic() > deadline:
+            if r in found or r in ended:
+                continue
+            folder = rank_dir(out, Rank(r, world))
+            gone = _rank_ended(folder, run_id)  # before the report is read: a rank that wrote it and then ended is found
+            report = _rank_report(folder / RANK_FILE, run_id)
+            if report is not None:
+                found[r] = report
+            elif gone:
+                ended.add(r)
+        if len(found) + len(ended) == world or time.monotonic() > deadline:
             return found
         time.sleep(0.1)
+
+
+def _rank_report(path: Path, run_id: str | None) -> RunReport | None:
+    """A rank's whole report of this run, or None: none yet, one being written, an earlier run's, or the timed steps a
+    rank keeps while its traced steps run (partial, with no end of the program in it)."""
+    if not path.exists():
+        return None
+    report = read(path)
+    if report is None or (run_id is not None and report.run_id != run_id) or (report.partial and report.exit_code is ABSENT):
+        return None
+    return report
+
+
+PID_FILE = "rank.pid"  # a rank's process and run, written as its recording starts (``write_rank_pid``)
+
+
+def write_rank_pid(folder: Path, run_id: str) -> None:
+    """This rank's process id and run id, so that rank 0 does not wait for the report of a rank that has ended."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PID_FILE).write_text(json.dumps({"pid": os.getpid(), "run_id": run_id}))
+
+
+def _rank_ended(folder: Path, run_id: str | None) -> bool:
+    """The rank's process (its ``rank.pid``, of this run) no longer runs: gone, or a zombie its launcher has not reaped."""
+    try:
+        data = json.loads((folder / PID_FILE).read_text())
+        pid = int(data["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    if run_id is not None and data.get("run_id") != run_id:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _rank_loop(report: RunReport) -> dict:
@@ -161,7 +207,7 @@ def _rank_loop(report: RunReport) -> dict:
     return {"mean_ms": loop.get("mean_ms"), "input_exposed_ms": inputs.get("exposed_ms_per_step"), "input_share": inputs.get("exposed_share")}
 
 
-def merge(reports: dict[int, RunReport], world: int) -> dict:
+def merge(reports: dict[int, RunReport], world: int, ended: set[int] | frozenset = frozenset()) -> dict:
     """The ranks' reports merged, as rank 0's report's fields: each rank's step and flags, the slowest rank, and from
     their traces the communication section (DDP's all-reduces or FSDP's all-gathers and reduce-scatters against
     their floor; and rank 0's verdict held against the most exposed communication).
@@ -184,7 +230,12 @@ def merge(reports: dict[int, RunReport], world: int) -> dict:
     merged.update(slowest_rank=slowest, step_ms=step_ms)
     if missing:
         merged["ranks_missing"] = missing
-        say(f"perflab: rank(s) {missing} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
+        gone, late = [r for r in missing if r in ended], [r for r in missing if r not in ended]
+        if gone:
+            say(f"perflab: rank(s) {gone} ended (the process exited) before the report of the traced steps; merging the "
+                f"{len(reports)} that wrote one")
+        if late:
+            say(f"perflab: rank(s) {late} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
     paths = [reports[r].section("recorded").get("trace_path") for r in sorted(reports)]
     steps = own.section("traced").get("steps") or 1
     if not (all(paths) and len(paths) == world):

@@ -108,6 +108,11 @@ class Run:
         global ACTIVE
 
         self._clear_stale()
+        if self.rank.distributed:  # rank 0 waits for this rank's report only while this process runs
+            from perflab.program.ranks import write_rank_pid
+            from perflab.program.recorder import rank_dir
+
+            self.guard.call("perflab could not write this rank's pid", lambda: write_rank_pid(rank_dir(self.options.out_dir, self.rank), self.run_id))
         recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced, on_timed=self._on_timed, guard=self.guard)
         self._recorder = recorder
         recorder.install()
@@ -134,7 +139,7 @@ class Run:
 
         folder = rank_dir(self.options.out_dir, self.rank)
         for name in (TRACE_FILE, SHAPES_FILE, plain_trace_path(TRACE_FILE).name, plain_trace_path(SHAPES_FILE).name, "rank.json",
-                     "report.html", JOB_FILE):
+                     "rank.pid", "report.html", JOB_FILE):
             try:
                 (folder / name).unlink(missing_ok=True)
             except OSError:
