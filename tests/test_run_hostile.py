@@ -424,6 +424,23 @@ def test_scaling_reads_over_the_first_count_given():
     assert section["rows"][1]["expected_ms"] == 6.0 and section["rows"][1]["efficiency"] == pytest.approx(0.6)
 
 
+def test_a_count_whose_step_is_its_slowest_ranks_gives_that_ranks_ci_beside_it():
+    """Under torchrun a count's step is its slowest rank's median; the CI printed beside it (the scaling row's, and the
+    note on an efficiency above 1) is that rank's, never rank 0's, so that no step stands outside its own interval (the
+    hostile round: 0.738 ms beside rank 0's 0.327-0.731)."""
+    from perflab.analysis.program import scaling_section
+
+    two = {"timing": {"median_ms": 0.52, "ci95_ms": [0.327, 0.731], "ci_coverage": 0.875}, "step_ms": 0.738, "slowest_rank": 1,
+           "ranks": [{"rank": 0, "median_ms": 0.52, "ci95_ms": [0.327, 0.731], "ci_coverage": 0.875},
+                     {"rank": 1, "median_ms": 0.738, "ci95_ms": [0.70, 0.78], "ci_coverage": 0.875}]}
+    one = {"timing": {"median_ms": 0.60, "ci95_ms": [0.55, 0.65], "ci_coverage": 0.875}}
+    section = scaling_section({2: two, 1: one})
+    base, other = section["rows"]
+    assert base["step_ms"] == 0.738 and base["ci95_ms"] == [0.70, 0.78] and other["ci95_ms"] == [0.55, 0.65]
+    assert other["efficiency"] == pytest.approx(0.738 / 0.60)
+    assert "(0.738 ms, CI ≥87.5% 0.700–0.780)" in section["note"], section["note"]
+
+
 def test_a_rank_report_an_earlier_run_left_is_not_merged(tmp_path, monkeypatch):
     from perflab.program import ranks
 

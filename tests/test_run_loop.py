@@ -370,3 +370,34 @@ def test_perflabs_own_work_lands_in_no_timed_or_traced_iteration_of_the_programs
     assert max(timed) < slow_ms / 2 and max(traced) < slow_ms / 2, own
     assert between > slow_ms and written > slow_ms, own  # the profiler's start; the trace's write and the report
     assert max(report["timing"]["samples_ms"]) < slow_ms / 2 and max(report["traced"]["step_ms_each"]) < slow_ms / 2
+
+
+def test_ordinals_in_the_stall_line():
+    from perflab.analysis.loop import ordinal
+
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 112)] == \
+        ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "112th"]
+
+
+def test_steps_that_alternate_fast_and_slow_are_two_modes_and_the_stalls_are_said_once(tmp_path):
+    """A step that sleeps 0.4 ms, then 45 ms, in turn: the stalls line names every 2nd step (before the tables, and not
+    again among the flags), and the bimodal flag says the median lies between the modes, a time no step took."""
+    from perflab.report.program import first_lines, run_lines
+
+    prog = _program(tmp_path, """
+        import time, torch
+        m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for i in range(32):
+            time.sleep(0.045 if i % 2 else 0.0004)
+            m(torch.randn(4, 8)).sum().backward(); opt.step()
+    """)
+    code, report = _run(tmp_path, prog, skip=2, steps=24, trace=0)  # two modes are told from 20 steps on (stats.modes_of)
+    assert code == 0
+    flags = {f["flag"]: f["message"] for f in report["flags"]}
+    assert "every 2nd step took over" in flags["stalls"]
+    modes = report["timing"]["modes"]
+    assert modes["fast_n"] == modes["slow_n"] == 12 and modes["fast_ms"] < 5 and modes["slow_ms"] > 40
+    assert modes["fast_ms"] < report["timing"]["median_ms"] < modes["slow_ms"]
+    assert "lies in the gap between them, a time no sample took" in flags["bimodal"]
+    lines = first_lines(report) + run_lines(report)
+    assert sum(line.startswith("stalls: ") for line in lines) == 1 and any(line.startswith("bimodal: ") for line in lines)

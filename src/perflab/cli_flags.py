@@ -224,8 +224,9 @@ VERSIONS_FLAGS = {
 
 # ab and track of a program (a program after "--"): each round's perflab run options, and ab's sides by arguments
 OPT_A_ARGS = typer.Option(None, "--a-args", help="A program's A/B: side A is the program with these arguments added (one string, "
-                          "split as a shell would: --a-args \"--compile=False\").")
-OPT_B_ARGS = typer.Option(None, "--b-args", help="A program's A/B: side B is the program with these arguments added.")
+                          "split as a shell would: --a-args \"--compile=False\"); without it, side A is the program as given.")
+OPT_B_ARGS = typer.Option(None, "--b-args", help="A program's A/B: side B is the program with these arguments added; without it, "
+                          "side B is the program as given.")
 OPT_PROGRAM_SKIP = typer.Option(None, "--skip", help="A program (after --): steps each round's perflab run lets run first, untimed (default 5).")
 OPT_PROGRAM_STEPS = typer.Option(None, "--steps", help="A program (after --): steps each round's perflab run times (default 20).")
 OPT_PROGRAM_NPROC = typer.Option(None, "--nproc", help="A program (after --): run it under torchrun with this many ranks; the "

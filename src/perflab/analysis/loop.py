@@ -232,6 +232,12 @@ def _busy(busy: dict | None, mean: float) -> dict | None:
 CAUSE_WORDS = {"input": "waiting for input", "sync": "blocked in synchronising calls", "own": "the program's own work between steps"}
 
 
+def ordinal(n: int) -> str:
+    """2nd, 3rd, 4th, 11th, 21st."""
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
 def stall_line(loop: dict | None) -> str | None:
     """The first line of a run whose stalls take more than ``STALLS_SAID`` of its wall time; None otherwise."""
     stalls = (loop or {}).get("stalls") or {}
@@ -239,8 +245,9 @@ def stall_line(loop: dict | None) -> str | None:
         return None
     every = ""
     if stalls.get("period"):
-        every = f", every {stalls['period']}th step" if stalls["count"] * stalls["period"] <= loop["steps"] + stalls["period"] else \
-            f" (the longest every {stalls['period']}th step)"
+        nth = ordinal(stalls["period"])
+        every = f", every {nth} step" if stalls["count"] * stalls["period"] <= loop["steps"] + stalls["period"] else \
+            f" (the longest every {nth} step)"
     causes = stalls.get("causes_ms") or {}
     excess = stalls.get("excess_ms") or 0.0
     parts = ", ".join(f"{CAUSE_WORDS[k]} {v / excess:.0%}" for k, v in sorted(causes.items(), key=lambda kv: -kv[1]) if excess > 0 and v > 0)

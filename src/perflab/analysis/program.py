@@ -591,7 +591,7 @@ def scaling_section(reports: dict[int, RunReport | dict]) -> Scaling:
         limit = report.section("traced").get("inflation_limit") or INFLATION_LIMIT
         ranks = [_rank_against_growth(r, growth, limit) for r in (report.section("communication").get("ranks") or [])]
         verdict = report.get("verdict")  # its message (one that is no mapping: as it is)
-        out["rows"].append({"nproc": n, "step_ms": step, "ci95_ms": report.section("timing").get("ci95_ms"), "flops_per_rank_step": work,
+        out["rows"].append({"nproc": n, "step_ms": step, "ci95_ms": _step_timing(report).get("ci95_ms"), "flops_per_rank_step": work,
                             "work_ratio": ratio, "expected_ms": expected, "growth_ms": growth,
                             "efficiency": expected / step if expected and step else None, "ranks": ranks,
                             "verdict": verdict.get("message") if isinstance(verdict, dict) else verdict})
@@ -604,10 +604,22 @@ def scaling_section(reports: dict[int, RunReport | dict]) -> Scaling:
 SUPERLINEAR_SLACK = 0.02  # an efficiency this far above 1 is said: more ranks cannot do a rank's share faster than one
 
 
+def _step_timing(report: RunReport) -> dict:
+    """The timing (median, CI, its coverage) of the step a count's report gives: under torchrun the slowest rank's
+    (``step_ms``: its row in ``ranks``), whose CI is its own, not rank 0's; else the report's own timing."""
+    timing = report.section("timing")
+    slowest = report.get("slowest_rank")
+    row = next((r for r in report.get("ranks") or [] if r.get("rank") == slowest), None) if slowest is not None else None
+    if row is None or not report.step_ms:
+        return timing
+    return {"median_ms": row.get("median_ms"), "ci95_ms": row.get("ci95_ms"), "ci_ms": row.get("ci_ms"), "ci_coverage": row.get("ci_coverage"),
+            "steps": timing.get("steps"), "ci_level": timing.get("ci_level")}
+
+
 def _superlinear(row: dict, base: RunReport) -> str:
     """Why an efficiency above 1 is suspect, in words: the step fell more than the work per rank did, so the first
     count's step it is held against (with its CI and flags) is the first thing to doubt."""
-    timing = base.section("timing")
+    timing = _step_timing(base)
     ci = timing.get("ci95_ms") or timing.get("ci_ms")
     flags = [f.get("flag") if isinstance(f, dict) else str(f) for f in base.flags or []]
     claim = ci_note(ci_coverage_of(timing), None)  # fewer than five stretches of steps claim less than 95%

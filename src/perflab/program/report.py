@@ -168,6 +168,8 @@ def run_report_checks(report: RunReport | dict) -> list[dict]:
         if stalls.get("said"):
             # the stalls are the program's own (said above): only the spread of the steps between them can be the machine's
             typical = stalls.get("typical_cv")
+            if timing.get("modes"):  # stalls every other step are two modes: the median lies between them, no step took it
+                checks += [c for c in spread_checks(timing["cv"], timing["modes"], timing.get("median_ms")) if c.flag == "bimodal"]
             if typical is not None and typical > CV_THRESHOLD:
                 checks.append(Check("high_cv", f"the steps between the stalls vary by CV {typical:.1%} (threshold {CV_THRESHOLD:.0%}; "
                                                f"all steps: {timing['cv']:.1%}, most of it the stalls); the machine may be busy or the step too short"))

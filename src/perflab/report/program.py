@@ -249,8 +249,11 @@ def run_lines(report: dict) -> list[str]:
     if report.get("traced_verdict") and report["traced_verdict"] != (report.get("verdict") or {}).get("message"):
         inflated = (report.get("traced") or {}).get("inflated")
         lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {report['traced_verdict']}")
+    said = set(first_lines(report))  # the stalls, said before the tables: not again among the flags
     for flag in report.get("flags") or []:
-        lines.append(f"{flag['flag']}: {flag['message']}")
+        line = f"{flag['flag']}: {flag['message']}"
+        if line not in said:
+            lines.append(line)
     note = (report.get("recorded") or {}).get("trace_note")
     if note:
         lines.append(note)
