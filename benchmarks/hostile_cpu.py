@@ -726,12 +726,28 @@ def ab_bad(tmp: Path, j: Judge, args: list, *, cwd_repo: bool = True) -> Done:
 
 for _name, _args in (("rounds-1", ["--a-args", "1", "--b-args", "2", "--rounds", "1"]),
                      ("rounds-1e9", ["--a-args", "1", "--b-args", "2", "--rounds", "1000000000"]),
-                     ("a-args-alone", ["--a-args", "30", *AB_RUN, "--rounds", "2"]),
                      ("repo-nonexistent", ["--repo", "/nonexistent", "--a", "x", "--b", "y"])):
     def _ab(tmp, j, args=_args):
         ab_bad(tmp, j, [*args, "--", "train.py"])
     hostile(f"16-ab-{_name}", "one line, exit 2, no worktree left", f"perflab ab {' '.join(_args)} -- train.py: one line, exit 2, "
             "no --out, git worktree list shows only the main one")(_ab)
+
+
+@hostile("16-ab-a-args-alone", "runs: side B is the program as given (the help says so), no worktree left",
+         "perflab ab --a-args 30 --rounds 2 -- train.py: exit 0, side A's args '30', side B's none (the program as given), --json "
+         "holds both; git worktree list shows only the main one")
+def ab_a_args_alone(tmp, j):
+    repo = ab_repo(tmp)
+    git(repo, "checkout", "-q", "c1")
+    d = j.saw(perflab(["ab", "--a-args", "30", *AB_RUN, "--rounds", "2", "--out", tmp / "abo", "--json", "--", "train.py"], repo))
+    j.wrong_unless(d.rc == 0, f"exit {d.rc}")
+    try:
+        sides = {s["name"]: s["version"].get("args") for s in json.loads(d.out)["sides"]}
+    except (ValueError, KeyError, TypeError) as exc:
+        sides = {"unreadable": str(exc)}
+    j.r.detail.append(f"sides' args: {sides}")
+    j.wrong_unless(sides.get("A") == "30" and not sides.get("B"), f"sides' args {sides}: A '30' and B none expected")
+    j.wrong_unless(worktrees(repo) == 1, f"git worktree list shows {worktrees(repo)} worktrees (1 expected)")
 
 
 @hostile("16-ab-side-b-fails", "one line naming side B and its exit status, exit 2, no worktree left",

@@ -398,6 +398,12 @@ def test_steps_that_alternate_fast_and_slow_are_two_modes_and_the_stalls_are_sai
     modes = report["timing"]["modes"]
     assert modes["fast_n"] == modes["slow_n"] == 12 and modes["fast_ms"] < 5 and modes["slow_ms"] > 40
     assert modes["fast_ms"] < report["timing"]["median_ms"] < modes["slow_ms"]
+    # the stretches' interval (1.6-357 ms for these steps) is cut to the steps: it holds the median, and no more than the steps
+    low, high = report["timing"]["ci95_ms"]
+    steps = report["timing"]["samples_ms"] if "samples_ms" in report["timing"] else None
+    assert report["timing"]["ci_clamped"] is True and low <= report["timing"]["median_ms"] <= high and high < 60
+    if steps:
+        assert min(steps) <= low and high <= max(steps)
     assert "lies in the gap between them, a time no sample took" in flags["bimodal"]
     lines = first_lines(report) + run_lines(report)
     assert sum(line.startswith("stalls: ") for line in lines) == 1 and any(line.startswith("bimodal: ") for line in lines)

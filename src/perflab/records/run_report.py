@@ -76,6 +76,7 @@ class TimingSection(TypedDict, total=False):
     ci_level: str
     ci_units: int
     ci_coverage: float
+    ci_clamped: bool  # the CI was cut to the fastest and slowest step (``program.recorder.timing_summary``)
     samples_ms: list[float]
     host_median_ms: float
     modes: dict | None
