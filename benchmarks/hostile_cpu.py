@@ -782,8 +782,11 @@ def sigint_track(tmp, j):
     args = ["track", "--repo", str(repo), "--revs", "c1,c2", "--step", "step", "--skip", "2", "--steps", "4", "--rounds", "2",
             "--out", str(tmp / "tr"), "--", "prog.py"]
     t0 = time.monotonic()
+    # SIGINT at its default in the child: a script started in the background (``&`` in a non-interactive shell) inherits
+    # SIGINT ignored, which Python keeps, and the Ctrl-C below would test nothing (perflab ran on to exit 0 that way)
     proc = subprocess.Popen([PY, "-m", "perflab", *args], cwd=repo, env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, errors="replace", start_new_session=True)
+                            text=True, errors="replace", start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3.0)
     seen = worktrees(repo)
     below = descendants(proc.pid)
