@@ -379,31 +379,30 @@ def test_ordinals_in_the_stall_line():
         ["1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "112th"]
 
 
-def test_steps_that_alternate_fast_and_slow_are_two_modes_and_the_stalls_are_said_once(tmp_path):
-    """A step that sleeps 0.4 ms, then 45 ms, in turn: the stalls line names every 2nd step (before the tables, and not
-    again among the flags), and the bimodal flag says the median lies between the modes, a time no step took."""
+def test_steps_that_alternate_fast_and_slow_are_two_modes_and_the_stalls_are_said_once():
+    """Planted (no process: a loaded host blurs the modes of real sleeps): 24 steps alternating 1 ms and 46 ms. The
+    stalls line names every 2nd step, said before the tables and not again among the flags; the bimodal flag says the
+    median lies between the modes, a time no step took; the stretches' interval (1.6-357 ms) is cut to the steps."""
+    from perflab.program.recorder import timing_summary
+    from perflab.program.report import run_report_checks
     from perflab.report.program import first_lines, run_lines
 
-    prog = _program(tmp_path, """
-        import time, torch
-        m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        for i in range(32):
-            time.sleep(0.045 if i % 2 else 0.0004)
-            m(torch.randn(4, 8)).sum().backward(); opt.step()
-    """)
-    code, report = _run(tmp_path, prog, skip=2, steps=24, trace=0)  # two modes are told from 20 steps on (stats.modes_of)
-    assert code == 0
+    steps = [1.0 + 0.01 * (i % 5) if i % 2 == 0 else 46.0 + 0.1 * (i % 3) for i in range(24)]
+    windows, t = [], 0
+    for ms in steps:
+        windows.append([t, t + int(ms * 1e6)])
+        t += int(ms * 1e6)
+    report = {"timing": timing_summary(steps, steps), "loop": loop_section(steps, steps, windows, {"waits": {}, "syncs": {}, "loaders": []}, None),
+              "recorded": {}}
+    report["flags"] = run_report_checks(report)
     flags = {f["flag"]: f["message"] for f in report["flags"]}
     assert "every 2nd step took over" in flags["stalls"]
-    modes = report["timing"]["modes"]
-    assert modes["fast_n"] == modes["slow_n"] == 12 and modes["fast_ms"] < 5 and modes["slow_ms"] > 40
-    assert modes["fast_ms"] < report["timing"]["median_ms"] < modes["slow_ms"]
-    # the stretches' interval (1.6-357 ms for these steps) is cut to the steps: it holds the median, and no more than the steps
-    low, high = report["timing"]["ci95_ms"]
-    steps = report["timing"]["samples_ms"] if "samples_ms" in report["timing"] else None
-    assert report["timing"]["ci_clamped"] is True and low <= report["timing"]["median_ms"] <= high and high < 60
-    if steps:
-        assert min(steps) <= low and high <= max(steps)
+    timing = report["timing"]
+    assert timing["modes"]["fast_n"] == timing["modes"]["slow_n"] == 12 and timing["modes"]["fast_ms"] < timing["median_ms"] < timing["modes"]["slow_ms"]
     assert "lies in the gap between them, a time no sample took" in flags["bimodal"]
+    low, high = timing["ci95_ms"]
+    assert timing["ci_clamped"] is True and min(steps) <= low <= timing["median_ms"] <= high <= max(steps)
     lines = first_lines(report) + run_lines(report)
     assert sum(line.startswith("stalls: ") for line in lines) == 1 and any(line.startswith("bimodal: ") for line in lines)
+    # one mode: a few stretches' interval is left as it is, even where it reaches past the steps seen
+    assert "ci_clamped" not in timing_summary([10.0, 10.4, 10.1], [10.0, 10.4, 10.1])
