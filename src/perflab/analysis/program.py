@@ -170,10 +170,19 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
         # a figure that does was counted over another window (perflab's bug), and is not printed as the host's
         host_ms, host_source = None, (f"not used: the host's issue time ({host_ms:.3f} ms) came out longer than the traced step it "
                                       f"issues ({window_ms:.3f} ms), counted over another window")
+    operator_share = _operator_share(summary) if trace.cpu_only else None
+    traced_busy_ms, busy_basis = None, None
+    if trace.cpu_only and traced["inflated"] and busy_ms is not None and operator_share is not None and median:
+        # the profiler slows every CPU operator: the traced steps' operator time (×1.5-20 the untraced step) is not the
+        # step's; their share of the traced step, of the untraced one, is what the verdict speaks of
+        traced_busy_ms, busy_ms = busy_ms, operator_share * median
+        busy_basis = (f"the operators' share of the traced steps ({operator_share:.0%}) of the untraced median step: the traced steps "
+                      f"ran ×{traced['inflation']:.2f} the untraced ones, their own operator time {traced_busy_ms:.3f} ms")
     evidence = {"step_ms": median, "busy_ms": busy_ms, "communication_apart": compute_ms is not None, "categories_ms": categories_ms,
+                "traced_busy_ms": traced_busy_ms, "busy_basis": busy_basis,
                 "host_ms": host_ms, "host_source": host_source, "inflation": traced["inflation"],
                 "inflated": traced["inflated"], "cpu_only": trace.cpu_only, "cpu_verdict": summary["launch"] if trace.cpu_only else None,
-                "operator_share": _operator_share(summary) if trace.cpu_only else None,
+                "operator_share": operator_share,
                 "sync_idle": idle_after_syncs(trace), "host_bound_idle_ms": _host_bound_idle_ms(summary),
                 **loop_evidence(loop)}
     if ceilings and median and not trace.cpu_only:
@@ -315,6 +324,8 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
     fill = share if share is not None and not evidence.get("communication_apart") else traced_fill
     out = {"kernel_fill": traced_fill, "busy_share": share, "fill": fill, "step_ms": step, "median_ms": evidence.get("step_ms"),
            "busy_ms": busy, "host_ms": evidence.get("host_ms"), "host_own_ms": evidence.get("host_own_ms"), "exposed_comm_ms": exposed_comm_ms}
+    if evidence.get("busy_basis"):  # an inflated CPU trace's operator time, carried to the untraced step (traced_report)
+        out["busy_basis"] = evidence["busy_basis"]
     note = ""
     if exposed_comm_ms is not None and traced_step_ms:
         counted, what = exposed_comm_ms, "communication that no compute hides"

@@ -182,6 +182,7 @@ class Verdict(TypedDict, total=False):
     step_ms: float
     median_ms: float
     busy_ms: float
+    busy_basis: str  # where busy_ms is not the traced steps' own time (an inflated CPU trace's, carried to the untraced step)
     host_ms: float
     host_own_ms: float | None
     exposed_comm_ms: float | None
