@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from cli_util import run_cli
@@ -579,3 +580,49 @@ def test_an_inflated_cpu_traces_operator_time_is_carried_to_the_untraced_step(tm
     share, median = evidence["operator_share"], report["timing"]["median_ms"]
     assert verdict["busy_ms"] == pytest.approx(share * median) and verdict["busy_ms"] <= median
     assert evidence["traced_busy_ms"] > verdict["busy_ms"] and "the untraced median step" in verdict["busy_basis"]
+
+
+def test_a_ctrl_c_to_perflab_alone_under_nproc_ends_torchrun_and_its_ranks(tmp_path):
+    """SIGINT to the perflab process only (not its group, as `kill -INT` gives it): it exits 130, and torchrun and the
+    ranks end with it instead of running on as orphans (the helper's hostile round saw them left)."""
+    import signal
+    import time
+
+    prog = program(tmp_path, """
+        import time, torch
+        torch.set_num_threads(1)
+        m = torch.nn.Linear(8, 8); opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        for i in range(2000):
+            time.sleep(0.05); m(torch.randn(4, 8)).sum().backward(); opt.step()
+    """)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-m", "perflab", "run", "--nproc", "2", "--skip", "2", "--steps", "4", "--trace", "0",
+                             "--out", str(out), "--", str(prog)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    pid_files = [out / f"rank{r}" / "rank.pid" for r in (0, 1)]
+    deadline = time.monotonic() + 90
+    # the report written (rank 0's run.json): the ranks now run on silently, as a long training job's would
+    while not ((out / "run.json").exists() and all(p.exists() for p in pid_files)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (out / "run.json").exists(), "the ranks never reported"
+    time.sleep(1.0)
+    ranks = [json.loads(p.read_text())["pid"] for p in pid_files]
+    os.kill(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        alive_after = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            alive_after = [pid for pid in ranks if Path(f"/proc/{pid}").exists()
+                           and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+            if not alive_after:
+                break
+            time.sleep(0.2)
+        for pid in alive_after:
+            os.kill(pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    assert proc.returncode == 130, err[-2000:]
+    assert not alive_after, f"ranks {alive_after} still running 30 s after perflab exited"
+    assert "Traceback (most recent call last)" not in err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -68,8 +69,12 @@ def torchrun(nproc: int, program: list[str], options: RunOptions, step: str | No
     env = dict(os.environ, **{RUN_ID_ENV: new_run_id()})  # one id for every rank's report: a stale one is never merged
     process = subprocess.Popen(torchrun_command(nproc, program, options, step, step_range), env=env, stderr=subprocess.PIPE, text=True,
                                errors="replace", bufsize=1)
-    held = _pass_stderr(process.stderr)
-    code = process.wait()
+    try:
+        held = _pass_stderr(process.stderr)
+        code = process.wait()
+    except BaseException:  # Ctrl-C (or an error) in this process alone: torchrun and its ranks must not run on without it
+        _stop(process)
+        raise
     if code:
         failed = _failed_ranks(options.out_dir, nproc, env[RUN_ID_ENV])
         if failed:
@@ -78,6 +83,24 @@ def torchrun(nproc: int, program: list[str], options: RunOptions, step: str | No
         elif held:  # torchrun failed before any rank said why: its own words, as it wrote them
             sys.stderr.write("".join(held))
     return code
+
+
+def _stop(process: subprocess.Popen) -> None:
+    """torchrun ended with this process: given a moment to end by itself (a Ctrl-C at a terminal reached it and its ranks
+    too), then told as a Ctrl-C would tell it (it ends its ranks), then terminated, then killed."""
+    for send, wait in ((None, 5.0), (signal.SIGINT, 20.0), (signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        if process.poll() is not None:
+            return
+        if send is not None:
+            try:
+                process.send_signal(send)
+            except ProcessLookupError:
+                return
+        try:
+            process.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _pass_stderr(stream) -> list[str]:
