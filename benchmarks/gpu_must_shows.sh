@@ -34,6 +34,7 @@ EOF
     floor)
       (cd benchmarks && python ab_floor_gpu.py --out "$OUT/ab_floor_gpu.json" --runs 2 --rounds 5 --parts truth eleven) 2>&1 | tail -40 ;;
     batch)
+      : "${NANOGPT:?batch needs NANOGPT=/path/to/a nanoGPT checkout (github.com/karpathy/nanoGPT)}"
       R=$PWD
       (cd "$NANOGPT" && python -c "import sys; sys.path.insert(0, '$R/benchmarks'); from nanogpt_run import make_data; from pathlib import Path; make_data(Path('.'))" &&
        python -m perflab ab --skip 10 --steps 20 --input get_batch --a-args "--batch_size=8" --b-args "--batch_size=16" --out /tmp/ab_bs_input \

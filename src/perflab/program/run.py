@@ -134,12 +134,14 @@ class Run:
         so that nothing of that run is read as this one's (every report of this run also carries its id)."""
         from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, rank_dir
 
+        from perflab.program.ranks import PID_FILE
         from perflab.program.report_job import JOB_FILE
+        from perflab.records.run_report import RANK_FILE
         from perflab.trace.load import plain_trace_path
 
         folder = rank_dir(self.options.out_dir, self.rank)
-        for name in (TRACE_FILE, SHAPES_FILE, plain_trace_path(TRACE_FILE).name, plain_trace_path(SHAPES_FILE).name, "rank.json",
-                     "rank.pid", "report.html", JOB_FILE):
+        for name in (TRACE_FILE, SHAPES_FILE, plain_trace_path(TRACE_FILE).name, plain_trace_path(SHAPES_FILE).name, RANK_FILE,
+                     PID_FILE, "report.html", JOB_FILE):
             try:
                 (folder / name).unlink(missing_ok=True)
             except OSError:
