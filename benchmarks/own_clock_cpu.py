@@ -50,6 +50,9 @@ def main() -> int:
             subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             own = json.loads(own_path.read_text())
             result[name] = {"median_ms": round(statistics.median(own), 2), "spikes": spikes(own, args.factor)}
+            if prefix:  # what perflab says it did at the boundaries (run.json's recorded.own_work), beside the spikes
+                recorded = json.loads((tmp / "run" / "run.json").read_text()).get("recorded") or {}
+                result[name]["own_work"] = recorded.get("own_work")
     # perflab's phases by iteration (perflab's step j is iteration j - 1; work at boundary n runs in iteration n - 1):
     # skipped 0-4, timed 5-24, the step between 25, the profiler's warm-up 26-28, traced 29-31, the trace written 32
     result["phases"] = {"timed": [5, 24], "between": 25, "traced": [29, 31], "written": 32}

@@ -40,6 +40,8 @@ import statistics
 import tempfile
 import time
 import warnings
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,7 +66,9 @@ class RunOptions:
     trace: int = 3
     trace_warmup: int = 3  # steps under the profiler before the traced ones, thrown away (its start-up lands in them)
     record_shapes: bool = True  # a second, short pass with operator shapes after the traced steps (FLOPs are counted from it)
-    shapes_steps: int = 2
+    # one step: its profiler's stop (CPU operators with their shapes, and CUDA) is the costliest of perflab's own work in a
+    # step of the program (68 ms for two steps of a compiled GPT-2 on an H200, against its 24-40 ms steps)
+    shapes_steps: int = 1
     inflation_limit: float = 1.10  # traced ÷ untraced step beyond which the traced accounting describes the profiler
     stop_after: bool = False
     out_dir: Path = Path("perflab-run")
@@ -130,6 +134,14 @@ class Recorded:
     timed_windows_ns: list = field(default_factory=list)
     loop: dict | None = None
     busy: dict | None = None
+    # perflab's own work at the program's step boundaries where it took over OWN_WORK_MS (it lands in the program's
+    # step that holds the boundary): each {"step", "phase", "ms", "parts": {what: ms}}; the boundary that starts the
+    # report is not in it (it is being measured as this record is taken)
+    own_work: list = field(default_factory=list)
+
+
+# perflab's own work at a boundary is kept in Recorded.own_work from this many ms
+OWN_WORK_MS = 1.0
 
 
 def timing_summary(step_ms: list[float], host_ms: list[float]) -> dict:
@@ -164,7 +176,7 @@ def steps_needed(options) -> int:
 
 class Recorder:
     def __init__(self, source: StepSource, options: RunOptions, rank: Rank | None = None, on_traced=None, guard: Guard | None = None,
-                 on_timed=None):
+                 on_timed=None, on_facts=None):
         self.source = source
         self.guard = guard or Guard()
         self.options = options
@@ -172,6 +184,13 @@ class Recorder:
         self.data = Recorded()
         self.on_traced = on_traced  # called after the traced steps (the report); may raise StopProgram
         self.on_timed = on_timed  # called when the timed steps end, before the profiler starts (they are written then)
+        # called at a boundary of its own after the last pass's trace is written, before the one that calls on_traced: what the
+        # report needs from the program's process (program.report.gpu_facts), taken apart from the report's start so that
+        # neither lands whole in one of the program's steps (issue 55). None: on_traced follows the write directly
+        self.on_facts = on_facts
+        self._closing: str | None = None  # after the last pass: "facts" (on_facts at the next boundary), then "report"
+        self._warming = False  # perflab's own profiler session that pays CUPTI's start-up at the first boundary
+        self.module_watch = ModuleWatch()  # the program's modules, for the report's bytes of weights (report.gpu_facts)
         self._clock = None  # perflab.clock.StepClock, chosen at the first timed step
         self._marks: dict[str, list] = {"timed": [], "traced": []}  # a boundary source's stamps, per phase
         self._pairs: dict[str, list] = {"timed": [], "traced": []}  # a call source's (start, end) stamps, per phase
@@ -194,6 +213,7 @@ class Recorder:
         self._host_before = None  # (thread id, measure.sched.HostSample) where the timed steps began: their host contention
         self._host_after = None  # the same where they ended
         self._said, self._said_n = self._t0, 0  # when the last progress line was said, at which step
+        self._parts: dict[str, float] = {}  # what perflab did at the boundary now running, ms each (``_part``)
 
     # --- installation ------------------------------------------------------------------------------
 
@@ -204,6 +224,7 @@ class Recorder:
         self.source.install()
         self.watch.install()
         self.loop.install()
+        self.module_watch.install()
         compiler.prepare()
         import perflab.clock  # noqa: F401  (imported now, not inside the first timed step)
         _preload_report()
@@ -219,6 +240,7 @@ class Recorder:
         self.source.detach()
         self.watch.remove()
         self.loop.remove()
+        self.module_watch.remove()
         self._unwatch_script_profiler()
         if self.guard.owner:  # a forked child abandoning its parent's recorder leaves the parent's folder alone
             shutil.rmtree(self._worker_dir, ignore_errors=True)
@@ -273,10 +295,39 @@ class Recorder:
                 self._call_start = None
             else:
                 self._marks[phase].append(self._clock.stamp())
+        t0 = time.perf_counter()
+        self._parts = {}
+        try:
+            self._change_phase(n, phase)
+        finally:
+            ms = (time.perf_counter() - t0) * 1e3
+            if ms >= OWN_WORK_MS:
+                parts = {k: round(v, 3) for k, v in self._parts.items()}
+                rest = ms - sum(self._parts.values())
+                if rest >= OWN_WORK_MS / 2:
+                    parts["other"] = round(rest, 3)
+                self.data.own_work.append({"step": n, "phase": phase, "ms": round(ms, 3), "parts": parts})
+
+    @contextmanager
+    def _part(self, what: str):
+        """A piece of perflab's own work at a boundary, timed into ``Recorded.own_work``'s parts."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._parts[what] = self._parts.get(what, 0.0) + (time.perf_counter() - t0) * 1e3
+
+    def _change_phase(self, n: int, phase: str) -> None:
+        """What the boundary that ended step ``n`` (in ``phase``) starts or ends."""
+        if n == 1 and phase == "skipped" and self.options.trace:
+            with self._part("warm the profiler"):
+                self._warm_profiler()
         if phase == "skipped" and n == self.options.skip:
-            self._enter_timed()
+            with self._part("start timing"):
+                self._enter_timed()
         elif phase == "timed" and n == self._timed_end:
-            self._end_timed_watch()
+            with self._part("end the timed steps' watches"):
+                self._end_timed_watch()
             if self.options.trace:
                 self.data.phase = "between"  # perflab's own work waits for the next boundary (the module's doc)
             else:
@@ -286,8 +337,29 @@ class Recorder:
         elif phase == "traced":
             if self._tracer is not None:
                 self._step_tracer()
-            else:  # perflab's trace gave way to the program's own profiler
+            elif self._closing == "facts":
+                self._closing = "report"
+                with self._part("take the report's facts"):
+                    self.on_facts(self)
+            else:  # the report's boundary (or perflab's trace gave way to the program's own profiler)
                 self._finish_tracing()
+
+    def _warm_profiler(self) -> None:
+        """CUPTI's and Kineto's one-time start-up paid at the end of the program's first step, which holds the program's
+        own start (CUDA's, compiling): on an H200 a first CUDA profiler session took 38 ms to start, a later one 1.4 ms
+        (benchmarks/profiler_costs_gpu.py), and the step between read 59 ms of perflab's work with it. Not where the
+        program has not started CUDA by then, nor where a profiler of its own runs."""
+        import torch
+
+        if not (torch.cuda.is_available() and torch.cuda.is_initialized()) or self._script_profiler or _profiler_running():
+            return
+        from perflab.trace.capture import warm_cuda_profiler
+
+        self._warming = True
+        try:
+            warm_cuda_profiler()
+        finally:
+            self._warming = False
 
     def _progress(self, n: int, phase: str) -> None:
         """One line on stderr every ``PROGRESS_S`` while perflab works towards its report (the program's own output is
@@ -359,9 +431,11 @@ class Recorder:
 
     def _begin_tracing(self) -> None:
         """The timed steps read and handed to ``on_timed`` (written), then the traced phase entered."""
-        self._read_timed()
+        with self._part("read the timed steps"):
+            self._read_timed()
         if self.on_timed is not None:
-            self.on_timed(self)
+            with self._part("write the timed steps"):
+                self.on_timed(self)
         self._enter_traced()
 
     def _end_timed_watch(self) -> None:
@@ -446,7 +520,8 @@ class Recorder:
             return
         from perflab.trace.capture import Tracer
 
-        self._sync()
+        with self._part("synchronise"):
+            self._sync()
         # on a GPU the accounted pass records no shapes, nor any of torch's operators (CUDA only: trace.capture.Tracer says
         # what they cost: nanoGPT's traced steps ×0.99–1.34 with them); the pass with shapes follows. On the CPU the
         # operators are the work: one pass records them, with their shapes
@@ -454,7 +529,8 @@ class Recorder:
                               warmup=self.options.trace_warmup, record_shapes=self.options.record_shapes and not self._on_gpu,
                               own_step_ranges=self.source.kind == "call", cpu_ops=False, defer_write=True, compress_later=True)
         self.data.trace_warmup = self.options.trace_warmup
-        self._tracer.start()
+        with self._part("start the profiler"):
+            self._tracer.start()
         if self.source.kind == "boundary":
             self._marks["traced"].append(self._clock.stamp())  # the traced steps begin at this boundary, as the timed did
 
@@ -471,8 +547,9 @@ class Recorder:
 
     @property
     def _writing(self) -> bool:
-        """A pass's traced steps have ended and its trace waits to be written at this boundary (``Tracer.pending``)."""
-        return self._tracer is not None and self._tracer.pending
+        """A pass's traced steps have ended: its trace waits to be written at this boundary (``Tracer.pending``), or the
+        last pass's is written and the report's boundaries follow (``_closing``). No step is stamped then."""
+        return self._closing is not None or self._tracer is not None and self._tracer.pending
 
     def _step_tracer(self) -> None:
         tracer = self._tracer
@@ -485,6 +562,7 @@ class Recorder:
                 self._internal(lambda: tracer.end_step(before_stop=self._sync))
             else:
                 tracer.step(before_stop=self._sync)  # the last traced step's GPU work is inside the trace
+            self._parts["step the profiler" if tracer.active else "stop the profiler"] = (time.perf_counter() - t0) * 1e3
         except Exception as exc:  # a trace that cannot be written (a full disk) must not end the user's program
             tracer.stop()
             self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
@@ -520,6 +598,7 @@ class Recorder:
             tracer.write()
         except Exception as exc:
             self.data.trace_note = f"the trace could not be written ({type(exc).__name__}: {exc})"
+        self._parts["write the trace"] = (time.perf_counter() - t0) * 1e3
         if self._pass == "accounted":
             self.data.profiler_seconds = self._stop_s + (time.perf_counter() - t0)
         self._keep_path(tracer)
@@ -542,6 +621,10 @@ class Recorder:
         if self._pass == "accounted" and tracer.written and self.options.record_shapes and self._on_gpu:
             self._start_shapes_pass()
             return
+        if self.on_facts is not None and tracer.written:  # the report's facts and its start, each at a boundary of its own
+            self._tracer = None
+            self._closing = "facts"
+            return
         self._finish_tracing()
 
     def _start_shapes_pass(self) -> None:
@@ -549,12 +632,14 @@ class Recorder:
         from perflab.trace.capture import Tracer
 
         self._pass = "shapes"
-        self._sync()
+        with self._part("synchronise"):
+            self._sync()
         # no warm-up: what the profiler's start costs these steps does not matter, only their operators' shapes do
         self._tracer = Tracer(self.rank_dir() / SHAPES_FILE, self.data.device or "cpu", steps=self.options.shapes_steps, warmup=0,
                               record_shapes=True, own_step_ranges=self.source.kind == "call", defer_write=True,
                               compress_later=True)
-        self._tracer.start()
+        with self._part("start the pass with shapes"):
+            self._tracer.start()
 
     @property
     def _on_gpu(self) -> bool:
@@ -570,9 +655,11 @@ class Recorder:
         self._counters["after"] = compiler.counters()
         self._tracer = None
         self.data.phase = "done"
-        self.remove()  # the program runs on untouched
+        with self._part("remove perflab's hooks"):
+            self.remove()  # the program runs on untouched
         if self.on_traced is not None:
-            self.on_traced(self)  # may raise StopProgram (--stop-after)
+            with self._part("start the report"):
+                self.on_traced(self)  # may raise StopProgram (--stop-after)
 
     # --- the program's own profiler ------------------------------------------------------------------
 
@@ -585,6 +672,8 @@ class Recorder:
         def is_ours(autograd_profile) -> bool:
             # the tracer's torch profiler prepares its autograd profile at its start and at its schedule's warm-up,
             # before the tracer's start returns
+            if recorder._warming:
+                return True
             tracer = recorder._tracer
             prof = tracer.profiler if tracer is not None else None
             return prof is not None and getattr(prof, "profiler", None) is autograd_profile
@@ -644,7 +733,7 @@ class Recorder:
 # imported at install, before the program's first step, not at the step between (a program's own clock read 288 ms for
 # that step on the CPU, against 14 ms for its neighbours: 250 ms of it importing perflab.analysis and pandas)
 REPORT_MODULES = ("perflab.analysis.loop", "perflab.analysis.program", "perflab.program.report", "perflab.records.run_report",
-                  "perflab.trace.load", "perflab.trace.kineto")
+                  "perflab.trace.load", "perflab.trace.kineto", "perflab.trace.capture")
 
 
 def _preload_report() -> None:
@@ -684,17 +773,45 @@ def instances_alive(cls) -> list:
     return found
 
 
-def module_bytes(device_type: str) -> dict:
-    """The parameters and buffers of every ``nn.Module`` alive (found through the garbage collector), each tensor once,
-    on ``device_type``: what a step that reads every weight (and a KV cache held as a buffer) once moves at least."""
+class ModuleWatch:
+    """Every ``nn.Module`` that registers a parameter or a buffer while installed (torch's global registration hooks),
+    held weakly, for ``module_bytes``: scanning the garbage collector for them took 0.15-0.22 s in one of a compiled
+    GPT-2's steps on an H200 (transformers' and inductor's objects), against the program's 24-40 ms steps."""
+
+    def __init__(self):
+        self.modules = weakref.WeakSet()
+        self._handles: list = []
+
+    def install(self) -> None:
+        from torch.nn.modules import module as nn_module
+
+        def seen(module, name, value) -> None:  # returns nothing: the tensor registered is the program's, unchanged
+            self.modules.add(module)
+
+        self._handles = [nn_module.register_module_parameter_registration_hook(seen),
+                         nn_module.register_module_buffer_registration_hook(seen)]
+
+    def remove(self) -> None:
+        """The hooks removed; the modules seen are kept (a report made after the program reads them)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+def module_bytes(device_type: str, modules=None) -> dict:
+    """The parameters and buffers of every ``nn.Module`` alive, each tensor once, on ``device_type``: what a step that
+    reads every weight (and a KV cache held as a buffer) once moves at least. ``modules``: those a ``ModuleWatch`` saw;
+    none (a model unpickled whole registers nothing), or not given: found through the garbage collector."""
     import torch
 
-    seen, params, buffers, modules = set(), 0, 0, 0
-    with warnings.catch_warnings():  # isinstance on a deprecated alias (torch.distributed.reduce_op) warns
-        warnings.simplefilter("ignore")
-        found = instances_alive(torch.nn.Module)
+    seen, params, buffers, count = set(), 0, 0, 0
+    found = list(modules) if modules is not None else []
+    if not found:
+        with warnings.catch_warnings():  # isinstance on a deprecated alias (torch.distributed.reduce_op) warns
+            warnings.simplefilter("ignore")
+            found = instances_alive(torch.nn.Module)
     for obj in found:
-        modules += 1
+        count += 1
         for tensors, is_param in ((obj.parameters(recurse=False), True), (obj.buffers(recurse=False), False)):
             for t in tensors:
                 if t is None or t.device.type != device_type or t.is_meta:
@@ -708,7 +825,7 @@ def module_bytes(device_type: str) -> dict:
                     params += size
                 else:
                     buffers += size
-    return {"param_bytes": params, "buffer_bytes": buffers, "modules": modules}
+    return {"param_bytes": params, "buffer_bytes": buffers, "modules": count}
 
 
 def _host_sample():

@@ -79,14 +79,32 @@ def whole_loop(recorded: Recorded, options: RunOptions) -> dict | None:
                         worker_batches=raw.get("worker_batches"))
 
 
-def gpu_facts(recorded: Recorded, context: RunContext) -> dict:
+def gpu_facts(recorded: Recorded, context: RunContext, measure: bool = True, modules=None) -> dict:
     """What only the program's process can tell of its GPU: TF32 on or off, the bytes of its modules' weights, and the
-    GPU's measured peaks (cached, or measured now on rank 0). Nothing on the CPU."""
+    GPU's measured peaks (cached, or measured now on rank 0; ``measure`` False: cached or None). Nothing on the CPU.
+    ``modules``: the program's modules as the recorder's ``ModuleWatch`` saw them (else the garbage collector's)."""
     if recorded.device != "cuda":
         return {"ceilings": None, "model_bytes": None, "tf32": False}
     import torch
 
-    return {"tf32": bool(torch.backends.cuda.matmul.allow_tf32), "model_bytes": module_bytes("cuda"), "ceilings": _ceilings(context.rank)}
+    ceilings = _ceilings(context.rank) if measure else _cached_ceilings()
+    return {"tf32": bool(torch.backends.cuda.matmul.allow_tf32), "model_bytes": module_bytes("cuda", modules), "ceilings": ceilings}
+
+
+def complete_gpu_facts(facts: dict, recorded: Recorded, context: RunContext) -> dict:
+    """``gpu_facts`` taken earlier without measuring, with the peaks measured now where they were missing (on a GPU)."""
+    if recorded.device != "cuda" or facts.get("ceilings") is not None:
+        return facts
+    return dict(facts, ceilings=_ceilings(context.rank))
+
+
+def _cached_ceilings() -> dict | None:
+    from perflab.measure import ceilings
+
+    try:
+        return ceilings.cached_ceilings()
+    except Exception:  # an unreadable cache is measured again, later, as a missing one is
+        return None
 
 
 def traced_report(recorded: Recorded, context: RunContext, loop: dict | None = None, gpu: dict | None = None) -> RunReport:

@@ -86,6 +86,10 @@ class Run:
         self._processes: list[dict] | None = None  # the processes the program started, once its end gathered them
         self._job = None  # the report's own process (program.report_job), until the run's end awaits it
         self._job_recorded: Recorded | None = None  # what it reports, kept to report here should it fail
+        # the report's facts from the program's process (report.gpu_facts), taken a boundary before the report starts
+        # (Recorder.on_facts); where this GPU's peaks were never measured, the report is made after the program (_deferred)
+        self._facts: dict | None = None
+        self._deferred = False
 
     @property
     def report_path(self) -> Path:
@@ -113,7 +117,8 @@ class Run:
             from perflab.program.recorder import rank_dir
 
             self.guard.call("perflab could not write this rank's pid", lambda: write_rank_pid(rank_dir(self.options.out_dir, self.rank), self.run_id))
-        recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced, on_timed=self._on_timed, guard=self.guard)
+        recorder = Recorder(self.source, self.options, self.rank, on_traced=self._on_traced, on_timed=self._on_timed, guard=self.guard,
+                            on_facts=self._on_facts if self._job_possible else None)
         self._recorder = recorder
         recorder.install()
         if self.follow:
@@ -260,24 +265,52 @@ class Run:
         self.written = False  # the whole report is still to come
 
     def _on_traced(self, recorder: Recorder) -> None:
-        if not self._start_report_job(recorder):
+        if self._deferred:
+            pass  # made after the program (finish), where measuring this GPU's peaks touches none of its steps
+        elif not self._start_report_job(recorder):
             self._write_kept(recorder, ended_early=False)
         if self.options.stop_after:
             raise StopProgram()
 
+    @property
+    def _job_possible(self) -> bool:
+        """The traced steps' report can be made in a process of its own (not under torchrun, in a followed child, with
+        --stop-after, or where the caller asked for it here)."""
+        return (self.report_process and not self.rank.distributed and self.program is not None and not self.options.stop_after
+                and self.rank.rank == 0)
+
+    def _on_facts(self, recorder: Recorder) -> None:
+        """What the report needs from the program's process, a boundary before the report's start: on a GPU its TF32
+        setting, its modules' bytes and the peaks cached for it. Where the peaks were never measured here (seconds of
+        the GPU's, 0.9 s on an H200 in the program's step), the report waits for the program's end."""
+        from perflab.program.report import gpu_facts
+
+        def take() -> None:
+            self._facts = gpu_facts(recorder.data, self._context(), measure=False, modules=recorder.module_watch.modules)
+
+        if not self.guard.call("perflab could not read its GPU's facts; the report is made after the program", take):
+            self._deferred = True
+        elif recorder.data.device == "cuda" and self._facts["ceilings"] is None:
+            self._deferred = True
+            say("perflab: this GPU's peaks (for MFU and the floors) are measured once, after the program, when they touch none "
+                "of its steps; the report follows them (later runs read them from the cache)")
+
+    def _context(self) -> RunContext:
+        return RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
+
     def _start_report_job(self, recorder: Recorder) -> bool:
         """The report of the traced steps made in a process of its own (``program.report_job``) while the program runs
-        on; False where it is made here (under torchrun, in a followed child, with --stop-after, or where the job could
-        not start)."""
-        if not self.report_process or self.rank.distributed or self.program is None or self.options.stop_after or self.rank.rank != 0:
+        on; False where it is made here (``_job_possible``, or where the job could not start)."""
+        if not self._job_possible:
             return False
         from perflab.program import report_job
         from perflab.program.report import gpu_facts
 
         def start() -> bool:
             recorded = recorder.finish()
-            context = RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
-            job = report_job.ReportJob(recorded, context, gpu_facts(recorded, context), self.report_path, render=self.render, page=self.page)
+            context = self._context()
+            facts = self._facts if self._facts is not None else gpu_facts(recorded, context)
+            job = report_job.ReportJob(recorded, context, facts, self.report_path, render=self.render, page=self.page)
             self._job = report_job.start(job)
             self._job_recorded = recorded
             return self._job is not None
@@ -321,12 +354,17 @@ class Run:
         0's merged with the others' to run.json)."""
         from perflab.program import ranks
 
-        context = RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
+        context = self._context()
         # under torchrun, after the traced steps, every rank takes its DDP (or FSDP) layout and the all-reduce sweep here (the same
         # boundary on every rank: the sweep's collectives line up)
         extra = ranks.rank_fields(recorded.device, self.rank.world_size) if self.rank.distributed and not ended_early else None
+        gpu = None
+        if self._facts is not None and not ended_early:  # taken in a step earlier (_on_facts): the peaks measured now if missing
+            from perflab.program.report import complete_gpu_facts
+
+            gpu = complete_gpu_facts(self._facts, recorded, context)
         report = build_run_report(recorded, context, partial=ended_early, outcome=outcome,
-                                  notes=self._notes() if outcome is not None else None, rank_fields=extra)
+                                  notes=self._notes() if outcome is not None else None, rank_fields=extra, gpu=gpu)
         if self._processes:
             report.processes = self._processes
         if self.rank.distributed:

@@ -72,6 +72,17 @@ def _activities(device: str) -> list:
     return acts
 
 
+def warm_cuda_profiler() -> None:
+    """A CUDA profiler session started and stopped at once, recording nothing: CUPTI's and Kineto's start-up, paid once
+    a process (38 ms on an H200; a later session's start took 1.4 ms), paid here rather than by the next session."""
+    with warnings.catch_warnings(), quiet_profiler():
+        warnings.simplefilter("ignore")
+        prof = torch.profiler.profile(activities=[ProfilerActivity.CUDA])
+        prof.start()
+        prof.stop()
+    prof.profiler = None  # its (empty) events freed now, while no session records (Tracer.stop says why)
+
+
 class Tracer:
     """perflab's one torch.profiler session: ``warmup`` steps recorded and thrown away, then ``steps`` steps recorded,
     each in torch's own ``ProfilerStep#n`` range (the trace's step windows), then stopped and written to ``trace_path``.

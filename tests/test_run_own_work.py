@@ -1,0 +1,177 @@
+"""perflab's own work inside the program's steps (issue 55): what each boundary cost, kept in run.json's
+``recorded.own_work``; the program's modules found by registration hooks, not by scanning the garbage collector; the
+profiler's one-time start-up paid in the program's first step; and the report made after the program where this GPU's
+peaks were never measured (measuring them in a step of the program took 0.9 s on an H200)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from types import SimpleNamespace
+
+import torch
+
+from perflab import api
+from perflab.program import recorder as recorder_module
+from perflab.program.recorder import ModuleWatch, Recorder, module_bytes
+
+PROGRAM = """
+import sys
+import torch
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(int(sys.argv[1])):
+    loss = model(torch.randn(16, 32)).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+SKIP, STEPS, WARMUP, TRACE = 2, 5, 1, 2
+BETWEEN = SKIP + STEPS + 1  # the boundary that ends the step between: the timed steps read, the profiler started
+
+
+def run(tmp_path, steps: int = 20):
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent(PROGRAM))
+    out = tmp_path / "out"
+    code = api.run([str(prog), str(steps)], out_dir=out, skip=SKIP, steps=STEPS, trace=TRACE, trace_warmup=WARMUP)
+    assert code == 0
+    return json.loads((out / "run.json").read_text())
+
+
+def test_each_boundary_s_own_work_is_kept_with_its_parts_and_a_planted_cost_lands_where_it_was_planted(tmp_path, monkeypatch):
+    read = Recorder._read_timed
+
+    def slow_read(self):
+        time.sleep(0.040)
+        read(self)
+
+    monkeypatch.setattr(Recorder, "_read_timed", slow_read)
+    report = run(tmp_path)
+    work = report["recorded"]["own_work"]
+    assert [w["step"] for w in work] == sorted({w["step"] for w in work})  # one entry a boundary, in order
+    for w in work:
+        assert w["ms"] >= recorder_module.OWN_WORK_MS
+        # the parts close on the boundary's total: what no part named is "other" (kept from half OWN_WORK_MS)
+        assert abs(sum(w["parts"].values()) - w["ms"]) < recorder_module.OWN_WORK_MS / 2 + 0.01
+    between = [w for w in work if w["step"] == BETWEEN]
+    assert len(between) == 1 and between[0]["phase"] == "between"
+    assert 40 <= between[0]["parts"]["read the timed steps"] < 40 + 1000
+    assert "start the profiler" in between[0]["parts"]
+    # nowhere else: the timed steps are read once
+    assert all("read the timed steps" not in w["parts"] for w in work if w["step"] != BETWEEN)
+
+
+def test_the_report_s_facts_and_its_start_each_take_a_boundary_after_the_trace_s_write(tmp_path, monkeypatch):
+    import perflab.program.run as run_module
+
+    taken = []
+    facts = run_module.Run._on_facts
+
+    def on_facts(self, recorder):
+        taken.append((recorder.data.steps_seen, recorder.data.trace_path is not None))
+        facts(self, recorder)
+
+    monkeypatch.setattr(run_module.Run, "_on_facts", on_facts)
+    report = run(tmp_path)
+    written = BETWEEN + WARMUP + TRACE + 1  # the boundary after the traced steps writes the trace (on the CPU: one pass)
+    assert taken == [(written + 1, True)]
+    assert report["recorded"]["steps_seen"] == written + 2  # the report starts a boundary later, in its own process
+    assert report["traced"]["steps"] == TRACE and report["timing"]["steps"] == STEPS
+
+
+def test_a_gpu_s_missing_peaks_put_the_report_after_the_program_and_are_measured_there(tmp_path, monkeypatch, capsys):
+    """On a GPU whose peaks were never measured, the report is not started at its boundary: the program's end makes it,
+    measuring the peaks then (``complete_gpu_facts``), with the facts taken in the program's step."""
+    import perflab.program.report as report_module
+    import perflab.program.run as run_module
+
+    calls = {"start": 0, "measured": 0}
+    monkeypatch.setattr(report_module, "_cached_ceilings", lambda: None)
+
+    def measured(rank):
+        calls["measured"] += 1
+        return {"planted": True}
+
+    monkeypatch.setattr(report_module, "_ceilings", measured)
+    start = run_module.Run._start_report_job
+
+    def counting_start(self, recorder):
+        calls["start"] += 1
+        return start(self, recorder)
+
+    monkeypatch.setattr(run_module.Run, "_start_report_job", counting_start)
+    facts = run_module.Run._on_facts
+
+    def as_on_a_gpu(self, recorder):
+        recorder.data.device = "cuda"  # gpu_facts reads TF32 and the modules' CUDA bytes: none here, and no CUDA is touched
+        try:
+            facts(self, recorder)
+        finally:
+            recorder.data.device = "cpu"
+        assert self._deferred and self._facts["ceilings"] is None and self._facts["model_bytes"]["modules"] == 2
+
+    monkeypatch.setattr(run_module.Run, "_on_facts", as_on_a_gpu)
+    run(tmp_path)
+    assert calls == {"start": 0, "measured": 0}  # a CPU record at the end: no peaks to measure, and no job was started
+    assert "measured once, after the program" in capsys.readouterr().err
+    facts_taken = {"tf32": False, "model_bytes": None, "ceilings": None}
+    done = report_module.complete_gpu_facts(facts_taken, SimpleNamespace(device="cuda"), SimpleNamespace(rank=0))
+    assert done["ceilings"] == {"planted": True} and calls["measured"] == 1 and facts_taken["ceilings"] is None
+
+
+def test_the_profiler_s_warm_up_session_is_perflab_s_own_not_the_program_s(tmp_path, monkeypatch):
+    """The session that pays CUPTI's start-up at the first boundary must not read as the program's own profiler (perflab's
+    trace would give way). On the CPU it is planted as a CPU session, with CUDA said to be up."""
+    import perflab.trace.capture as capture
+
+    warmed = []
+
+    def warm_on_the_cpu():
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+        prof.start()
+        prof.stop()
+        warmed.append(True)
+
+    monkeypatch.setattr(capture, "warm_cuda_profiler", warm_on_the_cpu)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(Recorder, "_on_gpu", property(lambda self: False))  # the steps' clock and trace stay the CPU's
+    monkeypatch.setattr(recorder_module.Recorder, "_choose_clock", _cpu_clock)
+    report = run(tmp_path)
+    assert warmed == [True]
+    assert report["recorded"]["trace_note"] is None and report["traced"]["steps"] == TRACE
+    first = [w for w in report["recorded"]["own_work"] if w["step"] == 1]
+    assert not first or set(first[0]["parts"]) <= {"warm the profiler", "other"}
+
+
+def _cpu_clock(self):
+    from perflab.clock import StepClock
+
+    self._clock = StepClock(False)
+    self.data.device = "cpu"
+
+
+def test_module_watch_finds_the_modules_that_registered_tensors_and_their_bytes_exactly():
+    watch = ModuleWatch()
+    watch.install()
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.BatchNorm1d(20), torch.nn.Linear(20, 5))
+        tied = torch.nn.Linear(20, 5)
+        tied.weight = model[2].weight  # one tensor in two modules: counted once
+        container = torch.nn.ModuleList([model])  # registers no tensor of its own
+    finally:
+        watch.remove()
+    after = torch.nn.Linear(100, 100)  # after the hooks' removal: not seen
+    assert len(watch.modules) == 4 and container not in watch.modules and after not in watch.modules
+    found = module_bytes("cpu", watch.modules)
+    params = (10 * 20 + 20) + 2 * 20 + (20 * 5 + 5) + 5  # the tied Linear adds its own bias only
+    buffers = 2 * 20 * 4 + 8  # BatchNorm's running mean and variance (fp32), and its int64 batch count
+    assert found == {"param_bytes": params * 4, "buffer_bytes": buffers, "modules": 4}
+    # none seen (a model unpickled whole registers nothing): the garbage collector's modules, these among them
+    everything = module_bytes("cpu", set())
+    assert everything["param_bytes"] >= found["param_bytes"] + (100 * 100 + 100) * 4
+    del model, tied, container, after
