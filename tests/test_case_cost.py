@@ -67,7 +67,8 @@ def test_a_child_whose_launcher_dies_ends_with_it_and_is_reported_at_once(tmp_pa
         log = tmp_path / "hangs.log"
         child = launcher.start(_worker_argv(case, tmp_path / "hangs.json"), runner.slot_env("w0"), log)
         deadline = time.monotonic() + 60
-        while "stage: check" not in log.read_text():  # it runs
+        # it runs (the launcher, a process of its own, makes the log when it starts the child: it may not be there yet)
+        while not log.exists() or "stage: check" not in log.read_text():
             assert time.monotonic() < deadline and child.poll() is None
             time.sleep(0.05)
         os.kill(launcher.proc.pid, signal.SIGKILL)
