@@ -275,7 +275,7 @@ def test_each_rank_writes_its_record_with_ddp_null_when_none_was_found_and_rank_
 
     (tmp_path / "rank1").mkdir()
     (tmp_path / "rank1" / "rank.json").write_text(json.dumps(record(1).to_dict()))
-    report = record(0, **rank_fields("cpu", 2))  # as the builder takes them, after the traced steps
+    report = record(0, **rank_fields(2, "cpu"))  # as the builder takes them, after the traced steps
     gather(report, RunOptions(out_dir=tmp_path), Rank(0, 2), ended_early=False)
     mine = json.loads((tmp_path / "rank0" / "rank.json").read_text())
     # looked for and not there (no DDP module, no process group): null, never left out

@@ -103,7 +103,7 @@ def _sizes(sizes) -> str:
     return ", ".join(f"{s / 2**20:g} MiB" if s >= 2**20 else f"{s / 1024:g} KiB" for s in sizes)
 
 
-def rank_fields(device: str | None, world: int) -> dict:
+def rank_fields(world: int, device: str | None = None) -> dict:
     """This rank's fields of its report, at the end of its traced steps (every rank at the same boundary): its DDP
     layout (``ddp``) and the all-reduce sweep (``all_reduce``), null where there is none, and without DDP its FSDP
     layout (``fsdp``, only where there is one); where they cannot be taken,
@@ -115,10 +115,18 @@ def rank_fields(device: str | None, world: int) -> dict:
         fsdp = fsdp_info() if fields["ddp"] is None else None
         if fsdp is not None:  # set only where there is one: a DDP program's report keeps its fields
             fields["fsdp"] = fsdp
-        fields["all_reduce"] = all_reduce_bandwidth(device or "cpu", world)
+        fields["all_reduce"] = all_reduce_bandwidth(device or _device(), world)
     except Exception as exc:
         fields["communication_note"] = f"no all-reduce floor: {type(exc).__name__}: {exc}"
     return fields
+
+
+def _device() -> str:
+    """The device this rank's steps ran on, by the rule the recorder's clock follows (``Recorder._choose_clock``): CUDA
+    where the program has started it, else the CPU (gloo)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() and torch.cuda.is_initialized() else "cpu"
 
 
 def gather(report: RunReport, options: RunOptions, rank: Rank, ended_early: bool) -> None:

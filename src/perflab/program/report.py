@@ -39,11 +39,15 @@ class RunContext:
 
 
 def build_run_report(recorded: Recorded, context: RunContext, *, partial: bool, outcome=None, notes: list[str] | None = None,
-                     rank_fields: dict | None = None, gpu: dict | None = None) -> RunReport:
+                     rank_fields: dict | None = None, gpu: dict | None = None, measure_missing: bool = False) -> RunReport:
     """The report of one rank's run. ``partial``: the program ended before the traced steps did (no analysis);
     ``outcome``: the program's end when it is known (``script.Outcome``); ``notes``: perflab's own failures so far;
     ``rank_fields``: under torchrun, this rank's DDP (or FSDP) layout and all-reduce sweep (``program.ranks.rank_fields``);
-    ``gpu``: ``gpu_facts`` taken in the program's process (where the report is made in another: ``program.report_job``)."""
+    ``gpu``: ``gpu_facts`` taken in the program's process (where the report is made in another: ``program.report_job``,
+    or a step before it is made); ``measure_missing``: the GPU's peaks missing from ``gpu`` are measured now (in the
+    program's process only: never in the report's own, which must not touch the GPU)."""
+    if gpu is not None and measure_missing and not partial:
+        gpu = complete_gpu_facts(gpu, recorded, context)
     loop = whole_loop(recorded, context.options)
     report = RunReport(timing=recorded.timing, device=recorded.device) if partial else traced_report(recorded, context, loop, gpu)
     report.loop = loop

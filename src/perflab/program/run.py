@@ -357,14 +357,12 @@ class Run:
         context = self._context()
         # under torchrun, after the traced steps, every rank takes its DDP (or FSDP) layout and the all-reduce sweep here (the same
         # boundary on every rank: the sweep's collectives line up)
-        extra = ranks.rank_fields(recorded.device, self.rank.world_size) if self.rank.distributed and not ended_early else None
-        gpu = None
-        if self._facts is not None and not ended_early:  # taken in a step earlier (_on_facts): the peaks measured now if missing
-            from perflab.program.report import complete_gpu_facts
-
-            gpu = complete_gpu_facts(self._facts, recorded, context)
+        # (the sweep's device is the recorder's, by the same rule: ranks._device)
+        extra = ranks.rank_fields(self.rank.world_size) if self.rank.distributed and not ended_early else None
+        # the facts taken a step earlier (_on_facts), the GPU's peaks measured now where they were missing
         report = build_run_report(recorded, context, partial=ended_early, outcome=outcome,
-                                  notes=self._notes() if outcome is not None else None, rank_fields=extra, gpu=gpu)
+                                  notes=self._notes() if outcome is not None else None, rank_fields=extra, gpu=self._facts,
+                                  measure_missing=True)
         if self._processes:
             report.processes = self._processes
         if self.rank.distributed:
