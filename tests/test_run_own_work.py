@@ -175,3 +175,21 @@ def test_module_watch_finds_the_modules_that_registered_tensors_and_their_bytes_
     everything = module_bytes("cpu", set())
     assert everything["param_bytes"] >= found["param_bytes"] + (100 * 100 + 100) * 4
     del model, tied, container, after
+
+
+def test_a_profiler_warm_up_that_fails_leaves_the_run_whole_and_is_said_after_the_program(tmp_path, monkeypatch, capsys):
+    """The warm-up is an optimisation: where it raises, the steps are still timed and traced, and one line says so."""
+    import perflab.trace.capture as capture
+
+    def fails():
+        raise RuntimeError("CUPTI refused")
+
+    monkeypatch.setattr(capture, "warm_cuda_profiler", fails)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(Recorder, "_on_gpu", property(lambda self: False))
+    monkeypatch.setattr(recorder_module.Recorder, "_choose_clock", _cpu_clock)
+    report = run(tmp_path)
+    assert report["timing"]["steps"] == STEPS and report["traced"]["steps"] == TRACE
+    err = capsys.readouterr().err
+    assert "could not start its profiler ahead" in err and "CUPTI refused" in err
