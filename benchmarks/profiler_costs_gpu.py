@@ -28,21 +28,24 @@ SESSIONS = {  # name: (activities, record_shapes)
 }
 
 
-def workload():
+def workload(compiled: bool = False, sync: bool = False):
+    """One training step of the loop's model; ``compiled``: under ``torch.compile``; ``sync``: it reads the loss
+    (``.item()``), as compiled_gpt_sync.py does every step."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=1024)
     model = GPT2LMHeadModel(config).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
+    forward = torch.compile(model) if compiled else model
     batch = torch.randint(0, config.vocab_size, (8, 512), device="cuda")
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=batch, labels=batch).loss
+            loss = forward(input_ids=batch, labels=batch).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return loss.item() if sync else loss
 
     return step
 

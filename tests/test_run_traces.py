@@ -43,6 +43,22 @@ def test_the_compiled_regions_hold_the_model_and_the_fused_optimizer_runs_eagerl
     assert split["compiled_share"] > 0.9 and "FusedAdamMathFunctor" in split["eager_top"][0]["name"]
 
 
+def test_work_launched_outside_the_step_windows_is_not_split(one_gpu):
+    """A kernel launched past the last step window (the profiler records on past it) is neither compiled nor eager: a
+    planted 1 s kernel after the steps leaves the split as it was."""
+    import copy
+
+    import pandas as pd
+
+    before = compiled_split(one_gpu)
+    after_steps = int(one_gpu.steps["end_ns"].max()) + 1_000_000
+    planted = one_gpu.kernels.iloc[[0]].copy()
+    planted["launch_start_ns"], planted["start_ns"], planted["dur_ns"] = after_steps, after_steps + 10_000, 1_000_000_000
+    trace = copy.copy(one_gpu)
+    trace.kernels = pd.concat([one_gpu.kernels, planted], ignore_index=True)
+    assert compiled_split(trace) == before
+
+
 def test_the_host_floor_leaves_out_the_programs_own_waits(one_gpu):
     # nanoGPT reads loss.item() every iteration: the host waits for the GPU there, which is not time spent issuing
     assert traced_host_issue_ms(one_gpu, without_waits=True) < traced_host_issue_ms(one_gpu)

@@ -112,7 +112,12 @@ def test_lm_profile_pass_has_passes_and_attention_ranges(tmp_path):
 
 def test_a_compiled_one_gpu_row_says_what_compiling_did():
     """A compiled LM train step on one GPU: dynamo compiled at least one frame into one graph in the first call and
-    the warm-up, and none while timed (the case is static: one shape, no guards that fail)."""
+    the warm-up, and none while timed (the case is static: one shape, no guards that fail). dynamo's caches are cleared
+    first: the file's earlier compiled cases ran the same model code in this process, whose compiled frames a new
+    instance reuses (nothing compiled: frames 0, which failed this test when it ran after them)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
     row = run_case(Case(**TINY_LM, workload="train_step", dtype="bf16", mode="compile", **FAST))
     assert row["status"] == "ok", row.get("message")
     c = row["compile"]

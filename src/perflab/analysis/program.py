@@ -54,6 +54,8 @@ def compiled_split(trace) -> dict | None:
     if not marked.any():
         return None
     work = trace.kernels
+    if not trace.cpu_only:
+        work = work[_launched_in_steps(work, trace.steps)]
     dur = work["dur_ns"].to_numpy()
     if trace.cpu_only:  # the work is the top-level operators: a compiled region is one of them
         inside = work["name"].astype(str).str.contains(COMPILED_REGION.pattern, regex=True).to_numpy()
@@ -78,6 +80,19 @@ def compiled_split(trace) -> dict | None:
     return {"compiled_ns": compiled, "eager_ns": eager, "dynamo_overhead_ns": int(dur[overhead].sum()), "communication_ns": int(dur[comm].sum()),
             "compiled_share": compiled / total if total else None, "eager_share": eager / total if total else None,
             "eager_top": _top_names(work[~inside & ~overhead & ~comm], 3)}
+
+
+def _launched_in_steps(work, steps) -> np.ndarray:
+    """Per GPU activity, whether it was launched inside a step window (its start where no launch was recorded): the
+    profiler records on past the last step (the pass with shapes stops a step later, its operators off), and a kernel
+    launched from no recorded operator would otherwise read as eager. Every one where the trace has no step window."""
+    if steps is None or not len(steps):
+        return np.ones(len(work), dtype=bool)
+    launch = work["launch_start_ns"].to_numpy()
+    when = np.where(launch >= 0, launch, work["start_ns"].to_numpy())
+    order = np.argsort(steps["start_ns"].to_numpy(), kind="stable")
+    starts, ends = steps["start_ns"].to_numpy()[order], steps["end_ns"].to_numpy()[order]
+    return interval_at(starts, np.maximum.accumulate(ends), when, closed=True) >= 0
 
 
 def _top_names(work, n: int) -> list[dict]:

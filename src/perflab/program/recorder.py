@@ -373,7 +373,7 @@ class Recorder:
         per = (now - self._said) / (n - self._said_n)
         self._said, self._said_n = now, n
         o = self.options
-        need = steps_needed(o) + (o.shapes_steps if o.record_shapes and o.trace else 0)
+        need = steps_needed(o) + (o.shapes_steps if o.record_shapes and o.trace and self._on_gpu else 0)  # shapes: a GPU's pass
         where = {"skipped": f"skipping step {n} of {o.skip}", "timed": f"timing step {n - o.skip} of {o.steps}",
                  "between": f"starting the profiler (step {n} of {need})", "traced": f"tracing (step {n} of {need})"}.get(phase, f"step {n}")
         from perflab.program.guard import say
