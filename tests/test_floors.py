@@ -91,3 +91,39 @@ def test_where_the_launch_floor_binds_the_verdict_already_names_the_kernels_and_
                        gpu_busy_ms=1.9, **CEIL)  # 2000 kernels × 1.5 µs = 3 ms: the launch floor binds
     assert f.binding == "launch" and f.verdict == "latency-bound small kernels" and not f.kernels_set_the_step
     assert "But the kernels" not in floor_verdict(f)
+
+
+# a ResNet-50 trained in fp32 under `perflab run` on an H200 (torch.multiprocessing.spawn, batch 128): its counted FLOPs
+# a step, its untraced median step and the GPU's measured matmul peaks; the 1.57 GFLOP of its linear head
+RESNET50_FLOPS, RESNET50_MS, HEAD_FLOPS = 3_110_281_936_896, 62.4578, 3 * 2 * 128 * 2048 * 1000
+H200_PEAKS = {"bf16": 769.68, "fp16": 741.04, "tf32": 368.67, "fp32": 50.61}
+
+
+def resnet50_floors(tf32: bool, tf32_conv: bool) -> dict:
+    from perflab.analysis.op_flops import OpFlops
+    from perflab.analysis.program import _floors
+
+    flops = OpFlops(RESNET50_FLOPS, 1, 161, by_dtype={"fp32": RESNET50_FLOPS}, conv_by_dtype={"fp32": RESNET50_FLOPS - HEAD_FLOPS})
+    ceilings = {"matmul_tflops": H200_PEAKS, "copy_gbps": 4204.0, "graph_kernel_interval_us": 1.5, "measured_at": "2026-11-29"}
+    return _floors(ceilings, flops, None, RESNET50_MS, {"host_ms": None, "busy_ms": 59.3}, {"kernels_per_step": 700}, tf32, tf32_conv)
+
+
+def test_fp32_convolutions_on_cudnns_default_tf32_are_held_against_the_tf32_peak():
+    """torch runs fp32 convolutions on TF32 tensor cores by default (cudnn.allow_tf32) and fp32 matmuls not: against the
+    fp32 peak a ResNet-50's step read MFU 98.4%, above what its fp32 (non-tensor-core) arithmetic could reach."""
+    util = resnet50_floors(tf32=False, tf32_conv=True)["utilisation"]
+    assert util["dtype"] == "tf32" and util["peak_tflops"] == H200_PEAKS["tf32"]
+    assert util["flops_by_precision"] == {"tf32": RESNET50_FLOPS - HEAD_FLOPS, "fp32": HEAD_FLOPS}
+    assert util["mfu"] == pytest.approx(RESNET50_FLOPS / (RESNET50_MS / 1e3) / (H200_PEAKS["tf32"] * 1e12)) == pytest.approx(0.1351, abs=1e-4)
+    strict = resnet50_floors(tf32=False, tf32_conv=False)["utilisation"]  # the program turned cuDNN's TF32 off: fp32's peak
+    assert strict["dtype"] == "fp32" and strict["mfu"] == pytest.approx(0.984, abs=1e-3)
+
+
+def test_tf32_matmuls_move_only_the_matmuls_fp32_flops():
+    from perflab.analysis.op_flops import OpFlops
+    from perflab.analysis.program import precision_flops
+
+    flops = OpFlops(10, 1, 3, by_dtype={"fp32": 7, "bf16": 3}, conv_by_dtype={"fp32": 2})
+    assert precision_flops(flops, tf32=True, tf32_conv=False) == {"bf16": 3, "fp32": 2, "tf32": 5}
+    assert precision_flops(flops, tf32=False, tf32_conv=False) == {"bf16": 3, "fp32": 7}
+    assert precision_flops(flops, tf32=True, tf32_conv=True) == {"bf16": 3, "tf32": 7}

@@ -145,6 +145,10 @@ def test_a_resnets_training_step_counts_as_torchs_flop_counter_forward_and_backw
     assert forward.by_op.keys() == {"aten::convolution", "aten::addmm"} and backward.by_op.keys() == {"aten::convolution_backward", "aten::mm"}
     assert forward.counted_calls == 12 and backward.counted_calls == 11 + 2  # each convolution once; the head's two mm
     assert whole.uncounted_ops == {} and whole.complete and whole.dtype == "fp32"
+    # the convolutions' share, apart (their fp32 runs on TF32 by cuDNN's default): all but the head's linear layer
+    head = layers["head"][0]
+    convs = sum(flops * (2 + needs_grad) for name, (flops, _, needs_grad) in layers.items() if name != "head")
+    assert whole.conv_by_dtype == {"fp32": convs} and convs == whole.flops - 3 * head
 
 
 def test_convolutions_traced_without_their_arguments_are_named_uncounted_not_zero(step, tmp_path):

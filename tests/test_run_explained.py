@@ -85,6 +85,22 @@ def test_a_step_whose_kernels_fill_it_is_never_launch_bound_and_a_launch_bound_l
     assert GPU_BOUND_FILL == 0.85
 
 
+def test_a_busy_share_near_the_gpu_bound_line_is_said_on_either_side_and_a_clear_one_is_not():
+    """transformers' Trainer read 85.1% busy (GPU-bound) on one day and 80.8–83.2% (GPU idle) on others: a share within
+    2.5 points of the 85% line says so, with its distance, whichever side it falls."""
+    host = {"host_ms": 40.0, "categories_ms": {"gemm": 30.0}, "cpu_only": False}
+    over = step_verdict(dict(host, step_ms=67.312, busy_ms=67.312 * 0.851), None, None)
+    assert over["verdict"] == "GPU-bound" and over["near_line"] == pytest.approx(0.001)
+    assert "(the GPU's busy share, 85.1%, is 0.1 points over the 85% this verdict's line is drawn at" in over["message"]
+    under = step_verdict(dict(host, step_ms=70.0, busy_ms=70.0 * 0.832), None, None)
+    assert under["verdict"] != "GPU-bound" and under["near_line"] == pytest.approx(-0.018)
+    assert "1.8 points under the 85%" in under["message"]
+    clear = step_verdict(dict(host, step_ms=105.0, busy_ms=99.0), None, None)  # 94%
+    assert "near_line" not in clear and "line is drawn" not in clear["message"]
+    far = step_verdict(dict(host, step_ms=70.0, busy_ms=70.0 * 0.80), None, None)
+    assert "near_line" not in far
+
+
 def test_communication_that_fills_the_traced_steps_is_the_verdict():
     evidence = {"step_ms": 30.0, "busy_ms": 30.0, "host_ms": 5.0, "categories_ms": {}, "cpu_only": False}
     verdict = step_verdict(evidence, None, None, exposed_comm_ms=18.0, traced_step_ms=36.0)

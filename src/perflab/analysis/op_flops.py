@@ -86,6 +86,9 @@ class OpFlops:
     heavy_gpu_ns: int = 0  # GPU time of matmul, convolution and attention kernels in the window
     uncounted_heavy_gpu_ns: int = 0  # of it, launched from no counted operator
     shapes_recorded: bool = True
+    # of by_dtype, the convolutions' FLOPs: cuDNN runs fp32 convolutions on TF32 tensor cores by torch's default
+    # (torch.backends.cudnn.allow_tf32), fp32 matmuls not (torch.backends.cuda.matmul.allow_tf32): their peaks differ
+    conv_by_dtype: dict[str, int] = field(default_factory=dict)
 
     @property
     def per_step(self) -> float:
@@ -116,7 +119,7 @@ class OpFlops:
 
     def to_dict(self) -> dict:
         return {"flops": self.flops, "flops_per_step": self.per_step, "steps": self.steps, "counted_calls": self.counted_calls,
-                "by_op": self.by_op, "by_dtype": self.by_dtype, "dtype": self.dtype, "uncounted_ops": self.uncounted_ops, "heavy_gpu_ns": self.heavy_gpu_ns,
+                "by_op": self.by_op, "by_dtype": self.by_dtype, "conv_by_dtype": self.conv_by_dtype, "dtype": self.dtype, "uncounted_ops": self.uncounted_ops, "heavy_gpu_ns": self.heavy_gpu_ns,
                 "uncounted_heavy_gpu_ns": self.uncounted_heavy_gpu_ns, "uncounted_heavy_share": self.uncounted_heavy_share,
                 "shapes_recorded": self.shapes_recorded, "complete": self.complete, "known": self.known}
 
@@ -243,6 +246,7 @@ def count_op_flops(ops: pd.DataFrame, window: tuple[int, int] | None = None, ste
     types = ops["input_types"].to_numpy()
     values = ops["concrete_inputs"].to_numpy()
     by_dtype: dict[str, int] = {}
+    conv_by_dtype: dict[str, int] = {}
     counted = np.zeros(len(ops), dtype=bool)
     covered = np.zeros(len(ops), dtype=bool)  # an operator around it was counted
     total, calls, by_op, uncounted = 0, 0, {}, {}
@@ -264,6 +268,8 @@ def count_op_flops(ops: pd.DataFrame, window: tuple[int, int] | None = None, ste
                 by_op[name] = by_op.get(name, 0) + flops
                 dtype = input_dtype(types[i])
                 by_dtype[dtype] = by_dtype.get(dtype, 0) + flops
+                if CONV_FORWARD.match(name) or name == CONV_BACKWARD:
+                    conv_by_dtype[dtype] = conv_by_dtype.get(dtype, 0) + flops
                 continue
             uncounted[name] = uncounted.get(name, 0) + 1
         elif heavy_without_formula(name):
@@ -273,7 +279,7 @@ def count_op_flops(ops: pd.DataFrame, window: tuple[int, int] | None = None, ste
     for i in heavy_rows:
         if not below[i]:
             uncounted[names[i]] = uncounted.get(names[i], 0) + 1
-    result = OpFlops(int(total), steps, calls, by_op, by_dtype, uncounted, shapes_recorded=any_shapes)
+    result = OpFlops(int(total), steps, calls, by_op, by_dtype, uncounted, shapes_recorded=any_shapes, conv_by_dtype=conv_by_dtype)
     if kernels is not None and len(kernels) and not kernels["kind"].astype(str).eq("cpu_op").all():
         result.heavy_gpu_ns, result.uncounted_heavy_gpu_ns = _uncounted_heavy_time(ops, counted, kernels, window)
     return result

@@ -104,6 +104,9 @@ def _top_names(work, n: int) -> list[dict]:
 
 INFLATION_LIMIT = 1.10  # traced ÷ untraced step beyond which the traced accounting describes the profiler (--inflation-limit)
 GPU_BOUND_FILL = 0.85  # kernels filling this share of the untraced step: the GPU sets it, whatever the host does
+# a busy share this near GPU_BOUND_FILL is not placed on either side by its measure: GPM read 0.6–2.4 points under a
+# known busy share over 2 s windows (benchmarks/gpu_busy_truth.py), and transformers' Trainer read 80.8–85.1% over runs
+NEAR_FILL_LINE = 0.025
 SYNC_BOUND = 0.05  # the GPU idle after synchronising calls of at least this share of the step: synchronisation-bound
 COMMUNICATION = "communication"  # trace.categories' name for NCCL's kernels
 
@@ -126,7 +129,8 @@ def traced_section(timing: dict, traced_step_ms: list[float], trace_warmup: int,
 
 def program_report(*, timing: dict, device: str | None, traced_step_ms: list[float] = (), trace_warmup: int = 0,
                    inflation_limit: float = INFLATION_LIMIT, trace, shapes_trace=None, ceilings: dict | None = None,
-                   model_bytes: dict | None = None, tf32: bool = False, top: int = 10, loop: dict | None = None) -> dict:
+                   model_bytes: dict | None = None, tf32: bool = False, top: int = 10, loop: dict | None = None,
+                   tf32_conv: bool = False) -> dict:
     """The report of one rank's run. ``timing``: the timed steps' summary (median_ms, ci95, ...); ``trace``: the traced
     steps' Trace (read with its operators), or None; ``traced_step_ms``: the traced steps by the timed steps' clock, the
     profiler's ``trace_warmup`` steps first; ``ceilings``: the GPU's measured peaks (``perflab ceilings``), or
@@ -201,7 +205,7 @@ def program_report(*, timing: dict, device: str | None, traced_step_ms: list[flo
                 "sync_idle": idle_after_syncs(trace), "host_bound_idle_ms": _host_bound_idle_ms(summary),
                 **loop_evidence(loop)}
     if ceilings and median and not trace.cpu_only:
-        report.update(_floors(ceilings, flops, model_bytes, median, evidence, summary, tf32))
+        report.update(_floors(ceilings, flops, model_bytes, median, evidence, summary, tf32, tf32_conv))
     report["verdict_evidence"] = evidence
     report["verdict"] = step_verdict(evidence, report.get("floors"), report.get("utilisation"))
     return report
@@ -250,12 +254,27 @@ def _host_floor(trace, traced: dict, timing: dict) -> tuple[float | None, str | 
     return max(host - waits, 0.0), "the host's clock over the untraced steps, less the waits for the GPU the trace saw"
 
 
-def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, evidence: dict, summary, tf32: bool) -> dict:
+def precision_flops(flops, tf32: bool, tf32_conv: bool) -> dict[str, int]:
+    """The FLOPs per precision they ran at: by input dtype, with fp32's moved to TF32 where the program let that kind of
+    work run on TF32 tensor cores (``tf32``: matmuls, ``torch.backends.cuda.matmul.allow_tf32``; ``tf32_conv``: cuDNN's
+    convolutions, ``torch.backends.cudnn.allow_tf32``, on by torch's default). A ResNet-50 in fp32 held against the fp32
+    (non-tensor-core) peak read MFU 98.4% on an H200; its convolutions ran on TF32."""
+    by = dict(flops.by_dtype)
+    fp32 = by.pop("fp32", 0)
+    conv = min(flops.conv_by_dtype.get("fp32", 0), fp32)
+    for precision, n in (("tf32" if tf32_conv else "fp32", conv), ("tf32" if tf32 else "fp32", fp32 - conv)):
+        if n:
+            by[precision] = by.get(precision, 0) + n
+    return by
+
+
+def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, evidence: dict, summary, tf32: bool,
+            tf32_conv: bool = False) -> dict:
     """The floors of the untraced step: compute, memory and launch from what the step does; host from the traced host's
-    issue time at steady state less its waits for the GPU (left out, 0, when the traced steps were inflated)."""
-    dtype = flops.dtype if flops.known else None  # no FLOPs seen: no dtype to hold them against
-    if dtype == "fp32" and tf32:
-        dtype = "tf32"
+    issue time at steady state less its waits for the GPU (left out, 0, when the traced steps were inflated). The
+    compute peak is that of the precision most FLOPs ran at (``precision_flops``)."""
+    by_precision = precision_flops(flops, tf32, tf32_conv) if flops.known else {}
+    dtype = max(by_precision, key=by_precision.get) if by_precision else None  # no FLOPs seen: no dtype to hold them against
     peak = (ceilings.get("matmul_tflops") or {}).get(dtype) if dtype else None
     step_bytes = (model_bytes or {}).get("param_bytes", 0) + (model_bytes or {}).get("buffer_bytes", 0)
     kernels_per_step = float(summary["kernels_per_step"] or 0.0)
@@ -267,6 +286,7 @@ def _floors(ceilings: dict, flops, model_bytes: dict | None, median_ms: float, e
     floors_dict = floors.to_dict()
     floors_dict["host_known"] = evidence["host_ms"] is not None
     return {"utilisation": {"mfu": util["mfu"] if peak and flops.known else None, "mbu": util["mbu"] if step_bytes else None, "dtype": dtype,
+                            "flops_by_precision": by_precision,
                             "peak_tflops": peak, "copy_gbps": ceilings["copy_gbps"], "bytes_per_step": step_bytes,
                             "bytes_source": "the parameters and buffers of the program's modules on the GPU, each read once",
                             "mfu_lower_bound": not flops.complete, "ceilings_measured_at": ceilings.get("measured_at")},
@@ -356,8 +376,25 @@ def step_verdict(evidence: dict, floors: dict | None, utilisation: dict | None, 
             return dict(out, verdict="communication-bound",
                         message=f"communication-bound: {what} fills {comm_share:.0%} of each traced step "
                                 f"({counted:.3f} of {traced_step_ms:.3f} ms, the slowest rank's; untraced step {step:.3f} ms)")
-    verdict = _input_verdict(evidence, out, step) or _fill_verdict(evidence, floors, utilisation, out, fill)
+    verdict = _near_the_line(_input_verdict(evidence, out, step) or _fill_verdict(evidence, floors, utilisation, out, fill), fill,
+                             evidence.get("cpu_only"))
     return dict(verdict, message=verdict["message"] + note) if note else verdict
+
+
+def _near_the_line(verdict: dict, fill: float | None, cpu_only) -> dict:
+    """A verdict drawn from the GPU's busy share where that share lies within ``NEAR_FILL_LINE`` of the line between
+    GPU-bound and the rest (``GPU_BOUND_FILL``): said, with the distance (``near_line``), since a second run may fall on
+    the other side of it."""
+    if cpu_only or fill is None or verdict.get("verdict") in ("unknown", "undetermined", "input-bound", "communication-bound"):
+        return verdict
+    distance = fill - GPU_BOUND_FILL
+    if abs(distance) >= NEAR_FILL_LINE:
+        return verdict
+    side = "over" if distance >= 0 else "under"
+    return dict(verdict, near_line=distance,
+                message=verdict["message"] + f" (the GPU's busy share, {fill:.1%}, is {abs(distance) * 100:.1f} points {side} the "
+                                             f"{GPU_BOUND_FILL:.0%} this verdict's line is drawn at, nearer than its measure can place it: "
+                                             "another run may read the other side)")
 
 
 def _input_verdict(evidence: dict, out: dict, step: float | None) -> dict | None:

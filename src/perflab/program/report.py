@@ -84,15 +84,18 @@ def whole_loop(recorded: Recorded, options: RunOptions) -> dict | None:
 
 
 def gpu_facts(recorded: Recorded, context: RunContext, measure: bool = True, modules=None) -> dict:
-    """What only the program's process can tell of its GPU: TF32 on or off, the bytes of its modules' weights, and the
+    """What only the program's process can tell of its GPU: TF32 on or off (for matmuls, ``tf32``; for cuDNN's
+    convolutions, ``tf32_conv``, on by torch's default), the bytes of its modules' weights, and the
     GPU's measured peaks (cached, or measured now on rank 0; ``measure`` False: cached or None). Nothing on the CPU.
     ``modules``: the program's modules as the recorder's ``ModuleWatch`` saw them (else the garbage collector's)."""
     if recorded.device != "cuda":
-        return {"ceilings": None, "model_bytes": None, "tf32": False}
+        return {"ceilings": None, "model_bytes": None, "tf32": False, "tf32_conv": False}
     import torch
 
     ceilings = _ceilings(context.rank) if measure else _cached_ceilings()
-    return {"tf32": bool(torch.backends.cuda.matmul.allow_tf32), "model_bytes": module_bytes("cuda", modules), "ceilings": ceilings}
+    return {"tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "tf32_conv": bool(torch.backends.cudnn.allow_tf32 and torch.backends.cudnn.enabled),
+            "model_bytes": module_bytes("cuda", modules), "ceilings": ceilings}
 
 
 def complete_gpu_facts(facts: dict, recorded: Recorded, context: RunContext) -> dict:
@@ -132,9 +135,10 @@ def traced_report(recorded: Recorded, context: RunContext, loop: dict | None = N
                 shapes = load_kineto(folder / SHAPES_FILE, ops=True)
         facts = gpu if gpu is not None else gpu_facts(recorded, context)
         ceilings, model, tf32 = facts["ceilings"], facts["model_bytes"], facts["tf32"]
+        tf32_conv = bool(facts.get("tf32_conv"))  # facts taken by an earlier perflab have no such key: as before
         sections = program_report(timing=recorded.timing, device=recorded.device, traced_step_ms=recorded.traced_step_ms,
                                   trace_warmup=recorded.trace_warmup, inflation_limit=options.inflation_limit,
-                                  trace=trace, shapes_trace=shapes, ceilings=ceilings, model_bytes=model, tf32=tf32, loop=loop)
+                                  trace=trace, shapes_trace=shapes, ceilings=ceilings, model_bytes=model, tf32=tf32, tf32_conv=tf32_conv, loop=loop)
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         say(f"perflab: the traced steps could not be analysed ({error}); the timed steps are in {Path(options.out_dir) / 'run.json'}")

@@ -186,6 +186,7 @@ class Verdict(TypedDict, total=False):
     host_ms: float
     host_own_ms: float | None
     exposed_comm_ms: float | None
+    near_line: float  # the busy share less GPU_BOUND_FILL, where it lies within NEAR_FILL_LINE of that line
 
 
 class CommunicationRank(TypedDict, total=False):
