@@ -34,7 +34,7 @@ from perflab.analysis.launch import idle_after_syncs, traced_host_issue_ms
 from perflab.analysis.op_flops import count_op_flops
 from perflab.analysis.ranks import is_comm
 from perflab.analysis.trace_report import analyze_trace
-from perflab.records.run_report import RunReport, Scaling
+from perflab.records.run_report import RunReport
 from perflab.stats import ci_coverage_of, ci_note
 
 # the autograd engine runs a compiled backward as "autograd::engine::evaluate_function: CompiledFunctionBackward": on the
@@ -616,7 +616,7 @@ def _rank_against_growth(rank: dict, growth: float | None, inflation_limit: floa
             "within_growth": bool(rank["exposed_ms"] <= max(growth, 0.0) + EXPOSED_SLACK_MS) if judged else None}
 
 
-def scaling_section(reports: dict[int, RunReport | dict]) -> Scaling:
+def scaling_section(reports: dict[int, RunReport | dict]) -> dict:  # scaling.json, read as records.run_report.Scaling
     """The program at several rank counts (``perflab run --nproc 1,2``): per count its step (the slowest rank's), the
     work each rank does in a step (FLOPs from its traced operators: a program that splits its batch over the ranks,
     as nanoGPT splits its gradient accumulation, does less per rank), the step the first count's would take at that

@@ -16,12 +16,15 @@ when the program's end is known. A field left at ``ABSENT`` (falsy) is left out 
 null. A report read back keeps what its file left out absent, so that it is written again as it was read.
 
 **The sections** are mappings as the analysis makes them (``analysis.program.program_report``, ``analysis.loop``,
-``program.recorder.timing_summary``, ``analysis.comm``): their keys are declared below as ``TypedDict``s (a
-declaration only: the values are the plain dicts run.json holds, unchanged, and a key a section may leave out is not
-an error): the timing, the loop and its input, the traced steps, the accounting, the verdict, the ranks, the
-communication and the processes; and ``scaling.json`` (``Scaling``), written beside the counts' run.json. The others
-(flops, utilisation, floors, compiled, ceilings, the verdict's evidence, options, recorded, ddp, fsdp, all_reduce) stay
-mappings of their builders' keys.
+``program.recorder.timing_summary``, ``analysis.comm``), and run.json holds them unchanged. Their keys are declared
+once, below, each section a ``Section`` whose annotations are its keys and their types: the timing, the loop (its
+stalls, waits, synchronising calls, input, loaders and fix, the GPU's busy share), the traced steps, the accounting,
+the verdict and its evidence, the FLOPs, the utilisation, the compiled split, what the recorder saw (its compiler
+phases and limit hits), the options, the ranks, the communication and the processes; and ``scaling.json``
+(``Scaling``), written beside the counts' run.json. ``RunView`` reads a whole run.json by attribute through them
+(``RunView.of(report).loop.stalls.threshold_ms``), its keys ``RunReport``'s fields; a test holds every key of kept
+run.json files (CPU, GPU, format 0) to the declarations. ceilings, floors, ddp, fsdp and all_reduce stay mappings of
+their builders' keys.
 
 **Built in two steps on rank 0 under torchrun.** ``build_run_report`` makes the whole record of one rank in one step
 (under torchrun this rank's ``ddp`` (or ``fsdp``) and ``all_reduce`` too, from ``program.ranks.rank_fields``); only on rank 0 does
@@ -36,7 +39,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TypedDict
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from perflab.errors import PerflabError, show
 
@@ -60,9 +64,84 @@ class _Absent:
 ABSENT: Any = _Absent()
 
 
+# --- the sections, read by attribute ------------------------------------------------------------------------------------
+
+class Section:
+    """A section of run.json read by attribute. Each subclass declares the section's keys once, as annotations with
+    their types; an instance reads the dict run.json holds (``raw``), unchanged, so that what is written is what was
+    built. A key the section leaves out reads None; a key declared as a section reads that section (empty where absent,
+    so that ``run.loop.stalls.steps`` needs no guard), and a list of sections a list of them. A name not declared is an
+    AttributeError, not a None: a misspelt key fails where it is read. A value that is no mapping reads as an empty
+    section (a damaged file's, or a format-0 verdict that was a sentence: ``raw`` keeps what was there)."""
+
+    __slots__ = ("raw",)
+
+    def __init__(self, raw=None) -> None:
+        self.raw = raw if isinstance(raw, dict) else {}
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        for name in cls.__dict__.get("__annotations__", {}):
+            setattr(cls, name, _Key(name))
+
+    def __bool__(self) -> bool:
+        return bool(self.raw)
+
+    def __contains__(self, name: str) -> bool:
+        """Whether the section holds ``name`` (null or not): a key left out is not the same as one held as null."""
+        return name in self.raw
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.raw!r})"
+
+    @classmethod
+    def keys(cls) -> set[str]:
+        """The declared keys."""
+        return set(get_type_hints(cls))
+
+
+_KINDS: dict[tuple[type, str], tuple[str, type] | None] = {}
+
+
+def _kind(owner: type, name: str) -> tuple[str, type] | None:
+    """("one", S) where the key is declared a section S (or S | None), ("list", S) where a list of them, else None."""
+    key = (owner, name)
+    if key not in _KINDS:
+        hint, found = get_type_hints(owner)[name], None
+        args = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) in (Union, UnionType) else [hint]
+        for arg in args:
+            if isinstance(arg, type) and issubclass(arg, Section):
+                found = ("one", arg)
+            elif get_origin(arg) is list and get_args(arg) and isinstance(get_args(arg)[0], type) and issubclass(get_args(arg)[0], Section):
+                found = ("list", get_args(arg)[0])
+        _KINDS[key] = found
+    return _KINDS[key]
+
+
+class _Key:
+    """A declared key of a section: read from its dict (``Section``)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, section, owner):
+        if section is None:
+            return self
+        value = section.raw.get(self.name)
+        kind = _kind(owner, self.name)
+        if kind is None:
+            return value
+        how, cls = kind
+        if how == "one":
+            return cls(value)
+        return [cls(v) for v in value] if isinstance(value, list) else []
+
+
 # --- the sections' keys (declared; the values are run.json's dicts) ---------------------------------------------------
 
-class TimingSection(TypedDict, total=False):
+class TimingSection(Section):
     """The timed (untraced) steps' summary (``program.recorder.timing_summary``), ms."""
 
     steps: int
@@ -84,7 +163,7 @@ class TimingSection(TypedDict, total=False):
     host_steal_frac: float | None
 
 
-class Throughput(TypedDict, total=False):
+class Throughput(Section):
     samples_per_step: float | None
     tokens_per_step: float | None
     samples_per_s: float | None
@@ -92,7 +171,7 @@ class Throughput(TypedDict, total=False):
     source: str  # where the work a step came from (the batches perflab counted, --batch-size), or why there is none
 
 
-class LoopInput(TypedDict, total=False):
+class LoopInput(Section):
     """The timed steps' waits for input (``analysis.loop``): the exposed wait a step and its share of the wall time;
     where the program's DataLoader workers were watched, their side too (further keys)."""
 
@@ -103,11 +182,95 @@ class LoopInput(TypedDict, total=False):
     hidden_ms_per_step: float
     exposed_share: float | None
     sources: list[str]
-    loaders: list
+    loaders: list[Loader]
     named: list | None
+    fix: InputFix | None
+    worker_batch_ms: float | None
+    worker_batches: list | None
+    workers_seen: int | None
 
 
-class Loop(TypedDict, total=False):
+class Loader(Section):
+    """One DataLoader the program iterated (``analysis.loop``): its settings."""
+
+    dataset: str | None
+    batch_size: int | None
+    num_workers: int | None
+    pin_memory: bool | None
+    prefetch_factor: int | None
+    persistent_workers: bool | None
+
+
+class InputFix(Section):
+    """The input's fix (``analysis.loop``): the workers it takes for the GPU not to wait, and the mean step then."""
+
+    num_workers: int | None
+    workers_needed: int | None
+    batch_ms: float | None
+    predicted_mean_ms: float | None
+    speedup: float | None
+    workers_keep_up: bool | None
+
+
+class Stalls(Section):
+    """The timed steps over ``factor`` × the median (``analysis.loop``): which, how often, what they cost, their cause."""
+
+    steps: list[int]
+    count: int
+    threshold_ms: float | None
+    factor: float
+    period: int | None
+    share: float | None
+    excess_ms: float | None
+    cause: str | None
+    causes_ms: dict | None
+    said: bool
+    typical_cv: float | None
+
+
+class PerStep(Section):
+    """Each timed step's waits (``analysis.loop``), ms, in step order."""
+
+    input_ms: list[float]
+    exposed_input_ms: list[float]
+    sync_ms: list[float]
+
+
+class SyncSite(Section):
+    """A synchronising call's site in the program (``analysis.loop``): the call, where, how often, how long blocked."""
+
+    call: str
+    site: str
+    per_step: float
+    blocked_ms_per_step: float | None
+
+
+class Sync(Section):
+    """The program's synchronising calls in the timed steps (``analysis.loop``)."""
+
+    calls_per_step: float
+    blocked_ms_per_step: float
+    blocked_share: float | None
+    sites: list[SyncSite]
+
+
+class Busy(Section):
+    """The GPU's busy share over the timed steps without a profiler (``analysis.loop``): GPM and NVML's samples."""
+
+    busy_share: float | None
+    busy_ms_per_step: float | None
+    busy_source: str | None
+    gpm_graphics_util: float | None
+    gpm_sm_util: float | None
+    gpm_sample_ms: float | None
+    nvml_util: float | None
+    nvml_samples: int | None
+    nvml_sample_period_ms: float | None
+    window_s: float | None
+    why: dict | None  # per source (gpm, nvml), why it read no busy share
+
+
+class Loop(Section):
     """The whole loop of the timed steps, untraced (``analysis.loop.loop_section``)."""
 
     steps: int
@@ -117,16 +280,16 @@ class Loop(TypedDict, total=False):
     steps_per_s: float
     mean_over_median: float
     host_mean_ms: float
-    per_step: dict
+    per_step: PerStep
     throughput: Throughput
     input: LoopInput | None
-    sync: dict | None
-    stalls: dict
-    busy: dict | None
+    sync: Sync | None
+    stalls: Stalls
+    busy: Busy | None
     host_own_ms: float | None
 
 
-class Traced(TypedDict, total=False):
+class Traced(Section):
     """The traced steps (``analysis.program.program_report``)."""
 
     steps: int
@@ -142,7 +305,7 @@ class Traced(TypedDict, total=False):
     cpu_only: bool
 
 
-class AccountingNs(TypedDict, total=False):
+class AccountingNs(Section):
     """The traced steps' wall time, closed exactly: wall = busy + host-bound + kernel gaps + other (ns)."""
 
     start_ns: int
@@ -155,7 +318,7 @@ class AccountingNs(TypedDict, total=False):
     other_ns: int
 
 
-class AccountingSection(TypedDict, total=False):
+class AccountingSection(Section):
     """Where the traced steps' time went (``analysis.program.program_report``, from the trace)."""
 
     wall_us: float
@@ -171,7 +334,7 @@ class AccountingSection(TypedDict, total=False):
     launch: dict
 
 
-class Verdict(TypedDict, total=False):
+class Verdict(Section):
     """What bounds the step (``analysis.program.step_verdict``): its kind and the sentence saying it."""
 
     verdict: str
@@ -186,10 +349,155 @@ class Verdict(TypedDict, total=False):
     host_ms: float
     host_own_ms: float | None
     exposed_comm_ms: float | None
+    input_exposed_share: float | None
     near_line: float  # the busy share less GPU_BOUND_FILL, where it lies within NEAR_FILL_LINE of that line
+    exposed_comm_share: float | None
+    busy_basis: str | None
 
 
-class CommunicationRank(TypedDict, total=False):
+class Evidence(Section):
+    """What the verdict was drawn from (``analysis.program.program_report``'s ``verdict_evidence``)."""
+
+    step_ms: float | None
+    mean_ms: float | None
+    busy_ms: float | None
+    busy_share: float | None
+    busy_source: str | None
+    busy_basis: str | None
+    traced_busy_ms: float | None
+    nvml_util: float | None
+    communication_apart: bool | None
+    categories_ms: dict | None
+    host_ms: float | None
+    host_source: str | None
+    host_mean_ms: float | None
+    host_own_ms: float | None
+    host_bound_idle_ms: float | None
+    inflation: float | None
+    inflated: bool | None
+    cpu_only: bool | None
+    cpu_verdict: dict | None
+    operator_share: float | None
+    input: dict | None
+    input_exposed_share: float | None
+    sync_idle: dict | None
+    sync_sites: list | None
+    sync_blocked_ms: float | None
+    syncs_per_step: float | None
+
+
+class Flops(Section):
+    """The traced steps' FLOPs counted from their operators' shapes (``analysis.op_flops.OpFlops.to_dict``)."""
+
+    flops: int
+    flops_per_step: float
+    steps: int
+    counted_calls: int
+    by_op: dict
+    by_dtype: dict
+    conv_by_dtype: dict
+    dtype: str | None
+    uncounted_ops: dict
+    heavy_gpu_ns: int
+    uncounted_heavy_gpu_ns: int
+    uncounted_heavy_share: float | None
+    shapes_recorded: bool
+    complete: bool
+    known: bool
+
+
+class Utilisation(Section):
+    """MFU and MBU against the GPU's measured peaks (``analysis.program``)."""
+
+    mfu: float | None
+    mbu: float | None
+    dtype: str | None
+    flops_by_precision: dict
+    peak_tflops: float | None
+    copy_gbps: float | None
+    bytes_per_step: int | None
+    bytes_source: str
+    mfu_lower_bound: bool
+    ceilings_measured_at: str | None
+
+
+class Compiled(Section):
+    """The traced work launched inside compiled regions and outside them (``analysis.program.compiled_split``)."""
+
+    compiled_ns: int
+    eager_ns: int
+    dynamo_overhead_ns: int
+    communication_ns: int
+    compiled_share: float | None
+    eager_share: float | None
+    eager_top: list
+    unknown: str  # why the split could not be made (no operators recorded)
+
+
+class CompilePhase(Section):
+    """What dynamo did in one phase of the run (``program.compiler.delta``): frames, graphs, breaks, recompiles."""
+
+    frames: int
+    frames_ok: int
+    graphs: int
+    backend_graphs: int
+    graph_breaks: int
+    recompiles: int
+    break_reasons: list
+
+
+class LimitHit(Section):
+    """A frame that hit one of dynamo's limits (``program.compiler``): from then on it runs eagerly."""
+
+    function: str
+    where: str
+    limit: str
+    value: int
+    step: int | None
+    last_reason: str | None
+
+
+class RecordedSection(Section):
+    """What the recorder saw (``program.recorder.Recorded``), less the step times (in timing and traced)."""
+
+    device: str | None
+    phase: str | None
+    steps_seen: int | None
+    trace_path: str | None
+    shapes_trace_path: str | None
+    traced_steps: int | None
+    trace_warmup: int | None
+    trace_note: str | None
+    profiler_seconds: float | None
+    compile_phases: dict
+    limit_hits: list[LimitHit]
+    optimizers: list
+    own_work: list
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    peak_rss_bytes: int | None
+    wall_s: float | None
+
+
+class Options(Section):
+    """The run's options (``program.recorder.RunOptions``), as given."""
+
+    skip: int
+    steps: int
+    trace: int
+    trace_warmup: int
+    record_shapes: bool
+    shapes_steps: int
+    inflation_limit: float
+    stall_factor: float
+    stop_after: str | None
+    batch_size: int | None
+    seq_len: int | None
+    inputs: list | None
+    out_dir: str
+
+
+class CommunicationRank(Section):
     """One rank's communication in the merged traces (``analysis.comm.communication_section``), ms a step."""
 
     rank: int
@@ -204,7 +512,7 @@ class CommunicationRank(TypedDict, total=False):
     measured_over_floor: float | None
 
 
-class Communication(TypedDict, total=False):
+class Communication(Section):
     """The ranks' communication (rank 0 under torchrun, ``analysis.comm.communication_section``): the floor of the
     all-reduces the gradients need (DDP), or of the all-gathers and reduce-scatters (FSDP), at the measured bus
     bandwidth, and each rank's exposed share."""
@@ -227,9 +535,10 @@ class Communication(TypedDict, total=False):
     busbw_source: str | None
     latency_us: float | None
     floor_fraction: float | None
+    floor_note: str | None
 
 
-class RankRow(TypedDict, total=False):
+class RankRow(Section):
     """One rank in rank 0's merge (``program.ranks.merge``): its step, its CI and flags, its loop."""
 
     rank: int
@@ -244,7 +553,7 @@ class RankRow(TypedDict, total=False):
     input_share: float | None
 
 
-class Process(TypedDict, total=False):
+class Process(Section):
     """One process the program started (``program.children.processes_section``); those not followed of one kind are
     one row, with their count and pids."""
 
@@ -263,12 +572,12 @@ class Process(TypedDict, total=False):
     pids: list[int]
 
 
-class Flag(TypedDict):
+class Flag(Section):
     flag: str
     message: str
 
 
-class ScalingRow(TypedDict, total=False):
+class ScalingRow(Section):
     """One rank count of ``perflab run --nproc 1,2`` (``analysis.program.scaling_section``)."""
 
     nproc: int
@@ -283,7 +592,7 @@ class ScalingRow(TypedDict, total=False):
     verdict: str | None
 
 
-class Scaling(TypedDict):
+class Scaling(Section):
     """``OUT/scaling.json`` of ``perflab run --nproc 1,2`` (beside each count's ``nprocN/run.json``): the counts in the
     order given, the first the base."""
 
@@ -296,7 +605,9 @@ class Scaling(TypedDict):
 @dataclass
 class RunReport:
     """One rank's report of a ``perflab run``, and on rank 0 under torchrun the ranks merged. ``to_dict`` is run.json;
-    the fields are in run.json's key order (``format`` first)."""
+    the fields are in run.json's key order (``format`` first). Each field holds run.json's value (a section is the dict
+    its builder made) and is annotated with what it is read as: ``RunView`` reads the record by attribute, each
+    section as its ``Section``."""
 
     # run.json's format (``FORMAT``; 0: a file written before the key was)
     format: int = field(default=FORMAT, kw_only=True)
@@ -309,22 +620,22 @@ class RunReport:
     # the traced steps' analysis (``analysis.program.program_report``): absent when the program ended before them
     traced: Traced | None = ABSENT
     accounting: AccountingSection | None = ABSENT
-    flops: dict | None = ABSENT
-    utilisation: dict | None = ABSENT
+    flops: Flops | None = ABSENT
+    utilisation: Utilisation | None = ABSENT
     floors: dict | None = ABSENT
     verdict: Verdict | None = ABSENT
-    compiled: dict | None = ABSENT
+    compiled: Compiled | None = ABSENT
     traced_verdict: str | None = ABSENT  # present when a trace was read
     ceilings: dict | None = ABSENT  # the GPU's measured peaks the floors were held against
-    verdict_evidence: dict | None = ABSENT  # present when a trace was read
+    verdict_evidence: Evidence | None = ABSENT  # present when a trace was read
     model_bytes: dict | None = ABSENT  # the modules' parameter and buffer bytes on the GPU
     ceilings_note: str | None = ABSENT
     report_error: str | None = ABSENT  # perflab's own failure to analyse the traced steps
     # the run itself
     program: str | None = ABSENT
     steps_from: str | None = ABSENT
-    options: dict | None = ABSENT
-    recorded: dict | None = ABSENT  # what the recorder saw, less the step times (in timing and traced)
+    options: Options | None = ABSENT
+    recorded: RecordedSection | None = ABSENT  # what the recorder saw, less the step times (in timing and traced)
     partial: bool | None = ABSENT  # the program ended before the traced steps did
     rank: int | None = ABSENT
     world_size: int | None = ABSENT
@@ -380,6 +691,19 @@ class RunReport:
         """The validity flags' names, those that are well formed."""
         flags = self.flags
         return [f["flag"] for f in flags if isinstance(f, dict) and isinstance(f.get("flag"), str)] if isinstance(flags, list) else []
+
+
+RunView = type("RunView", (Section,), {
+    "__module__": __name__, "__annotations__": dict(RunReport.__annotations__),
+    "__doc__": """A run.json read by attribute, its sections as their ``Section``s: the keys are ``RunReport``'s fields
+    (one declaration). ``RunView.of(report)`` takes a ``RunReport`` or run.json's dict."""})
+
+
+def _view_of(cls, report) -> Section:
+    return cls(report.to_dict() if isinstance(report, RunReport) else report)
+
+
+RunView.of = classmethod(_view_of)
 
 
 class UnreadableReport(PerflabError):

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perflab import units
+from perflab.records.run_report import CompilePhase, RunView, Scaling, TimingSection
 from perflab.report.fit import plain_table
 from perflab.report.trace_console import CPU_TERMS, GPU_TERMS, accounting_table, top_table
 
@@ -56,9 +57,10 @@ def ci_label(timing: dict) -> str:
     from perflab.report.console import row_ci_note
 
     claim = row_ci_note(timing) or "95%"
-    if timing.get("ci_level") == "pooled":
+    level = TimingSection(timing).ci_level
+    if level == "pooled":
         return f"order-statistics interval (few stretches): {claim}"
-    return f"{claim} CI over stretches of the run" if timing.get("ci_level") == "time" else f"{claim} CI"
+    return f"{claim} CI over stretches of the run" if level == "time" else f"{claim} CI"
 
 
 def first_lines(report: dict) -> list[str]:
@@ -66,117 +68,120 @@ def first_lines(report: dict) -> list[str]:
     hides what the program spends), and the verdict when it is about the whole loop (input)."""
     from perflab.analysis.loop import stall_line
 
-    lines = []
-    stall = stall_line(report.get("loop"))
-    if stall:
-        lines.append(f"stalls: {stall}")
-    return lines
+    stall = stall_line(RunView.of(report).loop.raw)
+    return [f"stalls: {stall}"] if stall else []
 
 
 def loop_table(report: dict) -> Table | None:
     """The timed steps as the program lives them: the mean step (its wall time a step) beside the median, throughput,
     and what fills a step without a trace: the GPU's busy share, the waits for input (exposed and hidden), the
     synchronising calls, the host's own time."""
-    loop = report.get("loop")
+    loop = RunView.of(report).loop
     if not loop:
         return None
     table = plain_table("the whole loop, untraced (mean per timed step)", [("", "left"), ("", "right")], show_header=False)
-    table.add_row("step: mean (wall time ÷ steps) / median ms", f"{units.ms(loop['mean_ms'])} / {units.ms(loop['median_ms'])}")
-    thr = loop.get("throughput") or {}
-    rate = [f"{loop['steps_per_s']:.3g} steps/s"] if loop.get("steps_per_s") else []
-    if thr.get("samples_per_s"):
-        rate.append(f"{thr['samples_per_s']:,.1f} samples/s")
-    if thr.get("tokens_per_s"):
-        rate.append(f"{thr['tokens_per_s']:,.0f} tokens/s")
-    table.add_row("throughput" + (f" ({thr['source']})" if thr.get("samples_per_s") else ""), ", ".join(rate) or "–")
-    busy = loop.get("busy") or {}
-    if busy.get("busy_share") is not None:
-        check = f"; NVML's samples {units.pct(busy['nvml_util'])}" if busy.get("nvml_util") is not None and busy.get("gpm_graphics_util") is not None else ""
-        table.add_row("GPU busy (no profiler)", f"{units.pct(busy['busy_share'])} ({'GPM' if busy.get('gpm_graphics_util') is not None else 'NVML'}{check})")
-    elif busy.get("why"):
-        table.add_row("GPU busy (no profiler)", "– (" + "; ".join(busy["why"].values()) + ")")
-    inputs = loop.get("input")
+    table.add_row("step: mean (wall time ÷ steps) / median ms", f"{units.ms(loop.mean_ms)} / {units.ms(loop.median_ms)}")
+    thr = loop.throughput
+    rate = [f"{loop.steps_per_s:.3g} steps/s"] if loop.steps_per_s else []
+    if thr.samples_per_s:
+        rate.append(f"{thr.samples_per_s:,.1f} samples/s")
+    if thr.tokens_per_s:
+        rate.append(f"{thr.tokens_per_s:,.0f} tokens/s")
+    table.add_row("throughput" + (f" ({thr.source})" if thr.samples_per_s else ""), ", ".join(rate) or "–")
+    busy = loop.busy
+    if busy.busy_share is not None:
+        check = f"; NVML's samples {units.pct(busy.nvml_util)}" if busy.nvml_util is not None and busy.gpm_graphics_util is not None else ""
+        table.add_row("GPU busy (no profiler)", f"{units.pct(busy.busy_share)} ({'GPM' if busy.gpm_graphics_util is not None else 'NVML'}{check})")
+    elif busy.why:
+        table.add_row("GPU busy (no profiler)", "– (" + "; ".join(busy.why.values()) + ")")
+    inputs = loop.input
     if inputs:
-        table.add_row("waiting for input: waits / ms / exposed ms", f"{inputs['waits_per_step']:.3g} / {units.ms(inputs['wait_ms_per_step'])} / "
-                      f"{units.ms(inputs['exposed_ms_per_step'])} ({units.pct(inputs['exposed_share'])} of the wall time)")
-        if inputs.get("worker_batch_ms") is not None:
-            table.add_row("DataLoader workers: ms a batch (measured in them)", f"{units.ms(inputs['worker_batch_ms'])} ({inputs.get('workers_seen')} workers)")
-    sync = loop.get("sync")
+        table.add_row("waiting for input: waits / ms / exposed ms", f"{inputs.waits_per_step:.3g} / {units.ms(inputs.wait_ms_per_step)} / "
+                      f"{units.ms(inputs.exposed_ms_per_step)} ({units.pct(inputs.exposed_share)} of the wall time)")
+        if inputs.worker_batch_ms is not None:
+            table.add_row("DataLoader workers: ms a batch (measured in them)", f"{units.ms(inputs.worker_batch_ms)} ({inputs.workers_seen} workers)")
+    sync = loop.sync
     if sync:
-        top = sync["sites"][0]
-        table.add_row("synchronising calls: calls / ms blocked", f"{sync['calls_per_step']:.3g} / {units.ms(sync['blocked_ms_per_step'])}")
-        table.add_row("  most blocked", f"{top['call']} at {top['site']}")
-    if loop.get("host_own_ms") is not None:
-        table.add_row("host's own time, less its waits, ms", units.ms(loop["host_own_ms"]))
+        top = sync.sites[0]
+        table.add_row("synchronising calls: calls / ms blocked", f"{sync.calls_per_step:.3g} / {units.ms(sync.blocked_ms_per_step)}")
+        table.add_row("  most blocked", f"{top.call} at {top.site}")
+    if loop.host_own_ms is not None:
+        table.add_row("host's own time, less its waits, ms", units.ms(loop.host_own_ms))
     return table
 
 
 def run_tables(report: dict) -> list[Table]:
+    run = RunView.of(report)
     tables = [timing_table(report)]
     loop = loop_table(report)
     if loop is not None:
         tables.append(loop)
-    acc = report.get("accounting")
+    acc = run.accounting
     if acc:
-        terms = CPU_TERMS if (report.get("traced") or {}).get("cpu_only") else GPU_TERMS
-        top = acc["top_kernels"]
-        tables += [accounting_table(acc["accounting_ns"], terms, "the traced steps: where the time goes (µs, exact to the ns)"),
+        terms = CPU_TERMS if run.traced.cpu_only else GPU_TERMS
+        top = acc.top_kernels
+        tables += [accounting_table(acc.accounting_ns.raw, terms, "the traced steps: where the time goes (µs, exact to the ns)"),
                    top_table(top, terms, with_device=len({r["device"] for r in top}) > 1)]
     compiler = compiler_table(report)
     if compiler is not None:
         tables.append(compiler)
-    if report.get("communication"):
+    if run.communication:
         tables.append(communication_table(report))
     return tables
 
 
 def timing_table(report: dict) -> Table:
-    timing = report.get("timing") or {}
-    device = report.get("device") or "?"
+    run = RunView.of(report)
+    timing, traced, recorded = run.timing, run.traced, run.recorded
+    device = run.device or "?"
     clock = "CUDA events on the step's stream" if device == "cuda" else "the host clock"
-    table = plain_table(f"perflab run: {report.get('program')} — steps: {report.get('steps_from')}", [("", "left"), ("", "right")], show_header=False)
-    recorded = report.get("recorded") or {}
-    table.add_row("steps seen / timed / traced", f"{recorded.get('steps_seen', 0)} / {timing.get('steps', 0)} / {(report.get('traced') or {}).get('steps', 0)}")
-    if timing.get("steps"):
-        ci = timing.get("ci95_ms") or [None, None]
-        table.add_row(f"step, median ms ({clock})", units.ms(timing.get("median_ms")))
-        table.add_row(ci_label(timing), f"{units.ms(ci[0])}–{units.ms(ci[1])}")
-        table.add_row("p10–p90 ms, CV", f"{units.ms(timing.get('p10_ms'))}–{units.ms(timing.get('p90_ms'))}, {units.pct(timing.get('cv'))}")
-        if device == "cuda" and timing.get("host_median_ms") is not None:
-            table.add_row("host clock, median ms", units.ms(timing["host_median_ms"]))
-    traced = report.get("traced") or {}
-    if traced.get("step_ms"):
-        inflation = traced.get("inflation")  # None without an untraced median to divide by: no ratio to print
-        table.add_row("traced step, median ms (÷ untraced)", f"{units.ms(traced['step_ms'])} ({'–' if inflation is None else f'×{inflation:.2f}'})")
-        if traced.get("step_ms_each"):
-            table.add_row("traced steps, each ms", ", ".join(units.ms(x) for x in traced["step_ms_each"]))
-        if traced.get("warmup_step_ms"):
-            table.add_row("profiler warm-up steps, thrown away, ms", ", ".join(units.ms(x) for x in traced["warmup_step_ms"]))
-    memory = recorded.get("peak_allocated_bytes")
-    if memory is not None:
-        table.add_row("memory peak while timed: allocated / reserved", f"{memory / 2**30:.2f} / {recorded.get('peak_reserved_bytes', 0) / 2**30:.2f} GiB")
-    elif recorded.get("peak_rss_bytes"):
-        table.add_row("memory peak of the process (RSS, whole run)", f"{recorded['peak_rss_bytes'] / 2**30:.2f} GiB")
-    flops = report.get("flops")
-    if flops is not None:
-        per = flops.get("flops_per_step") or 0
-        value = "unknown" if not flops.get("known", True) else f"{per / 1e9:.4g} G" + ("" if flops.get("complete") else " (lower bound)")
+    table = plain_table(f"perflab run: {run.program} — steps: {run.steps_from}", [("", "left"), ("", "right")], show_header=False)
+    table.add_row("steps seen / timed / traced", f"{recorded.steps_seen or 0} / {timing.steps or 0} / {traced.steps or 0}")
+    if timing.steps:
+        ci = timing.ci95_ms or [None, None]
+        table.add_row(f"step, median ms ({clock})", units.ms(timing.median_ms))
+        table.add_row(ci_label(timing.raw), f"{units.ms(ci[0])}–{units.ms(ci[1])}")
+        table.add_row("p10–p90 ms, CV", f"{units.ms(timing.p10_ms)}–{units.ms(timing.p90_ms)}, {units.pct(timing.cv)}")
+        if device == "cuda" and timing.host_median_ms is not None:
+            table.add_row("host clock, median ms", units.ms(timing.host_median_ms))
+    if traced.step_ms:
+        inflation = traced.inflation  # None without an untraced median to divide by: no ratio to print
+        table.add_row("traced step, median ms (÷ untraced)", f"{units.ms(traced.step_ms)} ({'–' if inflation is None else f'×{inflation:.2f}'})")
+        if traced.step_ms_each:
+            table.add_row("traced steps, each ms", ", ".join(units.ms(x) for x in traced.step_ms_each))
+        if traced.warmup_step_ms:
+            table.add_row("profiler warm-up steps, thrown away, ms", ", ".join(units.ms(x) for x in traced.warmup_step_ms))
+    if recorded.peak_allocated_bytes is not None:
+        table.add_row("memory peak while timed: allocated / reserved",
+                      f"{recorded.peak_allocated_bytes / 2**30:.2f} / {(recorded.peak_reserved_bytes or 0) / 2**30:.2f} GiB")
+    elif recorded.peak_rss_bytes:
+        table.add_row("memory peak of the process (RSS, whole run)", f"{recorded.peak_rss_bytes / 2**30:.2f} GiB")
+    if "flops" in run and run.raw["flops"] is not None:
+        flops = run.flops
+        per = flops.flops_per_step or 0
+        known = flops.known if "known" in flops else True
+        value = "unknown" if not known else f"{per / 1e9:.4g} G" + ("" if flops.complete else " (lower bound)")
         table.add_row("FLOPs per step (from the traced operators' shapes)", value)
-    util = report.get("utilisation")
+    util = run.utilisation
     if util:
-        if util.get("peak_tflops"):
-            table.add_row(f"MFU ({util['dtype']} peak {util['peak_tflops']:.0f} TFLOP/s, measured)",
-                          units.pct(util.get("mfu")) + (" (at least)" if util.get("mfu_lower_bound") and util.get("mfu") else ""))
+        if util.peak_tflops:
+            table.add_row(f"MFU ({util.dtype} peak {util.peak_tflops:.0f} TFLOP/s, measured)",
+                          units.pct(util.mfu) + (" (at least)" if util.mfu_lower_bound and util.mfu else ""))
         else:  # a dtype is named only where FLOPs were counted: then it is the peak that is missing
-            table.add_row("MFU", f"– (no measured {util['dtype']} peak)" if util.get("dtype") else "– (FLOPs unknown)")
-        table.add_row(f"MBU ({util['bytes_per_step'] / 1e9:.3g} GB of weights and buffers, copy {util['copy_gbps']:.0f} GB/s)", units.pct(util.get("mbu")))
+            table.add_row("MFU", f"– (no measured {util.dtype} peak)" if util.dtype else "– (FLOPs unknown)")
+        table.add_row(f"MBU ({util.bytes_per_step / 1e9:.3g} GB of weights and buffers, copy {util.copy_gbps:.0f} GB/s)", units.pct(util.mbu))
     return table
 
 
+def _phases(run) -> dict[str, CompilePhase]:
+    """The compiler's phases dynamo's counters were read over (``recorded.compile_phases``), each as its section."""
+    return {name: CompilePhase(p) for name, p in (run.recorded.compile_phases or {}).items()}
+
+
 def compiler_table(report: dict) -> Table | None:
-    phases = (report.get("recorded") or {}).get("compile_phases") or {}
-    hits = (report.get("recorded") or {}).get("limit_hits") or []
-    if not any(p.get("frames") for p in phases.values()) and not hits:
+    run = RunView.of(report)
+    phases, hits = _phases(run), run.recorded.limit_hits
+    if not any(p.frames for p in phases.values()) and not hits:
         return None
     table = plain_table("the compiler, as the program ran it (dynamo's counters)",
                         [(column, "left" if column == "phase" else "right")
@@ -184,84 +189,85 @@ def compiler_table(report: dict) -> Table | None:
     for name in ("skipped", "timed", "traced"):
         p = phases.get(name)
         if p:
-            recompiles = sum(len(v) for v in (p.get("recompiles") or {}).values())
-            table.add_row(name, str(p["frames"]), str(p["graphs"]), str(p["backend_graphs"]), str(p["graph_breaks"]), str(recompiles))
+            recompiles = sum(len(v) for v in (p.recompiles or {}).values())
+            table.add_row(name, str(p.frames), str(p.graphs), str(p.backend_graphs), str(p.graph_breaks), str(recompiles))
     return table
 
 
 def compiler_lines(report: dict) -> list[str]:
     """Per frame recompiled, the guard that failed last; each frame that hit the recompile limit; how much of the traced
     steps ran compiled."""
-    phases = (report.get("recorded") or {}).get("compile_phases") or {}
+    run = RunView.of(report)
+    phases = _phases(run)
     lines, frames = [], {}
     for name in ("skipped", "timed", "traced"):
-        for frame, guards in ((phases.get(name) or {}).get("recompiles") or {}).items():
+        for frame, guards in (phases.get(name, CompilePhase()).recompiles or {}).items():
             frames.setdefault(frame, []).append((name, guards))
     for frame, seen in frames.items():
         counts = ", ".join(f"{len(g)} while {name}" for name, g in seen)
         lines.append(f"guard failures (each a recompile, until the limit): {frame}: {counts}; the last: {seen[-1][1][-1]}")
-    for hit in (report.get("recorded") or {}).get("limit_hits") or []:
-        lines.append(f"recompile limit: {hit['function']} ({hit['where']}) hit {hit['limit']} ({hit['value']}) at step {hit['step']} and runs "
+    for hit in run.recorded.limit_hits:
+        lines.append(f"recompile limit: {hit.function} ({hit.where}) hit {hit.limit} ({hit.value}) at step {hit.step} and runs "
                      "eagerly from then on")
-    compiled = report.get("compiled")
-    if compiled and compiled.get("compiled_share") is not None:
-        top = compiled.get("eager_top") or []
+    compiled = run.compiled
+    compiled_any = frames or any(p.frames for p in phases.values())
+    if compiled.compiled_share is not None:
+        top = compiled.eager_top or []
         eager = f" (most: {top[0]['name'][:60]})" if top else ""
-        lines.append(f"the traced steps' work, communication apart: {units.pct(compiled['compiled_share'])} in compiled regions, "
-                     f"{units.pct(compiled['eager_share'])} eager{eager}")
-    elif compiled and compiled.get("unknown"):
-        if frames or any(p.get("frames") for p in phases.values()):
-            lines.append(f"how much of the traced steps ran compiled: unknown, {compiled['unknown']}")
-    elif frames or any(p.get("frames") for p in phases.values()):
+        lines.append(f"the traced steps' work, communication apart: {units.pct(compiled.compiled_share)} in compiled regions, "
+                     f"{units.pct(compiled.eager_share)} eager{eager}")
+    elif compiled.unknown:
+        if compiled_any:
+            lines.append(f"how much of the traced steps ran compiled: unknown, {compiled.unknown}")
+    elif compiled_any:
         lines.append("the traced steps ran no compiled region: all of their work ran eagerly")
     return lines
 
 
 def communication_table(report: dict) -> Table:
-    comm = report["communication"]
-    floor = comm.get("floor_ms")
-    title = f"communication per step on {comm['world_size']} ranks"
-    if floor is not None and comm.get("mode") == "fsdp":
+    run = RunView.of(report)
+    comm = run.communication
+    floor = comm.floor_ms
+    title = f"communication per step on {comm.world_size} ranks"
+    if floor is not None and comm.mode == "fsdp":
         title += (": " + " + ".join(f"{c['collective'].replace('_', '-')} of {c['bus_bytes'] / 1e6:.1f} MB bus bytes in {c['calls']} call(s)"
-                                    for c in comm.get("collectives") or []) + f", busbw {comm['busbw_gbps']:.1f} GB/s → floor {floor:.3f} ms")
+                                    for c in comm.collectives or []) + f", busbw {comm.busbw_gbps:.1f} GB/s → floor {floor:.3f} ms")
     elif floor is not None:
-        title += (f": all-reduce of {comm['bus_bytes'] / 1e6:.1f} MB bus bytes in {comm['calls']} bucket(s), busbw {comm['busbw_gbps']:.1f} GB/s "
+        title += (f": all-reduce of {comm.bus_bytes / 1e6:.1f} MB bus bytes in {comm.calls} bucket(s), busbw {comm.busbw_gbps:.1f} GB/s "
                   f"→ floor {floor:.3f} ms")
     table = plain_table(title + " (ms per step)",
                         [(column, "right") for column in ("rank", "step", "traced step", "comm", "exposed", "waiting", "transfer", "hidden", "overlap", "÷ floor")])
-    slowest = report.get("slowest_rank")
-    for r in comm["ranks"]:
-        table.add_row(f"{r['rank']}{'*' if r['rank'] == slowest else ''}", units.ms(r.get("step_ms")), units.ms(r.get("traced_step_ms")), units.ms(r["comm_ms"]), units.ms(r["exposed_ms"]),
-                      units.ms(r.get("waiting_ms")), units.ms(r.get("transfer_ms")), units.ms(r["overlapped_ms"]), units.pct(r.get("overlap_fraction")),
-                      f"{r['measured_over_floor']:.2f}" if r.get("measured_over_floor") else "–")
+    for r in comm.ranks:
+        table.add_row(f"{r.rank}{'*' if r.rank == run.slowest_rank else ''}", units.ms(r.step_ms), units.ms(r.traced_step_ms), units.ms(r.comm_ms),
+                      units.ms(r.exposed_ms), units.ms(r.waiting_ms), units.ms(r.transfer_ms), units.ms(r.overlapped_ms), units.pct(r.overlap_fraction),
+                      f"{r.measured_over_floor:.2f}" if r.measured_over_floor else "–")
     notes = [n for n in ("* the slowest rank; step: untraced; traced step: the windows the rest is counted over, of which each is a part; "
-                         "waiting: for a later rank; hidden: under compute", comm.get("busbw_source"), comm.get("floor_note"),
-                         comm.get("note")) if n]
+                         "waiting: for a later rank; hidden: under compute", comm.busbw_source, comm.floor_note, comm.note) if n]
     if notes:
         table.caption = "; ".join(notes)
     return table
 
 
 def run_lines(report: dict) -> list[str]:
+    run = RunView.of(report)
     lines = compiler_lines(report)
-    if report.get("verdict"):  # analysis.program.step_verdict's dict
-        lines.append(f"verdict: {report['verdict']['message']}")
-    if report.get("traced_verdict") and report["traced_verdict"] != (report.get("verdict") or {}).get("message"):
-        inflated = (report.get("traced") or {}).get("inflated")
-        lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {report['traced_verdict']}")
+    message = run.verdict.message  # analysis.program.step_verdict's dict
+    if run.verdict:
+        lines.append(f"verdict: {message}")
+    if run.traced_verdict and run.traced_verdict != message:
+        inflated = run.traced.inflated
+        lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {run.traced_verdict}")
     said = set(first_lines(report))  # the stalls, said before the tables: not again among the flags
-    for flag in report.get("flags") or []:
-        line = f"{flag['flag']}: {flag['message']}"
+    for flag in run.flags:
+        line = f"{flag.flag}: {flag.message}"
         if line not in said:
             lines.append(line)
-    note = (report.get("recorded") or {}).get("trace_note")
-    if note:
-        lines.append(note)
-    if report.get("ceilings_note"):
-        lines.append(report["ceilings_note"])
-    options = report.get("options") or {}
-    out = options.get('out_dir', 'perflab-run')
-    trace = (report.get("traced") or {}).get("trace_path")
+    if run.recorded.trace_note:
+        lines.append(run.recorded.trace_note)
+    if run.ceilings_note:
+        lines.append(run.ceilings_note)
+    out = run.options.out_dir if "out_dir" in run.options else "perflab-run"
+    trace = run.traced.trace_path
     lines.append(f"written: {out}/run.json, its page {out}/report.html" + (f" and {trace} (open it in https://ui.perfetto.dev)" if trace else ""))
     return lines
 
@@ -273,14 +279,14 @@ def render_scaling(console: Console, section: dict) -> None:
 def scaling_table(section: dict) -> Table:
     """``perflab run --nproc 1,2``'s scaling table: per rank count the step, the work per rank, the step expected at that
     work from the first count's, the growth and the efficiency (expected ÷ step), and each rank's exposed communication."""
-    base = section.get("base")
-    table = plain_table(f"scaling over {base} rank(s) (ms per step; efficiency = expected ÷ step)",
+    scaling = Scaling(section)
+    table = plain_table(f"scaling over {scaling.base} rank(s) (ms per step; efficiency = expected ÷ step)",
                         [(column, "right") for column in ("ranks", "step", "work per rank", "expected", "growth", "efficiency", "exposed comm by rank")])
-    for row in section.get("rows") or []:
-        exposed = ", ".join(f"r{r['rank']} {units.ms(r['exposed_ms'])}{_against_growth(r, row['growth_ms'])}" for r in row["ranks"]) or "–"
-        work = f"×{row['work_ratio']:.2f}" if row.get("work_ratio") is not None else "–"
-        table.add_row(str(row["nproc"]), units.ms(row["step_ms"]), work, units.ms(row["expected_ms"]), units.ms(row["growth_ms"]),
-                      f"{row['efficiency']:.3f}" if row.get("efficiency") else "–", exposed)
-    if section.get("note"):
-        table.caption = section["note"]
+    for row in scaling.rows:
+        exposed = ", ".join(f"r{r['rank']} {units.ms(r['exposed_ms'])}{_against_growth(r, row.growth_ms)}" for r in row.ranks) or "–"
+        work = f"×{row.work_ratio:.2f}" if row.work_ratio is not None else "–"
+        table.add_row(str(row.nproc), units.ms(row.step_ms), work, units.ms(row.expected_ms), units.ms(row.growth_ms),
+                      f"{row.efficiency:.3f}" if row.efficiency else "–", exposed)
+    if scaling.note:
+        table.caption = scaling.note
     return table

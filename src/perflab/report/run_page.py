@@ -21,7 +21,7 @@ from rich.text import Text
 
 from perflab import units
 from perflab.errors import PerflabError
-from perflab.records.run_report import ABSENT, RUN_WHAT, load, read_dict
+from perflab.records.run_report import ABSENT, RUN_WHAT, AccountingNs, RunView, Scaling, load, read_dict
 from perflab.report.fit import plain_table
 from perflab.report.program import (communication_table, compiler_lines, compiler_table, first_lines, loop_table,
                                     run_lines, scaling_table, timing_table)
@@ -110,20 +110,18 @@ def _tick_label(value: float) -> str:
 def steps_svg(report: dict) -> str:
     """The run's steps in order as bars (ms): timed (a stall marked), the profiler's warm-up, traced; the median and the
     stall threshold as lines; each timed step's waits inside its bar. Each bar's tooltip gives its figures."""
-    timing = report.get("timing") or {}
-    loop = report.get("loop") or {}
-    traced = report.get("traced") or {}
-    timed = list(timing.get("samples_ms") or [])
-    warmup = list(traced.get("warmup_step_ms") or [])
-    traced_each = list(traced.get("step_ms_each") or [])
+    run = RunView.of(report)
+    timing, loop, traced = run.timing, run.loop, run.traced
+    timed = list(timing.samples_ms or [])
+    warmup = list(traced.warmup_step_ms or [])
+    traced_each = list(traced.step_ms_each or [])
     if not (timed or traced_each):
         return '<p class="note">No step was timed: nothing to plot.</p>'
-    stalls = loop.get("stalls") or {}
-    stall_steps = set(stalls.get("steps") or [])
-    threshold = stalls.get("threshold_ms")
-    median = timing.get("median_ms")
-    per_step = loop.get("per_step") or {}
-    input_ms, exposed_ms, sync_ms = (list(per_step.get(k) or []) for k in ("input_ms", "exposed_input_ms", "sync_ms"))
+    stall_steps = set(loop.stalls.steps or [])
+    threshold = loop.stalls.threshold_ms
+    median = timing.median_ms
+    per_step = loop.per_step
+    input_ms, exposed_ms, sync_ms = (list(series or []) for series in (per_step.input_ms, per_step.exposed_input_ms, per_step.sync_ms))
 
     groups = [("timed", "timed, untraced", timed)]
     if warmup:
@@ -205,7 +203,7 @@ def steps_svg(report: dict) -> str:
         out.append(f'<line x1="{left}" x2="{left + timed_span:.1f}" y1="{y(threshold):.1f}" y2="{y(threshold):.1f}" stroke="{COLOURS["threshold"]}" '
                    f'stroke-dasharray="6 4" stroke-width="1.5"><title>stall threshold: {units.ms(threshold)} ms</title></line>')
     out.append(f'<text x="{left + plot_w / 2:.0f}" y="{top + plot_h + 32}" text-anchor="middle" class="ax">step, counted within each phase '
-               f'(the run: --skip {_esc((report.get("options") or {}).get("skip", "?"))} steps first, untimed)</text>')
+               f'(the run: --skip {_esc(run.options.skip if "skip" in run.options else "?")} steps first, untimed)</text>')
     legend = [("timed", "timed step"), ("stall", "stall")] if stall_steps else [("timed", "timed step")]
     if warmup:
         legend.append(("warmup", "profiler warm-up step, thrown away"))
@@ -226,97 +224,91 @@ def steps_svg(report: dict) -> str:
 
 
 def _steps_caption(report: dict) -> str:
-    timing = report.get("timing") or {}
-    loop = report.get("loop") or {}
-    stalls = loop.get("stalls") or {}
+    run = RunView.of(report)
+    timing, loop, traced = run.timing, run.loop, run.traced
+    stalls = loop.stalls
     parts = []
-    if timing.get("median_ms") is not None:
-        parts.append(f'median <b id="median-ms">{units.ms(timing["median_ms"])}</b> ms')
-    mean = loop.get("mean_ms", timing.get("mean_ms"))
+    if timing.median_ms is not None:
+        parts.append(f'median <b id="median-ms">{units.ms(timing.median_ms)}</b> ms')
+    mean = loop.mean_ms if "mean_ms" in loop else timing.mean_ms
     if mean is not None:
         parts.append(f'mean <b id="mean-ms">{units.ms(mean)}</b> ms')
-    if stalls.get("threshold_ms") is not None:
-        parts.append(f'stall threshold {units.ms(stalls["threshold_ms"])} ms ({stalls.get("factor", 0):g}× the median): '
-                     f'<b id="stall-count">{len(stalls.get("steps") or [])}</b> stall(s)' + (f', every {stalls["period"]}th step' if stalls.get("period") else ""))
-    traced = report.get("traced") or {}
-    if traced.get("step_ms") is not None:
-        parts.append(f"traced median {units.ms(traced['step_ms'])} ms" + (f" (×{traced['inflation']:.2f})" if traced.get("inflation") else ""))
+    if stalls.threshold_ms is not None:
+        parts.append(f'stall threshold {units.ms(stalls.threshold_ms)} ms ({stalls.factor or 0:g}× the median): '
+                     f'<b id="stall-count">{len(stalls.steps or [])}</b> stall(s)' + (f', every {stalls.period}th step' if stalls.period else ""))
+    if traced.step_ms is not None:
+        parts.append(f"traced median {units.ms(traced.step_ms)} ms" + (f" (×{traced.inflation:.2f})" if traced.inflation else ""))
     return "; ".join(parts)
-
 
 # --- the sections ----------------------------------------------------------------------------------------------------
 
 def _verdict_section(report: dict) -> str:
+    run = RunView.of(report)
     out = []
-    verdict = report.get("verdict")
-    message = verdict.get("message") if isinstance(verdict, dict) else verdict
+    raw = run.raw.get("verdict")  # step_verdict's dict; a sentence in a file of format 0
+    message = run.verdict.message if run.verdict else raw if isinstance(raw, str) else None
     if message:
-        word = verdict.get("verdict") if isinstance(verdict, dict) else None
-        out.append(f'<div class="verdict"><span class="tag">{_esc(word or "verdict")}</span> <span id="verdict-message">{_esc(message)}</span></div>')
-    elif report.get("partial"):
+        out.append(f'<div class="verdict"><span class="tag">{_esc(run.verdict.verdict or "verdict")}</span> <span id="verdict-message">{_esc(message)}</span></div>')
+    elif run.partial:
         out.append('<div class="verdict"><span id="verdict-message">No verdict: the program ended before its traced steps were analysed; '
                    'the timed steps are below.</span></div>')
     for line in first_lines(report):
         out.append(f'<p class="warn">{_esc(line)}</p>')
-    if report.get("traced_verdict") and report["traced_verdict"] != message:
-        inflated = (report.get("traced") or {}).get("inflated")
-        out.append(f'<p>traced steps{" (inflated: they describe the profiler, not the program)" if inflated else ""}: '
-                   f'<span id="traced-verdict">{_esc(report["traced_verdict"])}</span></p>')
-    flags = report.get("flags") or []
-    if flags:
-        out.append('<ul class="flags">' + "".join(f'<li><code>{_esc(f.get("flag"))}</code>: {_esc(f.get("message"))}</li>' for f in flags) + "</ul>")
-    if report.get("report_error"):
-        out.append(f'<p class="warn">perflab could not analyse the traced steps: {_esc(report["report_error"])}</p>')
+    if run.traced_verdict and run.traced_verdict != message:
+        out.append(f'<p>traced steps{" (inflated: they describe the profiler, not the program)" if run.traced.inflated else ""}: '
+                   f'<span id="traced-verdict">{_esc(run.traced_verdict)}</span></p>')
+    if run.flags:
+        out.append('<ul class="flags">' + "".join(f'<li><code>{_esc(f.flag)}</code>: {_esc(f.message)}</li>' for f in run.flags) + "</ul>")
+    if run.report_error:
+        out.append(f'<p class="warn">perflab could not analyse the traced steps: {_esc(run.report_error)}</p>')
     return "\n".join(out)
-
 
 def _evidence_section(report: dict) -> str:
     """The untraced evidence the verdict rests on: the whole loop (the console's table), the figures the verdict held
     against each other, the synchronising call sites, the input's loaders and the fix."""
+    run = RunView.of(report)
     out = []
     loop = loop_table(report)
     if loop is not None:
         out.append(table_html(loop, "loop-table"))
-    ev = report.get("verdict_evidence") or {}
+    ev = run.verdict_evidence
     if ev:
-        rows = [["step: mean / median (untraced; under torchrun the slowest rank's median) ms", f"{units.ms(ev.get('mean_ms'))} / {units.ms(ev.get('step_ms'))}"]]
-        if ev.get("busy_share") is not None:
-            rows.append(["GPU busy share (untraced)", f"{units.pct(ev['busy_share'])} ({ev.get('busy_source') or '?'})"])
-        if ev.get("nvml_util") is not None:
-            rows.append(["NVML's utilization samples", units.pct(ev["nvml_util"])])
-        if ev.get("busy_ms") is not None:
-            rows.append(["GPU busy per traced step, ms" + (" (communication apart)" if ev.get("communication_apart") else ""), units.ms(ev["busy_ms"])])
-        if ev.get("host_ms") is not None:
-            rows.append([f"host issue time per step, ms ({ev.get('host_source') or '?'})", units.ms(ev["host_ms"])])
-        if ev.get("host_own_ms") is not None:
-            rows.append(["host's own time, less its waits, ms", units.ms(ev["host_own_ms"])])
-        if ev.get("input_exposed_share") is not None:
-            rows.append(["exposed waits for input, share of the wall time", units.pct(ev["input_exposed_share"])])
-        if ev.get("sync_blocked_ms") is not None:
-            rows.append(["blocked in synchronising calls, ms a step", f"{units.ms(ev['sync_blocked_ms'])} ({ev.get('syncs_per_step', 0):.3g} calls)"])
-        if ev.get("inflation") is not None:
-            rows.append(["traced ÷ untraced step", f"×{ev['inflation']:.2f}" + (" (inflated)" if ev.get("inflated") else "")])
-        for name, ms in (ev.get("categories_ms") or {}).items():
+        rows = [["step: mean / median (untraced; under torchrun the slowest rank's median) ms", f"{units.ms(ev.mean_ms)} / {units.ms(ev.step_ms)}"]]
+        if ev.busy_share is not None:
+            rows.append(["GPU busy share (untraced)", f"{units.pct(ev.busy_share)} ({ev.busy_source or '?'})"])
+        if ev.nvml_util is not None:
+            rows.append(["NVML's utilization samples", units.pct(ev.nvml_util)])
+        if ev.busy_ms is not None:
+            rows.append(["GPU busy per traced step, ms" + (" (communication apart)" if ev.communication_apart else ""), units.ms(ev.busy_ms)])
+        if ev.host_ms is not None:
+            rows.append([f"host issue time per step, ms ({ev.host_source or '?'})", units.ms(ev.host_ms)])
+        if ev.host_own_ms is not None:
+            rows.append(["host's own time, less its waits, ms", units.ms(ev.host_own_ms)])
+        if ev.input_exposed_share is not None:
+            rows.append(["exposed waits for input, share of the wall time", units.pct(ev.input_exposed_share)])
+        if ev.sync_blocked_ms is not None:
+            rows.append(["blocked in synchronising calls, ms a step", f"{units.ms(ev.sync_blocked_ms)} ({ev.syncs_per_step or 0:.3g} calls)"])
+        if ev.inflation is not None:
+            rows.append(["traced ÷ untraced step", f"×{ev.inflation:.2f}" + (" (inflated)" if ev.inflated else "")])
+        for name, ms in (ev.categories_ms or {}).items():
             rows.append([f"  traced {name}, ms a step", units.ms(ms)])
         out.append(_rows_html(["figure", "value"], rows, "the figures the verdict weighed", right={1}, table_id="evidence-table"))
-    sync = (report.get("loop") or {}).get("sync") or {}
-    if sync.get("sites"):
-        rows = [[s.get("call"), s.get("site"), f"{s.get('per_step', 0):.3g}", units.ms(s.get("blocked_ms_per_step"))] for s in sync["sites"]]
+    sites = run.loop.sync.sites
+    if sites:
+        rows = [[s.call, s.site, f"{s.per_step or 0:.3g}", units.ms(s.blocked_ms_per_step)] for s in sites]
         out.append(_rows_html(["call", "where (the program's line)", "calls a step", "ms blocked a step"], rows,
                               "synchronising calls, by source line (untraced)", right={2, 3}, table_id="sync-table"))
-    inputs = (report.get("loop") or {}).get("input") or {}
-    loaders = inputs.get("loaders") or []
-    if loaders:
+    inputs = run.loop.input
+    if inputs.loaders:
         keys = ["dataset", "batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers"]
-        rows = [[_plain(ld.get(k)) for k in keys] for ld in loaders]
+        rows = [[_plain(getattr(loader, k)) for k in keys] for loader in inputs.loaders]
         out.append(_rows_html(keys, rows, "the DataLoaders waited on", right={1, 2, 4}, table_id="loaders-table"))
-    fix = inputs.get("fix") or {}
-    if fix.get("predicted_mean_ms") is not None:
-        out.append(f"<p>The input's fix: {_esc(fix.get('workers_needed'))} workers (now {_esc(fix.get('num_workers'))}, "
-                   f"{units.ms(fix.get('batch_ms'))} ms a batch each) would bring the mean step to {units.ms(fix['predicted_mean_ms'])} ms "
-                   f"(×{fix.get('speedup', 0):.2f}).</p>")
+    fix = inputs.fix
+    if fix.predicted_mean_ms is not None:
+        out.append(f"<p>The input's fix: {_esc(fix.workers_needed)} workers (now {_esc(fix.num_workers)}, "
+                   f"{units.ms(fix.batch_ms)} ms a batch each) would bring the mean step to {units.ms(fix.predicted_mean_ms)} ms "
+                   f"(×{fix.speedup or 0:.2f}).</p>")
     return "\n".join(out)
-
 
 def _plain(value) -> str:
     return "–" if value is None else str(value)
@@ -324,11 +316,12 @@ def _plain(value) -> str:
 
 def _accounting_bar(acc_ns: dict, terms) -> str:
     """The traced window's accounting as one bar of shares (its parts add up to the wall, exactly)."""
-    wall = acc_ns.get("wall_ns") or 0
+    acc = AccountingNs(acc_ns)
+    wall = acc.wall_ns or 0
     if wall <= 0:
         return ""
-    parts = [(terms.busy, acc_ns.get("busy_ns", 0), "#4a78b5"), (terms.host_bound, acc_ns.get("host_bound_ns", 0), "#f2a33a"),
-             ("idle: kernel gap", acc_ns.get("kernel_gap_ns", 0), "#9bbbe0"), ("idle: other", acc_ns.get("other_ns", 0), "#cccccc")]
+    parts = [(terms.busy, acc.busy_ns or 0, "#4a78b5"), (terms.host_bound, acc.host_bound_ns or 0, "#f2a33a"),
+             ("idle: kernel gap", acc.kernel_gap_ns or 0, "#9bbbe0"), ("idle: other", acc.other_ns or 0, "#cccccc")]
     width, x = 1000, 0.0
     out = [f'<svg id="accounting-bar" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} 46" width="100%" role="img" aria-label="accounting">']
     legend_x = 0
@@ -345,25 +338,24 @@ def _accounting_bar(acc_ns: dict, terms) -> str:
     out.append("</svg>")
     return "\n".join(out)
 
-
 def _time_section(report: dict) -> str:
-    acc = report.get("accounting")
+    run = RunView.of(report)
+    acc = run.accounting
     if not acc:
         return '<p class="note">No traced steps were accounted (no trace, or the program ended before them).</p>'
-    terms = CPU_TERMS if (report.get("traced") or {}).get("cpu_only") else GPU_TERMS
-    out = [_accounting_bar(acc["accounting_ns"], terms),
-           table_html(accounting_table(acc["accounting_ns"], terms, "the traced steps: where the time goes (µs, exact to the ns)"), "accounting-table")]
-    top = acc.get("top_kernels") or []
+    terms = CPU_TERMS if run.traced.cpu_only else GPU_TERMS
+    out = [_accounting_bar(acc.accounting_ns.raw, terms),
+           table_html(accounting_table(acc.accounting_ns.raw, terms, "the traced steps: where the time goes (µs, exact to the ns)"), "accounting-table")]
+    top = acc.top_kernels or []
     if top:
         out.append(table_html(top_table(top, terms, with_device=len({r["device"] for r in top}) > 1), "kernels-table"))
-    categories = acc.get("categories_us") or {}
+    categories = acc.categories_us or {}
     if categories:
         total = sum(categories.values()) or 1.0
         rows = [[name, units.us(us), f"{us / total:.1%}"] for name, us in categories.items()]
         out.append(_rows_html(["category", "µs", "share"], rows, f"{terms.time} of the traced steps by category", right={1, 2},
                               table_id="categories-table"))
     return "\n".join(out)
-
 
 def _compiler_section(report: dict) -> str | None:
     table = compiler_table(report)
@@ -376,51 +368,47 @@ def _compiler_section(report: dict) -> str | None:
 
 
 def _ranks_section(report: dict, scaling: dict | None) -> str | None:
+    run = RunView.of(report)
     out = []
-    ranks = report.get("ranks") or []
-    if ranks:
-        slowest = report.get("slowest_rank")
-        rows = [[f"{r['rank']}{'*' if r['rank'] == slowest else ''}", units.ms(r.get("median_ms")),
-                 "–" if not r.get("ci95_ms") else f"{units.ms(r['ci95_ms'][0])}–{units.ms(r['ci95_ms'][1])}", _plain(r.get("steps_seen")),
-                 ", ".join(r.get("flags") or []) or "–"] for r in ranks]
-        note = "* the slowest rank: its median is the run's step" + (f"; ranks that wrote no report: {report['ranks_missing']}"
-                                                                       if report.get("ranks_missing") else "")
-        out.append(_rows_html(["rank", "step, median ms", "CI ms", "steps seen", "flags"], rows, f"per rank ({report.get('world_size')} ranks)",
+    if run.ranks:
+        rows = [[f"{r.rank}{'*' if r.rank == run.slowest_rank else ''}", units.ms(r.median_ms),
+                 "–" if not r.ci95_ms else f"{units.ms(r.ci95_ms[0])}–{units.ms(r.ci95_ms[1])}", _plain(r.steps_seen),
+                 ", ".join(r.flags or []) or "–"] for r in run.ranks]
+        note = "* the slowest rank: its median is the run's step" + (f"; ranks that wrote no report: {run.ranks_missing}"
+                                                                       if run.ranks_missing else "")
+        out.append(_rows_html(["rank", "step, median ms", "CI ms", "steps seen", "flags"], rows, f"per rank ({run.world_size} ranks)",
                               right={1, 2, 3}, table_id="ranks-table", note=note))
-    if report.get("communication"):
+    if run.communication:
         out.append(table_html(communication_table(report), "communication-table"))
-    elif report.get("communication_note"):
-        out.append(f'<p class="note">{_esc(report["communication_note"])}</p>')
+    elif run.communication_note:
+        out.append(f'<p class="note">{_esc(run.communication_note)}</p>')
     if scaling:
         out.append(table_html(scaling_table(scaling), "scaling-table"))
     return "\n".join(out) or None
 
-
 def _processes_section(report: dict) -> str | None:
-    processes = report.get("processes") or []
-    if not processes:
+    run = RunView.of(report)
+    if not run.processes:
         return None
     rows = []
-    for p in processes:
-        pids = p.get("pids") or []
-        pid = f"{pids[0]} and {len(pids) - 1} more" if len(pids) > 1 else _plain(p.get("pid"))
-        rows.append([pid, p.get("kind") or "?", (p.get("target") or "")[:120], "yes" if p.get("followed") else f"no: {p.get('why') or '?'}",
-                     _plain(p.get("rank")), _plain(p.get("steps_seen")), _plain(p.get("timed_steps")), _plain(p.get("exit_code")),
-                     _plain(p.get("count", 1))])
-    note = (f"the program stepped in {report['steps_in']}; this page is the report of {report.get('report_of')}" if report.get("steps_in") else None)
+    for p in run.processes:
+        pids = p.pids or []
+        pid = f"{pids[0]} and {len(pids) - 1} more" if len(pids) > 1 else _plain(p.pid)
+        rows.append([pid, p.kind or "?", (p.target or "")[:120], "yes" if p.followed else f"no: {p.why or '?'}",
+                     _plain(p.rank), _plain(p.steps_seen), _plain(p.timed_steps), _plain(p.exit_code),
+                     _plain(p.count if "count" in p else 1)])
+    note = f"the program stepped in {run.steps_in}; this page is the report of {run.report_of}" if run.steps_in else None
     return _rows_html(["pid", "kind", "what it ran", "followed", "rank", "steps seen", "timed", "exit code", "count"], rows,
                       "the program and the processes it started", right={4, 5, 6, 7, 8}, table_id="processes-table", note=note)
 
-
 def _trace_section(report: dict, out_dir: Path | None) -> str:
-    traced = report.get("traced") or {}
-    recorded = report.get("recorded") or {}
-    paths = [p for p in (traced.get("trace_path") or recorded.get("trace_path"), recorded.get("shapes_trace_path")) if p]
+    run = RunView.of(report)
+    paths = [p for p in (run.traced.trace_path or run.recorded.trace_path, run.recorded.shapes_trace_path) if p]
     if not paths:
         return '<p class="note">This run wrote no trace.</p>'
     ranks = []  # under torchrun every rank traced its own steps, beside rank 0's
-    if out_dir is not None and (report.get("world_size") or 1) > 1:
-        ranks = [str(p) for r in range(1, report["world_size"]) if (p := Path(out_dir) / f"rank{r}" / Path(paths[0]).name).is_file()]
+    if out_dir is not None and (run.world_size or 1) > 1:
+        ranks = [str(p) for r in range(1, run.world_size) if (p := Path(out_dir) / f"rank{r}" / Path(paths[0]).name).is_file()]
     items = []
     for path in paths + ranks:
         shown = path
@@ -462,8 +450,7 @@ ul.flags{margin:6px 0;padding-left:20px}
 def run_page_html(report: dict, *, scaling: dict | None = None, out_dir: Path | None = None) -> str:
     """The page of one run: ``report`` is run.json's dict; ``scaling``: scaling.json's (``--nproc 1,2``) where there is
     one; ``out_dir``: the run's directory (trace files under it are linked relative to the page)."""
-    options = report.get("options") or {}
-    timing = report.get("timing") or {}
+    run = RunView.of(report)
     sections = [("verdict", "The verdict", _verdict_section(report)),
                 ("steps", "Step times over the run",
                  f'<p class="sub" id="steps-caption">{_steps_caption(report)}</p>' + steps_svg(report) +
@@ -477,26 +464,26 @@ def run_page_html(report: dict, *, scaling: dict | None = None, out_dir: Path | 
             sections.append((key, title, body))
     sections.append(("trace", "The trace, in Perfetto", _trace_section(report, out_dir)))
     # the console's closing lines, less those shown above (the compiler's lines, the verdicts, the flags)
-    shown = set(compiler_lines(report)) | {f"{f.get('flag')}: {f.get('message')}" for f in report.get("flags") or []}
+    shown = set(compiler_lines(report)) | {f"{f.flag}: {f.message}" for f in run.flags}
     lines = [line for line in run_lines(report) if line not in shown and not line.startswith(("verdict: ", "traced steps"))]
-    lines += [f"perflab: {note}" for note in report.get("perflab_notes") or []]
-    if report.get("last_words"):
-        lines.append(f"the program's last words: {report['last_words']}")
+    lines += [f"perflab: {note}" for note in run.perflab_notes or []]
+    if run.last_words:
+        lines.append(f"the program's last words: {run.last_words}")
     sections.append(("notes", "Notes", '<div class="lines">' + "".join(f"<p>{_esc(x)}</p>" for x in lines) + "</div>"))
-    ended = f", the program ended by {report['ended_by']} (exit code {report.get('exit_code')})" if report.get("ended_by") else ""
-    sub = (f"steps: {_esc(report.get('steps_from'))} · device {_esc(report.get('device'))} · "
-           f"{_esc(timing.get('steps', 0))} timed, {_esc((report.get('traced') or {}).get('steps', 0))} traced"
-           + (f" · {report['world_size']} ranks" if (report.get("world_size") or 1) > 1 else "")
-           + f" · run {_esc(report.get('run_id'))}" + (" · partial: the program ended before the traced steps" if report.get("partial") else "")
+    ended = f", the program ended by {run.ended_by} (exit code {run.exit_code})" if run.ended_by else ""
+    sub = (f"steps: {_esc(run.steps_from)} · device {_esc(run.device)} · "
+           f"{_esc(run.timing.steps or 0)} timed, {_esc(run.traced.steps or 0)} traced"
+           + (f" · {run.world_size} ranks" if (run.world_size or 1) > 1 else "")
+           + f" · run {_esc(run.run_id)}" + (" · partial: the program ended before the traced steps" if run.partial else "")
            + _esc(ended))
     body = "\n".join(f'<section id="{key}"><h2>{_esc(title)}</h2>\n{content}\n</section>' for key, title, content in sections)
     nav = "".join(f'<a href="#{key}">{_esc(title.split(":")[0].split(" (")[0])}</a>' for key, title, _ in sections)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">'
-            f"<title>perflab run: {_esc(report.get('program'))}</title><style>{CSS}</style></head>\n"
-            f'<body><nav>{nav}</nav><main>\n<h1>perflab run: <span id="program">{_esc(report.get("program"))}</span></h1>'
-            f'<p class="sub">{sub}</p>\n<p class="note">Made from {_esc(options.get("out_dir", "OUT"))}/run.json by perflab; '
+            f"<title>perflab run: {_esc(run.program)}</title><style>{CSS}</style></head>\n"
+            f'<body><nav>{nav}</nav><main>\n<h1>perflab run: <span id="program">{_esc(run.program)}</span></h1>'
+            f'<p class="sub">{sub}</p>\n<p class="note">Made from {_esc(run.options.out_dir if "out_dir" in run.options else "OUT")}/run.json by perflab; '
             f"every figure here is run.json's, formatted as the console report formats it.</p>\n{body}\n</main></body></html>\n")
 
 
@@ -505,18 +492,19 @@ def scaling_page_html(section: dict, runs: dict[int, dict], out_dir: Path | None
     to its own page (``nprocN/report.html``)."""
     rows = []
     for n, report in runs.items():
-        verdict = report.get("verdict")
-        message = verdict.get("message") if isinstance(verdict, dict) else verdict
-        rows.append(f'<tr><td class="r">{n}</td><td class="r">{units.ms(report.get("step_ms") or (report.get("timing") or {}).get("median_ms"))}</td>'
+        run = RunView.of(report)
+        raw = run.raw.get("verdict")  # step_verdict's dict; a sentence in a file of format 0
+        message = run.verdict.message if run.verdict else raw if isinstance(raw, str) else None
+        rows.append(f'<tr><td class="r">{n}</td><td class="r">{units.ms(run.step_ms or run.timing.median_ms)}</td>'
                     f'<td class="l">{_esc(message or "–")}</td><td class="l"><a href="nproc{n}/{PAGE}">nproc{n}/{PAGE}</a></td></tr>')
     runs_table = ('<figure class="tbl"><figcaption>each rank count\'s run</figcaption><table><thead><tr><th class="r">ranks</th>'
                   '<th class="r">step ms</th><th class="l">verdict</th><th class="l">its page</th></tr></thead><tbody>'
                   + "".join(rows) + "</tbody></table></figure>")
-    program = next((r.get("program") for r in runs.values() if r.get("program")), "?")
+    program = next((RunView.of(r).program for r in runs.values() if RunView.of(r).program), "?")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f'<link rel="icon" href="data:,"><title>perflab run --nproc: {_esc(program)}</title><style>{CSS}</style></head>\n'
             f'<body><main><h1>perflab run: <span id="program">{_esc(program)}</span></h1>'
-            f'<p class="sub">at {", ".join(str(n) for n in section.get("counts") or [])} rank(s); the scaling over {_esc(section.get("base"))}</p>\n'
+            f'<p class="sub">at {", ".join(str(n) for n in Scaling(section).counts or [])} rank(s); the scaling over {_esc(Scaling(section).base)}</p>\n'
             f'<section id="scaling"><h2>Scaling</h2>{table_html(scaling_table(section), "scaling-table")}\n{runs_table}</section>'
             f"</main></body></html>\n")
 
@@ -548,7 +536,7 @@ def write_run_page(out_dir, report: dict | None = None) -> Path:
         if scaling is None:
             raise PerflabError(f"{out}: no run.json here: give the --out directory of a `perflab run`")
         runs = {}
-        for n in scaling.get("counts") or []:
+        for n in Scaling(scaling).counts or []:
             path = out / f"nproc{n}" / "run.json"
             if path.is_file():
                 runs[n] = load_run(path)
