@@ -27,7 +27,7 @@ from pathlib import Path
 
 from perflab.program.guard import say
 from perflab.program.recorder import Rank, RunOptions, instances_alive, rank_dir
-from perflab.records.run_report import ABSENT, RANK_FILE, RunReport, read, save
+from perflab.records.run_report import ABSENT, RANK_FILE, RunReport, RunView, read, save
 
 WAIT_S = 300.0
 GPU_SWEEP_SIZES = tuple(2**k for k in range(20, 29, 2))  # 1 MiB .. 256 MiB: beside a model already in memory
@@ -210,9 +210,8 @@ def _rank_ended(folder: Path, run_id: str | None) -> bool:
 
 def _rank_loop(report: RunReport) -> dict:
     """A rank's whole loop, for the ranks' table: its mean step and its exposed wait for input a step (``analysis.loop``)."""
-    loop = report.section("loop")
-    inputs = loop.get("input") or {}
-    return {"mean_ms": loop.get("mean_ms"), "input_exposed_ms": inputs.get("exposed_ms_per_step"), "input_share": inputs.get("exposed_share")}
+    loop = RunView.of(report).loop
+    return {"mean_ms": loop.mean_ms, "input_exposed_ms": loop.input.exposed_ms_per_step, "input_share": loop.input.exposed_share}
 
 
 def merge(reports: dict[int, RunReport], world: int, ended: set[int] | frozenset = frozenset()) -> dict:
@@ -226,11 +225,11 @@ def merge(reports: dict[int, RunReport], world: int, ended: set[int] | frozenset
 
     own = reports[0]
     missing = sorted(set(range(world)) - set(reports))
-    timings = {r: rep.section("timing") for r, rep in reports.items()}
-    medians = {r: timing.get("median_ms") for r, timing in timings.items()}
-    merged: dict = {"ranks": [{"rank": r, "median_ms": medians[r], "ci_ms": timings[r].get("ci95_ms"), "ci_coverage": timings[r].get("ci_coverage"),
-                               "ci95_ms": timings[r].get("ci95_ms"), "steps_seen": reports[r].section("recorded").get("steps_seen"),
-                               "flags": [f["flag"] for f in reports[r].flags or []], **_rank_loop(reports[r])}
+    views = {r: RunView.of(rep) for r, rep in reports.items()}
+    medians = {r: view.timing.median_ms for r, view in views.items()}
+    merged: dict = {"ranks": [{"rank": r, "median_ms": medians[r], "ci_ms": views[r].timing.ci95_ms, "ci_coverage": views[r].timing.ci_coverage,
+                               "ci95_ms": views[r].timing.ci95_ms, "steps_seen": views[r].recorded.steps_seen,
+                               "flags": [f.flag for f in views[r].flags], **_rank_loop(reports[r])}
                               for r in sorted(reports)]}
     known = {r: m for r, m in medians.items() if m}
     slowest = max(known, key=known.get) if known else None
@@ -244,8 +243,8 @@ def merge(reports: dict[int, RunReport], world: int, ended: set[int] | frozenset
                 f"{len(reports)} that wrote one")
         if late:
             say(f"perflab: rank(s) {late} wrote no report within {WAIT_S:.0f} s; merging the {len(reports)} that did")
-    paths = [reports[r].section("recorded").get("trace_path") for r in sorted(reports)]
-    steps = own.section("traced").get("steps") or 1
+    paths = [views[r].recorded.trace_path for r in sorted(reports)]
+    steps = views[0].traced.steps or 1
     if not (all(paths) and len(paths) == world):
         merged["communication_note"] = "not every rank wrote a trace: no merged accounting"
         return merged
@@ -271,7 +270,7 @@ def merge(reports: dict[int, RunReport], world: int, ended: set[int] | frozenset
         # a peer's inflated traced steps make this rank wait as its own do: the most inflated rank speaks for all, by
         # the figures the communication table prints beside the verdict (as the scaling table judges the ranks)
         inflations = [x for x in map(rank_inflation, comm["ranks"]) if x is not None]
-        limit = own.section("traced").get("inflation_limit") or INFLATION_LIMIT
+        limit = views[0].traced.inflation_limit or INFLATION_LIMIT
         if inflations:
             evidence = dict(evidence, inflated=bool(evidence.get("inflated") or max(inflations) > limit), inflation=max(inflations))
         evidence = dict(evidence, step_ms=step_ms or evidence.get("step_ms"))

@@ -66,7 +66,7 @@ from pathlib import Path
 
 from perflab.errors import PerflabError
 from perflab.records.row import FORMAT_KEY, ROW_FORMAT
-from perflab.records.run_report import RANK_FILE, RunReport
+from perflab.records.run_report import RANK_FILE, RunReport, RunView
 from perflab.records.run_report import read as read_run_report
 from perflab.sweep.versions import Version, _set_env
 
@@ -425,24 +425,23 @@ def run_side(v: ProgramVersion, options: RoundOptions, out_dir: Path, r: int, pl
     report = _read_json(run_dir / "run.json")
     if code != 0 or report is None:
         raise SideFailed(failure_line(v, r, code, report, log))
-    loop = report.loop if isinstance(report.loop, dict) else None
-    steps = (loop or {}).get("steps") or 0
+    run = RunView.of(report)
+    steps = run.loop.steps or 0
     if steps < options.steps:
         raise SideFailed(f"{side_words(v, r)}: the program timed {steps} of the {options.steps} steps asked for (it ended after "
-                         f"{report.section('recorded').get('steps_seen')} steps); lower --skip or --steps, or let it run longer "
+                         f"{run.recorded.steps_seen} steps); lower --skip or --steps, or let it run longer "
                          f"(its output: {log})")
     mean, statistic = step_of(report, run_dir, options.nproc)
-    throughput = dict(loop.get("throughput") or {})
-    flags = [f.get("flag") for f in report.flags or [] if isinstance(f, dict)] + host_flags(report.section("timing"))
+    throughput = dict(run.loop.throughput.raw)
+    flags = [f.flag for f in run.flags if f] + host_flags(run.timing.raw)
     verdict = None
     if traced:
-        given = report.verdict
-        if isinstance(given, dict) and given.get("verdict"):
-            verdict = {"verdict": given.get("verdict"), "message": given.get("message")}
+        if run.verdict.verdict:
+            verdict = {"verdict": run.verdict.verdict, "message": run.verdict.message}
         else:
             verdict = {"verdict": None, "message": report.report_error or ("the program ended before its traced steps" if report.partial
                                                                            else "no verdict: nothing was traced")}
-    return Round(r, run_dir, started, place, mean, statistic, loop.get("median_ms"), throughput, flags, verdict, traced)
+    return Round(r, run_dir, started, place, mean, statistic, run.loop.median_ms, throughput, flags, verdict, traced)
 
 
 def host_flags(timing: dict) -> list[str]:
@@ -483,14 +482,14 @@ def step_of(report: RunReport, run_dir: Path, nproc: int | None) -> tuple[float,
         means = []
         for rank in range(nproc):
             rank_report = _read_json(run_dir / f"rank{rank}" / RANK_FILE)
-            loop = rank_report.section("loop") if rank_report is not None else {}
-            if _positive(loop.get("mean_ms")):
-                means.append(float(loop["mean_ms"]))
+            rank_mean = RunView.of(rank_report).loop.mean_ms if rank_report is not None else None
+            if _positive(rank_mean):
+                means.append(float(rank_mean))
         if len(means) == nproc:
             return max(means), "mean step of the slowest rank"
         if _positive(report.step_ms):
             return float(report.step_ms), "median step of the slowest rank (not every rank's mean was written)"
-    mean = report.section("loop").get("mean_ms")
+    mean = RunView.of(report).loop.mean_ms
     if not _positive(mean):
         raise SideFailed(f"{run_dir / 'run.json'}: holds no mean step (loop.mean_ms)")
     return float(mean), "mean step"
