@@ -758,18 +758,17 @@ def run_trace(item):
     from pathlib import Path
 
     from perflab.errors import PerflabError
-    from perflab.records.run_report import NOT_AN_OBJECT, RUN_FILE, UnreadableReport, load
+    from perflab.records.run_report import NOT_AN_OBJECT, RUN_FILE, RunView, UnreadableReport, load
 
     path = Path(str(item))
     if path.name != RUN_FILE:
         return path
     try:
-        traced = load(path).section("traced")
+        trace = RunView.of(load(path)).traced.trace_path
     except UnreadableReport as exc:
         if exc.reason != NOT_AN_OBJECT:
             raise PerflabError(f"{path}: cannot read it as perflab run's report ({exc.reason})") from None
-        traced = {}  # JSON, but no report: no trace named
-    trace = traced.get("trace_path")
+        trace = None  # JSON, but no report: no trace named
     if not isinstance(trace, str) or not trace:
         raise PerflabError(f"{path}: its run traced no step (perflab run --trace 0, or it ended first); compare needs a trace")
     return path.parent / Path(trace).name  # beside it, wherever the run was started from

@@ -42,7 +42,7 @@ from perflab.analysis.accounting import IDLE_CAUSES, account, step_windows, wind
 from perflab.analysis.devices import devices_of
 from perflab.analysis.names import short_names
 from perflab.errors import PerflabError
-from perflab.records.run_report import RunReport
+from perflab.records.run_report import RunReport, RunView
 from perflab.records.run_report import read as read_run_report
 from perflab.stats import LEVEL, Difference, units_needed, welch_difference
 from perflab.trace.schema import WORK_KINDS, Trace
@@ -415,9 +415,9 @@ def qualify(c: TraceComparison, runs=(None, None), untraced_rows=(None, None), t
     from perflab.analysis.regressions import compare_case
 
     for label, run in zip(c.labels, runs):
-        traced = _mapping(run, "traced")
-        inflation = traced.get("inflation")
-        if "trace_inflated" in _flag_names(run) or traced.get("inflated") is True:
+        traced = _view(run).traced
+        inflation = traced.inflation
+        if "trace_inflated" in _flag_names(run) or traced.inflated is True:
             c.inflated.append({"side": label, "inflation": float(inflation) if _positive(inflation) else None})
     if c.inflated:
         each = "; ".join(f"{x['side']}'s traced steps took ×{x['inflation']:.2f} its untraced ones" if x["inflation"] else
@@ -441,8 +441,8 @@ def _timing_row(run: RunReport | None, label: str, per_step: float | None = None
     """A run.json's untraced timing as a result row ``compare_case`` reads (its median, its CI, its flags), or None
     where it holds none that is a positive median inside a positive interval. ``per_step``: the samples (or tokens) a
     step, where the time a sample (token) is compared: the median and its CI divided by it."""
-    timing = _mapping(run, "timing")
-    median, ci = timing.get("median_ms"), timing.get("ci_ms") or timing.get("ci95_ms")
+    timing = _view(run).timing
+    median, ci = timing.median_ms, timing.ci_ms or timing.ci95_ms
     if not _positive(median) or not isinstance(ci, list) or len(ci) != 2 or not all(map(_positive, ci)) or not ci[0] <= median <= ci[1]:
         return None
     scale = float(per_step) if _positive(per_step) else 1.0
@@ -454,16 +454,17 @@ def untraced_loop(run: RunReport | None, label: str) -> dict | None:
     """A run.json's untraced steps as ``compare`` shows them beside its verdict: the median with its CI, the mean (the
     program's wall time a step), and the throughput (``loop``: steps, samples and tokens a second, and a step); None
     where the run holds no timing."""
-    timing, loop = _mapping(run, "timing"), _mapping(run, "loop")
-    if not _positive(timing.get("median_ms")):
+    run_view = _view(run)
+    timing, loop = run_view.timing, run_view.loop
+    if not _positive(timing.median_ms):
         return None
-    throughput = loop.get("throughput") if isinstance(loop.get("throughput"), dict) else {}
+    throughput = loop.throughput
     number = lambda x: float(x) if _positive(x) else None  # noqa: E731
-    ci = timing.get("ci_ms") or timing.get("ci95_ms")
-    return {"side": label, "median_ms": float(timing["median_ms"]),
+    ci = timing.ci_ms or timing.ci95_ms
+    return {"side": label, "median_ms": float(timing.median_ms),
             "ci_ms": [float(x) for x in ci] if isinstance(ci, list) and len(ci) == 2 and all(map(_positive, ci)) else None,
-            "mean_ms": number(loop.get("mean_ms")), "steps_per_s": number(loop.get("steps_per_s")),
-            **{key: number(throughput.get(key)) for key in ("samples_per_step", "tokens_per_step", "samples_per_s", "tokens_per_s")}}
+            "mean_ms": number(loop.mean_ms), "steps_per_s": number(loop.steps_per_s),
+            **{key: number(getattr(throughput, key)) for key in ("samples_per_step", "tokens_per_step", "samples_per_s", "tokens_per_s")}}
 
 
 def work_unit(a: dict | None, b: dict | None) -> str:
@@ -478,8 +479,9 @@ def work_unit(a: dict | None, b: dict | None) -> str:
     return "sample" if differ("samples_per_step") else "step"
 
 
-def _mapping(run: RunReport | None, key: str) -> dict:
-    return run.section(key) if run is not None else {}
+def _view(run: RunReport | None) -> RunView:
+    """A side's run.json read by attribute (an empty one where the side has none)."""
+    return RunView.of(run) if run is not None else RunView()
 
 
 def _flag_names(run: RunReport | None) -> list[str]:

@@ -276,7 +276,7 @@ class Follower:
         ``report_of`` the file's path), or None: the spawned ranks' merge (``OUT/spawn/run.json``), else the first
         followed process's that timed steps."""
         from perflab.errors import PerflabError
-        from perflab.records.run_report import load
+        from perflab.records.run_report import RunView, load
 
         out = Path(self.config["out_dir"])
         candidates = [out / SPAWN / "run.json"] + [Path(r["report"]) for r in records if r.get("report") and r.get("timed_steps")]
@@ -285,7 +285,7 @@ class Follower:
                 report = load(path)
             except PerflabError:  # none there, or not one this perflab reads
                 continue
-            if report.run_id == self.config.get("run_id") and report.section("timing").get("steps"):
+            if report.run_id == self.config.get("run_id") and RunView.of(report).timing.steps:
                 report.report_of = str(path)
                 return report
         return None

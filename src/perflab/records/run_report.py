@@ -693,17 +693,16 @@ class RunReport:
         return [f["flag"] for f in flags if isinstance(f, dict) and isinstance(f.get("flag"), str)] if isinstance(flags, list) else []
 
 
-RunView = type("RunView", (Section,), {
-    "__module__": __name__, "__annotations__": dict(RunReport.__annotations__),
-    "__doc__": """A run.json read by attribute, its sections as their ``Section``s: the keys are ``RunReport``'s fields
-    (one declaration). ``RunView.of(report)`` takes a ``RunReport`` or run.json's dict."""})
+class RunView(Section):
+    """A run.json read by attribute, its sections as their ``Section``s: the keys are ``RunReport``'s fields, with the
+    types they are annotated with there (one declaration)."""
 
+    __annotations__ = dict(RunReport.__annotations__)
 
-def _view_of(cls, report) -> Section:
-    return cls(report.to_dict() if isinstance(report, RunReport) else report)
-
-
-RunView.of = classmethod(_view_of)
+    @classmethod
+    def of(cls, report) -> RunView:
+        """The view of a ``RunReport`` (its run.json dict) or of run.json's dict itself."""
+        return cls(report.to_dict() if isinstance(report, RunReport) else report)
 
 
 class UnreadableReport(PerflabError):
