@@ -193,3 +193,36 @@ def test_a_profiler_warm_up_that_fails_leaves_the_run_whole_and_is_said_after_th
     assert report["timing"]["steps"] == STEPS and report["traced"]["steps"] == TRACE
     err = capsys.readouterr().err
     assert "could not start its profiler ahead" in err and "CUPTI refused" in err
+
+
+RECORDS = __import__("pathlib").Path(__file__).parent / "data" / "records"
+
+
+def test_perflabs_own_work_longer_than_a_host_bound_step_is_flagged_with_its_step_and_cost():
+    """The host-bound compiled GPT-2 loop on an H200 (thirteenth session's run.json): the pass with shapes' stop took
+    37.3 ms at the boundary after perflab's step 239, against a 30.373 ms median step. The flag names the step and the
+    cost; its estimate of the program's step (median + the work) is a floor of what the program's own clock read
+    there: 82.78 ms at its iteration 238 (docs/performance/whole-loop-h200/own-clock-2026-11-29c/after/sync_own.jsonl;
+    the rest is the recorded step's own slowing)."""
+    from perflab.program.report import own_work_checks, run_report_checks
+
+    report = json.loads((RECORDS / "sync_compiled_h200_run.json").read_text())
+    (check,) = own_work_checks(report)
+    assert check.flag == "perflab_slowed_a_step"
+    assert "after its step 239 (stop the profiler, 37.3 ms in all)" in check.message and "(30.373 ms)" in check.message
+    estimate = 30.37337589263916 + 37.288  # the median, and the whole boundary's work (its stop 37.274 ms of it)
+    assert f"at least about {estimate:.1f} ms, ×{estimate / 30.373:.1f} the median" in check.message
+    assert estimate <= 82.78  # the program's own clock at that step
+    assert "--no-shapes" in check.message
+    assert "perflab_slowed_a_step" in [f["flag"] for f in run_report_checks(report)]
+
+
+def test_a_gpu_bound_or_cpu_program_is_not_flagged_for_perflabs_own_work():
+    """A GPU-bound program's queued GPU work hides perflab's work at a boundary (the spawned ResNet-50's stop of 111 ms
+    against a 62 ms step made no spike on the trainers' own clocks); a CPU run has no GPU to judge by."""
+    from perflab.program.report import own_work_checks
+
+    spawn = json.loads((RECORDS / "spawn_resnet50_h200_run.json").read_text())
+    assert spawn["verdict"]["verdict"] == "GPU-bound" and max(w["ms"] for w in spawn["recorded"]["own_work"]) > spawn["timing"]["median_ms"]
+    assert own_work_checks(spawn) == []
+    assert own_work_checks(json.loads((RECORDS / "mlp_cpu_run.json").read_text())) == []

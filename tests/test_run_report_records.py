@@ -151,7 +151,8 @@ def undeclared(view, path: str = "") -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["mlp_cpu_run.json", "nanogpt_h200_run_format0.json", "spawn_resnet50_h200_run.json"])
+@pytest.mark.parametrize("name", ["mlp_cpu_run.json", "nanogpt_h200_run_format0.json", "spawn_resnet50_h200_run.json",
+                                  "sync_compiled_h200_run.json"])
 def test_the_declared_sections_name_every_key_a_run_writes(name):
     """Each section is declared once (``records.run_report``'s ``Section``s, ``RunView`` from ``RunReport``'s fields):
     every key of a CPU run, of an H200 nanoGPT run of format 0, and of a spawned ResNet-50's H200 run (its loop's

@@ -19,7 +19,7 @@ from pathlib import Path
 from perflab.measure.checks import Check
 from perflab.program.guard import say
 from perflab.program.recorder import SHAPES_FILE, TRACE_FILE, Rank, Recorded, RunOptions, module_bytes, rank_dir
-from perflab.records.run_report import RunReport
+from perflab.records.run_report import RunReport, RunView
 
 
 # the record's step times (in timing and traced) and the loop's raw columns (summed up in loop): not in recorded
@@ -203,6 +203,7 @@ def run_report_checks(report: RunReport | dict) -> list[dict]:
             checks += spread_checks(timing["cv"], timing.get("modes"), timing.get("median_ms"))
         if timing["steps"] < MIN_STEPS:
             checks.append(Check("few_steps", f"only {timing['steps']} timed steps: raise --steps for a median and CI worth the name"))
+    checks += own_work_checks(report)
     flops = report.get("flops")
     if flops and not flops["complete"]:
         why = []
@@ -218,3 +219,31 @@ def run_report_checks(report: RunReport | dict) -> list[dict]:
         lead = "FLOPs are a lower bound: " if flops["known"] else "FLOPs unknown (and MFU left out): "
         checks.append(Check("flops_incomplete", lead + "; ".join(why)))
     return [{"flag": c.flag, "message": c.message} for c in checks if c is not None]
+
+
+HOST_SETS_THE_STEP = ("launch-bound", "synchronisation-bound")  # verdicts where the host's every millisecond is the step's
+
+
+def own_work_checks(report: RunReport | dict) -> list[Check]:
+    """``perflab_slowed_a_step`` on a GPU, where the host sets the step, when perflab's own work at a step boundary
+    (``recorded.own_work``) took longer than the median step: the program's own clock reads that step about twice its
+    neighbours or more, outside every
+    timed and traced step. On a host-bound compiled loop the stop of the pass with shapes does (43 ms against a 33 ms
+    step on an H200: torch's own stop, docs/performance/run.md); the flag says where and how much, and what leaves it out."""
+    run = RunView.of(report)
+    median = run.timing.median_ms
+    if run.recorded.device != "cuda" or not median or run.verdict.verdict not in HOST_SETS_THE_STEP:
+        return []  # a GPU-bound program's host has slack: its queued GPU work hides perflab's (the trainers' clocks: no spike)
+    # the first boundary's work (the profiler's warm-up) lands in the program's first step, which holds its own start-up
+    slow = [w for w in run.recorded.own_work if (w.ms or 0) > median and (w.step or 0) > 1]
+    if not slow:
+        return []
+    worst = max(slow, key=lambda w: w.ms)
+    part = max((w for w in (worst.parts or {}).items()), key=lambda kv: kv[1], default=("perflab's work", worst.ms))[0]
+    shapes = " (--no-shapes leaves out the pass with shapes, whose stop is the costliest on a host-bound program, and the FLOPs with it)" \
+        if run.options.record_shapes else ""
+    more = f", and at {len(slow) - 1} more boundar{'y' if len(slow) == 2 else 'ies'}" if len(slow) > 1 else ""
+    return [Check("perflab_slowed_a_step", f"perflab's own work at the boundary after its step {worst.step} ({part}, {worst.ms:.1f} ms in all) "
+                                           f"took longer than the median step ({median:.3f} ms){more}: the program's own clock reads that step at least about "
+                                           f"{median + worst.ms:.1f} ms, ×{1 + worst.ms / median:.1f} the median; no timed or traced step "
+                                           f"holds it{shapes}")]

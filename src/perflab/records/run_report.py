@@ -457,6 +457,16 @@ class LimitHit(Section):
     last_reason: str | None
 
 
+class OwnWork(Section):
+    """perflab's own work at one step boundary (``program.recorder``): perflab's step, its phase, the milliseconds and
+    their parts. It lands in the program's own step that holds the boundary."""
+
+    step: int
+    phase: str
+    ms: float
+    parts: dict
+
+
 class RecordedSection(Section):
     """What the recorder saw (``program.recorder.Recorded``), less the step times (in timing and traced)."""
 
@@ -472,7 +482,7 @@ class RecordedSection(Section):
     compile_phases: dict
     limit_hits: list[LimitHit]
     optimizers: list
-    own_work: list
+    own_work: list[OwnWork]
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
     peak_rss_bytes: int | None
