@@ -19,18 +19,23 @@ from perflab.analysis.loop import loop_section, stall_line
 SKIP, STEPS = 4, 16
 
 
-def assert_own_clock(samples, own) -> None:
-    """perflab's steps are the program's own clock's over the same steps (a steady step): their means within 8%, and
-    step by step the median of their ratios within 10%. A step of perflab's runs from one optimizer step's start to the
-    next, an iteration of the program's from its loop's top, so one step's two clocks differ by where the boundary
-    falls; their sums over the same steps telescope. On a shared 2-core host one held-up step moved a mean of eleven by
-    3.3%, and under CI's two pytest workers a two-rank DDP program's per-step ratios ran 0.91-1.22 (the six printed; median 0.962);
-    a wrong window (another process's steps, perflab's own work inside them: 0.3 s against 13 ms) is far outside both."""
+def assert_own_clock(samples, own_all, first: int) -> None:
+    """perflab's steps are the program's own clock's over the same steps (``own_all[first:first + n]``: iteration k ends
+    perflab's step k + 1): step by step the median of their ratios within 10%, and the whole window inside its
+    bounds. A step of perflab's runs from one optimizer step to the next, an iteration of the program's from its
+    loop's top, so perflab's n steps begin inside iteration ``first - 1`` and end inside iteration ``first + n - 1``:
+    they hold the n - 1 iterations between and lie inside the n + 1 around them (2% for the two clocks). That holds
+    whatever the host does; a mean of eight compared alone moved by 13% under CI's two pytest workers, a host hold-up
+    of 8 ms falling in the part of the first iteration after its boundary. Under that load a two-rank DDP program's
+    per-step ratios ran 0.91-1.22 (median 0.962); a wrong window (another process's steps, perflab's own work inside
+    them: 0.3 s against 13 ms) is far outside both."""
+    own = own_all[first:first + len(samples)]
     assert len(samples) == len(own) > 2
     ratios = sorted(s / o for s, o in zip(samples, own))
     median = (ratios[(len(ratios) - 1) // 2] + ratios[len(ratios) // 2]) / 2
     assert median == pytest.approx(1.0, rel=0.10), (samples, own)
-    assert sum(samples) / len(samples) == pytest.approx(sum(own) / len(own), rel=0.08), (samples, own)
+    inside, around = sum(own_all[first:first + len(samples) - 1]), sum(own_all[first - 1:first + len(samples)])
+    assert inside * 0.98 <= sum(samples) <= around * 1.02, (sum(samples), inside, around, samples, own)
 
 # a trainer whose DataLoader (in the main process) stalls for 60 ms on every 4th batch: its own clock times each wait for
 # data and each iteration, as the ImageNet example's `Data` and `Time` meters do
@@ -211,8 +216,7 @@ def test_a_rank_the_program_spawns_is_measured_in_the_child_and_its_step_is_its_
     assert rank[0]["exit_code"] == 0
     # its own clock over the same steps (iteration k ends perflab's step k + 1), the last one too: perflab's own work (the
     # timed steps written, its profiler started) waits for the step after it
-    own = json.loads(own_path.read_text())[3:15]
-    assert_own_clock(report["timing"]["samples_ms"], own)
+    assert_own_clock(report["timing"]["samples_ms"], json.loads(own_path.read_text()), 3)
     assert report["recorded"]["optimizers"] == ["SGD"] and report["traced"]["steps"] == 2
 
 
@@ -338,9 +342,8 @@ def test_two_ranks_the_program_spawns_are_each_measured_and_merged_as_torchruns(
     assert sorted(p["rank"] for p in ranks) == [0, 1] and all(p["steps_seen"] == 15 for p in ranks)
     for r in (0, 1):
         # iteration k ends perflab's step k + 1; the last timed one too: perflab's own work waits for the step after it
-        own = json.loads((tmp_path / f"own{r}.json").read_text())[3:11]
         samples = json.loads((tmp_path / "out" / "spawn" / f"rank{r}" / "rank.json").read_text())["timing"]["samples_ms"]
-        assert_own_clock(samples, own)
+        assert_own_clock(samples, json.loads((tmp_path / f"own{r}.json").read_text()), 3)
 
 
 # a program that times each of its iterations itself (benchmarks/own_clock_cpu.py's: an MLP, AdamW, 10 ms of sleep)
