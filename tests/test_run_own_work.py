@@ -226,3 +226,60 @@ def test_a_gpu_bound_or_cpu_program_is_not_flagged_for_perflabs_own_work():
     assert spawn["verdict"]["verdict"] == "GPU-bound" and max(w["ms"] for w in spawn["recorded"]["own_work"]) > spawn["timing"]["median_ms"]
     assert own_work_checks(spawn) == []
     assert own_work_checks(json.loads((RECORDS / "mlp_cpu_run.json").read_text())) == []
+
+
+def test_a_followed_child_on_a_gpu_without_peaks_makes_its_report_after_the_program_too(tmp_path, monkeypatch, capsys):
+    """A process whose report cannot be made in a job of its own (a spawned rank perflab follows: ``_job_possible``
+    False) made it at the traced steps' end, measuring this GPU's peaks there, inside the program's step: a spawned
+    ResNet-50's own clock on a fresh H200 read 1325.8 ms for that step against a 62.4 ms median. Now it waits for the
+    program's end there too. Planted here as a GPU at the traced steps' end, with no peaks cached."""
+    import perflab.program.report as report_module
+    import perflab.program.run as run_module
+
+    monkeypatch.setattr(report_module, "_cached_ceilings", lambda: None)
+    monkeypatch.setattr(run_module.Run, "_job_possible", property(lambda self: False))
+    written = {}
+    on_traced, write = run_module.Run._on_traced, run_module.Run._write_kept
+
+    def as_on_a_gpu(self, recorder):
+        recorder.data.device = "cuda"
+        try:
+            on_traced(self, recorder)
+        finally:
+            recorder.data.device = "cpu"
+        written["deferred"] = self._deferred
+        written["at_traced"] = written.get("writes", 0)
+
+    def counting_write(self, recorder, ended_early, outcome=None, quiet=False):
+        written["writes"] = written.get("writes", 0) + 1
+        return write(self, recorder, ended_early, outcome, quiet)
+
+    monkeypatch.setattr(run_module.Run, "_on_traced", as_on_a_gpu)
+    monkeypatch.setattr(run_module.Run, "_write_kept", counting_write)
+    report = run(tmp_path)
+    assert written["deferred"] and written["at_traced"] == written["writes"] - 1  # the whole report only at the end
+    assert "measured once, after the program" in capsys.readouterr().err
+    assert report["verdict"] is not None and report["timing"]["steps"] == STEPS
+
+
+def test_with_peaks_cached_a_followed_child_makes_its_report_at_the_traced_steps_end(tmp_path, monkeypatch):
+    import perflab.program.report as report_module
+    import perflab.program.run as run_module
+
+    monkeypatch.setattr(report_module, "_cached_ceilings", lambda: {"planted": True})
+    monkeypatch.setattr(run_module.Run, "_job_possible", property(lambda self: False))
+    seen = {}
+    on_traced = run_module.Run._on_traced
+
+    def as_on_a_gpu(self, recorder):
+        recorder.data.device = "cuda"
+        try:
+            assert self._peaks_to_measure(recorder) is False
+        finally:
+            recorder.data.device = "cpu"
+        on_traced(self, recorder)
+        seen["deferred"] = self._deferred
+
+    monkeypatch.setattr(run_module.Run, "_on_traced", as_on_a_gpu)
+    run(tmp_path)
+    assert seen["deferred"] is False

@@ -48,6 +48,10 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+PEAKS_AFTER = ("perflab: this GPU's peaks (for MFU and the floors) are measured once, after the program, when they touch none "
+               "of its steps; the report follows them (later runs read them from the cache)")
+
+
 @dataclass
 class RunResult:
     exit_code: int
@@ -266,10 +270,24 @@ class Run:
 
     def _on_traced(self, recorder: Recorder) -> None:
         # deferred (_on_facts): made after the program (finish), where measuring this GPU's peaks touches none of its steps
+        if not self._deferred and not self._job_possible and self._peaks_to_measure(recorder):
+            self._deferred = True  # a followed child makes its report here: the same wait for the program's end
+            say(PEAKS_AFTER)
         if not self._deferred and not self._start_report_job(recorder):
             self._write_kept(recorder, ended_early=False)
         if self.options.stop_after:
             raise StopProgram()
+
+    def _peaks_to_measure(self, recorder: Recorder) -> bool:
+        """The report made in the program's process would measure this GPU's peaks in a step of the program: on a GPU
+        whose peaks were never measured, in a process that is no torchrun rank (the all-reduce sweep and the ranks' merge
+        must run while every rank still steps), without --stop-after. A spawned ResNet-50's own clock on a fresh H200 read
+        1325.8 ms for that step, against a 62.4 ms median."""
+        from perflab.program.report import _cached_ceilings
+
+        if recorder.data.device != "cuda" or self.rank.distributed or self.options.stop_after:
+            return False
+        return _cached_ceilings() is None  # (an unreadable cache reads as none)
 
     @property
     def _job_possible(self) -> bool:
@@ -291,8 +309,7 @@ class Run:
             self._deferred = True
         elif recorder.data.device == "cuda" and self._facts["ceilings"] is None:
             self._deferred = True
-            say("perflab: this GPU's peaks (for MFU and the floors) are measured once, after the program, when they touch none "
-                "of its steps; the report follows them (later runs read them from the cache)")
+            say(PEAKS_AFTER)
 
     def _context(self) -> RunContext:
         return RunContext(self.label, self.source.description, self.options, self.rank, self.run_id)
