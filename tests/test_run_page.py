@@ -139,3 +139,20 @@ def test_perflab_report_writes_a_runs_page_and_says_what_is_wrong_with_bad_input
         (tmp_path / name).mkdir()
         (tmp_path / name / "run.json").write_text(text)
         assert_one_line_error(run_cli_here("report", tmp_path / name), f"{tmp_path / name / 'run.json'}: {fragment}")
+
+
+def test_a_damaged_flag_entry_is_left_out_not_shown_as_none():
+    """run.json's flags are mappings; an entry that is not one (a hand-edited or damaged file) is not shown as a flag
+    named "None", on the page or in the console's lines."""
+    from pathlib import Path
+
+    from perflab.records.run_report import load
+    from perflab.report.program import run_lines
+    from perflab.report.run_page import run_page_html
+
+    report = load(Path(__file__).parent / "data" / "records" / "mlp_cpu_run.json").to_dict()
+    report["flags"] = ["not a mapping", {"flag": "high_cv", "message": "the steps vary"}]
+    page = run_page_html(report)
+    assert "<code>high_cv</code>: the steps vary" in page and "<code>None</code>" not in page
+    lines = run_lines(report)
+    assert "high_cv: the steps vary" in lines and not any(line.startswith("None") for line in lines)

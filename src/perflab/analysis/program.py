@@ -83,9 +83,10 @@ def compiled_split(trace) -> dict | None:
 
 
 def _launched_in_steps(work, steps) -> np.ndarray:
-    """Per GPU activity, whether it was launched inside a step window (its start where no launch was recorded): the
-    profiler records on past the last step (the pass with shapes stops a step later, its operators off), and a kernel
-    launched from no recorded operator would otherwise read as eager. Every one where the trace has no step window."""
+    """Per GPU activity, whether it was launched inside a step window (its start where no launch was recorded): a
+    profiler session can record past its last step window (work launched after the step's end, before the stop), and a
+    kernel launched from no recorded operator would otherwise read as eager. Every one where the trace has no step
+    window."""
     if steps is None or not len(steps):
         return np.ones(len(work), dtype=bool)
     launch = work["launch_start_ns"].to_numpy()

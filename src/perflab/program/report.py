@@ -227,8 +227,7 @@ HOST_SETS_THE_STEP = ("launch-bound", "synchronisation-bound")  # verdicts where
 def own_work_checks(report: RunReport | dict) -> list[Check]:
     """``perflab_slowed_a_step`` on a GPU, where the host sets the step, when perflab's own work at a step boundary
     (``recorded.own_work``) took longer than the median step: the program's own clock reads that step about twice its
-    neighbours or more, outside every
-    timed and traced step. On a host-bound compiled loop the stop of the pass with shapes does (43 ms against a 33 ms
+    neighbours or more, outside every timed and traced step. On a host-bound compiled loop the stop of the pass with shapes does (43 ms against a 33 ms
     step on an H200: torch's own stop, docs/performance/run.md); the flag says where and how much, and what leaves it out.
     Not for a GPU-bound program: its queued GPU work hides part of perflab's, so the median plus the work is no floor
     (the spawned ResNet-50 on an H200: a 111.4 ms stop against a 62.4 ms median, and its own clock read 150.5 ms there,
@@ -242,7 +241,7 @@ def own_work_checks(report: RunReport | dict) -> list[Check]:
     if not slow:
         return []
     worst = max(slow, key=lambda w: w.ms)
-    part = max((w for w in (worst.parts or {}).items()), key=lambda kv: kv[1], default=("perflab's work", worst.ms))[0]
+    part = max((worst.parts or {}).items(), key=lambda kv: kv[1], default=("perflab's work", worst.ms))[0]
     shapes = " (--no-shapes leaves out the pass with shapes, whose stop is the costliest on a host-bound program, and the FLOPs with it)" \
         if run.options.record_shapes else ""
     more = f", and at {len(slow) - 1} more boundar{'y' if len(slow) == 2 else 'ies'}" if len(slow) > 1 else ""

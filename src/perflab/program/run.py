@@ -285,9 +285,12 @@ class Run:
         1325.8 ms for that step, against a 62.4 ms median."""
         from perflab.program.report import _cached_ceilings
 
-        if recorder.data.device != "cuda" or self.rank.distributed or self.options.stop_after:
-            return False
-        return _cached_ceilings() is None  # (an unreadable cache reads as none)
+        return recorder.data.device == "cuda" and self._waits_for_peaks(recorder.data.device, _cached_ceilings())
+
+    def _waits_for_peaks(self, device: str | None, ceilings: dict | None) -> bool:
+        """The one rule for both reports (made in a job, ``_on_facts``; made here, ``_on_traced``): on a GPU with no
+        peaks cached, outside torchrun and --stop-after, the report waits for the program's end."""
+        return device == "cuda" and ceilings is None and not self.rank.distributed and not self.options.stop_after
 
     @property
     def _job_possible(self) -> bool:
@@ -307,7 +310,7 @@ class Run:
 
         if not self.guard.call("perflab could not read its GPU's facts; the report is made after the program", take):
             self._deferred = True
-        elif recorder.data.device == "cuda" and self._facts["ceilings"] is None:
+        elif self._waits_for_peaks(recorder.data.device, self._facts["ceilings"]):
             self._deferred = True
             say(PEAKS_AFTER)
 

@@ -258,7 +258,7 @@ def run_lines(report: dict) -> list[str]:
         inflated = run.traced.inflated
         lines.append(f"traced steps{' (inflated: they describe the profiler, not the program)' if inflated else ''}: {run.traced_verdict}")
     said = set(first_lines(report))  # the stalls, said before the tables: not again among the flags
-    for flag in run.flags:
+    for flag in (f for f in run.flags if f.flag):  # a damaged entry (no mapping, no name) is not printed as "None"
         line = f"{flag.flag}: {flag.message}"
         if line not in said:
             lines.append(line)

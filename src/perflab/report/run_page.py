@@ -257,8 +257,9 @@ def _verdict_section(report: dict) -> str:
     if run.traced_verdict and run.traced_verdict != message:
         out.append(f'<p>traced steps{" (inflated: they describe the profiler, not the program)" if run.traced.inflated else ""}: '
                    f'<span id="traced-verdict">{_esc(run.traced_verdict)}</span></p>')
-    if run.flags:
-        out.append('<ul class="flags">' + "".join(f'<li><code>{_esc(f.flag)}</code>: {_esc(f.message)}</li>' for f in run.flags) + "</ul>")
+    flags = [f for f in run.flags if f.flag]  # a damaged entry (no mapping, no name) is not shown as "None"
+    if flags:
+        out.append('<ul class="flags">' + "".join(f'<li><code>{_esc(f.flag)}</code>: {_esc(f.message)}</li>' for f in flags) + "</ul>")
     if run.report_error:
         out.append(f'<p class="warn">perflab could not analyse the traced steps: {_esc(run.report_error)}</p>')
     return "\n".join(out)
@@ -464,7 +465,7 @@ def run_page_html(report: dict, *, scaling: dict | None = None, out_dir: Path | 
             sections.append((key, title, body))
     sections.append(("trace", "The trace, in Perfetto", _trace_section(report, out_dir)))
     # the console's closing lines, less those shown above (the compiler's lines, the verdicts, the flags)
-    shown = set(compiler_lines(report)) | {f"{f.flag}: {f.message}" for f in run.flags}
+    shown = set(compiler_lines(report)) | {f"{f.flag}: {f.message}" for f in run.flags if f.flag}
     lines = [line for line in run_lines(report) if line not in shown and not line.startswith(("verdict: ", "traced steps"))]
     lines += [f"perflab: {note}" for note in run.perflab_notes or []]
     if run.last_words:
